@@ -1,0 +1,80 @@
+# loopguard — the two commands, and a few more.
+#
+#   make run     install what is missing, build, run the main job
+#   make test    install what is missing, build, run every test: the unit
+#                and CLI suites, the same under ASan + UBSan, and a short
+#                run of every fuzzer
+#   make bench   benchmarks beside their anchors (reads ../shared/anchors)
+#   make install install the library, header, pkg-config file and tool
+#
+# Dependencies are Debian packages, installed with apt-get when missing
+# (as root; otherwise the missing ones are listed and make stops).
+
+SHELL := /bin/bash
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
+PREFIX ?= /usr/local
+CMAKE_FLAGS ?=
+ifeq ($(CI),true)
+CMAKE_FLAGS += -DLG_WERROR=ON
+endif
+
+# Build and test dependencies (Debian package names).
+DEPS := gcc make cmake pkg-config clang libclang-rt-14-dev \
+        libjansson-dev libssl-dev libsqlite3-dev libpq-dev postgresql \
+        libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev python3 curl
+BENCH_DEPS := wrk nodejs python3
+
+.PHONY: all deps bench-deps build build-asan build-fuzz run test test-unit \
+        test-asan test-fuzz bench install clean help
+
+all: build
+
+help:
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+
+deps:
+	@./scripts/ensure-deps $(DEPS)
+
+bench-deps:
+	@./scripts/ensure-deps $(BENCH_DEPS)
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLG_SANITIZE=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+build-fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DLG_FUZZ=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+run: build
+	@./scripts/run
+
+test: build
+	@./scripts/test-all "$(BUILD)" "$(ASAN_BUILD)" "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
+
+# The parts of make test, one at a time.
+test-unit: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: build-asan
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+test-fuzz: build-fuzz
+	@./scripts/fuzz-smoke "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
+
+bench: build bench-deps
+	@./bench/run "$(BUILD)"
+
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,0 +1,366 @@
+/*
+ * cmd_replay.c — `loopguard replay [--policy FILE] [--json] TRACE...`
+ * and `loopguard fingerprint [--policy FILE] [--json] TOOL ARGS_JSON`.
+ *
+ * Replay prints, for a person, a compact timeline per trace: every event
+ * where the guard did something (observed, blocked, replayed, stopped) on
+ * its own line, runs of plain executions folded into one, and a closing
+ * summary with the envelope's message and what may happen next. With
+ * --json it prints the records of trace-v1 instead, one per line.
+ */
+#include "cli.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *replay_usage =
+    "usage: loopguard replay [--policy FILE] [--json] TRACE...\n"
+    "\n"
+    "Feeds each trace-v1 file to a fresh guard, exactly as a live run would,\n"
+    "with no model and no network, and shows what the guard decided.\n"
+    "\n"
+    "  --policy FILE  use this policy-v1 file instead of the traces' own\n"
+    "  --json         one JSON object per call, model, handoff, result and\n"
+    "                 cancel event, and a summary per trace (trace-v1)\n"
+    "  -q, --quiet    print only the summary line of each trace\n"
+    "  --help         this text\n"
+    "\n"
+    "Exit status: 0 when every trace was read and replayed, whatever the guard\n"
+    "decided; 1 when a trace could not be read or is malformed (the message\n"
+    "names file, line and field); 2 on bad usage.\n";
+
+typedef struct out {
+  FILE *f;
+  int json;
+  int quiet;
+  int color;
+  /* Folded plain executions. */
+  long fold_first, fold_last;
+  int fold_n;
+  char fold_tool[64];
+  int fold_tools; /* distinct tools among them (1 or "several") */
+} out_t;
+
+static void put_usd(FILE *f, int64_t nusd) {
+  long long whole = (long long)(nusd / 1000000000), frac = (long long)(nusd % 1000000000);
+  if (!frac) {
+    fprintf(f, "%lld", whole);
+    return;
+  }
+  char b[16];
+  snprintf(b, sizeof b, "%09lld", frac);
+  size_t l = strlen(b);
+  while (l && b[l - 1] == '0') b[--l] = 0;
+  fprintf(f, "%lld.%s", whole, b);
+}
+
+static void put_str(FILE *f, const char *s) {
+  char *q = lg_json_quote(s, strlen(s));
+  fputs(q ? q : "\"\"", f);
+  lg_free(q);
+}
+
+/* ---- JSON records ---- */
+
+static void json_event(out_t *o, const lg_replay_event_t *ev) {
+  if (!ev->acted) return;
+  const lg_decision_t *d = &ev->decision;
+  FILE *f = o->f;
+  fprintf(f, "{\"line\":%ld,\"type\":\"%s\"", ev->line, lg_event_type_name(ev->type));
+  if (ev->type == LG_EV_CALL) {
+    fputs(",\"tool\":", f);
+    put_str(f, ev->tool);
+  }
+  fprintf(f, ",\"action\":\"%s\"", lg_action_name(d->action));
+  if (d->action != LG_ACT_EXECUTE && d->action != LG_ACT_CONTINUE && d->reason_text &&
+      *d->reason_text) {
+    fputs(",\"reason\":", f);
+    put_str(f, d->reason_text);
+  }
+  if (ev->type == LG_EV_CALL) {
+    fprintf(f, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
+    if (d->call_id) {
+      fputs(",\"call_id\":", f);
+      put_str(f, d->call_id);
+    }
+  }
+  if (d->message) {
+    fputs(",\"message\":", f);
+    put_str(f, d->message);
+  }
+  fputs("}\n", f);
+}
+
+static void json_summary(out_t *o, const lg_replay_summary_t *s) {
+  FILE *f = o->f;
+  fputs("{\"type\":\"summary\",\"trace\":", f);
+  put_str(f, s->trace);
+  fputs(",\"run_id\":", f);
+  put_str(f, s->run_id);
+  fputs(",\"terminal_reason\":", f);
+  if (s->terminal_reason) put_str(f, s->terminal_reason);
+  else fputs("null", f);
+  if (s->stopped_at_line) fprintf(f, ",\"stopped_at_line\":%ld", s->stopped_at_line);
+  else fputs(",\"stopped_at_line\":null", f);
+  fprintf(f,
+          ",\"executed_calls\":%lld,\"blocked_calls\":%lld,\"replayed_calls\":%lld,"
+          "\"model_calls\":%lld,\"cost_usd\":",
+          (long long)s->executed_calls, (long long)s->blocked_calls, (long long)s->replayed_calls,
+          (long long)s->model_calls);
+  put_usd(f, s->cost_nusd);
+  fprintf(f, ",\"tokens\":%lld,\"events_after_stop\":%lld,\"envelope\":%s}\n", (long long)s->tokens,
+          (long long)s->events_after_stop, s->envelope);
+}
+
+/* ---- the timeline for a person ---- */
+
+#define C(o, code) ((o)->color ? "\033[" code "m" : "")
+
+static void flush_fold(out_t *o) {
+  if (!o->fold_n) return;
+  if (o->fold_n == 1)
+    fprintf(o->f, "  line %-5ld %sexecute%s  %s\n", o->fold_first, C(o, "32"), C(o, "0"), o->fold_tool);
+  else
+    fprintf(o->f, "  lines %ld-%ld %s%d calls executed%s (%s)\n", o->fold_first, o->fold_last,
+            C(o, "32"), o->fold_n, C(o, "0"), o->fold_tools > 1 ? "several tools" : o->fold_tool);
+  o->fold_n = 0;
+}
+
+static const char *ordinal(unsigned n, char *buf, size_t size) {
+  const char *suf = "th";
+  if (n % 100 < 11 || n % 100 > 13) {
+    if (n % 10 == 1) suf = "st";
+    else if (n % 10 == 2) suf = "nd";
+    else if (n % 10 == 3) suf = "rd";
+  }
+  snprintf(buf, size, "%u%s", n, suf);
+  return buf;
+}
+
+static void human_event(out_t *o, const lg_replay_event_t *ev) {
+  if (!ev->acted) return;
+  const lg_decision_t *d = &ev->decision;
+  FILE *f = o->f;
+  bool plain = d->action == LG_ACT_EXECUTE && !d->message;
+  if (ev->type == LG_EV_CALL && plain) {
+    if (!o->fold_n) {
+      o->fold_first = ev->line;
+      snprintf(o->fold_tool, sizeof o->fold_tool, "%s", ev->tool);
+      o->fold_tools = 1;
+    } else if (strcmp(o->fold_tool, ev->tool)) {
+      o->fold_tools = 2;
+    }
+    o->fold_last = ev->line;
+    o->fold_n++;
+    return;
+  }
+  /* Results, model calls and snapshots matter here only when they stop. */
+  if ((ev->type == LG_EV_RESULT || ev->type == LG_EV_MODEL || ev->type == LG_EV_STATE) &&
+      d->action != LG_ACT_STOP)
+    return;
+  flush_fold(o);
+  const char *col = d->action == LG_ACT_STOP     ? "\033[1;31m"
+                    : d->action == LG_ACT_BLOCK  ? "\033[33m"
+                    : d->action == LG_ACT_REPLAY ? "\033[36m"
+                                                 : "\033[32m";
+  const char *what = d->action == LG_ACT_EXECUTE && d->message ? "observe" : lg_action_name(d->action);
+  fprintf(f, "  line %-5ld %s%-8s%s %-8s", ev->line, o->color ? col : "", what, C(o, "0"),
+          lg_event_type_name(ev->type));
+  if (ev->type == LG_EV_CALL) fprintf(f, " %s", ev->tool);
+  if (ev->type == LG_EV_HANDOFF) fprintf(f, " %s -> %s", ev->from ? ev->from : "?", ev->to ? ev->to : "?");
+  if (d->reason_text && *d->reason_text) fprintf(f, "  %s", d->reason_text);
+  if (ev->type == LG_EV_CALL && d->repeat > 1) {
+    char ob[16];
+    fprintf(f, " (%s identical call)", ordinal(d->repeat, ob, sizeof ob));
+  }
+  if (d->guard && *d->guard && d->action == LG_ACT_STOP) fprintf(f, " [guard: %s]", d->guard);
+  fputc('\n', f);
+  if (d->message && d->action != LG_ACT_STOP)
+    fprintf(f, "             %s\"%s\"%s\n", C(o, "2"), d->message, C(o, "0"));
+}
+
+static void human_summary(out_t *o, const lg_replay_summary_t *s) {
+  FILE *f = o->f;
+  flush_fold(o);
+  if (s->terminal_reason)
+    fprintf(f, "  %sstopped%s at line %ld: %s%s%s\n", C(o, "1;31"), C(o, "0"), s->stopped_at_line,
+            C(o, "1"), s->terminal_reason, C(o, "0"));
+  else
+    fprintf(f, "  %sno stop%s: the trace ended with the run still going\n", C(o, "32"), C(o, "0"));
+  fprintf(f, "  %lld executed, %lld blocked, %lld replayed", (long long)s->executed_calls,
+          (long long)s->blocked_calls, (long long)s->replayed_calls);
+  if (s->model_calls) {
+    fprintf(f, "; %lld model calls, %lld tokens, $", (long long)s->model_calls, (long long)s->tokens);
+    put_usd(f, s->cost_nusd);
+  }
+  if (s->events_after_stop) fprintf(f, "; %lld events after the stop not acted on", (long long)s->events_after_stop);
+  fputc('\n', f);
+}
+
+/* The envelope's message and next step, read back from its JSON (the CLI
+ * sees only the public API, so it reads the envelope like any client). */
+static void envelope_field(const char *env, const char *name, char *out, size_t size) {
+  out[0] = 0;
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":\"", name);
+  const char *p = strstr(env, pat);
+  if (!p) return;
+  p += strlen(pat);
+  size_t n = 0;
+  while (*p && *p != '"' && n + 1 < size) {
+    if (*p == '\\' && p[1]) p++;
+    out[n++] = *p++;
+  }
+  out[n] = 0;
+}
+
+static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summary_t *sum) {
+  out_t *o = ud;
+  if (ev) {
+    if (o->json) json_event(o, ev);
+    else if (!o->quiet) human_event(o, ev);
+    return 0;
+  }
+  if (o->json) {
+    json_summary(o, sum);
+    return 0;
+  }
+  if (o->quiet) {
+    fprintf(o->f, "%s: %s (%lld executed, %lld blocked, %lld replayed)\n", sum->trace,
+            sum->terminal_reason ? sum->terminal_reason : "no stop", (long long)sum->executed_calls,
+            (long long)sum->blocked_calls, (long long)sum->replayed_calls);
+    return 0;
+  }
+  human_summary(o, sum);
+  if (sum->terminal_reason) {
+    char msg[1024], next[64];
+    envelope_field(sum->envelope, "message", msg, sizeof msg);
+    envelope_field(sum->envelope, "next_allowed_action", next, sizeof next);
+    if (*msg) fprintf(o->f, "  %s\"%s\"%s\n", C(o, "2"), msg, C(o, "0"));
+    if (*next) fprintf(o->f, "  next allowed action: %s\n", next);
+  }
+  return 0;
+}
+
+int cmd_replay(int argc, char **argv) {
+  out_t o = {stdout, 0, 0, 0, 0, 0, 0, {0}, 0};
+  const char *policy_path = NULL;
+  int first = 0, ntraces = 0;
+  char **traces = calloc((size_t)argc, sizeof *traces);
+  if (!traces) return 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(replay_usage, stdout);
+      free(traces);
+      return 0;
+    } else if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = 1;
+    else if (!strcmp(a, "--policy")) {
+      if (++i >= argc) {
+        free(traces);
+        return cli_usage(replay_usage, "--policy needs a file");
+      }
+      policy_path = argv[i];
+    } else if (!strncmp(a, "--policy=", 9)) policy_path = a + 9;
+    else if (a[0] == '-' && a[1]) {
+      free(traces);
+      return cli_usage(replay_usage, "unknown option '%s'", a);
+    } else traces[ntraces++] = argv[i];
+  }
+  (void)first;
+  if (!ntraces) {
+    free(traces);
+    return cli_usage(replay_usage, "no trace given");
+  }
+  o.color = !o.json && cli_color(stdout);
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  lg_policy_t *policy = NULL;
+  if (policy_path && !(policy = lg_policy_load_file(policy_path, &err))) {
+    cli_error(&err);
+    free(traces);
+    return 1;
+  }
+  int status = 0;
+  for (int i = 0; i < ntraces; i++) {
+    if (!o.json && !o.quiet) fprintf(o.f, "%s%s%s\n", C(&o, "1"), traces[i], C(&o, "0"));
+    memset(&err, 0, sizeof err);
+    err.offset = -1;
+    o.fold_n = 0;
+    int rc = lg_replay_file(traces[i], policy, on_event, &o, &err);
+    if (rc) {
+      fflush(o.f);
+      cli_error(&err);
+      status = 1;
+    }
+    if (!o.json && !o.quiet && i + 1 < ntraces) fputc('\n', o.f);
+  }
+  lg_policy_free(policy);
+  free(traces);
+  return status;
+}
+
+/* ---- fingerprint ---- */
+
+static const char *fp_usage =
+    "usage: loopguard fingerprint [--policy FILE] [--json] TOOL ARGS_JSON\n"
+    "\n"
+    "Prints the canonical key material of a call (its arguments narrowed and\n"
+    "normalized by the tool's loop_key in the policy, in RFC 8785 form) and\n"
+    "its fingerprint, SHA-256 over TOOL + \"\\n\" + key material. Two calls are\n"
+    "the same loop key exactly when their fingerprints are equal.\n"
+    "\n"
+    "  --policy FILE  apply this policy's loop_key for TOOL\n"
+    "  --json         {\"tool\",\"key_material\",\"fingerprint\"}\n"
+    "\n"
+    "example: loopguard fingerprint charge_invoice '{\"invoice_id\":\"INV-2291\"}'\n";
+
+int cmd_fingerprint(int argc, char **argv) {
+  const char *policy_path = NULL, *tool = NULL, *args = NULL;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(fp_usage, stdout);
+      return 0;
+    } else if (!strcmp(a, "--json")) json = 1;
+    else if (!strcmp(a, "--policy")) {
+      if (++i >= argc) return cli_usage(fp_usage, "--policy needs a file");
+      policy_path = argv[i];
+    } else if (a[0] == '-' && a[1] && !tool) return cli_usage(fp_usage, "unknown option '%s'", a);
+    else if (!tool) tool = a;
+    else if (!args) args = a;
+    else return cli_usage(fp_usage, "too many arguments");
+  }
+  if (!tool || !args) return cli_usage(fp_usage, "TOOL and ARGS_JSON are required");
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  err.offset = -1;
+  lg_policy_t *policy = NULL;
+  if (policy_path && !(policy = lg_policy_load_file(policy_path, &err))) {
+    cli_error(&err);
+    return 1;
+  }
+  lg_canon_t *c = lg_canon_new();
+  char hex[LG_FP_HEX];
+  const char *km;
+  size_t kml;
+  int rc = c ? lg_canon_fingerprint(c, policy, tool, args, strlen(args), hex, &km, &kml, &err) : LG_ENOMEM;
+  if (rc) {
+    if (!err.message[0]) snprintf(err.message, sizeof err.message, "%s", lg_strerror(rc));
+    snprintf(err.source, sizeof err.source, "ARGS_JSON");
+    char buf[1024];
+    fprintf(stderr, "loopguard: %s\n", lg_error_format(&err, buf, sizeof buf));
+  } else if (json) {
+    fputs("{\"tool\":", stdout);
+    put_str(stdout, tool);
+    printf(",\"key_material\":%.*s,\"fingerprint\":\"%s\"}\n", (int)kml, km, hex);
+  } else {
+    printf("tool:          %s\nkey material:  %.*s\nfingerprint:   %s\n", tool, (int)kml, km, hex);
+  }
+  lg_canon_free(c);
+  lg_policy_free(policy);
+  return rc ? 1 : 0;
+}

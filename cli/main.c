@@ -1,0 +1,96 @@
+/*
+ * main.c — the `loopguard` command: dispatch to a subcommand, and the
+ * helpers the subcommands share (errors, usage, the store URL, colour).
+ * Every subcommand lives in cli/cmd_*.c and uses the public API only.
+ */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *usage_text =
+    "usage: loopguard COMMAND [ARGS...]\n"
+    "\n"
+    "Stops AI agents that loop on tool calls.\n"
+    "\n"
+    "commands:\n"
+    "  replay [--policy FILE] [--json] TRACE...   replay traces through the guard\n"
+    "  fingerprint [--policy FILE] [--json] TOOL ARGS_JSON\n"
+    "                                             canonical key material and fingerprint\n"
+    "  serve [--listen HOST:PORT] [--store URL] ...  the HTTP sidecar\n"
+    "  runs list|show|cancel ...                  runs in a store (operators)\n"
+    "  ledger claim|commit|fail|show|purge ...    the idempotency ledger\n"
+    "  budget set|show|list|reset ...             shared spend budgets\n"
+    "\n"
+    "Run 'loopguard COMMAND --help' for a command's flags.\n"
+    "A store is a URL: memory:, sqlite:PATH or postgres:CONNINFO; the default is\n"
+    "$LOOPGUARD_STORE, else sqlite:loopguard.db.\n"
+    "Exit status: 0 success, 1 an error, 2 bad usage.\n";
+
+void cli_error(const lg_error_t *err) {
+  char buf[1024];
+  fprintf(stderr, "loopguard: %s\n", lg_error_format(err, buf, sizeof buf));
+}
+
+int cli_usage(const char *usage, const char *fmt, ...) {
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("loopguard: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+  }
+  if (usage) fputs(usage, stderr);
+  return 2;
+}
+
+const char *cli_store_url(const char *flag) {
+  if (flag && *flag) return flag;
+  const char *env = getenv("LOOPGUARD_STORE");
+  return env && *env ? env : "sqlite:loopguard.db";
+}
+
+int cli_color(FILE *f) {
+  const char *nc = getenv("NO_COLOR");
+  if (nc && *nc) return 0;
+  const char *term = getenv("TERM");
+  if (term && !strcmp(term, "dumb")) return 0;
+  return isatty(fileno(f));
+}
+
+/* Commands that another part of the tree provides; until it does, a clear
+ * message rather than a link error. */
+#define LG_PENDING_COMMAND(fn, what)                                          \
+  __attribute__((weak)) int fn(int argc, char **argv) {                      \
+    (void)argc;                                                              \
+    (void)argv;                                                              \
+    fprintf(stderr, "loopguard: '%s' is not available in this build\n", what); \
+    return 1;                                                                \
+  }
+LG_PENDING_COMMAND(cmd_serve, "serve")
+LG_PENDING_COMMAND(cmd_runs, "runs")
+LG_PENDING_COMMAND(cmd_ledger, "ledger")
+LG_PENDING_COMMAND(cmd_budget, "budget")
+
+int main(int argc, char **argv) {
+  static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+  } cmds[] = {{"replay", cmd_replay}, {"fingerprint", cmd_fingerprint}, {"serve", cmd_serve},
+              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget}};
+  if (argc < 2) return cli_usage(usage_text, NULL);
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("loopguard %s\n", lg_version());
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+  return cli_usage(usage_text, "unknown command '%s'", argv[1]);
+}

@@ -1,0 +1,795 @@
+/*
+ * loopguard.h — the one public header of libloopguard.
+ *
+ * loopguard stops AI agents that loop on tool calls. The library is a pure
+ * decision engine (lg_run_*) fed with events — tool calls, tool results,
+ * model calls, world snapshots, handoffs, cancels — that answers with
+ * decisions: execute, block, replay, stop. Around it sit the parts that
+ * touch the world: the canonicaliser and fingerprint (lg_canon_*), policy
+ * files (lg_policy_*), trace replay (lg_replay_*) and the idempotency
+ * ledger interface (lg_ledger_*) that the durable stores implement.
+ *
+ * Conventions, the same everywhere:
+ *   - Functions that can fail return int: 0, or a negative LG_E* code.
+ *     The optional lg_error_t * carries the detail (file, line, byte
+ *     offset, field) and may be NULL.
+ *   - Constructors return NULL on failure and fill *err.
+ *   - lg_x_free(NULL) is a no-op.
+ *   - Strings returned as `const char *` from a decision are borrowed from
+ *     the run and stay valid until the next event is given to that run.
+ *     Strings returned as `char *` are new and freed with lg_free().
+ *   - Objects are not thread-safe unless said otherwise: use one lg_run_t
+ *     and one lg_canon_t per thread at a time. Policies are immutable once
+ *     parsed and may be shared between threads (their reference count is
+ *     atomic).
+ *   - Nothing aborts on out-of-memory: LG_ENOMEM is returned and the object
+ *     is left as it was.
+ */
+#ifndef LOOPGUARD_H
+#define LOOPGUARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(LG_BUILDING) && defined(__GNUC__)
+#define LG_EXPORT __attribute__((visibility("default")))
+#else
+#define LG_EXPORT
+#endif
+
+#define LG_VERSION_MAJOR 0
+#define LG_VERSION_MINOR 1
+#define LG_VERSION_PATCH 0
+#define LG_VERSION_STRING "0.1.0"
+
+/* Returns the library's version string, e.g. "0.1.0". Static storage. */
+LG_EXPORT const char *lg_version(void);
+
+/* ---------------------------------------------------------------------
+ * Errors. One table generates the codes, lg_strerror() and lg_err_name().
+ * Codes never change meaning between versions.
+ * ------------------------------------------------------------------- */
+#define LG_ERRNO_MAP(XX)                                                     \
+  XX(ENOMEM, -1, "out of memory")                                            \
+  XX(EINVAL, -2, "invalid argument")                                         \
+  XX(EPARSE, -3, "malformed JSON")                                           \
+  XX(EDEPTH, -4, "JSON nested too deeply")                                   \
+  XX(ERANGE, -5, "number out of range")                                      \
+  XX(EUTF8, -6, "invalid UTF-8")                                             \
+  XX(EPOLICY, -7, "invalid policy")                                          \
+  XX(ETRACE, -8, "invalid trace event")                                      \
+  XX(EIO, -9, "input/output error")                                          \
+  XX(ENOTFOUND, -10, "not found")                                            \
+  XX(ESTATE, -11, "operation not valid in this state")                       \
+  XX(ESTORE, -12, "storage backend error")                                   \
+  XX(EBUSY, -13, "resource busy, try again")                                 \
+  XX(ECONFLICT, -14, "conflict")                                             \
+  XX(EDUPKEY, -15, "duplicate key in JSON object")                           \
+  XX(ETOOBIG, -16, "input too large")
+
+typedef enum lg_errno {
+  LG_OK = 0,
+#define LG__XX(name, code, text) LG_##name = code,
+  LG_ERRNO_MAP(LG__XX)
+#undef LG__XX
+} lg_errno_t;
+
+/* Detail of an error. Every field is filled when known, else zero/empty. */
+typedef struct lg_error {
+  int code;            /* the LG_E* code also returned */
+  long line;           /* 1-based line in `source`, 0 when not a line */
+  long offset;         /* byte offset of the problem, -1 when unknown */
+  char source[256];    /* file name or "<input>" */
+  char field[128];     /* JSON path of the field, e.g. "repeat.blok" */
+  char message[512];   /* a full sentence for a person */
+} lg_error_t;
+
+/* Static text for an error code ("out of memory"); "unknown error" else. */
+LG_EXPORT const char *lg_strerror(int code);
+/* Static name of an error code ("LG_ENOMEM"). */
+LG_EXPORT const char *lg_err_name(int code);
+/* Formats err as "source:line: field: message" (parts that are unknown are
+ * left out) into buf; returns buf. */
+LG_EXPORT char *lg_error_format(const lg_error_t *err, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------
+ * Memory. Every allocation of the library (and of jansson, once this is
+ * called) goes through these functions. Not thread-safe: call before any
+ * other lg_ function. Pass NULLs to restore the defaults.
+ * ------------------------------------------------------------------- */
+typedef void *(*lg_malloc_fn)(size_t);
+typedef void *(*lg_realloc_fn)(void *, size_t);
+typedef void (*lg_free_fn)(void *);
+LG_EXPORT void lg_set_allocator(lg_malloc_fn m, lg_realloc_fn r, lg_free_fn f);
+/* Frees memory that a function of this library returned as `char *`. */
+LG_EXPORT void lg_free(void *p);
+
+/* ---------------------------------------------------------------------
+ * Canonical JSON and fingerprints (RFC 8785, with exact big integers).
+ * ------------------------------------------------------------------- */
+#define LG_CANON_MAX_DEPTH 64 /* deeper nesting is LG_EDEPTH */
+#define LG_FP_HEX 65          /* 64 hex digits and a NUL */
+
+typedef struct lg_canon lg_canon_t;
+typedef struct lg_policy lg_policy_t;
+
+/* A reusable canonicaliser with its arena and a SHA-256 context. One per
+ * thread. Returns NULL on out-of-memory or when libcrypto has no SHA-256. */
+LG_EXPORT lg_canon_t *lg_canon_new(void);
+LG_EXPORT void lg_canon_free(lg_canon_t *c);
+
+/* Canonicalises one JSON text (any value) into the RFC 8785 form. On
+ * success *out points at the canonical bytes (not NUL-terminated in
+ * general; *out_len says how many), borrowed from `c` until its next use.
+ * Errors: LG_EPARSE, LG_EUTF8, LG_EDEPTH, LG_ERANGE, LG_EDUPKEY, LG_ENOMEM,
+ * with err->offset the byte offset in `json`. */
+LG_EXPORT int lg_canon_json(lg_canon_t *c, const char *json, size_t len,
+                            const char **out, size_t *out_len,
+                            lg_error_t *err);
+
+/* The fingerprint of a tool call: SHA-256 over tool + "\n" + canonical key
+ * material, as 64 lowercase hex digits into hex[LG_FP_HEX]. The key
+ * material is the call's arguments narrowed and normalised by the tool's
+ * `loop_key` in `policy` (NULL: all arguments). When key_material is not
+ * NULL it receives the canonical key material, borrowed from `c` until its
+ * next use. A tool whose loop_key is false still gets a fingerprint of all
+ * its arguments (it is simply never counted as a repeat). */
+LG_EXPORT int lg_canon_fingerprint(lg_canon_t *c, const lg_policy_t *policy,
+                                   const char *tool, const char *args,
+                                   size_t args_len, char hex[LG_FP_HEX],
+                                   const char **key_material, size_t *km_len,
+                                   lg_error_t *err);
+
+/* SHA-256 of bare bytes (the "keyMaterialVectors" form), as hex. */
+LG_EXPORT int lg_canon_sha256_hex(lg_canon_t *c, const char *bytes,
+                                  size_t len, char hex[LG_FP_HEX]);
+
+/* ---------------------------------------------------------------------
+ * Policies (policy-v1). Immutable once parsed; reference counted.
+ * ------------------------------------------------------------------- */
+
+/* The default policy (a new reference). NULL only on out-of-memory. */
+LG_EXPORT lg_policy_t *lg_policy_default(void);
+/* Parses a policy-v1 JSON object. Unknown or mistyped fields are
+ * LG_EPOLICY with err->field naming the path ("repeat.blok"). Returns a new
+ * reference or NULL. `source` names the input in messages (may be NULL). */
+LG_EXPORT lg_policy_t *lg_policy_parse(const char *json, size_t len,
+                                       const char *source, lg_error_t *err);
+/* Reads and parses a policy file. */
+LG_EXPORT lg_policy_t *lg_policy_load_file(const char *path, lg_error_t *err);
+/* The effective policy as a JSON object with every default filled in.
+ * Returns a new string (lg_free) or NULL on out-of-memory. */
+LG_EXPORT char *lg_policy_to_json(const lg_policy_t *p);
+LG_EXPORT lg_policy_t *lg_policy_ref(lg_policy_t *p);
+/* Drops a reference; frees the policy with the last one. */
+LG_EXPORT void lg_policy_free(lg_policy_t *p);
+
+/* ---------------------------------------------------------------------
+ * The idempotency ledger interface. The engine consults it for calls that
+ * carry an idempotency key (given, or derived for tools with
+ * side_effects). lg_ledger_memory_new() is the in-memory implementation;
+ * the durable stores implement the same methods. Versioned like SQLite's
+ * VFS: a newer struct keeps the older one as its prefix.
+ * ------------------------------------------------------------------- */
+typedef enum lg_claim_outcome {
+  LG_CLAIM_FREE = 0,        /* peek only: nobody holds the key */
+  LG_CLAIM_CLAIMED,         /* you hold it now: run the side effect */
+  LG_CLAIM_REPLAY,          /* finished: here is the saved result */
+  LG_CLAIM_IN_PROGRESS,     /* a live claim of someone else */
+  LG_CLAIM_MISMATCH,        /* same key, different request fingerprint */
+  LG_CLAIM_UNKNOWN_OUTCOME  /* a lease ran out with no outcome */
+} lg_claim_outcome_t;
+
+/* Static name: "free", "claimed", "replay", "in_progress", "mismatch",
+ * "unknown_outcome". */
+LG_EXPORT const char *lg_claim_outcome_name(lg_claim_outcome_t o);
+
+typedef struct lg_claim {
+  lg_claim_outcome_t outcome;
+  char *result;        /* REPLAY: the saved result JSON (new; lg_free) */
+  size_t result_len;
+  int failed;          /* REPLAY of a final failure rather than a success */
+} lg_claim_t;
+
+typedef struct lg_ledger_methods {
+  int version; /* 1 */
+  /* Atomically claims `key` for `request_fp` (64 hex) with a lease; fills
+   * out->outcome (never FREE). */
+  int (*claim)(void *self, const char *key, const char *request_fp,
+               const char *run_id, int64_t lease_ms, int64_t now_ms,
+               lg_claim_t *out, lg_error_t *err);
+  /* Reports the key's state without claiming (FREE when nobody holds it). */
+  int (*peek)(void *self, const char *key, const char *request_fp,
+              int64_t now_ms, lg_claim_t *out, lg_error_t *err);
+  /* Saves the outcome of a claimed key; it replays from now on. */
+  int (*commit)(void *self, const char *key, const char *result,
+                size_t result_len, const char *operation_id, int64_t now_ms,
+                lg_error_t *err);
+  /* A failure: retryable frees the key, final keeps it (and replays). */
+  int (*fail)(void *self, const char *key, int retryable, int64_t now_ms,
+              lg_error_t *err);
+  void (*destroy)(void *self);
+} lg_ledger_methods_t;
+
+typedef struct lg_ledger {
+  const lg_ledger_methods_t *methods;
+  void *self;
+} lg_ledger_t;
+
+/* An in-memory ledger (tests, replay). Free with lg_ledger_free(). */
+LG_EXPORT lg_ledger_t *lg_ledger_memory_new(void);
+/* Calls methods->destroy and frees the handle. */
+LG_EXPORT void lg_ledger_free(lg_ledger_t *l);
+/* Clears a claim's result. */
+LG_EXPORT void lg_claim_clear(lg_claim_t *c);
+
+/* ---------------------------------------------------------------------
+ * The engine: one lg_run_t per agent run. Pure: no I/O, no clock (every
+ * event carries its time in milliseconds since the run started), no
+ * globals; the same events always give the same decisions.
+ * ------------------------------------------------------------------- */
+typedef enum lg_action {
+  LG_ACT_EXECUTE = 0, /* run the tool / make the model call */
+  LG_ACT_BLOCK,       /* do not run it; tell the model why */
+  LG_ACT_REPLAY,      /* do not run it; hand back the saved result */
+  LG_ACT_STOP,        /* end the run */
+  LG_ACT_CONTINUE     /* after a result: the run goes on */
+} lg_action_t;
+LG_EXPORT const char *lg_action_name(lg_action_t a);
+
+/* Stop and block reasons, by the names of policy-v1. */
+#define LG_REASON_MAP(XX)                                                    \
+  XX(NONE, "")                                                               \
+  XX(STEP_CAP, "step_cap")                                                   \
+  XX(MODEL_CALL_CAP, "model_call_cap")                                       \
+  XX(TOOL_CALL_CAP, "tool_call_cap")                                         \
+  XX(WALL_CLOCK_CAP, "wall_clock_cap")                                       \
+  XX(COST_CAP, "cost_cap")                                                   \
+  XX(TOKEN_CAP, "token_cap")                                                 \
+  XX(HANDOFF_CAP, "handoff_cap")                                             \
+  XX(SAME_CALL_REPEAT, "same_call_repeat")                                   \
+  XX(SHORT_CYCLE, "short_cycle")                                             \
+  XX(NO_PROGRESS, "no_progress")                                             \
+  XX(FAILURE_STREAK, "failure_streak")                                       \
+  XX(INVALID_TOOL_RESULT, "invalid_tool_result")                             \
+  XX(COMPLETE, "complete")                                                   \
+  XX(FATAL, "fatal")                                                         \
+  XX(PERMISSION_DENIED, "permission_denied")                                 \
+  XX(POLICY_BLOCKED, "policy_blocked")                                       \
+  XX(HUMAN_REQUIRED, "human_required")                                       \
+  XX(OPERATOR_CANCELLED, "operator_cancelled_loop")                          \
+  XX(BUDGET_EXCEEDED, "budget_exceeded")                                     \
+  XX(RETRY_TOO_SOON, "retry_too_soon")                                       \
+  XX(IN_PROGRESS, "in_progress")                                             \
+  XX(IDEMPOTENCY_MISMATCH, "idempotency_mismatch")                           \
+  XX(UNKNOWN_OUTCOME, "unknown_outcome")
+
+typedef enum lg_reason {
+#define LG__XX(name, text) LG_R_##name,
+  LG_REASON_MAP(LG__XX)
+#undef LG__XX
+  LG_R__COUNT
+} lg_reason_t;
+/* Static name ("same_call_repeat"); "" for LG_R_NONE. */
+LG_EXPORT const char *lg_reason_name(lg_reason_t r);
+
+/* What the caller may do after a stop. */
+typedef enum lg_next {
+  LG_NEXT_NONE = 0,             /* the run finished: nothing to do */
+  LG_NEXT_HUMAN_REVIEW,         /* a person must look first */
+  LG_NEXT_RESUME_AFTER_CHANGE   /* resume once the plan or input changed */
+} lg_next_t;
+LG_EXPORT const char *lg_next_name(lg_next_t n);
+
+/* Alternatives offered to the model when a tool is hidden. */
+#define LG_ALT_ASK_HUMAN 0x1u
+#define LG_ALT_SKIP_CURRENT 0x2u
+#define LG_ALT_FINALIZE_PARTIAL 0x4u
+#define LG_ALT_ESCALATE_MODEL 0x8u
+
+/* A decision. Strings are borrowed from the run until its next event. */
+typedef struct lg_decision {
+  lg_action_t action;
+  lg_reason_t reason;         /* LG_R_NONE for execute and continue */
+  const char *reason_text;    /* reason as text (an operator's own for a
+                                 cancel); "" when none */
+  const char *guard;          /* the guard that fired: "repeat", "cycle",
+                                 "caps", "no_progress", "failure_streak",
+                                 "retry", "validation", "status", "ledger",
+                                 "kill_switch"; "" when none */
+  uint32_t repeat;            /* calls: the n-th identical call */
+  char fingerprint[LG_FP_HEX];/* calls: the loop key's fingerprint */
+  const char *call_id;        /* calls and results: the call's id */
+  const char *idempotency_key;/* calls: given or derived key, or NULL */
+  const char *message;        /* steer message for the model, or NULL */
+  const char *hide_tool;      /* a tool to hide from the model, or NULL */
+  uint32_t hide_turns;        /* for how many turns */
+  unsigned alternatives;      /* LG_ALT_* offered instead */
+  const char *saved_result;   /* replay: the saved result JSON */
+  size_t saved_result_len;
+  lg_next_t next_allowed_action; /* stop: what may happen next */
+  int64_t reservation;        /* model calls let through: the id that
+                                 lg_run_usage() settles */
+} lg_decision_t;
+
+/* A tool call as the model asked for it. */
+typedef struct lg_call {
+  const char *tool;            /* required */
+  const char *args;            /* JSON object text; NULL means {} */
+  size_t args_len;
+  int64_t turn;                /* model turn; calls of one turn share it */
+  const char *call_id;         /* NULL: the run names it "c<N>" */
+  const char *idempotency_key; /* NULL: derived for side_effects tools */
+  const char *agent;           /* may be NULL */
+  int64_t t_ms;                /* time since the run started */
+} lg_call_t;
+
+/* Tool result statuses of trace-v1. LG_STATUS_INVALID for a missing or
+ * unknown one (the validation gate stops the run on it). */
+typedef enum lg_status {
+  LG_STATUS_INVALID = 0,
+  LG_STATUS_PROGRESS,
+  LG_STATUS_COMPLETE,
+  LG_STATUS_RETRYABLE,
+  LG_STATUS_FATAL,
+  LG_STATUS_PERMISSION_DENIED,
+  LG_STATUS_POLICY_BLOCKED,
+  LG_STATUS_HUMAN_REQUIRED
+} lg_status_t;
+/* Parses a status name; LG_STATUS_INVALID when unknown or NULL. */
+LG_EXPORT lg_status_t lg_status_parse(const char *s, size_t len);
+LG_EXPORT const char *lg_status_name(lg_status_t s);
+
+/* Presence of the optional value of a result. */
+typedef enum lg_value_kind {
+  LG_VALUE_ABSENT = 0, /* no `value` field: fine */
+  LG_VALUE_NULL,       /* null: a failure unless empty_ok */
+  LG_VALUE_BLANK,      /* a string of white space only: the same */
+  LG_VALUE_PRESENT     /* anything else */
+} lg_value_kind_t;
+
+typedef struct lg_result {
+  const char *call_id;        /* NULL: the latest call */
+  lg_status_t status;
+  int has_progress_version;
+  int64_t progress_version;
+  int side_effect_committed;  /* -1 absent, 0 false, 1 true */
+  int64_t retry_after_ms;     /* -1 absent */
+  lg_value_kind_t value_kind;
+  const char *value;          /* JSON text of value (saved by the ledger) */
+  size_t value_len;
+  const char *operation_id;   /* may be NULL */
+  int64_t t_ms;
+} lg_result_t;
+
+typedef struct lg_model_call {
+  const char *model;          /* may be NULL */
+  int64_t turn;
+  int64_t input_tokens;
+  int64_t max_tokens;         /* -1 absent: output_tokens is the worst case */
+  int64_t output_tokens;      /* -1 absent (live: unknown before the call) */
+  int64_t cost_nusd;          /* worst-case cost in nano-USD, -1 unknown */
+  int64_t t_ms;
+} lg_model_call_t;
+
+/* Counters of a run, as the envelope reports them. */
+typedef struct lg_counters {
+  int64_t steps;              /* tool calls executed */
+  int64_t calls;              /* tool calls asked for */
+  int64_t blocked;
+  int64_t replayed;
+  int64_t model_calls;        /* paid model calls let through */
+  int64_t cost_nusd;          /* their cost, nano-USD */
+  int64_t tokens;             /* their input + output tokens */
+  int64_t handoffs;
+  int64_t results;
+  int64_t last_t_ms;
+} lg_counters_t;
+
+typedef struct lg_run lg_run_t;
+
+/* Starts a run. `policy` is referenced (NULL: the default); `ledger` is
+ * borrowed and must outlive the run (NULL: the run makes a private
+ * in-memory one). `checkpoint` is the progress_version to resume from, or
+ * NULL. run_id is required; group may be NULL. */
+LG_EXPORT lg_run_t *lg_run_new(const char *run_id, const char *group,
+                               lg_policy_t *policy, const int64_t *checkpoint,
+                               lg_ledger_t *ledger, lg_error_t *err);
+LG_EXPORT void lg_run_free(lg_run_t *run);
+
+/* Before a tool executes. `canon` is scratch for the fingerprint. Fills
+ * *d. Returns LG_EINVAL / LG_EPARSE / ... for a malformed call (nothing in
+ * the run changes) and LG_ESTORE when the ledger failed (nothing changes
+ * either: decide again). */
+LG_EXPORT int lg_run_before(lg_run_t *run, lg_canon_t *canon,
+                            const lg_call_t *call, lg_decision_t *d,
+                            lg_error_t *err);
+/* After a tool ran. LG_ENOTFOUND when call_id names no executed call that
+ * is waiting for its result. */
+LG_EXPORT int lg_run_after(lg_run_t *run, const lg_result_t *res,
+                           lg_decision_t *d, lg_error_t *err);
+/* Before a paid model call: caps on model calls, wall clock, cost and
+ * tokens, decided on the worst case so that they are never overshot. */
+LG_EXPORT int lg_run_model(lg_run_t *run, const lg_model_call_t *m,
+                           lg_decision_t *d, lg_error_t *err);
+/* After a model call that was let through: its real tokens and cost
+ * settle the reservation `reservation` (from the decision of lg_run_model;
+ * 0: the oldest one still open). LG_ENOTFOUND when there is no such
+ * reservation. */
+LG_EXPORT int lg_run_usage(lg_run_t *run, int64_t reservation,
+                           int64_t input_tokens, int64_t output_tokens,
+                           int64_t cost_nusd, int64_t t_ms);
+/* A world-state snapshot (a JSON object): no-progress by world steps. */
+LG_EXPORT int lg_run_state(lg_run_t *run, lg_canon_t *canon,
+                           const char *world, size_t len, int64_t t_ms,
+                           lg_decision_t *d, lg_error_t *err);
+/* One agent hands the task to another: the handoff cap. */
+LG_EXPORT int lg_run_handoff(lg_run_t *run, const char *from, const char *to,
+                             int64_t t_ms, lg_decision_t *d, lg_error_t *err);
+/* The kill switch: the run stops now with `reason` (NULL:
+ * operator_cancelled_loop). Fills *d with the stop. */
+LG_EXPORT int lg_run_cancel(lg_run_t *run, const char *reason, int64_t t_ms,
+                            lg_decision_t *d);
+/* A stop decided outside the engine (a shared budget refused the call, a
+ * framework raised its max-turns error): the run ends with `reason`. */
+LG_EXPORT int lg_run_stop(lg_run_t *run, lg_reason_t reason, const char *text,
+                          int64_t t_ms, lg_decision_t *d);
+
+LG_EXPORT const char *lg_run_id(const lg_run_t *run);
+LG_EXPORT const char *lg_run_group(const lg_run_t *run);
+LG_EXPORT const lg_policy_t *lg_run_policy(const lg_run_t *run);
+/* 1 once the run has stopped. */
+LG_EXPORT int lg_run_stopped(const lg_run_t *run);
+/* The terminal reason as text, or NULL while the run is active. */
+LG_EXPORT const char *lg_run_terminal_reason(const lg_run_t *run);
+LG_EXPORT void lg_run_counters(const lg_run_t *run, lg_counters_t *out);
+/* The terminal envelope (DESIGN.md §5) as a JSON object: also for a run
+ * still active (terminal_reason null). New string (lg_free), NULL on
+ * out-of-memory. */
+LG_EXPORT char *lg_run_envelope_json(const lg_run_t *run);
+
+/* Serialises the run's whole state (not its policy) into a new buffer
+ * (lg_free), so that a store can save it after each decision. */
+LG_EXPORT int lg_run_save(const lg_run_t *run, char **buf, size_t *len);
+/* Restores a run saved by lg_run_save, with its policy and ledger. The
+ * restored run decides exactly as the saved one would have. */
+LG_EXPORT lg_run_t *lg_run_load(const char *buf, size_t len,
+                                lg_policy_t *policy, lg_ledger_t *ledger,
+                                lg_error_t *err);
+
+/* ---------------------------------------------------------------------
+ * Stores (memory:, sqlite:PATH, postgres:CONNINFO): the durable ledger,
+ * run state and the kill switch.
+ * ------------------------------------------------------------------- */
+/* STORE-API-BEGIN (owned by the store module) */
+/*
+ * A store is opened by URL: "memory:" (private to the handle, for tests and
+ * replay), "sqlite:PATH" (one file, WAL; several processes may share it) or
+ * "postgres:CONNINFO" (libpq key=value or postgres:// URI; several machines
+ * may share it). The store creates and migrates its own schema: a file or
+ * database written by an older release opens in a newer one; one written by
+ * a newer release is refused with LG_ESTORE.
+ *
+ * Every function that takes an lg_store_t may be called from several
+ * threads on one handle: calls on a handle serialize on its own lock. For
+ * parallelism open one handle per thread (sqlite:, postgres:). Backend
+ * errors are translated: a lock not obtained within busy_timeout_ms is
+ * LG_EBUSY (try again); anything else the backend refuses (a dropped
+ * connection, a full disk, a corrupt file) is LG_ESTORE, with the backend's
+ * text in err->message and the store named in err->source. On an error
+ * nothing of the failed call was written.
+ *
+ * Time is always an argument (now_ms: milliseconds since the Unix epoch,
+ * the caller's clock); the store never reads a clock itself.
+ * ------------------------------------------------------------------- */
+typedef struct lg_store lg_store_t;
+
+#define LG_STORE_SCHEMA_VERSION 3 /* the schema this release writes */
+#define LG_STORE_DEFAULT_RETENTION_MS (24LL * 60 * 60 * 1000)
+#define LG_STORE_DEFAULT_LEASE_MS 60000
+#define LG_STORE_DEFAULT_BUSY_TIMEOUT_MS 5000
+
+/* Options of lg_store_open(); zero means the default for every field. */
+typedef struct lg_store_options {
+  int64_t retention_ms;  /* finished ledger rows replay this long, then
+                            count as gone and are purged (default 24 h) */
+  int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
+  int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
+                            (default 5 s; negative: do not wait) */
+} lg_store_options_t;
+
+/* Opens (and creates or migrates) the store named by `url`; `opts` may be
+ * NULL. Returns a new handle (lg_store_close) or NULL with err filled:
+ * LG_EINVAL for a URL of no known scheme, LG_ESTORE when the backend cannot
+ * be opened or its schema is newer than this release, LG_EBUSY when another
+ * process held the schema lock longer than busy_timeout_ms. */
+LG_EXPORT lg_store_t *lg_store_open(const char *url,
+                                    const lg_store_options_t *opts,
+                                    lg_error_t *err);
+/* Closes the store; a transaction left open is rolled back. NULL: no-op. */
+LG_EXPORT void lg_store_close(lg_store_t *s);
+/* "memory", "sqlite" or "postgres". Static storage. */
+LG_EXPORT const char *lg_store_scheme(const lg_store_t *s);
+/* The store's URL with any password hidden, for messages. Borrowed from s. */
+LG_EXPORT const char *lg_store_name(const lg_store_t *s);
+/* The schema version found in the store (LG_STORE_SCHEMA_VERSION once
+ * open). */
+LG_EXPORT int lg_store_schema_version(lg_store_t *s, int *version,
+                                      lg_error_t *err);
+
+/* ---- the durable idempotency ledger ----
+ *
+ * A key moves through these states (lg_op_state_t):
+ *   (none) --claim--> IN_PROGRESS --commit--> COMMITTED (replays its result)
+ *                          |   \--fail--> FAILED (final; replays a failure)
+ *                          |   \--fail(retryable)--> (none): the key is free
+ *                          \--lease runs out--> UNKNOWN_OUTCOME
+ * UNKNOWN_OUTCOME is IN_PROGRESS whose lease ended with no outcome: nobody
+ * knows whether the side effect happened, so a claim answers
+ * LG_CLAIM_UNKNOWN_OUTCOME and never runs it again by itself. An operator
+ * (or a reconcile check) resolves it with commit (it happened: here is its
+ * result), fail (it did not, and must not be retried) or fail(retryable)
+ * (it did not: free the key). A claim with a different request fingerprint
+ * than the key's is LG_CLAIM_MISMATCH whatever the state. COMMITTED and
+ * FAILED rows are kept retention_ms after their last change, then count as
+ * gone (a claim takes the key afresh) and lg_store_purge() deletes them.
+ * Claims, commits and fails return only once they are durable (SQLite
+ * synchronous=FULL, a PostgreSQL commit). */
+
+/* The ledger interface of the store, for lg_run_new()/lg_run_load(). It
+ * passes now_ms through unchanged, so the caller's times must be epoch ms.
+ * Borrowed: owned by the store, valid until lg_store_close(); never give it
+ * to lg_ledger_free(). */
+LG_EXPORT lg_ledger_t *lg_store_ledger(lg_store_t *s);
+/* A ledger over the store for an engine whose times are relative to a
+ * start (a run's t_ms): it adds epoch_ms to every now_ms it is given.
+ * Returns a new handle (lg_ledger_free; the store must outlive it) or NULL
+ * on out-of-memory. */
+LG_EXPORT lg_ledger_t *lg_store_ledger_at(lg_store_t *s, int64_t epoch_ms);
+
+/* Claims `key` (1 to 1024 bytes) for the request fingerprint `request_fp`
+ * (1 to 256 bytes, normally 64 hex digits) with a lease of lease_ms (<= 0:
+ * the store's default). run_id may be NULL. Exactly one concurrent
+ * claimant of a free key gets LG_CLAIM_CLAIMED, whatever the number of
+ * processes or machines; the others see IN_PROGRESS, REPLAY, MISMATCH or
+ * UNKNOWN_OUTCOME as above. out->result is new (lg_claim_clear). Returns 0
+ * or LG_EINVAL / LG_EBUSY / LG_ESTORE / LG_ENOMEM (nothing claimed). */
+LG_EXPORT int lg_store_claim(lg_store_t *s, const char *key,
+                             const char *request_fp, const char *run_id,
+                             int64_t lease_ms, int64_t now_ms, lg_claim_t *out,
+                             lg_error_t *err);
+/* What a claim would answer, without claiming: LG_CLAIM_FREE for a free
+ * key. request_fp may be NULL (no mismatch check). */
+LG_EXPORT int lg_store_peek(lg_store_t *s, const char *key,
+                            const char *request_fp, int64_t now_ms,
+                            lg_claim_t *out, lg_error_t *err);
+/* Records the outcome of a claimed key: `result` (JSON text, may be NULL)
+ * replays from now on. Resolves UNKNOWN_OUTCOME the same way. On a key
+ * already finished it changes nothing and returns 0 (the first outcome
+ * stands). LG_ENOTFOUND when the key is not in the ledger. */
+LG_EXPORT int lg_store_commit(lg_store_t *s, const char *key,
+                              const char *result, size_t result_len,
+                              const char *operation_id, int64_t now_ms,
+                              lg_error_t *err);
+/* Records a failure of a claimed key. retryable: the key is freed (the
+ * next claim wins it); final: the key is kept as FAILED and replays as a
+ * failure (lg_claim_t.failed). fail(retryable) also frees a FAILED key (an
+ * operator's decision to allow a retry); on a COMMITTED key it changes
+ * nothing and returns 0. LG_ENOTFOUND when the key is not in the ledger. */
+LG_EXPORT int lg_store_fail(lg_store_t *s, const char *key, int retryable,
+                            int64_t now_ms, lg_error_t *err);
+
+typedef enum lg_op_state {
+  LG_OP_IN_PROGRESS = 1,  /* claimed, lease still running */
+  LG_OP_UNKNOWN_OUTCOME,  /* claimed, lease ran out, no outcome */
+  LG_OP_COMMITTED,        /* outcome saved: replays its result */
+  LG_OP_FAILED            /* final failure: replays a failure */
+} lg_op_state_t;
+/* Static name: "in_progress", "unknown_outcome", "committed", "failed". */
+LG_EXPORT const char *lg_op_state_name(lg_op_state_t s);
+
+/* One ledger row as an operator sees it. Strings are new (lg_operation_clear). */
+typedef struct lg_operation {
+  char *key;
+  lg_op_state_t state;   /* as of the now_ms it was read with */
+  char *request_fp;      /* fingerprint of the claim */
+  char *run_id;          /* NULL when the claim named no run */
+  char *result;          /* COMMITTED: the saved result, or NULL */
+  size_t result_len;
+  char *operation_id;    /* given with the commit, or NULL */
+  int64_t created_ms;    /* when it was claimed */
+  int64_t updated_ms;    /* its last change */
+  int64_t lease_until_ms;/* end of the claim's lease */
+} lg_operation_t;
+
+/* Reads one key (LG_ENOTFOUND when absent or past retention). */
+LG_EXPORT int lg_store_operation(lg_store_t *s, const char *key,
+                                 int64_t now_ms, lg_operation_t *out,
+                                 lg_error_t *err);
+LG_EXPORT void lg_operation_clear(lg_operation_t *op);
+/* The row as the JSON object of GET /v1/operations/{key}: key, state,
+ * run_id, request_fingerprint, result (when committed), operation_id,
+ * created_at, updated_at, lease_until (RFC 3339, UTC, milliseconds). New
+ * string (lg_free), NULL on out-of-memory. */
+LG_EXPORT char *lg_operation_to_json(const lg_operation_t *op);
+/* Deletes COMMITTED and FAILED rows whose last change is older than
+ * older_than_ms before now_ms (<= 0: the store's retention). Claims
+ * (IN_PROGRESS, UNKNOWN_OUTCOME) are never purged: they wait for an outcome.
+ * *purged (may be NULL) receives the number of rows deleted. */
+LG_EXPORT int lg_store_purge(lg_store_t *s, int64_t older_than_ms,
+                             int64_t now_ms, int64_t *purged, lg_error_t *err);
+
+/* ---- run state ---- */
+
+/* A run as stored. Strings are new (lg_run_record_clear). */
+typedef struct lg_run_record {
+  char *run_id;
+  char *group;            /* NULL when none */
+  int stopped;            /* status: 0 "active", 1 "stopped" */
+  char *terminal_reason;  /* NULL while active */
+  char *policy_json;      /* lg_policy_to_json() of the run's policy */
+  char *state;            /* lg_run_save() bytes (binary) */
+  size_t state_len;
+  char *envelope_json;    /* lg_run_envelope_json() after the last decision */
+  int64_t created_ms;     /* epoch ms */
+  int64_t updated_ms;
+} lg_run_record_t;
+LG_EXPORT void lg_run_record_clear(lg_run_record_t *r);
+/* The record as a JSON object: run_id, group, status, terminal_reason,
+ * created_at, updated_at, and envelope (the stored envelope object, or
+ * null). New string (lg_free), NULL on out-of-memory. */
+LG_EXPORT char *lg_run_record_to_json(const lg_run_record_t *r);
+
+/* Stores a new run. LG_ECONFLICT when run_id is already stored (nothing
+ * changes). Run state is kept durable against a crash of the process, not
+ * of the machine (SQLite synchronous=NORMAL, PostgreSQL
+ * synchronous_commit=off): losing the last decision's counters costs at
+ * most one more repeated call, never a second side effect. */
+LG_EXPORT int lg_store_run_create(lg_store_t *s, const lg_run_record_t *rec,
+                                  lg_error_t *err);
+/* Stores a run whether or not it exists (an existing run keeps its
+ * created_ms). */
+LG_EXPORT int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec,
+                               lg_error_t *err);
+/* Reads a run into *out (LG_ENOTFOUND when absent). */
+LG_EXPORT int lg_store_run_get(lg_store_t *s, const char *run_id,
+                               lg_run_record_t *out, lg_error_t *err);
+
+typedef struct lg_run_filter {
+  const char *status;    /* "active", "stopped" or NULL for both */
+  const char *reason;    /* terminal reason, or NULL */
+  const char *group;     /* or NULL */
+  size_t limit;          /* at most this many; 0: no limit */
+} lg_run_filter_t;
+/* Called once per run; the record (without policy_json and state, which
+ * are NULL) is borrowed for the call. A non-zero return stops the listing
+ * and is returned. */
+typedef int (*lg_store_run_cb)(void *ud, const lg_run_record_t *rec);
+/* Lists runs newest first (by creation). `f` may be NULL. */
+LG_EXPORT int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f,
+                                lg_store_run_cb cb, void *ud, lg_error_t *err);
+
+/* Called by lg_store_with_run() with the run locked; `rec` (the run as
+ * stored, borrowed for the call) is the state to decide from. Everything
+ * the function does on `s` — lg_store_run_put, ledger claims through
+ * lg_store_ledger(s), lg_store_denied — is one transaction: a zero return
+ * commits it, a non-zero one rolls it back and is returned. */
+typedef int (*lg_store_run_fn)(void *ud, lg_store_t *s,
+                               const lg_run_record_t *rec);
+/* Runs fn for run_id under the run's lock (SQLite: BEGIN IMMEDIATE;
+ * PostgreSQL: SELECT ... FOR UPDATE of the run's row; memory: the handle's
+ * lock), so that two workers deciding for one run, in any processes, give
+ * the answers one worker would. If the transaction included a ledger write
+ * it is committed durably. LG_ENOTFOUND (fn not called) when the run is not
+ * stored; LG_ESTATE when called from inside fn; LG_EBUSY when the lock was
+ * not had within busy_timeout_ms; else fn's return or a store error (then
+ * nothing fn wrote is kept: discard the decision it made). */
+LG_EXPORT int lg_store_with_run(lg_store_t *s, const char *run_id,
+                                lg_store_run_fn fn, void *ud, lg_error_t *err);
+
+/* Saves an engine run: its state (lg_run_save), policy, group, status,
+ * terminal reason and envelope, at now_ms. Inserts or replaces. */
+LG_EXPORT int lg_store_run_save(lg_store_t *s, const lg_run_t *run,
+                                int64_t now_ms, lg_error_t *err);
+/* Loads the run saved under run_id into a new lg_run_t (lg_run_free) that
+ * decides exactly as the saved one would; `ledger` is given to
+ * lg_run_load (borrowed; NULL: a private in-memory one). LG_ENOTFOUND when
+ * absent, LG_ESTATE when the stored state cannot be read back. */
+LG_EXPORT int lg_store_run_load(lg_store_t *s, const char *run_id,
+                                lg_ledger_t *ledger, lg_run_t **out,
+                                lg_error_t *err);
+
+/* ---- the kill switch ---- */
+
+/* Cancels a run: writes a durable deny rule for run_id with the operator's
+ * reason (NULL: operator_cancelled_loop), then, when the run is stored and
+ * active, stops it (lg_run_cancel) and saves it. Works before the run
+ * exists: its first decision will stop. */
+LG_EXPORT int lg_store_cancel_run(lg_store_t *s, const char *run_id,
+                                  const char *reason, int64_t now_ms,
+                                  lg_error_t *err);
+/* Cancels a group: a durable deny rule for every run of the group, present
+ * and future; the active stored runs of the group are stopped and saved.
+ * *cancelled_json (may be NULL) receives a JSON array of their ids (new;
+ * lg_free). */
+LG_EXPORT int lg_store_cancel_group(lg_store_t *s, const char *group,
+                                    const char *reason, int64_t now_ms,
+                                    char **cancelled_json, lg_error_t *err);
+/* Checks the deny rules for a run and its group (group may be NULL).
+ * Returns 1 when denied (*reason, when not NULL, receives the operator's
+ * reason as a new string, or NULL when none was given), 0 when not, or a
+ * negative error. Call it before every decision, under the run's lock:
+ * when denied, stop the run with lg_run_cancel(run, reason, ...) before
+ * any side effect. */
+LG_EXPORT int lg_store_denied(lg_store_t *s, const char *run_id,
+                              const char *group, char **reason,
+                              lg_error_t *err);
+/* STORE-API-END */
+
+/* ---------------------------------------------------------------------
+ * Traces (trace-v1) and replay.
+ * ------------------------------------------------------------------- */
+typedef enum lg_event_type {
+  LG_EV_RUN = 1,
+  LG_EV_MODEL,
+  LG_EV_CALL,
+  LG_EV_RESULT,
+  LG_EV_STATE,
+  LG_EV_HANDOFF,
+  LG_EV_CANCEL
+} lg_event_type_t;
+LG_EXPORT const char *lg_event_type_name(lg_event_type_t t);
+
+/* One replayed event and what the guard did with it (for printing). */
+typedef struct lg_replay_event {
+  const char *trace;          /* the file name */
+  long line;                  /* 1-based line in the file */
+  lg_event_type_t type;
+  const char *tool;           /* calls: the tool */
+  const char *model;          /* model events: the model, or NULL */
+  const char *from, *to;      /* handoffs */
+  int acted;                  /* 0: read after the stop, or a skipped result */
+  int skipped;                /* result of a call that did not execute */
+  lg_decision_t decision;     /* valid when acted */
+} lg_replay_event_t;
+
+/* The end of one trace. */
+typedef struct lg_replay_summary {
+  const char *trace;
+  const char *run_id;
+  const char *terminal_reason; /* NULL when the trace ended without a stop */
+  long stopped_at_line;        /* 0 when none */
+  int64_t executed_calls, blocked_calls, replayed_calls;
+  int64_t model_calls, cost_nusd, tokens;
+  int64_t events_after_stop;
+  const char *envelope;        /* the terminal envelope JSON */
+} lg_replay_summary_t;
+
+/* Called for each event (ev) and at the end of each trace (ev == NULL,
+ * sum != NULL). A non-zero return stops the replay and is returned. */
+typedef int (*lg_replay_cb)(void *ud, const lg_replay_event_t *ev,
+                            const lg_replay_summary_t *sum);
+
+/* Replays one trace file through a fresh run with an in-memory ledger.
+ * `policy` (may be NULL) overrides the trace's own; without either the
+ * default applies. Returns 0 when the file was read and replayed, whatever
+ * the guard decided; LG_ETRACE / LG_EIO / ... with err naming file, line
+ * and field otherwise. */
+LG_EXPORT int lg_replay_file(const char *path, lg_policy_t *policy,
+                             lg_replay_cb cb, void *ud, lg_error_t *err);
+/* The same over a buffer already in memory; `name` is used in messages. */
+LG_EXPORT int lg_replay_buffer(const char *name, const char *buf, size_t len,
+                               lg_policy_t *policy, lg_replay_cb cb, void *ud,
+                               lg_error_t *err);
+
+/* Writes `s` as a JSON string (with quotes) into a new string (lg_free). */
+LG_EXPORT char *lg_json_quote(const char *s, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOPGUARD_H */

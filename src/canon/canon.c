@@ -1,0 +1,996 @@
+/*
+ * canon.c — RFC 8785 (JCS) canonical JSON and the call fingerprint, in one
+ * pass over the input bytes.
+ *
+ * The parser is a recursive descent whose depth is capped at
+ * LG_CANON_MAX_DEPTH, so hostile input cannot grow the C stack. It writes
+ * the canonical form straight into an output buffer as it reads: strings are
+ * re-escaped the JSON.stringify way, numbers are reformatted the ECMAScript
+ * way, white space disappears. Objects are the only thing that needs a
+ * second look: their members are written in input order while a small stack
+ * remembers where each member starts; when the object closes and its keys
+ * are not already in UTF-16 order, the members are rearranged in place
+ * through a scratch buffer. Nothing is allocated per value — the buffers
+ * belong to the lg_canon_t and are reused from call to call.
+ *
+ * One deliberate difference from RFC 8785 (DESIGN.md §2): a number whose
+ * exact value lies in [2^53, 10^21) is written with all its decimal digits,
+ * because rounding it to a double would make two customer ids one.
+ *
+ * Validation happens on the way: UTF-8 (no overlongs, no surrogates, no
+ * code point past U+10FFFF), escapes, the number grammar, finite numbers,
+ * duplicate keys, trailing garbage. Every error reports its byte offset.
+ */
+#include "../policy/policy.h"
+#include "../util/internal.h"
+
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Where a member of an object being parsed lies in the output. */
+typedef struct member {
+  size_t key;   /* offset of the key's opening quote */
+  size_t colon; /* offset of the ':' after the key */
+  size_t end;   /* offset just past the value */
+  size_t src;   /* offset of the key's opening quote in the input */
+  bool plain;   /* key is ASCII without escapes: memcmp orders it */
+  bool keep;    /* false: not a loop-key field, dropped when sorted */
+} member_t;
+
+struct lg_canon {
+  lg__buf_t out;      /* canonical output of the current call */
+  lg__buf_t scratch;  /* where members are copied while being sorted */
+  lg__buf_t tmp;      /* decoded strings for the normalizers */
+  member_t *mem;      /* member stack shared by all nesting levels */
+  size_t nmem, capmem;
+  EVP_MD *md;         /* SHA-256, fetched once */
+  EVP_MD_CTX *ctx;    /* reused for every digest */
+};
+
+/* Parser state for one input text. */
+typedef struct parser {
+  lg_canon_t *c;
+  const unsigned char *s; /* input */
+  size_t n;               /* its length */
+  size_t i;               /* read position */
+  lg_error_t *err;
+  const lg__toolpol_t *select; /* depth 0: keep only these fields */
+} parser_t;
+
+static int perr(parser_t *p, int code, const char *what) {
+  return lg__err(p->err, code, NULL, (long)p->i, "%s", what);
+}
+
+lg_canon_t *lg_canon_new(void) {
+  lg_canon_t *c = lg__calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+  c->ctx = EVP_MD_CTX_new();
+  if (!c->md || !c->ctx || lg__buf_reserve(&c->out, 1024)) {
+    lg_canon_free(c);
+    return NULL;
+  }
+  return c;
+}
+
+void lg_canon_free(lg_canon_t *c) {
+  if (!c) return;
+  lg__buf_free(&c->out);
+  lg__buf_free(&c->scratch);
+  lg__buf_free(&c->tmp);
+  lg__free(c->mem);
+  EVP_MD_CTX_free(c->ctx);
+  EVP_MD_free(c->md);
+  lg__free(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Output helpers. The caller reserved room: strings and punctuation   */
+/* never come out longer than they went in (see lg_canon_json).        */
+
+static inline void put(lg_canon_t *c, char ch) { c->out.data[c->out.len++] = ch; }
+static inline void putn(lg_canon_t *c, const void *p, size_t n) {
+  memcpy(c->out.data + c->out.len, p, n);
+  c->out.len += n;
+}
+
+static inline void skip_ws(parser_t *p) {
+  while (p->i < p->n) {
+    unsigned char ch = p->s[p->i];
+    if (ch != ' ' && ch != '\n' && ch != '\r' && ch != '\t') break;
+    p->i++;
+  }
+}
+
+static int hexval(unsigned char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned char b = s[0];
+  if (b < 0x80) return 1;
+  if (b < 0xC2) return 0;
+  if (b < 0xE0) return (n >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
+  if (b < 0xF0) {
+    if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
+    if (b == 0xE0 && s[1] < 0xA0) return 0; /* overlong */
+    if (b == 0xED && s[1] >= 0xA0) return 0; /* surrogate */
+    return 3;
+  }
+  if (b < 0xF5) {
+    if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 ||
+        (s[3] & 0xC0) != 0x80)
+      return 0;
+    if (b == 0xF0 && s[1] < 0x90) return 0; /* overlong */
+    if (b == 0xF4 && s[1] >= 0x90) return 0; /* past U+10FFFF */
+    return 4;
+  }
+  return 0;
+}
+
+static void put_utf8(lg_canon_t *c, uint32_t cp) {
+  if (cp < 0x80) {
+    put(c, (char)cp);
+  } else if (cp < 0x800) {
+    put(c, (char)(0xC0 | (cp >> 6)));
+    put(c, (char)(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    put(c, (char)(0xE0 | (cp >> 12)));
+    put(c, (char)(0x80 | ((cp >> 6) & 0x3F)));
+    put(c, (char)(0x80 | (cp & 0x3F)));
+  } else {
+    put(c, (char)(0xF0 | (cp >> 18)));
+    put(c, (char)(0x80 | ((cp >> 12) & 0x3F)));
+    put(c, (char)(0x80 | ((cp >> 6) & 0x3F)));
+    put(c, (char)(0x80 | (cp & 0x3F)));
+  }
+}
+
+/* Writes one code point (or lone surrogate) the way JSON.stringify does. */
+static void put_char(lg_canon_t *c, uint32_t cp) {
+  static const char hex[] = "0123456789abcdef";
+  switch (cp) {
+  case '"': putn(c, "\\\"", 2); return;
+  case '\\': putn(c, "\\\\", 2); return;
+  case '\b': putn(c, "\\b", 2); return;
+  case '\f': putn(c, "\\f", 2); return;
+  case '\n': putn(c, "\\n", 2); return;
+  case '\r': putn(c, "\\r", 2); return;
+  case '\t': putn(c, "\\t", 2); return;
+  }
+  if (cp < 0x20 || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    char e[6] = {'\\', 'u', hex[(cp >> 12) & 15], hex[(cp >> 8) & 15],
+                 hex[(cp >> 4) & 15], hex[cp & 15]};
+    putn(c, e, 6);
+    return;
+  }
+  put_utf8(c, cp);
+}
+
+static int read_u4(parser_t *p, uint32_t *out) {
+  if (p->n - p->i < 4) return perr(p, LG_EPARSE, "truncated \\u escape");
+  uint32_t v = 0;
+  for (int k = 0; k < 4; k++) {
+    int h = hexval(p->s[p->i + (size_t)k]);
+    if (h < 0) return perr(p, LG_EPARSE, "bad hex digit in \\u escape");
+    v = (v << 4) | (uint32_t)h;
+  }
+  p->i += 4;
+  *out = v;
+  return 0;
+}
+
+/* Parses a string at p->i (its opening quote) and writes it canonically.
+ * *plain is set when the string is printable ASCII with no escapes. */
+static int cv_string(parser_t *p, bool *plain) {
+  lg_canon_t *c = p->c;
+  bool pl = true;
+  p->i++; /* the quote */
+  put(c, '"');
+  for (;;) {
+    size_t start = p->i;
+    /* The common case: a run of printable ASCII that needs no change. */
+    while (p->i < p->n) {
+      unsigned char ch = p->s[p->i];
+      if (ch < 0x20 || ch == '"' || ch == '\\' || ch >= 0x80) break;
+      p->i++;
+    }
+    putn(c, p->s + start, p->i - start);
+    if (p->i >= p->n) return perr(p, LG_EPARSE, "unterminated string");
+    unsigned char ch = p->s[p->i];
+    if (ch == '"') {
+      p->i++;
+      put(c, '"');
+      if (plain) *plain = pl;
+      return 0;
+    }
+    pl = false;
+    if (ch < 0x20) return perr(p, LG_EPARSE, "control character in string");
+    if (ch >= 0x80) {
+      size_t l = utf8_len(p->s + p->i, p->n - p->i);
+      if (!l) return perr(p, LG_EUTF8, "invalid UTF-8");
+      putn(c, p->s + p->i, l);
+      p->i += l;
+      continue;
+    }
+    /* A backslash escape. */
+    if (p->i + 1 >= p->n) return perr(p, LG_EPARSE, "unterminated string");
+    unsigned char e = p->s[p->i + 1];
+    p->i += 2;
+    switch (e) {
+    case '"': put_char(c, '"'); continue;
+    case '\\': put_char(c, '\\'); continue;
+    case '/': put(c, '/'); continue;
+    case 'b': put_char(c, '\b'); continue;
+    case 'f': put_char(c, '\f'); continue;
+    case 'n': put_char(c, '\n'); continue;
+    case 'r': put_char(c, '\r'); continue;
+    case 't': put_char(c, '\t'); continue;
+    case 'u': break;
+    default:
+      p->i -= 2;
+      return perr(p, LG_EPARSE, "unknown escape in string");
+    }
+    uint32_t u;
+    int rc = read_u4(p, &u);
+    if (rc) return rc;
+    if (u >= 0xD800 && u <= 0xDBFF && p->n - p->i >= 6 && p->s[p->i] == '\\' &&
+        p->s[p->i + 1] == 'u') {
+      size_t save = p->i;
+      p->i += 2;
+      uint32_t lo;
+      rc = read_u4(p, &lo);
+      if (rc) return rc;
+      if (lo >= 0xDC00 && lo <= 0xDFFF) {
+        put_utf8(c, 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00));
+        continue;
+      }
+      p->i = save; /* a lone high surrogate followed by another escape */
+    }
+    put_char(c, u);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Numbers.                                                            */
+
+#define MAX_SIG 64 /* significant digits kept for exact forms */
+
+/* ECMAScript Number::toString from digits d[0..k) and point position n
+ * (value = 0.d × 10^n), with sign. */
+static void es_format(lg_canon_t *c, bool neg, const char *d, int k, int n) {
+  if (neg) put(c, '-');
+  if (k <= n && n <= 21) {
+    putn(c, d, (size_t)k);
+    for (int z = k; z < n; z++) put(c, '0');
+  } else if (0 < n && n <= 21) {
+    putn(c, d, (size_t)n);
+    put(c, '.');
+    putn(c, d + n, (size_t)(k - n));
+  } else if (-6 < n && n <= 0) {
+    putn(c, "0.", 2);
+    for (int z = 0; z < -n; z++) put(c, '0');
+    putn(c, d, (size_t)k);
+  } else {
+    int e = n - 1;
+    put(c, d[0]);
+    if (k > 1) {
+      put(c, '.');
+      putn(c, d + 1, (size_t)(k - 1));
+    }
+    char buf[16];
+    int bl = snprintf(buf, sizeof buf, "e%c%d", e >= 0 ? '+' : '-', e >= 0 ? e : -e);
+    putn(c, buf, (size_t)bl);
+  }
+}
+
+/* Splits "D.DDDe±X" (from %e) into its digits and its exponent. */
+static int split_e(const char *buf, char *d, int *e) {
+  int k = 0;
+  const char *q = buf;
+  for (; *q && *q != 'e'; q++)
+    if (*q >= '0' && *q <= '9') d[k++] = *q;
+  *e = atoi(q + 1);
+  return k;
+}
+
+/* Reads digits d[0..k) × 10^(e-k+1) back as a double. */
+static double read_back(const char *d, int k, int e) {
+  char buf[40];
+  snprintf(buf, sizeof buf, "%.*se%d", k, d, e - k + 1);
+  return strtod(buf, NULL);
+}
+
+/* Shortest round-trip digits of a finite non-zero double; among several
+ * of that length, the closest to v (ECMAScript Number::toString). For each
+ * length the correctly rounded candidate comes first. When it does not
+ * read back as v, its neighbour on the other side of v is tried too: just
+ * above a power of two the doubles below v are closer together than those
+ * above, so the rounded candidate can miss v's rounding interval while the
+ * neighbour lands in it (2^-1017 is 7.120236347223045e-307, not the
+ * 17-digit form). 17 digits always read back. */
+static void shortest_digits(double v, char *d, int *k, int *n) {
+  double a = fabs(v);
+  char buf[40], nd[20];
+  int kk = 0, e = 0;
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, sizeof buf, "%.*e", prec - 1, a);
+    kk = split_e(buf, d, &e);
+    double r = strtod(buf, NULL);
+    if (r == a || prec == 17) break;
+    int ne = e;
+    memcpy(nd, d, (size_t)kk);
+    int j = kk - 1;
+    if (r < a) { /* one unit up, with carry */
+      while (j >= 0 && nd[j] == '9') nd[j--] = '0';
+      if (j >= 0) {
+        nd[j]++;
+      } else { /* 99…9 + 1 = 100…0: one more power of ten */
+        nd[0] = '1';
+        ne++;
+      }
+    } else { /* one unit down, with borrow */
+      while (j >= 0 && nd[j] == '0') nd[j--] = '9';
+      nd[j]--; /* j >= 0: d[0] is never '0' */
+      if (nd[0] == '0') continue; /* that is a shorter form, tried before */
+    }
+    if (read_back(nd, kk, ne) == a) {
+      memcpy(d, nd, (size_t)kk);
+      e = ne;
+      break;
+    }
+  }
+  while (kk > 1 && d[kk - 1] == '0') kk--;
+  *k = kk;
+  *n = e + 1;
+}
+
+static int cv_number(parser_t *p) {
+  lg_canon_t *c = p->c;
+  size_t start = p->i;
+  bool neg = false;
+  if (p->s[p->i] == '-') {
+    neg = true;
+    p->i++;
+  }
+  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+    return perr(p, LG_EPARSE, "expected a digit");
+  char d[MAX_SIG];
+  int k = 0;             /* significant digits kept */
+  bool more = false;     /* a non-zero digit beyond MAX_SIG */
+  long nint = 0;         /* integer-part digits after the first non-zero */
+  long lead_frac = 0;    /* zeros after the point before the first non-zero */
+  bool seen_nz = false;
+  int zeros_pending = 0; /* zeros since the last non-zero digit (not kept) */
+
+  /* Integer part: 0 | [1-9][0-9]* */
+  if (p->s[p->i] == '0') {
+    p->i++;
+    if (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
+      return perr(p, LG_EPARSE, "leading zero in number");
+  } else {
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+      char ch = (char)p->s[p->i++];
+      seen_nz = true;
+      nint++;
+      if (ch == '0') {
+        zeros_pending++;
+        continue;
+      }
+      for (; zeros_pending; zeros_pending--)
+        if (k < MAX_SIG) d[k++] = '0'; else more = true;
+      if (k < MAX_SIG) d[k++] = ch; else more = true;
+    }
+  }
+  bool is_int_literal = true;
+  if (p->i < p->n && p->s[p->i] == '.') {
+    is_int_literal = false;
+    p->i++;
+    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+      return perr(p, LG_EPARSE, "expected a digit after '.'");
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+      char ch = (char)p->s[p->i++];
+      if (!seen_nz) {
+        if (ch == '0') {
+          lead_frac++;
+          continue;
+        }
+        seen_nz = true;
+      }
+      if (ch == '0') {
+        zeros_pending++;
+        continue;
+      }
+      for (; zeros_pending; zeros_pending--)
+        if (k < MAX_SIG) d[k++] = '0'; else more = true;
+      if (k < MAX_SIG) d[k++] = ch; else more = true;
+    }
+  }
+  long exp = 0;
+  bool exp_huge = false; /* |exponent| too large to track: strtod decides */
+  if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
+    is_int_literal = false;
+    p->i++;
+    bool eneg = false;
+    if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-'))
+      eneg = p->s[p->i++] == '-';
+    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+      return perr(p, LG_EPARSE, "expected a digit in the exponent");
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+      if (exp < 100000000) exp = exp * 10 + (p->s[p->i] - '0');
+      else exp_huge = true;
+      p->i++;
+    }
+    if (eneg) exp = -exp;
+  }
+  (void)is_int_literal;
+  /* A number can come out longer than it went in ("1e20" is 21 digits),
+   * which would eat the room lg_canon_json reserved for the rest of the
+   * input, so the rest of the input is reserved again here. */
+  if (lg__buf_reserve(&c->out, (p->n - p->i) + 128 + MAX_SIG))
+    return perr(p, LG_ENOMEM, "out of memory");
+  if (k == 0) { /* zero, whatever its sign or form */
+    put(c, '0');
+    return 0;
+  }
+  /* value = 0.d × 10^n */
+  long n = (nint > 0 ? nint : -lead_frac) + exp;
+
+  if (!more && !exp_huge && n >= 16 && n <= 21) {
+    bool big = n > 16;
+    if (!big) {
+      char pad[16];
+      for (int z = 0; z < 16; z++) pad[z] = z < k ? d[z] : '0';
+      big = memcmp(pad, "9007199254740992", 16) >= 0;
+    }
+    if (big) { /* exact: all digits, no exponent */
+      if (neg) put(c, '-');
+      int ni = (int)n;
+      putn(c, d, (size_t)(k < ni ? k : ni));
+      for (int z = k; z < ni; z++) put(c, '0');
+      if (k > ni) {
+        put(c, '.');
+        putn(c, d + ni, (size_t)(k - ni));
+      }
+      return 0;
+    }
+  }
+  if (!more && !exp_huge && k <= 15 && n > -300 && n < 300) {
+    /* Up to 15 significant digits survive the trip through a double
+     * unchanged, so they are already the shortest round-trip digits. */
+    es_format(c, neg, d, k, (int)n);
+    return 0;
+  }
+  /* The general case: round to a double, then find its shortest digits. */
+  size_t len = p->i - start;
+  char stackbuf[128];
+  char *lit = len < sizeof stackbuf ? stackbuf : lg__malloc(len + 1);
+  if (!lit) return perr(p, LG_ENOMEM, "out of memory");
+  memcpy(lit, p->s + start, len);
+  lit[len] = 0;
+  double v = strtod(lit, NULL);
+  if (lit != stackbuf) lg__free(lit);
+  if (!isfinite(v)) {
+    p->i = start;
+    return perr(p, LG_ERANGE, "number out of range");
+  }
+  if (v == 0) {
+    put(c, '0');
+    return 0;
+  }
+  char sd[20];
+  int sk, sn;
+  shortest_digits(v, sd, &sk, &sn);
+  es_format(c, neg, sd, sk, sn);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Object key order: UTF-16 code units of the decoded keys (RFC 8785).  */
+
+/* Reads the next UTF-16 unit of a canonical string body; *pend carries a
+ * low surrogate still to come. Returns -1 at the end. */
+static int32_t next_unit(const unsigned char *s, size_t n, size_t *i,
+                         int32_t *pend) {
+  if (*pend >= 0) {
+    int32_t u = *pend;
+    *pend = -1;
+    return u;
+  }
+  if (*i >= n) return -1;
+  unsigned char b = s[*i];
+  if (b == '\\') {
+    unsigned char e = s[*i + 1];
+    *i += 2;
+    switch (e) {
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    case 'u': {
+      int32_t v = 0;
+      for (int k = 0; k < 4; k++) v = (v << 4) | hexval(s[*i + (size_t)k]);
+      *i += 4;
+      return v;
+    }
+    default: return e; /* '"' or '\\' */
+    }
+  }
+  if (b < 0x80) {
+    (*i)++;
+    return b;
+  }
+  uint32_t cp;
+  if (b < 0xE0) {
+    cp = ((uint32_t)(b & 0x1F) << 6) | (s[*i + 1] & 0x3F);
+    *i += 2;
+  } else if (b < 0xF0) {
+    cp = ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(s[*i + 1] & 0x3F) << 6) |
+         (s[*i + 2] & 0x3F);
+    *i += 3;
+  } else {
+    cp = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(s[*i + 1] & 0x3F) << 12) |
+         ((uint32_t)(s[*i + 2] & 0x3F) << 6) | (s[*i + 3] & 0x3F);
+    *i += 4;
+  }
+  if (cp >= 0x10000) {
+    cp -= 0x10000;
+    *pend = (int32_t)(0xDC00 + (cp & 0x3FF));
+    return (int32_t)(0xD800 + (cp >> 10));
+  }
+  return (int32_t)cp;
+}
+
+/* Compares the keys of two members (canonical strings in buf). */
+static int key_cmp(const char *buf, const member_t *a, const member_t *b) {
+  const unsigned char *ka = (const unsigned char *)buf + a->key + 1;
+  const unsigned char *kb = (const unsigned char *)buf + b->key + 1;
+  size_t la = a->colon - a->key - 2, lb = b->colon - b->key - 2;
+  if (a->plain && b->plain) {
+    int r = memcmp(ka, kb, la < lb ? la : lb);
+    if (r) return r;
+    return la < lb ? -1 : la > lb;
+  }
+  size_t ia = 0, ib = 0;
+  int32_t pa = -1, pb = -1;
+  for (;;) {
+    int32_t ua = next_unit(ka, la, &ia, &pa);
+    int32_t ub = next_unit(kb, lb, &ib, &pb);
+    if (ua != ub) return ua < ub ? -1 : 1;
+    if (ua < 0) return 0;
+  }
+}
+
+/* The error for two members with the same key: the offset is the later
+ * one's in the input. */
+static int dup_key(parser_t *p, const member_t *a, const member_t *b) {
+  size_t at = a->src > b->src ? a->src : b->src;
+  return lg__err(p->err, LG_EDUPKEY, NULL, (long)at,
+                 "duplicate key in object at byte offset %zu", at);
+}
+
+static int push_member(parser_t *p, member_t m) {
+  lg_canon_t *c = p->c;
+  if (c->nmem == c->capmem) {
+    size_t cap = c->capmem ? c->capmem * 2 : 32;
+    member_t *nm = lg__realloc(c->mem, cap * sizeof *nm);
+    if (!nm) return perr(p, LG_ENOMEM, "out of memory");
+    c->mem = nm;
+    c->capmem = cap;
+  }
+  c->mem[c->nmem++] = m;
+  return 0;
+}
+
+/* Puts the members base..nmem of the object that starts at `open` (its
+ * '{') in key order, leaves out the members that are not kept (fields a
+ * loop key does not select) and rejects duplicate keys, kept or not: the
+ * same arguments must be valid or invalid whatever the policy. */
+static int sort_members(parser_t *p, size_t open, size_t base) {
+  lg_canon_t *c = p->c;
+  member_t *m = c->mem + base;
+  size_t cnt = c->nmem - base;
+  bool sorted = true, drops = cnt && !m[0].keep;
+  for (size_t i = 1; i < cnt; i++) {
+    int r = key_cmp(c->out.data, &m[i - 1], &m[i]);
+    if (r == 0) return dup_key(p, &m[i - 1], &m[i]);
+    if (r > 0) sorted = false;
+    if (!m[i].keep) drops = true;
+  }
+  if (sorted && !drops) return 0;
+  if (!sorted) {
+    /* Insertion sort: objects are small, and this keeps it stable. */
+    for (size_t i = 1; i < cnt; i++) {
+      member_t x = m[i];
+      size_t j = i;
+      while (j > 0 && key_cmp(c->out.data, &m[j - 1], &x) > 0) {
+        m[j] = m[j - 1];
+        j--;
+      }
+      m[j] = x;
+    }
+    for (size_t i = 1; i < cnt; i++)
+      if (key_cmp(c->out.data, &m[i - 1], &m[i]) == 0)
+        return dup_key(p, &m[i - 1], &m[i]);
+  }
+  size_t body = open + 1, total = c->out.len - body;
+  c->scratch.len = 0;
+  if (lg__buf_append(&c->scratch, c->out.data + body, total))
+    return perr(p, LG_ENOMEM, "out of memory");
+  size_t w = body;
+  for (size_t i = 0; i < cnt; i++) {
+    if (!m[i].keep) continue;
+    if (w != body) c->out.data[w++] = ',';
+    size_t len = m[i].end - m[i].key;
+    memcpy(c->out.data + w, c->scratch.data + (m[i].key - body), len);
+    w += len;
+  }
+  c->out.len = w;
+  return 0;
+}
+
+static int cv_value(parser_t *p, int depth);
+static int apply_norms(parser_t *p, const lg__keyfield_t *f, size_t vstart);
+
+/* Sets *out to the field of p->select named by the key at out[key..colon),
+ * or NULL. Fails only when out of memory. */
+static int selected(parser_t *p, const member_t *m, const lg__keyfield_t **out) {
+  const char *k = p->c->out.data + m->key + 1;
+  *out = NULL;
+  size_t kl = m->colon - m->key - 2;
+  for (int i = 0; i < p->select->nfields; i++) {
+    const lg__keyfield_t *f = &p->select->fields[i];
+    if (m->plain) {
+      if (f->name_len == kl && memcmp(f->name, k, kl) == 0) {
+        *out = f;
+        return 0;
+      }
+      continue;
+    }
+    /* Compare decoded forms: re-encode the field name canonically. */
+    size_t save = p->c->out.len;
+    if (lg__buf_reserve(&p->c->out, f->name_len * 6 + 2))
+      return perr(p, LG_ENOMEM, "out of memory");
+    const unsigned char *s = (const unsigned char *)f->name;
+    for (size_t j = 0; j < f->name_len;) {
+      size_t l = utf8_len(s + j, f->name_len - j);
+      if (!l) break;
+      uint32_t cp = s[j];
+      if (l == 2) cp = ((uint32_t)(s[j] & 0x1F) << 6) | (s[j + 1] & 0x3F);
+      if (l == 3)
+        cp = ((uint32_t)(s[j] & 0x0F) << 12) | ((uint32_t)(s[j + 1] & 0x3F) << 6) |
+             (s[j + 2] & 0x3F);
+      if (l == 4)
+        cp = ((uint32_t)(s[j] & 0x07) << 18) | ((uint32_t)(s[j + 1] & 0x3F) << 12) |
+             ((uint32_t)(s[j + 2] & 0x3F) << 6) | (s[j + 3] & 0x3F);
+      put_char(p->c, cp);
+      j += l;
+    }
+    bool eq = p->c->out.len - save == kl &&
+              memcmp(p->c->out.data + save, p->c->out.data + m->key + 1, kl) == 0;
+    p->c->out.len = save;
+    if (eq) {
+      *out = f;
+      return 0;
+    }
+  }
+  return 0;
+}
+
+static int cv_object(parser_t *p, int depth) {
+  lg_canon_t *c = p->c;
+  const lg__toolpol_t *select = depth == 1 ? p->select : NULL;
+  size_t open = c->out.len;
+  size_t base = c->nmem;
+  put(c, '{');
+  p->i++;
+  skip_ws(p);
+  if (p->i < p->n && p->s[p->i] == '}') {
+    p->i++;
+    put(c, '}');
+    return 0;
+  }
+  for (bool first = true;; first = false) {
+    skip_ws(p);
+    if (p->i >= p->n || p->s[p->i] != '"')
+      return perr(p, LG_EPARSE, "expected a string key");
+    if (!first) put(c, ',');
+    member_t m;
+    m.key = c->out.len;
+    m.src = p->i;
+    int rc = cv_string(p, &m.plain);
+    if (rc) return rc;
+    skip_ws(p);
+    if (p->i >= p->n || p->s[p->i] != ':')
+      return perr(p, LG_EPARSE, "expected ':' after key");
+    p->i++;
+    m.colon = c->out.len;
+    put(c, ':');
+    size_t vstart = c->out.len;
+    rc = cv_value(p, depth);
+    if (rc) return rc;
+    m.end = c->out.len;
+    m.keep = true;
+    if (select) {
+      /* A field the loop key does not select stays until the object
+       * closes, so that its key is still checked for duplicates; then
+       * sort_members leaves it out. */
+      const lg__keyfield_t *f;
+      if ((rc = selected(p, &m, &f))) return rc;
+      m.keep = f != NULL;
+      if (f && f->nnorms && c->out.data[vstart] == '"') {
+        rc = apply_norms(p, f, vstart);
+        if (rc) return rc;
+        m.end = c->out.len;
+      }
+    }
+    if ((rc = push_member(p, m))) return rc;
+    skip_ws(p);
+    if (p->i < p->n && p->s[p->i] == ',') {
+      p->i++;
+      continue;
+    }
+    if (p->i < p->n && p->s[p->i] == '}') {
+      p->i++;
+      break;
+    }
+    return perr(p, LG_EPARSE, "expected ',' or '}' in object");
+  }
+  int rc = sort_members(p, open, base);
+  c->nmem = base;
+  if (rc) return rc;
+  put(c, '}');
+  return 0;
+}
+
+static int cv_array(parser_t *p, int depth) {
+  lg_canon_t *c = p->c;
+  put(c, '[');
+  p->i++;
+  skip_ws(p);
+  if (p->i < p->n && p->s[p->i] == ']') {
+    p->i++;
+    put(c, ']');
+    return 0;
+  }
+  for (bool first = true;; first = false) {
+    if (!first) put(c, ',');
+    int rc = cv_value(p, depth);
+    if (rc) return rc;
+    skip_ws(p);
+    if (p->i < p->n && p->s[p->i] == ',') {
+      p->i++;
+      continue;
+    }
+    if (p->i < p->n && p->s[p->i] == ']') {
+      p->i++;
+      put(c, ']');
+      return 0;
+    }
+    return perr(p, LG_EPARSE, "expected ',' or ']' in array");
+  }
+}
+
+static int cv_literal(parser_t *p, const char *word, size_t len) {
+  if (p->n - p->i < len || memcmp(p->s + p->i, word, len) != 0)
+    return perr(p, LG_EPARSE, "unexpected character");
+  putn(p->c, word, len);
+  p->i += len;
+  return 0;
+}
+
+static int cv_value(parser_t *p, int depth) {
+  skip_ws(p);
+  if (p->i >= p->n) return perr(p, LG_EPARSE, "unexpected end of input");
+  switch (p->s[p->i]) {
+  case '{':
+    if (depth >= LG_CANON_MAX_DEPTH)
+      return perr(p, LG_EDEPTH, "nesting deeper than 64 levels");
+    return cv_object(p, depth + 1);
+  case '[':
+    if (depth >= LG_CANON_MAX_DEPTH)
+      return perr(p, LG_EDEPTH, "nesting deeper than 64 levels");
+    return cv_array(p, depth + 1);
+  case '"': return cv_string(p, NULL);
+  case 't': return cv_literal(p, "true", 4);
+  case 'f': return cv_literal(p, "false", 5);
+  case 'n': return cv_literal(p, "null", 4);
+  default:
+    if (p->s[p->i] == '-' || (p->s[p->i] >= '0' && p->s[p->i] <= '9'))
+      return cv_number(p);
+    return perr(p, LG_EPARSE, "unexpected character");
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Normalizers. The canonical string at out[vstart..] is decoded into  */
+/* tmp (lone surrogates as 3-byte sequences), transformed, and written  */
+/* back canonically in its place.                                       */
+
+static bool is_space(unsigned char ch) {
+  return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' ||
+         ch == '\v';
+}
+
+static int apply_norms(parser_t *p, const lg__keyfield_t *f, size_t vstart) {
+  lg_canon_t *c = p->c;
+  const unsigned char *s = (const unsigned char *)c->out.data + vstart + 1;
+  size_t n = c->out.len - vstart - 2, i = 0;
+  c->tmp.len = 0;
+  if (lg__buf_reserve(&c->tmp, n + 4)) return perr(p, LG_ENOMEM, "out of memory");
+  /* Decode: canonical strings hold raw UTF-8 and a few escapes. */
+  unsigned char *t = (unsigned char *)c->tmp.data;
+  size_t tl = 0;
+  while (i < n) {
+    if (s[i] != '\\') {
+      t[tl++] = s[i++];
+      continue;
+    }
+    int32_t pend = -1;
+    int32_t u = next_unit(s, n, &i, &pend);
+    if (u < 0x80) {
+      t[tl++] = (unsigned char)u;
+    } else { /* a lone surrogate: keep it as its 3-byte form */
+      t[tl++] = (unsigned char)(0xE0 | (u >> 12));
+      t[tl++] = (unsigned char)(0x80 | ((u >> 6) & 0x3F));
+      t[tl++] = (unsigned char)(0x80 | (u & 0x3F));
+    }
+  }
+  for (int k = 0; k < f->nnorms; k++) {
+    size_t w = 0;
+    switch (f->norms[k]) {
+    case LG__NORM_LOWER: /* ASCII letters only: no locale, no tables */
+      for (size_t j = 0; j < tl; j++)
+        if (t[j] >= 'A' && t[j] <= 'Z') t[j] = (unsigned char)(t[j] + 32);
+      break;
+    case LG__NORM_UPPER:
+      for (size_t j = 0; j < tl; j++)
+        if (t[j] >= 'a' && t[j] <= 'z') t[j] = (unsigned char)(t[j] - 32);
+      break;
+    case LG__NORM_TRIM: {
+      size_t a = 0, b = tl;
+      while (a < b && is_space(t[a])) a++;
+      while (b > a && is_space(t[b - 1])) b--;
+      memmove(t, t + a, b - a);
+      tl = b - a;
+      break;
+    }
+    case LG__NORM_COLLAPSE_SPACE:
+      for (size_t j = 0; j < tl; j++) {
+        if (is_space(t[j])) {
+          if (w == 0 || t[w - 1] != ' ') t[w++] = ' ';
+        } else {
+          t[w++] = t[j];
+        }
+      }
+      tl = w;
+      break;
+    case LG__NORM_DIGITS:
+      for (size_t j = 0; j < tl; j++)
+        if (t[j] >= '0' && t[j] <= '9') t[w++] = t[j];
+      tl = w;
+      break;
+    case LG__NORM_STRIP_PREFIX: {
+      size_t pl = strlen(f->prefix[k]);
+      if (pl <= tl && memcmp(t, f->prefix[k], pl) == 0) {
+        memmove(t, t + pl, tl - pl);
+        tl -= pl;
+      }
+      break;
+    }
+    }
+  }
+  /* Re-encode in place: the result is never longer than 6 bytes a byte. */
+  c->out.len = vstart;
+  if (lg__buf_reserve(&c->out, tl * 6 + 2)) return perr(p, LG_ENOMEM, "out of memory");
+  put(c, '"');
+  for (size_t j = 0; j < tl;) {
+    unsigned char b = t[j];
+    if (b < 0x80) {
+      put_char(c, b);
+      j++;
+      continue;
+    }
+    size_t l = b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    if (l == 3 && b == 0xED && j + 1 < tl && t[j + 1] >= 0xA0) {
+      uint32_t u = ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(t[j + 1] & 0x3F) << 6) |
+                   (t[j + 2] & 0x3F);
+      put_char(c, u);
+    } else {
+      putn(c, t + j, l);
+    }
+    j += l;
+  }
+  put(c, '"');
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+
+static int canon_run(lg_canon_t *c, const char *json, size_t len,
+                     const lg__toolpol_t *select, lg_error_t *err) {
+  parser_t p = {c, (const unsigned char *)json, len, 0, err, select};
+  c->out.len = 0;
+  c->nmem = 0;
+  /* A failed allocation of an earlier call left its buffer as it was:
+   * this call may try again. */
+  c->out.oom = c->scratch.oom = c->tmp.oom = false;
+  if (lg__buf_reserve(&c->out, len + 64))
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  skip_ws(&p);
+  if (select && (p.i >= p.n || p.s[p.i] != '{'))
+    return perr(&p, LG_EINVAL,
+                "arguments must be a JSON object to select loop-key fields");
+  int rc = cv_value(&p, 0);
+  if (rc) return rc;
+  skip_ws(&p);
+  if (p.i != p.n) return perr(&p, LG_EPARSE, "unexpected data after the JSON value");
+  c->out.data[c->out.len] = 0;
+  return 0;
+}
+
+int lg_canon_json(lg_canon_t *c, const char *json, size_t len,
+                  const char **out, size_t *out_len, lg_error_t *err) {
+  if (!c || (!json && len)) return lg__err(err, LG_EINVAL, NULL, -1, "no input");
+  int rc = canon_run(c, json ? json : "", len, NULL, err);
+  if (rc) return rc;
+  *out = c->out.data;
+  *out_len = c->out.len;
+  return 0;
+}
+
+static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) {
+    hex[2 * i] = digits[md[i] >> 4];
+    hex[2 * i + 1] = digits[md[i] & 15];
+  }
+  hex[64] = 0;
+}
+
+static int sha_parts(lg_canon_t *c, const char *a, size_t al, const char *b,
+                     size_t bl, char hex[LG_FP_HEX]) {
+  unsigned char md[32];
+  unsigned int mdl = 0;
+  if (!EVP_DigestInit_ex2(c->ctx, c->md, NULL) ||
+      (al && !EVP_DigestUpdate(c->ctx, a, al)) ||
+      (b && !EVP_DigestUpdate(c->ctx, "\n", 1)) ||
+      (bl && !EVP_DigestUpdate(c->ctx, b, bl)) ||
+      !EVP_DigestFinal_ex(c->ctx, md, &mdl))
+    return LG_ENOMEM;
+  to_hex(md, hex);
+  return 0;
+}
+
+int lg_canon_sha256_hex(lg_canon_t *c, const char *bytes, size_t len,
+                        char hex[LG_FP_HEX]) {
+  if (!c) return LG_EINVAL;
+  return sha_parts(c, bytes, len, NULL, 0, hex);
+}
+
+int lg_canon_fingerprint(lg_canon_t *c, const lg_policy_t *policy,
+                         const char *tool, const char *args, size_t args_len,
+                         char hex[LG_FP_HEX], const char **key_material,
+                         size_t *km_len, lg_error_t *err) {
+  if (!c || !tool) return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a tool name");
+  if (!args) {
+    args = "{}";
+    args_len = 2;
+  }
+  const lg__toolpol_t *tp = policy ? lg__policy_tool(policy, tool) : NULL;
+  const lg__toolpol_t *select = tp && tp->key_mode == LG__KEY_FIELDS ? tp : NULL;
+  int rc = canon_run(c, args, args_len, select, err);
+  if (rc) return rc;
+  if (sha_parts(c, tool, strlen(tool), c->out.data, c->out.len, hex))
+    return lg__err(err, LG_ENOMEM, NULL, -1, "SHA-256 failed");
+  if (key_material) *key_material = c->out.data;
+  if (km_len) *km_len = c->out.len;
+  return 0;
+}

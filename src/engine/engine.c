@@ -1,0 +1,967 @@
+/*
+ * engine.c — the per-run decision state machine.
+ *
+ * A run is in one of two states, ACTIVE and STOPPED, and moves from the
+ * first to the second only through stop() below, which records why (the
+ * reason, the guard that fired, the call it refused) so that the terminal
+ * envelope and the logs can say what happened. Every event function reads
+ * the run, decides, and then changes it; on an error (a malformed call, a
+ * ledger that did not answer) nothing in the run has changed yet, so the
+ * caller may simply try again.
+ *
+ * The engine is pure: no I/O, no clock, no globals. Time arrives with each
+ * event (t_ms since the run started). The only thing it calls out to is the
+ * idempotency ledger interface, which for replay is in memory and for the
+ * server is a store.
+ *
+ * before(call) applies the rules of policy-v1 in their order:
+ *   1 stopped → stop; 2 caps → stop; 3 ladder stop rung / short cycle →
+ *   stop; 4 idempotency key committed → replay, held elsewhere → block;
+ *   5 retry_after_ms not passed → block; 6 ladder block rung → block;
+ *   7 execute (with a steer message at the observe rung).
+ */
+#include "engine.h"
+
+#include <stdio.h>
+
+/* ------------------------------------------------------------------ */
+/* Small helpers.                                                       */
+
+static uint64_t fp64_of_hex(const char *hex) {
+  uint64_t v = 0;
+  for (int i = 0; i < 16; i++) {
+    char ch = hex[i];
+    v = (v << 4) | (uint64_t)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
+  }
+  return v;
+}
+
+static void fp_bin_of_hex(const char *hex, uint8_t out[32]) {
+  for (int i = 0; i < 32; i++) {
+    char a = hex[2 * i], b = hex[2 * i + 1];
+    out[i] = (uint8_t)(((a <= '9' ? a - '0' : a - 'a' + 10) << 4) |
+                       (b <= '9' ? b - '0' : b - 'a' + 10));
+  }
+}
+
+int lg__run_tool(lg_run_t *run, const char *name) {
+  for (int i = 0; i < run->ntools; i++)
+    if (!strcmp(run->tools[i].name, name)) return i;
+  if (run->ntools == run->captools) {
+    int cap = run->captools ? run->captools * 2 : 4;
+    lg__tool_t *t = lg__realloc(run->tools, (size_t)cap * sizeof *t);
+    if (!t) return -1;
+    run->tools = t;
+    run->captools = cap;
+  }
+  char *n = lg__strdup(name);
+  if (!n) return -1;
+  run->tools[run->ntools] = (lg__tool_t){n, 0, 0};
+  return run->ntools++;
+}
+
+static const char *tool_name(const lg_run_t *run, int i) {
+  return i >= 0 && i < run->ntools ? run->tools[i].name : "?";
+}
+
+/* Resets a decision; borrowed strings of the previous one are released. */
+static void reset(lg_run_t *run, lg_decision_t *d) {
+  memset(d, 0, sizeof *d);
+  d->reason_text = "";
+  d->guard = "";
+  run->msg.len = 0;
+  if (run->msg.data) run->msg.data[0] = 0;
+  lg_claim_clear(&run->claim);
+}
+
+static void set_message(lg_run_t *run, lg_decision_t *d) {
+  d->message = run->msg.data && run->msg.len ? run->msg.data : NULL;
+}
+
+static lg_next_t next_for(lg_reason_t r) {
+  switch (r) {
+  case LG_R_COMPLETE: return LG_NEXT_NONE;
+  case LG_R_STEP_CAP:
+  case LG_R_MODEL_CALL_CAP:
+  case LG_R_TOOL_CALL_CAP:
+  case LG_R_WALL_CLOCK_CAP:
+  case LG_R_HANDOFF_CAP:
+  case LG_R_SAME_CALL_REPEAT:
+  case LG_R_SHORT_CYCLE:
+  case LG_R_NO_PROGRESS:
+  case LG_R_FAILURE_STREAK: return LG_NEXT_RESUME_AFTER_CHANGE;
+  default: return LG_NEXT_HUMAN_REVIEW;
+  }
+}
+
+/* Fills d with the run's stop (for any event after it). */
+static void stopped_decision(lg_run_t *run, lg_decision_t *d) {
+  d->action = LG_ACT_STOP;
+  d->reason = run->reason;
+  d->reason_text = run->reason_text ? run->reason_text : lg_reason_name(run->reason);
+  d->guard = run->guard;
+  d->next_allowed_action = run->next;
+  d->alternatives = run->alternatives;
+  d->message = run->stop_message;
+}
+
+/* ACTIVE → STOPPED. The steer message in run->msg (if any) becomes the
+ * envelope's message. Returns 0, or LG_ENOMEM with the run unchanged. */
+static int stop(lg_run_t *run, lg_decision_t *d, lg_reason_t reason, const char *guard,
+                const char *text, int64_t t_ms) {
+  char *rt = NULL, *sm = NULL;
+  if (text && strcmp(text, lg_reason_name(reason)) && !(rt = lg__strdup(text)))
+    return LG_ENOMEM;
+  if (run->msg.len && !(sm = lg__strndup(run->msg.data, run->msg.len))) {
+    lg__free(rt);
+    return LG_ENOMEM;
+  }
+  run->stopped = true;
+  run->reason = reason;
+  run->reason_text = rt;
+  run->guard = guard;
+  run->next = next_for(reason);
+  run->stop_message = sm;
+  run->stopped_at_ms = t_ms;
+  run->alternatives = run->next == LG_NEXT_RESUME_AFTER_CHANGE
+                          ? LG_ALT_ASK_HUMAN | LG_ALT_FINALIZE_PARTIAL | LG_ALT_ESCALATE_MODEL
+                          : run->next == LG_NEXT_HUMAN_REVIEW ? LG_ALT_ASK_HUMAN : 0;
+  stopped_decision(run, d);
+  return 0;
+}
+
+/* Records the call a stop refused, for the envelope. */
+static int refuse(lg_run_t *run, const char *tool, const char *call_id, const char *fp,
+                  const char *km, size_t km_len, int64_t turn) {
+  char *t = lg__strdup(tool), *c = lg__strdup(call_id);
+  char *k = lg__strndup(km, km_len > LG__KM_MAX ? LG__KM_MAX : km_len);
+  if (!t || !c || !k) {
+    lg__free(t);
+    lg__free(c);
+    lg__free(k);
+    return LG_ENOMEM;
+  }
+  run->refused_tool = t;
+  run->refused_call_id = c;
+  run->refused_km = k;
+  memcpy(run->refused_fp, fp, LG_FP_HEX);
+  run->refused_turn = turn;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Window.                                                              */
+
+static const lg__win_t *win_at(const lg_run_t *run, int back) {
+  /* back = 1 is the newest entry. */
+  int i = run->win_head - back;
+  if (i < 0) i += run->win_cap;
+  return &run->win[i];
+}
+
+static void win_push(lg_run_t *run, uint64_t fp, int64_t turn) {
+  run->win[run->win_head] = (lg__win_t){fp, turn};
+  run->win_head = (run->win_head + 1) % run->win_cap;
+  if (run->win_len < run->win_cap) run->win_len++;
+}
+
+/* Counts fp among the last `window` entries; *same_turn when one of them
+ * was asked for in `turn`. */
+static int64_t win_count(const lg_run_t *run, uint64_t fp, int64_t turn, bool *same_turn) {
+  int64_t n = 0;
+  int look = run->win_len < run->policy->rep_window ? run->win_len : (int)run->policy->rep_window;
+  *same_turn = false;
+  for (int b = 1; b <= look; b++) {
+    const lg__win_t *w = win_at(run, b);
+    if (w->fp != fp) continue;
+    n++;
+    if (w->turn == turn) *same_turn = true;
+  }
+  return n;
+}
+
+/* The period p (2..max_period) of a cycle that fp would complete for the
+ * second time, or 0. */
+static int win_cycle(const lg_run_t *run, uint64_t fp) {
+  for (int p = 2; p <= run->policy->cycle_max_period; p++) {
+    if (run->win_len < 2 * p - 1) break;
+    /* x[0..2p) with x[2p-1] = fp and x[j] = win_at(2p-1-j). */
+    uint64_t x[32];
+    for (int j = 0; j < 2 * p - 1; j++) x[j] = win_at(run, 2 * p - 1 - j)->fp;
+    x[2 * p - 1] = fp;
+    bool ok = true;
+    for (int j = 0; j < p && ok; j++) ok = x[j] == x[j + p];
+    for (int a = 0; a < p && ok; a++)
+      for (int b = a + 1; b < p && ok; b++) ok = x[a] != x[b];
+    if (ok) return p;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tried keys and operations (the envelope's memory of the run).        */
+
+static void tried_note(lg_run_t *run, const char *hex, int tool, int outcome, bool count) {
+  uint8_t fp[32];
+  fp_bin_of_hex(hex, fp);
+  lg__tried_t *t = NULL;
+  for (int i = 0; i < run->ntried; i++)
+    if (!memcmp(run->tried[i].fp, fp, 32)) t = &run->tried[i];
+  if (!t) {
+    if (run->ntried < LG__TRIED_MAX) {
+      t = &run->tried[run->ntried++];
+    } else { /* evict the least recently seen */
+      t = &run->tried[0];
+      for (int i = 1; i < run->ntried; i++)
+        if (run->tried[i].seq < t->seq) t = &run->tried[i];
+    }
+    memset(t, 0, sizeof *t);
+    memcpy(t->fp, fp, 32);
+    t->tool = tool;
+  }
+  if (count) t->count++;
+  t->last = (uint8_t)outcome;
+  t->seq = run->seq;
+}
+
+/* The first 8 bytes of a binary fingerprint, as fp64_of_hex reads them. */
+static uint64_t fp64_of_bin(const uint8_t fp[32]) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = (v << 8) | fp[i];
+  return v;
+}
+
+static void tried_status(lg_run_t *run, uint64_t fp, lg_status_t st) {
+  for (int i = 0; i < run->ntried; i++)
+    if (fp64_of_bin(run->tried[i].fp) == fp) run->tried[i].last = (uint8_t)st;
+}
+
+static void op_note(lg_run_t *run, const char *key, int state, const char *operation_id) {
+  lg__op_t *o = NULL;
+  for (int i = 0; i < run->nops; i++)
+    if (!strcmp(run->ops[i].key, key)) o = &run->ops[i];
+  if (!o) {
+    char *k = lg__strdup(key);
+    if (!k) return; /* the envelope loses a line, the decision stands */
+    if (run->nops == LG__OPS_MAX) {
+      lg__free(run->ops[0].key);
+      lg__free(run->ops[0].operation_id);
+      memmove(run->ops, run->ops + 1, (LG__OPS_MAX - 1) * sizeof *run->ops);
+      run->nops--;
+    }
+    o = &run->ops[run->nops++];
+    memset(o, 0, sizeof *o);
+    o->key = k;
+  }
+  o->state = (uint8_t)state;
+  if (operation_id) {
+    char *id = lg__strdup(operation_id);
+    if (id) {
+      lg__free(o->operation_id);
+      o->operation_id = id;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Life of a run.                                                       */
+
+lg_run_t *lg_run_new(const char *run_id, const char *group, lg_policy_t *policy,
+                     const int64_t *checkpoint, lg_ledger_t *ledger, lg_error_t *err) {
+  if (!run_id || !*run_id) {
+    lg__err(err, LG_EINVAL, "run_id", -1, "a run needs a non-empty run_id");
+    return NULL;
+  }
+  lg_run_t *run = lg__calloc(1, sizeof *run);
+  if (!run) goto oom;
+  run->policy = policy ? lg_policy_ref(policy) : lg_policy_default();
+  run->run_id = lg__strdup(run_id);
+  run->group = group ? lg__strdup(group) : NULL;
+  if (!run->policy || !run->run_id || (group && !run->group)) goto oom;
+  int64_t w = run->policy->rep_window;
+  if (w < 2 * run->policy->cycle_max_period) w = 2 * run->policy->cycle_max_period;
+  run->win_cap = (int)(w < 1 ? 1 : w);
+  run->win = lg__calloc((size_t)run->win_cap, sizeof *run->win);
+  if (!run->win) goto oom;
+  if (!ledger) {
+    run->own_ledger = lg_ledger_memory_new();
+    if (!run->own_ledger) goto oom;
+    ledger = run->own_ledger;
+  }
+  run->ledger = ledger;
+  if (checkpoint) {
+    run->has_best = true;
+    run->best = *checkpoint;
+  }
+  return run;
+oom:
+  lg_run_free(run);
+  lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  return NULL;
+}
+
+void lg_run_free(lg_run_t *run) {
+  if (!run) return;
+  lg__free(run->run_id);
+  lg__free(run->group);
+  lg_policy_free(run->policy);
+  lg_ledger_free(run->own_ledger);
+  lg__free(run->win);
+  for (int i = 0; i < run->ntools; i++) lg__free(run->tools[i].name);
+  lg__free(run->tools);
+  for (int i = 0; i < run->npending; i++) {
+    lg__free(run->pending[i].call_id);
+    lg__free(run->pending[i].key);
+  }
+  for (int i = 0; i < run->nops; i++) {
+    lg__free(run->ops[i].key);
+    lg__free(run->ops[i].operation_id);
+  }
+  lg__free(run->reason_text);
+  lg__free(run->stop_message);
+  lg__free(run->refused_tool);
+  lg__free(run->refused_call_id);
+  lg__free(run->refused_km);
+  lg__buf_free(&run->msg);
+  lg__free(run->call_id);
+  lg__free(run->key);
+  lg_claim_clear(&run->claim);
+  lg__free(run);
+}
+
+const char *lg_run_id(const lg_run_t *run) { return run->run_id; }
+const char *lg_run_group(const lg_run_t *run) { return run->group; }
+const lg_policy_t *lg_run_policy(const lg_run_t *run) { return run->policy; }
+int lg_run_stopped(const lg_run_t *run) { return run->stopped; }
+const char *lg_run_terminal_reason(const lg_run_t *run) {
+  if (!run->stopped) return NULL;
+  return run->reason_text ? run->reason_text : lg_reason_name(run->reason);
+}
+void lg_run_counters(const lg_run_t *run, lg_counters_t *out) { *out = run->c; }
+
+/* ------------------------------------------------------------------ */
+/* before(call)                                                         */
+
+/* Sets run->call_id / run->key (the borrowed strings of the decision). */
+static int set_owned(char **slot, const char *s) {
+  char *n = s ? lg__strdup(s) : NULL;
+  if (s && !n) return LG_ENOMEM;
+  lg__free(*slot);
+  *slot = n;
+  return 0;
+}
+
+static int claim_decision(lg_run_t *run, lg_decision_t *d, const lg_claim_t *cl,
+                          const char *tool, const char *key) {
+  switch (cl->outcome) {
+  case LG_CLAIM_REPLAY:
+    d->action = LG_ACT_REPLAY;
+    d->guard = "ledger";
+    d->saved_result = run->claim.result;
+    d->saved_result_len = run->claim.result_len;
+    lg__buf_printf(&run->msg,
+                   "I already did this %s operation (key %s); I am handing back its "
+                   "saved result instead of doing it twice.",
+                   tool, key);
+    return 1;
+  case LG_CLAIM_IN_PROGRESS:
+    d->action = LG_ACT_BLOCK;
+    d->reason = LG_R_IN_PROGRESS;
+    d->guard = "ledger";
+    lg__buf_printf(&run->msg,
+                   "The same %s operation (key %s) is still running; running it again "
+                   "could do it twice, so I will wait for its result instead.",
+                   tool, key);
+    return 1;
+  case LG_CLAIM_MISMATCH:
+    d->action = LG_ACT_BLOCK;
+    d->reason = LG_R_IDEMPOTENCY_MISMATCH;
+    d->guard = "ledger";
+    lg__buf_printf(&run->msg,
+                   "The key %s already belongs to a different %s request; I must not "
+                   "reuse it for other arguments.",
+                   key, tool);
+    return 1;
+  case LG_CLAIM_UNKNOWN_OUTCOME:
+    d->action = LG_ACT_STOP;
+    d->reason = LG_R_UNKNOWN_OUTCOME;
+    d->guard = "ledger";
+    lg__buf_printf(&run->msg,
+                   "An earlier %s operation with key %s never reported whether it "
+                   "happened; retrying blindly could do it twice, so a person has to "
+                   "reconcile it first.",
+                   tool, key);
+    return 1;
+  default: return 0;
+  }
+}
+
+int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_decision_t *d,
+                  lg_error_t *err) {
+  reset(run, d);
+  if (!call || !call->tool || !*call->tool)
+    return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a non-empty tool name");
+  char hex[LG_FP_HEX];
+  const char *km;
+  size_t km_len;
+  int rc = lg_canon_fingerprint(canon, run->policy, call->tool, call->args, call->args_len, hex,
+                                &km, &km_len, err);
+  if (rc) {
+    lg__err_field_prefix(err, "args");
+    return rc;
+  }
+  memcpy(d->fingerprint, hex, LG_FP_HEX);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  const lg__toolpol_t *tp = lg__policy_tool(run->policy, call->tool);
+  const lg_policy_t *p = run->policy;
+  int tool = lg__run_tool(run, call->tool);
+  if (tool < 0) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  char idbuf[32];
+  const char *call_id = call->call_id;
+  if (!call_id) {
+    snprintf(idbuf, sizeof idbuf, "c%lld", (long long)(run->c.calls + 1));
+    call_id = idbuf;
+  }
+  char *derived = NULL;
+  const char *key = call->idempotency_key;
+  if (!key && tp && tp->side_effects) {
+    lg__buf_t kb = {0};
+    lg__buf_printf(&kb, "lg:%s:%s", run->run_id, hex);
+    if (!(derived = lg__buf_steal(&kb, NULL)))
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    key = derived;
+  }
+  if (set_owned(&run->call_id, call_id) || set_owned(&run->key, key)) {
+    lg__free(derived);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  lg__free(derived);
+  d->call_id = run->call_id;
+  d->idempotency_key = run->key;
+  key = run->key;
+
+  uint64_t fp = fp64_of_hex(hex);
+  bool counted = !(tp && tp->key_mode == LG__KEY_OFF);
+  bool same_turn = false;
+  int64_t n = counted ? win_count(run, fp, call->turn, &same_turn) : 0;
+  if (counted && !same_turn) n++;
+  d->repeat = (uint32_t)(counted ? n : 0);
+  int64_t t = call->t_ms;
+  run->seq++;
+
+  /* 2: caps. */
+  lg_reason_t cap = LG_R_NONE;
+  if (p->max_wall_ms >= 0 && t >= p->max_wall_ms) {
+    cap = LG_R_WALL_CLOCK_CAP;
+    lg__buf_printf(&run->msg, "This run has used its %lld ms of wall-clock time; I am stopping.",
+                   (long long)p->max_wall_ms);
+  } else if (p->max_steps >= 0 && run->c.steps >= p->max_steps) {
+    cap = LG_R_STEP_CAP;
+    lg__buf_printf(&run->msg, "I have run %lld tool calls, the most this run allows; I am stopping.",
+                   (long long)run->c.steps);
+  } else if (tp && tp->max_calls >= 0 && run->tools[tool].executed >= tp->max_calls) {
+    cap = LG_R_TOOL_CALL_CAP;
+    lg__buf_printf(&run->msg, "I have run %s %lld times, the most this run allows; I am stopping.",
+                   call->tool, (long long)run->tools[tool].executed);
+  }
+  lg_reason_t halt = cap;
+  const char *guard = "caps";
+  /* 3: the ladder's stop rung, or a short cycle. */
+  if (!halt && counted && p->rep_stop && n >= p->rep_stop) {
+    halt = LG_R_SAME_CALL_REPEAT;
+    guard = "repeat";
+    lg__buf_printf(&run->msg,
+                   "I have called %s with the same arguments %lld times without any progress; "
+                   "trying again will not help, so I am stopping for someone to look at it.",
+                   call->tool, (long long)n);
+  }
+  int period = 0;
+  if (!halt && counted && !same_turn && (period = win_cycle(run, fp))) {
+    halt = LG_R_SHORT_CYCLE;
+    guard = "cycle";
+    lg__buf_printf(&run->msg,
+                   "I keep going round the same %d calls (the last one %s) and nothing "
+                   "changes; another round will not help, so I am stopping.",
+                   period, call->tool);
+  }
+  if (halt) {
+    if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn) ||
+        stop(run, d, halt, guard, NULL, t)) {
+      reset(run, d);
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    }
+    run->c.calls++;
+    tried_note(run, hex, tool, LG__OUT_BLOCKED, true);
+    d->repeat = (uint32_t)(counted ? n : 0);
+    memcpy(d->fingerprint, hex, LG_FP_HEX);
+    d->call_id = run->call_id;
+    d->idempotency_key = run->key;
+    return 0;
+  }
+
+  /* 4: the ledger, for calls with a key. */
+  if (key) {
+    rc = run->ledger->methods->peek(run->ledger->self, key, hex, t, &run->claim, err);
+    if (rc) return rc;
+    if (claim_decision(run, d, &run->claim, call->tool, key)) goto decided;
+  }
+  /* 5: retry_after_ms. */
+  for (int i = 0; i < run->nretry; i++) {
+    if (run->retry[i].fp == fp && t < run->retry[i].not_before) {
+      d->action = LG_ACT_BLOCK;
+      d->reason = LG_R_RETRY_TOO_SOON;
+      d->guard = "retry";
+      d->hide_tool = NULL;
+      lg__buf_printf(&run->msg,
+                     "%s asked me to wait %lld ms more before I retry the same call; I will "
+                     "do something else first or wait.",
+                     call->tool, (long long)(run->retry[i].not_before - t));
+      goto decided;
+    }
+  }
+  /* 6: the ladder's block rung. */
+  if (counted && p->rep_block && n >= p->rep_block) {
+    d->action = LG_ACT_BLOCK;
+    d->reason = LG_R_SAME_CALL_REPEAT;
+    d->guard = "repeat";
+    d->hide_tool = call->tool;
+    d->hide_turns = 2;
+    d->alternatives = LG_ALT_ASK_HUMAN | LG_ALT_SKIP_CURRENT | LG_ALT_FINALIZE_PARTIAL;
+    lg__buf_printf(&run->msg,
+                   "I have called %s with the same arguments %lld times and got the same "
+                   "answer; trying again will not help. I will change the arguments, use "
+                   "another tool, ask a person, or finish with what I have.",
+                   call->tool, (long long)n);
+    goto decided;
+  }
+  /* 7: execute, claiming the key first. */
+  if (key) {
+    lg_claim_clear(&run->claim);
+    rc = run->ledger->methods->claim(run->ledger->self, key, hex, run->run_id,
+                                     p->max_wall_ms > 0 ? p->max_wall_ms : 600000, t, &run->claim,
+                                     err);
+    if (rc) {
+      run->msg.len = 0;
+      return rc;
+    }
+    if (claim_decision(run, d, &run->claim, call->tool, key)) goto decided;
+  }
+  if (run->npending == LG__PENDING_MAX) {
+    if (key) run->ledger->methods->fail(run->ledger->self, key, 1, t, NULL);
+    return lg__err(err, LG_ESTATE, "call_id", -1,
+                   "%d calls are already waiting for their results", LG__PENDING_MAX);
+  }
+  char *pid = lg__strdup(call_id);
+  char *pkey = key ? lg__strdup(key) : NULL;
+  if (!pid || (key && !pkey)) {
+    lg__free(pid);
+    lg__free(pkey);
+    if (key) run->ledger->methods->fail(run->ledger->self, key, 1, t, NULL);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  run->pending[run->npending++] = (lg__pending_t){pid, pkey, fp, tool};
+  d->action = LG_ACT_EXECUTE;
+  run->c.steps++;
+  run->tools[tool].executed++;
+  if (key) op_note(run, key, LG__OP_CLAIMED, NULL);
+  if (counted && p->rep_observe && n >= p->rep_observe)
+    lg__buf_printf(&run->msg,
+                   "I have now called %s with the same arguments %lld times. If the last "
+                   "answer did not help, repeating it will not either: I should change the "
+                   "arguments or try something else.",
+                   call->tool, (long long)n);
+
+decided:
+  run->c.calls++;
+  run->c.last_t_ms = t;
+  if (d->action == LG_ACT_STOP) { /* unknown_outcome */
+    if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn) ||
+        stop(run, d, d->reason, "ledger", NULL, t)) {
+      reset(run, d);
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    }
+    d->call_id = run->call_id;
+    d->idempotency_key = run->key;
+    memcpy(d->fingerprint, hex, LG_FP_HEX);
+    return 0;
+  }
+  if (d->action == LG_ACT_BLOCK) run->c.blocked++;
+  if (d->action == LG_ACT_REPLAY) {
+    run->c.replayed++;
+    op_note(run, key, LG__OP_REPLAYED, NULL);
+  }
+  if (d->action != LG_ACT_EXECUTE) d->reason_text = lg_reason_name(d->reason);
+  if (counted && !same_turn) win_push(run, fp, call->turn);
+  tried_note(run, hex, tool,
+             d->action == LG_ACT_EXECUTE  ? LG__OUT_EXECUTED
+             : d->action == LG_ACT_REPLAY ? LG__OUT_REPLAYED
+                                          : LG__OUT_BLOCKED,
+             true);
+  set_message(run, d);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* after(result)                                                        */
+
+static lg_reason_t status_reason(lg_status_t s) {
+  switch (s) {
+  case LG_STATUS_COMPLETE: return LG_R_COMPLETE;
+  case LG_STATUS_FATAL: return LG_R_FATAL;
+  case LG_STATUS_PERMISSION_DENIED: return LG_R_PERMISSION_DENIED;
+  case LG_STATUS_POLICY_BLOCKED: return LG_R_POLICY_BLOCKED;
+  case LG_STATUS_HUMAN_REQUIRED: return LG_R_HUMAN_REQUIRED;
+  default: return LG_R_NONE;
+  }
+}
+
+int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_error_t *err) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  int pi = run->npending - 1;
+  if (res->call_id) {
+    for (pi = run->npending - 1; pi >= 0; pi--)
+      if (!strcmp(run->pending[pi].call_id, res->call_id)) break;
+  }
+  if (pi < 0)
+    return lg__err(err, LG_ENOTFOUND, "call_id", -1,
+                   res->call_id ? "no executed call \"%s\" is waiting for a result"
+                                : "no executed call is waiting for a result%s",
+                   res->call_id ? res->call_id : "");
+  lg__pending_t pc = run->pending[pi];
+  const char *tool = tool_name(run, pc.tool);
+  const lg__toolpol_t *tp = lg__policy_tool(run->policy, tool);
+  const lg_policy_t *p = run->policy;
+  int64_t t = res->t_ms;
+  lg_status_t st = res->status;
+  bool blank = res->value_kind == LG_VALUE_NULL || res->value_kind == LG_VALUE_BLANK;
+  bool invalid = st == LG_STATUS_INVALID || (blank && !(tp && tp->empty_ok));
+
+  /* The ledger first: an outcome that is not recorded would leave the key
+   * claimed. An invalid result leaves the claim to run out of its lease:
+   * nobody knows whether the side effect happened. */
+  if (pc.key) {
+    int rc = 0;
+    int state = 0;
+    if (res->side_effect_committed == 1 ||
+        (!invalid && (st == LG_STATUS_PROGRESS || st == LG_STATUS_COMPLETE))) {
+      rc = run->ledger->methods->commit(run->ledger->self, pc.key,
+                                        res->value_kind == LG_VALUE_ABSENT ? NULL : res->value,
+                                        res->value_len, res->operation_id, t, err);
+      state = LG__OP_COMMITTED;
+    } else if (!invalid) {
+      rc = run->ledger->methods->fail(run->ledger->self, pc.key, st == LG_STATUS_RETRYABLE, t, err);
+      state = st == LG_STATUS_RETRYABLE ? LG__OP_RELEASED : LG__OP_FAILED;
+    }
+    if (rc) return rc;
+    if (state) op_note(run, pc.key, state, res->operation_id);
+  }
+  /* Remove it, keeping the order: the latest call stays last. */
+  memmove(run->pending + pi, run->pending + pi + 1,
+          (size_t)(run->npending - pi - 1) * sizeof *run->pending);
+  run->npending--;
+  /* On out-of-memory only the borrowed id is lost; the decision stands. */
+  d->call_id = set_owned(&run->call_id, pc.call_id) ? NULL : run->call_id;
+  lg__free(pc.call_id);
+  lg__free(pc.key);
+  run->c.results++;
+  run->c.last_t_ms = t;
+  run->seq++;
+  tried_status(run, pc.fp, st);
+
+  lg_reason_t halt = LG_R_NONE;
+  const char *guard = "";
+  if (invalid) {
+    halt = LG_R_INVALID_TOOL_RESULT;
+    guard = "validation";
+    if (st == LG_STATUS_INVALID)
+      lg__buf_printf(&run->msg,
+                     "%s answered without a valid status, so I cannot tell whether it "
+                     "worked; I am stopping rather than guessing.",
+                     tool);
+    else
+      lg__buf_printf(&run->msg,
+                     "%s answered with an empty value, which is a failure, not a success "
+                     "without data; I am stopping rather than guessing.",
+                     tool);
+  }
+  /* Progress bookkeeping. */
+  bool progressed = false;
+  if (!halt && res->has_progress_version) {
+    if (!run->has_best || res->progress_version > run->best) {
+      run->has_best = true;
+      run->best = res->progress_version;
+      run->np_count = 0;
+      run->win_len = 0; /* confirmed progress: a new window */
+      run->win_head = 0;
+      progressed = true;
+    } else {
+      run->np_count++;
+    }
+  }
+  if (!halt && (halt = status_reason(st))) {
+    guard = "status";
+    if (st == LG_STATUS_COMPLETE)
+      lg__buf_printf(&run->msg, "%s reported the task complete.", tool);
+    else
+      lg__buf_printf(&run->msg,
+                     "%s answered %s; waiting and retrying will not cure that, so I am "
+                     "stopping for a person.",
+                     tool, lg_status_name(st));
+  }
+  if (st == LG_STATUS_RETRYABLE) {
+    run->tools[pc.tool].fail_streak++;
+    if (res->retry_after_ms >= 0) {
+      int slot = -1;
+      for (int i = 0; i < run->nretry; i++)
+        if (run->retry[i].fp == pc.fp) slot = i;
+      if (slot < 0) {
+        if (run->nretry < LG__RETRY_MAX) slot = run->nretry++;
+        else {
+          slot = 0; /* replace the one that frees first */
+          for (int i = 1; i < run->nretry; i++)
+            if (run->retry[i].not_before < run->retry[slot].not_before) slot = i;
+        }
+      }
+      run->retry[slot] = (lg__retry_t){pc.fp, t + res->retry_after_ms};
+    }
+    if (!halt && p->failure_streak && run->tools[pc.tool].fail_streak >= p->failure_streak) {
+      halt = LG_R_FAILURE_STREAK;
+      guard = "failure_streak";
+      lg__buf_printf(&run->msg,
+                     "%s has failed %lld times in a row whatever arguments I gave it; it "
+                     "looks broken right now, so I am stopping instead of trying variations.",
+                     tool, (long long)run->tools[pc.tool].fail_streak);
+    }
+  } else if (st != LG_STATUS_INVALID) {
+    run->tools[pc.tool].fail_streak = 0;
+  }
+  if (!halt && !progressed && p->np_results && run->np_count >= p->np_results) {
+    halt = LG_R_NO_PROGRESS;
+    guard = "no_progress";
+    lg__buf_printf(&run->msg,
+                   "The last %lld results did not move the work past version %lld; doing "
+                   "more of the same will not either, so I am stopping.",
+                   (long long)run->np_count, (long long)run->best);
+  }
+  if (halt) {
+    if (stop(run, d, halt, guard, NULL, t)) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    d->call_id = run->call_id;
+    return 0;
+  }
+  d->action = LG_ACT_CONTINUE;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Model calls, usage, world state, handoffs, cancel.                    */
+
+int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_error_t *err) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  if (m->input_tokens < 0)
+    return lg__err(err, LG_EINVAL, "input_tokens", -1, "input_tokens must not be negative");
+  const lg_policy_t *p = run->policy;
+  int64_t t = m->t_ms;
+  int64_t worst_tokens =
+      m->input_tokens + (m->max_tokens >= 0 ? m->max_tokens : m->output_tokens > 0 ? m->output_tokens : 0);
+  int64_t worst_cost = m->cost_nusd > 0 ? m->cost_nusd : 0;
+  lg_reason_t halt = LG_R_NONE;
+  if (p->max_wall_ms >= 0 && t >= p->max_wall_ms) {
+    halt = LG_R_WALL_CLOCK_CAP;
+    lg__buf_printf(&run->msg, "This run has used its %lld ms of wall-clock time; I am stopping.",
+                   (long long)p->max_wall_ms);
+  } else if (p->max_model_calls >= 0 && run->c.model_calls >= p->max_model_calls) {
+    halt = LG_R_MODEL_CALL_CAP;
+    lg__buf_printf(&run->msg, "I have made %lld model calls, the most this run allows; I am stopping.",
+                   (long long)run->c.model_calls);
+  } else if (p->max_cost_nusd >= 0 &&
+             run->c.cost_nusd + run->held_cost + worst_cost > p->max_cost_nusd) {
+    halt = LG_R_COST_CAP;
+    lg__buf_t b = {0};
+    lg__buf_usd(&b, run->c.cost_nusd + run->held_cost);
+    lg__buf_puts(&b, " USD spent or held; the next model call could cost ");
+    lg__buf_usd(&b, worst_cost);
+    lg__buf_puts(&b, " USD more, past the cap of ");
+    lg__buf_usd(&b, p->max_cost_nusd);
+    lg__buf_printf(&run->msg, "This run has %s USD, so I am stopping before making it.",
+                   b.data ? b.data : "");
+    lg__buf_free(&b);
+  } else if (p->max_tokens >= 0 && run->c.tokens + run->held_tokens + worst_tokens > p->max_tokens) {
+    halt = LG_R_TOKEN_CAP;
+    lg__buf_printf(&run->msg,
+                   "The next model call could use %lld tokens, which would take this run "
+                   "past its cap of %lld; I am stopping before making it.",
+                   (long long)worst_tokens, (long long)p->max_tokens);
+  }
+  if (halt) {
+    if (stop(run, d, halt, "caps", NULL, t)) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    return 0;
+  }
+  if (run->nresv == LG__RESV_MAX)
+    return lg__err(err, LG_ESTATE, "reservation", -1,
+                   "%d model calls are already waiting for their usage", LG__RESV_MAX);
+  run->next_resv++;
+  run->resv[run->nresv++] = (lg__resv_t){run->next_resv, worst_cost, worst_tokens};
+  run->held_cost += worst_cost;
+  run->held_tokens += worst_tokens;
+  run->c.model_calls++;
+  run->c.last_t_ms = t;
+  run->seq++;
+  d->action = LG_ACT_EXECUTE;
+  d->reservation = run->next_resv;
+  return 0;
+}
+
+int lg_run_usage(lg_run_t *run, int64_t reservation, int64_t input_tokens, int64_t output_tokens,
+                 int64_t cost_nusd, int64_t t_ms) {
+  int i = 0;
+  if (reservation) {
+    for (i = 0; i < run->nresv; i++)
+      if (run->resv[i].id == reservation) break;
+  }
+  if (i >= run->nresv) return LG_ENOTFOUND;
+  run->held_cost -= run->resv[i].cost;
+  run->held_tokens -= run->resv[i].tokens;
+  memmove(run->resv + i, run->resv + i + 1, (size_t)(run->nresv - i - 1) * sizeof *run->resv);
+  run->nresv--;
+  run->c.tokens += (input_tokens > 0 ? input_tokens : 0) + (output_tokens > 0 ? output_tokens : 0);
+  run->c.cost_nusd += cost_nusd > 0 ? cost_nusd : 0;
+  if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
+  return 0;
+}
+
+int lg_run_state(lg_run_t *run, lg_canon_t *canon, const char *world, size_t len, int64_t t_ms,
+                 lg_decision_t *d, lg_error_t *err) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  char hex[LG_FP_HEX];
+  const char *cw;
+  size_t cl;
+  int rc = lg_canon_json(canon, world, len, &cw, &cl, err);
+  if (rc) {
+    lg__err_field_prefix(err, "world");
+    return rc;
+  }
+  if ((rc = lg_canon_sha256_hex(canon, cw, cl, hex)))
+    return lg__err(err, rc, NULL, -1, "SHA-256 failed");
+  uint64_t h = fp64_of_hex(hex);
+  if (run->has_world && h == run->world) run->world_same++;
+  else run->world_same = 0;
+  run->has_world = true;
+  run->world = h;
+  run->seq++;
+  if (run->policy->np_world_steps && run->world_same >= run->policy->np_world_steps) {
+    lg__buf_printf(&run->msg,
+                   "The world has looked exactly the same for the last %lld snapshots; "
+                   "nothing I do is changing it, so I am stopping.",
+                   (long long)run->world_same + 1);
+    if (stop(run, d, LG_R_NO_PROGRESS, "no_progress", NULL, t_ms))
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    return 0;
+  }
+  d->action = LG_ACT_CONTINUE;
+  return 0;
+}
+
+int lg_run_handoff(lg_run_t *run, const char *from, const char *to, int64_t t_ms, lg_decision_t *d,
+                   lg_error_t *err) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  int64_t max = run->policy->max_handoffs;
+  if (max >= 0 && run->c.handoffs >= max) {
+    lg__buf_printf(&run->msg,
+                   "The task has been handed between agents %lld times (now %s to %s), the "
+                   "most this run allows; passing it on again will not finish it.",
+                   (long long)run->c.handoffs, from ? from : "?", to ? to : "?");
+    if (stop(run, d, LG_R_HANDOFF_CAP, "caps", NULL, t_ms))
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    return 0;
+  }
+  run->c.handoffs++;
+  run->seq++;
+  d->action = LG_ACT_EXECUTE;
+  return 0;
+}
+
+int lg_run_stop(lg_run_t *run, lg_reason_t reason, const char *text, int64_t t_ms,
+                lg_decision_t *d) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  if (reason <= LG_R_NONE || reason >= LG_R__COUNT) return LG_EINVAL;
+  if (text && *text) lg__buf_puts(&run->msg, text);
+  int rc = stop(run, d, reason, reason == LG_R_OPERATOR_CANCELLED ? "kill_switch" : "external",
+                NULL, t_ms);
+  return rc;
+}
+
+int lg_run_cancel(lg_run_t *run, const char *reason, int64_t t_ms, lg_decision_t *d) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  const char *text = reason && *reason ? reason : lg_reason_name(LG_R_OPERATOR_CANCELLED);
+  lg__buf_printf(&run->msg, "An operator stopped this run (%s).", text);
+  return stop(run, d, LG_R_OPERATOR_CANCELLED, "kill_switch", text, t_ms);
+}
+
+/* ------------------------------------------------------------------ */
+/* Names.                                                               */
+
+const char *lg_reason_name(lg_reason_t r) {
+  static const char *names[] = {
+#define LG__XX(name, text) text,
+      LG_REASON_MAP(LG__XX)
+#undef LG__XX
+  };
+  return (unsigned)r < LG__ARRAY_LEN(names) ? names[r] : "";
+}
+
+const char *lg_action_name(lg_action_t a) {
+  static const char *names[] = {"execute", "block", "replay", "stop", "continue"};
+  return (unsigned)a < LG__ARRAY_LEN(names) ? names[a] : "?";
+}
+
+const char *lg_next_name(lg_next_t n) {
+  static const char *names[] = {"none", "human_review", "resume_after_change"};
+  return (unsigned)n < LG__ARRAY_LEN(names) ? names[n] : "?";
+}
+
+static const char *status_names[] = {"",      "progress",          "complete",
+                                     "retryable", "fatal", "permission_denied",
+                                     "policy_blocked", "human_required"};
+
+const char *lg_status_name(lg_status_t s) {
+  return (unsigned)s < LG__ARRAY_LEN(status_names) ? status_names[s] : "";
+}
+
+lg_status_t lg_status_parse(const char *s, size_t len) {
+  if (!s) return LG_STATUS_INVALID;
+  for (size_t i = 1; i < LG__ARRAY_LEN(status_names); i++)
+    if (strlen(status_names[i]) == len && !memcmp(status_names[i], s, len)) return (lg_status_t)i;
+  return LG_STATUS_INVALID;
+}
+
+const char *lg_event_type_name(lg_event_type_t t) {
+  static const char *names[] = {"", "run", "model", "call", "result", "state", "handoff", "cancel"};
+  return (unsigned)t < LG__ARRAY_LEN(names) ? names[t] : "";
+}

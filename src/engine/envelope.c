@@ -1,0 +1,141 @@
+/*
+ * envelope.c — the terminal envelope (DESIGN.md §5): the machine-readable
+ * record of how a run ended, written for the on-call engineer who reads it
+ * at 3 a.m. as much as for the program that branches on it.
+ *
+ *   {"run_id","group","status","terminal_reason","guard","message",
+ *    "next_allowed_action","alternatives":[...],"stopped_at_ms",
+ *    "refused_call":{"tool","call_id","turn","fingerprint","key_material"},
+ *    "last_checkpoint","counters":{...},"operations":[{"key","state",
+ *    "operation_id"}],"tried":[{"tool","fingerprint","count","last"}]}
+ *
+ * It is built from the run alone: pure, like the rest of the engine.
+ */
+#include "engine.h"
+
+static const char *op_state_name(int s) {
+  switch (s) {
+  case LG__OP_CLAIMED: return "claimed";
+  case LG__OP_COMMITTED: return "committed";
+  case LG__OP_FAILED: return "failed";
+  case LG__OP_RELEASED: return "released";
+  case LG__OP_REPLAYED: return "replayed";
+  }
+  return "unknown";
+}
+
+static const char *outcome_name(int o) {
+  switch (o) {
+  case LG__OUT_EXECUTED: return "executed";
+  case LG__OUT_BLOCKED: return "blocked";
+  case LG__OUT_REPLAYED: return "replayed";
+  }
+  const char *s = lg_status_name((lg_status_t)o);
+  return *s ? s : "invalid";
+}
+
+static void str_or_null(lg__buf_t *b, const char *s) {
+  if (s) lg__buf_json_str(b, s, strlen(s));
+  else lg__buf_puts(b, "null");
+}
+
+static void hex_of(const uint8_t fp[32], char out[LG_FP_HEX]) {
+  static const char d[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) {
+    out[2 * i] = d[fp[i] >> 4];
+    out[2 * i + 1] = d[fp[i] & 15];
+  }
+  out[64] = 0;
+}
+
+char *lg_run_envelope_json(const lg_run_t *run) {
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "{\"run_id\":");
+  str_or_null(&b, run->run_id);
+  lg__buf_puts(&b, ",\"group\":");
+  str_or_null(&b, run->group);
+  lg__buf_printf(&b, ",\"status\":\"%s\",\"terminal_reason\":", run->stopped ? "stopped" : "active");
+  str_or_null(&b, lg_run_terminal_reason(run));
+  lg__buf_puts(&b, ",\"guard\":");
+  str_or_null(&b, run->stopped ? run->guard : NULL);
+  lg__buf_puts(&b, ",\"message\":");
+  str_or_null(&b, run->stopped ? run->stop_message : NULL);
+  lg__buf_puts(&b, ",\"next_allowed_action\":");
+  str_or_null(&b, run->stopped ? lg_next_name(run->next) : NULL);
+  lg__buf_puts(&b, ",\"alternatives\":[");
+  static const struct {
+    unsigned bit;
+    const char *name;
+  } alts[] = {{LG_ALT_ASK_HUMAN, "ask_human"},
+              {LG_ALT_SKIP_CURRENT, "skip_current"},
+              {LG_ALT_FINALIZE_PARTIAL, "finalize_partial"},
+              {LG_ALT_ESCALATE_MODEL, "escalate_model"}};
+  bool first = true;
+  for (size_t i = 0; i < LG__ARRAY_LEN(alts); i++) {
+    if (!run->stopped || !(run->alternatives & alts[i].bit)) continue;
+    lg__buf_printf(&b, "%s\"%s\"", first ? "" : ",", alts[i].name);
+    first = false;
+  }
+  lg__buf_puts(&b, "],\"stopped_at_ms\":");
+  if (run->stopped) lg__buf_printf(&b, "%lld", (long long)run->stopped_at_ms);
+  else lg__buf_puts(&b, "null");
+  lg__buf_puts(&b, ",\"refused_call\":");
+  if (run->refused_tool) {
+    lg__buf_puts(&b, "{\"tool\":");
+    str_or_null(&b, run->refused_tool);
+    lg__buf_puts(&b, ",\"call_id\":");
+    str_or_null(&b, run->refused_call_id);
+    lg__buf_printf(&b, ",\"turn\":%lld,\"fingerprint\":\"%s\",\"key_material\":",
+                   (long long)run->refused_turn, run->refused_fp);
+    /* Key material is canonical JSON; it is embedded as a string because a
+     * truncated document would not be JSON. */
+    str_or_null(&b, run->refused_km);
+    lg__buf_putc(&b, '}');
+  } else {
+    lg__buf_puts(&b, "null");
+  }
+  lg__buf_puts(&b, ",\"last_checkpoint\":");
+  if (run->has_best) lg__buf_printf(&b, "%lld", (long long)run->best);
+  else lg__buf_puts(&b, "null");
+  const lg_counters_t *c = &run->c;
+  lg__buf_printf(&b,
+                 ",\"counters\":{\"steps\":%lld,\"calls\":%lld,\"blocked\":%lld,\"replayed\":%lld,"
+                 "\"results\":%lld,\"model_calls\":%lld,\"tokens\":%lld,\"handoffs\":%lld,"
+                 "\"cost_usd\":",
+                 (long long)c->steps, (long long)c->calls, (long long)c->blocked,
+                 (long long)c->replayed, (long long)c->results, (long long)c->model_calls,
+                 (long long)c->tokens, (long long)c->handoffs);
+  lg__buf_usd(&b, c->cost_nusd);
+  lg__buf_printf(&b, ",\"elapsed_ms\":%lld},\"operations\":[", (long long)c->last_t_ms);
+  for (int i = 0; i < run->nops; i++) {
+    lg__buf_puts(&b, i ? ",{\"key\":" : "{\"key\":");
+    str_or_null(&b, run->ops[i].key);
+    lg__buf_printf(&b, ",\"state\":\"%s\",\"operation_id\":", op_state_name(run->ops[i].state));
+    str_or_null(&b, run->ops[i].operation_id);
+    lg__buf_putc(&b, '}');
+  }
+  lg__buf_puts(&b, "],\"tried\":[");
+  /* Most asked-for first: that is where the loop is. */
+  int order[LG__TRIED_MAX];
+  for (int i = 0; i < run->ntried; i++) order[i] = i;
+  for (int i = 1; i < run->ntried; i++) {
+    int x = order[i], j = i;
+    while (j > 0 && run->tried[order[j - 1]].count < run->tried[x].count) {
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = x;
+  }
+  for (int k = 0; k < run->ntried; k++) {
+    const lg__tried_t *t = &run->tried[order[k]];
+    char hex[LG_FP_HEX];
+    hex_of(t->fp, hex);
+    lg__buf_puts(&b, k ? ",{\"tool\":" : "{\"tool\":");
+    const char *tn = t->tool >= 0 && t->tool < run->ntools ? run->tools[t->tool].name : "?";
+    str_or_null(&b, tn);
+    lg__buf_printf(&b, ",\"fingerprint\":\"%s\",\"count\":%u,\"last\":\"%s\"}", hex, t->count,
+                   outcome_name(t->last));
+  }
+  lg__buf_puts(&b, "]}");
+  return lg__buf_steal(&b, NULL);
+}

@@ -1,0 +1,302 @@
+/*
+ * persist.c — a run's whole state as bytes, and back, so that a store can
+ * save it after every decision and a restarted server continues exactly
+ * where it was. The format is private to the library but versioned: a blob
+ * starts with "LGR" and a format number, then every field in a fixed order,
+ * integers as 8 little-endian bytes, strings as a 4-byte length (all ones
+ * for NULL) and their bytes. The policy is not in the blob: the store keeps
+ * it beside the state as policy JSON.
+ */
+#include "engine.h"
+
+#define FORMAT 1
+
+typedef struct wr {
+  lg__buf_t b;
+} wr_t;
+
+static void w64(wr_t *w, int64_t v) {
+  uint8_t x[8];
+  for (int i = 0; i < 8; i++) x[i] = (uint8_t)((uint64_t)v >> (8 * i));
+  lg__buf_append(&w->b, x, 8);
+}
+static void wstr(wr_t *w, const char *s) {
+  uint32_t n = s ? (uint32_t)strlen(s) : 0xFFFFFFFFu;
+  uint8_t x[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
+  lg__buf_append(&w->b, x, 4);
+  if (s) lg__buf_append(&w->b, s, n);
+}
+static void wbytes(wr_t *w, const void *p, size_t n) { lg__buf_append(&w->b, p, n); }
+
+int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
+  wr_t w = {{0}};
+  wbytes(&w, "LGR", 3);
+  w64(&w, FORMAT);
+  wstr(&w, run->run_id);
+  wstr(&w, run->group);
+  const int64_t *cv = (const int64_t *)&run->c;
+  for (size_t i = 0; i < sizeof run->c / sizeof(int64_t); i++) w64(&w, cv[i]);
+  w64(&w, (int64_t)run->seq);
+  w64(&w, run->win_cap);
+  w64(&w, run->win_len);
+  w64(&w, run->win_head);
+  for (int i = 0; i < run->win_cap; i++) {
+    w64(&w, (int64_t)run->win[i].fp);
+    w64(&w, run->win[i].turn);
+  }
+  w64(&w, run->has_best);
+  w64(&w, run->best);
+  w64(&w, run->np_count);
+  w64(&w, run->has_world);
+  w64(&w, (int64_t)run->world);
+  w64(&w, run->world_same);
+  w64(&w, run->ntools);
+  for (int i = 0; i < run->ntools; i++) {
+    wstr(&w, run->tools[i].name);
+    w64(&w, run->tools[i].executed);
+    w64(&w, run->tools[i].fail_streak);
+  }
+  w64(&w, run->ntried);
+  for (int i = 0; i < run->ntried; i++) {
+    const lg__tried_t *t = &run->tried[i];
+    wbytes(&w, t->fp, 32);
+    w64(&w, t->tool);
+    w64(&w, t->count);
+    w64(&w, t->last);
+    w64(&w, (int64_t)t->seq);
+  }
+  w64(&w, run->npending);
+  for (int i = 0; i < run->npending; i++) {
+    wstr(&w, run->pending[i].call_id);
+    wstr(&w, run->pending[i].key);
+    w64(&w, (int64_t)run->pending[i].fp);
+    w64(&w, run->pending[i].tool);
+  }
+  w64(&w, run->nretry);
+  for (int i = 0; i < run->nretry; i++) {
+    w64(&w, (int64_t)run->retry[i].fp);
+    w64(&w, run->retry[i].not_before);
+  }
+  w64(&w, run->nops);
+  for (int i = 0; i < run->nops; i++) {
+    wstr(&w, run->ops[i].key);
+    wstr(&w, run->ops[i].operation_id);
+    w64(&w, run->ops[i].state);
+  }
+  w64(&w, run->nresv);
+  for (int i = 0; i < run->nresv; i++) {
+    w64(&w, run->resv[i].id);
+    w64(&w, run->resv[i].cost);
+    w64(&w, run->resv[i].tokens);
+  }
+  w64(&w, run->next_resv);
+  w64(&w, run->held_cost);
+  w64(&w, run->held_tokens);
+  w64(&w, run->stopped);
+  w64(&w, run->reason);
+  wstr(&w, run->reason_text);
+  wstr(&w, run->guard);
+  w64(&w, run->next);
+  w64(&w, run->alternatives);
+  wstr(&w, run->stop_message);
+  wstr(&w, run->refused_tool);
+  wstr(&w, run->refused_call_id);
+  wstr(&w, run->refused_km);
+  wbytes(&w, run->refused_fp, LG_FP_HEX);
+  w64(&w, run->refused_turn);
+  w64(&w, run->stopped_at_ms);
+  *buf = lg__buf_steal(&w.b, len);
+  return *buf ? 0 : LG_ENOMEM;
+}
+
+/* ---- reading ---- */
+
+typedef struct rd {
+  const uint8_t *p;
+  size_t n, i;
+  int rc; /* first error */
+} rd_t;
+
+static int64_t r64(rd_t *r) {
+  if (r->rc || r->n - r->i < 8) {
+    r->rc = r->rc ? r->rc : LG_EINVAL;
+    return 0;
+  }
+  uint64_t v = 0;
+  for (int k = 7; k >= 0; k--) v = (v << 8) | r->p[r->i + (size_t)k];
+  r->i += 8;
+  return (int64_t)v;
+}
+/* A count in [0, max]. */
+static int rcount(rd_t *r, int64_t max) {
+  int64_t v = r64(r);
+  if (v < 0 || v > max) {
+    r->rc = r->rc ? r->rc : LG_EINVAL;
+    return 0;
+  }
+  return (int)v;
+}
+static char *rstr(rd_t *r) {
+  if (r->rc || r->n - r->i < 4) {
+    r->rc = r->rc ? r->rc : LG_EINVAL;
+    return NULL;
+  }
+  uint32_t len = (uint32_t)r->p[r->i] | (uint32_t)r->p[r->i + 1] << 8 |
+                 (uint32_t)r->p[r->i + 2] << 16 | (uint32_t)r->p[r->i + 3] << 24;
+  r->i += 4;
+  if (len == 0xFFFFFFFFu) return NULL;
+  if (r->n - r->i < len) {
+    r->rc = LG_EINVAL;
+    return NULL;
+  }
+  char *s = lg__strndup((const char *)r->p + r->i, len);
+  if (!s) r->rc = LG_ENOMEM;
+  r->i += len;
+  return s;
+}
+static void rbytes(rd_t *r, void *out, size_t n) {
+  if (r->rc || r->n - r->i < n) {
+    r->rc = r->rc ? r->rc : LG_EINVAL;
+    memset(out, 0, n);
+    return;
+  }
+  memcpy(out, r->p + r->i, n);
+  r->i += n;
+}
+
+/* The static guard name matching a saved one (guards are static strings). */
+static const char *guard_static(const char *g) {
+  static const char *known[] = {"repeat",     "cycle",  "caps",   "no_progress", "failure_streak",
+                                "retry",      "validation", "status", "ledger",  "kill_switch",
+                                "external"};
+  if (!g) return "";
+  for (size_t i = 0; i < LG__ARRAY_LEN(known); i++)
+    if (!strcmp(known[i], g)) return known[i];
+  return "";
+}
+
+lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledger_t *ledger,
+                      lg_error_t *err) {
+  rd_t r = {(const uint8_t *)buf, len, 0, 0};
+  char magic[3];
+  rbytes(&r, magic, 3);
+  if (r.rc || memcmp(magic, "LGR", 3) || r64(&r) != FORMAT) {
+    lg__err(err, LG_EINVAL, NULL, -1, "not a saved run, or a newer format");
+    return NULL;
+  }
+  char *id = rstr(&r);
+  char *group = rstr(&r);
+  lg_run_t *run = (!r.rc && id) ? lg_run_new(id, group, policy, NULL, ledger, err) : NULL;
+  lg__free(id);
+  lg__free(group);
+  if (!run) {
+    if (!r.rc) return NULL; /* lg_run_new filled err */
+    lg__err(err, r.rc, NULL, -1, r.rc == LG_ENOMEM ? "out of memory" : "saved run is truncated");
+    return NULL;
+  }
+  int64_t *cv = (int64_t *)&run->c;
+  for (size_t i = 0; i < sizeof run->c / sizeof(int64_t); i++) cv[i] = r64(&r);
+  run->seq = (uint64_t)r64(&r);
+  int cap = rcount(&r, 1000000);
+  if (!r.rc && cap != run->win_cap) {
+    lg__win_t *w = lg__calloc((size_t)(cap ? cap : 1), sizeof *w);
+    if (!w) r.rc = LG_ENOMEM;
+    else {
+      lg__free(run->win);
+      run->win = w;
+      run->win_cap = cap ? cap : 1;
+    }
+  }
+  run->win_len = rcount(&r, run->win_cap);
+  run->win_head = rcount(&r, run->win_cap - 1);
+  for (int i = 0; i < cap && !r.rc; i++) {
+    run->win[i].fp = (uint64_t)r64(&r);
+    run->win[i].turn = r64(&r);
+  }
+  run->has_best = r64(&r) != 0;
+  run->best = r64(&r);
+  run->np_count = r64(&r);
+  run->has_world = r64(&r) != 0;
+  run->world = (uint64_t)r64(&r);
+  run->world_same = r64(&r);
+  int nt = rcount(&r, 1 << 20);
+  for (int i = 0; i < nt && !r.rc; i++) {
+    char *name = rstr(&r);
+    if (!name) {
+      r.rc = r.rc ? r.rc : LG_EINVAL;
+      break;
+    }
+    int k = lg__run_tool(run, name);
+    lg__free(name);
+    if (k != i) {
+      r.rc = k < 0 ? LG_ENOMEM : LG_EINVAL;
+      break;
+    }
+    run->tools[k].executed = r64(&r);
+    run->tools[k].fail_streak = r64(&r);
+  }
+  run->ntried = rcount(&r, LG__TRIED_MAX);
+  for (int i = 0; i < run->ntried && !r.rc; i++) {
+    lg__tried_t *t = &run->tried[i];
+    rbytes(&r, t->fp, 32);
+    t->tool = rcount(&r, run->ntools ? run->ntools - 1 : 0);
+    t->count = (uint32_t)r64(&r);
+    t->last = (uint8_t)r64(&r);
+    t->seq = (uint64_t)r64(&r);
+  }
+  int np = rcount(&r, LG__PENDING_MAX);
+  for (int i = 0; i < np && !r.rc; i++) {
+    lg__pending_t *pc = &run->pending[run->npending++];
+    pc->call_id = rstr(&r);
+    pc->key = rstr(&r);
+    pc->fp = (uint64_t)r64(&r);
+    pc->tool = rcount(&r, run->ntools ? run->ntools - 1 : 0);
+    if (!pc->call_id) r.rc = r.rc ? r.rc : LG_EINVAL;
+  }
+  run->nretry = rcount(&r, LG__RETRY_MAX);
+  for (int i = 0; i < run->nretry && !r.rc; i++) {
+    run->retry[i].fp = (uint64_t)r64(&r);
+    run->retry[i].not_before = r64(&r);
+  }
+  int no = rcount(&r, LG__OPS_MAX);
+  for (int i = 0; i < no && !r.rc; i++) {
+    lg__op_t *o = &run->ops[run->nops++];
+    o->key = rstr(&r);
+    o->operation_id = rstr(&r);
+    o->state = (uint8_t)r64(&r);
+    if (!o->key) r.rc = r.rc ? r.rc : LG_EINVAL;
+  }
+  run->nresv = rcount(&r, LG__RESV_MAX);
+  for (int i = 0; i < run->nresv && !r.rc; i++) {
+    run->resv[i].id = r64(&r);
+    run->resv[i].cost = r64(&r);
+    run->resv[i].tokens = r64(&r);
+  }
+  run->next_resv = r64(&r);
+  run->held_cost = r64(&r);
+  run->held_tokens = r64(&r);
+  run->stopped = r64(&r) != 0;
+  run->reason = (lg_reason_t)rcount(&r, LG_R__COUNT - 1);
+  run->reason_text = rstr(&r);
+  char *g = rstr(&r);
+  run->guard = guard_static(g);
+  lg__free(g);
+  run->next = (lg_next_t)rcount(&r, LG_NEXT_RESUME_AFTER_CHANGE);
+  run->alternatives = (unsigned)r64(&r);
+  run->stop_message = rstr(&r);
+  run->refused_tool = rstr(&r);
+  run->refused_call_id = rstr(&r);
+  run->refused_km = rstr(&r);
+  rbytes(&r, run->refused_fp, LG_FP_HEX);
+  run->refused_fp[LG_FP_HEX - 1] = 0;
+  run->refused_turn = r64(&r);
+  run->stopped_at_ms = r64(&r);
+  if (!r.rc && r.i != r.n) r.rc = LG_EINVAL;
+  if (r.rc) {
+    lg_run_free(run);
+    lg__err(err, r.rc, NULL, -1,
+            r.rc == LG_ENOMEM ? "out of memory" : "saved run is corrupt or truncated");
+    return NULL;
+  }
+  return run;
+}

@@ -1,0 +1,64 @@
+/*
+ * internal.h — what the library's modules share and the public header does
+ * not show: the allocator hooks every allocation goes through, a growable
+ * byte buffer, error filling, and small helpers. Names are lg__ (internal,
+ * not exported: the build hides every symbol without LG_EXPORT).
+ */
+#ifndef LG_INTERNAL_H
+#define LG_INTERNAL_H
+
+#include "loopguard.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Allocation through the hooks of lg_set_allocator(). */
+void *lg__malloc(size_t n);
+void *lg__calloc(size_t n, size_t size);
+void *lg__realloc(void *p, size_t n);
+void lg__free(void *p);
+char *lg__strdup(const char *s);
+char *lg__strndup(const char *s, size_t n);
+
+/* A growable byte buffer. `data` is NUL-terminated whenever len < cap. */
+typedef struct lg__buf {
+  char *data;  /* heap bytes, or NULL before the first append */
+  size_t len;  /* bytes in use */
+  size_t cap;  /* bytes allocated */
+  bool oom;    /* an append failed: later ones fail too, steal gives NULL */
+} lg__buf_t;
+
+int lg__buf_reserve(lg__buf_t *b, size_t extra);
+int lg__buf_append(lg__buf_t *b, const void *p, size_t n);
+int lg__buf_puts(lg__buf_t *b, const char *s);
+int lg__buf_putc(lg__buf_t *b, char c);
+int lg__buf_printf(lg__buf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Appends s as a JSON string with its quotes (control characters, quote
+ * and backslash escaped; other bytes as they are). */
+int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n);
+/* Appends a nano-USD amount as a JSON number of USD ("0.000042"). */
+int lg__buf_usd(lg__buf_t *b, int64_t nusd);
+void lg__buf_free(lg__buf_t *b);
+/* Hands the bytes over to the caller (NUL-terminated) and resets b. */
+char *lg__buf_steal(lg__buf_t *b, size_t *len);
+
+/* Fills err (when not NULL) and returns code. */
+int lg__err(lg_error_t *err, int code, const char *field, long offset,
+            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Sets err->source and err->line when they are not set yet. */
+void lg__err_where(lg_error_t *err, const char *source, long line);
+/* Prefixes err->field with `prefix.` (for nested objects). */
+void lg__err_field_prefix(lg_error_t *err, const char *prefix);
+
+static inline uint64_t lg__load64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+#define LG__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif

@@ -1,0 +1,258 @@
+/*
+ * util.c — the allocator hooks, the byte buffer, error codes and error
+ * formatting. Every allocation of the library passes through lg__malloc and
+ * friends so that tests can fail the Nth one (STYLE.md, "failing
+ * allocation N").
+ */
+#include "internal.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static lg_malloc_fn g_malloc = malloc;
+static lg_realloc_fn g_realloc = realloc;
+static lg_free_fn g_free = free;
+
+const char *lg_version(void) { return LG_VERSION_STRING; }
+
+void lg_set_allocator(lg_malloc_fn m, lg_realloc_fn r, lg_free_fn f) {
+  g_malloc = m ? m : malloc;
+  g_realloc = r ? r : realloc;
+  g_free = f ? f : free;
+  /* jansson has no realloc hook; it builds strings with malloc + copy. */
+  json_set_alloc_funcs(g_malloc, g_free);
+}
+
+void *lg__malloc(size_t n) { return g_malloc(n ? n : 1); }
+void *lg__calloc(size_t n, size_t size) {
+  if (size && n > SIZE_MAX / size) return NULL;
+  size_t total = n * size;
+  void *p = g_malloc(total ? total : 1);
+  if (p) memset(p, 0, n * size);
+  return p;
+}
+void *lg__realloc(void *p, size_t n) { return g_realloc(p, n ? n : 1); }
+void lg__free(void *p) {
+  if (p) g_free(p);
+}
+void lg_free(void *p) { lg__free(p); }
+
+char *lg__strndup(const char *s, size_t n) {
+  char *d = lg__malloc(n + 1);
+  if (!d) return NULL;
+  memcpy(d, s, n);
+  d[n] = 0;
+  return d;
+}
+char *lg__strdup(const char *s) { return s ? lg__strndup(s, strlen(s)) : NULL; }
+
+/* ---- buffer ---- */
+
+int lg__buf_reserve(lg__buf_t *b, size_t extra) {
+  if (b->oom) return LG_ENOMEM;
+  if (b->len + extra + 1 <= b->cap) return 0;
+  size_t cap = b->cap ? b->cap : 64;
+  while (cap < b->len + extra + 1) {
+    if (cap > SIZE_MAX / 2) {
+      b->oom = true;
+      return LG_ENOMEM;
+    }
+    cap *= 2;
+  }
+  char *d = lg__realloc(b->data, cap);
+  if (!d) {
+    b->oom = true;
+    return LG_ENOMEM;
+  }
+  b->data = d;
+  b->cap = cap;
+  return 0;
+}
+
+int lg__buf_append(lg__buf_t *b, const void *p, size_t n) {
+  if (lg__buf_reserve(b, n)) return LG_ENOMEM;
+  if (n) memcpy(b->data + b->len, p, n);
+  b->len += n;
+  b->data[b->len] = 0;
+  return 0;
+}
+int lg__buf_puts(lg__buf_t *b, const char *s) {
+  return lg__buf_append(b, s, strlen(s));
+}
+int lg__buf_putc(lg__buf_t *b, char c) { return lg__buf_append(b, &c, 1); }
+
+int lg__buf_printf(lg__buf_t *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char tmp[256];
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n < 0) return LG_EINVAL;
+  if ((size_t)n < sizeof tmp) return lg__buf_append(b, tmp, (size_t)n);
+  if (lg__buf_reserve(b, (size_t)n)) return LG_ENOMEM;
+  va_start(ap, fmt);
+  vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+  return 0;
+}
+
+int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  if (lg__buf_reserve(b, n + 2)) return LG_ENOMEM;
+  b->data[b->len++] = '"';
+  size_t run = 0; /* start of the pending run of plain bytes */
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch >= 0x20 && ch != '"' && ch != '\\') continue;
+    if (lg__buf_append(b, s + run, i - run)) return LG_ENOMEM;
+    char esc[7] = {'\\', 0, 0, 0, 0, 0, 0};
+    size_t el = 2;
+    switch (ch) {
+    case '"': esc[1] = '"'; break;
+    case '\\': esc[1] = '\\'; break;
+    case '\b': esc[1] = 'b'; break;
+    case '\f': esc[1] = 'f'; break;
+    case '\n': esc[1] = 'n'; break;
+    case '\r': esc[1] = 'r'; break;
+    case '\t': esc[1] = 't'; break;
+    default:
+      esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
+      esc[4] = hex[ch >> 4]; esc[5] = hex[ch & 15];
+      el = 6;
+    }
+    if (lg__buf_append(b, esc, el)) return LG_ENOMEM;
+    run = i + 1;
+  }
+  if (lg__buf_append(b, s + run, n - run)) return LG_ENOMEM;
+  return lg__buf_putc(b, '"');
+}
+
+int lg__buf_usd(lg__buf_t *b, int64_t nusd) {
+  const char *sign = "";
+  uint64_t v = (uint64_t)nusd;
+  if (nusd < 0) {
+    sign = "-";
+    v = (uint64_t)0 - v;
+  }
+  char frac[16];
+  snprintf(frac, sizeof frac, "%09llu", (unsigned long long)(v % 1000000000u));
+  size_t fl = 9;
+  while (fl > 0 && frac[fl - 1] == '0') fl--;
+  frac[fl] = 0;
+  if (fl == 0)
+    return lg__buf_printf(b, "%s%llu", sign,
+                          (unsigned long long)(v / 1000000000u));
+  return lg__buf_printf(b, "%s%llu.%s", sign,
+                        (unsigned long long)(v / 1000000000u), frac);
+}
+
+void lg__buf_free(lg__buf_t *b) {
+  lg__free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+  b->oom = false;
+}
+
+char *lg__buf_steal(lg__buf_t *b, size_t *len) {
+  if (b->oom || (!b->data && lg__buf_reserve(b, 0))) {
+    lg__buf_free(b);
+    return NULL;
+  }
+  char *d = b->data;
+  d[b->len] = 0;
+  if (len) *len = b->len;
+  b->data = NULL;
+  b->len = b->cap = 0;
+  return d;
+}
+
+char *lg_json_quote(const char *s, size_t len) {
+  lg__buf_t b = {0};
+  if (lg__buf_json_str(&b, s, len)) {
+    lg__buf_free(&b);
+    return NULL;
+  }
+  return lg__buf_steal(&b, NULL);
+}
+
+/* ---- errors ---- */
+
+const char *lg_strerror(int code) {
+  switch (code) {
+  case 0: return "success";
+#define LG__XX(name, c, text) case c: return text;
+    LG_ERRNO_MAP(LG__XX)
+#undef LG__XX
+  }
+  return "unknown error";
+}
+
+const char *lg_err_name(int code) {
+  switch (code) {
+  case 0: return "LG_OK";
+#define LG__XX(name, c, text) case c: return "LG_" #name;
+    LG_ERRNO_MAP(LG__XX)
+#undef LG__XX
+  }
+  return "LG_E?";
+}
+
+int lg__err(lg_error_t *err, int code, const char *field, long offset,
+            const char *fmt, ...) {
+  if (!err) return code;
+  err->code = code;
+  err->offset = offset;
+  snprintf(err->field, sizeof err->field, "%s", field ? field : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->message, sizeof err->message, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+void lg__err_where(lg_error_t *err, const char *source, long line) {
+  if (!err) return;
+  if (!err->source[0] && source)
+    snprintf(err->source, sizeof err->source, "%s", source);
+  if (!err->line) err->line = line;
+}
+
+void lg__err_field_prefix(lg_error_t *err, const char *prefix) {
+  if (!err) return;
+  char tmp[sizeof err->field * 2];
+  if (err->field[0])
+    snprintf(tmp, sizeof tmp, "%s.%s", prefix, err->field);
+  else
+    snprintf(tmp, sizeof tmp, "%s", prefix);
+  snprintf(err->field, sizeof err->field, "%.*s", (int)sizeof err->field - 1, tmp);
+}
+
+char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
+  if (!buf || !size) return buf;
+  if (!err) {
+    snprintf(buf, size, "unknown error");
+    return buf;
+  }
+  size_t n = 0;
+#define LG__ADD(...)                                                           \
+  do {                                                                         \
+    if (n < size) n += (size_t)snprintf(buf + n, size - n, __VA_ARGS__);       \
+  } while (0)
+  if (err->source[0]) {
+    LG__ADD("%s", err->source);
+    if (err->line > 0) LG__ADD(":%ld", err->line);
+    LG__ADD(": ");
+  } else if (err->line > 0) {
+    LG__ADD("line %ld: ", err->line);
+  }
+  if (err->field[0]) LG__ADD("%s: ", err->field);
+  LG__ADD("%s", err->message[0] ? err->message : lg_strerror(err->code));
+  if (err->offset >= 0 && err->line > 0)
+    LG__ADD(" (at byte %ld of the line)", err->offset + 1);
+  else if (err->offset >= 0)
+    LG__ADD(" (at byte offset %ld)", err->offset);
+#undef LG__ADD
+  return buf;
+}
