@@ -326,6 +326,12 @@ typedef struct lg_call {
   const char *idempotency_key; /* NULL: derived for side_effects tools */
   const char *agent;           /* may be NULL */
   int64_t t_ms;                /* time since the run started */
+  /* Optional: a caller that already canonicalised the arguments with the
+   * run's policy (lg_canon_fingerprint) passes the result here and the
+   * engine does not do it again. key_material may then be NULL. */
+  const char *fingerprint;     /* 64 hex digits, or NULL */
+  const char *key_material;
+  size_t key_material_len;
 } lg_call_t;
 
 /* Tool result statuses of trace-v1. LG_STATUS_INVALID for a missing or

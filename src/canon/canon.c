@@ -21,8 +21,7 @@
  * code point past U+10FFFF), escapes, the number grammar, finite numbers,
  * duplicate keys, trailing garbage. Every error reports its byte offset.
  */
-#include "../policy/policy.h"
-#include "../util/internal.h"
+#include "canon.h"
 
 #include <math.h>
 #include <openssl/evp.h>
@@ -99,10 +98,23 @@ static inline void putn(lg_canon_t *c, const void *p, size_t n) {
 static inline void skip_ws(parser_t *p) {
   while (p->i < p->n) {
     unsigned char ch = p->s[p->i];
-    if (ch != ' ' && ch != '\n' && ch != '\r' && ch != '\t') break;
+    if (ch > ' ' || (ch != ' ' && ch != '\n' && ch != '\r' && ch != '\t')) break;
     p->i++;
   }
 }
+
+/* Bytes that end a plain run inside a string: controls, quote, backslash
+ * and every non-ASCII byte. */
+static const uint8_t str_special[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
 
 static int hexval(unsigned char ch) {
   if (ch >= '0' && ch <= '9') return ch - '0';
@@ -196,11 +208,7 @@ static int cv_string(parser_t *p, bool *plain) {
   for (;;) {
     size_t start = p->i;
     /* The common case: a run of printable ASCII that needs no change. */
-    while (p->i < p->n) {
-      unsigned char ch = p->s[p->i];
-      if (ch < 0x20 || ch == '"' || ch == '\\' || ch >= 0x80) break;
-      p->i++;
-    }
+    while (p->i < p->n && !str_special[p->s[p->i]]) p->i++;
     putn(c, p->s + start, p->i - start);
     if (p->i >= p->n) return perr(p, LG_EPARSE, "unterminated string");
     unsigned char ch = p->s[p->i];
@@ -914,14 +922,14 @@ static int apply_norms(parser_t *p, const lg__keyfield_t *f, size_t vstart) {
 
 /* ------------------------------------------------------------------ */
 
-static int canon_run(lg_canon_t *c, const char *json, size_t len,
-                     const lg__toolpol_t *select, lg_error_t *err) {
+/* Canonicalises the value at json[0..); with `whole`, nothing but white
+ * space may follow it. */
+static int canon_value_at(lg_canon_t *c, const char *json, size_t len,
+                          const lg__toolpol_t *select, bool whole, size_t *end,
+                          lg_error_t *err) {
   parser_t p = {c, (const unsigned char *)json, len, 0, err, select};
   c->out.len = 0;
   c->nmem = 0;
-  /* A failed allocation of an earlier call left its buffer as it was:
-   * this call may try again. */
-  c->out.oom = c->scratch.oom = c->tmp.oom = false;
   if (lg__buf_reserve(&c->out, len + 64))
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   skip_ws(&p);
@@ -930,10 +938,33 @@ static int canon_run(lg_canon_t *c, const char *json, size_t len,
                 "arguments must be a JSON object to select loop-key fields");
   int rc = cv_value(&p, 0);
   if (rc) return rc;
-  skip_ws(&p);
-  if (p.i != p.n) return perr(&p, LG_EPARSE, "unexpected data after the JSON value");
+  if (end) *end = p.i;
+  if (whole) {
+    skip_ws(&p);
+    if (p.i != p.n) return perr(&p, LG_EPARSE, "unexpected data after the JSON value");
+  }
   c->out.data[c->out.len] = 0;
   return 0;
+}
+
+static int canon_run(lg_canon_t *c, const char *json, size_t len,
+                     const lg__toolpol_t *select, lg_error_t *err) {
+  return canon_value_at(c, json, len, select, true, NULL, err);
+}
+
+int lg__canon_prefix(lg_canon_t *c, const char *s, size_t n, const lg__toolpol_t *select,
+                     size_t *end, lg_error_t *err) {
+  return canon_value_at(c, s, n, select, false, end, err);
+}
+
+const char *lg__canon_output(const lg_canon_t *c, size_t *len) {
+  *len = c->out.len;
+  return c->out.data;
+}
+
+const lg__toolpol_t *lg__canon_select(const lg_policy_t *policy, const char *tool) {
+  const lg__toolpol_t *tp = policy ? lg__policy_tool(policy, tool) : NULL;
+  return tp && tp->key_mode == LG__KEY_FIELDS ? tp : NULL;
 }
 
 int lg_canon_json(lg_canon_t *c, const char *json, size_t len,
@@ -955,18 +986,32 @@ static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) {
   hex[64] = 0;
 }
 
+/* SHA-256 over a + ("\n" + b when b is given), as hex. The parts are
+ * joined in a scratch buffer first: one EVP update is cheaper than three. */
 static int sha_parts(lg_canon_t *c, const char *a, size_t al, const char *b,
                      size_t bl, char hex[LG_FP_HEX]) {
   unsigned char md[32];
   unsigned int mdl = 0;
-  if (!EVP_DigestInit_ex2(c->ctx, c->md, NULL) ||
-      (al && !EVP_DigestUpdate(c->ctx, a, al)) ||
-      (b && !EVP_DigestUpdate(c->ctx, "\n", 1)) ||
-      (bl && !EVP_DigestUpdate(c->ctx, b, bl)) ||
+  const char *msg = a;
+  size_t ml = al;
+  if (b) {
+    c->scratch.len = 0;
+    if (lg__buf_reserve(&c->scratch, al + 1 + bl)) return LG_ENOMEM;
+    memcpy(c->scratch.data, a, al);
+    c->scratch.data[al] = '\n';
+    memcpy(c->scratch.data + al + 1, b, bl);
+    msg = c->scratch.data;
+    ml = al + 1 + bl;
+  }
+  if (!EVP_DigestInit_ex2(c->ctx, c->md, NULL) || !EVP_DigestUpdate(c->ctx, msg, ml) ||
       !EVP_DigestFinal_ex(c->ctx, md, &mdl))
     return LG_ENOMEM;
   to_hex(md, hex);
   return 0;
+}
+
+int lg__canon_fp(lg_canon_t *c, const char *tool, char hex[LG_FP_HEX]) {
+  return sha_parts(c, tool, strlen(tool), c->out.data, c->out.len, hex);
 }
 
 int lg_canon_sha256_hex(lg_canon_t *c, const char *bytes, size_t len,
@@ -984,9 +1029,7 @@ int lg_canon_fingerprint(lg_canon_t *c, const lg_policy_t *policy,
     args = "{}";
     args_len = 2;
   }
-  const lg__toolpol_t *tp = policy ? lg__policy_tool(policy, tool) : NULL;
-  const lg__toolpol_t *select = tp && tp->key_mode == LG__KEY_FIELDS ? tp : NULL;
-  int rc = canon_run(c, args, args_len, select, err);
+  int rc = canon_run(c, args, args_len, lg__canon_select(policy, tool), err);
   if (rc) return rc;
   if (sha_parts(c, tool, strlen(tool), c->out.data, c->out.len, hex))
     return lg__err(err, LG_ENOMEM, NULL, -1, "SHA-256 failed");

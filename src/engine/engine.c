@@ -27,26 +27,31 @@
 /* ------------------------------------------------------------------ */
 /* Small helpers.                                                       */
 
+/* Value of a lowercase hex digit, 0xFF for anything else. A table rather
+ * than comparisons: fingerprint digits are random, and so would be the
+ * branches. */
+static const uint8_t hexv[256] = {
+    ['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
+    ['8'] = 8, ['9'] = 9, ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15};
+static const uint8_t hexok[256] = {['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1,
+                                   ['5'] = 1, ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
+                                   ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1,
+                                   ['f'] = 1};
+
 static uint64_t fp64_of_hex(const char *hex) {
   uint64_t v = 0;
-  for (int i = 0; i < 16; i++) {
-    char ch = hex[i];
-    v = (v << 4) | (uint64_t)(ch <= '9' ? ch - '0' : ch - 'a' + 10);
-  }
+  for (int i = 0; i < 16; i++) v = (v << 4) | hexv[(unsigned char)hex[i]];
   return v;
 }
 
 static void fp_bin_of_hex(const char *hex, uint8_t out[32]) {
-  for (int i = 0; i < 32; i++) {
-    char a = hex[2 * i], b = hex[2 * i + 1];
-    out[i] = (uint8_t)(((a <= '9' ? a - '0' : a - 'a' + 10) << 4) |
-                       (b <= '9' ? b - '0' : b - 'a' + 10));
-  }
+  for (int i = 0; i < 32; i++)
+    out[i] = (uint8_t)(hexv[(unsigned char)hex[2 * i]] << 4 | hexv[(unsigned char)hex[2 * i + 1]]);
 }
 
 int lg__run_tool(lg_run_t *run, const char *name) {
   for (int i = 0; i < run->ntools; i++)
-    if (!strcmp(run->tools[i].name, name)) return i;
+    if (run->tools[i].name[0] == name[0] && !strcmp(run->tools[i].name, name)) return i;
   if (run->ntools == run->captools) {
     int cap = run->captools ? run->captools * 2 : 4;
     lg__tool_t *t = lg__realloc(run->tools, (size_t)cap * sizeof *t);
@@ -201,13 +206,14 @@ static int win_cycle(const lg_run_t *run, uint64_t fp) {
 /* ------------------------------------------------------------------ */
 /* Tried keys and operations (the envelope's memory of the run).        */
 
-static void tried_note(lg_run_t *run, const char *hex, int tool, int outcome, bool count) {
+static void tried_note(lg_run_t *run, const char *hex, uint64_t fp64, int tool, int outcome,
+                       bool count) {
   uint8_t fp[32];
   fp_bin_of_hex(hex, fp);
   lg__tried_t *t = NULL;
-  for (int i = 0; i < run->ntried; i++)
-    if (!memcmp(run->tried[i].fp, fp, 32)) t = &run->tried[i];
-  if (!t) {
+  for (int i = 0; i < run->ntried && !t; i++)
+    if (run->tried[i].fp64 == fp64 && !memcmp(run->tried[i].fp, fp, 32)) t = &run->tried[i];
+  if (!t) { /* a key not seen lately */
     if (run->ntried < LG__TRIED_MAX) {
       t = &run->tried[run->ntried++];
     } else { /* evict the least recently seen */
@@ -217,6 +223,7 @@ static void tried_note(lg_run_t *run, const char *hex, int tool, int outcome, bo
     }
     memset(t, 0, sizeof *t);
     memcpy(t->fp, fp, 32);
+    t->fp64 = fp64;
     t->tool = tool;
   }
   if (count) t->count++;
@@ -224,16 +231,9 @@ static void tried_note(lg_run_t *run, const char *hex, int tool, int outcome, bo
   t->seq = run->seq;
 }
 
-/* The first 8 bytes of a binary fingerprint, as fp64_of_hex reads them. */
-static uint64_t fp64_of_bin(const uint8_t fp[32]) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v = (v << 8) | fp[i];
-  return v;
-}
-
 static void tried_status(lg_run_t *run, uint64_t fp, lg_status_t st) {
   for (int i = 0; i < run->ntried; i++)
-    if (fp64_of_bin(run->tried[i].fp) == fp) run->tried[i].last = (uint8_t)st;
+    if (run->tried[i].fp64 == fp) run->tried[i].last = (uint8_t)st;
 }
 
 static void op_note(lg_run_t *run, const char *key, int state, const char *operation_id) {
@@ -323,8 +323,8 @@ void lg_run_free(lg_run_t *run) {
   lg__free(run->refused_call_id);
   lg__free(run->refused_km);
   lg__buf_free(&run->msg);
-  lg__free(run->call_id);
-  lg__free(run->key);
+  lg__buf_free(&run->call_id_buf);
+  lg__buf_free(&run->key_buf);
   lg_claim_clear(&run->claim);
   lg__free(run);
 }
@@ -342,12 +342,13 @@ void lg_run_counters(const lg_run_t *run, lg_counters_t *out) { *out = run->c; }
 /* ------------------------------------------------------------------ */
 /* before(call)                                                         */
 
-/* Sets run->call_id / run->key (the borrowed strings of the decision). */
-static int set_owned(char **slot, const char *s) {
-  char *n = s ? lg__strdup(s) : NULL;
-  if (s && !n) return LG_ENOMEM;
-  lg__free(*slot);
-  *slot = n;
+/* Sets a borrowed string of the decision (*out) from s, in buf. */
+static int set_owned(lg__buf_t *buf, const char **out, const char *s) {
+  *out = NULL;
+  if (!s) return 0;
+  buf->len = 0;
+  if (lg__buf_puts(buf, s)) return LG_ENOMEM;
+  *out = buf->data;
   return 0;
 }
 
@@ -402,11 +403,17 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
   if (!call || !call->tool || !*call->tool)
     return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a non-empty tool name");
   char hex[LG_FP_HEX];
-  const char *km;
-  size_t km_len;
-  int rc = lg_canon_fingerprint(canon, run->policy, call->tool, call->args, call->args_len, hex,
-                                &km, &km_len, err);
-  if (rc) {
+  const char *km = call->key_material ? call->key_material : "";
+  size_t km_len = call->key_material ? call->key_material_len : 0;
+  int rc = 0;
+  if (call->fingerprint) {
+    unsigned ok = 1;
+    for (int k = 0; k < 64 && call->fingerprint[k]; k++) ok &= hexok[(unsigned char)call->fingerprint[k]];
+    if (!ok || strnlen(call->fingerprint, 65) != 64)
+      return lg__err(err, LG_EINVAL, "fingerprint", -1, "a fingerprint is 64 lowercase hex digits");
+    memcpy(hex, call->fingerprint, LG_FP_HEX);
+  } else if ((rc = lg_canon_fingerprint(canon, run->policy, call->tool, call->args,
+                                        call->args_len, hex, &km, &km_len, err))) {
     lg__err_field_prefix(err, "args");
     return rc;
   }
@@ -421,8 +428,13 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
   if (tool < 0) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   char idbuf[32];
   const char *call_id = call->call_id;
-  if (!call_id) {
-    snprintf(idbuf, sizeof idbuf, "c%lld", (long long)(run->c.calls + 1));
+  if (!call_id) { /* "c<N>", without the cost of printf on the hot path */
+    char digits[24];
+    int nd = 0;
+    for (uint64_t v = (uint64_t)run->c.calls + 1; v; v /= 10) digits[nd++] = (char)('0' + v % 10);
+    idbuf[0] = 'c';
+    for (int k = 0; k < nd; k++) idbuf[1 + k] = digits[nd - 1 - k];
+    idbuf[1 + nd] = 0;
     call_id = idbuf;
   }
   char *derived = NULL;
@@ -434,7 +446,8 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
       return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     key = derived;
   }
-  if (set_owned(&run->call_id, call_id) || set_owned(&run->key, key)) {
+  if (set_owned(&run->call_id_buf, &run->call_id, call_id) ||
+      set_owned(&run->key_buf, &run->key, key)) {
     lg__free(derived);
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
@@ -494,7 +507,7 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
       return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     }
     run->c.calls++;
-    tried_note(run, hex, tool, LG__OUT_BLOCKED, true);
+    tried_note(run, hex, fp, tool, LG__OUT_BLOCKED, true);
     d->repeat = (uint32_t)(counted ? n : 0);
     memcpy(d->fingerprint, hex, LG_FP_HEX);
     d->call_id = run->call_id;
@@ -595,7 +608,7 @@ decided:
   }
   if (d->action != LG_ACT_EXECUTE) d->reason_text = lg_reason_name(d->reason);
   if (counted && !same_turn) win_push(run, fp, call->turn);
-  tried_note(run, hex, tool,
+  tried_note(run, hex, fp, tool,
              d->action == LG_ACT_EXECUTE  ? LG__OUT_EXECUTED
              : d->action == LG_ACT_REPLAY ? LG__OUT_REPLAYED
                                           : LG__OUT_BLOCKED,
@@ -667,7 +680,7 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
           (size_t)(run->npending - pi - 1) * sizeof *run->pending);
   run->npending--;
   /* On out-of-memory only the borrowed id is lost; the decision stands. */
-  d->call_id = set_owned(&run->call_id, pc.call_id) ? NULL : run->call_id;
+  d->call_id = set_owned(&run->call_id_buf, &run->call_id, pc.call_id) ? NULL : run->call_id;
   lg__free(pc.call_id);
   lg__free(pc.key);
   run->c.results++;

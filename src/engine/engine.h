@@ -30,6 +30,7 @@ typedef struct lg__tool {
 
 /* A distinct loop key the model tried, for the envelope. */
 typedef struct lg__tried {
+  uint64_t fp64;        /* its first 8 bytes, compared first */
   uint8_t fp[32];       /* the full fingerprint */
   int tool;             /* index into tools */
   uint32_t count;       /* times asked for */
@@ -120,10 +121,13 @@ struct lg_run {
   int64_t refused_turn;
   int64_t stopped_at_ms;
 
-  /* Scratch behind the borrowed strings of the last decision. */
+  /* Scratch behind the borrowed strings of the last decision; reused from
+   * one decision to the next so that deciding allocates nothing. */
   lg__buf_t msg;           /* the steer message */
-  char *call_id;           /* the call's id */
-  char *key;               /* the idempotency key */
+  lg__buf_t call_id_buf;   /* the call's id */
+  lg__buf_t key_buf;       /* the idempotency key */
+  const char *call_id;     /* call_id_buf's text, or NULL */
+  const char *key;         /* key_buf's text, or NULL */
   lg_claim_t claim;        /* a replayed result */
 };
 

@@ -239,6 +239,7 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   for (int i = 0; i < run->ntried && !r.rc; i++) {
     lg__tried_t *t = &run->tried[i];
     rbytes(&r, t->fp, 32);
+    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | t->fp[k];
     t->tool = rcount(&r, run->ntools ? run->ntools - 1 : 0);
     t->count = (uint32_t)r64(&r);
     t->last = (uint8_t)r64(&r);
