@@ -649,7 +649,9 @@ static int replay_line(replay_t *rp) {
     c.call_id = str_of(r, F_CALL_ID);
     c.idempotency_key = str_of(r, F_IDEMPOTENCY_KEY);
     c.agent = str_of(r, F_AGENT);
-    get_int(r, F_TURN, &c.turn, NULL);
+    bool has_turn;
+    get_int(r, F_TURN, &c.turn, &has_turn);
+    if (!has_turn) c.turn = -r->line; /* no turn: a turn of its own */
     if (HAS(r, F_ARGS)) {
       c.args = r->s + r->f[F_ARGS].a;
       c.args_len = r->f[F_ARGS].b - r->f[F_ARGS].a;
