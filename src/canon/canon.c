@@ -561,9 +561,10 @@ static int key_cmp(const char *buf, const member_t *a, const member_t *b) {
   const unsigned char *ka = (const unsigned char *)buf + a->key + 1;
   const unsigned char *kb = (const unsigned char *)buf + b->key + 1;
   size_t la = a->colon - a->key - 2, lb = b->colon - b->key - 2;
-  if (a->plain && b->plain) {
-    int r = memcmp(ka, kb, la < lb ? la : lb);
-    if (r) return r;
+  if (a->plain && b->plain) { /* short ASCII keys: inline, no libc call */
+    size_t m = la < lb ? la : lb;
+    for (size_t i = 0; i < m; i++)
+      if (ka[i] != kb[i]) return ka[i] < kb[i] ? -1 : 1;
     return la < lb ? -1 : la > lb;
   }
   size_t ia = 0, ib = 0;
@@ -930,6 +931,9 @@ static int canon_value_at(lg_canon_t *c, const char *json, size_t len,
   parser_t p = {c, (const unsigned char *)json, len, 0, err, select};
   c->out.len = 0;
   c->nmem = 0;
+  /* An allocation that failed in an earlier call left its buffer as it
+   * was (lg__buf_t keeps the failure sticky): this call may try again. */
+  c->out.oom = c->scratch.oom = c->tmp.oom = false;
   if (lg__buf_reserve(&c->out, len + 64))
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   skip_ws(&p);
@@ -1012,6 +1016,11 @@ static int sha_parts(lg_canon_t *c, const char *a, size_t al, const char *b,
 
 int lg__canon_fp(lg_canon_t *c, const char *tool, char hex[LG_FP_HEX]) {
   return sha_parts(c, tool, strlen(tool), c->out.data, c->out.len, hex);
+}
+
+int lg__canon_fp_of(lg_canon_t *c, const char *tool, const char *km, size_t kml,
+                    char hex[LG_FP_HEX]) {
+  return sha_parts(c, tool, strlen(tool), km, kml, hex);
 }
 
 int lg_canon_sha256_hex(lg_canon_t *c, const char *bytes, size_t len,

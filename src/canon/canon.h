@@ -18,6 +18,8 @@ int lg__canon_prefix(lg_canon_t *c, const char *s, size_t n, const lg__toolpol_t
 const char *lg__canon_output(const lg_canon_t *c, size_t *len);
 /* The fingerprint of `tool` with the last call's output as key material. */
 int lg__canon_fp(lg_canon_t *c, const char *tool, char hex[LG_FP_HEX]);
+/* The fingerprint of `tool` with km[0..kml) as key material. */
+int lg__canon_fp_of(lg_canon_t *c, const char *tool, const char *km, size_t kml, char hex[LG_FP_HEX]);
 /* The loop-key selection of `tool` in `policy`, or NULL for all arguments. */
 const lg__toolpol_t *lg__canon_select(const lg_policy_t *policy, const char *tool);
 

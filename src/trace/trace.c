@@ -21,6 +21,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -73,9 +75,8 @@ typedef struct reader {
   const char *str[F__COUNT]; /* decoded string fields, once read */
   uint32_t str_gen[F__COUNT]; /* == gen once read on this line */
   const lg_policy_t *policy; /* the run's, for loop keys; NULL before it */
-  bool has_fp;        /* args were fingerprinted while scanning */
-  char fp[LG_FP_HEX];
-  lg__buf_t km;       /* their key material */
+  bool has_fp;        /* args were canonicalised while scanning */
+  lg__buf_t km;       /* into this key material */
 } reader_t;
 
 
@@ -140,12 +141,16 @@ static int value_end(reader_t *r, size_t i, size_t *end) {
   if (i >= n) return rerr(r, LG_EPARSE, -1, (long)i, "unexpected end of line%s", NULL);
   char ch = s[i];
   if (ch == '"') {
-    for (i++; i < n; i++) {
-      if (s[i] == '\\') i++;
-      else if (s[i] == '"') {
-        *end = i + 1;
+    for (i++; i < n;) {
+      const char *q = memchr(s + i, '"', n - i);
+      if (!q) break;
+      size_t j = (size_t)(q - s), bs = 0;
+      while (j - bs > i && s[j - bs - 1] == '\\') bs++;
+      if (!(bs & 1)) { /* not escaped */
+        *end = j + 1;
         return 0;
       }
+      i = j + 1;
     }
     return rerr(r, LG_EPARSE, -1, (long)n, "unterminated string%s", NULL);
   }
@@ -256,7 +261,7 @@ static int scan_line(reader_t *r) {
         size_t kl;
         const char *km = lg__canon_output(r->canon, &kl);
         r->km.len = 0;
-        if (lg__buf_append(&r->km, km, kl) || lg__canon_fp(r->canon, tool, r->fp))
+        if (lg__buf_append(&r->km, km, kl))
           return rerr(r, LG_ENOMEM, F_ARGS, -1, "out of memory%s", NULL);
         r->has_fp = true;
       }
@@ -365,8 +370,6 @@ static int get_str(reader_t *r, int f, const char **out) {
   return 0;
 }
 
-/* A string field already read by get_str (NULL when absent). */
-static const char *str_of(reader_t *r, int f) { return r->str_gen[f] == r->gen ? r->str[f] : NULL; }
 
 /* An integer field; *present says whether it was there. */
 static int get_int(reader_t *r, int f, int64_t *out, bool *present) {
@@ -437,35 +440,270 @@ static int need_object(reader_t *r, int f, bool required) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Replay.                                                              */
+/* Parsed events. parse_line() turns a line into an ev_t; apply() gives  */
+/* it to the engine. Between the two, an ev_t may cross from a reader    */
+/* thread to the deciding thread (see the pipeline below), so it holds    */
+/* everything it needs: decoded strings in its own arena, spans into the  */
+/* trace buffer (which outlives the replay), and the key material.        */
+
+typedef enum ev_kind { EV_SKIP = 0, EV_EVENT, EV_ERROR } ev_kind_t;
+
+typedef struct ev {
+  ev_kind_t kind;
+  lg_event_type_t type;
+  long line;
+  int64_t t_ms;
+  /* Strings, as offsets into arena until parse_line() resolves them. */
+  const char *str[F__COUNT];
+  uint32_t str_set;        /* bit f: str[f] is set */
+  lg__buf_t arena;         /* decoded strings of this event */
+  int64_t turn;            /* call (or -line when absent), model */
+  bool has_pv;             /* run, result */
+  int64_t pv;
+  lg_policy_t *policy;     /* run: the trace's own policy (a reference) */
+  int64_t in, out, max, cost_nusd; /* model */
+  const char *args;        /* call: the args span, or NULL */
+  size_t args_len;
+  size_t args_off;         /* where the args start in the line */
+  bool has_km;             /* call: key material computed with the policy */
+  lg__buf_t km;
+  lg_status_t status;      /* result */
+  int64_t retry_after;
+  int sec;
+  const char *value;
+  size_t value_len;
+  lg_value_kind_t value_kind;
+  const char *world;       /* state */
+  size_t world_len, world_off;
+  int rc;                  /* EV_ERROR: the error */
+  lg_error_t err;
+} ev_t;
+
+static void ev_free(ev_t *e) {
+  lg_policy_free(e->policy);
+  e->policy = NULL;
+  lg__buf_free(&e->arena);
+  lg__buf_free(&e->km);
+}
+
+static lg_event_type_t event_type(const char *t) {
+  switch (t[0]) {
+  case 'c':
+    if (!strcmp(t, "call")) return LG_EV_CALL;
+    if (!strcmp(t, "cancel")) return LG_EV_CANCEL;
+    break;
+  case 'r':
+    if (!strcmp(t, "result")) return LG_EV_RESULT;
+    if (!strcmp(t, "run")) return LG_EV_RUN;
+    break;
+  case 'm': return strcmp(t, "model") ? (lg_event_type_t)0 : LG_EV_MODEL;
+  case 's': return strcmp(t, "state") ? (lg_event_type_t)0 : LG_EV_STATE;
+  case 'h': return strcmp(t, "handoff") ? (lg_event_type_t)0 : LG_EV_HANDOFF;
+  }
+  return (lg_event_type_t)0;
+}
+
+/* What the reader keeps from line to line. */
+typedef struct parse_state {
+  lg_policy_t *override;   /* --policy: replaces the trace's own */
+  bool seen_event;         /* an event came already (a run must be first) */
+  int64_t last_t;          /* t_ms of the previous event */
+} parse_state_t;
+
+/* Copies string field f of the line into e's arena (as an offset). */
+static int keep_str(reader_t *r, ev_t *e, int f) {
+  const char *v;
+  int rc = get_str(r, f, &v);
+  if (rc || !v) return rc;
+  size_t off = e->arena.len;
+  if (lg__buf_append(&e->arena, v, strlen(v) + 1))
+    return rerr(r, LG_ENOMEM, f, -1, "out of memory%s", NULL);
+  e->str[f] = (const char *)(uintptr_t)(off + 1); /* resolved in parse_line */
+  e->str_set |= 1u << f;
+  return 0;
+}
+
+/* Reads the line r->s into e. Returns 0 (e->kind says what it was), or an
+ * error filled into r->err. */
+static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
+  e->kind = EV_SKIP;
+  e->line = r->line;
+  e->arena.len = 0;
+  for (uint32_t m = e->str_set; m; m &= m - 1) e->str[__builtin_ctz(m)] = NULL;
+  e->str_set = 0;
+  lg_policy_free(e->policy);
+  e->policy = NULL;
+  e->has_km = false;
+  int rc = scan_line(r);
+  if (rc) return rc;
+  const char *type_s;
+  if (!HAS(r, F_TYPE)) return rerr(r, LG_ETRACE, F_TYPE, -1, "every event needs a \"type\"%s", NULL);
+  if ((rc = get_str(r, F_TYPE, &type_s))) return rc;
+  lg_event_type_t type = event_type(type_s);
+  if (!type) return 0; /* unknown types are ignored */
+  e->type = type;
+  e->t_ms = ps->last_t;
+  bool has_t;
+  if ((rc = get_int(r, F_T_MS, &e->t_ms, &has_t))) return rc;
+  if (has_t && e->t_ms < ps->last_t)
+    return rerr(r, LG_ETRACE, F_T_MS, (long)r->f[F_T_MS].a, "t_ms went backwards%s", NULL);
+  ps->last_t = e->t_ms;
+  switch (type) {
+  case LG_EV_RUN:
+    if (ps->seen_event)
+      return rerr(r, LG_ETRACE, F_TYPE, -1, "a run event must come first in a trace%s", NULL);
+    if ((rc = keep_str(r, e, F_RUN_ID)) || (rc = keep_str(r, e, F_GROUP)) ||
+        (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &e->has_pv)) || (rc = need_object(r, F_POLICY, false)))
+      return rc;
+    if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
+    if (HAS(r, F_POLICY) && !ps->override) {
+      e->policy = lg_policy_parse(r->s + r->f[F_POLICY].a, r->f[F_POLICY].b - r->f[F_POLICY].a, r->name,
+                                  r->err);
+      if (!e->policy) {
+        if (r->err) {
+          lg__err_field_prefix(r->err, "policy");
+          r->err->line = r->line;
+          r->err->offset = -1;
+          snprintf(r->err->source, sizeof r->err->source, "%s", r->name);
+        }
+        return LG_EPOLICY;
+      }
+      r->policy = e->policy; /* loop keys of the following calls */
+    }
+    break;
+  case LG_EV_MODEL: {
+    double cost = 0;
+    bool has_cost;
+    e->turn = 0;
+    e->in = 0;
+    e->out = e->max = -1;
+    if ((rc = get_int(r, F_TURN, &e->turn, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &e->in, NULL)) ||
+        (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_int(r, F_MAX_TOKENS, &e->max, NULL)) ||
+        (rc = get_num(r, F_COST, &cost, &has_cost)) || (rc = keep_str(r, e, F_MODEL)))
+      return rc;
+    if (has_cost && !(cost >= 0 && cost < 1e9))
+      return rerr(r, LG_ETRACE, F_COST, (long)r->f[F_COST].a, "cost must be a non-negative USD amount%s", NULL);
+    e->cost_nusd = has_cost ? (int64_t)llround(cost * 1e9) : -1;
+    break;
+  }
+  case LG_EV_CALL: {
+    bool has_turn;
+    if ((rc = keep_str(r, e, F_TOOL)) || (rc = keep_str(r, e, F_CALL_ID)) ||
+        (rc = keep_str(r, e, F_IDEMPOTENCY_KEY)) || (rc = keep_str(r, e, F_AGENT)) ||
+        (rc = get_int(r, F_TURN, &e->turn, &has_turn)) || (rc = need_object(r, F_ARGS, false)))
+      return rc;
+    if (!e->str[F_TOOL]) return rerr(r, LG_ETRACE, F_TOOL, -1, "a call needs a tool%s", NULL);
+    if (!has_turn) e->turn = -r->line; /* no turn: a turn of its own */
+    e->args = HAS(r, F_ARGS) ? r->s + r->f[F_ARGS].a : NULL;
+    e->args_len = HAS(r, F_ARGS) ? r->f[F_ARGS].b - r->f[F_ARGS].a : 0;
+    e->args_off = HAS(r, F_ARGS) ? r->f[F_ARGS].a : 0;
+    if (r->has_fp) { /* the key material the scan computed */
+      e->km.len = 0;
+      if (lg__buf_append(&e->km, r->km.data, r->km.len))
+        return rerr(r, LG_ENOMEM, F_ARGS, -1, "out of memory%s", NULL);
+      e->has_km = true;
+    }
+    break;
+  }
+  case LG_EV_RESULT: {
+    bool has;
+    e->retry_after = -1;
+    if ((rc = keep_str(r, e, F_STATUS)) || (rc = keep_str(r, e, F_CALL_ID)) ||
+        (rc = keep_str(r, e, F_OPERATION_ID)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has)) ||
+        (rc = get_int(r, F_RETRY_AFTER_MS, &e->retry_after, NULL)) ||
+        (rc = get_bool(r, F_SIDE_EFFECT_COMMITTED, &e->sec)))
+      return rc;
+    e->has_pv = has;
+    e->value_kind = LG_VALUE_ABSENT;
+    e->value = NULL;
+    e->value_len = 0;
+    if (HAS(r, F_VALUE)) {
+      span_t sp = r->f[F_VALUE];
+      e->value = r->s + sp.a;
+      e->value_len = sp.b - sp.a;
+      char k = kind(r, F_VALUE);
+      e->value_kind = LG_VALUE_PRESENT;
+      if (k == 'n') e->value_kind = LG_VALUE_NULL;
+      else if (k == '"') {
+        /* Blank: nothing but white space (escaped or not) between quotes. */
+        bool blank = true;
+        for (size_t i = sp.a + 1; i + 1 < sp.b && blank; i++) {
+          char ch = r->s[i];
+          if (ch == ' ' || ch == '\t') continue;
+          if (ch == '\\' && i + 2 < sp.b && strchr("ntr", r->s[i + 1])) {
+            i++;
+            continue;
+          }
+          blank = false;
+        }
+        if (blank) e->value_kind = LG_VALUE_BLANK;
+      }
+    }
+    break;
+  }
+  case LG_EV_STATE:
+    if ((rc = need_object(r, F_WORLD, true))) return rc;
+    e->world = r->s + r->f[F_WORLD].a;
+    e->world_len = r->f[F_WORLD].b - r->f[F_WORLD].a;
+    e->world_off = r->f[F_WORLD].a;
+    break;
+  case LG_EV_HANDOFF:
+    if ((rc = keep_str(r, e, F_FROM)) || (rc = keep_str(r, e, F_TO))) return rc;
+    break;
+  case LG_EV_CANCEL:
+    if ((rc = keep_str(r, e, F_REASON))) return rc;
+    break;
+  default: break;
+  }
+  ps->seen_event = true;
+  for (uint32_t m = e->str_set; m; m &= m - 1) { /* offsets become pointers */
+    int f = __builtin_ctz(m);
+    e->str[f] = e->arena.data + ((uintptr_t)e->str[f] - 1);
+  }
+  e->kind = EV_EVENT;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Applying events to the run.                                          */
 
 #define SKIP_MAX 64
 
 typedef struct replay {
-  reader_t r;
+  const char *name;
+  lg_canon_t *canon;     /* the deciding side's canonicaliser */
   lg_policy_t *override;
   lg_replay_cb cb;
   void *ud;
+  lg_error_t *err;
   lg_run_t *run;
-  bool seen_event;       /* an event other than `run` came already */
   long stopped_line;
   int64_t after_stop;
   bool last_call_executed;
   bool any_call;
   char *skipped[SKIP_MAX]; /* ids of calls that did not execute */
   int nskip, skip_head;
-  char *run_id;          /* the name of a run without a run event */
 } replay_t;
 
-static int ensure_run(replay_t *rp, const char *run_id, const char *group, lg_policy_t *policy,
+static int ensure_run(replay_t *rp, long line, const char *run_id, const char *group, lg_policy_t *policy,
                       const int64_t *checkpoint) {
   if (rp->run) return 0;
-  rp->run = lg_run_new(run_id, group, rp->override ? rp->override : policy, checkpoint, NULL, rp->r.err);
-  if (!rp->run) {
-    lg__err_where(rp->r.err, rp->r.name, rp->r.line);
-    return rp->r.err ? rp->r.err->code : LG_ENOMEM;
+  char *own = NULL;
+  if (!run_id) { /* a trace without a run event: the run is named after the file */
+    const char *base = strrchr(rp->name, '/');
+    base = base ? base + 1 : rp->name;
+    size_t bl = strlen(base);
+    if (bl > 6 && !strcmp(base + bl - 6, ".jsonl")) bl -= 6;
+    own = lg__strndup(base, bl ? bl : strlen(base));
+    if (!own) return lg__err(rp->err, LG_ENOMEM, NULL, -1, "out of memory");
+    run_id = *own ? own : "trace";
   }
-  rp->r.policy = lg_run_policy(rp->run);
+  rp->run = lg_run_new(run_id, group, rp->override ? rp->override : policy, checkpoint, NULL, rp->err);
+  lg__free(own);
+  if (!rp->run) {
+    lg__err_where(rp->err, rp->name, line);
+    return rp->err ? rp->err->code : LG_ENOMEM;
+  }
   return 0;
 }
 
@@ -487,184 +725,60 @@ static bool was_skipped(replay_t *rp, const char *id) {
   return false;
 }
 
-static lg_event_type_t event_type(const char *t) {
-  static const char *names[] = {"run", "model", "call", "result", "state", "handoff", "cancel"};
-  for (int i = 0; i < 7; i++)
-    if (!strcmp(names[i], t)) return (lg_event_type_t)(i + 1);
-  return (lg_event_type_t)0;
-}
-
-static int emit(replay_t *rp, lg_replay_event_t *ev) {
-  return rp->cb ? rp->cb(rp->ud, ev, NULL) : 0;
-}
-
-/* One line of a trace. */
-static int replay_line(replay_t *rp) {
-  reader_t *r = &rp->r;
-  int rc = scan_line(r);
-  if (rc) return rc;
-  const char *type_tok;
-  if (!HAS(r, F_TYPE)) return rerr(r, LG_ETRACE, F_TYPE, -1, "every event needs a \"type\"%s", NULL);
-  if ((rc = get_str(r, F_TYPE, &type_tok))) return rc;
-  lg_event_type_t type = event_type(type_tok);
-  if (!type) return 0; /* unknown types are ignored */
-  int64_t t_ms = rp->run ? rp->run->c.last_t_ms : 0;
-  bool has_t;
-  if ((rc = get_int(r, F_T_MS, &t_ms, &has_t))) return rc;
-  if (has_t && rp->run && t_ms < rp->run->c.last_t_ms)
-    return rerr(r, LG_ETRACE, F_T_MS, (long)r->f[F_T_MS].a, "t_ms went backwards%s", NULL);
-
-  lg_replay_event_t ev; /* the decision is filled by the engine */
-  ev.trace = r->name;
-  ev.line = r->line;
-  ev.type = type;
-  ev.tool = ev.model = ev.from = ev.to = NULL;
-  ev.acted = ev.skipped = 0;
-  bool stopped = rp->run && lg_run_stopped(rp->run);
-  lg_decision_t *d = &ev.decision;
-  lg_error_t *err = r->err;
-
-  switch (type) {
-  case LG_EV_RUN: {
-    if (rp->seen_event || rp->run)
-      return rerr(r, LG_ETRACE, F_TYPE, -1, "a run event must come first in a trace%s", NULL);
-    const char *id, *group;
-    int64_t pv;
-    bool has_pv;
-    if ((rc = get_str(r, F_RUN_ID, &id)) || (rc = get_str(r, F_GROUP, &group)) ||
-        (rc = get_int(r, F_PROGRESS_VERSION, &pv, &has_pv)) || (rc = need_object(r, F_POLICY, false)))
-      return rc;
-    if (!id) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
-    lg_policy_t *pol = NULL;
-    if (HAS(r, F_POLICY) && !rp->override) {
-      pol = lg_policy_parse(r->s + r->f[F_POLICY].a, r->f[F_POLICY].b - r->f[F_POLICY].a, r->name, err);
-      if (!pol) {
-        if (err) {
-          lg__err_field_prefix(err, "policy");
-          err->line = r->line;
-          err->offset = -1;
-          snprintf(err->source, sizeof err->source, "%s", r->name);
-        }
-        return LG_EPOLICY;
-      }
-    }
-    rc = ensure_run(rp, id, group, pol, has_pv ? &pv : NULL);
-    lg_policy_free(pol);
-    return rc;
-  }
-  case LG_EV_MODEL: {
-    int64_t turn = 0, in = 0, out = -1, max = -1;
-    double cost = 0;
-    bool has_cost;
-    const char *model;
-    if ((rc = get_int(r, F_TURN, &turn, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &in, NULL)) ||
-        (rc = get_int(r, F_OUTPUT_TOKENS, &out, NULL)) || (rc = get_int(r, F_MAX_TOKENS, &max, NULL)) ||
-        (rc = get_num(r, F_COST, &cost, &has_cost)) || (rc = get_str(r, F_MODEL, &model)))
-      return rc;
-    if (has_cost && !(cost >= 0 && cost < 1e9))
-      return rerr(r, LG_ETRACE, F_COST, (long)r->f[F_COST].a, "cost must be a non-negative USD amount%s", NULL);
-    ev.model = model;
-    break;
-  }
-  case LG_EV_CALL: {
-    const char *tool, *id, *key, *agent;
-    int64_t turn = 0;
-    if ((rc = get_str(r, F_TOOL, &tool)) || (rc = get_str(r, F_CALL_ID, &id)) ||
-        (rc = get_str(r, F_IDEMPOTENCY_KEY, &key)) || (rc = get_str(r, F_AGENT, &agent)) ||
-        (rc = get_int(r, F_TURN, &turn, NULL)) || (rc = need_object(r, F_ARGS, false)))
-      return rc;
-    if (!tool) return rerr(r, LG_ETRACE, F_TOOL, -1, "a call needs a tool%s", NULL);
-    ev.tool = tool;
-    break;
-  }
-  case LG_EV_RESULT: {
-    const char *st, *id, *opid;
-    int64_t v;
-    int b;
-    if ((rc = get_str(r, F_STATUS, &st)) || (rc = get_str(r, F_CALL_ID, &id)) ||
-        (rc = get_str(r, F_OPERATION_ID, &opid)) || (rc = get_int(r, F_PROGRESS_VERSION, &v, NULL)) ||
-        (rc = get_int(r, F_RETRY_AFTER_MS, &v, NULL)) || (rc = get_bool(r, F_SIDE_EFFECT_COMMITTED, &b)))
-      return rc;
-    break;
-  }
-  case LG_EV_STATE:
-    if ((rc = need_object(r, F_WORLD, true))) return rc;
-    break;
-  case LG_EV_HANDOFF: {
-    const char *from, *to;
-    if ((rc = get_str(r, F_FROM, &from)) || (rc = get_str(r, F_TO, &to))) return rc;
-    ev.from = from;
-    ev.to = to;
-    break;
-  }
-  case LG_EV_CANCEL: {
-    const char *why;
-    if ((rc = get_str(r, F_REASON, &why))) return rc;
-    break;
-  }
-  default: break;
-  }
-  rp->seen_event = true;
-  if (!rp->run) {
-    /* A trace without a run event: the run is named after the file. */
-    const char *base = strrchr(r->name, '/');
-    base = base ? base + 1 : r->name;
-    size_t bl = strlen(base);
-    if (bl > 6 && !strcmp(base + bl - 6, ".jsonl")) bl -= 6;
-    lg__free(rp->run_id);
-    rp->run_id = lg__strndup(base, bl ? bl : 1);
-    if (!rp->run_id) return rerr(r, LG_ENOMEM, -1, -1, "out of memory%s", NULL);
-    if ((rc = ensure_run(rp, rp->run_id, NULL, NULL, NULL))) return rc;
-  }
-  if (stopped) {
+/* Gives one parsed event to the run and the callback. */
+static int apply(replay_t *rp, ev_t *e) {
+  lg_error_t *err = rp->err;
+  int rc;
+  if (e->type == LG_EV_RUN)
+    return ensure_run(rp, e->line, e->str[F_RUN_ID], e->str[F_GROUP], e->policy, e->has_pv ? &e->pv : NULL);
+  if ((rc = ensure_run(rp, e->line, NULL, NULL, NULL, NULL))) return rc;
+  if (lg_run_stopped(rp->run)) {
     rp->after_stop++;
     return 0; /* read, not acted on */
   }
+  lg_replay_event_t ev; /* the decision is filled by the engine */
+  ev.trace = rp->name;
+  ev.line = e->line;
+  ev.type = e->type;
+  ev.tool = e->str[F_TOOL];
+  ev.model = e->str[F_MODEL];
+  ev.from = e->str[F_FROM];
+  ev.to = e->str[F_TO];
   ev.acted = 1;
+  ev.skipped = 0;
+  lg_decision_t *d = &ev.decision;
   lg_run_t *run = rp->run;
-  switch (type) {
+  switch (e->type) {
   case LG_EV_MODEL: {
-    lg_model_call_t m;
-    memset(&m, 0, sizeof m);
-    double cost = 0;
-    bool has_cost;
-    get_int(r, F_TURN, &m.turn, NULL);
-    get_int(r, F_INPUT_TOKENS, &m.input_tokens, NULL);
-    m.output_tokens = -1;
-    m.max_tokens = -1;
-    get_int(r, F_OUTPUT_TOKENS, &m.output_tokens, NULL);
-    get_int(r, F_MAX_TOKENS, &m.max_tokens, NULL);
-    get_num(r, F_COST, &cost, &has_cost);
-    m.cost_nusd = has_cost ? (int64_t)llround(cost * 1e9) : -1;
-    m.t_ms = t_ms;
+    lg_model_call_t m = {e->str[F_MODEL], e->turn, e->in, e->max, e->out, e->cost_nusd, e->t_ms};
     if ((rc = lg_run_model(run, &m, d, err))) goto engine_error;
-    if (d->action == LG_ACT_EXECUTE)
-      lg_run_usage(run, d->reservation, m.input_tokens, m.output_tokens, m.cost_nusd, t_ms);
+    if (d->action == LG_ACT_EXECUTE) lg_run_usage(run, d->reservation, e->in, e->out, e->cost_nusd, e->t_ms);
     break;
   }
   case LG_EV_CALL: {
     lg_call_t c;
     memset(&c, 0, sizeof c);
-    c.tool = str_of(r, F_TOOL);
-    c.call_id = str_of(r, F_CALL_ID);
-    c.idempotency_key = str_of(r, F_IDEMPOTENCY_KEY);
-    c.agent = str_of(r, F_AGENT);
-    bool has_turn;
-    get_int(r, F_TURN, &c.turn, &has_turn);
-    if (!has_turn) c.turn = -r->line; /* no turn: a turn of its own */
-    if (HAS(r, F_ARGS)) {
-      c.args = r->s + r->f[F_ARGS].a;
-      c.args_len = r->f[F_ARGS].b - r->f[F_ARGS].a;
+    c.tool = e->str[F_TOOL];
+    c.call_id = e->str[F_CALL_ID];
+    c.idempotency_key = e->str[F_IDEMPOTENCY_KEY];
+    c.agent = e->str[F_AGENT];
+    c.turn = e->turn;
+    c.args = e->args;
+    c.args_len = e->args_len;
+    c.t_ms = e->t_ms;
+    char hex[LG_FP_HEX];
+    if (e->has_km) { /* the reader canonicalised; the hash is done here */
+      if (lg__canon_fp_of(rp->canon, c.tool, e->km.data, e->km.len, hex)) {
+        rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+        goto engine_error;
+      }
+      c.fingerprint = hex;
+      c.key_material = e->km.data;
+      c.key_material_len = e->km.len;
     }
-    if (r->has_fp) {
-      c.fingerprint = r->fp;
-      c.key_material = r->km.data;
-      c.key_material_len = r->km.len;
-    }
-    c.t_ms = t_ms;
-    if ((rc = lg_run_before(run, r->canon, &c, d, err))) {
-      if (err && HAS(r, F_ARGS) && !strncmp(err->field, "args", 4) && err->offset >= 0)
-        err->offset += (long)r->f[F_ARGS].a;
+    if ((rc = lg_run_before(run, rp->canon, &c, d, err))) {
+      if (err && e->args && !strncmp(err->field, "args", 4) && err->offset >= 0)
+        err->offset += (long)e->args_off; /* from the args to the line */
       goto engine_error;
     }
     rp->any_call = true;
@@ -675,70 +789,192 @@ static int replay_line(replay_t *rp) {
   case LG_EV_RESULT: {
     lg_result_t res;
     memset(&res, 0, sizeof res);
-    res.call_id = str_of(r, F_CALL_ID);
+    res.call_id = e->str[F_CALL_ID];
     bool skip = res.call_id ? was_skipped(rp, res.call_id) : (rp->any_call && !rp->last_call_executed);
     if (skip) {
       ev.acted = 0;
       ev.skipped = 1;
       break;
     }
-    const char *st = str_of(r, F_STATUS);
+    const char *st = e->str[F_STATUS];
     res.status = st ? lg_status_parse(st, strlen(st)) : LG_STATUS_INVALID;
-    bool has;
-    get_int(r, F_PROGRESS_VERSION, &res.progress_version, &has);
-    res.has_progress_version = has;
-    res.retry_after_ms = -1;
-    get_int(r, F_RETRY_AFTER_MS, &res.retry_after_ms, NULL);
-    get_bool(r, F_SIDE_EFFECT_COMMITTED, &res.side_effect_committed);
-    res.operation_id = str_of(r, F_OPERATION_ID);
-    res.value_kind = LG_VALUE_ABSENT;
-    if (HAS(r, F_VALUE)) {
-      span_t sp = r->f[F_VALUE];
-      res.value = r->s + sp.a;
-      res.value_len = sp.b - sp.a;
-      char k = kind(r, F_VALUE);
-      res.value_kind = LG_VALUE_PRESENT;
-      if (k == 'n') res.value_kind = LG_VALUE_NULL;
-      else if (k == '"') {
-        /* Blank: nothing but white space (escaped or not) between quotes. */
-        bool blank = true;
-        for (size_t i = sp.a + 1; i + 1 < sp.b && blank; i++) {
-          char ch = r->s[i];
-          if (ch == ' ' || ch == '\t') continue;
-          if (ch == '\\' && i + 2 < sp.b && strchr("ntr", r->s[i + 1])) {
-            i++;
-            continue;
-          }
-          blank = false;
-        }
-        if (blank) res.value_kind = LG_VALUE_BLANK;
-      }
-    }
-    res.t_ms = t_ms;
+    res.has_progress_version = e->has_pv;
+    res.progress_version = e->pv;
+    res.retry_after_ms = e->retry_after;
+    res.side_effect_committed = e->sec;
+    res.operation_id = e->str[F_OPERATION_ID];
+    res.value_kind = e->value_kind;
+    res.value = e->value;
+    res.value_len = e->value_len;
+    res.t_ms = e->t_ms;
     if ((rc = lg_run_after(run, &res, d, err))) goto engine_error;
     break;
   }
-  case LG_EV_STATE: {
-    span_t sp = r->f[F_WORLD];
-    if ((rc = lg_run_state(run, r->canon, r->s + sp.a, sp.b - sp.a, t_ms, d, err))) {
-      if (err && err->offset >= 0) err->offset += (long)sp.a;
+  case LG_EV_STATE:
+    if ((rc = lg_run_state(run, rp->canon, e->world, e->world_len, e->t_ms, d, err))) {
+      if (err && err->offset >= 0) err->offset += (long)e->world_off;
       goto engine_error;
     }
     break;
-  }
   case LG_EV_HANDOFF:
-    if ((rc = lg_run_handoff(run, ev.from, ev.to, t_ms, d, err))) goto engine_error;
+    if ((rc = lg_run_handoff(run, ev.from, ev.to, e->t_ms, d, err))) goto engine_error;
     break;
-  case LG_EV_CANCEL: {
-    lg_run_cancel(run, str_of(r, F_REASON), t_ms, d);
+  case LG_EV_CANCEL:
+    lg_run_cancel(run, e->str[F_REASON], e->t_ms, d);
     break;
-  }
   default: break;
   }
-  if (ev.acted && d->action == LG_ACT_STOP && !rp->stopped_line) rp->stopped_line = r->line;
-  return emit(rp, &ev);
+  if (ev.acted && d->action == LG_ACT_STOP && !rp->stopped_line) rp->stopped_line = e->line;
+  return rp->cb ? rp->cb(rp->ud, &ev, NULL) : 0;
 engine_error:
-  lg__err_where(err, r->name, r->line);
+  lg__err_where(err, rp->name, e->line);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading lines, in this thread or in a reader thread.                 */
+
+/* The next line from *pos that is not blank or a comment; false at the
+ * end. *s and *n are the whole line (offsets in messages count from it). */
+static bool next_line(const char *buf, size_t len, size_t *pos, long *line, const char **s, size_t *n) {
+  while (*pos < len) {
+    size_t start = *pos;
+    const char *nl = memchr(buf + start, '\n', len - start);
+    size_t end = nl ? (size_t)(nl - buf) : len;
+    (*line)++;
+    *pos = end + 1;
+    size_t a = start;
+    while (a < end && ws(buf[a])) a++;
+    if (a < end && buf[a] != '#') {
+      *s = buf + start;
+      *n = end - start;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* The reading side of a replay. */
+typedef struct producer {
+  reader_t r;
+  parse_state_t ps;
+  lg_error_t err;          /* the reader's own; copied into an EV_ERROR */
+  const char *buf;
+  size_t len, pos;
+  long line;
+} producer_t;
+
+/* Reads the next event into e; false at the end of the buffer. An error
+ * becomes an EV_ERROR event (and the end). */
+static bool produce(producer_t *p, ev_t *e) {
+  const char *s;
+  size_t n;
+  for (;;) {
+    if (!next_line(p->buf, p->len, &p->pos, &p->line, &s, &n)) return false;
+    p->r.s = s;
+    p->r.n = n;
+    p->r.line = p->line;
+    p->err.source[0] = 0; /* the rest is written with the error */
+    p->err.line = 0;
+    p->err.field[0] = 0;
+    p->err.offset = -1;
+    int rc = parse_line(&p->r, &p->ps, e);
+    if (rc) {
+      e->kind = EV_ERROR;
+      e->rc = rc;
+      e->err = p->err;
+      p->pos = p->len; /* nothing after an error */
+      return true;
+    }
+    if (e->kind == EV_EVENT) return true;
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* The pipeline. On a large trace, a reader thread parses and            */
+/* canonicalises lines while this thread decides: the two halves of the  */
+/* work take about the same time, so a replay runs on two cores. Events  */
+/* go through a ring of RING slots; each side publishes its position     */
+/* every BATCH events, not every event, so the cache line that holds it  */
+/* does not bounce between the cores.                                    */
+
+#define RING 1024
+#define BATCH 32
+#define PIPELINE_MIN_BYTES (1u << 20) /* smaller traces: one thread */
+
+typedef struct ring {
+  ev_t slot[RING];
+  producer_t *p;
+  size_t head;   /* events produced (atomic) */
+  size_t tail;   /* events consumed (atomic) */
+  int done;      /* the producer has published its last event (atomic) */
+  int cancel;    /* the consumer stopped early (atomic) */
+} ring_t;
+
+static void relax(unsigned *spins) {
+  if (++*spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else {
+    sched_yield();
+  }
+}
+
+static void *producer_main(void *arg) {
+  ring_t *q = arg;
+  size_t head = 0, tail = 0;
+  for (;;) {
+    unsigned spins = 0;
+    while (head - tail >= RING) { /* full: wait for the consumer */
+      if (__atomic_load_n(&q->cancel, __ATOMIC_ACQUIRE)) goto out;
+      tail = __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE);
+      if (head - tail >= RING) {
+        __atomic_store_n(&q->head, head, __ATOMIC_RELEASE);
+        relax(&spins);
+      }
+    }
+    ev_t *e = &q->slot[head % RING];
+    bool more = produce(q->p, e);
+    if (!more) break;
+    head++;
+    if (head % BATCH == 0) __atomic_store_n(&q->head, head, __ATOMIC_RELEASE);
+    if (e->kind == EV_ERROR) break;
+  }
+out:
+  __atomic_store_n(&q->head, head, __ATOMIC_RELEASE);
+  __atomic_store_n(&q->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Takes events from the ring and applies them. */
+static int consume(replay_t *rp, ring_t *q) {
+  size_t tail = 0, head = 0;
+  int rc = 0;
+  for (;;) {
+    if (tail == head) {
+      unsigned spins = 0;
+      for (;;) {
+        int done = __atomic_load_n(&q->done, __ATOMIC_ACQUIRE);
+        head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
+        if (head != tail || done) break;
+        __atomic_store_n(&q->tail, tail, __ATOMIC_RELEASE);
+        relax(&spins);
+      }
+      if (head == tail) break; /* done, and nothing left */
+    }
+    ev_t *e = &q->slot[tail % RING];
+    if (e->kind == EV_ERROR) {
+      if (rp->err) *rp->err = e->err;
+      rc = e->rc;
+    } else {
+      rc = apply(rp, e);
+    }
+    tail++;
+    if (tail % BATCH == 0) __atomic_store_n(&q->tail, tail, __ATOMIC_RELEASE);
+    if (rc) break;
+  }
+  __atomic_store_n(&q->tail, tail, __ATOMIC_RELEASE);
   return rc;
 }
 
@@ -746,44 +982,63 @@ int lg_replay_buffer(const char *name, const char *buf, size_t len, lg_policy_t 
                      lg_replay_cb cb, void *ud, lg_error_t *err) {
   replay_t rp;
   memset(&rp, 0, sizeof rp);
-  rp.r.name = name ? name : "<trace>";
-  rp.r.err = err;
+  rp.name = name ? name : "<trace>";
+  rp.err = err;
   rp.override = policy;
   rp.cb = cb;
   rp.ud = ud;
-  rp.r.canon = lg_canon_new();
-  rp.r.policy = policy;
+  producer_t *p = lg__calloc(1, sizeof *p);
+  ring_t *q = NULL;
+  ev_t *one = NULL;
   int rc = 0;
-  if (!rp.r.canon) {
+  rp.canon = lg_canon_new();
+  if (p) p->r.canon = lg_canon_new();
+  if (!p || !rp.canon || !p->r.canon) {
     rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     goto done;
   }
-  size_t pos = 0;
-  long line = 0;
-  while (pos < len) {
-    const char *nl = memchr(buf + pos, '\n', len - pos);
-    size_t end = nl ? (size_t)(nl - buf) : len;
-    line++;
-    size_t a = pos;
-    while (a < end && ws(buf[a])) a++;
-    if (a < end && buf[a] != '#') {
-      rp.r.s = buf + pos;
-      rp.r.n = end - pos;
-      rp.r.line = line;
-      if ((rc = replay_line(&rp))) goto done;
+  p->r.name = rp.name;
+  p->r.err = &p->err;
+  p->r.policy = policy;
+  p->ps.override = policy;
+  p->buf = buf;
+  p->len = len;
+  pthread_t th;
+  bool threaded = false;
+  /* Two threads pay off only on a large trace and a second core.
+   * LOOPGUARD_REPLAY_THREADS=1 keeps everything on one (to compare). */
+  const char *threads = getenv("LOOPGUARD_REPLAY_THREADS");
+  bool two = sysconf(_SC_NPROCESSORS_ONLN) > 1 && !(threads && atoi(threads) == 1);
+  if (two && len >= PIPELINE_MIN_BYTES && (q = lg__calloc(1, sizeof *q))) {
+    q->p = p;
+    threaded = pthread_create(&th, NULL, producer_main, q) == 0;
+  }
+  if (threaded) {
+    rc = consume(&rp, q);
+    __atomic_store_n(&q->cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+  } else {
+    if (!(one = lg__calloc(1, sizeof *one))) {
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      goto done;
     }
-    pos = end + 1;
+    while (!rc && produce(p, one)) {
+      if (one->kind == EV_ERROR) {
+        if (err) *err = one->err;
+        rc = one->rc;
+      } else {
+        rc = apply(&rp, one);
+      }
+    }
   }
-  if (!rp.run) { /* an empty trace: still a run, that did nothing */
-    const char *base = strrchr(rp.r.name, '/');
-    if ((rc = ensure_run(&rp, base ? base + 1 : rp.r.name, NULL, NULL, NULL))) goto done;
-  }
+  if (rc) goto done;
+  if ((rc = ensure_run(&rp, 0, NULL, NULL, NULL, NULL))) goto done; /* an empty trace */
   {
     lg_replay_summary_t sum;
     memset(&sum, 0, sizeof sum);
     lg_counters_t c;
     lg_run_counters(rp.run, &c);
-    sum.trace = rp.r.name;
+    sum.trace = rp.name;
     sum.run_id = lg_run_id(rp.run);
     sum.terminal_reason = lg_run_terminal_reason(rp.run);
     sum.stopped_at_line = rp.stopped_line;
@@ -804,12 +1059,23 @@ int lg_replay_buffer(const char *name, const char *buf, size_t len, lg_policy_t 
     lg__free(env);
   }
 done:
+  if (q) {
+    for (size_t i = 0; i < RING; i++) ev_free(&q->slot[i]);
+    lg__free(q);
+  }
+  if (one) {
+    ev_free(one);
+    lg__free(one);
+  }
+  if (p) {
+    lg_canon_free(p->r.canon);
+    lg__buf_free(&p->r.strs);
+    lg__buf_free(&p->r.km);
+    lg__free(p);
+  }
   lg_run_free(rp.run);
-  lg_canon_free(rp.r.canon);
-  lg__buf_free(&rp.r.strs);
-  lg__buf_free(&rp.r.km);
+  lg_canon_free(rp.canon);
   for (int i = 0; i < rp.nskip; i++) lg__free(rp.skipped[i]);
-  lg__free(rp.run_id);
   return rc;
 }
 
