@@ -40,6 +40,8 @@ typedef struct out {
   int fold_n;
   char fold_tool[64];
   int fold_tools; /* distinct tools among them (1 or "several") */
+  /* The last steer message shown: the same kind again is not repeated. */
+  char last_msg_key[96];
 } out_t;
 
 static void put_usd(FILE *f, int64_t nusd) {
@@ -176,8 +178,15 @@ static void human_event(out_t *o, const lg_replay_event_t *ev) {
   }
   if (d->guard && *d->guard && d->action == LG_ACT_STOP) fprintf(f, " [guard: %s]", d->guard);
   fputc('\n', f);
-  if (d->message && d->action != LG_ACT_STOP)
-    fprintf(f, "             %s\"%s\"%s\n", C(o, "2"), d->message, C(o, "0"));
+  if (d->message && d->action != LG_ACT_STOP) {
+    char key[96];
+    snprintf(key, sizeof key, "%d/%s/%s", (int)d->action, d->reason_text ? d->reason_text : "",
+             ev->tool ? ev->tool : "");
+    if (strcmp(key, o->last_msg_key)) {
+      fprintf(f, "             %s\"%s\"%s\n", C(o, "2"), d->message, C(o, "0"));
+      snprintf(o->last_msg_key, sizeof o->last_msg_key, "%s", key);
+    }
+  }
 }
 
 static void human_summary(out_t *o, const lg_replay_summary_t *s) {
@@ -244,7 +253,9 @@ static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summa
 }
 
 int cmd_replay(int argc, char **argv) {
-  out_t o = {stdout, 0, 0, 0, 0, 0, 0, {0}, 0};
+  out_t o;
+  memset(&o, 0, sizeof o);
+  o.f = stdout;
   const char *policy_path = NULL;
   int first = 0, ntraces = 0;
   char **traces = calloc((size_t)argc, sizeof *traces);
@@ -289,8 +300,10 @@ int cmd_replay(int argc, char **argv) {
     memset(&err, 0, sizeof err);
     err.offset = -1;
     o.fold_n = 0;
+    o.last_msg_key[0] = 0;
     int rc = lg_replay_file(traces[i], policy, on_event, &o, &err);
     if (rc) {
+      if (!o.json && !o.quiet) flush_fold(&o);
       fflush(o.f);
       cli_error(&err);
       status = 1;
