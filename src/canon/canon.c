@@ -24,7 +24,11 @@
 #include "canon.h"
 
 #include <math.h>
-#include <openssl/evp.h>
+/* SHA256_Init/Update/Final are deprecated in OpenSSL 3 in favour of EVP,
+ * but they run the same SHA-NI code without EVP's dispatch: 40 ns less per
+ * fingerprint, which is a sixth of the per-call budget. */
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -34,6 +38,7 @@ typedef struct member {
   size_t colon; /* offset of the ':' after the key */
   size_t end;   /* offset just past the value */
   size_t src;   /* offset of the key's opening quote in the input */
+  uint64_t k8;  /* plain keys: the first 8 bytes, big-endian, zero-padded */
   bool plain;   /* key is ASCII without escapes: memcmp orders it */
   bool keep;    /* false: not a loop-key field, dropped when sorted */
 } member_t;
@@ -44,8 +49,7 @@ struct lg_canon {
   lg__buf_t tmp;      /* decoded strings for the normalizers */
   member_t *mem;      /* member stack shared by all nesting levels */
   size_t nmem, capmem;
-  EVP_MD *md;         /* SHA-256, fetched once */
-  EVP_MD_CTX *ctx;    /* reused for every digest */
+
 };
 
 /* Parser state for one input text. */
@@ -65,9 +69,7 @@ static int perr(parser_t *p, int code, const char *what) {
 lg_canon_t *lg_canon_new(void) {
   lg_canon_t *c = lg__calloc(1, sizeof *c);
   if (!c) return NULL;
-  c->md = EVP_MD_fetch(NULL, "SHA256", NULL);
-  c->ctx = EVP_MD_CTX_new();
-  if (!c->md || !c->ctx || lg__buf_reserve(&c->out, 1024)) {
+  if (lg__buf_reserve(&c->out, 1024)) {
     lg_canon_free(c);
     return NULL;
   }
@@ -80,8 +82,6 @@ void lg_canon_free(lg_canon_t *c) {
   lg__buf_free(&c->scratch);
   lg__buf_free(&c->tmp);
   lg__free(c->mem);
-  EVP_MD_CTX_free(c->ctx);
-  EVP_MD_free(c->md);
   lg__free(c);
 }
 
@@ -96,11 +96,16 @@ static inline void putn(lg_canon_t *c, const void *p, size_t n) {
 }
 
 static inline void skip_ws(parser_t *p) {
-  while (p->i < p->n) {
-    unsigned char ch = p->s[p->i];
+  /* Locals, not p->i: the compiler must assume that every byte written
+   * through a char pointer may change *p, and would reload it. */
+  const unsigned char *s = p->s;
+  size_t i = p->i, n = p->n;
+  while (i < n) {
+    unsigned char ch = s[i];
     if (ch > ' ' || (ch != ' ' && ch != '\n' && ch != '\r' && ch != '\t')) break;
-    p->i++;
+    i++;
   }
+  p->i = i;
 }
 
 /* Bytes that end a plain run inside a string: controls, quote, backslash
@@ -206,10 +211,12 @@ static int cv_string(parser_t *p, bool *plain) {
   p->i++; /* the quote */
   put(c, '"');
   for (;;) {
-    size_t start = p->i;
+    size_t start = p->i, i = p->i, n = p->n;
+    const unsigned char *s = p->s;
     /* The common case: a run of printable ASCII that needs no change. */
-    while (p->i < p->n && !str_special[p->s[p->i]]) p->i++;
-    putn(c, p->s + start, p->i - start);
+    while (i < n && !str_special[s[i]]) i++;
+    p->i = i;
+    putn(c, s + start, i - start);
     if (p->i >= p->n) return perr(p, LG_EPARSE, "unterminated string");
     unsigned char ch = p->s[p->i];
     if (ch == '"') {
@@ -557,7 +564,16 @@ static int32_t next_unit(const unsigned char *s, size_t n, size_t *i,
 }
 
 /* Compares the keys of two members (canonical strings in buf). */
-static int key_cmp(const char *buf, const member_t *a, const member_t *b) {
+static inline int key_cmp_slow(const char *buf, const member_t *a, const member_t *b);
+
+/* Compares the keys of two members: most keys differ in their first eight
+ * bytes, which for plain keys are compared as one integer. */
+static inline int key_cmp(const char *buf, const member_t *a, const member_t *b) {
+  if (a->plain && b->plain && a->k8 != b->k8) return a->k8 < b->k8 ? -1 : 1;
+  return key_cmp_slow(buf, a, b);
+}
+
+static inline int key_cmp_slow(const char *buf, const member_t *a, const member_t *b) {
   const unsigned char *ka = (const unsigned char *)buf + a->key + 1;
   const unsigned char *kb = (const unsigned char *)buf + b->key + 1;
   size_t la = a->colon - a->key - 2, lb = b->colon - b->key - 2;
@@ -616,18 +632,19 @@ static int sort_members(parser_t *p, size_t open, size_t base) {
   if (sorted && !drops) return 0;
   if (!sorted) {
     /* Insertion sort: objects are small, and this keeps it stable. */
+    /* Equal keys would meet as neighbours, so the comparison that stops
+     * an insertion finds every duplicate. */
     for (size_t i = 1; i < cnt; i++) {
       member_t x = m[i];
       size_t j = i;
-      while (j > 0 && key_cmp(c->out.data, &m[j - 1], &x) > 0) {
+      int r = 1;
+      while (j > 0 && (r = key_cmp(c->out.data, &m[j - 1], &x)) > 0) {
         m[j] = m[j - 1];
         j--;
       }
       m[j] = x;
+      if (r == 0) return dup_key(p, &m[j - 1], &m[j]);
     }
-    for (size_t i = 1; i < cnt; i++)
-      if (key_cmp(c->out.data, &m[i - 1], &m[i]) == 0)
-        return dup_key(p, &m[i - 1], &m[i]);
   }
   size_t body = open + 1, total = c->out.len - body;
   c->scratch.len = 0;
@@ -716,6 +733,12 @@ static int cv_object(parser_t *p, int depth) {
     m.src = p->i;
     int rc = cv_string(p, &m.plain);
     if (rc) return rc;
+    m.k8 = 0;
+    if (m.plain) { /* the key's first 8 bytes as a big-endian number */
+      const unsigned char *k = (const unsigned char *)c->out.data + m.key + 1;
+      size_t kl = c->out.len - m.key - 2;
+      for (size_t b = 0; b < 8; b++) m.k8 = (m.k8 << 8) | (b < kl ? k[b] : 0);
+    }
     skip_ws(p);
     if (p->i >= p->n || p->s[p->i] != ':')
       return perr(p, LG_EPARSE, "expected ':' after key");
@@ -990,25 +1013,15 @@ static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) {
   hex[64] = 0;
 }
 
-/* SHA-256 over a + ("\n" + b when b is given), as hex. The parts are
- * joined in a scratch buffer first: one EVP update is cheaper than three. */
+/* SHA-256 over a + ("\n" + b when b is given), as hex. */
 static int sha_parts(lg_canon_t *c, const char *a, size_t al, const char *b,
                      size_t bl, char hex[LG_FP_HEX]) {
+  (void)c;
   unsigned char md[32];
-  unsigned int mdl = 0;
-  const char *msg = a;
-  size_t ml = al;
-  if (b) {
-    c->scratch.len = 0;
-    if (lg__buf_reserve(&c->scratch, al + 1 + bl)) return LG_ENOMEM;
-    memcpy(c->scratch.data, a, al);
-    c->scratch.data[al] = '\n';
-    memcpy(c->scratch.data + al + 1, b, bl);
-    msg = c->scratch.data;
-    ml = al + 1 + bl;
-  }
-  if (!EVP_DigestInit_ex2(c->ctx, c->md, NULL) || !EVP_DigestUpdate(c->ctx, msg, ml) ||
-      !EVP_DigestFinal_ex(c->ctx, md, &mdl))
+  SHA256_CTX ctx;
+  if (!SHA256_Init(&ctx) || !SHA256_Update(&ctx, a, al) ||
+      (b && (!SHA256_Update(&ctx, "\n", 1) || !SHA256_Update(&ctx, b, bl))) ||
+      !SHA256_Final(md, &ctx))
     return LG_ENOMEM;
   to_hex(md, hex);
   return 0;

@@ -71,12 +71,33 @@ static const char *tool_name(const lg_run_t *run, int i) {
 
 /* Resets a decision; borrowed strings of the previous one are released. */
 static void reset(lg_run_t *run, lg_decision_t *d) {
-  memset(d, 0, sizeof *d);
+  /* Field by field: a memset of the whole struct (its fingerprint array
+   * included) costs more than the rest of a plain decision. */
+  d->action = LG_ACT_EXECUTE;
+  d->reason = LG_R_NONE;
   d->reason_text = "";
   d->guard = "";
+  d->repeat = 0;
+  d->fingerprint[0] = 0;
+  d->call_id = d->idempotency_key = d->message = d->hide_tool = d->saved_result = NULL;
+  d->hide_turns = 0;
+  d->alternatives = 0;
+  d->saved_result_len = 0;
+  d->next_allowed_action = LG_NEXT_NONE;
+  d->reservation = 0;
   run->msg.len = 0;
+  run->msg.oom = false; /* scratch reused per decision: a failure must not stick */
   if (run->msg.data) run->msg.data[0] = 0;
   lg_claim_clear(&run->claim);
+}
+
+/* Makes room in run->msg for the longest steer message a decision can
+ * write, before the decision changes anything: writing the message later,
+ * after counters and the ledger have moved, must not fail (a message lost
+ * to out-of-memory would be a recovery hint silently gone, for good once
+ * the run stops). `names` is the length of the names it may quote. */
+static int msg_room(lg_run_t *run, size_t names) {
+  return lg__buf_reserve(&run->msg, 448 + names);
 }
 
 static void set_message(lg_run_t *run, lg_decision_t *d) {
@@ -111,15 +132,18 @@ static void stopped_decision(lg_run_t *run, lg_decision_t *d) {
 }
 
 /* ACTIVE → STOPPED. The steer message in run->msg (if any) becomes the
- * envelope's message. Returns 0, or LG_ENOMEM with the run unchanged. */
+ * envelope's message: the buffer is handed over rather than copied, so that
+ * a stop decided after the run has already changed (after(), state()) can
+ * not fail half-way. Returns 0, or LG_ENOMEM with the run unchanged (only
+ * for an operator's own `text`, which no such caller passes). */
 static int stop(lg_run_t *run, lg_decision_t *d, lg_reason_t reason, const char *guard,
                 const char *text, int64_t t_ms) {
   char *rt = NULL, *sm = NULL;
   if (text && strcmp(text, lg_reason_name(reason)) && !(rt = lg__strdup(text)))
     return LG_ENOMEM;
-  if (run->msg.len && !(sm = lg__strndup(run->msg.data, run->msg.len))) {
-    lg__free(rt);
-    return LG_ENOMEM;
+  if (run->msg.len && run->msg.data) {
+    sm = run->msg.data;
+    run->msg = (lg__buf_t){0};
   }
   run->stopped = true;
   run->reason = reason;
@@ -146,6 +170,10 @@ static int refuse(lg_run_t *run, const char *tool, const char *call_id, const ch
     lg__free(k);
     return LG_ENOMEM;
   }
+  /* A retry after a failure further on must not leak the first copies. */
+  lg__free(run->refused_tool);
+  lg__free(run->refused_call_id);
+  lg__free(run->refused_km);
   run->refused_tool = t;
   run->refused_call_id = c;
   run->refused_km = k;
@@ -208,21 +236,24 @@ static int win_cycle(const lg_run_t *run, uint64_t fp) {
 
 static void tried_note(lg_run_t *run, const char *hex, uint64_t fp64, int tool, int outcome,
                        bool count) {
-  uint8_t fp[32];
-  fp_bin_of_hex(hex, fp);
-  lg__tried_t *t = NULL;
-  for (int i = 0; i < run->ntried && !t; i++)
-    if (run->tried[i].fp64 == fp64 && !memcmp(run->tried[i].fp, fp, 32)) t = &run->tried[i];
-  if (!t) { /* a key not seen lately */
-    if (run->ntried < LG__TRIED_MAX) {
-      t = &run->tried[run->ntried++];
-    } else { /* evict the least recently seen */
-      t = &run->tried[0];
-      for (int i = 1; i < run->ntried; i++)
-        if (run->tried[i].seq < t->seq) t = &run->tried[i];
+  /* One scan finds the key, or the least recently seen entry to reuse. */
+  lg__tried_t *t = NULL, *oldest = NULL;
+  for (int i = 0; i < run->ntried; i++) {
+    lg__tried_t *e = &run->tried[i];
+    if (e->fp64 == fp64) {
+      uint8_t fp[32];
+      fp_bin_of_hex(hex, fp);
+      if (!memcmp(e->fp, fp, 32)) {
+        t = e;
+        break;
+      }
     }
+    if (!oldest || e->seq < oldest->seq) oldest = e;
+  }
+  if (!t) { /* a key not seen lately */
+    t = run->ntried < LG__TRIED_MAX ? &run->tried[run->ntried++] : oldest;
     memset(t, 0, sizeof *t);
-    memcpy(t->fp, fp, 32);
+    fp_bin_of_hex(hex, t->fp);
     t->fp64 = fp64;
     t->tool = tool;
   }
@@ -347,6 +378,7 @@ static int set_owned(lg__buf_t *buf, const char **out, const char *s) {
   *out = NULL;
   if (!s) return 0;
   buf->len = 0;
+  buf->oom = false; /* an earlier failed append must not fail every later one */
   if (lg__buf_puts(buf, s)) return LG_ENOMEM;
   *out = buf->data;
   return 0;
@@ -399,6 +431,11 @@ static int claim_decision(lg_run_t *run, lg_decision_t *d, const lg_claim_t *cl,
 
 int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_decision_t *d,
                   lg_error_t *err) {
+  return lg__run_before(run, canon, call, false, d, err);
+}
+
+int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool trusted_fp,
+                   lg_decision_t *d, lg_error_t *err) {
   reset(run, d);
   if (!call || !call->tool || !*call->tool)
     return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a non-empty tool name");
@@ -406,7 +443,9 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
   const char *km = call->key_material ? call->key_material : "";
   size_t km_len = call->key_material ? call->key_material_len : 0;
   int rc = 0;
-  if (call->fingerprint) {
+  if (call->fingerprint && trusted_fp) {
+    memcpy(hex, call->fingerprint, LG_FP_HEX);
+  } else if (call->fingerprint) {
     unsigned ok = 1;
     for (int k = 0; k < 64 && call->fingerprint[k]; k++) ok &= hexok[(unsigned char)call->fingerprint[k]];
     if (!ok || strnlen(call->fingerprint, 65) != 64)
@@ -422,6 +461,9 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
     stopped_decision(run, d);
     return 0;
   }
+  if (msg_room(run, strlen(call->tool) + (call->idempotency_key ? strlen(call->idempotency_key)
+                                                                  : strlen(run->run_id) + 70)))
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   const lg__toolpol_t *tp = lg__policy_tool(run->policy, call->tool);
   const lg_policy_t *p = run->policy;
   int tool = lg__run_tool(run, call->tool);
@@ -588,19 +630,22 @@ int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_de
                    call->tool, (long long)n);
 
 decided:
-  run->c.calls++;
-  run->c.last_t_ms = t;
   if (d->action == LG_ACT_STOP) { /* unknown_outcome */
+    /* Counted only once it cannot fail: a retry must see the same run. */
     if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn) ||
         stop(run, d, d->reason, "ledger", NULL, t)) {
       reset(run, d);
       return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     }
+    run->c.calls++;
+    run->c.last_t_ms = t;
     d->call_id = run->call_id;
     d->idempotency_key = run->key;
     memcpy(d->fingerprint, hex, LG_FP_HEX);
     return 0;
   }
+  run->c.calls++;
+  run->c.last_t_ms = t;
   if (d->action == LG_ACT_BLOCK) run->c.blocked++;
   if (d->action == LG_ACT_REPLAY) {
     run->c.replayed++;
@@ -649,6 +694,7 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
                    res->call_id ? res->call_id : "");
   lg__pending_t pc = run->pending[pi];
   const char *tool = tool_name(run, pc.tool);
+  if (msg_room(run, strlen(tool))) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   const lg__toolpol_t *tp = lg__policy_tool(run->policy, tool);
   const lg_policy_t *p = run->policy;
   int64_t t = res->t_ms;
@@ -783,6 +829,7 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
   }
   if (m->input_tokens < 0)
     return lg__err(err, LG_EINVAL, "input_tokens", -1, "input_tokens must not be negative");
+  if (msg_room(run, 0)) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   const lg_policy_t *p = run->policy;
   int64_t t = m->t_ms;
   int64_t worst_tokens =
@@ -800,15 +847,14 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
   } else if (p->max_cost_nusd >= 0 &&
              run->c.cost_nusd + run->held_cost + worst_cost > p->max_cost_nusd) {
     halt = LG_R_COST_CAP;
-    lg__buf_t b = {0};
-    lg__buf_usd(&b, run->c.cost_nusd + run->held_cost);
-    lg__buf_puts(&b, " USD spent or held; the next model call could cost ");
-    lg__buf_usd(&b, worst_cost);
-    lg__buf_puts(&b, " USD more, past the cap of ");
-    lg__buf_usd(&b, p->max_cost_nusd);
-    lg__buf_printf(&run->msg, "This run has %s USD, so I am stopping before making it.",
-                   b.data ? b.data : "");
-    lg__buf_free(&b);
+    /* Written in place: msg_room() made room for it. */
+    lg__buf_puts(&run->msg, "This run has ");
+    lg__buf_usd(&run->msg, run->c.cost_nusd + run->held_cost);
+    lg__buf_puts(&run->msg, " USD spent or held; the next model call could cost ");
+    lg__buf_usd(&run->msg, worst_cost);
+    lg__buf_puts(&run->msg, " USD more, past the cap of ");
+    lg__buf_usd(&run->msg, p->max_cost_nusd);
+    lg__buf_puts(&run->msg, " USD, so I am stopping before making it.");
   } else if (p->max_tokens >= 0 && run->c.tokens + run->held_tokens + worst_tokens > p->max_tokens) {
     halt = LG_R_TOKEN_CAP;
     lg__buf_printf(&run->msg,

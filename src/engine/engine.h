@@ -131,6 +131,10 @@ struct lg_run {
   lg_claim_t claim;        /* a replayed result */
 };
 
+/* lg_run_before; with trusted_fp, call->fingerprint (when given) was made
+ * by the library itself and is not checked again. */
+int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool trusted_fp,
+                   lg_decision_t *d, lg_error_t *err);
 /* Tool index for `name`, adding it; -1 on out-of-memory. */
 int lg__run_tool(lg_run_t *run, const char *name);
 

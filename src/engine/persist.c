@@ -240,7 +240,9 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
     lg__tried_t *t = &run->tried[i];
     rbytes(&r, t->fp, 32);
     for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | t->fp[k];
-    t->tool = rcount(&r, run->ntools ? run->ntools - 1 : 0);
+    /* An index into tools: with no tools there is none (a max of -1 fails
+     * every value), or after() would dereference an empty table. */
+    t->tool = rcount(&r, run->ntools - 1);
     t->count = (uint32_t)r64(&r);
     t->last = (uint8_t)r64(&r);
     t->seq = (uint64_t)r64(&r);
@@ -251,7 +253,7 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
     pc->call_id = rstr(&r);
     pc->key = rstr(&r);
     pc->fp = (uint64_t)r64(&r);
-    pc->tool = rcount(&r, run->ntools ? run->ntools - 1 : 0);
+    pc->tool = rcount(&r, run->ntools - 1);
     if (!pc->call_id) r.rc = r.rc ? r.rc : LG_EINVAL;
   }
   run->nretry = rcount(&r, LG__RETRY_MAX);

@@ -776,7 +776,7 @@ static int apply(replay_t *rp, ev_t *e) {
       c.key_material = e->km.data;
       c.key_material_len = e->km.len;
     }
-    if ((rc = lg_run_before(run, rp->canon, &c, d, err))) {
+    if ((rc = lg__run_before(run, rp->canon, &c, e->has_km, d, err))) {
       if (err && e->args && !strncmp(err->field, "args", 4) && err->offset >= 0)
         err->offset += (long)e->args_off; /* from the args to the line */
       goto engine_error;
