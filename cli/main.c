@@ -71,8 +71,6 @@ int cli_color(FILE *f) {
     return 1;                                                                \
   }
 LG_PENDING_COMMAND(cmd_serve, "serve")
-LG_PENDING_COMMAND(cmd_runs, "runs")
-LG_PENDING_COMMAND(cmd_ledger, "ledger")
 LG_PENDING_COMMAND(cmd_budget, "budget")
 
 int main(int argc, char **argv) {

@@ -1,0 +1,431 @@
+/*
+ * cmd_runs.c — `loopguard runs list|show|cancel`: the runs kept in a store,
+ * for operators.
+ *
+ * `list` prints runs newest first (one JSON object per line with --json);
+ * `show` prints one run's state — status, terminal reason, counters,
+ * whether a cancel is pending for it — and its terminal envelope, rebuilt
+ * from the saved engine state (or, when that cannot be read back, the
+ * envelope stored with it); `cancel` is the kill switch: a durable deny
+ * rule that makes every worker's next decision for the run (or for every
+ * run of a group, with --group) a stop with the operator's reason, before
+ * any side effect — also for a run that is not in the store yet.
+ *
+ * The store is --store URL, else $LOOPGUARD_STORE, else sqlite:loopguard.db.
+ * Exit status: 0 success, 1 an error (a message naming the store), 2 bad
+ * usage.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *runs_usage =
+    "usage: loopguard runs list [--status active|stopped] [--limit N] [--store URL] [--json]\n"
+    "       loopguard runs show RUN_ID [--store URL] [--json]\n"
+    "       loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
+    "       loopguard runs cancel --group GROUP [--reason TEXT] [--store URL] [--json]\n"
+    "\n"
+    "Runs kept in a store, for operators. Run 'loopguard runs SUBCOMMAND --help'\n"
+    "for each one's flags.\n"
+    "\n"
+    "A store is a URL: memory:, sqlite:PATH or postgres:CONNINFO; the default is\n"
+    "$LOOPGUARD_STORE, else sqlite:loopguard.db.\n";
+
+static const char *list_usage =
+    "usage: loopguard runs list [--status active|stopped] [--limit N] [--group GROUP]\n"
+    "                           [--reason REASON] [--store URL] [--json]\n"
+    "\n"
+    "Lists the runs in the store, newest first.\n"
+    "\n"
+    "  --status S      only active or only stopped runs\n"
+    "  --limit N       at most N runs\n"
+    "  --group GROUP   only runs of this group\n"
+    "  --reason R      only runs stopped for this terminal reason\n"
+    "  --store URL     the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
+    "  --json          one JSON object per line: run_id, group, status,\n"
+    "                  terminal_reason, created_at, updated_at, envelope\n"
+    "  --help          this text\n"
+    "\n"
+    "Exit status: 0 listed (also when there are none), 1 an error, 2 bad usage.\n";
+
+static const char *show_usage =
+    "usage: loopguard runs show RUN_ID [--store URL] [--json]\n"
+    "\n"
+    "Shows a run: its status, terminal reason, counters, a pending cancel, and\n"
+    "its terminal envelope (what stopped it, the refused call, the operations\n"
+    "and their keys, what the model tried, what may happen next).\n"
+    "\n"
+    "  --store URL   the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
+    "  --json        one object: run_id, group, status, terminal_reason,\n"
+    "                created_at, updated_at, counters, cancel, envelope\n"
+    "  --help        this text\n"
+    "\n"
+    "Exit status: 0 shown, 1 an error (no such run, the store unreachable),\n"
+    "2 bad usage.\n";
+
+static const char *cancel_usage =
+    "usage: loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
+    "       loopguard runs cancel --group GROUP [--reason TEXT] [--store URL] [--json]\n"
+    "\n"
+    "The kill switch. Writes a durable deny rule for the run (or for every run of\n"
+    "the group, present and future): the next decision of every worker for it is\n"
+    "a stop with your reason, before any side effect. A stored active run is\n"
+    "stopped at once and its envelope saved. Works before the run exists in the\n"
+    "store: its first decision stops. Cancelling again only updates the reason.\n"
+    "\n"
+    "  --reason TEXT   why (default operator_cancelled_loop); it becomes the\n"
+    "                  run's terminal reason\n"
+    "  --group GROUP   cancel every run of GROUP instead of one run\n"
+    "  --store URL     the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
+    "  --json          print {\"run_id\", \"reason\", \"stored\", \"envelope\"} (or\n"
+    "                  {\"group\", \"reason\", \"cancelled\": [run ids]})\n"
+    "  --help          this text\n"
+    "\n"
+    "Exit status: 0 cancelled, 1 an error, 2 bad usage.\n";
+
+/* ---- helpers (the same small parser as cmd_ledger.c) ---- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void fmt_time(int64_t ms, char buf[40]) {
+  time_t s = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&s, &tm);
+  char day[32];
+  strftime(day, sizeof day, "%Y-%m-%d %H:%M:%S", &tm);
+  snprintf(buf, 40, "%s UTC", day);
+}
+
+/* RFC 3339, UTC, milliseconds: the form of the library's JSON. */
+static void fmt_iso(int64_t ms, char buf[40]) {
+  time_t s = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&s, &tm);
+  char day[32];
+  strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, 40, "%s.%03dZ", day, (int)(ms % 1000));
+}
+
+typedef struct flag {
+  const char *name;   /* "--store" */
+  int takes_value;    /* 1: "--store URL" or "--store=URL" */
+  const char **value; /* where the value goes ("1" for a switch) */
+} flag_t;
+
+static int parse(int argc, char **argv, flag_t *flags, const char **pos, int maxpos,
+                 int *npos, const char *usage) {
+  *npos = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+    if (!strcmp(a, "--")) {
+      for (i++; i < argc; i++) {
+        if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", argv[i]);
+        pos[(*npos)++] = argv[i];
+      }
+      break;
+    }
+    if (a[0] == '-' && a[1]) {
+      flag_t *f = flags;
+      size_t n = strcspn(a, "=");
+      for (; f->name; f++)
+        if (strlen(f->name) == n && !strncmp(f->name, a, n)) break;
+      if (!f->name) return cli_usage(usage, "unknown flag '%s'", a);
+      if (!f->takes_value) {
+        if (a[n]) return cli_usage(usage, "%s takes no value", f->name);
+        *f->value = "1";
+      } else if (a[n] == '=') {
+        *f->value = a + n + 1;
+      } else if (i + 1 < argc) {
+        *f->value = argv[++i];
+      } else {
+        return cli_usage(usage, "%s needs a value", f->name);
+      }
+      continue;
+    }
+    if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", a);
+    pos[(*npos)++] = a;
+  }
+  return 0;
+}
+
+static lg_store_t *open_store(const char *flag) {
+  lg_error_t err = {0};
+  lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
+  if (!s) cli_error(&err);
+  return s;
+}
+
+static void put_str(FILE *f, const char *s) {
+  if (!s) {
+    fputs("null", f);
+    return;
+  }
+  char *q = lg_json_quote(s, strlen(s));
+  fputs(q ? q : "\"\"", f);
+  lg_free(q);
+}
+
+/* Prints a JSON text indented for a person (as it is when it does not
+ * parse, which a stored envelope always should). */
+static void put_pretty(FILE *f, const char *json) {
+  json_t *v = json_loads(json, JSON_DECODE_ANY, NULL);
+  char *s = v ? json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
+  fputs(s ? s : json, f);
+  fputc('\n', f);
+  free(s);
+  json_decref(v);
+}
+
+/* ---- list ---- */
+
+typedef struct list_ctx {
+  int json;  /* one object per line */
+  int n;     /* printed so far */
+} list_ctx_t;
+
+static int list_one(void *ud, const lg_run_record_t *r) {
+  list_ctx_t *c = ud;
+  if (c->json) {
+    char *j = lg_run_record_to_json(r);
+    if (!j) return LG_ENOMEM;
+    puts(j);
+    lg_free(j);
+  } else {
+    char t[40];
+    if (!c->n) printf("%-24s %-8s %-26s %-12s %s\n", "RUN", "STATUS", "REASON", "GROUP",
+                      "UPDATED");
+    fmt_time(r->updated_ms, t);
+    printf("%-24s %-8s %-26s %-12s %s\n", r->run_id, r->stopped ? "stopped" : "active",
+           r->terminal_reason ? r->terminal_reason : "-", r->group ? r->group : "-", t);
+  }
+  c->n++;
+  return 0;
+}
+
+static int do_list(int argc, char **argv) {
+  const char *store = NULL, *status = NULL, *limit = NULL, *group = NULL, *reason = NULL,
+             *json = NULL;
+  flag_t flags[] = {{"--status", 1, &status}, {"--limit", 1, &limit}, {"--group", 1, &group},
+                    {"--reason", 1, &reason}, {"--store", 1, &store}, {"--json", 0, &json},
+                    {NULL, 0, NULL}};
+  int npos, rc = parse(argc, argv, flags, NULL, 0, &npos, list_usage);
+  if (rc == 1) return fputs(list_usage, stdout), 0;
+  if (rc) return rc;
+  if (status && strcmp(status, "active") && strcmp(status, "stopped"))
+    return cli_usage(list_usage, "--status is active or stopped, not '%s'", status);
+  lg_run_filter_t f = {.status = status, .group = group, .reason = reason};
+  if (limit) {
+    char *end;
+    errno = 0;
+    long long n = strtoll(limit, &end, 10);
+    if (errno || *end || end == limit || n <= 0)
+      return cli_usage(list_usage, "--limit wants a positive number, not '%s'", limit);
+    f.limit = (size_t)n;
+  }
+  lg_store_t *s = open_store(store);
+  if (!s) return 1;
+  list_ctx_t c = {json != NULL, 0};
+  lg_error_t err = {0};
+  rc = lg_store_run_list(s, &f, list_one, &c, &err);
+  if (rc) cli_error(&err);
+  else if (!c.n && !json) printf("no runs in %s\n", lg_store_name(s));
+  lg_store_close(s);
+  return rc ? 1 : 0;
+}
+
+/* ---- show ---- */
+
+static void put_counters_json(const lg_counters_t *k) {
+  printf("{\"steps\":%lld,\"calls\":%lld,\"blocked\":%lld,\"replayed\":%lld,\"results\":%lld,"
+         "\"model_calls\":%lld,\"tokens\":%lld,\"handoffs\":%lld,\"cost_usd\":%.9g,"
+         "\"elapsed_ms\":%lld}",
+         (long long)k->steps, (long long)k->calls, (long long)k->blocked,
+         (long long)k->replayed, (long long)k->results, (long long)k->model_calls,
+         (long long)k->tokens, (long long)k->handoffs, (double)k->cost_nusd / 1e9,
+         (long long)k->last_t_ms);
+}
+
+static int do_show(int argc, char **argv) {
+  const char *store = NULL, *json = NULL;
+  flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  const char *pos[1];
+  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, show_usage);
+  if (rc == 1) return fputs(show_usage, stdout), 0;
+  if (rc) return rc;
+  if (npos != 1) return cli_usage(show_usage, "runs show needs a RUN_ID");
+  lg_store_t *s = open_store(store);
+  if (!s) return 1;
+  lg_run_record_t rec = {0};
+  lg_error_t err = {0};
+  rc = lg_store_run_get(s, pos[0], &rec, &err);
+  if (rc) {
+    cli_error(&err);
+    lg_store_close(s);
+    return 1;
+  }
+  /* The engine's view, rebuilt from the saved state. */
+  lg_run_t *run = NULL;
+  lg_error_t lerr = {0};
+  char *envelope = NULL;
+  lg_counters_t k = {0};
+  if (lg_store_run_load(s, pos[0], NULL, &run, &lerr) == 0) {
+    envelope = lg_run_envelope_json(run);
+    lg_run_counters(run, &k);
+  } else {
+    char buf[1024];
+    fprintf(stderr, "loopguard: warning: showing the stored envelope: %s\n",
+            lg_error_format(&lerr, buf, sizeof buf));
+  }
+  const char *env = envelope ? envelope : rec.envelope_json;
+  char *cancel_reason = NULL;
+  int denied = lg_store_denied(s, rec.run_id, rec.group, &cancel_reason, &err);
+  if (denied < 0) {
+    cli_error(&err);
+    rc = 1;
+    goto out;
+  }
+  char created[40], updated[40], created_iso[40], updated_iso[40];
+  fmt_time(rec.created_ms, created);
+  fmt_time(rec.updated_ms, updated);
+  fmt_iso(rec.created_ms, created_iso);
+  fmt_iso(rec.updated_ms, updated_iso);
+  if (json) {
+    printf("{\"run_id\":");
+    put_str(stdout, rec.run_id);
+    printf(",\"group\":");
+    put_str(stdout, rec.group);
+    printf(",\"status\":\"%s\",\"terminal_reason\":", rec.stopped ? "stopped" : "active");
+    put_str(stdout, rec.terminal_reason);
+    printf(",\"created_at\":\"%s\",\"updated_at\":\"%s\"", created_iso, updated_iso);
+    printf(",\"counters\":");
+    if (run) put_counters_json(&k);
+    else fputs("null", stdout);
+    printf(",\"cancel\":");
+    if (denied) {
+      printf("{\"reason\":");
+      put_str(stdout, cancel_reason ? cancel_reason : "operator_cancelled_loop");
+      printf("}");
+    } else {
+      fputs("null", stdout);
+    }
+    printf(",\"envelope\":%s}\n", env && *env ? env : "null");
+  } else {
+    printf("run          %s\n", rec.run_id);
+    printf("group        %s\n", rec.group ? rec.group : "-");
+    printf("status       %s\n", rec.stopped ? "stopped" : "active");
+    if (rec.stopped)
+      printf("reason       %s\n", rec.terminal_reason ? rec.terminal_reason : "-");
+    printf("created      %s\n", created);
+    printf("updated      %s\n", updated);
+    if (run)
+      printf("counters     %lld steps, %lld calls (%lld blocked, %lld replayed), %lld model "
+             "calls, %lld tokens, $%.6f\n",
+             (long long)k.steps, (long long)k.calls, (long long)k.blocked,
+             (long long)k.replayed, (long long)k.model_calls, (long long)k.tokens,
+             (double)k.cost_nusd / 1e9);
+    if (denied)
+      printf("cancel       %s%s\n", cancel_reason ? cancel_reason : "operator_cancelled_loop",
+             rec.stopped ? "" : " (pending: the next decision stops)");
+    if (env && *env) {
+      printf("envelope\n");
+      put_pretty(stdout, env);
+    }
+  }
+out:
+  lg_free(cancel_reason);
+  lg_free(envelope);
+  lg_run_free(run);
+  lg_run_record_clear(&rec);
+  lg_store_close(s);
+  return rc ? 1 : 0;
+}
+
+/* ---- cancel ---- */
+
+static int do_cancel(int argc, char **argv) {
+  const char *store = NULL, *reason = NULL, *group = NULL, *json = NULL;
+  flag_t flags[] = {{"--reason", 1, &reason}, {"--group", 1, &group}, {"--store", 1, &store},
+                    {"--json", 0, &json},     {NULL, 0, NULL}};
+  const char *pos[1];
+  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, cancel_usage);
+  if (rc == 1) return fputs(cancel_usage, stdout), 0;
+  if (rc) return rc;
+  if (group && npos) return cli_usage(cancel_usage, "give a RUN_ID or --group GROUP, not both");
+  if (!group && npos != 1) return cli_usage(cancel_usage, "runs cancel needs a RUN_ID");
+  if (group && !*group) return cli_usage(cancel_usage, "--group needs a group name");
+  if (reason && !*reason) reason = NULL;
+  lg_store_t *s = open_store(store);
+  if (!s) return 1;
+  lg_error_t err = {0};
+  int64_t now = now_ms();
+  const char *shown = reason ? reason : "operator_cancelled_loop";
+  if (group) {
+    char *ids = NULL;
+    rc = lg_store_cancel_group(s, group, reason, now, &ids, &err);
+    if (rc) {
+      cli_error(&err);
+    } else if (json) {
+      printf("{\"group\":");
+      put_str(stdout, group);
+      printf(",\"reason\":");
+      put_str(stdout, shown);
+      printf(",\"cancelled\":%s}\n", ids);
+    } else {
+      printf("cancelled group %s (%s): every run of it stops at its next decision; "
+             "stopped now: %s\n",
+             group, shown, ids);
+    }
+    lg_free(ids);
+    lg_store_close(s);
+    return rc ? 1 : 0;
+  }
+  rc = lg_store_cancel_run(s, pos[0], reason, now, &err);
+  if (rc) {
+    cli_error(&err);
+    lg_store_close(s);
+    return 1;
+  }
+  lg_run_record_t rec = {0};
+  int stored = lg_store_run_get(s, pos[0], &rec, NULL) == 0;
+  if (json) {
+    printf("{\"run_id\":");
+    put_str(stdout, pos[0]);
+    printf(",\"reason\":");
+    put_str(stdout, shown);
+    printf(",\"stored\":%s,\"envelope\":%s}\n", stored ? "true" : "false",
+           stored && rec.envelope_json && *rec.envelope_json ? rec.envelope_json : "null");
+  } else if (stored) {
+    printf("cancelled run %s (%s): it is stopped, and every worker's next decision for it "
+           "is a stop\n",
+           pos[0], shown);
+  } else {
+    printf("cancelled run %s (%s): it is not in the store yet; its first decision will "
+           "be a stop\n",
+           pos[0], shown);
+  }
+  lg_run_record_clear(&rec);
+  lg_store_close(s);
+  return 0;
+}
+
+int cmd_runs(int argc, char **argv) {
+  if (argc < 2) return cli_usage(runs_usage, "runs needs a subcommand");
+  const char *sub = argv[1];
+  if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
+    fputs(runs_usage, stdout);
+    return 0;
+  }
+  if (!strcmp(sub, "list")) return do_list(argc - 1, argv + 1);
+  if (!strcmp(sub, "show")) return do_show(argc - 1, argv + 1);
+  if (!strcmp(sub, "cancel")) return do_cancel(argc - 1, argv + 1);
+  return cli_usage(runs_usage, "unknown runs subcommand '%s'", sub);
+}

@@ -1,0 +1,391 @@
+/*
+ * ledger.c — the durable idempotency ledger: its rules, written once over
+ * the store's row interface (src/store/store.h), so that memory:, sqlite:
+ * and postgres: answer alike.
+ *
+ * A row is PENDING (claimed), COMMITTED or FAILED. What a reader sees also
+ * depends on the clock it passes in (now_ms) — the ledger never reads one:
+ *
+ *   row                                   claim / peek answers
+ *   none, or finished past retention      claimed (peek: free)
+ *   request fingerprint differs           mismatch
+ *   PENDING, now < lease_until            in_progress
+ *   PENDING, now >= lease_until           unknown_outcome (never re-run)
+ *   COMMITTED                             replay with its result
+ *   FAILED                                replay, failed = 1
+ *
+ * Commit and fail of a claimed key are likewise one statement ("settle
+ * the row if it is still pending"); only a key in another state is read
+ * under its lock to work out the answer.
+ *
+ * A claim has exactly one winner because it rests on the backend's unique
+ * key: "insert if absent" is one atomic statement, and only when the key is
+ * present does the claim lock the row (BEGIN IMMEDIATE, SELECT ... FOR
+ * UPDATE) to read it and, for a row past retention, take it over. Outside a
+ * transaction the first insert is a statement of its own (one durable
+ * write for the common case); inside lg_store_with_run everything joins the
+ * run's transaction through a savepoint.
+ */
+#include "../store/store.h"
+
+#include <stdio.h>
+
+#define KEY_MAX 1024
+#define FP_MAX 256
+#define RACE_RETRIES 16 /* a row deleted between insert and read: retry */
+
+static int check_key(const char *key, lg_error_t *err) {
+  if (!key || !*key) return lg__err(err, LG_EINVAL, "key", -1, "the idempotency key is empty");
+  if (strlen(key) > KEY_MAX)
+    return lg__err(err, LG_EINVAL, "key", -1, "the idempotency key is longer than %d bytes",
+                   KEY_MAX);
+  return 0;
+}
+
+static int check_fp(const char *fp, lg_error_t *err) {
+  if (!fp || !*fp)
+    return lg__err(err, LG_EINVAL, "request_fingerprint", -1, "the request fingerprint is empty");
+  if (strlen(fp) > FP_MAX)
+    return lg__err(err, LG_EINVAL, "request_fingerprint", -1,
+                   "the request fingerprint is longer than %d bytes", FP_MAX);
+  return 0;
+}
+
+/* 1 when a finished row has outlived the retention: it counts as gone. */
+static int stale(const lg_store_t *s, const lg__op_row_t *r, int64_t now_ms) {
+  return r->state != LG__OP_PENDING && r->updated_ms <= now_ms - s->opts.retention_ms;
+}
+
+/* The one transition table of the ledger (see the top of the file). */
+static lg_claim_outcome_t judge(const lg_store_t *s, const lg__op_row_t *r, const char *fp,
+                                int64_t now_ms, int *failed) {
+  *failed = 0;
+  if (!r || stale(s, r, now_ms)) return LG_CLAIM_FREE;
+  if (fp && strcmp(r->request_fp, fp)) return LG_CLAIM_MISMATCH;
+  switch (r->state) {
+  case LG__OP_PENDING:
+    return now_ms < r->lease_until_ms ? LG_CLAIM_IN_PROGRESS : LG_CLAIM_UNKNOWN_OUTCOME;
+  case LG__OP_FAILED: *failed = 1; return LG_CLAIM_REPLAY;
+  default: return LG_CLAIM_REPLAY;
+  }
+}
+
+static int fill_claim(lg_claim_outcome_t o, int failed, lg__op_row_t *r, lg_claim_t *out) {
+  out->outcome = o;
+  out->failed = failed;
+  if (o == LG_CLAIM_REPLAY && r->result) {
+    /* Hand the row's buffer over rather than copy it. */
+    out->result = r->result;
+    out->result_len = r->result_len;
+    r->result = NULL;
+  }
+  return 0;
+}
+
+static int claim_locked(lg_store_t *s, const lg__op_row_t *mine, lg_claim_t *out,
+                        lg_error_t *err) {
+  const lg__store_vtab_t *vt = s->vt;
+  int rc, inserted = 0;
+  if (s->depth == 0) {
+    /* The common case in one durable statement: the key is free. */
+    if ((rc = lg__store_fault_at(s, "claim.insert", err))) return rc;
+    rc = vt->op_insert(s, mine, &inserted, err);
+    if (rc) return rc;
+    if (inserted) return fill_claim(LG_CLAIM_CLAIMED, 0, NULL, out);
+  }
+  for (int attempt = 0; attempt < RACE_RETRIES; attempt++) {
+    lg__op_row_t cur = {0};
+    int found = 0, failed = 0;
+    if ((rc = lg__store_begin(s, LG__TXN_LEDGER, err))) return rc;
+    rc = vt->op_read(s, mine->key, 1, &cur, &found, err);
+    if (rc) goto fail;
+    if (!found) {
+      if ((rc = vt->op_insert(s, mine, &inserted, err))) goto fail;
+      if (!inserted) { /* lost a race with another claimant: look again */
+        lg__store_end(s, 0, NULL);
+        continue;
+      }
+      if ((rc = lg__store_fault_at(s, "claim.before_commit", err))) goto fail;
+      if ((rc = lg__store_end(s, 1, err))) return rc;
+      return fill_claim(LG_CLAIM_CLAIMED, 0, NULL, out);
+    }
+    lg_claim_outcome_t o = judge(s, &cur, mine->request_fp, mine->created_ms, &failed);
+    if (o == LG_CLAIM_FREE) {
+      /* A finished row past retention: the key starts afresh. */
+      lg__op_row_clear(&cur);
+      if ((rc = vt->op_update(s, mine, err))) goto fail;
+      if ((rc = lg__store_fault_at(s, "claim.before_commit", err))) goto fail;
+      if ((rc = lg__store_end(s, 1, err))) return rc;
+      return fill_claim(LG_CLAIM_CLAIMED, 0, NULL, out);
+    }
+    rc = lg__store_end(s, 1, err);
+    if (!rc) fill_claim(o, failed, &cur, out);
+    lg__op_row_clear(&cur);
+    return rc;
+  fail:
+    lg__op_row_clear(&cur);
+    lg__store_end(s, 0, NULL);
+    return rc;
+  }
+  return lg__err(err, LG_EBUSY, "key", -1,
+                 "the key \"%s\" kept changing under the claim; try again", mine->key);
+}
+
+int lg_store_claim(lg_store_t *s, const char *key, const char *request_fp, const char *run_id,
+                   int64_t lease_ms, int64_t now_ms, lg_claim_t *out, lg_error_t *err) {
+  memset(out, 0, sizeof *out);
+  int rc = check_key(key, err);
+  if (!rc) rc = check_fp(request_fp, err);
+  if (rc) return rc;
+  if (lease_ms <= 0) lease_ms = s->opts.lease_ms;
+  lg__op_row_t mine = {
+      .key = (char *)key,
+      .request_fp = (char *)request_fp,
+      .run_id = (char *)(run_id && *run_id ? run_id : NULL),
+      .state = LG__OP_PENDING,
+      .lease_until_ms = now_ms + lease_ms,
+      .created_ms = now_ms,
+      .updated_ms = now_ms,
+  };
+  lg__store_lock(s);
+  rc = claim_locked(s, &mine, out, err);
+  lg__store_unlock(s);
+  if (rc) {
+    lg_claim_clear(out);
+    out->outcome = LG_CLAIM_FREE;
+    if (err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+  }
+  return rc;
+}
+
+int lg_store_peek(lg_store_t *s, const char *key, const char *request_fp, int64_t now_ms,
+                  lg_claim_t *out, lg_error_t *err) {
+  memset(out, 0, sizeof *out);
+  int rc = check_key(key, err);
+  if (rc) return rc;
+  lg__op_row_t cur = {0};
+  int found = 0, failed = 0;
+  lg__store_lock(s);
+  rc = s->vt->op_read(s, key, 0, &cur, &found, err);
+  lg__store_unlock(s);
+  if (rc) {
+    if (err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+    return rc;
+  }
+  lg_claim_outcome_t o = judge(s, found ? &cur : NULL, request_fp, now_ms, &failed);
+  fill_claim(o, failed, &cur, out);
+  lg__op_row_clear(&cur);
+  return 0;
+}
+
+/* Reads the key's row under its lock for a change; LG_ENOTFOUND when the
+ * ledger does not have it (or only past retention). Opens a transaction
+ * that the caller ends. */
+static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__op_row_t *cur,
+                           lg_error_t *err) {
+  int found = 0;
+  int rc = lg__store_begin(s, LG__TXN_LEDGER, err);
+  if (rc) return rc;
+  rc = s->vt->op_read(s, key, 1, cur, &found, err);
+  if (!rc && (!found || stale(s, cur, now_ms)))
+    rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no claim for key \"%s\" in the ledger", key);
+  if (rc) {
+    lg__op_row_clear(cur);
+    lg__store_end(s, 0, NULL);
+  }
+  return rc;
+}
+
+int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
+                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+  int rc = check_key(key, err);
+  if (rc) return rc;
+  lg__op_row_t cur = {0};
+  lg__store_lock(s);
+  if (s->depth == 0) {
+    /* The common case in one durable statement: the key is claimed. */
+    int changed = 0;
+    const char *opid = operation_id && *operation_id ? operation_id : NULL;
+    rc = lg__store_fault_at(s, "commit.settle", err);
+    if (!rc)
+      rc = s->vt->op_settle(s, key, LG__OP_COMMITTED, result, result ? result_len : 0, opid,
+                            now_ms, &changed, err);
+    if (rc || changed) goto out;
+  }
+  rc = open_for_change(s, key, now_ms, &cur, err);
+  if (rc) goto out;
+  if (cur.state == LG__OP_PENDING) {
+    /* The row's own strings stay; only the outcome fields change. */
+    lg__free(cur.result);
+    lg__free(cur.operation_id);
+    cur.result = NULL;
+    cur.operation_id = NULL;
+    lg__op_row_t next = cur;
+    next.state = LG__OP_COMMITTED;
+    next.result = (char *)result;
+    next.result_len = result ? result_len : 0;
+    next.operation_id = (char *)(operation_id && *operation_id ? operation_id : NULL);
+    next.updated_ms = now_ms;
+    rc = s->vt->op_update(s, &next, err);
+    if (!rc) rc = lg__store_fault_at(s, "commit.before_commit", err);
+  }
+  /* COMMITTED or FAILED already: the first outcome stands. */
+  if (rc) lg__store_end(s, 0, NULL);
+  else rc = lg__store_end(s, 1, err);
+  lg__op_row_clear(&cur);
+out:
+  lg__store_unlock(s);
+  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+  return rc;
+}
+
+int lg_store_fail(lg_store_t *s, const char *key, int retryable, int64_t now_ms,
+                  lg_error_t *err) {
+  int rc = check_key(key, err);
+  if (rc) return rc;
+  lg__op_row_t cur = {0};
+  lg__store_lock(s);
+  if (s->depth == 0) {
+    int changed = 0;
+    rc = lg__store_fault_at(s, "fail.settle", err);
+    if (!rc)
+      rc = s->vt->op_settle(s, key, retryable ? 0 : LG__OP_FAILED, NULL, 0, NULL, now_ms,
+                            &changed, err);
+    if (rc || changed) goto out;
+  }
+  rc = open_for_change(s, key, now_ms, &cur, err);
+  if (rc) goto out;
+  if (cur.state != LG__OP_COMMITTED) {
+    if (retryable) {
+      rc = s->vt->op_delete(s, key, err);
+    } else if (cur.state == LG__OP_PENDING) {
+      cur.state = LG__OP_FAILED;
+      cur.updated_ms = now_ms;
+      rc = s->vt->op_update(s, &cur, err);
+    }
+  }
+  if (rc) lg__store_end(s, 0, NULL);
+  else rc = lg__store_end(s, 1, err);
+  lg__op_row_clear(&cur);
+out:
+  lg__store_unlock(s);
+  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+  return rc;
+}
+
+int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operation_t *out,
+                       lg_error_t *err) {
+  memset(out, 0, sizeof *out);
+  int rc = check_key(key, err);
+  if (rc) return rc;
+  lg__op_row_t cur = {0};
+  int found = 0;
+  lg__store_lock(s);
+  rc = s->vt->op_read(s, key, 0, &cur, &found, err);
+  lg__store_unlock(s);
+  if (!rc && (!found || stale(s, &cur, now_ms)))
+    rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no key \"%s\" in the ledger", key);
+  if (rc) {
+    lg__op_row_clear(&cur);
+    if (err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+    return rc;
+  }
+  out->key = cur.key;
+  out->request_fp = cur.request_fp;
+  out->run_id = cur.run_id;
+  out->result = cur.result;
+  out->result_len = cur.result_len;
+  out->operation_id = cur.operation_id;
+  out->created_ms = cur.created_ms;
+  out->updated_ms = cur.updated_ms;
+  out->lease_until_ms = cur.lease_until_ms;
+  switch (cur.state) {
+  case LG__OP_PENDING:
+    out->state = now_ms < cur.lease_until_ms ? LG_OP_IN_PROGRESS : LG_OP_UNKNOWN_OUTCOME;
+    break;
+  case LG__OP_COMMITTED: out->state = LG_OP_COMMITTED; break;
+  default: out->state = LG_OP_FAILED; break;
+  }
+  return 0;
+}
+
+int lg_store_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_t *purged,
+                   lg_error_t *err) {
+  int64_t n = 0;
+  if (older_than_ms < 0) older_than_ms = s->opts.retention_ms;
+  lg__store_lock(s);
+  int rc = s->vt->op_purge(s, now_ms - older_than_ms, &n, err);
+  lg__store_unlock(s);
+  if (purged) *purged = rc ? 0 : n;
+  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+  return rc;
+}
+
+/* ---- the lg_ledger_t faces of a store ---- */
+
+static int l_claim(void *self, const char *key, const char *fp, const char *run_id,
+                   int64_t lease_ms, int64_t now_ms, lg_claim_t *out, lg_error_t *err) {
+  return lg_store_claim(self, key, fp, run_id, lease_ms, now_ms, out, err);
+}
+static int l_peek(void *self, const char *key, const char *fp, int64_t now_ms, lg_claim_t *out,
+                  lg_error_t *err) {
+  return lg_store_peek(self, key, fp, now_ms, out, err);
+}
+static int l_commit(void *self, const char *key, const char *result, size_t len,
+                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+  return lg_store_commit(self, key, result, len, operation_id, now_ms, err);
+}
+static int l_fail(void *self, const char *key, int retryable, int64_t now_ms, lg_error_t *err) {
+  return lg_store_fail(self, key, retryable, now_ms, err);
+}
+static void l_destroy(void *self) { (void)self; /* owned by the store */ }
+
+const lg_ledger_methods_t lg__store_ledger_methods = {1, l_claim, l_peek, l_commit, l_fail,
+                                                       l_destroy};
+
+lg_ledger_t *lg_store_ledger(lg_store_t *s) { return s ? &s->ledger : NULL; }
+
+/* The offset face: times relative to epoch_ms. */
+typedef struct at_ledger {
+  lg_store_t *s;    /* borrowed */
+  int64_t epoch_ms; /* added to every now_ms */
+} at_ledger_t;
+
+static int a_claim(void *self, const char *key, const char *fp, const char *run_id,
+                   int64_t lease_ms, int64_t now_ms, lg_claim_t *out, lg_error_t *err) {
+  at_ledger_t *a = self;
+  return lg_store_claim(a->s, key, fp, run_id, lease_ms, a->epoch_ms + now_ms, out, err);
+}
+static int a_peek(void *self, const char *key, const char *fp, int64_t now_ms, lg_claim_t *out,
+                  lg_error_t *err) {
+  at_ledger_t *a = self;
+  return lg_store_peek(a->s, key, fp, a->epoch_ms + now_ms, out, err);
+}
+static int a_commit(void *self, const char *key, const char *result, size_t len,
+                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+  at_ledger_t *a = self;
+  return lg_store_commit(a->s, key, result, len, operation_id, a->epoch_ms + now_ms, err);
+}
+static int a_fail(void *self, const char *key, int retryable, int64_t now_ms, lg_error_t *err) {
+  at_ledger_t *a = self;
+  return lg_store_fail(a->s, key, retryable, a->epoch_ms + now_ms, err);
+}
+static void a_destroy(void *self) { lg__free(self); }
+
+static const lg_ledger_methods_t at_methods = {1, a_claim, a_peek, a_commit, a_fail, a_destroy};
+
+lg_ledger_t *lg_store_ledger_at(lg_store_t *s, int64_t epoch_ms) {
+  if (!s) return NULL;
+  lg_ledger_t *l = lg__calloc(1, sizeof *l);
+  at_ledger_t *a = lg__calloc(1, sizeof *a);
+  if (!l || !a) {
+    lg__free(l);
+    lg__free(a);
+    return NULL;
+  }
+  a->s = s;
+  a->epoch_ms = epoch_ms;
+  l->methods = &at_methods;
+  l->self = a;
+  return l;
+}

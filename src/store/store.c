@@ -1,0 +1,453 @@
+/*
+ * store.c — the generic half of the stores: opening by URL, the handle's
+ * lock, transactions with their depth and durability kind, run records,
+ * deny rules, lg_store_with_run, and the JSON forms of records. Everything
+ * here calls the backend only through its table (store.h), so the rules
+ * written here hold for memory:, sqlite: and postgres: alike. The ledger's
+ * rules live beside it in src/ledger/ledger.c; what needs the engine
+ * (saving and loading an lg_run_t, cancelling) in store_run.c.
+ */
+#include "store.h"
+
+#include <stdio.h>
+#include <time.h>
+
+int lg__store_schema_target = LG_STORE_SCHEMA_VERSION;
+lg__store_fault_fn lg__store_fault = NULL;
+void *lg__store_fault_ud = NULL;
+
+/* ---- small helpers ---- */
+
+void lg__store_time(int64_t ms, char buf[32]) {
+  time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+  int milli = (int)(ms - (int64_t)secs * 1000);
+  struct tm tm;
+  if (!gmtime_r(&secs, &tm)) {
+    snprintf(buf, 32, "%lld", (long long)ms);
+    return;
+  }
+  char day[16];
+  size_t n = strftime(day, sizeof day, "%Y-%m-%d", &tm);
+  if (!n) day[0] = 0;
+  snprintf(buf, 32, "%.10sT%02d:%02d:%02d.%03dZ", day, tm.tm_hour % 24, tm.tm_min % 60,
+           tm.tm_sec % 61, milli % 1000);
+}
+
+void lg__op_row_clear(lg__op_row_t *r) {
+  if (!r) return;
+  lg__free(r->key);
+  lg__free(r->request_fp);
+  lg__free(r->run_id);
+  lg__free(r->result);
+  lg__free(r->operation_id);
+  memset(r, 0, sizeof *r);
+}
+
+void lg_run_record_clear(lg_run_record_t *r) {
+  if (!r) return;
+  lg__free(r->run_id);
+  lg__free(r->group);
+  lg__free(r->terminal_reason);
+  lg__free(r->policy_json);
+  lg__free(r->state);
+  lg__free(r->envelope_json);
+  memset(r, 0, sizeof *r);
+}
+
+static int dup_opt(char **dst, const char *src, size_t n) {
+  *dst = NULL;
+  if (!src) return 0;
+  *dst = lg__strndup(src, n);
+  return *dst ? 0 : LG_ENOMEM;
+}
+
+int lg__run_record_copy(lg_run_record_t *out, const lg_run_record_t *in) {
+  memset(out, 0, sizeof *out);
+  out->stopped = in->stopped;
+  out->created_ms = in->created_ms;
+  out->updated_ms = in->updated_ms;
+  out->state_len = in->state ? in->state_len : 0;
+  if (dup_opt(&out->run_id, in->run_id, in->run_id ? strlen(in->run_id) : 0) ||
+      dup_opt(&out->group, in->group, in->group ? strlen(in->group) : 0) ||
+      dup_opt(&out->terminal_reason, in->terminal_reason,
+              in->terminal_reason ? strlen(in->terminal_reason) : 0) ||
+      dup_opt(&out->policy_json, in->policy_json,
+              in->policy_json ? strlen(in->policy_json) : 0) ||
+      dup_opt(&out->state, in->state, in->state_len) ||
+      dup_opt(&out->envelope_json, in->envelope_json,
+              in->envelope_json ? strlen(in->envelope_json) : 0)) {
+    lg_run_record_clear(out);
+    return LG_ENOMEM;
+  }
+  return 0;
+}
+
+/* Hides a password in a libpq conninfo (key=value or URI) for messages. */
+static char *redact(const char *url) {
+  lg__buf_t b = {0};
+  const char *p = url;
+  const char *at = strchr(url, '@');
+  const char *scheme_end = strstr(url, "://");
+  if (scheme_end && at && at > scheme_end) {
+    /* URI: scheme://user:password@host... */
+    const char *colon = memchr(scheme_end + 3, ':', (size_t)(at - scheme_end - 3));
+    if (colon) {
+      lg__buf_append(&b, url, (size_t)(colon - url));
+      lg__buf_puts(&b, ":***");
+      lg__buf_puts(&b, at);
+      return lg__buf_steal(&b, NULL);
+    }
+  }
+  while (*p) {
+    const char *hit = strstr(p, "password=");
+    if (!hit) break;
+    lg__buf_append(&b, p, (size_t)(hit - p) + 9);
+    lg__buf_puts(&b, "***");
+    p = hit + 9;
+    if (*p == '\'') {
+      for (p++; *p && *p != '\''; p++)
+        if (*p == '\\' && p[1]) p++;
+      if (*p) p++;
+    } else {
+      while (*p && *p != ' ' && *p != '&') p++;
+    }
+  }
+  lg__buf_puts(&b, p);
+  return lg__buf_steal(&b, NULL);
+}
+
+/* ---- the handle ---- */
+
+void lg__store_lock(lg_store_t *s) { pthread_mutex_lock(&s->mu); }
+void lg__store_unlock(lg_store_t *s) { pthread_mutex_unlock(&s->mu); }
+
+/* Defined in ledger.c: the methods behind lg_store_ledger(). */
+extern const lg_ledger_methods_t lg__store_ledger_methods;
+
+lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
+                          lg_error_t *err) {
+  if (!url) {
+    lg__err(err, LG_EINVAL, "url", -1, "no store URL given");
+    return NULL;
+  }
+  const lg__store_vtab_t *vt = NULL;
+  const char *arg = NULL;
+  if (!strncmp(url, "memory:", 7)) {
+    vt = &lg__store_memory;
+    arg = url + 7;
+  } else if (!strncmp(url, "sqlite:", 7)) {
+    vt = &lg__store_sqlite;
+    arg = url + 7;
+  } else if (!strncmp(url, "postgres://", 11) || !strncmp(url, "postgresql://", 13)) {
+    vt = &lg__store_pg;
+    arg = url;
+  } else if (!strncmp(url, "postgres:", 9)) {
+    vt = &lg__store_pg;
+    arg = url + 9;
+  } else {
+    lg__err(err, LG_EINVAL, "url", -1,
+            "unknown store URL \"%s\": use memory:, sqlite:PATH or postgres:CONNINFO",
+            url);
+    return NULL;
+  }
+  lg_store_t *s = lg__calloc(1, sizeof *s);
+  if (!s) goto fail_oom;
+  s->name = redact(url);
+  if (!s->name) goto fail_oom;
+  s->vt = vt;
+  if (opts) s->opts = *opts;
+  if (s->opts.retention_ms <= 0) s->opts.retention_ms = LG_STORE_DEFAULT_RETENTION_MS;
+  if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
+  if (s->opts.busy_timeout_ms == 0) s->opts.busy_timeout_ms = LG_STORE_DEFAULT_BUSY_TIMEOUT_MS;
+  if (s->opts.busy_timeout_ms < 0) s->opts.busy_timeout_ms = 0;
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  int mrc = pthread_mutex_init(&s->mu, &ma);
+  pthread_mutexattr_destroy(&ma);
+  if (mrc) goto fail_oom;
+  s->ledger.methods = &lg__store_ledger_methods;
+  s->ledger.self = s;
+  int rc = vt->open(s, arg, err);
+  if (rc) {
+    lg__err_where(err, s->name, 0);
+    pthread_mutex_destroy(&s->mu);
+    lg__free(s->name);
+    lg__free(s);
+    return NULL;
+  }
+  return s;
+
+fail_oom:
+  if (s) lg__free(s->name);
+  lg__free(s);
+  lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
+  return NULL;
+}
+
+void lg_store_close(lg_store_t *s) {
+  if (!s) return;
+  s->vt->close(s);
+  pthread_mutex_destroy(&s->mu);
+  lg__free(s->name);
+  lg__free(s);
+}
+
+const char *lg_store_scheme(const lg_store_t *s) { return s->vt->scheme; }
+const char *lg_store_name(const lg_store_t *s) { return s->name; }
+
+/* Names the store in an error that a backend filled. */
+static int where(lg_store_t *s, int rc, lg_error_t *err) {
+  if (rc && err && !err->source[0]) lg__err_where(err, s->name, 0);
+  return rc;
+}
+
+int lg_store_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
+  lg__store_lock(s);
+  int rc = s->vt->schema_version(s, version, err);
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
+/* ---- transactions ---- */
+
+int lg__store_begin(lg_store_t *s, int kind, lg_error_t *err) {
+  int nested = s->depth > 0;
+  int upgrade = nested && kind == LG__TXN_LEDGER && s->outer_kind == LG__TXN_RUN;
+  int rc = s->vt->begin(s, kind, nested, upgrade, err);
+  if (rc) return where(s, rc, err);
+  if (!nested) s->outer_kind = kind;
+  else if (upgrade) s->outer_kind = LG__TXN_LEDGER;
+  s->depth++;
+  return 0;
+}
+
+int lg__store_end(lg_store_t *s, int commit, lg_error_t *err) {
+  if (s->depth <= 0) return lg__err(err, LG_ESTATE, NULL, -1, "no transaction is open");
+  s->depth--;
+  lg_error_t scratch;
+  /* A rollback's own failure must not hide the error that caused it. */
+  int rc = s->vt->end(s, commit, s->depth > 0, commit ? err : &scratch);
+  if (s->depth == 0) s->outer_kind = 0;
+  return commit ? where(s, rc, err) : 0;
+}
+
+/* ---- runs ---- */
+
+static int check_id(const char *what, const char *id, size_t max, lg_error_t *err) {
+  if (!id || !*id) return lg__err(err, LG_EINVAL, what, -1, "%s is empty", what);
+  if (strlen(id) > max)
+    return lg__err(err, LG_EINVAL, what, -1, "%s is longer than %zu bytes", what, max);
+  return 0;
+}
+
+static int check_record(const lg_run_record_t *rec, lg_error_t *err) {
+  if (!rec) return lg__err(err, LG_EINVAL, NULL, -1, "no run record given");
+  return check_id("run_id", rec->run_id, 1024, err);
+}
+
+int lg_store_run_create(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err) {
+  int rc = check_record(rec, err);
+  if (rc) return rc;
+  lg__store_lock(s);
+  int inserted = 0;
+  rc = lg__store_begin(s, LG__TXN_RUN, err);
+  if (!rc) {
+    rc = s->vt->run_insert(s, rec, &inserted, err);
+    if (!rc && !inserted)
+      rc = lg__err(err, LG_ECONFLICT, "run_id", -1, "run \"%s\" is already stored",
+                   rec->run_id);
+    int erc = lg__store_end(s, rc == 0, err);
+    if (!rc) rc = erc;
+  }
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
+int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err) {
+  int rc = check_record(rec, err);
+  if (rc) return rc;
+  lg__store_lock(s);
+  rc = lg__store_begin(s, LG__TXN_RUN, err);
+  if (!rc) {
+    int updated = 0, inserted = 0;
+    rc = s->vt->run_update(s, rec, &updated, err);
+    if (!rc && !updated) {
+      rc = s->vt->run_insert(s, rec, &inserted, err);
+      /* Inserted by someone else in between: only possible without the
+       * run's lock, so say so rather than overwrite blindly. */
+      if (!rc && !inserted)
+        rc = lg__err(err, LG_EBUSY, "run_id", -1,
+                     "run \"%s\" was created concurrently; try again", rec->run_id);
+    }
+    int erc = lg__store_end(s, rc == 0, err);
+    if (!rc) rc = erc;
+  }
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
+int lg_store_run_get(lg_store_t *s, const char *run_id, lg_run_record_t *out,
+                     lg_error_t *err) {
+  memset(out, 0, sizeof *out);
+  int rc = check_id("run_id", run_id, 1024, err);
+  if (rc) return rc;
+  int found = 0;
+  lg__store_lock(s);
+  rc = s->vt->run_read(s, run_id, 0, out, &found, err);
+  lg__store_unlock(s);
+  if (!rc && !found)
+    rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
+  if (rc) lg_run_record_clear(out);
+  return where(s, rc, err);
+}
+
+int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb,
+                      void *ud, lg_error_t *err) {
+  lg_run_filter_t none = {0};
+  if (!f) f = &none;
+  if (f->status && strcmp(f->status, "active") && strcmp(f->status, "stopped"))
+    return lg__err(err, LG_EINVAL, "status", -1,
+                   "status \"%s\" is neither \"active\" nor \"stopped\"", f->status);
+  lg__store_lock(s);
+  int rc = s->vt->run_list(s, f, cb, ud, err);
+  lg__store_unlock(s);
+  return rc < 0 ? where(s, rc, err) : rc;
+}
+
+int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, void *ud,
+                      lg_error_t *err) {
+  int rc = check_id("run_id", run_id, 1024, err);
+  if (rc) return rc;
+  lg__store_lock(s);
+  if (s->in_with_run) {
+    lg__store_unlock(s);
+    return lg__err(err, LG_ESTATE, NULL, -1,
+                   "lg_store_with_run called from inside another one");
+  }
+  rc = lg__store_begin(s, LG__TXN_RUN, err);
+  if (rc) goto out;
+  lg_run_record_t rec = {0};
+  int found = 0;
+  rc = s->vt->run_read(s, run_id, 1, &rec, &found, err);
+  if (!rc && !found)
+    rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
+  if (!rc) {
+    s->in_with_run = 1;
+    rc = fn(ud, s, &rec);
+    s->in_with_run = 0;
+    if (rc && err && !err->code) lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
+    if (!rc) rc = lg__store_fault_at(s, "with_run.before_commit", err);
+  }
+  lg_run_record_clear(&rec);
+  int erc = lg__store_end(s, rc == 0, err);
+  if (!rc) rc = erc;
+out:
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
+/* ---- deny rules ---- */
+
+int lg__store_deny(lg_store_t *s, int scope, const char *id, const char *reason,
+                   int64_t now_ms, lg_error_t *err) {
+  int rc = check_id(scope == LG__DENY_RUN ? "run_id" : "group", id, 1024, err);
+  if (rc) return rc;
+  lg__store_lock(s);
+  rc = s->vt->deny_put(s, scope, id, reason, now_ms, err);
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
+int lg_store_denied(lg_store_t *s, const char *run_id, const char *group, char **reason,
+                    lg_error_t *err) {
+  if (reason) *reason = NULL;
+  int rc = check_id("run_id", run_id, 1024, err);
+  if (rc) return rc;
+  int found = 0;
+  char *r = NULL;
+  lg__store_lock(s);
+  rc = s->vt->deny_get(s, run_id, group && *group ? group : NULL, &found, &r, err);
+  lg__store_unlock(s);
+  if (rc) return where(s, rc, err);
+  if (reason) *reason = r;
+  else lg__free(r);
+  return found ? 1 : 0;
+}
+
+/* ---- JSON forms ---- */
+
+static void json_str_or_null(lg__buf_t *b, const char *s) {
+  if (s) lg__buf_json_str(b, s, strlen(s));
+  else lg__buf_puts(b, "null");
+}
+
+static void json_time(lg__buf_t *b, int64_t ms) {
+  char t[32];
+  lg__store_time(ms, t);
+  lg__buf_printf(b, "\"%s\"", t);
+}
+
+char *lg_run_record_to_json(const lg_run_record_t *r) {
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "{\"run_id\":");
+  json_str_or_null(&b, r->run_id);
+  lg__buf_puts(&b, ",\"group\":");
+  json_str_or_null(&b, r->group);
+  lg__buf_printf(&b, ",\"status\":\"%s\",\"terminal_reason\":",
+                 r->stopped ? "stopped" : "active");
+  json_str_or_null(&b, r->terminal_reason);
+  lg__buf_puts(&b, ",\"created_at\":");
+  json_time(&b, r->created_ms);
+  lg__buf_puts(&b, ",\"updated_at\":");
+  json_time(&b, r->updated_ms);
+  lg__buf_puts(&b, ",\"envelope\":");
+  lg__buf_puts(&b, r->envelope_json && *r->envelope_json ? r->envelope_json : "null");
+  lg__buf_putc(&b, '}');
+  return lg__buf_steal(&b, NULL);
+}
+
+const char *lg_op_state_name(lg_op_state_t st) {
+  switch (st) {
+  case LG_OP_IN_PROGRESS: return "in_progress";
+  case LG_OP_UNKNOWN_OUTCOME: return "unknown_outcome";
+  case LG_OP_COMMITTED: return "committed";
+  case LG_OP_FAILED: return "failed";
+  }
+  return "?";
+}
+
+void lg_operation_clear(lg_operation_t *op) {
+  if (!op) return;
+  lg__free(op->key);
+  lg__free(op->request_fp);
+  lg__free(op->run_id);
+  lg__free(op->result);
+  lg__free(op->operation_id);
+  memset(op, 0, sizeof *op);
+}
+
+char *lg_operation_to_json(const lg_operation_t *op) {
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "{\"key\":");
+  json_str_or_null(&b, op->key);
+  lg__buf_printf(&b, ",\"state\":\"%s\",\"run_id\":", lg_op_state_name(op->state));
+  json_str_or_null(&b, op->run_id);
+  lg__buf_puts(&b, ",\"request_fingerprint\":");
+  json_str_or_null(&b, op->request_fp);
+  if (op->state == LG_OP_COMMITTED) {
+    lg__buf_puts(&b, ",\"result\":");
+    if (op->result && op->result_len) lg__buf_append(&b, op->result, op->result_len);
+    else lg__buf_puts(&b, "null");
+  }
+  lg__buf_puts(&b, ",\"operation_id\":");
+  json_str_or_null(&b, op->operation_id);
+  lg__buf_puts(&b, ",\"created_at\":");
+  json_time(&b, op->created_ms);
+  lg__buf_puts(&b, ",\"updated_at\":");
+  json_time(&b, op->updated_ms);
+  lg__buf_puts(&b, ",\"lease_until\":");
+  json_time(&b, op->lease_until_ms);
+  lg__buf_putc(&b, '}');
+  return lg__buf_steal(&b, NULL);
+}

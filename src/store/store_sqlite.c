@@ -1,0 +1,665 @@
+/*
+ * store_sqlite.c — the sqlite:PATH backend: one file in WAL mode that
+ * several processes may share.
+ *
+ * Durability follows the kind of data. The connection's default is
+ * synchronous=FULL, so every ledger claim, commit and fail — a statement
+ * of its own, or a BEGIN IMMEDIATE transaction — is on disk before it is
+ * acknowledged. A run transaction switches to synchronous=NORMAL (the WAL
+ * is not synced at its commit: a crash of the process loses nothing, a
+ * power cut may lose the last decisions' counters) and back to FULL after
+ * it. SQLite does not let the level change inside a transaction, so when a
+ * ledger savepoint joined a run transaction the WAL is synced by hand right
+ * after its COMMIT (wal_sync), before the call returns: a claim made during
+ * a decision is as durable as one made on its own.
+ *
+ * Writers serialize on BEGIN IMMEDIATE (the database's write lock), which
+ * is what makes one claim win and what serializes two decisions for a run.
+ * A lock not had within busy_timeout_ms is LG_EBUSY. SQLite's result codes
+ * stop here: callers see LG_EBUSY, LG_ENOMEM or LG_ESTORE with SQLite's own
+ * message.
+ *
+ * The schema is created and migrated on open, inside BEGIN IMMEDIATE, so
+ * that two processes opening one new file do not both create it. The
+ * version table lg_schema_version has a row per migration applied.
+ */
+#include "store.h"
+
+#include <sqlite3.h>
+#include <stdio.h>
+#include <time.h>
+
+/* The migrations, in order: migration i takes the schema from version i to
+ * i + 1. Never edit one that was released; add a new one. */
+static const char *const migrations[] = {
+    /* 1: the idempotency ledger. */
+    ("CREATE TABLE lg_operations ("
+    "  key TEXT PRIMARY KEY,"
+    "  request_fp TEXT NOT NULL,"
+    "  run_id TEXT,"
+    "  state TEXT NOT NULL CHECK (state IN ('pending','committed','failed')),"
+    "  result BLOB,"
+    "  operation_id TEXT,"
+    "  lease_until_ms INTEGER NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL);"
+    "CREATE INDEX lg_operations_finished ON lg_operations(updated_ms)"
+    "  WHERE state <> 'pending';"),
+    /* 2: run state and the kill switch. */
+    ("CREATE TABLE lg_runs ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  run_id TEXT NOT NULL UNIQUE,"
+    "  grp TEXT,"
+    "  status TEXT NOT NULL CHECK (status IN ('active','stopped')),"
+    "  terminal_reason TEXT,"
+    "  policy TEXT,"
+    "  state BLOB,"
+    "  envelope TEXT,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL);"
+    "CREATE TABLE lg_deny ("
+    "  scope INTEGER NOT NULL,"
+    "  id TEXT NOT NULL,"
+    "  reason TEXT,"
+    "  created_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (scope, id));"),
+    /* 3: listing runs newest first, by group. */
+    ("CREATE INDEX lg_runs_created ON lg_runs(created_ms DESC, seq DESC);"
+    "CREATE INDEX lg_runs_group ON lg_runs(grp, status);"),
+};
+
+_Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
+               "one migration per schema version");
+
+enum {
+  Q_OP_READ,
+  Q_OP_INSERT,
+  Q_OP_UPDATE,
+  Q_OP_DELETE,
+  Q_OP_PURGE,
+  Q_OP_SETTLE,
+  Q_OP_DROP_PENDING,
+  Q_RUN_READ,
+  Q_RUN_INSERT,
+  Q_RUN_UPDATE,
+  Q_RUN_LIST,
+  Q_DENY_PUT,
+  Q_DENY_GET,
+  Q__N
+};
+
+static const char *const queries[Q__N] = {
+    [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
+                  " created_ms, updated_ms FROM lg_operations WHERE key = ?1",
+    [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
+                    " operation_id, lease_until_ms, created_ms, updated_ms)"
+                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (key) DO NOTHING",
+    [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
+                    " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
+                    " updated_ms = ?9 WHERE key = ?1",
+    [Q_OP_DELETE] = "DELETE FROM lg_operations WHERE key = ?1",
+    [Q_OP_PURGE] = "DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1",
+    [Q_OP_SETTLE] = "UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
+                    " updated_ms = ?5 WHERE key = ?1 AND state = 'pending'",
+    [Q_OP_DROP_PENDING] = "DELETE FROM lg_operations WHERE key = ?1 AND state = 'pending'",
+    [Q_RUN_READ] = "SELECT run_id, grp, status, terminal_reason, policy, state, envelope,"
+                   " created_ms, updated_ms FROM lg_runs WHERE run_id = ?1",
+    [Q_RUN_INSERT] = "INSERT INTO lg_runs (run_id, grp, status, terminal_reason, policy, state,"
+                     " envelope, created_ms, updated_ms)"
+                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (run_id) DO NOTHING",
+    [Q_RUN_UPDATE] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
+                     " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
+                     " WHERE run_id = ?1",
+    [Q_RUN_LIST] = "SELECT run_id, grp, status, terminal_reason, NULL, NULL, envelope,"
+                   " created_ms, updated_ms FROM lg_runs"
+                   " WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR terminal_reason = ?2)"
+                   " AND (?3 IS NULL OR grp = ?3)"
+                   " ORDER BY created_ms DESC, seq DESC LIMIT ?4",
+    [Q_DENY_PUT] = "INSERT INTO lg_deny (scope, id, reason, created_ms) VALUES (?1, ?2, ?3, ?4)"
+                   " ON CONFLICT (scope, id) DO UPDATE SET reason = excluded.reason,"
+                   " created_ms = excluded.created_ms",
+    [Q_DENY_GET] = "SELECT reason FROM lg_deny WHERE (scope = 1 AND id = ?1)"
+                   " OR (scope = 2 AND id = ?2) ORDER BY scope LIMIT 1",
+};
+
+typedef struct sq {
+  sqlite3 *db;             /* the connection */
+  sqlite3_stmt *q[Q__N];   /* prepared once */
+  int sync;                /* the synchronous level set now: 1 NORMAL, 2 FULL */
+  int need_sync;           /* a ledger write joined this run transaction */
+} sq_t;
+
+/* Translates an SQLite result code at the edge. */
+static int sq_fail(lg_store_t *s, int rc, const char *what, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int prim = rc & 0xff;
+  int code = prim == SQLITE_BUSY || prim == SQLITE_LOCKED ? LG_EBUSY
+             : prim == SQLITE_NOMEM                       ? LG_ENOMEM
+                                                          : LG_ESTORE;
+  const char *msg = q && q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc);
+  if (code == LG_EBUSY)
+    return lg__err(err, code, NULL, -1, "%s: the database is locked by another writer (%s)",
+                   what, msg);
+  return lg__err(err, code, NULL, -1, "%s: %s", what, msg);
+}
+
+static int sq_exec(lg_store_t *s, const char *sql, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int rc = sqlite3_exec(q->db, sql, NULL, NULL, NULL);
+  return rc == SQLITE_OK ? 0 : sq_fail(s, rc, sql, err);
+}
+
+static int set_sync(lg_store_t *s, int level, lg_error_t *err) {
+  sq_t *q = s->impl;
+  if (q->sync == level) return 0;
+  int rc = sq_exec(s, level == 2 ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", err);
+  if (!rc) q->sync = level;
+  return rc;
+}
+
+/* The statement, or NULL with err filled when the schema lacks its table
+ * (only a store opened at an old version for a migration test). */
+static sqlite3_stmt *stmt(lg_store_t *s, int which, lg_error_t *err) {
+  sq_t *q = s->impl;
+  if (!q->q[which])
+    lg__err(err, LG_ESTORE, NULL, -1, "the store was opened at an old schema version");
+  return q->q[which];
+}
+
+static void bind_text(sqlite3_stmt *st, int i, const char *v) {
+  if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
+  else sqlite3_bind_null(st, i);
+}
+
+static void bind_blob(sqlite3_stmt *st, int i, const char *v, size_t n) {
+  if (v) sqlite3_bind_blob64(st, i, v, n, SQLITE_STATIC);
+  else sqlite3_bind_null(st, i);
+}
+
+/* A column as a new string (NULL for SQL NULL); *ok 0 on out-of-memory. */
+static char *col_str(sqlite3_stmt *st, int i, size_t *len, int *ok) {
+  if (sqlite3_column_type(st, i) == SQLITE_NULL) {
+    if (len) *len = 0;
+    return NULL;
+  }
+  const void *p = sqlite3_column_blob(st, i);
+  size_t n = (size_t)sqlite3_column_bytes(st, i);
+  char *r = lg__strndup(p ? p : "", n);
+  if (!r) *ok = 0;
+  if (len) *len = n;
+  return r;
+}
+
+/* Runs a prepared statement that returns no rows; *changes gets the rows
+ * changed. Resets it whatever happens. */
+static int run_stmt(lg_store_t *s, int which, int *changes, lg_error_t *err) {
+  sq_t *q = s->impl;
+  sqlite3_stmt *st = q->q[which];
+  int rc = sqlite3_step(st);
+  int out = 0;
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW) out = sq_fail(s, rc, "write", err);
+  else if (changes) *changes = sqlite3_changes(q->db);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+/* ---- opening and the schema ---- */
+
+static int read_version(lg_store_t *s, int *version, lg_error_t *err) {
+  sq_t *q = s->impl;
+  sqlite3_stmt *st = NULL;
+  *version = 0;
+  int rc = sqlite3_prepare_v2(q->db, "SELECT COALESCE(MAX(version), 0) FROM lg_schema_version",
+                              -1, &st, NULL);
+  if (rc != SQLITE_OK) {
+    /* No version table yet: a new file. */
+    if (strstr(sqlite3_errmsg(q->db), "no such table")) return 0;
+    return sq_fail(s, rc, "reading the schema version", err);
+  }
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *version = sqlite3_column_int(st, 0);
+  int out = rc == SQLITE_ROW ? 0 : sq_fail(s, rc, "reading the schema version", err);
+  sqlite3_finalize(st);
+  return out;
+}
+
+static int migrate(lg_store_t *s, lg_error_t *err) {
+  int target = lg__store_schema_target;
+  int version = 0;
+  int rc = read_version(s, &version, err);
+  if (rc) return rc;
+  if (version == target) return 0;
+  if ((rc = sq_exec(s, "BEGIN IMMEDIATE", err))) return rc;
+  rc = sq_exec(s,
+               "CREATE TABLE IF NOT EXISTS lg_schema_version ("
+               "  version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)",
+               err);
+  if (!rc) rc = read_version(s, &version, err); /* again, under the lock */
+  if (!rc && version > LG_STORE_SCHEMA_VERSION)
+    rc = lg__err(err, LG_ESTORE, NULL, -1,
+                 "the database has schema version %d, newer than this release's %d: "
+                 "use a newer loopguard",
+                 version, LG_STORE_SCHEMA_VERSION);
+  for (int v = version; !rc && v < target; v++) {
+    char sql[160];
+    rc = sq_exec(s, migrations[v], err);
+    snprintf(sql, sizeof sql,
+             "INSERT INTO lg_schema_version (version, applied_ms)"
+             " VALUES (%d, CAST(strftime('%%s','now') AS INTEGER) * 1000)",
+             v + 1);
+    if (!rc) rc = sq_exec(s, sql, err);
+  }
+  if (rc) {
+    sq_exec(s, "ROLLBACK", NULL);
+    return rc;
+  }
+  return sq_exec(s, "COMMIT", err);
+}
+
+static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
+  if (!path || !*path)
+    return lg__err(err, LG_EINVAL, "url", -1, "sqlite: needs a file name (sqlite:PATH)");
+  sq_t *q = lg__calloc(1, sizeof *q);
+  if (!q) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  s->impl = q;
+  int rc = sqlite3_open_v2(path, &q->db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                           NULL);
+  if (rc != SQLITE_OK) {
+    rc = sq_fail(s, rc, "opening the database", err);
+    goto fail;
+  }
+  sqlite3_extended_result_codes(q->db, 1);
+  sqlite3_busy_timeout(q->db, s->opts.busy_timeout_ms);
+  /* Switching to WAL needs a moment of exclusive access, and SQLite does
+   * not always wait for it through the busy handler: retry until the
+   * busy timeout is spent. */
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    sqlite3_stmt *st = NULL;
+    rc = sqlite3_prepare_v2(q->db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_step(st);
+    int wal = rc == SQLITE_ROW &&
+              !sqlite3_stricmp((const char *)sqlite3_column_text(st, 0), "wal");
+    sqlite3_finalize(st);
+    if (wal) break;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long waited = (long)((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000);
+    if ((rc & 0xff) != SQLITE_BUSY || waited >= s->opts.busy_timeout_ms) {
+      rc = rc == SQLITE_ROW ? lg__err(err, LG_ESTORE, NULL, -1,
+                                      "the database cannot use WAL mode (is it on a "
+                                      "network file system or read-only?)")
+                            : sq_fail(s, rc, "switching to WAL mode", err);
+      goto fail;
+    }
+    struct timespec nap = {0, 5 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+  }
+  q->sync = 0;
+  if ((rc = set_sync(s, 2, err))) goto fail;
+  if ((rc = migrate(s, err))) goto fail;
+  if (lg__store_schema_target == LG_STORE_SCHEMA_VERSION) {
+    for (int i = 0; i < Q__N; i++) {
+      rc = sqlite3_prepare_v3(q->db, queries[i], -1, SQLITE_PREPARE_PERSISTENT, &q->q[i], NULL);
+      if (rc != SQLITE_OK) {
+        rc = sq_fail(s, rc, "preparing a statement", err);
+        goto fail;
+      }
+    }
+  } else {
+    /* An old schema written for a migration test: only the ledger. */
+    for (int i = Q_OP_READ; i <= Q_OP_DROP_PENDING; i++) {
+      rc = sqlite3_prepare_v3(q->db, queries[i], -1, SQLITE_PREPARE_PERSISTENT, &q->q[i], NULL);
+      if (rc != SQLITE_OK) {
+        rc = sq_fail(s, rc, "preparing a statement", err);
+        goto fail;
+      }
+    }
+  }
+  return 0;
+fail:
+  for (int i = 0; i < Q__N; i++) sqlite3_finalize(q->q[i]);
+  sqlite3_close(q->db);
+  lg__free(q);
+  s->impl = NULL;
+  return rc;
+}
+
+static void s_close(lg_store_t *s) {
+  sq_t *q = s->impl;
+  if (!q) return;
+  if (!sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+  for (int i = 0; i < Q__N; i++) sqlite3_finalize(q->q[i]);
+  sqlite3_close(q->db);
+  lg__free(q);
+  s->impl = NULL;
+}
+
+static int s_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
+  return read_version(s, version, err);
+}
+
+/* ---- transactions ---- */
+
+/* Makes the WAL durable now: what synchronous=FULL does at a commit. A
+ * run transaction runs at NORMAL, and SQLite does not allow changing the
+ * level inside a transaction; when a ledger write joined one, this is
+ * called right after its COMMIT, before anything is acknowledged. */
+static int wal_sync(lg_store_t *s, lg_error_t *err) {
+  sq_t *q = s->impl;
+  sqlite3_file *wal = NULL;
+  int rc = sqlite3_file_control(q->db, "main", SQLITE_FCNTL_JOURNAL_POINTER, &wal);
+  if (rc != SQLITE_OK || !wal || !wal->pMethods) return sq_fail(s, rc, "finding the WAL", err);
+  rc = wal->pMethods->xSync(wal, SQLITE_SYNC_NORMAL);
+  return rc == SQLITE_OK ? 0 : sq_fail(s, rc, "syncing the WAL", err);
+}
+
+static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int rc;
+  if (nested) {
+    if (upgrade) q->need_sync = 1;
+    return sq_exec(s, "SAVEPOINT lg_sp", err);
+  }
+  q->need_sync = 0;
+  if ((rc = set_sync(s, kind == LG__TXN_RUN ? 1 : 2, err))) return rc;
+  if ((rc = lg__store_fault_at(s, "sqlite.begin", err))) return rc;
+  return sq_exec(s, "BEGIN IMMEDIATE", err);
+}
+
+static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int rc;
+  if (nested) return sq_exec(s, commit ? "RELEASE lg_sp" : "ROLLBACK TO lg_sp; RELEASE lg_sp", err);
+  if (commit) {
+    rc = sq_exec(s, "COMMIT", err);
+    if (rc && !sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    if (!rc && q->need_sync && q->sync != 2) rc = wal_sync(s, err);
+  } else {
+    rc = sqlite3_get_autocommit(q->db) ? 0 : sq_exec(s, "ROLLBACK", err);
+  }
+  q->need_sync = 0;
+  /* Statements outside a transaction are ledger writes: durable again. */
+  lg_error_t scratch;
+  set_sync(s, 2, &scratch);
+  return rc;
+}
+
+/* ---- ledger rows ---- */
+
+static const char *state_name(int st) {
+  return st == LG__OP_COMMITTED ? "committed" : st == LG__OP_FAILED ? "failed" : "pending";
+}
+static int state_of(const char *s) {
+  return !s ? 0 : !strcmp(s, "committed") ? LG__OP_COMMITTED
+                  : !strcmp(s, "failed")  ? LG__OP_FAILED
+                                          : LG__OP_PENDING;
+}
+
+static int s_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row, int *found,
+                     lg_error_t *err) {
+  (void)lock; /* a transaction here already holds the write lock */
+  sq_t *q = s->impl;
+  sqlite3_stmt *st = q->q[Q_OP_READ];
+  bind_text(st, 1, key);
+  int rc = sqlite3_step(st);
+  int out = 0, ok = 1;
+  *found = 0;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    memset(row, 0, sizeof *row);
+    row->key = lg__strdup(key);
+    if (!row->key) ok = 0;
+    row->request_fp = col_str(st, 0, NULL, &ok);
+    row->run_id = col_str(st, 1, NULL, &ok);
+    row->state = state_of((const char *)sqlite3_column_text(st, 2));
+    row->result = col_str(st, 3, &row->result_len, &ok);
+    row->operation_id = col_str(st, 4, NULL, &ok);
+    row->lease_until_ms = sqlite3_column_int64(st, 5);
+    row->created_ms = sqlite3_column_int64(st, 6);
+    row->updated_ms = sqlite3_column_int64(st, 7);
+    if (!row->request_fp) ok = 0;
+    if (!ok) {
+      lg__op_row_clear(row);
+      out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    }
+  } else if (rc != SQLITE_DONE) {
+    out = sq_fail(s, rc, "reading the ledger", err);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+static void bind_op(sqlite3_stmt *st, const lg__op_row_t *r) {
+  bind_text(st, 1, r->key);
+  bind_text(st, 2, r->request_fp);
+  bind_text(st, 3, r->run_id);
+  bind_text(st, 4, state_name(r->state));
+  bind_blob(st, 5, r->result, r->result_len);
+  bind_text(st, 6, r->operation_id);
+  sqlite3_bind_int64(st, 7, r->lease_until_ms);
+  sqlite3_bind_int64(st, 8, r->created_ms);
+  sqlite3_bind_int64(st, 9, r->updated_ms);
+}
+
+static int s_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int changes = 0;
+  bind_op(q->q[Q_OP_INSERT], row);
+  int rc = run_stmt(s, Q_OP_INSERT, &changes, err);
+  *inserted = !rc && changes > 0;
+  return rc;
+}
+
+static int s_op_update(lg_store_t *s, const lg__op_row_t *row, lg_error_t *err) {
+  sq_t *q = s->impl;
+  bind_op(q->q[Q_OP_UPDATE], row);
+  return run_stmt(s, Q_OP_UPDATE, NULL, err);
+}
+
+static int s_op_delete(lg_store_t *s, const char *key, lg_error_t *err) {
+  sq_t *q = s->impl;
+  bind_text(q->q[Q_OP_DELETE], 1, key);
+  return run_stmt(s, Q_OP_DELETE, NULL, err);
+}
+
+static int s_op_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int changes = 0;
+  sqlite3_bind_int64(q->q[Q_OP_PURGE], 1, before_ms);
+  int rc = run_stmt(s, Q_OP_PURGE, &changes, err);
+  *purged = rc ? 0 : changes;
+  return rc;
+}
+
+static int s_op_settle(lg_store_t *s, const char *key, int state, const char *result,
+                       size_t result_len, const char *operation_id, int64_t now_ms,
+                       int *changed, lg_error_t *err) {
+  sq_t *q = s->impl;
+  *changed = 0;
+  if (!state) {
+    bind_text(q->q[Q_OP_DROP_PENDING], 1, key);
+    return run_stmt(s, Q_OP_DROP_PENDING, changed, err);
+  }
+  sqlite3_stmt *st = q->q[Q_OP_SETTLE];
+  bind_text(st, 1, key);
+  bind_text(st, 2, state_name(state));
+  bind_blob(st, 3, result, result_len);
+  bind_text(st, 4, operation_id);
+  sqlite3_bind_int64(st, 5, now_ms);
+  return run_stmt(s, Q_OP_SETTLE, changed, err);
+}
+
+/* ---- runs ---- */
+
+static int read_run_row(sqlite3_stmt *st, lg_run_record_t *rec) {
+  int ok = 1;
+  memset(rec, 0, sizeof *rec);
+  rec->run_id = col_str(st, 0, NULL, &ok);
+  rec->group = col_str(st, 1, NULL, &ok);
+  const char *status = (const char *)sqlite3_column_text(st, 2);
+  rec->stopped = status && !strcmp(status, "stopped");
+  rec->terminal_reason = col_str(st, 3, NULL, &ok);
+  rec->policy_json = col_str(st, 4, NULL, &ok);
+  rec->state = col_str(st, 5, &rec->state_len, &ok);
+  rec->envelope_json = col_str(st, 6, NULL, &ok);
+  rec->created_ms = sqlite3_column_int64(st, 7);
+  rec->updated_ms = sqlite3_column_int64(st, 8);
+  if (!ok || !rec->run_id) {
+    lg_run_record_clear(rec);
+    return LG_ENOMEM;
+  }
+  return 0;
+}
+
+static int s_run_read(lg_store_t *s, const char *run_id, int lock, lg_run_record_t *rec,
+                      int *found, lg_error_t *err) {
+  (void)lock;
+  sqlite3_stmt *st = stmt(s, Q_RUN_READ, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  int rc = sqlite3_step(st);
+  int out = 0;
+  *found = 0;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    if (read_run_row(st, rec)) out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (rc != SQLITE_DONE) {
+    out = sq_fail(s, rc, "reading a run", err);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+static void bind_run(sqlite3_stmt *st, const lg_run_record_t *r) {
+  bind_text(st, 1, r->run_id);
+  bind_text(st, 2, r->group);
+  bind_text(st, 3, r->stopped ? "stopped" : "active");
+  bind_text(st, 4, r->terminal_reason);
+  bind_text(st, 5, r->policy_json);
+  bind_blob(st, 6, r->state, r->state_len);
+  bind_text(st, 7, r->envelope_json);
+  sqlite3_bind_int64(st, 8, r->created_ms);
+  sqlite3_bind_int64(st, 9, r->updated_ms);
+}
+
+static int s_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
+                        lg_error_t *err) {
+  sq_t *q = s->impl;
+  int changes = 0;
+  if (!stmt(s, Q_RUN_INSERT, err)) return LG_ESTORE;
+  bind_run(q->q[Q_RUN_INSERT], rec);
+  int rc = run_stmt(s, Q_RUN_INSERT, &changes, err);
+  *inserted = !rc && changes > 0;
+  return rc;
+}
+
+static int s_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
+                        lg_error_t *err) {
+  sq_t *q = s->impl;
+  int changes = 0;
+  if (!stmt(s, Q_RUN_UPDATE, err)) return LG_ESTORE;
+  bind_run(q->q[Q_RUN_UPDATE], rec);
+  int rc = run_stmt(s, Q_RUN_UPDATE, &changes, err);
+  *updated = !rc && changes > 0;
+  return rc;
+}
+
+static int s_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb, void *ud,
+                      lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_RUN_LIST, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, f->status);
+  bind_text(st, 2, f->reason);
+  bind_text(st, 3, f->group);
+  sqlite3_bind_int64(st, 4, f->limit ? (sqlite3_int64)f->limit : -1);
+  /* Read everything first: the callback may write to the store. */
+  lg_run_record_t *all = NULL;
+  size_t n = 0, cap = 0;
+  int rc, out = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) {
+      size_t nc = cap ? cap * 2 : 16;
+      lg_run_record_t *a = lg__realloc(all, nc * sizeof *a);
+      if (!a) {
+        out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+        break;
+      }
+      all = a;
+      cap = nc;
+    }
+    if (read_run_row(st, &all[n])) {
+      out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      break;
+    }
+    n++;
+  }
+  if (!out && rc != SQLITE_DONE) out = sq_fail(s, rc, "listing runs", err);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  for (size_t i = 0; i < n && !out; i++) out = cb(ud, &all[i]);
+  for (size_t i = 0; i < n; i++) lg_run_record_clear(&all[i]);
+  lg__free(all);
+  return out;
+}
+
+/* ---- deny rules ---- */
+
+static int s_deny_put(lg_store_t *s, int scope, const char *id, const char *reason,
+                      int64_t now_ms, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_DENY_PUT, err);
+  if (!st) return LG_ESTORE;
+  sqlite3_bind_int(st, 1, scope);
+  bind_text(st, 2, id);
+  bind_text(st, 3, reason);
+  sqlite3_bind_int64(st, 4, now_ms);
+  return run_stmt(s, Q_DENY_PUT, NULL, err);
+}
+
+static int s_deny_get(lg_store_t *s, const char *run_id, const char *group, int *found,
+                      char **reason, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_DENY_GET, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  bind_text(st, 2, group);
+  int rc = sqlite3_step(st);
+  int out = 0, ok = 1;
+  *found = 0;
+  *reason = NULL;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    *reason = col_str(st, 0, NULL, &ok);
+    if (!ok) out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (rc != SQLITE_DONE) {
+    out = sq_fail(s, rc, "reading deny rules", err);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+const lg__store_vtab_t lg__store_sqlite = {
+    .version = 1,
+    .scheme = "sqlite",
+    .open = s_open,
+    .close = s_close,
+    .schema_version = s_schema_version,
+    .begin = s_begin,
+    .end = s_end,
+    .op_read = s_op_read,
+    .op_insert = s_op_insert,
+    .op_update = s_op_update,
+    .op_delete = s_op_delete,
+    .op_purge = s_op_purge,
+    .op_settle = s_op_settle,
+    .run_read = s_run_read,
+    .run_insert = s_run_insert,
+    .run_update = s_run_update,
+    .run_list = s_run_list,
+    .deny_put = s_deny_put,
+    .deny_get = s_deny_get,
+};

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# runs.sh — `loopguard runs list|show|cancel` without a server: the kill
+# switch for a run that is not in the store yet, group cancels, an empty
+# list, errors that name what and where, and --help on every subcommand.
+# (Runs saved by the engine are listed and shown by
+# tests/unit/test_store_cli.c, which can create them through the API.)
+set -u
+bin=${LG_BIN:?LG_BIN must name the loopguard binary}
+tmp=$(mktemp -d /tmp/lgcli.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+if [ "${LG_TEST_STORE:-sqlite}" = postgres ]; then
+  : "${LG_PG_URL:?LG_PG_URL is not set (run through tests/pg/with-postgres.sh)}"
+  store=$LG_PG_URL
+else
+  store="sqlite:$tmp/runs.db"
+fi
+pass=0 failed=0
+
+check() { # NAME EXPECTED_STATUS CMD... ; output in $out
+  local name=$1 want=$2
+  shift 2
+  out=$("$@" 2>"$tmp/err")
+  local got=$?
+  if [ "$got" = "$want" ]; then
+    pass=$((pass + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $name: exit $got, wanted $want"
+    echo "  stdout: $out"
+    echo "  stderr: $(cat "$tmp/err")"
+  fi
+}
+has() { # NAME TEXT HAYSTACK
+  if printf '%s' "$3" | grep -qF -- "$2"; then
+    pass=$((pass + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $1: '$2' not in: $3"
+  fi
+}
+
+check "empty list" 0 "$bin" runs list --store "$store"
+has "says empty" "no runs in" "$out"
+check "empty list json" 0 "$bin" runs list --store "$store" --json
+[ -z "$out" ] && pass=$((pass + 1)) || { failed=$((failed + 1)); echo "FAIL: json list not empty: $out"; }
+
+# The kill switch before the run exists.
+check "cancel future run" 0 "$bin" runs cancel night-42 --reason "runaway billing" --store "$store"
+has "not stored yet" "not in the store yet" "$out"
+has "reason echoed" "runaway billing" "$out"
+check "cancel json" 0 "$bin" runs cancel night-43 --store "$store" --json
+has "cancel json" '{"run_id":"night-43","reason":"operator_cancelled_loop","stored":false,"envelope":null}' "$out"
+check "cancel group" 0 "$bin" runs cancel --group batch --reason stop --store "$store" --json
+has "group json" '{"group":"batch","reason":"stop","cancelled":[]}' "$out"
+check "default store from env" 0 env LOOPGUARD_STORE="$store" "$bin" runs cancel night-44
+
+# Errors and usage.
+check "show missing" 1 "$bin" runs show nope --store "$store"
+has "names the run" '"nope"' "$(cat "$tmp/err")"
+has "names the store" "${store%%:*}:" "$(cat "$tmp/err")"
+check "show needs id" 2 "$bin" runs show --store "$store"
+check "cancel needs id" 2 "$bin" runs cancel --store "$store"
+check "cancel both" 2 "$bin" runs cancel a --group b --store "$store"
+check "bad status" 2 "$bin" runs list --status paused --store "$store"
+check "bad limit" 2 "$bin" runs list --limit -3 --store "$store"
+check "unknown sub" 2 "$bin" runs frob
+check "no sub" 2 "$bin" runs
+check "bad store" 1 "$bin" runs list --store "postgres:host=$tmp/nosocket dbname=x"
+has "pg error named" "cannot connect to PostgreSQL" "$(cat "$tmp/err")"
+
+check "help" 0 "$bin" runs --help
+for sub in list show cancel; do
+  check "help $sub" 0 "$bin" runs "$sub" --help
+  has "help $sub usage" "usage: loopguard runs $sub" "$out"
+  has "help $sub store" "--store URL" "$out"
+done
+check "help cancel" 0 "$bin" runs cancel --help
+for f in --reason --group --json; do has "cancel help $f" "$f" "$out"; done
+check "help list" 0 "$bin" runs list --help
+for f in --status --limit --json; do has "list help $f" "$f" "$out"; done
+
+echo "runs CLI ($store): $pass passed, $failed failed"
+[ "$failed" = 0 ]

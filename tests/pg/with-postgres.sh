@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# with-postgres.sh CMD [ARG...] — runs CMD against a throwaway PostgreSQL.
+#
+# Starts a real PostgreSQL server for one command and removes it after:
+# initdb into a new folder under /tmp, a server that listens only on a unix
+# socket in that folder (no TCP at all), a database "lgtest", then CMD with
+#   LG_PG_URL=postgres:host=FOLDER dbname=lgtest user=postgres
+# in its environment; then the server is stopped, the folder removed, and
+# the script exits with CMD's status.
+#
+# The server refuses to run as root, so as root it runs as the `postgres`
+# system user (Debian's postgresql package creates it) and the folder is
+# given to that user; as anyone else it runs as the caller.
+#
+# When the server cannot be had: with CI=true that is a failure (exit 1);
+# otherwise the script prints SKIP loudly and exits 77, which CTest shows
+# as "Skipped" (SKIP_RETURN_CODE), never as passed.
+#
+# Environment: LG_PGBIN (server binaries; default the newest
+# /usr/lib/postgresql/*/bin), LG_PG_FSYNC (on|off, default on: benchmarks
+# need real commits), LG_PG_KEEP=1 (keep the folder for a post-mortem).
+set -u
+
+if [ $# -eq 0 ]; then
+  echo "usage: with-postgres.sh CMD [ARG...]" >&2
+  exit 2
+fi
+
+unavailable() {
+  if [ "${CI:-}" = "true" ]; then
+    echo "with-postgres.sh: FAILED: $* (CI=true: a missing PostgreSQL is a failure)" >&2
+    exit 1
+  fi
+  echo "" >&2
+  echo "************************************************************" >&2
+  echo "SKIP: PostgreSQL tests not run: $*" >&2
+  echo "************************************************************" >&2
+  exit 77
+}
+
+pgbin=${LG_PGBIN:-}
+if [ -z "$pgbin" ]; then
+  pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+fi
+[ -n "$pgbin" ] && [ -x "$pgbin/initdb" ] && [ -x "$pgbin/pg_ctl" ] ||
+  unavailable "no PostgreSQL server binaries (install postgresql, or set LG_PGBIN)"
+
+as_pg() { "$@"; }
+user=$(id -un)
+if [ "$(id -u)" = 0 ]; then
+  id postgres >/dev/null 2>&1 || unavailable "running as root and there is no postgres user"
+  as_pg() { runuser -u postgres -- "$@"; }
+  user=postgres
+fi
+
+dir=$(mktemp -d /tmp/lgpg.XXXXXX) || unavailable "cannot make a folder under /tmp"
+[ "$(id -u)" = 0 ] && chown postgres "$dir"
+started=0
+cleanup() {
+  if [ "$started" = 1 ]; then
+    as_pg "$pgbin/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1
+  fi
+  if [ "${LG_PG_KEEP:-0}" = 1 ]; then
+    echo "with-postgres.sh: kept $dir" >&2
+  else
+    rm -rf "$dir"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if ! as_pg "$pgbin/initdb" -D "$dir/data" -A trust -U "$user" -E UTF8 --no-sync \
+    >"$dir/initdb.log" 2>&1; then
+  cat "$dir/initdb.log" >&2
+  unavailable "initdb failed (log above)"
+fi
+
+if ! as_pg "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+    -o "-k $dir -c listen_addresses= -c fsync=${LG_PG_FSYNC:-on} -c max_connections=60" \
+    start >/dev/null 2>&1; then
+  cat "$dir/server.log" >&2 2>/dev/null
+  unavailable "the server did not start (log above)"
+fi
+started=1
+
+if ! as_pg "$pgbin/createdb" -h "$dir" -U "$user" lgtest >"$dir/createdb.log" 2>&1; then
+  cat "$dir/createdb.log" >&2
+  unavailable "createdb failed (log above)"
+fi
+
+export LG_PG_URL="postgres:host=$dir dbname=lgtest user=$user"
+echo "with-postgres.sh: PostgreSQL $("$pgbin/postgres" -V | awk '{print $3}') at $dir" >&2
+"$@"
+rc=$?
+if [ $rc -ne 0 ] && [ -f "$dir/server.log" ]; then
+  echo "---- last lines of the server log ----" >&2
+  tail -n 20 "$dir/server.log" >&2
+fi
+exit $rc

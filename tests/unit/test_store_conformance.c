@@ -1,0 +1,865 @@
+/*
+ * test_store_conformance.c — one suite, every backend: the same tests run
+ * against memory:, a SQLite file in a temporary folder and (registered by
+ * tests/pg/) a real PostgreSQL, so that the three answer alike.
+ *
+ * Organised by what a user relies on: the ledger's states and transitions
+ * (claim, in_progress, replay, mismatch, lease expiry to unknown_outcome
+ * and its resolution by an operator, retryable and final failures,
+ * retention and purge), the ledger through the engine, run records and
+ * lg_store_with_run, the kill switch, and — for the durable backends —
+ * restart (close and reopen) and schema migration. Every test starts from
+ * a new, empty store; times are fixed numbers, never the clock.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <sqlite3.h>
+
+#include "store/store.h"
+#include "store_test_util.h"
+
+#define FP1 "1111111111111111111111111111111111111111111111111111111111111111"
+#define FP2 "2222222222222222222222222222222222222222222222222222222222222222"
+#define T0 1700000000000LL /* a fixed "now" */
+
+/* sqlite: and postgres: (memory: forgets everything on close). */
+static int durable(void) { return strcmp(lgt_backend, "memory") != 0; }
+
+static int setup(void **state) {
+  *state = lgt_open(lgt_fresh_url(lgt_backend), NULL);
+  return 0;
+}
+
+static int teardown(void **state) {
+  lg_store_close(*state);
+  return 0;
+}
+
+static lg_claim_outcome_t claim(lg_store_t *s, const char *key, const char *fp, int64_t lease,
+                                int64_t now, lg_claim_t *out) {
+  lg_error_t err = {0};
+  int rc = lg_store_claim(s, key, fp, "run-1", lease, now, out, &err);
+  if (rc) fail_msg("claim %s: %s: %s", key, lg_err_name(rc), err.message);
+  return out->outcome;
+}
+
+static void commit(lg_store_t *s, const char *key, const char *result, int64_t now) {
+  lg_error_t err = {0};
+  int rc = lg_store_commit(s, key, result, result ? strlen(result) : 0, "op-1", now, &err);
+  if (rc) fail_msg("commit %s: %s: %s", key, lg_err_name(rc), err.message);
+}
+
+/* ------------------------------------------------------------------ */
+/* Opening.                                                            */
+
+static void test_open(void **state) {
+  lg_store_t *s = *state;
+  int v = 0;
+  assert_int_equal(lg_store_schema_version(s, &v, NULL), 0);
+  assert_int_equal(v, LG_STORE_SCHEMA_VERSION);
+  assert_string_equal(lg_store_scheme(s), lgt_backend);
+  lg_error_t err = {0};
+  assert_null(lg_store_open("mysql:x", NULL, &err));
+  assert_int_equal(err.code, LG_EINVAL);
+  assert_non_null(strstr(err.message, "mysql:x"));
+  assert_null(lg_store_open("sqlite:", NULL, &err));
+  assert_int_equal(err.code, LG_EINVAL);
+}
+
+static void test_redacted_name(void **state) {
+  (void)state;
+  /* The password of a conninfo never shows in messages. */
+  lg_error_t err = {0};
+  lg_store_t *s = lg_store_open("postgres:host=/nonexistent/dir password=hunter2", NULL, &err);
+  assert_null(s);
+  assert_int_equal(err.code, LG_ESTORE);
+  assert_null(strstr(err.source, "hunter2"));
+  assert_null(strstr(err.message, "hunter2"));
+  assert_non_null(strstr(err.source, "password=***"));
+}
+
+/* ------------------------------------------------------------------ */
+/* The ledger.                                                         */
+
+static void test_claim_then_in_progress(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  assert_int_equal(claim(s, "k", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(claim(s, "k", FP1, 1000, T0 + 1, &c), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(claim(s, "k", FP2, 1000, T0 + 2, &c), LG_CLAIM_MISMATCH);
+  assert_int_equal(lg_store_peek(s, "k", FP1, T0 + 3, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(lg_store_peek(s, "other", FP1, T0 + 3, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  assert_int_equal(lg_store_peek(s, "k", NULL, T0 + 3, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+}
+
+static void test_commit_replays(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  const char *result = "{\"charged\":true,\"amount\":\"12.50\",\"nul\":\"\\u0000\"}";
+  assert_int_equal(claim(s, "pay-1", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  commit(s, "pay-1", result, T0 + 10);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(claim(s, "pay-1", FP1, 1000, T0 + 20 + i, &c), LG_CLAIM_REPLAY);
+    assert_int_equal(c.failed, 0);
+    assert_non_null(c.result);
+    assert_int_equal(c.result_len, strlen(result));
+    assert_memory_equal(c.result, result, c.result_len);
+    lg_claim_clear(&c);
+  }
+  /* Replay, not mismatch, only for the same request. */
+  assert_int_equal(claim(s, "pay-1", FP2, 1000, T0 + 30, &c), LG_CLAIM_MISMATCH);
+  assert_null(c.result);
+  /* The first outcome stands. */
+  commit(s, "pay-1", "{\"other\":1}", T0 + 40);
+  assert_int_equal(lg_store_fail(s, "pay-1", 1, T0 + 41, NULL), 0);
+  assert_int_equal(claim(s, "pay-1", FP1, 1000, T0 + 50, &c), LG_CLAIM_REPLAY);
+  assert_memory_equal(c.result, result, c.result_len);
+  lg_claim_clear(&c);
+  /* A commit with no result replays with none. */
+  assert_int_equal(claim(s, "pay-2", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  commit(s, "pay-2", NULL, T0 + 1);
+  assert_int_equal(claim(s, "pay-2", FP1, 1000, T0 + 2, &c), LG_CLAIM_REPLAY);
+  assert_null(c.result);
+}
+
+static void test_binary_safe_result(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  const char bytes[] = "{\"a\":\"\xc3\xa9\xe2\x82\xac\"}";
+  assert_int_equal(claim(s, "utf8", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_commit(s, "utf8", bytes, sizeof bytes - 1, NULL, T0, NULL), 0);
+  assert_int_equal(claim(s, "utf8", FP1, 1000, T0, &c), LG_CLAIM_REPLAY);
+  assert_int_equal(c.result_len, sizeof bytes - 1);
+  assert_memory_equal(c.result, bytes, sizeof bytes - 1);
+  lg_claim_clear(&c);
+}
+
+static void test_failures(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  /* Final: kept and replayed as a failure. */
+  assert_int_equal(claim(s, "f", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail(s, "f", 0, T0 + 1, NULL), 0);
+  assert_int_equal(claim(s, "f", FP1, 1000, T0 + 2, &c), LG_CLAIM_REPLAY);
+  assert_int_equal(c.failed, 1);
+  assert_null(c.result);
+  assert_int_equal(lg_store_fail(s, "f", 0, T0 + 3, NULL), 0);
+  /* A commit does not overwrite a final failure. */
+  commit(s, "f", "{}", T0 + 4);
+  assert_int_equal(claim(s, "f", FP1, 1000, T0 + 5, &c), LG_CLAIM_REPLAY);
+  assert_int_equal(c.failed, 1);
+  /* Retryable: the key is free again, and the next claim wins. */
+  assert_int_equal(claim(s, "r", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail(s, "r", 1, T0 + 1, NULL), 0);
+  assert_int_equal(lg_store_peek(s, "r", FP1, T0 + 2, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  assert_int_equal(claim(s, "r", FP2, 1000, T0 + 3, &c), LG_CLAIM_CLAIMED);
+  /* An operator may free a final failure for a retry. */
+  assert_int_equal(lg_store_fail(s, "f", 1, T0 + 6, NULL), 0);
+  assert_int_equal(claim(s, "f", FP1, 1000, T0 + 7, &c), LG_CLAIM_CLAIMED);
+}
+
+static void test_unknown_keys(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  assert_int_equal(lg_store_commit(s, "nope", "{}", 2, NULL, T0, &err), LG_ENOTFOUND);
+  assert_non_null(strstr(err.message, "nope"));
+  assert_int_equal(lg_store_fail(s, "nope", 0, T0, NULL), LG_ENOTFOUND);
+  assert_int_equal(lg_store_fail(s, "nope", 1, T0, NULL), LG_ENOTFOUND);
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "nope", T0, &op, NULL), LG_ENOTFOUND);
+}
+
+static void test_invalid_arguments(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_error_t err = {0};
+  assert_int_equal(lg_store_claim(s, "", FP1, NULL, 1, T0, &c, &err), LG_EINVAL);
+  assert_string_equal(err.field, "key");
+  assert_int_equal(lg_store_claim(s, "k", "", NULL, 1, T0, &c, &err), LG_EINVAL);
+  assert_int_equal(lg_store_claim(s, NULL, FP1, NULL, 1, T0, &c, &err), LG_EINVAL);
+  char big[1100];
+  memset(big, 'k', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  assert_int_equal(lg_store_claim(s, big, FP1, NULL, 1, T0, &c, &err), LG_EINVAL);
+}
+
+static void test_lease_expiry_is_unknown_outcome(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_operation_t op;
+  for (int i = 0; i < 3; i++) {
+    char key[8];
+    snprintf(key, sizeof key, "u%d", i);
+    assert_int_equal(claim(s, key, FP1, 200, T0, &c), LG_CLAIM_CLAIMED);
+    assert_int_equal(claim(s, key, FP1, 200, T0 + 199, &c), LG_CLAIM_IN_PROGRESS);
+    /* The lease ran out with no outcome: never claimed again by itself. */
+    for (int j = 0; j < 3; j++)
+      assert_int_equal(claim(s, key, FP1, 200, T0 + 200 + j * 1000, &c),
+                       LG_CLAIM_UNKNOWN_OUTCOME);
+    assert_int_equal(lg_store_peek(s, key, FP1, T0 + 5000, &c, NULL), 0);
+    assert_int_equal(c.outcome, LG_CLAIM_UNKNOWN_OUTCOME);
+    assert_int_equal(lg_store_operation(s, key, T0 + 5000, &op, NULL), 0);
+    assert_int_equal(op.state, LG_OP_UNKNOWN_OUTCOME);
+    assert_int_equal(op.lease_until_ms, T0 + 200);
+    lg_operation_clear(&op);
+    /* A mismatch still says mismatch. */
+    assert_int_equal(claim(s, key, FP2, 200, T0 + 6000, &c), LG_CLAIM_MISMATCH);
+  }
+  /* The operator's three resolutions. */
+  commit(s, "u0", "{\"reconciled\":true}", T0 + 7000); /* it happened */
+  assert_int_equal(claim(s, "u0", FP1, 200, T0 + 7001, &c), LG_CLAIM_REPLAY);
+  assert_string_equal(c.result, "{\"reconciled\":true}");
+  lg_claim_clear(&c);
+  assert_int_equal(lg_store_fail(s, "u1", 0, T0 + 7000, NULL), 0); /* not, never retry */
+  assert_int_equal(claim(s, "u1", FP1, 200, T0 + 7001, &c), LG_CLAIM_REPLAY);
+  assert_int_equal(c.failed, 1);
+  assert_int_equal(lg_store_fail(s, "u2", 1, T0 + 7000, NULL), 0); /* not: retry */
+  assert_int_equal(claim(s, "u2", FP1, 200, T0 + 7001, &c), LG_CLAIM_CLAIMED);
+}
+
+static void test_default_lease(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  assert_int_equal(claim(s, "d", FP1, 0, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(claim(s, "d", FP1, 0, T0 + LG_STORE_DEFAULT_LEASE_MS - 1, &c),
+                   LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(claim(s, "d", FP1, 0, T0 + LG_STORE_DEFAULT_LEASE_MS, &c),
+                   LG_CLAIM_UNKNOWN_OUTCOME);
+}
+
+static void test_operation_show(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_operation_t op;
+  assert_int_equal(claim(s, "show", FP1, 500, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_operation(s, "show", T0 + 1, &op, NULL), 0);
+  assert_string_equal(op.key, "show");
+  assert_int_equal(op.state, LG_OP_IN_PROGRESS);
+  assert_string_equal(op.request_fp, FP1);
+  assert_string_equal(op.run_id, "run-1");
+  assert_null(op.result);
+  assert_null(op.operation_id);
+  assert_int_equal(op.created_ms, T0);
+  assert_int_equal(op.updated_ms, T0);
+  assert_int_equal(op.lease_until_ms, T0 + 500);
+  lg_operation_clear(&op);
+  commit(s, "show", "[1,2]", T0 + 100);
+  assert_int_equal(lg_store_operation(s, "show", T0 + 101, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED);
+  assert_string_equal(op.result, "[1,2]");
+  assert_string_equal(op.operation_id, "op-1");
+  assert_int_equal(op.created_ms, T0);
+  assert_int_equal(op.updated_ms, T0 + 100);
+  char *json = lg_operation_to_json(&op);
+  assert_non_null(json);
+  assert_non_null(strstr(json, "\"state\":\"committed\""));
+  assert_non_null(strstr(json, "\"result\":[1,2]"));
+  assert_non_null(strstr(json, "\"request_fingerprint\":\"" FP1 "\""));
+  assert_non_null(strstr(json, "\"created_at\":\"2023-11-14T22:13:20.000Z\""));
+  assert_non_null(strstr(json, "\"updated_at\":\"2023-11-14T22:13:20.100Z\""));
+  lg_free(json);
+  lg_operation_clear(&op);
+  assert_int_equal(lg_store_fail(s, "show", 0, T0, NULL), 0);
+  assert_int_equal(lg_store_operation(s, "show", T0 + 101, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED);
+  lg_operation_clear(&op);
+}
+
+static void test_retention_and_purge(void **state) {
+  lg_store_t *s = *state;
+  lg_store_close(s);
+  /* Reopen the same store with a short retention (memory: a new one). */
+  lg_store_options_t o = {.retention_ms = 1000};
+  *state = s = lgt_open(durable() ? lgt_url : "memory:", &o);
+  lg_claim_t c = {0};
+  assert_int_equal(claim(s, "old", FP1, 100000, T0, &c), LG_CLAIM_CLAIMED);
+  commit(s, "old", "1", T0);
+  assert_int_equal(claim(s, "failed", FP1, 100000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail(s, "failed", 0, T0, NULL), 0);
+  assert_int_equal(claim(s, "pending", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(claim(s, "new", FP1, 100000, T0 + 600, &c), LG_CLAIM_CLAIMED);
+  commit(s, "new", "2", T0 + 600);
+  assert_int_equal(claim(s, "old", FP1, 100, T0 + 999, &c), LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+  /* Past retention a finished key counts as gone, purged or not. */
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "old", T0 + 1000, &op, NULL), LG_ENOTFOUND);
+  assert_int_equal(lg_store_peek(s, "old", FP1, T0 + 1000, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  /* Purge: finished rows only; an unresolved claim waits for a person. */
+  int64_t n = -1;
+  assert_int_equal(lg_store_purge(s, -1, T0 + 1000, &n, NULL), 0);
+  assert_int_equal(n, 2); /* old, failed */
+  assert_int_equal(lg_store_purge(s, -1, T0 + 1000, &n, NULL), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(claim(s, "pending", FP1, 100, T0 + 100000, &c), LG_CLAIM_UNKNOWN_OUTCOME);
+  assert_int_equal(claim(s, "new", FP1, 100, T0 + 1000, &c), LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+  /* An explicit age. */
+  assert_int_equal(lg_store_purge(s, 100, T0 + 700, &n, NULL), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(claim(s, "old", FP2, 100, T0 + 2000, &c), LG_CLAIM_CLAIMED);
+  /* 0: every finished row, however recent. */
+  assert_int_equal(claim(s, "fresh", FP1, 100, T0 + 650, &c), LG_CLAIM_CLAIMED);
+  commit(s, "fresh", "3", T0 + 650);
+  assert_int_equal(lg_store_purge(s, 0, T0 + 650, &n, NULL), 0);
+  assert_int_equal(n, 1);
+}
+
+static void test_retention_reclaim(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  /* Default retention: 24 h. A stale row is taken over by a new claim. */
+  assert_int_equal(claim(s, "day", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  commit(s, "day", "\"x\"", T0 + 1);
+  assert_int_equal(claim(s, "day", FP1, 1000, T0 + LG_STORE_DEFAULT_RETENTION_MS, &c),
+                   LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+  assert_int_equal(claim(s, "day", FP2, 1000, T0 + 1 + LG_STORE_DEFAULT_RETENTION_MS, &c),
+                   LG_CLAIM_CLAIMED);
+  lg_operation_t op;
+  assert_int_equal(
+      lg_store_operation(s, "day", T0 + 2 + LG_STORE_DEFAULT_RETENTION_MS, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_IN_PROGRESS);
+  assert_string_equal(op.request_fp, FP2);
+  assert_null(op.result);
+  lg_operation_clear(&op);
+}
+
+static void test_ledger_interface(void **state) {
+  lg_store_t *s = *state;
+  lg_ledger_t *l = lg_store_ledger(s);
+  assert_non_null(l);
+  assert_int_equal(l->methods->version, 1);
+  lg_claim_t c = {0};
+  assert_int_equal(l->methods->claim(l->self, "li", FP1, "r", 100, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  assert_int_equal(l->methods->commit(l->self, "li", "7", 1, NULL, T0 + 1, NULL), 0);
+  assert_int_equal(l->methods->peek(l->self, "li", FP1, T0 + 2, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_REPLAY);
+  assert_string_equal(c.result, "7");
+  lg_claim_clear(&c);
+  /* The offset face adds its epoch to run-relative times. */
+  lg_ledger_t *at = lg_store_ledger_at(s, T0);
+  assert_non_null(at);
+  assert_int_equal(at->methods->claim(at->self, "at", FP1, "r", 100, 5, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "at", T0 + 6, &op, NULL), 0);
+  assert_int_equal(op.created_ms, T0 + 5);
+  assert_int_equal(op.lease_until_ms, T0 + 105);
+  lg_operation_clear(&op);
+  assert_int_equal((at->methods->fail)(at->self, "at", 1, 6, NULL), 0);
+  assert_int_equal(at->methods->peek(at->self, "at", FP1, 7, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  lg_ledger_free(at);
+}
+
+/* The engine deciding with the store's ledger: a write with a key runs
+ * once; the same key in another run replays its saved result. */
+static void test_engine_replays_through_store(void **state) {
+  lg_store_t *s = *state;
+  lg_canon_t *canon = lg_canon_new();
+  lg_error_t err = {0};
+  lg_ledger_t *l1 = lg_store_ledger_at(s, T0);
+  lg_run_t *run = lg_run_new("run-a", NULL, NULL, NULL, l1, &err);
+  assert_non_null(run);
+  lg_call_t call = {.tool = "charge", .args = "{\"invoice\":7}", .args_len = 13,
+                    .idempotency_key = "charge-7", .t_ms = 10};
+  lg_decision_t d;
+  assert_int_equal(lg_run_before(run, canon, &call, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_EXECUTE);
+  lg_result_t res = {.status = LG_STATUS_PROGRESS, .side_effect_committed = 1,
+                     .retry_after_ms = -1, .value_kind = LG_VALUE_PRESENT,
+                     .value = "{\"receipt\":\"R-1\"}", .value_len = 17, .t_ms = 20};
+  assert_int_equal(lg_run_after(run, &res, &d, &err), 0);
+  lg_run_free(run);
+  lg_ledger_free(l1);
+
+  lg_ledger_t *l2 = lg_store_ledger_at(s, T0 + 5000);
+  run = lg_run_new("run-b", NULL, NULL, NULL, l2, &err);
+  assert_non_null(run);
+  call.t_ms = 1;
+  assert_int_equal(lg_run_before(run, canon, &call, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_REPLAY);
+  assert_non_null(d.saved_result);
+  assert_memory_equal(d.saved_result, "{\"receipt\":\"R-1\"}", 17);
+  lg_run_free(run);
+  lg_ledger_free(l2);
+  lg_canon_free(canon);
+}
+
+/* ------------------------------------------------------------------ */
+/* Runs.                                                               */
+
+static lg_run_record_t rec_of(const char *id, const char *group, int stopped, int64_t t) {
+  lg_run_record_t r = {0};
+  r.run_id = (char *)id;
+  r.group = (char *)group;
+  r.stopped = stopped;
+  r.terminal_reason = stopped ? (char *)"same_call_repeat" : NULL;
+  r.policy_json = (char *)"{}";
+  r.state = (char *)"\x00\x01\x02state";
+  r.state_len = 8;
+  r.envelope_json = (char *)"{\"run_id\":\"x\"}";
+  r.created_ms = t;
+  r.updated_ms = t;
+  return r;
+}
+
+static void test_run_records(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  lg_run_record_t r = rec_of("r1", "g", 0, T0);
+  assert_int_equal(lg_store_run_create(s, &r, &err), 0);
+  assert_int_equal(lg_store_run_create(s, &r, &err), LG_ECONFLICT);
+  lg_run_record_t got;
+  assert_int_equal(lg_store_run_get(s, "r1", &got, &err), 0);
+  assert_string_equal(got.run_id, "r1");
+  assert_string_equal(got.group, "g");
+  assert_int_equal(got.stopped, 0);
+  assert_null(got.terminal_reason);
+  assert_string_equal(got.policy_json, "{}");
+  assert_int_equal(got.state_len, 8);
+  assert_memory_equal(got.state, "\x00\x01\x02state", 8);
+  assert_string_equal(got.envelope_json, "{\"run_id\":\"x\"}");
+  assert_int_equal(got.created_ms, T0);
+  lg_run_record_clear(&got);
+  /* put replaces everything but the creation time. */
+  r = rec_of("r1", NULL, 1, T0 + 50);
+  assert_int_equal(lg_store_run_put(s, &r, &err), 0);
+  assert_int_equal(lg_store_run_get(s, "r1", &got, &err), 0);
+  assert_int_equal(got.stopped, 1);
+  assert_null(got.group);
+  assert_string_equal(got.terminal_reason, "same_call_repeat");
+  assert_int_equal(got.created_ms, T0);
+  assert_int_equal(got.updated_ms, T0 + 50);
+  char *json = lg_run_record_to_json(&got);
+  assert_non_null(strstr(json, "\"status\":\"stopped\""));
+  assert_non_null(strstr(json, "\"envelope\":{\"run_id\":\"x\"}"));
+  lg_free(json);
+  lg_run_record_clear(&got);
+  /* put of a new run creates it. */
+  r = rec_of("r2", NULL, 0, T0 + 60);
+  assert_int_equal(lg_store_run_put(s, &r, &err), 0);
+  assert_int_equal(lg_store_run_get(s, "r2", &got, &err), 0);
+  lg_run_record_clear(&got);
+  assert_int_equal(lg_store_run_get(s, "r3", &got, &err), LG_ENOTFOUND);
+  assert_non_null(strstr(err.message, "r3"));
+}
+
+typedef struct listed {
+  char ids[16][16];
+  int n;
+  int stop_after; /* return 99 after this many (0: never) */
+} listed_t;
+
+static int list_cb(void *ud, const lg_run_record_t *rec) {
+  listed_t *l = ud;
+  assert_null(rec->state);
+  assert_null(rec->policy_json);
+  snprintf(l->ids[l->n++], 16, "%s", rec->run_id);
+  return l->stop_after && l->n >= l->stop_after ? 99 : 0;
+}
+
+static void test_run_list(void **state) {
+  lg_store_t *s = *state;
+  /* Created out of order; two in the same millisecond. */
+  const char *ids[] = {"a", "b", "c", "d", "e"};
+  int64_t at[] = {T0 + 30, T0 + 10, T0 + 20, T0 + 20, T0 + 40};
+  int stopped[] = {0, 1, 0, 1, 0};
+  for (int i = 0; i < 5; i++) {
+    lg_run_record_t r = rec_of(ids[i], i < 3 ? "g1" : "g2", stopped[i], at[i]);
+    assert_int_equal(lg_store_run_create(s, &r, NULL), 0);
+  }
+  listed_t l = {0};
+  assert_int_equal(lg_store_run_list(s, NULL, list_cb, &l, NULL), 0);
+  assert_int_equal(l.n, 5);
+  const char *want[] = {"e", "a", "d", "c", "b"}; /* newest first; ties: later first */
+  for (int i = 0; i < 5; i++) assert_string_equal(l.ids[i], want[i]);
+  memset(&l, 0, sizeof l);
+  lg_run_filter_t f = {.status = "active"};
+  assert_int_equal(lg_store_run_list(s, &f, list_cb, &l, NULL), 0);
+  assert_int_equal(l.n, 3);
+  assert_string_equal(l.ids[0], "e");
+  assert_string_equal(l.ids[2], "c");
+  memset(&l, 0, sizeof l);
+  f = (lg_run_filter_t){.status = "stopped", .limit = 1};
+  assert_int_equal(lg_store_run_list(s, &f, list_cb, &l, NULL), 0);
+  assert_int_equal(l.n, 1);
+  assert_string_equal(l.ids[0], "d");
+  memset(&l, 0, sizeof l);
+  f = (lg_run_filter_t){.group = "g1", .reason = "same_call_repeat"};
+  assert_int_equal(lg_store_run_list(s, &f, list_cb, &l, NULL), 0);
+  assert_int_equal(l.n, 1);
+  assert_string_equal(l.ids[0], "b");
+  memset(&l, 0, sizeof l);
+  l.stop_after = 2;
+  assert_int_equal(lg_store_run_list(s, NULL, list_cb, &l, NULL), 99);
+  assert_int_equal(l.n, 2);
+  f = (lg_run_filter_t){.status = "paused"};
+  assert_int_equal(lg_store_run_list(s, &f, list_cb, &l, NULL), LG_EINVAL);
+}
+
+typedef struct wr {
+  int calls;
+  int fail_with;    /* return this from the callback */
+  int nested_rc;    /* what a nested with_run returned */
+} wr_t;
+
+static int nested_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  (void)ud;
+  (void)s;
+  (void)rec;
+  return 0;
+}
+
+static int bump_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  wr_t *w = ud;
+  w->calls++;
+  lg_run_record_t r = *rec;
+  char env[64];
+  long n = rec->envelope_json ? strtol(rec->envelope_json + 1, NULL, 10) : 0;
+  snprintf(env, sizeof env, "[%ld]", n + 1);
+  r.envelope_json = env;
+  r.updated_ms = rec->updated_ms + 1;
+  assert_int_equal(lg_store_run_put(s, &r, NULL), 0);
+  /* A claim inside the decision joins its transaction. */
+  lg_claim_t c = {0};
+  char key[32];
+  snprintf(key, sizeof key, "in-run-%ld", n);
+  assert_int_equal(lg_store_claim(s, key, FP1, rec->run_id, 1000, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  w->nested_rc = lg_store_with_run(s, rec->run_id, nested_fn, NULL, NULL);
+  return w->fail_with;
+}
+
+static void test_with_run(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  wr_t w = {0};
+  assert_int_equal(lg_store_with_run(s, "ghost", bump_fn, &w, &err), LG_ENOTFOUND);
+  assert_int_equal(w.calls, 0);
+  lg_run_record_t r = rec_of("wr", NULL, 0, T0);
+  r.envelope_json = (char *)"[0]";
+  assert_int_equal(lg_store_run_create(s, &r, NULL), 0);
+  assert_int_equal(lg_store_with_run(s, "wr", bump_fn, &w, &err), 0);
+  assert_int_equal(w.nested_rc, LG_ESTATE);
+  lg_run_record_t got;
+  assert_int_equal(lg_store_run_get(s, "wr", &got, NULL), 0);
+  assert_string_equal(got.envelope_json, "[1]");
+  lg_run_record_clear(&got);
+  lg_claim_t c = {0};
+  assert_int_equal(lg_store_peek(s, "in-run-0", FP1, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  /* A failing decision leaves nothing behind: neither run nor claim. */
+  w.fail_with = LG_ECONFLICT;
+  assert_int_equal(lg_store_with_run(s, "wr", bump_fn, &w, &err), LG_ECONFLICT);
+  assert_int_equal(lg_store_run_get(s, "wr", &got, NULL), 0);
+  assert_string_equal(got.envelope_json, "[1]");
+  lg_run_record_clear(&got);
+  assert_int_equal(lg_store_peek(s, "in-run-1", FP1, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  /* And the store works on. */
+  w.fail_with = 0;
+  assert_int_equal(lg_store_with_run(s, "wr", bump_fn, &w, &err), 0);
+  assert_int_equal(lg_store_peek(s, "in-run-1", FP1, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+}
+
+/* An engine run saved and loaded decides as the original would. */
+static void test_run_save_load(void **state) {
+  lg_store_t *s = *state;
+  lg_canon_t *canon = lg_canon_new();
+  lg_error_t err = {0};
+  const char *pj = "{\"repeat\":{\"observe\":2,\"block\":3,\"stop\":4}}";
+  lg_policy_t *pol = lg_policy_parse(pj, strlen(pj), NULL, &err);
+  assert_non_null(pol);
+  lg_run_t *a = lg_run_new("saved", "team", pol, NULL, NULL, &err);
+  lg_policy_free(pol);
+  assert_non_null(a);
+  lg_call_t call = {.tool = "search", .args = "{\"q\":\"x\"}", .args_len = 9};
+  lg_result_t res = {.status = LG_STATUS_PROGRESS, .side_effect_committed = -1,
+                     .retry_after_ms = -1};
+  lg_decision_t d;
+  for (int i = 0; i < 2; i++) {
+    call.turn = i;
+    call.t_ms = res.t_ms = i * 10;
+    assert_int_equal(lg_run_before(a, canon, &call, &d, &err), 0);
+    assert_int_equal(lg_run_after(a, &res, &d, &err), 0);
+  }
+  assert_int_equal(lg_store_run_save(s, a, T0, &err), 0);
+  lg_run_record_t rec;
+  assert_int_equal(lg_store_run_get(s, "saved", &rec, NULL), 0);
+  assert_string_equal(rec.group, "team");
+  assert_int_equal(rec.stopped, 0);
+  assert_non_null(strstr(rec.policy_json, "\"repeat\""));
+  assert_non_null(strstr(rec.envelope_json, "\"run_id\":\"saved\""));
+  lg_run_record_clear(&rec);
+
+  lg_run_t *b = NULL;
+  assert_int_equal(lg_store_run_load(s, "saved", NULL, &b, &err), 0);
+  assert_non_null(b);
+  /* Both see the third identical call the same way, then the fourth. */
+  for (int i = 2; i < 4; i++) {
+    lg_decision_t da, db;
+    call.turn = i;
+    call.t_ms = i * 10;
+    assert_int_equal(lg_run_before(a, canon, &call, &da, &err), 0);
+    assert_int_equal(lg_run_before(b, canon, &call, &db, &err), 0);
+    assert_int_equal(da.action, db.action);
+    assert_int_equal(da.reason, db.reason);
+    assert_int_equal(da.repeat, db.repeat);
+  }
+  assert_int_equal(lg_run_stopped(b), 1);
+  assert_int_equal(lg_store_run_save(s, b, T0 + 100, &err), 0);
+  assert_int_equal(lg_store_run_get(s, "saved", &rec, NULL), 0);
+  assert_int_equal(rec.stopped, 1);
+  assert_string_equal(rec.terminal_reason, "same_call_repeat");
+  assert_int_equal(rec.created_ms, T0);
+  lg_run_record_clear(&rec);
+  lg_run_t *none = NULL;
+  assert_int_equal(lg_store_run_load(s, "nope", NULL, &none, &err), LG_ENOTFOUND);
+  assert_null(none);
+  lg_run_free(a);
+  lg_run_free(b);
+  lg_canon_free(canon);
+}
+
+/* ------------------------------------------------------------------ */
+/* The kill switch.                                                    */
+
+static void save_new_run(lg_store_t *s, const char *id, const char *group, int64_t t) {
+  lg_error_t err = {0};
+  lg_run_t *run = lg_run_new(id, group, NULL, NULL, NULL, &err);
+  assert_non_null(run);
+  assert_int_equal(lg_store_run_save(s, run, t, &err), 0);
+  lg_run_free(run);
+}
+
+static void test_cancel_run(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  char *reason = NULL;
+  assert_int_equal(lg_store_denied(s, "later", NULL, &reason, NULL), 0);
+  /* Before the run exists: the rule waits for it. */
+  assert_int_equal(lg_store_cancel_run(s, "later", "runaway billing", T0, &err), 0);
+  assert_int_equal(lg_store_denied(s, "later", "any", &reason, NULL), 1);
+  assert_string_equal(reason, "runaway billing");
+  lg_free(reason);
+  /* A stored active run is stopped and saved, with the reason. */
+  save_new_run(s, "live", "grp", T0);
+  assert_int_equal(lg_store_cancel_run(s, "live", NULL, T0 + 500, &err), 0);
+  assert_int_equal(lg_store_denied(s, "live", NULL, &reason, NULL), 1);
+  assert_null(reason);
+  lg_run_record_t rec;
+  assert_int_equal(lg_store_run_get(s, "live", &rec, NULL), 0);
+  assert_int_equal(rec.stopped, 1);
+  assert_string_equal(rec.terminal_reason, "operator_cancelled_loop");
+  assert_non_null(strstr(rec.envelope_json, "operator_cancelled_loop"));
+  lg_run_record_clear(&rec);
+  /* The next decision of any worker: stop, before any side effect. */
+  lg_run_t *run = NULL;
+  assert_int_equal(lg_store_run_load(s, "live", NULL, &run, &err), 0);
+  lg_canon_t *canon = lg_canon_new();
+  lg_call_t call = {.tool = "charge", .args = "{}", .args_len = 2, .t_ms = 600};
+  lg_decision_t d;
+  assert_int_equal(lg_run_before(run, canon, &call, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_STOP);
+  lg_run_free(run);
+  lg_canon_free(canon);
+  /* Cancelling twice changes nothing. */
+  assert_int_equal(lg_store_cancel_run(s, "live", "again", T0 + 900, &err), 0);
+  assert_int_equal(lg_store_denied(s, "live", NULL, &reason, NULL), 1);
+  assert_string_equal(reason, "again");
+  lg_free(reason);
+  assert_int_equal(lg_store_cancel_run(s, "", NULL, T0, &err), LG_EINVAL);
+}
+
+static void test_cancel_group(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  save_new_run(s, "g-1", "night", T0);
+  save_new_run(s, "g-2", "night", T0 + 1);
+  save_new_run(s, "other", "day", T0 + 2);
+  char *ids = NULL;
+  assert_int_equal(lg_store_cancel_group(s, "night", "stop the batch", T0 + 10, &ids, &err), 0);
+  assert_string_equal(ids, "[\"g-2\",\"g-1\"]");
+  lg_free(ids);
+  char *reason = NULL;
+  assert_int_equal(lg_store_denied(s, "g-3", "night", &reason, NULL), 1); /* a future run */
+  assert_string_equal(reason, "stop the batch");
+  lg_free(reason);
+  assert_int_equal(lg_store_denied(s, "other", "day", NULL, NULL), 0);
+  lg_run_record_t rec;
+  assert_int_equal(lg_store_run_get(s, "other", &rec, NULL), 0);
+  assert_int_equal(rec.stopped, 0);
+  lg_run_record_clear(&rec);
+  assert_int_equal(lg_store_run_get(s, "g-1", &rec, NULL), 0);
+  assert_int_equal(rec.stopped, 1);
+  lg_run_record_clear(&rec);
+  /* Again: nothing active is left in the group. */
+  assert_int_equal(lg_store_cancel_group(s, "night", NULL, T0 + 20, &ids, &err), 0);
+  assert_string_equal(ids, "[]");
+  lg_free(ids);
+  /* A run's own rule comes before its group's. */
+  assert_int_equal(lg_store_cancel_run(s, "g-1", "own", T0 + 30, &err), 0);
+  assert_int_equal(lg_store_denied(s, "g-1", "night", &reason, NULL), 1);
+  assert_string_equal(reason, "own");
+  lg_free(reason);
+}
+
+/* ------------------------------------------------------------------ */
+/* Durable backends: restart and migration.                            */
+
+static void test_restart(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  assert_int_equal(claim(s, "durable", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  commit(s, "durable", "{\"id\":42}", T0 + 1);
+  assert_int_equal(claim(s, "inflight", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  save_new_run(s, "survivor", "g", T0);
+  lg_error_t err = {0};
+  lg_run_t *run = NULL;
+  assert_int_equal(lg_store_run_load(s, "survivor", NULL, &run, &err), 0);
+  lg_canon_t *canon = lg_canon_new();
+  lg_call_t call = {.tool = "t", .args = "{}", .args_len = 2, .t_ms = 5};
+  lg_decision_t d;
+  for (int i = 0; i < 3; i++) {
+    call.turn = i;
+    assert_int_equal(lg_run_before(run, canon, &call, &d, &err), 0);
+    if (d.action == LG_ACT_EXECUTE) {
+      lg_result_t res = {.status = LG_STATUS_PROGRESS, .side_effect_committed = -1,
+                         .retry_after_ms = -1, .t_ms = 6};
+      assert_int_equal(lg_run_after(run, &res, &d, &err), 0);
+    }
+  }
+  assert_int_equal(lg_store_run_save(s, run, T0 + 10, &err), 0);
+  char *env_before = lg_run_envelope_json(run);
+  lg_run_free(run);
+  lg_store_close(s);
+
+  *state = s = lgt_open(lgt_url, NULL);
+  assert_int_equal(claim(s, "durable", FP1, 100, T0 + 2, &c), LG_CLAIM_REPLAY);
+  assert_string_equal(c.result, "{\"id\":42}");
+  lg_claim_clear(&c);
+  assert_int_equal(claim(s, "inflight", FP1, 100, T0 + 50, &c), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(claim(s, "inflight", FP1, 100, T0 + 100, &c), LG_CLAIM_UNKNOWN_OUTCOME);
+  assert_int_equal(lg_store_run_load(s, "survivor", NULL, &run, &err), 0);
+  char *env_after = lg_run_envelope_json(run);
+  assert_string_equal(env_before, env_after);
+  lg_counters_t k;
+  lg_run_counters(run, &k);
+  assert_int_equal(k.calls, 3);
+  lg_free(env_before);
+  lg_free(env_after);
+  lg_run_free(run);
+  lg_canon_free(canon);
+  assert_int_equal(lg_store_denied(s, "survivor", "g", NULL, NULL), 0);
+  assert_int_equal(lg_store_cancel_run(s, "survivor", "r", T0 + 20, &err), 0);
+  lg_store_close(s);
+  *state = s = lgt_open(lgt_url, NULL);
+  assert_int_equal(lg_store_denied(s, "survivor", NULL, NULL, NULL), 1);
+}
+
+static void test_migration_from_v1(void **state) {
+  lg_store_close(*state);
+  *state = NULL;
+  lgt_fresh_url(lgt_backend);
+  /* Write a store as the first release did: the ledger only. */
+  lg__store_schema_target = 1;
+  lg_store_t *s = lgt_open(lgt_url, NULL);
+  lg__store_schema_target = LG_STORE_SCHEMA_VERSION;
+  int v = 0;
+  assert_int_equal(lg_store_schema_version(s, &v, NULL), 0);
+  assert_int_equal(v, 1);
+  lg_claim_t c = {0};
+  assert_int_equal(claim(s, "v1-key", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  commit(s, "v1-key", "\"from v1\"", T0 + 1);
+  lg_store_close(s);
+  /* This release opens it, migrates it, and keeps its rows. */
+  *state = s = lgt_open(lgt_url, NULL);
+  assert_int_equal(lg_store_schema_version(s, &v, NULL), 0);
+  assert_int_equal(v, LG_STORE_SCHEMA_VERSION);
+  assert_int_equal(claim(s, "v1-key", FP1, 100, T0 + 2, &c), LG_CLAIM_REPLAY);
+  assert_string_equal(c.result, "\"from v1\"");
+  lg_claim_clear(&c);
+  save_new_run(s, "after-migration", NULL, T0);
+  lg_run_record_t rec;
+  assert_int_equal(lg_store_run_get(s, "after-migration", &rec, NULL), 0);
+  lg_run_record_clear(&rec);
+}
+
+static void test_newer_schema_refused(void **state) {
+  lg_store_close(*state);
+  *state = NULL;
+  lgt_fresh_url(lgt_backend);
+  lg_store_close(lgt_open(lgt_url, NULL));
+  if (!strcmp(lgt_backend, "sqlite")) {
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(lgt_url + 7, &db), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db, "INSERT INTO lg_schema_version VALUES (99, 0)", NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(db);
+  } else {
+    assert_int_equal(lgt_pg_exec("INSERT INTO lg_schema_version VALUES (99, 0)"), 0);
+  }
+  lg_error_t err = {0};
+  assert_null(lg_store_open(lgt_url, NULL, &err));
+  assert_int_equal(err.code, LG_ESTORE);
+  assert_non_null(strstr(err.message, "schema version 99"));
+}
+
+/* ------------------------------------------------------------------ */
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T(test_open),
+      T(test_redacted_name),
+      T(test_claim_then_in_progress),
+      T(test_commit_replays),
+      T(test_binary_safe_result),
+      T(test_failures),
+      T(test_unknown_keys),
+      T(test_invalid_arguments),
+      T(test_lease_expiry_is_unknown_outcome),
+      T(test_default_lease),
+      T(test_operation_show),
+      T(test_retention_and_purge),
+      T(test_retention_reclaim),
+      T(test_ledger_interface),
+      T(test_engine_replays_through_store),
+      T(test_run_records),
+      T(test_run_list),
+      T(test_with_run),
+      T(test_run_save_load),
+      T(test_cancel_run),
+      T(test_cancel_group),
+      /* The durable backends only (memory: has no "after a restart"). */
+      T(test_restart),
+      T(test_migration_from_v1),
+      T(test_newer_schema_refused),
+  };
+  const size_t all = sizeof tests / sizeof tests[0];
+  const char *names[LGT_MAX_BACKENDS];
+  int n = lgt_backends(names, "memory,sqlite");
+  int failed = 0;
+  for (int i = 0; i < n; i++) {
+    char group[64];
+    lgt_backend = names[i];
+    snprintf(group, sizeof group, "store conformance: %s", names[i]);
+    failed += _cmocka_run_group_tests(group, tests, durable() ? all : all - 3, NULL, NULL);
+  }
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,265 @@
+/*
+ * test_store_faults.c — backend failures give clean errors and leave no
+ * half-written row.
+ *
+ * SQLite: another connection holds the write lock (BEGIN EXCLUSIVE) and
+ * the store's busy timeout is tiny: a claim, a commit and a decision under
+ * lg_store_with_run each fail with LG_EBUSY, promptly, and once the lock
+ * is gone the same calls succeed — nothing was written meanwhile.
+ *
+ * PostgreSQL: the store's own connection is killed (pg_terminate_backend
+ * from another connection, through the fault-injection hook of store.h) in
+ * the middle of a claim, of a commit and of a decision: each fails with
+ * LG_ESTORE naming the lost connection, the row is as it was before the
+ * call, and the next call reconnects by itself.
+ *
+ * Every backend: a fault injected between a write and its commit rolls the
+ * whole call back.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <sqlite3.h>
+
+#include "store/store.h"
+#include "store_test_util.h"
+
+#define FP "abababababababababababababababababababababababababababababababab"
+#define T0 1700000000000LL
+
+static const char *backend;
+static const char *fault_point; /* where the hook acts */
+static int fault_code;          /* what it returns there (0: kill the connection) */
+static int fault_hits;
+
+static int hook(void *ud, lg_store_t *s, const char *point) {
+  (void)ud;
+  if (!fault_point || strcmp(point, fault_point)) return 0;
+  fault_hits++;
+  if (fault_code) return fault_code;
+  char sql[96];
+  snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%d, 5000)", lg__store_pg_backend_pid(s));
+  assert_int_equal(lgt_pg_exec(sql), 0);
+  return 0;
+}
+
+static void arm(const char *point, int code) {
+  fault_point = point;
+  fault_code = code;
+  fault_hits = 0;
+  lg__store_fault = hook;
+}
+
+static void disarm(void) {
+  lg__store_fault = NULL;
+  fault_point = NULL;
+}
+
+static int setup(void **state) {
+  lg_store_options_t o = {.retention_ms = 1000, .busy_timeout_ms = 50};
+  *state = lgt_open(lgt_fresh_url(backend), &o);
+  return 0;
+}
+
+static int teardown(void **state) {
+  disarm();
+  lg_store_close(*state);
+  return 0;
+}
+
+static lg_claim_outcome_t peek(lg_store_t *s, const char *key, int64_t now) {
+  lg_claim_t c = {0};
+  lg_error_t err = {0};
+  int rc = lg_store_peek(s, key, FP, now, &c, &err);
+  if (rc) fail_msg("peek: %s", err.message);
+  lg_claim_clear(&c);
+  return c.outcome;
+}
+
+/* ---- every backend: an injected fault before the commit ---- */
+
+static void test_fault_before_commit_rolls_back(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_error_t err = {0};
+  /* A finished row past retention makes the claim take the transaction
+   * path (read, then replace). */
+  assert_int_equal(lg_store_claim(s, "k", FP, NULL, 100, T0, &c, NULL), 0);
+  assert_int_equal(lg_store_commit(s, "k", "\"old\"", 5, NULL, T0, NULL), 0);
+  arm("claim.before_commit", LG_ESTORE);
+  assert_int_equal(lg_store_claim(s, "k", FP, NULL, 100, T0 + 5000, &c, &err), LG_ESTORE);
+  assert_int_equal(fault_hits, 1);
+  disarm();
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "k", T0 + 500, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED); /* the old row, untouched */
+  assert_string_equal(op.result, "\"old\"");
+  lg_operation_clear(&op);
+  /* A commit that fails leaves the claim in progress. */
+  assert_int_equal(lg_store_claim(s, "k2", FP, NULL, 100000, T0, &c, NULL), 0);
+  arm("commit.settle", LG_ESTORE);
+  assert_int_equal(lg_store_commit(s, "k2", "1", 1, NULL, T0 + 1, &err), LG_ESTORE);
+  disarm();
+  assert_int_equal(peek(s, "k2", T0 + 2), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(lg_store_commit(s, "k2", "1", 1, NULL, T0 + 3, &err), 0);
+  assert_int_equal(peek(s, "k2", T0 + 4), LG_CLAIM_REPLAY);
+}
+
+static int decide(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  (void)ud;
+  lg_claim_t c = {0};
+  int rc = lg_store_claim(s, "in-decision", FP, rec->run_id, 100000, T0, &c, NULL);
+  if (rc) return rc;
+  lg_run_record_t r = *rec;
+  r.envelope_json = "\"changed\"";
+  return lg_store_run_put(s, &r, NULL);
+}
+
+static void make_run(lg_store_t *s) {
+  lg_run_record_t rec = {.run_id = "run", .envelope_json = "\"original\"", .created_ms = T0,
+                         .updated_ms = T0};
+  assert_int_equal(lg_store_run_create(s, &rec, NULL), 0);
+}
+
+static void assert_run_untouched(lg_store_t *s) {
+  lg_run_record_t got;
+  assert_int_equal(lg_store_run_get(s, "run", &got, NULL), 0);
+  assert_string_equal(got.envelope_json, "\"original\"");
+  lg_run_record_clear(&got);
+  assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_FREE);
+}
+
+static void test_fault_in_decision_rolls_back(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  make_run(s);
+  arm("with_run.before_commit", LG_ESTORE);
+  assert_int_equal(lg_store_with_run(s, "run", decide, NULL, &err), LG_ESTORE);
+  disarm();
+  assert_run_untouched(s);
+  assert_int_equal(lg_store_with_run(s, "run", decide, NULL, &err), 0);
+  assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_IN_PROGRESS);
+}
+
+/* ---- SQLite: SQLITE_BUSY ---- */
+
+static void test_sqlite_busy(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_error_t err = {0};
+  make_run(s);
+  assert_int_equal(lg_store_claim(s, "held", FP, NULL, 100000, T0, &c, NULL), 0);
+  sqlite3 *other;
+  assert_int_equal(sqlite3_open(lgt_url + 7, &other), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(other, "BEGIN EXCLUSIVE", NULL, NULL, NULL), SQLITE_OK);
+  int64_t t = lgt_now_ms();
+  assert_int_equal(lg_store_claim(s, "new", FP, NULL, 100, T0, &c, &err), LG_EBUSY);
+  assert_non_null(strstr(err.message, "locked"));
+  assert_non_null(strstr(err.source, "sqlite:"));
+  assert_int_equal(lg_store_commit(s, "held", "1", 1, NULL, T0, &err), LG_EBUSY);
+  assert_int_equal(lg_store_fail(s, "held", 1, T0, &err), LG_EBUSY);
+  assert_int_equal(lg_store_with_run(s, "run", decide, NULL, &err), LG_EBUSY);
+  lg_run_record_t rec = {.run_id = "x", .created_ms = 1, .updated_ms = 1};
+  assert_int_equal(lg_store_run_put(s, &rec, &err), LG_EBUSY);
+  assert_true(lgt_now_ms() - t < 2000); /* 50 ms each, not the default 5 s */
+  /* Reads go on meanwhile (WAL). */
+  assert_int_equal(peek(s, "held", T0), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(sqlite3_exec(other, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(other);
+  /* Nothing was written, and everything works again. */
+  assert_int_equal(peek(s, "new", T0), LG_CLAIM_FREE);
+  assert_run_untouched(s);
+  assert_int_equal(lg_store_claim(s, "new", FP, NULL, 100, T0, &c, &err), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_commit(s, "held", "1", 1, NULL, T0, &err), 0);
+  assert_int_equal(lg_store_with_run(s, "run", decide, NULL, &err), 0);
+}
+
+/* ---- PostgreSQL: the connection dropped mid-call ---- */
+
+static void test_pg_connection_dropped(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_error_t err = {0};
+  /* 1. During a claim's first statement. */
+  arm("claim.insert", 0);
+  assert_int_equal(lg_store_claim(s, "a", FP, NULL, 100000, T0, &c, &err), LG_ESTORE);
+  assert_non_null(strstr(err.message, "connection"));
+  assert_int_equal(fault_hits, 1);
+  disarm();
+  assert_int_equal(peek(s, "a", T0), LG_CLAIM_FREE); /* reconnected; no row */
+  assert_int_equal(lg_store_claim(s, "a", FP, NULL, 100000, T0, &c, &err), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+
+  /* 2. Inside a claim's transaction, after its write. */
+  assert_int_equal(lg_store_claim(s, "b", FP, NULL, 100, T0, &c, NULL), 0);
+  assert_int_equal(lg_store_commit(s, "b", "\"old\"", 5, NULL, T0, NULL), 0);
+  arm("claim.before_commit", 0);
+  memset(&err, 0, sizeof err);
+  assert_int_equal(lg_store_claim(s, "b", FP, NULL, 100, T0 + 5000, &c, &err), LG_ESTORE);
+  disarm();
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "b", T0 + 10, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED);
+  assert_string_equal(op.result, "\"old\"");
+  lg_operation_clear(&op);
+
+  /* 3. During a commit's statement. */
+  arm("commit.settle", 0);
+  memset(&err, 0, sizeof err);
+  assert_int_equal(lg_store_commit(s, "a", "1", 1, NULL, T0 + 1, &err), LG_ESTORE);
+  disarm();
+  assert_int_equal(peek(s, "a", T0 + 2), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(lg_store_commit(s, "a", "1", 1, NULL, T0 + 3, &err), 0);
+  assert_int_equal(peek(s, "a", T0 + 4), LG_CLAIM_REPLAY);
+
+  /* 4. Inside a decision. */
+  make_run(s);
+  arm("with_run.before_commit", 0);
+  memset(&err, 0, sizeof err);
+  assert_int_equal(lg_store_with_run(s, "run", decide, NULL, &err), LG_ESTORE);
+  disarm();
+  assert_run_untouched(s);
+  assert_int_equal(lg_store_with_run(s, "run", decide, NULL, &err), 0);
+  assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_IN_PROGRESS);
+}
+
+/* A server that is gone: a clean error, no hang. */
+static void test_pg_unreachable(void **state) {
+  (void)state;
+  lg_error_t err = {0};
+  lg_store_t *s = lg_store_open("postgres:host=/nonexistent dbname=x connect_timeout=2",
+                                NULL, &err);
+  assert_null(s);
+  assert_int_equal(err.code, LG_ESTORE);
+  assert_non_null(strstr(err.message, "cannot connect"));
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest common[] = {
+      T(test_fault_before_commit_rolls_back),
+      T(test_fault_in_decision_rolls_back),
+  };
+  const struct CMUnitTest sqlite_only[] = {T(test_sqlite_busy)};
+  const struct CMUnitTest pg_only[] = {T(test_pg_connection_dropped), T(test_pg_unreachable)};
+  const char *names[LGT_MAX_BACKENDS];
+  int n = lgt_backends(names, "memory,sqlite");
+  int failed = 0;
+  for (int i = 0; i < n; i++) {
+    char group[64];
+    backend = names[i];
+    snprintf(group, sizeof group, "store faults: %s", backend);
+    failed += _cmocka_run_group_tests(group, common, 2, NULL, NULL);
+    snprintf(group, sizeof group, "store faults: %s only", backend);
+    if (!strcmp(backend, "sqlite"))
+      failed += _cmocka_run_group_tests(group, sqlite_only, 1, NULL, NULL);
+    if (!strcmp(backend, "postgres"))
+      failed += _cmocka_run_group_tests(group, pg_only, 2, NULL, NULL);
+  }
+  return failed ? 1 : 0;
+}
