@@ -389,6 +389,7 @@ static int claim_decision(lg_run_t *run, lg_decision_t *d, const lg_claim_t *cl,
   switch (cl->outcome) {
   case LG_CLAIM_REPLAY:
     d->action = LG_ACT_REPLAY;
+    d->reason = LG_R_ALREADY_COMMITTED;
     d->guard = "ledger";
     d->saved_result = run->claim.result;
     d->saved_result_len = run->claim.result_len;
@@ -906,6 +907,7 @@ int lg_run_state(lg_run_t *run, lg_canon_t *canon, const char *world, size_t len
     stopped_decision(run, d);
     return 0;
   }
+  if (msg_room(run, 0)) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   char hex[LG_FP_HEX];
   const char *cw;
   size_t cl;
@@ -942,6 +944,8 @@ int lg_run_handoff(lg_run_t *run, const char *from, const char *to, int64_t t_ms
     stopped_decision(run, d);
     return 0;
   }
+  if (msg_room(run, (from ? strlen(from) : 1) + (to ? strlen(to) : 1)))
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   int64_t max = run->policy->max_handoffs;
   if (max >= 0 && run->c.handoffs >= max) {
     lg__buf_printf(&run->msg,
@@ -966,7 +970,7 @@ int lg_run_stop(lg_run_t *run, lg_reason_t reason, const char *text, int64_t t_m
     return 0;
   }
   if (reason <= LG_R_NONE || reason >= LG_R__COUNT) return LG_EINVAL;
-  if (text && *text) lg__buf_puts(&run->msg, text);
+  if (text && *text && lg__buf_puts(&run->msg, text)) return LG_ENOMEM;
   int rc = stop(run, d, reason, reason == LG_R_OPERATOR_CANCELLED ? "kill_switch" : "external",
                 NULL, t_ms);
   return rc;
@@ -979,7 +983,7 @@ int lg_run_cancel(lg_run_t *run, const char *reason, int64_t t_ms, lg_decision_t
     return 0;
   }
   const char *text = reason && *reason ? reason : lg_reason_name(LG_R_OPERATOR_CANCELLED);
-  lg__buf_printf(&run->msg, "An operator stopped this run (%s).", text);
+  if (lg__buf_printf(&run->msg, "An operator stopped this run (%s).", text)) return LG_ENOMEM;
   return stop(run, d, LG_R_OPERATOR_CANCELLED, "kill_switch", text, t_ms);
 }
 

@@ -295,6 +295,10 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   run->refused_turn = r64(&r);
   run->stopped_at_ms = r64(&r);
   if (!r.rc && r.i != r.n) r.rc = LG_EINVAL;
+  /* Only a stop sets these: an active run that has them was not saved by
+   * lg_run_save (and its next stop would leak them). */
+  if (!r.rc && !run->stopped && (run->reason != LG_R_NONE || run->reason_text || run->stop_message))
+    r.rc = LG_EINVAL;
   if (r.rc) {
     lg_run_free(run);
     lg__err(err, r.rc, NULL, -1,

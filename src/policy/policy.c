@@ -253,6 +253,13 @@ static int parse_loop_key(ctx_t *x, lg__toolpol_t *t, json_t *v) {
         rc = fail(x, idx, "a field name is a string, got %s", type_name(e));
         break;
       }
+      /* A field listed twice is a typo, and would print as an object with
+       * a duplicate key that no strict parser reads back. */
+      for (int j = 0; j < t->nfields && !rc; j++)
+        if (t->fields[j].name_len == json_string_length(e) &&
+            !memcmp(t->fields[j].name, json_string_value(e), t->fields[j].name_len))
+          rc = fail(x, idx, "field \"%s\" is listed twice", json_string_value(e));
+      if (rc) break;
       lg__keyfield_t *f = &t->fields[t->nfields];
       f->name = lg__strdup(json_string_value(e));
       if (!f->name) {
@@ -402,8 +409,9 @@ lg_policy_t *lg_policy_parse(const char *json, size_t len, const char *source,
   json_error_t je;
   json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
-    /* jansson reports its own allocation failures as parse errors. */
-    if (json_error_code(&je) == json_error_out_of_memory) {
+    /* jansson reports some allocation failures as json_error_out_of_memory
+     * and others not at all (the error stays as initialised: no text). */
+    if (json_error_code(&je) == json_error_out_of_memory || !je.text[0]) {
       lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       return NULL;
     }

@@ -238,7 +238,7 @@ static int scan_line(reader_t *r) {
        * here when the tool is already known (it usually comes first). */
       const lg__toolpol_t *select = NULL;
       const char *tool = NULL;
-      bool fingerprint = fid == F_ARGS && s[i] == '{' && HAS(r, F_TOOL);
+      bool fingerprint = fid == F_ARGS && i < n && s[i] == '{' && HAS(r, F_TOOL); /* i == n: no value */
       if (fingerprint) {
         int rc = get_str(r, F_TOOL, &tool);
         if (rc) return rc;
@@ -382,14 +382,18 @@ static int get_int(reader_t *r, int f, int64_t *out, bool *present) {
   bool neg = v[0] == '-';
   if (neg) k++;
   uint64_t acc = 0;
-  bool plain = k < len;
-  for (; k < len; k++) {
+  /* A leading zero ("01") is not JSON: the validator below says so. */
+  bool plain = k < len && !(v[k] == '0' && len - k > 1);
+  const uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+  for (; plain && k < len; k++) {
     if (v[k] < '0' || v[k] > '9') {
       plain = false;
       break;
     }
-    if (acc > (UINT64_C(1) << 62)) return rerr(r, LG_ETRACE, f, (long)sp.a, "number out of range%s", NULL);
-    acc = acc * 10 + (uint64_t)(v[k] - '0');
+    uint64_t digit = (uint64_t)(v[k] - '0');
+    if (acc > (limit - digit) / 10) /* acc * 10 + digit would not fit */
+      return rerr(r, LG_ETRACE, f, (long)sp.a, "number out of range%s", NULL);
+    acc = acc * 10 + digit;
   }
   if (!plain) { /* 1.0, 1e3: fine when whole */
     int rc = validate(r, f, NULL, sp);
@@ -400,7 +404,7 @@ static int get_int(reader_t *r, int f, int64_t *out, bool *present) {
     if (d != floor(d) || fabs(d) > 9.0e18) return wrong_type(r, f, "a whole number");
     *out = (int64_t)d;
   } else {
-    *out = neg ? -(int64_t)acc : (int64_t)acc;
+    *out = !neg ? (int64_t)acc : acc > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)acc;
   }
   if (present) *present = true;
   return 0;
@@ -557,16 +561,21 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
       return rc;
     if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
     if (HAS(r, F_POLICY) && !ps->override) {
+      lg_error_t own;
+      memset(&own, 0, sizeof own);
+      lg_error_t *pe = r->err ? r->err : &own;
       e->policy = lg_policy_parse(r->s + r->f[F_POLICY].a, r->f[F_POLICY].b - r->f[F_POLICY].a, r->name,
-                                  r->err);
+                                  pe);
       if (!e->policy) {
+        /* LG_EPOLICY, or LG_ENOMEM: a valid policy is not reported bad. */
+        int code = pe->code ? pe->code : LG_EPOLICY;
         if (r->err) {
           lg__err_field_prefix(r->err, "policy");
           r->err->line = r->line;
           r->err->offset = -1;
           snprintf(r->err->source, sizeof r->err->source, "%s", r->name);
         }
-        return LG_EPOLICY;
+        return code;
       }
       r->policy = e->policy; /* loop keys of the following calls */
     }
@@ -707,9 +716,11 @@ static int ensure_run(replay_t *rp, long line, const char *run_id, const char *g
   return 0;
 }
 
-static void remember_skip(replay_t *rp, const char *id) {
+/* Returns 0 or LG_ENOMEM: a forgotten id would make its result look like
+ * the answer to no call, and a sound trace would be reported as bad. */
+static int remember_skip(replay_t *rp, const char *id) {
   char *c = lg__strdup(id);
-  if (!c) return;
+  if (!c) return LG_ENOMEM;
   if (rp->nskip == SKIP_MAX) {
     lg__free(rp->skipped[rp->skip_head]);
     rp->skipped[rp->skip_head] = c;
@@ -717,6 +728,7 @@ static void remember_skip(replay_t *rp, const char *id) {
   } else {
     rp->skipped[rp->nskip++] = c;
   }
+  return 0;
 }
 
 static bool was_skipped(replay_t *rp, const char *id) {
@@ -783,7 +795,10 @@ static int apply(replay_t *rp, ev_t *e) {
     }
     rp->any_call = true;
     rp->last_call_executed = d->action == LG_ACT_EXECUTE;
-    if (d->action != LG_ACT_EXECUTE && d->call_id) remember_skip(rp, d->call_id);
+    if (d->action != LG_ACT_EXECUTE && d->call_id && remember_skip(rp, d->call_id)) {
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      goto engine_error;
+    }
     break;
   }
   case LG_EV_RESULT: {
