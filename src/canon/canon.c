@@ -448,7 +448,8 @@ static int cv_number(parser_t *p) {
   /* A number can come out longer than it went in ("1e20" is 21 digits),
    * which would eat the room lg_canon_json reserved for the rest of the
    * input, so the rest of the input is reserved again here. */
-  if (lg__buf_reserve(&c->out, (p->n - p->i) + 128 + MAX_SIG))
+  size_t need = (p->n - p->i) + 128 + MAX_SIG;
+  if (c->out.len + need >= c->out.cap && lg__buf_reserve(&c->out, need))
     return perr(p, LG_ENOMEM, "out of memory");
   if (k == 0) { /* zero, whatever its sign or form */
     put(c, '0');

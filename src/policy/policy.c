@@ -407,7 +407,13 @@ lg_policy_t *lg_policy_parse(const char *json, size_t len, const char *source,
                              lg_error_t *err) {
   ctx_t x = {err, source ? source : "<policy>", ""};
   json_error_t je;
+  lg__json_begin();
   json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &je);
+  if (lg__json_oom()) { /* whatever jansson made of it (see util.c) */
+    json_decref(root);
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    return NULL;
+  }
   if (!root) {
     /* jansson reports some allocation failures as json_error_out_of_memory
      * and others not at all (the error stays as initialised: no text). */

@@ -45,6 +45,13 @@ void lg__buf_free(lg__buf_t *b);
 /* Hands the bytes over to the caller (NUL-terminated) and resets b. */
 char *lg__buf_steal(lg__buf_t *b, size_t *len);
 
+/* Around every jansson parse: lg__json_begin() before it (installs the
+ * allocation hooks once, clears this thread's flag), lg__json_oom() after
+ * it: true when an allocation failed during the parse, whose result must
+ * then be discarded as LG_ENOMEM whatever jansson said. */
+void lg__json_begin(void);
+bool lg__json_oom(void);
+
 /* Fills err (when not NULL) and returns code. */
 int lg__err(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) __attribute__((format(printf, 5, 6)));

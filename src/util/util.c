@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -20,9 +21,32 @@ void lg_set_allocator(lg_malloc_fn m, lg_realloc_fn r, lg_free_fn f) {
   g_malloc = m ? m : malloc;
   g_realloc = r ? r : realloc;
   g_free = f ? f : free;
-  /* jansson has no realloc hook; it builds strings with malloc + copy. */
-  json_set_alloc_funcs(g_malloc, g_free);
+  lg__json_begin(); /* jansson's hooks call through g_malloc and g_free */
 }
+
+/* jansson does not reliably report its own allocation failures: most come
+ * back as syntax errors, and a failed buffer growth can silently drop a
+ * byte of a string, so a parse under memory pressure may "succeed" with
+ * wrong content. Its hooks therefore note every failure in a per-thread
+ * flag, and every parse checks the flag and discards its result. */
+static _Thread_local bool g_json_oom;
+static void *json_hook_malloc(size_t n) {
+  void *p = g_malloc(n ? n : 1);
+  if (!p) g_json_oom = true;
+  return p;
+}
+static void json_hook_free(void *p) {
+  if (p) g_free(p);
+}
+static void json_hooks_install(void) { json_set_alloc_funcs(json_hook_malloc, json_hook_free); }
+
+void lg__json_begin(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, json_hooks_install);
+  g_json_oom = false;
+}
+
+bool lg__json_oom(void) { return g_json_oom; }
 
 void *lg__malloc(size_t n) { return g_malloc(n ? n : 1); }
 void *lg__calloc(size_t n, size_t size) {

@@ -319,27 +319,15 @@ static void each_n(const char *what, bool (*f)(const char *ref), const char *ref
   }
 }
 
-/* KNOWN GAP (jansson): its lexer reports some failed allocations as
- * syntax errors ("string or '}' expected"), and drops a byte when growing
- * its token buffer fails (a key "max_model_calls" read as
- * "max_model_call"), so lg_policy_parse can only say LG_EPOLICY there.
- * Those are counted and printed, not failed; any other code fails, and so
- * does a policy that parses but differs from the reference. The fix needs
- * util.c to tell policy.c that an allocation failed during json_loadb. */
-static long g_misreported; /* OOMs that came back as LG_EPOLICY */
-
+/* jansson reports some failed allocations as syntax errors and can drop a
+ * byte when growing a buffer fails; util.c's hooks note every failed
+ * allocation during a parse, so lg_policy_parse must say LG_ENOMEM each
+ * time, never LG_EPOLICY, and never return a policy that differs. */
 static bool parse_example(const char *ref) {
   lg_error_t err;
   memset(&err, 0, sizeof err);
   lg_policy_t *p = lg_policy_parse(EXAMPLE, strlen(EXAMPLE), "example.json", &err);
   if (!p) {
-    /* Misreported by jansson: a syntax error with a position, or an
-     * "unknown field" made by a dropped byte. Anything without either
-     * (jansson had no message at all) must be LG_ENOMEM. */
-    if (err.code == LG_EPOLICY && g_failed > 0 && (err.line >= 1 || err.field[0])) {
-      g_misreported++;
-      return false;
-    }
     if (err.code != LG_ENOMEM)
       fail_msg("parse under OOM: %s (%s), not LG_ENOMEM", lg_err_name(err.code), err.message);
     return false;
@@ -403,10 +391,6 @@ static void test_oom_policy(void **state) {
   char *ref = lg_policy_to_json(p);
   assert_non_null(ref);
   each_n("lg_policy_parse", parse_example, ref);
-  if (g_misreported)
-    print_message("lg_policy_parse: %ld out-of-memory failures inside jansson came back "
-                  "as LG_EPOLICY (known gap, see parse_example)\n",
-                  g_misreported);
   g_pol = p;
   each_n("lg_policy_to_json", to_json_example, ref);
 
