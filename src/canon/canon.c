@@ -24,6 +24,9 @@
 #include "canon.h"
 
 #include <math.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 /* SHA256_Init/Update/Final are deprecated in OpenSSL 3 in favour of EVP,
  * but they run the same SHA-NI code without EVP's dispatch: 40 ns less per
  * fingerprint, which is a sixth of the per-call budget. */
@@ -214,7 +217,27 @@ static int cv_string(parser_t *p, bool *plain) {
     size_t start = p->i, i = p->i, n = p->n;
     const unsigned char *s = p->s;
     /* The common case: a run of printable ASCII that needs no change. */
+#ifdef __SSE2__
+    /* Sixteen bytes at a time: a byte is special when it is below 0x20 or
+     * above 0x7F (both below 0x20 as signed bytes), a quote or a
+     * backslash. */
+    const __m128i sp = _mm_set1_epi8(0x20), qu = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+    while (i + 16 <= n) {
+      __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+      __m128i hit = _mm_or_si128(_mm_cmplt_epi8(x, sp),
+                                 _mm_or_si128(_mm_cmpeq_epi8(x, qu), _mm_cmpeq_epi8(x, bs)));
+      unsigned mask = (unsigned)_mm_movemask_epi8(hit);
+      if (mask) {
+        i += (size_t)__builtin_ctz(mask);
+        goto run_done;
+      }
+      i += 16;
+    }
+#endif
     while (i < n && !str_special[s[i]]) i++;
+#ifdef __SSE2__
+  run_done:
+#endif
     p->i = i;
     putn(c, s + start, i - start);
     if (p->i >= p->n) return perr(p, LG_EPARSE, "unterminated string");
@@ -781,7 +804,12 @@ static int cv_object(parser_t *p, int depth) {
     if (m.plain) { /* the key's first 8 bytes as a big-endian number */
       const unsigned char *k = (const unsigned char *)c->out.data + m.key + 1;
       size_t kl = c->out.len - m.key - 2;
-      for (size_t b = 0; b < 8; b++) m.k8 = (m.k8 << 8) | (b < kl ? k[b] : 0);
+      /* Eight bytes from k are inside the buffer (lg_canon_json reserved
+       * 64 bytes past the input's length); those past the key are masked. */
+      uint64_t v;
+      memcpy(&v, k, 8);
+      v = __builtin_bswap64(v);
+      m.k8 = kl >= 8 ? v : kl ? v & (~UINT64_C(0) << (8 * (8 - kl))) : 0;
     }
     skip_ws(p);
     if (p->i >= p->n || p->s[p->i] != ':')

@@ -44,10 +44,6 @@ static uint64_t fp64_of_hex(const char *hex) {
   return v;
 }
 
-static void fp_bin_of_hex(const char *hex, uint8_t out[32]) {
-  for (int i = 0; i < 32; i++)
-    out[i] = (uint8_t)(hexv[(unsigned char)hex[2 * i]] << 4 | hexv[(unsigned char)hex[2 * i + 1]]);
-}
 
 int lg__run_tool(lg_run_t *run, const char *name) {
   for (int i = 0; i < run->ntools; i++)
@@ -241,9 +237,7 @@ static void tried_note(lg_run_t *run, const char *hex, uint64_t fp64, int tool, 
   for (int i = 0; i < run->ntried; i++) {
     lg__tried_t *e = &run->tried[i];
     if (e->fp64 == fp64) {
-      uint8_t fp[32];
-      fp_bin_of_hex(hex, fp);
-      if (!memcmp(e->fp, fp, 32)) {
+      if (!memcmp(e->hex, hex, 64)) {
         t = e;
         break;
       }
@@ -253,7 +247,7 @@ static void tried_note(lg_run_t *run, const char *hex, uint64_t fp64, int tool, 
   if (!t) { /* a key not seen lately */
     t = run->ntried < LG__TRIED_MAX ? &run->tried[run->ntried++] : oldest;
     memset(t, 0, sizeof *t);
-    fp_bin_of_hex(hex, t->fp);
+    memcpy(t->hex, hex, 64);
     t->fp64 = fp64;
     t->tool = tool;
   }

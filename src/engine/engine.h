@@ -31,7 +31,8 @@ typedef struct lg__tool {
 /* A distinct loop key the model tried, for the envelope. */
 typedef struct lg__tried {
   uint64_t fp64;        /* its first 8 bytes, compared first */
-  uint8_t fp[32];       /* the full fingerprint */
+  char hex[64];         /* the full fingerprint in hex (no NUL): kept as the
+                           engine gets it, so noting a call converts nothing */
   int tool;             /* index into tools */
   uint32_t count;       /* times asked for */
   uint8_t last;         /* last outcome: an lg__outcome value */

@@ -39,15 +39,6 @@ static void str_or_null(lg__buf_t *b, const char *s) {
   else lg__buf_puts(b, "null");
 }
 
-static void hex_of(const uint8_t fp[32], char out[LG_FP_HEX]) {
-  static const char d[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    out[2 * i] = d[fp[i] >> 4];
-    out[2 * i + 1] = d[fp[i] & 15];
-  }
-  out[64] = 0;
-}
-
 char *lg_run_envelope_json(const lg_run_t *run) {
   lg__buf_t b = {0};
   lg__buf_puts(&b, "{\"run_id\":");
@@ -129,7 +120,8 @@ char *lg_run_envelope_json(const lg_run_t *run) {
   for (int k = 0; k < run->ntried; k++) {
     const lg__tried_t *t = &run->tried[order[k]];
     char hex[LG_FP_HEX];
-    hex_of(t->fp, hex);
+    memcpy(hex, t->hex, 64);
+    hex[64] = 0;
     lg__buf_puts(&b, k ? ",{\"tool\":" : "{\"tool\":");
     const char *tn = t->tool >= 0 && t->tool < run->ntools ? run->tools[t->tool].name : "?";
     str_or_null(&b, tn);

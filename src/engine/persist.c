@@ -27,6 +27,7 @@ static void wstr(wr_t *w, const char *s) {
   if (s) lg__buf_append(&w->b, s, n);
 }
 static void wbytes(wr_t *w, const void *p, size_t n) { lg__buf_append(&w->b, p, n); }
+static int hexval(char ch) { return ch >= 'a' ? ch - 'a' + 10 : ch - '0'; }
 
 int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   wr_t w = {{0}};
@@ -59,7 +60,9 @@ int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   w64(&w, run->ntried);
   for (int i = 0; i < run->ntried; i++) {
     const lg__tried_t *t = &run->tried[i];
-    wbytes(&w, t->fp, 32);
+    uint8_t fp[32]; /* the format keeps the 32 bytes, not their hex */
+    for (int k = 0; k < 32; k++) fp[k] = (uint8_t)(hexval(t->hex[2 * k]) << 4 | hexval(t->hex[2 * k + 1]));
+    wbytes(&w, fp, 32);
     w64(&w, t->tool);
     w64(&w, t->count);
     w64(&w, t->last);
@@ -238,8 +241,14 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   run->ntried = rcount(&r, LG__TRIED_MAX);
   for (int i = 0; i < run->ntried && !r.rc; i++) {
     lg__tried_t *t = &run->tried[i];
-    rbytes(&r, t->fp, 32);
-    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | t->fp[k];
+    uint8_t fp[32];
+    rbytes(&r, fp, 32);
+    static const char digits[] = "0123456789abcdef";
+    for (int k = 0; k < 32; k++) {
+      t->hex[2 * k] = digits[fp[k] >> 4];
+      t->hex[2 * k + 1] = digits[fp[k] & 15];
+    }
+    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
     /* An index into tools: with no tools there is none (a max of -1 fails
      * every value), or after() would dereference an empty table. */
     t->tool = rcount(&r, run->ntools - 1);
