@@ -70,7 +70,7 @@ int cli_color(FILE *f) {
     fprintf(stderr, "loopguard: '%s' is not available in this build\n", what); \
     return 1;                                                                \
   }
-LG_PENDING_COMMAND(cmd_serve, "serve")
+
 LG_PENDING_COMMAND(cmd_budget, "budget")
 
 int main(int argc, char **argv) {

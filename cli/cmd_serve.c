@@ -1,0 +1,164 @@
+/*
+ * cmd_serve.c — `loopguard serve`: the HTTP sidecar of http-api-v1.
+ *
+ * A thin shell over lg_server_*: it reads the flags, blocks the signals it
+ * handles before the server's threads start (so they inherit the mask and
+ * only this thread ever sees them), starts the server, prints where it
+ * listens, and then waits for signals with sigwait():
+ *   SIGHUP           reopen the log file (after rotation);
+ *   SIGTERM, SIGINT  stop accepting, finish requests in flight, close the
+ *                    store, exit 0.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *serve_usage =
+    "usage: loopguard serve [FLAGS]\n"
+    "\n"
+    "Runs the HTTP sidecar (http-api-v1): agents in any language ask it before\n"
+    "every tool call and it answers execute, block, replay or stop.\n"
+    "\n"
+    "flags (default in brackets):\n"
+    "  --listen HOST:PORT   address to listen on [127.0.0.1:8787]; port 0 takes a\n"
+    "                       free port. Without tokens only a loopback address is\n"
+    "                       allowed\n"
+    "  --store URL          memory:, sqlite:PATH or postgres:CONNINFO\n"
+    "                       [$LOOPGUARD_STORE, else sqlite:loopguard.db]\n"
+    "  --tokens FILE        bearer tokens, one 'ROLE TOKEN' a line (roles: agent,\n"
+    "                       operator; # comments) [none; also $LOOPGUARD_TOKENS as\n"
+    "                       'ROLE TOKEN;ROLE TOKEN']. No tokens: auth off\n"
+    "  --prices FILE        model prices for the shared budgets [none; accepted,\n"
+    "                       not used yet]\n"
+    "  --policy FILE        default policy (policy-v1) of new runs [built-in]\n"
+    "  --threads N          HTTP worker threads [sqlite:, memory: one per core less\n"
+    "                       one, as a thread of its own commits; postgres: four\n"
+    "                       per core, at most 32]\n"
+    "  --max-body BYTES     largest request body; larger is 413 [1048576]\n"
+    "  --timeout SECONDS    cut off connections idle this long, and bodies not\n"
+    "                       received in this time [30]\n"
+    "  --log FILE           structured log, one JSON object a line; SIGHUP reopens\n"
+    "                       it [stderr]\n"
+    "  --trace-memory BYTES memory for the runs' traces (kept in memory until the\n"
+    "                       store records them) [268435456]\n"
+    "  -h, --help           this help\n"
+    "\n"
+    "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
+    "SIGHUP reopens the log. Exit status: 0 success, 1 an error, 2 bad usage.\n";
+
+/* A whole number flag in [min, max]. */
+static int number(const char *flag, const char *v, long long min, long long max, long long *out) {
+  char *end;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (!*v || *end || errno || n < min || n > max) {
+    cli_usage(NULL, "%s: expected a number from %lld to %lld, got '%s'", flag, min, max, v);
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+  lg_server_options_t o;
+  memset(&o, 0, sizeof o);
+  const char *store = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(serve_usage, stdout);
+      return 0;
+    }
+    static const char *with_value[] = {"--listen", "--store",    "--tokens",  "--prices",
+                                       "--policy", "--threads",  "--max-body", "--timeout",
+                                       "--log",    "--trace-memory"};
+    int known = -1;
+    const char *val = NULL;
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+      size_t n = strlen(with_value[k]);
+      if (!strcmp(a, with_value[k])) {
+        if (i + 1 >= argc) return cli_usage(serve_usage, "%s needs a value", a);
+        known = (int)k;
+        val = argv[++i];
+      } else if (!strncmp(a, with_value[k], n) && a[n] == '=') {
+        known = (int)k;
+        val = a + n + 1;
+      }
+      if (known >= 0) break;
+    }
+    if (known < 0) return cli_usage(serve_usage, "unknown argument '%s'", a);
+    long long n;
+    switch (known) {
+    case 0: o.listen = val; break;
+    case 1: store = val; break;
+    case 2: o.tokens_file = val; break;
+    case 3: o.prices_file = val; break;
+    case 4: o.policy_file = val; break;
+    case 5:
+      if (number(a, val, 1, 1024, &n)) return 2;
+      o.threads = (int)n;
+      break;
+    case 6:
+      if (number(a, val, 1024, 1LL << 30, &n)) return 2;
+      o.max_body = (size_t)n;
+      break;
+    case 7:
+      if (number(a, val, 1, 86400, &n)) return 2;
+      o.timeout_s = (int)n;
+      break;
+    case 8: o.log_path = val; break;
+    case 9:
+      if (number(a, val, 1 << 20, 1LL << 40, &n)) return 2;
+      o.trace_memory = (size_t)n;
+      break;
+    }
+  }
+  o.store_url = cli_store_url(store);
+  const char *env_tokens = getenv("LOOPGUARD_TOKENS");
+  if (env_tokens && *env_tokens) o.tokens = env_tokens;
+
+  /* Block the signals before the server's threads exist, so that only
+   * sigwait() below receives them. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  lg_server_t *srv = lg_server_start(&o, &err);
+  if (!srv) {
+    cli_error(&err);
+    return 1;
+  }
+  char *banner = lg_server_banner(srv);
+  if (banner) fputs(banner, stdout);
+  lg_free(banner);
+  fflush(stdout);
+
+  int rc = 0;
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig)) continue;
+    if (sig == SIGHUP) {
+      if (lg_server_reopen_log(srv))
+        fprintf(stderr, "loopguard: cannot reopen the log file; still writing the old one\n");
+      continue;
+    }
+    break; /* SIGTERM, SIGINT */
+  }
+  if (lg_server_shutdown(srv, 10000) == LG_EBUSY) {
+    fprintf(stderr, "loopguard: requests were still in flight after 10 s; they were cut\n");
+    rc = 1;
+  }
+  lg_server_free(srv);
+  return rc;
+}

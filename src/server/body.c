@@ -1,0 +1,324 @@
+/*
+ * body.c — request bodies of http-api-v1, parsed and checked.
+ *
+ * A body is one JSON object, parsed by jansson with duplicate keys
+ * rejected. Each endpoint has a table of the fields it knows (name, JSON
+ * type, whether required, a range); a field of the wrong type, out of
+ * range or not in the table is an error whose message starts with the
+ * field's name ("args: expected an object, got an array"), and every
+ * unknown field is named at once ("unknown fields: agnt, tunr"), so a
+ * client sees all its typos in one round trip.
+ *
+ * The one field that is deliberately not checked for its value is a
+ * result's `status`: a missing, null or unknown status is the tool's
+ * answer being malformed, which the engine's validation gate turns into a
+ * stop (invalid_tool_result), not a client error. Only a status that is
+ * not a string at all is a 400.
+ *
+ * This file is fed untrusted bytes by the fuzz target
+ * tests/fuzz/fuzz_http_body.c: nothing here may read past `len`, and any
+ * input must end in either a filled body or an error, never a crash.
+ */
+#include "server.h"
+
+#include <math.h>
+#include <stdio.h>
+
+/* JSON types a field may have. */
+typedef enum ftype {
+  T_STR = 1, /* a string */
+  T_ID,      /* a string of 1 to 1024 bytes without control characters */
+  T_INT,     /* a whole number (1 and 1.0 both) */
+  T_UINT,    /* a whole number >= 0 */
+  T_USD,     /* a number >= 0, USD */
+  T_BOOL,    /* true or false */
+  T_OBJ,     /* an object */
+  T_ANY,     /* any JSON value */
+  T_STATUS   /* results' status: a string or null */
+} ftype_t;
+
+/* Where a field lands in lg__body_t. */
+typedef enum fslot {
+  S_RUN_ID = 1, S_GROUP, S_POLICY, S_PROGRESS_VERSION, S_TOOL, S_ARGS, S_TURN, S_CALL_ID,
+  S_IDEMPOTENCY_KEY, S_AGENT, S_STATUS, S_SIDE_EFFECT_COMMITTED, S_RETRY_AFTER_MS, S_VALUE,
+  S_OPERATION_ID, S_WORLD, S_FROM, S_TO, S_MODEL, S_INPUT_TOKENS, S_OUTPUT_TOKENS,
+  S_MAX_TOKENS, S_COST, S_RESERVATION_ID, S_REASON, S_KEY, S_REQUEST_FP, S_LEASE_MS,
+  S_RESULT, S_RETRYABLE
+} fslot_t;
+
+typedef struct field {
+  const char *name; /* JSON member name */
+  ftype_t type;
+  fslot_t slot;
+  bool required;
+} field_t;
+
+#define END {NULL, 0, 0, false}
+static const field_t f_run[] = {{"run_id", T_ID, S_RUN_ID, false},
+                                {"group", T_ID, S_GROUP, false},
+                                {"policy", T_OBJ, S_POLICY, false},
+                                {"progress_version", T_INT, S_PROGRESS_VERSION, false},
+                                END};
+static const field_t f_call[] = {{"tool", T_ID, S_TOOL, true},
+                                 {"args", T_OBJ, S_ARGS, false},
+                                 {"turn", T_INT, S_TURN, false},
+                                 {"call_id", T_ID, S_CALL_ID, false},
+                                 {"idempotency_key", T_ID, S_IDEMPOTENCY_KEY, false},
+                                 {"agent", T_STR, S_AGENT, false},
+                                 END};
+static const field_t f_result[] = {{"call_id", T_ID, S_CALL_ID, false},
+                                   {"status", T_STATUS, S_STATUS, false},
+                                   {"progress_version", T_INT, S_PROGRESS_VERSION, false},
+                                   {"side_effect_committed", T_BOOL, S_SIDE_EFFECT_COMMITTED, false},
+                                   {"retry_after_ms", T_UINT, S_RETRY_AFTER_MS, false},
+                                   {"value", T_ANY, S_VALUE, false},
+                                   {"operation_id", T_ID, S_OPERATION_ID, false},
+                                   END};
+static const field_t f_state[] = {{"world", T_OBJ, S_WORLD, true}, END};
+static const field_t f_handoff[] = {{"from", T_STR, S_FROM, true}, {"to", T_STR, S_TO, true}, END};
+static const field_t f_model[] = {{"model", T_STR, S_MODEL, false},
+                                  {"input_tokens", T_UINT, S_INPUT_TOKENS, true},
+                                  {"max_tokens", T_UINT, S_MAX_TOKENS, false},
+                                  {"cost_usd", T_USD, S_COST, false},
+                                  {"turn", T_INT, S_TURN, false},
+                                  END};
+static const field_t f_usage[] = {{"reservation_id", T_ID, S_RESERVATION_ID, false},
+                                  {"input_tokens", T_UINT, S_INPUT_TOKENS, true},
+                                  {"output_tokens", T_UINT, S_OUTPUT_TOKENS, true},
+                                  {"cost_usd", T_USD, S_COST, false},
+                                  END};
+static const field_t f_cancel[] = {{"reason", T_ID, S_REASON, false}, END};
+static const field_t f_claim[] = {{"key", T_ID, S_KEY, true},
+                                  {"request_fingerprint", T_ID, S_REQUEST_FP, true},
+                                  {"run_id", T_ID, S_RUN_ID, false},
+                                  {"lease_ms", T_UINT, S_LEASE_MS, false},
+                                  END};
+static const field_t f_commit[] = {{"result", T_ANY, S_RESULT, true},
+                                   {"operation_id", T_ID, S_OPERATION_ID, false},
+                                   END};
+static const field_t f_fail[] = {{"retryable", T_BOOL, S_RETRYABLE, true}, END};
+
+static const field_t *tables[LG__B__COUNT] = {f_run,   f_call,   f_result, f_state,
+                                              f_handoff, f_model, f_usage, f_cancel,
+                                              f_claim, f_commit, f_fail};
+
+static const char *type_name(const json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: return "a string";
+  case JSON_INTEGER:
+  case JSON_REAL: return "a number";
+  case JSON_TRUE:
+  case JSON_FALSE: return "a boolean";
+  case JSON_NULL: return "null";
+  }
+  return "?";
+}
+
+static int wrong(lg_error_t *err, const char *name, const char *want, const json_t *v) {
+  return lg__err(err, LG_EINVAL, name, -1, "%s: expected %s, got %s", name, want, type_name(v));
+}
+
+/* A whole number: an integer, or a real with no fraction that fits. */
+static int whole(const json_t *v, int64_t *out) {
+  if (json_is_integer(v)) {
+    *out = (int64_t)json_integer_value(v);
+    return 1;
+  }
+  if (json_is_real(v)) {
+    double d = json_real_value(v);
+    if (d == floor(d) && fabs(d) < 9.0e18) {
+      *out = (int64_t)d;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static void body_init(lg__body_t *b) {
+  memset(b, 0, sizeof *b);
+  b->progress_version = b->turn = -1;
+  b->side_effect_committed = -1;
+  b->retry_after_ms = -1;
+  b->input_tokens = b->output_tokens = b->max_tokens = -1;
+  b->lease_ms = -1;
+  b->retryable = -1;
+}
+
+void lg__body_clear(lg__body_t *b) {
+  if (b->root) json_decref(b->root);
+  body_init(b);
+}
+
+/* Checks one known field and stores it. */
+static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
+  const char *s = NULL;
+  int64_t i = 0;
+  switch (f->type) {
+  case T_STR:
+  case T_ID:
+    if (!json_is_string(v)) return wrong(err, f->name, "a string", v);
+    s = json_string_value(v);
+    if (f->type == T_ID) {
+      size_t n = json_string_length(v);
+      if (!n) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be empty", f->name);
+      if (n > 1024)
+        return lg__err(err, LG_EINVAL, f->name, -1, "%s: longer than 1024 bytes", f->name);
+      for (size_t k = 0; k < n; k++)
+        if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f)
+          return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not hold control characters",
+                         f->name);
+    }
+    break;
+  case T_STATUS:
+    if (json_is_null(v)) return 0; /* the validation gate decides */
+    if (!json_is_string(v)) return wrong(err, f->name, "a string", v);
+    s = json_string_value(v);
+    break;
+  case T_INT:
+  case T_UINT:
+    if (!whole(v, &i)) return wrong(err, f->name, "a whole number", v);
+    if (f->type == T_UINT && i < 0)
+      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
+    break;
+  case T_USD: {
+    if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
+    double d = json_number_value(v);
+    if (!(d >= 0 && d < 1e9))
+      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must be a USD amount from 0 to 1e9",
+                     f->name);
+    i = (int64_t)llround(d * 1e9); /* the same rounding as replay */
+    break;
+  }
+  case T_BOOL:
+    if (!json_is_boolean(v)) return wrong(err, f->name, "true or false", v);
+    i = json_is_true(v);
+    break;
+  case T_OBJ:
+    if (!json_is_object(v)) return wrong(err, f->name, "an object", v);
+    break;
+  case T_ANY: break;
+  }
+  switch (f->slot) {
+  case S_RUN_ID: b->run_id = s; break;
+  case S_GROUP: b->group = s; break;
+  case S_POLICY: b->policy = v; break;
+  case S_PROGRESS_VERSION:
+    b->has_progress_version = 1;
+    b->progress_version = i;
+    break;
+  case S_TOOL: b->tool = s; break;
+  case S_ARGS: b->args = v; break;
+  case S_TURN:
+    b->has_turn = 1;
+    b->turn = i;
+    break;
+  case S_CALL_ID: b->call_id = s; break;
+  case S_IDEMPOTENCY_KEY: b->idempotency_key = s; break;
+  case S_AGENT: b->agent = s; break;
+  case S_STATUS: b->status = s; break;
+  case S_SIDE_EFFECT_COMMITTED: b->side_effect_committed = (int)i; break;
+  case S_RETRY_AFTER_MS: b->retry_after_ms = i; break;
+  case S_VALUE: b->value = v; break;
+  case S_OPERATION_ID: b->operation_id = s; break;
+  case S_WORLD: b->world = v; break;
+  case S_FROM: b->from = s; break;
+  case S_TO: b->to = s; break;
+  case S_MODEL: b->model = s; break;
+  case S_INPUT_TOKENS: b->input_tokens = i; break;
+  case S_OUTPUT_TOKENS: b->output_tokens = i; break;
+  case S_MAX_TOKENS: b->max_tokens = i; break;
+  case S_COST:
+    b->has_cost = 1;
+    b->cost_nusd = i;
+    break;
+  case S_RESERVATION_ID: b->reservation_id = s; break;
+  case S_REASON: b->reason = s; break;
+  case S_KEY: b->key = s; break;
+  case S_REQUEST_FP: b->request_fp = s; break;
+  case S_LEASE_MS: b->lease_ms = i; break;
+  case S_RESULT: b->result = v; break;
+  case S_RETRYABLE: b->retryable = (int)i; break;
+  }
+  return 0;
+}
+
+int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_t *out,
+                   lg_error_t *err) {
+  body_init(out);
+  if ((unsigned)kind >= LG__B__COUNT) return lg__err(err, LG_EINVAL, NULL, -1, "unknown body kind");
+  size_t a = 0;
+  while (a < len && (text[a] == ' ' || text[a] == '\t' || text[a] == '\r' || text[a] == '\n')) a++;
+  json_t *root;
+  if (a == len) {
+    root = json_object(); /* an empty body is {} */
+    if (!root) return lg__err(err, LG_ENOMEM, "body", -1, "out of memory");
+  } else {
+    json_error_t je;
+    root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+      int code = strstr(je.text, "duplicate") ? LG_EDUPKEY : LG_EPARSE;
+      return lg__err(err, code, "body", je.position, "body: malformed JSON at line %d, column %d: %s",
+                     je.line, je.column, je.text);
+    }
+  }
+  if (!json_is_object(root)) {
+    int rc = lg__err(err, LG_EINVAL, "body", -1, "body: expected a JSON object, got %s",
+                     type_name(root));
+    json_decref(root);
+    return rc;
+  }
+  out->root = root;
+  const field_t *tab = tables[kind];
+  /* Unknown fields first, all of them in one message. Names are shown as
+   * they are, cut short, control characters as '?', and "" for an empty
+   * one; the error's field is the first of them. */
+  lg__buf_t unknown = {0};
+  char first[72] = "";
+  int nunknown = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(root, k, v) {
+    const field_t *f = tab;
+    while (f->name && strcmp(f->name, k)) f++;
+    if (f->name) continue;
+    if (nunknown++) lg__buf_puts(&unknown, ", ");
+    size_t at = unknown.len;
+    if (!*k) lg__buf_puts(&unknown, "\"\"");
+    for (size_t i = 0; k[i] && i < 64; i++)
+      lg__buf_putc(&unknown, (unsigned char)k[i] < 0x20 ? '?' : k[i]);
+    if (nunknown == 1 && unknown.data)
+      snprintf(first, sizeof first, "%.*s", (int)(unknown.len - at), unknown.data + at);
+  }
+  if (nunknown) {
+    int rc = lg__err(err, LG_EINVAL, first[0] ? first : "body", -1, "unknown field%s: %s",
+                     nunknown > 1 ? "s" : "", unknown.data ? unknown.data : "?");
+    lg__buf_free(&unknown);
+    lg__body_clear(out);
+    return rc;
+  }
+  for (const field_t *f = tab; f->name; f++) {
+    json_t *fv = json_object_get(root, f->name);
+    int rc = 0;
+    if (!fv) {
+      if (f->required) rc = lg__err(err, LG_EINVAL, f->name, -1, "%s: this field is required", f->name);
+    } else {
+      rc = take(out, f, fv, err);
+    }
+    if (rc) {
+      lg__body_clear(out);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+char *lg__json_text(const json_t *v, size_t *len) {
+  /* JSON_ENCODE_ANY: values (strings, numbers) as well as documents. The
+   * text comes from jansson's allocator, which is the library's
+   * (lg_set_allocator hooks both), so lg__free releases it. */
+  char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  if (len) *len = s ? strlen(s) : 0;
+  return s;
+}

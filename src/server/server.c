@@ -1,0 +1,575 @@
+/*
+ * server.c — the life of the HTTP sidecar: start, serve, drain, stop.
+ *
+ * lg_server_start() does everything that can fail before the first
+ * request: it opens the store (one handle, kept for the first worker, so a
+ * bad URL or an unreachable database is an error at start and not at the
+ * first call), loads tokens and the default policy, resolves and binds the
+ * listening address itself (so that port 0 works and the address can be
+ * checked: without tokens only a loopback address may be bound), and
+ * starts libmicrohttpd on that socket with a pool of threads, one per core
+ * by default, epoll, keep-alive, a connection limit and an idle timeout.
+ *
+ * Threads and stores. libmicrohttpd calls the handlers on its pool
+ * threads. With PostgreSQL each thread gets its own lg_store_t (a handle
+ * serialises its calls, so sharing one would serialise the server), made
+ * on the thread's first request and kept in a thread-specific slot; the
+ * handles are listed here and closed after the threads have stopped.
+ * memory: and sqlite: are different: memory: is private to its handle, and
+ * SQLite takes one writer at a time per database (several connections of
+ * one process would meet in its busy handler, which sleeps, and would
+ * each reread the pages the others wrote). Every thread shares the one
+ * handle opened at start, and decisions go through the group commit of
+ * batch.c.
+ *
+ * Shutdown (lg_server_shutdown): stop accepting (MHD_quiesce_daemon),
+ * answer requests still arriving on open connections with "Connection:
+ * close", wait until none is in flight (bounded), stop the threads, close
+ * the store handles. A request is always decided and stored, or not
+ * started: a thread finishes its handler before it stops.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the clock ---- */
+
+int64_t lg__server_now(const lg_server_t *srv) {
+  if (srv->o.clock) return srv->o.clock(srv->o.clock_ud);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- logs ---- */
+
+/* RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z. */
+static void rfc3339(int64_t ms, char out[32]) {
+  time_t secs = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  snprintf(out, 32, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", (tm.tm_year + 1900) % 10000,
+           (tm.tm_mon + 1) % 100, tm.tm_mday % 100, tm.tm_hour % 100, tm.tm_min % 100,
+           tm.tm_sec % 100, (int)(ms % 1000));
+}
+
+void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields) {
+  char ts[32];
+  int64_t now;
+  {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t); /* log times are always real time */
+    now = (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+  }
+  rfc3339(now, ts);
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":\"%s\"", ts, level, event);
+  if (fields && *fields) {
+    lg__buf_putc(&b, ',');
+    lg__buf_puts(&b, fields);
+  }
+  lg__buf_puts(&b, "}\n");
+  if (!b.oom) {
+    pthread_mutex_lock(&srv->log_mu);
+    if (srv->log) {
+      fwrite(b.data, 1, b.len, srv->log);
+      fflush(srv->log);
+    }
+    pthread_mutex_unlock(&srv->log_mu);
+  }
+  lg__buf_free(&b);
+}
+
+int lg_server_reopen_log(lg_server_t *srv) {
+  if (!srv || !srv->o.log_path) return 0; /* stderr: nothing to reopen */
+  FILE *f = fopen(srv->o.log_path, "a");
+  if (!f) return LG_EIO;
+  pthread_mutex_lock(&srv->log_mu);
+  FILE *old = srv->log;
+  srv->log = f;
+  srv->log_owned = 1;
+  pthread_mutex_unlock(&srv->log_mu);
+  if (old && old != stderr) fclose(old);
+  lg__server_log(srv, "info", "log_reopened", NULL);
+  return 0;
+}
+
+/* ---- workers and their stores ---- */
+
+
+lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err) {
+  lg__worker_t *w = pthread_getspecific(srv->wkey);
+  if (w) return w;
+  w = lg__calloc(1, sizeof *w);
+  if (!w || !(w->canon = lg_canon_new())) {
+    lg__free(w);
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    return NULL;
+  }
+  if (srv->shared) {
+    w->store = srv->shared;
+  } else {
+    pthread_mutex_lock(&srv->wlist_mu);
+    w->store = srv->spare;
+    srv->spare = NULL;
+    pthread_mutex_unlock(&srv->wlist_mu);
+    if (!w->store) w->store = lg_store_open(srv->o.store_url, NULL, err);
+    if (!w->store) {
+      lg_canon_free(w->canon);
+      lg__free(w);
+      return NULL;
+    }
+  }
+  pthread_mutex_lock(&srv->wlist_mu);
+  w->next = srv->workers;
+  srv->workers = w;
+  pthread_mutex_unlock(&srv->wlist_mu);
+  pthread_setspecific(srv->wkey, w);
+  return w;
+}
+
+/* ---- the policy cache ---- */
+
+static uint64_t hash_str(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+lg_policy_t *lg__server_policy(lg_server_t *srv, const char *json, lg_error_t *err) {
+  if (!json || !*json) return lg_policy_ref(srv->default_policy);
+  uint64_t h = hash_str(json);
+  pthread_mutex_lock(&srv->pol_mu);
+  for (int i = 0; i < LG__POL_SLOTS; i++) {
+    lg__pol_slot_t *sl = &srv->pol[i];
+    if (sl->json && sl->hash == h && !strcmp(sl->json, json)) {
+      sl->used = ++srv->pol_tick;
+      lg_policy_t *p = lg_policy_ref(sl->pol);
+      pthread_mutex_unlock(&srv->pol_mu);
+      return p;
+    }
+  }
+  pthread_mutex_unlock(&srv->pol_mu);
+  /* Parsed outside the lock: parsing is the slow part. */
+  lg_policy_t *p = lg_policy_parse(json, strlen(json), "stored policy", err);
+  if (!p) return NULL;
+  char *copy = lg__strdup(json);
+  if (!copy) return p; /* not cached, still usable */
+  pthread_mutex_lock(&srv->pol_mu);
+  lg__pol_slot_t *victim = &srv->pol[0];
+  for (int i = 0; i < LG__POL_SLOTS; i++) {
+    lg__pol_slot_t *sl = &srv->pol[i];
+    if (sl->json && sl->hash == h && !strcmp(sl->json, json)) { /* raced: keep theirs */
+      victim = NULL;
+      break;
+    }
+    if (!sl->json) {
+      victim = sl;
+      break;
+    }
+    if (sl->used < victim->used) victim = sl;
+  }
+  if (victim) {
+    lg__free(victim->json);
+    lg_policy_free(victim->pol);
+    victim->json = copy;
+    victim->hash = h;
+    victim->pol = lg_policy_ref(p);
+    victim->used = ++srv->pol_tick;
+  } else {
+    lg__free(copy);
+  }
+  pthread_mutex_unlock(&srv->pol_mu);
+  return p;
+}
+
+/* ---- the listening socket ---- */
+
+/* Splits "HOST:PORT" / "[V6]:PORT" / ":PORT". */
+static int split_listen(const char *s, char **host, char **port, lg_error_t *err) {
+  const char *colon;
+  const char *h = s;
+  size_t hl;
+  if (*s == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':')
+      return lg__err(err, LG_EINVAL, "listen", -1,
+                     "--listen \"%s\": expected [IPV6]:PORT", s);
+    h = s + 1;
+    hl = (size_t)(close - h);
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon)
+      return lg__err(err, LG_EINVAL, "listen", -1, "--listen \"%s\": expected HOST:PORT", s);
+    hl = (size_t)(colon - s);
+  }
+  const char *p = colon + 1;
+  char *end;
+  errno = 0;
+  long pn = strtol(p, &end, 10);
+  if (!*p || *end || errno || pn < 0 || pn > 65535)
+    return lg__err(err, LG_EINVAL, "listen", -1,
+                   "--listen \"%s\": the port must be a number from 0 to 65535", s);
+  *host = lg__strndup(h, hl);
+  *port = lg__strdup(p);
+  if (!*host || !*port) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  return 0;
+}
+
+static int bind_listen(lg_server_t *srv, lg_error_t *err) {
+  char *host = NULL, *port = NULL;
+  int rc = split_listen(srv->o.listen, &host, &port, err);
+  if (rc) goto out;
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int g = getaddrinfo(*host ? host : NULL, port, &hints, &res);
+  if (g || !res) {
+    rc = lg__err(err, LG_EINVAL, "listen", -1, "--listen \"%s\": cannot resolve \"%s\": %s",
+                 srv->o.listen, host, gai_strerror(g));
+    goto out;
+  }
+  struct addrinfo *ai = res;
+  if (!lg__is_loopback(ai->ai_addr) && srv->auth.n == 0) {
+    rc = lg__err(err, LG_EINVAL, "listen", -1,
+                 "refusing to listen on %s with no tokens: without auth the server may only "
+                 "bind a loopback address (give --tokens FILE or LOOPGUARD_TOKENS, or listen "
+                 "on 127.0.0.1)",
+                 srv->o.listen);
+    freeaddrinfo(res);
+    goto out;
+  }
+  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+  if (fd < 0) {
+    rc = lg__err(err, LG_EIO, "listen", -1, "socket: %s", strerror(errno));
+    freeaddrinfo(res);
+    goto out;
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 1024)) {
+    rc = lg__err(err, LG_EIO, "listen", -1, "cannot listen on %s: %s", srv->o.listen,
+                 strerror(errno));
+    close(fd);
+    freeaddrinfo(res);
+    goto out;
+  }
+  freeaddrinfo(res);
+  /* libmicrohttpd wants a non-blocking listening socket with a pool. */
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  char nhost[NI_MAXHOST], nport[NI_MAXSERV];
+  getnameinfo((struct sockaddr *)&ss, sl, nhost, sizeof nhost, nport, sizeof nport,
+              NI_NUMERICHOST | NI_NUMERICSERV);
+  srv->port = atoi(nport);
+  srv->listen_fd = fd;
+  lg__buf_t u = {0};
+  lg__buf_printf(&u, ss.ss_family == AF_INET6 ? "http://[%s]:%s" : "http://%s:%s", nhost, nport);
+  srv->url = lg__buf_steal(&u, NULL);
+  srv->listen_host = host;
+  host = NULL;
+  if (!srv->url) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+out:
+  lg__free(host);
+  lg__free(port);
+  return rc;
+}
+
+/* ---- start ---- */
+
+static int online_cores(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
+}
+
+static void count_active(lg_server_t *srv, lg_store_t *st);
+
+lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
+  if (!opts || !opts->store_url || !*opts->store_url) {
+    lg__err(err, LG_EINVAL, "store", -1, "no store URL given");
+    return NULL;
+  }
+  lg_server_t *srv = lg__calloc(1, sizeof *srv);
+  if (!srv) {
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    return NULL;
+  }
+  srv->listen_fd = -1;
+  srv->o = *opts;
+  /* Copies of every string, so the caller's may go away. */
+  srv->o.listen = lg__strdup(opts->listen ? opts->listen : LG_SERVER_DEFAULT_LISTEN);
+  srv->o.store_url = lg__strdup(opts->store_url);
+  srv->o.tokens_file = opts->tokens_file ? lg__strdup(opts->tokens_file) : NULL;
+  srv->o.tokens = NULL; /* not kept: digests only */
+  srv->o.policy_file = opts->policy_file ? lg__strdup(opts->policy_file) : NULL;
+  srv->o.prices_file = opts->prices_file ? lg__strdup(opts->prices_file) : NULL;
+  srv->o.log_path = opts->log_path ? lg__strdup(opts->log_path) : NULL;
+
+  if (srv->o.max_body == 0) srv->o.max_body = LG_SERVER_DEFAULT_MAX_BODY;
+  if (srv->o.timeout_s <= 0) srv->o.timeout_s = LG_SERVER_DEFAULT_TIMEOUT_S;
+  if (srv->o.trace_memory == 0) srv->o.trace_memory = LG_SERVER_DEFAULT_TRACE_MEMORY;
+  pthread_mutex_init(&srv->wlist_mu, NULL);
+  pthread_mutex_init(&srv->pol_mu, NULL);
+  pthread_mutex_init(&srv->log_mu, NULL);
+  int key_ok = pthread_key_create(&srv->wkey, NULL) == 0;
+  if (!srv->o.listen || !srv->o.store_url || (opts->tokens_file && !srv->o.tokens_file) ||
+      (opts->policy_file && !srv->o.policy_file) || (opts->prices_file && !srv->o.prices_file) ||
+      (opts->log_path && !srv->o.log_path) || !key_ok) {
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    goto fail;
+  }
+  /* The log first, so that everything after can say what happened. */
+  if (srv->o.log_path) {
+    srv->log = fopen(srv->o.log_path, "a");
+    if (!srv->log) {
+      lg__err(err, LG_EIO, "log", -1, "cannot open the log file: %s", strerror(errno));
+      lg__err_where(err, srv->o.log_path, 0);
+      goto fail;
+    }
+    srv->log_owned = 1;
+  } else {
+    srv->log = stderr;
+  }
+  /* Tokens. */
+  if (srv->o.tokens_file && lg__auth_load_file(&srv->auth, srv->o.tokens_file, err)) goto fail;
+  if (opts->tokens && lg__auth_load_spec(&srv->auth, opts->tokens, "LOOPGUARD_TOKENS", err))
+    goto fail;
+  /* The default policy of new runs. */
+  if (srv->o.policy_file) {
+    srv->default_policy = lg_policy_load_file(srv->o.policy_file, err);
+    srv->policy_source = lg__strdup(srv->o.policy_file);
+  } else {
+    srv->default_policy = lg_policy_default();
+    srv->policy_source = lg__strdup("built-in default");
+    if (!srv->default_policy) lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  if (!srv->default_policy) goto fail;
+  srv->default_policy_json = lg_policy_to_json(srv->default_policy);
+  if (!srv->default_policy_json || !srv->policy_source) {
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    goto fail;
+  }
+  /* The store, once now, so that a bad one fails the start. */
+  lg_store_t *st = lg_store_open(srv->o.store_url, NULL, err);
+  if (!st) goto fail;
+  if (!strcmp(lg_store_scheme(st), "sqlite")) {
+    /* SQLite: WAL checkpoints in a thread of their own (checkpoint.c);
+     * without it (0, or it cannot start) they stay in the commits. */
+    const char *ev = getenv("LOOPGUARD_CHECKPOINT_MS");
+    int every = ev ? atoi(ev) : 5;
+    srv->ckpt = every > 0 ? lg__checkpointer_new(srv->o.store_url, every) : NULL;
+  }
+  srv->scheme = lg_store_scheme(st);
+  srv->store_name = lg__strdup(lg_store_name(st));
+  if (!strcmp(srv->scheme, "memory") || !strcmp(srv->scheme, "sqlite")) srv->shared = st;
+  else srv->spare = st;
+  if (!srv->store_name) {
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    goto fail;
+  }
+  /* Threads. With group commit (sqlite:, memory:) the committer takes a
+   * core of its own, so the HTTP threads get the others (at least one).
+   * With postgres: a thread waits on its connection for most of a
+   * decision (several round trips), so more threads than cores keep the
+   * cores busy: four per core, at most 32 (each is a connection). */
+  if (srv->o.threads <= 0) {
+    int cores = online_cores();
+    srv->o.threads = srv->shared ? (cores > 1 ? cores - 1 : 1) : (4 * cores > 32 ? 32 : 4 * cores);
+  }
+  srv->trace = lg__tracelog_new(srv->o.trace_memory, 0);
+  if (srv->shared) srv->batcher = lg__batcher_new(srv->shared, 0);
+  if (!srv->trace || (srv->shared && !srv->batcher)) {
+    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    goto fail;
+  }
+  /* The address, last: nothing binds before the rest is known good. */
+  if (bind_listen(srv, err)) goto fail;
+  struct rlimit rl;
+  unsigned conn_limit = 4096;
+  if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
+    unsigned room = rl.rlim_cur > 64 + (rlim_t)srv->o.threads * 4
+                        ? (unsigned)(rl.rlim_cur - 64 - (rlim_t)srv->o.threads * 4)
+                        : 16;
+    if (room < conn_limit) conn_limit = room;
+  }
+  unsigned flags =
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
+      MHD_USE_TURBO;
+  srv->mhd = MHD_start_daemon(
+      flags, 0, NULL, NULL, lg__http_access, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
+      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, conn_limit,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
+      lg__http_completed, srv, MHD_OPTION_END);
+  if (!srv->mhd) {
+    lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+    goto fail;
+  }
+  count_active(srv, st);
+  /* The start-up block of the log. */
+  {
+    lg__buf_t f = {0};
+    lg__buf_puts(&f, "\"version\":\"" LG_VERSION_STRING "\",\"listen\":");
+    lg__buf_json_str(&f, srv->url, strlen(srv->url));
+    lg__buf_puts(&f, ",\"store\":");
+    lg__buf_json_str(&f, srv->store_name, strlen(srv->store_name));
+    lg__buf_printf(&f, ",\"auth\":%s,\"tokens\":%zu,\"policy\":", srv->auth.n ? "true" : "false",
+                   srv->auth.n);
+    lg__buf_json_str(&f, srv->policy_source, strlen(srv->policy_source));
+    lg__buf_printf(&f, ",\"threads\":%d,\"max_body\":%zu,\"timeout_s\":%d,\"connection_limit\":%u",
+                   srv->o.threads, srv->o.max_body, srv->o.timeout_s, conn_limit);
+    if (srv->o.prices_file) {
+      lg__buf_puts(&f, ",\"prices\":");
+      lg__buf_json_str(&f, srv->o.prices_file, strlen(srv->o.prices_file));
+      lg__buf_puts(&f, ",\"prices_used\":false");
+    }
+    if (!f.oom) lg__server_log(srv, "info", "start", f.data);
+    lg__buf_free(&f);
+  }
+  return srv;
+fail:
+  lg_server_free(srv);
+  return NULL;
+}
+
+int lg_server_port(const lg_server_t *srv) { return srv->port; }
+
+char *lg_server_banner(const lg_server_t *srv) {
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "loopguard %s: listening on %s\n", LG_VERSION_STRING, srv->url);
+  lg__buf_printf(&b, "  store:   %s\n", srv->store_name);
+  if (srv->auth.n)
+    lg__buf_printf(&b, "  auth:    on (%zu token%s; send Authorization: Bearer TOKEN)\n",
+                   srv->auth.n, srv->auth.n == 1 ? "" : "s");
+  else
+    lg__buf_puts(&b, "  auth:    off (no tokens configured: open on loopback only)\n");
+  lg__buf_printf(&b, "  policy:  %s (default policy of new runs)\n", srv->policy_source);
+  if (srv->o.prices_file) lg__buf_printf(&b, "  prices:  not used yet (%s)\n", srv->o.prices_file);
+  lg__buf_printf(&b, "  threads: %d, max body %zu bytes, timeout %d s\n", srv->o.threads,
+                 srv->o.max_body, srv->o.timeout_s);
+  lg__buf_printf(&b, "  try:     curl -s %s/healthz\n", srv->url);
+  return lg__buf_steal(&b, NULL);
+}
+
+/* Counts the active runs of the store for the gauge. */
+typedef struct counter {
+  int64_t n;
+} counter_t;
+static int count_cb(void *ud, const lg_run_record_t *rec) {
+  (void)rec;
+  ((counter_t *)ud)->n++;
+  return 0;
+}
+static void count_active(lg_server_t *srv, lg_store_t *st) {
+  lg_error_t e = {0};
+  counter_t c = {0};
+  lg_run_filter_t f = {.status = "active"};
+  if (!lg_store_run_list(st, &f, count_cb, &c, &e)) {
+    atomic_store(&srv->metrics.runs_active, c.n);
+    atomic_store(&srv->metrics.runs_active_at_ms, lg__server_now(srv));
+  }
+}
+
+void lg__server_count_active(lg_server_t *srv, lg_store_t *st) {
+  int64_t at = atomic_load(&srv->metrics.runs_active_at_ms);
+  if (at && lg__server_now(srv) - at < 10000) return;
+  count_active(srv, st);
+}
+
+/* ---- stop ---- */
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) && errno == EINTR) {
+  }
+}
+
+int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
+  if (!srv || srv->stopped) return 0;
+  srv->stopped = 1;
+  int rc = 0;
+  if (drain_ms <= 0) drain_ms = 10000;
+  if (srv->mhd) {
+    atomic_store(&srv->draining, 1);
+    MHD_socket ls = MHD_quiesce_daemon(srv->mhd);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    srv->listen_fd = -1;
+    int waited = 0;
+    while (atomic_load(&srv->inflight) > 0 && waited < drain_ms) {
+      sleep_ms(5);
+      waited += 5;
+    }
+    if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
+    MHD_stop_daemon(srv->mhd);
+    srv->mhd = NULL;
+    lg__batcher_free(srv->batcher);
+    srv->batcher = NULL;
+    char f[96];
+    snprintf(f, sizeof f, "\"drained\":%s,\"waited_ms\":%d", rc ? "false" : "true", waited);
+    lg__server_log(srv, "info", "stop", f);
+  }
+  lg__batcher_free(srv->batcher); /* when MHD never started */
+  srv->batcher = NULL;
+  lg__checkpointer_free(srv->ckpt);
+  srv->ckpt = NULL;
+  /* The threads are gone: their store handles can close. */
+  pthread_mutex_lock(&srv->wlist_mu);
+  for (lg__worker_t *w = srv->workers, *next; w; w = next) {
+    next = w->next;
+    if (w->store != srv->shared) lg_store_close(w->store);
+    lg_canon_free(w->canon);
+    lg__free(w);
+  }
+  srv->workers = NULL;
+  lg_store_close(srv->spare);
+  srv->spare = NULL;
+  lg_store_close(srv->shared);
+  srv->shared = NULL;
+  pthread_mutex_unlock(&srv->wlist_mu);
+  if (srv->listen_fd >= 0) close(srv->listen_fd);
+  srv->listen_fd = -1;
+  return rc;
+}
+
+void lg_server_free(lg_server_t *srv) {
+  if (!srv) return;
+  lg_server_shutdown(srv, 0);
+  lg__auth_free(&srv->auth);
+  for (int i = 0; i < LG__POL_SLOTS; i++) {
+    lg__free(srv->pol[i].json);
+    lg_policy_free(srv->pol[i].pol);
+  }
+  lg_policy_free(srv->default_policy);
+  lg__free(srv->default_policy_json);
+  lg__free(srv->policy_source);
+  lg__tracelog_free(srv->trace);
+  lg__free(srv->store_name);
+  lg__free(srv->url);
+  lg__free(srv->listen_host);
+  lg__free((char *)srv->o.listen);
+  lg__free((char *)srv->o.store_url);
+  lg__free((char *)srv->o.tokens_file);
+  lg__free((char *)srv->o.policy_file);
+  lg__free((char *)srv->o.prices_file);
+  lg__free((char *)srv->o.log_path);
+  if (srv->log_owned && srv->log) fclose(srv->log);
+  pthread_key_delete(srv->wkey);
+  pthread_mutex_destroy(&srv->wlist_mu);
+  pthread_mutex_destroy(&srv->pol_mu);
+  pthread_mutex_destroy(&srv->log_mu);
+  lg__free(srv);
+}

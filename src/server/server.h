@@ -1,0 +1,369 @@
+/*
+ * server.h — what the files of the HTTP sidecar (src/server/) share.
+ *
+ * The server is split by concern, each file with one job:
+ *   server.c    life of the server: options, the listening socket,
+ *               libmicrohttpd, per-thread store handles, draining, logs;
+ *   http.c      one HTTP request: body accumulation with its limits, auth,
+ *               routing to a handler, the response and its metrics;
+ *   routes.c    the endpoints of http-api-v1: runs and decisions (every
+ *               decision under lg_store_with_run), operations, traces;
+ *   body.c      request bodies: JSON parsed strictly (jansson, duplicate
+ *               keys rejected) and checked against each endpoint's fields,
+ *               with errors that name the field;
+ *   auth.c      bearer tokens, roles, constant-time comparison;
+ *   metrics.c   counters and histograms, the Prometheus text format;
+ *   tracelog.c  the trace-v1 lines of each run (GET /v1/runs/{id}/trace).
+ *
+ * Names are lg__ (internal). Nothing here is part of the public API; the
+ * public part is the SERVER-API block of loopguard.h.
+ */
+#ifndef LG_SERVER_H
+#define LG_SERVER_H
+
+#include "../util/internal.h"
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+/* ------------------------------------------------------------------ */
+/* auth.c                                                              */
+
+typedef enum lg__role {
+  LG__ROLE_NONE = 0,     /* no valid token */
+  LG__ROLE_AGENT = 1,    /* runs, calls, results, model calls, operations */
+  LG__ROLE_OPERATOR = 2  /* all of that, plus cancel, list, budgets */
+} lg__role_t;
+
+typedef struct lg__token {
+  uint8_t digest[32]; /* SHA-256 of the token: the token itself is not kept */
+  int role;           /* lg__role_t */
+} lg__token_t;
+
+typedef struct lg__auth {
+  lg__token_t *tok; /* configured tokens */
+  size_t n;         /* how many */
+} lg__auth_t;
+
+/* Adds the tokens of a file ("ROLE TOKEN" a line, # comments, blank lines)
+ * or of the environment form ("ROLE TOKEN;ROLE TOKEN"). Errors name the
+ * file and line but never echo a token. */
+int lg__auth_load_file(lg__auth_t *a, const char *path, lg_error_t *err);
+int lg__auth_load_spec(lg__auth_t *a, const char *spec, const char *source,
+                       lg_error_t *err);
+/* The role of an Authorization header value ("Bearer TOKEN"); NONE when
+ * absent, malformed or unknown. Takes the same time whichever token
+ * matches, or none. */
+lg__role_t lg__auth_role(const lg__auth_t *a, const char *header);
+void lg__auth_free(lg__auth_t *a);
+/* 1 when the address is a loopback one (127.0.0.0/8, ::1, ::ffff:127.x). */
+int lg__is_loopback(const struct sockaddr *sa);
+
+/* ------------------------------------------------------------------ */
+/* metrics.c                                                           */
+
+/* Routes, as metrics label them. */
+#define LG__ROUTE_MAP(XX)                                                    \
+  XX(RUN_CREATE, "runs_create") XX(RUN_LIST, "runs_list")                    \
+  XX(RUN_GET, "runs_get") XX(CALLS, "calls") XX(RESULTS, "results")          \
+  XX(STATE, "state") XX(HANDOFFS, "handoffs") XX(MODEL, "model")             \
+  XX(USAGE, "usage") XX(RUN_CANCEL, "runs_cancel")                           \
+  XX(GROUP_CANCEL, "groups_cancel") XX(TRACE, "trace")                       \
+  XX(OP_CLAIM, "operations_claim") XX(OP_COMMIT, "operations_commit")        \
+  XX(OP_FAIL, "operations_fail") XX(OP_GET, "operations_get")                \
+  XX(BUDGETS, "budgets") XX(HEALTHZ, "healthz") XX(METRICS, "metrics")       \
+  XX(OTHER, "other")
+
+typedef enum lg__route {
+#define LG__XX(id, name) LG__RT_##id,
+  LG__ROUTE_MAP(LG__XX)
+#undef LG__XX
+  LG__RT__COUNT
+} lg__route_t;
+const char *lg__route_name(lg__route_t r);
+
+#define LG__HIST_BUCKETS 14 /* + the implicit +Inf */
+#define LG__CODE_SLOTS 16   /* distinct HTTP codes counted, then "other" */
+#define LG__ACTIONS 5       /* lg_action_t values */
+#define LG__OUTCOMES 6      /* lg_claim_outcome_t values */
+
+typedef struct lg__metrics {
+  _Atomic uint64_t decisions[LG__ACTIONS][LG_R__COUNT]; /* by action, reason */
+  _Atomic uint64_t stops[LG_R__COUNT];                  /* runs stopped, by reason */
+  _Atomic uint64_t ledger[LG__OUTCOMES];                /* claim outcomes */
+  _Atomic uint64_t hist[LG__RT__COUNT][LG__HIST_BUCKETS + 1]; /* per bucket */
+  _Atomic uint64_t hist_sum_ns[LG__RT__COUNT];          /* total seconds, ns */
+  _Atomic uint64_t requests[LG__RT__COUNT][LG__CODE_SLOTS]; /* by code slot */
+  _Atomic int codes[LG__CODE_SLOTS];                    /* slot -> HTTP code */
+  _Atomic int64_t runs_active;                          /* last count */
+  _Atomic int64_t runs_active_at_ms;                    /* when counted, 0 never */
+} lg__metrics_t;
+
+void lg__metrics_request(lg__metrics_t *m, lg__route_t r, int code, uint64_t ns);
+void lg__metrics_decision(lg__metrics_t *m, lg_action_t a, lg_reason_t why, int stopped_now);
+void lg__metrics_ledger(lg__metrics_t *m, lg_claim_outcome_t o);
+/* The Prometheus text format (version 0.0.4) into b. */
+int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
+
+/* ------------------------------------------------------------------ */
+/* body.c                                                              */
+
+/* The bodies of the endpoints, each with its own fields. */
+typedef enum lg__body_kind {
+  LG__B_RUN = 0,      /* POST /v1/runs */
+  LG__B_CALL,         /* POST /v1/runs/{id}/calls */
+  LG__B_RESULT,       /* .../results */
+  LG__B_STATE,        /* .../state */
+  LG__B_HANDOFF,      /* .../handoffs */
+  LG__B_MODEL,        /* .../model */
+  LG__B_USAGE,        /* .../usage */
+  LG__B_CANCEL,       /* .../cancel and /v1/groups/{g}/cancel */
+  LG__B_CLAIM,        /* POST /v1/operations/claim */
+  LG__B_COMMIT,       /* POST /v1/operations/{key}/commit */
+  LG__B_FAIL,         /* POST /v1/operations/{key}/fail */
+  LG__B__COUNT
+} lg__body_kind_t;
+
+/* A parsed and checked body. Strings and JSON values are borrowed from
+ * `root`, which lg__body_clear releases. Absent integers are -1 unless a
+ * has_ flag says otherwise. */
+typedef struct lg__body {
+  json_t *root;                  /* owns what follows */
+  const char *run_id, *group;    /* runs */
+  json_t *policy;                /* runs: a policy-v1 object */
+  int has_progress_version;      /* runs, results */
+  int64_t progress_version;
+  const char *tool;              /* calls */
+  json_t *args;                  /* calls: an object, or NULL ({}) */
+  int has_turn;                  /* calls, model */
+  int64_t turn;
+  const char *call_id, *idempotency_key, *agent;
+  const char *status;            /* results: NULL when absent or null */
+  int side_effect_committed;     /* results: -1 absent, 0, 1 */
+  int64_t retry_after_ms;        /* results: -1 absent */
+  json_t *value;                 /* results: NULL when absent */
+  const char *operation_id;      /* results, commit */
+  json_t *world;                 /* state */
+  const char *from, *to;         /* handoffs */
+  const char *model;             /* model */
+  int64_t input_tokens, output_tokens, max_tokens; /* model, usage */
+  int has_cost;                  /* model, usage */
+  int64_t cost_nusd;             /* cost_usd in nano-USD */
+  const char *reservation_id;    /* usage */
+  const char *reason;            /* cancel */
+  const char *key, *request_fp;  /* claim */
+  int64_t lease_ms;              /* claim: -1 absent */
+  json_t *result;                /* commit: any JSON value (required) */
+  int retryable;                 /* fail: 0 or 1 */
+} lg__body_t;
+
+/* Parses body text for `kind` into *out (which need not be initialised). An empty body is
+ * {}. On error returns LG_EPARSE / LG_EINVAL / LG_EDUPKEY with err->field
+ * naming the field ("args", "body" for the document itself) and
+ * err->message a sentence that starts with it; out is left cleared. Never
+ * reads past len; the text need not be NUL-terminated. */
+int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_t *out,
+                   lg_error_t *err);
+void lg__body_clear(lg__body_t *b);
+/* Compact JSON text of v (new; lg__free). NULL on out-of-memory. */
+char *lg__json_text(const json_t *v, size_t *len);
+
+/* ------------------------------------------------------------------ */
+/* tracelog.c — the trace-v1 lines of each run.                          */
+/*
+ * A narrow interface so that where the lines live can change in one file:
+ * today a bounded in-memory log of this process; tomorrow rows of the store
+ * written in the same transaction as the decision (lg_store_event_append).
+ * Lines are appended from inside lg_store_with_run, under the run's lock,
+ * so they are in decision order; lg__tracelog_end() then says whether that
+ * transaction committed.
+ */
+typedef struct lg__tracelog lg__tracelog_t;
+
+/* What one transaction appended (owned by the caller, on its stack). */
+typedef struct lg__trace_txn {
+  char *run_id;    /* the run appended to, or NULL */
+  lg__buf_t lines; /* a copy of what was appended, to take it back */
+} lg__trace_txn_t;
+
+/* A log that keeps at most max_bytes in all and max_run_bytes per run
+ * (0: defaults of 256 MiB and 4 MiB). */
+lg__tracelog_t *lg__tracelog_new(size_t max_bytes, size_t max_run_bytes);
+void lg__tracelog_free(lg__tracelog_t *tl);
+/* Appends `len` bytes of whole lines (each ending in \n) of run_id, as part
+ * of the transaction open on `s` (which may be NULL outside one). */
+int lg__tracelog_append(lg__tracelog_t *tl, lg_store_t *s, const char *run_id,
+                        const char *lines, size_t len, lg__trace_txn_t *txn);
+/* Ends what txn appended: kept when committed, taken back otherwise. */
+void lg__tracelog_end(lg__tracelog_t *tl, lg__trace_txn_t *txn, int committed);
+/* Appends the run's lines to out; *complete is 0 when lines are missing
+ * (never recorded by this process, or dropped by the bounds). */
+int lg__tracelog_read(lg__tracelog_t *tl, lg_store_t *s, const char *run_id, lg__buf_t *out,
+                      int *complete);
+/* Bytes held (for tests and the memory benchmark). */
+size_t lg__tracelog_bytes(lg__tracelog_t *tl);
+
+/* ------------------------------------------------------------------ */
+/* batch.c — group commit for the stores with one writer at a time.     */
+
+/* A decision waiting for the committer. */
+typedef struct lg__job {
+  const char *run_id;         /* the run to lock */
+  lg_store_run_fn fn;         /* what to do under its lock */
+  void *ud;                   /* fn's argument */
+  int rc;                     /* out: lg_store_with_run's result, or the
+                                 commit's error (then nothing was stored) */
+  lg_error_t err;             /* out: its detail */
+  void (*done)(struct lg__job *j); /* called by the committer once the
+                                 batch is committed (or failed) */
+  void *owner;                /* for done(): the connection to resume */
+  struct lg__job *next;       /* queue link */
+} lg__job_t;
+
+typedef struct lg__batcher lg__batcher_t;
+/* Starts a committer thread over the shared handle s (max_batch 0: 256). */
+lg__batcher_t *lg__batcher_new(lg_store_t *s, size_t max_batch);
+/* Queues a job; j->done is called from the committer thread. */
+void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j);
+/* Runs what is queued, then stops the thread and frees. */
+void lg__batcher_free(lg__batcher_t *b);
+void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs);
+/* The canonicaliser of the committer thread (only it may use it). */
+lg_canon_t *lg__batcher_canon(lg__batcher_t *b);
+
+/* ------------------------------------------------------------------ */
+/* checkpoint.c — WAL checkpoints of a sqlite: store in the background.  */
+
+typedef struct lg__checkpointer lg__checkpointer_t;
+/* Starts checkpointing the SQLite file of store_url (a "sqlite:PATH" URL;
+ * NULL for any other, or when it cannot be opened) every every_ms. */
+lg__checkpointer_t *lg__checkpointer_new(const char *store_url, int every_ms);
+void lg__checkpointer_free(lg__checkpointer_t *c);
+
+/* ------------------------------------------------------------------ */
+/* server.c and http.c                                                 */
+
+/* What one worker thread keeps: its store handle and canonicaliser. */
+typedef struct lg__worker {
+  lg_store_t *store;         /* own handle, or the shared one (memory:) */
+  lg_canon_t *canon;         /* scratch for fingerprints */
+  struct lg__worker *next;   /* every worker, for closing at the end */
+} lg__worker_t;
+
+/* A parsed policy, shared by the runs whose stored policy JSON is the same
+ * text (most runs share the default). */
+typedef struct lg__pol_slot {
+  uint64_t hash;      /* of json */
+  char *json;         /* the policy JSON text, or NULL: empty slot */
+  lg_policy_t *pol;   /* a reference */
+  uint64_t used;      /* last use (eviction) */
+} lg__pol_slot_t;
+#define LG__POL_SLOTS 64
+
+struct lg_server {
+  lg_server_options_t o;      /* options with defaults filled (strings copied) */
+  char *listen_host;          /* the host part of --listen, as given */
+  char *url;                  /* http://HOST:PORT/ where it listens */
+  int port;                   /* the port bound */
+  int listen_fd;              /* the listening socket (MHD uses it) */
+  struct MHD_Daemon *mhd;     /* the HTTP engine */
+  lg__auth_t auth;            /* configured tokens; none: open */
+  char *store_name;           /* the store URL without password */
+  const char *scheme;         /* "memory", "sqlite", "postgres" */
+  lg_store_t *shared;         /* memory:, sqlite: the one handle all threads share */
+  pthread_key_t wkey;         /* the thread's lg__worker_t */
+  pthread_mutex_t wlist_mu;   /* guards workers and spare */
+  lg__worker_t *workers;      /* every worker made */
+  lg_store_t *spare;          /* the handle opened at start, for a worker */
+  lg_policy_t *default_policy;/* policy of new runs */
+  char *default_policy_json;  /* its lg_policy_to_json */
+  char *policy_source;        /* "built-in default" or the file */
+  pthread_mutex_t pol_mu;     /* guards pol */
+  lg__pol_slot_t pol[LG__POL_SLOTS];
+  uint64_t pol_tick;          /* use counter of the policy cache */
+  lg__tracelog_t *trace;      /* trace lines of the runs */
+  lg__batcher_t *batcher;     /* group commit (shared handle), or NULL */
+  lg__checkpointer_t *ckpt;   /* sqlite: background WAL checkpoints, or NULL */
+  lg__metrics_t metrics;      /* counters, histograms */
+  pthread_mutex_t log_mu;     /* guards log */
+  FILE *log;                  /* the log (stderr or log_path) */
+  int log_owned;              /* log was opened here */
+  _Atomic int inflight;       /* requests begun and not completed */
+  _Atomic int draining;       /* shutdown has begun */
+  int stopped;                /* lg_server_shutdown done */
+};
+
+/* The server's clock: epoch milliseconds (options.clock, or
+ * CLOCK_REALTIME). The only place the server reads the time of day. */
+int64_t lg__server_now(const lg_server_t *srv);
+/* The calling thread's worker (made on first use), or NULL with err filled
+ * when its store handle cannot be opened. */
+lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err);
+/* A parsed policy for stored policy JSON: a new reference (lg_policy_free),
+ * or NULL with err filled. */
+lg_policy_t *lg__server_policy(lg_server_t *srv, const char *json, lg_error_t *err);
+/* Refreshes the runs_active gauge from the store `st` when the last count
+ * is older than 10 s (a scan of the active runs: not on the hot path). */
+void lg__server_count_active(lg_server_t *srv, lg_store_t *st);
+
+/* Writes one JSON log line: {"ts","level","event", then `fields` (JSON
+ * members text without braces, may be NULL)}. */
+void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields);
+
+/* libmicrohttpd's access handler and completion callback (http.c). */
+enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char *url,
+                                const char *method, const char *version, const char *upload,
+                                size_t *upload_size, void **con_cls);
+void lg__http_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                        enum MHD_RequestTerminationCode toe);
+
+/* ------------------------------------------------------------------ */
+/* routes.c                                                            */
+
+/* A request as the handlers see it. */
+typedef struct lg__req {
+  lg_server_t *srv;
+  struct MHD_Connection *conn;
+  lg__route_t route;
+  const char *id;          /* run id, group or operation key from the path */
+  char *id_buf;            /* owns id */
+  const char *body;        /* the request body (may be empty) */
+  size_t body_len;
+  /* the answer */
+  int status;              /* HTTP status */
+  lg__buf_t out;           /* body of the answer */
+  const char *content_type;/* NULL: application/json */
+  const char *allow;       /* 405: the Allow header */
+  /* A deferred answer: a handler that sets job (and finish) has its
+   * connection suspended and the job given to the batcher; once the job
+   * is done, finish() runs on the HTTP thread and fills the answer. */
+  lg__job_t *job;
+  void (*finish)(struct lg__req *rq);
+} lg__req_t;
+
+/* Fills the answer of an error: {"error":{"code","type","message"[,
+ * "field"]}}. Returns status. */
+int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* The handlers: each fills rq->status and rq->out. */
+void lg__h_run_create(lg__req_t *rq);
+void lg__h_run_list(lg__req_t *rq);
+void lg__h_run_get(lg__req_t *rq);
+void lg__h_decide(lg__req_t *rq); /* calls, results, state, handoffs, model, usage */
+void lg__h_run_cancel(lg__req_t *rq);
+void lg__h_group_cancel(lg__req_t *rq);
+void lg__h_trace(lg__req_t *rq);
+void lg__h_op_claim(lg__req_t *rq);
+void lg__h_op_commit(lg__req_t *rq);
+void lg__h_op_fail(lg__req_t *rq);
+void lg__h_op_get(lg__req_t *rq);
+void lg__h_budgets(lg__req_t *rq);
+void lg__h_healthz(lg__req_t *rq);
+void lg__h_metrics(lg__req_t *rq);
+
+#endif

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# serve_basics.sh — `loopguard serve` as an operator meets it: --help lists
+# every flag with its default; the first lines say where it listens, which
+# store (without a password) and whether auth is on; no tokens and a
+# non-loopback address is a refusal to start; bad flags are usage errors;
+# SIGHUP reopens the log; SIGTERM drains requests in flight and exits 0.
+. "$(dirname "$0")/serve_lib.bash"
+
+note "--help lists every flag with its default"
+help=$("$LG_BIN" serve --help) || fail "serve --help failed"
+for flag in --listen --store --tokens --prices --policy --threads --max-body --timeout --log; do
+  grep -q -- "$flag" <<<"$help" || fail "--help does not mention $flag"
+done
+grep -q "127.0.0.1:8787" <<<"$help" || fail "--help lacks the default listen address"
+grep -q "sqlite:loopguard.db" <<<"$help" || fail "--help lacks the default store"
+grep -q "1048576" <<<"$help" || fail "--help lacks the default body limit"
+
+note "bad usage exits 2"
+rc=0; "$LG_BIN" serve --no-such-flag >/dev/null 2>&1 || rc=$?
+[ $rc = 2 ] || fail "unknown flag: exit $rc, wanted 2"
+rc=0; "$LG_BIN" serve --threads zero >/dev/null 2>&1 || rc=$?
+[ $rc = 2 ] || fail "bad --threads: exit $rc, wanted 2"
+
+note "no tokens and a non-loopback address: refused"
+rc=0; "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: >"$TMP/refuse.out" 2>&1 || rc=$?
+[ $rc = 1 ] || fail "binding 0.0.0.0 without tokens: exit $rc, wanted 1"
+grep -q "refusing" "$TMP/refuse.out" || fail "no reason given: $(cat "$TMP/refuse.out")"
+
+note "a bad store fails at start"
+rc=0; "$LG_BIN" serve --listen 127.0.0.1:0 --store nosuch:x >"$TMP/bad.out" 2>&1 || rc=$?
+[ $rc = 1 ] || fail "bad store: exit $rc"
+
+note "the banner: URL, store, auth, policy, prices"
+echo '{"repeat":{"block":4}}' >"$TMP/policy.json"
+echo '{}' >"$TMP/prices.json"
+start_server A --store "sqlite:$TMP/a.db" --log "$TMP/a.log" --policy "$TMP/policy.json" \
+  --prices "$TMP/prices.json" --threads 2
+head -n 1 "$A_OUT" | grep -q "listening on http://127.0.0.1:" || fail "first line: $(head -n 1 "$A_OUT")"
+grep -q "store:   sqlite:$TMP/a.db" "$A_OUT" || fail "no store line"
+grep -q "auth:    off" "$A_OUT" || fail "no auth line"
+grep -q "policy:  $TMP/policy.json" "$A_OUT" || fail "no policy line"
+grep -q "prices:  not used yet" "$A_OUT" || fail "no prices line"
+grep -q '"event":"start"' "$TMP/a.log" || fail "no start-up block in the log"
+curl -sf "$A_URL/healthz" | grep -q '"status":"ok"' || fail "healthz"
+block=$(curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p1"}' | jq_py 'd["policy"]["repeat"]["block"]')
+[ "$block" = 4 ] || fail "--policy not applied to new runs: block=$block"
+
+note "SIGHUP reopens the log"
+curl -sf -XPOST "$A_URL/v1/runs/p1/cancel" -d '{"reason":"before rotation"}' >/dev/null || fail cancel
+mv "$TMP/a.log" "$TMP/a.log.1"
+kill -HUP "$A_PID"
+for i in $(seq 50); do [ -s "$TMP/a.log" ] && break; sleep 0.05; done
+grep -q '"event":"log_reopened"' "$TMP/a.log" || fail "the log was not reopened"
+curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p2"}' >/dev/null
+curl -sf -XPOST "$A_URL/v1/runs/p2/cancel" -d '{"reason":"after rotation"}' >/dev/null
+sleep 0.1
+grep -q '"reason":"after rotation"' "$TMP/a.log" || fail "a stop after SIGHUP went elsewhere"
+grep -q '"reason":"before rotation"' "$TMP/a.log.1" || fail "the old log lost its stop line"
+grep -q '"guard":"kill_switch"' "$TMP/a.log" || fail "the stop line does not name the guard"
+
+note "SIGTERM drains requests in flight, closes the store, exits 0"
+python3 - "$A_URL" >"$TMP/load.out" 2>&1 <<'EOF' &
+import http.client, json, sys, threading, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+ok, refused, bad = [0], [0], []
+def agent(i):
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    run = "drain-%d" % i
+    try:
+        c.request("POST", "/v1/runs", json.dumps({"run_id": run}))
+        c.getresponse().read()
+        for k in range(100000):
+            c.request("POST", "/v1/runs/%s/calls" % run, json.dumps({"tool": "t", "args": {"k": k}}))
+            r = c.getresponse(); body = r.read()
+            if r.status != 200: bad.append((r.status, body)); return
+            ok[0] += 1
+            c.request("POST", "/v1/runs/%s/results" % run, json.dumps({"status": "progress"}))
+            r = c.getresponse(); r.read()
+    except (ConnectionError, http.client.HTTPException, OSError):
+        refused[0] += 1   # the server went away between requests: fine
+ts = [threading.Thread(target=agent, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("ok=%d refused=%d bad=%s" % (ok[0], refused[0], bad))
+sys.exit(1 if bad else 0)
+EOF
+load=$!
+sleep 0.7
+stop_server A
+[ "$A_RC" = 0 ] || fail "SIGTERM: exit $A_RC, wanted 0"
+wait $load || fail "requests in flight were cut or refused badly: $(cat "$TMP/load.out")"
+grep -q '"event":"stop","drained":true' "$TMP/a.log" || fail "no drained stop in the log"
+
+note "the store survived: a new server continues where it was"
+start_server B --store "sqlite:$TMP/a.db"
+st=$(curl -sf "$B_URL/v1/runs/p1" | jq_py 'd["status"]')
+[ "$st" = stopped ] || fail "p1 is $st after restart"
+stop_server B
+
+note "tokens from the environment: auth on; a password is hidden"
+LOOPGUARD_TOKENS="agent aaaaaaaaaaaaaaaaaaaa;operator bbbbbbbbbbbbbbbbbbbbbb" \
+  start_server C --store "sqlite:$TMP/c.db"
+grep -q "auth:    on (2 tokens" "$C_OUT" || fail "auth not on: $(cat "$C_OUT")"
+grep -q "aaaaaaaaaaaaaaaaaaaa" "$C_OUT" "$TMP/C.err" && fail "a token was printed"
+code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$C_URL/v1/runs" -d '{}')
+[ "$code" = 401 ] || fail "no token: $code"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer aaaaaaaaaaaaaaaaaaaa' -XPOST "$C_URL/v1/runs" -d '{}')
+[ "$code" = 201 ] || fail "agent token: $code"
+stop_server C
+echo "serve_basics: ok"

@@ -1,0 +1,96 @@
+# serve_lib.bash — what the tests/cli/serve_*.sh scripts share (sourced;
+# not a test itself: CTest runs tests/cli/*.sh only).
+#
+#   start_server NAME ARGS...   starts `loopguard serve --listen 127.0.0.1:0
+#                               ARGS...` in the background, waits for its
+#                               banner, and sets NAME_URL, NAME_PID, NAME_OUT
+#   stop_server NAME            SIGTERM, then waits (exit status in NAME_RC)
+#   jq_py EXPR                  evaluates a Python expression over the JSON
+#                               on stdin (bound to `d`) and prints it
+#   fail MSG                    prints FAIL and exits 1
+#
+# Every server started is killed (-9) at exit, and the scratch folder $TMP
+# removed, whatever happens; a test that runs past $LG_TEST_TIMEOUT seconds
+# (170) fails. Tests bind ephemeral ports only.
+set -u -o pipefail
+
+LG_BIN=${LG_BIN:?set LG_BIN to the loopguard binary}
+LG_SOURCE_DIR=${LG_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+TMP=$(mktemp -d /tmp/lgserve.XXXXXX)
+ALL_PIDS=()
+
+cleanup() {
+  local p
+  kill "$WATCHDOG" 2>/dev/null
+  for p in "${ALL_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for p in "${ALL_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' TERM INT
+# A test that hangs fails in bounded time, and cleans up after itself.
+watchdog() {
+  local main=$1 secs=$2
+  sleep "$secs" &
+  local sp=$!
+  trap 'kill $sp 2>/dev/null; exit 0' TERM
+  wait "$sp"
+  echo "FAIL: timed out after $secs s" >&2
+  kill -TERM "$main"
+}
+watchdog $$ "${LG_TEST_TIMEOUT:-170}" </dev/null &
+WATCHDOG=$!
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+note() { echo "-- $*"; }
+
+start_server() { # NAME ARGS...
+  local name=$1
+  shift
+  local out="$TMP/$name.out"
+  "$LG_BIN" serve --listen 127.0.0.1:0 "$@" >"$out" 2>"$TMP/$name.err" &
+  local pid=$!
+  ALL_PIDS+=("$pid")
+  local i url=
+  for i in $(seq 100); do
+    url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$out" 2>/dev/null | head -n 1)
+    [ -n "$url" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [ -z "$url" ]; then
+    cat "$out" "$TMP/$name.err" >&2
+    fail "server $name did not start"
+  fi
+  printf -v "${name}_URL" '%s' "$url"
+  printf -v "${name}_PID" '%s' "$pid"
+  printf -v "${name}_OUT" '%s' "$out"
+}
+
+stop_server() { # NAME
+  local pid_var="${1}_PID"
+  local pid=${!pid_var}
+  kill -TERM "$pid" 2>/dev/null
+  local rc=0
+  wait "$pid" || rc=$?
+  printf -v "${1}_RC" '%s' "$rc"
+}
+
+jq_py() { # EXPR over the JSON document on stdin, bound to d
+  python3 -c "import json,sys; d=json.load(sys.stdin); r=($1); print(json.dumps(r) if not isinstance(r,str) else r)"
+}
+
+# The store of these tests: a SQLite file, or PostgreSQL under
+# tests/pg/with-postgres.sh (LG_TEST_STORE=postgres and LG_PG_URL).
+test_store_url() { # NAME
+  if [ "${LG_TEST_STORE:-}" = postgres ]; then
+    [ -n "${LG_PG_URL:-}" ] || fail "LG_TEST_STORE=postgres without LG_PG_URL (run through tests/pg/with-postgres.sh)"
+    echo "$LG_PG_URL"
+  else
+    echo "sqlite:$TMP/$1.db"
+  fi
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# serve_replicas.sh — two `loopguard serve` processes on one store behave
+# as one server.
+#
+# Under tests/pg/with-postgres.sh (LG_TEST_STORE=postgres, LG_PG_URL) the
+# store is a real PostgreSQL, which is what replicas on several machines
+# share; run alone it is one SQLite file that two processes share. Checks:
+# the calls of one run spread across the replicas get the decisions one
+# server gives (the third identical call is blocked wherever it lands,
+# also when twelve identical calls race on both at once); a cancel through
+# one replica stops the run on the other; a group cancelled on one stops a
+# run created later on the other; a ledger claim on one is held on the
+# other; and the trace of a run decided on one replica, read from it,
+# replays to the same decisions.
+. "$(dirname "$0")/serve_lib.bash"
+STORE=$(test_store_url replicas)
+P="rep$$-" # run ids, groups and keys of this invocation
+start_server A --store "$STORE" --threads 2
+start_server B --store "$STORE" --threads 2
+note "replicas $A_URL and $B_URL on $(sed -n 's/^  store: *//p' "$A_OUT")"
+
+act() { # URL RUN BODY -> action/reason/repeat
+  curl -sf -XPOST "$1/v1/runs/$2/calls" -d "$3" |
+    jq_py '"%s/%s/%s" % (d["action"], d.get("reason", ""), d.get("repeat"))'
+}
+
+note "one run, calls alternating between the replicas"
+curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}1\"}" >/dev/null || fail create
+call='{"tool":"charge","args":{"invoice":"INV-7"}}'
+got1=$(act "$A_URL" ${P}1 "$call")
+curl -sf -XPOST "$B_URL/v1/runs/${P}1/results" -d '{"status":"retryable"}' >/dev/null || fail result
+got2=$(act "$B_URL" ${P}1 "$call")
+curl -sf -XPOST "$A_URL/v1/runs/${P}1/results" -d '{"status":"retryable"}' >/dev/null || fail result
+got3=$(act "$A_URL" ${P}1 "$call")
+got4=$(act "$B_URL" ${P}1 "$call")
+[ "$got1" = "execute//1" ] || fail "call 1 on A: $got1"
+[ "$got2" = "execute//2" ] || fail "call 2 on B: $got2"
+[ "$got3" = "block/same_call_repeat/3" ] || fail "call 3 on A: $got3"
+[ "$got4" = "block/same_call_repeat/4" ] || fail "call 4 on B: $got4"
+
+note "twelve identical calls racing on both replicas"
+curl -sf -XPOST "$B_URL/v1/runs" -d "{\"run_id\":\"${P}race\"}" >/dev/null || fail create
+racers=()
+for i in $(seq 12); do
+  if [ $((i % 2)) = 0 ]; then url=$A_URL; else url=$B_URL; fi
+  act "$url" ${P}race '{"tool":"search","args":{"q":"x"}}' >"$TMP/race.$i" &
+  racers+=($!)
+done
+wait "${racers[@]}" # not a bare wait: the servers are jobs too
+sort "$TMP"/race.* | cut -d/ -f1 | uniq -c | awk '{print $2"="$1}' | tr '\n' ' ' >"$TMP/racesum"
+# One server: calls 1-2 execute, 3-5 block, 6 and after stop.
+[ "$(cat "$TMP/racesum")" = "block=3 execute=2 stop=7 " ] || fail "race: $(cat "$TMP/racesum")"
+# The repeat counts of the calls decided before the stop: 1 to 6, once each.
+repeats=$(cat "$TMP"/race.* | grep -v '^stop' | cut -d/ -f3 | sort -n | tr '\n' ' ')
+[ "$repeats" = "1 2 3 4 5 " ] || fail "race repeats: $repeats"
+
+note "a cancel through A stops the run on B"
+curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}2\",\"group\":\"${P}g\"}" >/dev/null || fail create
+[ "$(act "$B_URL" ${P}2 '{"tool":"t"}')" = "execute//1" ] || fail "${P}2 first call"
+curl -sf -XPOST "$A_URL/v1/runs/${P}2/cancel" -d '{"reason":"stop it"}' >/dev/null || fail cancel
+[ "$(act "$B_URL" ${P}2 '{"tool":"u"}' | cut -d/ -f1,2)" = "stop/stop it" ] || fail "B did not stop ${P}2"
+
+note "a group cancelled on B stops a run created later on A"
+curl -sf -XPOST "$B_URL/v1/groups/${P}g2/cancel" -d '{}' >/dev/null || fail "group cancel"
+curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}3\",\"group\":\"${P}g2\"}" >/dev/null || fail create
+[ "$(act "$A_URL" ${P}3 '{"tool":"t"}' | cut -d/ -f1,2)" = "stop/operator_cancelled_loop" ] ||
+  fail "A did not see the group's cancel"
+
+note "a claim on A is held on B"
+code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$A_URL/v1/operations/claim" -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}")
+[ "$code" = 201 ] || fail "claim on A: $code"
+out=$(curl -s -XPOST "$B_URL/v1/operations/claim" -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}" | jq_py 'd["outcome"]')
+[ "$out" = in_progress ] || fail "claim on B: $out"
+
+note "a trace read from the replica that decided replays the same"
+curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}4\"}" >/dev/null || fail create
+: >"$TMP/server.actions"
+for i in 1 2 3 4 5 6; do
+  act "$A_URL" ${P}4 '{"tool":"lookup","args":{"id":9}}' | cut -d/ -f1,2 >>"$TMP/server.actions"
+done
+curl -sf "$A_URL/v1/runs/${P}4/trace" >"$TMP/rep-4.jsonl" || fail trace
+"$LG_BIN" replay --json "$TMP/rep-4.jsonl" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    if d.get("type") == "call": print("%s/%s" % (d["action"], d.get("reason", "")))' >"$TMP/replay.actions"
+diff "$TMP/server.actions" "$TMP/replay.actions" || fail "replay differs from the server"
+
+stop_server A
+stop_server B
+[ "$A_RC" = 0 ] && [ "$B_RC" = 0 ] || fail "exit statuses $A_RC $B_RC"
+echo "serve_replicas: ok"
