@@ -61,17 +61,15 @@ int cli_color(FILE *f) {
   return isatty(fileno(f));
 }
 
-/* Commands that another part of the tree provides; until it does, a clear
- * message rather than a link error. */
-#define LG_PENDING_COMMAND(fn, what)                                          \
-  __attribute__((weak)) int fn(int argc, char **argv) {                      \
-    (void)argc;                                                              \
-    (void)argv;                                                              \
-    fprintf(stderr, "loopguard: '%s' is not available in this build\n", what); \
-    return 1;                                                                \
-  }
 
-LG_PENDING_COMMAND(cmd_budget, "budget")
+/* The budget command lands with the spend gate; until then, a clear
+ * message rather than a link error. */
+int cmd_budget(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "loopguard: 'budget' is not available in this build\n");
+  return 1;
+}
 
 int main(int argc, char **argv) {
   static const struct {
