@@ -62,15 +62,6 @@ int cli_color(FILE *f) {
 }
 
 
-/* The budget command lands with the spend gate; until then, a clear
- * message rather than a link error. */
-int cmd_budget(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "loopguard: 'budget' is not available in this build\n");
-  return 1;
-}
-
 int main(int argc, char **argv) {
   static const struct {
     const char *name;

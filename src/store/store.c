@@ -43,6 +43,21 @@ void lg__op_row_clear(lg__op_row_t *r) {
   memset(r, 0, sizeof *r);
 }
 
+void lg__bud_row_clear(lg__bud_row_t *r) {
+  if (!r) return;
+  lg__free(r->scope);
+  memset(r, 0, sizeof *r);
+}
+
+void lg__resv_row_clear(lg__resv_row_t *r) {
+  if (!r) return;
+  lg__free(r->id);
+  lg__free(r->scopes);
+  lg__free(r->run_id);
+  lg__free(r->model);
+  memset(r, 0, sizeof *r);
+}
+
 void lg_run_record_clear(lg_run_record_t *r) {
   if (!r) return;
   lg__free(r->run_id);

@@ -58,6 +58,53 @@ typedef struct lg__op_row {
 
 void lg__op_row_clear(lg__op_row_t *r);
 
+/* One budget row (version 2 of the table). The stored fields are what
+ * bud_put writes. What a scope holds is kept as counters in the row
+ * (reserved_micro, holds), changed only under the row's lock, together
+ * with next_expiry_ms: no later than the expiry of any hold of the scope
+ * still in the holds table (-1: none is). The hold rows themselves are
+ * only looked at when next_expiry_ms <= now — when some hold may have
+ * expired: then bud_read also reports, from the hold rows, what is still
+ * live and how many have expired (a backend may report them always; the
+ * rules use them only then, to recompute the counters). Owns `scope` (lg__bud_row_clear). */
+typedef struct lg__bud_row {
+  char *scope;                 /* the scope's name */
+  int64_t limit_micro;         /* limit per period */
+  int period;                  /* lg_budget_period_t */
+  int64_t max_in_flight_micro; /* -1: none */
+  int64_t period_start_ms;     /* the period `spent_micro` belongs to */
+  int64_t spent_micro;         /* settled in that period */
+  int64_t reserved_micro;      /* sum of the holds in the holds table */
+  int64_t holds;               /* how many */
+  int64_t next_expiry_ms;      /* <= every one of their expiries; -1 none */
+  int64_t created_ms;
+  int64_t updated_ms;
+  /* read from the hold rows at the reader's now_ms, not stored: */
+  int64_t live_micro;          /* sum of the holds with expires_ms > now */
+  int64_t live_holds;          /* how many */
+  int64_t live_min_expiry_ms;  /* the earliest of their expiries, -1 none */
+  int64_t expired_holds;       /* hold rows with expires_ms <= now */
+} lg__bud_row_t;
+
+void lg__bud_row_clear(lg__bud_row_t *r);
+
+/* One reservation row. Strings are new (lg__resv_row_clear). */
+typedef struct lg__resv_row {
+  char *id;             /* "rsv_" + 32 hex */
+  int64_t amount_micro; /* held on every scope */
+  char *scopes;         /* the scopes, sorted, separated by '\n' */
+  char *run_id;         /* or NULL */
+  int64_t run_seq;      /* the engine's reservation number, 0 none */
+  char *model;          /* or NULL */
+  int settled;          /* 0 open, 1 settled */
+  int64_t actual_micro; /* settled: what was charged */
+  int64_t created_ms;
+  int64_t expires_ms;   /* the hold ends here */
+  int64_t settled_ms;   /* settled: when; else 0 */
+} lg__resv_row_t;
+
+void lg__resv_row_clear(lg__resv_row_t *r);
+
 /* The handle. */
 struct lg_store {
   const lg__store_vtab_t *vt; /* the backend */
@@ -71,10 +118,11 @@ struct lg_store {
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
 };
 
-/* The backend table, version 1. Every function returns 0 or a negative
- * LG_E* code with err filled (backend codes never leave the backend). */
+/* The backend table, version 2 (version 1 had no budgets). Every function
+ * returns 0 or a negative LG_E* code with err filled (backend codes never
+ * leave the backend). */
 struct lg__store_vtab {
-  int version;        /* 1 */
+  int version;        /* 2 */
   const char *scheme; /* "memory", "sqlite", "postgres" */
 
   /* Opens the backend for `arg` (the URL after "scheme:"), creating or
@@ -133,6 +181,61 @@ struct lg__store_vtab {
                   const char *reason, int64_t now_ms, lg_error_t *err);
   int (*deny_get)(lg_store_t *s, const char *run_id, const char *group,
                   int *found, char **reason, lg_error_t *err);
+
+  /* ---- version 2: budgets (src/budget/budget.c writes the rules) ----
+   *
+   * bud_read fills *row (the stored fields and, when next_expiry_ms <=
+   * now_ms, what the hold rows say: see lg__bud_row_t) and *found; `lock`
+   * takes the budget's row lock for the rest of the transaction
+   * (PostgreSQL FOR UPDATE; the hold rows are then read by a statement
+   * that starts once the lock is had, so it sees everything the previous
+   * holder committed). A read without the lock is one snapshot. bud_put
+   * inserts or replaces the stored fields (created_ms kept when the row
+   * exists). bud_list calls cb for every budget, by scope in byte order,
+   * from one snapshot. */
+  int (*bud_read)(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
+                  lg__bud_row_t *row, int *found, lg_error_t *err);
+  /* bud_read with the lock, then (after the hold rows were read) deletes
+   * the hold (scope, drop_id): *dropped 1 when it was there. A settlement
+   * needs to know: a hold that another writer released already (its
+   * clock said it had expired) must not leave the counters twice. */
+  int (*bud_read_drop)(lg_store_t *s, const char *scope, int64_t now_ms, const char *drop_id,
+                       lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err);
+  int (*bud_put)(lg_store_t *s, const lg__bud_row_t *row, lg_error_t *err);
+  int (*bud_list)(lg_store_t *s, int64_t now_ms,
+                  int (*cb)(void *ud, const lg__bud_row_t *row), void *ud,
+                  lg_error_t *err);
+  /* Hold rows: one per (scope, reservation) while it holds. Only a holder
+   * of the scope's row lock writes them, and changes the row's counters
+   * with them (a settlement deletes its hold through bud_read_drop).
+   * holds_expire deletes the scope's holds with expires_ms <= now_ms. */
+  int (*hold_put)(lg_store_t *s, const char *scope, const char *id, int64_t amount_micro,
+                  int64_t expires_ms, lg_error_t *err);
+  int (*holds_expire)(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err);
+  /* Reservations. resv_insert: LG_ECONFLICT when the id exists. resv_read
+   * by id, resv_of_run by (run_id, run_seq) — run_seq 0: the open one of
+   * the run with the lowest run_seq —, `lock` as bud_read. resv_update
+   * replaces every field of an existing row. resv_purge deletes the rows
+   * with expires_ms <= before_ms. */
+  int (*resv_insert)(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err);
+  int (*resv_read)(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row, int *found,
+                   lg_error_t *err);
+  int (*resv_of_run)(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
+                     lg__resv_row_t *row, int *found, lg_error_t *err);
+  int (*resv_update)(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err);
+  int (*resv_purge)(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err);
+  /* The scopes of a run ('\n'-separated; NULL or "" deletes). */
+  int (*runscopes_put)(lg_store_t *s, const char *run_id, const char *scopes,
+                       lg_error_t *err);
+  int (*runscopes_get)(lg_store_t *s, const char *run_id, char **scopes, int *found,
+                       lg_error_t *err);
+  /* Optional (NULL: not needed). Called before an outermost transaction
+   * that only reads to decide and then writes: the backend may delay its
+   * BEGIN and the writes until the next read or the commit, and send them
+   * together (PostgreSQL: one pipeline), to save round trips. What runs,
+   * and in which order, does not change; a write's error may then surface
+   * at the next read or at the commit, and fails the transaction there. */
+  int (*batch)(lg_store_t *s);
 };
 
 extern const lg__store_vtab_t lg__store_memory;

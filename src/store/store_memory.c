@@ -103,7 +103,7 @@ static void *mm_del(mmap_t *m, const char *key) {
 
 /* ---- the values ---- */
 
-enum { T_OPS = 0, T_RUNS, T_DENY, T__N };
+enum { T_OPS = 0, T_RUNS, T_DENY, T_BUD, T_RESV, T_RUNSCOPES, T__N };
 
 typedef struct mrun {
   lg_run_record_t rec; /* the stored run */
@@ -115,11 +115,35 @@ typedef struct mdeny {
   int64_t created_ms; /* when it was written */
 } mdeny_t;
 
+/* One hold of an open reservation on a budget. */
+typedef struct mhold {
+  char *id;             /* the reservation */
+  int64_t amount_micro; /* held */
+  int64_t expires_ms;   /* until */
+} mhold_t;
+
+/* A budget: its stored fields and the holds on it (a value is replaced
+ * whole on every change, so that the undo log can put the old one back). */
+typedef struct mbud {
+  lg__bud_row_t row; /* stored fields; the computed ones are not used */
+  mhold_t *holds;    /* nholds of them */
+  size_t nholds;
+} mbud_t;
+
+static void mbud_free(mbud_t *b) {
+  lg__bud_row_clear(&b->row);
+  for (size_t i = 0; i < b->nholds; i++) lg__free(b->holds[i].id);
+  lg__free(b->holds);
+}
+
 static void free_val(int table, void *v) {
   if (!v) return;
   switch (table) {
   case T_OPS: lg__op_row_clear(v); break;
   case T_RUNS: lg_run_record_clear(&((mrun_t *)v)->rec); break;
+  case T_BUD: mbud_free(v); break;
+  case T_RESV: lg__resv_row_clear(v); break;
+  case T_RUNSCOPES: break; /* the value is the string itself */
   default: lg__free(((mdeny_t *)v)->reason); break;
   }
   lg__free(v);
@@ -494,8 +518,297 @@ static int m_deny_get(lg_store_t *s, const char *run_id, const char *group, int 
   return 0;
 }
 
+/* ---- budgets ---- */
+
+/* A copy of b, holds included, whose hold array has room for `extra`
+ * more. */
+static mbud_t *mbud_copy(const mbud_t *b, size_t extra) {
+  mbud_t *c = lg__calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->row = b->row;
+  c->row.scope = lg__strdup(b->row.scope);
+  c->holds = lg__calloc(b->nholds + extra + 1, sizeof *c->holds);
+  if (!c->row.scope || !c->holds) goto oom;
+  for (size_t i = 0; i < b->nholds; i++) {
+    c->holds[i] = b->holds[i];
+    if (!(c->holds[i].id = lg__strdup(b->holds[i].id))) goto oom;
+    c->nholds = i + 1;
+  }
+  return c;
+oom:
+  mbud_free(c);
+  lg__free(c);
+  return NULL;
+}
+
+/* A budget's stored fields and what its hold rows say as of now_ms, into
+ * *out (a new row). */
+static int mbud_view(const mbud_t *b, int64_t now_ms, lg__bud_row_t *out) {
+  *out = b->row;
+  out->scope = lg__strdup(b->row.scope);
+  if (!out->scope) return LG_ENOMEM;
+  out->live_micro = 0;
+  out->live_holds = 0;
+  out->live_min_expiry_ms = -1;
+  out->expired_holds = 0;
+  for (size_t i = 0; i < b->nholds; i++) {
+    const mhold_t *h = &b->holds[i];
+    if (h->expires_ms <= now_ms) {
+      out->expired_holds++;
+      continue;
+    }
+    out->live_micro += h->amount_micro;
+    out->live_holds++;
+    if (out->live_min_expiry_ms < 0 || h->expires_ms < out->live_min_expiry_ms)
+      out->live_min_expiry_ms = h->expires_ms;
+  }
+  return 0;
+}
+
+static int m_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
+                      lg__bud_row_t *row, int *found, lg_error_t *err) {
+  (void)lock;
+  mem_t *m = s->impl;
+  mbud_t *b = mm_get(&m->t[T_BUD], scope);
+  *found = b != NULL;
+  if (b && mbud_view(b, now_ms, row)) {
+    *found = 0;
+    return oom(err);
+  }
+  return 0;
+}
+
+static int drop_holds(mem_t *m, mbud_t *cur, const char *id, int64_t now_ms, lg_error_t *err);
+
+static int m_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, const char *id,
+                           lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err) {
+  mem_t *m = s->impl;
+  *dropped = 0;
+  int rc = m_bud_read(s, scope, 1, now_ms, row, found, err);
+  if (rc || !*found) return rc;
+  mbud_t *cur = mm_get(&m->t[T_BUD], scope);
+  for (size_t i = 0; i < cur->nholds; i++)
+    if (!strcmp(cur->holds[i].id, id)) *dropped = 1;
+  if (*dropped && (rc = drop_holds(m, cur, id, 0, err))) {
+    lg__bud_row_clear(row);
+    *found = *dropped = 0;
+  }
+  return rc;
+}
+
+static int m_bud_put(lg_store_t *s, const lg__bud_row_t *row, lg_error_t *err) {
+  mem_t *m = s->impl;
+  mbud_t *cur = mm_get(&m->t[T_BUD], row->scope);
+  mbud_t empty = {.row = *row};
+  mbud_t *next = mbud_copy(cur ? cur : &empty, 0);
+  if (!next) return oom(err);
+  char *scope = next->row.scope;
+  int64_t created = cur ? cur->row.created_ms : row->created_ms;
+  next->row = *row;
+  next->row.scope = scope;
+  next->row.created_ms = created;
+  return mem_set(m, T_BUD, row->scope, next) ? oom(err) : 0;
+}
+
+static int by_scope(const void *a, const void *b) {
+  return strcmp((*(mbud_t *const *)a)->row.scope, (*(mbud_t *const *)b)->row.scope);
+}
+
+static int m_bud_list(lg_store_t *s, int64_t now_ms, int (*cb)(void *, const lg__bud_row_t *),
+                      void *ud, lg_error_t *err) {
+  mem_t *m = s->impl;
+  mmap_t *t = &m->t[T_BUD];
+  mbud_t **all = lg__calloc(t->used + 1, sizeof *all);
+  if (!all) return oom(err);
+  size_t n = 0;
+  for (size_t i = 0; i < t->cap; i++)
+    if (t->slots[i].key) all[n++] = t->slots[i].val;
+  qsort(all, n, sizeof *all, by_scope);
+  /* Views first: the callback may write to the store meanwhile. */
+  lg__bud_row_t *views = lg__calloc(n + 1, sizeof *views);
+  int rc = views ? 0 : oom(err);
+  size_t got = 0;
+  for (; got < n && !rc; got++)
+    if (mbud_view(all[got], now_ms, &views[got])) rc = oom(err);
+  if (rc && got) got--;
+  lg__free(all);
+  for (size_t i = 0; i < got && !rc; i++) rc = cb(ud, &views[i]);
+  for (size_t i = 0; views && i < got; i++) lg__bud_row_clear(&views[i]);
+  lg__free(views);
+  return rc;
+}
+
+static int m_hold_put(lg_store_t *s, const char *scope, const char *id, int64_t amount,
+                      int64_t expires_ms, lg_error_t *err) {
+  mem_t *m = s->impl;
+  mbud_t *cur = mm_get(&m->t[T_BUD], scope);
+  if (!cur) return lg__err(err, LG_ENOTFOUND, "scope", -1, "no budget \"%s\"", scope);
+  mbud_t *next = mbud_copy(cur, 1);
+  if (!next) return oom(err);
+  mhold_t *h = &next->holds[next->nholds];
+  if (!(h->id = lg__strdup(id))) {
+    mbud_free(next);
+    lg__free(next);
+    return oom(err);
+  }
+  h->amount_micro = amount;
+  h->expires_ms = expires_ms;
+  next->nholds++;
+  return mem_set(m, T_BUD, scope, next) ? oom(err) : 0;
+}
+
+/* Replaces a budget by a copy without the holds that `drop` selects. */
+static int drop_holds(mem_t *m, mbud_t *cur, const char *id, int64_t now_ms,
+                      lg_error_t *err) {
+  size_t keep = 0;
+  for (size_t i = 0; i < cur->nholds; i++)
+    if (id ? strcmp(cur->holds[i].id, id) : cur->holds[i].expires_ms > now_ms) keep++;
+  if (keep == cur->nholds) return 0;
+  mbud_t *next = mbud_copy(cur, 0);
+  if (!next) return oom(err);
+  size_t j = 0;
+  for (size_t i = 0; i < next->nholds; i++) {
+    mhold_t *h = &next->holds[i];
+    if (id ? strcmp(h->id, id) : h->expires_ms > now_ms) next->holds[j++] = *h;
+    else lg__free(h->id);
+  }
+  next->nholds = j;
+  char *k = lg__strdup(cur->row.scope);
+  if (!k) {
+    mbud_free(next);
+    lg__free(next);
+    return oom(err);
+  }
+  int rc = mem_set(m, T_BUD, k, next) ? oom(err) : 0;
+  lg__free(k);
+  return rc;
+}
+
+static int m_holds_expire(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err) {
+  mem_t *m = s->impl;
+  mbud_t *cur = mm_get(&m->t[T_BUD], scope);
+  return cur ? drop_holds(m, cur, NULL, now_ms, err) : 0;
+}
+
+static int copy_resv(lg__resv_row_t *out, const lg__resv_row_t *in) {
+  *out = *in;
+  out->id = lg__strdup(in->id);
+  out->scopes = lg__strdup(in->scopes);
+  out->run_id = in->run_id ? lg__strdup(in->run_id) : NULL;
+  out->model = in->model ? lg__strdup(in->model) : NULL;
+  if (!out->id || !out->scopes || (in->run_id && !out->run_id) || (in->model && !out->model)) {
+    lg__resv_row_clear(out);
+    return LG_ENOMEM;
+  }
+  return 0;
+}
+
+static int put_resv(mem_t *m, const lg__resv_row_t *row, lg_error_t *err) {
+  lg__resv_row_t *v = lg__calloc(1, sizeof *v);
+  if (!v || copy_resv(v, row)) {
+    lg__free(v);
+    return oom(err);
+  }
+  return mem_set(m, T_RESV, row->id, v) ? oom(err) : 0;
+}
+
+static int m_resv_insert(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err) {
+  mem_t *m = s->impl;
+  if (mm_get(&m->t[T_RESV], row->id))
+    return lg__err(err, LG_ECONFLICT, "reservation_id", -1, "reservation \"%s\" exists already",
+                   row->id);
+  return put_resv(m, row, err);
+}
+
+static int m_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row,
+                       int *found, lg_error_t *err) {
+  (void)lock;
+  mem_t *m = s->impl;
+  lg__resv_row_t *r = mm_get(&m->t[T_RESV], id);
+  *found = r != NULL;
+  if (r && copy_resv(row, r)) {
+    *found = 0;
+    return oom(err);
+  }
+  return 0;
+}
+
+static int m_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
+                         lg__resv_row_t *row, int *found, lg_error_t *err) {
+  (void)lock;
+  mem_t *m = s->impl;
+  mmap_t *t = &m->t[T_RESV];
+  lg__resv_row_t *best = NULL;
+  for (size_t i = 0; i < t->cap; i++) {
+    lg__resv_row_t *r = t->slots[i].val;
+    if (!t->slots[i].key || !r->run_id || strcmp(r->run_id, run_id)) continue;
+    if (run_seq > 0 ? r->run_seq == run_seq
+                    : !r->settled && (!best || r->run_seq < best->run_seq))
+      best = r;
+  }
+  *found = best != NULL;
+  if (best && copy_resv(row, best)) {
+    *found = 0;
+    return oom(err);
+  }
+  return 0;
+}
+
+static int m_resv_update(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err) {
+  mem_t *m = s->impl;
+  if (!mm_get(&m->t[T_RESV], row->id)) return 0;
+  return put_resv(m, row, err);
+}
+
+static int m_resv_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
+  mem_t *m = s->impl;
+  mmap_t *t = &m->t[T_RESV];
+  *purged = 0;
+  char **keys = lg__calloc(t->used + 1, sizeof *keys);
+  if (!keys) return oom(err);
+  size_t n = 0;
+  int rc = 0;
+  for (size_t i = 0; i < t->cap && !rc; i++) {
+    lg__resv_row_t *r = t->slots[i].val;
+    if (t->slots[i].key && r->expires_ms <= before_ms && !(keys[n++] = lg__strdup(r->id)))
+      rc = oom(err);
+  }
+  for (size_t i = 0; i < n && !rc; i++) {
+    rc = mem_set(m, T_RESV, keys[i], NULL) ? oom(err) : 0;
+    if (!rc) (*purged)++;
+  }
+  for (size_t i = 0; i < n; i++) lg__free(keys[i]);
+  lg__free(keys);
+  return rc;
+}
+
+static int m_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes,
+                           lg_error_t *err) {
+  mem_t *m = s->impl;
+  if (!scopes || !*scopes)
+    return mm_get(&m->t[T_RUNSCOPES], run_id) && mem_set(m, T_RUNSCOPES, run_id, NULL)
+               ? oom(err)
+               : 0;
+  char *v = lg__strdup(scopes);
+  if (!v) return oom(err);
+  return mem_set(m, T_RUNSCOPES, run_id, v) ? oom(err) : 0;
+}
+
+static int m_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int *found,
+                           lg_error_t *err) {
+  mem_t *m = s->impl;
+  const char *v = mm_get(&m->t[T_RUNSCOPES], run_id);
+  *found = v != NULL;
+  *scopes = NULL;
+  if (v && !(*scopes = lg__strdup(v))) {
+    *found = 0;
+    return oom(err);
+  }
+  return 0;
+}
+
 const lg__store_vtab_t lg__store_memory = {
-    .version = 1,
+    .version = 2,
     .scheme = "memory",
     .open = m_open,
     .close = m_close,
@@ -514,4 +827,17 @@ const lg__store_vtab_t lg__store_memory = {
     .run_list = m_run_list,
     .deny_put = m_deny_put,
     .deny_get = m_deny_get,
+    .bud_read = m_bud_read,
+    .bud_read_drop = m_bud_read_drop,
+    .bud_put = m_bud_put,
+    .bud_list = m_bud_list,
+    .hold_put = m_hold_put,
+    .holds_expire = m_holds_expire,
+    .resv_insert = m_resv_insert,
+    .resv_read = m_resv_read,
+    .resv_of_run = m_resv_of_run,
+    .resv_update = m_resv_update,
+    .resv_purge = m_resv_purge,
+    .runscopes_put = m_runscopes_put,
+    .runscopes_get = m_runscopes_get,
 };

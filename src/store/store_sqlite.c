@@ -66,6 +66,44 @@ static const char *const migrations[] = {
     /* 3: listing runs newest first, by group. */
     ("CREATE INDEX lg_runs_created ON lg_runs(created_ms DESC, seq DESC);"
     "CREATE INDEX lg_runs_group ON lg_runs(grp, status);"),
+    /* 4: shared budgets (the spend gate): budgets, reservations, the holds
+     * of open reservations on each scope, and the scopes of runs. */
+    ("CREATE TABLE lg_budgets ("
+    "  scope TEXT PRIMARY KEY,"
+    "  limit_micro INTEGER NOT NULL,"
+    "  period TEXT NOT NULL CHECK (period IN ('none','daily','weekly','monthly')),"
+    "  max_in_flight_micro INTEGER,"
+    "  period_start_ms INTEGER NOT NULL,"
+    "  spent_micro INTEGER NOT NULL,"
+    "  reserved_micro INTEGER NOT NULL,"
+    "  holds INTEGER NOT NULL,"
+    "  next_expiry_ms INTEGER NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL);"
+    "CREATE TABLE lg_budget_reservations ("
+    "  id TEXT PRIMARY KEY,"
+    "  amount_micro INTEGER NOT NULL,"
+    "  scopes TEXT NOT NULL,"
+    "  run_id TEXT,"
+    "  run_seq INTEGER NOT NULL,"
+    "  model TEXT,"
+    "  state TEXT NOT NULL CHECK (state IN ('open','settled')),"
+    "  actual_micro INTEGER NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  expires_ms INTEGER NOT NULL,"
+    "  settled_ms INTEGER NOT NULL);"
+    "CREATE INDEX lg_budget_reservations_run ON lg_budget_reservations(run_id, run_seq)"
+    "  WHERE run_id IS NOT NULL;"
+    "CREATE INDEX lg_budget_reservations_expiry ON lg_budget_reservations(expires_ms);"
+    "CREATE TABLE lg_budget_holds ("
+    "  scope TEXT NOT NULL,"
+    "  reservation_id TEXT NOT NULL,"
+    "  amount_micro INTEGER NOT NULL,"
+    "  expires_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (scope, reservation_id)) WITHOUT ROWID;"
+    "CREATE TABLE lg_budget_run_scopes ("
+    "  run_id TEXT PRIMARY KEY,"
+    "  scopes TEXT NOT NULL);"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
@@ -85,8 +123,39 @@ enum {
   Q_RUN_LIST,
   Q_DENY_PUT,
   Q_DENY_GET,
+  Q_BUD_READ,
+  Q_BUD_PUT,
+  Q_BUD_LIST,
+  Q_HOLD_PUT,
+  Q_HOLD_DROP,
+  Q_HOLDS_EXPIRE,
+  Q_RESV_INSERT,
+  Q_RESV_READ,
+  Q_RESV_OF_RUN,
+  Q_RESV_OLDEST_OF_RUN,
+  Q_RESV_UPDATE,
+  Q_RESV_PURGE,
+  Q_RUNSCOPES_PUT,
+  Q_RUNSCOPES_DEL,
+  Q_RUNSCOPES_GET,
   Q__N
 };
+
+/* The stored budget columns, then what the hold rows say as of ?2 (the
+ * rules use it only when next_expiry_ms <= ?2; SQLite's deletes leave no
+ * dead rows behind, so reading it always costs little). */
+#define BUD_COLS                                                                        \
+  "b.scope, b.limit_micro, b.period, b.max_in_flight_micro, b.period_start_ms,"         \
+  " b.spent_micro, b.reserved_micro, b.holds, b.next_expiry_ms, b.created_ms,"           \
+  " b.updated_ms, COALESCE(e.lsum, 0), COALESCE(e.lcount, 0), e.lmin, COALESCE(e.ecount, 0)"
+#define HOLD_STATS                                                                      \
+  "(SELECT scope, SUM(CASE WHEN expires_ms > ?2 THEN amount_micro END) AS lsum,"        \
+  " COUNT(CASE WHEN expires_ms > ?2 THEN 1 END) AS lcount,"                              \
+  " MIN(CASE WHEN expires_ms > ?2 THEN expires_ms END) AS lmin,"                         \
+  " COUNT(CASE WHEN expires_ms <= ?2 THEN 1 END) AS ecount FROM lg_budget_holds"
+#define RESV_COLS                                                                       \
+  "id, amount_micro, scopes, run_id, run_seq, model, state, actual_micro, created_ms,"  \
+  " expires_ms, settled_ms"
 
 static const char *const queries[Q__N] = {
     [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
@@ -120,6 +189,39 @@ static const char *const queries[Q__N] = {
                    " created_ms = excluded.created_ms",
     [Q_DENY_GET] = "SELECT reason FROM lg_deny WHERE (scope = 1 AND id = ?1)"
                    " OR (scope = 2 AND id = ?2) ORDER BY scope LIMIT 1",
+    [Q_BUD_READ] = "SELECT " BUD_COLS " FROM lg_budgets b LEFT JOIN " HOLD_STATS
+                   " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope WHERE b.scope = ?1",
+    [Q_BUD_PUT] = "INSERT INTO lg_budgets (scope, limit_micro, period, max_in_flight_micro,"
+                  " period_start_ms, spent_micro, reserved_micro, holds, next_expiry_ms,"
+                  " created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+                  " ON CONFLICT (scope) DO UPDATE SET"
+                  " limit_micro = excluded.limit_micro, period = excluded.period,"
+                  " max_in_flight_micro = excluded.max_in_flight_micro,"
+                  " period_start_ms = excluded.period_start_ms,"
+                  " spent_micro = excluded.spent_micro, reserved_micro = excluded.reserved_micro,"
+                  " holds = excluded.holds, next_expiry_ms = excluded.next_expiry_ms,"
+                  " updated_ms = excluded.updated_ms",
+    [Q_BUD_LIST] = "SELECT " BUD_COLS " FROM lg_budgets b LEFT JOIN " HOLD_STATS
+                   " WHERE ?1 IS NULL GROUP BY scope) e ON e.scope = b.scope ORDER BY b.scope",
+    [Q_HOLD_PUT] = "INSERT INTO lg_budget_holds (scope, reservation_id, amount_micro, expires_ms)"
+                   " VALUES (?1, ?2, ?3, ?4)",
+    [Q_HOLD_DROP] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2",
+    [Q_HOLDS_EXPIRE] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2",
+    [Q_RESV_INSERT] = "INSERT INTO lg_budget_reservations (" RESV_COLS ")"
+                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    [Q_RESV_READ] = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1",
+    [Q_RESV_OF_RUN] = "SELECT " RESV_COLS " FROM lg_budget_reservations"
+                      " WHERE run_id = ?1 AND run_seq = ?2",
+    [Q_RESV_OLDEST_OF_RUN] = "SELECT " RESV_COLS " FROM lg_budget_reservations"
+                             " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1",
+    [Q_RESV_UPDATE] = "UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
+                      " run_id = ?4, run_seq = ?5, model = ?6, state = ?7, actual_micro = ?8,"
+                      " created_ms = ?9, expires_ms = ?10, settled_ms = ?11 WHERE id = ?1",
+    [Q_RESV_PURGE] = "DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1",
+    [Q_RUNSCOPES_PUT] = "INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
+                        " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes",
+    [Q_RUNSCOPES_DEL] = "DELETE FROM lg_budget_run_scopes WHERE run_id = ?1",
+    [Q_RUNSCOPES_GET] = "SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1",
 };
 
 typedef struct sq {
@@ -642,8 +744,287 @@ static int s_deny_get(lg_store_t *s, const char *run_id, const char *group, int 
   return out;
 }
 
+/* ---- budgets ---- */
+
+static const char *const period_names[] = {"none", "daily", "weekly", "monthly"};
+
+static int period_of(const char *v) {
+  for (int i = 0; i < 4; i++)
+    if (v && !strcmp(v, period_names[i])) return i;
+  return 0;
+}
+
+/* Reads a row of BUD_COLS. */
+static int read_bud_row(sqlite3_stmt *st, lg__bud_row_t *r) {
+  int ok = 1;
+  memset(r, 0, sizeof *r);
+  r->scope = col_str(st, 0, NULL, &ok);
+  r->limit_micro = sqlite3_column_int64(st, 1);
+  r->period = period_of((const char *)sqlite3_column_text(st, 2));
+  r->max_in_flight_micro =
+      sqlite3_column_type(st, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 3);
+  r->period_start_ms = sqlite3_column_int64(st, 4);
+  r->spent_micro = sqlite3_column_int64(st, 5);
+  r->reserved_micro = sqlite3_column_int64(st, 6);
+  r->holds = sqlite3_column_int64(st, 7);
+  r->next_expiry_ms = sqlite3_column_int64(st, 8);
+  r->created_ms = sqlite3_column_int64(st, 9);
+  r->updated_ms = sqlite3_column_int64(st, 10);
+  r->live_micro = sqlite3_column_int64(st, 11);
+  r->live_holds = sqlite3_column_int64(st, 12);
+  r->live_min_expiry_ms =
+      sqlite3_column_type(st, 13) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 13);
+  r->expired_holds = sqlite3_column_int64(st, 14);
+  if (!ok || !r->scope) {
+    lg__bud_row_clear(r);
+    return LG_ENOMEM;
+  }
+  return 0;
+}
+
+static int s_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
+                      lg__bud_row_t *row, int *found, lg_error_t *err) {
+  (void)lock; /* a transaction here already holds the write lock */
+  sqlite3_stmt *st = stmt(s, Q_BUD_READ, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, scope);
+  sqlite3_bind_int64(st, 2, now_ms);
+  int rc = sqlite3_step(st), out = 0;
+  *found = 0;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    if (read_bud_row(st, row)) out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (rc != SQLITE_DONE) {
+    out = sq_fail(s, rc, "reading a budget", err);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+static int s_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, const char *id,
+                           lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err) {
+  *dropped = 0;
+  int rc = s_bud_read(s, scope, 1, now_ms, row, found, err);
+  if (rc || !*found) return rc;
+  sqlite3_stmt *st = stmt(s, Q_HOLD_DROP, err);
+  if (!st) rc = LG_ESTORE;
+  if (!rc) {
+    bind_text(st, 1, scope);
+    bind_text(st, 2, id);
+    rc = run_stmt(s, Q_HOLD_DROP, dropped, err);
+  }
+  if (rc) {
+    lg__bud_row_clear(row);
+    *found = 0;
+  }
+  *dropped = *dropped > 0;
+  return rc;
+}
+
+static int s_bud_put(lg_store_t *s, const lg__bud_row_t *r, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_BUD_PUT, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, r->scope);
+  sqlite3_bind_int64(st, 2, r->limit_micro);
+  bind_text(st, 3, period_names[r->period & 3]);
+  if (r->max_in_flight_micro >= 0) sqlite3_bind_int64(st, 4, r->max_in_flight_micro);
+  else sqlite3_bind_null(st, 4);
+  sqlite3_bind_int64(st, 5, r->period_start_ms);
+  sqlite3_bind_int64(st, 6, r->spent_micro);
+  sqlite3_bind_int64(st, 7, r->reserved_micro);
+  sqlite3_bind_int64(st, 8, r->holds);
+  sqlite3_bind_int64(st, 9, r->next_expiry_ms);
+  sqlite3_bind_int64(st, 10, r->created_ms);
+  sqlite3_bind_int64(st, 11, r->updated_ms);
+  return run_stmt(s, Q_BUD_PUT, NULL, err);
+}
+
+static int s_bud_list(lg_store_t *s, int64_t now_ms, int (*cb)(void *, const lg__bud_row_t *),
+                      void *ud, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_BUD_LIST, err);
+  if (!st) return LG_ESTORE;
+  sqlite3_bind_null(st, 1);
+  sqlite3_bind_int64(st, 2, now_ms);
+  /* Read everything first: the callback may use the store. */
+  lg__bud_row_t *all = NULL;
+  size_t n = 0, cap = 0;
+  int rc, out = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) {
+      size_t nc = cap ? cap * 2 : 16;
+      lg__bud_row_t *a = lg__realloc(all, nc * sizeof *a);
+      if (!a) {
+        out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+        break;
+      }
+      all = a;
+      cap = nc;
+    }
+    if (read_bud_row(st, &all[n])) {
+      out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      break;
+    }
+    n++;
+  }
+  if (!out && rc != SQLITE_DONE) out = sq_fail(s, rc, "listing budgets", err);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  for (size_t i = 0; i < n && !out; i++) out = cb(ud, &all[i]);
+  for (size_t i = 0; i < n; i++) lg__bud_row_clear(&all[i]);
+  lg__free(all);
+  return out;
+}
+
+static int s_hold_put(lg_store_t *s, const char *scope, const char *id, int64_t amount,
+                      int64_t expires_ms, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_HOLD_PUT, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, scope);
+  bind_text(st, 2, id);
+  sqlite3_bind_int64(st, 3, amount);
+  sqlite3_bind_int64(st, 4, expires_ms);
+  return run_stmt(s, Q_HOLD_PUT, NULL, err);
+}
+
+static int s_holds_expire(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_HOLDS_EXPIRE, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, scope);
+  sqlite3_bind_int64(st, 2, now_ms);
+  return run_stmt(s, Q_HOLDS_EXPIRE, NULL, err);
+}
+
+static void bind_resv(sqlite3_stmt *st, const lg__resv_row_t *r) {
+  bind_text(st, 1, r->id);
+  sqlite3_bind_int64(st, 2, r->amount_micro);
+  bind_text(st, 3, r->scopes);
+  bind_text(st, 4, r->run_id);
+  sqlite3_bind_int64(st, 5, r->run_seq);
+  bind_text(st, 6, r->model);
+  bind_text(st, 7, r->settled ? "settled" : "open");
+  sqlite3_bind_int64(st, 8, r->actual_micro);
+  sqlite3_bind_int64(st, 9, r->created_ms);
+  sqlite3_bind_int64(st, 10, r->expires_ms);
+  sqlite3_bind_int64(st, 11, r->settled_ms);
+}
+
+static int s_resv_insert(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_RESV_INSERT, err);
+  if (!st) return LG_ESTORE;
+  bind_resv(st, r);
+  int rc = sqlite3_step(st), out = 0;
+  if ((rc & 0xff) == SQLITE_CONSTRAINT)
+    out = lg__err(err, LG_ECONFLICT, "reservation_id", -1, "reservation \"%s\" exists already",
+                  r->id);
+  else if (rc != SQLITE_DONE)
+    out = sq_fail(s, rc, "writing a reservation", err);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+/* Steps a SELECT of RESV_COLS into *row. */
+static int read_resv(lg_store_t *s, int which, lg__resv_row_t *row, int *found, lg_error_t *err) {
+  sqlite3_stmt *st = s ? ((sq_t *)s->impl)->q[which] : NULL;
+  int rc = sqlite3_step(st), out = 0, ok = 1;
+  *found = 0;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    memset(row, 0, sizeof *row);
+    row->id = col_str(st, 0, NULL, &ok);
+    row->amount_micro = sqlite3_column_int64(st, 1);
+    row->scopes = col_str(st, 2, NULL, &ok);
+    row->run_id = col_str(st, 3, NULL, &ok);
+    row->run_seq = sqlite3_column_int64(st, 4);
+    row->model = col_str(st, 5, NULL, &ok);
+    const char *state = (const char *)sqlite3_column_text(st, 6);
+    row->settled = state && !strcmp(state, "settled");
+    row->actual_micro = sqlite3_column_int64(st, 7);
+    row->created_ms = sqlite3_column_int64(st, 8);
+    row->expires_ms = sqlite3_column_int64(st, 9);
+    row->settled_ms = sqlite3_column_int64(st, 10);
+    if (!ok || !row->id || !row->scopes) {
+      lg__resv_row_clear(row);
+      out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    }
+  } else if (rc != SQLITE_DONE) {
+    out = sq_fail(s, rc, "reading a reservation", err);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
+static int s_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row,
+                       int *found, lg_error_t *err) {
+  (void)lock;
+  sqlite3_stmt *st = stmt(s, Q_RESV_READ, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, id);
+  return read_resv(s, Q_RESV_READ, row, found, err);
+}
+
+static int s_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
+                         lg__resv_row_t *row, int *found, lg_error_t *err) {
+  (void)lock;
+  int which = run_seq > 0 ? Q_RESV_OF_RUN : Q_RESV_OLDEST_OF_RUN;
+  sqlite3_stmt *st = stmt(s, which, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  if (run_seq > 0) sqlite3_bind_int64(st, 2, run_seq);
+  return read_resv(s, which, row, found, err);
+}
+
+static int s_resv_update(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_RESV_UPDATE, err);
+  if (!st) return LG_ESTORE;
+  bind_resv(st, r);
+  return run_stmt(s, Q_RESV_UPDATE, NULL, err);
+}
+
+static int s_resv_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_RESV_PURGE, err);
+  int changes = 0;
+  if (!st) return LG_ESTORE;
+  sqlite3_bind_int64(st, 1, before_ms);
+  int rc = run_stmt(s, Q_RESV_PURGE, &changes, err);
+  *purged = rc ? 0 : changes;
+  return rc;
+}
+
+static int s_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes,
+                           lg_error_t *err) {
+  int which = scopes && *scopes ? Q_RUNSCOPES_PUT : Q_RUNSCOPES_DEL;
+  sqlite3_stmt *st = stmt(s, which, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  if (which == Q_RUNSCOPES_PUT) bind_text(st, 2, scopes);
+  return run_stmt(s, which, NULL, err);
+}
+
+static int s_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int *found,
+                           lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, Q_RUNSCOPES_GET, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  int rc = sqlite3_step(st), out = 0, ok = 1;
+  *found = 0;
+  *scopes = NULL;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    *scopes = col_str(st, 0, NULL, &ok);
+    if (!ok) out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (rc != SQLITE_DONE) {
+    out = sq_fail(s, rc, "reading a run's scopes", err);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return out;
+}
+
 const lg__store_vtab_t lg__store_sqlite = {
-    .version = 1,
+    .version = 2,
     .scheme = "sqlite",
     .open = s_open,
     .close = s_close,
@@ -662,4 +1043,17 @@ const lg__store_vtab_t lg__store_sqlite = {
     .run_list = s_run_list,
     .deny_put = s_deny_put,
     .deny_get = s_deny_get,
+    .bud_read = s_bud_read,
+    .bud_read_drop = s_bud_read_drop,
+    .bud_put = s_bud_put,
+    .bud_list = s_bud_list,
+    .hold_put = s_hold_put,
+    .holds_expire = s_holds_expire,
+    .resv_insert = s_resv_insert,
+    .resv_read = s_resv_read,
+    .resv_of_run = s_resv_of_run,
+    .resv_update = s_resv_update,
+    .resv_purge = s_resv_purge,
+    .runscopes_put = s_runscopes_put,
+    .runscopes_get = s_runscopes_get,
 };

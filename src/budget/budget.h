@@ -1,0 +1,38 @@
+/*
+ * budget.h — what the files of the budget module share: the rules of
+ * budgets (budget.c) are used by the spend gate for model calls (gate.c).
+ * Prices (prices.c) stand alone.
+ */
+#ifndef LG_BUDGET_H
+#define LG_BUDGET_H
+
+#include "../util/internal.h"
+
+/* The scopes of a run as stored (run_scopes table): a new NULL-terminated
+ * array of new strings in *scopes (lg__budget_strv_free), *n of them; 0
+ * and NULL when the run has none. */
+int lg__budget_run_scopes(lg_store_t *s, const char *run_id, char ***scopes, size_t *n,
+                          lg_error_t *err);
+void lg__budget_strv_free(char **v);
+
+/* lg_budget_reserve with the whole refusal, for the gate; `id` names the
+ * reservation made (NULL: a random one). */
+int lg__budget_reserve(lg_store_t *s, const lg_budget_request_t *req, int64_t now_ms,
+                       lg_budget_reservation_t *out, lg_budget_refusal_t *refusal,
+                       lg_error_t *err);
+
+/* The reservation of a run's model call (run_seq 0: its oldest open one):
+ * *found, and its id and model (model new, may be NULL) and amount. */
+int lg__budget_run_reservation(lg_store_t *s, const char *run_id, int64_t run_seq, int *found,
+                               char id[LG_BUDGET_ID_MAX], int64_t *run_seq_out,
+                               int64_t *amount_micro, char **model, lg_error_t *err);
+/* A savepoint (or transaction) of its own, durable at commit, with the
+ * handle locked: for the gate, whose engine decision decides whether the
+ * reservation made inside it stays. end commits or rolls back, unlocks. */
+int lg__budget_sp_begin(lg_store_t *s, lg_error_t *err);
+int lg__budget_sp_end(lg_store_t *s, int commit, lg_error_t *err);
+
+/* Sets the run_seq of a reservation (the engine numbered the call). */
+int lg__budget_set_run_seq(lg_store_t *s, const char *id, int64_t run_seq, lg_error_t *err);
+
+#endif

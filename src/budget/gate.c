@@ -1,0 +1,171 @@
+/*
+ * gate.c — the spend gate for the model calls of a run: the worst case
+ * from the price table, the run's shared budgets, and the engine's own
+ * caps, decided together (lg_budget_model), and their settlement
+ * (lg_budget_usage).
+ *
+ * Order, and why. The shared reservation is made first, in a savepoint,
+ * and the engine decides after it: a shared refusal then leaves the engine
+ * untouched (its counters never count a call that was not made), and an
+ * engine refusal (a cap) rolls the savepoint back, as if the reservation
+ * had never been made. The shared reservation is tied to the engine's
+ * reservation number (lg_decision_t.reservation), so that /usage finds it
+ * again from what /model answered. The engine numbers its reservations
+ * 1, 2, ... as it lets model calls through — the same sequence as its
+ * model_calls counter — so the number is known before the engine decides;
+ * it is checked afterwards all the same, and corrected if it ever differs.
+ *
+ * Settlement reads the engine's open reservation for the worst case it
+ * held (engine.h): a usage that reports no cost, for a model without a
+ * price, is charged that worst case — never nothing.
+ */
+#include "budget.h"
+
+#include "../engine/engine.h"
+
+#include <stdio.h>
+
+/* 1 when the run's policy has a cost cap (it needs the worst case). */
+static int run_needs_cost(const lg_run_t *run) {
+  const lg_policy_t *p = lg_run_policy(run);
+  return p && p->max_cost_nusd >= 0;
+}
+
+int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
+                    const lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg_decision_t *d,
+                    lg_budget_gate_t *out, lg_error_t *err) {
+  lg_budget_gate_t local;
+  if (!out) out = &local;
+  memset(out, 0, sizeof *out);
+  out->worst_nusd = -1;
+  if (!run || !m || !d) return lg__err(err, LG_EINVAL, NULL, -1, "no run, model call or decision");
+  if (lg_run_stopped(run)) return lg_run_model(run, m, d, err); /* the stop, again */
+  if (m->input_tokens < 0)
+    return lg__err(err, LG_EINVAL, "input_tokens", -1, "input_tokens must not be negative");
+
+  char **scopes = NULL;
+  size_t n = 0;
+  int rc = s ? lg__budget_run_scopes(s, lg_run_id(run), &scopes, &n, err) : 0;
+  if (rc) return rc;
+
+  /* 1. The worst case. */
+  int64_t worst = m->cost_nusd >= 0 ? m->cost_nusd : -1;
+  int64_t priced = 0;
+  lg_error_t perr = {0};
+  int prc = lg_prices_worst_case(prices, m->model, m->input_tokens, m->max_tokens, &priced, &perr);
+  if (!prc) {
+    if (priced > worst) worst = priced;
+  } else if (worst < 0 && (n > 0 || run_needs_cost(run))) {
+    /* Fail closed: a cap or a budget cannot be kept without a cost. */
+    if (err) *err = perr;
+    lg__budget_strv_free(scopes);
+    return prc;
+  }
+  out->worst_nusd = worst;
+  lg_model_call_t mm = *m;
+  mm.cost_nusd = worst;
+
+  if (!n) {
+    rc = lg_run_model(run, &mm, d, err);
+    lg__budget_strv_free(scopes);
+    return rc;
+  }
+
+  /* 2. The shared budgets, in a savepoint the engine's answer decides on. */
+  lg_counters_t c;
+  lg_run_counters(run, &c);
+  lg_budget_request_t req = {
+      .scopes = (const char *const *)scopes,
+      .nscopes = n,
+      .amount_micro = lg_budget_nusd_to_micro(worst),
+      .ttl_ms = ttl_ms,
+      .run_id = lg_run_id(run),
+      .run_seq = c.model_calls + 1,
+      .model = m->model && *m->model ? m->model : NULL,
+  };
+  lg_budget_reservation_t resv;
+  if ((rc = lg__budget_sp_begin(s, err))) goto out;
+  rc = lg__budget_reserve(s, &req, now_ms, &resv, &out->refusal, err);
+  if (rc == LG_BUDGET_REFUSED) {
+    lg__budget_sp_end(s, 0, NULL);
+    out->refused = 1;
+    if (out->refusal.http_status == 429) goto out; /* the run goes on: retry later */
+    char msg[700];
+    snprintf(msg, sizeof msg, "A shared budget refused this model call (%s): %s. I am stopping "
+             "before making it.", out->refusal.limit_source, out->refusal.message);
+    rc = lg_run_stop(run, LG_R_BUDGET_EXCEEDED, msg, m->t_ms, d);
+    if (rc) rc = lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
+    goto out;
+  }
+  if (rc) {
+    lg__budget_sp_end(s, 0, NULL);
+    goto out;
+  }
+
+  /* 3. The engine: its caps on the same worst case. */
+  rc = lg_run_model(run, &mm, d, err);
+  if (!rc && d->action == LG_ACT_EXECUTE && d->reservation != req.run_seq)
+    rc = lg__budget_set_run_seq(s, resv.id, d->reservation, err);
+  if (rc || d->action != LG_ACT_EXECUTE) {
+    /* Not let through (or failed): the reservation is undone. */
+    lg__budget_sp_end(s, 0, NULL);
+  } else {
+    rc = lg__budget_sp_end(s, 1, err);
+    if (!rc) snprintf(out->reservation_id, sizeof out->reservation_id, "%s", resv.id);
+  }
+out:
+  lg__budget_strv_free(scopes);
+  return rc;
+}
+
+int lg_budget_usage(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
+                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
+                    int64_t cost_nusd, int64_t t_ms, int64_t now_ms, int64_t *actual_nusd,
+                    lg_error_t *err) {
+  if (actual_nusd) *actual_nusd = 0;
+  if (!run) return lg__err(err, LG_EINVAL, NULL, -1, "no run");
+  if (input_tokens < 0 || output_tokens < 0)
+    return lg__err(err, LG_EINVAL, input_tokens < 0 ? "input_tokens" : "output_tokens", -1,
+                   "token counts must not be negative");
+  if (reservation < 0)
+    return lg__err(err, LG_EINVAL, "reservation_id", -1, "reservation ids are positive");
+  /* The engine's open reservation: which one, and the worst case it held. */
+  int i = 0;
+  if (reservation)
+    while (i < run->nresv && run->resv[i].id != reservation) i++;
+  if (i >= run->nresv && reservation)
+    return lg__err(err, LG_ENOTFOUND, "reservation_id", -1,
+                   "no open reservation %lld in run \"%s\"", (long long)reservation,
+                   lg_run_id(run));
+  if (i >= run->nresv)
+    return lg__err(err, LG_ENOTFOUND, "reservation_id", -1,
+                   "no model call of run \"%s\" is waiting for its usage", lg_run_id(run));
+  int64_t seq = run->resv[i].id, held = run->resv[i].cost;
+
+  /* The shared reservation of that call, if the run has budgets. */
+  char id[LG_BUDGET_ID_MAX] = "";
+  int64_t row_seq = 0, amount = 0;
+  char *model = NULL;
+  int found = 0;
+  int rc = s ? lg__budget_run_reservation(s, lg_run_id(run), seq, &found, id, &row_seq, &amount,
+                                          &model, err)
+             : 0;
+  if (rc) return rc;
+
+  /* The actual cost. */
+  int64_t actual = cost_nusd;
+  if (actual < 0 && model &&
+      lg_prices_cost(prices, model, input_tokens, 0, output_tokens, &actual, NULL))
+    actual = -1;
+  if (actual < 0) actual = found ? lg_budget_micro_to_nusd(amount) : held;
+  if (actual < 0) actual = 0;
+  lg__free(model);
+
+  /* Shared first: the engine's settlement cannot fail once found above. */
+  if (found && (rc = lg_budget_settle(s, id, lg_budget_nusd_to_micro(actual), now_ms, NULL, err)))
+    return rc;
+  rc = lg_run_usage(run, seq, input_tokens, output_tokens, actual, t_ms);
+  if (rc) return lg__err(err, rc, "reservation_id", -1, "%s", lg_strerror(rc));
+  if (actual_nusd) *actual_nusd = actual;
+  return 0;
+}
