@@ -34,7 +34,10 @@ typedef enum ftype {
   T_BOOL,    /* true or false */
   T_OBJ,     /* an object */
   T_ANY,     /* any JSON value */
-  T_STATUS   /* results' status: a string or null */
+  T_STATUS,  /* results' status: a string or null */
+  T_SCOPES,  /* an array of 1 to 16 non-empty strings */
+  T_DUSD,    /* a number >= 0 kept as given (budgets convert it) */
+  T_DUSD_NULL /* the same, or null (absent) */
 } ftype_t;
 
 /* Where a field lands in lg__body_t. */
@@ -43,7 +46,8 @@ typedef enum fslot {
   S_IDEMPOTENCY_KEY, S_AGENT, S_STATUS, S_SIDE_EFFECT_COMMITTED, S_RETRY_AFTER_MS, S_VALUE,
   S_OPERATION_ID, S_WORLD, S_FROM, S_TO, S_MODEL, S_INPUT_TOKENS, S_OUTPUT_TOKENS,
   S_MAX_TOKENS, S_COST, S_RESERVATION_ID, S_REASON, S_KEY, S_REQUEST_FP, S_LEASE_MS,
-  S_RESULT, S_RETRYABLE
+  S_RESULT, S_RETRYABLE, S_SCOPES, S_LIMIT, S_MAX_IN_FLIGHT, S_PERIOD, S_AMOUNT, S_TTL,
+  S_ACTUAL
 } fslot_t;
 
 typedef struct field {
@@ -58,6 +62,7 @@ static const field_t f_run[] = {{"run_id", T_ID, S_RUN_ID, false},
                                 {"group", T_ID, S_GROUP, false},
                                 {"policy", T_OBJ, S_POLICY, false},
                                 {"progress_version", T_INT, S_PROGRESS_VERSION, false},
+                                {"scopes", T_SCOPES, S_SCOPES, false},
                                 END};
 static const field_t f_call[] = {{"tool", T_ID, S_TOOL, true},
                                  {"args", T_OBJ, S_ARGS, false},
@@ -97,10 +102,22 @@ static const field_t f_commit[] = {{"result", T_ANY, S_RESULT, true},
                                    {"operation_id", T_ID, S_OPERATION_ID, false},
                                    END};
 static const field_t f_fail[] = {{"retryable", T_BOOL, S_RETRYABLE, true}, END};
+static const field_t f_budget_set[] = {{"limit_usd", T_DUSD, S_LIMIT, true},
+                                       {"period", T_STR, S_PERIOD, true},
+                                       {"max_in_flight_usd", T_DUSD_NULL, S_MAX_IN_FLIGHT, false},
+                                       END};
+static const field_t f_reserve[] = {{"scopes", T_SCOPES, S_SCOPES, true},
+                                    {"amount_usd", T_DUSD, S_AMOUNT, true},
+                                    {"ttl_ms", T_UINT, S_TTL, false},
+                                    END};
+static const field_t f_settle[] = {{"reservation_id", T_ID, S_RESERVATION_ID, true},
+                                   {"actual_usd", T_DUSD, S_ACTUAL, true},
+                                   END};
 
-static const field_t *tables[LG__B__COUNT] = {f_run,   f_call,   f_result, f_state,
-                                              f_handoff, f_model, f_usage, f_cancel,
-                                              f_claim, f_commit, f_fail};
+static const field_t *tables[LG__B__COUNT] = {f_run,     f_call,    f_result,     f_state,
+                                              f_handoff, f_model,   f_usage,      f_cancel,
+                                              f_claim,   f_commit,  f_fail,       f_budget_set,
+                                              f_reserve, f_settle};
 
 static const char *type_name(const json_t *v) {
   switch (json_typeof(v)) {
@@ -144,6 +161,7 @@ static void body_init(lg__body_t *b) {
   b->input_tokens = b->output_tokens = b->max_tokens = -1;
   b->lease_ms = -1;
   b->retryable = -1;
+  b->ttl_ms = -1;
 }
 
 void lg__body_clear(lg__body_t *b) {
@@ -199,6 +217,29 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
     if (!json_is_object(v)) return wrong(err, f->name, "an object", v);
     break;
   case T_ANY: break;
+  case T_SCOPES: {
+    if (!json_is_array(v)) return wrong(err, f->name, "an array of scope names", v);
+    size_t n = json_array_size(v);
+    if (!n || n > 16)
+      return lg__err(err, LG_EINVAL, f->name, -1, "%s: from 1 to 16 scope names", f->name);
+    for (size_t k = 0; k < n; k++) {
+      json_t *e = json_array_get(v, k);
+      if (!json_is_string(e) || !json_string_length(e)) {
+        char name[64];
+        snprintf(name, sizeof name, "%s[%zu]", f->name, k);
+        return lg__err(err, LG_EINVAL, name, -1, "%s: expected a non-empty string", name);
+      }
+    }
+    break;
+  }
+  case T_DUSD_NULL:
+    if (json_is_null(v)) return 0;
+    /* fall through */
+  case T_DUSD:
+    if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
+    if (!(json_number_value(v) >= 0))
+      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
+    break;
   }
   switch (f->slot) {
   case S_RUN_ID: b->run_id = s; break;
@@ -240,6 +281,16 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
   case S_LEASE_MS: b->lease_ms = i; break;
   case S_RESULT: b->result = v; break;
   case S_RETRYABLE: b->retryable = (int)i; break;
+  case S_SCOPES: b->scopes = v; break;
+  case S_LIMIT: b->limit_usd = json_number_value(v); break;
+  case S_MAX_IN_FLIGHT:
+    b->has_max_in_flight = 1;
+    b->max_in_flight_usd = json_number_value(v);
+    break;
+  case S_PERIOD: b->period = s; break;
+  case S_AMOUNT: b->amount_usd = json_number_value(v); break;
+  case S_TTL: b->ttl_ms = i; break;
+  case S_ACTUAL: b->actual_usd = json_number_value(v); break;
   }
   return 0;
 }
@@ -256,7 +307,12 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
     if (!root) return lg__err(err, LG_ENOMEM, "body", -1, "out of memory");
   } else {
     json_error_t je;
+    lg__json_begin();
     root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (lg__json_oom()) { /* see util.c: jansson may misreport it */
+      json_decref(root);
+      return lg__err(err, LG_ENOMEM, "body", -1, "out of memory");
+    }
     if (!root) {
       int code = strstr(je.text, "duplicate") ? LG_EDUPKEY : LG_EPARSE;
       return lg__err(err, code, "body", je.position, "body: malformed JSON at line %d, column %d: %s",

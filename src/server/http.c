@@ -162,10 +162,8 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
     }
     return 1;
   }
-  /* The shared budgets (the spend gate) are another issue: their routes
-   * are known here so that they answer a clear error rather than 404, and
-   * the handler (lg__h_budgets in routes.c) is where they will live.
-   * Roles: PUT is operator; GET, reserve and settle are agent. */
+  /* The shared budgets (the spend gate). Roles: PUT is operator; GET,
+   * reserve and settle are agent. */
   if (starts(url, "/v1/budgets/", &rest) && *rest) {
     HIT(LG__RT_BUDGETS, lg__h_budgets, !strcmp(method, "PUT") ? LG__ROLE_OPERATOR : LG__ROLE_AGENT,
         method);
@@ -208,6 +206,11 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
                           rq->content_type ? rq->content_type : "application/json");
   if (rq->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (rq->status == 405 && rq->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, rq->allow);
+  if (rq->status == 429 && rq->retry_after > 0) {
+    char ra[24];
+    snprintf(ra, sizeof ra, "%d", rq->retry_after);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+  }
   if (atomic_load(&srv->draining)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result ok = MHD_queue_response(c, (unsigned)rq->status, r);
   MHD_destroy_response(r);
@@ -237,6 +240,7 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
     lg__req_t *rq = &hr->rq;
     rq->srv = srv;
     rq->conn = c;
+    rq->method = method; /* MHD keeps it for the whole request */
     route_hit_t hit;
     char *id = NULL;
     int found = route_or_oom(url, method, &hit, &id);
@@ -248,6 +252,13 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       hr->errored = 1;
     } else if (!found) {
       lg__req_error(rq, 404, "not_found", NULL, "no endpoint %s %s", method, url);
+      hr->errored = 1;
+    } else if (hit.route == LG__RT_BUDGETS &&
+               strcmp(method, !strcmp(id, "reserve") || !strcmp(id, "settle") ? "POST" : "GET") &&
+               strcmp(method, !strcmp(id, "reserve") || !strcmp(id, "settle") ? "POST" : "PUT")) {
+      rq->allow = !strcmp(id, "reserve") || !strcmp(id, "settle") ? "POST" : "GET, PUT";
+      lg__req_error(rq, 405, "invalid_request", NULL, "%s %s: method not allowed; use %s", method,
+                    url, rq->allow);
       hr->errored = 1;
     } else if (hit.route != LG__RT_BUDGETS && strcmp(method, hit.method)) {
       rq->allow = hit.allow ? hit.allow : hit.method;

@@ -68,6 +68,14 @@ void lg__metrics_ledger(lg__metrics_t *m, lg_claim_outcome_t o) {
   if ((unsigned)o < LG__OUTCOMES) INC(m->ledger[o]);
 }
 
+static const char *limit_sources[4] = {"key_limit", "workspace_budget", "scope_budget",
+                                       "in_flight_budget"};
+
+void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source) {
+  for (int i = 0; i < 4; i++)
+    if (limit_source && !strcmp(limit_source, limit_sources[i])) INC(m->budget_refusals[i]);
+}
+
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b) {
   lg__buf_puts(b, "# HELP loopguard_decisions_total Decisions answered, by action and reason.\n"
                   "# TYPE loopguard_decisions_total counter\n");
@@ -93,6 +101,11 @@ int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b) {
     lg__buf_printf(b, "loopguard_ledger_outcomes_total{outcome=\"%s\"} %llu\n",
                    lg_claim_outcome_name((lg_claim_outcome_t)o),
                    (unsigned long long)GET(m->ledger[o]));
+  lg__buf_puts(b, "# HELP loopguard_budget_refusals_total Reservations refused by a shared "
+                  "budget, by limit_source.\n# TYPE loopguard_budget_refusals_total counter\n");
+  for (int i = 0; i < 4; i++)
+    lg__buf_printf(b, "loopguard_budget_refusals_total{limit_source=\"%s\"} %llu\n", limit_sources[i],
+                   (unsigned long long)GET(m->budget_refusals[i]));
   lg__buf_printf(b,
                  "# HELP loopguard_runs_active Runs in the store that have not stopped.\n"
                  "# TYPE loopguard_runs_active gauge\n"

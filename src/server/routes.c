@@ -247,6 +247,26 @@ void lg__h_run_create(lg__req_t *rq) {
   }
   lg__worker_t *w = worker(rq);
   if (!w) goto out;
+  /* A run may name the shared budgets its model calls reserve against;
+   * they must exist (a typo must not leave a run unguarded). */
+  const char *scopes[16];
+  size_t nscopes = b.scopes ? json_array_size(b.scopes) : 0;
+  for (size_t k = 0; k < nscopes; k++) scopes[k] = json_string_value(json_array_get(b.scopes, k));
+  if (nscopes) {
+    int src = lg_budget_scopes_check(w->store, scopes, nscopes, &e);
+    if (src == LG_ENOTFOUND) {
+      lg__req_error(rq, 404, "not_found", "scopes", "scopes: %s", e.message);
+      goto out;
+    }
+    if (src == LG_EINVAL) {
+      lg__req_error(rq, 400, "invalid_request", "scopes", "scopes: %s", e.message);
+      goto out;
+    }
+    if (src) {
+      store_error(rq, src, &e, "checking the scopes");
+      goto out;
+    }
+  }
   int64_t now = lg__server_now(srv);
   /* No envelope while the run is active (see decide_locked). */
   lg_run_record_t rec = {(char *)run_id, (char *)b.group, 0, NULL, pjson, state, state_len, NULL,
@@ -279,6 +299,10 @@ void lg__h_run_create(lg__req_t *rq) {
   }
   if (rc) {
     store_error(rq, rc, &e, "creating the run");
+    goto out;
+  }
+  if (nscopes && (rc = lg_budget_run_scopes_set(w->store, run_id, scopes, nscopes, &e))) {
+    store_error(rq, rc, &e, "saving the run's scopes");
     goto out;
   }
   atomic_fetch_add(&srv->metrics.runs_active, 1);
@@ -458,6 +482,9 @@ typedef struct dctx {
   lg__buf_t resp;         /* the answer's body */
   lg__buf_t line;         /* the trace line */
   lg__buf_t stop_log;     /* fields of the stop's log line */
+  char *client_body;      /* a whole error answer (a budget's refusal), or NULL */
+  int retry_after;        /* with a 429: seconds for Retry-After */
+  char *budget_meta;      /* a stop by a shared budget: its refusal metadata */
 } dctx_t;
 
 static int client_error(dctx_t *x, int status, const char *type, const lg_error_t *e,
@@ -521,6 +548,10 @@ static void decision_json(dctx_t *x, lg_run_t *run, const lg_decision_t *d) {
   }
   if (x->route == LG__RT_MODEL && d->action == LG_ACT_EXECUTE)
     lg__buf_printf(b, ",\"reservation_id\":\"%lld\"", (long long)d->reservation);
+  if (d->action == LG_ACT_STOP && x->budget_meta) {
+    lg__buf_puts(b, ",\"metadata\":");
+    lg__buf_puts(b, x->budget_meta);
+  }
   if (d->action == LG_ACT_STOP) {
     lg__buf_printf(b, ",\"next_allowed_action\":\"%s\",\"envelope\":",
                    lg_next_name(d->next_allowed_action));
@@ -716,9 +747,35 @@ static int decide_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
       m.output_tokens = -1; /* unknown before the call */
       m.cost_nusd = b->has_cost ? b->cost_nusd : -1;
       m.t_ms = t;
-      if ((rc = lg_run_model(run, &m, &d, &e))) {
+      /* The spend gate: the run's caps, the prices, and the shared budgets
+       * of the run's scopes, all before the call (src/budget/gate.c). */
+      lg_budget_gate_t gate;
+      memset(&gate, 0, sizeof gate);
+      lg_prices_t *prices = lg_price_book_get(srv->prices);
+      rc = lg_budget_model(s, prices, run, &m, 0, x->now, &d, &gate, &e);
+      lg_prices_free(prices);
+      if (rc == LG_BUDGET_REFUSED) { /* too much in flight: 429, nothing changed */
+        lg__metrics_budget_refusal(&srv->metrics, gate.refusal.limit_source);
+        x->client_status = gate.refusal.http_status;
+        x->retry_after = (int)gate.refusal.retry_after_s;
+        x->client_body = lg_budget_refusal_json(&gate.refusal);
+        rc = LG_ECONFLICT; /* roll back */
+        goto out;
+      }
+      if (rc == LG_ENOTFOUND || (rc == LG_EINVAL && !strcmp(e.field, "max_tokens"))) {
+        rc = client_error(x, 422, "unprocessable", &e, "no price for this model");
+        goto out;
+      }
+      if (rc) {
         rc = engine_error(x, rc, &e);
         goto out;
+      }
+      if (gate.refused) {
+        lg__metrics_budget_refusal(&srv->metrics, gate.refusal.limit_source);
+        x->budget_meta = lg_budget_refusal_metadata_json(&gate.refusal);
+      }
+      if (gate.worst_nusd >= 0 && !b->has_cost) { /* replay holds what was held */
+        m.cost_nusd = gate.worst_nusd;
       }
       /* What was decided on: the worst case. output_tokens = max_tokens
        * makes replay hold what the server holds until the usage comes. */
@@ -729,9 +786,9 @@ static int decide_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
       if (b->max_tokens >= 0)
         lg__buf_printf(l, ",\"max_tokens\":%lld,\"output_tokens\":%lld", (long long)b->max_tokens,
                        (long long)b->max_tokens);
-      if (b->has_cost) {
+      if (m.cost_nusd >= 0) {
         lg__buf_puts(l, ",\"cost\":");
-        lg__buf_usd(l, b->cost_nusd);
+        lg__buf_usd(l, m.cost_nusd);
       }
       if (d.action == LG_ACT_EXECUTE) lg__buf_printf(l, ",\"reservation\":%lld", (long long)d.reservation);
       line_t(l, t);
@@ -749,7 +806,11 @@ static int decide_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
         lg_run_stop(run, LG_R_NONE, NULL, t, &d); /* fills d with the stop */
         break;
       }
-      rc = lg_run_usage(run, resv, b->input_tokens, b->output_tokens, b->has_cost ? b->cost_nusd : 0, t);
+      int64_t actual = -1;
+      lg_prices_t *prices = lg_price_book_get(srv->prices);
+      rc = lg_budget_usage(s, prices, run, resv, b->input_tokens, b->output_tokens,
+                           b->has_cost ? b->cost_nusd : -1, t, x->now, &actual, &e);
+      lg_prices_free(prices);
       if (rc == LG_ENOTFOUND) {
         rc = client_error(x, 409, "conflict", NULL,
                           resv ? "reservation_id: no open reservation with that id in this run"
@@ -765,9 +826,9 @@ static int decide_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
       if (resv) lg__buf_printf(l, ",\"reservation\":%lld", (long long)resv);
       lg__buf_printf(l, ",\"input_tokens\":%lld,\"output_tokens\":%lld", (long long)b->input_tokens,
                      (long long)b->output_tokens);
-      if (b->has_cost) {
+      if (actual >= 0) {
         lg__buf_puts(l, ",\"cost\":");
-        lg__buf_usd(l, b->cost_nusd);
+        lg__buf_usd(l, actual);
       }
       line_t(l, t);
       break;
@@ -848,6 +909,10 @@ static void finish_decision(lg__req_t *rq, dctx_t *x, int rc, lg_error_t *e) {
         lg__server_log(srv, "info", "stop", x->stop_log.data);
       }
     }
+  } else if (x->client_status && x->client_body) { /* a budget's refusal */
+    rq->status = x->client_status;
+    rq->retry_after = x->retry_after;
+    lg__buf_puts(&rq->out, x->client_body);
   } else if (x->client_status) {
     lg__req_error(rq, x->client_status, x->client_type, x->client_field, "%s", x->client_msg);
   } else if (rc == LG_ENOTFOUND) {
@@ -856,6 +921,10 @@ static void finish_decision(lg__req_t *rq, dctx_t *x, int rc, lg_error_t *e) {
     if (x->client_msg[0]) snprintf(e->message, sizeof e->message, "%.500s", x->client_msg);
     store_error(rq, rc, e, "deciding");
   }
+  lg__free(x->client_body);
+  x->client_body = NULL;
+  lg__free(x->budget_meta);
+  x->budget_meta = NULL;
   lg__buf_free(&x->resp);
   lg__buf_free(&x->line);
   lg__buf_free(&x->stop_log);
@@ -980,6 +1049,8 @@ static int cancel_one(lg__req_t *rq, const char *run_id, const char *reason, lg_
 }
 
 static void free_dctx(dctx_t *x) {
+  lg__free(x->client_body);
+  lg__free(x->budget_meta);
   lg__buf_free(&x->resp);
   lg__buf_free(&x->line);
   lg__buf_free(&x->stop_log);
@@ -1444,15 +1515,127 @@ void lg__h_op_get(lg__req_t *rq) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Budgets: the shared spend gate is another issue. Its endpoints land
- * here (PUT/GET /v1/budgets/{scope}, POST /v1/budgets/reserve and
- * /settle; roles are already checked by the router), and so does the
- * run-level /model once it reserves against shared budgets too. */
+/* Budgets: the shared spend gate (src/budget). PUT/GET
+ * /v1/budgets/{scope}, POST /v1/budgets/reserve and /settle; the router
+ * already checked the roles. */
+
+/* A budget error: the library's field and message, with the status of the
+ * error's kind. */
+static void budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing) {
+  if (rc == LG_EINVAL || rc == LG_ERANGE)
+    lg__req_error(rq, 400, "invalid_request", e->field[0] ? e->field : NULL, "%s", e->message);
+  else if (rc == LG_ENOTFOUND)
+    lg__req_error(rq, 404, "not_found", e->field[0] ? e->field : NULL, "%s", e->message);
+  else if (rc == LG_ECONFLICT)
+    lg__req_error(rq, 409, "conflict", e->field[0] ? e->field : NULL, "%s", e->message);
+  else store_error(rq, rc, e, doing);
+}
+
+static void budget_put_get(lg__req_t *rq, lg__worker_t *w, bool put) {
+  lg_server_t *srv = rq->srv;
+  lg_error_t e = {0};
+  lg_budget_t bud;
+  int rc;
+  if (put) {
+    lg__body_t b;
+    if (parse(rq, LG__B_BUDGET_SET, &b)) return;
+    int64_t limit = 0, cap = -1;
+    lg_budget_period_t period;
+    rc = lg_budget_usd_to_micro(b.limit_usd, &limit, "limit_usd", &e);
+    if (!rc && b.has_max_in_flight) rc = lg_budget_usd_to_micro(b.max_in_flight_usd, &cap, "max_in_flight_usd", &e);
+    if (!rc) rc = lg_budget_period_parse(b.period, &period, &e);
+    if (!rc) rc = lg_budget_set(w->store, rq->id, limit, period, cap, lg__server_now(srv), &bud, &e);
+    lg__body_clear(&b);
+  } else {
+    rc = lg_budget_get(w->store, rq->id, lg__server_now(srv), &bud, &e);
+  }
+  if (rc) {
+    budget_error(rq, rc, &e, put ? "setting the budget" : "reading the budget");
+    return;
+  }
+  char *j = lg_budget_to_json(&bud);
+  if (!j) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  lg__buf_puts(&rq->out, j);
+  lg__free(j);
+  rq->status = 200;
+}
+
+static void budget_reserve(lg__req_t *rq, lg__worker_t *w) {
+  lg_server_t *srv = rq->srv;
+  lg__body_t b;
+  if (parse(rq, LG__B_RESERVE, &b)) return;
+  lg_error_t e = {0};
+  const char *scopes[16];
+  size_t n = json_array_size(b.scopes);
+  for (size_t k = 0; k < n; k++) scopes[k] = json_string_value(json_array_get(b.scopes, k));
+  int64_t amount = 0;
+  int rc = lg_budget_usd_to_micro(b.amount_usd, &amount, "amount_usd", &e);
+  lg_budget_reservation_t res;
+  lg_budget_refusal_t why;
+  memset(&why, 0, sizeof why);
+  if (!rc) {
+    lg_budget_request_t req = {scopes, n, amount, b.ttl_ms > 0 ? b.ttl_ms : 0, NULL, 0, NULL};
+    rc = lg_budget_reserve(w->store, &req, lg__server_now(srv), &res, &why, &e);
+  }
+  lg__body_clear(&b);
+  char *j = NULL;
+  if (rc == LG_BUDGET_REFUSED) {
+    lg__metrics_budget_refusal(&srv->metrics, why.limit_source);
+    j = lg_budget_refusal_json(&why);
+    rq->status = why.http_status;
+    if (why.http_status == 429) rq->retry_after = (int)(why.retry_after_s > 0 ? why.retry_after_s : 1);
+  } else if (rc) {
+    budget_error(rq, rc, &e, "reserving");
+    return;
+  } else {
+    j = lg_budget_reservation_json(&res);
+    rq->status = 201;
+  }
+  if (!j) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  lg__buf_puts(&rq->out, j);
+  lg__free(j);
+}
+
+static void budget_settle(lg__req_t *rq, lg__worker_t *w) {
+  lg_server_t *srv = rq->srv;
+  lg__body_t b;
+  if (parse(rq, LG__B_SETTLE, &b)) return;
+  lg_error_t e = {0};
+  int64_t actual = 0;
+  lg_budget_settlement_t st;
+  memset(&st, 0, sizeof st);
+  int rc = lg_budget_usd_to_micro(b.actual_usd, &actual, "actual_usd", &e);
+  if (!rc) rc = lg_budget_settle(w->store, b.reservation_id, actual, lg__server_now(srv), &st, &e);
+  lg__body_clear(&b);
+  if (rc) {
+    budget_error(rq, rc, &e, "settling");
+    return;
+  }
+  char *j = lg_budget_settlement_json(&st);
+  lg_budget_settlement_clear(&st);
+  if (!j) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  lg__buf_puts(&rq->out, j);
+  lg__free(j);
+  rq->status = 200;
+}
 
 void lg__h_budgets(lg__req_t *rq) {
-  lg__req_error(rq, 404, "not_found", NULL,
-                "the shared budgets (/v1/budgets) are not available in this version; the "
-                "run-level caps (limits.max_cost_usd, max_tokens) apply through /model");
+  lg__worker_t *w = worker(rq);
+  if (!w) return;
+  if (!strcmp(rq->method, "PUT")) budget_put_get(rq, w, true);
+  else if (!strcmp(rq->method, "GET")) budget_put_get(rq, w, false);
+  else if (!strcmp(rq->id, "reserve")) budget_reserve(rq, w);
+  else if (!strcmp(rq->id, "settle")) budget_settle(rq, w);
+  else lg__req_error(rq, 404, "not_found", NULL, "POST /v1/budgets/%s: use reserve or settle", rq->id);
 }
 
 /* ------------------------------------------------------------------ */

@@ -89,7 +89,22 @@ void lg__server_log(lg_server_t *srv, const char *level, const char *event, cons
 }
 
 int lg_server_reopen_log(lg_server_t *srv) {
-  if (!srv || !srv->o.log_path) return 0; /* stderr: nothing to reopen */
+  if (!srv) return 0;
+  if (srv->o.prices_file) { /* SIGHUP reloads the prices too */
+    lg_error_t e = {0};
+    if (lg_price_book_reload(srv->prices, &e)) { /* the old prices stay */
+      char buf[600];
+      lg__buf_t f = {0};
+      lg__buf_puts(&f, "\"error\":");
+      lg_error_format(&e, buf, sizeof buf);
+      lg__buf_json_str(&f, buf, strlen(buf));
+      if (!f.oom) lg__server_log(srv, "error", "prices_not_reloaded", f.data);
+      lg__buf_free(&f);
+    } else {
+      lg__server_log(srv, "info", "prices_reloaded", NULL);
+    }
+  }
+  if (!srv->o.log_path) return 0; /* stderr: nothing to reopen */
   FILE *f = fopen(srv->o.log_path, "a");
   if (!f) return LG_EIO;
   pthread_mutex_lock(&srv->log_mu);
@@ -332,6 +347,13 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     goto fail;
   }
+  /* Prices (--prices): an empty book without a file, so that a model call
+   * that needs a price fails closed with a message naming the model. */
+  srv->prices = lg_price_book_new(srv->o.prices_file, err);
+  if (!srv->prices) {
+    if (err && srv->o.prices_file) lg__err_where(err, srv->o.prices_file, 0);
+    goto fail;
+  }
   /* The log first, so that everything after can say what happened. */
   if (srv->o.log_path) {
     srv->log = fopen(srv->o.log_path, "a");
@@ -435,7 +457,9 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     if (srv->o.prices_file) {
       lg__buf_puts(&f, ",\"prices\":");
       lg__buf_json_str(&f, srv->o.prices_file, strlen(srv->o.prices_file));
-      lg__buf_puts(&f, ",\"prices_used\":false");
+      lg_prices_t *pr = lg_price_book_get(srv->prices);
+      lg__buf_printf(&f, ",\"price_models\":%zu", pr ? lg_prices_count(pr) : 0);
+      lg_prices_free(pr);
     }
     if (!f.oom) lg__server_log(srv, "info", "start", f.data);
     lg__buf_free(&f);
@@ -458,7 +482,14 @@ char *lg_server_banner(const lg_server_t *srv) {
   else
     lg__buf_puts(&b, "  auth:    off (no tokens configured: open on loopback only)\n");
   lg__buf_printf(&b, "  policy:  %s (default policy of new runs)\n", srv->policy_source);
-  if (srv->o.prices_file) lg__buf_printf(&b, "  prices:  not used yet (%s)\n", srv->o.prices_file);
+  if (srv->o.prices_file) {
+    lg_prices_t *pr = lg_price_book_get(srv->prices);
+    lg__buf_printf(&b, "  prices:  %zu models from %s (reloaded on SIGHUP)\n",
+                   pr ? lg_prices_count(pr) : 0, srv->o.prices_file);
+    lg_prices_free(pr);
+  } else {
+    lg__buf_puts(&b, "  prices:  none (model calls need cost_usd when a cap or budget applies)\n");
+  }
   lg__buf_printf(&b, "  threads: %d, max body %zu bytes, timeout %d s\n", srv->o.threads,
                  srv->o.max_body, srv->o.timeout_s);
   lg__buf_printf(&b, "  try:     curl -s %s/healthz\n", srv->url);
@@ -565,6 +596,7 @@ void lg_server_free(lg_server_t *srv) {
   lg__free((char *)srv->o.tokens_file);
   lg__free((char *)srv->o.policy_file);
   lg__free((char *)srv->o.prices_file);
+  lg_price_book_free(srv->prices);
   lg__free((char *)srv->o.log_path);
   if (srv->log_owned && srv->log) fclose(srv->log);
   pthread_key_delete(srv->wkey);

@@ -95,6 +95,7 @@ typedef struct lg__metrics {
   _Atomic uint64_t decisions[LG__ACTIONS][LG_R__COUNT]; /* by action, reason */
   _Atomic uint64_t stops[LG_R__COUNT];                  /* runs stopped, by reason */
   _Atomic uint64_t ledger[LG__OUTCOMES];                /* claim outcomes */
+  _Atomic uint64_t budget_refusals[4];                  /* by limit_source, see metrics.c */
   _Atomic uint64_t hist[LG__RT__COUNT][LG__HIST_BUCKETS + 1]; /* per bucket */
   _Atomic uint64_t hist_sum_ns[LG__RT__COUNT];          /* total seconds, ns */
   _Atomic uint64_t requests[LG__RT__COUNT][LG__CODE_SLOTS]; /* by code slot */
@@ -106,6 +107,7 @@ typedef struct lg__metrics {
 void lg__metrics_request(lg__metrics_t *m, lg__route_t r, int code, uint64_t ns);
 void lg__metrics_decision(lg__metrics_t *m, lg_action_t a, lg_reason_t why, int stopped_now);
 void lg__metrics_ledger(lg__metrics_t *m, lg_claim_outcome_t o);
+void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source);
 /* The Prometheus text format (version 0.0.4) into b. */
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
 
@@ -125,6 +127,9 @@ typedef enum lg__body_kind {
   LG__B_CLAIM,        /* POST /v1/operations/claim */
   LG__B_COMMIT,       /* POST /v1/operations/{key}/commit */
   LG__B_FAIL,         /* POST /v1/operations/{key}/fail */
+  LG__B_BUDGET_SET,   /* PUT /v1/budgets/{scope} */
+  LG__B_RESERVE,      /* POST /v1/budgets/reserve */
+  LG__B_SETTLE,       /* POST /v1/budgets/settle */
   LG__B__COUNT
 } lg__body_kind_t;
 
@@ -159,6 +164,15 @@ typedef struct lg__body {
   int64_t lease_ms;              /* claim: -1 absent */
   json_t *result;                /* commit: any JSON value (required) */
   int retryable;                 /* fail: 0 or 1 */
+  json_t *scopes;                /* runs, reserve: an array of scope names */
+  double limit_usd;              /* budgets: as given (micro-dollars are
+                                    made by lg_budget_usd_to_micro) */
+  int has_max_in_flight;         /* budgets */
+  double max_in_flight_usd;
+  const char *period;            /* budgets */
+  double amount_usd;             /* reserve */
+  int64_t ttl_ms;                /* reserve: -1 absent */
+  double actual_usd;             /* settle */
 } lg__body_t;
 
 /* Parses body text for `kind` into *out (which need not be initialised). An empty body is
@@ -289,6 +303,7 @@ struct lg_server {
   lg__batcher_t *batcher;     /* group commit (shared handle), or NULL */
   lg__checkpointer_t *ckpt;   /* sqlite: background WAL checkpoints, or NULL */
   lg__metrics_t metrics;      /* counters, histograms */
+  lg_price_book_t *prices;    /* --prices, reloaded on SIGHUP (empty: none) */
   pthread_mutex_t log_mu;     /* guards log */
   FILE *log;                  /* the log (stderr or log_path) */
   int log_owned;              /* log was opened here */
@@ -329,6 +344,7 @@ typedef struct lg__req {
   lg_server_t *srv;
   struct MHD_Connection *conn;
   lg__route_t route;
+  const char *method;      /* "GET", "POST", ... */
   const char *id;          /* run id, group or operation key from the path */
   char *id_buf;            /* owns id */
   const char *body;        /* the request body (may be empty) */
@@ -338,6 +354,7 @@ typedef struct lg__req {
   lg__buf_t out;           /* body of the answer */
   const char *content_type;/* NULL: application/json */
   const char *allow;       /* 405: the Allow header */
+  int retry_after;         /* 429: seconds for the Retry-After header */
   /* A deferred answer: a handler that sets job (and finish) has its
    * connection suspended and the job given to the batcher; once the job
    * is done, finish() runs on the HTTP thread and fills the answer. */

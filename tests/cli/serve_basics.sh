@@ -26,20 +26,26 @@ rc=0; "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: >"$TMP/refuse.out" 2>&1
 [ $rc = 1 ] || fail "binding 0.0.0.0 without tokens: exit $rc, wanted 1"
 grep -q "refusing" "$TMP/refuse.out" || fail "no reason given: $(cat "$TMP/refuse.out")"
 
+note "a bad price file fails at start, naming the file"
+echo '{}' >"$TMP/noprices.json"
+rc=0; "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --prices "$TMP/noprices.json" >"$TMP/np.out" 2>&1 || rc=$?
+[ $rc = 1 ] || fail "bad price file: exit $rc"
+grep -q "noprices.json" "$TMP/np.out" || fail "bad price file not named: $(cat "$TMP/np.out")"
+
 note "a bad store fails at start"
 rc=0; "$LG_BIN" serve --listen 127.0.0.1:0 --store nosuch:x >"$TMP/bad.out" 2>&1 || rc=$?
 [ $rc = 1 ] || fail "bad store: exit $rc"
 
 note "the banner: URL, store, auth, policy, prices"
 echo '{"repeat":{"block":4}}' >"$TMP/policy.json"
-echo '{}' >"$TMP/prices.json"
+echo '{"models": {"small": {"input_usd_per_mtok": 0.5, "output_usd_per_mtok": 1.5}}}' >"$TMP/prices.json"
 start_server A --store "sqlite:$TMP/a.db" --log "$TMP/a.log" --policy "$TMP/policy.json" \
   --prices "$TMP/prices.json" --threads 2
 head -n 1 "$A_OUT" | grep -q "listening on http://127.0.0.1:" || fail "first line: $(head -n 1 "$A_OUT")"
 grep -q "store:   sqlite:$TMP/a.db" "$A_OUT" || fail "no store line"
 grep -q "auth:    off" "$A_OUT" || fail "no auth line"
 grep -q "policy:  $TMP/policy.json" "$A_OUT" || fail "no policy line"
-grep -q "prices:  not used yet" "$A_OUT" || fail "no prices line"
+grep -q "prices:  1 models from $TMP/prices.json" "$A_OUT" || fail "no prices line: $(cat "$A_OUT")"
 grep -q '"event":"start"' "$TMP/a.log" || fail "no start-up block in the log"
 curl -sf "$A_URL/healthz" | grep -q '"status":"ok"' || fail "healthz"
 block=$(curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p1"}' | jq_py 'd["policy"]["repeat"]["block"]')

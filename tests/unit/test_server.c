@@ -724,8 +724,14 @@ static void test_health_metrics_routes(void **state) {
   ht_resp_clear(&r);
   req("GET", "/v1/runs/x/calls", NULL, 405, &r);
   ht_resp_clear(&r);
-  req("PUT", "/v1/budgets/key:abc", "{\"limit_usd\":5,\"period\":\"daily\"}", 404, &r);
-  expect_error(&r, 404, "not_found", "budgets");
+  /* The budgets answer (tests/cli/serve_budget.sh covers them in full). */
+  req("GET", "/v1/budgets/key:abc", NULL, 404, &r);
+  expect_error(&r, 404, "not_found", "key:abc");
+  ht_resp_clear(&r);
+  req("PUT", "/v1/budgets/key:abc", "{\"limit_usd\":5,\"period\":\"daily\"}", 200, &r);
+  ht_resp_clear(&r);
+  req("DELETE", "/v1/budgets/key:abc", NULL, 405, &r);
+  assert_non_null(ht_find(r.head, "Allow: GET, PUT"));
   ht_resp_clear(&r);
 }
 
