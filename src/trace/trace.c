@@ -232,7 +232,9 @@ static int scan_line(reader_t *r) {
     while (i < n && ws(s[i])) i++;
     int fid = plain ? field_id(s + ks, klen) : -1;
     size_t vs = i, ve;
-    if (fid == F_ARGS || fid == F_VALUE || fid == F_WORLD || fid < 0) {
+    /* A result's value is only found here; the deciding side validates it
+     * (see apply), which balances the two threads of a large replay. */
+    if (fid == F_ARGS || fid == F_WORLD || fid < 0) {
       /* Values the canonicaliser reads anyway: it validates them and says
        * where they end in the same pass. Arguments are fingerprinted right
        * here when the tool is already known (it usually comes first). */
@@ -475,7 +477,7 @@ typedef struct ev {
   int64_t retry_after;
   int sec;
   const char *value;
-  size_t value_len;
+  size_t value_len, value_off;
   lg_value_kind_t value_kind;
   const char *world;       /* state */
   size_t world_len, world_off;
@@ -630,6 +632,7 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
       span_t sp = r->f[F_VALUE];
       e->value = r->s + sp.a;
       e->value_len = sp.b - sp.a;
+      e->value_off = sp.a;
       char k = kind(r, F_VALUE);
       e->value_kind = LG_VALUE_PRESENT;
       if (k == 'n') e->value_kind = LG_VALUE_NULL;
@@ -744,6 +747,18 @@ static int apply(replay_t *rp, ev_t *e) {
   if (e->type == LG_EV_RUN)
     return ensure_run(rp, e->line, e->str[F_RUN_ID], e->str[F_GROUP], e->policy, e->has_pv ? &e->pv : NULL);
   if ((rc = ensure_run(rp, e->line, NULL, NULL, NULL, NULL))) return rc;
+  if (e->type == LG_EV_RESULT && e->value) { /* the reader only found its end */
+    const char *out;
+    size_t ol;
+    if ((rc = lg_canon_json(rp->canon, e->value, e->value_len, &out, &ol, err))) {
+      if (err) {
+        err->offset = err->offset >= 0 ? err->offset + (long)e->value_off : (long)e->value_off;
+        snprintf(err->field, sizeof err->field, "value");
+      }
+      lg__err_where(err, rp->name, e->line);
+      return rc;
+    }
+  }
   if (lg_run_stopped(rp->run)) {
     rp->after_stop++;
     return 0; /* read, not acted on */
