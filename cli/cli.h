@@ -25,6 +25,21 @@ int cli_usage(const char *usage, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The store URL: --store, else $LOOPGUARD_STORE, else sqlite:loopguard.db. */
 const char *cli_store_url(const char *flag);
+/* A flag of a subcommand; a NULL name ends a list. */
+typedef struct cli_flag {
+  const char *name;   /* "--store" */
+  int takes_value;    /* 1: "--store URL" or "--store=URL" */
+  const char **value; /* where the value goes ("1" for a switch) */
+} cli_flag_t;
+/* Parses argv[1..] (argv[0] is the subcommand): flags anywhere, the
+ * positionals into pos[] (at most maxpos; "--" ends the flags). Returns 0,
+ * 1 for --help, or the usage exit status 2 after printing what was
+ * wrong. */
+int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos, int *npos,
+              const char *usage);
+/* Opens the store of --store (see cli_store_url); NULL after printing the
+ * error. */
+lg_store_t *cli_open_store(const char *flag);
 /* 1 when colour may be used on `f` (a terminal, NO_COLOR unset). */
 int cli_color(FILE *f);
 

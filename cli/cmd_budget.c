@@ -122,52 +122,6 @@ static void fmt_usd(int64_t micro, char buf[40]) {
   snprintf(buf, 40, "%lld.%s", (long long)whole, f);
 }
 
-typedef struct flag {
-  const char *name;   /* "--store" */
-  int takes_value;    /* 1: "--store URL" or "--store=URL" */
-  const char **value; /* where the value goes (or "1" for a switch) */
-} flag_t;
-
-/* Parses argv[1..] (argv[0] is the subcommand): flags anywhere, the
- * positionals into pos[]. Returns 0, 1 for --help, or 2 after printing
- * what was wrong. */
-static int parse(int argc, char **argv, flag_t *flags, const char **pos, int maxpos, int *npos,
-                 const char *usage) {
-  *npos = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-    if (!strcmp(a, "--")) {
-      for (i++; i < argc; i++) {
-        if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", argv[i]);
-        pos[(*npos)++] = argv[i];
-      }
-      break;
-    }
-    if (a[0] == '-' && a[1]) {
-      flag_t *f = flags;
-      size_t n = strcspn(a, "=");
-      for (; f->name; f++)
-        if (strlen(f->name) == n && !strncmp(f->name, a, n)) break;
-      if (!f->name) return cli_usage(usage, "unknown flag '%s'", a);
-      if (!f->takes_value) {
-        if (a[n]) return cli_usage(usage, "%s takes no value", f->name);
-        *f->value = "1";
-      } else if (a[n] == '=') {
-        *f->value = a + n + 1;
-      } else if (i + 1 < argc) {
-        *f->value = argv[++i];
-      } else {
-        return cli_usage(usage, "%s needs a value", f->name);
-      }
-      continue;
-    }
-    if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", a);
-    pos[(*npos)++] = a;
-  }
-  return 0;
-}
-
 /* A USD amount: a plain decimal number (digits, a point, an exponent).
  * Returns 0, or prints a usage error and returns 2. */
 static int parse_usd(const char *flag, const char *text, int64_t *micro, const char *usage) {
@@ -190,13 +144,6 @@ static int parse_usd(const char *flag, const char *text, int64_t *micro, const c
   if (errno == ERANGE || lg_budget_usd_to_micro(v, micro, flag, &err))
     return cli_usage(usage, "%s: %s", flag, err.message[0] ? err.message : "out of range");
   return 0;
-}
-
-static lg_store_t *open_store(const char *flag) {
-  lg_error_t err = {0};
-  lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
-  if (!s) cli_error(&err);
-  return s;
 }
 
 static void print_json(const lg_budget_t *b) {
@@ -256,14 +203,14 @@ static void print_human(const lg_budget_t *b) {
 
 static int do_set(int argc, char **argv) {
   const char *store = NULL, *limit = NULL, *period = NULL, *mif = NULL, *json = NULL;
-  flag_t flags[] = {{"--limit-usd", 1, &limit},
+  cli_flag_t flags[] = {{"--limit-usd", 1, &limit},
                     {"--period", 1, &period},
                     {"--max-in-flight-usd", 1, &mif},
                     {"--store", 1, &store},
                     {"--json", 0, &json},
                     {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, set_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, set_usage);
   if (rc == 1) return fputs(set_usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(set_usage, "budget set needs a SCOPE");
@@ -278,7 +225,7 @@ static int do_set(int argc, char **argv) {
   if (mif && (rc = parse_usd("--max-in-flight-usd", mif, &cap, set_usage))) return rc;
   if (lg_budget_period_parse(period, &p, &err))
     return cli_usage(set_usage, "--period: %s", err.message);
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_budget_t b;
   rc = lg_budget_set(s, pos[0], lim, p, cap, now_ms(), &b, &err);
@@ -301,16 +248,16 @@ static int do_set(int argc, char **argv) {
 static int do_show_or_reset(int argc, char **argv, int reset) {
   const char *usage = reset ? reset_usage : show_usage;
   const char *store = NULL, *json = NULL;
-  flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, usage);
   if (rc == 1) return fputs(usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(usage, "budget %s needs a SCOPE", reset ? "reset" : "show");
   lg_error_t err = {0};
   if (lg_budget_scope_check(pos[0], &err))
     return cli_usage(usage, "SCOPE '%s': %s", pos[0], err.message);
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_budget_t b, before;
   int64_t now = now_ms();
@@ -363,12 +310,12 @@ static int list_one(void *ud, const lg_budget_t *b) {
 
 static int do_list(int argc, char **argv) {
   const char *store = NULL, *json = NULL;
-  flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 0, &npos, list_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 0, &npos, list_usage);
   if (rc == 1) return fputs(list_usage, stdout), 0;
   if (rc) return rc;
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   list_ctx_t x = {json != NULL, 0};
   lg_error_t err = {0};

@@ -134,60 +134,6 @@ static void fmt_time(int64_t ms, char buf[40]) {
   snprintf(buf, 40, "%s.%03dZ", day, (int)(ms % 1000));
 }
 
-/* The flags a subcommand takes; a NULL name ends the list. */
-typedef struct flag {
-  const char *name;   /* "--store" */
-  int takes_value;    /* 1: "--store URL" or "--store=URL" */
-  const char **value; /* where the value goes (or "1" for a switch) */
-} flag_t;
-
-/* Parses argv[1..] (argv[0] is the subcommand): flags anywhere, the
- * positionals into pos[] (at most maxpos). Returns 0, 1 for --help, or the
- * usage exit status 2 after printing what was wrong. */
-static int parse(int argc, char **argv, flag_t *flags, const char **pos, int maxpos,
-                 int *npos, const char *usage) {
-  *npos = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-    if (!strcmp(a, "--")) {
-      for (i++; i < argc; i++) {
-        if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", argv[i]);
-        pos[(*npos)++] = argv[i];
-      }
-      break;
-    }
-    if (a[0] == '-' && a[1]) {
-      flag_t *f = flags;
-      size_t n = strcspn(a, "=");
-      for (; f->name; f++)
-        if (strlen(f->name) == n && !strncmp(f->name, a, n)) break;
-      if (!f->name) return cli_usage(usage, "unknown flag '%s'", a);
-      if (!f->takes_value) {
-        if (a[n]) return cli_usage(usage, "%s takes no value", f->name);
-        *f->value = "1";
-      } else if (a[n] == '=') {
-        *f->value = a + n + 1;
-      } else if (i + 1 < argc) {
-        *f->value = argv[++i];
-      } else {
-        return cli_usage(usage, "%s needs a value", f->name);
-      }
-      continue;
-    }
-    if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", a);
-    pos[(*npos)++] = a;
-  }
-  return 0;
-}
-
-static lg_store_t *open_store(const char *flag) {
-  lg_error_t err = {0};
-  lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
-  if (!s) cli_error(&err);
-  return s;
-}
-
 /* Parses a duration: digits and a unit (ms, s, m, h, d). -1 when invalid. */
 static int64_t parse_duration(const char *s) {
   errno = 0;
@@ -209,10 +155,10 @@ static int64_t parse_duration(const char *s) {
 
 static int do_claim(int argc, char **argv) {
   const char *store = NULL, *fp = NULL, *lease = NULL, *run = NULL, *json = NULL;
-  flag_t flags[] = {{"--fingerprint", 1, &fp}, {"--lease-ms", 1, &lease}, {"--run", 1, &run},
+  cli_flag_t flags[] = {{"--fingerprint", 1, &fp}, {"--lease-ms", 1, &lease}, {"--run", 1, &run},
                     {"--store", 1, &store},    {"--json", 0, &json},      {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, claim_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, claim_usage);
   if (rc == 1) return fputs(claim_usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(claim_usage, "ledger claim needs a KEY");
@@ -226,7 +172,7 @@ static int do_claim(int argc, char **argv) {
       return cli_usage(claim_usage, "--lease-ms wants a positive number of milliseconds, not '%s'",
                        lease);
   }
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_claim_t c = {0};
   lg_error_t err = {0};
@@ -306,12 +252,12 @@ static int do_claim(int argc, char **argv) {
 
 static int do_commit(int argc, char **argv) {
   const char *store = NULL, *result = NULL, *opid = NULL;
-  flag_t flags[] = {{"--result", 1, &result},
+  cli_flag_t flags[] = {{"--result", 1, &result},
                     {"--operation-id", 1, &opid},
                     {"--store", 1, &store},
                     {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, commit_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, commit_usage);
   if (rc == 1) return fputs(commit_usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(commit_usage, "ledger commit needs a KEY");
@@ -332,7 +278,7 @@ static int do_commit(int argc, char **argv) {
     cli_error(&err);
     return 2;
   }
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   int64_t now = now_ms();
   lg_operation_t before = {0};
@@ -355,13 +301,13 @@ static int do_commit(int argc, char **argv) {
 
 static int do_fail(int argc, char **argv) {
   const char *store = NULL, *retryable = NULL;
-  flag_t flags[] = {{"--retryable", 0, &retryable}, {"--store", 1, &store}, {NULL, 0, NULL}};
+  cli_flag_t flags[] = {{"--retryable", 0, &retryable}, {"--store", 1, &store}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, fail_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, fail_usage);
   if (rc == 1) return fputs(fail_usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(fail_usage, "ledger fail needs a KEY");
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   int64_t now = now_ms();
   lg_operation_t before = {0};
@@ -384,13 +330,13 @@ static int do_fail(int argc, char **argv) {
 
 static int do_show(int argc, char **argv) {
   const char *store = NULL, *json = NULL;
-  flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, show_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, show_usage);
   if (rc == 1) return fputs(show_usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(show_usage, "ledger show needs a KEY");
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_operation_t op = {0};
   lg_error_t err = {0};
@@ -434,16 +380,16 @@ static int do_show(int argc, char **argv) {
 
 static int do_purge(int argc, char **argv) {
   const char *store = NULL, *older = NULL;
-  flag_t flags[] = {{"--older-than", 1, &older}, {"--store", 1, &store}, {NULL, 0, NULL}};
+  cli_flag_t flags[] = {{"--older-than", 1, &older}, {"--store", 1, &store}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 0, &npos, purge_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 0, &npos, purge_usage);
   if (rc == 1) return fputs(purge_usage, stdout), 0;
   if (rc) return rc;
   int64_t age = -1; /* the store's retention */
   if (older && (age = parse_duration(older)) < 0)
     return cli_usage(purge_usage, "--older-than wants a duration like 30m, 24h or 7d, not '%s'",
                      older);
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   int64_t n = 0;
   lg_error_t err = {0};

@@ -114,56 +114,6 @@ static void fmt_iso(int64_t ms, char buf[40]) {
   snprintf(buf, 40, "%s.%03dZ", day, (int)(ms % 1000));
 }
 
-typedef struct flag {
-  const char *name;   /* "--store" */
-  int takes_value;    /* 1: "--store URL" or "--store=URL" */
-  const char **value; /* where the value goes ("1" for a switch) */
-} flag_t;
-
-static int parse(int argc, char **argv, flag_t *flags, const char **pos, int maxpos,
-                 int *npos, const char *usage) {
-  *npos = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-    if (!strcmp(a, "--")) {
-      for (i++; i < argc; i++) {
-        if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", argv[i]);
-        pos[(*npos)++] = argv[i];
-      }
-      break;
-    }
-    if (a[0] == '-' && a[1]) {
-      flag_t *f = flags;
-      size_t n = strcspn(a, "=");
-      for (; f->name; f++)
-        if (strlen(f->name) == n && !strncmp(f->name, a, n)) break;
-      if (!f->name) return cli_usage(usage, "unknown flag '%s'", a);
-      if (!f->takes_value) {
-        if (a[n]) return cli_usage(usage, "%s takes no value", f->name);
-        *f->value = "1";
-      } else if (a[n] == '=') {
-        *f->value = a + n + 1;
-      } else if (i + 1 < argc) {
-        *f->value = argv[++i];
-      } else {
-        return cli_usage(usage, "%s needs a value", f->name);
-      }
-      continue;
-    }
-    if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", a);
-    pos[(*npos)++] = a;
-  }
-  return 0;
-}
-
-static lg_store_t *open_store(const char *flag) {
-  lg_error_t err = {0};
-  lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
-  if (!s) cli_error(&err);
-  return s;
-}
-
 static void put_str(FILE *f, const char *s) {
   if (!s) {
     fputs("null", f);
@@ -214,10 +164,10 @@ static int list_one(void *ud, const lg_run_record_t *r) {
 static int do_list(int argc, char **argv) {
   const char *store = NULL, *status = NULL, *limit = NULL, *group = NULL, *reason = NULL,
              *json = NULL;
-  flag_t flags[] = {{"--status", 1, &status}, {"--limit", 1, &limit}, {"--group", 1, &group},
+  cli_flag_t flags[] = {{"--status", 1, &status}, {"--limit", 1, &limit}, {"--group", 1, &group},
                     {"--reason", 1, &reason}, {"--store", 1, &store}, {"--json", 0, &json},
                     {NULL, 0, NULL}};
-  int npos, rc = parse(argc, argv, flags, NULL, 0, &npos, list_usage);
+  int npos, rc = cli_parse(argc, argv, flags, NULL, 0, &npos, list_usage);
   if (rc == 1) return fputs(list_usage, stdout), 0;
   if (rc) return rc;
   if (status && strcmp(status, "active") && strcmp(status, "stopped"))
@@ -231,7 +181,7 @@ static int do_list(int argc, char **argv) {
       return cli_usage(list_usage, "--limit wants a positive number, not '%s'", limit);
     f.limit = (size_t)n;
   }
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   list_ctx_t c = {json != NULL, 0};
   lg_error_t err = {0};
@@ -256,13 +206,13 @@ static void put_counters_json(const lg_counters_t *k) {
 
 static int do_show(int argc, char **argv) {
   const char *store = NULL, *json = NULL;
-  flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, show_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, show_usage);
   if (rc == 1) return fputs(show_usage, stdout), 0;
   if (rc) return rc;
   if (npos != 1) return cli_usage(show_usage, "runs show needs a RUN_ID");
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_run_record_t rec = {0};
   lg_error_t err = {0};
@@ -353,17 +303,17 @@ out:
 
 static int do_cancel(int argc, char **argv) {
   const char *store = NULL, *reason = NULL, *group = NULL, *json = NULL;
-  flag_t flags[] = {{"--reason", 1, &reason}, {"--group", 1, &group}, {"--store", 1, &store},
+  cli_flag_t flags[] = {{"--reason", 1, &reason}, {"--group", 1, &group}, {"--store", 1, &store},
                     {"--json", 0, &json},     {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = parse(argc, argv, flags, pos, 1, &npos, cancel_usage);
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, cancel_usage);
   if (rc == 1) return fputs(cancel_usage, stdout), 0;
   if (rc) return rc;
   if (group && npos) return cli_usage(cancel_usage, "give a RUN_ID or --group GROUP, not both");
   if (!group && npos != 1) return cli_usage(cancel_usage, "runs cancel needs a RUN_ID");
   if (group && !*group) return cli_usage(cancel_usage, "--group needs a group name");
   if (reason && !*reason) reason = NULL;
-  lg_store_t *s = open_store(store);
+  lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_error_t err = {0};
   int64_t now = now_ms();

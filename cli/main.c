@@ -53,6 +53,50 @@ const char *cli_store_url(const char *flag) {
   return env && *env ? env : "sqlite:loopguard.db";
 }
 
+int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos, int *npos,
+              const char *usage) {
+  *npos = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+    if (!strcmp(a, "--")) {
+      for (i++; i < argc; i++) {
+        if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", argv[i]);
+        pos[(*npos)++] = argv[i];
+      }
+      break;
+    }
+    if (a[0] == '-' && a[1]) {
+      cli_flag_t *f = flags;
+      size_t n = strcspn(a, "=");
+      for (; f->name; f++)
+        if (strlen(f->name) == n && !strncmp(f->name, a, n)) break;
+      if (!f->name) return cli_usage(usage, "unknown flag '%s'", a);
+      if (!f->takes_value) {
+        if (a[n]) return cli_usage(usage, "%s takes no value", f->name);
+        *f->value = "1";
+      } else if (a[n] == '=') {
+        *f->value = a + n + 1;
+      } else if (i + 1 < argc) {
+        *f->value = argv[++i];
+      } else {
+        return cli_usage(usage, "%s needs a value", f->name);
+      }
+      continue;
+    }
+    if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", a);
+    pos[(*npos)++] = a;
+  }
+  return 0;
+}
+
+lg_store_t *cli_open_store(const char *flag) {
+  lg_error_t err = {0};
+  lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
+  if (!s) cli_error(&err);
+  return s;
+}
+
 int cli_color(FILE *f) {
   const char *nc = getenv("NO_COLOR");
   if (nc && *nc) return 0;
