@@ -47,7 +47,8 @@ grep -q "auth:    off" "$A_OUT" || fail "no auth line"
 grep -q "policy:  $TMP/policy.json" "$A_OUT" || fail "no policy line"
 grep -q "prices:  1 models from $TMP/prices.json" "$A_OUT" || fail "no prices line: $(cat "$A_OUT")"
 grep -q '"event":"start"' "$TMP/a.log" || fail "no start-up block in the log"
-curl -sf "$A_URL/healthz" | grep -q '"status":"ok"' || fail "healthz"
+health=$(curl -sf "$A_URL/healthz") || fail "healthz failed"
+grep -q '"status":"ok"' <<<"$health" || fail "healthz: $health"
 block=$(curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p1"}' | jq_py 'd["policy"]["repeat"]["block"]')
 [ "$block" = 4 ] || fail "--policy not applied to new runs: block=$block"
 

@@ -88,7 +88,10 @@ r=$(req GET /v1/budgets/customer:c1)
 [ "$(echo "${r#* }" | field 'd["spent_usd"] + d["reserved_usd"] <= d["limit_usd"]')" = true ] || fail "overshot: $r"
 
 note "metrics count the refusals"
-curl -s "$U/metrics" | grep -q 'loopguard_budget_refusals_total{limit_source="key_limit"} [1-9]' ||
+# (read it whole first: grep -q would close the pipe early, and pipefail
+# would count curl's broken pipe as a failure)
+metrics=$(curl -s "$U/metrics")
+grep -q 'loopguard_budget_refusals_total{limit_source="key_limit"} [1-9]' <<<"$metrics" ||
   fail "no key_limit refusal in /metrics"
 stop_server A
 [ "$A_RC" = 0 ] || fail "server exit $A_RC"

@@ -29,7 +29,8 @@ grep -q '"terminal_reason": "same_call_repeat"' "$TMP/demo.out" || fail "demo: n
 grep -q 'guard: BLOCK' "$TMP/demo.out" || fail "demo: never blocked"
 rid=$(sed -n 's/^run \([^ ]*\) .*/\1/p' "$TMP/demo.out")
 curl -sf "$A_URL/v1/runs/$rid/trace" >"$TMP/demo.jsonl" || fail "demo trace"
-"$LG_BIN" replay "$TMP/demo.jsonl" | grep -q "stopped at line .*: same_call_repeat" || fail "demo trace replay"
+timeline=$("$LG_BIN" replay "$TMP/demo.jsonl") # whole: grep -q would close the pipe early
+grep -q "stopped at line .*: same_call_repeat" <<<"$timeline" || fail "demo trace replay"
 
 note "the demo says so when no server is there"
 rc=0; python3 "$LG_SOURCE_DIR/examples/python/demo.py" --url http://127.0.0.1:9 >/dev/null 2>&1 || rc=$?
