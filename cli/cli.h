@@ -40,6 +40,8 @@ int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int ma
 /* Opens the store of --store (see cli_store_url); NULL after printing the
  * error. */
 lg_store_t *cli_open_store(const char *flag);
+/* The time of day, epoch milliseconds: the CLI's clock for the store. */
+int64_t cli_now_ms(void);
 /* 1 when colour may be used on `f` (a terminal, NO_COLOR unset). */
 int cli_color(FILE *f);
 

@@ -93,12 +93,6 @@ static const char *reset_usage =
 
 /* ---- helpers ---- */
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void fmt_time(int64_t ms, char buf[40]) {
   time_t s = (time_t)(ms / 1000);
   struct tm tm;
@@ -228,7 +222,7 @@ static int do_set(int argc, char **argv) {
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_budget_t b;
-  rc = lg_budget_set(s, pos[0], lim, p, cap, now_ms(), &b, &err);
+  rc = lg_budget_set(s, pos[0], lim, p, cap, cli_now_ms(), &b, &err);
   if (rc) {
     cli_error(&err);
   } else if (json) {
@@ -260,7 +254,7 @@ static int do_show_or_reset(int argc, char **argv, int reset) {
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_budget_t b, before;
-  int64_t now = now_ms();
+  int64_t now = cli_now_ms();
   int had = reset && lg_budget_get(s, pos[0], now, &before, NULL) == 0;
   rc = reset ? lg_budget_reset(s, pos[0], now, &b, &err) : lg_budget_get(s, pos[0], now, &b, &err);
   if (rc) {
@@ -319,7 +313,7 @@ static int do_list(int argc, char **argv) {
   if (!s) return 1;
   list_ctx_t x = {json != NULL, 0};
   lg_error_t err = {0};
-  rc = lg_budget_list(s, now_ms(), list_one, &x, &err);
+  rc = lg_budget_list(s, cli_now_ms(), list_one, &x, &err);
   if (rc) cli_error(&err);
   else if (!x.n && !json)
     printf("no budgets in %s (create one with 'loopguard budget set SCOPE --limit-usd X "

@@ -119,12 +119,6 @@ static const char *purge_usage =
 
 /* ---- helpers ---- */
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void fmt_time(int64_t ms, char buf[40]) {
   time_t s = (time_t)(ms / 1000);
   struct tm tm;
@@ -176,7 +170,7 @@ static int do_claim(int argc, char **argv) {
   if (!s) return 1;
   lg_claim_t c = {0};
   lg_error_t err = {0};
-  int64_t now = now_ms();
+  int64_t now = cli_now_ms();
   rc = lg_store_claim(s, pos[0], fp, run, lease_ms, now, &c, &err);
   if (rc) {
     cli_error(&err);
@@ -280,7 +274,7 @@ static int do_commit(int argc, char **argv) {
   }
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
-  int64_t now = now_ms();
+  int64_t now = cli_now_ms();
   lg_operation_t before = {0};
   int had = lg_store_operation(s, pos[0], now, &before, NULL) == 0;
   rc = lg_store_commit(s, pos[0], result, strlen(result), opid, now, &err);
@@ -309,7 +303,7 @@ static int do_fail(int argc, char **argv) {
   if (npos != 1) return cli_usage(fail_usage, "ledger fail needs a KEY");
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
-  int64_t now = now_ms();
+  int64_t now = cli_now_ms();
   lg_operation_t before = {0};
   int had = lg_store_operation(s, pos[0], now, &before, NULL) == 0;
   lg_error_t err = {0};
@@ -340,7 +334,7 @@ static int do_show(int argc, char **argv) {
   if (!s) return 1;
   lg_operation_t op = {0};
   lg_error_t err = {0};
-  rc = lg_store_operation(s, pos[0], now_ms(), &op, &err);
+  rc = lg_store_operation(s, pos[0], cli_now_ms(), &op, &err);
   if (rc) {
     cli_error(&err);
   } else if (json) {
@@ -393,7 +387,7 @@ static int do_purge(int argc, char **argv) {
   if (!s) return 1;
   int64_t n = 0;
   lg_error_t err = {0};
-  rc = lg_store_purge(s, age, now_ms(), &n, &err);
+  rc = lg_store_purge(s, age, cli_now_ms(), &n, &err);
   if (rc) cli_error(&err);
   else
     printf("purged %lld finished operation%s older than %s\n", (long long)n, n == 1 ? "" : "s",

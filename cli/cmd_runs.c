@@ -87,13 +87,7 @@ static const char *cancel_usage =
     "\n"
     "Exit status: 0 cancelled, 1 an error, 2 bad usage.\n";
 
-/* ---- helpers (the same small parser as cmd_ledger.c) ---- */
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* ---- helpers ---- */
 
 static void fmt_time(int64_t ms, char buf[40]) {
   time_t s = (time_t)(ms / 1000);
@@ -316,7 +310,7 @@ static int do_cancel(int argc, char **argv) {
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_error_t err = {0};
-  int64_t now = now_ms();
+  int64_t now = cli_now_ms();
   const char *shown = reason ? reason : "operator_cancelled_loop";
   if (group) {
     char *ids = NULL;

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *usage_text =
@@ -95,6 +96,12 @@ lg_store_t *cli_open_store(const char *flag) {
   lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
   if (!s) cli_error(&err);
   return s;
+}
+
+int64_t cli_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 int cli_color(FILE *f) {
