@@ -335,22 +335,28 @@ out:
 /* ------------------------------------------------------------------ */
 /* Reading runs.                                                       */
 
-void lg__h_run_get(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
+/* The stored run of the path's id, for the GET handlers: the thread's
+ * worker, or NULL once the error (404, or the store's) is answered. */
+static lg__worker_t *read_run(lg__req_t *rq, lg_run_record_t *rec) {
   if (!valid_id(rq->id)) {
     lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return;
+    return NULL;
   }
   lg__worker_t *w = worker(rq);
-  if (!w) return;
+  if (!w) return NULL;
+  lg_error_t e = {0};
+  int rc = lg_store_run_get(w->store, rq->id, rec, &e);
+  if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id);
+  else if (rc) store_error(rq, rc, &e, "reading the run");
+  return rc ? NULL : w;
+}
+
+void lg__h_run_get(lg__req_t *rq) {
+  lg_server_t *srv = rq->srv;
   lg_run_record_t rec = {0};
   lg_error_t e = {0};
-  int rc = lg_store_run_get(w->store, rq->id, &rec, &e);
-  if (rc) {
-    if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id);
-    else store_error(rq, rc, &e, "reading the run");
-    return;
-  }
+  lg__worker_t *w = read_run(rq, &rec);
+  if (!w) return;
   lg_counters_t c;
   memset(&c, 0, sizeof c);
   lg_policy_t *pol = lg__server_policy(srv, rec.policy_json, &e);
@@ -1263,20 +1269,9 @@ static int replay_cb(void *ud, const lg_replay_event_t *ev, const lg_replay_summ
 
 void lg__h_trace(lg__req_t *rq) {
   lg_server_t *srv = rq->srv;
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return;
-  }
-  lg__worker_t *w = worker(rq);
-  if (!w) return;
   lg_run_record_t rec = {0};
-  lg_error_t e = {0};
-  int rc = lg_store_run_get(w->store, rq->id, &rec, &e);
-  if (rc) {
-    if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id);
-    else store_error(rq, rc, &e, "reading the run");
-    return;
-  }
+  lg__worker_t *w = read_run(rq, &rec);
+  if (!w) return;
   lg__buf_t raw = {0}, *out = &rq->out;
   int complete = 0;
   lg__tracelog_read(srv->trace, w->store, rq->id, &raw, &complete);
