@@ -74,9 +74,10 @@ typedef struct reader {
                          the whole line up front, so it never moves */
   const char *str[F__COUNT]; /* decoded string fields, once read */
   uint32_t str_gen[F__COUNT]; /* == gen once read on this line */
+  uint32_t fmask;     /* bit f: field f is on the current line */
   const lg_policy_t *policy; /* the run's, for loop keys; NULL before it */
   bool has_fp;        /* args were canonicalised while scanning */
-  lg__buf_t km;       /* into this key material */
+  lg__buf_t *km;      /* into this key material (the event's own buffer) */
 } reader_t;
 
 
@@ -205,10 +206,8 @@ static int scan_line(reader_t *r) {
     r->gen = 1;
   }
   r->strs.len = 0;
+  r->fmask = 0;
   r->has_fp = false;
-  /* Decoded strings are never longer than their JSON text. */
-  if (lg__buf_reserve(&r->strs, n + 2 * F__COUNT))
-    return rerr(r, LG_ENOMEM, -1, -1, "out of memory%s", NULL);
   while (i < n && ws(s[i])) i++;
   if (i >= n || s[i] != '{')
     return rerr(r, LG_ETRACE, -1, (long)i, "an event is a JSON object%s", NULL);
@@ -240,7 +239,7 @@ static int scan_line(reader_t *r) {
        * here when the tool is already known (it usually comes first). */
       const lg__toolpol_t *select = NULL;
       const char *tool = NULL;
-      bool fingerprint = fid == F_ARGS && i < n && s[i] == '{' && HAS(r, F_TOOL); /* i == n: no value */
+      bool fingerprint = fid == F_ARGS && r->km && i < n && s[i] == '{' && HAS(r, F_TOOL); /* i == n: no value */
       if (fingerprint) {
         int rc = get_str(r, F_TOOL, &tool);
         if (rc) return rc;
@@ -262,8 +261,8 @@ static int scan_line(reader_t *r) {
       if (fingerprint) {
         size_t kl;
         const char *km = lg__canon_output(r->canon, &kl);
-        r->km.len = 0;
-        if (lg__buf_append(&r->km, km, kl))
+        r->km->len = 0;
+        if (lg__buf_append(r->km, km, kl))
           return rerr(r, LG_ENOMEM, F_ARGS, -1, "out of memory%s", NULL);
         r->has_fp = true;
       }
@@ -274,6 +273,7 @@ static int scan_line(reader_t *r) {
       if (HAS(r, fid))
         return rerr(r, LG_EDUPKEY, fid, (long)(ks - 1), "the field appears twice%s", NULL);
       r->f[fid] = (span_t){vs, ve, r->gen};
+      r->fmask |= 1u << fid;
     }
     i = ve;
     while (i < n && ws(s[i])) i++;
@@ -339,6 +339,10 @@ static int get_str(reader_t *r, int f, const char **out) {
       break;
     }
   }
+  /* Decoded strings are never longer than their JSON text: room for all
+   * of the line's is reserved with the first, so none of them moves. */
+  if (r->strs.len == 0 && lg__buf_reserve(&r->strs, r->n + 2 * F__COUNT))
+    return rerr(r, LG_ENOMEM, f, -1, "out of memory%s", NULL);
   size_t off = r->strs.len;
   if (simple) {
     if (lg__buf_append(&r->strs, v, vl) || lg__buf_putc(&r->strs, 0))
@@ -446,33 +450,41 @@ static int need_object(reader_t *r, int f, bool required) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Parsed events. parse_line() turns a line into an ev_t; apply() gives  */
-/* it to the engine. Between the two, an ev_t may cross from a reader    */
-/* thread to the deciding thread (see the pipeline below), so it holds    */
-/* everything it needs: decoded strings in its own arena, spans into the  */
-/* trace buffer (which outlives the replay), and the key material.        */
+/* Events between the reading side and the deciding side. scan() splits  */
+/* a line into field spans and canonicalises its arguments; parse()      */
+/* reads the spans into typed fields; apply() gives the event to the     */
+/* engine. On a large trace scan() runs in a reader thread and the rest  */
+/* in the deciding thread (see the pipeline below), which splits the work */
+/* about evenly, so an ev_t carries the line, its spans (into the trace  */
+/* buffer, which outlives the replay) and the key material across.       */
 
-typedef enum ev_kind { EV_SKIP = 0, EV_EVENT, EV_ERROR } ev_kind_t;
+typedef enum ev_kind { EV_SKIP = 0, EV_LINE, EV_EVENT, EV_ERROR } ev_kind_t;
 
 typedef struct ev {
   ev_kind_t kind;
-  lg_event_type_t type;
+  /* Filled by the reading side (EV_LINE). */
   long line;
+  const char *s;           /* the line */
+  size_t n;
+  uint32_t fmask;          /* bit f: field f is on the line, at f[f] */
+  struct { size_t a, b; } f[F__COUNT];
+  bool has_km;             /* call: key material computed with the policy */
+  lg__buf_t km;
+  lg_policy_t *policy;     /* run: the trace's own policy (a reference) */
+  int policy_rc;           /* run: the policy was rejected, as said in err */
+  /* Filled by parse() (EV_EVENT). Strings live in the deciding side's
+   * reader until the next event. */
+  lg_event_type_t type;
   int64_t t_ms;
-  /* Strings, as offsets into arena until parse_line() resolves them. */
   const char *str[F__COUNT];
   uint32_t str_set;        /* bit f: str[f] is set */
-  lg__buf_t arena;         /* decoded strings of this event */
   int64_t turn;            /* call (or -line when absent), model */
   bool has_pv;             /* run, result */
   int64_t pv;
-  lg_policy_t *policy;     /* run: the trace's own policy (a reference) */
   int64_t in, out, max, cost_nusd; /* model */
   const char *args;        /* call: the args span, or NULL */
   size_t args_len;
   size_t args_off;         /* where the args start in the line */
-  bool has_km;             /* call: key material computed with the policy */
-  lg__buf_t km;
   lg_status_t status;      /* result */
   int64_t retry_after;
   int sec;
@@ -488,7 +500,6 @@ typedef struct ev {
 static void ev_free(ev_t *e) {
   lg_policy_free(e->policy);
   e->policy = NULL;
-  lg__buf_free(&e->arena);
   lg__buf_free(&e->km);
 }
 
@@ -509,39 +520,103 @@ static lg_event_type_t event_type(const char *t) {
   return (lg_event_type_t)0;
 }
 
-/* What the reader keeps from line to line. */
+/* What the deciding side keeps from line to line. */
 typedef struct parse_state {
   lg_policy_t *override;   /* --policy: replaces the trace's own */
   bool seen_event;         /* an event came already (a run must be first) */
   int64_t last_t;          /* t_ms of the previous event */
 } parse_state_t;
 
-/* Copies string field f of the line into e's arena (as an offset). */
+/* Whether the scanned line is a run event. The raw bytes decide unless
+ * the type holds an escape; a type that does not decode is parse()'s to
+ * report. */
+static bool is_run_line(reader_t *r) {
+  if (!HAS(r, F_TYPE)) return false;
+  const char *v = r->s + r->f[F_TYPE].a;
+  size_t l = r->f[F_TYPE].b - r->f[F_TYPE].a;
+  if (l == 5 && !memcmp(v, "\"run\"", 5)) return true;
+  if (!memchr(v, '\\', l)) return false;
+  const char *t;
+  return get_str(r, F_TYPE, &t) == 0 && t && !strcmp(t, "run");
+}
+
+/* The reading side: splits the line r->s into e (EV_LINE). A run event's
+ * own policy is parsed here too, since the loop keys of the calls that
+ * follow depend on it; a policy that fails is kept in e and reported by
+ * parse(), in its place among the line's checks. Returns 0, or an error
+ * in r->err. */
+static int scan(reader_t *r, const parse_state_t *ps, ev_t *e) {
+  e->kind = EV_SKIP;
+  e->line = r->line;
+  e->has_km = false;
+  lg_policy_free(e->policy);
+  e->policy = NULL;
+  e->policy_rc = 0;
+  r->km = &e->km;
+  int rc = scan_line(r);
+  if (rc) return rc;
+  if (r->has_fp) e->has_km = true;
+  e->s = r->s;
+  e->n = r->n;
+  e->fmask = r->fmask;
+  for (uint32_t m = r->fmask; m; m &= m - 1) {
+    int f = __builtin_ctz(m);
+    e->f[f].a = r->f[f].a;
+    e->f[f].b = r->f[f].b;
+  }
+  e->kind = EV_LINE;
+  if (!ps->override && HAS(r, F_POLICY) && kind(r, F_POLICY) == '{' && is_run_line(r)) {
+    e->policy = lg_policy_parse(r->s + r->f[F_POLICY].a, r->f[F_POLICY].b - r->f[F_POLICY].a, r->name,
+                                r->err);
+    if (!e->policy) {
+      /* LG_EPOLICY, or LG_ENOMEM: a valid policy is not reported bad. */
+      e->policy_rc = r->err && r->err->code ? r->err->code : LG_EPOLICY;
+      if (r->err) {
+        lg__err_field_prefix(r->err, "policy");
+        r->err->line = r->line;
+        r->err->offset = -1;
+        snprintf(r->err->source, sizeof r->err->source, "%s", r->name);
+        e->err = *r->err;
+      }
+      return 0;
+    }
+    r->policy = e->policy; /* loop keys of the following calls */
+  }
+  return 0;
+}
+
+/* String field f of the line into e->str[f], when there. */
 static int keep_str(reader_t *r, ev_t *e, int f) {
   const char *v;
   int rc = get_str(r, f, &v);
   if (rc || !v) return rc;
-  size_t off = e->arena.len;
-  if (lg__buf_append(&e->arena, v, strlen(v) + 1))
-    return rerr(r, LG_ENOMEM, f, -1, "out of memory%s", NULL);
-  e->str[f] = (const char *)(uintptr_t)(off + 1); /* resolved in parse_line */
+  e->str[f] = v;
   e->str_set |= 1u << f;
   return 0;
 }
 
-/* Reads the line r->s into e. Returns 0 (e->kind says what it was), or an
- * error filled into r->err. */
+/* The deciding side: reads the fields of the scanned line e, through the
+ * reader r (for decoding and messages), into e. Returns 0 (e->kind says
+ * what it was), or an error filled into r->err. */
 static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
   e->kind = EV_SKIP;
-  e->line = r->line;
-  e->arena.len = 0;
   for (uint32_t m = e->str_set; m; m &= m - 1) e->str[__builtin_ctz(m)] = NULL;
   e->str_set = 0;
-  lg_policy_free(e->policy);
-  e->policy = NULL;
-  e->has_km = false;
-  int rc = scan_line(r);
-  if (rc) return rc;
+  /* The line into r, as if r had scanned it. */
+  r->s = e->s;
+  r->n = e->n;
+  r->line = e->line;
+  r->strs.len = 0;
+  if (++r->gen == 0) {
+    memset(r->f, 0, sizeof r->f);
+    memset(r->str_gen, 0, sizeof r->str_gen);
+    r->gen = 1;
+  }
+  for (uint32_t m = e->fmask; m; m &= m - 1) {
+    int f = __builtin_ctz(m);
+    r->f[f] = (span_t){e->f[f].a, e->f[f].b, r->gen};
+  }
+  int rc;
   const char *type_s;
   if (!HAS(r, F_TYPE)) return rerr(r, LG_ETRACE, F_TYPE, -1, "every event needs a \"type\"%s", NULL);
   if ((rc = get_str(r, F_TYPE, &type_s))) return rc;
@@ -562,24 +637,9 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
         (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &e->has_pv)) || (rc = need_object(r, F_POLICY, false)))
       return rc;
     if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
-    if (HAS(r, F_POLICY) && !ps->override) {
-      lg_error_t own;
-      memset(&own, 0, sizeof own);
-      lg_error_t *pe = r->err ? r->err : &own;
-      e->policy = lg_policy_parse(r->s + r->f[F_POLICY].a, r->f[F_POLICY].b - r->f[F_POLICY].a, r->name,
-                                  pe);
-      if (!e->policy) {
-        /* LG_EPOLICY, or LG_ENOMEM: a valid policy is not reported bad. */
-        int code = pe->code ? pe->code : LG_EPOLICY;
-        if (r->err) {
-          lg__err_field_prefix(r->err, "policy");
-          r->err->line = r->line;
-          r->err->offset = -1;
-          snprintf(r->err->source, sizeof r->err->source, "%s", r->name);
-        }
-        return code;
-      }
-      r->policy = e->policy; /* loop keys of the following calls */
+    if (e->policy_rc) { /* the reading side parsed the policy */
+      if (r->err) *r->err = e->err;
+      return e->policy_rc;
     }
     break;
   case LG_EV_MODEL: {
@@ -608,12 +668,6 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
     e->args = HAS(r, F_ARGS) ? r->s + r->f[F_ARGS].a : NULL;
     e->args_len = HAS(r, F_ARGS) ? r->f[F_ARGS].b - r->f[F_ARGS].a : 0;
     e->args_off = HAS(r, F_ARGS) ? r->f[F_ARGS].a : 0;
-    if (r->has_fp) { /* the key material the scan computed */
-      e->km.len = 0;
-      if (lg__buf_append(&e->km, r->km.data, r->km.len))
-        return rerr(r, LG_ENOMEM, F_ARGS, -1, "out of memory%s", NULL);
-      e->has_km = true;
-    }
     break;
   }
   case LG_EV_RESULT: {
@@ -668,10 +722,6 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
   default: break;
   }
   ps->seen_event = true;
-  for (uint32_t m = e->str_set; m; m &= m - 1) { /* offsets become pointers */
-    int f = __builtin_ctz(m);
-    e->str[f] = e->arena.data + ((uintptr_t)e->str[f] - 1);
-  }
   e->kind = EV_EVENT;
   return 0;
 }
@@ -695,6 +745,8 @@ typedef struct replay {
   bool any_call;
   char *skipped[SKIP_MAX]; /* ids of calls that did not execute */
   int nskip, skip_head;
+  reader_t r;            /* parse(): decoded strings, messages */
+  parse_state_t ps;
 } replay_t;
 
 static int ensure_run(replay_t *rp, long line, const char *run_id, const char *group, lg_policy_t *policy,
@@ -888,13 +940,14 @@ static bool next_line(const char *buf, size_t len, size_t *pos, long *line, cons
 typedef struct producer {
   reader_t r;
   parse_state_t ps;
+  lg_policy_t *held;       /* a reference to the trace's policy, in r.policy */
   lg_error_t err;          /* the reader's own; copied into an EV_ERROR */
   const char *buf;
   size_t len, pos;
   long line;
 } producer_t;
 
-/* Reads the next event into e; false at the end of the buffer. An error
+/* Scans the next line into e; false at the end of the buffer. An error
  * becomes an EV_ERROR event (and the end). */
 static bool produce(producer_t *p, ev_t *e) {
   const char *s;
@@ -908,7 +961,7 @@ static bool produce(producer_t *p, ev_t *e) {
     p->err.line = 0;
     p->err.field[0] = 0;
     p->err.offset = -1;
-    int rc = parse_line(&p->r, &p->ps, e);
+    int rc = scan(&p->r, &p->ps, e);
     if (rc) {
       e->kind = EV_ERROR;
       e->rc = rc;
@@ -916,8 +969,24 @@ static bool produce(producer_t *p, ev_t *e) {
       p->pos = p->len; /* nothing after an error */
       return true;
     }
-    if (e->kind == EV_EVENT) return true;
+    if (e->policy_rc) p->pos = p->len; /* parse() reports it; nothing after */
+    if (e->policy) {
+      lg_policy_free(p->held);
+      p->held = lg_policy_ref(e->policy);
+    }
+    return true;
   }
+}
+
+/* The deciding side of one event from produce(). */
+static int take(replay_t *rp, ev_t *e) {
+  if (e->kind == EV_ERROR) {
+    if (rp->err) *rp->err = e->err;
+    return e->rc;
+  }
+  int rc = parse_line(&rp->r, &rp->ps, e);
+  if (rc || e->kind != EV_EVENT) return rc;
+  return apply(rp, e);
 }
 
 /* ------------------------------------------------------------------ */
@@ -993,13 +1062,7 @@ static int consume(replay_t *rp, ring_t *q) {
       }
       if (head == tail) break; /* done, and nothing left */
     }
-    ev_t *e = &q->slot[tail % RING];
-    if (e->kind == EV_ERROR) {
-      if (rp->err) *rp->err = e->err;
-      rc = e->rc;
-    } else {
-      rc = apply(rp, e);
-    }
+    rc = take(rp, &q->slot[tail % RING]);
     tail++;
     if (tail % BATCH == 0) __atomic_store_n(&q->tail, tail, __ATOMIC_RELEASE);
     if (rc) break;
@@ -1027,6 +1090,10 @@ int lg_replay_buffer(const char *name, const char *buf, size_t len, lg_policy_t 
     rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     goto done;
   }
+  rp.r.name = rp.name;
+  rp.r.canon = rp.canon;
+  rp.r.err = err;
+  rp.ps.override = policy;
   p->r.name = rp.name;
   p->r.err = &p->err;
   p->r.policy = policy;
@@ -1052,14 +1119,7 @@ int lg_replay_buffer(const char *name, const char *buf, size_t len, lg_policy_t 
       rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       goto done;
     }
-    while (!rc && produce(p, one)) {
-      if (one->kind == EV_ERROR) {
-        if (err) *err = one->err;
-        rc = one->rc;
-      } else {
-        rc = apply(&rp, one);
-      }
-    }
+    while (!rc && produce(p, one)) rc = take(&rp, one);
   }
   if (rc) goto done;
   if ((rc = ensure_run(&rp, 0, NULL, NULL, NULL, NULL))) goto done; /* an empty trace */
@@ -1100,11 +1160,12 @@ done:
   if (p) {
     lg_canon_free(p->r.canon);
     lg__buf_free(&p->r.strs);
-    lg__buf_free(&p->r.km);
+    lg_policy_free(p->held);
     lg__free(p);
   }
   lg_run_free(rp.run);
   lg_canon_free(rp.canon);
+  lg__buf_free(&rp.r.strs);
   for (int i = 0; i < rp.nskip; i++) lg__free(rp.skipped[i]);
   return rc;
 }
