@@ -175,7 +175,7 @@ static void decisions(const char *store_name, const char *store_url) {
     printf("decisions (%s): SKIPPED: wrk is not installed (make bench-deps)\n", store_name);
     return;
   }
-  server_t s = spawn(store_url, NULL);
+  server_t s = spawn(store_url, getenv("LG_BENCH_SERVE_FLAGS"));
   long runs = (long)seconds * 40000 / 20 + 1000; /* enough fresh runs for 40,000/s */
   const char *policy = "{\"limits\":{\"max_steps\":null,\"max_wall_ms\":null}}";
   if (make(s.port, runs, "b", policy, 0)) die("creating the runs failed");

@@ -224,9 +224,25 @@ static const char *const queries[Q__N] = {
     [Q_RUNSCOPES_GET] = "SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1",
 };
 
+/* Transaction control, run for every decision (a savepoint each, a
+ * transaction for each group commit): prepared on first use, not parsed
+ * again every time as sqlite3_exec() would. */
+enum { C_BEGIN, C_COMMIT, C_ROLLBACK, C_SAVEPOINT, C_RELEASE, C_ROLLBACK_TO, C_SYNC_NORMAL, C_SYNC_FULL, C__N };
+static const char *const ctl_sql[C__N] = {
+    [C_BEGIN] = "BEGIN IMMEDIATE",
+    [C_COMMIT] = "COMMIT",
+    [C_ROLLBACK] = "ROLLBACK",
+    [C_SAVEPOINT] = "SAVEPOINT lg_sp",
+    [C_RELEASE] = "RELEASE lg_sp",
+    [C_ROLLBACK_TO] = "ROLLBACK TO lg_sp",
+    [C_SYNC_NORMAL] = "PRAGMA synchronous=NORMAL",
+    [C_SYNC_FULL] = "PRAGMA synchronous=FULL",
+};
+
 typedef struct sq {
   sqlite3 *db;             /* the connection */
   sqlite3_stmt *q[Q__N];   /* prepared once */
+  sqlite3_stmt *ctl[C__N]; /* prepared on first use */
   int sync;                /* the synchronous level set now: 1 NORMAL, 2 FULL */
   int need_sync;           /* a ledger write joined this run transaction */
 } sq_t;
@@ -251,10 +267,28 @@ static int sq_exec(lg_store_t *s, const char *sql, lg_error_t *err) {
   return rc == SQLITE_OK ? 0 : sq_fail(s, rc, sql, err);
 }
 
+/* Runs transaction control statement `which`. */
+static int sq_ctl(lg_store_t *s, int which, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int rc = SQLITE_OK;
+  if (!q->ctl[which]) rc = sqlite3_prepare_v2(q->db, ctl_sql[which], -1, &q->ctl[which], NULL);
+  if (rc == SQLITE_OK) {
+    rc = sqlite3_step(q->ctl[which]);
+    int reset = sqlite3_reset(q->ctl[which]);
+    rc = rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : reset != SQLITE_OK ? reset : rc;
+  }
+  return rc == SQLITE_OK ? 0 : sq_fail(s, rc, ctl_sql[which], err);
+}
+
+static void finalize_all(sq_t *q) {
+  for (int i = 0; i < Q__N; i++) sqlite3_finalize(q->q[i]);
+  for (int i = 0; i < C__N; i++) sqlite3_finalize(q->ctl[i]);
+}
+
 static int set_sync(lg_store_t *s, int level, lg_error_t *err) {
   sq_t *q = s->impl;
   if (q->sync == level) return 0;
-  int rc = sq_exec(s, level == 2 ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", err);
+  int rc = sq_ctl(s, level == 2 ? C_SYNC_FULL : C_SYNC_NORMAL, err);
   if (!rc) q->sync = level;
   return rc;
 }
@@ -422,7 +456,7 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
   }
   return 0;
 fail:
-  for (int i = 0; i < Q__N; i++) sqlite3_finalize(q->q[i]);
+  finalize_all(q);
   sqlite3_close(q->db);
   lg__free(q);
   s->impl = NULL;
@@ -433,7 +467,7 @@ static void s_close(lg_store_t *s) {
   sq_t *q = s->impl;
   if (!q) return;
   if (!sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
-  for (int i = 0; i < Q__N; i++) sqlite3_finalize(q->q[i]);
+  finalize_all(q);
   sqlite3_close(q->db);
   lg__free(q);
   s->impl = NULL;
@@ -463,24 +497,27 @@ static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
   int rc;
   if (nested) {
     if (upgrade) q->need_sync = 1;
-    return sq_exec(s, "SAVEPOINT lg_sp", err);
+    return sq_ctl(s, C_SAVEPOINT, err);
   }
   q->need_sync = 0;
   if ((rc = set_sync(s, kind == LG__TXN_RUN ? 1 : 2, err))) return rc;
   if ((rc = lg__store_fault_at(s, "sqlite.begin", err))) return rc;
-  return sq_exec(s, "BEGIN IMMEDIATE", err);
+  return sq_ctl(s, C_BEGIN, err);
 }
 
 static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
   sq_t *q = s->impl;
   int rc;
-  if (nested) return sq_exec(s, commit ? "RELEASE lg_sp" : "ROLLBACK TO lg_sp; RELEASE lg_sp", err);
+  if (nested) {
+    if (!commit && (rc = sq_ctl(s, C_ROLLBACK_TO, err))) return rc;
+    return sq_ctl(s, C_RELEASE, err);
+  }
   if (commit) {
-    rc = sq_exec(s, "COMMIT", err);
-    if (rc && !sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    rc = sq_ctl(s, C_COMMIT, err);
+    if (rc && !sqlite3_get_autocommit(q->db)) sq_ctl(s, C_ROLLBACK, NULL);
     if (!rc && q->need_sync && q->sync != 2) rc = wal_sync(s, err);
   } else {
-    rc = sqlite3_get_autocommit(q->db) ? 0 : sq_exec(s, "ROLLBACK", err);
+    rc = sqlite3_get_autocommit(q->db) ? 0 : sq_ctl(s, C_ROLLBACK, err);
   }
   q->need_sync = 0;
   /* Statements outside a transaction are ledger writes: durable again. */
