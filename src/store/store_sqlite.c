@@ -120,6 +120,7 @@ enum {
   Q_RUN_READ,
   Q_RUN_INSERT,
   Q_RUN_UPDATE,
+  Q_RUN_TOUCH,
   Q_RUN_LIST,
   Q_DENY_PUT,
   Q_DENY_GET,
@@ -179,6 +180,13 @@ static const char *const queries[Q__N] = {
     [Q_RUN_UPDATE] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
                      " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
                      " WHERE run_id = ?1",
+    /* The usual decision: only the state moved. Setting no indexed column
+     * leaves the indexes alone (SQLite rewrites an index entry whenever
+     * an UPDATE sets one of its columns, even to the same value), so a
+     * commit writes one page per run and not two. */
+    [Q_RUN_TOUCH] = "UPDATE lg_runs SET state = ?6, updated_ms = ?9 WHERE run_id = ?1"
+                    " AND grp IS ?2 AND status = ?3 AND terminal_reason IS ?4 AND policy IS ?5"
+                    " AND envelope IS ?7",
     [Q_RUN_LIST] = "SELECT run_id, grp, status, terminal_reason, NULL, NULL, envelope,"
                    " created_ms, updated_ms FROM lg_runs"
                    " WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR terminal_reason = ?2)"
@@ -701,9 +709,13 @@ static int s_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
                         lg_error_t *err) {
   sq_t *q = s->impl;
   int changes = 0;
-  if (!stmt(s, Q_RUN_UPDATE, err)) return LG_ESTORE;
-  bind_run(q->q[Q_RUN_UPDATE], rec);
-  int rc = run_stmt(s, Q_RUN_UPDATE, &changes, err);
+  if (!stmt(s, Q_RUN_TOUCH, err) || !stmt(s, Q_RUN_UPDATE, err)) return LG_ESTORE;
+  bind_run(q->q[Q_RUN_TOUCH], rec);
+  int rc = run_stmt(s, Q_RUN_TOUCH, &changes, err);
+  if (!rc && changes == 0) { /* something else changed too (or no row) */
+    bind_run(q->q[Q_RUN_UPDATE], rec);
+    rc = run_stmt(s, Q_RUN_UPDATE, &changes, err);
+  }
   *updated = !rc && changes > 0;
   return rc;
 }
