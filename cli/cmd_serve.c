@@ -5,7 +5,7 @@
  * handles before the server's threads start (so they inherit the mask and
  * only this thread ever sees them), starts the server, prints where it
  * listens, and then waits for signals with sigwait():
- *   SIGHUP           reopen the log file (after rotation);
+ *   SIGHUP           reopen the log file (after rotation), reload --prices;
  *   SIGTERM, SIGINT  stop accepting, finish requests in flight, close the
  *                    store, exit 0.
  */
@@ -33,8 +33,9 @@ static const char *serve_usage =
     "  --tokens FILE        bearer tokens, one 'ROLE TOKEN' a line (roles: agent,\n"
     "                       operator; # comments) [none; also $LOOPGUARD_TOKENS as\n"
     "                       'ROLE TOKEN;ROLE TOKEN']. No tokens: auth off\n"
-    "  --prices FILE        model prices for the shared budgets [none; accepted,\n"
-    "                       not used yet]\n"
+    "  --prices FILE        model prices (JSON, see docs/budget.md): the worst case\n"
+    "                       of each /model call is priced and held against the\n"
+    "                       run's caps and budgets; SIGHUP reloads it [none]\n"
     "  --policy FILE        default policy (policy-v1) of new runs [built-in]\n"
     "  --threads N          HTTP worker threads [sqlite:, memory: one per core less\n"
     "                       one, as a thread of its own commits; postgres: four\n"
@@ -49,7 +50,7 @@ static const char *serve_usage =
     "  -h, --help           this help\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
-    "SIGHUP reopens the log. Exit status: 0 success, 1 an error, 2 bad usage.\n";
+    "SIGHUP reopens the log and reloads --prices. Exit status: 0 success, 1 an error, 2 bad usage.\n";
 
 /* A whole number flag in [min, max]. */
 static int number(const char *flag, const char *v, long long min, long long max, long long *out) {

@@ -95,4 +95,36 @@ grep -q 'loopguard_budget_refusals_total{limit_source="key_limit"} [1-9]' <<<"$m
   fail "no key_limit refusal in /metrics"
 stop_server A
 [ "$A_RC" = 0 ] || fail "server exit $A_RC"
+
+note "SIGHUP reloads --prices; a price file that no longer parses keeps the old prices"
+P=$TMP/prices.json
+echo '{"version": 1, "models": {"m1": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 2}}}' >"$P"
+start_server B --store "$(test_store_url budget)" --prices "$P" --log "$TMP/B.log"
+U=$B_URL
+hup_and_wait() { # EVENT: SIGHUP, then wait for EVENT in the log
+  local before i
+  before=$(grep -c "\"$1\"" "$TMP/B.log")
+  kill -HUP "$B_PID"
+  for i in $(seq 100); do
+    [ "$(grep -c "\"$1\"" "$TMP/B.log")" -gt "$before" ] && return 0
+    sleep 0.05
+  done
+  fail "no $1 in the log after SIGHUP: $(tail -n 3 "$TMP/B.log")"
+}
+r=$(req PUT /v1/budgets/customer:c2 '{"limit_usd": 10, "period": "none"}'); expect "PUT c2" 200 "$r"
+r=$(req POST /v1/runs '{"run_id": "p1", "scopes": ["customer:c2"]}'); expect "run p1" 201 "$r"
+r=$(req POST /v1/runs/p1/model '{"model": "m2", "input_tokens": 10, "max_tokens": 10}')
+expect "m2 has no price yet" 422 "$r"
+echo '{"version": 1, "models": {"m1": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 2},
+  "m2": {"input_usd_per_mtok": 3, "output_usd_per_mtok": 4}}}' >"$P"
+hup_and_wait prices_reloaded
+r=$(req POST /v1/runs/p1/model '{"model": "m2", "input_tokens": 10, "max_tokens": 10}')
+expect "m2 priced after SIGHUP" 200 "$r"
+[ "$(echo "${r#* }" | field 'd["action"]')" = execute ] || fail "m2 after SIGHUP: $r"
+echo '{"version": 1, "models": {"m2": {"input_usd_per_mtok": -3}}}' >"$P"
+hup_and_wait prices_not_reloaded
+r=$(req POST /v1/runs/p1/model '{"model": "m2", "input_tokens": 10, "max_tokens": 10}')
+expect "old prices kept after a bad file" 200 "$r"
+stop_server B
+[ "$B_RC" = 0 ] || fail "server B exit $B_RC"
 echo "serve_budget: ok"
