@@ -495,7 +495,7 @@ LG_EXPORT lg_run_t *lg_run_load(const char *buf, size_t len,
  * ------------------------------------------------------------------- */
 typedef struct lg_store lg_store_t;
 
-#define LG_STORE_SCHEMA_VERSION 4 /* the schema this release writes */
+#define LG_STORE_SCHEMA_VERSION 5 /* the schema this release writes */
 #define LG_STORE_DEFAULT_RETENTION_MS (24LL * 60 * 60 * 1000)
 #define LG_STORE_DEFAULT_LEASE_MS 60000
 #define LG_STORE_DEFAULT_BUSY_TIMEOUT_MS 5000
@@ -1154,7 +1154,7 @@ typedef struct lg_server lg_server_t;
 #define LG_SERVER_DEFAULT_LISTEN "127.0.0.1:8787"
 #define LG_SERVER_DEFAULT_MAX_BODY (1024 * 1024) /* bytes */
 #define LG_SERVER_DEFAULT_TIMEOUT_S 30
-#define LG_SERVER_DEFAULT_TRACE_MEMORY (256u * 1024 * 1024) /* bytes */
+#define LG_SERVER_DEFAULT_TRACE_MEMORY (256u * 1024 * 1024) /* not used */
 
 /* Options of lg_server_start(); zero / NULL means the default for every
  * field. Strings are copied. */
@@ -1166,8 +1166,8 @@ typedef struct lg_server_options {
   const char *tokens;       /* "ROLE TOKEN;ROLE TOKEN" (LOOPGUARD_TOKENS's
                                form); or NULL. Roles: agent, operator */
   const char *policy_file;  /* default policy of new runs; NULL: built-in */
-  const char *prices_file;  /* accepted and kept for the shared budgets;
-                               not read yet */
+  const char *prices_file;  /* model prices (docs/budget.md), reloaded by
+                               lg_server_reopen_log; or NULL */
   int threads;              /* HTTP worker threads; 0: for sqlite: and
                                memory: one per online core less one (their
                                group commit has a thread of its own), for
@@ -1176,8 +1176,9 @@ typedef struct lg_server_options {
   int timeout_s;            /* a connection idle this long, or a body not
                                received in this time, is cut off; 0: 30 */
   const char *log_path;     /* structured log (JSON lines); NULL: stderr */
-  size_t trace_memory;      /* bytes of trace lines kept in memory (until
-                               traces live in the store); 0: 256 MiB */
+  size_t trace_memory;      /* not used: a run's trace lines are rows of
+                               the store (schema 5); kept for source
+                               compatibility */
   int64_t (*clock)(void *ud); /* epoch ms; NULL: CLOCK_REALTIME (tests
                                pass a fixed clock) */
   void *clock_ud;

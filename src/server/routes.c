@@ -160,12 +160,11 @@ static int new_run_id(char out[32]) {
 
 /* The progress_version of a run's trace line, if the trace log has it:
  * 1 found (*pv set, *has), 0 not known. */
-static int logged_checkpoint(lg_server_t *srv, lg_store_t *s, const char *run_id, int *has,
-                             int64_t *pv) {
+static int logged_checkpoint(lg_store_t *s, const char *run_id, int *has, int64_t *pv) {
   lg__buf_t b = {0};
-  int complete = 0;
+  lg_error_t e = {0};
   int known = 0;
-  if (!lg__tracelog_read(srv->trace, s, run_id, &b, &complete) && b.len) {
+  if (!lg__store_events_read(s, run_id, &b, &e) && b.len) {
     char *nl = memchr(b.data, '\n', b.len);
     json_t *ev = json_loadb(b.data, nl ? (size_t)(nl - b.data) : b.len, 0, NULL);
     const char *type = ev ? json_string_value(json_object_get(ev, "type")) : NULL;
@@ -202,6 +201,7 @@ void lg__h_run_create(lg__req_t *rq) {
   char *pjson = NULL, *state = NULL, *env = NULL;
   lg_run_t *run = NULL;
   lg_error_t e = {0};
+  lg__buf_t line = {0};
   if (!run_id) {
     if (new_run_id(idbuf)) {
       lg__req_error(rq, 500, "internal", NULL, "no randomness for a run id");
@@ -271,7 +271,33 @@ void lg__h_run_create(lg__req_t *rq) {
   /* No envelope while the run is active (see decide_locked). */
   lg_run_record_t rec = {(char *)run_id, (char *)b.group, 0, NULL, pjson, state, state_len, NULL,
                          now, now};
-  int rc = lg_store_run_create(w->store, &rec, &e);
+  /* The trace starts with the run: its effective policy and checkpoint. */
+  lg__buf_puts(&line, "{\"type\":\"run\",\"run_id\":");
+  jstr(&line, run_id);
+  kv_str(&line, "group", b.group);
+  if (b.has_progress_version)
+    lg__buf_printf(&line, ",\"progress_version\":%lld", (long long)b.progress_version);
+  lg__buf_puts(&line, ",\"policy\":");
+  lg__buf_puts(&line, pjson);
+  lg__buf_puts(&line, ",\"t_ms\":0}\n");
+  if (line.oom) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    goto out;
+  }
+  /* The run, its scopes and its first trace line: all or nothing. */
+  const char *failed = "creating the run";
+  lg__store_lock(w->store);
+  int rc = lg__store_begin(w->store, LG__TXN_RUN, &e);
+  if (!rc) {
+    rc = lg_store_run_create(w->store, &rec, &e);
+    if (!rc && nscopes && (rc = lg_budget_run_scopes_set(w->store, run_id, scopes, nscopes, &e)))
+      failed = "saving the run's scopes";
+    if (!rc && (rc = lg__store_events_append(w->store, run_id, line.data, line.len, &e)))
+      failed = "writing the run's trace";
+    int erc = lg__store_end(w->store, rc == 0, &e);
+    if (!rc) rc = erc;
+  }
+  lg__store_unlock(w->store);
   if (rc == LG_ECONFLICT) {
     /* Already there: the same body again is the same answer (a client's
      * retry), anything else a conflict. */
@@ -286,7 +312,7 @@ void lg__h_run_create(lg__req_t *rq) {
     int64_t pv = 0;
     int same = ((!old.group && !b.group) || (old.group && b.group && !strcmp(old.group, b.group))) &&
                old.policy_json && !strcmp(old.policy_json, pjson);
-    if (same && logged_checkpoint(srv, w->store, run_id, &has_pv, &pv))
+    if (same && logged_checkpoint(w->store, run_id, &has_pv, &pv))
       same = has_pv == b.has_progress_version && (!has_pv || pv == b.progress_version);
     if (same) run_created_answer(rq, run_id, old.group, old.policy_json, 200);
     else
@@ -298,32 +324,13 @@ void lg__h_run_create(lg__req_t *rq) {
     goto out;
   }
   if (rc) {
-    store_error(rq, rc, &e, "creating the run");
-    goto out;
-  }
-  if (nscopes && (rc = lg_budget_run_scopes_set(w->store, run_id, scopes, nscopes, &e))) {
-    store_error(rq, rc, &e, "saving the run's scopes");
+    store_error(rq, rc, &e, failed);
     goto out;
   }
   atomic_fetch_add(&srv->metrics.runs_active, 1);
-  /* The trace starts with the run: its effective policy and checkpoint. */
-  lg__buf_t line = {0};
-  lg__buf_puts(&line, "{\"type\":\"run\",\"run_id\":");
-  jstr(&line, run_id);
-  kv_str(&line, "group", b.group);
-  if (b.has_progress_version)
-    lg__buf_printf(&line, ",\"progress_version\":%lld", (long long)b.progress_version);
-  lg__buf_puts(&line, ",\"policy\":");
-  lg__buf_puts(&line, pjson);
-  lg__buf_puts(&line, ",\"t_ms\":0}\n");
-  if (!line.oom) {
-    lg__trace_txn_t txn = {0};
-    lg__tracelog_append(srv->trace, w->store, run_id, line.data, line.len, &txn);
-    lg__tracelog_end(srv->trace, &txn, 1);
-  }
-  lg__buf_free(&line);
   run_created_answer(rq, run_id, b.group, pjson, 201);
 out:
+  lg__buf_free(&line);
   lg_run_free(run);
   lg_policy_free(pol);
   lg__free(pjson);
@@ -474,7 +481,6 @@ typedef struct dctx {
   size_t world_len;
   int64_t now;            /* the server's clock, epoch ms */
   const char *cancel_reason; /* cancel: the operator's reason, or NULL */
-  lg__trace_txn_t txn;    /* what went to the trace log */
   /* the outcome */
   int client_status;      /* an error answer decided inside, or 0 */
   char client_type[24];
@@ -876,7 +882,7 @@ static int decide_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
       rc = LG_ENOMEM;
       goto out;
     }
-    if ((rc = lg__tracelog_append(srv->trace, s, rec->run_id, l->data, l->len, &x->txn))) goto out;
+    if ((rc = lg__store_events_append(s, rec->run_id, l->data, l->len, &e))) goto out;
     x->stopped_now = r2.stopped;
     if (x->stopped_now) stop_fields(x, rec->run_id, &d);
   }
@@ -897,11 +903,10 @@ out:
 }
 
 /* The answer to a decision once it is done (committed or not), on the
- * HTTP thread: the trace log learns whether it was kept, the metrics and
- * the log hear of it, and rq gets the answer. */
+ * HTTP thread: the metrics and the log hear of it, and rq gets the
+ * answer. */
 static void finish_decision(lg__req_t *rq, dctx_t *x, int rc, lg_error_t *e) {
   lg_server_t *srv = rq->srv;
-  lg__tracelog_end(srv->trace, &x->txn, rc == 0);
   if (rc == 0) {
     rq->status = 200;
     lg__buf_t tmp = rq->out;
@@ -1045,7 +1050,6 @@ static int cancel_one(lg__req_t *rq, const char *run_id, const char *reason, lg_
   memset(&none, 0, sizeof none);
   x->b = &none;
   int rc = lg_store_with_run(x->w->store, run_id, decide_locked, x, e);
-  lg__tracelog_end(srv->trace, &x->txn, rc == 0);
   if (!rc && !x->was_stopped) {
     lg__metrics_decision(&srv->metrics, x->action, x->reason, 1);
     atomic_fetch_sub(&srv->metrics.runs_active, 1);
@@ -1268,38 +1272,45 @@ static int replay_cb(void *ud, const lg_replay_event_t *ev, const lg_replay_summ
 }
 
 void lg__h_trace(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
   lg_run_record_t rec = {0};
   lg__worker_t *w = read_run(rq, &rec);
   if (!w) return;
   lg__buf_t raw = {0}, *out = &rq->out;
-  int complete = 0;
-  lg__tracelog_read(srv->trace, w->store, rq->id, &raw, &complete);
-  /* Split into lines. */
+  lg_error_t e = {0};
   size_t nl = 0, cap = 0;
   tline_t *ln = NULL;
+  int rc = lg__store_events_read(w->store, rq->id, &raw, &e);
+  if (rc) {
+    store_error(rq, rc, &e, "reading the run's trace");
+    goto out;
+  }
+  /* Split into lines. */
   for (size_t p = 0; p < raw.len;) {
     const char *e2 = memchr(raw.data + p, '\n', raw.len - p);
     size_t end = e2 ? (size_t)(e2 - raw.data) : raw.len;
     if (nl == cap) {
       cap = cap ? cap * 2 : 32;
       tline_t *g = lg__realloc(ln, cap * sizeof *g);
-      if (!g) break;
+      if (!g) {
+        lg__req_error(rq, 500, "internal", NULL, "out of memory");
+        goto out;
+      }
       ln = g;
     }
     ln[nl++] = (tline_t){raw.data + p, end - p, NULL, 0, 0};
     p = end + 1;
   }
   fold_usage(ln, nl);
+  /* A run created before the store kept traces (schema 5) has no run line
+   * and misses the events decided before the upgrade. */
   int has_run = nl && ln[0].n > 13 && !memcmp(ln[0].s, "{\"type\":\"run\"", 13);
   lg__buf_puts(out, "# loopguard trace-v1 of run ");
   for (const char *p = rq->id; *p; p++) lg__buf_putc(out, *p == '\n' ? ' ' : *p);
   lg__buf_putc(out, '\n');
-  if (!complete)
-    lg__buf_puts(out, "# incomplete: this server keeps traces in memory, and some events of this "
-                      "run were decided before it started, by another replica, or were dropped "
-                      "by its bounds; replaying this file may not reproduce every decision\n");
   if (!has_run) { /* the run line, from the store */
+    lg__buf_puts(out, "# incomplete: this run was created before its store kept traces (schema "
+                      "version 5), so the events decided before the upgrade are missing; "
+                      "replaying this file may not reproduce every decision\n");
     lg__buf_puts(out, "{\"type\":\"run\",\"run_id\":");
     jstr(out, rec.run_id);
     kv_str(out, "group", rec.group);
@@ -1337,6 +1348,7 @@ void lg__h_trace(lg__req_t *rq) {
   }
   rq->status = 200;
   rq->content_type = "application/x-ndjson";
+out:
   for (size_t i = 0; i < nl; i++) lg__free(ln[i].own);
   lg__free(ln);
   lg__buf_free(&raw);

@@ -336,7 +336,6 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
 
   if (srv->o.max_body == 0) srv->o.max_body = LG_SERVER_DEFAULT_MAX_BODY;
   if (srv->o.timeout_s <= 0) srv->o.timeout_s = LG_SERVER_DEFAULT_TIMEOUT_S;
-  if (srv->o.trace_memory == 0) srv->o.trace_memory = LG_SERVER_DEFAULT_TRACE_MEMORY;
   pthread_mutex_init(&srv->wlist_mu, NULL);
   pthread_mutex_init(&srv->pol_mu, NULL);
   pthread_mutex_init(&srv->log_mu, NULL);
@@ -412,9 +411,8 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     int cores = online_cores();
     srv->o.threads = srv->shared ? (cores > 1 ? cores - 1 : 1) : (4 * cores > 32 ? 32 : 4 * cores);
   }
-  srv->trace = lg__tracelog_new(srv->o.trace_memory, 0);
   if (srv->shared) srv->batcher = lg__batcher_new(srv->shared, 0);
-  if (!srv->trace || (srv->shared && !srv->batcher)) {
+  if (srv->shared && !srv->batcher) {
     lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     goto fail;
   }
@@ -587,7 +585,6 @@ void lg_server_free(lg_server_t *srv) {
   lg_policy_free(srv->default_policy);
   lg__free(srv->default_policy_json);
   lg__free(srv->policy_source);
-  lg__tracelog_free(srv->trace);
   lg__free(srv->store_name);
   lg__free(srv->url);
   lg__free(srv->listen_host);

@@ -12,8 +12,11 @@
  *               keys rejected) and checked against each endpoint's fields,
  *               with errors that name the field;
  *   auth.c      bearer tokens, roles, constant-time comparison;
- *   metrics.c   counters and histograms, the Prometheus text format;
- *   tracelog.c  the trace-v1 lines of each run (GET /v1/runs/{id}/trace).
+ *   metrics.c   counters and histograms, the Prometheus text format.
+ *
+ * A run's trace-v1 lines (GET /v1/runs/{id}/trace) are rows of the store,
+ * written in the transaction of the decision they record
+ * (lg__store_events_append), so every replica and every restart sees them.
  *
  * Names are lg__ (internal). Nothing here is part of the public API; the
  * public part is the SERVER-API block of loopguard.h.
@@ -187,41 +190,6 @@ void lg__body_clear(lg__body_t *b);
 char *lg__json_text(const json_t *v, size_t *len);
 
 /* ------------------------------------------------------------------ */
-/* tracelog.c — the trace-v1 lines of each run.                          */
-/*
- * A narrow interface so that where the lines live can change in one file:
- * today a bounded in-memory log of this process; tomorrow rows of the store
- * written in the same transaction as the decision (lg_store_event_append).
- * Lines are appended from inside lg_store_with_run, under the run's lock,
- * so they are in decision order; lg__tracelog_end() then says whether that
- * transaction committed.
- */
-typedef struct lg__tracelog lg__tracelog_t;
-
-/* What one transaction appended (owned by the caller, on its stack). */
-typedef struct lg__trace_txn {
-  char *run_id;    /* the run appended to, or NULL */
-  lg__buf_t lines; /* a copy of what was appended, to take it back */
-} lg__trace_txn_t;
-
-/* A log that keeps at most max_bytes in all and max_run_bytes per run
- * (0: defaults of 256 MiB and 4 MiB). */
-lg__tracelog_t *lg__tracelog_new(size_t max_bytes, size_t max_run_bytes);
-void lg__tracelog_free(lg__tracelog_t *tl);
-/* Appends `len` bytes of whole lines (each ending in \n) of run_id, as part
- * of the transaction open on `s` (which may be NULL outside one). */
-int lg__tracelog_append(lg__tracelog_t *tl, lg_store_t *s, const char *run_id,
-                        const char *lines, size_t len, lg__trace_txn_t *txn);
-/* Ends what txn appended: kept when committed, taken back otherwise. */
-void lg__tracelog_end(lg__tracelog_t *tl, lg__trace_txn_t *txn, int committed);
-/* Appends the run's lines to out; *complete is 0 when lines are missing
- * (never recorded by this process, or dropped by the bounds). */
-int lg__tracelog_read(lg__tracelog_t *tl, lg_store_t *s, const char *run_id, lg__buf_t *out,
-                      int *complete);
-/* Bytes held (for tests and the memory benchmark). */
-size_t lg__tracelog_bytes(lg__tracelog_t *tl);
-
-/* ------------------------------------------------------------------ */
 /* batch.c — group commit for the stores with one writer at a time.     */
 
 /* A decision waiting for the committer. */
@@ -299,7 +267,6 @@ struct lg_server {
   pthread_mutex_t pol_mu;     /* guards pol */
   lg__pol_slot_t pol[LG__POL_SLOTS];
   uint64_t pol_tick;          /* use counter of the policy cache */
-  lg__tracelog_t *trace;      /* trace lines of the runs */
   lg__batcher_t *batcher;     /* group commit (shared handle), or NULL */
   lg__checkpointer_t *ckpt;   /* sqlite: background WAL checkpoints, or NULL */
   lg__metrics_t metrics;      /* counters, histograms */

@@ -362,6 +362,30 @@ out:
   return where(s, rc, err);
 }
 
+/* ---- trace lines ---- */
+
+int lg__store_events_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                            lg_error_t *err) {
+  int rc = check_id("run_id", run_id, 1024, err);
+  if (rc || !len) return rc;
+  if (s->vt->version < 3 || !s->vt->ev_append)
+    return lg__err(err, LG_ESTATE, NULL, -1, "this store keeps no trace lines");
+  lg__store_lock(s);
+  rc = s->vt->ev_append(s, run_id, lines, len, err);
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
+int lg__store_events_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
+  int rc = check_id("run_id", run_id, 1024, err);
+  if (rc) return rc;
+  if (s->vt->version < 3 || !s->vt->ev_read) return 0; /* none kept */
+  lg__store_lock(s);
+  rc = s->vt->ev_read(s, run_id, out, err);
+  lg__store_unlock(s);
+  return where(s, rc, err);
+}
+
 /* ---- deny rules ---- */
 
 int lg__store_deny(lg_store_t *s, int scope, const char *id, const char *reason,

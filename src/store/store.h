@@ -118,11 +118,12 @@ struct lg_store {
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
 };
 
-/* The backend table, version 2 (version 1 had no budgets). Every function
+/* The backend table, version 3 (version 1 had no budgets, version 2 no
+ * trace lines). Every function
  * returns 0 or a negative LG_E* code with err filled (backend codes never
  * leave the backend). */
 struct lg__store_vtab {
-  int version;        /* 2 */
+  int version;        /* 3 */
   const char *scheme; /* "memory", "sqlite", "postgres" */
 
   /* Opens the backend for `arg` (the URL after "scheme:"), creating or
@@ -236,6 +237,16 @@ struct lg__store_vtab {
    * and in which order, does not change; a write's error may then surface
    * at the next read or at the commit, and fails the transaction there. */
   int (*batch)(lg_store_t *s);
+
+  /* ---- version 3: each run's trace-v1 lines ----
+   *
+   * ev_append adds a block of lines (each ending in '\n') after the run's
+   * others, as one row; the caller holds the run (its row lock, or the
+   * transaction that inserts it), so appends of one run never race.
+   * ev_read appends every block of the run, in order, to *out. */
+  int (*ev_append)(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                   lg_error_t *err);
+  int (*ev_read)(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err);
 };
 
 extern const lg__store_vtab_t lg__store_memory;
@@ -261,6 +272,13 @@ static inline int lg__store_fault_at(lg_store_t *s, const char *point, lg_error_
   int rc = lg__store_fault ? lg__store_fault(lg__store_fault_ud, s, point) : 0;
   return rc ? lg__err(err, rc, NULL, -1, "injected fault at %s", point) : 0;
 }
+
+/* A run's trace-v1 lines (store.c, over ev_append and ev_read): append
+ * inside the transaction that writes the decision they record; read
+ * appends them to *out. */
+int lg__store_events_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                            lg_error_t *err);
+int lg__store_events_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err);
 
 /* Writes a deny rule (store.c); scope LG__DENY_*. */
 int lg__store_deny(lg_store_t *s, int scope, const char *id, const char *reason,

@@ -103,7 +103,14 @@ static void *mm_del(mmap_t *m, const char *key) {
 
 /* ---- the values ---- */
 
-enum { T_OPS = 0, T_RUNS, T_DENY, T_BUD, T_RESV, T_RUNSCOPES, T__N };
+enum { T_OPS = 0, T_RUNS, T_DENY, T_BUD, T_RESV, T_RUNSCOPES, T_EVENTS, T__N };
+
+/* A run's trace lines: one growing block. Appends are undone by cutting
+ * the block back (see undo_t), not by keeping a copy of it. */
+typedef struct mev {
+  char *data;
+  size_t len, cap;
+} mev_t;
 
 typedef struct mrun {
   lg_run_record_t rec; /* the stored run */
@@ -144,16 +151,20 @@ static void free_val(int table, void *v) {
   case T_BUD: mbud_free(v); break;
   case T_RESV: lg__resv_row_clear(v); break;
   case T_RUNSCOPES: break; /* the value is the string itself */
+  case T_EVENTS: lg__free(((mev_t *)v)->data); break;
   default: lg__free(((mdeny_t *)v)->reason); break;
   }
   lg__free(v);
 }
 
-/* One undo entry: in `table`, `key` had `old` (NULL: was absent). */
+/* One undo entry: in `table`, `key` had `old` (NULL: was absent); or,
+ * with `cut`, the trace lines of `key` were old_len bytes long. */
 typedef struct undo {
   int table;
   char *key;
   void *old;
+  int cut;
+  size_t old_len;
 } undo_t;
 
 typedef struct mem {
@@ -185,7 +196,7 @@ static int mem_set(mem_t *m, int table, const char *key, void *val) {
   } else {
     old = mm_del(&m->t[table], key);
   }
-  if (m->depth > 0) m->undo[m->nundo++] = (undo_t){table, ukey, old};
+  if (m->depth > 0) m->undo[m->nundo++] = (undo_t){table, ukey, old, 0, 0};
   else free_val(table, old);
   return 0;
 oom:
@@ -199,6 +210,13 @@ static void undo_to(mem_t *m, size_t n) {
   while (m->nundo > n) {
     undo_t *u = &m->undo[--m->nundo];
     void *cur = NULL;
+    if (u->cut) { /* an append: cut the lines back */
+      mev_t *e = mm_get(&m->t[T_EVENTS], u->key);
+      if (e && u->old_len) e->len = u->old_len;
+      else if (e) free_val(T_EVENTS, mm_del(&m->t[T_EVENTS], u->key));
+      lg__free(u->key);
+      continue;
+    }
     if (u->old) {
       /* Putting back a deleted key may need memory; a rollback cannot
        * report a failure, so under out-of-memory that value is lost. */
@@ -807,8 +825,56 @@ static int m_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int
   return 0;
 }
 
+static int m_ev_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                       lg_error_t *err) {
+  mem_t *m = s->impl;
+  mev_t *e = mm_get(&m->t[T_EVENTS], run_id);
+  size_t old_len = e ? e->len : 0;
+  if (m->depth > 0 && m->nundo == m->capundo) {
+    size_t cap = m->capundo ? m->capundo * 2 : 16;
+    undo_t *u = lg__realloc(m->undo, cap * sizeof *u);
+    if (!u) return oom(err);
+    m->undo = u;
+    m->capundo = cap;
+  }
+  char *ukey = NULL;
+  if (m->depth > 0 && !(ukey = lg__strdup(run_id))) return oom(err);
+  if (!e) {
+    e = lg__calloc(1, sizeof *e);
+    void *old = NULL;
+    if (!e || mm_put(&m->t[T_EVENTS], run_id, e, &old)) {
+      lg__free(e);
+      lg__free(ukey);
+      return oom(err);
+    }
+  }
+  if (e->len + len > e->cap) {
+    size_t cap = e->cap ? e->cap : 256;
+    while (cap < e->len + len) cap *= 2;
+    char *d = lg__realloc(e->data, cap);
+    if (!d) {
+      if (!e->len) free_val(T_EVENTS, mm_del(&m->t[T_EVENTS], run_id));
+      lg__free(ukey);
+      return oom(err);
+    }
+    e->data = d;
+    e->cap = cap;
+  }
+  memcpy(e->data + e->len, lines, len);
+  e->len += len;
+  if (m->depth > 0) m->undo[m->nundo++] = (undo_t){T_EVENTS, ukey, NULL, 1, old_len};
+  return 0;
+}
+
+static int m_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
+  mem_t *m = s->impl;
+  const mev_t *e = mm_get(&m->t[T_EVENTS], run_id);
+  if (e && e->len && lg__buf_append(out, e->data, e->len)) return oom(err);
+  return 0;
+}
+
 const lg__store_vtab_t lg__store_memory = {
-    .version = 2,
+    .version = 3,
     .scheme = "memory",
     .open = m_open,
     .close = m_close,
@@ -840,4 +906,6 @@ const lg__store_vtab_t lg__store_memory = {
     .resv_purge = m_resv_purge,
     .runscopes_put = m_runscopes_put,
     .runscopes_get = m_runscopes_get,
+    .ev_append = m_ev_append,
+    .ev_read = m_ev_read,
 };

@@ -108,6 +108,13 @@ static const char *const migrations[] = {
     "CREATE TABLE lg_budget_run_scopes ("
     "  run_id TEXT PRIMARY KEY,"
     "  scopes TEXT NOT NULL);"),
+    /* 5: each run's trace-v1 lines, written with the decision they record
+     * (GET /v1/runs/{id}/trace). */
+    ("CREATE TABLE lg_events ("
+    "  run_id TEXT NOT NULL,"
+    "  n BIGINT NOT NULL,"
+    "  lines TEXT NOT NULL,"
+    "  PRIMARY KEY (run_id, n));"),
 };
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
                "one migration per schema version");
@@ -151,6 +158,8 @@ enum {
   Q_RUNSCOPES_PUT,
   Q_RUNSCOPES_DEL,
   Q_RUNSCOPES_GET,
+  Q_EV_APPEND,
+  Q_EV_READ,
   Q__N
 };
 
@@ -288,6 +297,12 @@ static const struct {
                          2},
     [Q_RUNSCOPES_DEL] = {"DELETE FROM lg_budget_run_scopes WHERE run_id = $1", 1},
     [Q_RUNSCOPES_GET] = {"SELECT scopes FROM lg_budget_run_scopes WHERE run_id = $1", 1},
+    /* The run's row lock (or its uncommitted insert) orders the appends
+     * of one run, so MAX(n) + 1 cannot be taken twice. */
+    [Q_EV_APPEND] = {"INSERT INTO lg_events (run_id, n, lines)"
+                     " SELECT $1, COALESCE(MAX(n), 0) + 1, $2 FROM lg_events WHERE run_id = $1",
+                     2},
+    [Q_EV_READ] = {"SELECT lines FROM lg_events WHERE run_id = $1 ORDER BY n", 1},
 };
 
 /* A write held back until the next read or the commit (batch mode). */
@@ -1377,13 +1392,33 @@ static int p_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int
   return rc;
 }
 
+static int p_ev_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                       lg_error_t *err) {
+  if (len > INT32_MAX) return lg__err(err, LG_EINVAL, NULL, -1, "trace lines too long");
+  const char *vals[2] = {run_id, lines};
+  int lens[2] = {-1, (int)len}; /* text sent as its bytes: no NUL needed */
+  return pg_write(s, Q_EV_APPEND, vals, lens, 0, NULL, err);
+}
+
+static int p_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
+  PGresult *res;
+  const char *vals[1] = {run_id};
+  int rc = pg_run(s, Q_EV_READ, vals, NULL, &res, err);
+  if (rc) return rc;
+  for (int i = 0, n = PQntuples(res); i < n && !rc; i++)
+    if (lg__buf_append(out, PQgetvalue(res, i, 0), (size_t)PQgetlength(res, i, 0)))
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  PQclear(res);
+  return rc;
+}
+
 int lg__store_pg_backend_pid(lg_store_t *s) {
   pg_t *p = s->impl;
   return p && p->conn ? PQbackendPID(p->conn) : 0;
 }
 
 const lg__store_vtab_t lg__store_pg = {
-    .version = 2,
+    .version = 3,
     .scheme = "postgres",
     .open = p_open,
     .close = p_close,
@@ -1416,4 +1451,6 @@ const lg__store_vtab_t lg__store_pg = {
     .runscopes_put = p_runscopes_put,
     .runscopes_get = p_runscopes_get,
     .batch = p_batch,
+    .ev_append = p_ev_append,
+    .ev_read = p_ev_read,
 };

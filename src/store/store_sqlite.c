@@ -104,6 +104,17 @@ static const char *const migrations[] = {
     "CREATE TABLE lg_budget_run_scopes ("
     "  run_id TEXT PRIMARY KEY,"
     "  scopes TEXT NOT NULL);"),
+    /* 5: each run's trace-v1 lines, written with the decision they record
+     * (GET /v1/runs/{id}/trace): the newest in the run's own row
+     * (trace_tail), whose page the decision writes anyway, and older ones
+     * moved out in chunks of about TAIL_MAX bytes to lg_events, clustered
+     * by run. A row per line would double the pages a commit writes. */
+    ("ALTER TABLE lg_runs ADD COLUMN trace_tail TEXT;"
+    "CREATE TABLE lg_events ("
+    "  run_id TEXT NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  lines TEXT NOT NULL,"
+    "  PRIMARY KEY (run_id, n)) WITHOUT ROWID;"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
@@ -139,6 +150,12 @@ enum {
   Q_RUNSCOPES_PUT,
   Q_RUNSCOPES_DEL,
   Q_RUNSCOPES_GET,
+  Q_EV_TAIL,
+  Q_EV_FLUSH,
+  Q_EV_CUT,
+  Q_EV_APPEND,
+  Q_EV_READ,
+  Q_EV_READ_TAIL,
   Q__N
 };
 
@@ -229,15 +246,27 @@ static const char *const queries[Q__N] = {
     [Q_RUNSCOPES_PUT] = "INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
                         " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes",
     [Q_RUNSCOPES_DEL] = "DELETE FROM lg_budget_run_scopes WHERE run_id = ?1",
+    [Q_EV_TAIL] = "UPDATE lg_runs SET trace_tail = COALESCE(trace_tail, '') || ?2"
+                  " WHERE run_id = ?1 RETURNING length(CAST(trace_tail AS BLOB))",
+    [Q_EV_FLUSH] = "INSERT INTO lg_events (run_id, n, lines)"
+                   " SELECT ?1, COALESCE(MAX(n), 0) + 1,"
+                   " (SELECT trace_tail FROM lg_runs WHERE run_id = ?1)"
+                   " FROM lg_events WHERE run_id = ?1",
+    [Q_EV_CUT] = "UPDATE lg_runs SET trace_tail = NULL WHERE run_id = ?1",
+    [Q_EV_APPEND] = "INSERT INTO lg_events (run_id, n, lines)"
+                    " SELECT ?1, COALESCE(MAX(n), 0) + 1, ?2 FROM lg_events WHERE run_id = ?1",
+    [Q_EV_READ] = "SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n",
+    [Q_EV_READ_TAIL] = "SELECT trace_tail FROM lg_runs WHERE run_id = ?1",
     [Q_RUNSCOPES_GET] = "SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1",
 };
 
 /* Transaction control, run for every decision (a savepoint each, a
  * transaction for each group commit): prepared on first use, not parsed
  * again every time as sqlite3_exec() would. */
-enum { C_BEGIN, C_COMMIT, C_ROLLBACK, C_SAVEPOINT, C_RELEASE, C_ROLLBACK_TO, C_SYNC_NORMAL, C_SYNC_FULL, C__N };
+enum { C_BEGIN, C_BEGIN_READ, C_COMMIT, C_ROLLBACK, C_SAVEPOINT, C_RELEASE, C_ROLLBACK_TO, C_SYNC_NORMAL, C_SYNC_FULL, C__N };
 static const char *const ctl_sql[C__N] = {
     [C_BEGIN] = "BEGIN IMMEDIATE",
+    [C_BEGIN_READ] = "BEGIN",
     [C_COMMIT] = "COMMIT",
     [C_ROLLBACK] = "ROLLBACK",
     [C_SAVEPOINT] = "SAVEPOINT lg_sp",
@@ -1072,8 +1101,77 @@ static int s_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int
   return out;
 }
 
+/* A run's trace tail moves to lg_events once it is this long: the run's
+ * row (state, policy, tail) then still fits its page. */
+#define TAIL_MAX 1536
+
+static int s_ev_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                       lg_error_t *err) {
+  sq_t *q = s->impl;
+  sqlite3_stmt *st = stmt(s, Q_EV_TAIL, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  sqlite3_bind_text64(st, 2, lines, len, SQLITE_STATIC, SQLITE_UTF8);
+  int rc = sqlite3_step(st);
+  sqlite3_int64 tail = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+  if (rc == SQLITE_ROW) rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) return sq_fail(s, rc, "appending to a run's trace", err);
+  if (tail < 0) { /* no run row: the lines go straight to lg_events */
+    bind_text(q->q[Q_EV_APPEND], 1, run_id);
+    sqlite3_bind_text64(q->q[Q_EV_APPEND], 2, lines, len, SQLITE_STATIC, SQLITE_UTF8);
+    return run_stmt(s, Q_EV_APPEND, NULL, err);
+  }
+  if (tail < TAIL_MAX) return 0;
+  bind_text(q->q[Q_EV_FLUSH], 1, run_id);
+  if ((rc = run_stmt(s, Q_EV_FLUSH, NULL, err))) return rc;
+  bind_text(q->q[Q_EV_CUT], 1, run_id);
+  return run_stmt(s, Q_EV_CUT, NULL, err);
+}
+
+/* Appends the text of column 0 of every row of `which` (bound to run_id). */
+static int read_texts(lg_store_t *s, int which, const char *run_id, lg__buf_t *out,
+                      lg_error_t *err) {
+  sqlite3_stmt *st = stmt(s, which, err);
+  if (!st) return LG_ESTORE;
+  bind_text(st, 1, run_id);
+  int rc, ret = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const void *v = sqlite3_column_blob(st, 0);
+    int n = sqlite3_column_bytes(st, 0);
+    if (n > 0 && lg__buf_append(out, v, (size_t)n)) {
+      ret = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      break;
+    }
+  }
+  if (!ret && rc != SQLITE_DONE) ret = sq_fail(s, rc, "reading a run's trace", err);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return ret;
+}
+
+static int s_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
+  sq_t *q = s->impl;
+  /* The chunks, then the tail, from one snapshot: a writer in another
+   * process may move the tail into a chunk in between. */
+  int own = sqlite3_get_autocommit(q->db);
+  int rc = own ? sq_ctl(s, C_BEGIN_READ, err) : 0;
+  if (rc) return rc;
+  size_t at = out->len;
+  rc = read_texts(s, Q_EV_READ, run_id, out, err);
+  if (!rc) rc = read_texts(s, Q_EV_READ_TAIL, run_id, out, err);
+  if (own) {
+    lg_error_t scratch;
+    int crc = sq_ctl(s, C_COMMIT, rc ? &scratch : err);
+    if (!rc) rc = crc;
+  }
+  if (rc && out->data) out->data[out->len = at] = 0;
+  return rc;
+}
+
 const lg__store_vtab_t lg__store_sqlite = {
-    .version = 2,
+    .version = 3,
     .scheme = "sqlite",
     .open = s_open,
     .close = s_close,
@@ -1105,4 +1203,6 @@ const lg__store_vtab_t lg__store_sqlite = {
     .resv_purge = s_resv_purge,
     .runscopes_put = s_runscopes_put,
     .runscopes_get = s_runscopes_get,
+    .ev_append = s_ev_append,
+    .ev_read = s_ev_read,
 };

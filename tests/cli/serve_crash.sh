@@ -114,6 +114,46 @@ print("checked %d runs, %d calls, %d claims, %d cancels" % (len(runs), sum(calls
 if bad:
     print("\n".join(bad[:20])); sys.exit(1)
 EOF
+note "the traces survived too: whole, and replaying to the stored outcome"
+python3 - "$B_URL" "$TMP/acked.jsonl" "$LG_BIN" "$TMP" <<'EOF' || fail "a trace lost lines in the crash"
+import collections, http.client, json, subprocess, sys, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+lg, tmp = sys.argv[3], sys.argv[4]
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+def get(path):
+    c.request("GET", path)
+    r = c.getresponse()
+    return r.status, r.read().decode()
+calls = collections.Counter(); runs = []
+for line in open(sys.argv[2]):
+    a = json.loads(line)
+    if a["kind"] == "run": runs.append(a["run"])
+    elif a["kind"] == "call": calls[a["run"]] += 1
+bad = []
+sample = runs[:: max(1, len(runs) // 15)]  # about 15 runs, old and new
+for run in sample:
+    st, trace = get("/v1/runs/%s/trace" % run)
+    if st != 200: bad.append("trace of %s: %d" % (run, st)); continue
+    if "# incomplete" in trace: bad.append("trace of %s is incomplete" % run)
+    n = sum('"type":"call"' in l for l in trace.splitlines())
+    # what was answered, the one in flight at the kill, and the probe call
+    if not calls[run] <= n <= calls[run] + 2:
+        bad.append("trace of %s: %d calls, %d answered" % (run, n, calls[run]))
+    path = "%s/%s.jsonl" % (tmp, run)
+    open(path, "w").write(trace)
+    p = subprocess.run([lg, "replay", "--json", path], capture_output=True, text=True)
+    if p.returncode not in (0, 3):
+        bad.append("replay of %s: exit %d %s" % (run, p.returncode, p.stderr[:300])); continue
+    summary = [json.loads(l) for l in p.stdout.splitlines() if '"type":"summary"' in l][-1]
+    st, d = get("/v1/runs/" + run)
+    d = json.loads(d)
+    want = d.get("terminal_reason") if d["status"] == "stopped" else None
+    if summary.get("terminal_reason") != want:
+        bad.append("replay of %s ends with %s, the store says %s" % (run, summary.get("terminal_reason"), want))
+print("checked the traces of %d runs" % len(sample))
+if bad:
+    print("\n".join(bad[:20])); sys.exit(1)
+EOF
 stop_server B
 [ "$B_RC" = 0 ] || fail "restarted server exit $B_RC"
 echo "serve_crash: ok"

@@ -10,8 +10,9 @@
 # also when twelve identical calls race on both at once); a cancel through
 # one replica stops the run on the other; a group cancelled on one stops a
 # run created later on the other; a ledger claim on one is held on the
-# other; and the trace of a run decided on one replica, read from it,
-# replays to the same decisions.
+# other; and the trace of a run decided on both replicas, read from
+# either, is whole and replays to the same decisions (traces are rows of
+# the store).
 . "$(dirname "$0")/serve_lib.bash"
 STORE=$(test_store_url replicas)
 P="rep$$-" # run ids, groups and keys of this invocation
@@ -72,19 +73,24 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$A_URL/v1/operations/claim
 out=$(curl -s -XPOST "$B_URL/v1/operations/claim" -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}" | jq_py 'd["outcome"]')
 [ "$out" = in_progress ] || fail "claim on B: $out"
 
-note "a trace read from the replica that decided replays the same"
+note "a run decided on both replicas: its trace, read from either, replays the same"
 curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}4\"}" >/dev/null || fail create
 : >"$TMP/server.actions"
 for i in 1 2 3 4 5 6; do
-  act "$A_URL" ${P}4 '{"tool":"lookup","args":{"id":9}}' | cut -d/ -f1,2 >>"$TMP/server.actions"
+  if [ $((i % 2)) = 0 ]; then url=$B_URL; else url=$A_URL; fi
+  act "$url" ${P}4 '{"tool":"lookup","args":{"id":9}}' | cut -d/ -f1,2 >>"$TMP/server.actions"
 done
-curl -sf "$A_URL/v1/runs/${P}4/trace" >"$TMP/rep-4.jsonl" || fail trace
-"$LG_BIN" replay --json "$TMP/rep-4.jsonl" | python3 -c '
+for side in A B; do
+  url_var="${side}_URL"
+  curl -sf "${!url_var}/v1/runs/${P}4/trace" >"$TMP/rep-4.$side.jsonl" || fail "trace from $side"
+  ! grep -q '^# incomplete' "$TMP/rep-4.$side.jsonl" || fail "the trace from $side is incomplete"
+  "$LG_BIN" replay --json "$TMP/rep-4.$side.jsonl" | python3 -c '
 import json, sys
 for line in sys.stdin:
     d = json.loads(line)
     if d.get("type") == "call": print("%s/%s" % (d["action"], d.get("reason", "")))' >"$TMP/replay.actions"
-diff "$TMP/server.actions" "$TMP/replay.actions" || fail "replay differs from the server"
+  diff "$TMP/server.actions" "$TMP/replay.actions" || fail "the replay of the trace from $side differs from the servers"
+done
 
 stop_server A
 stop_server B

@@ -720,6 +720,75 @@ static void test_cancel_group(void **state) {
 /* ------------------------------------------------------------------ */
 /* Durable backends: restart and migration.                            */
 
+/* Trace lines: appended in order, with the transaction that writes
+ * them, and undone with it, savepoint by savepoint. */
+typedef struct evctx {
+  const char *lines;
+  int fail_with;
+} evctx_t;
+
+static int append_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  evctx_t *x = ud;
+  int rc = lg__store_events_append(s, rec->run_id, x->lines, strlen(x->lines), NULL);
+  return rc ? rc : x->fail_with;
+}
+
+static void expect_lines(lg_store_t *s, const char *run_id, const char *want) {
+  lg__buf_t b = {0};
+  lg_error_t err = {0};
+  assert_int_equal(lg__store_events_read(s, run_id, &b, &err), 0);
+  assert_int_equal(b.len, strlen(want));
+  if (b.len) assert_memory_equal(b.data, want, b.len);
+  lg__buf_free(&b);
+}
+
+static void test_events(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  expect_lines(s, "ev", ""); /* no run, no lines: not an error */
+  save_new_run(s, "ev", NULL, T0);
+  save_new_run(s, "other", NULL, T0);
+  evctx_t x = {"{\"type\":\"call\",\"n\":1}\n", 0};
+  assert_int_equal(lg_store_with_run(s, "ev", append_fn, &x, &err), 0);
+  x.lines = "{\"type\":\"result\"}\n{\"type\":\"call\",\"n\":2}\n"; /* a block of two */
+  assert_int_equal(lg_store_with_run(s, "ev", append_fn, &x, &err), 0);
+  x.lines = "{\"type\":\"call\",\"run\":\"other\"}\n";
+  assert_int_equal(lg_store_with_run(s, "other", append_fn, &x, &err), 0);
+  /* A decision that fails leaves no line. */
+  x.lines = "{\"type\":\"lost\"}\n";
+  x.fail_with = LG_ECONFLICT;
+  assert_int_equal(lg_store_with_run(s, "ev", append_fn, &x, &err), LG_ECONFLICT);
+  expect_lines(s, "ev",
+               "{\"type\":\"call\",\"n\":1}\n{\"type\":\"result\"}\n{\"type\":\"call\",\"n\":2}\n");
+  expect_lines(s, "other", "{\"type\":\"call\",\"run\":\"other\"}\n");
+  /* Undone by a savepoint's rollback, kept by the outer commit. */
+  lg__store_lock(s);
+  assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+  assert_int_equal(lg__store_events_append(s, "other", "a\n", 2, &err), 0);
+  assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+  assert_int_equal(lg__store_events_append(s, "other", "b\n", 2, &err), 0);
+  assert_int_equal(lg__store_end(s, 0, &err), 0);
+  assert_int_equal(lg__store_events_append(s, "other", "c\n", 2, &err), 0);
+  assert_int_equal(lg__store_end(s, 1, &err), 0);
+  lg__store_unlock(s);
+  expect_lines(s, "other", "{\"type\":\"call\",\"run\":\"other\"}\na\nc\n");
+  /* Many lines (a backend may move older ones elsewhere as they pile up):
+   * all come back, in order, and a failed decision still leaves none. */
+  save_new_run(s, "long", NULL, T0);
+  char want[200 * 100 + 1] = "", line[128];
+  for (int i = 0; i < 200; i++) {
+    snprintf(line, sizeof line, "{\"type\":\"call\",\"i\":%d,\"pad\":\"%0*d\"}\n", i, 40 + i % 30, 0);
+    strcat(want, line);
+    x.lines = line;
+    x.fail_with = i % 7 == 3 ? LG_ECONFLICT : 0;
+    assert_int_equal(lg_store_with_run(s, "long", append_fn, &x, &err), x.fail_with);
+    if (x.fail_with) want[strlen(want) - strlen(line)] = 0;
+  }
+  expect_lines(s, "long", want);
+  /* Bad ids are refused, nothing written. */
+  assert_int_equal(lg__store_events_append(s, "", "x\n", 2, &err), LG_EINVAL);
+}
+
 static void test_restart(void **state) {
   lg_store_t *s = *state;
   lg_claim_t c = {0};
@@ -728,6 +797,8 @@ static void test_restart(void **state) {
   assert_int_equal(claim(s, "inflight", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
   save_new_run(s, "survivor", "g", T0);
   lg_error_t err = {0};
+  evctx_t x = {"{\"type\":\"run\"}\n", 0};
+  assert_int_equal(lg_store_with_run(s, "survivor", append_fn, &x, &err), 0);
   lg_run_t *run = NULL;
   assert_int_equal(lg_store_run_load(s, "survivor", NULL, &run, &err), 0);
   lg_canon_t *canon = lg_canon_new();
@@ -763,6 +834,7 @@ static void test_restart(void **state) {
   lg_free(env_after);
   lg_run_free(run);
   lg_canon_free(canon);
+  expect_lines(s, "survivor", "{\"type\":\"run\"}\n"); /* the trace survived */
   assert_int_equal(lg_store_denied(s, "survivor", "g", NULL, NULL), 0);
   assert_int_equal(lg_store_cancel_run(s, "survivor", "r", T0 + 20, &err), 0);
   lg_store_close(s);
@@ -846,6 +918,7 @@ int main(void) {
       T(test_run_save_load),
       T(test_cancel_run),
       T(test_cancel_group),
+      T(test_events),
       /* The durable backends only (memory: has no "after a restart"). */
       T(test_restart),
       T(test_migration_from_v1),
