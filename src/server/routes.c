@@ -877,12 +877,11 @@ static int decide_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
     r2.state_len = state_len;
     r2.envelope_json = env;
     r2.updated_ms = x->now;
-    if ((rc = lg_store_run_put(s, &r2, &e))) goto out;
     if (l->oom) {
       rc = LG_ENOMEM;
       goto out;
     }
-    if ((rc = lg__store_events_append(s, rec->run_id, l->data, l->len, &e))) goto out;
+    if ((rc = lg__store_run_put_events(s, &r2, l->data, l->len, &e))) goto out;
     x->stopped_now = r2.stopped;
     if (x->stopped_now) stop_fields(x, rec->run_id, &d);
   }

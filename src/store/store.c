@@ -282,11 +282,23 @@ int lg_store_run_create(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *e
 int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err) {
   int rc = check_record(rec, err);
   if (rc) return rc;
+  return lg__store_run_put_events(s, rec, NULL, 0, err);
+}
+
+int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                             size_t len, lg_error_t *err) {
+  int rc = check_record(rec, err);
+  if (rc) return rc;
   lg__store_lock(s);
-  rc = lg__store_begin(s, LG__TXN_RUN, err);
+  /* Inside a transaction (a decision's) no savepoint of its own: each
+   * statement is atomic, and a failure fails the enclosing transaction. */
+  int own = s->depth == 0;
+  rc = own ? lg__store_begin(s, LG__TXN_RUN, err) : 0;
   if (!rc) {
     int updated = 0, inserted = 0;
-    rc = s->vt->run_update(s, rec, &updated, err);
+    int with_lines = len && s->vt->version >= 3 && s->vt->run_update_ev;
+    rc = with_lines ? s->vt->run_update_ev(s, rec, lines, len, &updated, err)
+                    : s->vt->run_update(s, rec, &updated, err);
     if (!rc && !updated) {
       rc = s->vt->run_insert(s, rec, &inserted, err);
       /* Inserted by someone else in between: only possible without the
@@ -294,8 +306,10 @@ int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err)
       if (!rc && !inserted)
         rc = lg__err(err, LG_EBUSY, "run_id", -1,
                      "run \"%s\" was created concurrently; try again", rec->run_id);
+      with_lines = 0; /* the lines still to append */
     }
-    int erc = lg__store_end(s, rc == 0, err);
+    if (!rc && len && !with_lines) rc = lg__store_events_append(s, rec->run_id, lines, len, err);
+    int erc = own ? lg__store_end(s, rc == 0, err) : 0;
     if (!rc) rc = erc;
   }
   lg__store_unlock(s);

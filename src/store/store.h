@@ -247,6 +247,11 @@ struct lg__store_vtab {
   int (*ev_append)(lg_store_t *s, const char *run_id, const char *lines, size_t len,
                    lg_error_t *err);
   int (*ev_read)(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err);
+  /* Optional (NULL: run_update, then ev_append): both in one go, as a
+   * decision writes them. *updated 0 (and no line written) when the run
+   * has no row. */
+  int (*run_update_ev)(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                       size_t len, int *updated, lg_error_t *err);
 };
 
 extern const lg__store_vtab_t lg__store_memory;
@@ -279,6 +284,10 @@ static inline int lg__store_fault_at(lg_store_t *s, const char *point, lg_error_
 int lg__store_events_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
                             lg_error_t *err);
 int lg__store_events_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err);
+/* lg_store_run_put and then the run's new trace lines (len 0: none), as a
+ * decision writes them: in one statement where the backend can. */
+int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                             size_t len, lg_error_t *err);
 
 /* Writes a deny rule (store.c); scope LG__DENY_*. */
 int lg__store_deny(lg_store_t *s, int scope, const char *id, const char *reason,
