@@ -467,7 +467,7 @@ typedef struct ev {
   const char *s;           /* the line */
   size_t n;
   uint32_t fmask;          /* bit f: field f is on the line, at f[f] */
-  struct { size_t a, b; } f[F__COUNT];
+  struct { uint32_t a, b; } f[F__COUNT]; /* offsets in the line */
   bool has_km;             /* call: key material computed with the policy */
   lg__buf_t km;
   lg_policy_t *policy;     /* run: the trace's own policy (a reference) */
@@ -494,7 +494,11 @@ typedef struct ev {
   const char *world;       /* state */
   size_t world_len, world_off;
   int rc;                  /* EV_ERROR: the error */
-  lg_error_t err;
+  /* EV_ERROR, and policy_rc: the reading side's error. It stops reading
+   * after one, so the error stays as it is. Not in the event itself: a
+   * slot of the ring stays small (about 600 bytes, a third of one with
+   * an lg_error_t in it), which is what crosses between the cores. */
+  const lg_error_t *err;
 } ev_t;
 
 static void ev_free(ev_t *e) {
@@ -553,6 +557,8 @@ static int scan(reader_t *r, const parse_state_t *ps, ev_t *e) {
   e->policy = NULL;
   e->policy_rc = 0;
   r->km = &e->km;
+  if (r->n > UINT32_MAX)
+    return rerr(r, LG_ETRACE, -1, -1, "the line is longer than 4 GiB%s", NULL);
   int rc = scan_line(r);
   if (rc) return rc;
   if (r->has_fp) e->has_km = true;
@@ -561,8 +567,8 @@ static int scan(reader_t *r, const parse_state_t *ps, ev_t *e) {
   e->fmask = r->fmask;
   for (uint32_t m = r->fmask; m; m &= m - 1) {
     int f = __builtin_ctz(m);
-    e->f[f].a = r->f[f].a;
-    e->f[f].b = r->f[f].b;
+    e->f[f].a = (uint32_t)r->f[f].a;
+    e->f[f].b = (uint32_t)r->f[f].b;
   }
   e->kind = EV_LINE;
   if (!ps->override && HAS(r, F_POLICY) && kind(r, F_POLICY) == '{' && is_run_line(r)) {
@@ -576,8 +582,8 @@ static int scan(reader_t *r, const parse_state_t *ps, ev_t *e) {
         r->err->line = r->line;
         r->err->offset = -1;
         snprintf(r->err->source, sizeof r->err->source, "%s", r->name);
-        e->err = *r->err;
       }
+      e->err = r->err;
       return 0;
     }
     r->policy = e->policy; /* loop keys of the following calls */
@@ -638,7 +644,7 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
       return rc;
     if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
     if (e->policy_rc) { /* the reading side parsed the policy */
-      if (r->err) *r->err = e->err;
+      if (r->err && e->err) *r->err = *e->err;
       return e->policy_rc;
     }
     break;
@@ -965,7 +971,7 @@ static bool produce(producer_t *p, ev_t *e) {
     if (rc) {
       e->kind = EV_ERROR;
       e->rc = rc;
-      e->err = p->err;
+      e->err = &p->err;
       p->pos = p->len; /* nothing after an error */
       return true;
     }
@@ -981,7 +987,7 @@ static bool produce(producer_t *p, ev_t *e) {
 /* The deciding side of one event from produce(). */
 static int take(replay_t *rp, ev_t *e) {
   if (e->kind == EV_ERROR) {
-    if (rp->err) *rp->err = e->err;
+    if (rp->err) *rp->err = *e->err;
     return e->rc;
   }
   int rc = parse_line(&rp->r, &rp->ps, e);
