@@ -1,12 +1,13 @@
 /*
- * cmd_runs.c — `loopguard runs list|show|cancel`: the runs kept in a store,
- * for operators.
+ * cmd_runs.c — `loopguard runs list|show|trace|cancel`: the runs kept in a
+ * store, for operators.
  *
  * `list` prints runs newest first (one JSON object per line with --json);
  * `show` prints one run's state — status, terminal reason, counters,
  * whether a cancel is pending for it — and its terminal envelope, rebuilt
  * from the saved engine state (or, when that cannot be read back, the
- * envelope stored with it); `cancel` is the kill switch: a durable deny
+ * envelope stored with it); `trace` writes its trace-v1 file, for
+ * `loopguard replay` (lg_store_run_trace); `cancel` is the kill switch: a durable deny
  * rule that makes every worker's next decision for the run (or for every
  * run of a group, with --group) a stop with the operator's reason, before
  * any side effect — also for a run that is not in the store yet.
@@ -26,6 +27,7 @@
 static const char *runs_usage =
     "usage: loopguard runs list [--status active|stopped] [--limit N] [--store URL] [--json]\n"
     "       loopguard runs show RUN_ID [--store URL] [--json]\n"
+    "       loopguard runs trace RUN_ID [--store URL] [-o FILE]\n"
     "       loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
     "       loopguard runs cancel --group GROUP [--reason TEXT] [--store URL] [--json]\n"
     "\n"
@@ -66,6 +68,21 @@ static const char *show_usage =
     "\n"
     "Exit status: 0 shown, 1 an error (no such run, the store unreachable),\n"
     "2 bad usage.\n";
+
+static const char *trace_usage =
+    "usage: loopguard runs trace RUN_ID [--store URL] [-o FILE]\n"
+    "\n"
+    "Writes the run's trace-v1 file: every event its decisions were made on, as\n"
+    "the store kept them with the decisions. 'loopguard replay' on it gives the\n"
+    "same decisions: this is how an incident becomes a regression test. The same\n"
+    "file as GET /v1/runs/{id}/trace, without a server.\n"
+    "\n"
+    "  --store URL   the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
+    "  -o FILE       write to FILE instead of standard output\n"
+    "  --help        this text\n"
+    "\n"
+    "Exit status: 0 written, 1 an error (no such run, the store unreachable, FILE\n"
+    "not writable), 2 bad usage.\n";
 
 static const char *cancel_usage =
     "usage: loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
@@ -293,6 +310,40 @@ out:
   return rc ? 1 : 0;
 }
 
+/* ---- trace ---- */
+
+static int do_trace(int argc, char **argv) {
+  const char *store = NULL, *out = NULL;
+  cli_flag_t flags[] = {{"--store", 1, &store}, {"-o", 1, &out}, {NULL, 0, NULL}};
+  const char *pos[1];
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, trace_usage);
+  if (rc == 1) return fputs(trace_usage, stdout), 0;
+  if (rc) return rc;
+  if (npos != 1) return cli_usage(trace_usage, "runs trace needs a RUN_ID");
+  lg_store_t *s = cli_open_store(store);
+  if (!s) return 1;
+  lg_error_t err = {0};
+  char *text = NULL;
+  size_t len = 0;
+  rc = lg_store_run_trace(s, pos[0], &text, &len, &err);
+  lg_store_close(s);
+  if (rc) {
+    cli_error(&err);
+    return 1;
+  }
+  FILE *f = out ? fopen(out, "w") : stdout;
+  if (!f) {
+    fprintf(stderr, "loopguard: %s: %s\n", out, strerror(errno));
+    lg_free(text);
+    return 1;
+  }
+  int bad = fwrite(text, 1, len, f) != len;
+  bad |= out ? fclose(f) != 0 : fflush(f) != 0;
+  if (bad) fprintf(stderr, "loopguard: %s: %s\n", out ? out : "standard output", strerror(errno));
+  lg_free(text);
+  return bad ? 1 : 0;
+}
+
 /* ---- cancel ---- */
 
 static int do_cancel(int argc, char **argv) {
@@ -370,6 +421,7 @@ int cmd_runs(int argc, char **argv) {
   }
   if (!strcmp(sub, "list")) return do_list(argc - 1, argv + 1);
   if (!strcmp(sub, "show")) return do_show(argc - 1, argv + 1);
+  if (!strcmp(sub, "trace")) return do_trace(argc - 1, argv + 1);
   if (!strcmp(sub, "cancel")) return do_cancel(argc - 1, argv + 1);
   return cli_usage(runs_usage, "unknown runs subcommand '%s'", sub);
 }

@@ -711,6 +711,15 @@ LG_EXPORT int lg_store_run_load(lg_store_t *s, const char *run_id,
                                 lg_ledger_t *ledger, lg_run_t **out,
                                 lg_error_t *err);
 
+/* The run's trace-v1 file (new; lg_free), *len its length (len may be
+ * NULL): the events of its decisions as the store kept them, so that
+ * `loopguard replay` on it gives the same decisions — how an incident in
+ * production becomes a regression test. A run created before the store
+ * kept traces (schema version 5) gives a file that starts with an
+ * "# incomplete" comment. LG_ENOTFOUND when the run is not stored. */
+LG_EXPORT int lg_store_run_trace(lg_store_t *s, const char *run_id, char **text, size_t *len,
+                                 lg_error_t *err);
+
 /* ---- the kill switch ---- */
 
 /* Cancels a run: writes a durable deny rule for run_id with the operator's

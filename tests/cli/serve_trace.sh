@@ -132,4 +132,16 @@ session("cancel", None, steps)
 EOF
 stop_server A
 [ "$A_RC" = 0 ] || fail "exit $A_RC"
+
+note "loopguard runs trace writes the same files from the store, without a server"
+n=0
+for f in "$TMP"/*.jsonl; do
+  run=$(basename "$f" .jsonl)
+  "$LG_BIN" runs trace "$run" --store "$STORE" -o "$TMP/cli-$run.trace" || fail "runs trace $run"
+  cmp -s "$f" "$TMP/cli-$run.trace" || fail "runs trace $run differs from GET /v1/runs/$run/trace"
+  n=$((n + 1))
+done
+[ "$n" -ge 5 ] || fail "only $n traces were written"
+"$LG_BIN" runs trace no-such-run --store "$STORE" >/dev/null 2>"$TMP/nosuch.err" && fail "a trace of no run"
+grep -q 'no-such-run' "$TMP/nosuch.err" || fail "the error does not name the run: $(cat "$TMP/nosuch.err")"
 echo "serve_trace: ok"
