@@ -10,7 +10,8 @@
 # also when twelve identical calls race on both at once); a cancel through
 # one replica stops the run on the other; a group cancelled on one stops a
 # run created later on the other; a ledger claim on one is held on the
-# other; and the trace of a run decided on both replicas, read from
+# other; a shared budget spent through both at once is never overshot;
+# and the trace of a run decided on both replicas, read from
 # either, is whole and replays to the same decisions (traces are rows of
 # the store).
 . "$(dirname "$0")/serve_lib.bash"
@@ -91,6 +92,59 @@ for line in sys.stdin:
     if d.get("type") == "call": print("%s/%s" % (d["action"], d.get("reason", "")))' >"$TMP/replay.actions"
   diff "$TMP/server.actions" "$TMP/replay.actions" || fail "the replay of the trace from $side differs from the servers"
 done
+
+note "one shared budget, spent through both replicas at once, is never overshot"
+python3 - "$A_URL" "$B_URL" "$P" <<'EOF' || fail "the shared budget across replicas"
+import http.client, json, sys, threading, urllib.parse
+urls, P = sys.argv[1:3], sys.argv[3]
+def conn(u):
+    u = urllib.parse.urlsplit(u)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+def req(c, method, path, body=None):
+    c.request(method, path, json.dumps(body) if body is not None else None)
+    r = c.getresponse()
+    return r.status, json.loads(r.read() or b"null")
+scope = "team:%srace" % P
+c = conn(urls[0])
+st, _ = req(c, "PUT", "/v1/budgets/" + scope, {"limit_usd": 1.0, "period": "none"})
+assert st == 200, st
+runs = ["%sspend%d" % (P, i) for i in range(8)]
+for i, run in enumerate(runs):
+    st, d = req(conn(urls[i % 2]), "POST", "/v1/runs", {"run_id": run, "scopes": [scope]})
+    assert st == 201, (st, d)
+executed, errors, lock = [0], [], threading.Lock()
+def agent(i, run):
+    cs = [conn(u) for u in urls]
+    k = 0
+    try:
+        while True:
+            k += 1  # every request goes to the other replica than the last
+            st, d = req(cs[k % 2], "POST", "/v1/runs/%s/model" % run,
+                        {"input_tokens": 100, "max_tokens": 100, "cost_usd": 0.05})
+            if st != 200: raise RuntimeError("model %d %s" % (st, d))
+            if d["action"] != "execute":
+                if d.get("reason") != "budget_exceeded": raise RuntimeError("stopped: %s" % d)
+                return
+            with lock: executed[0] += 1
+            k += 1
+            st, d = req(cs[k % 2], "POST", "/v1/runs/%s/usage" % run,
+                        {"reservation_id": d["reservation_id"], "input_tokens": 100,
+                         "output_tokens": 100, "cost_usd": 0.05})
+            if st != 200: raise RuntimeError("usage %d %s" % (st, d))
+    except Exception as e:
+        with lock: errors.append("agent %d: %r" % (i, e))
+ts = [threading.Thread(target=agent, args=(i, r)) for i, r in enumerate(runs)]
+[t.start() for t in ts]; [t.join() for t in ts]
+st, b = req(conn(urls[1]), "GET", "/v1/budgets/" + scope)
+print("%d model calls executed across both replicas; the budget: %s" % (executed[0], b))
+bad = errors[:5]
+if executed[0] * 0.05 > 1.0 + 1e-9: bad.append("overshot: %d calls of 0.05 on a limit of 1.00" % executed[0])
+if executed[0] < 19: bad.append("only %d of the 20 affordable calls ran" % executed[0])
+if abs(b["spent_usd"] - executed[0] * 0.05) > 1e-9 or b["reserved_usd"] != 0:
+    bad.append("the budget does not add up: %s" % b)
+if bad:
+    print("\n".join(bad)); sys.exit(1)
+EOF
 
 stop_server A
 stop_server B
