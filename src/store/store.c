@@ -280,8 +280,6 @@ int lg_store_run_create(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *e
 }
 
 int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err) {
-  int rc = check_record(rec, err);
-  if (rc) return rc;
   return lg__store_run_put_events(s, rec, NULL, 0, err);
 }
 

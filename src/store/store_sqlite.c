@@ -109,8 +109,9 @@ static const char *const migrations[] = {
      * (trace_tail), whose page the decision writes anyway, and older ones
      * moved out by the trigger in blocks of about 1.5 KB to lg_events,
      * clustered by run. A row per line would double the pages a commit
-     * writes; asking for the tail's length (RETURNING) costs a sixth of
-     * the throughput of the group commit, the trigger nothing measurable. */
+     * writes; reading the tail's length back (RETURNING) to move it here
+     * cost a sixth of bench_server's throughput, the trigger nothing that
+     * bench_server can tell from noise. */
     ("ALTER TABLE lg_runs ADD COLUMN trace_tail TEXT;"
     "CREATE TABLE lg_events ("
     "  run_id TEXT NOT NULL,"
