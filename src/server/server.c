@@ -28,6 +28,7 @@
  * the store handles. A request is always decided and stored, or not
  * started: a thread finishes its handler before it stops.
  */
+#include "../store/store.h" /* lg__store_sqlite_autocheckpoint */
 #include "server.h"
 
 #include <errno.h>
@@ -393,6 +394,14 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     const char *ev = getenv("LOOPGUARD_CHECKPOINT_MS");
     int every = ev ? atoi(ev) : 5;
     srv->ckpt = every > 0 ? lg__checkpointer_new(srv->o.store_url, every) : NULL;
+    /* Then the commits need not checkpoint (SQLite's default: past 1000
+     * WAL pages, with an fsync of the database file, inside the commit
+     * that crossed the line). When the disk is slow, that fsync held the
+     * group commit, and the HTTP thread waiting for the store behind it,
+     * for many seconds: long enough for every connection to time out. The
+     * commits keep a guard at 64 Ki pages (256 MiB) should the
+     * checkpointer fall far behind. */
+    if (srv->ckpt) lg__store_sqlite_autocheckpoint(st, 65536);
   }
   srv->scheme = lg_store_scheme(st);
   srv->store_name = lg__strdup(lg_store_name(st));

@@ -302,6 +302,12 @@ extern int lg__store_schema_target;
  * it from another connection). */
 int lg__store_pg_backend_pid(lg_store_t *s);
 
+/* A sqlite: store whose WAL another connection checkpoints (the server's
+ * checkpointer thread): its own commits checkpoint only past `pages` WAL
+ * pages, a guard, so that no commit waits on the database file's fsync.
+ * No-op on other stores. */
+void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages);
+
 /* Formats now_ms as RFC 3339 UTC with milliseconds into buf[32]. */
 void lg__store_time(int64_t ms, char buf[32]);
 

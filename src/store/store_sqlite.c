@@ -1192,6 +1192,14 @@ static int s_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error
   return rc;
 }
 
+void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages) {
+  if (!s || s->vt != &lg__store_sqlite || !s->impl) return;
+  sq_t *q = s->impl;
+  lg__store_lock(s);
+  sqlite3_wal_autocheckpoint(q->db, pages);
+  lg__store_unlock(s);
+}
+
 const lg__store_vtab_t lg__store_sqlite = {
     .version = 3,
     .scheme = "sqlite",

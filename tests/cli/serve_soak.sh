@@ -79,7 +79,7 @@ if errors:
     sys.exit(1)
 EOF
 if [ "$soak_rc" != 0 ]; then
-  grep -v '"level":"info"' "$TMP/A.err" | tail -n 20 >&2 # what the server said of it
+  grep -v '"event":"stop"' "$TMP/A.err" | tail -n 20 >&2 # what the server said of it
   fail "the soak saw errors"
 fi
 curl -sf "$A_URL/healthz" >/dev/null || fail "the server stopped answering"
