@@ -451,18 +451,20 @@ static int need_object(reader_t *r, int f, bool required) {
 
 /* ------------------------------------------------------------------ */
 /* Events between the reading side and the deciding side. scan() splits  */
-/* a line into field spans and canonicalises its arguments; parse()      */
-/* reads the spans into typed fields; apply() gives the event to the     */
-/* engine. On a large trace scan() runs in a reader thread and the rest  */
-/* in the deciding thread (see the pipeline below), which splits the work */
-/* about evenly, so an ev_t carries the line, its spans (into the trace  */
-/* buffer, which outlives the replay) and the key material across.       */
+/* a line into field spans and canonicalises its arguments (a scanned_t); */
+/* parse() reads the spans into typed fields (an ev_t); apply() gives the */
+/* event to the engine. On a large trace scan() runs in a reader thread   */
+/* and the rest in the deciding thread (see the pipeline below), which    */
+/* splits the work about evenly. Only a scanned_t crosses between the     */
+/* cores: the line, its spans (into the trace buffer, which outlives the  */
+/* replay) and the key material, in a slot the reader alone writes; the   */
+/* deciding side parses into its own ev_t, so that no cache line of a     */
+/* slot is written from both cores.                                       */
 
 typedef enum ev_kind { EV_SKIP = 0, EV_LINE, EV_EVENT, EV_ERROR } ev_kind_t;
 
-typedef struct ev {
-  ev_kind_t kind;
-  /* Filled by the reading side (EV_LINE). */
+typedef struct scanned {
+  ev_kind_t kind;          /* EV_SKIP, EV_LINE or EV_ERROR */
   long line;
   const char *s;           /* the line */
   size_t n;
@@ -472,8 +474,17 @@ typedef struct ev {
   lg__buf_t km;
   lg_policy_t *policy;     /* run: the trace's own policy (a reference) */
   int policy_rc;           /* run: the policy was rejected, as said in err */
-  /* Filled by parse() (EV_EVENT). Strings live in the deciding side's
-   * reader until the next event. */
+  int rc;                  /* EV_ERROR: the error */
+  /* EV_ERROR, and policy_rc: the reading side's error. It stops reading
+   * after one, so the error stays as it is; a pointer keeps the slot
+   * small (an lg_error_t is 900 bytes). */
+  const lg_error_t *err;
+} scanned_t;
+
+typedef struct ev {
+  ev_kind_t kind;          /* EV_SKIP or EV_EVENT */
+  const scanned_t *sc;     /* the line it was parsed from */
+  /* Strings live in the deciding side's reader until the next event. */
   lg_event_type_t type;
   int64_t t_ms;
   const char *str[F__COUNT];
@@ -493,15 +504,9 @@ typedef struct ev {
   lg_value_kind_t value_kind;
   const char *world;       /* state */
   size_t world_len, world_off;
-  int rc;                  /* EV_ERROR: the error */
-  /* EV_ERROR, and policy_rc: the reading side's error. It stops reading
-   * after one, so the error stays as it is. Not in the event itself: a
-   * slot of the ring stays small (about 600 bytes, a third of one with
-   * an lg_error_t in it), which is what crosses between the cores. */
-  const lg_error_t *err;
 } ev_t;
 
-static void ev_free(ev_t *e) {
+static void scanned_free(scanned_t *e) {
   lg_policy_free(e->policy);
   e->policy = NULL;
   lg__buf_free(&e->km);
@@ -549,7 +554,7 @@ static bool is_run_line(reader_t *r) {
  * follow depend on it; a policy that fails is kept in e and reported by
  * parse(), in its place among the line's checks. Returns 0, or an error
  * in r->err. */
-static int scan(reader_t *r, const parse_state_t *ps, ev_t *e) {
+static int scan(reader_t *r, const parse_state_t *ps, scanned_t *e) {
   e->kind = EV_SKIP;
   e->line = r->line;
   e->has_km = false;
@@ -604,23 +609,24 @@ static int keep_str(reader_t *r, ev_t *e, int f) {
 /* The deciding side: reads the fields of the scanned line e, through the
  * reader r (for decoding and messages), into e. Returns 0 (e->kind says
  * what it was), or an error filled into r->err. */
-static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
+static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t *e) {
   e->kind = EV_SKIP;
+  e->sc = sc;
   for (uint32_t m = e->str_set; m; m &= m - 1) e->str[__builtin_ctz(m)] = NULL;
   e->str_set = 0;
   /* The line into r, as if r had scanned it. */
-  r->s = e->s;
-  r->n = e->n;
-  r->line = e->line;
+  r->s = sc->s;
+  r->n = sc->n;
+  r->line = sc->line;
   r->strs.len = 0;
   if (++r->gen == 0) {
     memset(r->f, 0, sizeof r->f);
     memset(r->str_gen, 0, sizeof r->str_gen);
     r->gen = 1;
   }
-  for (uint32_t m = e->fmask; m; m &= m - 1) {
+  for (uint32_t m = sc->fmask; m; m &= m - 1) {
     int f = __builtin_ctz(m);
-    r->f[f] = (span_t){e->f[f].a, e->f[f].b, r->gen};
+    r->f[f] = (span_t){sc->f[f].a, sc->f[f].b, r->gen};
   }
   int rc;
   const char *type_s;
@@ -643,9 +649,9 @@ static int parse_line(reader_t *r, parse_state_t *ps, ev_t *e) {
         (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &e->has_pv)) || (rc = need_object(r, F_POLICY, false)))
       return rc;
     if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
-    if (e->policy_rc) { /* the reading side parsed the policy */
-      if (r->err && e->err) *r->err = *e->err;
-      return e->policy_rc;
+    if (sc->policy_rc) { /* the reading side parsed the policy */
+      if (r->err && sc->err) *r->err = *sc->err;
+      return sc->policy_rc;
     }
     break;
   case LG_EV_MODEL: {
@@ -753,6 +759,7 @@ typedef struct replay {
   int nskip, skip_head;
   reader_t r;            /* parse(): decoded strings, messages */
   parse_state_t ps;
+  ev_t ev;               /* the event being parsed and applied */
 } replay_t;
 
 static int ensure_run(replay_t *rp, long line, const char *run_id, const char *group, lg_policy_t *policy,
@@ -803,8 +810,9 @@ static int apply(replay_t *rp, ev_t *e) {
   lg_error_t *err = rp->err;
   int rc;
   if (e->type == LG_EV_RUN)
-    return ensure_run(rp, e->line, e->str[F_RUN_ID], e->str[F_GROUP], e->policy, e->has_pv ? &e->pv : NULL);
-  if ((rc = ensure_run(rp, e->line, NULL, NULL, NULL, NULL))) return rc;
+    return ensure_run(rp, e->sc->line, e->str[F_RUN_ID], e->str[F_GROUP], e->sc->policy,
+                      e->has_pv ? &e->pv : NULL);
+  if ((rc = ensure_run(rp, e->sc->line, NULL, NULL, NULL, NULL))) return rc;
   if (e->type == LG_EV_RESULT && e->value) { /* the reader only found its end */
     const char *out;
     size_t ol;
@@ -813,7 +821,7 @@ static int apply(replay_t *rp, ev_t *e) {
         err->offset = err->offset >= 0 ? err->offset + (long)e->value_off : (long)e->value_off;
         snprintf(err->field, sizeof err->field, "value");
       }
-      lg__err_where(err, rp->name, e->line);
+      lg__err_where(err, rp->name, e->sc->line);
       return rc;
     }
   }
@@ -823,7 +831,7 @@ static int apply(replay_t *rp, ev_t *e) {
   }
   lg_replay_event_t ev; /* the decision is filled by the engine */
   ev.trace = rp->name;
-  ev.line = e->line;
+  ev.line = e->sc->line;
   ev.type = e->type;
   ev.tool = e->str[F_TOOL];
   ev.model = e->str[F_MODEL];
@@ -852,16 +860,17 @@ static int apply(replay_t *rp, ev_t *e) {
     c.args_len = e->args_len;
     c.t_ms = e->t_ms;
     char hex[LG_FP_HEX];
-    if (e->has_km) { /* the reader canonicalised; the hash is done here */
-      if (lg__canon_fp_of(rp->canon, c.tool, e->km.data, e->km.len, hex)) {
+    const scanned_t *sc = e->sc;
+    if (sc->has_km) { /* the reader canonicalised; the hash is done here */
+      if (lg__canon_fp_of(rp->canon, c.tool, sc->km.data, sc->km.len, hex)) {
         rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
         goto engine_error;
       }
       c.fingerprint = hex;
-      c.key_material = e->km.data;
-      c.key_material_len = e->km.len;
+      c.key_material = sc->km.data;
+      c.key_material_len = sc->km.len;
     }
-    if ((rc = lg__run_before(run, rp->canon, &c, e->has_km, d, err))) {
+    if ((rc = lg__run_before(run, rp->canon, &c, sc->has_km, d, err))) {
       if (err && e->args && !strncmp(err->field, "args", 4) && err->offset >= 0)
         err->offset += (long)e->args_off; /* from the args to the line */
       goto engine_error;
@@ -912,10 +921,10 @@ static int apply(replay_t *rp, ev_t *e) {
     break;
   default: break;
   }
-  if (ev.acted && d->action == LG_ACT_STOP && !rp->stopped_line) rp->stopped_line = e->line;
+  if (ev.acted && d->action == LG_ACT_STOP && !rp->stopped_line) rp->stopped_line = e->sc->line;
   return rp->cb ? rp->cb(rp->ud, &ev, NULL) : 0;
 engine_error:
-  lg__err_where(err, rp->name, e->line);
+  lg__err_where(err, rp->name, e->sc->line);
   return rc;
 }
 
@@ -955,7 +964,7 @@ typedef struct producer {
 
 /* Scans the next line into e; false at the end of the buffer. An error
  * becomes an EV_ERROR event (and the end). */
-static bool produce(producer_t *p, ev_t *e) {
+static bool produce(producer_t *p, scanned_t *e) {
   const char *s;
   size_t n;
   for (;;) {
@@ -985,14 +994,14 @@ static bool produce(producer_t *p, ev_t *e) {
 }
 
 /* The deciding side of one event from produce(). */
-static int take(replay_t *rp, ev_t *e) {
-  if (e->kind == EV_ERROR) {
-    if (rp->err) *rp->err = *e->err;
-    return e->rc;
+static int take(replay_t *rp, const scanned_t *sc) {
+  if (sc->kind == EV_ERROR) {
+    if (rp->err) *rp->err = *sc->err;
+    return sc->rc;
   }
-  int rc = parse_line(&rp->r, &rp->ps, e);
-  if (rc || e->kind != EV_EVENT) return rc;
-  return apply(rp, e);
+  int rc = parse_line(&rp->r, &rp->ps, sc, &rp->ev);
+  if (rc || rp->ev.kind != EV_EVENT) return rc;
+  return apply(rp, &rp->ev);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1008,7 +1017,7 @@ static int take(replay_t *rp, ev_t *e) {
 #define PIPELINE_MIN_BYTES (1u << 20) /* smaller traces: one thread */
 
 typedef struct ring {
-  ev_t slot[RING];
+  scanned_t slot[RING];
   producer_t *p;
   size_t head;   /* events produced (atomic) */
   size_t tail;   /* events consumed (atomic) */
@@ -1039,7 +1048,7 @@ static void *producer_main(void *arg) {
         relax(&spins);
       }
     }
-    ev_t *e = &q->slot[head % RING];
+    scanned_t *e = &q->slot[head % RING];
     bool more = produce(q->p, e);
     if (!more) break;
     head++;
@@ -1088,7 +1097,7 @@ int lg_replay_buffer(const char *name, const char *buf, size_t len, lg_policy_t 
   rp.ud = ud;
   producer_t *p = lg__calloc(1, sizeof *p);
   ring_t *q = NULL;
-  ev_t *one = NULL;
+  scanned_t *one = NULL;
   int rc = 0;
   rp.canon = lg_canon_new();
   if (p) p->r.canon = lg_canon_new();
@@ -1156,11 +1165,11 @@ int lg_replay_buffer(const char *name, const char *buf, size_t len, lg_policy_t 
   }
 done:
   if (q) {
-    for (size_t i = 0; i < RING; i++) ev_free(&q->slot[i]);
+    for (size_t i = 0; i < RING; i++) scanned_free(&q->slot[i]);
     lg__free(q);
   }
   if (one) {
-    ev_free(one);
+    scanned_free(one);
     lg__free(one);
   }
   if (p) {
