@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "loopguard.h"
+#include "bench_store_main.h"
 
 #define BAR_SQLITE_CLAIM_RATIO 0.70
 #define ROUNDS 5
@@ -251,44 +252,5 @@ static void bench_pg(const char *url) {
 }
 
 int main(int argc, char **argv) {
-  const char *only = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--quick")) ops = 200;
-    else if (!strcmp(argv[i], "--ops") && i + 1 < argc) ops = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else {
-      fprintf(stderr, "usage: bench_ledger [--quick] [--ops N] [--only sqlite|postgres]\n");
-      return 2;
-    }
-  }
-  const char *q = getenv("LG_BENCH_QUICK");
-  if (q && !strcmp(q, "1")) ops = 200;
-  if (ops < 10) ops = 10;
-  if (!only || !strcmp(only, "sqlite")) bench_sqlite();
-  if (only && strcmp(only, "postgres")) return 0;
-  const char *pg = getenv("LG_PG_URL");
-  if (pg && *pg) {
-    bench_pg(pg);
-    return 0;
-  }
-#ifdef LG_PG_HARNESS
-  if (access(LG_PG_HARNESS, R_OK) == 0) {
-    /* A throwaway server for this benchmark alone, with fsync on. */
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "LG_PG_FSYNC=on CI= bash '%s' '%s' --only postgres --ops %ld",
-             LG_PG_HARNESS, argv[0], ops);
-    fflush(stdout);
-    int rc = system(cmd);
-    if (rc == 0) return 0;
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) {
-      printf("postgres figures SKIPPED: no PostgreSQL server could be started\n");
-      return 0;
-    }
-    fprintf(stderr, "bench_ledger: the PostgreSQL run failed (status %d)\n", rc);
-    return 1;
-  }
-#endif
-  printf("postgres figures SKIPPED: set LG_PG_URL (or run from a source tree with "
-         "tests/pg/with-postgres.sh)\n");
-  return 0;
+  return bench_store_main(argc, argv, "bench_ledger", &ops, bench_sqlite, bench_pg);
 }
