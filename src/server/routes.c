@@ -1192,16 +1192,23 @@ void lg__h_trace(lg__req_t *rq) {
 /* ------------------------------------------------------------------ */
 /* Operations (the idempotency ledger).                                */
 
-static void op_answer(lg__req_t *rq, lg_store_t *s, const char *key, int status) {
+/* Answers with the operation of `key` as it is now. No row is 404 for a
+ * GET; after a commit or fail (missing_is_free) it is a key that a
+ * retryable failure freed. */
+static void op_answer(lg__req_t *rq, lg_store_t *s, const char *key, int missing_is_free) {
   lg_operation_t op;
   memset(&op, 0, sizeof op);
   lg_error_t e = {0};
   int rc = lg_store_operation(s, key, lg__server_now(rq->srv), &op, &e);
-  if (rc == LG_ENOTFOUND) { /* a retryable failure frees the key */
+  if (rc == LG_ENOTFOUND && !missing_is_free) {
+    lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", key);
+    return;
+  }
+  if (rc == LG_ENOTFOUND) {
     lg__buf_puts(&rq->out, "{\"key\":");
     jstr(&rq->out, key);
     lg__buf_puts(&rq->out, ",\"state\":\"free\"}");
-    rq->status = status;
+    rq->status = 200;
     return;
   }
   if (rc) {
@@ -1216,7 +1223,7 @@ static void op_answer(lg__req_t *rq, lg_store_t *s, const char *key, int status)
   }
   lg__buf_puts(&rq->out, j);
   lg__free(j);
-  rq->status = status;
+  rq->status = 200;
 }
 
 void lg__h_op_claim(lg__req_t *rq) {
@@ -1300,7 +1307,7 @@ void lg__h_op_commit(lg__req_t *rq) {
     int rc = lg_store_commit(w->store, rq->id, text, len, b.operation_id, lg__server_now(srv), &e);
     if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
     else if (rc) store_error(rq, rc, &e, "committing");
-    else op_answer(rq, w->store, rq->id, 200);
+    else op_answer(rq, w->store, rq->id, 1);
   }
   lg__free(text);
   lg__body_clear(&b);
@@ -1320,7 +1327,7 @@ void lg__h_op_fail(lg__req_t *rq) {
     int rc = lg_store_fail(w->store, rq->id, b.retryable, lg__server_now(srv), &e);
     if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
     else if (rc) store_error(rq, rc, &e, "failing");
-    else op_answer(rq, w->store, rq->id, 200);
+    else op_answer(rq, w->store, rq->id, 1);
   }
   lg__body_clear(&b);
 }
@@ -1331,28 +1338,7 @@ void lg__h_op_get(lg__req_t *rq) {
     return;
   }
   lg__worker_t *w = worker(rq);
-  if (!w) return;
-  lg_operation_t op;
-  memset(&op, 0, sizeof op);
-  lg_error_t e = {0};
-  int rc = lg_store_operation(w->store, rq->id, lg__server_now(rq->srv), &op, &e);
-  if (rc == LG_ENOTFOUND) {
-    lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
-    return;
-  }
-  if (rc) {
-    store_error(rq, rc, &e, "reading the operation");
-    return;
-  }
-  char *j = lg_operation_to_json(&op);
-  lg_operation_clear(&op);
-  if (!j) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  lg__buf_puts(&rq->out, j);
-  lg__free(j);
-  rq->status = 200;
+  if (w) op_answer(rq, w->store, rq->id, 0);
 }
 
 /* ------------------------------------------------------------------ */
