@@ -41,40 +41,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "loopguard.h"
-#include "bench_store_main.h"
+#define BENCH_NAME "bench_budget"
+#include "bench_store.h"
 
 #define ROUNDS 5
 
 static long ops = 1000;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void die(const char *what, const lg_error_t *err) {
-  char buf[1024];
-  fprintf(stderr, "bench_budget: %s: %s\n", what, err ? lg_error_format(err, buf, sizeof buf) : "");
-  exit(1);
-}
 
 /* ---- the store loops ---- */
 
@@ -259,5 +231,5 @@ static void bench_pg(const char *url) {
 }
 
 int main(int argc, char **argv) {
-  return bench_store_main(argc, argv, "bench_budget", &ops, bench_sqlite, bench_pg);
+  return bench_store_main(argc, argv, &ops, bench_sqlite, bench_pg);
 }
