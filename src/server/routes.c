@@ -55,6 +55,18 @@ static void kv_str(lg__buf_t *b, const char *k, const char *v) {
   lg__buf_json_str(b, v, strlen(v));
 }
 
+/* Answers with the text j (new; freed here) and `status`, or 500 when j
+ * is NULL (what a *_json() function returns out of memory). */
+static void answer_text(lg__req_t *rq, char *j, int status) {
+  if (!j) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  lg__buf_puts(&rq->out, j);
+  lg__free(j);
+  rq->status = status;
+}
+
 static bool valid_id(const char *s) {
   if (!s || !*s) return false;
   size_t n = strlen(s);
@@ -1217,13 +1229,7 @@ static void op_answer(lg__req_t *rq, lg_store_t *s, const char *key, int missing
   }
   char *j = lg_operation_to_json(&op);
   lg_operation_clear(&op);
-  if (!j) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  lg__buf_puts(&rq->out, j);
-  lg__free(j);
-  rq->status = 200;
+  answer_text(rq, j, 200);
 }
 
 void lg__h_op_claim(lg__req_t *rq) {
@@ -1380,14 +1386,7 @@ static void budget_put_get(lg__req_t *rq, lg__worker_t *w, bool put) {
     budget_error(rq, rc, &e, put ? "setting the budget" : "reading the budget");
     return;
   }
-  char *j = lg_budget_to_json(&bud);
-  if (!j) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  lg__buf_puts(&rq->out, j);
-  lg__free(j);
-  rq->status = 200;
+  answer_text(rq, lg_budget_to_json(&bud), 200);
 }
 
 static void budget_reserve(lg__req_t *rq, lg__worker_t *w) {
@@ -1408,25 +1407,15 @@ static void budget_reserve(lg__req_t *rq, lg__worker_t *w) {
     rc = lg_budget_reserve(w->store, &req, lg__server_now(srv), &res, &why, &e);
   }
   lg__body_clear(&b);
-  char *j = NULL;
   if (rc == LG_BUDGET_REFUSED) {
     lg__metrics_budget_refusal(&srv->metrics, why.limit_source);
-    j = lg_budget_refusal_json(&why);
-    rq->status = why.http_status;
     if (why.http_status == 429) rq->retry_after = (int)(why.retry_after_s > 0 ? why.retry_after_s : 1);
+    answer_text(rq, lg_budget_refusal_json(&why), why.http_status);
   } else if (rc) {
     budget_error(rq, rc, &e, "reserving");
-    return;
   } else {
-    j = lg_budget_reservation_json(&res);
-    rq->status = 201;
+    answer_text(rq, lg_budget_reservation_json(&res), 201);
   }
-  if (!j) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  lg__buf_puts(&rq->out, j);
-  lg__free(j);
 }
 
 static void budget_settle(lg__req_t *rq, lg__worker_t *w) {
@@ -1446,13 +1435,7 @@ static void budget_settle(lg__req_t *rq, lg__worker_t *w) {
   }
   char *j = lg_budget_settlement_json(&st);
   lg_budget_settlement_clear(&st);
-  if (!j) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  lg__buf_puts(&rq->out, j);
-  lg__free(j);
-  rq->status = 200;
+  answer_text(rq, j, 200);
 }
 
 void lg__h_budgets(lg__req_t *rq) {
