@@ -32,11 +32,13 @@ typedef struct cli_flag {
   const char **value; /* where the value goes ("1" for a switch) */
 } cli_flag_t;
 /* Parses argv[1..] (argv[0] is the subcommand): flags anywhere, the
- * positionals into pos[] (at most maxpos; "--" ends the flags). Returns 0,
- * 1 for --help, or the usage exit status 2 after printing what was
+ * positionals into pos[] (at most maxpos; "--" ends the flags). With
+ * `missing` (the error, e.g. "ledger claim needs a KEY") all maxpos are
+ * required. Returns -1 to go on, else the exit status for the caller to
+ * return: 0 after printing `usage` for --help, 2 after printing what was
  * wrong. */
-int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos, int *npos,
-              const char *usage);
+int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos,
+              const char *missing, int *npos, const char *usage);
 /* Opens the store of --store (see cli_store_url); NULL after printing the
  * error. */
 lg_store_t *cli_open_store(const char *flag);

@@ -204,10 +204,8 @@ static int do_set(int argc, char **argv) {
                     {"--json", 0, &json},
                     {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, set_usage);
-  if (rc == 1) return fputs(set_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(set_usage, "budget set needs a SCOPE");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "budget set needs a SCOPE", &npos, set_usage);
+  if (rc >= 0) return rc;
   lg_error_t err = {0};
   if (lg_budget_scope_check(pos[0], &err))
     return cli_usage(set_usage, "SCOPE '%s': %s", pos[0], err.message);
@@ -244,10 +242,9 @@ static int do_show_or_reset(int argc, char **argv, int reset) {
   const char *store = NULL, *json = NULL;
   cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, usage);
-  if (rc == 1) return fputs(usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(usage, "budget %s needs a SCOPE", reset ? "reset" : "show");
+  const char *missing = reset ? "budget reset needs a SCOPE" : "budget show needs a SCOPE";
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, missing, &npos, usage);
+  if (rc >= 0) return rc;
   lg_error_t err = {0};
   if (lg_budget_scope_check(pos[0], &err))
     return cli_usage(usage, "SCOPE '%s': %s", pos[0], err.message);
@@ -306,9 +303,8 @@ static int do_list(int argc, char **argv) {
   const char *store = NULL, *json = NULL;
   cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 0, &npos, list_usage);
-  if (rc == 1) return fputs(list_usage, stdout), 0;
-  if (rc) return rc;
+  int npos, rc = cli_parse(argc, argv, flags, pos, 0, NULL, &npos, list_usage);
+  if (rc >= 0) return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   list_ctx_t x = {json != NULL, 0};

@@ -152,10 +152,8 @@ static int do_claim(int argc, char **argv) {
   cli_flag_t flags[] = {{"--fingerprint", 1, &fp}, {"--lease-ms", 1, &lease}, {"--run", 1, &run},
                     {"--store", 1, &store},    {"--json", 0, &json},      {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, claim_usage);
-  if (rc == 1) return fputs(claim_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(claim_usage, "ledger claim needs a KEY");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger claim needs a KEY", &npos, claim_usage);
+  if (rc >= 0) return rc;
   if (!fp || !*fp) return cli_usage(claim_usage, "ledger claim needs --fingerprint FP");
   int64_t lease_ms = 0;
   if (lease) {
@@ -251,10 +249,8 @@ static int do_commit(int argc, char **argv) {
                     {"--store", 1, &store},
                     {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, commit_usage);
-  if (rc == 1) return fputs(commit_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(commit_usage, "ledger commit needs a KEY");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger commit needs a KEY", &npos, commit_usage);
+  if (rc >= 0) return rc;
   if (!result) return cli_usage(commit_usage, "ledger commit needs --result JSON");
   /* The result is replayed as JSON: refuse what is not. */
   lg_canon_t *canon = lg_canon_new();
@@ -297,10 +293,8 @@ static int do_fail(int argc, char **argv) {
   const char *store = NULL, *retryable = NULL;
   cli_flag_t flags[] = {{"--retryable", 0, &retryable}, {"--store", 1, &store}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, fail_usage);
-  if (rc == 1) return fputs(fail_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(fail_usage, "ledger fail needs a KEY");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger fail needs a KEY", &npos, fail_usage);
+  if (rc >= 0) return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   int64_t now = cli_now_ms();
@@ -326,10 +320,8 @@ static int do_show(int argc, char **argv) {
   const char *store = NULL, *json = NULL;
   cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, show_usage);
-  if (rc == 1) return fputs(show_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(show_usage, "ledger show needs a KEY");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger show needs a KEY", &npos, show_usage);
+  if (rc >= 0) return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_operation_t op = {0};
@@ -376,9 +368,8 @@ static int do_purge(int argc, char **argv) {
   const char *store = NULL, *older = NULL;
   cli_flag_t flags[] = {{"--older-than", 1, &older}, {"--store", 1, &store}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 0, &npos, purge_usage);
-  if (rc == 1) return fputs(purge_usage, stdout), 0;
-  if (rc) return rc;
+  int npos, rc = cli_parse(argc, argv, flags, pos, 0, NULL, &npos, purge_usage);
+  if (rc >= 0) return rc;
   int64_t age = -1; /* the store's retention */
   if (older && (age = parse_duration(older)) < 0)
     return cli_usage(purge_usage, "--older-than wants a duration like 30m, 24h or 7d, not '%s'",

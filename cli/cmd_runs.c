@@ -178,9 +178,8 @@ static int do_list(int argc, char **argv) {
   cli_flag_t flags[] = {{"--status", 1, &status}, {"--limit", 1, &limit}, {"--group", 1, &group},
                     {"--reason", 1, &reason}, {"--store", 1, &store}, {"--json", 0, &json},
                     {NULL, 0, NULL}};
-  int npos, rc = cli_parse(argc, argv, flags, NULL, 0, &npos, list_usage);
-  if (rc == 1) return fputs(list_usage, stdout), 0;
-  if (rc) return rc;
+  int npos, rc = cli_parse(argc, argv, flags, NULL, 0, NULL, &npos, list_usage);
+  if (rc >= 0) return rc;
   if (status && strcmp(status, "active") && strcmp(status, "stopped"))
     return cli_usage(list_usage, "--status is active or stopped, not '%s'", status);
   lg_run_filter_t f = {.status = status, .group = group, .reason = reason};
@@ -219,10 +218,8 @@ static int do_show(int argc, char **argv) {
   const char *store = NULL, *json = NULL;
   cli_flag_t flags[] = {{"--store", 1, &store}, {"--json", 0, &json}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, show_usage);
-  if (rc == 1) return fputs(show_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(show_usage, "runs show needs a RUN_ID");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "runs show needs a RUN_ID", &npos, show_usage);
+  if (rc >= 0) return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_run_record_t rec = {0};
@@ -316,10 +313,8 @@ static int do_trace(int argc, char **argv) {
   const char *store = NULL, *out = NULL;
   cli_flag_t flags[] = {{"--store", 1, &store}, {"-o", 1, &out}, {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, trace_usage);
-  if (rc == 1) return fputs(trace_usage, stdout), 0;
-  if (rc) return rc;
-  if (npos != 1) return cli_usage(trace_usage, "runs trace needs a RUN_ID");
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, "runs trace needs a RUN_ID", &npos, trace_usage);
+  if (rc >= 0) return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_error_t err = {0};
@@ -351,9 +346,8 @@ static int do_cancel(int argc, char **argv) {
   cli_flag_t flags[] = {{"--reason", 1, &reason}, {"--group", 1, &group}, {"--store", 1, &store},
                     {"--json", 0, &json},     {NULL, 0, NULL}};
   const char *pos[1];
-  int npos, rc = cli_parse(argc, argv, flags, pos, 1, &npos, cancel_usage);
-  if (rc == 1) return fputs(cancel_usage, stdout), 0;
-  if (rc) return rc;
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, NULL, &npos, cancel_usage);
+  if (rc >= 0) return rc;
   if (group && npos) return cli_usage(cancel_usage, "give a RUN_ID or --group GROUP, not both");
   if (!group && npos != 1) return cli_usage(cancel_usage, "runs cancel needs a RUN_ID");
   if (group && !*group) return cli_usage(cancel_usage, "--group needs a group name");

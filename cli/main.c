@@ -54,12 +54,12 @@ const char *cli_store_url(const char *flag) {
   return env && *env ? env : "sqlite:loopguard.db";
 }
 
-int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos, int *npos,
-              const char *usage) {
+int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos,
+              const char *missing, int *npos, const char *usage) {
   *npos = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage, stdout), 0;
     if (!strcmp(a, "--")) {
       for (i++; i < argc; i++) {
         if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", argv[i]);
@@ -88,7 +88,8 @@ int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int ma
     if (*npos >= maxpos) return cli_usage(usage, "unexpected argument '%s'", a);
     pos[(*npos)++] = a;
   }
-  return 0;
+  if (missing && *npos < maxpos) return cli_usage(usage, "%s", missing);
+  return -1;
 }
 
 lg_store_t *cli_open_store(const char *flag) {
