@@ -1180,25 +1180,25 @@ void lg__h_group_cancel(lg__req_t *rq) {
 /* Traces.                                                             */
 
 void lg__h_trace(lg__req_t *rq) {
-  lg_run_record_t rec = {0};
-  lg__worker_t *w = read_run(rq, &rec); /* 404 for an unknown run */
+  if (!valid_id(rq->id)) {
+    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
+    return;
+  }
+  lg__worker_t *w = worker(rq);
   if (!w) return;
-  lg_run_record_clear(&rec);
   lg_error_t e = {0};
   char *text = NULL;
-  size_t len = 0;
-  int rc = lg_store_run_trace(w->store, rq->id, &text, &len, &e);
+  int rc = lg_store_run_trace(w->store, rq->id, &text, NULL, &e);
+  if (rc == LG_ENOTFOUND) {
+    lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id);
+    return;
+  }
   if (rc) {
     store_error(rq, rc, &e, "reading the run's trace");
     return;
   }
-  if (lg__buf_append(&rq->out, text, len)) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-  } else {
-    rq->status = 200;
-    rq->content_type = "application/x-ndjson";
-  }
-  lg_free(text);
+  answer_text(rq, text, 200);
+  if (rq->status == 200) rq->content_type = "application/x-ndjson";
 }
 
 /* ------------------------------------------------------------------ */
