@@ -20,34 +20,8 @@
 #include <cmocka.h>
 
 #include "store_test_util.h"
+#include "oom_util.h"
 
-static long fail_at;   /* the allocation that fails (1-based), 0 none */
-static long count;     /* allocations so far */
-static long live;      /* allocated and not freed */
-static int failed_one; /* the failure happened in this run */
-
-static void *t_malloc(size_t n) {
-  if (fail_at && ++count == fail_at) {
-    failed_one = 1;
-    return NULL;
-  }
-  void *p = malloc(n);
-  if (p) live++;
-  return p;
-}
-static void *t_realloc(void *p, size_t n) {
-  if (fail_at && ++count == fail_at) {
-    failed_one = 1;
-    return NULL;
-  }
-  void *q = realloc(p, n);
-  if (q && !p) live++;
-  return q;
-}
-static void t_free(void *p) {
-  if (p) live--;
-  free(p);
-}
 
 /* 0, LG_ENOMEM, or one of the answers allowed after an earlier failure. */
 #define OK_OR(expr, a, b)                                                              \
@@ -144,23 +118,8 @@ static void scenario(const char *url) {
 }
 
 static void run_all(const char *backend) {
-  long n;
-  lg_set_allocator(t_malloc, t_realloc, t_free);
-  for (n = 1;; n++) {
-    const char *url = lgt_fresh_url(backend);
-    fail_at = n;
-    count = 0;
-    live = 0;
-    failed_one = 0;
-    scenario(url);
-    if (live != 0)
-      fail_msg("%s: %ld allocations leaked when allocation %ld failed", backend, live, n);
-    if (!failed_one) break; /* the scenario ran without reaching allocation n */
-  }
-  fail_at = 0;
-  lg_set_allocator(NULL, NULL, NULL);
-  printf("%s: the budget scenario survived each of its %ld allocations failing\n", backend,
-         n - 1);
+  long n = oom_run_all(backend, scenario);
+  printf("%s: the budget scenario survived each of its %ld allocations failing\n", backend, n);
 }
 
 static void test_memory(void **state) {
