@@ -308,6 +308,11 @@ int lg__store_pg_backend_pid(lg_store_t *s);
  * No-op on other stores. */
 void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages);
 
+/* The synchronous level (PRAGMA synchronous: 1 NORMAL, 2 FULL) a sqlite:
+ * store's connection is at now, read from SQLite (tests); -1 on other
+ * stores. */
+int lg__store_sqlite_synchronous(lg_store_t *s);
+
 /* Formats now_ms as RFC 3339 UTC with milliseconds into buf[32]. */
 void lg__store_time(int64_t ms, char buf[32]);
 

@@ -145,6 +145,7 @@ enum {
   Q_RUN_LIST,
   Q_DENY_PUT,
   Q_DENY_GET,
+  Q_DENY_ANY,
   Q_BUD_READ,
   Q_BUD_PUT,
   Q_BUD_LIST,
@@ -221,8 +222,12 @@ static const char *const queries[Q__N] = {
     [Q_DENY_PUT] = "INSERT INTO lg_deny (scope, id, reason, created_ms) VALUES (?1, ?2, ?3, ?4)"
                    " ON CONFLICT (scope, id) DO UPDATE SET reason = excluded.reason,"
                    " created_ms = excluded.created_ms",
-    [Q_DENY_GET] = "SELECT reason FROM lg_deny WHERE (scope = 1 AND id = ?1)"
-                   " OR (scope = 2 AND id = ?2) ORDER BY scope LIMIT 1",
+    /* Two lookups of the primary key merged in scope order: an OR of the
+     * two would collect rowids and sort them in a temporary b-tree. */
+    [Q_DENY_GET] = "SELECT reason, scope FROM lg_deny WHERE scope = 1 AND id = ?1"
+                   " UNION ALL SELECT reason, scope FROM lg_deny WHERE scope = 2 AND id = ?2"
+                   " ORDER BY 2 LIMIT 1",
+    [Q_DENY_ANY] = "SELECT 1 FROM lg_deny LIMIT 1",
     [Q_BUD_READ] = "SELECT " BUD_COLS " FROM lg_budgets b LEFT JOIN " HOLD_STATS
                    " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope WHERE b.scope = ?1",
     [Q_BUD_PUT] = "INSERT INTO lg_budgets (scope, limit_micro, period, max_in_flight_micro,"
@@ -291,6 +296,7 @@ typedef struct sq {
   sqlite3_stmt *ctl[C__N]; /* prepared on first use */
   int sync;                /* the synchronous level set now: 1 NORMAL, 2 FULL */
   int need_sync;           /* a ledger write joined this run transaction */
+  int deny_empty;          /* in the open transaction: 1 lg_deny is empty, 0 not, -1 unknown */
 } sq_t;
 
 /* Translates an SQLite result code at the edge. */
@@ -377,8 +383,13 @@ static char *col_str(sqlite3_stmt *st, int i, size_t *len, int *ok) {
 static int run_stmt(lg_store_t *s, int which, int *changes, lg_error_t *err) {
   sq_t *q = s->impl;
   sqlite3_stmt *st = q->q[which];
+  /* A write outside a transaction is a ledger write: durable. */
+  int out = sqlite3_get_autocommit(q->db) ? set_sync(s, 2, err) : 0;
+  if (out) {
+    sqlite3_clear_bindings(st);
+    return out;
+  }
   int rc = sqlite3_step(st);
-  int out = 0;
   if (rc != SQLITE_DONE && rc != SQLITE_ROW) out = sq_fail(s, rc, "write", err);
   else if (changes) *changes = sqlite3_changes(q->db);
   sqlite3_reset(st);
@@ -480,6 +491,7 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
     nanosleep(&nap, NULL);
   }
   q->sync = 0;
+  q->deny_empty = -1;
   if ((rc = set_sync(s, 2, err))) goto fail;
   if ((rc = migrate(s, err))) goto fail;
   if (lg__store_schema_target == LG_STORE_SCHEMA_VERSION) {
@@ -546,6 +558,7 @@ static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
     return sq_ctl(s, C_SAVEPOINT, err);
   }
   q->need_sync = 0;
+  q->deny_empty = -1;
   if ((rc = set_sync(s, kind == LG__TXN_RUN ? 1 : 2, err))) return rc;
   if ((rc = lg__store_fault_at(s, "sqlite.begin", err))) return rc;
   return sq_ctl(s, C_BEGIN, err);
@@ -566,9 +579,10 @@ static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
     rc = sqlite3_get_autocommit(q->db) ? 0 : sq_ctl(s, C_ROLLBACK, err);
   }
   q->need_sync = 0;
-  /* Statements outside a transaction are ledger writes: durable again. */
-  lg_error_t scratch;
-  set_sync(s, 2, &scratch);
+  /* synchronous stays as this transaction set it: the server's committer
+   * runs one run transaction after another, and setting it is a PRAGMA
+   * that SQLite parses again every time. The next ledger transaction, or
+   * write outside a transaction (run_stmt), sets it back to FULL. */
   return rc;
 }
 
@@ -802,6 +816,7 @@ static int s_deny_put(lg_store_t *s, int scope, const char *id, const char *reas
                       int64_t now_ms, lg_error_t *err) {
   sqlite3_stmt *st = stmt(s, Q_DENY_PUT, err);
   if (!st) return LG_ESTORE;
+  ((sq_t *)s->impl)->deny_empty = 0;
   sqlite3_bind_int(st, 1, scope);
   bind_text(st, 2, id);
   bind_text(st, 3, reason);
@@ -809,16 +824,38 @@ static int s_deny_put(lg_store_t *s, int scope, const char *id, const char *reas
   return run_stmt(s, Q_DENY_PUT, NULL, err);
 }
 
+/* Whether lg_deny has no row, as of the open transaction, asked once per
+ * transaction: the server's committer checks the kill switch for every
+ * decision of a group commit, and there is seldom a rule at all. Outside
+ * a transaction (each statement its own snapshot), never known. */
+static int deny_none(lg_store_t *s, int *none, lg_error_t *err) {
+  sq_t *q = s->impl;
+  *none = 0;
+  if (sqlite3_get_autocommit(q->db)) return 0;
+  if (q->deny_empty < 0) {
+    sqlite3_stmt *st = stmt(s, Q_DENY_ANY, err);
+    if (!st) return LG_ESTORE;
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_fail(s, rc, "reading deny rules", err);
+    q->deny_empty = rc == SQLITE_DONE;
+  }
+  *none = q->deny_empty;
+  return 0;
+}
+
 static int s_deny_get(lg_store_t *s, const char *run_id, const char *group, int *found,
                       char **reason, lg_error_t *err) {
+  *found = 0;
+  *reason = NULL;
+  int none, rc = deny_none(s, &none, err);
+  if (rc || none) return rc;
   sqlite3_stmt *st = stmt(s, Q_DENY_GET, err);
   if (!st) return LG_ESTORE;
   bind_text(st, 1, run_id);
   bind_text(st, 2, group);
-  int rc = sqlite3_step(st);
+  rc = sqlite3_step(st);
   int out = 0, ok = 1;
-  *found = 0;
-  *reason = NULL;
   if (rc == SQLITE_ROW) {
     *found = 1;
     *reason = col_str(st, 0, NULL, &ok);
@@ -1198,6 +1235,20 @@ void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages) {
   lg__store_lock(s);
   sqlite3_wal_autocheckpoint(q->db, pages);
   lg__store_unlock(s);
+}
+
+int lg__store_sqlite_synchronous(lg_store_t *s) {
+  if (!s || s->vt != &lg__store_sqlite || !s->impl) return -1;
+  sq_t *q = s->impl;
+  sqlite3_stmt *st = NULL;
+  lg__store_lock(s);
+  int level = -1;
+  if (sqlite3_prepare_v2(q->db, "PRAGMA synchronous", -1, &st, NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    level = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  lg__store_unlock(s);
+  return level;
 }
 
 const lg__store_vtab_t lg__store_sqlite = {

@@ -717,6 +717,68 @@ static void test_cancel_group(void **state) {
   lg_free(reason);
 }
 
+/* SQLite: a decision's transaction runs at synchronous=NORMAL and leaves
+ * the connection there (the server's committer runs one after another);
+ * a ledger write, in a transaction or not, runs at FULL. */
+static void test_sqlite_durability(void **state) {
+  lg_store_t *s = *state;
+  if (strcmp(lgt_backend, "sqlite")) {
+    assert_int_equal(lg__store_sqlite_synchronous(s), -1);
+    return;
+  }
+  lg_error_t err = {0};
+  lg_claim_t c = {0};
+  save_new_run(s, "dur", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 1);
+  assert_int_equal(lg__store_deny(s, LG__DENY_RUN, "other", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
+  save_new_run(s, "dur2", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 1);
+  assert_int_equal(claim(s, "dur-key", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
+  save_new_run(s, "dur3", NULL, T0);
+  commit(s, "dur-key", "{}", T0 + 1);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
+}
+
+/* The SQLite store asks once per transaction whether there is any rule at
+ * all. A rule another handle writes between two transactions is seen by
+ * the second; a rule written inside a transaction is seen by the rest of
+ * it, and is gone with its rollback. */
+static void test_deny_in_transaction(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  char *reason = NULL;
+  if (durable()) {
+    lg__store_lock(s);
+    assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+    assert_int_equal(lg_store_denied(s, "r1", "g1", NULL, &err), 0);
+    assert_int_equal(lg__store_end(s, 1, &err), 0);
+    lg__store_unlock(s);
+    lg_store_t *other = lgt_open(lgt_url, NULL);
+    assert_int_equal(lg_store_cancel_run(other, "r1", "from the other", T0, &err), 0);
+    lg_store_close(other);
+    lg__store_lock(s);
+    assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+    assert_int_equal(lg_store_denied(s, "r1", "g1", &reason, &err), 1);
+    assert_string_equal(reason, "from the other");
+    lg_free(reason);
+    assert_int_equal(lg__store_end(s, 1, &err), 0);
+    lg__store_unlock(s);
+  }
+  lg__store_lock(s);
+  assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+  assert_int_equal(lg_store_denied(s, "r2", "g2", NULL, &err), 0);
+  assert_int_equal(lg__store_deny(s, LG__DENY_GROUP, "g2", "in txn", T0, &err), 0);
+  assert_int_equal(lg_store_denied(s, "r2", "g2", &reason, &err), 1);
+  assert_string_equal(reason, "in txn");
+  lg_free(reason);
+  assert_int_equal(lg_store_denied(s, "r3", "g3", NULL, &err), 0);
+  assert_int_equal(lg__store_end(s, 0, &err), 0);
+  lg__store_unlock(s);
+  assert_int_equal(lg_store_denied(s, "r2", "g2", NULL, &err), 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* Durable backends: restart and migration.                            */
 
@@ -918,6 +980,8 @@ int main(void) {
       T(test_run_save_load),
       T(test_cancel_run),
       T(test_cancel_group),
+      T(test_deny_in_transaction),
+      T(test_sqlite_durability),
       T(test_events),
       /* The durable backends only (memory: has no "after a restart"). */
       T(test_restart),
