@@ -15,10 +15,14 @@ typedef struct wr {
   lg__buf_t b;
 } wr_t;
 
-static void w64(wr_t *w, int64_t v) {
-  uint8_t x[8];
+/* Saving is on the server's decision path (every decision saves its run):
+ * the buffer is sized once up front and an integer is a store, not a call. */
+static inline void w64(wr_t *w, int64_t v) {
+  lg__buf_t *b = &w->b;
+  if (b->len + 9 > b->cap && lg__buf_reserve(b, 8)) return;
+  uint8_t *x = (uint8_t *)b->data + b->len;
   for (int i = 0; i < 8; i++) x[i] = (uint8_t)((uint64_t)v >> (8 * i));
-  lg__buf_append(&w->b, x, 8);
+  b->len += 8;
 }
 static void wstr(wr_t *w, const char *s) {
   uint32_t n = s ? (uint32_t)strlen(s) : 0xFFFFFFFFu;
@@ -31,6 +35,10 @@ static int hexval(char ch) { return ch >= 'a' ? ch - 'a' + 10 : ch - '0'; }
 
 int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   wr_t w = {{0}};
+  /* Room for all but long strings: no growing while writing. */
+  lg__buf_reserve(&w.b, 1024 + (size_t)run->win_cap * 16 + (size_t)run->ntried * 64 +
+                            (size_t)run->ntools * 48 + (size_t)(run->npending + run->nops) * 96 +
+                            (size_t)(run->nretry + run->nresv) * 24);
   wbytes(&w, "LGR", 3);
   w64(&w, FORMAT);
   wstr(&w, run->run_id);
