@@ -9,6 +9,8 @@
  */
 #include "engine.h"
 
+#include <endian.h>
+
 #define FORMAT 1
 
 typedef struct wr {
@@ -20,8 +22,8 @@ typedef struct wr {
 static inline void w64(wr_t *w, int64_t v) {
   lg__buf_t *b = &w->b;
   if (b->len + 9 > b->cap && lg__buf_reserve(b, 8)) return;
-  uint8_t *x = (uint8_t *)b->data + b->len;
-  for (int i = 0; i < 8; i++) x[i] = (uint8_t)((uint64_t)v >> (8 * i));
+  uint64_t le = htole64((uint64_t)v);
+  memcpy(b->data + b->len, &le, 8);
   b->len += 8;
 }
 static void wstr(wr_t *w, const char *s) {
@@ -31,7 +33,10 @@ static void wstr(wr_t *w, const char *s) {
   if (s) lg__buf_append(&w->b, s, n);
 }
 static void wbytes(wr_t *w, const void *p, size_t n) { lg__buf_append(&w->b, p, n); }
-static int hexval(char ch) { return ch >= 'a' ? ch - 'a' + 10 : ch - '0'; }
+/* The value of each lowercase hex digit (fingerprints are lowercase hex). */
+static const uint8_t hexval[256] = {
+    ['0'] = 0,  ['1'] = 1,  ['2'] = 2,  ['3'] = 3,  ['4'] = 4,  ['5'] = 5,  ['6'] = 6,  ['7'] = 7,
+    ['8'] = 8,  ['9'] = 9,  ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15};
 
 int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   wr_t w = {{0}};
@@ -69,7 +74,8 @@ int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   for (int i = 0; i < run->ntried; i++) {
     const lg__tried_t *t = &run->tried[i];
     uint8_t fp[32]; /* the format keeps the 32 bytes, not their hex */
-    for (int k = 0; k < 32; k++) fp[k] = (uint8_t)(hexval(t->hex[2 * k]) << 4 | hexval(t->hex[2 * k + 1]));
+    for (int k = 0; k < 32; k++)
+      fp[k] = (uint8_t)(hexval[(uint8_t)t->hex[2 * k]] << 4 | hexval[(uint8_t)t->hex[2 * k + 1]]);
     wbytes(&w, fp, 32);
     w64(&w, t->tool);
     w64(&w, t->count);
@@ -133,10 +139,10 @@ static int64_t r64(rd_t *r) {
     r->rc = r->rc ? r->rc : LG_EINVAL;
     return 0;
   }
-  uint64_t v = 0;
-  for (int k = 7; k >= 0; k--) v = (v << 8) | r->p[r->i + (size_t)k];
+  uint64_t v;
+  memcpy(&v, r->p + r->i, 8);
   r->i += 8;
-  return (int64_t)v;
+  return (int64_t)le64toh(v);
 }
 /* A count in [0, max]. */
 static int rcount(rd_t *r, int64_t max) {
