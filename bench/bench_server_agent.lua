@@ -9,9 +9,11 @@
 -- wrk keeps no state per connection, so the run travels in the call_id
 -- ("RUN.N"), which every answer echoes: response() reads it and queues the
 -- run's next step, and request() takes the next step from that queue (or
--- starts a fresh run). The runs b0 .. b(LG_RUNS-1) must exist, with a
--- policy without caps (bench_server makes them).
+-- starts a fresh run). The runs PREFIX0 .. PREFIX(LG_RUNS-1) must exist
+-- (LG_PREFIX, default "b"), with a policy without caps (bench_server makes
+-- them).
 local nruns = tonumber(os.getenv("LG_RUNS") or "20000")
+local prefix = os.getenv("LG_PREFIX") or "b"
 local tid = 0
 function setup(thread)
   thread:set("id", tid)
@@ -41,7 +43,7 @@ function request()
     return call(r[1], r[2])
   end
   fresh = fresh + 1
-  return call("b" .. ((id * 100003 + fresh) % nruns), 1)
+  return call(prefix .. ((id * 100003 + fresh) % nruns), 1)
 end
 
 function response(status, headers, body)
