@@ -255,14 +255,13 @@ static point_t decisions_at(const char *store_name, const char *store_url, int c
   double n = rps * seconds;
   double srv_us = srv0 >= 0 && srv1 >= 0 ? (srv1 - srv0) * 1e6 / n : -1;
   double load_us = (load1 - load0) * 1e6 / n;
-  int ok = rps >= BAR_DECISIONS && p99 >= 0 && p99 < BAR_P99_MS;
+  /* A point is one load: the bar is judged on the capacity below. */
   printf("{\"bench\":\"server\",\"figure\":\"decisions\",\"store\":\"%s\",\"connections\":%d,"
          "\"seconds\":%d,\"decisions_per_s\":%.0f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
          "\"non_2xx\":%ld,\"server_cpu_us_per_decision\":%.1f,\"wrk_cpu_us_per_decision\":%.1f,"
-         "\"bar_decisions_per_s\":%.0f,\"bar_p99_ms\":%.1f,\"status\":\"%s\"}\n",
-         store_name, connections, seconds, rps, p50, p99, non2xx, srv_us, load_us, BAR_DECISIONS,
-         BAR_P99_MS,
-         non2xx ? "INVALID" : ok ? "ok" : "BELOW BAR");
+         "\"within_p99_bar\":%s,\"status\":\"%s\"}\n",
+         store_name, connections, seconds, rps, p50, p99, non2xx, srv_us, load_us,
+         p99 >= 0 && p99 < BAR_P99_MS ? "true" : "false", non2xx ? "INVALID" : "info");
   printf("decisions (%s, %2d connections): %6.0f/s, p50 %.3f ms, p99 %.3f ms; CPU per "
          "decision: server %.1f us, wrk %.1f us%s\n",
          store_name, connections, rps, p50, p99, srv_us, load_us,
@@ -291,7 +290,11 @@ static void decisions(const char *store_name, const char *store_url) {
       best_c = c;
     }
   }
-  const char *status = invalid ? "INVALID" : best >= BAR_DECISIONS ? "ok" : "BELOW BAR";
+  /* The bar is set for sqlite:; the other stores' capacity is for reading. */
+  const char *status = invalid                        ? "INVALID"
+                       : strcmp(store_name, "sqlite") ? "info"
+                       : best >= BAR_DECISIONS        ? "ok"
+                                                      : "BELOW BAR";
   printf("{\"bench\":\"server\",\"figure\":\"capacity\",\"store\":\"%s\",\"connections_swept\":"
          "\"%s\",\"decisions_per_s\":%.0f,\"p99_ms\":%.3f,\"connections\":%d,"
          "\"bar_decisions_per_s\":%.0f,\"bar_p99_ms\":%.1f,\"status\":\"%s\"}\n",
