@@ -575,6 +575,69 @@ static void test_with_run(void **state) {
   assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
 }
 
+/* What a decision reads of its run is the stored row, however the row got
+ * there: the SQLite store keeps the rows its transactions read and wrote
+ * for the next ones (store_sqlite.c, "the run cache"). */
+typedef struct put_ctx {
+  const char *env;  /* the envelope to write */
+  int fail_with;    /* then return this */
+} put_ctx_t;
+
+static int put_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  put_ctx_t *p = ud;
+  lg_run_record_t r = *rec;
+  r.envelope_json = (char *)p->env;
+  r.created_ms = rec->created_ms + 999; /* an update keeps the stored one */
+  assert_int_equal(lg_store_run_put(s, &r, NULL), 0);
+  return p->fail_with;
+}
+
+static int copy_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  (void)s;
+  return lg__run_record_copy(ud, rec);
+}
+
+static void expect_run(lg_store_t *s, const char *id, const char *env, int64_t created) {
+  lg_run_record_t got;
+  lg_error_t err = {0};
+  assert_int_equal(lg_store_with_run(s, id, copy_fn, &got, &err), 0);
+  assert_string_equal(got.envelope_json, env);
+  assert_int_equal(got.created_ms, created);
+  lg_run_record_clear(&got);
+}
+
+static void test_run_reads_are_fresh(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  lg_run_record_t r = rec_of("fresh", NULL, 0, T0);
+  assert_int_equal(lg_store_run_create(s, &r, NULL), 0);
+  expect_run(s, "fresh", "{\"run_id\":\"x\"}", T0);
+  put_ctx_t p = {"[a]", 0};
+  assert_int_equal(lg_store_with_run(s, "fresh", put_fn, &p, &err), 0);
+  expect_run(s, "fresh", "[a]", T0);
+  /* Undone by a failing decision, alone or inside a group commit. */
+  p = (put_ctx_t){"[b]", LG_ECONFLICT};
+  assert_int_equal(lg_store_with_run(s, "fresh", put_fn, &p, &err), LG_ECONFLICT);
+  expect_run(s, "fresh", "[a]", T0);
+  lg__store_lock(s);
+  assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+  assert_int_equal(lg_store_with_run(s, "fresh", put_fn, &p, &err), LG_ECONFLICT);
+  expect_run(s, "fresh", "[a]", T0);
+  p = (put_ctx_t){"[c]", 0};
+  assert_int_equal(lg_store_with_run(s, "fresh", put_fn, &p, &err), 0);
+  expect_run(s, "fresh", "[c]", T0);
+  assert_int_equal(lg__store_end(s, 1, &err), 0);
+  lg__store_unlock(s);
+  expect_run(s, "fresh", "[c]", T0);
+  /* Written through another handle (another process, or the CLI). */
+  if (!durable()) return;
+  lg_store_t *other = lgt_open(lgt_url, NULL);
+  r.envelope_json = (char *)"[d]";
+  assert_int_equal(lg_store_run_put(other, &r, NULL), 0);
+  lg_store_close(other);
+  expect_run(s, "fresh", "[d]", T0);
+}
+
 /* An engine run saved and loaded decides as the original would. */
 static void test_run_save_load(void **state) {
   lg_store_t *s = *state;
@@ -977,6 +1040,7 @@ int main(void) {
       T(test_run_records),
       T(test_run_list),
       T(test_with_run),
+      T(test_run_reads_are_fresh),
       T(test_run_save_load),
       T(test_cancel_run),
       T(test_cancel_group),
