@@ -139,10 +139,9 @@ static int64_t r64(rd_t *r) {
     r->rc = r->rc ? r->rc : LG_EINVAL;
     return 0;
   }
-  uint64_t v;
-  memcpy(&v, r->p + r->i, 8);
+  uint64_t v = le64toh(lg__load64(r->p + r->i));
   r->i += 8;
-  return (int64_t)le64toh(v);
+  return (int64_t)v;
 }
 /* A count in [0, max]. */
 static int rcount(rd_t *r, int64_t max) {

@@ -33,12 +33,6 @@ typedef struct mem_ledger {
   size_t used;  /* slots with a key (tombstones are keyless OP_EMPTY) */
 } mem_ledger_t;
 
-static uint64_t hash_str(const char *s) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
-
 static op_t *find(mem_ledger_t *m, const char *key, uint64_t h) {
   if (!m->cap) return NULL;
   for (size_t i = h & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
@@ -98,7 +92,7 @@ static int copy_result(const op_t *o, lg_claim_t *out, lg_error_t *err) {
 static int m_peek(void *self, const char *key, const char *fp, int64_t now,
                   lg_claim_t *out, lg_error_t *err) {
   mem_ledger_t *m = self;
-  op_t *o = find(m, key, hash_str(key));
+  op_t *o = find(m, key, lg__hash_str(key));
   fill_claim(o, fp, now, out);
   return copy_result(o, out, err);
 }
@@ -107,7 +101,7 @@ static int m_claim(void *self, const char *key, const char *fp, const char *run_
                    int64_t lease_ms, int64_t now, lg_claim_t *out, lg_error_t *err) {
   (void)run_id;
   mem_ledger_t *m = self;
-  uint64_t h = hash_str(key);
+  uint64_t h = lg__hash_str(key);
   op_t *o = find(m, key, h);
   if (o) {
     fill_claim(o, fp, now, out);
@@ -139,7 +133,7 @@ static int m_commit(void *self, const char *key, const char *result, size_t len,
   (void)operation_id;
   (void)now;
   mem_ledger_t *m = self;
-  op_t *o = find(m, key, hash_str(key));
+  op_t *o = find(m, key, lg__hash_str(key));
   if (!o) return lg__err(err, LG_ENOTFOUND, "key", -1, "no claim for key \"%s\"", key);
   if (o->state == OP_COMMITTED || o->state == OP_FAILED) return 0; /* idempotent */
   char *r = NULL;
@@ -172,7 +166,7 @@ static void remove_op(mem_ledger_t *m, op_t *o) {
 static int m_fail(void *self, const char *key, int retryable, int64_t now, lg_error_t *err) {
   (void)now;
   mem_ledger_t *m = self;
-  op_t *o = find(m, key, hash_str(key));
+  op_t *o = find(m, key, lg__hash_str(key));
   if (!o) return lg__err(err, LG_ENOTFOUND, "key", -1, "no claim for key \"%s\"", key);
   if (o->state == OP_COMMITTED) return 0; /* an outcome is final */
   if (retryable) remove_op(m, o);

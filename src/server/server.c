@@ -154,23 +154,9 @@ lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err) {
 
 /* ---- the policy cache ---- */
 
-/* FNV-1a over 8-byte words: a decision looks its run's policy up by its
- * JSON text, so this runs once per decision. */
-static uint64_t hash_str(const char *s) {
-  size_t n = strlen(s), i = 0;
-  uint64_t h = 1469598103934665603ull ^ n, w;
-  for (; i + 8 <= n; i += 8) {
-    memcpy(&w, s + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-  }
-  w = 0;
-  memcpy(&w, s + i, n - i);
-  return (h ^ w) * 1099511628211ull;
-}
-
 lg_policy_t *lg__server_policy(lg_server_t *srv, const char *json, lg_error_t *err) {
   if (!json || !*json) return lg_policy_ref(srv->default_policy);
-  uint64_t h = hash_str(json);
+  uint64_t h = lg__hash_str(json);
   pthread_mutex_lock(&srv->pol_mu);
   for (int i = 0; i < LG__POL_SLOTS; i++) {
     lg__pol_slot_t *sl = &srv->pol[i];

@@ -25,12 +25,6 @@ typedef struct mmap {
   size_t used;    /* slots in use */
 } mmap_t;
 
-static uint64_t hash_str(const char *s) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
-
 static mslot_t *mm_find(mmap_t *m, const char *key, uint64_t h) {
   if (!m->cap) return NULL;
   for (size_t i = h & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
@@ -41,7 +35,7 @@ static mslot_t *mm_find(mmap_t *m, const char *key, uint64_t h) {
 }
 
 static void *mm_get(mmap_t *m, const char *key) {
-  mslot_t *sl = mm_find(m, key, hash_str(key));
+  mslot_t *sl = mm_find(m, key, lg__hash_str(key));
   return sl ? sl->val : NULL;
 }
 
@@ -64,7 +58,7 @@ static int mm_grow(mmap_t *m) {
 /* Sets key to val; *old receives the value replaced (NULL when new). The
  * table takes val; on LG_ENOMEM nothing changed. */
 static int mm_put(mmap_t *m, const char *key, void *val, void **old) {
-  uint64_t h = hash_str(key);
+  uint64_t h = lg__hash_str(key);
   mslot_t *sl = mm_find(m, key, h);
   *old = NULL;
   if (sl) {
@@ -84,7 +78,7 @@ static int mm_put(mmap_t *m, const char *key, void *val, void **old) {
 
 /* Removes key and returns its value (NULL when absent). */
 static void *mm_del(mmap_t *m, const char *key) {
-  mslot_t *sl = mm_find(m, key, hash_str(key));
+  mslot_t *sl = mm_find(m, key, lg__hash_str(key));
   if (!sl) return NULL;
   void *val = sl->val;
   lg__free(sl->key);

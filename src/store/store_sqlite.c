@@ -290,9 +290,10 @@ static const char *const ctl_sql[C__N] = {
     [C_SYNC_FULL] = "PRAGMA synchronous=FULL",
 };
 
-/* Runs read or written in this connection's transactions, by run_id
- * (direct-mapped: a run takes the slot of its hash). See rc_check(). */
-#define RC_SLOTS 512
+/* The run cache: rows of runs read or written in this connection's
+ * transactions, by run_id (direct-mapped: a run takes the slot of its
+ * hash). See "the run cache" below. */
+#define CACHE_SLOTS 512
 
 typedef struct sq {
   sqlite3 *db;             /* the connection */
@@ -302,9 +303,9 @@ typedef struct sq {
   int need_sync;           /* a ledger write joined this run transaction */
   int deny_empty;          /* in the open transaction: 1 lg_deny is empty, 0 not, -1 unknown */
   int in_txn;              /* a transaction of s_begin is open */
-  int rc_valid;            /* the run cache is the database as of data version rc_version */
-  unsigned rc_version;     /* SQLITE_FCNTL_DATA_VERSION then */
-  lg_run_record_t rc[RC_SLOTS]; /* the run cache: run_id NULL in an empty slot */
+  int cache_valid;         /* the run cache is the database as of data version cache_version */
+  unsigned cache_version;  /* SQLITE_FCNTL_DATA_VERSION then */
+  lg_run_record_t cache[CACHE_SLOTS]; /* run_id NULL in an empty slot */
 } sq_t;
 
 /* Translates an SQLite result code at the edge. */
@@ -480,62 +481,59 @@ static unsigned data_version(sq_t *q) {
   return v;
 }
 
-static void rc_clear(sq_t *q) {
-  for (int i = 0; i < RC_SLOTS; i++)
-    if (q->rc[i].run_id) lg_run_record_clear(&q->rc[i]);
+static void cache_clear(sq_t *q) {
+  for (int i = 0; i < CACHE_SLOTS; i++)
+    if (q->cache[i].run_id) lg_run_record_clear(&q->cache[i]);
 }
 
 /* At the start of a transaction: empties the cache unless nobody else
  * has committed since this connection did. */
-static void rc_check(sq_t *q) {
+static void cache_check(sq_t *q) {
   unsigned v = data_version(q);
-  if (!q->rc_valid || v != q->rc_version) {
-    rc_clear(q);
-    q->rc_version = v;
-    q->rc_valid = 1;
+  if (!q->cache_valid || v != q->cache_version) {
+    cache_clear(q);
+    q->cache_version = v;
+    q->cache_valid = 1;
   }
 }
 
 /* After this connection's commit: the cache is the database as of now. */
-static void rc_committed(sq_t *q) {
-  if (q->rc_valid) q->rc_version = data_version(q);
+static void cache_committed(sq_t *q) {
+  if (q->cache_valid) q->cache_version = data_version(q);
 }
 
-static lg_run_record_t *rc_slot(sq_t *q, const char *run_id) {
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char *p = (const unsigned char *)run_id; *p; p++)
-    h = (h ^ *p) * 1099511628211ull;
-  return &q->rc[h % RC_SLOTS];
+static lg_run_record_t *cache_slot(sq_t *q, const char *run_id) {
+  return &q->cache[lg__hash_str(run_id) % CACHE_SLOTS];
 }
 
 /* The cached row of run_id, or NULL. */
-static const lg_run_record_t *rc_get(sq_t *q, const char *run_id) {
-  if (!q->in_txn || !q->rc_valid) return NULL;
-  lg_run_record_t *r = rc_slot(q, run_id);
+static const lg_run_record_t *cache_get(sq_t *q, const char *run_id) {
+  if (!q->in_txn || !q->cache_valid) return NULL;
+  lg_run_record_t *r = cache_slot(q, run_id);
   return r->run_id && !strcmp(r->run_id, run_id) ? r : NULL;
 }
 
 /* rec is run_id's row now (read or written in this transaction). */
-static void rc_put(sq_t *q, const lg_run_record_t *rec) {
-  if (!q->in_txn || !q->rc_valid) return;
-  lg_run_record_t *r = rc_slot(q, rec->run_id);
+static void cache_put(sq_t *q, const lg_run_record_t *rec) {
+  if (!q->in_txn || !q->cache_valid) return;
+  lg_run_record_t *r = cache_slot(q, rec->run_id);
   lg_run_record_clear(r);
-  if (lg__run_record_copy(r, rec)) q->rc_valid = 0; /* out of memory: forget it all */
+  if (lg__run_record_copy(r, rec)) q->cache_valid = 0; /* out of memory: forget it all */
 }
 
 /* rec was written over run_id's row, which keeps its created_ms (an
  * UPDATE never sets it): known only when the row is cached already. */
-static void rc_update(sq_t *q, const lg_run_record_t *rec) {
-  const lg_run_record_t *old = rc_get(q, rec->run_id);
+static void cache_update(sq_t *q, const lg_run_record_t *rec) {
+  const lg_run_record_t *old = cache_get(q, rec->run_id);
   if (!old) return;
   lg_run_record_t r = *rec;
   r.created_ms = old->created_ms;
-  rc_put(q, &r);
+  cache_put(q, &r);
 }
 
 /* run_id's row changed in a way not known here. */
-static void rc_drop(sq_t *q, const char *run_id) {
-  lg_run_record_t *r = rc_slot(q, run_id);
+static void cache_drop(sq_t *q, const char *run_id) {
+  lg_run_record_t *r = cache_slot(q, run_id);
   if (r->run_id && !strcmp(r->run_id, run_id)) lg_run_record_clear(r);
 }
 
@@ -614,7 +612,7 @@ static void s_close(lg_store_t *s) {
   sq_t *q = s->impl;
   if (!q) return;
   if (!sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
-  rc_clear(q);
+  cache_clear(q);
   finalize_all(q);
   sqlite3_close(q->db);
   lg__free(q);
@@ -653,7 +651,7 @@ static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
   if ((rc = lg__store_fault_at(s, "sqlite.begin", err))) return rc;
   if ((rc = sq_ctl(s, C_BEGIN, err))) return rc;
   q->in_txn = 1;
-  rc_check(q);
+  cache_check(q);
   return 0;
 }
 
@@ -661,7 +659,7 @@ static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
   sq_t *q = s->impl;
   int rc;
   if (nested) {
-    if (!commit) q->rc_valid = 0; /* it may hold what is undone now */
+    if (!commit) q->cache_valid = 0; /* it may hold what is undone now */
     if (!commit && (rc = sq_ctl(s, C_ROLLBACK_TO, err))) return rc;
     return sq_ctl(s, C_RELEASE, err);
   }
@@ -669,11 +667,11 @@ static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
   if (commit) {
     rc = sq_ctl(s, C_COMMIT, err);
     if (rc && !sqlite3_get_autocommit(q->db)) sq_ctl(s, C_ROLLBACK, NULL);
-    if (rc) q->rc_valid = 0;
-    else rc_committed(q);
+    if (rc) q->cache_valid = 0;
+    else cache_committed(q);
     if (!rc && q->need_sync && q->sync != 2) rc = wal_sync(s, err);
   } else {
-    q->rc_valid = 0;
+    q->cache_valid = 0;
     rc = sqlite3_get_autocommit(q->db) ? 0 : sq_ctl(s, C_ROLLBACK, err);
   }
   q->need_sync = 0;
@@ -817,7 +815,7 @@ static int s_run_read(lg_store_t *s, const char *run_id, int lock, lg_run_record
   (void)lock;
   sq_t *q = s->impl;
   *found = 0;
-  const lg_run_record_t *hit = rc_get(q, run_id);
+  const lg_run_record_t *hit = cache_get(q, run_id);
   if (hit) {
     *found = 1;
     return lg__run_record_copy(rec, hit) ? lg__err(err, LG_ENOMEM, NULL, -1, "out of memory") : 0;
@@ -830,7 +828,7 @@ static int s_run_read(lg_store_t *s, const char *run_id, int lock, lg_run_record
   if (rc == SQLITE_ROW) {
     *found = 1;
     if (read_run_row(st, rec)) out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    else rc_put(q, rec);
+    else cache_put(q, rec);
   } else if (rc != SQLITE_DONE) {
     out = sq_fail(s, rc, "reading a run", err);
   }
@@ -859,8 +857,8 @@ static int s_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted
   bind_run(q->q[Q_RUN_INSERT], rec);
   int rc = run_stmt(s, Q_RUN_INSERT, &changes, err);
   *inserted = !rc && changes > 0;
-  if (*inserted) rc_put(q, rec);
-  else rc_drop(q, rec->run_id);
+  if (*inserted) cache_put(q, rec);
+  else cache_drop(q, rec->run_id);
   return rc;
 }
 
@@ -876,8 +874,8 @@ static int s_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
     rc = run_stmt(s, Q_RUN_UPDATE, &changes, err);
   }
   *updated = !rc && changes > 0;
-  if (*updated) rc_update(q, rec);
-  else rc_drop(q, rec->run_id);
+  if (*updated) cache_update(q, rec);
+  else cache_drop(q, rec->run_id);
   return rc;
 }
 
@@ -940,7 +938,7 @@ static int s_deny_put(lg_store_t *s, int scope, const char *id, const char *reas
 static int deny_none(lg_store_t *s, int *none, lg_error_t *err) {
   sq_t *q = s->impl;
   *none = 0;
-  if (sqlite3_get_autocommit(q->db)) return 0;
+  if (!q->in_txn) return 0;
   if (q->deny_empty < 0) {
     sqlite3_stmt *st = stmt(s, Q_DENY_ANY, err);
     if (!st) return LG_ESTORE;
@@ -1273,18 +1271,18 @@ static int s_run_update_ev(lg_store_t *s, const lg_run_record_t *rec, const char
   int rc = run_stmt(s, Q_RUN_TOUCH_EV, &changes, err);
   if (rc || changes) {
     *updated = !rc && changes > 0;
-    if (*updated) rc_update(q, rec);
-    else rc_drop(q, rec->run_id);
+    if (*updated) cache_update(q, rec);
+    else cache_drop(q, rec->run_id);
     return rc;
   }
   /* Something else changed too (or there is no row): in two steps. */
   bind_run(q->q[Q_RUN_UPDATE], rec);
   if ((rc = run_stmt(s, Q_RUN_UPDATE, &changes, err)) || !changes) {
-    rc_drop(q, rec->run_id);
+    cache_drop(q, rec->run_id);
     return rc;
   }
   *updated = 1;
-  rc_update(q, rec);
+  cache_update(q, rec);
   return s_ev_append(s, rec->run_id, lines, len, err);
 }
 

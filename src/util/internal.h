@@ -22,6 +22,11 @@ void lg__free(void *p);
 char *lg__strdup(const char *s);
 char *lg__strndup(const char *s, size_t n);
 
+/* A 64-bit hash of a NUL-terminated string, for in-memory tables (all
+ * bits mixed: tables may index by the low ones). Not stable across
+ * versions: never store it. */
+uint64_t lg__hash_str(const char *s);
+
 /* A growable byte buffer. `data` is NUL-terminated whenever len < cap. */
 typedef struct lg__buf {
   char *data;  /* heap bytes, or NULL before the first append */

@@ -71,6 +71,25 @@ char *lg__strndup(const char *s, size_t n) {
 }
 char *lg__strdup(const char *s) { return s ? lg__strndup(s, strlen(s)) : NULL; }
 
+/* FNV-1a's step over 8-byte words, then the final mix of MurmurHash3:
+ * a server decision hashes a run id and a policy of a few hundred bytes. */
+uint64_t lg__hash_str(const char *s) {
+  size_t n = strlen(s), i = 0;
+  uint64_t h = 1469598103934665603ull ^ n, w;
+  for (; i + 8 <= n; i += 8) {
+    w = lg__load64((const uint8_t *)s + i);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  w = 0;
+  memcpy(&w, s + i, n - i);
+  h = (h ^ w) * 1099511628211ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+
 /* ---- buffer ---- */
 
 int lg__buf_reserve(lg__buf_t *b, size_t extra) {
