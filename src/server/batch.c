@@ -38,6 +38,7 @@ struct lg__batcher {
   int stop;               /* set: finish what is queued and exit */
   size_t max_batch;       /* decisions per transaction at most */
   lg_canon_t *canon;      /* the committer's scratch for fingerprints */
+  int joined;             /* the committer has exited */
   _Atomic uint64_t batches, jobs; /* for tests and benchmarks */
 };
 
@@ -125,6 +126,11 @@ fail_canon:
 void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j) {
   j->next = NULL;
   pthread_mutex_lock(&b->mu);
+  if (b->stop) { /* stopping: decided here and now, in a batch of its own */
+    pthread_mutex_unlock(&b->mu);
+    run_batch(b, j);
+    return;
+  }
   if (b->tail) b->tail->next = j;
   else b->head = j;
   b->tail = j;
@@ -132,13 +138,20 @@ void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j) {
   pthread_mutex_unlock(&b->mu);
 }
 
-void lg__batcher_free(lg__batcher_t *b) {
+void lg__batcher_stop(lg__batcher_t *b) {
   if (!b) return;
   pthread_mutex_lock(&b->mu);
   b->stop = 1;
   pthread_cond_signal(&b->cv);
+  int joined = b->joined;
+  b->joined = 1;
   pthread_mutex_unlock(&b->mu);
-  pthread_join(b->th, NULL);
+  if (!joined) pthread_join(b->th, NULL);
+}
+
+void lg__batcher_free(lg__batcher_t *b) {
+  if (!b) return;
+  lg__batcher_stop(b);
   pthread_cond_destroy(&b->cv);
   pthread_mutex_destroy(&b->mu);
   lg_canon_free(b->canon);

@@ -348,6 +348,14 @@ void lg__http_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   http_req_t *hr = *con_cls;
   if (!hr) return;
   *con_cls = NULL;
+  /* Parked, then resumed, but the client went away before its answer was
+   * made: the decision was made and stored all the same, so it is counted
+   * and logged, and its job freed. (A parked connection is never closed:
+   * it is resumed first, when its job is done.) */
+  if (hr->parked && hr->rq.finish) {
+    hr->parked = 0;
+    hr->rq.finish(&hr->rq);
+  }
   lg__metrics_request(&srv->metrics, hr->rq.route, hr->answered ? hr->rq.status : 0,
                       mono_ns() - hr->t0_ns);
   atomic_fetch_sub(&srv->inflight, 1);

@@ -551,6 +551,17 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
       sleep_ms(5);
       waited += 5;
     }
+    /* Every decision handed to the committer is made, and its connection
+     * resumed, before the daemon stops (it aborts on a parked connection):
+     * then a moment for the daemon to send those answers. */
+    if (srv->batcher && atomic_load(&srv->inflight) > 0) {
+      lg__batcher_stop(srv->batcher);
+      for (int extra = 0; atomic_load(&srv->inflight) > 0 && extra < 1000; extra += 5) {
+        sleep_ms(5);
+        waited += 5;
+      }
+    }
+    lg__batcher_stop(srv->batcher);
     if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;

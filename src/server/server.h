@@ -209,12 +209,18 @@ typedef struct lg__job {
 typedef struct lg__batcher lg__batcher_t;
 /* Starts a committer thread over the shared handle s (max_batch 0: 256). */
 lg__batcher_t *lg__batcher_new(lg_store_t *s, size_t max_batch);
-/* Queues a job; j->done is called from the committer thread. */
+/* Queues a job; j->done is called from the committer thread (once the
+ * batcher is stopping, from this one, before this returns). */
 void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j);
-/* Runs what is queued, then stops the thread and frees. */
+/* Decides every job queued and stops the committer; jobs submitted after
+ * it are decided on the submitting thread. Before the HTTP daemon stops:
+ * no connection may stay parked (libmicrohttpd aborts on that). */
+void lg__batcher_stop(lg__batcher_t *b);
+/* Stops (if not yet) and frees. */
 void lg__batcher_free(lg__batcher_t *b);
 void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs);
-/* The canonicaliser of the committer thread (only it may use it). */
+/* The canonicaliser of the committer's decisions (used under the store
+ * handle's lock, which a batch holds throughout). */
 lg_canon_t *lg__batcher_canon(lg__batcher_t *b);
 
 /* ------------------------------------------------------------------ */
