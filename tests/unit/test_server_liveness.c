@@ -105,7 +105,8 @@ static int answer_in(agent_t *a) {
   return status;
 }
 
-static void run_load(const char *url, double seconds) {
+/* A server on url, on a free loopback port, logging into TMP. */
+static lg_server_t *start_server(const char *url) {
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
   char log[300];
@@ -117,6 +118,11 @@ static void run_load(const char *url, double seconds) {
   memset(&err, 0, sizeof err);
   lg_server_t *s = lg_server_start(&o, &err);
   if (!s) fail_msg("lg_server_start: %s", err.message);
+  return s;
+}
+
+static void run_load(const char *url, double seconds) {
+  lg_server_t *s = start_server(url);
   int port = lg_server_port(s);
 
   /* The runs, one per connection, with no step cap. */
@@ -225,19 +231,10 @@ static void *hold_lock(void *arg) {
 
 static void test_shutdown_while_parked(void **state) {
   (void)state;
-  char path[400], url[420], log[300];
+  char path[400], url[420];
   snprintf(path, sizeof path, "%s/parked.db", TMP);
   snprintf(url, sizeof url, "sqlite:%s", path);
-  snprintf(log, sizeof log, "%s/server.log", TMP);
-  lg_server_options_t o;
-  memset(&o, 0, sizeof o);
-  o.listen = "127.0.0.1:0";
-  o.store_url = url;
-  o.log_path = log;
-  lg_error_t err;
-  memset(&err, 0, sizeof err);
-  lg_server_t *s = lg_server_start(&o, &err);
-  if (!s) fail_msg("lg_server_start: %s", err.message);
+  lg_server_t *s = start_server(url);
   ht_conn_t c;
   ht_open(&c, lg_server_port(s));
   ht_resp_t r;
