@@ -8,7 +8,8 @@
  * listening address itself (so that port 0 works and the address can be
  * checked: without tokens only a loopback address may be bound), and
  * starts libmicrohttpd on that socket with a pool of threads, one per core
- * by default, poll() (see below), keep-alive, a connection limit and an idle timeout.
+ * by default, poll() (see below), keep-alive, a connection limit and an
+ * idle timeout.
  *
  * Threads and stores. libmicrohttpd calls the handlers on its pool
  * threads. With PostgreSQL each thread gets its own lg_store_t (a handle
@@ -552,16 +553,14 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
       waited += 5;
     }
     /* Every decision handed to the committer is made, and its connection
-     * resumed, before the daemon stops (it aborts on a parked connection):
+     * resumed, before the daemon stops (it aborts on a parked connection);
      * then a moment for the daemon to send those answers. */
-    if (srv->batcher && atomic_load(&srv->inflight) > 0) {
-      lg__batcher_stop(srv->batcher);
-      for (int extra = 0; atomic_load(&srv->inflight) > 0 && extra < 1000; extra += 5) {
-        sleep_ms(5);
-        waited += 5;
-      }
-    }
     lg__batcher_stop(srv->batcher);
+    for (int extra = 0; srv->batcher && atomic_load(&srv->inflight) > 0 && extra < 1000;
+         extra += 5) {
+      sleep_ms(5);
+      waited += 5;
+    }
     if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
