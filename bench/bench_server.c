@@ -212,11 +212,12 @@ typedef struct point {
 } point_t;
 
 /* One point of the sweep: a fresh server, `connections` agent loops for
- * `seconds`. sqlite: gets a file of its own; on a shared database
- * (postgres:) the runs' names (PREFIX0, PREFIX1, ...) keep points apart. */
+ * `seconds`. store_url NULL: a sqlite: file of the point's own; on a shared
+ * database (postgres:) the runs' names (PREFIX0, PREFIX1, ...) keep points
+ * apart. */
 static point_t decisions_at(const char *store_name, const char *store_url, int connections) {
   char url[600];
-  if (!strcmp(store_name, "sqlite"))
+  if (!store_url)
     snprintf(url, sizeof url, "sqlite:%s/decisions-%d.db", tmp, connections);
   else
     snprintf(url, sizeof url, "%s", store_url);
@@ -291,23 +292,23 @@ static void decisions(const char *store_name, const char *store_url) {
     }
   }
   /* The bar is set for sqlite:; the other stores' capacity is for reading. */
-  const char *status = invalid                        ? "INVALID"
-                       : strcmp(store_name, "sqlite") ? "info"
-                       : best >= BAR_DECISIONS        ? "ok"
-                                                      : "BELOW BAR";
+  int for_bar = !strcmp(store_name, "sqlite");
+  const char *status = invalid                 ? "INVALID"
+                       : !for_bar              ? "info"
+                       : best >= BAR_DECISIONS ? "ok"
+                                               : "BELOW BAR";
   printf("{\"bench\":\"server\",\"figure\":\"capacity\",\"store\":\"%s\",\"connections_swept\":"
          "\"%s\",\"decisions_per_s\":%.0f,\"p99_ms\":%.3f,\"connections\":%d,"
          "\"bar_decisions_per_s\":%.0f,\"bar_p99_ms\":%.1f,\"status\":\"%s\"}\n",
          store_name, conn_list, best, best_p99, best_c, BAR_DECISIONS, BAR_P99_MS, status);
+  printf("capacity (%s): ", store_name);
   if (best > 0)
-    printf("capacity (%s): %.0f decisions/s with p99 %.3f ms (at %d connections), the best of the "
-           "sweep with p99 < %.0f ms (bar: %.0f/s%s)  %s\n",
-           store_name, best, best_p99, best_c, BAR_P99_MS, BAR_DECISIONS,
-           strcmp(store_name, "sqlite") ? ", set for sqlite" : "", status);
+    printf("%.0f decisions/s with p99 %.3f ms (at %d connections), the best of the sweep with",
+           best, best_p99, best_c);
   else
-    printf("capacity (%s): no point of the sweep had p99 < %.0f ms (bar: %.0f/s%s)  %s\n",
-           store_name, BAR_P99_MS, BAR_DECISIONS, strcmp(store_name, "sqlite") ? ", set for sqlite" : "",
-           status);
+    printf("no point of the sweep had");
+  printf(" p99 < %.0f ms (bar: %.0f/s%s)  %s\n", BAR_P99_MS, BAR_DECISIONS,
+         for_bar ? "" : ", set for sqlite", status);
   fflush(stdout);
 }
 
@@ -366,6 +367,8 @@ static int valid_list(const char *s) {
 
 int main(int argc, char **argv) {
   const char *only = NULL;
+  const char *q = getenv("LG_BENCH_QUICK"); /* first: flags given win */
+  if (q && !strcmp(q, "1")) quick();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick();
     else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atoi(argv[++i]);
@@ -379,14 +382,12 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  const char *q = getenv("LG_BENCH_QUICK");
-  if (q && !strcmp(q, "1")) quick();
   if (seconds < 1 || mem_runs < 1000) return 2;
   signal(SIGPIPE, SIG_IGN);
   snprintf(tmp, sizeof tmp, "%s/lg-bench-server.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(tmp)) die("mkdtemp");
   atexit(rm_tmp);
-  if (!only || !strcmp(only, "sqlite")) decisions("sqlite", "sqlite:");
+  if (!only || !strcmp(only, "sqlite")) decisions("sqlite", NULL);
   if (!only || !strcmp(only, "memory")) memory();
   if (only && strcmp(only, "postgres")) return 0;
   const char *pg = getenv("LG_PG_URL");
