@@ -81,6 +81,8 @@ static void reset(lg_run_t *run, lg_decision_t *d) {
   d->saved_result_len = 0;
   d->next_allowed_action = LG_NEXT_NONE;
   d->reservation = 0;
+  d->escalate_model = NULL;
+  d->escalate_turns = 0;
   run->msg.len = 0;
   run->msg.oom = false; /* scratch reused per decision: a failure must not stick */
   if (run->msg.data) run->msg.data[0] = 0;
@@ -100,18 +102,20 @@ static void set_message(lg_run_t *run, lg_decision_t *d) {
   d->message = run->msg.data && run->msg.len ? run->msg.data : NULL;
 }
 
+/* Loops may be resumed once something changed (lg_run_resume); a cap
+ * would stop a resumed run again at once (the policy is the run's for
+ * good), so caps, like every other stop, go to a person. */
 static lg_next_t next_for(lg_reason_t r) {
   switch (r) {
   case LG_R_COMPLETE: return LG_NEXT_NONE;
-  case LG_R_STEP_CAP:
-  case LG_R_MODEL_CALL_CAP:
-  case LG_R_TOOL_CALL_CAP:
-  case LG_R_WALL_CLOCK_CAP:
-  case LG_R_HANDOFF_CAP:
   case LG_R_SAME_CALL_REPEAT:
   case LG_R_SHORT_CYCLE:
   case LG_R_NO_PROGRESS:
-  case LG_R_FAILURE_STREAK: return LG_NEXT_RESUME_AFTER_CHANGE;
+  case LG_R_FAILURE_STREAK:
+  case LG_R_TEXT_REPEAT:
+  case LG_R_MONOLOGUE:
+  case LG_R_CONTEXT_LOOP:
+  case LG_R_BLOCK_STREAK: return LG_NEXT_RESUME_AFTER_CHANGE;
   default: return LG_NEXT_HUMAN_REVIEW;
   }
 }
@@ -215,7 +219,7 @@ static int win_cycle(const lg_run_t *run, uint64_t fp) {
   for (int p = 2; p <= run->policy->cycle_max_period; p++) {
     if (run->win_len < 2 * p - 1) break;
     /* x[0..2p) with x[2p-1] = fp and x[j] = win_at(2p-1-j). */
-    uint64_t x[32];
+    uint64_t x[2 * LG__CYCLE_MAX];
     for (int j = 0; j < 2 * p - 1; j++) x[j] = win_at(run, 2 * p - 1 - j)->fp;
     x[2 * p - 1] = fp;
     bool ok = true;
@@ -314,6 +318,8 @@ lg_run_t *lg_run_new(const char *run_id, const char *group, lg_policy_t *policy,
     ledger = run->own_ledger;
   }
   run->ledger = ledger;
+  run->hidden = -1;
+  lg__text_clear(run);
   if (checkpoint) {
     run->has_best = true;
     run->best = *checkpoint;
@@ -347,6 +353,7 @@ void lg_run_free(lg_run_t *run) {
   lg__free(run->refused_tool);
   lg__free(run->refused_call_id);
   lg__free(run->refused_km);
+  lg__free(run->answer);
   lg__buf_free(&run->msg);
   lg__buf_free(&run->call_id_buf);
   lg__buf_free(&run->key_buf);
@@ -363,6 +370,74 @@ const char *lg_run_terminal_reason(const lg_run_t *run) {
   return run->reason_text ? run->reason_text : lg_reason_name(run->reason);
 }
 void lg_run_counters(const lg_run_t *run, lg_counters_t *out) { *out = run->c; }
+
+/* ------------------------------------------------------------------ */
+/* The recovery cascade.                                                */
+
+/* A block hides the blocked tool for cascade.hide_turns model calls and
+ * offers cascade.offer meanwhile, and escalates for cascade.escalate.turns
+ * model calls. One tool is hidden at a time: the latest block's. */
+static void cascade_block(lg_run_t *run, lg_decision_t *d, int tool) {
+  const lg_policy_t *p = run->policy;
+  if (p->hide_turns > 0) {
+    run->hidden = tool;
+    run->hide_left = p->hide_turns;
+    run->offer_live = true;
+    d->hide_tool = tool_name(run, tool);
+    d->hide_turns = (uint32_t)p->hide_turns;
+    d->alternatives = p->offer;
+  }
+  if (p->escalate_model) {
+    run->escalate_left = p->escalate_turns;
+    d->escalate_model = p->escalate_model;
+    d->escalate_turns = (uint32_t)p->escalate_turns;
+  }
+}
+
+/* A model call let through: it carries what is still hidden (counting it
+ * down) and the escalation. The offer is live for the tool calls of this
+ * call's response exactly when it was shown the offer. */
+static void cascade_model(lg_run_t *run, lg_decision_t *d) {
+  const lg_policy_t *p = run->policy;
+  run->offer_live = false;
+  if (run->hidden >= 0 && run->hide_left > 0) {
+    d->hide_tool = tool_name(run, run->hidden);
+    d->hide_turns = (uint32_t)run->hide_left;
+    d->alternatives = p->offer;
+    run->offer_live = true;
+    if (--run->hide_left == 0) run->hidden = -1;
+  }
+  if (run->escalate_left > 0 && p->escalate_model) {
+    d->escalate_model = p->escalate_model;
+    d->escalate_turns = (uint32_t)run->escalate_left;
+    run->escalate_left--;
+  }
+}
+
+/* The loop guards start again (a new episode, a resume): window, cycles,
+ * no-progress, streaks, text, compactions and the cascade. Caps, counters,
+ * cost, the best progress_version, retry waits and the ledger carry on. */
+static void fresh_start(lg_run_t *run) {
+  run->win_len = run->win_head = 0;
+  run->np_count = 0;
+  run->has_world = false;
+  run->world = 0;
+  run->world_same = 0;
+  for (int i = 0; i < run->ntools; i++) run->tools[i].fail_streak = 0;
+  run->block_streak = 0;
+  run->compactions = 0;
+  lg__text_clear(run);
+  run->hidden = -1;
+  run->hide_left = 0;
+  run->offer_live = false;
+  run->escalate_left = 0;
+}
+
+/* ms still to wait until not_before, without overflow. */
+static int64_t wait_ms(int64_t not_before, int64_t t) {
+  int64_t r;
+  return __builtin_sub_overflow(not_before, t, &r) ? INT64_MAX : r;
+}
 
 /* ------------------------------------------------------------------ */
 /* before(call)                                                         */
@@ -422,6 +497,60 @@ static int claim_decision(lg_run_t *run, lg_decision_t *d, const lg_claim_t *cl,
     return 1;
   default: return 0;
   }
+}
+
+/* A call of a cascade.offer tool ("ask_human", "finalize_partial") while
+ * it is offered ends the run: human_required with the question, or
+ * complete with the partial answer; the call's arguments (canonical) go in
+ * the envelope. Returns 1 when it did, 0 when the call is not one, or an
+ * error with the run unchanged. */
+static int offered_call(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, const char *km,
+                        size_t km_len, lg_decision_t *d, lg_error_t *err) {
+  unsigned bit = !strcmp(call->tool, "ask_human")          ? LG_ALT_ASK_HUMAN
+                 : !strcmp(call->tool, "finalize_partial") ? LG_ALT_FINALIZE_PARTIAL
+                                                           : 0;
+  if (!bit || !run->offer_live || !(run->policy->offer & bit)) return 0;
+  const char *cj = km_len ? km : "{}";
+  size_t cl = km_len ? km_len : 2;
+  if (canon && call->args && call->args_len) {
+    int rc = lg_canon_json(canon, call->args, call->args_len, &cj, &cl, err);
+    if (rc) {
+      lg__err_field_prefix(err, "args");
+      return rc;
+    }
+  }
+  bool trunc = cl > LG__ANSWER_MAX;
+  char *a = lg__strndup(cj, trunc ? LG__ANSWER_MAX : cl);
+  if (!a) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  bool ask = bit == LG_ALT_ASK_HUMAN;
+  lg__buf_puts(&run->msg, ask ? "I have asked a person for help; their answer decides what "
+                                "happens next."
+                              : "I am finishing with the partial answer I have.");
+  stop(run, d, ask ? LG_R_HUMAN_REQUIRED : LG_R_COMPLETE, "cascade", NULL, call->t_ms);
+  lg__free(run->answer);
+  run->answer = a;
+  run->answer_kind = ask ? LG__ANS_QUESTION : LG__ANS_PARTIAL;
+  run->answer_trunc = trunc;
+  run->c.calls++;
+  run->c.last_t_ms = call->t_ms;
+  d->call_id = run->call_id;
+  d->idempotency_key = run->key;
+  return 1;
+}
+
+/* The block_streak-th blocked call in a row: the block becomes a stop.
+ * Returns 0 or LG_ENOMEM (the run unchanged but for seq). */
+static int block_streak_stop(lg_run_t *run, const lg_call_t *call, const char *call_id,
+                             const char *hex, const char *km, size_t km_len, lg_decision_t *d) {
+  run->msg.len = 0;
+  if (run->msg.data) run->msg.data[0] = 0;
+  lg__buf_printf(&run->msg,
+                 "My last %lld tool calls were all refused (this one %s: %s); I keep asking "
+                 "for things that cannot run, so I am stopping for someone to look at it.",
+                 (long long)run->block_streak + 1, call->tool, lg_reason_name(d->reason));
+  if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn)) return LG_ENOMEM;
+  stop(run, d, LG_R_BLOCK_STREAK, "block_streak", NULL, call->t_ms);
+  return 0;
 }
 
 int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_decision_t *d,
@@ -500,6 +629,8 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
   if (counted && !same_turn) n++;
   d->repeat = (uint32_t)(counted ? n : 0);
   int64_t t = call->t_ms;
+  /* The cascade's offered tools, while offered, end the run. */
+  if ((rc = offered_call(run, canon, call, km, km_len, d, err))) return rc < 0 ? rc : 0;
   run->seq++;
 
   /* 2: caps. */
@@ -564,11 +695,10 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
       d->action = LG_ACT_BLOCK;
       d->reason = LG_R_RETRY_TOO_SOON;
       d->guard = "retry";
-      d->hide_tool = NULL;
       lg__buf_printf(&run->msg,
                      "%s asked me to wait %lld ms more before I retry the same call; I will "
                      "do something else first or wait.",
-                     call->tool, (long long)(run->retry[i].not_before - t));
+                     call->tool, (long long)wait_ms(run->retry[i].not_before, t));
       goto decided;
     }
   }
@@ -577,9 +707,6 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
     d->action = LG_ACT_BLOCK;
     d->reason = LG_R_SAME_CALL_REPEAT;
     d->guard = "repeat";
-    d->hide_tool = call->tool;
-    d->hide_turns = 2;
-    d->alternatives = LG_ALT_ASK_HUMAN | LG_ALT_SKIP_CURRENT | LG_ALT_FINALIZE_PARTIAL;
     lg__buf_printf(&run->msg,
                    "I have called %s with the same arguments %lld times and got the same "
                    "answer; trying again will not help. I will change the arguments, use "
@@ -616,6 +743,9 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
   d->action = LG_ACT_EXECUTE;
   run->c.steps++;
   run->tools[tool].executed++;
+  run->block_streak = 0; /* an executed call ends every streak */
+  run->compactions = 0;
+  lg__text_call(run);
   if (key) op_note(run, key, LG__OP_CLAIMED, NULL);
   if (counted && p->rep_observe && n >= p->rep_observe)
     lg__buf_printf(&run->msg,
@@ -638,6 +768,25 @@ decided:
     d->idempotency_key = run->key;
     memcpy(d->fingerprint, hex, LG_FP_HEX);
     return 0;
+  }
+  if (d->action == LG_ACT_BLOCK && p->block_streak && run->block_streak + 1 >= p->block_streak) {
+    if (block_streak_stop(run, call, call_id, hex, km, km_len, d)) {
+      reset(run, d);
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    }
+    run->c.calls++;
+    run->c.last_t_ms = t;
+    if (counted && !same_turn) win_push(run, fp, call->turn);
+    tried_note(run, hex, fp, tool, LG__OUT_BLOCKED, true);
+    d->repeat = (uint32_t)(counted ? n : 0);
+    memcpy(d->fingerprint, hex, LG_FP_HEX);
+    d->call_id = run->call_id;
+    d->idempotency_key = run->key;
+    return 0;
+  }
+  if (d->action == LG_ACT_BLOCK) {
+    run->block_streak++;
+    cascade_block(run, d, tool);
   }
   run->c.calls++;
   run->c.last_t_ms = t;
@@ -783,7 +932,7 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
             if (run->retry[i].not_before < run->retry[slot].not_before) slot = i;
         }
       }
-      run->retry[slot] = (lg__retry_t){pc.fp, t + res->retry_after_ms};
+      run->retry[slot] = (lg__retry_t){pc.fp, lg__sat_add(t, res->retry_after_ms)};
     }
     if (!halt && p->failure_streak && run->tools[pc.tool].fail_streak >= p->failure_streak) {
       halt = LG_R_FAILURE_STREAK;
@@ -827,8 +976,10 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
   if (msg_room(run, 0)) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   const lg_policy_t *p = run->policy;
   int64_t t = m->t_ms;
-  int64_t worst_tokens =
-      m->input_tokens + (m->max_tokens >= 0 ? m->max_tokens : m->output_tokens > 0 ? m->output_tokens : 0);
+  /* Every sum saturates: a worst case of INT64_MAX tokens must stop at the
+   * cap, not wrap round to a small number and pass it. */
+  int64_t worst_tokens = lg__sat_add(
+      m->input_tokens, m->max_tokens >= 0 ? m->max_tokens : m->output_tokens > 0 ? m->output_tokens : 0);
   int64_t worst_cost = m->cost_nusd > 0 ? m->cost_nusd : 0;
   lg_reason_t halt = LG_R_NONE;
   if (p->max_wall_ms >= 0 && t >= p->max_wall_ms) {
@@ -840,17 +991,19 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
     lg__buf_printf(&run->msg, "I have made %lld model calls, the most this run allows; I am stopping.",
                    (long long)run->c.model_calls);
   } else if (p->max_cost_nusd >= 0 &&
-             run->c.cost_nusd + run->held_cost + worst_cost > p->max_cost_nusd) {
+             lg__sat_add(lg__sat_add(run->c.cost_nusd, run->held_cost), worst_cost) >
+                 p->max_cost_nusd) {
     halt = LG_R_COST_CAP;
     /* Written in place: msg_room() made room for it. */
     lg__buf_puts(&run->msg, "This run has ");
-    lg__buf_usd(&run->msg, run->c.cost_nusd + run->held_cost);
+    lg__buf_usd(&run->msg, lg__sat_add(run->c.cost_nusd, run->held_cost));
     lg__buf_puts(&run->msg, " USD spent or held; the next model call could cost ");
     lg__buf_usd(&run->msg, worst_cost);
     lg__buf_puts(&run->msg, " USD more, past the cap of ");
     lg__buf_usd(&run->msg, p->max_cost_nusd);
     lg__buf_puts(&run->msg, " USD, so I am stopping before making it.");
-  } else if (p->max_tokens >= 0 && run->c.tokens + run->held_tokens + worst_tokens > p->max_tokens) {
+  } else if (p->max_tokens >= 0 &&
+             lg__sat_add(lg__sat_add(run->c.tokens, run->held_tokens), worst_tokens) > p->max_tokens) {
     halt = LG_R_TOKEN_CAP;
     lg__buf_printf(&run->msg,
                    "The next model call could use %lld tokens, which would take this run "
@@ -866,13 +1019,14 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
                    "%d model calls are already waiting for their usage", LG__RESV_MAX);
   run->next_resv++;
   run->resv[run->nresv++] = (lg__resv_t){run->next_resv, worst_cost, worst_tokens};
-  run->held_cost += worst_cost;
-  run->held_tokens += worst_tokens;
-  run->c.model_calls++;
+  run->held_cost = lg__sat_add(run->held_cost, worst_cost);
+  run->held_tokens = lg__sat_add(run->held_tokens, worst_tokens);
+  run->c.model_calls = lg__sat_add(run->c.model_calls, 1);
   run->c.last_t_ms = t;
   run->seq++;
   d->action = LG_ACT_EXECUTE;
   d->reservation = run->next_resv;
+  cascade_model(run, d);
   return 0;
 }
 
@@ -884,12 +1038,18 @@ int lg_run_usage(lg_run_t *run, int64_t reservation, int64_t input_tokens, int64
       if (run->resv[i].id == reservation) break;
   }
   if (i >= run->nresv) return LG_ENOTFOUND;
-  run->held_cost -= run->resv[i].cost;
-  run->held_tokens -= run->resv[i].tokens;
   memmove(run->resv + i, run->resv + i + 1, (size_t)(run->nresv - i - 1) * sizeof *run->resv);
   run->nresv--;
-  run->c.tokens += (input_tokens > 0 ? input_tokens : 0) + (output_tokens > 0 ? output_tokens : 0);
-  run->c.cost_nusd += cost_nusd > 0 ? cost_nusd : 0;
+  /* Summed again rather than subtracted: a saturated sum minus one of its
+   * parts is not the sum of the others. */
+  run->held_cost = run->held_tokens = 0;
+  for (int k = 0; k < run->nresv; k++) {
+    run->held_cost = lg__sat_add(run->held_cost, run->resv[k].cost);
+    run->held_tokens = lg__sat_add(run->held_tokens, run->resv[k].tokens);
+  }
+  run->c.tokens = lg__sat_add(run->c.tokens, input_tokens > 0 ? input_tokens : 0);
+  run->c.tokens = lg__sat_add(run->c.tokens, output_tokens > 0 ? output_tokens : 0);
+  run->c.cost_nusd = lg__sat_add(run->c.cost_nusd, cost_nusd > 0 ? cost_nusd : 0);
   if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
   return 0;
 }
@@ -982,6 +1142,134 @@ int lg_run_cancel(lg_run_t *run, const char *reason, int64_t t_ms, lg_decision_t
 }
 
 /* ------------------------------------------------------------------ */
+/* Text, episodes, compactions, resume.                                 */
+
+/* The current response's text is the whole text of the previous
+ * mono_run responses, and that makes text.monologue of them. */
+static bool monologue_now(const lg_run_t *run) {
+  const lg__text_t *x = &run->text;
+  int64_t need = run->policy->text_monologue;
+  return need && run->mono_run > 0 && !x->mono_void && x->mono_len > 0 &&
+         x->mono_len == run->mono_ref_len && x->mono == run->mono_ref &&
+         lg__sat_add(run->mono_run, 1) >= need;
+}
+
+int lg_run_text(lg_run_t *run, int64_t turn, const char *text, size_t len, const char *agent,
+                int64_t t_ms, lg_decision_t *d, lg_error_t *err) {
+  (void)agent; /* text is the run's, whoever wrote it */
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  if (!text && len) return lg__err(err, LG_EINVAL, "text", -1, "text is NULL but len is not 0");
+  if (msg_room(run, 0)) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  /* Nothing below can fail: the run changes from here on. */
+  if (!run->text.open || run->text.turn != turn) lg__text_begin(run, turn);
+  bool loop = lg__text_feed(run, text ? text : "", len);
+  if (loop) run->text_loops = lg__sat_add(run->text_loops, 1);
+  run->seq++;
+  if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
+  const lg_policy_t *p = run->policy;
+  if (loop && p->text_stop && run->text_loops >= p->text_stop) {
+    lg__buf_printf(&run->msg,
+                   "I have fallen into repeating the same text again (%lld responses so "
+                   "far); more of it will not help, so I am stopping.",
+                   (long long)run->text_loops);
+    stop(run, d, LG_R_TEXT_REPEAT, "text", NULL, t_ms);
+  } else if (monologue_now(run)) {
+    lg__buf_printf(&run->msg,
+                   "I have written the same thing %lld turns in a row without doing "
+                   "anything; saying it again will not move the task, so I am stopping.",
+                   (long long)lg__sat_add(run->mono_run, 1));
+    stop(run, d, LG_R_MONOLOGUE, "monologue", NULL, t_ms);
+  } else if (loop && p->text_observe && run->text_loops >= p->text_observe) {
+    lg__buf_puts(&run->msg, "I have been repeating the same text; I will stop and either call "
+                            "a tool or give my answer.");
+    d->action = LG_ACT_OBSERVE;
+    d->reason = LG_R_TEXT_REPEAT;
+    d->reason_text = lg_reason_name(LG_R_TEXT_REPEAT);
+    d->guard = "text";
+    set_message(run, d);
+  } else {
+    d->action = LG_ACT_CONTINUE;
+  }
+  return 0;
+}
+
+int lg_run_user(lg_run_t *run, int64_t t_ms, lg_decision_t *d) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  fresh_start(run);
+  run->seq++;
+  if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
+  d->action = LG_ACT_CONTINUE;
+  return 0;
+}
+
+int lg_run_compaction(lg_run_t *run, int64_t t_ms, lg_decision_t *d) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  if (msg_room(run, 0)) return LG_ENOMEM;
+  run->compactions = lg__sat_add(run->compactions, 1);
+  run->seq++;
+  if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
+  int64_t max = run->policy->compaction_max;
+  if (max && run->compactions >= max) {
+    lg__buf_printf(&run->msg,
+                   "My context has been compacted %lld times without a single tool call "
+                   "between; I am going round in circles, so I am stopping.",
+                   (long long)run->compactions);
+    stop(run, d, LG_R_CONTEXT_LOOP, "compaction", NULL, t_ms);
+    return 0;
+  }
+  d->action = LG_ACT_CONTINUE;
+  return 0;
+}
+
+int lg_run_resume(lg_run_t *run, const int64_t *progress_version, int64_t t_ms, lg_decision_t *d,
+                  lg_error_t *err) {
+  reset(run, d);
+  if (!run->stopped)
+    return lg__err(err, LG_ESTATE, NULL, -1, "the run is active: there is no stop to resume from");
+  if (run->next != LG_NEXT_RESUME_AFTER_CHANGE)
+    return lg__err(err, LG_ESTATE, NULL, -1,
+                   "a run stopped by %s cannot be resumed: its next_allowed_action is %s",
+                   lg_run_terminal_reason(run), lg_next_name(run->next));
+  /* ACTIVE again: the stop and the call it refused are forgotten. */
+  lg__free(run->reason_text);
+  lg__free(run->stop_message);
+  lg__free(run->refused_tool);
+  lg__free(run->refused_call_id);
+  lg__free(run->refused_km);
+  run->reason_text = run->stop_message = NULL;
+  run->refused_tool = run->refused_call_id = run->refused_km = NULL;
+  memset(run->refused_fp, 0, sizeof run->refused_fp);
+  run->refused_turn = 0;
+  run->stopped = false;
+  run->reason = LG_R_NONE;
+  run->guard = NULL;
+  run->next = LG_NEXT_NONE;
+  run->alternatives = 0;
+  run->stopped_at_ms = 0;
+  fresh_start(run);
+  if (progress_version) {
+    run->has_best = true;
+    run->best = *progress_version;
+  }
+  run->seq++;
+  if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
+  d->action = LG_ACT_CONTINUE;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* Names.                                                               */
 
 const char *lg_reason_name(lg_reason_t r) {
@@ -994,7 +1282,7 @@ const char *lg_reason_name(lg_reason_t r) {
 }
 
 const char *lg_action_name(lg_action_t a) {
-  static const char *names[] = {"execute", "block", "replay", "stop", "continue"};
+  static const char *names[] = {"execute", "block", "replay", "stop", "continue", "observe"};
   return (unsigned)a < LG__ARRAY_LEN(names) ? names[a] : "?";
 }
 

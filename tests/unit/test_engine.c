@@ -723,7 +723,9 @@ static void t_retry_too_soon(void **state) {
   call_t(r, "quote", "{\"sku\":7}", 500, &d);
   assert_block(&d, LG_R_RETRY_TOO_SOON);
   assert_string_equal(d.guard, "retry");
-  assert_null(d.hide_tool);
+  /* Every block carries the cascade: the tool is hidden for a while. */
+  assert_string_equal(d.hide_tool, "quote");
+  assert_int_equal(d.hide_turns, 2);
   contains(d.message, "quote");
   /* Another call is not held back. */
   assert_int_equal(call_t(r, "quote", "{\"sku\":8}", 600, &d), LG_ACT_EXECUTE);
@@ -1405,10 +1407,35 @@ static void t_block_hints(void **state) {
   assert_block(&d, LG_R_SAME_CALL_REPEAT);
   assert_non_null(d.hide_tool);
   assert_string_equal(d.hide_tool, "search");
-  assert_true(d.hide_turns > 0);
-  assert_true(d.alternatives & LG_ALT_ASK_HUMAN);
-  assert_true(d.alternatives & LG_ALT_SKIP_CURRENT);
-  assert_true(d.alternatives & LG_ALT_FINALIZE_PARTIAL);
+  assert_int_equal(d.hide_turns, 2); /* cascade.hide_turns */
+  assert_int_equal(d.alternatives, 0); /* cascade.offer is [] by default */
+  assert_null(d.escalate_model);
+  lg_run_free(r);
+  /* With an offer and an escalation in the policy, the block carries them. */
+  r = mk("{\"cascade\":{\"hide_turns\":3,\"offer\":[\"ask_human\",\"finalize_partial\"],"
+         "\"escalate\":{\"model\":\"big\",\"turns\":1}}}");
+  for (int i = 0; i < 2; i++) {
+    call(r, "search", "{}", &d);
+    ok(r, &d);
+  }
+  call(r, "search", "{}", &d);
+  assert_block(&d, LG_R_SAME_CALL_REPEAT);
+  assert_string_equal(d.hide_tool, "search");
+  assert_int_equal(d.hide_turns, 3);
+  assert_int_equal(d.alternatives, LG_ALT_ASK_HUMAN | LG_ALT_FINALIZE_PARTIAL);
+  assert_string_equal(d.escalate_model, "big");
+  assert_int_equal(d.escalate_turns, 1);
+  lg_run_free(r);
+  /* hide_turns 0: never hidden, nothing offered. */
+  r = mk("{\"cascade\":{\"hide_turns\":0,\"offer\":[\"ask_human\"]}}");
+  for (int i = 0; i < 2; i++) {
+    call(r, "search", "{}", &d);
+    ok(r, &d);
+  }
+  call(r, "search", "{}", &d);
+  assert_block(&d, LG_R_SAME_CALL_REPEAT);
+  assert_null(d.hide_tool);
+  assert_int_equal(d.alternatives, 0);
   lg_run_free(r);
 }
 
@@ -1424,15 +1451,16 @@ static void t_next_allowed_action(void **state) {
     lg_next_t want;
     switch (reason) {
     case LG_R_COMPLETE: want = LG_NEXT_NONE; break;
-    case LG_R_STEP_CAP:
-    case LG_R_MODEL_CALL_CAP:
-    case LG_R_TOOL_CALL_CAP:
-    case LG_R_WALL_CLOCK_CAP:
-    case LG_R_HANDOFF_CAP:
+    /* Loops resume after a change; a cap would stop a resumed run at once
+     * (the run's policy cannot change), so caps go to a person. */
     case LG_R_SAME_CALL_REPEAT:
     case LG_R_SHORT_CYCLE:
     case LG_R_NO_PROGRESS:
-    case LG_R_FAILURE_STREAK: want = LG_NEXT_RESUME_AFTER_CHANGE; break;
+    case LG_R_FAILURE_STREAK:
+    case LG_R_TEXT_REPEAT:
+    case LG_R_MONOLOGUE:
+    case LG_R_CONTEXT_LOOP:
+    case LG_R_BLOCK_STREAK: want = LG_NEXT_RESUME_AFTER_CHANGE; break;
     default: want = LG_NEXT_HUMAN_REVIEW;
     }
     if (d.next_allowed_action != want)
