@@ -429,7 +429,20 @@ LG_EXPORT void lg_run_free(lg_run_t *run);
 /* Before a tool executes. `canon` is scratch for the fingerprint. Fills
  * *d. Returns LG_EINVAL / LG_EPARSE / ... for a malformed call (nothing in
  * the run changes) and LG_ESTORE when the ledger failed (nothing changes
- * either: decide again). */
+ * either: decide again).
+ *
+ * The recovery cascade. Every block carries it: hide_tool (the blocked
+ * tool) with hide_turns = cascade.hide_turns and alternatives =
+ * cascade.offer (as LG_ALT_* bits), unless hide_turns is 0; and
+ * escalate_model / escalate_turns when cascade.escalate is set. The
+ * block_streak-th blocked call in a row (no executed call between) is not
+ * blocked but stops the run (block_streak). After a block the offered
+ * tools are live until the first model call that no longer hides the tool
+ * has been let through: a call named "ask_human" (when offered) then stops
+ * the run with human_required and its canonical arguments as the
+ * envelope's "question"; "finalize_partial" stops it with complete and the
+ * arguments as "partial" (guard "cascade"; decided before the caps, since
+ * neither runs a tool). Outside that, they are calls like any other. */
 LG_EXPORT int lg_run_before(lg_run_t *run, lg_canon_t *canon,
                             const lg_call_t *call, lg_decision_t *d,
                             lg_error_t *err);
@@ -438,7 +451,13 @@ LG_EXPORT int lg_run_before(lg_run_t *run, lg_canon_t *canon,
 LG_EXPORT int lg_run_after(lg_run_t *run, const lg_result_t *res,
                            lg_decision_t *d, lg_error_t *err);
 /* Before a paid model call: caps on model calls, wall clock, cost and
- * tokens, decided on the worst case so that they are never overshot. */
+ * tokens, decided on the worst case so that they are never overshot (every
+ * sum saturates at INT64_MAX: a huge input stops at the cap, never wraps
+ * past it). A call let through after a block carries the cascade: while a
+ * tool is hidden, hide_tool, hide_turns (the model calls it stays hidden,
+ * this one included; each call let through counts one down) and
+ * alternatives (cascade.offer); while the escalation lasts, escalate_model
+ * and escalate_turns (the same way). */
 LG_EXPORT int lg_run_model(lg_run_t *run, const lg_model_call_t *m,
                            lg_decision_t *d, lg_error_t *err);
 /* After a model call that was let through: its real tokens and cost
