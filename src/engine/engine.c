@@ -538,81 +538,86 @@ static int offered_call(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call,
   return 1;
 }
 
-/* The block_streak-th blocked call in a row: the block becomes a stop.
- * Returns 0 or LG_ENOMEM (the run unchanged but for seq). */
-static int block_streak_stop(lg_run_t *run, const lg_call_t *call, const char *call_id,
-                             const char *hex, const char *km, size_t km_len, lg_decision_t *d) {
-  run->msg.len = 0;
-  if (run->msg.data) run->msg.data[0] = 0;
-  lg__buf_printf(&run->msg,
-                 "My last %lld tool calls were all refused (this one %s: %s); I keep asking "
-                 "for things that cannot run, so I am stopping for someone to look at it.",
-                 (long long)run->block_streak + 1, call->tool, lg_reason_name(d->reason));
-  if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn)) return LG_ENOMEM;
-  stop(run, d, LG_R_BLOCK_STREAK, "block_streak", NULL, call->t_ms);
-  return 0;
-}
-
 int lg_run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, lg_decision_t *d,
                   lg_error_t *err) {
   return lg__run_before(run, canon, call, false, d, err);
 }
 
-int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool trusted_fp,
-                   lg_decision_t *d, lg_error_t *err) {
-  reset(run, d);
-  if (!call || !call->tool || !*call->tool)
-    return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a non-empty tool name");
-  char hex[LG_FP_HEX];
-  const char *km = call->key_material ? call->key_material : "";
-  size_t km_len = call->key_material ? call->key_material_len : 0;
-  int rc = 0;
+/* One call being decided: what before() works out once and every rule
+ * reads. The strings are the caller's (call) or the run's (call_id, key). */
+typedef struct bctx {
+  const lg_call_t *call;
+  const lg__toolpol_t *tp; /* the tool's policy, or NULL */
+  int tool;                /* index into run->tools */
+  char hex[LG_FP_HEX];     /* the fingerprint */
+  uint64_t fp;             /* its first 8 bytes */
+  const char *km;          /* key material (for the refused call), */
+  size_t km_len;           /*   borrowed from the canonicaliser */
+  const char *call_id;     /* given or "c<N>" (in idbuf) */
+  char idbuf[32];
+  const char *key;         /* idempotency key (run->key), or NULL */
+  bool counted;            /* the call enters the repeat window */
+  bool same_turn;          /* an identical call of its turn is in it */
+  int64_t n;               /* the n-th identical call */
+  int64_t t;               /* its time */
+} bctx_t;
+
+/* The fingerprint of the call (computed, or the caller's, checked unless
+ * trusted). */
+static int before_fingerprint(lg_run_t *run, lg_canon_t *canon, bctx_t *x, bool trusted_fp,
+                              lg_error_t *err) {
+  const lg_call_t *call = x->call;
+  x->km = call->key_material ? call->key_material : "";
+  x->km_len = call->key_material ? call->key_material_len : 0;
   if (call->fingerprint && trusted_fp) {
-    memcpy(hex, call->fingerprint, LG_FP_HEX);
+    memcpy(x->hex, call->fingerprint, LG_FP_HEX);
   } else if (call->fingerprint) {
     unsigned ok = 1;
     for (int k = 0; k < 64 && call->fingerprint[k]; k++) ok &= hexok[(unsigned char)call->fingerprint[k]];
     if (!ok || strnlen(call->fingerprint, 65) != 64)
       return lg__err(err, LG_EINVAL, "fingerprint", -1, "a fingerprint is 64 lowercase hex digits");
-    memcpy(hex, call->fingerprint, LG_FP_HEX);
-  } else if ((rc = lg_canon_fingerprint(canon, run->policy, call->tool, call->args,
-                                        call->args_len, hex, &km, &km_len, err))) {
-    lg__err_field_prefix(err, "args");
-    return rc;
+    memcpy(x->hex, call->fingerprint, LG_FP_HEX);
+  } else {
+    int rc = lg_canon_fingerprint(canon, run->policy, call->tool, call->args, call->args_len,
+                                  x->hex, &x->km, &x->km_len, err);
+    if (rc) {
+      lg__err_field_prefix(err, "args");
+      return rc;
+    }
   }
-  memcpy(d->fingerprint, hex, LG_FP_HEX);
-  if (run->stopped) {
-    stopped_decision(run, d);
-    return 0;
-  }
+  return 0;
+}
+
+/* The call's tool, id and idempotency key, and its place on the ladder.
+ * Changes nothing a retry would see but the tool table (a new name). */
+static int before_prepare(lg_run_t *run, bctx_t *x, lg_decision_t *d, lg_error_t *err) {
+  const lg_call_t *call = x->call;
   if (msg_room(run, strlen(call->tool) + (call->idempotency_key ? strlen(call->idempotency_key)
                                                                   : strlen(run->run_id) + 70)))
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-  const lg__toolpol_t *tp = lg__policy_tool(run->policy, call->tool);
-  const lg_policy_t *p = run->policy;
-  int tool = lg__run_tool(run, call->tool);
-  if (tool < 0) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-  char idbuf[32];
-  const char *call_id = call->call_id;
-  if (!call_id) { /* "c<N>", without the cost of printf on the hot path */
+  x->tp = lg__policy_tool(run->policy, call->tool);
+  x->tool = lg__run_tool(run, call->tool);
+  if (x->tool < 0) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  x->call_id = call->call_id;
+  if (!x->call_id) { /* "c<N>", without the cost of printf on the hot path */
     char digits[24];
     int nd = 0;
     for (uint64_t v = (uint64_t)run->c.calls + 1; v; v /= 10) digits[nd++] = (char)('0' + v % 10);
-    idbuf[0] = 'c';
-    for (int k = 0; k < nd; k++) idbuf[1 + k] = digits[nd - 1 - k];
-    idbuf[1 + nd] = 0;
-    call_id = idbuf;
+    x->idbuf[0] = 'c';
+    for (int k = 0; k < nd; k++) x->idbuf[1 + k] = digits[nd - 1 - k];
+    x->idbuf[1 + nd] = 0;
+    x->call_id = x->idbuf;
   }
   char *derived = NULL;
   const char *key = call->idempotency_key;
-  if (!key && tp && tp->side_effects) {
+  if (!key && x->tp && x->tp->side_effects) {
     lg__buf_t kb = {0};
-    lg__buf_printf(&kb, "lg:%s:%s", run->run_id, hex);
+    lg__buf_printf(&kb, "lg:%s:%s", run->run_id, x->hex);
     if (!(derived = lg__buf_steal(&kb, NULL)))
       return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     key = derived;
   }
-  if (set_owned(&run->call_id_buf, &run->call_id, call_id) ||
+  if (set_owned(&run->call_id_buf, &run->call_id, x->call_id) ||
       set_owned(&run->key_buf, &run->key, key)) {
     lg__free(derived);
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
@@ -620,90 +625,106 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
   lg__free(derived);
   d->call_id = run->call_id;
   d->idempotency_key = run->key;
-  key = run->key;
+  x->key = run->key;
+  x->fp = fp64_of_hex(x->hex);
+  x->counted = !(x->tp && x->tp->key_mode == LG__KEY_OFF);
+  x->same_turn = false;
+  x->n = x->counted ? win_count(run, x->fp, call->turn, &x->same_turn) : 0;
+  if (x->counted && !x->same_turn) x->n++;
+  d->repeat = (uint32_t)(x->counted ? x->n : 0);
+  x->t = call->t_ms;
+  return 0;
+}
 
-  uint64_t fp = fp64_of_hex(hex);
-  bool counted = !(tp && tp->key_mode == LG__KEY_OFF);
-  bool same_turn = false;
-  int64_t n = counted ? win_count(run, fp, call->turn, &same_turn) : 0;
-  if (counted && !same_turn) n++;
-  d->repeat = (uint32_t)(counted ? n : 0);
-  int64_t t = call->t_ms;
-  /* The cascade's offered tools, while offered, end the run. */
-  if ((rc = offered_call(run, canon, call, km, km_len, d, err))) return rc < 0 ? rc : 0;
-  run->seq++;
-
-  /* 2: caps. */
-  lg_reason_t cap = LG_R_NONE;
-  if (p->max_wall_ms >= 0 && t >= p->max_wall_ms) {
-    cap = LG_R_WALL_CLOCK_CAP;
+/* Rules 2 and 3: a cap, the ladder's stop rung, a short cycle. Returns the
+ * reason (LG_R_NONE: none applies) with its guard and message written. */
+static lg_reason_t before_halt(lg_run_t *run, const bctx_t *x, const char **guard) {
+  const lg_policy_t *p = run->policy;
+  const char *tool = x->call->tool;
+  *guard = "caps";
+  if (p->max_wall_ms >= 0 && x->t >= p->max_wall_ms) {
     lg__buf_printf(&run->msg, "This run has used its %lld ms of wall-clock time; I am stopping.",
                    (long long)p->max_wall_ms);
-  } else if (p->max_steps >= 0 && run->c.steps >= p->max_steps) {
-    cap = LG_R_STEP_CAP;
+    return LG_R_WALL_CLOCK_CAP;
+  }
+  if (p->max_steps >= 0 && run->c.steps >= p->max_steps) {
     lg__buf_printf(&run->msg, "I have run %lld tool calls, the most this run allows; I am stopping.",
                    (long long)run->c.steps);
-  } else if (tp && tp->max_calls >= 0 && run->tools[tool].executed >= tp->max_calls) {
-    cap = LG_R_TOOL_CALL_CAP;
-    lg__buf_printf(&run->msg, "I have run %s %lld times, the most this run allows; I am stopping.",
-                   call->tool, (long long)run->tools[tool].executed);
+    return LG_R_STEP_CAP;
   }
-  lg_reason_t halt = cap;
-  const char *guard = "caps";
-  /* 3: the ladder's stop rung, or a short cycle. */
-  if (!halt && counted && p->rep_stop && n >= p->rep_stop) {
-    halt = LG_R_SAME_CALL_REPEAT;
-    guard = "repeat";
+  if (x->tp && x->tp->max_calls >= 0 && run->tools[x->tool].executed >= x->tp->max_calls) {
+    lg__buf_printf(&run->msg, "I have run %s %lld times, the most this run allows; I am stopping.",
+                   tool, (long long)run->tools[x->tool].executed);
+    return LG_R_TOOL_CALL_CAP;
+  }
+  if (x->counted && p->rep_stop && x->n >= p->rep_stop) {
+    *guard = "repeat";
     lg__buf_printf(&run->msg,
                    "I have called %s with the same arguments %lld times without any progress; "
                    "trying again will not help, so I am stopping for someone to look at it.",
-                   call->tool, (long long)n);
+                   tool, (long long)x->n);
+    return LG_R_SAME_CALL_REPEAT;
   }
   int period = 0;
-  if (!halt && counted && !same_turn && (period = win_cycle(run, fp))) {
-    halt = LG_R_SHORT_CYCLE;
-    guard = "cycle";
+  if (x->counted && !x->same_turn && (period = win_cycle(run, x->fp))) {
+    *guard = "cycle";
     lg__buf_printf(&run->msg,
                    "I keep going round the same %d calls (the last one %s) and nothing "
                    "changes; another round will not help, so I am stopping.",
-                   period, call->tool);
+                   period, tool);
+    return LG_R_SHORT_CYCLE;
   }
-  if (halt) {
-    if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn) ||
-        stop(run, d, halt, guard, NULL, t)) {
-      reset(run, d);
-      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    }
-    run->c.calls++;
-    tried_note(run, hex, fp, tool, LG__OUT_BLOCKED, true);
-    d->repeat = (uint32_t)(counted ? n : 0);
-    memcpy(d->fingerprint, hex, LG_FP_HEX);
-    d->call_id = run->call_id;
-    d->idempotency_key = run->key;
-    return 0;
-  }
+  return LG_R_NONE;
+}
 
-  /* 4: the ledger, for calls with a key. */
-  if (key) {
-    rc = run->ledger->methods->peek(run->ledger->self, key, hex, t, &run->claim, err);
-    if (rc) return rc;
-    if (claim_decision(run, d, &run->claim, call->tool, key)) goto decided;
+/* A stop of before() (rules 2 and 3, unknown_outcome, block_streak): the
+ * refused call is recorded and the run stops; only then is it counted, so
+ * that on out-of-memory a retry sees the same run. `how`: STOP_AT_T moves
+ * elapsed_ms to the call's time, STOP_TRIED lists the call among the tried
+ * keys (as each of these stops always has, or not). */
+enum { STOP_AT_T = 1, STOP_TRIED = 2 };
+static int before_stop(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_reason_t reason,
+                       const char *guard, unsigned how, lg_error_t *err) {
+  const lg_call_t *call = x->call;
+  if (refuse(run, call->tool, x->call_id, x->hex, x->km, x->km_len, call->turn) ||
+      stop(run, d, reason, guard, NULL, x->t)) {
+    reset(run, d);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
-  /* 5: retry_after_ms. */
+  run->c.calls++;
+  if (how & STOP_AT_T) run->c.last_t_ms = x->t;
+  if (how & STOP_TRIED) tried_note(run, x->hex, x->fp, x->tool, LG__OUT_BLOCKED, true);
+  d->repeat = (uint32_t)(x->counted ? x->n : 0);
+  memcpy(d->fingerprint, x->hex, LG_FP_HEX);
+  d->call_id = run->call_id;
+  d->idempotency_key = run->key;
+  return 0;
+}
+
+/* Rules 4 to 6: the ledger's peek, retry_after_ms, the ladder's block
+ * rung. Returns 1 when one decided (d filled), 0 when none applies, or a
+ * ledger error. */
+static int before_refuse(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_error_t *err) {
+  const lg_policy_t *p = run->policy;
+  const char *tool = x->call->tool;
+  if (x->key) {
+    int rc = run->ledger->methods->peek(run->ledger->self, x->key, x->hex, x->t, &run->claim, err);
+    if (rc) return rc;
+    if (claim_decision(run, d, &run->claim, tool, x->key)) return 1;
+  }
   for (int i = 0; i < run->nretry; i++) {
-    if (run->retry[i].fp == fp && t < run->retry[i].not_before) {
+    if (run->retry[i].fp == x->fp && x->t < run->retry[i].not_before) {
       d->action = LG_ACT_BLOCK;
       d->reason = LG_R_RETRY_TOO_SOON;
       d->guard = "retry";
       lg__buf_printf(&run->msg,
                      "%s asked me to wait %lld ms more before I retry the same call; I will "
                      "do something else first or wait.",
-                     call->tool, (long long)wait_ms(run->retry[i].not_before, t));
-      goto decided;
+                     tool, (long long)wait_ms(run->retry[i].not_before, x->t));
+      return 1;
     }
   }
-  /* 6: the ladder's block rung. */
-  if (counted && p->rep_block && n >= p->rep_block) {
+  if (x->counted && p->rep_block && x->n >= p->rep_block) {
     d->action = LG_ACT_BLOCK;
     d->reason = LG_R_SAME_CALL_REPEAT;
     d->guard = "repeat";
@@ -711,99 +732,122 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
                    "I have called %s with the same arguments %lld times and got the same "
                    "answer; trying again will not help. I will change the arguments, use "
                    "another tool, ask a person, or finish with what I have.",
-                   call->tool, (long long)n);
-    goto decided;
+                   tool, (long long)x->n);
+    return 1;
   }
-  /* 7: execute, claiming the key first. */
+  return 0;
+}
+
+/* Rule 7: execute, claiming the key first (the claim may still answer
+ * otherwise: d filled by claim_decision). */
+static int before_execute(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_error_t *err) {
+  const lg_policy_t *p = run->policy;
+  const char *key = x->key;
   if (key) {
     lg_claim_clear(&run->claim);
-    rc = run->ledger->methods->claim(run->ledger->self, key, hex, run->run_id,
-                                     p->max_wall_ms > 0 ? p->max_wall_ms : 600000, t, &run->claim,
-                                     err);
+    int rc = run->ledger->methods->claim(run->ledger->self, key, x->hex, run->run_id,
+                                         p->max_wall_ms > 0 ? p->max_wall_ms : 600000, x->t,
+                                         &run->claim, err);
     if (rc) {
       run->msg.len = 0;
       return rc;
     }
-    if (claim_decision(run, d, &run->claim, call->tool, key)) goto decided;
+    if (claim_decision(run, d, &run->claim, x->call->tool, key)) return 0;
   }
   if (run->npending == LG__PENDING_MAX) {
-    if (key) run->ledger->methods->fail(run->ledger->self, key, 1, t, NULL);
+    if (key) run->ledger->methods->fail(run->ledger->self, key, 1, x->t, NULL);
     return lg__err(err, LG_ESTATE, "call_id", -1,
                    "%d calls are already waiting for their results", LG__PENDING_MAX);
   }
-  char *pid = lg__strdup(call_id);
+  char *pid = lg__strdup(x->call_id);
   char *pkey = key ? lg__strdup(key) : NULL;
   if (!pid || (key && !pkey)) {
     lg__free(pid);
     lg__free(pkey);
-    if (key) run->ledger->methods->fail(run->ledger->self, key, 1, t, NULL);
+    if (key) run->ledger->methods->fail(run->ledger->self, key, 1, x->t, NULL);
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
-  run->pending[run->npending++] = (lg__pending_t){pid, pkey, fp, tool};
+  run->pending[run->npending++] = (lg__pending_t){pid, pkey, x->fp, x->tool};
   d->action = LG_ACT_EXECUTE;
   run->c.steps++;
-  run->tools[tool].executed++;
+  run->tools[x->tool].executed++;
   run->block_streak = 0; /* an executed call ends every streak */
   run->compactions = 0;
   lg__text_call(run);
   if (key) op_note(run, key, LG__OP_CLAIMED, NULL);
-  if (counted && p->rep_observe && n >= p->rep_observe)
+  if (x->counted && p->rep_observe && x->n >= p->rep_observe)
     lg__buf_printf(&run->msg,
                    "I have now called %s with the same arguments %lld times. If the last "
                    "answer did not help, repeating it will not either: I should change the "
                    "arguments or try something else.",
-                   call->tool, (long long)n);
+                   x->call->tool, (long long)x->n);
+  return 0;
+}
 
-decided:
-  if (d->action == LG_ACT_STOP) { /* unknown_outcome */
-    /* Counted only once it cannot fail: a retry must see the same run. */
-    if (refuse(run, call->tool, call_id, hex, km, km_len, call->turn) ||
-        stop(run, d, d->reason, "ledger", NULL, t)) {
-      reset(run, d);
-      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    }
-    run->c.calls++;
-    run->c.last_t_ms = t;
-    d->call_id = run->call_id;
-    d->idempotency_key = run->key;
-    memcpy(d->fingerprint, hex, LG_FP_HEX);
-    return 0;
-  }
+/* The decision of rules 4 to 7 becomes the run's: counters, the window,
+ * the block streak and the cascade. */
+static int before_commit(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_error_t *err) {
+  const lg_policy_t *p = run->policy;
+  if (d->action == LG_ACT_STOP) /* unknown_outcome */
+    return before_stop(run, x, d, d->reason, "ledger", STOP_AT_T, err);
   if (d->action == LG_ACT_BLOCK && p->block_streak && run->block_streak + 1 >= p->block_streak) {
-    if (block_streak_stop(run, call, call_id, hex, km, km_len, d)) {
-      reset(run, d);
-      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    }
-    run->c.calls++;
-    run->c.last_t_ms = t;
-    if (counted && !same_turn) win_push(run, fp, call->turn);
-    tried_note(run, hex, fp, tool, LG__OUT_BLOCKED, true);
-    d->repeat = (uint32_t)(counted ? n : 0);
-    memcpy(d->fingerprint, hex, LG_FP_HEX);
-    d->call_id = run->call_id;
-    d->idempotency_key = run->key;
-    return 0;
+    run->msg.len = 0;
+    if (run->msg.data) run->msg.data[0] = 0;
+    lg__buf_printf(&run->msg,
+                   "My last %lld tool calls were all refused (this one %s: %s); I keep asking "
+                   "for things that cannot run, so I am stopping for someone to look at it.",
+                   (long long)run->block_streak + 1, x->call->tool, lg_reason_name(d->reason));
+    return before_stop(run, x, d, LG_R_BLOCK_STREAK, "block_streak", STOP_AT_T | STOP_TRIED, err);
   }
   if (d->action == LG_ACT_BLOCK) {
     run->block_streak++;
-    cascade_block(run, d, tool);
+    cascade_block(run, d, x->tool);
   }
   run->c.calls++;
-  run->c.last_t_ms = t;
+  run->c.last_t_ms = x->t;
   if (d->action == LG_ACT_BLOCK) run->c.blocked++;
   if (d->action == LG_ACT_REPLAY) {
     run->c.replayed++;
-    op_note(run, key, LG__OP_REPLAYED, NULL);
+    op_note(run, x->key, LG__OP_REPLAYED, NULL);
   }
   if (d->action != LG_ACT_EXECUTE) d->reason_text = lg_reason_name(d->reason);
-  if (counted && !same_turn) win_push(run, fp, call->turn);
-  tried_note(run, hex, fp, tool,
+  if (x->counted && !x->same_turn) win_push(run, x->fp, x->call->turn);
+  tried_note(run, x->hex, x->fp, x->tool,
              d->action == LG_ACT_EXECUTE  ? LG__OUT_EXECUTED
              : d->action == LG_ACT_REPLAY ? LG__OUT_REPLAYED
                                           : LG__OUT_BLOCKED,
              true);
   set_message(run, d);
   return 0;
+}
+
+int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool trusted_fp,
+                   lg_decision_t *d, lg_error_t *err) {
+  reset(run, d);
+  if (!call || !call->tool || !*call->tool)
+    return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a non-empty tool name");
+  bctx_t x;
+  x.call = call;
+  int rc = before_fingerprint(run, canon, &x, trusted_fp, err);
+  if (rc) return rc;
+  memcpy(d->fingerprint, x.hex, LG_FP_HEX);
+  /* 1: stopped. */
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  if ((rc = before_prepare(run, &x, d, err))) return rc;
+  /* The cascade's offered tools, while offered, end the run. */
+  if ((rc = offered_call(run, canon, call, x.km, x.km_len, d, err))) return rc < 0 ? rc : 0;
+  run->seq++;
+  /* 2, 3: caps, the stop rung, cycles. */
+  const char *guard;
+  lg_reason_t halt = before_halt(run, &x, &guard);
+  if (halt) return before_stop(run, &x, d, halt, guard, STOP_TRIED, err);
+  /* 4 to 6: replay or block; else 7: execute. */
+  if ((rc = before_refuse(run, &x, d, err)) < 0) return rc;
+  if (!rc && (rc = before_execute(run, &x, d, err))) return rc;
+  return before_commit(run, &x, d, err);
 }
 
 /* ------------------------------------------------------------------ */
