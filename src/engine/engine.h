@@ -85,6 +85,8 @@ typedef struct lg__text {
   uint8_t line;                /* LG__LINE_*: the current line's kind */
   bool fence;                  /* inside a ``` (or ~~~) block */
   uint8_t head_len;            /* bytes in head */
+  uint8_t indent;              /* columns of indentation before head (a
+                                  tab counts 4; 4 or more: indented code) */
   char head[LG__LINE_HEAD];    /* the line's first bytes, while its kind is
                                   not known yet (indentation dropped) */
   uint32_t word;               /* hash of the word being read */

@@ -57,6 +57,7 @@ static void save_v2(wr_t *w, const lg_run_t *run) {
   w64(w, x->line);
   w64(w, x->fence);
   w64(w, x->head_len);
+  w64(w, x->indent);
   wbytes(w, x->head, LG__LINE_HEAD);
   uint32_t cur[4] = {x->word, x->word_len, x->sent, x->sent_words};
   w32s(w, cur, 4);
@@ -250,6 +251,7 @@ static void load_v2(rd_t *r, lg_run_t *run) {
   x->line = (uint8_t)rcount(r, LG__LINE_SKIP);
   x->fence = r64(r) != 0;
   x->head_len = (uint8_t)rcount(r, LG__LINE_HEAD - 1);
+  x->indent = (uint8_t)rcount(r, 67);
   rbytes(r, x->head, LG__LINE_HEAD);
   uint32_t cur[4];
   r32s(r, cur, 4);

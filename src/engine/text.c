@@ -10,8 +10,9 @@
  *
  * Each line is first classified from its first few bytes (kept in `head`
  * until its kind is known): a fence line (``` or ~~~) toggles code; inside
- * code, a table row (|), a heading (#), a list item ("- ", "* ", "+ ",
- * "12. ", "3) ") or a divider (three of - = * _ ~) the line is skipped and
+ * code, a line indented by four columns or more (Markdown's code block),
+ * a table row (|), a heading (#), a list item ("- ", "* ", "+ ", "12. ",
+ * "3) ") or a divider (three of - = * _ ~) the line is skipped and
  * clears the rings, so repetition people write on purpose never counts and
  * never joins repetition across it. Other lines are prose, read as words
  * (bytes between white space and sentence ends) and sentences (ended by
@@ -165,19 +166,26 @@ static int classify(const lg__text_t *x, bool *fence_line) {
 /* One byte at the start of a line (its kind not known yet). */
 static bool line_start(lg__text_t *x, uint8_t c) {
   if (c == '\n') { /* the line ended before its kind was known */
+    x->indent = 0;
     bool loop = false;
     for (int i = 0; i < x->head_len; i++) loop |= prose(x, (uint8_t)x->head[i]);
     loop |= prose(x, c);
     x->head_len = 0;
     return loop;
   }
-  if (!x->head_len && (c == ' ' || c == '\t')) return false; /* indentation */
+  if (!x->head_len && (c == ' ' || c == '\t')) { /* indentation */
+    if (x->indent < 64) x->indent = (uint8_t)(x->indent + (c == '\t' ? 4 : 1));
+    return false;
+  }
   x->head[x->head_len++] = (char)c;
-  bool fence_line;
-  int kind = classify(x, &fence_line);
+  bool fence_line = false;
+  /* Four columns of indentation is a Markdown code block (a fence inside
+   * it is code too). */
+  int kind = x->indent >= 4 && !x->fence ? LG__LINE_SKIP : classify(x, &fence_line);
   if (!kind && x->head_len < LG__LINE_HEAD) return false;
   if (!kind) kind = LG__LINE_PROSE;
   x->line = (uint8_t)kind;
+  x->indent = 0;
   if (kind == LG__LINE_SKIP) {
     if (fence_line) x->fence = !x->fence;
     barrier(x);

@@ -1936,6 +1936,8 @@ static void t_text_not_loops(void **state) {
   /* Code blocks repeat on purpose. */
   calm_case("Here is the fix:\n```c\nx = x + 1;\nx = x + 1;\nx = x + 1;\nx = x + 1;\n"
             "x = x + 1;\nx = x + 1;\nx = x + 1;\nx = x + 1;\n```\nThat is all.");
+  calm_case("Indented code:\n\n    x = x + 1;\n    x = x + 1;\n    x = x + 1;\n    x = x + 1;\n"
+            "\tx = x + 1;\n\tx = x + 1;\n\tx = x + 1;\n\nDone.");
   calm_case("~~~\nok ok ok ok ok ok ok ok ok ok\nok ok ok ok ok ok ok ok ok ok\n~~~\nDone.");
   /* Tables. */
   calm_case("| name | value |\n|------|-------|\n| a | 0 |\n| a | 0 |\n| a | 0 |\n| a | 0 |\n"

@@ -686,9 +686,9 @@ static void t_format1_loads(void **state) {
   size_t n;
   assert_int_equal(lg_run_save(r, &b, &n), 0);
   /* Format 2 appends a fixed tail for a run in this state (no answer):
-   * 2 streaks, 6 text flags, the line head, 4 word/sentence hashes, the two
+   * 2 streaks, 7 text flags, the line head, 4 word/sentence hashes, the two
    * rings, their counts, the monologue, the cascade and a NULL string. */
-  const size_t tail = 16 + 48 + 12 + 16 + 4 * 64 + 16 + 8 * 32 + 16 + 32 + 32 + 32 + 16 + 4;
+  const size_t tail = 16 + 56 + 12 + 16 + 4 * 64 + 16 + 8 * 32 + 16 + 32 + 32 + 32 + 16 + 4;
   assert_true(n > tail);
   assert_int_equal((unsigned char)b[3], 2); /* the format number, little-endian */
   char *v1 = malloc(n - tail);
