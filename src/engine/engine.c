@@ -864,64 +864,16 @@ static lg_reason_t status_reason(lg_status_t s) {
   }
 }
 
-int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_error_t *err) {
-  reset(run, d);
-  if (run->stopped) {
-    stopped_decision(run, d);
-    return 0;
-  }
-  int pi = run->npending - 1;
-  if (res->call_id) {
-    for (pi = run->npending - 1; pi >= 0; pi--)
-      if (!strcmp(run->pending[pi].call_id, res->call_id)) break;
-  }
-  if (pi < 0)
-    return lg__err(err, LG_ENOTFOUND, "call_id", -1,
-                   res->call_id ? "no executed call \"%s\" is waiting for a result"
-                                : "no executed call is waiting for a result%s",
-                   res->call_id ? res->call_id : "");
-  lg__pending_t pc = run->pending[pi];
-  const char *tool = tool_name(run, pc.tool);
-  if (msg_room(run, strlen(tool))) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-  const lg__toolpol_t *tp = lg__policy_tool(run->policy, tool);
+/* The result's guards, once the ledger has its outcome and the call is no
+ * longer pending: the validation gate, progress, terminal statuses, retry
+ * waits, the failure streak, no-progress. Cannot fail but for the stop's
+ * out-of-memory (which stop() never has without a text). */
+static int after_guards(lg_run_t *run, const lg__pending_t *pc, const lg_result_t *res, bool invalid,
+                        lg_decision_t *d, lg_error_t *err) {
   const lg_policy_t *p = run->policy;
+  const char *tool = tool_name(run, pc->tool);
   int64_t t = res->t_ms;
   lg_status_t st = res->status;
-  bool blank = res->value_kind == LG_VALUE_NULL || res->value_kind == LG_VALUE_BLANK;
-  bool invalid = st == LG_STATUS_INVALID || (blank && !(tp && tp->empty_ok));
-
-  /* The ledger first: an outcome that is not recorded would leave the key
-   * claimed. An invalid result leaves the claim to run out of its lease:
-   * nobody knows whether the side effect happened. */
-  if (pc.key) {
-    int rc = 0;
-    int state = 0;
-    if (res->side_effect_committed == 1 ||
-        (!invalid && (st == LG_STATUS_PROGRESS || st == LG_STATUS_COMPLETE))) {
-      rc = run->ledger->methods->commit(run->ledger->self, pc.key,
-                                        res->value_kind == LG_VALUE_ABSENT ? NULL : res->value,
-                                        res->value_len, res->operation_id, t, err);
-      state = LG__OP_COMMITTED;
-    } else if (!invalid) {
-      rc = run->ledger->methods->fail(run->ledger->self, pc.key, st == LG_STATUS_RETRYABLE, t, err);
-      state = st == LG_STATUS_RETRYABLE ? LG__OP_RELEASED : LG__OP_FAILED;
-    }
-    if (rc) return rc;
-    if (state) op_note(run, pc.key, state, res->operation_id);
-  }
-  /* Remove it, keeping the order: the latest call stays last. */
-  memmove(run->pending + pi, run->pending + pi + 1,
-          (size_t)(run->npending - pi - 1) * sizeof *run->pending);
-  run->npending--;
-  /* On out-of-memory only the borrowed id is lost; the decision stands. */
-  d->call_id = set_owned(&run->call_id_buf, &run->call_id, pc.call_id) ? NULL : run->call_id;
-  lg__free(pc.call_id);
-  lg__free(pc.key);
-  run->c.results++;
-  run->c.last_t_ms = t;
-  run->seq++;
-  tried_status(run, pc.fp, st);
-
   lg_reason_t halt = LG_R_NONE;
   const char *guard = "";
   if (invalid) {
@@ -963,11 +915,11 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
                      tool, lg_status_name(st));
   }
   if (st == LG_STATUS_RETRYABLE) {
-    run->tools[pc.tool].fail_streak++;
+    run->tools[pc->tool].fail_streak++;
     if (res->retry_after_ms >= 0) {
       int slot = -1;
       for (int i = 0; i < run->nretry; i++)
-        if (run->retry[i].fp == pc.fp) slot = i;
+        if (run->retry[i].fp == pc->fp) slot = i;
       if (slot < 0) {
         if (run->nretry < LG__RETRY_MAX) slot = run->nretry++;
         else {
@@ -976,18 +928,18 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
             if (run->retry[i].not_before < run->retry[slot].not_before) slot = i;
         }
       }
-      run->retry[slot] = (lg__retry_t){pc.fp, lg__sat_add(t, res->retry_after_ms)};
+      run->retry[slot] = (lg__retry_t){pc->fp, lg__sat_add(t, res->retry_after_ms)};
     }
-    if (!halt && p->failure_streak && run->tools[pc.tool].fail_streak >= p->failure_streak) {
+    if (!halt && p->failure_streak && run->tools[pc->tool].fail_streak >= p->failure_streak) {
       halt = LG_R_FAILURE_STREAK;
       guard = "failure_streak";
       lg__buf_printf(&run->msg,
                      "%s has failed %lld times in a row whatever arguments I gave it; it "
                      "looks broken right now, so I am stopping instead of trying variations.",
-                     tool, (long long)run->tools[pc.tool].fail_streak);
+                     tool, (long long)run->tools[pc->tool].fail_streak);
     }
   } else if (st != LG_STATUS_INVALID) {
-    run->tools[pc.tool].fail_streak = 0;
+    run->tools[pc->tool].fail_streak = 0;
   }
   if (!halt && !progressed && p->np_results && run->np_count >= p->np_results) {
     halt = LG_R_NO_PROGRESS;
@@ -1004,6 +956,66 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
   }
   d->action = LG_ACT_CONTINUE;
   return 0;
+}
+
+int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_error_t *err) {
+  reset(run, d);
+  if (run->stopped) {
+    stopped_decision(run, d);
+    return 0;
+  }
+  int pi = run->npending - 1;
+  if (res->call_id) {
+    for (pi = run->npending - 1; pi >= 0; pi--)
+      if (!strcmp(run->pending[pi].call_id, res->call_id)) break;
+  }
+  if (pi < 0)
+    return lg__err(err, LG_ENOTFOUND, "call_id", -1,
+                   res->call_id ? "no executed call \"%s\" is waiting for a result"
+                                : "no executed call is waiting for a result%s",
+                   res->call_id ? res->call_id : "");
+  lg__pending_t pc = run->pending[pi];
+  const char *tool = tool_name(run, pc.tool);
+  if (msg_room(run, strlen(tool))) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  const lg__toolpol_t *tp = lg__policy_tool(run->policy, tool);
+  int64_t t = res->t_ms;
+  lg_status_t st = res->status;
+  bool blank = res->value_kind == LG_VALUE_NULL || res->value_kind == LG_VALUE_BLANK;
+  bool invalid = st == LG_STATUS_INVALID || (blank && !(tp && tp->empty_ok));
+
+  /* The ledger first: an outcome that is not recorded would leave the key
+   * claimed. An invalid result leaves the claim to run out of its lease:
+   * nobody knows whether the side effect happened. */
+  if (pc.key) {
+    int rc = 0;
+    int state = 0;
+    if (res->side_effect_committed == 1 ||
+        (!invalid && (st == LG_STATUS_PROGRESS || st == LG_STATUS_COMPLETE))) {
+      rc = run->ledger->methods->commit(run->ledger->self, pc.key,
+                                        res->value_kind == LG_VALUE_ABSENT ? NULL : res->value,
+                                        res->value_len, res->operation_id, t, err);
+      state = LG__OP_COMMITTED;
+    } else if (!invalid) {
+      rc = run->ledger->methods->fail(run->ledger->self, pc.key, st == LG_STATUS_RETRYABLE, t, err);
+      state = st == LG_STATUS_RETRYABLE ? LG__OP_RELEASED : LG__OP_FAILED;
+    }
+    if (rc) return rc;
+    if (state) op_note(run, pc.key, state, res->operation_id);
+  }
+  /* Remove it, keeping the order: the latest call stays last. */
+  memmove(run->pending + pi, run->pending + pi + 1,
+          (size_t)(run->npending - pi - 1) * sizeof *run->pending);
+  run->npending--;
+  /* On out-of-memory only the borrowed id is lost; the decision stands. */
+  d->call_id = set_owned(&run->call_id_buf, &run->call_id, pc.call_id) ? NULL : run->call_id;
+  lg__free(pc.call_id);
+  lg__free(pc.key);
+  run->c.results++;
+  run->c.last_t_ms = t;
+  run->seq++;
+  tried_status(run, pc.fp, st);
+
+  return after_guards(run, &pc, res, invalid, d, err);
 }
 
 /* ------------------------------------------------------------------ */
