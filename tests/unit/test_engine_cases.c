@@ -433,7 +433,10 @@ static int print_case(const char *dir, const char *which) {
   size_t l = strlen(c.dir);
   while (l > 1 && c.dir[l - 1] == '/') c.dir[--l] = 0;
   const char *base = strrchr(c.dir, '/');
-  snprintf(c.name, sizeof c.name, "%s", base ? base + 1 : c.dir);
+  if ((size_t)snprintf(c.name, sizeof c.name, "%s", base ? base + 1 : c.dir) >= sizeof c.name) {
+    fprintf(stderr, "test_engine_cases: case name too long: %s\n", c.dir);
+    return 2;
+  }
   char msg[2048];
   char *out = run_case(&c, msg, sizeof msg);
   if (!out) {
