@@ -285,6 +285,73 @@ static void load_v2(rd_t *r, lg_run_t *run) {
   run->answer = rstr(r);
 }
 
+/* The tables of format 1: tools, tried keys, pending calls, retry waits,
+ * operations, reservations; each count checked against its bound. */
+static void load_tables(rd_t *r, lg_run_t *run) {
+  int nt = rcount(r, 1 << 20);
+  for (int i = 0; i < nt && !r->rc; i++) {
+    char *name = rstr(r);
+    if (!name) {
+      r->rc = r->rc ? r->rc : LG_EINVAL;
+      break;
+    }
+    int k = lg__run_tool(run, name);
+    lg__free(name);
+    if (k != i) {
+      r->rc = k < 0 ? LG_ENOMEM : LG_EINVAL;
+      break;
+    }
+    run->tools[k].executed = r64(r);
+    run->tools[k].fail_streak = r64(r);
+  }
+  run->ntried = rcount(r, LG__TRIED_MAX);
+  for (int i = 0; i < run->ntried && !r->rc; i++) {
+    lg__tried_t *t = &run->tried[i];
+    uint8_t fp[32];
+    rbytes(r, fp, 32);
+    static const char digits[] = "0123456789abcdef";
+    for (int k = 0; k < 32; k++) {
+      t->hex[2 * k] = digits[fp[k] >> 4];
+      t->hex[2 * k + 1] = digits[fp[k] & 15];
+    }
+    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
+    /* An index into tools: with no tools there is none (a max of -1 fails
+     * every value), or after() would dereference an empty table. */
+    t->tool = rcount(r, run->ntools - 1);
+    t->count = (uint32_t)r64(r);
+    t->last = (uint8_t)r64(r);
+    t->seq = (uint64_t)r64(r);
+  }
+  int np = rcount(r, LG__PENDING_MAX);
+  for (int i = 0; i < np && !r->rc; i++) {
+    lg__pending_t *pc = &run->pending[run->npending++];
+    pc->call_id = rstr(r);
+    pc->key = rstr(r);
+    pc->fp = (uint64_t)r64(r);
+    pc->tool = rcount(r, run->ntools - 1);
+    if (!pc->call_id) r->rc = r->rc ? r->rc : LG_EINVAL;
+  }
+  run->nretry = rcount(r, LG__RETRY_MAX);
+  for (int i = 0; i < run->nretry && !r->rc; i++) {
+    run->retry[i].fp = (uint64_t)r64(r);
+    run->retry[i].not_before = r64(r);
+  }
+  int no = rcount(r, LG__OPS_MAX);
+  for (int i = 0; i < no && !r->rc; i++) {
+    lg__op_t *o = &run->ops[run->nops++];
+    o->key = rstr(r);
+    o->operation_id = rstr(r);
+    o->state = (uint8_t)r64(r);
+    if (!o->key) r->rc = r->rc ? r->rc : LG_EINVAL;
+  }
+  run->nresv = rcount(r, LG__RESV_MAX);
+  for (int i = 0; i < run->nresv && !r->rc; i++) {
+    run->resv[i].id = r64(r);
+    run->resv[i].cost = r64(r);
+    run->resv[i].tokens = r64(r);
+  }
+}
+
 /* The static guard name matching a saved one (guards are static strings). */
 static const char *guard_static(const char *g) {
   static const char *known[] = {"repeat",     "cycle",      "caps",         "no_progress",
@@ -342,68 +409,7 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   run->has_world = r64(&r) != 0;
   run->world = (uint64_t)r64(&r);
   run->world_same = r64(&r);
-  int nt = rcount(&r, 1 << 20);
-  for (int i = 0; i < nt && !r.rc; i++) {
-    char *name = rstr(&r);
-    if (!name) {
-      r.rc = r.rc ? r.rc : LG_EINVAL;
-      break;
-    }
-    int k = lg__run_tool(run, name);
-    lg__free(name);
-    if (k != i) {
-      r.rc = k < 0 ? LG_ENOMEM : LG_EINVAL;
-      break;
-    }
-    run->tools[k].executed = r64(&r);
-    run->tools[k].fail_streak = r64(&r);
-  }
-  run->ntried = rcount(&r, LG__TRIED_MAX);
-  for (int i = 0; i < run->ntried && !r.rc; i++) {
-    lg__tried_t *t = &run->tried[i];
-    uint8_t fp[32];
-    rbytes(&r, fp, 32);
-    static const char digits[] = "0123456789abcdef";
-    for (int k = 0; k < 32; k++) {
-      t->hex[2 * k] = digits[fp[k] >> 4];
-      t->hex[2 * k + 1] = digits[fp[k] & 15];
-    }
-    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
-    /* An index into tools: with no tools there is none (a max of -1 fails
-     * every value), or after() would dereference an empty table. */
-    t->tool = rcount(&r, run->ntools - 1);
-    t->count = (uint32_t)r64(&r);
-    t->last = (uint8_t)r64(&r);
-    t->seq = (uint64_t)r64(&r);
-  }
-  int np = rcount(&r, LG__PENDING_MAX);
-  for (int i = 0; i < np && !r.rc; i++) {
-    lg__pending_t *pc = &run->pending[run->npending++];
-    pc->call_id = rstr(&r);
-    pc->key = rstr(&r);
-    pc->fp = (uint64_t)r64(&r);
-    pc->tool = rcount(&r, run->ntools - 1);
-    if (!pc->call_id) r.rc = r.rc ? r.rc : LG_EINVAL;
-  }
-  run->nretry = rcount(&r, LG__RETRY_MAX);
-  for (int i = 0; i < run->nretry && !r.rc; i++) {
-    run->retry[i].fp = (uint64_t)r64(&r);
-    run->retry[i].not_before = r64(&r);
-  }
-  int no = rcount(&r, LG__OPS_MAX);
-  for (int i = 0; i < no && !r.rc; i++) {
-    lg__op_t *o = &run->ops[run->nops++];
-    o->key = rstr(&r);
-    o->operation_id = rstr(&r);
-    o->state = (uint8_t)r64(&r);
-    if (!o->key) r.rc = r.rc ? r.rc : LG_EINVAL;
-  }
-  run->nresv = rcount(&r, LG__RESV_MAX);
-  for (int i = 0; i < run->nresv && !r.rc; i++) {
-    run->resv[i].id = r64(&r);
-    run->resv[i].cost = r64(&r);
-    run->resv[i].tokens = r64(&r);
-  }
+  load_tables(&r, run);
   run->next_resv = r64(&r);
   run->held_cost = r64(&r);
   run->held_tokens = r64(&r);
