@@ -509,13 +509,16 @@ LG_EXPORT int lg_run_text(lg_run_t *run, int64_t turn, const char *text, size_t 
                           lg_error_t *err);
 /* A new message from the person: a new episode (trace-v1 `user`). The
  * repeat window, cycles, no-progress counters, failure streaks, the block
- * streak, text and monologue state and the compaction count start again;
- * caps, counters, cost, budgets, hidden tools and the ledger carry on.
- * d->action CONTINUE (or STOP when the run had stopped). */
+ * streak, text and monologue state (the text.repeat count too), the
+ * compaction count and the cascade (hidden tool, offer, escalation) start
+ * again; caps, counters, cost, budgets, retry waits, the best
+ * progress_version and the ledger carry on. d->action CONTINUE (or the
+ * run's STOP when it had stopped). Cannot fail. */
 LG_EXPORT int lg_run_user(lg_run_t *run, int64_t t_ms, lg_decision_t *d);
 /* The agent's context was summarized or trimmed (trace-v1 `compaction`):
  * CONTINUE, or STOP / context_loop (guard "compaction") at the
- * compaction.max-th compaction with no executed call between. */
+ * compaction.max-th compaction with no executed call between. Returns 0,
+ * or LG_ENOMEM with the run unchanged. */
 LG_EXPORT int lg_run_compaction(lg_run_t *run, int64_t t_ms, lg_decision_t *d);
 /* Resumes a run stopped with next_allowed_action resume_after_change,
  * after the operator changed something. progress_version (may be NULL)
@@ -525,9 +528,9 @@ LG_EXPORT int lg_run_compaction(lg_run_t *run, int64_t t_ms, lg_decision_t *d);
  * complete, fatal, ... anything whose next_allowed_action is not
  * resume_after_change); the run is then unchanged. On success the run is
  * active again: the repeat window, cycles, streaks (failure, block,
- * no-progress, text, compaction) start afresh; caps, counters, cost, tokens
- * and the ledger carry on; the envelope forgets the stop (its refused call
- * stays until the next stop replaces it); d->action CONTINUE. */
+ * no-progress, text, compaction) and the cascade start afresh, as for
+ * lg_run_user; caps, counters, cost, tokens and the ledger carry on; the
+ * envelope forgets the stop and the call it refused; d->action CONTINUE. */
 LG_EXPORT int lg_run_resume(lg_run_t *run, const int64_t *progress_version, int64_t t_ms,
                             lg_decision_t *d, lg_error_t *err);
 

@@ -1815,6 +1815,47 @@ static void t_text_not_loops(void **state) {
   calm_case("Done. Done. Done.");
 }
 
+/* Random texts of words, punctuation, fences, tables, lists, dividers and
+ * multi-byte characters: however a text is cut, the detector finds a loop
+ * (or none) at the same byte. */
+static void t_text_any_cut(void **state) {
+  (void)state;
+  static const char *tok[] = {"the ", "cat ", "sat. ", "\n", "```\n", "| a |\n", "- x\n",
+                              "日本 ", "again ", "----\n", "  ", "try it now. ", "é", "\t",
+                              "1. ", "~~~", "#", "go go ", "?", "    x\n"};
+  unsigned seed = 12345;
+  int loops = 0;
+  for (int k = 0; k < 300; k++) {
+    char buf[700];
+    size_t n = 0;
+    while (n < 600) {
+      seed = seed * 1103515245u + 12345u;
+      const char *t = tok[(seed >> 16) % (sizeof tok / sizeof tok[0])];
+      /* Runs of one token make loops likely enough to test both ways. */
+      int reps = (seed >> 8) % 7 == 0 ? 6 : 1;
+      for (int r = 0; r < reps && n + strlen(t) < sizeof buf - 1; r++) {
+        memcpy(buf + n, t, strlen(t));
+        n += strlen(t);
+      }
+    }
+    buf[n] = 0;
+    lg_decision_t d;
+    lg_action_t act;
+    lg_run_t *r = mk(NULL);
+    size_t exact = pieces(r, 1, buf, 1, 0, &d, &act);
+    lg_run_free(r);
+    loops += exact != 0;
+    for (unsigned cut = 1; cut <= 3; cut++) {
+      r = mk(NULL);
+      size_t at = pieces(r, 1, buf, 0, seed + cut, &d, &act);
+      lg_run_free(r);
+      if ((exact == 0) != (at == 0) || (exact && (at < exact || at - exact >= 9)))
+        fail_msg("text %d cut %u: loop at %zu byte by byte, at %zu in pieces", k, cut, exact, at);
+    }
+  }
+  assert_true(loops > 0 && loops < 300); /* both kinds were tried */
+}
+
 static void t_text_ladder(void **state) {
   (void)state;
   const char *loop = "I will try once more. I will try once more. I will try once more. ";
@@ -2256,6 +2297,7 @@ int main(void) {
       cmocka_unit_test_setup(t_block_streak_reset_by_execution, setup),
       cmocka_unit_test_setup(t_text_chanting, setup),
       cmocka_unit_test_setup(t_text_not_loops, setup),
+      cmocka_unit_test_setup(t_text_any_cut, setup),
       cmocka_unit_test_setup(t_text_ladder, setup),
       cmocka_unit_test_setup(t_monologue, setup),
       cmocka_unit_test_setup(t_user_new_episode, setup),
