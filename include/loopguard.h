@@ -507,6 +507,9 @@ typedef struct lg_store_options {
   int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
   int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
                             (default 5 s; negative: do not wait) */
+  int no_create;         /* 1: open only a store that exists: a sqlite: file
+                            that is not there is LG_ENOTFOUND (field "url"),
+                            nothing is created. For read-only commands. */
 } lg_store_options_t;
 
 /* Opens (and creates or migrates) the store named by `url`; `opts` may be
