@@ -139,6 +139,10 @@ int cmd_serve(int argc, char **argv) {
   lg_server_t *srv = lg_server_start(&o, &err);
   if (!srv) {
     cli_error(&err);
+    if (strstr(err.message, "in use"))
+      fprintf(stderr, "loopguard: another program listens on %s (another loopguard serve?): "
+                      "pick another address with --listen HOST:PORT (port 0 takes a free one)\n",
+              o.listen ? o.listen : "127.0.0.1:8787");
     return 1;
   }
   char *banner = lg_server_banner(srv);
