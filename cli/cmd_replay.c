@@ -383,7 +383,7 @@ static const char *fp_usage =
     "\n"
     "example: loopguard fingerprint charge_invoice '{\"invoice_id\":\"INV-2291\"}'\n"
     "\n"
-    "Exit status: 0 printed, 1 an error (ARGS_JSON is not a JSON object, or the\n"
+    "Exit status: 0 printed, 1 an error (ARGS_JSON is not valid JSON, or the\n"
     "policy file is unreadable or invalid: the message names file, line and\n"
     "field), 2 bad usage.\n";
 
