@@ -5,7 +5,8 @@
 #     exactly the flags its `--help` prints (no flag undocumented, no
 #     documented flag missing);
 #   - every path and method of docs/openapi.json is in
-#     docs/reference/http-api.md;
+#     docs/reference/http-api.md, whose route reference is up to date with
+#     the document (scripts/api-docs --check);
 #   - every relative link of README.md and docs/ names a file that exists;
 #   - no file a user's clone has cites the project's private folders
 #     (the shared contracts folder beside the repository, its design
@@ -62,6 +63,8 @@ for path, item in api["paths"].items():
         if meth == "parameters": continue
         if "`%s %s" % (meth.upper(), path) not in http:
             bad.append("docs/reference/http-api.md does not document %s %s" % (meth.upper(), path))
+r = subprocess.run([sys.executable, os.path.join(src, "scripts/api-docs"), "--check"], capture_output=True, text=True)
+if r.returncode: bad.append((r.stderr or r.stdout).strip())
 
 # Links.
 mds = [os.path.join(src, "README.md")]
