@@ -71,8 +71,10 @@ static void put_str(FILE *f, const char *s) {
 
 static void json_event(out_t *o, const lg_replay_event_t *ev) {
   /* trace-v1 lists the records: no state records (a stop by a snapshot
-   * shows in the summary), none for skipped results. */
-  if (!ev->acted || ev->type == LG_EV_STATE) return;
+   * shows in the summary), none for skipped results, none for the usage
+   * lines that settle a model call the server let through (the model
+   * record is the decision). */
+  if (!ev->acted || ev->type == LG_EV_STATE || ev->type == LG_EV_USAGE) return;
   const lg_decision_t *d = &ev->decision;
   FILE *f = o->f;
   fprintf(f, "{\"line\":%ld,\"type\":\"%s\"", ev->line, lg_event_type_name(ev->type));

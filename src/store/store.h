@@ -313,8 +313,6 @@ void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages);
  * stores. */
 int lg__store_sqlite_synchronous(lg_store_t *s);
 
-/* Formats now_ms as RFC 3339 UTC with milliseconds into buf[32]. */
-void lg__store_time(int64_t ms, char buf[32]);
 
 /* Copies a record's fields into new strings (out is overwritten). */
 int lg__run_record_copy(lg_run_record_t *out, const lg_run_record_t *in);

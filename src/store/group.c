@@ -1,5 +1,5 @@
 /*
- * batch.c — group commit of decisions, for the stores that allow one
+ * group.c — group commit of decisions, for the stores that allow one
  * writer at a time (sqlite:, and memory:, whose one handle is the whole
  * database).
  *
@@ -24,8 +24,11 @@
  * different runs proceed in parallel on per-thread connections, and a
  * batch holding many rows' locks could deadlock with another replica's.
  */
-#include "../store/store.h"
-#include "server.h"
+#include "group.h"
+#include "store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include <sys/prctl.h>
 
@@ -163,4 +166,8 @@ lg_canon_t *lg__batcher_canon(lg__batcher_t *b) { return b->canon; }
 void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs) {
   *batches = atomic_load(&b->batches);
   *jobs = atomic_load(&b->jobs);
+}
+
+int lg__store_single_writer(const lg_store_t *s) {
+  return s->vt == &lg__store_sqlite || s->vt == &lg__store_memory;
 }

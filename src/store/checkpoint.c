@@ -13,12 +13,19 @@
  * checkpoints happen here. What remains in the committer is the sync of
  * the WAL's header each time the WAL starts over from its beginning.
  *
- * This is SQLite's own recommendation for busy writers. It belongs in the
- * store (a "checkpoint in the background" option of lg_store_open); until
- * the store offers one, the server does it on the store's file, which
- * SQLite allows from any number of connections and processes.
+ * This is SQLite's own recommendation for busy writers; SQLite allows it
+ * from any number of connections and processes. While it runs, the
+ * store's own commits checkpoint only past a guard of 64 Ki pages (256
+ * MiB), should this thread fall far behind: SQLite's default (past 1000
+ * pages, with an fsync of the database file, inside the commit that
+ * crossed the line) held the group commit, and every HTTP thread behind
+ * it, for seconds on a slow disk.
  */
-#include "server.h"
+#include "group.h"
+#include "store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include <sys/prctl.h>
 
@@ -61,8 +68,9 @@ static void *loop(void *arg) {
   return NULL;
 }
 
-lg__checkpointer_t *lg__checkpointer_new(const char *store_url, int every_ms) {
-  if (strncmp(store_url, "sqlite:", 7)) return NULL;
+lg__checkpointer_t *lg__checkpointer_new(lg_store_t *s, int every_ms) {
+  const char *store_url = s->name;
+  if (s->vt != &lg__store_sqlite || strncmp(store_url, "sqlite:", 7)) return NULL;
   lg__checkpointer_t *c = lg__calloc(1, sizeof *c);
   if (!c) return NULL;
   c->every_ms = every_ms > 0 ? every_ms : 5;
@@ -75,6 +83,7 @@ lg__checkpointer_t *lg__checkpointer_new(const char *store_url, int every_ms) {
   if (pthread_mutex_init(&c->mu, NULL)) goto fail_db;
   if (pthread_cond_init(&c->cv, NULL)) goto fail_mu;
   if (pthread_create(&c->th, NULL, loop, c)) goto fail_cv;
+  lg__store_sqlite_autocheckpoint(s, 65536);
   return c;
 fail_cv:
   pthread_cond_destroy(&c->cv);
