@@ -868,8 +868,8 @@ static lg_reason_t status_reason(lg_status_t s) {
  * longer pending: the validation gate, progress, terminal statuses, retry
  * waits, the failure streak, no-progress. Cannot fail but for the stop's
  * out-of-memory (which stop() never has without a text). */
-static int after_guards(lg_run_t *run, const lg__pending_t *pc, const lg_result_t *res, bool invalid,
-                        lg_decision_t *d, lg_error_t *err) {
+static int after_guards(lg_run_t *run, const lg__pending_t *pc, const lg_result_t *res,
+                        bool invalid, lg_decision_t *d, lg_error_t *err) {
   const lg_policy_t *p = run->policy;
   const char *tool = tool_name(run, pc->tool);
   int64_t t = res->t_ms;
@@ -1034,8 +1034,8 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
   int64_t t = m->t_ms;
   /* Every sum saturates: a worst case of INT64_MAX tokens must stop at the
    * cap, not wrap round to a small number and pass it. */
-  int64_t worst_tokens = lg__sat_add(
-      m->input_tokens, m->max_tokens >= 0 ? m->max_tokens : m->output_tokens > 0 ? m->output_tokens : 0);
+  int64_t out = m->max_tokens >= 0 ? m->max_tokens : m->output_tokens > 0 ? m->output_tokens : 0;
+  int64_t worst_tokens = lg__sat_add(m->input_tokens, out);
   int64_t worst_cost = m->cost_nusd > 0 ? m->cost_nusd : 0;
   lg_reason_t halt = LG_R_NONE;
   if (p->max_wall_ms >= 0 && t >= p->max_wall_ms) {
@@ -1059,7 +1059,8 @@ int lg_run_model(lg_run_t *run, const lg_model_call_t *m, lg_decision_t *d, lg_e
     lg__buf_usd(&run->msg, p->max_cost_nusd);
     lg__buf_puts(&run->msg, " USD, so I am stopping before making it.");
   } else if (p->max_tokens >= 0 &&
-             lg__sat_add(lg__sat_add(run->c.tokens, run->held_tokens), worst_tokens) > p->max_tokens) {
+             lg__sat_add(lg__sat_add(run->c.tokens, run->held_tokens), worst_tokens) >
+                 p->max_tokens) {
     halt = LG_R_TOKEN_CAP;
     lg__buf_printf(&run->msg,
                    "The next model call could use %lld tokens, which would take this run "

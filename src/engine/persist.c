@@ -41,7 +41,8 @@ static void wstr(wr_t *w, const char *s) {
 static void wbytes(wr_t *w, const void *p, size_t n) { lg__buf_append(&w->b, p, n); }
 static void w32s(wr_t *w, const uint32_t *v, int n) {
   for (int i = 0; i < n; i++) {
-    uint8_t x[4] = {(uint8_t)v[i], (uint8_t)(v[i] >> 8), (uint8_t)(v[i] >> 16), (uint8_t)(v[i] >> 24)};
+    uint8_t x[4] = {(uint8_t)v[i], (uint8_t)(v[i] >> 8), (uint8_t)(v[i] >> 16),
+                    (uint8_t)(v[i] >> 24)};
     lg__buf_append(&w->b, x, 4);
   }
 }

@@ -43,7 +43,9 @@ static inline uint32_t fold(uint32_t h, uint32_t w) {
   return h;
 }
 
-static bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+static bool is_space(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
+}
 static bool is_end(uint8_t c) { return c == '.' || c == '!' || c == '?' || c == '\n'; }
 
 static uint32_t ring_at(const uint32_t *ring, int cap, int head, int back) {
