@@ -2153,6 +2153,21 @@ static void t_cascade_offered_tools(void **state) {
   assert_true(json_is_null(json_object_get(e, "question")));
   json_decref(e);
   lg_run_free(r);
+  /* A question too long to keep whole is kept as a string of its start. */
+  r = blocked_run(P, &d);
+  size_t big = 20000;
+  char *args = malloc(big + 32);
+  int len = snprintf(args, big + 32, "{\"question\":\"");
+  memset(args + len, 'q', big);
+  strcpy(args + len + big, "\"}");
+  assert_int_equal(call(r, "ask_human", args, &d), LG_ACT_STOP);
+  free(args);
+  e = envelope(r);
+  q = json_object_get(e, "question");
+  assert_true(json_is_string(q));
+  assert_int_equal(json_string_length(q), 16384);
+  json_decref(e);
+  lg_run_free(r);
   /* Not offered by the policy, or no block: an ordinary call. */
   r = blocked_run("{\"cascade\":{\"offer\":[\"finalize_partial\"]}}", &d);
   assert_int_equal(call(r, "ask_human", "{}", &d), LG_ACT_EXECUTE);
