@@ -133,6 +133,10 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
         {"/handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
         {"/model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
         {"/usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
         {"/cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
         {"/trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
     };

@@ -80,7 +80,8 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(OP_FAIL, "operations_fail") XX(OP_GET, "operations_get")                \
   XX(BUDGETS, "budgets") XX(BUDGET_LIST, "budgets_list")                    \
   XX(HEALTHZ, "healthz") XX(METRICS, "metrics") XX(OPENAPI, "openapi")      \
-  XX(OTHER, "other")
+  XX(TEXT, "text") XX(USER, "user") XX(COMPACTION, "compaction")             \
+  XX(RESUME, "resume") XX(OTHER, "other")
 
 typedef enum lg__route {
 #define LG__XX(id, name) LG__RT_##id,
@@ -92,7 +93,7 @@ const char *lg__route_name(lg__route_t r);
 
 #define LG__HIST_BUCKETS 14 /* + the implicit +Inf */
 #define LG__CODE_SLOTS 16   /* distinct HTTP codes counted, then "other" */
-#define LG__ACTIONS 5       /* lg_action_t values */
+#define LG__ACTIONS 6       /* lg_action_t values */
 #define LG__OUTCOMES 6      /* lg_claim_outcome_t values */
 
 typedef struct lg__metrics {
@@ -134,6 +135,10 @@ typedef enum lg__body_kind {
   LG__B_BUDGET_SET,   /* PUT /v1/budgets/{scope} */
   LG__B_RESERVE,      /* POST /v1/budgets/reserve */
   LG__B_SETTLE,       /* POST /v1/budgets/settle */
+  LG__B_TEXT,         /* POST /v1/runs/{id}/text */
+  LG__B_USER,         /* .../user */
+  LG__B_COMPACTION,   /* .../compaction */
+  LG__B_RESUME,       /* .../resume */
   LG__B__COUNT
 } lg__body_kind_t;
 
@@ -177,6 +182,9 @@ typedef struct lg__body {
   double amount_usd;             /* reserve */
   int64_t ttl_ms;                /* reserve: -1 absent */
   double actual_usd;             /* settle */
+  const char *text;              /* text, user: NULL when absent */
+  size_t text_len;
+  const char *note;              /* resume */
 } lg__body_t;
 
 /* Parses body text for `kind` into *out (which need not be initialised). An empty body is
