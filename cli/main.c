@@ -21,7 +21,8 @@ static const char *usage_text =
     "  fingerprint [--policy FILE] [--json] TOOL ARGS_JSON\n"
     "                                             canonical key material and fingerprint\n"
     "  serve [--listen HOST:PORT] [--store URL] ...  the HTTP sidecar\n"
-    "  runs list|show|cancel ...                  runs in a store (operators)\n"
+    "  runs list|show|trace|cancel|export ...     runs in a store (operators)\n"
+    "  test DIR|TRACE...                          check traces' # expect lines\n"
     "  ledger claim|commit|fail|show|purge ...    the idempotency ledger\n"
     "  budget set|show|list|reset ...             shared spend budgets\n"
     "\n"
@@ -119,7 +120,8 @@ int main(int argc, char **argv) {
     const char *name;
     int (*fn)(int, char **);
   } cmds[] = {{"replay", cmd_replay}, {"fingerprint", cmd_fingerprint}, {"serve", cmd_serve},
-              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget}};
+              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget},
+              {"test", cmd_test}};
   if (argc < 2) return cli_usage(usage_text, NULL);
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     fputs(usage_text, stdout);
