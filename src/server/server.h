@@ -79,7 +79,7 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(OP_CLAIM, "operations_claim") XX(OP_COMMIT, "operations_commit")        \
   XX(OP_FAIL, "operations_fail") XX(OP_GET, "operations_get")                \
   XX(BUDGETS, "budgets") XX(HEALTHZ, "healthz") XX(METRICS, "metrics")       \
-  XX(OTHER, "other")
+  XX(CONSOLE, "console") XX(REGRESSION, "regression") XX(OTHER, "other")
 
 typedef enum lg__route {
 #define LG__XX(id, name) LG__RT_##id,
@@ -314,5 +314,11 @@ void lg__h_op_get(lg__req_t *rq);
 void lg__h_budgets(lg__req_t *rq);
 void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
+/* console.c: the console's static files and GET /v1/runs/{id}/regression. */
+int lg__console_path(const char *url); /* 1: a console file's path */
+void lg__h_console(lg__req_t *rq);     /* rq->id: the path */
+void lg__h_regression(lg__req_t *rq);
+/* Adds the console's headers (CSP, nosniff, ...) to its answers. */
+void lg__console_headers(struct MHD_Response *r, const lg__req_t *rq);
 
 #endif
