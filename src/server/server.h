@@ -113,6 +113,9 @@ void lg__metrics_ledger(lg__metrics_t *m, lg_claim_outcome_t o);
 void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source);
 /* The Prometheus text format (version 0.0.4) into b. */
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
+/* The shared budgets' gauges (limit, spent, reserved, resets_at) of the
+ * store `st` into b (metrics_budgets.c). */
+int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b);
 
 /* ------------------------------------------------------------------ */
 /* body.c                                                              */
