@@ -454,7 +454,7 @@ LG_EXPORT int lg_run_stopped(const lg_run_t *run);
 /* The terminal reason as text, or NULL while the run is active. */
 LG_EXPORT const char *lg_run_terminal_reason(const lg_run_t *run);
 LG_EXPORT void lg_run_counters(const lg_run_t *run, lg_counters_t *out);
-/* The terminal envelope (DESIGN.md §5) as a JSON object: also for a run
+/* The terminal envelope (docs/engine.md) as a JSON object: also for a run
  * still active (terminal_reason null). New string (lg_free), NULL on
  * out-of-memory. */
 LG_EXPORT char *lg_run_envelope_json(const lg_run_t *run);
@@ -588,6 +588,9 @@ typedef struct lg_store_options {
   int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
   int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
                             (default 5 s; negative: do not wait) */
+  int no_create;         /* 1: open only a store that exists: a sqlite: file
+                            that is not there is LG_ENOTFOUND (field "url"),
+                            nothing is created. For read-only commands. */
 } lg_store_options_t;
 
 /* Opens (and creates or migrates) the store named by `url`; `opts` may be
@@ -830,7 +833,7 @@ LG_EXPORT int lg_store_denied(lg_store_t *s, const char *run_id,
 
 /* BUDGET-API-BEGIN (owned by the budget module) */
 /* ---------------------------------------------------------------------
- * The spend gate (DESIGN.md §4): prices, the worst case of a model call,
+ * The spend gate (docs/budget.md): prices, the worst case of a model call,
  * and shared budgets for any scope ("key:...", "workspace:...", "team:...",
  * "customer:...", any name) kept in a store (memory:, sqlite:, postgres:).
  *

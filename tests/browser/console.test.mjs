@@ -114,6 +114,9 @@ try {
 
   // 6. Budgets: spend against the limit.
   await page.goto(URL + '/#/budgets');
+  await page.waitForSelector('#budgets .budget, #budgets p');
+  const listed = await page.locator('#budgets').innerText();
+  check('budgets listed (GET /v1/budgets) or a scope asked for', /workspace:acme/.test(listed) || /Name a scope/.test(listed), listed);
   await page.fill('#budget-scope', 'workspace:acme');
   await page.click('#budget-form button');
   await page.waitForSelector('#budgets .budget meter');
