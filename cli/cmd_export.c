@@ -219,7 +219,7 @@ int cmd_runs_export(int argc, char **argv) {
     fprintf(stderr, "loopguard: %s: %s\n", dir, strerror(errno));
     return 1;
   }
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = cli_open_store_existing(store); /* read-only: never creates one */
   if (!s) return 1;
   lg_error_t err = {0};
   lg_run_filter_t f = {.status = "stopped", .reason = reason};

@@ -61,6 +61,8 @@ expect_rc "export --since future" 0 "$LG_BIN" runs export --store "$db" --since 
 [ "$(ls "$TMP/none" | wc -l)" = 0 ] && ok || bad "--since future kept $(ls "$TMP/none")"
 expect_rc "export --since bad" 2 "$LG_BIN" runs export --store "$db" --since yesterday -o "$TMP/x"
 expect_rc "export --bogus" 2 "$LG_BIN" runs export --bogus
+expect_rc "export from no store" 1 "$LG_BIN" runs export --store "sqlite:$TMP/none.db" -o "$TMP/x2"
+[ ! -e "$TMP/none.db" ] && ok || bad "export created a store"
 
 # The exported tests hold.
 expect_rc "test exported" 0 "$LG_BIN" test "$TMP/inc"
