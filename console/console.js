@@ -245,7 +245,10 @@
         cost += typeof ev.cost === 'number' ? ev.cost : 0;
         points.push([ev.t_ms || 0, cost]);
         li.append(el('span', { class: 'muted', text: 'model ' }), el('strong', { text: ev.model || 'model call' }),
-          ' ' + (ev.input_tokens ?? 0) + ' in / ' + (ev.output_tokens ?? 0) + ' out, ' + usd(ev.cost ?? 0));
+          ' ' + (ev.input_tokens ?? 0) + ' tokens in' + (ev.max_tokens ? ', up to ' + ev.max_tokens + ' out' : '') + ', ' + usd(ev.cost ?? 0));
+      } else if (ev.type === 'usage') {
+        li.append(el('span', { class: 'muted', text: 'usage ' }), (ev.input_tokens ?? 0) + ' in / ' + (ev.output_tokens ?? 0) + ' out' +
+          (typeof ev.cost === 'number' ? ', ' + usd(ev.cost) : ''));
       } else if (ev.type === 'run') {
         li.append(el('strong', { text: 'run started' }), ev.group ? ' in group ' + ev.group : '');
       } else if (ev.type === 'cancel') {
