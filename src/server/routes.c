@@ -1014,7 +1014,8 @@ void lg__h_metrics(lg__req_t *rq) {
                    "loopguard_commit_decisions_total %llu\n",
                    (unsigned long long)batches, (unsigned long long)jobs);
   }
-  if (lg__metrics_render(&rq->srv->metrics, &rq->out)) {
+  if (lg__metrics_render(&rq->srv->metrics, &rq->out) ||
+      lg__metrics_budgets(rq->srv, w->store, &rq->out)) { /* metrics_budgets.c */
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
     return;
   }

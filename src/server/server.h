@@ -81,7 +81,8 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(BUDGETS, "budgets") XX(BUDGET_LIST, "budgets_list")                    \
   XX(HEALTHZ, "healthz") XX(METRICS, "metrics") XX(OPENAPI, "openapi")      \
   XX(TEXT, "text") XX(USER, "user") XX(COMPACTION, "compaction")             \
-  XX(RESUME, "resume") XX(OTHER, "other")
+  XX(RESUME, "resume") XX(CONSOLE, "console") XX(REGRESSION, "regression")   \
+  XX(OTHER, "other")
 
 typedef enum lg__route {
 #define LG__XX(id, name) LG__RT_##id,
@@ -115,6 +116,9 @@ void lg__metrics_ledger(lg__metrics_t *m, lg_claim_outcome_t o);
 void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source);
 /* The Prometheus text format (version 0.0.4) into b. */
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
+/* The shared budgets' gauges (limit, spent, reserved, resets_at) of the
+ * store `st` into b (metrics_budgets.c). */
+int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b);
 
 /* ------------------------------------------------------------------ */
 /* body.c                                                              */
@@ -325,5 +329,11 @@ void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
 void lg__h_budget_list(lg__req_t *rq); /* budget_list.c: GET /v1/budgets */
 void lg__h_openapi(lg__req_t *rq);     /* openapi.c: GET /openapi.json */
+/* console.c: the console's static files and GET /v1/runs/{id}/regression. */
+int lg__console_path(const char *url); /* 1: a console file's path */
+void lg__h_console(lg__req_t *rq);     /* rq->id: the path */
+void lg__h_regression(lg__req_t *rq);
+/* Adds the console's headers (CSP, nosniff, ...) to its answers. */
+void lg__console_headers(struct MHD_Response *r, const lg__req_t *rq);
 
 #endif
