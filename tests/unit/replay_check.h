@@ -107,8 +107,8 @@ static const char *rc_route_type(const char *route, const ht_resp_t *a) {
 
 /* Notes the answer `a` to a decision route (calls, results, state,
  * handoffs, model, usage) of run r. A decision of an active run is one
- * trace line; a deny rule turns the event into a cancel (no fingerprint
- * in a call's answer then: the engine never saw the call). */
+ * trace line; a deny rule turns the event into a cancel (the answer's
+ * guard is then the kill switch). */
 static __attribute__((unused)) void rc_note(rc_run_t *r, const char *route, const ht_resp_t *a) {
   if (a->status != 200 || r->stopped) return;
   rc_line_t *l = rc_push(r);
@@ -117,8 +117,9 @@ static __attribute__((unused)) void rc_note(rc_run_t *r, const char *route, cons
   const char *fp = ht_str(a, "fingerprint");
   if (l) {
     snprintf(l->type, sizeof l->type, "%s", rc_route_type(route, a));
-    if (!strcmp(route, "calls") && !fp && action && !strcmp(action, "stop"))
-      snprintf(l->type, sizeof l->type, "cancel"); /* a deny rule */
+    const char *guard = ht_str(a, "guard");
+    if (action && !strcmp(action, "stop") && guard && !strcmp(guard, "kill_switch"))
+      snprintf(l->type, sizeof l->type, "cancel"); /* a deny rule took the event's place */
     snprintf(l->action, sizeof l->action, "%s", action ? action : "?");
     snprintf(l->reason, sizeof l->reason, "%s", reason ? reason : "");
     snprintf(l->fp, sizeof l->fp, "%s", fp && !strcmp(route, "calls") ? fp : "");
@@ -253,12 +254,12 @@ static __attribute__((unused)) int rc_check(ht_conn_t *c, rc_run_t *r, const cha
     if (g.lineno[i] != base + 1 + i)
       RC_BAD("event %d is on line %ld, not %ld", i + 1, g.lineno[i], base + 1 + i);
     else if (strcmp(w->type, h->type))
-      RC_BAD("line %d: the server decided a %s, replay read a %s", i + 2, w->type, h->type);
+      RC_BAD("line %ld: the server decided a %s, replay read a %s", base + 1 + i, w->type, h->type);
     else if (strcmp(w->action, h->action) || strcmp(w->reason, h->reason))
-      RC_BAD("line %d (%s): server %s/%s, replay %s/%s", i + 2, w->type, w->action, w->reason,
+      RC_BAD("line %ld (%s): server %s/%s, replay %s/%s", base + 1 + i, w->type, w->action, w->reason,
              h->action, h->reason);
     else if (w->fp[0] && strcmp(w->fp, h->fp))
-      RC_BAD("line %d (call): server fingerprint %s, replay %s", i + 2, w->fp, h->fp);
+      RC_BAD("line %ld (call): server fingerprint %s, replay %s", base + 1 + i, w->fp, h->fp);
   }
   if (!bad && r->n != g.n) RC_BAD("the server decided %d events, replay %d", r->n, g.n);
   if (!g.have_sum) RC_BAD("no summary");

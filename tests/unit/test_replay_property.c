@@ -40,6 +40,25 @@ static const char *URL;
 static const char *BACKEND;
 static int PORT; /* the server of this backend */
 
+/* How the runs ended, to show what the generator reaches. */
+static struct {
+  char reason[64];
+  int n;
+} ENDS[48];
+static int NENDS;
+
+static void note_end(const char *reason) {
+  for (int i = 0; i < NENDS; i++)
+    if (!strcmp(ENDS[i].reason, reason)) {
+      ENDS[i].n++;
+      return;
+    }
+  if (NENDS < 48) {
+    snprintf(ENDS[NENDS].reason, sizeof ENDS[NENDS].reason, "%s", reason);
+    ENDS[NENDS++].n = 1;
+  }
+}
+
 /* ------------------------------------------------------------------ */
 /* A small, seeded random number generator (splitmix64).               */
 
@@ -117,12 +136,14 @@ static const char *const TOOLS[] = {"search", "charge", "poll", "lookup", "shell
 static const char *const QS[] = {"a", "a", "A ", " a", "b", "b", "c", "x  y", "X Y"};
 
 static void args_json(gen_t *g, char *out, size_t n) {
-  int shape = rint_(&g->rng, 6);
-  if (shape == 0) snprintf(out, n, "{}");
-  else if (shape == 1) snprintf(out, n, "{\"q\":\"%s\"}", PICK(&g->rng, QS));
-  else if (shape == 2) snprintf(out, n, "{\"q\":\"%s\",\"n\":%d}", PICK(&g->rng, QS), rint_(&g->rng, 3));
-  else if (shape == 3) snprintf(out, n, "{\"id\":\"INV-%d\",\"amount\":%d}", rint_(&g->rng, 3), 10 * rint_(&g->rng, 2));
-  else if (shape == 4) snprintf(out, n, "{\"n\":%d,\"q\":\"%s\",\"deep\":{\"k\":[1,2]}}", rint_(&g->rng, 2), PICK(&g->rng, QS));
+  /* Mostly a tiny alphabet (so that repeats and cycles happen), now and
+   * then something else (normalizers, numbers, nesting). */
+  int shape = rint_(&g->rng, 14);
+  if (shape < 9) snprintf(out, n, "{\"q\":\"%c\"}", "ab"[rint_(&g->rng, 2)]);
+  else if (shape == 9) snprintf(out, n, "{}");
+  else if (shape == 10) snprintf(out, n, "{\"q\":\"%s\",\"n\":%d}", PICK(&g->rng, QS), rint_(&g->rng, 3));
+  else if (shape == 11) snprintf(out, n, "{\"id\":\"INV-%d\",\"amount\":%d}", rint_(&g->rng, 3), 10 * rint_(&g->rng, 2));
+  else if (shape == 12) snprintf(out, n, "{\"n\":%d,\"q\":\"%s\",\"deep\":{\"k\":[1,2]}}", rint_(&g->rng, 2), PICK(&g->rng, QS));
   else snprintf(out, n, "{\"q\":\"%s\",\"n\":1.5}", PICK(&g->rng, QS));
 }
 
@@ -143,7 +164,9 @@ static void make_call(gen_t *g, req_t *q) {
                           rint_(r, 3));
   if (chance(r, 10)) k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"agent\":\"ag%d\"", rint_(r, 2));
   snprintf(q->route, sizeof q->route, "calls");
-  snprintf(q->body, sizeof q->body, "{\"tool\":\"%s\",\"args\":%s%s}", PICK(r, TOOLS), args, extra);
+  /* Two tools most of the time: A B A B cycles. */
+  const char *tool = chance(r, 80) ? TOOLS[rint_(r, 2) ? 0 : 3] : PICK(r, TOOLS);
+  snprintf(q->body, sizeof q->body, "{\"tool\":\"%s\",\"args\":%s%s}", tool, args, extra);
 }
 
 static void heard_call(gen_t *g, const req_t *q, const ht_resp_t *a) {
@@ -156,9 +179,14 @@ static void heard_call(gen_t *g, const req_t *q, const ht_resp_t *a) {
   else ids_push(g->other, &g->nother, id);
 }
 
-static const char *const STATUSES[] = {"progress", "progress", "progress", "complete", "retryable",
-                                       "retryable", "fatal", "permission_denied", "policy_blocked",
-                                       "human_required", "bogus"};
+/* Mostly progress: a run that stops on its first odd result explores
+ * nothing; every status still comes up often enough. */
+static const char *const STATUSES[] = {
+    "progress", "progress", "progress", "progress", "progress", "progress", "progress",
+    "progress", "progress", "progress", "progress", "progress", "progress", "progress",
+    "progress", "progress", "progress", "progress", "retryable", "retryable", "retryable",
+    "retryable", "complete", "fatal", "permission_denied", "policy_blocked", "human_required",
+    "progress", "progress", "progress", "progress", "progress", "progress", "bogus"};
 
 static void make_result(gen_t *g, req_t *q) {
   rng_t *r = &g->rng;
@@ -181,9 +209,9 @@ static void make_result(gen_t *g, req_t *q) {
     for (int j = 0; j < g->nexec; j++) /* the same id may be waiting too */
       if (!strcmp(g->exec[j], g->other[i])) q->not_executed = 0;
   } /* else: no call named (the latest waiting one, if any) */
-  int s = rint_(r, 14);
-  if (s < 11) k += (size_t)snprintf(b + k, sizeof b - k, ",\"status\":\"%s\"", PICK(r, STATUSES));
-  else if (s == 11) k += (size_t)snprintf(b + k, sizeof b - k, ",\"status\":null");
+  int s = rint_(r, 80);
+  if (s < 78) k += (size_t)snprintf(b + k, sizeof b - k, ",\"status\":\"%s\"", PICK(r, STATUSES));
+  else if (s == 78) k += (size_t)snprintf(b + k, sizeof b - k, ",\"status\":null");
   /* else no status at all */
   if (chance(r, 50)) {
     int pv = chance(r, 50) ? ++g->pv : g->pv - rint_(r, 2);
@@ -192,9 +220,13 @@ static void make_result(gen_t *g, req_t *q) {
   if (chance(r, 15)) k += (size_t)snprintf(b + k, sizeof b - k, ",\"retry_after_ms\":%d", 100 * rint_(r, 30));
   if (chance(r, 15))
     k += (size_t)snprintf(b + k, sizeof b - k, ",\"side_effect_committed\":%s", chance(r, 50) ? "true" : "false");
-  static const char *const VALUES[] = {"{\"rows\":[1,2]}", "\"done\"", "null", "\"\"", "\"  \"",
-                                       "\" \\n\\t\"", "0", "[]", "{\"r\":\"\"}", "false"};
-  if (chance(r, 70)) k += (size_t)snprintf(b + k, sizeof b - k, ",\"value\":%s", PICK(r, VALUES));
+  static const char *const VALUES[] = {"{\"rows\":[1,2]}", "\"done\"", "0", "[]", "{\"r\":\"\"}",
+                                       "false", "{\"rows\":[]}", "\"ok\"", "1", "{}",
+                                       "null", "\"\"", "\"  \"", "\" \\n\\t\""};
+  /* the last four are null or blank: a failure unless empty_ok */
+  if (chance(r, 70))
+    k += (size_t)snprintf(b + k, sizeof b - k, ",\"value\":%s",
+                          chance(r, 93) ? VALUES[rint_(r, 10)] : VALUES[10 + rint_(r, 4)]);
   if (chance(r, 5)) k += (size_t)snprintf(b + k, sizeof b - k, ",\"operation_id\":\"op%d\"", rint_(r, 9));
   snprintf(q->body, sizeof q->body, "{%s}", k ? b + 1 : "");
 }
@@ -466,8 +498,9 @@ static int one_run(ht_conn_t *c, uint64_t seed, int verbose) {
     fprintf(stderr, "\n==== %s: run %s\n%s", label, run_id, rc.log);
   } else if (rc_check(c, &rc, label)) {
     failed = 1;
-  } else if (verbose) {
-    fprintf(stderr, "%s", rc.log);
+  } else {
+    note_end(rc.stopped ? rc.line[rc.stop_at].reason : "(no stop)");
+    if (verbose) fprintf(stderr, "%s", rc.log);
   }
   rc_free(&rc);
   return failed;
@@ -541,6 +574,8 @@ static void test_property(void **state) {
   fprintf(stderr, "%s: %d runs from seed %llu in %.1f s, %d failed\n", BACKEND, runs,
           (unsigned long long)seed, (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9,
           failed);
+  for (int i = 0; i < NENDS; i++) fprintf(stderr, "  %-28s %d\n", ENDS[i].reason, ENDS[i].n);
+  NENDS = 0;
   ht_close(&c);
   if (failed) fail_msg("%d runs differ from their replay (seeds above)", failed);
 }
