@@ -82,9 +82,29 @@ static int apply_budget(lg_run_t *run, const lg_event_t *ev, lg_decision_t *d, l
   return rc ? lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc)) : 0;
 }
 
+/* The run has seen time t: every event applied, not only the calls,
+ * results and model calls let through that the engine dates itself. The
+ * decision step dates the next event no earlier than this (a replica's
+ * clock behind must not make a trace go back in time, which replay
+ * refuses), and replay, applying the same events, keeps the same time. */
+static int seen(lg_run_t *run, int64_t t, int rc) {
+  if (!rc && t > run->c.last_t_ms) run->c.last_t_ms = t;
+  return rc;
+}
+
+static int apply_one(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
+                     lg_decision_t *d, lg_error_t *err);
+
 int lg__run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
                   lg_decision_t *d, lg_error_t *err) {
   if (!run || !ev || !d) return lg__err(err, LG_EINVAL, NULL, -1, "no run, event or decision");
+  bool was_stopped = lg_run_stopped(run);
+  int rc = apply_one(run, canon, ev, trusted_fp, d, err);
+  return was_stopped ? rc : seen(run, ev->t_ms, rc);
+}
+
+static int apply_one(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
+                     lg_decision_t *d, lg_error_t *err) {
   int64_t t = ev->t_ms;
   switch (ev->type) {
   case LG_EV_CALL: {
