@@ -150,6 +150,31 @@ typedef struct kind {
 static const char *const TOOLS[] = {"search", "charge", "poll", "lookup", "shell"};
 static const char *const QS[] = {"a", "a", "A ", " a", "b", "b", "c", "x  y", "X Y"};
 
+/* Arguments the canonicaliser and the normalizers must treat alike on
+ * both sides: the server's (the request body, re-serialised) and the
+ * trace reader's (which canonicalises while it scans). */
+static const char *const ODD_ARGS[] = {
+    "{\"q\":\"\u00c9t\u00e9  X\"}",
+    "{\"q\":\"\u00c9T\u00c9 x\"}",
+    "{\"q\":\"tab\\there\\n\"}",
+    "{\"q\":\"a\\\"b\\\\c\"}",
+    "{\"q\":\"\\u00e9\"}",
+    "{\"q\":\"\u00e9\"}",
+    "{\"q\":\"\\ud83d\\ude00 a\"}",
+    "{\"n\":1e2,\"q\":\"a\"}",
+    "{\"n\":100,\"q\":\"a\"}",
+    "{\"n\":1.0,\"q\":\"b\"}",
+    "{\"n\":-0,\"q\":\"b\"}",
+    "{\"n\":12345678901234567890}",
+    "{\"n\":0.1,\"m\":1e-7}",
+    "{\"q\":[\"x\",\" y\"]}",
+    "{\"q\":null}",
+    "{\"q\":{\"z\":1,\"a\":2}}",
+    "{\"id\":\"INV-0012\",\"q\":\"  A  \"}",
+    "{\"b\":1,\"a\":2,\"q\":\"a\"}",
+    "{\"\u00e9\":1,\"e\":2}",
+};
+
 static void args_json(gen_t *g, char *out, size_t n) {
   /* Mostly a tiny alphabet (so that repeats and cycles happen), now and
    * then something else (normalizers, numbers, nesting). */
@@ -159,6 +184,7 @@ static void args_json(gen_t *g, char *out, size_t n) {
   else if (shape == 10) snprintf(out, n, "{\"q\":\"%s\",\"n\":%d}", PICK(&g->rng, QS), rint_(&g->rng, 3));
   else if (shape == 11) snprintf(out, n, "{\"id\":\"INV-%d\",\"amount\":%d}", rint_(&g->rng, 3), 10 * rint_(&g->rng, 2));
   else if (shape == 12) snprintf(out, n, "{\"n\":%d,\"q\":\"%s\",\"deep\":{\"k\":[1,2]}}", rint_(&g->rng, 2), PICK(&g->rng, QS));
+  else if (shape == 13 && chance(&g->rng, 50)) snprintf(out, n, "%s", PICK(&g->rng, ODD_ARGS));
   else snprintf(out, n, "{\"q\":\"%s\",\"n\":1.5}", PICK(&g->rng, QS));
 }
 
@@ -236,7 +262,7 @@ static void make_result(gen_t *g, req_t *q) {
   if (chance(r, 15))
     k += (size_t)snprintf(b + k, sizeof b - k, ",\"side_effect_committed\":%s", chance(r, 50) ? "true" : "false");
   static const char *const VALUES[] = {"{\"rows\":[1,2]}", "\"done\"", "0", "[]", "{\"r\":\"\"}",
-                                       "false", "{\"rows\":[]}", "\"ok\"", "1", "{}",
+                                       "false", "\"\\f\"", "\"\u00a0\"", "\"\\\\n\"", "\" \\r\\n x\"",
                                        "null", "\"\"", "\"  \"", "\" \\n\\t\""};
   /* the last four are null or blank: a failure unless empty_ok */
   if (chance(r, 70))
