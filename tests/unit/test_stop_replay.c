@@ -13,7 +13,9 @@
  * over HTTP, a group cancel, a cancel by lg_store_cancel_run on a store
  * handle of its own (as `loopguard runs cancel` does), a deny rule that
  * another replica wrote before the run's next call (the call becomes the
- * cancel), a group cancelled before its run was created, and a shared
+ * cancel), a cancel on a second server on the same store (a replica)
+ * before the run's next call on the first, runs decided by two replicas
+ * in turn, a run or a group cancelled before the run was created, and a shared
  * budget that refuses a model call (budget_exceeded: this used to replay
  * as no stop at all). The cases that need a second handle on the same
  * store (another process, another replica) are left out on memory:,
@@ -42,7 +44,10 @@ typedef struct step {
                         "store-cancel" (lg_store_cancel_run on a handle of
                         its own), "store-deny" (only the run's deny rule,
                         from another handle: a replica that has not
-                        stepped the run) */
+                        stepped the run), "replica-cancel" (POST /cancel
+                        to a second server on the same store), or
+                        "B:ROUTE" (a decision route of that second
+                        server: two replicas deciding one run) */
   const char *body;  /* the body; for the cancels, the reason or NULL */
 } step_t;
 
@@ -51,8 +56,10 @@ typedef struct scase {
   const char *want;    /* the stop reason */
   const char *run;     /* run-creation fields besides run_id (JSON members) */
   const char *budget;  /* "SCOPE LIMIT": PUT /v1/budgets/SCOPE first, or NULL */
-  const char *pre;     /* "group-cancel G" before the run exists, or NULL */
-  int second_handle;   /* needs another handle on the same store */
+  const char *pre;     /* before the run exists: "group-cancel G", or
+                          "cancel" (its id's cancel: 404, the rule waits) */
+  int second_handle;   /* needs another handle on the same store (2: a
+                          second server on it, another replica) */
   step_t steps[16];    /* the last one stops the run */
 } scase_t;
 
@@ -126,6 +133,23 @@ static const scase_t CASES[] = {
     {"cancel by another replica, with a reason, on a model call", "replica-says-no", NULL, NULL, NULL, 1,
      {CALL("{\"id\":1}"), RESULT("progress"), {10, "store-deny", "replica-says-no"},
       {10, "model", "{\"input_tokens\":10}"}}},
+    {"a run cancelled before it was created", "too-early", NULL, NULL, "cancel", 0,
+     {{10, "model", "{\"input_tokens\":10}"}}},
+    /* The run's next call here is the check after every case: stop, and
+     * no line. */
+    {"cancel on another replica, then the run's next call here", "replica-cancel", NULL, NULL, NULL, 2,
+     {CALL("{\"id\":1}"), RESULT("progress"), {10, "replica-cancel", "replica-cancel"}}},
+    {"two replicas deciding one run, to a repeat stop", "same_call_repeat", "\"policy\":{\"repeat\":{\"stop\":4}}",
+     NULL, NULL, 2,
+     {CALL("{\"id\":1}"), {10, "B:results", "{\"status\":\"progress\"}"},
+      {10, "B:calls", "{\"tool\":\"lookup\",\"args\":{\"id\":1}}"}, RESULT("progress"),
+      {10, "B:calls", "{\"tool\":\"lookup\",\"args\":{\"id\":1}}"}, {10, "B:state", "{\"world\":{\"a\":1}}"},
+      CALL("{\"id\":1}")}},
+    {"two replicas, a model call on one and its usage on the other, to a cost cap", "cost_cap",
+     "\"policy\":{\"limits\":{\"max_cost_usd\":0.05}}", NULL, NULL, 2,
+     {{10, "model", "{\"input_tokens\":10,\"cost_usd\":0.03}"},
+      {10, "B:usage", "{\"input_tokens\":10,\"output_tokens\":5,\"cost_usd\":0.04}"},
+      {10, "B:model", "{\"input_tokens\":10,\"cost_usd\":0.02}"}}},
     {"budget_exceeded (a team budget)", "budget_exceeded", "\"scopes\":[\"team:t-%s\"]", "team:t-%s 0.05",
      NULL, 0,
      {{10, "model", "{\"input_tokens\":10,\"cost_usd\":0.03}"},
@@ -162,7 +186,15 @@ static int run_case(ht_conn_t *c, int idx) {
   ht_resp_t a;
   int bad = 0;
   lg_store_t *other = NULL;
-  if (k->second_handle) other = second_handle();
+  lg_server_t *replica = NULL;
+  ht_conn_t cb = {-1, 0};
+  if (k->second_handle == 1) other = second_handle();
+  if (k->second_handle == 2) {
+    char log[300];
+    snprintf(log, sizeof log, "%s/replica-%s.log", TMP, BACKEND);
+    if (!(replica = rc_start(URL, NULL, log))) fail_msg("a second server on %s", URL);
+    ht_open(&cb, lg_server_port(replica));
+  }
   if (k->budget) { /* "SCOPE LIMIT" */
     char scope[256];
     double limit = 0;
@@ -173,7 +205,11 @@ static int run_case(ht_conn_t *c, int idx) {
     if (rc_send(c, &rc, "PUT", path, body, &a) || a.status != 200) bad = 1;
     ht_resp_clear(&a);
   }
-  if (k->pre) { /* "group-cancel G": before the run exists */
+  if (k->pre && !strcmp(k->pre, "cancel")) { /* the run's own id, before it exists: 404 */
+    snprintf(path, sizeof path, "/v1/runs/%s/cancel", run_id);
+    if (rc_send(c, &rc, "POST", path, "{\"reason\":\"too-early\"}", &a) || a.status != 404) bad = 1;
+    ht_resp_clear(&a);
+  } else if (k->pre) { /* "group-cancel G": before the run exists */
     fill(buf, sizeof buf, k->pre);
     snprintf(path, sizeof path, "/v1/groups/%s/cancel", buf + strlen("group-cancel "));
     if (rc_send(c, &rc, "POST", path, "{\"reason\":\"stop-the-group\"}", &a) || a.status != 200) bad = 1;
@@ -209,6 +245,15 @@ static int run_case(ht_conn_t *c, int idx) {
         bad = !listed;
         rc_note_cancel(&rc, listed, NULL);
       }
+    } else if (!strcmp(r, "replica-cancel")) {
+      snprintf(path, sizeof path, "/v1/runs/%s/cancel", run_id);
+      snprintf(body, sizeof body, "{\"reason\":\"%s\"}", st->body);
+      if (rc_send(&cb, &rc, "POST", path, body, &a) || a.status != 200) bad = 1;
+      else rc_note_cancel(&rc, json_is_true(ht_get(&a, "cancelled")), st->body);
+    } else if (!strncmp(r, "B:", 2)) { /* the other replica decides */
+      snprintf(path, sizeof path, "/v1/runs/%s/%s", run_id, r + 2);
+      if (rc_send(&cb, &rc, "POST", path, st->body, &a) || a.status != 200) bad = 1;
+      else rc_note(&rc, r + 2, &a);
     } else if (!strcmp(r, "store-cancel") || !strcmp(r, "store-deny")) {
       lg_error_t err = {0};
       int src = !strcmp(r, "store-cancel")
@@ -257,6 +302,8 @@ static int run_case(ht_conn_t *c, int idx) {
     if (!bad && rc_check(c, &rc, k->name)) bad = 1;
   }
   lg_store_close(other);
+  ht_close(&cb);
+  lg_server_free(replica);
   rc_free(&rc);
   return bad;
 }
