@@ -14,14 +14,15 @@
  * arguments is small, so repeats, repeats far apart and cycles happen;
  * results go to executed calls, to calls that were not executed (409,
  * nothing written) and to no call named; some requests are client errors
- * (4xx: nothing written).
+ * (4xx: nothing written). On sqlite: and postgres: a second server on the
+ * same store (another replica) decides about a third of the events.
  *
  * Environment:
  *   LG_PROP_SEED=N   the seed of the first run (run i has seed N + i);
  *                    a failure prints the run's seed: LG_PROP_SEED=that
  *                    LG_PROP_RUNS=1 replays exactly it
  *   LG_PROP_RUNS=N   runs per backend (default 2000 on memory:, 600 on
- *                    sqlite:, 200 on postgres:; half as many on memory:
+ *                    sqlite:, 400 on postgres:; half as many on memory:
  *                    and sqlite: under ASan)
  *   LG_PROP_VERBOSE=1  print every run's log, not only a failing one's
  */
@@ -200,6 +201,10 @@ static void make_call(gen_t *g, req_t *q) {
   if (chance(r, 15)) /* ids of its own, some used twice, some like the engine's "c<N>" */
     k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"call_id\":\"%s%d\"",
                           chance(r, 50) ? "k" : "c", 1 + rint_(r, 4));
+  /* Keys of this run only. A key shared with another run makes the
+   * server answer from that run's ledger rows (replay, in_progress,
+   * idempotency_mismatch), which the replay of this run's trace alone,
+   * with a ledger of its own, cannot know: it says execute. */
   if (chance(r, 10))
     k += (size_t)snprintf(extra + k, sizeof extra - k, ",\"idempotency_key\":\"%s-key%d\"", g->run_id,
                           rint_(r, 3));
@@ -448,7 +453,9 @@ static void make_policy(rng_t *r, char *out, size_t n) {
 /* ------------------------------------------------------------------ */
 /* One run.                                                            */
 
-static int one_run(ht_conn_t *c, uint64_t seed, int verbose) {
+/* cb: a second server on the same store (another replica), or NULL:
+ * some of a run's events are decided there. */
+static int one_run(ht_conn_t *c, ht_conn_t *cb, uint64_t seed, int verbose) {
   static gen_t g;
   static rc_run_t rc;
   memset(&g, 0, sizeof g);
@@ -515,7 +522,9 @@ static int one_run(ht_conn_t *c, uint64_t seed, int verbose) {
     if (!strcmp(q.route, "cancel")) snprintf(path, sizeof path, "/v1/runs/%s/cancel", run_id);
     else if (!strcmp(q.route, "group-cancel")) snprintf(path, sizeof path, "/v1/groups/%s/cancel", run_id);
     else snprintf(path, sizeof path, "/v1/runs/%s/%s", run_id, q.route);
-    if (rc_send(c, &rc, "POST", path, q.body, &a)) {
+    ht_conn_t *to = cb && chance(&g.rng, 30) ? cb : c;
+    if (to == cb) rc_logf(&rc, "(to the other replica)\n");
+    if (rc_send(to, &rc, "POST", path, q.body, &a)) {
       fprintf(stderr, "%s: no answer to POST %s\n", label, path);
       failed = 1;
       break;
@@ -665,13 +674,23 @@ static void test_property(void **state) {
   int runs = n && *n ? atoi(n)
              : !strcmp(BACKEND, "memory") ? 2000 / SLOW
              : !strcmp(BACKEND, "sqlite") ? 600 / SLOW
-                                          : 200;
-  ht_conn_t c;
+                                          : 400;
+  ht_conn_t c, cb;
   ht_open(&c, PORT);
+  /* memory: is private to its server; the others get a second server on
+   * the same store, a replica, that decides some of every run's events. */
+  lg_server_t *replica = NULL;
+  if (strcmp(BACKEND, "memory")) {
+    char log[300];
+    snprintf(log, sizeof log, "%s/replica-%s.log", TMP, BACKEND);
+    replica = rc_start(URL, PRICES, log);
+    assert_non_null(replica);
+    ht_open(&cb, lg_server_port(replica));
+  }
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int failed = 0;
-  for (int i = 0; i < runs && failed < 3; i++) failed += one_run(&c, seed + (uint64_t)i, v && *v == '1');
+  for (int i = 0; i < runs && failed < 3; i++) failed += one_run(&c, replica ? &cb : NULL, seed + (uint64_t)i, v && *v == '1');
   clock_gettime(CLOCK_MONOTONIC, &t1);
   fprintf(stderr, "%s: %d runs from seed %llu in %.1f s, %d failed\n", BACKEND, runs,
           (unsigned long long)seed, (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9,
@@ -679,6 +698,10 @@ static void test_property(void **state) {
   for (int i = 0; i < NENDS; i++) fprintf(stderr, "  %-28s %d\n", ENDS[i].reason, ENDS[i].n);
   NENDS = 0;
   ht_close(&c);
+  if (replica) {
+    ht_close(&cb);
+    lg_server_free(replica);
+  }
   if (failed) fail_msg("%d runs differ from their replay (seeds above)", failed);
 }
 
