@@ -35,6 +35,12 @@ lg_event_type_t lg_event_type_parse(const char *name) {
   return (lg_event_type_t)0;
 }
 
+bool lg__run_awaits(const lg_run_t *run, const char *call_id) {
+  for (int i = run->npending - 1; i >= 0; i--)
+    if (!strcmp(run->pending[i].call_id, call_id)) return true;
+  return false;
+}
+
 int lg__budget_stop_message(lg__buf_t *b, const char *scope, const char *limit_source,
                             int64_t requested_nusd) {
   lg__buf_printf(b, "The shared budget %s refused this model call (%s): it could cost ",

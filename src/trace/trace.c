@@ -16,7 +16,6 @@
  * are read (and must still be well-formed) but not acted on.
  */
 #include "../canon/canon.h"
-#include "../engine/engine.h"
 #include "../event/event.h"
 
 #include <errno.h>
@@ -948,9 +947,7 @@ static bool skipped_result(replay_t *rp, const ev_t *e) {
    * call's result, as the engine takes it (a client may reuse a call id,
    * or name a call "c4" as the engine names its fourth): the server
    * applied it and wrote it, so replay must apply it too. */
-  for (int i = rp->run->npending - 1; i >= 0; i--)
-    if (!strcmp(rp->run->pending[i].call_id, id)) return false;
-  return was_skipped(rp, id);
+  return !lg__run_awaits(rp->run, id) && was_skipped(rp, id);
 }
 
 /* Gives one parsed event to the run (through lg__run_apply, as every
