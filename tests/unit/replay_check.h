@@ -98,6 +98,10 @@ static const char *rc_route_type(const char *route, const ht_resp_t *a) {
   if (!strcmp(route, "state")) return "state";
   if (!strcmp(route, "handoffs")) return "handoff";
   if (!strcmp(route, "usage")) return "usage";
+  if (!strcmp(route, "text")) return "text";
+  if (!strcmp(route, "user")) return "user";
+  if (!strcmp(route, "compaction")) return "compaction";
+  if (!strcmp(route, "resume")) return "resume";
   if (!strcmp(route, "model"))
     return reason && !strcmp(reason, "budget_exceeded") && json_object_get(a->json, "metadata")
                ? "budget"
@@ -110,7 +114,13 @@ static const char *rc_route_type(const char *route, const ht_resp_t *a) {
  * trace line; a deny rule turns the event into a cancel (the answer's
  * guard is then the kill switch). */
 static __attribute__((unused)) void rc_note(rc_run_t *r, const char *route, const ht_resp_t *a) {
-  if (a->status != 200 || r->stopped) return;
+  /* An accepted resume ends the stop: its line, and the run goes on. */
+  int resume = !strcmp(route, "resume");
+  if (a->status != 200 || r->stopped != resume) return;
+  if (resume) {
+    r->stopped = 0;
+    r->stop_at = -1;
+  }
   rc_line_t *l = rc_push(r);
   const char *action = ht_str(a, "action");
   const char *reason = ht_str(a, "reason");

@@ -370,6 +370,52 @@ static void make_bad(gen_t *g, req_t *q) {
   q->client_error = 1;
 }
 
+/* Text: plain sentences, a chant (one block over and over), a code block
+ * that repeats on purpose, and the same line again and again across
+ * turns (a monologue); now and then in streamed pieces of one turn. */
+static void make_text(gen_t *g, req_t *q) {
+  static const char *const TX[] = {
+      "Let me look at the invoice first.",
+      "I will try again. I will try again. I will try again. I will try again. I will try again.",
+      "Checking the queue now, then the cursor.",
+      "```\nretry();\nretry();\nretry();\nretry();\n```",
+      "Working on it.",
+      "- Step 1: read\n- Step 2: read\n- Step 3: read\n- Step 4: read",
+      "sorry sorry sorry sorry sorry sorry sorry sorry sorry sorry",
+  };
+  rng_t *r = &g->rng;
+  snprintf(q->route, sizeof q->route, "text");
+  const char *t = PICK(r, TX);
+  if (chance(r, 60)) {
+    if (chance(r, 30)) g->turn++;
+    snprintf(q->body, sizeof q->body, "{\"text\":\"%s\",\"turn\":%d}", t, g->turn);
+  } else {
+    snprintf(q->body, sizeof q->body, "{\"text\":\"%s\"}", t);
+  }
+}
+
+static void make_user(gen_t *g, req_t *q) {
+  snprintf(q->route, sizeof q->route, "user");
+  snprintf(q->body, sizeof q->body, chance(&g->rng, 50) ? "{\"text\":\"now do the next one\"}" : "{}");
+}
+
+static void make_compaction(gen_t *g, req_t *q) {
+  (void)g;
+  snprintf(q->route, sizeof q->route, "compaction");
+  snprintf(q->body, sizeof q->body, "{}");
+}
+
+/* A resume: of a stopped run (allowed or refused, by its stop), or of an
+ * active one (409): only an accepted one is a line. */
+static void make_resume(gen_t *g, req_t *q) {
+  rng_t *r = &g->rng;
+  snprintf(q->route, sizeof q->route, "resume");
+  if (chance(r, 50))
+    snprintf(q->body, sizeof q->body, "{\"progress_version\":%d,\"note\":\"fixed\"}", 10 + rint_(r, 90));
+  else
+    snprintf(q->body, sizeof q->body, "{}");
+}
+
 static const kind_t kinds[] = {
     {"call", 40, make_call, heard_call},
     {"result", 25, make_result, heard_result},
@@ -379,8 +425,10 @@ static const kind_t kinds[] = {
     {"usage", 5, make_usage, NULL},
     {"cancel", 1, make_cancel, NULL},
     {"bad", 3, make_bad, NULL},
-    /* New kinds go here, one line each: {"text", W, make_text, NULL},
-     * {"user", ...}, {"compaction", ...}, {"resume", ...}. */
+    {"text", 6, make_text, NULL},
+    {"user", 2, make_user, NULL},
+    {"compaction", 3, make_compaction, NULL},
+    {"resume", 2, make_resume, NULL},
 };
 
 static const kind_t *pick_kind(rng_t *r) {
@@ -446,6 +494,11 @@ static void make_policy(rng_t *r, char *out, size_t n) {
     k += (size_t)snprintf(misc + k, sizeof misc - k, ",\"no_progress\":{\"results\":%d,\"world_steps\":%d}",
                           1 + rint_(r, 4), 1 + rint_(r, 5));
   if (chance(r, 30)) k += (size_t)snprintf(misc + k, sizeof misc - k, ",\"failure_streak\":%d", 1 + rint_(r, 4));
+  if (chance(r, 30)) k += (size_t)snprintf(misc + k, sizeof misc - k, ",\"block_streak\":%d", rint_(r, 4));
+  if (chance(r, 40)) k += (size_t)snprintf(misc + k, sizeof misc - k, ",\"compaction\":{\"max\":%d}", rint_(r, 4));
+  if (chance(r, 40))
+    k += (size_t)snprintf(misc + k, sizeof misc - k, ",\"text\":{\"monologue\":%d,\"repeat\":{\"observe\":%d,\"stop\":%d}}",
+                          2 + rint_(r, 2), 1, 1 + rint_(r, 2));
   snprintf(out, n, "{\"limits\":{%s},\"repeat\":{%s},\"tools\":{%s}%s}", lim[0] ? lim + 1 : "", rep,
            tools, misc);
 }
@@ -519,6 +572,7 @@ static int one_run(ht_conn_t *c, ht_conn_t *cb, uint64_t seed, int verbose) {
     memset(&q, 0, sizeof q);
     k->make(&g, &q);
     char path[256];
+    int was_stopped = rc.stopped; /* then nothing but a resume changes the run */
     if (!strcmp(q.route, "cancel")) snprintf(path, sizeof path, "/v1/runs/%s/cancel", run_id);
     else if (!strcmp(q.route, "group-cancel")) snprintf(path, sizeof path, "/v1/groups/%s/cancel", run_id);
     else snprintf(path, sizeof path, "/v1/runs/%s/%s", run_id, q.route);
@@ -556,7 +610,7 @@ static int one_run(ht_conn_t *c, ht_conn_t *cb, uint64_t seed, int verbose) {
     } else {
       rc_note(&rc, q.route, &a);
     }
-    if (k->heard) k->heard(&g, &q, &a);
+    if (k->heard && !was_stopped) k->heard(&g, &q, &a);
     ht_resp_clear(&a);
   }
   if (failed) {
