@@ -88,6 +88,10 @@ static void json_event(out_t *o, const lg_replay_event_t *ev) {
     fputs(",\"reason\":", f);
     put_str(f, d->reason_text);
   }
+  if (d->operator_note) {
+    fputs(",\"operator_note\":", f);
+    put_str(f, d->operator_note);
+  }
   if (ev->type == LG_EV_CALL) {
     fprintf(f, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
     if (d->call_id) {

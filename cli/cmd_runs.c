@@ -31,6 +31,7 @@ static const char *runs_usage =
     "       loopguard runs export [--reason R] [--since T] [-o DIR] [--store URL]\n"
     "       loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
     "       loopguard runs cancel --group GROUP [--reason TEXT] [--store URL] [--json]\n"
+    "       loopguard runs resume RUN_ID [--progress-version N] [--note TEXT] [--store URL] [--json]\n"
     "\n"
     "Runs kept in a store, for operators. Run 'loopguard runs SUBCOMMAND --help'\n"
     "for each one's flags.\n"
@@ -343,6 +344,65 @@ static int do_trace(int argc, char **argv) {
   return bad ? 1 : 0;
 }
 
+/* ---- resume ---- */
+
+static const char *resume_usage =
+    "usage: loopguard runs resume RUN_ID [--progress-version N] [--note TEXT] [--store URL] [--json]\n"
+    "\n"
+    "Resumes a run that stopped with next_allowed_action resume_after_change (a\n"
+    "repeat, a cycle, no progress, a text loop, ...) once something changed: its\n"
+    "repeat window, cycles and streaks start again; caps, counters, cost and the\n"
+    "ledger carry on. The resume is a line of the run's trace. A run stopped by a\n"
+    "cap, a cancel, a budget or a final status cannot be resumed: start a new run.\n"
+    "\n"
+    "  --progress-version N  the new checkpoint (results must pass it to count as\n"
+    "                        progress)\n"
+    "  --note TEXT           what changed, kept in the trace\n"
+    "  --store URL           memory:, sqlite:PATH or postgres:CONNINFO (default\n"
+    "                        $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
+    "  --json                print {\"run_id\", \"status\", \"envelope\"}\n"
+    "\n"
+    "Exit status: 0 resumed, 1 an error (the run is missing, active, or stopped\n"
+    "for a reason that cannot be resumed), 2 bad usage.\n";
+
+static int do_resume(int argc, char **argv) {
+  const char *store = NULL, *pv = NULL, *note = NULL, *json = NULL;
+  cli_flag_t flags[] = {{"--progress-version", 1, &pv}, {"--note", 1, &note}, {"--store", 1, &store},
+                        {"--json", 0, &json},           {NULL, 0, NULL}};
+  const char *pos[1];
+  int npos, rc = cli_parse(argc, argv, flags, pos, 1, NULL, &npos, resume_usage);
+  if (rc >= 0) return rc;
+  if (npos != 1) return cli_usage(resume_usage, "runs resume needs a RUN_ID");
+  int64_t version = 0;
+  if (pv) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(pv, &end, 10);
+    if (!*pv || *end || errno) return cli_usage(resume_usage, "--progress-version needs a whole number");
+    version = v;
+  }
+  lg_store_t *s = cli_open_store_existing(store);
+  if (!s) return 1;
+  lg_error_t err = {0};
+  rc = lg_store_resume_run(s, pos[0], pv ? &version : NULL, note, cli_now_ms(), &err);
+  if (rc) {
+    cli_error(&err);
+    lg_store_close(s);
+    return 1;
+  }
+  if (json) {
+    lg_run_record_t rec = {0};
+    char *j = lg_store_run_get(s, pos[0], &rec, NULL) ? NULL : lg_run_record_to_json(&rec);
+    printf("%s\n", j ? j : "null");
+    lg_free(j);
+    lg_run_record_clear(&rec);
+  } else {
+    printf("resumed run %s: it is active again; its repeat window and streaks start afresh\n", pos[0]);
+  }
+  lg_store_close(s);
+  return 0;
+}
+
 /* ---- cancel ---- */
 
 static int do_cancel(int argc, char **argv) {
@@ -360,7 +420,10 @@ static int do_cancel(int argc, char **argv) {
   if (!s) return 1;
   lg_error_t err = {0};
   int64_t now = cli_now_ms();
-  const char *shown = reason ? reason : "operator_cancelled_loop";
+  /* The reason is always the kill switch's; the operator's words are a
+   * note beside it (the envelope's operator_note). */
+  char shown[600];
+  snprintf(shown, sizeof shown, "operator_cancelled_loop%s%s", reason ? ": " : "", reason ? reason : "");
   if (group) {
     char *ids = NULL;
     rc = lg_store_cancel_group(s, group, reason, now, &ids, &err);
@@ -369,8 +432,9 @@ static int do_cancel(int argc, char **argv) {
     } else if (json) {
       printf("{\"group\":");
       put_str(stdout, group);
-      printf(",\"reason\":");
-      put_str(stdout, shown);
+      printf(",\"reason\":\"operator_cancelled_loop\",\"operator_note\":");
+      if (reason) put_str(stdout, reason);
+      else fputs("null", stdout);
       printf(",\"cancelled\":%s}\n", ids);
     } else {
       printf("cancelled group %s (%s): every run of it stops at its next decision; "
@@ -392,8 +456,9 @@ static int do_cancel(int argc, char **argv) {
   if (json) {
     printf("{\"run_id\":");
     put_str(stdout, pos[0]);
-    printf(",\"reason\":");
-    put_str(stdout, shown);
+    printf(",\"reason\":\"operator_cancelled_loop\",\"operator_note\":");
+    if (reason) put_str(stdout, reason);
+    else fputs("null", stdout);
     printf(",\"stored\":%s,\"envelope\":%s}\n", stored ? "true" : "false",
            stored && rec.envelope_json && *rec.envelope_json ? rec.envelope_json : "null");
   } else if (stored) {
@@ -421,6 +486,7 @@ int cmd_runs(int argc, char **argv) {
   if (!strcmp(sub, "show")) return do_show(argc - 1, argv + 1);
   if (!strcmp(sub, "trace")) return do_trace(argc - 1, argv + 1);
   if (!strcmp(sub, "cancel")) return do_cancel(argc - 1, argv + 1);
+  if (!strcmp(sub, "resume")) return do_resume(argc - 1, argv + 1);
   if (!strcmp(sub, "export")) return cmd_runs_export(argc - 1, argv + 1); /* cmd_export.c */
   return cli_usage(runs_usage, "unknown runs subcommand '%s'", sub);
 }

@@ -333,6 +333,9 @@ typedef struct lg_decision {
                                  calls let through while the escalation
                                  lasts, the model to use instead; or NULL */
   uint32_t escalate_turns;    /* model calls the escalation still lasts */
+  const char *operator_note;  /* a stop by a cancel: the operator's own
+                                 words, or NULL (the reason stays
+                                 operator_cancelled_loop) */
 } lg_decision_t;
 
 /* A tool call as the model asked for it. */
@@ -474,8 +477,10 @@ LG_EXPORT int lg_run_state(lg_run_t *run, lg_canon_t *canon,
 /* One agent hands the task to another: the handoff cap. */
 LG_EXPORT int lg_run_handoff(lg_run_t *run, const char *from, const char *to,
                              int64_t t_ms, lg_decision_t *d, lg_error_t *err);
-/* The kill switch: the run stops now with `reason` (NULL:
- * operator_cancelled_loop). Fills *d with the stop. */
+/* The kill switch: the run stops now, with the terminal reason
+ * operator_cancelled_loop whatever `reason` says; the operator's own words
+ * (`reason`, may be NULL) are kept beside it, as the decision's and the
+ * envelope's operator_note. Fills *d with the stop. */
 LG_EXPORT int lg_run_cancel(lg_run_t *run, const char *reason, int64_t t_ms,
                             lg_decision_t *d);
 /* A stop decided outside the engine (a shared budget refused the call, a
@@ -901,6 +906,17 @@ LG_EXPORT int lg_store_run_trace(lg_store_t *s, const char *run_id, char **text,
 LG_EXPORT int lg_store_cancel_run(lg_store_t *s, const char *run_id,
                                   const char *reason, int64_t now_ms,
                                   lg_error_t *err);
+/* Resumes a stored run stopped with next_allowed_action
+ * resume_after_change, once the operator changed something: a resume
+ * event through the decision step (lg_run_resume), recorded in the run's
+ * trace. progress_version (may be NULL) is the new checkpoint; note (may
+ * be NULL) says what changed and is kept in the trace. LG_ENOTFOUND when
+ * the run is not stored; LG_ESTATE, with err->message saying why, when it
+ * is active or its stop cannot be resumed (a cap, a cancel, a budget, a
+ * final status): nothing changes then. */
+LG_EXPORT int lg_store_resume_run(lg_store_t *s, const char *run_id,
+                                  const int64_t *progress_version, const char *note,
+                                  int64_t now_ms, lg_error_t *err);
 /* Cancels a group: a durable deny rule for every run of the group, present
  * and future; the active stored runs of the group are stopped and saved.
  * *cancelled_json (may be NULL) receives a JSON array of their ids (new;

@@ -83,6 +83,7 @@ static void reset(lg_run_t *run, lg_decision_t *d) {
   d->reservation = 0;
   d->escalate_model = NULL;
   d->escalate_turns = 0;
+  d->operator_note = NULL;
   run->msg.len = 0;
   run->msg.oom = false; /* scratch reused per decision: a failure must not stick */
   if (run->msg.data) run->msg.data[0] = 0;
@@ -124,7 +125,8 @@ static lg_next_t next_for(lg_reason_t r) {
 static void stopped_decision(lg_run_t *run, lg_decision_t *d) {
   d->action = LG_ACT_STOP;
   d->reason = run->reason;
-  d->reason_text = run->reason_text ? run->reason_text : lg_reason_name(run->reason);
+  d->reason_text = lg_reason_name(run->reason);
+  d->operator_note = run->reason_text;
   d->guard = run->guard;
   d->next_allowed_action = run->next;
   d->alternatives = run->alternatives;
@@ -367,7 +369,7 @@ const lg_policy_t *lg_run_policy(const lg_run_t *run) { return run->policy; }
 int lg_run_stopped(const lg_run_t *run) { return run->stopped; }
 const char *lg_run_terminal_reason(const lg_run_t *run) {
   if (!run->stopped) return NULL;
-  return run->reason_text ? run->reason_text : lg_reason_name(run->reason);
+  return lg_reason_name(run->reason); /* one of the documented set, always */
 }
 void lg_run_counters(const lg_run_t *run, lg_counters_t *out) { *out = run->c; }
 

@@ -176,7 +176,8 @@ struct lg_run {
   /* The end. */
   bool stopped;
   lg_reason_t reason;
-  char *reason_text;       /* the operator's own reason, or NULL */
+  char *reason_text;       /* a cancel: the operator's own words, or NULL
+                              (the envelope's operator_note) */
   const char *guard;       /* static string */
   lg_next_t next;
   unsigned alternatives;

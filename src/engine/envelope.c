@@ -47,6 +47,8 @@ char *lg_run_envelope_json(const lg_run_t *run) {
   str_or_null(&b, run->group);
   lg__buf_printf(&b, ",\"status\":\"%s\",\"terminal_reason\":", run->stopped ? "stopped" : "active");
   str_or_null(&b, lg_run_terminal_reason(run));
+  lg__buf_puts(&b, ",\"operator_note\":");
+  str_or_null(&b, run->stopped ? run->reason_text : NULL);
   lg__buf_puts(&b, ",\"guard\":");
   str_or_null(&b, run->stopped ? run->guard : NULL);
   lg__buf_puts(&b, ",\"message\":");

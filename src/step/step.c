@@ -105,6 +105,7 @@ static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
   const char *why = d->reason_text && *d->reason_text ? d->reason_text : NULL;
   if (!why && d->reason != LG_R_NONE) why = lg_reason_name(d->reason);
   kv_str(b, "reason", why);
+  kv_str(b, "operator_note", d->operator_note);
   if (d->guard && *d->guard) kv_str(b, "guard", d->guard);
   if (type == LG_EV_CALL && d->fingerprint[0]) { /* none: stopped by a deny rule */
     lg__buf_printf(b, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
@@ -160,6 +161,7 @@ static void stop_fields(lg__step_t *st, const char *run_id, const lg_decision_t 
   lg__buf_puts(f, ",\"guard\":");
   if (d->guard && *d->guard) lg__buf_json_str(f, d->guard, strlen(d->guard));
   else lg__buf_puts(f, "null");
+  kv_str(f, "operator_note", d->operator_note);
   kv_str(f, "tool", tool);
   kv_str(f, "call_id", d->call_id);
   kv_str(f, "on", lg_event_type_name(st->ev.type));
@@ -580,5 +582,22 @@ int lg_store_cancel_group(lg_store_t *s, const char *group, const char *reason, 
     if (!*cancelled_json) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
   lg__buf_free(&c.b);
+  return rc;
+}
+
+int lg_store_resume_run(lg_store_t *s, const char *run_id, const int64_t *progress_version,
+                        const char *note, int64_t now_ms, lg_error_t *err) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESUME;
+  ev.u.resume.has_progress_version = progress_version != NULL;
+  ev.u.resume.progress_version = progress_version ? *progress_version : 0;
+  ev.u.resume.note = note;
+  lg__step_t st;
+  lg__step_init(&st, &ev, now_ms);
+  int rc = lg__step_run(s, run_id, &st, err);
+  if (rc == LG_ENOTFOUND && st.fail == LG__STEP_NO_RUN)
+    lg__err(err, rc, NULL, -1, "no run \"%s\" in %s", run_id, lg_store_name(s));
+  lg__step_clear(&st);
   return rc;
 }

@@ -100,7 +100,7 @@ try {
   const next = await fetch(URL + '/v1/runs/live-1/calls', { method: 'POST',
     headers: { Authorization: 'Bearer ' + AG, 'Content-Type': 'application/json' },
     body: JSON.stringify({ tool: 'search', args: { q: 'again' } }) }).then((r) => r.json());
-  check('next call after the kill switch is stop', next.action === 'stop' && next.reason === 'console_test_kill', JSON.stringify(next));
+  check('next call after the kill switch is stop', next.action === 'stop' && next.reason === 'operator_cancelled_loop' && next.operator_note === 'console_test_kill', JSON.stringify(next));
   await page.waitForFunction(() => /stopped/.test(document.querySelector('#run-facts').textContent));
   await page.screenshot({ path: join(ART, 'console-cancelled.png'), fullPage: true });
 
@@ -108,7 +108,7 @@ try {
   await page.goto(URL + '/#/incidents');
   await page.waitForSelector('#incidents .group');
   const inc = await page.locator('#incidents').innerText();
-  check('incidents grouped by reason', /same_call_repeat \(1\)/.test(inc) && /console_test_kill \(1\)/.test(inc), inc);
+  check('incidents grouped by reason', /same_call_repeat \(1\)/.test(inc) && /operator_cancelled_loop \(1\)/.test(inc), inc);
   check('incident download buttons', (await page.locator('#incidents button').count()) === 2);
   await page.screenshot({ path: join(ART, 'console-incidents.png'), fullPage: true });
 

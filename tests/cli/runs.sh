@@ -52,9 +52,9 @@ check "cancel future run" 0 "$bin" runs cancel night-42 --reason "runaway billin
 has "not stored yet" "not in the store yet" "$out"
 has "reason echoed" "runaway billing" "$out"
 check "cancel json" 0 "$bin" runs cancel night-43 --store "$store" --json
-has "cancel json" '{"run_id":"night-43","reason":"operator_cancelled_loop","stored":false,"envelope":null}' "$out"
+has "cancel json" '{"run_id":"night-43","reason":"operator_cancelled_loop","operator_note":null,"stored":false,"envelope":null}' "$out"
 check "cancel group" 0 "$bin" runs cancel --group batch --reason stop --store "$store" --json
-has "group json" '{"group":"batch","reason":"stop","cancelled":[]}' "$out"
+has "group json" '{"group":"batch","reason":"operator_cancelled_loop","operator_note":"stop","cancelled":[]}' "$out"
 check "default store from env" 0 env LOOPGUARD_STORE="$store" "$bin" runs cancel night-44
 
 # Errors and usage.

@@ -61,9 +61,9 @@ grep -q '"event":"log_reopened"' "$TMP/a.log" || fail "the log was not reopened"
 curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p2"}' >/dev/null
 curl -sf -XPOST "$A_URL/v1/runs/p2/cancel" -d '{"reason":"after rotation"}' >/dev/null
 # the stop line may follow the answer: wait for it (up to 5 s), no fixed nap
-for i in $(seq 100); do grep -q '"reason":"after rotation"' "$TMP/a.log" && break; sleep 0.05; done
-grep -q '"reason":"after rotation"' "$TMP/a.log" || fail "a stop after SIGHUP went elsewhere"
-grep -q '"reason":"before rotation"' "$TMP/a.log.1" || fail "the old log lost its stop line"
+for i in $(seq 100); do grep -q '"operator_note":"after rotation"' "$TMP/a.log" && break; sleep 0.05; done
+grep -q '"operator_note":"after rotation"' "$TMP/a.log" || fail "a stop after SIGHUP went elsewhere"
+grep -q '"operator_note":"before rotation"' "$TMP/a.log.1" || fail "the old log lost its stop line"
 grep -q '"guard":"kill_switch"' "$TMP/a.log" || fail "the stop line does not name the guard"
 
 note "SIGTERM drains requests in flight, closes the store, exits 0"

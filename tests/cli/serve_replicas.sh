@@ -60,7 +60,7 @@ note "a cancel through A stops the run on B"
 curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}2\",\"group\":\"${P}g\"}" >/dev/null || fail create
 [ "$(act "$B_URL" ${P}2 '{"tool":"t"}')" = "execute//1" ] || fail "${P}2 first call"
 curl -sf -XPOST "$A_URL/v1/runs/${P}2/cancel" -d '{"reason":"stop it"}' >/dev/null || fail cancel
-[ "$(act "$B_URL" ${P}2 '{"tool":"u"}' | cut -d/ -f1,2)" = "stop/stop it" ] || fail "B did not stop ${P}2"
+[ "$(act "$B_URL" ${P}2 '{"tool":"u"}' | cut -d/ -f1,2)" = "stop/operator_cancelled_loop" ] || fail "B did not stop ${P}2"
 
 note "a group cancelled on B stops a run created later on A"
 curl -sf -XPOST "$B_URL/v1/groups/${P}g2/cancel" -d '{}' >/dev/null || fail "group cancel"

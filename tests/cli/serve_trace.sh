@@ -50,7 +50,8 @@ def session(name, policy, steps):
                 if getattr(e, "status", 0) != 409: raise
         elif kind == "cancel":
             d = lg.cancel(run, reason=kw.get("reason"))
-            if d.get("cancelled"): said.append("cancel stop %s" % (kw.get("reason") or "operator_cancelled_loop"))
+            # the reason is the kill switch's; the operator's words are a note
+            if d.get("cancelled"): said.append("cancel stop operator_cancelled_loop")
     path = os.path.join(tmp, run + ".jsonl")
     with open(path, "w") as f:
         f.write(lg.trace(run))

@@ -149,7 +149,8 @@ static __attribute__((unused)) void rc_note_cancel(rc_run_t *r, int stopped_now,
   if (l) {
     snprintf(l->type, sizeof l->type, "cancel");
     snprintf(l->action, sizeof l->action, "stop");
-    snprintf(l->reason, sizeof l->reason, "%s", reason ? reason : "operator_cancelled_loop");
+    (void)reason; /* the operator's words are a note: the reason is the kill switch's */
+    snprintf(l->reason, sizeof l->reason, "operator_cancelled_loop");
   }
   r->stopped = 1;
   r->stop_at = r->n - 1;

@@ -661,14 +661,18 @@ static void t_operator_cancel(void **state) {
   assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
   assert_int_equal(lg_run_cancel(r, "runaway spend on ticket 91", 42, &d), 0);
   assert_stop(&d, LG_R_OPERATOR_CANCELLED, "kill_switch");
-  assert_string_equal(d.reason_text, "runaway spend on ticket 91");
-  assert_string_equal(lg_run_terminal_reason(r), "runaway spend on ticket 91");
+  /* The reason is one of the documented set; the words are a note. */
+  assert_string_equal(d.reason_text, "operator_cancelled_loop");
+  assert_string_equal(d.operator_note, "runaway spend on ticket 91");
+  assert_string_equal(lg_run_terminal_reason(r), "operator_cancelled_loop");
   /* Every later call gets the stop, before any side effect. */
   call(r, "b", "{}", &d);
   assert_stop(&d, LG_R_OPERATOR_CANCELLED, "kill_switch");
-  assert_string_equal(d.reason_text, "runaway spend on ticket 91");
+  assert_string_equal(d.reason_text, "operator_cancelled_loop");
+  assert_string_equal(d.operator_note, "runaway spend on ticket 91");
   json_t *e = envelope(r);
-  assert_string_equal(jstr(e, "terminal_reason"), "runaway spend on ticket 91");
+  assert_string_equal(jstr(e, "terminal_reason"), "operator_cancelled_loop");
+  assert_string_equal(jstr(e, "operator_note"), "runaway spend on ticket 91");
   assert_string_equal(jstr(e, "guard"), "kill_switch");
   assert_int_equal(jint(e, "stopped_at_ms"), 42);
   json_decref(e);
@@ -857,7 +861,8 @@ static void t_order_stopped_first(void **state) {
   assert_int_equal(lg_run_cancel(r, "halt", 1, &d), 0);
   call_t(r, "a", "{}", 5000, &d); /* past the wall clock: still the cancel */
   assert_stop(&d, LG_R_OPERATOR_CANCELLED, "kill_switch");
-  assert_string_equal(d.reason_text, "halt");
+  assert_string_equal(d.reason_text, "operator_cancelled_loop");
+  assert_string_equal(d.operator_note, "halt");
   lg_run_free(r);
 }
 

@@ -136,6 +136,10 @@ static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summa
       sb_str(b, ",\"reason\":");
       sb_quote(b, d->reason_text);
     }
+    if (d->operator_note) {
+      sb_str(b, ",\"operator_note\":");
+      sb_quote(b, d->operator_note);
+    }
     if (ev->type == LG_EV_CALL) {
       sb_fmt(b, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
       if (d->call_id) {

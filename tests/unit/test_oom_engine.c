@@ -91,9 +91,9 @@ static long failed(void) { return __atomic_load_n(&g_failed, __ATOMIC_SEQ_CST); 
 /* Decisions, described as one string for comparison.                  */
 
 static void describe(const lg_decision_t *d, bool with_message, char *out, size_t cap) {
-  snprintf(out, cap, "%s/%s/%s/%s rep=%u fp=%s id=%s key=%s msg=%s hide=%s:%u alt=%u next=%s resv=%lld esc=%s:%u saved=%.*s",
+  snprintf(out, cap, "%s/%s/%s/%s note=%s rep=%u fp=%s id=%s key=%s msg=%s hide=%s:%u alt=%u next=%s resv=%lld esc=%s:%u saved=%.*s",
            lg_action_name(d->action), lg_reason_name(d->reason), d->reason_text ? d->reason_text : "(null)",
-           d->guard ? d->guard : "(null)", d->repeat, d->fingerprint, d->call_id ? d->call_id : "-",
+           d->guard ? d->guard : "(null)", d->operator_note ? d->operator_note : "-", d->repeat, d->fingerprint, d->call_id ? d->call_id : "-",
            d->idempotency_key ? d->idempotency_key : "-",
            with_message ? (d->message ? d->message : "-") : "?", d->hide_tool ? d->hide_tool : "-",
            d->hide_turns, d->alternatives, lg_next_name(d->next_allowed_action), (long long)d->reservation,
@@ -510,7 +510,7 @@ static void t_scenarios_are_meaningful(void **state) {
   assert_non_null(strstr(ref.desc[2], "block/idempotency_mismatch"));
   assert_non_null(strstr(ref.desc[4], "stop/unknown_outcome"));
   play("cancel", p, S_CANCEL, sizeof S_CANCEL / sizeof S_CANCEL[0], &ref, true);
-  assert_non_null(strstr(ref.desc[3], "stop/operator_cancelled_loop/an operator's own reason"));
+  assert_non_null(strstr(ref.desc[3], "stop/operator_cancelled_loop/operator_cancelled_loop/kill_switch note=an operator's own reason"));
   lg_policy_t *pt = parse(POLICY_TEXT);
   play("text", pt, S_TEXT, sizeof S_TEXT / sizeof S_TEXT[0], &ref, true);
   assert_non_null(strstr(ref.desc[1], "observe/text_repeat"));

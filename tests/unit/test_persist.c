@@ -853,7 +853,7 @@ static void t_truncated_and_extended(void **state) {
   /* The intact blob loads and decides like the original (a stopped run). */
   lg_run_t *r = lg_run_load(b, n, NULL, NULL, NULL);
   assert_non_null(r);
-  assert_string_equal(lg_run_terminal_reason(r), "because");
+  assert_string_equal(lg_run_terminal_reason(r), "operator_cancelled_loop");
   assert_string_equal(lg_run_group(r), "grp");
   lg_run_free(r);
   for (size_t k = 0; k < n; k++) {

@@ -506,7 +506,7 @@ static void t_events_after_stop(void **state) {
   replay_err(RUN "{\"type\":\"cancel\"}\n{\"type\":\"call\",\"tool\":7}\n", LG_ETRACE, 3, "tool");
   /* A cancel with a reason. */
   r = replay_ok(RUN CALL("a", 1) "{\"type\":\"cancel\",\"reason\":\"ops said so\"}\n" CALL("a", 2), NULL);
-  assert_string_equal(r->terminal_reason, "ops said so");
+  assert_string_equal(r->terminal_reason, "operator_cancelled_loop");
   assert_int_equal(must_ev(r, 3)->action, LG_ACT_STOP);
   assert_int_equal(r->stopped_at_line, 3);
   assert_int_equal(r->after_stop, 1);

@@ -462,14 +462,24 @@ static void test_cancel(void **state) {
   new_run(run, sizeof run, "\"group\":\"grp-c\"");
   call(run, "{\"tool\":\"t\"}", &r);
   ht_resp_clear(&r);
+  /* A model call of 0.0031 USD: the cancel's envelope says 0.0031, as the
+   * counters do (it once said 0.0030999999999999999). */
+  post(run, "model", "{\"input_tokens\":10,\"max_tokens\":10,\"cost_usd\":0.0031}", 200, &r);
+  ht_resp_clear(&r);
+  post(run, "usage", "{\"input_tokens\":10,\"output_tokens\":5,\"cost_usd\":0.0031}", 200, &r);
+  ht_resp_clear(&r);
   snprintf(path, sizeof path, "/v1/runs/%s/cancel", run);
   req("POST", path, "{\"reason\":\"runaway spend\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "envelope.terminal_reason"), "runaway spend");
+  assert_non_null(strstr(r.body, "\"cost_usd\":0.0031,"));
+  assert_null(strstr(r.body, "0.00309"));
+  assert_string_equal(ht_str(&r, "envelope.terminal_reason"), "operator_cancelled_loop");
+  assert_string_equal(ht_str(&r, "envelope.operator_note"), "runaway spend");
   assert_string_equal(ht_str(&r, "envelope.guard"), "kill_switch");
   ht_resp_clear(&r);
   call(run, "{\"tool\":\"t\"}", &r);
   assert_string_equal(ht_str(&r, "action"), "stop");
-  assert_string_equal(ht_str(&r, "reason"), "runaway spend");
+  assert_string_equal(ht_str(&r, "reason"), "operator_cancelled_loop");
+  assert_string_equal(ht_str(&r, "operator_note"), "runaway spend");
   ht_resp_clear(&r);
   req("POST", path, NULL, 200, &r); /* again: still stopped, same envelope */
   ht_resp_clear(&r);
@@ -593,7 +603,7 @@ static void test_trace_replays(void **state) {
   ht_advance(5);
   req("POST", path, "{\"reason\":\"enough\"}", 200, &r);
   ht_resp_clear(&r);
-  snprintf(want.actions[want.n++], 48, "stop/enough");
+  snprintf(want.actions[want.n++], 48, "stop/operator_cancelled_loop");
   call(run, "{\"tool\":\"search\",\"args\":{\"q\":\"z\"}}", &r);
   ht_resp_clear(&r);
 
@@ -624,7 +634,7 @@ static void test_trace_replays(void **state) {
   for (int i = 0; i < want.n; i++)
     if (strcmp(got.actions[i], want.actions[i]))
       fail_msg("decision %d: server %s, replay %s\n%s", i, want.actions[i], got.actions[i], r.body);
-  assert_string_equal(got.terminal, "enough");
+  assert_string_equal(got.terminal, "operator_cancelled_loop");
   assert_string_equal(want.actions[want.n - 2], "execute/"); /* the last model call fit */
   ht_resp_clear(&r);
   req("GET", "/v1/runs/no-such-run/trace", NULL, 404, &r);

@@ -91,9 +91,11 @@ static void test_list_show_cancel(void **state) {
 
   /* The kill switch on a live run. */
   assert_int_equal(run_cli("runs cancel newest --reason 'costs too much'", &out), 0);
-  assert_non_null(strstr(out, "cancelled run newest (costs too much)"));
+  assert_non_null(strstr(out, "cancelled run newest (operator_cancelled_loop: costs too much)"));
   assert_int_equal(run_cli("runs show newest --json", &out), 0);
-  assert_non_null(strstr(out, "\"status\":\"stopped\",\"terminal_reason\":\"costs too much\""));
+  /* The reason is the kill switch's; the operator's words are a note. */
+  assert_non_null(strstr(out, "\"status\":\"stopped\",\"terminal_reason\":\"operator_cancelled_loop\""));
+  assert_non_null(strstr(out, "\"operator_note\":\"costs too much\""));
   assert_non_null(strstr(out, "\"cancel\":{\"reason\":\"costs too much\"}"));
   s = lgt_open(url, NULL);
   char *reason = NULL;
