@@ -138,12 +138,15 @@ int lg_store_claim(lg_store_t *s, const char *key, const char *request_fp, const
   if (!rc) rc = check_fp(request_fp, err);
   if (rc) return rc;
   if (lease_ms <= 0) lease_ms = s->opts.lease_ms;
+  /* now + lease saturates: a lease of 2^63-1 ms means "for ever", and an
+   * overflow would have put its end in the past (unknown_outcome at once). */
+  int64_t lease_until = now_ms > 0 && lease_ms > INT64_MAX - now_ms ? INT64_MAX : now_ms + lease_ms;
   lg__op_row_t mine = {
       .key = (char *)key,
       .request_fp = (char *)request_fp,
       .run_id = (char *)(run_id && *run_id ? run_id : NULL),
       .state = LG__OP_PENDING,
-      .lease_until_ms = now_ms + lease_ms,
+      .lease_until_ms = lease_until,
       .created_ms = now_ms,
       .updated_ms = now_ms,
   };

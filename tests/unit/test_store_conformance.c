@@ -397,6 +397,78 @@ static void test_engine_replays_through_store(void **state) {
   lg_canon_free(canon);
 }
 
+/* A lease of 2^63-1 ms is "for ever": now + lease must not overflow into
+ * the past (it made the claim unknown_outcome at once, and UBSan abort). */
+static void test_lease_saturates(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_operation_t op;
+  assert_int_equal(claim(s, "forever", FP1, INT64_MAX, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(claim(s, "forever", FP1, 100, T0 + 1, &c), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(claim(s, "forever", FP1, 100, T0 + 100LL * 365 * 86400000, &c),
+                   LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(lg_store_operation(s, "forever", T0 + 2, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_IN_PROGRESS);
+  assert_true(op.lease_until_ms == INT64_MAX);
+  char *j = lg_operation_to_json(&op);
+  assert_non_null(j);
+  lg_free(j);
+  lg_operation_clear(&op);
+  /* The same through the run-relative face and the in-memory ledger. */
+  lg_ledger_t *at = lg_store_ledger_at(s, T0);
+  assert_int_equal(at->methods->claim(at->self, "forever2", FP1, NULL, INT64_MAX, 5, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  assert_int_equal(at->methods->peek(at->self, "forever2", FP1, 10, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  lg_ledger_free(at);
+  lg_ledger_t *m = lg_ledger_memory_new();
+  assert_int_equal(m->methods->claim(m->self, "k", FP1, NULL, INT64_MAX, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  assert_int_equal(m->methods->peek(m->self, "k", FP1, T0 + 1, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  lg_ledger_free(m);
+}
+
+/* A derived idempotency key has one length whatever the run id: a
+ * 1,024-byte run id made every derived key longer than the ledger's
+ * 1,024-byte limit (a 400 naming "key", a field the client never sent). */
+static void test_derived_key_fixed_length(void **state) {
+  lg_store_t *s = *state;
+  lg_canon_t *canon = lg_canon_new();
+  lg_error_t err = {0};
+  const char *pj = "{\"tools\":{\"charge\":{\"side_effects\":true}}}";
+  lg_policy_t *p = lg_policy_parse(pj, strlen(pj), NULL, &err);
+  assert_non_null(p);
+  char ids[2][1025];
+  memset(ids[0], 'r', 1024);
+  ids[0][1024] = 0;
+  snprintf(ids[1], sizeof ids[1], "r");
+  char keys[2][128];
+  for (int i = 0; i < 2; i++) {
+    lg_ledger_t *l = lg_store_ledger_at(s, T0);
+    lg_run_t *run = lg_run_new(ids[i], NULL, p, NULL, l, &err);
+    assert_non_null(run);
+    lg_call_t call = {.tool = "charge", .args = "{\"invoice\":7}", .args_len = 13, .t_ms = 10};
+    lg_decision_t d;
+    int rc = lg_run_before(run, canon, &call, &d, &err);
+    if (rc) fail_msg("before: %s: %s", lg_err_name(rc), err.message);
+    assert_int_equal(d.action, LG_ACT_EXECUTE);
+    assert_non_null(d.idempotency_key);
+    assert_int_equal(strlen(d.idempotency_key), 67);
+    assert_memory_equal(d.idempotency_key, "lg:", 3);
+    snprintf(keys[i], sizeof keys[i], "%s", d.idempotency_key);
+    lg_run_free(run);
+    lg_ledger_free(l);
+  }
+  assert_string_not_equal(keys[0], keys[1]); /* one key per run */
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, keys[0], T0 + 20, &op, NULL), 0);
+  assert_string_equal(op.run_id, ids[0]);
+  lg_operation_clear(&op);
+  lg_policy_free(p);
+  lg_canon_free(canon);
+}
+
 /* ------------------------------------------------------------------ */
 /* Runs.                                                               */
 
@@ -1037,6 +1109,8 @@ int main(void) {
       T(test_retention_reclaim),
       T(test_ledger_interface),
       T(test_engine_replays_through_store),
+      T(test_lease_saturates),
+      T(test_derived_key_fixed_length),
       T(test_run_records),
       T(test_run_list),
       T(test_with_run),
