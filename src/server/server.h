@@ -176,6 +176,7 @@ typedef struct lg__body {
   double amount_usd;             /* reserve */
   int64_t ttl_ms;                /* reserve: -1 absent */
   double actual_usd;             /* settle */
+  const char *claim_token;       /* commit, fail: the claim's token */
 } lg__body_t;
 
 /* Parses body text for `kind` into *out (which need not be initialised). An empty body is

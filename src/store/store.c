@@ -40,6 +40,8 @@ void lg__op_row_clear(lg__op_row_t *r) {
   lg__free(r->run_id);
   lg__free(r->result);
   lg__free(r->operation_id);
+  lg__free(r->claim_token);
+  lg__free(r->resolved_by);
   memset(r, 0, sizeof *r);
 }
 
@@ -464,6 +466,7 @@ const char *lg_op_state_name(lg_op_state_t st) {
   case LG_OP_UNKNOWN_OUTCOME: return "unknown_outcome";
   case LG_OP_COMMITTED: return "committed";
   case LG_OP_FAILED: return "failed";
+  case LG_OP_FREE: return "free";
   }
   return "?";
 }
@@ -475,6 +478,7 @@ void lg_operation_clear(lg_operation_t *op) {
   lg__free(op->run_id);
   lg__free(op->result);
   lg__free(op->operation_id);
+  lg__free(op->resolved_by);
   memset(op, 0, sizeof *op);
 }
 
@@ -499,6 +503,11 @@ char *lg_operation_to_json(const lg_operation_t *op) {
   json_time(&b, op->updated_ms);
   lg__buf_puts(&b, ",\"lease_until\":");
   json_time(&b, op->lease_until_ms);
+  lg__buf_puts(&b, ",\"resolved_by\":");
+  json_str_or_null(&b, op->resolved_by);
+  lg__buf_puts(&b, ",\"resolved_at\":");
+  if (op->resolved_by) json_time(&b, op->resolved_ms);
+  else lg__buf_puts(&b, "null");
   lg__buf_putc(&b, '}');
   return lg__buf_steal(&b, NULL);
 }

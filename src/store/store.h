@@ -54,6 +54,13 @@ typedef struct lg__op_row {
   int64_t lease_until_ms; /* end of the claim's lease */
   int64_t created_ms;     /* when it was claimed */
   int64_t updated_ms;     /* its last change */
+  /* schema 6: */
+  char *claim_token;      /* the claimant's token ("ct_" + 32 hex), NULL for
+                             a claim made before schema 6 */
+  char *resolved_by;      /* an operator's outcome: who recorded it, or NULL */
+  int64_t resolved_ms;    /* ... and when (0: not an operator's) */
+  int freed;              /* FAILED row kept only as the record of an
+                             operator's retryable failure: the key is free */
 } lg__op_row_t;
 
 void lg__op_row_clear(lg__op_row_t *r);
@@ -101,6 +108,10 @@ typedef struct lg__resv_row {
   int64_t created_ms;
   int64_t expires_ms;   /* the hold ends here */
   int64_t settled_ms;   /* settled: when; else 0 */
+  /* schema 6: */
+  int64_t asked_micro;  /* settled above what the settler may charge: what
+                           it asked (actual_micro is what was charged);
+                           -1: charged as asked */
 } lg__resv_row_t;
 
 void lg__resv_row_clear(lg__resv_row_t *r);

@@ -125,6 +125,17 @@ static const char *const migrations[] = {
     "    WHERE run_id = NEW.run_id;"
     "  UPDATE lg_runs SET trace_tail = NULL WHERE seq = NEW.seq;"
     "  END;"),
+    /* 6: who may undo what (issue "Hardening"). A claim's token, which
+     * commit and fail from an agent must present; an operator's outcome
+     * recorded with who and when; a key an operator freed kept as a
+     * FAILED row marked freed (it counts as free) so that the record
+     * stays visible; a settlement above what its settler may charge,
+     * with what was asked. */
+    ("ALTER TABLE lg_operations ADD COLUMN claim_token TEXT;"
+    "ALTER TABLE lg_operations ADD COLUMN resolved_by TEXT;"
+    "ALTER TABLE lg_operations ADD COLUMN resolved_ms INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE lg_operations ADD COLUMN freed INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro INTEGER NOT NULL DEFAULT -1;"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
@@ -183,17 +194,21 @@ enum {
   " COUNT(CASE WHEN expires_ms <= ?2 THEN 1 END) AS ecount FROM lg_budget_holds"
 #define RESV_COLS                                                                       \
   "id, amount_micro, scopes, run_id, run_seq, model, state, actual_micro, created_ms,"  \
-  " expires_ms, settled_ms"
+  " expires_ms, settled_ms, asked_micro"
 
 static const char *const queries[Q__N] = {
     [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
-                  " created_ms, updated_ms FROM lg_operations WHERE key = ?1",
+                  " created_ms, updated_ms, claim_token, resolved_by, resolved_ms, freed"
+                  " FROM lg_operations WHERE key = ?1",
     [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
-                    " operation_id, lease_until_ms, created_ms, updated_ms)"
-                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (key) DO NOTHING",
+                    " operation_id, lease_until_ms, created_ms, updated_ms, claim_token,"
+                    " resolved_by, resolved_ms, freed)"
+                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                    " ON CONFLICT (key) DO NOTHING",
     [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
                     " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
-                    " updated_ms = ?9 WHERE key = ?1",
+                    " updated_ms = ?9, claim_token = ?10, resolved_by = ?11, resolved_ms = ?12,"
+                    " freed = ?13 WHERE key = ?1",
     [Q_OP_DELETE] = "DELETE FROM lg_operations WHERE key = ?1",
     [Q_OP_PURGE] = "DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1",
     [Q_OP_SETTLE] = "UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
@@ -247,7 +262,7 @@ static const char *const queries[Q__N] = {
     [Q_HOLD_DROP] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2",
     [Q_HOLDS_EXPIRE] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2",
     [Q_RESV_INSERT] = "INSERT INTO lg_budget_reservations (" RESV_COLS ")"
-                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     [Q_RESV_READ] = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1",
     [Q_RESV_OF_RUN] = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                       " WHERE run_id = ?1 AND run_seq = ?2",
@@ -255,7 +270,8 @@ static const char *const queries[Q__N] = {
                              " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1",
     [Q_RESV_UPDATE] = "UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
                       " run_id = ?4, run_seq = ?5, model = ?6, state = ?7, actual_micro = ?8,"
-                      " created_ms = ?9, expires_ms = ?10, settled_ms = ?11 WHERE id = ?1",
+                      " created_ms = ?9, expires_ms = ?10, settled_ms = ?11, asked_micro = ?12"
+                      " WHERE id = ?1",
     [Q_RESV_PURGE] = "DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1",
     [Q_RUNSCOPES_PUT] = "INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
                         " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes",
@@ -277,6 +293,21 @@ static const char *const queries[Q__N] = {
 /* Transaction control, run for every decision (a savepoint each, a
  * transaction for each group commit): prepared on first use, not parsed
  * again every time as sqlite3_exec() would. */
+/* The ledger's statements as schema 1 to 5 had them, for a store opened at
+ * an old version (only the migration tests do that): the same parameters
+ * and columns without those of schema 6 (SQLite ignores a binding past
+ * the last parameter; a missing column reads as NULL). */
+static const char *const legacy_op_queries[] = {
+    [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
+                  " created_ms, updated_ms FROM lg_operations WHERE key = ?1",
+    [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
+                    " operation_id, lease_until_ms, created_ms, updated_ms)"
+                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (key) DO NOTHING",
+    [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
+                    " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
+                    " updated_ms = ?9 WHERE key = ?1",
+};
+
 enum { C_BEGIN, C_BEGIN_READ, C_COMMIT, C_ROLLBACK, C_SAVEPOINT, C_RELEASE, C_ROLLBACK_TO, C_SYNC_NORMAL, C_SYNC_FULL, C__N };
 static const char *const ctl_sql[C__N] = {
     [C_BEGIN] = "BEGIN IMMEDIATE",
@@ -592,7 +623,12 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
   } else {
     /* An old schema written for a migration test: only the ledger. */
     for (int i = Q_OP_READ; i <= Q_OP_DROP_PENDING; i++) {
-      rc = sqlite3_prepare_v3(q->db, queries[i], -1, SQLITE_PREPARE_PERSISTENT, &q->q[i], NULL);
+      const char *sql = lg__store_schema_target < 6 &&
+                                (size_t)i < sizeof legacy_op_queries / sizeof *legacy_op_queries &&
+                                legacy_op_queries[i]
+                            ? legacy_op_queries[i]
+                            : queries[i];
+      rc = sqlite3_prepare_v3(q->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &q->q[i], NULL);
       if (rc != SQLITE_OK) {
         rc = sq_fail(s, rc, "preparing a statement", err);
         goto fail;
@@ -715,6 +751,12 @@ static int s_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row
     row->lease_until_ms = sqlite3_column_int64(st, 5);
     row->created_ms = sqlite3_column_int64(st, 6);
     row->updated_ms = sqlite3_column_int64(st, 7);
+    if (sqlite3_column_count(st) > 8) { /* schema 6 */
+      row->claim_token = col_str(st, 8, NULL, &ok);
+      row->resolved_by = col_str(st, 9, NULL, &ok);
+      row->resolved_ms = sqlite3_column_int64(st, 10);
+      row->freed = sqlite3_column_int(st, 11);
+    }
     if (!row->request_fp) ok = 0;
     if (!ok) {
       lg__op_row_clear(row);
@@ -738,6 +780,10 @@ static void bind_op(sqlite3_stmt *st, const lg__op_row_t *r) {
   sqlite3_bind_int64(st, 7, r->lease_until_ms);
   sqlite3_bind_int64(st, 8, r->created_ms);
   sqlite3_bind_int64(st, 9, r->updated_ms);
+  bind_text(st, 10, r->claim_token);
+  bind_text(st, 11, r->resolved_by);
+  sqlite3_bind_int64(st, 12, r->resolved_ms);
+  sqlite3_bind_int(st, 13, r->freed);
 }
 
 static int s_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted, lg_error_t *err) {
@@ -1138,6 +1184,7 @@ static void bind_resv(sqlite3_stmt *st, const lg__resv_row_t *r) {
   sqlite3_bind_int64(st, 9, r->created_ms);
   sqlite3_bind_int64(st, 10, r->expires_ms);
   sqlite3_bind_int64(st, 11, r->settled_ms);
+  sqlite3_bind_int64(st, 12, r->asked_micro);
 }
 
 static int s_resv_insert(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
@@ -1175,6 +1222,7 @@ static int read_resv(lg_store_t *s, int which, lg__resv_row_t *row, int *found, 
     row->created_ms = sqlite3_column_int64(st, 8);
     row->expires_ms = sqlite3_column_int64(st, 9);
     row->settled_ms = sqlite3_column_int64(st, 10);
+    row->asked_micro = sqlite3_column_int64(st, 11);
     if (!ok || !row->id || !row->scopes) {
       lg__resv_row_clear(row);
       out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");

@@ -469,6 +469,105 @@ static void test_derived_key_fixed_length(void **state) {
   lg_canon_free(canon);
 }
 
+/* Who may undo what: commit and fail only by the claimant (its claim
+ * token) or an operator; unknown_outcome is an operator's to resolve,
+ * and what an operator does is recorded in the row. */
+static void test_who_may_undo(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_operation_t op;
+  lg_error_t err = {0};
+  char tok[LG_CLAIM_TOKEN_MAX];
+  assert_int_equal(claim(s, "w1", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(strlen(c.claim_token), 35);
+  assert_memory_equal(c.claim_token, "ct_", 3);
+  memcpy(tok, c.claim_token, sizeof tok);
+  lg_op_actor_t agent = {0}, wrong = {.claim_token = "ct_00000000000000000000000000000000"};
+  lg_op_actor_t mine = {.claim_token = tok};
+  lg_op_actor_t oper = {.operator = 1, .who = "cli:test"};
+  /* Another agent frees the key another run holds: refused, nothing changes. */
+  assert_int_equal(lg_store_fail_as(s, "w1", 1, &agent, T0 + 1, &err), LG_EPERM);
+  assert_non_null(strstr(err.message, "only that claimant"));
+  assert_non_null(strstr(err.message, "run-1"));
+  assert_int_equal(lg_store_fail_as(s, "w1", 1, &wrong, T0 + 1, NULL), LG_EPERM);
+  assert_int_equal(lg_store_commit_as(s, "w1", "{}", 2, NULL, &wrong, T0 + 1, NULL), LG_EPERM);
+  assert_int_equal(claim(s, "w1", FP1, 1000, T0 + 2, &c), LG_CLAIM_IN_PROGRESS);
+  /* The claimant commits with its token. */
+  assert_int_equal(lg_store_commit_as(s, "w1", "{\"ok\":1}", 8, "op", &mine, T0 + 3, &err), 0);
+  assert_int_equal(claim(s, "w1", FP1, 1000, T0 + 4, &c), LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+  assert_int_equal(lg_store_operation(s, "w1", T0 + 5, &op, NULL), 0);
+  assert_null(op.resolved_by); /* the claimant's own outcome */
+  lg_operation_clear(&op);
+  /* Its own retryable failure frees the key, as before. */
+  assert_int_equal(claim(s, "w2", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  lg_op_actor_t mine2 = {.claim_token = c.claim_token};
+  assert_int_equal(lg_store_fail_as(s, "w2", 1, &mine2, T0 + 1, &err), 0);
+  assert_int_equal(lg_store_peek(s, "w2", FP1, T0 + 2, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+
+  /* unknown_outcome: not even the claimant may fail it; it may commit. */
+  assert_int_equal(claim(s, "w3", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  memcpy(tok, c.claim_token, sizeof tok);
+  assert_int_equal(lg_store_fail_as(s, "w3", 1, &mine, T0 + 200, &err), LG_EPERM);
+  assert_non_null(strstr(err.message, "only an operator"));
+  assert_int_equal(lg_store_fail_as(s, "w3", 0, &mine, T0 + 200, NULL), LG_EPERM);
+  assert_int_equal(lg_store_commit_as(s, "w3", "1", 1, NULL, &agent, T0 + 200, NULL), LG_EPERM);
+  assert_int_equal(claim(s, "w3", FP1, 100, T0 + 201, &c), LG_CLAIM_UNKNOWN_OUTCOME);
+  assert_int_equal(lg_store_commit_as(s, "w3", "\"late\"", 6, NULL, &mine, T0 + 202, &err), 0);
+  assert_int_equal(claim(s, "w3", FP1, 100, T0 + 203, &c), LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+
+  /* An operator resolves unknown_outcome, and the row says who and when. */
+  assert_int_equal(claim(s, "w4", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail_as(s, "w4", 1, &oper, T0 + 500, &err), 0);
+  assert_int_equal(lg_store_operation(s, "w4", T0 + 501, &op, &err), 0);
+  assert_int_equal(op.state, LG_OP_FREE);
+  assert_string_equal(lg_op_state_name(op.state), "free");
+  assert_string_equal(op.resolved_by, "cli:test");
+  assert_true(op.resolved_ms == T0 + 500);
+  char *j = lg_operation_to_json(&op);
+  assert_non_null(strstr(j, "\"state\":\"free\""));
+  assert_non_null(strstr(j, "\"resolved_by\":\"cli:test\""));
+  assert_null(strstr(j, "ct_")); /* the token is never shown */
+  lg_free(j);
+  lg_operation_clear(&op);
+  assert_int_equal(lg_store_peek(s, "w4", FP2, T0 + 502, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  assert_int_equal(lg_store_commit_as(s, "w4", "1", 1, NULL, &oper, T0 + 503, NULL), LG_ENOTFOUND);
+  /* The next claim takes it afresh (even for another request). */
+  assert_int_equal(claim(s, "w4", FP2, 100, T0 + 600, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_operation(s, "w4", T0 + 601, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_IN_PROGRESS);
+  assert_null(op.resolved_by);
+  lg_operation_clear(&op);
+  assert_int_equal(claim(s, "w5", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_commit_as(s, "w5", "\"done\"", 6, NULL, &oper, T0 + 300, &err), 0);
+  assert_int_equal(lg_store_operation(s, "w5", T0 + 301, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED);
+  assert_string_equal(op.resolved_by, "cli:test");
+  lg_operation_clear(&op);
+
+  /* A final failure is freed for another try by an operator only. */
+  assert_int_equal(claim(s, "w6", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  memcpy(tok, c.claim_token, sizeof tok);
+  assert_int_equal(lg_store_fail_as(s, "w6", 0, &mine, T0 + 1, &err), 0);
+  assert_int_equal(lg_store_fail_as(s, "w6", 1, &mine, T0 + 2, &err), LG_EPERM);
+  assert_int_equal(lg_store_fail_as(s, "w6", 1, &agent, T0 + 2, NULL), LG_EPERM);
+  assert_int_equal(claim(s, "w6", FP1, 1000, T0 + 3, &c), LG_CLAIM_REPLAY);
+  assert_int_equal(c.failed, 1);
+  assert_int_equal(lg_store_fail_as(s, "w6", 1, &oper, T0 + 4, &err), 0);
+  assert_int_equal(claim(s, "w6", FP1, 1000, T0 + 5, &c), LG_CLAIM_CLAIMED);
+  /* Anyone's commit of a finished key changes nothing (the first outcome stands). */
+  assert_int_equal(lg_store_commit_as(s, "w1", "2", 1, NULL, &agent, T0 + 6, NULL), 0);
+  /* The record of a freed key is purged like any finished row. */
+  int64_t purged = 0;
+  assert_int_equal(claim(s, "w7", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail_as(s, "w7", 1, &oper, T0 + 1000, NULL), 0);
+  assert_int_equal(lg_store_purge(s, 0, T0 + 2000, &purged, NULL), 0);
+  assert_int_equal(lg_store_operation(s, "w7", T0 + 2001, &op, NULL), LG_ENOTFOUND);
+}
+
 /* ------------------------------------------------------------------ */
 /* Runs.                                                               */
 
@@ -1110,6 +1209,7 @@ int main(void) {
       T(test_ledger_interface),
       T(test_engine_replays_through_store),
       T(test_lease_saturates),
+      T(test_who_may_undo),
       T(test_derived_key_fixed_length),
       T(test_run_records),
       T(test_run_list),
