@@ -513,7 +513,23 @@ typedef struct lg_store_options {
   int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
   int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
                             (default 5 s; negative: do not wait) */
+  int durability;        /* LG_STORE_DURABLE or LG_STORE_RELAXED; the URL
+                            parameter durability=full|relaxed overrides */
 } lg_store_options_t;
+
+/* Durability of run transactions (decisions); ledger claims, commits,
+ * fails, deny rules and budget writes are always durable. DURABLE (the
+ * default): a decision is acknowledged only once it is on disk (SQLite
+ * synchronous=FULL, PostgreSQL synchronous_commit=on), so no acknowledged
+ * decision is lost to a crash of the process, of PostgreSQL or of the
+ * machine. RELAXED: SQLite synchronous=NORMAL for run transactions (a
+ * crash of the process loses nothing; a power cut or OS crash may lose
+ * the last decisions), PostgreSQL synchronous_commit=off (a crash of the
+ * PostgreSQL server or its machine may lose the last decisions, up to
+ * about 3 × wal_writer_delay). A decision that claimed a key is durable
+ * in both. */
+#define LG_STORE_DURABLE 0
+#define LG_STORE_RELAXED 1
 
 /* Opens (and creates or migrates) the store named by `url`; `opts` may be
  * NULL. Returns a new handle (lg_store_close) or NULL with err filled:

@@ -167,6 +167,42 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
             url);
     return NULL;
   }
+  /* durability=full|relaxed: a parameter of the URL for every backend
+   * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
+   * postgres:host=... durability=relaxed), taken out before the backend
+   * sees the rest (libpq would refuse an unknown key). */
+  int durability = opts ? opts->durability : LG_STORE_DURABLE;
+  char *argbuf = NULL;
+  if (strstr(arg, "durability=")) {
+    if (!(argbuf = lg__strdup(arg))) {
+      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
+      return NULL;
+    }
+    char *d = argbuf, *hit = NULL;
+    while ((d = strstr(d, "durability="))) {
+      if (d == argbuf || d[-1] == '?' || d[-1] == '&' || d[-1] == ' ') hit = d;
+      d += 11;
+    }
+    if (hit) {
+      char *v = hit + 11, *end = v + strcspn(v, "& ");
+      size_t vl = (size_t)(end - v);
+      if (vl == 4 && !memcmp(v, "full", 4)) durability = LG_STORE_DURABLE;
+      else if (vl == 7 && !memcmp(v, "relaxed", 7)) durability = LG_STORE_RELAXED;
+      else {
+        lg__err(err, LG_EINVAL, "url", -1,
+                "durability=%.*s: expected durability=full or durability=relaxed", (int)vl, v);
+        lg__free(argbuf);
+        return NULL;
+      }
+      /* Cut "durability=V" with one separator: "?d&x" -> "?x", "a&d" -> "a",
+       * "?d" -> "", "h d" -> "h". */
+      char *from = hit, *to = end;
+      if (*to == '&' || *to == ' ') to++;
+      else if (from > argbuf && (from[-1] == '&' || from[-1] == ' ' || from[-1] == '?')) from--;
+      memmove(from, to, strlen(to) + 1);
+      arg = argbuf;
+    }
+  }
   lg_store_t *s = lg__calloc(1, sizeof *s);
   if (!s) goto fail_oom;
   s->name = redact(url);
@@ -177,6 +213,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
   if (s->opts.busy_timeout_ms == 0) s->opts.busy_timeout_ms = LG_STORE_DEFAULT_BUSY_TIMEOUT_MS;
   if (s->opts.busy_timeout_ms < 0) s->opts.busy_timeout_ms = 0;
+  s->opts.durability = durability == LG_STORE_RELAXED ? LG_STORE_RELAXED : LG_STORE_DURABLE;
   pthread_mutexattr_t ma;
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
@@ -186,6 +223,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   s->ledger.methods = &lg__store_ledger_methods;
   s->ledger.self = s;
   int rc = vt->open(s, arg, err);
+  lg__free(argbuf);
   if (rc) {
     lg__err_where(err, s->name, 0);
     pthread_mutex_destroy(&s->mu);
@@ -196,6 +234,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   return s;
 
 fail_oom:
+  lg__free(argbuf);
   if (s) lg__free(s->name);
   lg__free(s);
   lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");

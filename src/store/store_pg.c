@@ -820,8 +820,13 @@ static int p_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
     return 0;
   }
   p->batch = 0;
-  return pg_cmd(s, kind == LG__TXN_RUN ? "BEGIN; SET LOCAL synchronous_commit = off" : "BEGIN",
-                err);
+  /* synchronous_commit stays on (the session's) unless the store was
+   * opened relaxed: with it off, a crash of PostgreSQL lost decisions that
+   * had been answered (pg_ctl restart -m immediate under load). Group
+   * commit (commit_delay, or many connections flushing together) keeps
+   * the cost down. */
+  int relaxed = kind == LG__TXN_RUN && s->opts.durability == LG_STORE_RELAXED;
+  return pg_cmd(s, relaxed ? "BEGIN; SET LOCAL synchronous_commit = off" : "BEGIN", err);
 }
 
 /* Checks a COMMIT's result: an aborted transaction "commits" as ROLLBACK. */

@@ -683,7 +683,9 @@ static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
   }
   q->need_sync = 0;
   q->deny_empty = -1;
-  if ((rc = set_sync(s, kind == LG__TXN_RUN ? 1 : 2, err))) return rc;
+  /* A run transaction is durable too unless the store was opened relaxed. */
+  int relaxed = kind == LG__TXN_RUN && s->opts.durability == LG_STORE_RELAXED;
+  if ((rc = set_sync(s, relaxed ? 1 : 2, err))) return rc;
   if ((rc = lg__store_fault_at(s, "sqlite.begin", err))) return rc;
   if ((rc = sq_ctl(s, C_BEGIN, err))) return rc;
   q->in_txn = 1;

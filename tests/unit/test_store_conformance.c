@@ -954,25 +954,59 @@ static void test_cancel_group(void **state) {
 /* SQLite: a decision's transaction runs at synchronous=NORMAL and leaves
  * the connection there (the server's committer runs one after another);
  * a ledger write, in a transaction or not, runs at FULL. */
+/* Every acknowledged decision is durable by default: run transactions at
+ * synchronous=FULL too. Opened with durability=relaxed, run transactions
+ * run at NORMAL, and ledger writes are still FULL. */
 static void test_sqlite_durability(void **state) {
   lg_store_t *s = *state;
   if (strcmp(lgt_backend, "sqlite")) {
     assert_int_equal(lg__store_sqlite_synchronous(s), -1);
+    if (!strcmp(lgt_backend, "postgres")) { /* libpq never sees the parameter */
+      char url[1200];
+      snprintf(url, sizeof url, "%s durability=relaxed", lgt_url);
+      lg_store_t *r = lgt_open(url, NULL);
+      save_new_run(r, "dur-relaxed", NULL, T0);
+      lg_store_close(r);
+    }
     return;
   }
   lg_error_t err = {0};
   lg_claim_t c = {0};
   save_new_run(s, "dur", NULL, T0);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 1);
-  assert_int_equal(lg__store_deny(s, LG__DENY_RUN, "other", NULL, T0, &err), 0);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
-  save_new_run(s, "dur2", NULL, T0);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 1);
-  assert_int_equal(claim(s, "dur-key", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
-  save_new_run(s, "dur3", NULL, T0);
-  commit(s, "dur-key", "{}", T0 + 1);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 2); /* the default: durable */
+  char url[1200];
+  snprintf(url, sizeof url, "%s?durability=relaxed", lgt_url);
+  lg_store_t *r = lgt_open(url, NULL);
+  save_new_run(r, "dur-relaxed", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 1);
+  assert_int_equal(lg__store_deny(r, LG__DENY_RUN, "other", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  save_new_run(r, "dur2", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 1);
+  assert_int_equal(claim(r, "dur-key", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  save_new_run(r, "dur3", NULL, T0);
+  commit(r, "dur-key", "{}", T0 + 1);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  lg_store_close(r);
+  /* The option says the same; the URL's parameter overrides it. */
+  lg_store_options_t o = {.durability = LG_STORE_RELAXED};
+  r = lgt_open(lgt_url, &o);
+  save_new_run(r, "dur4", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 1);
+  lg_store_close(r);
+  snprintf(url, sizeof url, "%s?durability=full", lgt_url);
+  r = lgt_open(url, &o);
+  save_new_run(r, "dur5", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  lg_store_close(r);
+  /* A bad value names the parameter. */
+  snprintf(url, sizeof url, "%s?durability=sometimes", lgt_url);
+  assert_null(lg_store_open(url, NULL, &err));
+  assert_int_equal(err.code, LG_EINVAL);
+  assert_non_null(strstr(err.message, "durability=sometimes"));
+  /* Every backend takes the parameter (PostgreSQL: key=value and URI). */
+  lg_store_close(lgt_open("memory:?durability=relaxed", NULL));
 }
 
 /* The SQLite store asks once per transaction whether there is any rule at
