@@ -418,9 +418,9 @@ int lg_budget_get(lg_store_t *s, const char *scope, int64_t now_ms, lg_budget_t 
     return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   lg__bud_row_t row = {0};
   int found = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->bud_read(s, scope, 0, now_ms, &row, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "scope", -1, "no budget for scope \"%s\"", scope);
   if (!rc) {
@@ -453,9 +453,9 @@ int lg_budget_list(lg_store_t *s, int64_t now_ms, lg_budget_cb cb, void *ud, lg_
   if (s->vt->version < 2)
     return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   list_ctx_t x = {cb, ud, now_ms};
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   int rc = s->vt->bud_list(s, now_ms, list_one, &x, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return where(s, rc, err);
 }
 

@@ -197,9 +197,9 @@ int lg_store_peek(lg_store_t *s, const char *key, const char *request_fp, int64_
   if (rc) return rc;
   lg__op_row_t cur = {0};
   int found = 0, failed = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->op_read(s, key, 0, &cur, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (rc) {
     if (err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
     return rc;
@@ -312,9 +312,9 @@ int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operat
   if (rc) return rc;
   lg__op_row_t cur = {0};
   int found = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->op_read(s, key, 0, &cur, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (!rc && (!found || stale(s, &cur, now_ms)))
     rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no key \"%s\" in the ledger", key);
   if (rc) {

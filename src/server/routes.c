@@ -1496,25 +1496,39 @@ void lg__h_budgets(lg__req_t *rq) {
 /* Health and metrics.                                                 */
 
 void lg__h_healthz(lg__req_t *rq) {
+  /* Open to anyone: the answer names the store's kind, never its URL or
+   * path (the detail goes to the log). 200 only when the store answers
+   * and could take a write now; 503 with the reason otherwise. Reads go
+   * to the store's reader, so this never waits behind a write. */
   lg_server_t *srv = rq->srv;
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(srv, &e);
   int version = 0;
   int rc = w ? lg_store_schema_version(w->store, &version, &e) : (e.code ? e.code : LG_ESTORE);
+  const char *reason = NULL;
   if (rc) {
-    char buf[1024];
+    log_error(srv, rq, &e, rc);
+    reason = rc == LG_EBUSY ? "the store is locked by another writer"
+             : rc == LG_ENOMEM ? "out of memory"
+                               : "the store does not answer (the server's log has the detail)";
+  } else if ((rc = lg__store_write_probe(w->store, lg__server_now(srv), &e))) {
+    reason = e.message; /* the probe's own words: no URL, no path */
+  }
+  if (rc) {
     rq->status = 503;
     lg__buf_puts(&rq->out, "{\"status\":\"unavailable\",\"store\":");
-    jstr(&rq->out, srv->store_name);
+    jstr(&rq->out, srv->scheme);
+    lg__buf_puts(&rq->out, ",\"writable\":false,\"reason\":");
+    jstr(&rq->out, reason);
     lg__buf_puts(&rq->out, ",\"error\":{\"code\":503,\"type\":\"internal\",\"message\":");
-    jstr(&rq->out, lg_error_format(&e, buf, sizeof buf));
+    jstr(&rq->out, reason);
     lg__buf_puts(&rq->out, "}}");
     return;
   }
   rq->status = 200;
   lg__buf_puts(&rq->out, "{\"status\":\"ok\",\"version\":\"" LG_VERSION_STRING "\",\"store\":");
   jstr(&rq->out, srv->scheme);
-  lg__buf_printf(&rq->out, ",\"schema\":%d,\"draining\":%s}", version,
+  lg__buf_printf(&rq->out, ",\"schema\":%d,\"writable\":true,\"draining\":%s}", version,
                  atomic_load(&srv->draining) ? "true" : "false");
 }
 

@@ -136,6 +136,30 @@ static char *redact(const char *url) {
 /* ---- the handle ---- */
 
 void lg__store_lock(lg_store_t *s) { pthread_mutex_lock(&s->mu); }
+
+int lg__store_read_begin(lg_store_t *s) {
+  if (s->vt->version >= 4 && s->vt->reader) {
+    if (pthread_mutex_trylock(&s->mu) == 0) {
+      /* Free, or ours: inside our own transaction the read must see its
+       * writes, so it stays on the handle. */
+      if (s->depth > 0) return 0;
+      pthread_mutex_unlock(&s->mu);
+    }
+    if (s->vt->reader(s, 1, NULL) == 0) return 1;
+  }
+  lg__store_lock(s);
+  return 0;
+}
+
+int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
+  if (s->vt->version < 4 || !s->vt->write_probe) return 0;
+  return s->vt->write_probe(s, now_ms, err);
+}
+
+void lg__store_read_end(lg_store_t *s, int reader) {
+  if (reader) s->vt->reader(s, 0, NULL);
+  else lg__store_unlock(s);
+}
 void lg__store_unlock(lg_store_t *s) { pthread_mutex_unlock(&s->mu); }
 
 /* Defined in ledger.c: the methods behind lg_store_ledger(). */
@@ -259,9 +283,9 @@ static int where(lg_store_t *s, int rc, lg_error_t *err) {
 }
 
 int lg_store_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   int rc = s->vt->schema_version(s, version, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return where(s, rc, err);
 }
 
@@ -361,9 +385,9 @@ int lg_store_run_get(lg_store_t *s, const char *run_id, lg_run_record_t *out,
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc) return rc;
   int found = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   rc = s->vt->run_read(s, run_id, 0, out, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
   if (rc) lg_run_record_clear(out);
@@ -377,9 +401,9 @@ int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb c
   if (f->status && strcmp(f->status, "active") && strcmp(f->status, "stopped"))
     return lg__err(err, LG_EINVAL, "status", -1,
                    "status \"%s\" is neither \"active\" nor \"stopped\"", f->status);
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   int rc = s->vt->run_list(s, f, cb, ud, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return rc < 0 ? where(s, rc, err) : rc;
 }
 
@@ -433,9 +457,9 @@ int lg__store_events_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc) return rc;
   if (s->vt->version < 3 || !s->vt->ev_read) return 0; /* none kept */
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->ev_read(s, run_id, out, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return where(s, rc, err);
 }
 
