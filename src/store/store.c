@@ -18,21 +18,6 @@ void *lg__store_fault_ud = NULL;
 
 /* ---- small helpers ---- */
 
-void lg__store_time(int64_t ms, char buf[32]) {
-  time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
-  int milli = (int)(ms - (int64_t)secs * 1000);
-  struct tm tm;
-  if (!gmtime_r(&secs, &tm)) {
-    snprintf(buf, 32, "%lld", (long long)ms);
-    return;
-  }
-  char day[16];
-  size_t n = strftime(day, sizeof day, "%Y-%m-%d", &tm);
-  if (!n) day[0] = 0;
-  snprintf(buf, 32, "%.10sT%02d:%02d:%02d.%03dZ", day, tm.tm_hour % 24, tm.tm_min % 60,
-           tm.tm_sec % 61, milli % 1000);
-}
-
 void lg__op_row_clear(lg__op_row_t *r) {
   if (!r) return;
   lg__free(r->key);
@@ -500,7 +485,7 @@ static void json_str_or_null(lg__buf_t *b, const char *s) {
 
 static void json_time(lg__buf_t *b, int64_t ms) {
   char t[32];
-  lg__store_time(ms, t);
+  lg__time_rfc3339(ms, t);
   lg__buf_printf(b, "\"%s\"", t);
 }
 

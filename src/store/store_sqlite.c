@@ -25,11 +25,13 @@
  */
 #include "store.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The migrations, in order: migration i takes the schema from version i to
  * i + 1. Never edit one that was released; add a new one. */
@@ -629,9 +631,15 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
   pthread_mutex_init(&q->pmu, NULL);
   q->old_schema = lg__store_schema_target < 6;
   s->impl = q;
-  int rc = sqlite3_open_v2(path, &q->db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX;
+  if (!s->opts.no_create) flags |= SQLITE_OPEN_CREATE;
+  int rc = sqlite3_open_v2(path, &q->db, flags, NULL);
+  /* Without SQLITE_OPEN_CREATE a missing file is SQLITE_CANTOPEN; say
+   * "not found" only when it really is not there (not for a permission). */
+  if (rc == SQLITE_CANTOPEN && s->opts.no_create && access(path, F_OK) != 0 && errno == ENOENT) {
+    rc = lg__err(err, LG_ENOTFOUND, "url", -1, "no store at %s", path);
+    goto fail;
+  }
   if (rc != SQLITE_OK) {
     rc = sq_fail(s, rc, "opening the database", err);
     goto fail;

@@ -1,7 +1,7 @@
 /*
  * util.c — the allocator hooks, the byte buffer, error codes and error
  * formatting. Every allocation of the library passes through lg__malloc and
- * friends so that tests can fail the Nth one (STYLE.md, "failing
+ * friends so that tests can fail the Nth one (docs/internals/style.md, "failing
  * allocation N").
  */
 #include "internal.h"
@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 
 static lg_malloc_fn g_malloc = malloc;
@@ -298,4 +299,19 @@ char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
     LG__ADD(" (at byte offset %ld)", err->offset);
 #undef LG__ADD
   return buf;
+}
+
+void lg__time_rfc3339(int64_t ms, char buf[32]) {
+  time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+  int milli = (int)(ms - (int64_t)secs * 1000);
+  struct tm tm;
+  if (!gmtime_r(&secs, &tm)) {
+    snprintf(buf, 32, "%lld", (long long)ms);
+    return;
+  }
+  char day[16];
+  size_t n = strftime(day, sizeof day, "%Y-%m-%d", &tm);
+  if (!n) day[0] = 0;
+  snprintf(buf, 32, "%.10sT%02d:%02d:%02d.%03dZ", day, tm.tm_hour % 24, tm.tm_min % 60,
+           tm.tm_sec % 61, milli % 1000);
 }
