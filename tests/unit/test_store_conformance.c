@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <sqlite3.h>
 
 #include "store/store.h"
@@ -1009,6 +1010,73 @@ static void test_sqlite_durability(void **state) {
   lg_store_close(lgt_open("memory:?durability=relaxed", NULL));
 }
 
+/* Reads do not wait for writes (SQLite): another process holds the
+ * file's write lock and a thread of ours waits for it inside a
+ * transaction, holding the handle; reads through the same handle answer
+ * at once from its read-only connection, and the write probe of /healthz
+ * says the lock is held, until it is released. */
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+static int touch_run(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  (void)ud, (void)s, (void)rec;
+  return 0;
+}
+static int touch_list(void *ud, const lg_run_record_t *rec) {
+  (void)ud, (void)rec;
+  return 0;
+}
+static void *waiting_writer(void *arg) {
+  lg_store_t *s = arg;
+  lg_error_t err = {0};
+  static int rc;
+  rc = lg_store_with_run(s, "rw-run", touch_run, NULL, &err);
+  return &rc;
+}
+static void test_reads_do_not_wait(void **state) {
+  lg_store_t *s = *state;
+  if (strcmp(lgt_backend, "sqlite")) return;
+  lg_error_t err = {0};
+  lg_claim_t c = {0};
+  save_new_run(s, "rw-run", NULL, T0);
+  assert_int_equal(claim(s, "rw-key", FP1, 60000, T0, &c), LG_CLAIM_CLAIMED);
+  lg_budget_t b;
+  assert_int_equal(lg_budget_set(s, "key:rw", 1000000, LG_PERIOD_DAILY, -1, T0, &b, &err), 0);
+  assert_int_equal(lg__store_write_probe(s, T0, &err), 0);
+  sqlite3 *other;
+  assert_int_equal(sqlite3_open(lgt_url + 7, &other), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, waiting_writer, s), 0);
+  lgt_sleep_ms(200); /* the writer waits in its busy handler, holding the handle */
+  int64_t t0 = mono_ms();
+  lg_run_record_t rec;
+  assert_int_equal(lg_store_run_get(s, "rw-run", &rec, &err), 0);
+  lg_run_record_clear(&rec);
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "rw-key", T0 + 1, &op, &err), 0);
+  lg_operation_clear(&op);
+  assert_int_equal(lg_store_peek(s, "rw-key", FP1, T0 + 1, &c, &err), 0);
+  assert_int_equal(lg_budget_get(s, "key:rw", T0 + 1, &b, &err), 0);
+  int v = 0;
+  assert_int_equal(lg_store_schema_version(s, &v, &err), 0);
+  lg_run_filter_t f = {0};
+  assert_true(lg_store_run_list(s, &f, touch_list, NULL, &err) >= 0);
+  int64_t took = mono_ms() - t0;
+  if (took >= 100) fail_msg("reads took %lld ms behind the waiting write", (long long)took);
+  assert_int_equal(lg__store_write_probe(s, T0 + 2, &err), LG_EBUSY);
+  assert_non_null(strstr(err.message, "write lock has been held"));
+  assert_null(strstr(err.message, lgt_url + 7)); /* no path */
+  assert_int_equal(sqlite3_exec(other, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(other);
+  void *res;
+  pthread_join(th, &res);
+  assert_int_equal(*(int *)res, 0); /* the write proceeded once the lock was free */
+  assert_int_equal(lg__store_write_probe(s, T0 + 3, &err), 0);
+}
+
 /* The SQLite store asks once per transaction whether there is any rule at
  * all. A rule another handle writes between two transactions is seen by
  * the second; a rule written inside a transaction is seen by the rest of
@@ -1254,6 +1322,7 @@ int main(void) {
       T(test_cancel_group),
       T(test_deny_in_transaction),
       T(test_sqlite_durability),
+      T(test_reads_do_not_wait),
       T(test_events),
       /* The durable backends only (memory: has no "after a restart"). */
       T(test_restart),
