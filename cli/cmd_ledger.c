@@ -244,6 +244,17 @@ static int do_claim(int argc, char **argv) {
   return status;
 }
 
+/* The CLI has the store itself: it acts as an operator, and its outcomes
+ * are recorded as "cli:USER" (docs/security.md, "Who may undo what"). */
+static void cli_operator(lg_op_actor_t *as, char *who, size_t n) {
+  const char *user = getenv("USER");
+  if (!user || !*user) user = getenv("LOGNAME");
+  snprintf(who, n, "cli:%s", user && *user ? user : "operator");
+  memset(as, 0, sizeof *as);
+  as->operator = 1;
+  as->who = who;
+}
+
 /* ---- commit ---- */
 
 static int do_commit(int argc, char **argv) {
@@ -277,7 +288,10 @@ static int do_commit(int argc, char **argv) {
   int64_t now = cli_now_ms();
   lg_operation_t before = {0};
   int had = lg_store_operation(s, pos[0], now, &before, NULL) == 0;
-  rc = lg_store_commit(s, pos[0], result, strlen(result), opid, now, &err);
+  lg_op_actor_t as;
+  char who[96];
+  cli_operator(&as, who, sizeof who);
+  rc = lg_store_commit_as(s, pos[0], result, strlen(result), opid, &as, now, &err);
   if (rc) {
     cli_error(&err);
   } else if (had && (before.state == LG_OP_COMMITTED || before.state == LG_OP_FAILED)) {
@@ -305,7 +319,10 @@ static int do_fail(int argc, char **argv) {
   lg_operation_t before = {0};
   int had = lg_store_operation(s, pos[0], now, &before, NULL) == 0;
   lg_error_t err = {0};
-  rc = lg_store_fail(s, pos[0], retryable != NULL, now, &err);
+  lg_op_actor_t as;
+  char who[96];
+  cli_operator(&as, who, sizeof who);
+  rc = lg_store_fail_as(s, pos[0], retryable != NULL, &as, now, &err);
   if (rc) cli_error(&err);
   else if (had && before.state == LG_OP_COMMITTED)
     printf("%s was already committed; a committed key is never changed\n", pos[0]);
@@ -352,6 +369,11 @@ static int do_show(int argc, char **argv) {
     if (op.state == LG_OP_IN_PROGRESS || op.state == LG_OP_UNKNOWN_OUTCOME)
       printf("lease until  %s\n", l);
     if (op.operation_id) printf("operation    %s\n", op.operation_id);
+    if (op.resolved_by) {
+      char r[40];
+      fmt_time(op.resolved_ms, r);
+      printf("resolved by  %s at %s\n", op.resolved_by, r);
+    }
     if (op.state == LG_OP_COMMITTED)
       printf("result       %.*s\n", (int)(op.result ? op.result_len : 4),
              op.result ? op.result : "null");

@@ -38,6 +38,11 @@ static const char *serve_usage =
     "                       of each /model call is priced and held against the\n"
     "                       run's caps and budgets; SIGHUP reloads it [none]\n"
     "  --policy FILE        default policy (policy-v1) of new runs [built-in]\n"
+    "  --durability MODE    full: every answered decision is on disk first (SQLite\n"
+    "                       synchronous=FULL, PostgreSQL synchronous_commit=on);\n"
+    "                       relaxed: decisions that claim no key may be lost to a\n"
+    "                       power cut (SQLite) or a PostgreSQL crash (docs/store.md)\n"
+    "                       [full, or the store URL's durability=]\n"
     "  --threads N          HTTP worker threads [sqlite:, memory: one per core less\n"
     "                       one, as a thread of its own commits; postgres: four\n"
     "                       per core, at most 32]\n"
@@ -69,7 +74,7 @@ static int number(const char *flag, const char *v, long long min, long long max,
 int cmd_serve(int argc, char **argv) {
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
-  const char *store = NULL;
+  const char *store = NULL, *durability = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -78,7 +83,7 @@ int cmd_serve(int argc, char **argv) {
     }
     static const char *with_value[] = {"--listen", "--store",    "--tokens",  "--prices",
                                        "--policy", "--threads",  "--max-body", "--timeout",
-                                       "--log",    "--trace-memory"};
+                                       "--log",    "--trace-memory", "--durability"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -118,9 +123,26 @@ int cmd_serve(int argc, char **argv) {
       if (number(a, val, 1 << 20, 1LL << 40, &n)) return 2;
       o.trace_memory = (size_t)n;
       break;
+    case 10:
+      if (strcmp(val, "full") && strcmp(val, "relaxed"))
+        return cli_usage(serve_usage, "--durability: expected full or relaxed, got '%s'", val);
+      durability = val;
+      break;
     }
   }
   o.store_url = cli_store_url(store);
+  /* --durability is the store URL's durability= parameter (docs/store.md). */
+  char url_buf[4096];
+  if (durability) {
+    const char *u = o.store_url;
+    int kv = !strncmp(u, "postgres:", 9) && strncmp(u, "postgres://", 11) &&
+             strncmp(u, "postgresql://", 13);
+    int n = snprintf(url_buf, sizeof url_buf, "%s%sdurability=%s", u,
+                     kv ? " " : strchr(u, '?') ? "&" : "?", durability);
+    if (n < 0 || (size_t)n >= sizeof url_buf)
+      return cli_usage(serve_usage, "--store: the URL is too long");
+    o.store_url = url_buf;
+  }
   const char *env_tokens = getenv("LOOPGUARD_TOKENS");
   if (env_tokens && *env_tokens) o.tokens = env_tokens;
 

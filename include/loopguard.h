@@ -69,7 +69,8 @@ LG_EXPORT const char *lg_version(void);
   XX(EBUSY, -13, "resource busy, try again")                                 \
   XX(ECONFLICT, -14, "conflict")                                             \
   XX(EDUPKEY, -15, "duplicate key in JSON object")                           \
-  XX(ETOOBIG, -16, "input too large")
+  XX(ETOOBIG, -16, "input too large")                                        \
+  XX(EPERM, -17, "not permitted")
 
 typedef enum lg_errno {
   LG_OK = 0,
@@ -188,11 +189,16 @@ typedef enum lg_claim_outcome {
  * "unknown_outcome". */
 LG_EXPORT const char *lg_claim_outcome_name(lg_claim_outcome_t o);
 
+#define LG_CLAIM_TOKEN_MAX 36 /* "ct_" + 32 hex digits + NUL */
+
 typedef struct lg_claim {
   lg_claim_outcome_t outcome;
   char *result;        /* REPLAY: the saved result JSON (new; lg_free) */
   size_t result_len;
   int failed;          /* REPLAY of a final failure rather than a success */
+  char claim_token[LG_CLAIM_TOKEN_MAX]; /* CLAIMED by a store: the token
+                          that commit and fail by the claimant present
+                          (lg_store_commit_as); "" otherwise */
 } lg_claim_t;
 
 typedef struct lg_ledger_methods {
@@ -669,7 +675,7 @@ LG_EXPORT int lg_run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *e
  * ------------------------------------------------------------------- */
 typedef struct lg_store lg_store_t;
 
-#define LG_STORE_SCHEMA_VERSION 5 /* the schema this release writes */
+#define LG_STORE_SCHEMA_VERSION 6 /* the schema this release writes */
 #define LG_STORE_DEFAULT_RETENTION_MS (24LL * 60 * 60 * 1000)
 #define LG_STORE_DEFAULT_LEASE_MS 60000
 #define LG_STORE_DEFAULT_BUSY_TIMEOUT_MS 5000
@@ -681,10 +687,26 @@ typedef struct lg_store_options {
   int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
   int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
                             (default 5 s; negative: do not wait) */
+  int durability;        /* LG_STORE_DURABLE or LG_STORE_RELAXED; the URL
+                            parameter durability=full|relaxed overrides */
   int no_create;         /* 1: open only a store that exists: a sqlite: file
                             that is not there is LG_ENOTFOUND (field "url"),
                             nothing is created. For read-only commands. */
 } lg_store_options_t;
+
+/* Durability of run transactions (decisions); ledger claims, commits,
+ * fails, deny rules and budget writes are always durable. DURABLE (the
+ * default): a decision is acknowledged only once it is on disk (SQLite
+ * synchronous=FULL, PostgreSQL synchronous_commit=on), so no acknowledged
+ * decision is lost to a crash of the process, of PostgreSQL or of the
+ * machine. RELAXED: SQLite synchronous=NORMAL for run transactions (a
+ * crash of the process loses nothing; a power cut or OS crash may lose
+ * the last decisions), PostgreSQL synchronous_commit=off (a crash of the
+ * PostgreSQL server or its machine may lose the last decisions, up to
+ * about 3 × wal_writer_delay). A decision that claimed a key is durable
+ * in both. */
+#define LG_STORE_DURABLE 0
+#define LG_STORE_RELAXED 1
 
 /* Opens (and creates or migrates) the store named by `url`; `opts` may be
  * NULL. Returns a new handle (lg_store_close) or NULL with err filled:
@@ -767,13 +789,54 @@ LG_EXPORT int lg_store_commit(lg_store_t *s, const char *key,
 LG_EXPORT int lg_store_fail(lg_store_t *s, const char *key, int retryable,
                             int64_t now_ms, lg_error_t *err);
 
+/* Who is settling a key, for lg_store_commit_as() / lg_store_fail_as().
+ * lg_store_commit() and lg_store_fail() trust their caller (the engine
+ * settling its own claim, a reconcile job); a front end that acts for
+ * others (the HTTP server, the CLI) says who it acts for:
+ *   - an operator may settle any key, also a claim that is not its own and
+ *     an UNKNOWN_OUTCOME one, and free a FAILED key; what it does is
+ *     recorded in the row (resolved_by = `who`, resolved_ms), and a key it
+ *     frees is kept as a record that reads LG_OP_FREE until a claim takes
+ *     it or purge removes it;
+ *   - anyone else must be the claimant: present the claim_token of the
+ *     claim (lg_claim_t.claim_token) while the key is claimed. The
+ *     claimant may commit after its lease ran out (it knows the side
+ *     effect happened), but not fail it: once the lease ran out the
+ *     outcome is unknown to everyone else, and only an operator resolves
+ *     it. A claim made before schema 6 has no token: its claimant is
+ *     trusted as before.
+ * A settler that may not is LG_EPERM, with a message saying who may;
+ * nothing changes. Commit of a finished key changes nothing and is 0 for
+ * anyone (the first outcome stands); freeing a FAILED key is an
+ * operator's. */
+typedef struct lg_op_actor {
+  int operator;            /* 1: an operator */
+  const char *claim_token; /* the claimant's token, or NULL */
+  const char *who;         /* an operator's name for the record ("cli:alice",
+                              "http:operator"); NULL: "operator" */
+} lg_op_actor_t;
+
+/* lg_store_commit() as `as` (NULL: as lg_store_commit()). */
+LG_EXPORT int lg_store_commit_as(lg_store_t *s, const char *key,
+                                 const char *result, size_t result_len,
+                                 const char *operation_id,
+                                 const lg_op_actor_t *as, int64_t now_ms,
+                                 lg_error_t *err);
+/* lg_store_fail() as `as` (NULL: as lg_store_fail()). */
+LG_EXPORT int lg_store_fail_as(lg_store_t *s, const char *key, int retryable,
+                               const lg_op_actor_t *as, int64_t now_ms,
+                               lg_error_t *err);
+
 typedef enum lg_op_state {
   LG_OP_IN_PROGRESS = 1,  /* claimed, lease still running */
   LG_OP_UNKNOWN_OUTCOME,  /* claimed, lease ran out, no outcome */
   LG_OP_COMMITTED,        /* outcome saved: replays its result */
-  LG_OP_FAILED            /* final failure: replays a failure */
+  LG_OP_FAILED,           /* final failure: replays a failure */
+  LG_OP_FREE              /* freed by an operator: the row is the record
+                             of it (lg_store_fail_as); a claim takes it */
 } lg_op_state_t;
-/* Static name: "in_progress", "unknown_outcome", "committed", "failed". */
+/* Static name: "in_progress", "unknown_outcome", "committed", "failed",
+ * "free". */
 LG_EXPORT const char *lg_op_state_name(lg_op_state_t s);
 
 /* One ledger row as an operator sees it. Strings are new (lg_operation_clear). */
@@ -788,6 +851,8 @@ typedef struct lg_operation {
   int64_t created_ms;    /* when it was claimed */
   int64_t updated_ms;    /* its last change */
   int64_t lease_until_ms;/* end of the claim's lease */
+  char *resolved_by;     /* an operator's outcome: who recorded it, or NULL */
+  int64_t resolved_ms;   /* ... and when (0: none) */
 } lg_operation_t;
 
 /* Reads one key (LG_ENOTFOUND when absent or past retention). */
@@ -797,7 +862,8 @@ LG_EXPORT int lg_store_operation(lg_store_t *s, const char *key,
 LG_EXPORT void lg_operation_clear(lg_operation_t *op);
 /* The row as the JSON object of GET /v1/operations/{key}: key, state,
  * run_id, request_fingerprint, result (when committed), operation_id,
- * created_at, updated_at, lease_until (RFC 3339, UTC, milliseconds). New
+ * created_at, updated_at, lease_until, resolved_by, resolved_at (RFC 3339,
+ * UTC, milliseconds; resolved_*: null unless an operator settled it). New
  * string (lg_free), NULL on out-of-memory. */
 LG_EXPORT char *lg_operation_to_json(const lg_operation_t *op);
 /* Deletes COMMITTED and FAILED rows whose last change is older than
@@ -1238,6 +1304,9 @@ typedef struct lg_budget_settlement {
   int64_t reserved_micro;  /* what the reservation held */
   int64_t actual_micro;    /* what was charged to every scope */
   int late;                /* settled at or after its TTL: it no longer held */
+  int capped;              /* lg_budget_settle_bounded() charged less than
+                              asked: the bound (also kept in the row) */
+  int64_t asked_micro;     /* what the settler asked to charge */
   size_t nscopes;
   lg_budget_t *scopes;     /* each scope after the settlement, by name
                               (new: lg_budget_settlement_clear) */
@@ -1255,9 +1324,23 @@ typedef struct lg_budget_settlement {
 LG_EXPORT int lg_budget_settle(lg_store_t *s, const char *reservation_id,
                                int64_t actual_micro, int64_t now_ms,
                                lg_budget_settlement_t *out, lg_error_t *err);
+/* The most lg_budget_settle_bounded() charges, as a multiple of the
+ * reservation: 1, so that an untrusted settler keeps spent + reserved <=
+ * limit like everyone else. */
+#define LG_BUDGET_SETTLE_MAX_FACTOR 1
+/* lg_budget_settle() for a settler that is not trusted with the budget
+ * (an agent over HTTP): it charges at most the reservation ×
+ * LG_BUDGET_SETTLE_MAX_FACTOR. A larger actual is charged at that bound,
+ * and the settlement says so (out->capped, out->asked_micro; the
+ * reservation row keeps what was asked). An operator, or the engine
+ * pricing a usage itself, settles with lg_budget_settle(). */
+LG_EXPORT int lg_budget_settle_bounded(lg_store_t *s, const char *reservation_id,
+                                       int64_t actual_micro, int64_t now_ms,
+                                       lg_budget_settlement_t *out, lg_error_t *err);
 LG_EXPORT void lg_budget_settlement_clear(lg_budget_settlement_t *st);
 /* The 200 answer of POST /v1/budgets/settle: {reservation_id,
- * reserved_usd, actual_usd, late, scopes: [lg_budget_to_json objects]}.
+ * reserved_usd, actual_usd, late, capped, asked_usd (when capped), scopes:
+ * [lg_budget_to_json objects]}.
  * New string (lg_free). */
 LG_EXPORT char *lg_budget_settlement_json(const lg_budget_settlement_t *st);
 

@@ -418,9 +418,9 @@ int lg_budget_get(lg_store_t *s, const char *scope, int64_t now_ms, lg_budget_t 
     return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   lg__bud_row_t row = {0};
   int found = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->bud_read(s, scope, 0, now_ms, &row, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "scope", -1, "no budget for scope \"%s\"", scope);
   if (!rc) {
@@ -453,9 +453,9 @@ int lg_budget_list(lg_store_t *s, int64_t now_ms, lg_budget_cb cb, void *ud, lg_
   if (s->vt->version < 2)
     return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   list_ctx_t x = {cb, ud, now_ms};
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   int rc = s->vt->bud_list(s, now_ms, list_one, &x, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return where(s, rc, err);
 }
 
@@ -710,6 +710,7 @@ int lg__budget_reserve(lg_store_t *s, const lg_budget_request_t *req, int64_t no
   if (rc) return rc;
   size_t n = req->nscopes;
   lg__resv_row_t rv = {0};
+  rv.asked_micro = -1; /* charged as asked: nothing settled yet */
   char id[LG_BUDGET_ID_MAX];
   if ((rc = new_id(id, err))) return rc;
   if (!(rv.scopes = join_scopes(req->scopes, order, n)))
@@ -839,9 +840,11 @@ void lg_budget_settlement_clear(lg_budget_settlement_t *st) {
   memset(st, 0, sizeof *st);
 }
 
-/* Settles the reservation `rv` (read under its lock) with `actual`. */
-static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int64_t now_ms,
-                         lg_budget_settlement_t *out, lg_error_t *err) {
+/* Settles the reservation `rv` (read under its lock) with `actual`;
+ * `asked` is what the settler asked for when actual was bounded below it
+ * (else actual). */
+static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int64_t asked,
+                         int64_t now_ms, lg_budget_settlement_t *out, lg_error_t *err) {
   char *names[LG_BUDGET_MAX_SCOPES];
   char *list = lg__strdup(rv->scopes);
   if (!list) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
@@ -884,6 +887,7 @@ static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int6
     rv->settled = 1;
     rv->actual_micro = actual;
     rv->settled_ms = now_ms;
+    rv->asked_micro = asked > actual ? asked : -1;
     rc = s->vt->resv_update(s, rv, err);
   }
   if (!rc && out) {
@@ -891,12 +895,15 @@ static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int6
     out->reserved_micro = rv->amount_micro;
     out->actual_micro = actual;
     out->late = late;
+    out->capped = asked > actual;
+    out->asked_micro = asked;
   }
   return rc;
 }
 
-int lg_budget_settle(lg_store_t *s, const char *id, int64_t actual_micro, int64_t now_ms,
-                     lg_budget_settlement_t *out, lg_error_t *err) {
+/* lg_budget_settle(), and lg_budget_settle_bounded() when bounded. */
+static int settle(lg_store_t *s, const char *id, int64_t actual_micro, int bounded,
+                  int64_t now_ms, lg_budget_settlement_t *out, lg_error_t *err) {
   if (out) memset(out, 0, sizeof *out);
   int rc = check_id(id, err);
   if (!rc) rc = check_amount("actual_usd", actual_micro, err);
@@ -912,16 +919,44 @@ int lg_budget_settle(lg_store_t *s, const char *id, int64_t actual_micro, int64_
     char at[32], amt[32];
     lg__time_rfc3339(rv.settled_ms, at);
     usd_text(amt, rv.actual_micro);
+    char asked[80] = "";
+    if (rv.asked_micro >= 0) {
+      char a[32];
+      usd_text(a, rv.asked_micro);
+      snprintf(asked, sizeof asked, " (bounded: %s USD asked)", a);
+    }
     rc = lg__err(err, LG_ECONFLICT, "reservation_id", -1,
-                 "reservation \"%s\" was already settled at %s with %s USD; nothing changed", id,
-                 at, amt);
+                 "reservation \"%s\" was already settled at %s with %s USD%s; nothing changed",
+                 id, at, amt, asked);
   }
-  if (!rc) rc = settle_locked(s, &rv, actual_micro, now_ms, out, err);
+  if (!rc) {
+    /* An untrusted settler charges at most the reservation times the
+     * factor: an agent that settles 10^9 USD must not lock a shared
+     * budget for everyone. What it asked is kept in the row. */
+    int64_t actual = actual_micro;
+    if (bounded) {
+      int64_t cap = rv.amount_micro > INT64_MAX / LG_BUDGET_SETTLE_MAX_FACTOR
+                        ? INT64_MAX
+                        : rv.amount_micro * LG_BUDGET_SETTLE_MAX_FACTOR;
+      if (actual > cap) actual = cap;
+    }
+    rc = settle_locked(s, &rv, actual, actual_micro, now_ms, out, err);
+  }
   if (!rc) rc = lg__store_fault_at(s, "budget.settle.before_commit", err);
   rc = txn_end(s, rc, err);
   lg__resv_row_clear(&rv);
   if (rc) lg_budget_settlement_clear(out);
   return where(s, rc, err);
+}
+
+int lg_budget_settle(lg_store_t *s, const char *id, int64_t actual_micro, int64_t now_ms,
+                     lg_budget_settlement_t *out, lg_error_t *err) {
+  return settle(s, id, actual_micro, 0, now_ms, out, err);
+}
+
+int lg_budget_settle_bounded(lg_store_t *s, const char *id, int64_t actual_micro,
+                             int64_t now_ms, lg_budget_settlement_t *out, lg_error_t *err) {
+  return settle(s, id, actual_micro, 1, now_ms, out, err);
 }
 
 char *lg_budget_settlement_json(const lg_budget_settlement_t *st) {
@@ -932,7 +967,13 @@ char *lg_budget_settlement_json(const lg_budget_settlement_t *st) {
   put_usd(&b, st->reserved_micro);
   lg__buf_puts(&b, ",\"actual_usd\":");
   put_usd(&b, st->actual_micro);
-  lg__buf_printf(&b, ",\"late\":%s,\"scopes\":[", st->late ? "true" : "false");
+  lg__buf_printf(&b, ",\"late\":%s,\"capped\":%s", st->late ? "true" : "false",
+                 st->capped ? "true" : "false");
+  if (st->capped) {
+    lg__buf_puts(&b, ",\"asked_usd\":");
+    put_usd(&b, st->asked_micro);
+  }
+  lg__buf_puts(&b, ",\"scopes\":[");
   for (size_t i = 0; i < st->nscopes; i++) {
     if (i) lg__buf_putc(&b, ',');
     budget_json(&b, &st->scopes[i]);

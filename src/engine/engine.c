@@ -21,6 +21,7 @@
  *   7 execute (with a steer message at the observe rung).
  */
 #include "engine.h"
+#include "../canon/canon.h" /* lg__canon_fp_of: derived idempotency keys */
 
 #include <stdio.h>
 
@@ -613,10 +614,16 @@ static int before_prepare(lg_run_t *run, bctx_t *x, lg_decision_t *d, lg_error_t
   char *derived = NULL;
   const char *key = call->idempotency_key;
   if (!key && x->tp && x->tp->side_effects) {
-    lg__buf_t kb = {0};
-    lg__buf_printf(&kb, "lg:%s:%s", run->run_id, x->hex);
-    if (!(derived = lg__buf_steal(&kb, NULL)))
+    /* A fixed length whatever the run id: "lg:" + SHA-256 hex of
+     * run_id "\n" loop key (the loop key is 64 hex, so the split is
+     * unambiguous). A key that embedded the run id passed the ledger's
+     * 1024-byte limit for a long run id. */
+    char kh[LG_FP_HEX];
+    if (lg__canon_fp_of(NULL, run->run_id, x->hex, 64, kh) || !(derived = lg__malloc(3 + 64 + 1)))
       return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    memcpy(derived, "lg:", 3);
+    memcpy(derived + 3, kh, 64);
+    derived[67] = 0;
     key = derived;
   }
   if (set_owned(&run->call_id_buf, &run->call_id, x->call_id) ||

@@ -28,7 +28,10 @@
  */
 #include "../store/store.h"
 
+#include <errno.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
+#include <sys/random.h>
 
 #define KEY_MAX 1024
 #define FP_MAX 256
@@ -56,11 +59,12 @@ static int stale(const lg_store_t *s, const lg__op_row_t *r, int64_t now_ms) {
   return r->state != LG__OP_PENDING && r->updated_ms <= now_ms - s->opts.retention_ms;
 }
 
-/* The one transition table of the ledger (see the top of the file). */
+/* The one transition table of the ledger (see the top of the file). A
+ * row an operator freed is only the record of that: the key is free. */
 static lg_claim_outcome_t judge(const lg_store_t *s, const lg__op_row_t *r, const char *fp,
                                 int64_t now_ms, int *failed) {
   *failed = 0;
-  if (!r || stale(s, r, now_ms)) return LG_CLAIM_FREE;
+  if (!r || r->freed || stale(s, r, now_ms)) return LG_CLAIM_FREE;
   if (fp && strcmp(r->request_fp, fp)) return LG_CLAIM_MISMATCH;
   switch (r->state) {
   case LG__OP_PENDING:
@@ -131,25 +135,53 @@ static int claim_locked(lg_store_t *s, const lg__op_row_t *mine, lg_claim_t *out
                  "the key \"%s\" kept changing under the claim; try again", mine->key);
 }
 
+/* "ct_" + 32 hex digits of the kernel's randomness: the claim's token,
+ * which its claimant presents to commit or fail it (lg_store_commit_as). */
+static int new_token(char tok[LG_CLAIM_TOKEN_MAX], lg_error_t *err) {
+  unsigned char r[16];
+  size_t got = 0;
+  while (got < sizeof r) {
+    ssize_t n = getrandom(r + got, sizeof r - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return lg__err(err, LG_EIO, NULL, -1, "no randomness for a claim token");
+    got += (size_t)n;
+  }
+  static const char hex[] = "0123456789abcdef";
+  memcpy(tok, "ct_", 3);
+  for (size_t i = 0; i < sizeof r; i++) {
+    tok[3 + 2 * i] = hex[r[i] >> 4];
+    tok[4 + 2 * i] = hex[r[i] & 15];
+  }
+  tok[3 + 2 * sizeof r] = 0;
+  return 0;
+}
+
 int lg_store_claim(lg_store_t *s, const char *key, const char *request_fp, const char *run_id,
                    int64_t lease_ms, int64_t now_ms, lg_claim_t *out, lg_error_t *err) {
   memset(out, 0, sizeof *out);
   int rc = check_key(key, err);
   if (!rc) rc = check_fp(request_fp, err);
   if (rc) return rc;
+  char token[LG_CLAIM_TOKEN_MAX];
+  if ((rc = new_token(token, err))) return rc;
   if (lease_ms <= 0) lease_ms = s->opts.lease_ms;
+  /* now + lease saturates: a lease of 2^63-1 ms means "for ever", and an
+   * overflow would have put its end in the past (unknown_outcome at once). */
+  int64_t lease_until = now_ms > 0 && lease_ms > INT64_MAX - now_ms ? INT64_MAX : now_ms + lease_ms;
   lg__op_row_t mine = {
       .key = (char *)key,
       .request_fp = (char *)request_fp,
       .run_id = (char *)(run_id && *run_id ? run_id : NULL),
       .state = LG__OP_PENDING,
-      .lease_until_ms = now_ms + lease_ms,
+      .lease_until_ms = lease_until,
       .created_ms = now_ms,
       .updated_ms = now_ms,
+      .claim_token = token,
   };
   lg__store_lock(s);
   rc = claim_locked(s, &mine, out, err);
   lg__store_unlock(s);
+  if (!rc && out->outcome == LG_CLAIM_CLAIMED) memcpy(out->claim_token, token, sizeof token);
   if (rc) {
     lg_claim_clear(out);
     out->outcome = LG_CLAIM_FREE;
@@ -165,9 +197,9 @@ int lg_store_peek(lg_store_t *s, const char *key, const char *request_fp, int64_
   if (rc) return rc;
   lg__op_row_t cur = {0};
   int found = 0, failed = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->op_read(s, key, 0, &cur, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (rc) {
     if (err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
     return rc;
@@ -187,7 +219,7 @@ static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__o
   int rc = lg__store_begin(s, LG__TXN_LEDGER, err);
   if (rc) return rc;
   rc = s->vt->op_read(s, key, 1, cur, &found, err);
-  if (!rc && (!found || stale(s, cur, now_ms)))
+  if (!rc && (!found || cur->freed || stale(s, cur, now_ms)))
     rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no claim for key \"%s\" in the ledger", key);
   if (rc) {
     lg__op_row_clear(cur);
@@ -280,9 +312,9 @@ int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operat
   if (rc) return rc;
   lg__op_row_t cur = {0};
   int found = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->op_read(s, key, 0, &cur, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (!rc && (!found || stale(s, &cur, now_ms)))
     rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no key \"%s\" in the ledger", key);
   if (rc) {
@@ -299,14 +331,115 @@ int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operat
   out->created_ms = cur.created_ms;
   out->updated_ms = cur.updated_ms;
   out->lease_until_ms = cur.lease_until_ms;
+  out->resolved_by = cur.resolved_by;
+  out->resolved_ms = cur.resolved_ms;
+  lg__free(cur.claim_token); /* never shown: it is the claimant's */
   switch (cur.state) {
   case LG__OP_PENDING:
     out->state = now_ms < cur.lease_until_ms ? LG_OP_IN_PROGRESS : LG_OP_UNKNOWN_OUTCOME;
     break;
   case LG__OP_COMMITTED: out->state = LG_OP_COMMITTED; break;
-  default: out->state = LG_OP_FAILED; break;
+  default: out->state = cur.freed ? LG_OP_FREE : LG_OP_FAILED; break;
   }
   return 0;
+}
+
+/* ---- settling as someone: who may undo what ---- */
+
+/* 0 when `as` may settle `cur` this way now (commit, or fail retryable or
+ * not); LG_EPERM with a message saying who may. Only called for actors
+ * that are not operators. */
+static int may_settle(const lg__op_row_t *cur, const lg_op_actor_t *as, int commit,
+                      int retryable, int64_t now_ms, lg_error_t *err) {
+  if (cur->state == LG__OP_FAILED && !commit && retryable)
+    return lg__err(err, LG_EPERM, "key", -1,
+                   "the key \"%s\" failed for good; only an operator may free it for another try",
+                   cur->key);
+  if (cur->state != LG__OP_PENDING) return 0; /* nothing will change: the first outcome stands */
+  if (!cur->claim_token) return 0;            /* claimed before schema 6: trusted as before */
+  const char *t = as->claim_token;
+  size_t n = strlen(cur->claim_token);
+  if (!t || strlen(t) != n || CRYPTO_memcmp(t, cur->claim_token, n))
+    return lg__err(err, LG_EPERM, t ? "claim_token" : "key", -1,
+                   "the key \"%s\" is claimed by %s%s%s; only that claimant, with the "
+                   "claim_token its claim returned, or an operator may %s it",
+                   cur->key, cur->run_id ? "run \"" : "another worker", cur->run_id ? cur->run_id : "",
+                   cur->run_id ? "\"" : "", commit ? "commit" : "fail");
+  if (!commit && now_ms >= cur->lease_until_ms)
+    return lg__err(err, LG_EPERM, "key", -1,
+                   "the claim of \"%s\" ran out of its lease: its outcome is unknown, and only "
+                   "an operator may resolve it with a failure (the claimant may still commit "
+                   "it)",
+                   cur->key);
+  return 0;
+}
+
+/* Settles `key` as `as` (not NULL): state LG__OP_COMMITTED or
+ * LG__OP_FAILED, retryable frees. Reads the row under its lock first. */
+static int settle_as(lg_store_t *s, const char *key, int state, int retryable, const char *result,
+                     size_t result_len, const char *operation_id, const lg_op_actor_t *as,
+                     int64_t now_ms, lg_error_t *err) {
+  int rc = check_key(key, err);
+  if (rc) return rc;
+  lg__op_row_t cur = {0};
+  lg__store_lock(s);
+  rc = open_for_change(s, key, now_ms, &cur, err);
+  if (rc) goto out;
+  int commit = state == LG__OP_COMMITTED;
+  if (!as->operator) rc = may_settle(&cur, as, commit, retryable, now_ms, err);
+  if (!rc) {
+    lg__op_row_t next = cur;
+    int write = 0;
+    if (cur.state == LG__OP_PENDING || (!commit && retryable && cur.state == LG__OP_FAILED)) {
+      next.state = state;
+      next.updated_ms = now_ms;
+      if (commit) {
+        next.result = (char *)result;
+        next.result_len = result ? result_len : 0;
+        next.operation_id = (char *)(operation_id && *operation_id ? operation_id : NULL);
+      }
+      write = 1;
+    }
+    if (write && as->operator) {
+      /* An operator's act: recorded in the row. A key it frees stays as
+       * that record (FAILED, freed: it counts as free). */
+      next.resolved_by = (char *)(as->who && *as->who ? as->who : "operator");
+      next.resolved_ms = now_ms;
+      if (!commit && retryable) {
+        next.state = LG__OP_FAILED;
+        next.freed = 1;
+        next.result = NULL;
+        next.result_len = 0;
+      }
+      rc = s->vt->op_update(s, &next, err);
+    } else if (write && retryable && !commit) {
+      rc = s->vt->op_delete(s, key, err); /* the claimant's own retryable failure */
+    } else if (write) {
+      rc = s->vt->op_update(s, &next, err);
+    }
+    if (!rc && write) rc = lg__store_fault_at(s, "settle_as.before_commit", err);
+  }
+  if (rc) lg__store_end(s, 0, NULL);
+  else rc = lg__store_end(s, 1, err);
+  lg__op_row_clear(&cur);
+out:
+  lg__store_unlock(s);
+  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
+  return rc;
+}
+
+int lg_store_commit_as(lg_store_t *s, const char *key, const char *result, size_t result_len,
+                       const char *operation_id, const lg_op_actor_t *as, int64_t now_ms,
+                       lg_error_t *err) {
+  if (!as) return lg_store_commit(s, key, result, result_len, operation_id, now_ms, err);
+  return settle_as(s, key, LG__OP_COMMITTED, 0, result, result_len, operation_id, as, now_ms,
+                   err);
+}
+
+int lg_store_fail_as(lg_store_t *s, const char *key, int retryable, const lg_op_actor_t *as,
+                     int64_t now_ms, lg_error_t *err) {
+  if (!as) return lg_store_fail(s, key, retryable, now_ms, err);
+  return settle_as(s, key, LG__OP_FAILED, retryable, NULL, 0, NULL, as, now_ms, err);
 }
 
 int lg_store_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_t *purged,

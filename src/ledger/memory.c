@@ -119,7 +119,9 @@ static int m_claim(void *self, const char *key, const char *fp, const char *run_
   o->hash = h;
   o->state = OP_CLAIMED;
   snprintf(o->fp, sizeof o->fp, "%s", fp);
-  o->lease_until = now + lease_ms;
+  /* Saturated: a lease of INT64_MAX ms is "for ever", not an overflow
+   * into the past (which would make the claim unknown_outcome at once). */
+  o->lease_until = now > 0 && lease_ms > INT64_MAX - now ? INT64_MAX : now + lease_ms;
   m->used++;
   out->outcome = LG_CLAIM_CLAIMED;
   out->result = NULL;

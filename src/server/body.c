@@ -47,7 +47,7 @@ typedef enum fslot {
   S_OPERATION_ID, S_WORLD, S_FROM, S_TO, S_MODEL, S_INPUT_TOKENS, S_OUTPUT_TOKENS,
   S_MAX_TOKENS, S_COST, S_RESERVATION_ID, S_REASON, S_KEY, S_REQUEST_FP, S_LEASE_MS,
   S_RESULT, S_RETRYABLE, S_SCOPES, S_LIMIT, S_MAX_IN_FLIGHT, S_PERIOD, S_AMOUNT, S_TTL,
-  S_ACTUAL, S_TEXT, S_NOTE
+  S_ACTUAL, S_CLAIM_TOKEN, S_TEXT, S_NOTE
 } fslot_t;
 
 typedef struct field {
@@ -100,8 +100,11 @@ static const field_t f_claim[] = {{"key", T_ID, S_KEY, true},
                                   END};
 static const field_t f_commit[] = {{"result", T_ANY, S_RESULT, true},
                                    {"operation_id", T_ID, S_OPERATION_ID, false},
+                                   {"claim_token", T_ID, S_CLAIM_TOKEN, false},
                                    END};
-static const field_t f_fail[] = {{"retryable", T_BOOL, S_RETRYABLE, true}, END};
+static const field_t f_fail[] = {{"retryable", T_BOOL, S_RETRYABLE, true},
+                                 {"claim_token", T_ID, S_CLAIM_TOKEN, false},
+                                 END};
 static const field_t f_budget_set[] = {{"limit_usd", T_DUSD, S_LIMIT, true},
                                        {"period", T_STR, S_PERIOD, true},
                                        {"max_in_flight_usd", T_DUSD_NULL, S_MAX_IN_FLIGHT, false},
@@ -301,6 +304,7 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
   case S_AMOUNT: b->amount_usd = json_number_value(v); break;
   case S_TTL: b->ttl_ms = i; break;
   case S_ACTUAL: b->actual_usd = json_number_value(v); break;
+  case S_CLAIM_TOKEN: b->claim_token = s; break;
   case S_TEXT:
     b->text = s;
     b->text_len = json_string_length(v);

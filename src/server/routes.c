@@ -11,6 +11,7 @@
  * wakes it once the batch is stored.
  */
 #include "../step/step.h"
+#include "../store/store.h" /* lg__store_write_probe: /healthz */
 #include "server.h"
 
 #include <openssl/rand.h>
@@ -788,6 +789,9 @@ void lg__h_op_claim(lg__req_t *rq) {
     rq->status = 201;
     lg__buf_puts(o, "{\"outcome\":\"claimed\",\"key\":");
     jstr(o, b.key);
+    /* What commit and fail must present: the claimant's proof. */
+    lg__buf_puts(o, ",\"claim_token\":");
+    jstr(o, cl.claim_token);
     lg__buf_putc(o, '}');
     break;
   case LG_CLAIM_REPLAY:
@@ -820,6 +824,31 @@ void lg__h_op_claim(lg__req_t *rq) {
   lg__body_clear(&b);
 }
 
+/* Who settles a key over HTTP (docs/security.md, "Who may undo what"): an
+ * operator token acts as an operator; an agent token must present the
+ * claim's claim_token. A server with no tokens (loopback only) has no
+ * roles: a request without claim_token acts as the operator, one with a
+ * claim_token is held to it. */
+static void op_actor(lg__req_t *rq, const char *claim_token, lg_op_actor_t *as) {
+  lg_server_t *srv = rq->srv;
+  memset(as, 0, sizeof *as);
+  as->claim_token = claim_token;
+  if (srv->auth.n) {
+    lg__role_t role = lg__auth_role(
+        &srv->auth, MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Authorization"));
+    as->operator = role == LG__ROLE_OPERATOR;
+    as->who = "http:operator";
+  } else {
+    as->operator = claim_token == NULL;
+    as->who = "http:open";
+  }
+}
+
+/* The answer of a commit or fail refused: 403 with who may. */
+static void op_refused(lg__req_t *rq, const lg_error_t *e) {
+  lg__req_error(rq, 403, "forbidden", e->field[0] ? e->field : NULL, "%s", e->message);
+}
+
 void lg__h_op_commit(lg__req_t *rq) {
   lg_server_t *srv = rq->srv;
   if (!valid_id(rq->id)) {
@@ -834,8 +863,12 @@ void lg__h_op_commit(lg__req_t *rq) {
   if (!text) lg__req_error(rq, 500, "internal", NULL, "out of memory");
   if (w) {
     lg_error_t e = {0};
-    int rc = lg_store_commit(w->store, rq->id, text, len, b.operation_id, lg__server_now(srv), &e);
+    lg_op_actor_t as;
+    op_actor(rq, b.claim_token, &as);
+    int rc = lg_store_commit_as(w->store, rq->id, text, len, b.operation_id, &as,
+                                lg__server_now(srv), &e);
     if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
+    else if (rc == LG_EPERM) op_refused(rq, &e);
     else if (rc) store_error(rq, rc, &e, "committing");
     else op_answer(rq, w->store, rq->id, 1);
   }
@@ -854,8 +887,11 @@ void lg__h_op_fail(lg__req_t *rq) {
   lg__worker_t *w = worker(rq);
   if (w) {
     lg_error_t e = {0};
-    int rc = lg_store_fail(w->store, rq->id, b.retryable, lg__server_now(srv), &e);
+    lg_op_actor_t as;
+    op_actor(rq, b.claim_token, &as);
+    int rc = lg_store_fail_as(w->store, rq->id, b.retryable, &as, lg__server_now(srv), &e);
     if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
+    else if (rc == LG_EPERM) op_refused(rq, &e);
     else if (rc) store_error(rq, rc, &e, "failing");
     else op_answer(rq, w->store, rq->id, 1);
   }
@@ -951,7 +987,16 @@ static void budget_settle(lg__req_t *rq, lg__worker_t *w) {
   lg_budget_settlement_t st;
   memset(&st, 0, sizeof st);
   int rc = lg_budget_usd_to_micro(b.actual_usd, &actual, "actual_usd", &e);
-  if (!rc) rc = lg_budget_settle(w->store, b.reservation_id, actual, lg__server_now(srv), &st, &e);
+  /* Only an operator's settlement charges above the reservation (the
+   * router let agents in): an agent's is bounded, and says so. */
+  lg__role_t role = srv->auth.n ? lg__auth_role(&srv->auth, MHD_lookup_connection_value(
+                                                   rq->conn, MHD_HEADER_KIND, "Authorization"))
+                                : LG__ROLE_OPERATOR;
+  if (!rc && role == LG__ROLE_OPERATOR)
+    rc = lg_budget_settle(w->store, b.reservation_id, actual, lg__server_now(srv), &st, &e);
+  else if (!rc)
+    rc = lg_budget_settle_bounded(w->store, b.reservation_id, actual, lg__server_now(srv), &st,
+                                  &e);
   lg__body_clear(&b);
   if (rc) {
     budget_error(rq, rc, &e, "settling");
@@ -976,25 +1021,39 @@ void lg__h_budgets(lg__req_t *rq) {
 /* Health and metrics.                                                 */
 
 void lg__h_healthz(lg__req_t *rq) {
+  /* Open to anyone: the answer names the store's kind, never its URL or
+   * path (the detail goes to the log). 200 only when the store answers
+   * and could take a write now; 503 with the reason otherwise. Reads go
+   * to the store's reader, so this never waits behind a write. */
   lg_server_t *srv = rq->srv;
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(srv, &e);
   int version = 0;
   int rc = w ? lg_store_schema_version(w->store, &version, &e) : (e.code ? e.code : LG_ESTORE);
+  const char *reason = NULL;
   if (rc) {
-    char buf[1024];
+    log_error(srv, rq, &e, rc);
+    reason = rc == LG_EBUSY ? "the store is locked by another writer"
+             : rc == LG_ENOMEM ? "out of memory"
+                               : "the store does not answer (the server's log has the detail)";
+  } else if ((rc = lg__store_write_probe(w->store, lg__server_now(srv), &e))) {
+    reason = e.message; /* the probe's own words: no URL, no path */
+  }
+  if (rc) {
     rq->status = 503;
     lg__buf_puts(&rq->out, "{\"status\":\"unavailable\",\"store\":");
-    jstr(&rq->out, srv->store_name);
+    jstr(&rq->out, srv->scheme);
+    lg__buf_puts(&rq->out, ",\"writable\":false,\"reason\":");
+    jstr(&rq->out, reason);
     lg__buf_puts(&rq->out, ",\"error\":{\"code\":503,\"type\":\"internal\",\"message\":");
-    jstr(&rq->out, lg_error_format(&e, buf, sizeof buf));
+    jstr(&rq->out, reason);
     lg__buf_puts(&rq->out, "}}");
     return;
   }
   rq->status = 200;
   lg__buf_puts(&rq->out, "{\"status\":\"ok\",\"version\":\"" LG_VERSION_STRING "\",\"store\":");
   jstr(&rq->out, srv->scheme);
-  lg__buf_printf(&rq->out, ",\"schema\":%d,\"draining\":%s}", version,
+  lg__buf_printf(&rq->out, ",\"schema\":%d,\"writable\":true,\"draining\":%s}", version,
                  atomic_load(&srv->draining) ? "true" : "false");
 }
 

@@ -186,6 +186,7 @@ typedef struct lg__body {
   double amount_usd;             /* reserve */
   int64_t ttl_ms;                /* reserve: -1 absent */
   double actual_usd;             /* settle */
+  const char *claim_token;       /* commit, fail: the claim's token */
   const char *text;              /* text, user: NULL when absent */
   size_t text_len;
   const char *note;              /* resume */

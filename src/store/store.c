@@ -25,6 +25,8 @@ void lg__op_row_clear(lg__op_row_t *r) {
   lg__free(r->run_id);
   lg__free(r->result);
   lg__free(r->operation_id);
+  lg__free(r->claim_token);
+  lg__free(r->resolved_by);
   memset(r, 0, sizeof *r);
 }
 
@@ -119,6 +121,30 @@ static char *redact(const char *url) {
 /* ---- the handle ---- */
 
 void lg__store_lock(lg_store_t *s) { pthread_mutex_lock(&s->mu); }
+
+int lg__store_read_begin(lg_store_t *s) {
+  if (s->vt->version >= 4 && s->vt->reader) {
+    if (pthread_mutex_trylock(&s->mu) == 0) {
+      /* Free, or ours: inside our own transaction the read must see its
+       * writes, so it stays on the handle. */
+      if (s->depth > 0) return 0;
+      pthread_mutex_unlock(&s->mu);
+    }
+    if (s->vt->reader(s, 1, NULL) == 0) return 1;
+  }
+  lg__store_lock(s);
+  return 0;
+}
+
+int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
+  if (s->vt->version < 4 || !s->vt->write_probe) return 0;
+  return s->vt->write_probe(s, now_ms, err);
+}
+
+void lg__store_read_end(lg_store_t *s, int reader) {
+  if (reader) s->vt->reader(s, 0, NULL);
+  else lg__store_unlock(s);
+}
 void lg__store_unlock(lg_store_t *s) { pthread_mutex_unlock(&s->mu); }
 
 /* Defined in ledger.c: the methods behind lg_store_ledger(). */
@@ -150,6 +176,42 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
             url);
     return NULL;
   }
+  /* durability=full|relaxed: a parameter of the URL for every backend
+   * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
+   * postgres:host=... durability=relaxed), taken out before the backend
+   * sees the rest (libpq would refuse an unknown key). */
+  int durability = opts ? opts->durability : LG_STORE_DURABLE;
+  char *argbuf = NULL;
+  if (strstr(arg, "durability=")) {
+    if (!(argbuf = lg__strdup(arg))) {
+      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
+      return NULL;
+    }
+    char *d = argbuf, *hit = NULL;
+    while ((d = strstr(d, "durability="))) {
+      if (d == argbuf || d[-1] == '?' || d[-1] == '&' || d[-1] == ' ') hit = d;
+      d += 11;
+    }
+    if (hit) {
+      char *v = hit + 11, *end = v + strcspn(v, "& ");
+      size_t vl = (size_t)(end - v);
+      if (vl == 4 && !memcmp(v, "full", 4)) durability = LG_STORE_DURABLE;
+      else if (vl == 7 && !memcmp(v, "relaxed", 7)) durability = LG_STORE_RELAXED;
+      else {
+        lg__err(err, LG_EINVAL, "url", -1,
+                "durability=%.*s: expected durability=full or durability=relaxed", (int)vl, v);
+        lg__free(argbuf);
+        return NULL;
+      }
+      /* Cut "durability=V" with one separator: "?d&x" -> "?x", "a&d" -> "a",
+       * "?d" -> "", "h d" -> "h". */
+      char *from = hit, *to = end;
+      if (*to == '&' || *to == ' ') to++;
+      else if (from > argbuf && (from[-1] == '&' || from[-1] == ' ' || from[-1] == '?')) from--;
+      memmove(from, to, strlen(to) + 1);
+      arg = argbuf;
+    }
+  }
   lg_store_t *s = lg__calloc(1, sizeof *s);
   if (!s) goto fail_oom;
   s->name = redact(url);
@@ -160,6 +222,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
   if (s->opts.busy_timeout_ms == 0) s->opts.busy_timeout_ms = LG_STORE_DEFAULT_BUSY_TIMEOUT_MS;
   if (s->opts.busy_timeout_ms < 0) s->opts.busy_timeout_ms = 0;
+  s->opts.durability = durability == LG_STORE_RELAXED ? LG_STORE_RELAXED : LG_STORE_DURABLE;
   pthread_mutexattr_t ma;
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
@@ -169,6 +232,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   s->ledger.methods = &lg__store_ledger_methods;
   s->ledger.self = s;
   int rc = vt->open(s, arg, err);
+  lg__free(argbuf);
   if (rc) {
     lg__err_where(err, s->name, 0);
     pthread_mutex_destroy(&s->mu);
@@ -179,6 +243,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   return s;
 
 fail_oom:
+  lg__free(argbuf);
   if (s) lg__free(s->name);
   lg__free(s);
   lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
@@ -203,9 +268,9 @@ static int where(lg_store_t *s, int rc, lg_error_t *err) {
 }
 
 int lg_store_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   int rc = s->vt->schema_version(s, version, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return where(s, rc, err);
 }
 
@@ -305,9 +370,9 @@ int lg_store_run_get(lg_store_t *s, const char *run_id, lg_run_record_t *out,
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc) return rc;
   int found = 0;
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   rc = s->vt->run_read(s, run_id, 0, out, &found, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
   if (rc) lg_run_record_clear(out);
@@ -321,9 +386,9 @@ int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb c
   if (f->status && strcmp(f->status, "active") && strcmp(f->status, "stopped"))
     return lg__err(err, LG_EINVAL, "status", -1,
                    "status \"%s\" is neither \"active\" nor \"stopped\"", f->status);
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s);
   int rc = s->vt->run_list(s, f, cb, ud, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return rc < 0 ? where(s, rc, err) : rc;
 }
 
@@ -377,9 +442,9 @@ int lg__store_events_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc) return rc;
   if (s->vt->version < 3 || !s->vt->ev_read) return 0; /* none kept */
-  lg__store_lock(s);
+  int r = lg__store_read_begin(s); /* never behind a write */
   rc = s->vt->ev_read(s, run_id, out, err);
-  lg__store_unlock(s);
+  lg__store_read_end(s, r);
   return where(s, rc, err);
 }
 
@@ -449,6 +514,7 @@ const char *lg_op_state_name(lg_op_state_t st) {
   case LG_OP_UNKNOWN_OUTCOME: return "unknown_outcome";
   case LG_OP_COMMITTED: return "committed";
   case LG_OP_FAILED: return "failed";
+  case LG_OP_FREE: return "free";
   }
   return "?";
 }
@@ -460,6 +526,7 @@ void lg_operation_clear(lg_operation_t *op) {
   lg__free(op->run_id);
   lg__free(op->result);
   lg__free(op->operation_id);
+  lg__free(op->resolved_by);
   memset(op, 0, sizeof *op);
 }
 
@@ -484,6 +551,11 @@ char *lg_operation_to_json(const lg_operation_t *op) {
   json_time(&b, op->updated_ms);
   lg__buf_puts(&b, ",\"lease_until\":");
   json_time(&b, op->lease_until_ms);
+  lg__buf_puts(&b, ",\"resolved_by\":");
+  json_str_or_null(&b, op->resolved_by);
+  lg__buf_puts(&b, ",\"resolved_at\":");
+  if (op->resolved_by) json_time(&b, op->resolved_ms);
+  else lg__buf_puts(&b, "null");
   lg__buf_putc(&b, '}');
   return lg__buf_steal(&b, NULL);
 }

@@ -54,6 +54,13 @@ typedef struct lg__op_row {
   int64_t lease_until_ms; /* end of the claim's lease */
   int64_t created_ms;     /* when it was claimed */
   int64_t updated_ms;     /* its last change */
+  /* schema 6: */
+  char *claim_token;      /* the claimant's token ("ct_" + 32 hex), NULL for
+                             a claim made before schema 6 */
+  char *resolved_by;      /* an operator's outcome: who recorded it, or NULL */
+  int64_t resolved_ms;    /* ... and when (0: not an operator's) */
+  int freed;              /* FAILED row kept only as the record of an
+                             operator's retryable failure: the key is free */
 } lg__op_row_t;
 
 void lg__op_row_clear(lg__op_row_t *r);
@@ -101,6 +108,10 @@ typedef struct lg__resv_row {
   int64_t created_ms;
   int64_t expires_ms;   /* the hold ends here */
   int64_t settled_ms;   /* settled: when; else 0 */
+  /* schema 6: */
+  int64_t asked_micro;  /* settled above what the settler may charge: what
+                           it asked (actual_micro is what was charged);
+                           -1: charged as asked */
 } lg__resv_row_t;
 
 void lg__resv_row_clear(lg__resv_row_t *r);
@@ -118,8 +129,8 @@ struct lg_store {
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
 };
 
-/* The backend table, version 3 (version 1 had no budgets, version 2 no
- * trace lines). Every function
+/* The backend table, version 4 (version 1 had no budgets, version 2 no
+ * trace lines, version 3 no reader). Every function
  * returns 0 or a negative LG_E* code with err filled (backend codes never
  * leave the backend). */
 struct lg__store_vtab {
@@ -252,6 +263,21 @@ struct lg__store_vtab {
    * has no row. */
   int (*run_update_ev)(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
                        size_t len, int *updated, lg_error_t *err);
+
+  /* ---- version 4: reads that do not wait for writes ----
+   *
+   * Optional (NULL: reads take the handle's lock). reader(s, 1) gives the
+   * calling thread a connection of its own for reads (op_read, run_read,
+   * run_list, bud_read, bud_list, schema_version), until reader(s, 0):
+   * reads outside any transaction of this handle, which must not wait
+   * behind a write that holds or waits for the handle (lg__store_read_begin).
+   * Called without the handle's lock. */
+  int (*reader)(lg_store_t *s, int on, lg_error_t *err);
+  /* Optional (NULL: the store counts as writable when it answers).
+   * Whether a write could proceed now, without waiting long and without
+   * the handle's lock: 0, or LG_EBUSY / LG_ESTORE with err->message a
+   * reason fit for an unauthenticated /healthz (no URL, no path). */
+  int (*write_probe)(lg_store_t *s, int64_t now_ms, lg_error_t *err);
 };
 
 extern const lg__store_vtab_t lg__store_memory;
@@ -263,6 +289,15 @@ int lg__store_begin(lg_store_t *s, int kind, lg_error_t *err);
 int lg__store_end(lg_store_t *s, int commit, lg_error_t *err);
 void lg__store_lock(lg_store_t *s);
 void lg__store_unlock(lg_store_t *s);
+/* Around a read outside the caller's own transaction: the backend's
+ * reader when it has one (1), else the handle's lock (0), which is also
+ * what a thread inside its own transaction on the handle gets (its reads
+ * must see its writes). End with lg__store_read_end(s, what begin gave). */
+int lg__store_read_begin(lg_store_t *s);
+/* Whether the store can take a write now (vtab write_probe): 0, or
+ * LG_EBUSY / LG_ESTORE with a reason that names no URL. For /healthz. */
+int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err);
+void lg__store_read_end(lg_store_t *s, int reader);
 
 /* Fault injection for tests (docs/internals/style.md: "inject I/O faults through an
  * overridable table"). When set, backends call it at named points — e.g.

@@ -299,8 +299,13 @@ static int copy_op(lg__op_row_t *out, const lg__op_row_t *in) {
   if (in->run_id) out->run_id = lg__strdup(in->run_id);
   if (in->result) out->result = lg__strndup(in->result, in->result_len);
   if (in->operation_id) out->operation_id = lg__strdup(in->operation_id);
+  out->resolved_ms = in->resolved_ms;
+  out->freed = in->freed;
+  if (in->claim_token) out->claim_token = lg__strdup(in->claim_token);
+  if (in->resolved_by) out->resolved_by = lg__strdup(in->resolved_by);
   if (!out->key || !out->request_fp || (in->run_id && !out->run_id) ||
-      (in->result && !out->result) || (in->operation_id && !out->operation_id)) {
+      (in->result && !out->result) || (in->operation_id && !out->operation_id) ||
+      (in->claim_token && !out->claim_token) || (in->resolved_by && !out->resolved_by)) {
     lg__op_row_clear(out);
     return LG_ENOMEM;
   }

@@ -115,6 +115,12 @@ static const char *const migrations[] = {
     "  n BIGINT NOT NULL,"
     "  lines TEXT NOT NULL,"
     "  PRIMARY KEY (run_id, n));"),
+    /* 6: who may undo what (see store_sqlite.c). */
+    ("ALTER TABLE lg_operations ADD COLUMN claim_token TEXT,"
+    "  ADD COLUMN resolved_by TEXT,"
+    "  ADD COLUMN resolved_ms BIGINT NOT NULL DEFAULT 0,"
+    "  ADD COLUMN freed INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro BIGINT NOT NULL DEFAULT -1;"),
 };
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
                "one migration per schema version");
@@ -163,7 +169,7 @@ enum {
   Q__N
 };
 
-#define MAX_PARAMS 11
+#define MAX_PARAMS 13
 
 /* What the hold rows of a scope say as of $2 — read only when the row's
  * next_expiry_ms has come (a one-time filter: otherwise the scan is not
@@ -184,10 +190,11 @@ enum {
   " AND b.next_expiry_ms >= 0 AND b.next_expiry_ms <= $2) e ON true"
 #define RESV_COLS                                                                      \
   "id, amount_micro, scopes, run_id, run_seq, model, state, actual_micro, created_ms," \
-  " expires_ms, settled_ms"
+  " expires_ms, settled_ms, asked_micro"
 
-#define OP_COLS                                                                        \
+#define OP_COLS_V1                                                                     \
   "request_fp, run_id, state, result, operation_id, lease_until_ms, created_ms, updated_ms"
+#define OP_COLS OP_COLS_V1 ", claim_token, resolved_by, resolved_ms, freed"
 #define RUN_COLS                                                                       \
   "run_id, grp, status, terminal_reason, policy, state, envelope, created_ms, updated_ms"
 
@@ -198,12 +205,14 @@ static const struct {
     [Q_OP_READ] = {"SELECT " OP_COLS " FROM lg_operations WHERE key = $1", 1},
     [Q_OP_READ_LOCK] = {"SELECT " OP_COLS " FROM lg_operations WHERE key = $1 FOR UPDATE", 1},
     [Q_OP_INSERT] = {"INSERT INTO lg_operations (key, " OP_COLS ")"
-                     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (key) DO NOTHING",
-                     9},
+                     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                     " ON CONFLICT (key) DO NOTHING",
+                     13},
     [Q_OP_UPDATE] = {"UPDATE lg_operations SET request_fp = $2, run_id = $3, state = $4,"
                      " result = $5, operation_id = $6, lease_until_ms = $7, created_ms = $8,"
-                     " updated_ms = $9 WHERE key = $1",
-                     9},
+                     " updated_ms = $9, claim_token = $10, resolved_by = $11, resolved_ms = $12,"
+                     " freed = $13 WHERE key = $1",
+                     13},
     [Q_OP_DELETE] = {"DELETE FROM lg_operations WHERE key = $1", 1},
     [Q_OP_PURGE] = {"DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= $1",
                     1},
@@ -267,9 +276,9 @@ static const struct {
     [Q_HOLD_DROP] = {"DELETE FROM lg_budget_holds WHERE scope = $1 AND reservation_id = $2", 2},
     [Q_HOLDS_EXPIRE] = {"DELETE FROM lg_budget_holds WHERE scope = $1 AND expires_ms <= $2", 2},
     [Q_RESV_INSERT] = {"INSERT INTO lg_budget_reservations (" RESV_COLS ")"
-                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+                       " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
                        " ON CONFLICT (id) DO NOTHING",
-                       11},
+                       12},
     [Q_RESV_READ] = {"SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = $1", 1},
     [Q_RESV_READ_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = $1"
                           " FOR UPDATE",
@@ -289,8 +298,9 @@ static const struct {
                                    1},
     [Q_RESV_UPDATE] = {"UPDATE lg_budget_reservations SET amount_micro = $2, scopes = $3,"
                        " run_id = $4, run_seq = $5, model = $6, state = $7, actual_micro = $8,"
-                       " created_ms = $9, expires_ms = $10, settled_ms = $11 WHERE id = $1",
-                       11},
+                       " created_ms = $9, expires_ms = $10, settled_ms = $11, asked_micro = $12"
+                       " WHERE id = $1",
+                       12},
     [Q_RESV_PURGE] = {"DELETE FROM lg_budget_reservations WHERE expires_ms <= $1", 1},
     [Q_RUNSCOPES_PUT] = {"INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES ($1, $2)"
                          " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes",
@@ -316,6 +326,8 @@ typedef struct qwrite {
 typedef struct pg {
   PGconn *conn;      /* the connection */
   int prepared;      /* the statements exist on this connection */
+  int old_schema;    /* opened at a schema before 6 (migration tests): the
+                        ledger's legacy statements */
   /* Batch mode (vtab->batch, asked for by the budget module before an
    * outermost transaction): BEGIN and the writes that follow wait, and go
    * out in one pipeline with the next read — or with the COMMIT — so that
@@ -389,15 +401,46 @@ static int session_setup(lg_store_t *s, lg_error_t *err) {
   return pg_cmd(s, sql, err);
 }
 
+/* The ledger's statements as schema 1 to 5 had them, for a store opened at
+ * an old version (only the migration tests do that): the same first
+ * parameters, without those of schema 6 (a missing column reads as NULL,
+ * see op_read). */
+static const struct {
+  const char *sql;
+  int nparams;
+} legacy_op[] = {
+    [Q_OP_READ] = {"SELECT " OP_COLS_V1 " FROM lg_operations WHERE key = $1", 1},
+    [Q_OP_READ_LOCK] = {"SELECT " OP_COLS_V1 " FROM lg_operations WHERE key = $1 FOR UPDATE", 1},
+    [Q_OP_INSERT] = {"INSERT INTO lg_operations (key, " OP_COLS_V1 ")"
+                     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (key) DO NOTHING",
+                     9},
+    [Q_OP_UPDATE] = {"UPDATE lg_operations SET request_fp = $2, run_id = $3, state = $4,"
+                     " result = $5, operation_id = $6, lease_until_ms = $7, created_ms = $8,"
+                     " updated_ms = $9 WHERE key = $1",
+                     9},
+};
+
+static int legacy(const pg_t *p, int which) {
+  return p->old_schema && (size_t)which < sizeof legacy_op / sizeof *legacy_op &&
+         legacy_op[which].sql;
+}
+static const char *sql_of(const pg_t *p, int which) {
+  return legacy(p, which) ? legacy_op[which].sql : queries[which].sql;
+}
+static int np_of(const pg_t *p, int which) {
+  return legacy(p, which) ? legacy_op[which].nparams : queries[which].nparams;
+}
+
 /* Prepares the statements; a store opened at an old schema version (a
  * migration test) has the ledger's only. */
 static int prepare_all(lg_store_t *s, lg_error_t *err) {
   pg_t *p = s->impl;
   int n = lg__store_schema_target == LG_STORE_SCHEMA_VERSION ? Q__N : Q_OP_DROP_PENDING + 1;
+  if (!p->prepared && !p->old_schema) p->old_schema = lg__store_schema_target < 6;
   for (int i = 0; i < n; i++) {
     char name[16];
     snprintf(name, sizeof name, "lg_q%d", i);
-    PGresult *res = PQprepare(p->conn, name, queries[i].sql, queries[i].nparams, NULL);
+    PGresult *res = PQprepare(p->conn, name, sql_of(p, i), np_of(p, i), NULL);
     int ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
     int rc = ok ? 0 : pg_fail(s, res, "preparing a statement", err);
     PQclear(res);
@@ -463,7 +506,7 @@ static int pipeline(lg_store_t *s, const item_t *it, int n, PGresult **out, lg_e
     if (x->sql) {
       ok = PQsendQueryParams(p->conn, x->sql, 0, NULL, NULL, NULL, NULL, 1);
     } else {
-      int np = queries[x->which].nparams;
+      int np = np_of(p, x->which);
       int formats[MAX_PARAMS] = {0}, lengths[MAX_PARAMS] = {0};
       for (int k = 0; k < np; k++)
         if (x->lens && x->lens[k] >= 0) {
@@ -565,7 +608,7 @@ static int q_push(lg_store_t *s, int which, const char *const *vals, const int *
   memset(w, 0, sizeof *w);
   w->which = which;
   w->insert_check = insert_check;
-  for (int i = 0; i < queries[which].nparams; i++) {
+  for (int i = 0; i < np_of(p, which); i++) {
     w->lens[i] = lens ? lens[i] : -1;
     if (!vals[i]) continue;
     size_t len = w->lens[i] >= 0 ? (size_t)w->lens[i] : strlen(vals[i]);
@@ -590,7 +633,7 @@ static int pg_run(lg_store_t *s, int which, const char *const *vals, const int *
     *out = NULL;
     return run_with_pending(s, &me, 1, out, err);
   }
-  int n = queries[which].nparams;
+  int n = np_of(p, which);
   int formats[MAX_PARAMS] = {0}, lengths[MAX_PARAMS] = {0};
   *out = NULL;
   int rc = ensure(s, err);
@@ -777,8 +820,13 @@ static int p_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
     return 0;
   }
   p->batch = 0;
-  return pg_cmd(s, kind == LG__TXN_RUN ? "BEGIN; SET LOCAL synchronous_commit = off" : "BEGIN",
-                err);
+  /* synchronous_commit stays on (the session's) unless the store was
+   * opened relaxed: with it off, a crash of PostgreSQL lost decisions that
+   * had been answered (pg_ctl restart -m immediate under load). Group
+   * commit (commit_delay, or many connections flushing together) keeps
+   * the cost down. */
+  int relaxed = kind == LG__TXN_RUN && s->opts.durability == LG_STORE_RELAXED;
+  return pg_cmd(s, relaxed ? "BEGIN; SET LOCAL synchronous_commit = off" : "BEGIN", err);
 }
 
 /* Checks a COMMIT's result: an aborted transaction "commits" as ROLLBACK. */
@@ -866,6 +914,12 @@ static int p_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row
     row->lease_until_ms = col_i64(res, 0, 5);
     row->created_ms = col_i64(res, 0, 6);
     row->updated_ms = col_i64(res, 0, 7);
+    if (PQnfields(res) > 8) { /* schema 6 */
+      row->claim_token = col_str(res, 0, 8, NULL, &ok);
+      row->resolved_by = col_str(res, 0, 9, NULL, &ok);
+      row->resolved_ms = col_i64(res, 0, 10);
+      row->freed = (int)col_i64(res, 0, 11);
+    }
     if (!ok || !row->key || !row->request_fp) {
       lg__op_row_clear(row);
       rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
@@ -875,20 +929,23 @@ static int p_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row
   return rc;
 }
 
-/* Parameters of an op row: 9 values, their lengths (binary for result). */
+/* Parameters of an op row: 13 values, their lengths (binary for result). */
 typedef struct op_params {
-  const char *vals[9];
-  int lens[9];
-  char lease[24], created[24], updated[24];
+  const char *vals[13];
+  int lens[13];
+  char lease[24], created[24], updated[24], resolved[24], freed[4];
 } op_params_t;
 
 static void op_params(op_params_t *p, const lg__op_row_t *r) {
   snprintf(p->lease, sizeof p->lease, "%lld", (long long)r->lease_until_ms);
   snprintf(p->created, sizeof p->created, "%lld", (long long)r->created_ms);
   snprintf(p->updated, sizeof p->updated, "%lld", (long long)r->updated_ms);
-  const char *v[9] = {r->key,    r->request_fp, r->run_id,  state_name(r->state), r->result,
-                      r->operation_id, p->lease,  p->created, p->updated};
-  for (int i = 0; i < 9; i++) {
+  snprintf(p->resolved, sizeof p->resolved, "%lld", (long long)r->resolved_ms);
+  snprintf(p->freed, sizeof p->freed, "%d", r->freed ? 1 : 0);
+  const char *v[13] = {r->key,    r->request_fp, r->run_id,  state_name(r->state), r->result,
+                       r->operation_id, p->lease,  p->created, p->updated, r->claim_token,
+                       r->resolved_by, p->resolved, p->freed};
+  for (int i = 0; i < 13; i++) {
     p->vals[i] = v[i];
     p->lens[i] = -1;
   }
@@ -1278,8 +1335,8 @@ static int p_holds_expire(lg_store_t *s, const char *scope, int64_t now_ms, lg_e
 
 /* Parameters of a reservation row. */
 typedef struct resv_params {
-  const char *vals[11];
-  char amount[24], seq[24], actual[24], created[24], expires[24], settled[24];
+  const char *vals[12];
+  char amount[24], seq[24], actual[24], created[24], expires[24], settled[24], asked[24];
 } resv_params_t;
 
 static void resv_params(resv_params_t *p, const lg__resv_row_t *r) {
@@ -1289,9 +1346,10 @@ static void resv_params(resv_params_t *p, const lg__resv_row_t *r) {
   snprintf(p->created, sizeof p->created, "%lld", (long long)r->created_ms);
   snprintf(p->expires, sizeof p->expires, "%lld", (long long)r->expires_ms);
   snprintf(p->settled, sizeof p->settled, "%lld", (long long)r->settled_ms);
-  const char *v[11] = {r->id,       r->amount_micro >= 0 ? p->amount : "0", r->scopes,
+  snprintf(p->asked, sizeof p->asked, "%lld", (long long)r->asked_micro);
+  const char *v[12] = {r->id,       r->amount_micro >= 0 ? p->amount : "0", r->scopes,
                        r->run_id,   p->seq,    r->model, r->settled ? "settled" : "open",
-                       p->actual,   p->created, p->expires, p->settled};
+                       p->actual,   p->created, p->expires, p->settled, p->asked};
   memcpy(p->vals, v, sizeof v);
 }
 
@@ -1322,6 +1380,7 @@ static int read_resv(lg_store_t *s, int which, const char *const *vals, lg__resv
     row->created_ms = col_i64(res, 0, 8);
     row->expires_ms = col_i64(res, 0, 9);
     row->settled_ms = col_i64(res, 0, 10);
+    row->asked_micro = col_i64(res, 0, 11);
     if (!ok || !row->id || !row->scopes) {
       lg__resv_row_clear(row);
       rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");

@@ -27,7 +27,9 @@
 
 #include <errno.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -127,6 +129,17 @@ static const char *const migrations[] = {
     "    WHERE run_id = NEW.run_id;"
     "  UPDATE lg_runs SET trace_tail = NULL WHERE seq = NEW.seq;"
     "  END;"),
+    /* 6: who may undo what (issue "Hardening"). A claim's token, which
+     * commit and fail from an agent must present; an operator's outcome
+     * recorded with who and when; a key an operator freed kept as a
+     * FAILED row marked freed (it counts as free) so that the record
+     * stays visible; a settlement above what its settler may charge,
+     * with what was asked. */
+    ("ALTER TABLE lg_operations ADD COLUMN claim_token TEXT;"
+    "ALTER TABLE lg_operations ADD COLUMN resolved_by TEXT;"
+    "ALTER TABLE lg_operations ADD COLUMN resolved_ms INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE lg_operations ADD COLUMN freed INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro INTEGER NOT NULL DEFAULT -1;"),
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,
@@ -185,17 +198,21 @@ enum {
   " COUNT(CASE WHEN expires_ms <= ?2 THEN 1 END) AS ecount FROM lg_budget_holds"
 #define RESV_COLS                                                                       \
   "id, amount_micro, scopes, run_id, run_seq, model, state, actual_micro, created_ms,"  \
-  " expires_ms, settled_ms"
+  " expires_ms, settled_ms, asked_micro"
 
 static const char *const queries[Q__N] = {
     [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
-                  " created_ms, updated_ms FROM lg_operations WHERE key = ?1",
+                  " created_ms, updated_ms, claim_token, resolved_by, resolved_ms, freed"
+                  " FROM lg_operations WHERE key = ?1",
     [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
-                    " operation_id, lease_until_ms, created_ms, updated_ms)"
-                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (key) DO NOTHING",
+                    " operation_id, lease_until_ms, created_ms, updated_ms, claim_token,"
+                    " resolved_by, resolved_ms, freed)"
+                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                    " ON CONFLICT (key) DO NOTHING",
     [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
                     " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
-                    " updated_ms = ?9 WHERE key = ?1",
+                    " updated_ms = ?9, claim_token = ?10, resolved_by = ?11, resolved_ms = ?12,"
+                    " freed = ?13 WHERE key = ?1",
     [Q_OP_DELETE] = "DELETE FROM lg_operations WHERE key = ?1",
     [Q_OP_PURGE] = "DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1",
     [Q_OP_SETTLE] = "UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
@@ -249,7 +266,7 @@ static const char *const queries[Q__N] = {
     [Q_HOLD_DROP] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2",
     [Q_HOLDS_EXPIRE] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2",
     [Q_RESV_INSERT] = "INSERT INTO lg_budget_reservations (" RESV_COLS ")"
-                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     [Q_RESV_READ] = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1",
     [Q_RESV_OF_RUN] = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                       " WHERE run_id = ?1 AND run_seq = ?2",
@@ -257,7 +274,8 @@ static const char *const queries[Q__N] = {
                              " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1",
     [Q_RESV_UPDATE] = "UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
                       " run_id = ?4, run_seq = ?5, model = ?6, state = ?7, actual_micro = ?8,"
-                      " created_ms = ?9, expires_ms = ?10, settled_ms = ?11 WHERE id = ?1",
+                      " created_ms = ?9, expires_ms = ?10, settled_ms = ?11, asked_micro = ?12"
+                      " WHERE id = ?1",
     [Q_RESV_PURGE] = "DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1",
     [Q_RUNSCOPES_PUT] = "INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
                         " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes",
@@ -279,6 +297,21 @@ static const char *const queries[Q__N] = {
 /* Transaction control, run for every decision (a savepoint each, a
  * transaction for each group commit): prepared on first use, not parsed
  * again every time as sqlite3_exec() would. */
+/* The ledger's statements as schema 1 to 5 had them, for a store opened at
+ * an old version (only the migration tests do that): the same parameters
+ * and columns without those of schema 6 (SQLite ignores a binding past
+ * the last parameter; a missing column reads as NULL). */
+static const char *const legacy_op_queries[] = {
+    [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
+                  " created_ms, updated_ms FROM lg_operations WHERE key = ?1",
+    [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
+                    " operation_id, lease_until_ms, created_ms, updated_ms)"
+                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (key) DO NOTHING",
+    [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
+                    " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
+                    " updated_ms = ?9 WHERE key = ?1",
+};
+
 enum { C_BEGIN, C_BEGIN_READ, C_COMMIT, C_ROLLBACK, C_SAVEPOINT, C_RELEASE, C_ROLLBACK_TO, C_SYNC_NORMAL, C_SYNC_FULL, C__N };
 static const char *const ctl_sql[C__N] = {
     [C_BEGIN] = "BEGIN IMMEDIATE",
@@ -308,20 +341,52 @@ typedef struct sq {
   int cache_valid;         /* the run cache is the database as of data version cache_version */
   unsigned cache_version;  /* SQLITE_FCNTL_DATA_VERSION then */
   lg_run_record_t cache[CACHE_SLOTS]; /* run_id NULL in an empty slot */
+  /* The reader: a read-only connection for reads outside this handle's
+   * transactions (lg__store_read_begin), so that they never wait behind a
+   * write — this handle's own, waiting for the file's write lock, or
+   * another process's. WAL readers do not take the write lock. Opened on
+   * first use; its statements are prepared on first use too. */
+  sqlite3 *rdb;              /* NULL until first used */
+  sqlite3_stmt *rq[Q__N];    /* its statements */
+  pthread_mutex_t rmu;       /* one reader at a time on it */
+  int old_schema;            /* opened at a schema before 6 (tests) */
+  char *path;                /* the file, for the reader */
+  /* The write probe (/healthz): a connection of its own that tries the
+   * write lock without waiting for the handle. */
+  sqlite3 *pdb;              /* NULL until first used */
+  pthread_mutex_t pmu;       /* one probe at a time */
+  int64_t locked_since_ms;   /* the probe first found the lock held (0: not) */
+  _Atomic int full;          /* the last write failed for a full disk */
 } sq_t;
+
+/* The handle whose reader the calling thread holds (s_reader), or NULL. */
+static _Thread_local sq_t *tl_reader;
+
+static int reading(const sq_t *q) { return tl_reader == q; }
+static sqlite3 *cur_db(const sq_t *q) { return reading(q) ? q->rdb : q->db; }
 
 /* Translates an SQLite result code at the edge. */
 static int sq_fail(lg_store_t *s, int rc, const char *what, lg_error_t *err) {
   sq_t *q = s->impl;
   int prim = rc & 0xff;
+  if (q && prim == SQLITE_FULL) q->full = 1;
   int code = prim == SQLITE_BUSY || prim == SQLITE_LOCKED ? LG_EBUSY
              : prim == SQLITE_NOMEM                       ? LG_ENOMEM
                                                           : LG_ESTORE;
-  const char *msg = q && q->db ? sqlite3_errmsg(q->db) : sqlite3_errstr(rc);
+  const char *msg = q && cur_db(q) ? sqlite3_errmsg(cur_db(q)) : sqlite3_errstr(rc);
   if (code == LG_EBUSY)
     return lg__err(err, code, NULL, -1, "%s: the database is locked by another writer (%s)",
                    what, msg);
   return lg__err(err, code, NULL, -1, "%s: %s", what, msg);
+}
+
+/* The SQL of statement `which` for this handle's schema. */
+static const char *sql_for(const sq_t *q, int which) {
+  return q->old_schema &&
+                 (size_t)which < sizeof legacy_op_queries / sizeof *legacy_op_queries &&
+                 legacy_op_queries[which]
+             ? legacy_op_queries[which]
+             : queries[which];
 }
 
 static int sq_exec(lg_store_t *s, const char *sql, lg_error_t *err) {
@@ -360,6 +425,15 @@ static int set_sync(lg_store_t *s, int level, lg_error_t *err) {
  * (only a store opened at an old version for a migration test). */
 static sqlite3_stmt *stmt(lg_store_t *s, int which, lg_error_t *err) {
   sq_t *q = s->impl;
+  if (reading(q)) { /* the reader's own statement, prepared on first use */
+    if (!q->rq[which] && q->q[which] &&
+        sqlite3_prepare_v3(q->rdb, sql_for(q, which), -1, SQLITE_PREPARE_PERSISTENT,
+                           &q->rq[which], NULL) != SQLITE_OK)
+      sq_fail(s, SQLITE_ERROR, "preparing a statement", err);
+    else if (!q->q[which])
+      lg__err(err, LG_ESTORE, NULL, -1, "the store was opened at an old schema version");
+    return q->rq[which];
+  }
   if (!q->q[which])
     lg__err(err, LG_ESTORE, NULL, -1, "the store was opened at an old schema version");
   return q->q[which];
@@ -414,11 +488,11 @@ static int read_version(lg_store_t *s, int *version, lg_error_t *err) {
   sq_t *q = s->impl;
   sqlite3_stmt *st = NULL;
   *version = 0;
-  int rc = sqlite3_prepare_v2(q->db, "SELECT COALESCE(MAX(version), 0) FROM lg_schema_version",
+  int rc = sqlite3_prepare_v2(cur_db(q), "SELECT COALESCE(MAX(version), 0) FROM lg_schema_version",
                               -1, &st, NULL);
   if (rc != SQLITE_OK) {
     /* No version table yet: a new file. */
-    if (strstr(sqlite3_errmsg(q->db), "no such table")) return 0;
+    if (strstr(sqlite3_errmsg(cur_db(q)), "no such table")) return 0;
     return sq_fail(s, rc, "reading the schema version", err);
   }
   rc = sqlite3_step(st);
@@ -510,14 +584,14 @@ static lg_run_record_t *cache_slot(sq_t *q, const char *run_id) {
 
 /* The cached row of run_id, or NULL. */
 static const lg_run_record_t *cache_get(sq_t *q, const char *run_id) {
-  if (!q->in_txn || !q->cache_valid) return NULL;
+  if (!q->in_txn || !q->cache_valid || reading(q)) return NULL;
   lg_run_record_t *r = cache_slot(q, run_id);
   return r->run_id && !strcmp(r->run_id, run_id) ? r : NULL;
 }
 
 /* rec is run_id's row now (read or written in this transaction). */
 static void cache_put(sq_t *q, const lg_run_record_t *rec) {
-  if (!q->in_txn || !q->cache_valid) return;
+  if (!q->in_txn || !q->cache_valid || reading(q)) return;
   lg_run_record_t *r = cache_slot(q, rec->run_id);
   lg_run_record_clear(r);
   if (lg__run_record_copy(r, rec)) q->cache_valid = 0; /* out of memory: forget it all */
@@ -544,6 +618,18 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
     return lg__err(err, LG_EINVAL, "url", -1, "sqlite: needs a file name (sqlite:PATH)");
   sq_t *q = lg__calloc(1, sizeof *q);
   if (!q) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  if (!(q->path = lg__strdup(path))) {
+    lg__free(q);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  /* Recursive: a list's callback may read again. */
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&q->rmu, &ma);
+  pthread_mutexattr_destroy(&ma);
+  pthread_mutex_init(&q->pmu, NULL);
+  q->old_schema = lg__store_schema_target < 6;
   s->impl = q;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX;
   if (!s->opts.no_create) flags |= SQLITE_OPEN_CREATE;
@@ -600,7 +686,8 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
   } else {
     /* An old schema written for a migration test: only the ledger. */
     for (int i = Q_OP_READ; i <= Q_OP_DROP_PENDING; i++) {
-      rc = sqlite3_prepare_v3(q->db, queries[i], -1, SQLITE_PREPARE_PERSISTENT, &q->q[i], NULL);
+      rc = sqlite3_prepare_v3(q->db, sql_for(q, i), -1, SQLITE_PREPARE_PERSISTENT, &q->q[i],
+                              NULL);
       if (rc != SQLITE_OK) {
         rc = sq_fail(s, rc, "preparing a statement", err);
         goto fail;
@@ -611,6 +698,9 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
 fail:
   finalize_all(q);
   sqlite3_close(q->db);
+  pthread_mutex_destroy(&q->rmu);
+  pthread_mutex_destroy(&q->pmu);
+  lg__free(q->path);
   lg__free(q);
   s->impl = NULL;
   return rc;
@@ -623,8 +713,97 @@ static void s_close(lg_store_t *s) {
   cache_clear(q);
   finalize_all(q);
   sqlite3_close(q->db);
+  for (int i = 0; i < Q__N; i++) sqlite3_finalize(q->rq[i]);
+  if (q->rdb) sqlite3_close(q->rdb);
+  if (q->pdb) sqlite3_close(q->pdb);
+  pthread_mutex_destroy(&q->rmu);
+  pthread_mutex_destroy(&q->pmu);
+  lg__free(q->path);
   lg__free(q);
   s->impl = NULL;
+}
+
+/* The write probe: BEGIN IMMEDIATE and ROLLBACK on a connection of its
+ * own, waiting at most 100 ms (a commit of this process's own committer
+ * takes a few ms; a lock held longer is another writer's, or a stuck
+ * one), and the free space of the file system. Writes nothing. */
+static int s_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
+  sq_t *q = s->impl;
+  int out = 0;
+  pthread_mutex_lock(&q->pmu);
+  if (!q->pdb) {
+    if (sqlite3_open_v2(q->path, &q->pdb, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
+        SQLITE_OK) {
+      out = lg__err(err, LG_ESTORE, NULL, -1, "the store's file cannot be opened for writing");
+      sqlite3_close(q->pdb);
+      q->pdb = NULL;
+      goto done;
+    }
+    sqlite3_busy_timeout(q->pdb, 100);
+  }
+  int rc = sqlite3_exec(q->pdb, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+  if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
+    if (!q->locked_since_ms) q->locked_since_ms = now_ms;
+    int64_t held = now_ms - q->locked_since_ms;
+    out = lg__err(err, LG_EBUSY, NULL, -1,
+                  "the store's write lock has been held by another writer for %lld.%01lld s "
+                  "(writes wait %d ms for it, then fail)",
+                  (long long)(held / 1000), (long long)(held % 1000 / 100),
+                  s->opts.busy_timeout_ms);
+    goto done;
+  }
+  q->locked_since_ms = 0;
+  if (rc != SQLITE_OK) {
+    out = lg__err(err, LG_ESTORE, NULL, -1, "the store cannot begin a write: %s",
+                  sqlite3_errstr(rc));
+    goto done;
+  }
+  sqlite3_exec(q->pdb, "ROLLBACK", NULL, NULL, NULL);
+  struct statvfs vfs;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", q->path);
+  char *slash = strrchr(dir, '/');
+  if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+  else snprintf(dir, sizeof dir, ".");
+  if (statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < (1u << 20))
+    out = lg__err(err, LG_ESTORE, NULL, -1,
+                  "disk full: %llu bytes free on the store's file system",
+                  (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+  else if (q->full)
+    out = lg__err(err, LG_ESTORE, NULL, -1,
+                  "disk full: the last write failed with \"database or disk is full\"");
+done:
+  pthread_mutex_unlock(&q->pmu);
+  return out;
+}
+
+/* Takes (on) or gives back (off) the reader for the calling thread: the
+ * read-only connection, opened on first use. While taken, the read
+ * functions (stmt()) use its statements and never the handle's own
+ * connection, which may be inside a write. */
+static int s_reader(lg_store_t *s, int on, lg_error_t *err) {
+  sq_t *q = s->impl;
+  if (!on) {
+    tl_reader = NULL;
+    pthread_mutex_unlock(&q->rmu);
+    return 0;
+  }
+  pthread_mutex_lock(&q->rmu);
+  if (!q->rdb) {
+    int rc = sqlite3_open_v2(q->path, &q->rdb, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+      lg__err(err, LG_ESTORE, NULL, -1, "opening the reader: %s",
+              q->rdb ? sqlite3_errmsg(q->rdb) : sqlite3_errstr(rc));
+      sqlite3_close(q->rdb);
+      q->rdb = NULL;
+      pthread_mutex_unlock(&q->rmu);
+      return LG_ESTORE;
+    }
+    sqlite3_extended_result_codes(q->rdb, 1);
+    sqlite3_busy_timeout(q->rdb, s->opts.busy_timeout_ms);
+  }
+  tl_reader = q;
+  return 0;
 }
 
 static int s_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
@@ -655,7 +834,9 @@ static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
   }
   q->need_sync = 0;
   q->deny_empty = -1;
-  if ((rc = set_sync(s, kind == LG__TXN_RUN ? 1 : 2, err))) return rc;
+  /* A run transaction is durable too unless the store was opened relaxed. */
+  int relaxed = kind == LG__TXN_RUN && s->opts.durability == LG_STORE_RELAXED;
+  if ((rc = set_sync(s, relaxed ? 1 : 2, err))) return rc;
   if ((rc = lg__store_fault_at(s, "sqlite.begin", err))) return rc;
   if ((rc = sq_ctl(s, C_BEGIN, err))) return rc;
   q->in_txn = 1;
@@ -676,7 +857,10 @@ static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
     rc = sq_ctl(s, C_COMMIT, err);
     if (rc && !sqlite3_get_autocommit(q->db)) sq_ctl(s, C_ROLLBACK, NULL);
     if (rc) q->cache_valid = 0;
-    else cache_committed(q);
+    else {
+      cache_committed(q);
+      q->full = 0;
+    }
     if (!rc && q->need_sync && q->sync != 2) rc = wal_sync(s, err);
   } else {
     q->cache_valid = 0;
@@ -704,8 +888,8 @@ static int state_of(const char *s) {
 static int s_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row, int *found,
                      lg_error_t *err) {
   (void)lock; /* a transaction here already holds the write lock */
-  sq_t *q = s->impl;
-  sqlite3_stmt *st = q->q[Q_OP_READ];
+  sqlite3_stmt *st = stmt(s, Q_OP_READ, err);
+  if (!st) return LG_ESTORE;
   bind_text(st, 1, key);
   int rc = sqlite3_step(st);
   int out = 0, ok = 1;
@@ -723,6 +907,12 @@ static int s_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row
     row->lease_until_ms = sqlite3_column_int64(st, 5);
     row->created_ms = sqlite3_column_int64(st, 6);
     row->updated_ms = sqlite3_column_int64(st, 7);
+    if (sqlite3_column_count(st) > 8) { /* schema 6 */
+      row->claim_token = col_str(st, 8, NULL, &ok);
+      row->resolved_by = col_str(st, 9, NULL, &ok);
+      row->resolved_ms = sqlite3_column_int64(st, 10);
+      row->freed = sqlite3_column_int(st, 11);
+    }
     if (!row->request_fp) ok = 0;
     if (!ok) {
       lg__op_row_clear(row);
@@ -746,6 +936,10 @@ static void bind_op(sqlite3_stmt *st, const lg__op_row_t *r) {
   sqlite3_bind_int64(st, 7, r->lease_until_ms);
   sqlite3_bind_int64(st, 8, r->created_ms);
   sqlite3_bind_int64(st, 9, r->updated_ms);
+  bind_text(st, 10, r->claim_token);
+  bind_text(st, 11, r->resolved_by);
+  sqlite3_bind_int64(st, 12, r->resolved_ms);
+  sqlite3_bind_int(st, 13, r->freed);
 }
 
 static int s_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted, lg_error_t *err) {
@@ -919,7 +1113,10 @@ static int s_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb c
   if (!out && rc != SQLITE_DONE) out = sq_fail(s, rc, "listing runs", err);
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
+  sq_t *was = tl_reader; /* the callback may write: not through the reader */
+  tl_reader = NULL;
   for (size_t i = 0; i < n && !out; i++) out = cb(ud, &all[i]);
+  tl_reader = was;
   for (size_t i = 0; i < n; i++) lg_run_record_clear(&all[i]);
   lg__free(all);
   return out;
@@ -1109,7 +1306,10 @@ static int s_bud_list(lg_store_t *s, int64_t now_ms, int (*cb)(void *, const lg_
   if (!out && rc != SQLITE_DONE) out = sq_fail(s, rc, "listing budgets", err);
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
+  sq_t *was = tl_reader; /* the callback may write: not through the reader */
+  tl_reader = NULL;
   for (size_t i = 0; i < n && !out; i++) out = cb(ud, &all[i]);
+  tl_reader = was;
   for (size_t i = 0; i < n; i++) lg__bud_row_clear(&all[i]);
   lg__free(all);
   return out;
@@ -1146,6 +1346,7 @@ static void bind_resv(sqlite3_stmt *st, const lg__resv_row_t *r) {
   sqlite3_bind_int64(st, 9, r->created_ms);
   sqlite3_bind_int64(st, 10, r->expires_ms);
   sqlite3_bind_int64(st, 11, r->settled_ms);
+  sqlite3_bind_int64(st, 12, r->asked_micro);
 }
 
 static int s_resv_insert(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
@@ -1183,6 +1384,7 @@ static int read_resv(lg_store_t *s, int which, lg__resv_row_t *row, int *found, 
     row->created_ms = sqlite3_column_int64(st, 8);
     row->expires_ms = sqlite3_column_int64(st, 9);
     row->settled_ms = sqlite3_column_int64(st, 10);
+    row->asked_micro = sqlite3_column_int64(st, 11);
     if (!ok || !row->id || !row->scopes) {
       lg__resv_row_clear(row);
       out = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
@@ -1335,6 +1537,16 @@ static int s_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error
   sq_t *q = s->impl;
   /* The chunks, then the tail, from one snapshot: a writer in another
    * process may move the tail into a chunk in between. */
+  if (reading(q)) { /* on the reader: its own snapshot */
+    int rc = sqlite3_exec(q->rdb, "BEGIN", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) return sq_fail(s, rc, "BEGIN", err);
+    size_t at = out->len;
+    rc = read_texts(s, Q_EV_READ, run_id, out, err);
+    if (!rc) rc = read_texts(s, Q_EV_READ_TAIL, run_id, out, err);
+    sqlite3_exec(q->rdb, "COMMIT", NULL, NULL, NULL);
+    if (rc && out->data) out->data[out->len = at] = 0;
+    return rc;
+  }
   int own = sqlite3_get_autocommit(q->db);
   int rc = own ? sq_ctl(s, C_BEGIN_READ, err) : 0;
   if (rc) return rc;
@@ -1373,11 +1585,13 @@ int lg__store_sqlite_synchronous(lg_store_t *s) {
 }
 
 const lg__store_vtab_t lg__store_sqlite = {
-    .version = 3,
+    .version = 4,
     .scheme = "sqlite",
     .open = s_open,
     .close = s_close,
     .schema_version = s_schema_version,
+    .reader = s_reader,
+    .write_probe = s_write_probe,
     .begin = s_begin,
     .end = s_end,
     .op_read = s_op_read,

@@ -203,7 +203,7 @@ static void test_reserve_settle(void **state) {
   assert_int_equal(st.scopes[0].spent_micro, 2500000);
   assert_int_equal(st.scopes[0].reserved_micro, 7 * USD);
   j = lg_budget_settlement_json(&st);
-  assert_non_null(strstr(j, "\"actual_usd\":2.5,\"late\":false,\"scopes\":[{\"scope\":\"key:a\""));
+  assert_non_null(strstr(j, "\"actual_usd\":2.5,\"late\":false,\"capped\":false,\"scopes\":[{\"scope\":\"key:a\""));
   lg_free(j);
   lg_budget_settlement_clear(&st);
   b = get(s, "key:a", T0 + 4);
@@ -865,6 +865,44 @@ static void test_restart(void **state) {
   assert_int_equal(get(s, "key:a", T0 + 5).spent_micro, 2500000);
 }
 
+/* An agent settles a reservation with actual_usd 999999999 to lock a
+ * shared budget for everyone: a bounded settlement charges at most the
+ * reservation, says so, and keeps what was asked; an operator's settles
+ * in full. */
+static void test_settle_bounded(void **state) {
+  lg_store_t *s = *state;
+  set(s, "key:shared", 10 * USD, LG_PERIOD_DAILY, -1, T0);
+  lg_budget_reservation_t r = hold(s, "key:shared", 1 * USD, 0, T0);
+  lg_budget_settlement_t st;
+  lg_error_t err = {0};
+  assert_int_equal(lg_budget_settle_bounded(s, r.id, 999999999 * USD, T0 + 1, &st, &err), 0);
+  assert_int_equal(st.capped, 1);
+  assert_true(st.actual_micro == 1 * USD);
+  assert_true(st.asked_micro == 999999999 * USD);
+  char *j = lg_budget_settlement_json(&st);
+  assert_non_null(strstr(j, "\"capped\":true,\"asked_usd\":999999999"));
+  lg_free(j);
+  lg_budget_settlement_clear(&st);
+  lg_budget_t b = get(s, "key:shared", T0 + 2);
+  assert_true(b.spent_micro == 1 * USD); /* the budget still has room for others */
+  /* The row keeps what was asked. */
+  assert_int_equal(lg_budget_settle(s, r.id, 1, T0 + 2, NULL, &err), LG_ECONFLICT);
+  assert_non_null(strstr(err.message, "bounded: 999999999 USD asked"));
+  lg_budget_reservation_t r2 = hold(s, "key:shared", 2 * USD, 0, T0 + 3);
+  /* Within the bound: charged as asked, not capped. */
+  assert_int_equal(lg_budget_settle_bounded(s, r2.id, USD / 2, T0 + 4, &st, &err), 0);
+  assert_int_equal(st.capped, 0);
+  assert_true(st.actual_micro == USD / 2);
+  lg_budget_settlement_clear(&st);
+  /* An operator's settlement above the reservation is charged in full. */
+  lg_budget_reservation_t r3 = hold(s, "key:shared", 1 * USD, 0, T0 + 5);
+  assert_int_equal(lg_budget_settle(s, r3.id, 3 * USD, T0 + 6, &st, &err), 0);
+  assert_int_equal(st.capped, 0);
+  assert_true(st.actual_micro == 3 * USD);
+  lg_budget_settlement_clear(&st);
+  assert_true(get(s, "key:shared", T0 + 7).spent_micro == 1 * USD + USD / 2 + 3 * USD);
+}
+
 static void test_migration_from_v3(void **state) {
   lg_store_close(*state);
   *state = NULL;
@@ -908,6 +946,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_set_get_list),
       T(test_reserve_settle),
+      T(test_settle_bounded),
       T(test_all_or_none),
       T(test_refusal_kinds),
       T(test_in_flight),

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <sqlite3.h>
 
 #include "store/store.h"
@@ -395,6 +396,177 @@ static void test_engine_replays_through_store(void **state) {
   lg_run_free(run);
   lg_ledger_free(l2);
   lg_canon_free(canon);
+}
+
+/* A lease of 2^63-1 ms is "for ever": now + lease must not overflow into
+ * the past (it made the claim unknown_outcome at once, and UBSan abort). */
+static void test_lease_saturates(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_operation_t op;
+  assert_int_equal(claim(s, "forever", FP1, INT64_MAX, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(claim(s, "forever", FP1, 100, T0 + 1, &c), LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(claim(s, "forever", FP1, 100, T0 + 100LL * 365 * 86400000, &c),
+                   LG_CLAIM_IN_PROGRESS);
+  assert_int_equal(lg_store_operation(s, "forever", T0 + 2, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_IN_PROGRESS);
+  assert_true(op.lease_until_ms == INT64_MAX);
+  char *j = lg_operation_to_json(&op);
+  assert_non_null(j);
+  lg_free(j);
+  lg_operation_clear(&op);
+  /* The same through the run-relative face and the in-memory ledger. */
+  lg_ledger_t *at = lg_store_ledger_at(s, T0);
+  assert_int_equal(at->methods->claim(at->self, "forever2", FP1, NULL, INT64_MAX, 5, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  assert_int_equal(at->methods->peek(at->self, "forever2", FP1, 10, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  lg_ledger_free(at);
+  lg_ledger_t *m = lg_ledger_memory_new();
+  assert_int_equal(m->methods->claim(m->self, "k", FP1, NULL, INT64_MAX, T0, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
+  assert_int_equal(m->methods->peek(m->self, "k", FP1, T0 + 1, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  lg_ledger_free(m);
+}
+
+/* A derived idempotency key has one length whatever the run id: a
+ * 1,024-byte run id made every derived key longer than the ledger's
+ * 1,024-byte limit (a 400 naming "key", a field the client never sent). */
+static void test_derived_key_fixed_length(void **state) {
+  lg_store_t *s = *state;
+  lg_canon_t *canon = lg_canon_new();
+  lg_error_t err = {0};
+  const char *pj = "{\"tools\":{\"charge\":{\"side_effects\":true}}}";
+  lg_policy_t *p = lg_policy_parse(pj, strlen(pj), NULL, &err);
+  assert_non_null(p);
+  char ids[2][1025];
+  memset(ids[0], 'r', 1024);
+  ids[0][1024] = 0;
+  snprintf(ids[1], sizeof ids[1], "r");
+  char keys[2][128];
+  for (int i = 0; i < 2; i++) {
+    lg_ledger_t *l = lg_store_ledger_at(s, T0);
+    lg_run_t *run = lg_run_new(ids[i], NULL, p, NULL, l, &err);
+    assert_non_null(run);
+    lg_call_t call = {.tool = "charge", .args = "{\"invoice\":7}", .args_len = 13, .t_ms = 10};
+    lg_decision_t d;
+    int rc = lg_run_before(run, canon, &call, &d, &err);
+    if (rc) fail_msg("before: %s: %s", lg_err_name(rc), err.message);
+    assert_int_equal(d.action, LG_ACT_EXECUTE);
+    assert_non_null(d.idempotency_key);
+    assert_int_equal(strlen(d.idempotency_key), 67);
+    assert_memory_equal(d.idempotency_key, "lg:", 3);
+    snprintf(keys[i], sizeof keys[i], "%s", d.idempotency_key);
+    lg_run_free(run);
+    lg_ledger_free(l);
+  }
+  assert_string_not_equal(keys[0], keys[1]); /* one key per run */
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, keys[0], T0 + 20, &op, NULL), 0);
+  assert_string_equal(op.run_id, ids[0]);
+  lg_operation_clear(&op);
+  lg_policy_free(p);
+  lg_canon_free(canon);
+}
+
+/* Who may undo what: commit and fail only by the claimant (its claim
+ * token) or an operator; unknown_outcome is an operator's to resolve,
+ * and what an operator does is recorded in the row. */
+static void test_who_may_undo(void **state) {
+  lg_store_t *s = *state;
+  lg_claim_t c = {0};
+  lg_operation_t op;
+  lg_error_t err = {0};
+  char tok[LG_CLAIM_TOKEN_MAX];
+  assert_int_equal(claim(s, "w1", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(strlen(c.claim_token), 35);
+  assert_memory_equal(c.claim_token, "ct_", 3);
+  memcpy(tok, c.claim_token, sizeof tok);
+  lg_op_actor_t agent = {0}, wrong = {.claim_token = "ct_00000000000000000000000000000000"};
+  lg_op_actor_t mine = {.claim_token = tok};
+  lg_op_actor_t oper = {.operator = 1, .who = "cli:test"};
+  /* Another agent frees the key another run holds: refused, nothing changes. */
+  assert_int_equal(lg_store_fail_as(s, "w1", 1, &agent, T0 + 1, &err), LG_EPERM);
+  assert_non_null(strstr(err.message, "only that claimant"));
+  assert_non_null(strstr(err.message, "run-1"));
+  assert_int_equal(lg_store_fail_as(s, "w1", 1, &wrong, T0 + 1, NULL), LG_EPERM);
+  assert_int_equal(lg_store_commit_as(s, "w1", "{}", 2, NULL, &wrong, T0 + 1, NULL), LG_EPERM);
+  assert_int_equal(claim(s, "w1", FP1, 1000, T0 + 2, &c), LG_CLAIM_IN_PROGRESS);
+  /* The claimant commits with its token. */
+  assert_int_equal(lg_store_commit_as(s, "w1", "{\"ok\":1}", 8, "op", &mine, T0 + 3, &err), 0);
+  assert_int_equal(claim(s, "w1", FP1, 1000, T0 + 4, &c), LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+  assert_int_equal(lg_store_operation(s, "w1", T0 + 5, &op, NULL), 0);
+  assert_null(op.resolved_by); /* the claimant's own outcome */
+  lg_operation_clear(&op);
+  /* Its own retryable failure frees the key, as before. */
+  assert_int_equal(claim(s, "w2", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  lg_op_actor_t mine2 = {.claim_token = c.claim_token};
+  assert_int_equal(lg_store_fail_as(s, "w2", 1, &mine2, T0 + 1, &err), 0);
+  assert_int_equal(lg_store_peek(s, "w2", FP1, T0 + 2, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+
+  /* unknown_outcome: not even the claimant may fail it; it may commit. */
+  assert_int_equal(claim(s, "w3", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  memcpy(tok, c.claim_token, sizeof tok);
+  assert_int_equal(lg_store_fail_as(s, "w3", 1, &mine, T0 + 200, &err), LG_EPERM);
+  assert_non_null(strstr(err.message, "only an operator"));
+  assert_int_equal(lg_store_fail_as(s, "w3", 0, &mine, T0 + 200, NULL), LG_EPERM);
+  assert_int_equal(lg_store_commit_as(s, "w3", "1", 1, NULL, &agent, T0 + 200, NULL), LG_EPERM);
+  assert_int_equal(claim(s, "w3", FP1, 100, T0 + 201, &c), LG_CLAIM_UNKNOWN_OUTCOME);
+  assert_int_equal(lg_store_commit_as(s, "w3", "\"late\"", 6, NULL, &mine, T0 + 202, &err), 0);
+  assert_int_equal(claim(s, "w3", FP1, 100, T0 + 203, &c), LG_CLAIM_REPLAY);
+  lg_claim_clear(&c);
+
+  /* An operator resolves unknown_outcome, and the row says who and when. */
+  assert_int_equal(claim(s, "w4", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail_as(s, "w4", 1, &oper, T0 + 500, &err), 0);
+  assert_int_equal(lg_store_operation(s, "w4", T0 + 501, &op, &err), 0);
+  assert_int_equal(op.state, LG_OP_FREE);
+  assert_string_equal(lg_op_state_name(op.state), "free");
+  assert_string_equal(op.resolved_by, "cli:test");
+  assert_true(op.resolved_ms == T0 + 500);
+  char *j = lg_operation_to_json(&op);
+  assert_non_null(strstr(j, "\"state\":\"free\""));
+  assert_non_null(strstr(j, "\"resolved_by\":\"cli:test\""));
+  assert_null(strstr(j, "ct_")); /* the token is never shown */
+  lg_free(j);
+  lg_operation_clear(&op);
+  assert_int_equal(lg_store_peek(s, "w4", FP2, T0 + 502, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_FREE);
+  assert_int_equal(lg_store_commit_as(s, "w4", "1", 1, NULL, &oper, T0 + 503, NULL), LG_ENOTFOUND);
+  /* The next claim takes it afresh (even for another request). */
+  assert_int_equal(claim(s, "w4", FP2, 100, T0 + 600, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_operation(s, "w4", T0 + 601, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_IN_PROGRESS);
+  assert_null(op.resolved_by);
+  lg_operation_clear(&op);
+  assert_int_equal(claim(s, "w5", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_commit_as(s, "w5", "\"done\"", 6, NULL, &oper, T0 + 300, &err), 0);
+  assert_int_equal(lg_store_operation(s, "w5", T0 + 301, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED);
+  assert_string_equal(op.resolved_by, "cli:test");
+  lg_operation_clear(&op);
+
+  /* A final failure is freed for another try by an operator only. */
+  assert_int_equal(claim(s, "w6", FP1, 1000, T0, &c), LG_CLAIM_CLAIMED);
+  memcpy(tok, c.claim_token, sizeof tok);
+  assert_int_equal(lg_store_fail_as(s, "w6", 0, &mine, T0 + 1, &err), 0);
+  assert_int_equal(lg_store_fail_as(s, "w6", 1, &mine, T0 + 2, &err), LG_EPERM);
+  assert_int_equal(lg_store_fail_as(s, "w6", 1, &agent, T0 + 2, NULL), LG_EPERM);
+  assert_int_equal(claim(s, "w6", FP1, 1000, T0 + 3, &c), LG_CLAIM_REPLAY);
+  assert_int_equal(c.failed, 1);
+  assert_int_equal(lg_store_fail_as(s, "w6", 1, &oper, T0 + 4, &err), 0);
+  assert_int_equal(claim(s, "w6", FP1, 1000, T0 + 5, &c), LG_CLAIM_CLAIMED);
+  /* Anyone's commit of a finished key changes nothing (the first outcome stands). */
+  assert_int_equal(lg_store_commit_as(s, "w1", "2", 1, NULL, &agent, T0 + 6, NULL), 0);
+  /* The record of a freed key is purged like any finished row. */
+  int64_t purged = 0;
+  assert_int_equal(claim(s, "w7", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg_store_fail_as(s, "w7", 1, &oper, T0 + 1000, NULL), 0);
+  assert_int_equal(lg_store_purge(s, 0, T0 + 2000, &purged, NULL), 0);
+  assert_int_equal(lg_store_operation(s, "w7", T0 + 2001, &op, NULL), LG_ENOTFOUND);
 }
 
 /* ------------------------------------------------------------------ */
@@ -783,25 +955,126 @@ static void test_cancel_group(void **state) {
 /* SQLite: a decision's transaction runs at synchronous=NORMAL and leaves
  * the connection there (the server's committer runs one after another);
  * a ledger write, in a transaction or not, runs at FULL. */
+/* Every acknowledged decision is durable by default: run transactions at
+ * synchronous=FULL too. Opened with durability=relaxed, run transactions
+ * run at NORMAL, and ledger writes are still FULL. */
 static void test_sqlite_durability(void **state) {
   lg_store_t *s = *state;
   if (strcmp(lgt_backend, "sqlite")) {
     assert_int_equal(lg__store_sqlite_synchronous(s), -1);
+    if (!strcmp(lgt_backend, "postgres")) { /* libpq never sees the parameter */
+      char url[1200];
+      snprintf(url, sizeof url, "%s durability=relaxed", lgt_url);
+      lg_store_t *r = lgt_open(url, NULL);
+      save_new_run(r, "dur-relaxed", NULL, T0);
+      lg_store_close(r);
+    }
     return;
   }
   lg_error_t err = {0};
   lg_claim_t c = {0};
   save_new_run(s, "dur", NULL, T0);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 1);
-  assert_int_equal(lg__store_deny(s, LG__DENY_RUN, "other", NULL, T0, &err), 0);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
-  save_new_run(s, "dur2", NULL, T0);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 1);
-  assert_int_equal(claim(s, "dur-key", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
-  save_new_run(s, "dur3", NULL, T0);
-  commit(s, "dur-key", "{}", T0 + 1);
-  assert_int_equal(lg__store_sqlite_synchronous(s), 2);
+  assert_int_equal(lg__store_sqlite_synchronous(s), 2); /* the default: durable */
+  char url[1200];
+  snprintf(url, sizeof url, "%s?durability=relaxed", lgt_url);
+  lg_store_t *r = lgt_open(url, NULL);
+  save_new_run(r, "dur-relaxed", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 1);
+  assert_int_equal(lg__store_deny(r, LG__DENY_RUN, "other", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  save_new_run(r, "dur2", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 1);
+  assert_int_equal(claim(r, "dur-key", FP1, 100, T0, &c), LG_CLAIM_CLAIMED);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  save_new_run(r, "dur3", NULL, T0);
+  commit(r, "dur-key", "{}", T0 + 1);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  lg_store_close(r);
+  /* The option says the same; the URL's parameter overrides it. */
+  lg_store_options_t o = {.durability = LG_STORE_RELAXED};
+  r = lgt_open(lgt_url, &o);
+  save_new_run(r, "dur4", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 1);
+  lg_store_close(r);
+  snprintf(url, sizeof url, "%s?durability=full", lgt_url);
+  r = lgt_open(url, &o);
+  save_new_run(r, "dur5", NULL, T0);
+  assert_int_equal(lg__store_sqlite_synchronous(r), 2);
+  lg_store_close(r);
+  /* A bad value names the parameter. */
+  snprintf(url, sizeof url, "%s?durability=sometimes", lgt_url);
+  assert_null(lg_store_open(url, NULL, &err));
+  assert_int_equal(err.code, LG_EINVAL);
+  assert_non_null(strstr(err.message, "durability=sometimes"));
+  /* Every backend takes the parameter (PostgreSQL: key=value and URI). */
+  lg_store_close(lgt_open("memory:?durability=relaxed", NULL));
+}
+
+/* Reads do not wait for writes (SQLite): another process holds the
+ * file's write lock and a thread of ours waits for it inside a
+ * transaction, holding the handle; reads through the same handle answer
+ * at once from its read-only connection, and the write probe of /healthz
+ * says the lock is held, until it is released. */
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+static int touch_run(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  (void)ud, (void)s, (void)rec;
+  return 0;
+}
+static int touch_list(void *ud, const lg_run_record_t *rec) {
+  (void)ud, (void)rec;
+  return 0;
+}
+static void *waiting_writer(void *arg) {
+  lg_store_t *s = arg;
+  lg_error_t err = {0};
+  static int rc;
+  rc = lg_store_with_run(s, "rw-run", touch_run, NULL, &err);
+  return &rc;
+}
+static void test_reads_do_not_wait(void **state) {
+  lg_store_t *s = *state;
+  if (strcmp(lgt_backend, "sqlite")) return;
+  lg_error_t err = {0};
+  lg_claim_t c = {0};
+  save_new_run(s, "rw-run", NULL, T0);
+  assert_int_equal(claim(s, "rw-key", FP1, 60000, T0, &c), LG_CLAIM_CLAIMED);
+  lg_budget_t b;
+  assert_int_equal(lg_budget_set(s, "key:rw", 1000000, LG_PERIOD_DAILY, -1, T0, &b, &err), 0);
+  assert_int_equal(lg__store_write_probe(s, T0, &err), 0);
+  sqlite3 *other;
+  assert_int_equal(sqlite3_open(lgt_url + 7, &other), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, waiting_writer, s), 0);
+  lgt_sleep_ms(200); /* the writer waits in its busy handler, holding the handle */
+  int64_t t0 = mono_ms();
+  lg_run_record_t rec;
+  assert_int_equal(lg_store_run_get(s, "rw-run", &rec, &err), 0);
+  lg_run_record_clear(&rec);
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "rw-key", T0 + 1, &op, &err), 0);
+  lg_operation_clear(&op);
+  assert_int_equal(lg_store_peek(s, "rw-key", FP1, T0 + 1, &c, &err), 0);
+  assert_int_equal(lg_budget_get(s, "key:rw", T0 + 1, &b, &err), 0);
+  int v = 0;
+  assert_int_equal(lg_store_schema_version(s, &v, &err), 0);
+  lg_run_filter_t f = {0};
+  assert_true(lg_store_run_list(s, &f, touch_list, NULL, &err) >= 0);
+  int64_t took = mono_ms() - t0;
+  if (took >= 100) fail_msg("reads took %lld ms behind the waiting write", (long long)took);
+  assert_int_equal(lg__store_write_probe(s, T0 + 2, &err), LG_EBUSY);
+  assert_non_null(strstr(err.message, "write lock has been held"));
+  assert_null(strstr(err.message, lgt_url + 7)); /* no path */
+  assert_int_equal(sqlite3_exec(other, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(other);
+  void *res;
+  pthread_join(th, &res);
+  assert_int_equal(*(int *)res, 0); /* the write proceeded once the lock was free */
+  assert_int_equal(lg__store_write_probe(s, T0 + 3, &err), 0);
 }
 
 /* The SQLite store asks once per transaction whether there is any rule at
@@ -1037,6 +1310,9 @@ int main(void) {
       T(test_retention_reclaim),
       T(test_ledger_interface),
       T(test_engine_replays_through_store),
+      T(test_lease_saturates),
+      T(test_who_may_undo),
+      T(test_derived_key_fixed_length),
       T(test_run_records),
       T(test_run_list),
       T(test_with_run),
@@ -1046,6 +1322,7 @@ int main(void) {
       T(test_cancel_group),
       T(test_deny_in_transaction),
       T(test_sqlite_durability),
+      T(test_reads_do_not_wait),
       T(test_events),
       /* The durable backends only (memory: has no "after a restart"). */
       T(test_restart),

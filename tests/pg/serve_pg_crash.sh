@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# serve_pg_crash.sh — a crash of PostgreSQL loses no acknowledged decision.
+#
+# Run under tests/pg/with-postgres.sh (pg_serve_pg_crash). Agents drive
+# runs through `loopguard serve` on PostgreSQL and write down every answer
+# as soon as they get it; in the middle of that PostgreSQL is restarted
+# with `pg_ctl restart -m immediate` (the postmaster and every backend quit
+# at once, without flushing: what a crash of the database server does).
+# Every run must then have at least the calls and results it was answered
+# for. With run transactions at synchronous_commit=off (the old default)
+# the answers of the last WAL writer interval were lost.
+. "$(dirname "$0")/../cli/serve_lib.bash"
+[ "${LG_TEST_STORE:-}" = postgres ] && [ -n "${LG_PG_URL:-}" ] ||
+  fail "run through tests/pg/with-postgres.sh with LG_TEST_STORE=postgres"
+pgdir=$(echo "$LG_PG_URL" | sed -E 's/.*host=([^ ]*).*/\1/')
+pgbin=${LG_PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+as_pg() { "$@"; }
+[ "$(id -u)" = 0 ] && as_pg() { runuser -u postgres -- "$@"; }
+[ -d "$pgdir/data" ] || fail "no data folder under $pgdir"
+
+start_server A --store "$LG_PG_URL" ${LG_CRASH_SERVE_ARGS:-}
+note "load on $A_URL, then pg_ctl restart -m immediate"
+python3 - "$A_URL" "$TMP/acked.jsonl" >"$TMP/load.out" 2>&1 <<'EOF' &
+import http.client, json, os, sys, threading, time, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+log = open(sys.argv[2], "a", buffering=1)
+lock = threading.Lock()
+stop_at = time.time() + 6
+def ack(**kw):
+    with lock:
+        log.write(json.dumps(kw) + "\n")   # one line per acknowledged answer, at once
+def agent(i):
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+    def req(method, path, body):
+        c.request(method, path, json.dumps(body))
+        r = c.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    n = 0
+    while time.time() < stop_at:
+        n += 1
+        run = "pgc-%d-%d" % (i, n)
+        try:
+            st, _ = req("POST", "/v1/runs", {"run_id": run})
+            if st != 201: time.sleep(0.05); continue  # the database is down: try on
+            ack(kind="run", run=run)
+            for k in range(4):
+                st, d = req("POST", "/v1/runs/%s/calls" % run, {"tool": "search", "args": {"q": "k%d" % k}})
+                if st != 200: break
+                ack(kind="call", run=run)
+                st, d = req("POST", "/v1/runs/%s/results" % run, {"status": "progress"})
+                if st != 200: break
+                ack(kind="result", run=run)
+        except (ConnectionError, http.client.HTTPException, OSError):
+            c.close(); time.sleep(0.05)
+ts = [threading.Thread(target=agent, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+EOF
+load=$!
+sleep 2
+before=$(wc -l <"$TMP/acked.jsonl")
+as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -m immediate -w -t 60 \
+  -o "-k $pgdir -c listen_addresses= -c max_connections=60" restart >"$TMP/restart.log" 2>&1 ||
+  { cat "$TMP/restart.log"; fail "pg_ctl restart failed"; }
+note "PostgreSQL restarted with $before answers acknowledged before"
+wait "$load"
+acked=$(wc -l <"$TMP/acked.jsonl")
+[ "$before" -gt 100 ] || fail "too little load before the crash ($before answers): $(cat "$TMP/load.out")"
+note "$acked answers acknowledged in all"
+
+python3 - "$A_URL" "$TMP/acked.jsonl" <<'EOF' || fail "an acknowledged decision was lost in the crash of PostgreSQL"
+import collections, http.client, json, sys, time, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+def get(path):
+    for attempt in range(50):  # the server reconnects on its next call
+        c.request("GET", path)
+        r = c.getresponse()
+        d = json.loads(r.read() or b"null")
+        if r.status != 500: return r.status, d
+        time.sleep(0.1)
+    return r.status, d
+calls = collections.Counter(); results = collections.Counter(); runs = []
+for line in open(sys.argv[2]):
+    a = json.loads(line)
+    if a["kind"] == "run": runs.append(a["run"])
+    elif a["kind"] == "call": calls[a["run"]] += 1
+    elif a["kind"] == "result": results[a["run"]] += 1
+bad = []
+for run in runs:
+    st, d = get("/v1/runs/" + run)
+    if st != 200: bad.append("run %s lost (%d)" % (run, st)); continue
+    k = d["counters"]
+    if k["calls"] < calls[run]:
+        bad.append("run %s: %d calls answered, %d stored" % (run, calls[run], k["calls"]))
+    if k["results"] < results[run]:
+        bad.append("run %s: %d results answered, %d stored" % (run, results[run], k["results"]))
+print("checked %d runs, %d calls, %d results" % (len(runs), sum(calls.values()), sum(results.values())))
+if bad:
+    print("%d lost:" % len(bad)); print("\n".join(bad[:20])); sys.exit(1)
+EOF
+stop_server A
+echo "serve_pg_crash: all passed"
