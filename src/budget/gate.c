@@ -171,8 +171,13 @@ int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run
   if (actual < 0) actual = 0;
   lg__free(model);
 
-  /* Shared first: the engine's settlement cannot fail once found above. */
-  if (found && (rc = lg_budget_settle(s, id, lg_budget_nusd_to_micro(actual), now_ms, NULL, err)))
+  /* Shared first: the engine's settlement cannot fail once found above.
+   * A cost the client reported is a settler's word, not the engine's
+   * price: the shared budgets charge it at most the reservation (the run's
+   * own counters still count all of it, against its cost cap). */
+  int64_t micro = lg_budget_nusd_to_micro(actual);
+  if (found && (rc = cost_nusd >= 0 ? lg_budget_settle_bounded(s, id, micro, now_ms, NULL, err)
+                                    : lg_budget_settle(s, id, micro, now_ms, NULL, err)))
     return rc;
   *seq_out = seq;
   *actual_nusd = actual;

@@ -11,7 +11,6 @@
  * wakes it once the batch is stored.
  */
 #include "../step/step.h"
-#include "../store/store.h" /* lg__store_write_probe: /healthz */
 #include "server.h"
 
 #include <openssl/rand.h>

@@ -60,4 +60,8 @@ void lg__checkpointer_free(lg__checkpointer_t *c);
  * in parallel on a handle each (postgres:). */
 int lg__store_single_writer(const lg_store_t *s);
 
+/* Whether the store can take a write now (vtab write_probe): 0, or
+ * LG_EBUSY / LG_ESTORE with a reason that names no URL. For /healthz. */
+int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err);
+
 #endif

@@ -294,9 +294,6 @@ void lg__store_unlock(lg_store_t *s);
  * what a thread inside its own transaction on the handle gets (its reads
  * must see its writes). End with lg__store_read_end(s, what begin gave). */
 int lg__store_read_begin(lg_store_t *s);
-/* Whether the store can take a write now (vtab write_probe): 0, or
- * LG_EBUSY / LG_ESTORE with a reason that names no URL. For /healthz. */
-int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err);
 void lg__store_read_end(lg_store_t *s, int reader);
 
 /* Fault injection for tests (docs/internals/style.md: "inject I/O faults through an

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 
+#include "store/group.h"
 #include "store/store.h"
 #include "store_test_util.h"
 
