@@ -37,6 +37,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -300,6 +301,117 @@ out:
   return rc;
 }
 
+/* ---- connections: deadlines, eviction ----
+ *
+ * libmicrohttpd's --timeout is an idle timer: every byte restarts it, so a
+ * client that sends a header byte every few seconds holds its connection
+ * for ever, and a few thousand of them fill the connection limit and lock
+ * every other client out. So every connection is tracked here (its socket
+ * context) with its phase (lg__phase_t) and when the phase began, and a
+ * reaper thread cuts (shutdown(2); libmicrohttpd then sees the end of the
+ * stream and closes it) every connection that has been IDLE, or in its
+ * REQUEST, for longer than --timeout, whatever trickled in meanwhile. A
+ * request being handled, parked, or answered (BUSY) is never cut.
+ *
+ * And room is kept: past conn_soft connections (the hard limit less a
+ * reserve), a new connection cuts the oldest idle one, so a health check
+ * or a new client always gets in while slow or idle sockets hold the rest;
+ * libmicrohttpd's per-address limit keeps one address from taking them
+ * all. The socket is shut down under conn_mu, and a connection leaves the
+ * list (NOTIFY_CLOSED) before libmicrohttpd closes its descriptor, so a
+ * descriptor is never shut down after it was reused. */
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void cut_locked(lg__conn_t *k) {
+  if (k->cut || k->fd < 0) return;
+  k->cut = 1;
+  shutdown(k->fd, SHUT_RDWR);
+}
+
+static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode code) {
+  lg_server_t *srv = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    lg__conn_t *k = lg__calloc(1, sizeof *k);
+    *socket_context = k;
+    if (!k) return; /* untracked: libmicrohttpd's own idle timeout only */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = ci ? (int)ci->connect_fd : -1;
+    k->mc = c;
+    k->phase = LG__PH_IDLE;
+    k->since_ns = mono_ns();
+    pthread_mutex_lock(&srv->conn_mu);
+    k->next = srv->conns;
+    if (srv->conns) srv->conns->prev = k;
+    srv->conns = k;
+    srv->nconns++;
+    if (srv->nconns > srv->conn_soft) { /* make room: the oldest idle one goes */
+      lg__conn_t *old = NULL;
+      for (lg__conn_t *x = k->next; x; x = x->next)
+        if (x->phase == LG__PH_IDLE && !x->cut && (!old || x->since_ns < old->since_ns)) old = x;
+      if (old) {
+        cut_locked(old);
+        atomic_fetch_add(&srv->cut_evicted, 1);
+      }
+    }
+    pthread_mutex_unlock(&srv->conn_mu);
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    lg__conn_t *k = *socket_context;
+    if (!k) return;
+    pthread_mutex_lock(&srv->conn_mu);
+    if (k->prev) k->prev->next = k->next;
+    else srv->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    srv->nconns--;
+    pthread_mutex_unlock(&srv->conn_mu);
+    lg__free(k);
+    *socket_context = NULL;
+  }
+}
+
+void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  lg__conn_t *k = ci ? ci->socket_context : NULL;
+  if (!k) return;
+  uint64_t now = mono_ns();
+  pthread_mutex_lock(&srv->conn_mu);
+  k->phase = ph;
+  k->since_ns = now;
+  pthread_mutex_unlock(&srv->conn_mu);
+}
+
+static void *reaper_main(void *arg) {
+  lg_server_t *srv = arg;
+  uint64_t limit = (uint64_t)srv->o.timeout_s * 1000000000u;
+  while (!atomic_load(&srv->reaper_stop)) {
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    uint64_t now = mono_ns();
+    pthread_mutex_lock(&srv->conn_mu);
+    for (lg__conn_t *k = srv->conns; k; k = k->next)
+      if (k->phase != LG__PH_BUSY && !k->cut && now - k->since_ns > limit) {
+        cut_locked(k);
+        atomic_fetch_add(&srv->cut_deadline, 1);
+      }
+    pthread_mutex_unlock(&srv->conn_mu);
+  }
+  return NULL;
+}
+
+static unsigned env_uint(const char *name, unsigned dflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
+  char *end;
+  unsigned long n = strtoul(v, &end, 10);
+  return *end || !n || n > 1000000 ? dflt : (unsigned)n;
+}
+
 /* ---- start ---- */
 
 static int online_cores(void) {
@@ -335,6 +447,7 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   pthread_mutex_init(&srv->wlist_mu, NULL);
   pthread_mutex_init(&srv->pol_mu, NULL);
   pthread_mutex_init(&srv->log_mu, NULL);
+  pthread_mutex_init(&srv->conn_mu, NULL);
   int key_ok = pthread_key_create(&srv->wkey, NULL) == 0;
   if (!srv->o.listen || !srv->o.store_url || (opts->tokens_file && !srv->o.tokens_file) ||
       (opts->policy_file && !srv->o.policy_file) || (opts->prices_file && !srv->o.prices_file) ||
@@ -422,14 +535,28 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   }
   /* The address, last: nothing binds before the rest is known good. */
   if (bind_listen(srv, err)) goto fail;
+  /* Connections: at most 16384 (LOOPGUARD_MAX_CONNECTIONS), within the
+   * descriptors this process may open; 1/64 of them (at least 16) kept as
+   * room (see notify_conn); one address may hold a quarter of them (at
+   * least 64; LOOPGUARD_MAX_PER_IP). */
   struct rlimit rl;
-  unsigned conn_limit = 4096;
+  unsigned conn_limit = env_uint("LOOPGUARD_MAX_CONNECTIONS", 16384);
   if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
     unsigned room = rl.rlim_cur > 64 + (rlim_t)srv->o.threads * 4
                         ? (unsigned)(rl.rlim_cur - 64 - (rlim_t)srv->o.threads * 4)
                         : 16;
     if (room < conn_limit) conn_limit = room;
   }
+  if (conn_limit < 32) conn_limit = 32;
+  unsigned reserve = conn_limit / 64 < 16 ? 16 : conn_limit / 64;
+  srv->conn_limit = conn_limit;
+  srv->conn_soft = conn_limit - reserve;
+  srv->per_ip = env_uint("LOOPGUARD_MAX_PER_IP", conn_limit / 4 < 64 ? 64 : conn_limit / 4);
+  if (pthread_create(&srv->reaper, NULL, reaper_main, srv)) {
+    lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+    goto fail;
+  }
+  srv->reaper_started = 1;
   /* poll(), not epoll: with libmicrohttpd 0.9.75 (Debian 12) in epoll
    * mode, connections the committer resumed were at times not served again
    * for seconds, every connection waiting (test_server_liveness caught it;
@@ -443,8 +570,10 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
       flags, 0, NULL, NULL, lg__http_access, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
       MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, conn_limit,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
-      lg__http_completed, srv, MHD_OPTION_END);
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, srv->per_ip,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED,
+      lg__http_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, lg__http_uri_log, srv,
+      MHD_OPTION_NOTIFY_CONNECTION, notify_conn, srv, MHD_OPTION_END);
   if (!srv->mhd) {
     lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
     goto fail;
@@ -566,9 +695,16 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
     srv->mhd = NULL;
     lg__batcher_free(srv->batcher);
     srv->batcher = NULL;
-    char f[96];
-    snprintf(f, sizeof f, "\"drained\":%s,\"waited_ms\":%d", rc ? "false" : "true", waited);
+    char f[160];
+    snprintf(f, sizeof f, "\"drained\":%s,\"waited_ms\":%d,\"cut_deadline\":%llu,\"cut_evicted\":%llu",
+             rc ? "false" : "true", waited, (unsigned long long)atomic_load(&srv->cut_deadline),
+             (unsigned long long)atomic_load(&srv->cut_evicted));
     lg__server_log(srv, "info", "stop", f);
+  }
+  if (srv->reaper_started) { /* after the daemon: no connection is left */
+    atomic_store(&srv->reaper_stop, 1);
+    pthread_join(srv->reaper, NULL);
+    srv->reaper_started = 0;
   }
   lg__batcher_free(srv->batcher); /* when MHD never started */
   srv->batcher = NULL;
@@ -619,5 +755,6 @@ void lg_server_free(lg_server_t *srv) {
   pthread_mutex_destroy(&srv->wlist_mu);
   pthread_mutex_destroy(&srv->pol_mu);
   pthread_mutex_destroy(&srv->log_mu);
+  pthread_mutex_destroy(&srv->conn_mu);
   lg__free(srv);
 }

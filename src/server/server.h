@@ -252,6 +252,8 @@ typedef struct lg__pol_slot {
 } lg__pol_slot_t;
 #define LG__POL_SLOTS 64
 
+typedef struct lg__conn lg__conn_t; /* below */
+
 struct lg_server {
   lg_server_options_t o;      /* options with defaults filled (strings copied) */
   char *listen_host;          /* the host part of --listen, as given */
@@ -280,6 +282,16 @@ struct lg_server {
   pthread_mutex_t log_mu;     /* guards log */
   FILE *log;                  /* the log (stderr or log_path) */
   int log_owned;              /* log was opened here */
+  pthread_mutex_t conn_mu;    /* guards conns, nconns */
+  lg__conn_t *conns;          /* every open connection, newest first */
+  size_t nconns;              /* how many */
+  unsigned conn_limit;        /* libmicrohttpd's hard limit */
+  unsigned conn_soft;         /* past it, the oldest idle connection is cut */
+  unsigned per_ip;            /* connections from one address */
+  pthread_t reaper;           /* cuts connections past their deadlines */
+  int reaper_started;
+  _Atomic int reaper_stop;
+  _Atomic uint64_t cut_deadline, cut_evicted; /* connections cut, by cause */
   _Atomic int inflight;       /* requests begun and not completed */
   _Atomic int draining;       /* shutdown has begun */
   int stopped;                /* lg_server_shutdown done */
@@ -302,6 +314,39 @@ void lg__server_count_active(lg_server_t *srv, lg_store_t *st);
  * members text without braces, may be NULL)}. */
 void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields);
 
+/* What a connection is doing, for the deadlines and the eviction of
+ * server.c (the reaper). */
+typedef enum lg__phase {
+  LG__PH_IDLE = 0,  /* between requests (or before the first request line):
+                       closed after --timeout whatever trickles in */
+  LG__PH_REQUEST,   /* request line in, head and body arriving: the whole
+                       request must be in within --timeout of its line */
+  LG__PH_BUSY       /* handled, parked, or its answer being sent: never cut */
+} lg__phase_t;
+
+/* libmicrohttpd's memory a connection (its read buffer): http.c answers
+ * a request target or head too large for it in JSON (414, 431) before
+ * libmicrohttpd would in HTML. */
+#define LG__MHD_POOL (32 * 1024)
+
+/* One TCP connection (libmicrohttpd's socket context). */
+struct lg__conn {
+  struct MHD_Connection *mc; /* the connection */
+  int fd;                    /* its socket (shut down to cut it) */
+  int phase;                 /* lg__phase_t */
+  int cut;                   /* shut down already */
+  uint64_t since_ns;         /* when the phase began (monotonic) */
+  struct lg__conn *prev, *next; /* srv->conns */
+};
+
+/* Sets the phase of connection c (from the libmicrohttpd threads). */
+void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);
+/* How many leading bytes of [s, s+n) are valid UTF-8 (n: all). */
+size_t lg__utf8_valid_prefix(const char *s, size_t n);
+
+/* libmicrohttpd's URI log callback (http.c): makes the request's state
+ * with the raw request target, before libmicrohttpd decodes it. */
+void *lg__http_uri_log(void *cls, const char *uri, struct MHD_Connection *c);
 /* libmicrohttpd's access handler and completion callback (http.c). */
 enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char *url,
                                 const char *method, const char *version, const char *upload,
