@@ -56,12 +56,7 @@ int64_t lg__server_now(const lg_server_t *srv) {
 
 /* RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z. */
 static void rfc3339(int64_t ms, char out[32]) {
-  time_t secs = (time_t)(ms / 1000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  snprintf(out, 32, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", (tm.tm_year + 1900) % 10000,
-           (tm.tm_mon + 1) % 100, tm.tm_mday % 100, tm.tm_hour % 100, tm.tm_min % 100,
-           tm.tm_sec % 100, (int)(ms % 1000));
+  lg__store_time(ms, out); /* the one formatter: clamped to 0000..9999 */
 }
 
 void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields) {

@@ -178,6 +178,15 @@ typedef struct lg__body {
   double actual_usd;             /* settle */
 } lg__body_t;
 
+/* The range of a number field (body.c's one table, docs/security.md). */
+typedef struct lg__range {
+  const char *field;   /* JSON member name; NULL ends the table */
+  int64_t lo, hi;      /* whole numbers: lo..hi, inclusive */
+  double usd_lo, usd_hi; /* USD amounts (usd_hi > 0): usd_lo..usd_hi */
+  const char *what;    /* what it is, for the docs */
+} lg__range_t;
+const lg__range_t *lg__body_ranges(void);
+
 /* Parses body text for `kind` into *out (which need not be initialised). An empty body is
  * {}. On error returns LG_EPARSE / LG_EINVAL / LG_EDUPKEY with err->field
  * naming the field ("args", "body" for the document itself) and
