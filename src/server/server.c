@@ -39,6 +39,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <stdlib.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -338,6 +341,7 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     k->fd = ci ? (int)ci->connect_fd : -1;
+    k->srv = srv;
     k->mc = c;
     k->phase = LG__PH_IDLE;
     k->since_ns = mono_ns();
@@ -379,6 +383,59 @@ void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph) 
   k->phase = ph;
   k->since_ns = now;
   pthread_mutex_unlock(&srv->conn_mu);
+}
+
+lg_server_t *lg__conn_server(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  lg__conn_t *k = ci ? ci->socket_context : NULL;
+  return k ? k->srv : NULL;
+}
+
+/* ---- the event loop (epoll) ----
+ *
+ * With libmicrohttpd 0.9.75's own epoll thread (MHD_USE_EPOLL_INTERNAL_THREAD)
+ * connections resumed by the committer were at times left unserved for
+ * seconds (test_server_liveness). Its poll() mode has no such bug, but
+ * scans every socket on every wake-up: 2,000 idle keep-alive connections
+ * made a decision nine times slower. So libmicrohttpd runs in epoll mode
+ * without a thread of its own, and this loop drives it: MHD_run, then wait
+ * on libmicrohttpd's epoll descriptor and on an eventfd that
+ * lg__server_wake writes after every MHD_resume_connection, for at most
+ * libmicrohttpd's next timeout. A resume between MHD_run and the wait
+ * leaves the eventfd readable, so no wake-up is lost. */
+
+void lg__server_wake(lg_server_t *srv) {
+  if (srv->loop_efd < 0) return;
+  uint64_t one = 1;
+  ssize_t w = write(srv->loop_efd, &one, sizeof one);
+  (void)w; /* a full counter is a pending wake-up already */
+}
+
+static void *loop_main(void *arg) {
+  lg_server_t *srv = arg;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+  struct epoll_event ev = {.events = EPOLLIN};
+  ev.data.u32 = 1;
+  if (ep >= 0 && di) epoll_ctl(ep, EPOLL_CTL_ADD, di->epoll_fd, &ev);
+  ev.data.u32 = 2;
+  if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, srv->loop_efd, &ev);
+  while (!atomic_load(&srv->loop_stop)) {
+    MHD_run(srv->mhd);
+    MHD_UNSIGNED_LONG_LONG to = 0;
+    int ms = 1000;
+    if (MHD_get_timeout(srv->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
+    struct epoll_event got[4];
+    int n = ep >= 0 ? epoll_wait(ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
+    for (int i = 0; i < n; i++)
+      if (got[i].data.u32 == 2) {
+        uint64_t v;
+        ssize_t r = read(srv->loop_efd, &v, sizeof v);
+        (void)r;
+      }
+  }
+  if (ep >= 0) close(ep);
+  return NULL;
 }
 
 static void *reaper_main(void *arg) {
@@ -427,6 +484,7 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     return NULL;
   }
   srv->listen_fd = -1;
+  srv->loop_efd = -1;
   srv->o = *opts;
   /* Copies of every string, so the caller's may go away. */
   srv->o.listen = lg__strdup(opts->listen ? opts->listen : LG_SERVER_DEFAULT_LISTEN);
@@ -558,12 +616,31 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
    * so did wrk at 200 connections, in 4 runs of 7). poll also costs less a
    * request here, as epoll mode takes a suspended connection out of the
    * epoll set and puts it back: two system calls a decision. */
+  const char *el = getenv("LOOPGUARD_EVENT_LOOP");
+  srv->epoll_loop = !(el && !strcmp(el, "poll"));
   unsigned flags =
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
       MHD_USE_TURBO;
+  if (srv->epoll_loop && !srv->shared) {
+    /* postgres: no connection is ever parked (each thread decides on its
+     * own connection), so libmicrohttpd's epoll threads serve it. */
+    flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
+    srv->epoll_loop = 0;
+  } else if (srv->epoll_loop) {
+    /* sqlite:, memory: connections are parked for the group commit and
+     * resumed by the committer: one thread, our loop (see loop_main). */
+    flags = MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
+    srv->o.threads = 1;
+    srv->loop_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (srv->loop_efd < 0) {
+      lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
+      goto fail;
+    }
+  }
   srv->mhd = MHD_start_daemon(
       flags, 0, NULL, NULL, lg__http_access, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
-      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads, MHD_OPTION_CONNECTION_TIMEOUT,
+      MHD_OPTION_THREAD_POOL_SIZE, srv->epoll_loop ? 0u : (unsigned)srv->o.threads,
+      MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, conn_limit,
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, srv->per_ip,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED,
@@ -572,6 +649,13 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   if (!srv->mhd) {
     lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
     goto fail;
+  }
+  if (srv->epoll_loop) {
+    if (pthread_create(&srv->loop, NULL, loop_main, srv)) {
+      lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+      goto fail;
+    }
+    srv->loop_started = 1;
   }
   count_active(srv, st);
   /* The start-up block of the log. */
@@ -686,6 +770,12 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
       waited += 5;
     }
     if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
+    if (srv->loop_started) { /* MHD_stop_daemon runs on this thread now */
+      atomic_store(&srv->loop_stop, 1);
+      lg__server_wake(srv);
+      pthread_join(srv->loop, NULL);
+      srv->loop_started = 0;
+    }
     MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
     lg__batcher_free(srv->batcher);
@@ -751,5 +841,6 @@ void lg_server_free(lg_server_t *srv) {
   pthread_mutex_destroy(&srv->pol_mu);
   pthread_mutex_destroy(&srv->log_mu);
   pthread_mutex_destroy(&srv->conn_mu);
+  if (srv->loop_efd >= 0) close(srv->loop_efd);
   lg__free(srv);
 }

@@ -297,6 +297,11 @@ struct lg_server {
   unsigned conn_limit;        /* libmicrohttpd's hard limit */
   unsigned conn_soft;         /* past it, the oldest idle connection is cut */
   unsigned per_ip;            /* connections from one address */
+  int epoll_loop;             /* 1: libmicrohttpd in epoll mode, driven by loop */
+  int loop_efd;               /* eventfd that wakes loop (-1: none) */
+  pthread_t loop;             /* runs MHD_run (epoll_loop) */
+  int loop_started;
+  _Atomic int loop_stop;
   pthread_t reaper;           /* cuts connections past their deadlines */
   int reaper_started;
   _Atomic int reaper_stop;
@@ -340,6 +345,7 @@ typedef enum lg__phase {
 
 /* One TCP connection (libmicrohttpd's socket context). */
 struct lg__conn {
+  lg_server_t *srv;          /* its server */
   struct MHD_Connection *mc; /* the connection */
   int fd;                    /* its socket (shut down to cut it) */
   int phase;                 /* lg__phase_t */
@@ -347,6 +353,12 @@ struct lg__conn {
   uint64_t since_ns;         /* when the phase began (monotonic) */
   struct lg__conn *prev, *next; /* srv->conns */
 };
+
+/* Wakes the event loop (after MHD_resume_connection): with the loop of
+ * server.c (epoll), a resumed connection is served at once. */
+void lg__server_wake(lg_server_t *srv);
+/* The server of a connection (its socket context), or NULL. */
+lg_server_t *lg__conn_server(struct MHD_Connection *c);
 
 /* Sets the phase of connection c (from the libmicrohttpd threads). */
 void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);
