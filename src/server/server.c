@@ -447,7 +447,8 @@ static void *reaper_main(void *arg) {
     uint64_t now = mono_ns();
     pthread_mutex_lock(&srv->conn_mu);
     for (lg__conn_t *k = srv->conns; k; k = k->next)
-      if (k->phase != LG__PH_BUSY && !k->cut && now - k->since_ns > limit) {
+      if (k->phase != LG__PH_BUSY && !k->cut && now > k->since_ns + limit) {
+        /* (not now - since: a phase may begin after `now` was read) */
         cut_locked(k);
         atomic_fetch_add(&srv->cut_deadline, 1);
       }
