@@ -1,20 +1,28 @@
 /*
  * http.c — one HTTP request, from its headers to its answer.
  *
- * libmicrohttpd calls lg__http_access several times per request: once
- * when the headers are in (*con_cls is still NULL), once per piece of the
- * body (*upload_size > 0: the piece must be consumed by setting it to 0),
- * and once more when the body is complete (*upload_size == 0), which is
- * when a handler runs and the answer is queued. So:
+ * The URI log callback (lg__http_uri_log) runs first, when the request
+ * line is in: it makes the request's state and keeps the raw request
+ * target, which routing uses (libmicrohttpd's `url` is already decoded).
+ * Then libmicrohttpd calls lg__http_access several times per request: once
+ * when the headers are in, once per piece of the body (*upload_size > 0:
+ * the piece must be consumed by setting it to 0), and once more when the
+ * body is complete (*upload_size == 0), which is when a handler runs and
+ * the answer is queued. So:
  *
- *   headers   route the path, check the token and the role, and refuse a
- *             Content-Length over the limit with 413 right away, without
- *             reading the body (the connection is closed after it);
- *   body      append, bounded by max_body (a body without Content-Length
- *             that grows past it is cut off) and by the timeout (a client
- *             that trickles its body is cut off too);
- *   complete  run the handler, or answer the error found at the headers
- *             (the body was read and dropped, so keep-alive still works).
+ *   headers   the checks of check_headers, in the order docs/security.md
+ *             gives (sizes, open mode, token, ids, path, method, role,
+ *             Content-Type); a Content-Length over the limit is 413;
+ *   body      append, bounded by max_body; after an error found at the
+ *             headers (or a chunked body past the limit) the body is read
+ *             and dropped, for at most LG__DRAIN_NS and LG__DRAIN_BYTES,
+ *             so that a client that writes before it reads gets the answer
+ *             and not a reset (the reaper of server.c cuts a body that
+ *             trickles past --timeout);
+ *   complete  run the handler, or answer the error found before.
+ *
+ * Every answer is JSON: lg__req_error escapes what it echoes and turns
+ * bytes that are not UTF-8 into U+FFFD.
  *
  * lg__http_completed (libmicrohttpd's completion callback) records the
  * request's latency and status in the metrics and frees what it held.

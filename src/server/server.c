@@ -8,8 +8,9 @@
  * listening address itself (so that port 0 works and the address can be
  * checked: without tokens only a loopback address may be bound), and
  * starts libmicrohttpd on that socket with a pool of threads, one per core
- * by default, poll() (see below), keep-alive, a connection limit and an
- * idle timeout.
+ * for postgres:, or one event loop of ours in epoll mode for sqlite: and
+ * memory: (see "the event loop"), keep-alive, connection limits, and
+ * deadlines that a trickle cannot extend (see "connections").
  *
  * Threads and stores. libmicrohttpd calls the handlers on its pool
  * threads. With PostgreSQL each thread gets its own lg_store_t (a handle
@@ -611,12 +612,9 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     goto fail;
   }
   srv->reaper_started = 1;
-  /* poll(), not epoll: with libmicrohttpd 0.9.75 (Debian 12) in epoll
-   * mode, connections the committer resumed were at times not served again
-   * for seconds, every connection waiting (test_server_liveness caught it;
-   * so did wrk at 200 connections, in 4 runs of 7). poll also costs less a
-   * request here, as epoll mode takes a suspended connection out of the
-   * epoll set and puts it back: two system calls a decision. */
+  /* The event loop: see loop_main. poll() (LOOPGUARD_EVENT_LOOP=poll, for
+   * comparison) scans every socket on every wake-up; libmicrohttpd's own
+   * epoll thread loses resumed connections for seconds (0.9.75). */
   const char *el = getenv("LOOPGUARD_EVENT_LOOP");
   srv->epoll_loop = !(el && !strcmp(el, "poll"));
   unsigned flags =
