@@ -342,6 +342,31 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
   return 0;
 }
 
+int lg__http_probe(const char *target, size_t n, const char *method, char **id, char **body,
+                   size_t *body_len) {
+  lg__req_t rq;
+  memset(&rq, 0, sizeof rq);
+  *id = NULL;
+  *body = NULL;
+  *body_len = 0;
+  const char *q = memchr(target, '?', n);
+  size_t plen = q ? (size_t)(q - target) : n;
+  route_hit_t hit;
+  int found = route(&rq, target, plen, method, &hit);
+  int rc = found;
+  if (found == 0) {
+    lg__req_error(&rq, 404, "not_found", NULL, "no endpoint %s %.*s", method, (int)plen, target);
+    rc = 404;
+  } else if (found == -1) {
+    rc = 400;
+  } else if (found == -2) {
+    rc = 500;
+  }
+  *id = rq.id_buf;
+  *body = lg__buf_steal(&rq.out, body_len);
+  return rc;
+}
+
 /* ---- the open mode's rules (no tokens: loopback only) ----
  *
  * A browser on the same machine can reach a loopback server: a page can
@@ -356,7 +381,7 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
 
 /* 1 when [h, h+n) (a Host value or an Origin's host[:port]) names a
  * loopback host; *port gets the port (-1 when absent, -2 when malformed). */
-static int loopback_host(const char *h, size_t n, long *port) {
+int lg__http_loopback_host(const char *h, size_t n, long *port) {
   const char *end = h + n, *colon = NULL, *name_end;
   *port = -1;
   if (n && h[0] == '[') {
@@ -411,7 +436,7 @@ static int loopback_host(const char *h, size_t n, long *port) {
 static int open_mode_checks(lg_server_t *srv, lg__req_t *rq, struct MHD_Connection *c) {
   const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
   long port;
-  if (!host || !loopback_host(host, strlen(host), &port)) {
+  if (!host || !lg__http_loopback_host(host, strlen(host), &port)) {
     lg__req_error(rq, 403, "forbidden", "Host",
                   "Host: with no tokens configured the server answers only requests that name a "
                   "loopback host (localhost, 127.0.0.1, [::1]); got \"%s\"",
@@ -422,7 +447,7 @@ static int open_mode_checks(lg_server_t *srv, lg__req_t *rq, struct MHD_Connecti
   if (origin) {
     const char *h = !strncasecmp(origin, "http://", 7) ? origin + 7 : NULL;
     long oport = -1;
-    int ok = h && loopback_host(h, strlen(h), &oport) && oport == srv->port;
+    int ok = h && lg__http_loopback_host(h, strlen(h), &oport) && oport == srv->port;
     if (!ok) {
       lg__req_error(rq, 403, "forbidden", "Origin",
                     "Origin: with no tokens configured, requests from web pages of other origins "

@@ -365,6 +365,16 @@ void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);
 /* How many leading bytes of [s, s+n) are valid UTF-8 (n: all). */
 size_t lg__utf8_valid_prefix(const char *s, size_t n);
 
+/* For tests/fuzz/fuzz_http_route.c: routes the raw request target
+ * [target, target+n) for method as the server does. Returns 1 when a
+ * handler would run (*id: its decoded id, or NULL), else the status of the
+ * answer (400 a bad id, 404, 500) with *body its JSON (both new; lg__free). */
+int lg__http_probe(const char *target, size_t n, const char *method, char **id, char **body,
+                   size_t *body_len);
+/* 1 when [h, h+n), a Host value or an Origin's host[:port], names a
+ * loopback host; *port: its port, -1 when none. */
+int lg__http_loopback_host(const char *h, size_t n, long *port);
+
 /* libmicrohttpd's URI log callback (http.c): makes the request's state
  * with the raw request target, before libmicrohttpd decodes it. */
 void *lg__http_uri_log(void *cls, const char *uri, struct MHD_Connection *c);
