@@ -454,7 +454,7 @@ LG_EXPORT int lg_run_stopped(const lg_run_t *run);
 /* The terminal reason as text, or NULL while the run is active. */
 LG_EXPORT const char *lg_run_terminal_reason(const lg_run_t *run);
 LG_EXPORT void lg_run_counters(const lg_run_t *run, lg_counters_t *out);
-/* The terminal envelope (DESIGN.md §5) as a JSON object: also for a run
+/* The terminal envelope (docs/engine.md) as a JSON object: also for a run
  * still active (terminal_reason null). New string (lg_free), NULL on
  * out-of-memory. */
 LG_EXPORT char *lg_run_envelope_json(const lg_run_t *run);
@@ -467,6 +467,87 @@ LG_EXPORT int lg_run_save(const lg_run_t *run, char **buf, size_t *len);
 LG_EXPORT lg_run_t *lg_run_load(const char *buf, size_t len,
                                 lg_policy_t *policy, lg_ledger_t *ledger,
                                 lg_error_t *err);
+
+/* ---------------------------------------------------------------------
+ * Events: the one way anything reaches a run. Every front end — the trace
+ * reader, the HTTP routes, the CLI's cancel, the gateway — turns its input
+ * into lg_event_t values, and lg_run_apply() gives each to the engine.
+ * The trace writer writes each applied event back as one trace-v1 line,
+ * so that replaying a run's trace applies the very same events.
+ * ------------------------------------------------------------------- */
+typedef enum lg_event_type {
+  LG_EV_RUN = 1,    /* starts a run (trace-v1 `run`; not applied) */
+  LG_EV_MODEL,      /* a paid model call, before it is made */
+  LG_EV_CALL,       /* the model asks for a tool call */
+  LG_EV_RESULT,     /* what the tool answered */
+  LG_EV_STATE,      /* a world-state snapshot */
+  LG_EV_HANDOFF,    /* one agent hands the task to another */
+  LG_EV_CANCEL,     /* an operator stops the run */
+  LG_EV_TEXT,       /* text the model wrote (a piece of a response) */
+  LG_EV_USER,       /* a new message from the person: a new episode */
+  LG_EV_COMPACTION, /* the agent's context was summarized or trimmed */
+  LG_EV_BUDGET,     /* a shared budget refused a model call */
+  LG_EV_USAGE,      /* a model call's real usage, after it */
+  LG_EV_RESUME      /* an operator resumes a run stopped for a change */
+} lg_event_type_t;
+/* Static name, as trace-v1 spells it ("call", "usage"); "" when unknown. */
+LG_EXPORT const char *lg_event_type_name(lg_event_type_t t);
+/* The type named `name` (trace-v1's spelling), or 0 when unknown. */
+LG_EXPORT lg_event_type_t lg_event_type_parse(const char *name);
+
+/* One event. Zero-fill it, set `type`, `t_ms` and the member of `u` that
+ * the type names; strings are borrowed for the call. The t_ms inside
+ * u.call, u.result and u.model is ignored: the event's own t_ms counts. */
+typedef struct lg_event {
+  lg_event_type_t type;
+  int64_t t_ms;               /* ms since the run started */
+  union {
+    lg_call_t call;           /* LG_EV_CALL */
+    lg_result_t result;       /* LG_EV_RESULT */
+    struct {                  /* LG_EV_MODEL */
+      lg_model_call_t m;
+      int settled;            /* 1: the event also carries the call's real
+                                 usage (m.output_tokens, m.cost_nusd), as a
+                                 trace's model line does, and it is settled
+                                 at once; 0: a later LG_EV_USAGE settles it */
+    } model;
+    struct {                  /* LG_EV_USAGE */
+      int64_t reservation;    /* the model decision's, 0: the oldest open */
+      int64_t input_tokens, output_tokens;
+      int64_t cost_nusd;      /* the real cost, -1 unknown */
+    } usage;
+    struct { const char *world; size_t len; } state; /* LG_EV_STATE */
+    struct { const char *from, *to; } handoff;        /* LG_EV_HANDOFF */
+    struct {                  /* LG_EV_CANCEL */
+      const char *reason;     /* the operator's words, or NULL */
+    } cancel;
+    struct {                  /* LG_EV_TEXT */
+      int64_t turn;           /* pieces of one response share it */
+      const char *text;
+      size_t len;             /* 0: text is NUL-terminated */
+      const char *agent;      /* may be NULL */
+    } text;
+    struct { const char *text; } user;                 /* LG_EV_USER */
+    struct {                  /* LG_EV_BUDGET */
+      const char *scope;      /* the scope that refused */
+      const char *limit_source; /* "key_limit", "workspace_budget", ... */
+      int64_t requested_nusd; /* the worst case refused */
+    } budget;
+    struct {                  /* LG_EV_RESUME */
+      int has_progress_version;
+      int64_t progress_version; /* the new checkpoint */
+      const char *note;       /* what changed, or NULL */
+    } resume;
+  } u;
+} lg_event_t;
+
+/* Applies one event to a run and fills *d with the decision: calls
+ * lg_run_before, results lg_run_after, model calls lg_run_model (and
+ * lg_run_usage at once when u.model.settled), and so on. `canon` is
+ * scratch (calls and world snapshots). Returns what the engine function
+ * returns; LG_EINVAL for LG_EV_RUN or an unknown type (nothing changes). */
+LG_EXPORT int lg_run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev,
+                           lg_decision_t *d, lg_error_t *err);
 
 /* ---------------------------------------------------------------------
  * Stores (memory:, sqlite:PATH, postgres:CONNINFO): the durable ledger,
@@ -507,6 +588,9 @@ typedef struct lg_store_options {
   int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
   int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
                             (default 5 s; negative: do not wait) */
+  int no_create;         /* 1: open only a store that exists: a sqlite: file
+                            that is not there is LG_ENOTFOUND (field "url"),
+                            nothing is created. For read-only commands. */
 } lg_store_options_t;
 
 /* Opens (and creates or migrates) the store named by `url`; `opts` may be
@@ -749,7 +833,7 @@ LG_EXPORT int lg_store_denied(lg_store_t *s, const char *run_id,
 
 /* BUDGET-API-BEGIN (owned by the budget module) */
 /* ---------------------------------------------------------------------
- * The spend gate (DESIGN.md §4): prices, the worst case of a model call,
+ * The spend gate (docs/budget.md): prices, the worst case of a model call,
  * and shared budgets for any scope ("key:...", "workspace:...", "team:...",
  * "customer:...", any name) kept in a store (memory:, sqlite:, postgres:).
  *
@@ -1224,17 +1308,6 @@ LG_EXPORT void lg_server_free(lg_server_t *srv);
 /* ---------------------------------------------------------------------
  * Traces (trace-v1) and replay.
  * ------------------------------------------------------------------- */
-typedef enum lg_event_type {
-  LG_EV_RUN = 1,
-  LG_EV_MODEL,
-  LG_EV_CALL,
-  LG_EV_RESULT,
-  LG_EV_STATE,
-  LG_EV_HANDOFF,
-  LG_EV_CANCEL
-} lg_event_type_t;
-LG_EXPORT const char *lg_event_type_name(lg_event_type_t t);
-
 /* One replayed event and what the guard did with it (for printing). */
 typedef struct lg_replay_event {
   const char *trace;          /* the file name */

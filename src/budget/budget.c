@@ -98,7 +98,7 @@ static void put_time_or_null(lg__buf_t *b, int64_t ms) {
     return;
   }
   char t[32];
-  lg__store_time(ms, t);
+  lg__time_rfc3339(ms, t);
   lg__buf_printf(b, "\"%s\"", t);
 }
 
@@ -501,7 +501,7 @@ static void usd_text(char buf[32], int64_t micro) {
 
 static void time_text(char buf[32], int64_t ms) {
   if (ms < 0) snprintf(buf, 32, "never");
-  else lg__store_time(ms, buf);
+  else lg__time_rfc3339(ms, buf);
 }
 
 /* Spent + reserved + amount would pass the limit of b. */
@@ -910,7 +910,7 @@ int lg_budget_settle(lg_store_t *s, const char *id, int64_t actual_micro, int64_
                  "no reservation \"%s\" (never made, or forgotten by purge after its TTL)", id);
   if (!rc && rv.settled) {
     char at[32], amt[32];
-    lg__store_time(rv.settled_ms, at);
+    lg__time_rfc3339(rv.settled_ms, at);
     usd_text(amt, rv.actual_micro);
     rc = lg__err(err, LG_ECONFLICT, "reservation_id", -1,
                  "reservation \"%s\" was already settled at %s with %s USD; nothing changed", id,

@@ -35,4 +35,35 @@ int lg__budget_sp_end(lg_store_t *s, int commit, lg_error_t *err);
 /* Sets the run_seq of a reservation (the engine numbered the call). */
 int lg__budget_set_run_seq(lg_store_t *s, const char *id, int64_t run_seq, lg_error_t *err);
 
+/* gate.c: the two halves of a model call's spend gate around the engine's
+ * decision, for the decision step (src/step/) and lg_budget_model. */
+typedef struct lg__gate {
+  char **scopes;                /* the run's scopes (new) */
+  size_t n;
+  int sp_open;                  /* a savepoint holds the reservation */
+  int64_t run_seq;              /* the engine reservation expected */
+  lg_budget_reservation_t resv; /* the shared reservation made */
+} lg__gate_t;
+/* Before the engine: the worst case into m->cost_nusd (out->worst_nusd),
+ * then, when the run has scopes, the shared reservation in a savepoint.
+ * LG_BUDGET_REFUSED with out->refused and out->refusal (nothing held);
+ * other errors as lg_budget_model. lg__gate_clear(g) always after. */
+int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
+                         lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg__gate_t *g,
+                         lg_budget_gate_t *out, lg_error_t *err);
+/* After the engine decided (rc its return): keeps the reservation when
+ * the call was let through, else undoes it. Returns rc or a store error. */
+int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,
+                       lg_budget_gate_t *out, lg_error_t *err);
+void lg__gate_clear(lg__gate_t *g);
+/* The shared half of a usage: finds the run's open reservation
+ * (`reservation`, 0 the oldest) into *seq, the actual cost into *actual
+ * (cost_nusd; else the tokens at the model's price; else the worst case
+ * held) and settles the shared budgets with it. The engine's settlement
+ * (lg_run_usage) is the caller's. */
+int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
+                   int64_t reservation, int64_t input_tokens, int64_t output_tokens,
+                   int64_t cost_nusd, int64_t now_ms, int64_t *seq, int64_t *actual_nusd,
+                   lg_error_t *err);
+
 #endif

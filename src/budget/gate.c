@@ -31,21 +31,20 @@ static int run_needs_cost(const lg_run_t *run) {
   return p && p->max_cost_nusd >= 0;
 }
 
-int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
-                    const lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg_decision_t *d,
-                    lg_budget_gate_t *out, lg_error_t *err) {
-  lg_budget_gate_t local;
-  if (!out) out = &local;
+void lg__gate_clear(lg__gate_t *g) {
+  lg__budget_strv_free(g->scopes);
+  memset(g, 0, sizeof *g);
+}
+
+int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
+                         lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg__gate_t *g,
+                         lg_budget_gate_t *out, lg_error_t *err) {
+  memset(g, 0, sizeof *g);
   memset(out, 0, sizeof *out);
   out->worst_nusd = -1;
-  if (!run || !m || !d) return lg__err(err, LG_EINVAL, NULL, -1, "no run, model call or decision");
-  if (lg_run_stopped(run)) return lg_run_model(run, m, d, err); /* the stop, again */
   if (m->input_tokens < 0)
     return lg__err(err, LG_EINVAL, "input_tokens", -1, "input_tokens must not be negative");
-
-  char **scopes = NULL;
-  size_t n = 0;
-  int rc = s ? lg__budget_run_scopes(s, lg_run_id(run), &scopes, &n, err) : 0;
+  int rc = s ? lg__budget_run_scopes(s, lg_run_id(run), &g->scopes, &g->n, err) : 0;
   if (rc) return rc;
 
   /* 1. The worst case. */
@@ -55,75 +54,86 @@ int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   int prc = lg_prices_worst_case(prices, m->model, m->input_tokens, m->max_tokens, &priced, &perr);
   if (!prc) {
     if (priced > worst) worst = priced;
-  } else if (worst < 0 && (n > 0 || run_needs_cost(run))) {
+  } else if (worst < 0 && (g->n > 0 || run_needs_cost(run))) {
     /* Fail closed: a cap or a budget cannot be kept without a cost. */
     if (err) *err = perr;
-    lg__budget_strv_free(scopes);
     return prc;
   }
   out->worst_nusd = worst;
-  lg_model_call_t mm = *m;
-  mm.cost_nusd = worst;
-
-  if (!n) {
-    rc = lg_run_model(run, &mm, d, err);
-    lg__budget_strv_free(scopes);
-    return rc;
-  }
+  m->cost_nusd = worst;
+  if (!g->n) return 0;
 
   /* 2. The shared budgets, in a savepoint the engine's answer decides on. */
   lg_counters_t c;
   lg_run_counters(run, &c);
+  g->run_seq = c.model_calls + 1;
   lg_budget_request_t req = {
-      .scopes = (const char *const *)scopes,
-      .nscopes = n,
+      .scopes = (const char *const *)g->scopes,
+      .nscopes = g->n,
       .amount_micro = lg_budget_nusd_to_micro(worst),
       .ttl_ms = ttl_ms,
       .run_id = lg_run_id(run),
-      .run_seq = c.model_calls + 1,
+      .run_seq = g->run_seq,
       .model = m->model && *m->model ? m->model : NULL,
   };
-  lg_budget_reservation_t resv;
-  if ((rc = lg__budget_sp_begin(s, err))) goto out;
-  rc = lg__budget_reserve(s, &req, now_ms, &resv, &out->refusal, err);
-  if (rc == LG_BUDGET_REFUSED) {
-    lg__budget_sp_end(s, 0, NULL);
-    out->refused = 1;
-    if (out->refusal.http_status == 429) goto out; /* the run goes on: retry later */
-    char msg[700];
-    snprintf(msg, sizeof msg, "A shared budget refused this model call (%s): %s. I am stopping "
-             "before making it.", out->refusal.limit_source, out->refusal.message);
-    rc = lg_run_stop(run, LG_R_BUDGET_EXCEEDED, msg, m->t_ms, d);
-    if (rc) rc = lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
-    goto out;
-  }
+  if ((rc = lg__budget_sp_begin(s, err))) return rc;
+  rc = lg__budget_reserve(s, &req, now_ms, &g->resv, &out->refusal, err);
   if (rc) {
     lg__budget_sp_end(s, 0, NULL);
-    goto out;
+    if (rc == LG_BUDGET_REFUSED) out->refused = 1;
+    return rc;
   }
+  g->sp_open = 1;
+  return 0;
+}
 
-  /* 3. The engine: its caps on the same worst case. */
-  rc = lg_run_model(run, &mm, d, err);
-  if (!rc && d->action == LG_ACT_EXECUTE && d->reservation != req.run_seq)
-    rc = lg__budget_set_run_seq(s, resv.id, d->reservation, err);
+int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,
+                       lg_budget_gate_t *out, lg_error_t *err) {
+  if (!g->sp_open) return rc;
+  g->sp_open = 0;
+  if (!rc && d->action == LG_ACT_EXECUTE && d->reservation != g->run_seq)
+    rc = lg__budget_set_run_seq(s, g->resv.id, d->reservation, err);
   if (rc || d->action != LG_ACT_EXECUTE) {
     /* Not let through (or failed): the reservation is undone. */
     lg__budget_sp_end(s, 0, NULL);
-  } else {
-    rc = lg__budget_sp_end(s, 1, err);
-    if (!rc) snprintf(out->reservation_id, sizeof out->reservation_id, "%s", resv.id);
+    return rc;
   }
-out:
-  lg__budget_strv_free(scopes);
+  rc = lg__budget_sp_end(s, 1, err);
+  if (!rc) snprintf(out->reservation_id, sizeof out->reservation_id, "%s", g->resv.id);
   return rc;
 }
 
-int lg_budget_usage(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
-                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
-                    int64_t cost_nusd, int64_t t_ms, int64_t now_ms, int64_t *actual_nusd,
-                    lg_error_t *err) {
-  if (actual_nusd) *actual_nusd = 0;
-  if (!run) return lg__err(err, LG_EINVAL, NULL, -1, "no run");
+int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
+                    const lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg_decision_t *d,
+                    lg_budget_gate_t *out, lg_error_t *err) {
+  lg_budget_gate_t local;
+  if (!out) out = &local;
+  memset(out, 0, sizeof *out);
+  out->worst_nusd = -1;
+  if (!run || !m || !d) return lg__err(err, LG_EINVAL, NULL, -1, "no run, model call or decision");
+  if (lg_run_stopped(run)) return lg_run_model(run, m, d, err); /* the stop, again */
+  lg__gate_t g;
+  lg_model_call_t mm = *m;
+  int rc = lg__gate_model_begin(s, prices, run, &mm, ttl_ms, now_ms, &g, out, err);
+  if (rc == LG_BUDGET_REFUSED && out->refusal.http_status != 429) {
+    /* Refused by a limit: the run stops, as a budget event does. */
+    lg_event_t ev = {.type = LG_EV_BUDGET, .t_ms = m->t_ms};
+    ev.u.budget.scope = out->refusal.scope;
+    ev.u.budget.limit_source = out->refusal.limit_source;
+    ev.u.budget.requested_nusd = out->worst_nusd;
+    rc = lg_run_apply(run, NULL, &ev, d, err);
+  } else if (!rc) {
+    rc = lg__gate_model_end(s, &g, lg_run_model(run, &mm, d, err), d, out, err);
+  }
+  lg__gate_clear(&g);
+  return rc;
+}
+
+int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
+                   int64_t reservation, int64_t input_tokens, int64_t output_tokens,
+                   int64_t cost_nusd, int64_t now_ms, int64_t *seq_out, int64_t *actual_nusd,
+                   lg_error_t *err) {
+  *actual_nusd = 0;
   if (input_tokens < 0 || output_tokens < 0)
     return lg__err(err, LG_EINVAL, input_tokens < 0 ? "input_tokens" : "output_tokens", -1,
                    "token counts must not be negative");
@@ -164,6 +174,21 @@ int lg_budget_usage(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   /* Shared first: the engine's settlement cannot fail once found above. */
   if (found && (rc = lg_budget_settle(s, id, lg_budget_nusd_to_micro(actual), now_ms, NULL, err)))
     return rc;
+  *seq_out = seq;
+  *actual_nusd = actual;
+  return 0;
+}
+
+int lg_budget_usage(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
+                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
+                    int64_t cost_nusd, int64_t t_ms, int64_t now_ms, int64_t *actual_nusd,
+                    lg_error_t *err) {
+  if (actual_nusd) *actual_nusd = 0;
+  if (!run) return lg__err(err, LG_EINVAL, NULL, -1, "no run");
+  int64_t seq = 0, actual = 0;
+  int rc = lg__gate_usage(s, prices, run, reservation, input_tokens, output_tokens, cost_nusd,
+                          now_ms, &seq, &actual, err);
+  if (rc) return rc;
   rc = lg_run_usage(run, seq, input_tokens, output_tokens, actual, t_ms);
   if (rc) return lg__err(err, rc, "reservation_id", -1, "%s", lg_strerror(rc));
   if (actual_nusd) *actual_nusd = actual;

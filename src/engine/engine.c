@@ -1017,8 +1017,3 @@ lg_status_t lg_status_parse(const char *s, size_t len) {
     if (strlen(status_names[i]) == len && !memcmp(status_names[i], s, len)) return (lg_status_t)i;
   return LG_STATUS_INVALID;
 }
-
-const char *lg_event_type_name(lg_event_type_t t) {
-  static const char *names[] = {"", "run", "model", "call", "result", "state", "handoff", "cancel"};
-  return (unsigned)t < LG__ARRAY_LEN(names) ? names[t] : "";
-}

@@ -1,5 +1,5 @@
 /*
- * envelope.c — the terminal envelope (DESIGN.md §5): the machine-readable
+ * envelope.c — the terminal envelope (docs/engine.md, "The terminal envelope"): the machine-readable
  * record of how a run ended, written for the on-call engineer who reads it
  * at 3 a.m. as much as for the program that branches on it.
  *

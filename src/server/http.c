@@ -272,7 +272,15 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
     HIT(LG__RT_METRICS, lg__h_metrics, LG__ROLE_AGENT, "GET");
     return 1;
   }
+  if (ns == 1 && IS(0, "openapi.json")) {
+    HIT(LG__RT_OPENAPI, lg__h_openapi, LG__ROLE_NONE, "GET");
+    return 1;
+  }
   if (ns < 2 || !IS(0, "v1")) return 0;
+  if (ns == 2 && IS(1, "budgets")) {
+    HIT(LG__RT_BUDGET_LIST, lg__h_budget_list, LG__ROLE_OPERATOR, "GET");
+    return 1;
+  }
   if (IS(1, "runs")) {
     if (ns == 2) {
       if (!strcmp(method, "GET")) HIT(LG__RT_RUN_LIST, lg__h_run_list, LG__ROLE_OPERATOR, "GET");

@@ -30,7 +30,6 @@
  * the store handles. A request is always decided and stored, or not
  * started: a thread finishes its handler before it stops.
  */
-#include "../store/store.h" /* lg__store_sqlite_autocheckpoint */
 #include "server.h"
 
 #include <errno.h>
@@ -60,7 +59,7 @@ int64_t lg__server_now(const lg_server_t *srv) {
 
 /* RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z. */
 static void rfc3339(int64_t ms, char out[32]) {
-  lg__store_time(ms, out); /* the one formatter: clamped to 0000..9999 */
+  lg__time_rfc3339(ms, out); /* the one formatter: clamped to 0000..9999 */
 }
 
 void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields) {
@@ -551,24 +550,15 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   /* The store, once now, so that a bad one fails the start. */
   lg_store_t *st = lg_store_open(srv->o.store_url, NULL, err);
   if (!st) goto fail;
-  if (!strcmp(lg_store_scheme(st), "sqlite")) {
-    /* SQLite: WAL checkpoints in a thread of their own (checkpoint.c);
-     * without it (0, or it cannot start) they stay in the commits. */
-    const char *ev = getenv("LOOPGUARD_CHECKPOINT_MS");
-    int every = ev ? atoi(ev) : 5;
-    srv->ckpt = every > 0 ? lg__checkpointer_new(srv->o.store_url, every) : NULL;
-    /* Then the commits need not checkpoint (SQLite's default: past 1000
-     * WAL pages, with an fsync of the database file, inside the commit
-     * that crossed the line). When the disk is slow, that fsync held the
-     * group commit, and the HTTP thread waiting for the store behind it,
-     * for many seconds: long enough for every connection to time out. The
-     * commits keep a guard at 64 Ki pages (256 MiB) should the
-     * checkpointer fall far behind. */
-    if (srv->ckpt) lg__store_sqlite_autocheckpoint(st, 65536);
-  }
+  /* SQLite: WAL checkpoints in a thread of their own (src/store/
+   * checkpoint.c); without it (0, or another store) they stay in the
+   * commits. */
+  const char *ev = getenv("LOOPGUARD_CHECKPOINT_MS");
+  int every = ev ? atoi(ev) : 5;
+  srv->ckpt = every > 0 ? lg__checkpointer_new(st, every) : NULL;
   srv->scheme = lg_store_scheme(st);
   srv->store_name = lg__strdup(lg_store_name(st));
-  if (!strcmp(srv->scheme, "memory") || !strcmp(srv->scheme, "sqlite")) srv->shared = st;
+  if (lg__store_single_writer(st)) srv->shared = st;
   else srv->spare = st;
   if (!srv->store_name) {
     lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");

@@ -78,7 +78,8 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(GROUP_CANCEL, "groups_cancel") XX(TRACE, "trace")                       \
   XX(OP_CLAIM, "operations_claim") XX(OP_COMMIT, "operations_commit")        \
   XX(OP_FAIL, "operations_fail") XX(OP_GET, "operations_get")                \
-  XX(BUDGETS, "budgets") XX(HEALTHZ, "healthz") XX(METRICS, "metrics")       \
+  XX(BUDGETS, "budgets") XX(BUDGET_LIST, "budgets_list")                    \
+  XX(HEALTHZ, "healthz") XX(METRICS, "metrics") XX(OPENAPI, "openapi")      \
   XX(OTHER, "other")
 
 typedef enum lg__route {
@@ -198,48 +199,7 @@ void lg__body_clear(lg__body_t *b);
 /* Compact JSON text of v (new; lg__free). NULL on out-of-memory. */
 char *lg__json_text(const json_t *v, size_t *len);
 
-/* ------------------------------------------------------------------ */
-/* batch.c — group commit for the stores with one writer at a time.     */
-
-/* A decision waiting for the committer. */
-typedef struct lg__job {
-  const char *run_id;         /* the run to lock */
-  lg_store_run_fn fn;         /* what to do under its lock */
-  void *ud;                   /* fn's argument */
-  int rc;                     /* out: lg_store_with_run's result, or the
-                                 commit's error (then nothing was stored) */
-  lg_error_t err;             /* out: its detail */
-  void (*done)(struct lg__job *j); /* called by the committer once the
-                                 batch is committed (or failed) */
-  void *owner;                /* for done(): the connection to resume */
-  struct lg__job *next;       /* queue link */
-} lg__job_t;
-
-typedef struct lg__batcher lg__batcher_t;
-/* Starts a committer thread over the shared handle s (max_batch 0: 256). */
-lg__batcher_t *lg__batcher_new(lg_store_t *s, size_t max_batch);
-/* Queues a job; j->done is called from the committer thread (once the
- * batcher is stopping, from this one, before this returns). */
-void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j);
-/* Decides every job queued and stops the committer; jobs submitted after
- * it are decided on the submitting thread. Before the HTTP daemon stops:
- * no connection may stay parked (libmicrohttpd aborts on that). */
-void lg__batcher_stop(lg__batcher_t *b);
-/* Stops (if not yet) and frees. */
-void lg__batcher_free(lg__batcher_t *b);
-void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs);
-/* The canonicaliser of the committer's decisions (used under the store
- * handle's lock, which a batch holds throughout). */
-lg_canon_t *lg__batcher_canon(lg__batcher_t *b);
-
-/* ------------------------------------------------------------------ */
-/* checkpoint.c — WAL checkpoints of a sqlite: store in the background.  */
-
-typedef struct lg__checkpointer lg__checkpointer_t;
-/* Starts checkpointing the SQLite file of store_url (a "sqlite:PATH" URL;
- * NULL for any other, or when it cannot be opened) every every_ms. */
-lg__checkpointer_t *lg__checkpointer_new(const char *store_url, int every_ms);
-void lg__checkpointer_free(lg__checkpointer_t *c);
+#include "../store/group.h"
 
 /* ------------------------------------------------------------------ */
 /* server.c and http.c                                                 */
@@ -431,5 +391,7 @@ void lg__h_op_get(lg__req_t *rq);
 void lg__h_budgets(lg__req_t *rq);
 void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
+void lg__h_budget_list(lg__req_t *rq); /* budget_list.c: GET /v1/budgets */
+void lg__h_openapi(lg__req_t *rq);     /* openapi.c: GET /openapi.json */
 
 #endif

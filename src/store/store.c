@@ -18,25 +18,6 @@ void *lg__store_fault_ud = NULL;
 
 /* ---- small helpers ---- */
 
-void lg__store_time(int64_t ms, char buf[32]) {
-  /* RFC 3339 has four-digit years: a time before 0000 or after 9999 (a
-   * clock or a sum gone wild) prints as the nearest end, never as a year
-   * of 292 million or a number. */
-  if (ms < -62167219200000LL) ms = -62167219200000LL; /* 0000-01-01T00:00:00.000Z */
-  if (ms > 253402300799999LL) ms = 253402300799999LL; /* 9999-12-31T23:59:59.999Z */
-  time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
-  int milli = (int)(ms - (int64_t)secs * 1000);
-  struct tm tm;
-  if (!gmtime_r(&secs, &tm)) {
-    snprintf(buf, 32, "%lld", (long long)ms);
-    return;
-  }
-  snprintf(buf, 32, "%04u-%02u-%02uT%02u:%02u:%02u.%03uZ", (unsigned)(tm.tm_year + 1900) % 10000u,
-           (unsigned)(tm.tm_mon + 1) % 100u, (unsigned)tm.tm_mday % 100u,
-           (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u, (unsigned)tm.tm_sec % 100u,
-           (unsigned)milli % 1000u);
-}
-
 void lg__op_row_clear(lg__op_row_t *r) {
   if (!r) return;
   lg__free(r->key);
@@ -439,7 +420,7 @@ static void json_str_or_null(lg__buf_t *b, const char *s) {
 
 static void json_time(lg__buf_t *b, int64_t ms) {
   char t[32];
-  lg__store_time(ms, t);
+  lg__time_rfc3339(ms, t);
   lg__buf_printf(b, "\"%s\"", t);
 }
 

@@ -264,7 +264,7 @@ int lg__store_end(lg_store_t *s, int commit, lg_error_t *err);
 void lg__store_lock(lg_store_t *s);
 void lg__store_unlock(lg_store_t *s);
 
-/* Fault injection for tests (STYLE.md: "inject I/O faults through an
+/* Fault injection for tests (docs/internals/style.md: "inject I/O faults through an
  * overridable table"). When set, backends call it at named points — e.g.
  * "sqlite.claim.before_commit", "pg.claim.before_insert" — and fail there
  * with the code it returns when that is not 0. The PostgreSQL tests use it
@@ -313,8 +313,6 @@ void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages);
  * stores. */
 int lg__store_sqlite_synchronous(lg_store_t *s);
 
-/* Formats now_ms as RFC 3339 UTC with milliseconds into buf[32]. */
-void lg__store_time(int64_t ms, char buf[32]);
 
 /* Copies a record's fields into new strings (out is overwritten). */
 int lg__run_record_copy(lg_run_record_t *out, const lg_run_record_t *in);

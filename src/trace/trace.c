@@ -16,7 +16,7 @@
  * are read (and must still be well-formed) but not acted on.
  */
 #include "../canon/canon.h"
-#include "../engine/engine.h"
+#include "../event/event.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,7 +41,9 @@
   XX(SIDE_EFFECT_COMMITTED, "side_effect_committed")                           \
   XX(RETRY_AFTER_MS, "retry_after_ms") XX(VALUE, "value")                      \
   XX(OPERATION_ID, "operation_id") XX(WORLD, "world") XX(FROM, "from")         \
-  XX(TO, "to") XX(REASON, "reason")
+  XX(TO, "to") XX(REASON, "reason") XX(RESERVATION, "reservation")            \
+  XX(SCOPE, "scope") XX(LIMIT_SOURCE, "limit_source")                          \
+  XX(REQUESTED_USD, "requested_usd") XX(TEXT, "text") XX(NOTE, "note")
 
 enum {
 #define XX(id, name) F_##id,
@@ -94,6 +96,8 @@ static int field_id(const char *k, size_t len) {
   case 2: return IS("to") ? F_TO : -1;
   case 4:
     return IS("type")   ? F_TYPE
+           : IS("text") ? F_TEXT
+           : IS("note") ? F_NOTE
            : IS("turn") ? F_TURN
            : IS("tool") ? F_TOOL
            : IS("args") ? F_ARGS
@@ -107,6 +111,7 @@ static int field_id(const char *k, size_t len) {
            : IS("world") ? F_WORLD
            : IS("group") ? F_GROUP
            : IS("agent") ? F_AGENT
+           : IS("scope") ? F_SCOPE
                          : -1;
   case 6:
     return IS("status")   ? F_STATUS
@@ -116,8 +121,13 @@ static int field_id(const char *k, size_t len) {
                           : -1;
   case 7: return IS("call_id") ? F_CALL_ID : -1;
   case 10: return IS("max_tokens") ? F_MAX_TOKENS : -1;
-  case 12: return IS("input_tokens") ? F_INPUT_TOKENS : IS("operation_id") ? F_OPERATION_ID : -1;
-  case 13: return IS("output_tokens") ? F_OUTPUT_TOKENS : -1;
+  case 11: return IS("reservation") ? F_RESERVATION : -1;
+  case 12:
+    return IS("input_tokens")   ? F_INPUT_TOKENS
+           : IS("operation_id") ? F_OPERATION_ID
+           : IS("limit_source") ? F_LIMIT_SOURCE
+                                : -1;
+  case 13: return IS("output_tokens") ? F_OUTPUT_TOKENS : IS("requested_usd") ? F_REQUESTED_USD : -1;
   case 14: return IS("retry_after_ms") ? F_RETRY_AFTER_MS : -1;
   case 15: return IS("idempotency_key") ? F_IDEMPOTENCY_KEY : -1;
   case 16: return IS("progress_version") ? F_PROGRESS_VERSION : -1;
@@ -440,6 +450,16 @@ static int get_bool(reader_t *r, int f, int *out) {
   return 0;
 }
 
+/* A USD amount read by get_num into nano-USD (-1 when absent). */
+static int usd_nusd(reader_t *r, int f, double usd, bool present, int64_t *nusd) {
+  *nusd = -1;
+  if (!present) return 0;
+  if (!(usd >= 0 && usd < 1e9))
+    return rerr(r, LG_ETRACE, f, (long)r->f[f].a, "must be a non-negative USD amount below 1e9%s", NULL);
+  *nusd = (int64_t)llround(usd * 1e9);
+  return 0;
+}
+
 static int need_object(reader_t *r, int f, bool required) {
   if (!HAS(r, f)) {
     if (required) return rerr(r, LG_ETRACE, f, -1, "this field is required%s", NULL);
@@ -504,6 +524,9 @@ typedef struct ev {
   lg_value_kind_t value_kind;
   const char *world;       /* state */
   size_t world_len, world_off;
+  bool has_resv;           /* model: a later usage line settles it */
+  int64_t resv;            /* usage: the reservation, 0 the oldest */
+  int64_t requested_nusd;  /* budget */
 } ev_t;
 
 static void scanned_free(scanned_t *e) {
@@ -513,20 +536,19 @@ static void scanned_free(scanned_t *e) {
 }
 
 static lg_event_type_t event_type(const char *t) {
+  /* The common types first, by their first letter; the rest by name. */
   switch (t[0]) {
   case 'c':
     if (!strcmp(t, "call")) return LG_EV_CALL;
-    if (!strcmp(t, "cancel")) return LG_EV_CANCEL;
     break;
   case 'r':
     if (!strcmp(t, "result")) return LG_EV_RESULT;
-    if (!strcmp(t, "run")) return LG_EV_RUN;
     break;
-  case 'm': return strcmp(t, "model") ? (lg_event_type_t)0 : LG_EV_MODEL;
-  case 's': return strcmp(t, "state") ? (lg_event_type_t)0 : LG_EV_STATE;
-  case 'h': return strcmp(t, "handoff") ? (lg_event_type_t)0 : LG_EV_HANDOFF;
+  case 'm':
+    if (!strcmp(t, "model")) return LG_EV_MODEL;
+    break;
   }
-  return (lg_event_type_t)0;
+  return lg_event_type_parse(t);
 }
 
 /* What the deciding side keeps from line to line. */
@@ -664,9 +686,9 @@ static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t 
         (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_int(r, F_MAX_TOKENS, &e->max, NULL)) ||
         (rc = get_num(r, F_COST, &cost, &has_cost)) || (rc = keep_str(r, e, F_MODEL)))
       return rc;
-    if (has_cost && !(cost >= 0 && cost < 1e9))
-      return rerr(r, LG_ETRACE, F_COST, (long)r->f[F_COST].a, "cost must be a non-negative USD amount%s", NULL);
-    e->cost_nusd = has_cost ? (int64_t)llround(cost * 1e9) : -1;
+    if ((rc = usd_nusd(r, F_COST, cost, has_cost, &e->cost_nusd))) return rc;
+    e->has_resv = HAS(r, F_RESERVATION);
+    if ((rc = get_int(r, F_RESERVATION, &e->resv, NULL))) return rc;
     break;
   }
   case LG_EV_CALL: {
@@ -731,6 +753,47 @@ static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t 
   case LG_EV_CANCEL:
     if ((rc = keep_str(r, e, F_REASON))) return rc;
     break;
+  case LG_EV_TEXT: {
+    bool has_turn;
+    if ((rc = keep_str(r, e, F_TEXT)) || (rc = keep_str(r, e, F_AGENT)) ||
+        (rc = get_int(r, F_TURN, &e->turn, &has_turn)))
+      return rc;
+    if (!e->str[F_TEXT]) return rerr(r, LG_ETRACE, F_TEXT, -1, "a text event needs its text%s", NULL);
+    if (!has_turn) e->turn = -r->line; /* no turn: a response of its own */
+    break;
+  }
+  case LG_EV_USER:
+    if ((rc = keep_str(r, e, F_TEXT))) return rc;
+    break;
+  case LG_EV_BUDGET: {
+    double req = 0;
+    bool has_req;
+    if ((rc = keep_str(r, e, F_SCOPE)) || (rc = keep_str(r, e, F_LIMIT_SOURCE)) ||
+        (rc = get_num(r, F_REQUESTED_USD, &req, &has_req)) ||
+        (rc = usd_nusd(r, F_REQUESTED_USD, req, has_req, &e->requested_nusd)))
+      return rc;
+    break;
+  }
+  case LG_EV_USAGE: {
+    double cost = 0;
+    bool has_cost;
+    e->resv = 0;
+    e->in = e->out = 0;
+    if ((rc = get_int(r, F_RESERVATION, &e->resv, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &e->in, NULL)) ||
+        (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_num(r, F_COST, &cost, &has_cost)) ||
+        (rc = usd_nusd(r, F_COST, cost, has_cost, &e->cost_nusd)))
+      return rc;
+    if (e->resv < 0 || e->in < 0 || e->out < 0)
+      return rerr(r, LG_ETRACE, e->resv < 0 ? F_RESERVATION : e->in < 0 ? F_INPUT_TOKENS : F_OUTPUT_TOKENS,
+                  -1, "must not be negative%s", NULL);
+    break;
+  }
+  case LG_EV_RESUME: {
+    bool has;
+    if ((rc = keep_str(r, e, F_NOTE)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has))) return rc;
+    e->has_pv = has;
+    break;
+  }
   default: break;
   }
   ps->seen_event = true;
@@ -805,7 +868,85 @@ static bool was_skipped(replay_t *rp, const char *id) {
   return false;
 }
 
-/* Gives one parsed event to the run and the callback. */
+/* The parsed line as the event every front end gives the engine. */
+static void to_event(const ev_t *e, lg_event_t *out) {
+  memset(out, 0, sizeof *out);
+  out->type = e->type;
+  out->t_ms = e->t_ms;
+  switch (e->type) {
+  case LG_EV_MODEL:
+    out->u.model.m = (lg_model_call_t){e->str[F_MODEL], e->turn, e->in, e->max, e->out, e->cost_nusd, e->t_ms};
+    out->u.model.settled = !e->has_resv;
+    break;
+  case LG_EV_CALL: {
+    lg_call_t *c = &out->u.call;
+    c->tool = e->str[F_TOOL];
+    c->call_id = e->str[F_CALL_ID];
+    c->idempotency_key = e->str[F_IDEMPOTENCY_KEY];
+    c->agent = e->str[F_AGENT];
+    c->turn = e->turn;
+    c->args = e->args;
+    c->args_len = e->args_len;
+    break;
+  }
+  case LG_EV_RESULT: {
+    lg_result_t *res = &out->u.result;
+    const char *st = e->str[F_STATUS];
+    res->call_id = e->str[F_CALL_ID];
+    res->status = st ? lg_status_parse(st, strlen(st)) : LG_STATUS_INVALID;
+    res->has_progress_version = e->has_pv;
+    res->progress_version = e->pv;
+    res->retry_after_ms = e->retry_after;
+    res->side_effect_committed = e->sec;
+    res->operation_id = e->str[F_OPERATION_ID];
+    res->value_kind = e->value_kind;
+    res->value = e->value;
+    res->value_len = e->value_len;
+    break;
+  }
+  case LG_EV_USAGE:
+    out->u.usage.reservation = e->resv;
+    out->u.usage.input_tokens = e->in;
+    out->u.usage.output_tokens = e->out;
+    out->u.usage.cost_nusd = e->cost_nusd;
+    break;
+  case LG_EV_STATE:
+    out->u.state.world = e->world;
+    out->u.state.len = e->world_len;
+    break;
+  case LG_EV_HANDOFF:
+    out->u.handoff.from = e->str[F_FROM];
+    out->u.handoff.to = e->str[F_TO];
+    break;
+  case LG_EV_CANCEL: out->u.cancel.reason = e->str[F_REASON]; break;
+  case LG_EV_TEXT:
+    out->u.text.turn = e->turn;
+    out->u.text.text = e->str[F_TEXT];
+    out->u.text.agent = e->str[F_AGENT];
+    break;
+  case LG_EV_USER: out->u.user.text = e->str[F_TEXT]; break;
+  case LG_EV_BUDGET:
+    out->u.budget.scope = e->str[F_SCOPE];
+    out->u.budget.limit_source = e->str[F_LIMIT_SOURCE];
+    out->u.budget.requested_nusd = e->requested_nusd;
+    break;
+  case LG_EV_RESUME:
+    out->u.resume.has_progress_version = e->has_pv;
+    out->u.resume.progress_version = e->pv;
+    out->u.resume.note = e->str[F_NOTE];
+    break;
+  default: break;
+  }
+}
+
+/* Whether a result line answers a call that did not execute (skipped). */
+static bool skipped_result(replay_t *rp, const ev_t *e) {
+  const char *id = e->str[F_CALL_ID];
+  return id ? was_skipped(rp, id) : (rp->any_call && !rp->last_call_executed);
+}
+
+/* Gives one parsed event to the run (through lg__run_apply, as every
+ * front end does) and to the callback. */
 static int apply(replay_t *rp, ev_t *e) {
   lg_error_t *err = rp->err;
   int rc;
@@ -840,88 +981,42 @@ static int apply(replay_t *rp, ev_t *e) {
   ev.acted = 1;
   ev.skipped = 0;
   lg_decision_t *d = &ev.decision;
-  lg_run_t *run = rp->run;
-  switch (e->type) {
-  case LG_EV_MODEL: {
-    lg_model_call_t m = {e->str[F_MODEL], e->turn, e->in, e->max, e->out, e->cost_nusd, e->t_ms};
-    if ((rc = lg_run_model(run, &m, d, err))) goto engine_error;
-    if (d->action == LG_ACT_EXECUTE) lg_run_usage(run, d->reservation, e->in, e->out, e->cost_nusd, e->t_ms);
-    break;
+  if (e->type == LG_EV_RESULT && skipped_result(rp, e)) {
+    ev.acted = 0;
+    ev.skipped = 1;
+    return rp->cb ? rp->cb(rp->ud, &ev, NULL) : 0;
   }
-  case LG_EV_CALL: {
-    lg_call_t c;
-    memset(&c, 0, sizeof c);
-    c.tool = e->str[F_TOOL];
-    c.call_id = e->str[F_CALL_ID];
-    c.idempotency_key = e->str[F_IDEMPOTENCY_KEY];
-    c.agent = e->str[F_AGENT];
-    c.turn = e->turn;
-    c.args = e->args;
-    c.args_len = e->args_len;
-    c.t_ms = e->t_ms;
-    char hex[LG_FP_HEX];
-    const scanned_t *sc = e->sc;
-    if (sc->has_km) { /* the reader canonicalised; the hash is done here */
-      if (lg__canon_fp_of(rp->canon, c.tool, sc->km.data, sc->km.len, hex)) {
-        rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-        goto engine_error;
-      }
-      c.fingerprint = hex;
-      c.key_material = sc->km.data;
-      c.key_material_len = sc->km.len;
-    }
-    if ((rc = lg__run_before(run, rp->canon, &c, sc->has_km, d, err))) {
-      if (err && e->args && !strncmp(err->field, "args", 4) && err->offset >= 0)
-        err->offset += (long)e->args_off; /* from the args to the line */
+  lg_event_t event;
+  to_event(e, &event);
+  char hex[LG_FP_HEX];
+  const scanned_t *sc = e->sc;
+  if (e->type == LG_EV_CALL && sc->has_km) { /* the reader canonicalised; the hash is done here */
+    if (lg__canon_fp_of(rp->canon, event.u.call.tool, sc->km.data, sc->km.len, hex)) {
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       goto engine_error;
     }
+    event.u.call.fingerprint = hex;
+    event.u.call.key_material = sc->km.data;
+    event.u.call.key_material_len = sc->km.len;
+  }
+  if ((rc = lg__run_apply(rp->run, rp->canon, &event, sc->has_km, d, err))) {
+    if (err && err->offset >= 0) {
+      if (e->type == LG_EV_CALL && e->args && !strncmp(err->field, "args", 4))
+        err->offset += (long)e->args_off; /* from the args to the line */
+      else if (e->type == LG_EV_STATE)
+        err->offset += (long)e->world_off;
+    }
+    goto engine_error;
+  }
+  if (e->type == LG_EV_CALL) {
     rp->any_call = true;
     rp->last_call_executed = d->action == LG_ACT_EXECUTE;
     if (d->action != LG_ACT_EXECUTE && d->call_id && remember_skip(rp, d->call_id)) {
       rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       goto engine_error;
     }
-    break;
   }
-  case LG_EV_RESULT: {
-    lg_result_t res;
-    memset(&res, 0, sizeof res);
-    res.call_id = e->str[F_CALL_ID];
-    bool skip = res.call_id ? was_skipped(rp, res.call_id) : (rp->any_call && !rp->last_call_executed);
-    if (skip) {
-      ev.acted = 0;
-      ev.skipped = 1;
-      break;
-    }
-    const char *st = e->str[F_STATUS];
-    res.status = st ? lg_status_parse(st, strlen(st)) : LG_STATUS_INVALID;
-    res.has_progress_version = e->has_pv;
-    res.progress_version = e->pv;
-    res.retry_after_ms = e->retry_after;
-    res.side_effect_committed = e->sec;
-    res.operation_id = e->str[F_OPERATION_ID];
-    res.value_kind = e->value_kind;
-    res.value = e->value;
-    res.value_len = e->value_len;
-    res.t_ms = e->t_ms;
-    if ((rc = lg_run_after(run, &res, d, err))) goto engine_error;
-    break;
-  }
-  case LG_EV_STATE:
-    if ((rc = lg_run_state(run, rp->canon, e->world, e->world_len, e->t_ms, d, err))) {
-      if (err && err->offset >= 0) err->offset += (long)e->world_off;
-      goto engine_error;
-    }
-    break;
-  case LG_EV_HANDOFF:
-    if ((rc = lg_run_handoff(run, ev.from, ev.to, e->t_ms, d, err))) goto engine_error;
-    break;
-  case LG_EV_CANCEL:
-    lg_run_cancel(run, e->str[F_REASON], e->t_ms, d);
-    break;
-  default: break;
-  }
-  if (ev.acted && d->action == LG_ACT_STOP && !rp->stopped_line) rp->stopped_line = e->sc->line;
+  if (d->action == LG_ACT_STOP && !rp->stopped_line) rp->stopped_line = e->sc->line;
   return rp->cb ? rp->cb(rp->ud, &ev, NULL) : 0;
 engine_error:
   lg__err_where(err, rp->name, e->sc->line);

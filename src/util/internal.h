@@ -57,6 +57,11 @@ char *lg__buf_steal(lg__buf_t *b, size_t *len);
 void lg__json_begin(void);
 bool lg__json_oom(void);
 
+/* Formats epoch milliseconds as RFC 3339 UTC with milliseconds
+ * ("2026-12-01T07:17:10.000Z") into buf: the one timestamp format of
+ * every answer, log line and listing. */
+void lg__time_rfc3339(int64_t ms, char buf[32]);
+
 /* Fills err (when not NULL) and returns code. */
 int lg__err(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) __attribute__((format(printf, 5, 6)));

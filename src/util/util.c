@@ -1,7 +1,7 @@
 /*
  * util.c — the allocator hooks, the byte buffer, error codes and error
  * formatting. Every allocation of the library passes through lg__malloc and
- * friends so that tests can fail the Nth one (STYLE.md, "failing
+ * friends so that tests can fail the Nth one (docs/internals/style.md, "failing
  * allocation N").
  */
 #include "internal.h"
@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 
 static lg_malloc_fn g_malloc = malloc;
@@ -298,4 +299,23 @@ char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
     LG__ADD(" (at byte offset %ld)", err->offset);
 #undef LG__ADD
   return buf;
+}
+
+void lg__time_rfc3339(int64_t ms, char buf[32]) {
+  /* RFC 3339 has four-digit years: a time before 0000 or after 9999 (a
+   * clock or a sum gone wild) prints as the nearest end, never as a year
+   * of 292 million, a five-digit year cut short, or a bare number. */
+  if (ms < -62167219200000LL) ms = -62167219200000LL; /* 0000-01-01T00:00:00.000Z */
+  if (ms > 253402300799999LL) ms = 253402300799999LL; /* 9999-12-31T23:59:59.999Z */
+  time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+  int milli = (int)(ms - (int64_t)secs * 1000);
+  struct tm tm;
+  if (!gmtime_r(&secs, &tm)) {
+    snprintf(buf, 32, "%lld", (long long)ms);
+    return;
+  }
+  snprintf(buf, 32, "%04u-%02u-%02uT%02u:%02u:%02u.%03uZ", (unsigned)(tm.tm_year + 1900) % 10000u,
+           (unsigned)(tm.tm_mon + 1) % 100u, (unsigned)tm.tm_mday % 100u,
+           (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u, (unsigned)tm.tm_sec % 100u,
+           (unsigned)milli % 1000u);
 }

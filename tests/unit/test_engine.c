@@ -9,6 +9,12 @@
  * recovery hints, the terminal envelope (parsed with jansson), and the
  * engine's behaviour on events after a stop and on bad input.
  *
+ * Behaviour that a trace can show in full (decisions, repeat counts,
+ * fingerprints, the summary's counts) is data instead: a folder per case in
+ * tests/data/engine/, run by test_engine_cases. What stays here needs the
+ * API itself: guard names, the absence of a message, envelope fields,
+ * ledgers shared between runs, error codes.
+ *
  * Helpers at the top build runs from policy JSON and feed them events; each
  * asserts that the engine accepted the event, so a test reads as the
  * sequence of decisions it expects.
@@ -466,21 +472,6 @@ static void t_short_cycle(void **state) {
   cycle_case("{\"cycle\":{\"max_period\":5}}", "abcdeabcde", true);
   cycle_case("{\"cycle\":{\"max_period\":2}}", "abcabc", false);
   cycle_case("{\"cycle\":{\"max_period\":0}}", "abab", false); /* off */
-}
-
-/* Calls of one turn were asked for together: no cycle among them. */
-static void t_cycle_not_within_one_turn(void **state) {
-  (void)state;
-  lg_run_t *r = mk(NULL);
-  lg_decision_t d;
-  const char *seq[] = {"a", "b", "a", "b"};
-  for (int i = 0; i < 4; i++) {
-    char id[8];
-    snprintf(id, sizeof id, "x%d", i);
-    assert_int_equal(callx(r, seq[i], "{}", 1, 0, id, NULL, &d), LG_ACT_EXECUTE);
-    assert_int_equal(d.repeat, 1);
-  }
-  lg_run_free(r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -951,51 +942,6 @@ static void t_order_stop_rung_beats_replay(void **state) {
   lg_run_free(r);
 }
 
-static void t_order_replay_beats_retry(void **state) {
-  (void)state;
-  lg_decision_t d;
-  const char *p = "{\"tools\":{\"w\":{\"side_effects\":true}}}";
-  /* The write happened (side_effect_committed) though the tool asked for
-   * a retry later: the saved result comes back, not retry_too_soon. */
-  lg_run_t *r = mk(p);
-  assert_int_equal(call_t(r, "w", "{\"x\":1}", 0, &d), LG_ACT_EXECUTE);
-  lg_result_t x = res0(LG_STATUS_RETRYABLE);
-  x.retry_after_ms = 10000;
-  x.side_effect_committed = 1;
-  x.value = "{\"partial\":true}";
-  x.value_len = strlen(x.value);
-  x.value_kind = LG_VALUE_PRESENT;
-  assert_int_equal(after(r, &x, &d), LG_ACT_CONTINUE);
-  assert_int_equal(call_t(r, "w", "{\"x\":1}", 5, &d), LG_ACT_REPLAY);
-  lg_run_free(r);
-  /* Control: not committed, the key is free again and the wait applies. */
-  r = mk(p);
-  assert_int_equal(call_t(r, "w", "{\"x\":1}", 0, &d), LG_ACT_EXECUTE);
-  x.side_effect_committed = -1;
-  assert_int_equal(after(r, &x, &d), LG_ACT_CONTINUE);
-  call_t(r, "w", "{\"x\":1}", 5, &d);
-  assert_block(&d, LG_R_RETRY_TOO_SOON);
-  lg_run_free(r);
-}
-
-static void t_order_retry_beats_block_rung(void **state) {
-  (void)state;
-  lg_decision_t d;
-  lg_run_t *r = mk(NULL);
-  assert_int_equal(call_t(r, "quote", "{}", 0, &d), LG_ACT_EXECUTE);
-  res_retry(r, 10000, 0, &d);
-  call_t(r, "quote", "{}", 1, &d);
-  assert_block(&d, LG_R_RETRY_TOO_SOON);
-  assert_int_equal(d.repeat, 2);
-  call_t(r, "quote", "{}", 2, &d); /* the 3rd: the block rung too */
-  assert_block(&d, LG_R_RETRY_TOO_SOON);
-  assert_int_equal(d.repeat, 3);
-  /* After the wait the block rung is what remains. */
-  call_t(r, "quote", "{}", 20000, &d);
-  assert_block(&d, LG_R_SAME_CALL_REPEAT);
-  lg_run_free(r);
-}
-
 static void t_order_block_rung_beats_execute(void **state) {
   (void)state;
   lg_decision_t d;
@@ -1039,25 +985,6 @@ static void t_same_turn_counts_once(void **state) {
   assert_int_equal(d.repeat, 2);
   ok(r, &d);
   callx(r, "lookup", "{\"id\":5}", 3, 0, NULL, NULL, &d);
-  assert_block(&d, LG_R_SAME_CALL_REPEAT);
-  assert_int_equal(d.repeat, 3);
-  lg_run_free(r);
-}
-
-static void t_non_adjacent_repeats(void **state) {
-  (void)state;
-  lg_decision_t d;
-  lg_run_t *r = mk(NULL);
-  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
-  ok(r, &d);
-  assert_int_equal(call(r, "x", "{}", &d), LG_ACT_EXECUTE);
-  ok(r, &d);
-  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
-  assert_int_equal(d.repeat, 2);
-  ok(r, &d);
-  assert_int_equal(call(r, "y", "{}", &d), LG_ACT_EXECUTE);
-  ok(r, &d);
-  call(r, "a", "{}", &d);
   assert_block(&d, LG_R_SAME_CALL_REPEAT);
   assert_int_equal(d.repeat, 3);
   lg_run_free(r);
@@ -1175,58 +1102,6 @@ static void t_rungs_false(void **state) {
   lg_run_free(r);
 }
 
-static void t_window_size(void **state) {
-  (void)state;
-  lg_decision_t d;
-  lg_run_t *r = mk("{\"repeat\":{\"window\":3}}");
-  /* A x y A: A is among the last 3. */
-  call(r, "a", "{}", &d);
-  ok(r, &d);
-  call(r, "x", "{}", &d);
-  ok(r, &d);
-  call(r, "y", "{}", &d);
-  ok(r, &d);
-  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
-  assert_int_equal(d.repeat, 2);
-  ok(r, &d);
-  /* ... then x y z: the A's fell out of the window. */
-  call(r, "x2", "{}", &d);
-  ok(r, &d);
-  call(r, "y2", "{}", &d);
-  ok(r, &d);
-  call(r, "z2", "{}", &d);
-  ok(r, &d);
-  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
-  assert_int_equal(d.repeat, 1);
-  lg_run_free(r);
-  /* The default window of 20 still sees an A 19 calls back. */
-  r = mk(NULL);
-  call(r, "a", "{}", &d);
-  ok(r, &d);
-  for (int i = 0; i < 18; i++) {
-    char t[8];
-    snprintf(t, sizeof t, "f%d", i);
-    call(r, t, "{}", &d);
-    ok(r, &d);
-  }
-  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
-  assert_int_equal(d.repeat, 2);
-  ok(r, &d);
-  lg_run_free(r);
-  r = mk(NULL);
-  call(r, "a", "{}", &d);
-  ok(r, &d);
-  for (int i = 0; i < 20; i++) {
-    char t[8];
-    snprintf(t, sizeof t, "f%d", i);
-    call(r, t, "{}", &d);
-    ok(r, &d);
-  }
-  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
-  assert_int_equal(d.repeat, 1);
-  lg_run_free(r);
-}
-
 static void t_loop_key_false(void **state) {
   (void)state;
   lg_decision_t d;
@@ -1258,35 +1133,6 @@ static void t_loop_key_false(void **state) {
   call(r, "poll_job", "{}", &d);
   res_pv(r, 1, &d);
   assert_stop(&d, LG_R_NO_PROGRESS, "no_progress");
-  lg_run_free(r);
-}
-
-static void t_loop_key_fields(void **state) {
-  (void)state;
-  lg_decision_t d;
-  const char *p = "{\"tools\":{\"charge_invoice\":{\"loop_key\":{\"invoice_id\":[\"digits\"]}}}}";
-  lg_run_t *r = mk(p);
-  char fp1[LG_FP_HEX], fp2[LG_FP_HEX];
-  call(r, "charge_invoice", "{\"invoice_id\":\"INV-2291\",\"note\":\"a\"}", &d);
-  memcpy(fp1, d.fingerprint, LG_FP_HEX);
-  char want[LG_FP_HEX];
-  fp_of(p, "charge_invoice", "{\"invoice_id\":\"INV-2291\",\"note\":\"a\"}", want);
-  assert_string_equal(fp1, want);
-  ok(r, &d);
-  call(r, "charge_invoice", "{\"invoice_id\":\"inv 2291 \",\"note\":\"b\"}", &d);
-  memcpy(fp2, d.fingerprint, LG_FP_HEX);
-  assert_string_equal(fp1, fp2);
-  assert_int_equal(d.repeat, 2);
-  lg_run_free(r);
-  /* Without the loop key they differ, and the fingerprint is the canon's. */
-  r = mk(NULL);
-  call(r, "charge_invoice", "{\"invoice_id\":\"INV-2291\"}", &d);
-  fp_of(NULL, "charge_invoice", "{\"invoice_id\":\"INV-2291\"}", want);
-  assert_string_equal(d.fingerprint, want);
-  assert_string_not_equal(d.fingerprint, fp1);
-  ok(r, &d);
-  call(r, "charge_invoice", "{\"invoice_id\":\"inv-2291\"}", &d);
-  assert_int_equal(d.repeat, 1);
   lg_run_free(r);
 }
 
@@ -1740,7 +1586,6 @@ int main(void) {
       cmocka_unit_test_setup(t_handoff_cap, setup),
       cmocka_unit_test_setup(t_same_call_repeat_ladder, setup),
       cmocka_unit_test_setup(t_short_cycle, setup),
-      cmocka_unit_test_setup(t_cycle_not_within_one_turn, setup),
       cmocka_unit_test_setup(t_no_progress_versions, setup),
       cmocka_unit_test_setup(t_no_progress_world, setup),
       cmocka_unit_test_setup(t_failure_streak, setup),
@@ -1757,17 +1602,12 @@ int main(void) {
       cmocka_unit_test_setup(t_order_caps_among_themselves, setup),
       cmocka_unit_test_setup(t_order_cap_beats_ladder, setup),
       cmocka_unit_test_setup(t_order_stop_rung_beats_replay, setup),
-      cmocka_unit_test_setup(t_order_replay_beats_retry, setup),
-      cmocka_unit_test_setup(t_order_retry_beats_block_rung, setup),
       cmocka_unit_test_setup(t_order_block_rung_beats_execute, setup),
       cmocka_unit_test_setup(t_same_turn_counts_once, setup),
-      cmocka_unit_test_setup(t_non_adjacent_repeats, setup),
       cmocka_unit_test_setup(t_progress_restarts_window, setup),
       cmocka_unit_test_setup(t_checkpoint_resume, setup),
       cmocka_unit_test_setup(t_rungs_false, setup),
-      cmocka_unit_test_setup(t_window_size, setup),
       cmocka_unit_test_setup(t_loop_key_false, setup),
-      cmocka_unit_test_setup(t_loop_key_fields, setup),
       cmocka_unit_test_setup(t_derived_keys, setup),
       cmocka_unit_test_setup(t_invalid_result_keeps_claim, setup),
       cmocka_unit_test_setup(t_steer_messages, setup),

@@ -1,6 +1,6 @@
 /*
  * test_oom_engine.c — out-of-memory at every allocation of a run's whole
- * life and of a trace replay (STYLE.md: "failing allocation N, then N+1,
+ * life and of a trace replay (docs/internals/style.md: "failing allocation N, then N+1,
  * ...").
  *
  * A counting allocator is installed with lg_set_allocator() before any

@@ -25,7 +25,7 @@
 
 #define S(lit) lit, sizeof(lit) - 1
 
-/* The example of shared/spec/policy-v1.md, verbatim. */
+/* The example of docs/reference/policy-v1.md, verbatim. */
 static const char EXAMPLE[] =
     "{\n"
     "  \"limits\": {\n"

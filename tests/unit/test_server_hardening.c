@@ -30,7 +30,7 @@
 #include "server/server.h"
 #include "test_server_http.h"
 
-void lg__store_time(int64_t ms, char buf[32]);
+void lg__time_rfc3339(int64_t ms, char buf[32]);
 
 static lg_server_t *S;
 static int PORT;
@@ -173,7 +173,7 @@ static void test_integer_ranges(void **state) {
   static const int64_t ms[] = {INT64_MAX, INT64_MIN, -1, 0, 253402300800000LL, 1790000000000LL};
   for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
     char t[32];
-    lg__store_time(ms[i], t);
+    lg__time_rfc3339(ms[i], t);
     int y, mo, d, h, mi, sec, milli;
     char z;
     if (strlen(t) != 24 ||

@@ -1,0 +1,98 @@
+/*
+ * step.h — the decision step: one event for one stored run, in one store
+ * transaction.
+ *
+ *   load the run → check the deny rules → apply the event (src/event/) →
+ *   save the run and append its trace line (src/trace/write.c)
+ *
+ * The server's routes, the CLI's cancel (lg_store_cancel_run/_group) and
+ * run creation all come through here; the group commit (src/store/group.c)
+ * runs many steps in one transaction. A front end fills an lg__step_t with
+ * its event and reads the outcome from it; it never touches the store's
+ * transactions itself. Replay applies events to a run it holds in memory,
+ * through the same lg__run_apply, with no store.
+ */
+#ifndef LG_STEP_H
+#define LG_STEP_H
+
+#include "../util/internal.h"
+
+/* How a step that did not decide failed, for the front end to report. */
+typedef enum lg__step_fail {
+  LG__STEP_OK = 0,
+  LG__STEP_BAD_EVENT,   /* malformed for this run (HTTP 400); err says why */
+  LG__STEP_CONFLICT,    /* does not fit the run's state (409) */
+  LG__STEP_UNPRICED,    /* a model call that cannot be priced (422) */
+  LG__STEP_IN_FLIGHT,   /* a shared budget's in-flight cap (429): nothing changed */
+  LG__STEP_NO_RUN,      /* the run is not stored (404) */
+  LG__STEP_STORE        /* the store failed (500, or 503 when busy) */
+} lg__step_fail_t;
+
+/* Policy of a stored run from its JSON (a cache may answer); NULL: parse. */
+typedef lg_policy_t *(*lg__policy_fn)(void *ud, const char *json, lg_error_t *err);
+
+typedef struct lg__step {
+  /* in */
+  lg_event_t ev;              /* the event; its t_ms is set by the step */
+  int64_t now_ms;             /* epoch ms (the run's time is now - created) */
+  lg_prices_t *prices;        /* model and usage events; may be NULL */
+  lg_canon_t *canon;          /* scratch of the deciding thread */
+  lg__policy_fn policy;       /* may be NULL */
+  void *policy_ud;
+  int auto_turn;              /* a call that named no turn: it gets a turn
+                                 of its own (the run's calls so far + 1) */
+  /* out */
+  lg__step_fail_t fail;       /* why it did not decide, when it returned != 0 */
+  int decided;                /* the event reached the run */
+  int was_stopped;            /* the run had stopped before */
+  int stopped_now;            /* this event stopped it */
+  int denied;                 /* a deny rule stopped it (a cancel in the trace) */
+  lg_action_t action;         /* the decision, for metrics and logs */
+  lg_reason_t reason;
+  int ledger_outcome;         /* an lg_claim_outcome_t of a call, or -1 */
+  int budget_refused;         /* a shared budget refused (refusal says why) */
+  lg_budget_refusal_t refusal;
+  int64_t actual_nusd;        /* usage: the cost settled */
+  lg__buf_t answer;           /* the decision as http-api-v1's JSON object */
+  lg__buf_t stop_log;         /* a stop: the fields of its log line */
+  char *envelope;             /* a stop: the terminal envelope (JSON) */
+  lg_error_t err;             /* the detail of a failure inside the step */
+  int called;                 /* the run was found and the step ran */
+} lg__step_t;
+
+/* Sets the defaults of a step for `ev` at now_ms (ledger_outcome -1). */
+void lg__step_init(lg__step_t *st, const lg_event_t *ev, int64_t now_ms);
+/* Frees what the step's outcome holds. */
+void lg__step_clear(lg__step_t *st);
+
+/* The step as an lg_store_run_fn (ud: the lg__step_t), for
+ * lg_store_with_run and the group commit. */
+int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec);
+/* One step in a transaction of its own. 0 when decided; else st->fail
+ * says why and err what. */
+int lg__step_run(lg_store_t *s, const char *run_id, lg__step_t *st, lg_error_t *err);
+/* After lg_store_with_run(..., lg__step_locked, st, err) returned rc (the
+ * group commit's way): sets st->fail for a failure outside the step and
+ * the detail of one inside it into *err. Returns rc. */
+int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err);
+/* The kill switch for one run: its deny rule, durable first, then a
+ * cancel event through the step when the run is stored. LG_ENOTFOUND
+ * (st->fail NO_RUN) when it is not: the rule waits for it. */
+int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64_t now_ms,
+                    lg__step_t *st, lg_error_t *err);
+
+/* Creates a run: its record, its budget scopes (may be none) and its first
+ * trace line, all or nothing. LG_ECONFLICT when run_id exists: *same (may
+ * be NULL) then says whether it was created with this group, policy and
+ * checkpoint (a client's retry). */
+int lg__step_create(lg_store_t *s, const lg_run_t *run, const char *policy_json,
+                    const int64_t *checkpoint, const char *const *scopes, size_t nscopes,
+                    int64_t now_ms, int *same, lg_error_t *err);
+
+/* Cancels every active run of `group` after writing the group's deny
+ * rule; on_run (may be NULL) hears of each run stopped, with its step. */
+int lg__step_cancel_group(lg_store_t *s, const char *group, const char *reason, int64_t now_ms,
+                          void (*on_run)(void *ud, const char *run_id, lg__step_t *st), void *ud,
+                          lg_error_t *err);
+
+#endif

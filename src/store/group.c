@@ -1,0 +1,173 @@
+/*
+ * group.c — group commit of decisions, for the stores that allow one
+ * writer at a time (sqlite:, and memory:, whose one handle is the whole
+ * database).
+ *
+ * A SQLite database takes one write transaction at a time, and each commit
+ * costs about as much as the decision in it: deciding one run per
+ * transaction caps the server at a few thousand decisions a second however
+ * many threads wait for the lock. So a decision is not made on the HTTP
+ * thread: the thread parks its request (libmicrohttpd suspends the
+ * connection and goes on serving others) and hands a job to the committer
+ * thread here, which takes every job waiting, opens one transaction, runs
+ * each job through lg_store_with_run() — a savepoint per decision, so a
+ * decision that fails is undone alone — commits once, and only then marks
+ * the jobs done and wakes their connections. Nothing is answered before
+ * the commit that stores it, so the durability contract is the same as
+ * one transaction per decision; only the cost of the commit is shared.
+ *
+ * The committer holds the store handle's lock for the whole batch, so no
+ * other thread's call on the shared handle (a ledger claim, a run being
+ * created) can fall inside a batch's transaction.
+ *
+ * PostgreSQL does not go through here: its row locks let decisions for
+ * different runs proceed in parallel on per-thread connections, and a
+ * batch holding many rows' locks could deadlock with another replica's.
+ */
+#include "group.h"
+#include "store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <sys/prctl.h>
+
+struct lg__batcher {
+  lg_store_t *s;          /* the shared handle */
+  pthread_t th;           /* the committer */
+  pthread_mutex_t mu;     /* guards the queue and stop */
+  pthread_cond_t cv;      /* signalled on a new job or stop */
+  lg__job_t *head, *tail; /* jobs waiting */
+  int stop;               /* set: finish what is queued and exit */
+  size_t max_batch;       /* decisions per transaction at most */
+  lg_canon_t *canon;      /* the committer's scratch for fingerprints */
+  int joined;             /* the committer has exited */
+  _Atomic uint64_t batches, jobs; /* for tests and benchmarks */
+};
+
+static void run_batch(lg__batcher_t *b, lg__job_t *first) {
+  lg_store_t *s = b->s;
+  lg_error_t e;
+  memset(&e, 0, sizeof e);
+  lg__store_lock(s);
+  int rc = lg__store_begin(s, LG__TXN_RUN, &e);
+  size_t n = 0;
+  for (lg__job_t *j = first; j; j = j->next, n++) {
+    if (rc) {
+      j->rc = rc;
+      j->err = e;
+      continue;
+    }
+    memset(&j->err, 0, sizeof j->err);
+    j->rc = lg_store_with_run(s, j->run_id, j->fn, j->ud, &j->err);
+  }
+  if (!rc) {
+    int crc = lg__store_end(s, 1, &e);
+    if (crc) /* nothing of the batch is stored: every decision fails */
+      for (lg__job_t *j = first; j; j = j->next)
+        if (!j->rc) {
+          j->rc = crc;
+          j->err = e;
+        }
+  }
+  lg__store_unlock(s);
+  atomic_fetch_add(&b->batches, 1);
+  atomic_fetch_add(&b->jobs, n);
+  for (lg__job_t *j = first, *next; j; j = next) {
+    next = j->next; /* done() may free the job */
+    j->next = NULL;
+    j->done(j);
+  }
+}
+
+static void *committer(void *arg) {
+  lg__batcher_t *b = arg;
+  prctl(PR_SET_NAME, "lg-commit", 0, 0, 0); /* for top -H and perf */
+  pthread_mutex_lock(&b->mu);
+  for (;;) {
+    while (!b->head && !b->stop) pthread_cond_wait(&b->cv, &b->mu);
+    if (!b->head && b->stop) break;
+    /* Take up to max_batch jobs, in arrival order. */
+    lg__job_t *first = b->head, *last = first;
+    size_t n = 1;
+    while (last->next && n < b->max_batch) {
+      last = last->next;
+      n++;
+    }
+    b->head = last->next;
+    if (!b->head) b->tail = NULL;
+    last->next = NULL;
+    pthread_mutex_unlock(&b->mu);
+    run_batch(b, first);
+    pthread_mutex_lock(&b->mu);
+  }
+  pthread_mutex_unlock(&b->mu);
+  return NULL;
+}
+
+lg__batcher_t *lg__batcher_new(lg_store_t *s, size_t max_batch) {
+  lg__batcher_t *b = lg__calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->s = s;
+  b->max_batch = max_batch ? max_batch : 256;
+  if (!(b->canon = lg_canon_new())) goto fail_canon;
+  if (pthread_mutex_init(&b->mu, NULL)) goto fail_mu;
+  if (pthread_cond_init(&b->cv, NULL)) goto fail_cv;
+  if (pthread_create(&b->th, NULL, committer, b)) goto fail_th;
+  return b;
+fail_th:
+  pthread_cond_destroy(&b->cv);
+fail_cv:
+  pthread_mutex_destroy(&b->mu);
+fail_mu:
+  lg_canon_free(b->canon);
+fail_canon:
+  lg__free(b);
+  return NULL;
+}
+
+void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j) {
+  j->next = NULL;
+  pthread_mutex_lock(&b->mu);
+  if (b->stop) { /* stopping: decided here and now, in a batch of its own */
+    pthread_mutex_unlock(&b->mu);
+    run_batch(b, j);
+    return;
+  }
+  if (b->tail) b->tail->next = j;
+  else b->head = j;
+  b->tail = j;
+  pthread_cond_signal(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+void lg__batcher_stop(lg__batcher_t *b) {
+  if (!b) return;
+  pthread_mutex_lock(&b->mu);
+  b->stop = 1;
+  pthread_cond_signal(&b->cv);
+  int joined = b->joined;
+  b->joined = 1;
+  pthread_mutex_unlock(&b->mu);
+  if (!joined) pthread_join(b->th, NULL);
+}
+
+void lg__batcher_free(lg__batcher_t *b) {
+  if (!b) return;
+  lg__batcher_stop(b);
+  pthread_cond_destroy(&b->cv);
+  pthread_mutex_destroy(&b->mu);
+  lg_canon_free(b->canon);
+  lg__free(b);
+}
+
+lg_canon_t *lg__batcher_canon(lg__batcher_t *b) { return b->canon; }
+
+void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs) {
+  *batches = atomic_load(&b->batches);
+  *jobs = atomic_load(&b->jobs);
+}
+
+int lg__store_single_writer(const lg_store_t *s) {
+  return s->vt == &lg__store_sqlite || s->vt == &lg__store_memory;
+}
