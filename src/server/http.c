@@ -499,9 +499,9 @@ static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const
 /* Called by the committer: the connection may go on. */
 static void job_done(lg__job_t *j) {
   struct MHD_Connection *c = j->owner;
-  lg_server_t *srv = lg__conn_server(c); /* before: resumed, c may go */
+  lg__loop_t *l = lg__conn_loop(c); /* before: once resumed, c may go */
   MHD_resume_connection(c);
-  if (srv) lg__server_wake(srv);
+  if (l) lg__loop_wake(l);
 }
 
 /* ---- answering ---- */

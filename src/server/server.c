@@ -343,6 +343,11 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
     k->fd = ci ? (int)ci->connect_fd : -1;
     k->srv = srv;
     k->mc = c;
+    if (srv->epoll_loop) {
+      const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
+      for (int i = 0; di && i < srv->nloops; i++)
+        if (srv->loops[i].mhd == di->daemon) k->loop = &srv->loops[i];
+    }
     k->phase = LG__PH_IDLE;
     k->since_ns = mono_ns();
     pthread_mutex_lock(&srv->conn_mu);
@@ -385,52 +390,55 @@ void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph) 
   pthread_mutex_unlock(&srv->conn_mu);
 }
 
-lg_server_t *lg__conn_server(struct MHD_Connection *c) {
+lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
   lg__conn_t *k = ci ? ci->socket_context : NULL;
-  return k ? k->srv : NULL;
+  return k ? k->loop : NULL;
 }
 
-/* ---- the event loop (epoll) ----
+/* ---- the event loops (epoll) ----
  *
  * With libmicrohttpd 0.9.75's own epoll thread (MHD_USE_EPOLL_INTERNAL_THREAD)
  * connections resumed by the committer were at times left unserved for
  * seconds (test_server_liveness). Its poll() mode has no such bug, but
  * scans every socket on every wake-up: 2,000 idle keep-alive connections
- * made a decision nine times slower. So libmicrohttpd runs in epoll mode
- * without a thread of its own, and this loop drives it: MHD_run, then wait
- * on libmicrohttpd's epoll descriptor and on an eventfd that
- * lg__server_wake writes after every MHD_resume_connection, for at most
- * libmicrohttpd's next timeout. A resume between MHD_run and the wait
+ * made a decision nine times slower. So, for the stores whose decisions
+ * are parked for the group commit (sqlite:, memory:), libmicrohttpd runs
+ * in epoll mode without a thread of its own: --threads daemons share the
+ * listening socket, each driven by a loop of ours: MHD_run, then wait on
+ * the daemon's epoll descriptor and on an eventfd that lg__loop_wake
+ * writes after every MHD_resume_connection of one of its connections, for
+ * at most the daemon's next timeout. A resume between MHD_run and the wait
  * leaves the eventfd readable, so no wake-up is lost. */
 
-void lg__server_wake(lg_server_t *srv) {
-  if (srv->loop_efd < 0) return;
+void lg__loop_wake(lg__loop_t *l) {
+  if (!l || l->efd < 0) return;
   uint64_t one = 1;
-  ssize_t w = write(srv->loop_efd, &one, sizeof one);
+  ssize_t w = write(l->efd, &one, sizeof one);
   (void)w; /* a full counter is a pending wake-up already */
 }
 
 static void *loop_main(void *arg) {
-  lg_server_t *srv = arg;
+  lg__loop_t *l = arg;
+  lg_server_t *srv = l->srv;
   int ep = epoll_create1(EPOLL_CLOEXEC);
-  const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->mhd, MHD_DAEMON_INFO_EPOLL_FD);
   struct epoll_event ev = {.events = EPOLLIN};
   ev.data.u32 = 1;
   if (ep >= 0 && di) epoll_ctl(ep, EPOLL_CTL_ADD, di->epoll_fd, &ev);
   ev.data.u32 = 2;
-  if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, srv->loop_efd, &ev);
+  if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, l->efd, &ev);
   while (!atomic_load(&srv->loop_stop)) {
-    MHD_run(srv->mhd);
+    MHD_run(l->mhd);
     MHD_UNSIGNED_LONG_LONG to = 0;
     int ms = 1000;
-    if (MHD_get_timeout(srv->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
+    if (MHD_get_timeout(l->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
     struct epoll_event got[4];
     int n = ep >= 0 ? epoll_wait(ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
     for (int i = 0; i < n; i++)
       if (got[i].data.u32 == 2) {
         uint64_t v;
-        ssize_t r = read(srv->loop_efd, &v, sizeof v);
+        ssize_t r = read(l->efd, &v, sizeof v);
         (void)r;
       }
   }
@@ -485,7 +493,6 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     return NULL;
   }
   srv->listen_fd = -1;
-  srv->loop_efd = -1;
   srv->o = *opts;
   /* Copies of every string, so the caller's may go away. */
   srv->o.listen = lg__strdup(opts->listen ? opts->listen : LG_SERVER_DEFAULT_LISTEN);
@@ -615,37 +622,60 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
      * own connection), so libmicrohttpd's epoll threads serve it. */
     flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
     srv->epoll_loop = 0;
-  } else if (srv->epoll_loop) {
-    /* sqlite:, memory: connections are parked for the group commit and
-     * resumed by the committer: one thread, our loop (see loop_main). */
-    flags = MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
-    srv->o.threads = 1;
-    srv->loop_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (srv->loop_efd < 0) {
-      lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
-      goto fail;
-    }
   }
-  srv->mhd = MHD_start_daemon(
-      flags, 0, NULL, NULL, lg__http_access, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
-      MHD_OPTION_THREAD_POOL_SIZE, srv->epoll_loop ? 0u : (unsigned)srv->o.threads,
-      MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, conn_limit,
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, srv->per_ip,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED,
-      lg__http_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, lg__http_uri_log, srv,
-      MHD_OPTION_NOTIFY_CONNECTION, notify_conn, srv, MHD_OPTION_END);
-  if (!srv->mhd) {
-    lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
-    goto fail;
-  }
+#define LG__MHD_OPTIONS(limit, per_ip)                                                             \
+  MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,                         \
+      (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(limit),                  \
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(per_ip), MHD_OPTION_CONNECTION_MEMORY_LIMIT,  \
+      (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED, lg__http_completed, srv,                  \
+      MHD_OPTION_URI_LOG_CALLBACK, lg__http_uri_log, srv, MHD_OPTION_NOTIFY_CONNECTION,            \
+      notify_conn, srv
   if (srv->epoll_loop) {
-    if (pthread_create(&srv->loop, NULL, loop_main, srv)) {
-      lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+    /* sqlite:, memory: connections are parked for the group commit and
+     * resumed by the committer: --threads daemons, each with its loop
+     * (loop_main), each a share of the limits. */
+    flags = MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
+    int n = srv->o.threads > 32 ? 32 : srv->o.threads;
+    srv->loops = lg__calloc((size_t)n, sizeof *srv->loops);
+    if (!srv->loops) {
+      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       goto fail;
     }
-    srv->loop_started = 1;
+    unsigned per_ip = srv->per_ip / (unsigned)n ? srv->per_ip / (unsigned)n : 1;
+    for (int i = 0; i < n; i++) {
+      lg__loop_t *l = &srv->loops[i];
+      l->srv = srv;
+      l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      srv->nloops = i + 1;
+      if (l->efd < 0) {
+        lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
+        goto fail;
+      }
+      l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, lg__http_access, srv,
+                                LG__MHD_OPTIONS(conn_limit / (unsigned)n, per_ip), MHD_OPTION_END);
+      if (!l->mhd) {
+        lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+        goto fail;
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      if (pthread_create(&srv->loops[i].th, NULL, loop_main, &srv->loops[i])) {
+        lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+        goto fail;
+      }
+      srv->loops[i].started = 1;
+    }
+    srv->mhd = srv->loops[0].mhd;
+  } else {
+    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, lg__http_access, srv,
+                                MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads,
+                                LG__MHD_OPTIONS(conn_limit, srv->per_ip), MHD_OPTION_END);
+    if (!srv->mhd) {
+      lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+      goto fail;
+    }
   }
+#undef LG__MHD_OPTIONS
   count_active(srv, st);
   /* The start-up block of the log. */
   {
@@ -734,6 +764,31 @@ static void sleep_ms(int ms) {
   }
 }
 
+/* Stops the event loops: their threads first (MHD_stop_daemon then runs
+ * on this one), then their daemons, each quiesced first so that none
+ * closes the listening socket they share. */
+static void stop_loops(lg_server_t *srv) {
+  atomic_store(&srv->loop_stop, 1);
+  for (int i = 0; i < srv->nloops; i++)
+    if (srv->loops[i].started) {
+      lg__loop_wake(&srv->loops[i]);
+      pthread_join(srv->loops[i].th, NULL);
+      srv->loops[i].started = 0;
+    }
+  for (int i = 0; i < srv->nloops; i++) {
+    if (srv->loops[i].mhd) {
+      (void)MHD_quiesce_daemon(srv->loops[i].mhd);
+      MHD_stop_daemon(srv->loops[i].mhd);
+    }
+    srv->loops[i].mhd = NULL;
+    if (srv->loops[i].efd >= 0) close(srv->loops[i].efd);
+    srv->loops[i].efd = -1;
+  }
+  lg__free(srv->loops);
+  srv->loops = NULL;
+  srv->nloops = 0;
+}
+
 int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
   if (!srv || srv->stopped) return 0;
   srv->stopped = 1;
@@ -741,7 +796,17 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
   if (drain_ms <= 0) drain_ms = 10000;
   if (srv->mhd) {
     atomic_store(&srv->draining, 1);
-    MHD_socket ls = MHD_quiesce_daemon(srv->mhd);
+    /* Every daemon stops accepting; the socket they share is closed once. */
+    MHD_socket ls = MHD_INVALID_SOCKET;
+    if (srv->epoll_loop) {
+      for (int i = 0; i < srv->nloops; i++)
+        if (srv->loops[i].mhd) {
+          MHD_socket x = MHD_quiesce_daemon(srv->loops[i].mhd);
+          if (x != MHD_INVALID_SOCKET) ls = x;
+        }
+    } else {
+      ls = MHD_quiesce_daemon(srv->mhd);
+    }
     if (ls != MHD_INVALID_SOCKET) close(ls);
     srv->listen_fd = -1;
     int waited = 0;
@@ -759,13 +824,8 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
       waited += 5;
     }
     if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
-    if (srv->loop_started) { /* MHD_stop_daemon runs on this thread now */
-      atomic_store(&srv->loop_stop, 1);
-      lg__server_wake(srv);
-      pthread_join(srv->loop, NULL);
-      srv->loop_started = 0;
-    }
-    MHD_stop_daemon(srv->mhd);
+    if (srv->epoll_loop) stop_loops(srv);
+    else MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
     lg__batcher_free(srv->batcher);
     srv->batcher = NULL;
@@ -775,6 +835,7 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
              (unsigned long long)atomic_load(&srv->cut_evicted));
     lg__server_log(srv, "info", "stop", f);
   }
+  stop_loops(srv); /* after a start that failed half way */
   if (srv->reaper_started) { /* after the daemon: no connection is left */
     atomic_store(&srv->reaper_stop, 1);
     pthread_join(srv->reaper, NULL);
@@ -830,6 +891,5 @@ void lg_server_free(lg_server_t *srv) {
   pthread_mutex_destroy(&srv->pol_mu);
   pthread_mutex_destroy(&srv->log_mu);
   pthread_mutex_destroy(&srv->conn_mu);
-  if (srv->loop_efd >= 0) close(srv->loop_efd);
   lg__free(srv);
 }

@@ -223,6 +223,16 @@ typedef struct lg__pol_slot {
 
 typedef struct lg__conn lg__conn_t; /* below */
 
+/* One event loop (server.c): a libmicrohttpd daemon in epoll mode on the
+ * shared listening socket, and the thread that runs it. */
+typedef struct lg__loop {
+  struct lg_server *srv;      /* its server */
+  struct MHD_Daemon *mhd;     /* its daemon (NULL: not started) */
+  int efd;                    /* eventfd that wakes it (-1: none) */
+  pthread_t th;               /* runs loop_main */
+  int started;                /* th runs */
+} lg__loop_t;
+
 struct lg_server {
   lg_server_options_t o;      /* options with defaults filled (strings copied) */
   char *listen_host;          /* the host part of --listen, as given */
@@ -257,10 +267,9 @@ struct lg_server {
   unsigned conn_limit;        /* libmicrohttpd's hard limit */
   unsigned conn_soft;         /* past it, the oldest idle connection is cut */
   unsigned per_ip;            /* connections from one address */
-  int epoll_loop;             /* 1: libmicrohttpd in epoll mode, driven by loop */
-  int loop_efd;               /* eventfd that wakes loop (-1: none) */
-  pthread_t loop;             /* runs MHD_run (epoll_loop) */
-  int loop_started;
+  int epoll_loop;             /* 1: libmicrohttpd in epoll mode, driven by loops */
+  lg__loop_t *loops;          /* epoll_loop: one daemon and thread each */
+  int nloops;                 /* how many (--threads) */
   _Atomic int loop_stop;
   pthread_t reaper;           /* cuts connections past their deadlines */
   int reaper_started;
@@ -306,6 +315,7 @@ typedef enum lg__phase {
 /* One TCP connection (libmicrohttpd's socket context). */
 struct lg__conn {
   lg_server_t *srv;          /* its server */
+  lg__loop_t *loop;          /* its event loop (NULL: libmicrohttpd's threads) */
   struct MHD_Connection *mc; /* the connection */
   int fd;                    /* its socket (shut down to cut it) */
   int phase;                 /* lg__phase_t */
@@ -314,11 +324,11 @@ struct lg__conn {
   struct lg__conn *prev, *next; /* srv->conns */
 };
 
-/* Wakes the event loop (after MHD_resume_connection): with the loop of
- * server.c (epoll), a resumed connection is served at once. */
-void lg__server_wake(lg_server_t *srv);
-/* The server of a connection (its socket context), or NULL. */
-lg_server_t *lg__conn_server(struct MHD_Connection *c);
+/* Wakes the event loop of connection c (after MHD_resume_connection, from
+ * any thread): with the loops of server.c (epoll), a resumed connection is
+ * served at once. Must be read before resuming (lg__conn_loop). */
+lg__loop_t *lg__conn_loop(struct MHD_Connection *c);
+void lg__loop_wake(lg__loop_t *l);
 
 /* Sets the phase of connection c (from the libmicrohttpd threads). */
 void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);
