@@ -361,7 +361,7 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         if (x->phase == LG__PH_IDLE && !x->cut && (!old || x->since_ns < old->since_ns)) old = x;
       if (old) {
         cut_locked(old);
-        atomic_fetch_add(&srv->cut_evicted, 1);
+        atomic_fetch_add(&srv->metrics.conn_cut[1], 1);
       }
     }
     pthread_mutex_unlock(&srv->conn_mu);
@@ -458,7 +458,7 @@ static void *reaper_main(void *arg) {
       if (k->phase != LG__PH_BUSY && !k->cut && now > k->since_ns + limit) {
         /* (not now - since: a phase may begin after `now` was read) */
         cut_locked(k);
-        atomic_fetch_add(&srv->cut_deadline, 1);
+        atomic_fetch_add(&srv->metrics.conn_cut[0], 1);
       }
     pthread_mutex_unlock(&srv->conn_mu);
   }
@@ -831,8 +831,8 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
     srv->batcher = NULL;
     char f[160];
     snprintf(f, sizeof f, "\"drained\":%s,\"waited_ms\":%d,\"cut_deadline\":%llu,\"cut_evicted\":%llu",
-             rc ? "false" : "true", waited, (unsigned long long)atomic_load(&srv->cut_deadline),
-             (unsigned long long)atomic_load(&srv->cut_evicted));
+             rc ? "false" : "true", waited, (unsigned long long)atomic_load(&srv->metrics.conn_cut[0]),
+             (unsigned long long)atomic_load(&srv->metrics.conn_cut[1]));
     lg__server_log(srv, "info", "stop", f);
   }
   stop_loops(srv); /* after a start that failed half way */

@@ -104,6 +104,8 @@ typedef struct lg__metrics {
   _Atomic uint64_t hist_sum_ns[LG__RT__COUNT];          /* total seconds, ns */
   _Atomic uint64_t requests[LG__RT__COUNT][LG__CODE_SLOTS]; /* by code slot */
   _Atomic int codes[LG__CODE_SLOTS];                    /* slot -> HTTP code */
+  _Atomic uint64_t conn_cut[2];                         /* connections cut: past a
+                                                           deadline, evicted for room */
   _Atomic int64_t runs_active;                          /* last count */
   _Atomic int64_t runs_active_at_ms;                    /* when counted, 0 never */
 } lg__metrics_t;
@@ -274,7 +276,6 @@ struct lg_server {
   pthread_t reaper;           /* cuts connections past their deadlines */
   int reaper_started;
   _Atomic int reaper_stop;
-  _Atomic uint64_t cut_deadline, cut_evicted; /* connections cut, by cause */
   _Atomic int inflight;       /* requests begun and not completed */
   _Atomic int draining;       /* shutdown has begun */
   int stopped;                /* lg_server_shutdown done */

@@ -274,8 +274,8 @@ static void test_evict_and_per_ip(void **state) {
   ht_resp_clear(&r);
   ht_close(&c);
   printf("connections on the server: %zu (limit 256), evicted %llu\n", server_conns(s),
-         (unsigned long long)atomic_load(&s->cut_evicted));
-  assert_true(atomic_load(&s->cut_evicted) > 0);
+         (unsigned long long)atomic_load(&s->metrics.conn_cut[1]));
+  assert_true(atomic_load(&s->metrics.conn_cut[1]) > 0);
   close_many(one, 230);
   close_many(more, 100);
   lg_server_free(s);
