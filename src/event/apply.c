@@ -108,6 +108,16 @@ int lg__run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool t
     return rc ? lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc)) : 0;
   }
   case LG_EV_BUDGET: return apply_budget(run, ev, d, err);
+  case LG_EV_TEXT: {
+    const char *text = ev->u.text.text ? ev->u.text.text : "";
+    size_t len = ev->u.text.len ? ev->u.text.len : strlen(text);
+    return lg_run_text(run, ev->u.text.turn, text, len, ev->u.text.agent, t, d, err);
+  }
+  case LG_EV_USER: return lg_run_user(run, t, d);
+  case LG_EV_COMPACTION: return lg_run_compaction(run, t, d);
+  case LG_EV_RESUME:
+    return lg_run_resume(run, ev->u.resume.has_progress_version ? &ev->u.resume.progress_version : NULL,
+                         t, d, err);
   default: break;
   }
   return lg__err(err, LG_EINVAL, "type", -1, "events of type \"%s\" are not applied to a run",

@@ -247,6 +247,16 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
   memset(hit, 0, sizeof *hit);
   hit->route = LG__RT_OTHER;
   if (!n || p[0] != '/') return 0;
+  if (n < 64) { /* the console's files (console.c): open, like /healthz */
+    char path[64];
+    memcpy(path, p, n);
+    path[n] = 0;
+    if (lg__console_path(path)) {
+      *hit = (route_hit_t){LG__RT_CONSOLE, lg__h_console, LG__ROLE_NONE, "GET", NULL};
+      rq->id_buf = lg__strdup(path);
+      return rq->id_buf ? 1 : -2;
+    }
+  }
   const char *seg[MAX_SEGS];
   size_t len[MAX_SEGS];
   int ns = 0;
@@ -301,8 +311,13 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
         {"handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
         {"model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
         {"usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
         {"cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
         {"trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
+        {"regression", LG__RT_REGRESSION, lg__h_regression, LG__ROLE_AGENT, "GET"},
     };
     if (ns == 3) {
       HIT(LG__RT_RUN_GET, lg__h_run_get, LG__ROLE_AGENT, "GET");
@@ -523,6 +538,7 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                           rq->content_type ? rq->content_type : "application/json");
+  lg__console_headers(r, rq);
   if (rq->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (rq->status == 405 && rq->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, rq->allow);
   if (rq->status == 429 && rq->retry_after > 0) {
