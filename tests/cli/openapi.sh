@@ -80,6 +80,7 @@ for path, item in doc["paths"].items():
         data = b"{}" if meth in ("post", "put") else None
         rq = urllib.request.Request(url, data=data, method=meth.upper())
         if token: rq.add_header("Authorization", "Bearer " + token)
+        if data is not None: rq.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(rq, timeout=10) as r: code = r.status
         except urllib.error.HTTPError as e: code = e.code
