@@ -952,7 +952,12 @@ static void to_event(const ev_t *e, lg_event_t *out) {
 /* Whether a result line answers a call that did not execute (skipped). */
 static bool skipped_result(replay_t *rp, const ev_t *e) {
   const char *id = e->str[F_CALL_ID];
-  return id ? was_skipped(rp, id) : (rp->any_call && !rp->last_call_executed);
+  if (!id) return rp->any_call && !rp->last_call_executed;
+  /* An id that an executed call waiting for its result also has is that
+   * call's result, as the engine takes it (a client may reuse a call id,
+   * or name a call "c4" as the engine names its fourth): the server
+   * applied it and wrote it, so replay must apply it too. */
+  return !lg__run_awaits(rp->run, id) && was_skipped(rp, id);
 }
 
 /* Gives one parsed event to the run (through lg__run_apply, as every
