@@ -57,6 +57,75 @@ typedef struct field {
   bool required;
 } field_t;
 
+/* The range of every number a client may send, by field name (a field
+ * of the same name has the same range in every body). Whole numbers are
+ * checked exactly as int64; amounts of USD as doubles. A value outside is
+ * a 400 naming the field and the range, before anything is decided or
+ * stored: the engine and the stores never see a number they would have
+ * to saturate. docs/security.md repeats this table
+ * (test_server_hardening checks that it does). */
+#define P53 9007199254740992LL /* 2^53: every integer a double holds */
+#define WEEK_MS 604800000LL    /* 7 days */
+static const lg__range_t ranges[] = {
+    {"progress_version", -P53, P53, 0, 0, "a version the tool reports; only its rise counts"},
+    {"turn", 0, P53, 0, 0, "the model turn of a call"},
+    {"retry_after_ms", 0, WEEK_MS, 0, 0, "no identical call before this many ms"},
+    {"input_tokens", 0, 1000000000LL, 0, 0, "tokens of one model call"},
+    {"output_tokens", 0, 1000000000LL, 0, 0, "tokens of one model call"},
+    {"max_tokens", 0, 1000000000LL, 0, 0, "tokens of one model call"},
+    {"lease_ms", 1, WEEK_MS, 0, 0, "how long a claim is held"},
+    {"ttl_ms", 1, WEEK_MS, 0, 0, "how long a reservation is held"},
+    {"cost_usd", 0, 0, 0, 1e9, "USD of one model call"},
+    {"amount_usd", 0, 0, 0, 1e9, "USD reserved"},
+    {"actual_usd", 0, 0, 0, 1e9, "USD settled"},
+    {"limit_usd", 0, 0, 0, 1e12, "USD a budget allows a period"},
+    {"max_in_flight_usd", 0, 0, 0, 1e12, "USD reserved at once"},
+    {NULL, 0, 0, 0, 0, NULL}};
+
+const lg__range_t *lg__body_ranges(void) { return ranges; }
+
+static const lg__range_t *range_of(const char *name) {
+  for (const lg__range_t *r = ranges; r->field; r++)
+    if (!strcmp(r->field, name)) return r;
+  return NULL;
+}
+
+static int out_of_range(lg_error_t *err, const char *name, const lg__range_t *r, bool negative) {
+  if (r->usd_hi > 0)
+    return lg__err(err, LG_EINVAL, name, -1, "%s: %sthe range is 0 to %.0f (USD)", name,
+                   negative ? "must not be negative; " : "", r->usd_hi);
+  return lg__err(err, LG_EINVAL, name, -1, "%s: %sthe range is %lld to %lld", name,
+                 negative ? "must not be negative; " : "", (long long)r->lo, (long long)r->hi);
+}
+
+/* The nesting of v as the canonicaliser counts it (a scalar 0, [] 1, [[]]
+ * 2), stopping once past `limit`. */
+static int depth_of(json_t *v, int limit) {
+  if (limit < 0) return 1;
+  int d = 0;
+  if (json_is_object(v)) {
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+      int e = depth_of(x, limit - 1);
+      if (e > d) d = e;
+      if (d > limit) break;
+    }
+    return d + 1;
+  }
+  if (json_is_array(v)) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+      int e = depth_of(x, limit - 1);
+      if (e > d) d = e;
+      if (d > limit) break;
+    }
+    return d + 1;
+  }
+  return 0;
+}
+
 #define END {NULL, 0, 0, false}
 static const field_t f_run[] = {{"run_id", T_ID, S_RUN_ID, false},
                                 {"group", T_ID, S_GROUP, false},
@@ -131,6 +200,16 @@ static const field_t *tables[LG__B__COUNT] = {
     f_run,     f_call,   f_result,  f_state,      f_handoff, f_model,    f_usage,
     f_cancel,  f_claim,  f_commit,  f_fail,       f_budget_set, f_reserve, f_settle,
     f_text,    f_user,   f_compaction, f_resume};
+
+const char *lg__body_unranged(void) {
+  for (int k = 0; k < LG__B__COUNT; k++)
+    for (const field_t *f = tables[k]; f->name; f++)
+      if ((f->type == T_INT || f->type == T_UINT || f->type == T_USD || f->type == T_DUSD ||
+           f->type == T_DUSD_NULL) &&
+          !range_of(f->name))
+        return f->name;
+  return NULL;
+}
 
 static const char *type_name(const json_t *v) {
   switch (json_typeof(v)) {
@@ -208,17 +287,26 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
     s = json_string_value(v);
     break;
   case T_INT:
-  case T_UINT:
-    if (!whole(v, &i)) return wrong(err, f->name, "a whole number", v);
+  case T_UINT: {
+    if (!whole(v, &i)) {
+      if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
+        const lg__range_t *r = range_of(f->name);
+        if (r) return out_of_range(err, f->name, r, json_real_value(v) < 0 && r->lo >= 0);
+      }
+      return wrong(err, f->name, "a whole number", v);
+    }
+    const lg__range_t *r = range_of(f->name);
+    if (r && (i < r->lo || i > r->hi)) return out_of_range(err, f->name, r, i < 0 && r->lo >= 0);
     if (f->type == T_UINT && i < 0)
       return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
     break;
+  }
   case T_USD: {
     if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
     double d = json_number_value(v);
-    if (!(d >= 0 && d < 1e9))
-      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must be a USD amount from 0 to 1e9",
-                     f->name);
+    const lg__range_t *r = range_of(f->name);
+    double hi = r ? r->usd_hi : 1e9;
+    if (!(d >= 0 && d <= hi)) return out_of_range(err, f->name, r, d < 0);
     i = (int64_t)llround(d * 1e9); /* the same rounding as replay */
     break;
   }
@@ -248,12 +336,20 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
   case T_DUSD_NULL:
     if (json_is_null(v)) return 0;
     /* fall through */
-  case T_DUSD:
+  case T_DUSD: {
     if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
-    if (!(json_number_value(v) >= 0))
-      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
+    double d = json_number_value(v);
+    const lg__range_t *r = range_of(f->name);
+    if (!(d >= 0)) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
+    if (r && !(d <= r->usd_hi)) return out_of_range(err, f->name, r, false);
     break;
   }
+  }
+  /* Nesting: what the canonicaliser (and so replay) refuses, refused here,
+   * so that nothing is stored that its trace cannot replay. */
+  if ((f->type == T_OBJ || f->type == T_ANY) && depth_of(v, LG_CANON_MAX_DEPTH) > LG_CANON_MAX_DEPTH)
+    return lg__err(err, LG_EINVAL, f->name, -1, "%s: nested deeper than %d levels", f->name,
+                   LG_CANON_MAX_DEPTH);
   switch (f->slot) {
   case S_RUN_ID: b->run_id = s; break;
   case S_GROUP: b->group = s; break;

@@ -1,20 +1,28 @@
 /*
  * http.c — one HTTP request, from its headers to its answer.
  *
- * libmicrohttpd calls lg__http_access several times per request: once
- * when the headers are in (*con_cls is still NULL), once per piece of the
- * body (*upload_size > 0: the piece must be consumed by setting it to 0),
- * and once more when the body is complete (*upload_size == 0), which is
- * when a handler runs and the answer is queued. So:
+ * The URI log callback (lg__http_uri_log) runs first, when the request
+ * line is in: it makes the request's state and keeps the raw request
+ * target, which routing uses (libmicrohttpd's `url` is already decoded).
+ * Then libmicrohttpd calls lg__http_access several times per request: once
+ * when the headers are in, once per piece of the body (*upload_size > 0:
+ * the piece must be consumed by setting it to 0), and once more when the
+ * body is complete (*upload_size == 0), which is when a handler runs and
+ * the answer is queued. So:
  *
- *   headers   route the path, check the token and the role, and refuse a
- *             Content-Length over the limit with 413 right away, without
- *             reading the body (the connection is closed after it);
- *   body      append, bounded by max_body (a body without Content-Length
- *             that grows past it is cut off) and by the timeout (a client
- *             that trickles its body is cut off too);
- *   complete  run the handler, or answer the error found at the headers
- *             (the body was read and dropped, so keep-alive still works).
+ *   headers   the checks of check_headers, in the order docs/security.md
+ *             gives (sizes, open mode, token, ids, path, method, role,
+ *             Content-Type); a Content-Length over the limit is 413;
+ *   body      append, bounded by max_body; after an error found at the
+ *             headers (or a chunked body past the limit) the body is read
+ *             and dropped, for at most LG__DRAIN_NS and LG__DRAIN_BYTES,
+ *             so that a client that writes before it reads gets the answer
+ *             and not a reset (the reaper of server.c cuts a body that
+ *             trickles past --timeout);
+ *   complete  run the handler, or answer the error found before.
+ *
+ * Every answer is JSON: lg__req_error escapes what it echoes and turns
+ * bytes that are not UTF-8 into U+FFFD.
  *
  * lg__http_completed (libmicrohttpd's completion callback) records the
  * request's latency and status in the metrics and frees what it held.
@@ -27,21 +35,63 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* One request in flight. */
+/* One request in flight. Made by the URI log callback, when the request
+ * line is in (so that routing sees the raw path), freed by the completion
+ * callback. */
 typedef struct http_req {
   lg__req_t rq;        /* what the handler sees and fills */
   lg__buf_t body;      /* the body so far */
-  uint64_t t0_ns;      /* monotonic time of the headers */
+  char *raw_uri;       /* the request target as sent (NULL: out of memory) */
+  size_t raw_len;      /* its length (may be over LG__MAX_URI: then 414) */
+  uint64_t t0_ns;      /* monotonic time of the request line */
   void (*handler)(lg__req_t *); /* NULL: answer the error in rq */
+  int headers_seen;    /* the access handler ran once (the headers are in) */
   int errored;         /* rq holds an error to answer */
   int answered;        /* a response was queued */
   int parked;          /* suspended, waiting for its job */
+  int draining;        /* a body over the limit is read and dropped, then 413 */
+  uint64_t dropped;    /* bytes dropped so far */
 } http_req_t;
+
+/* Longest request target answered in JSON (a longer one is 414); longest
+ * request head (line and headers, 431). Both under libmicrohttpd's own
+ * buffer (LG__MHD_POOL in server.c), which answers beyond it in HTML. */
+#define LG__MAX_URI 8192
+#define LG__MAX_HEAD 16384
+/* A body over the limit is read and dropped for at most this long and this
+ * much, so that a client that sends it all before reading (Python's
+ * http.client, requests) reads the 413 rather than a reset. */
+#define LG__DRAIN_NS 2000000000ull
+#define LG__DRAIN_BYTES (8u << 20)
 
 static uint64_t mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* JSON string of text that may not be UTF-8 (a path, a header): invalid
+ * bytes become U+FFFD, so every body the server writes is valid JSON. */
+static void json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
+  size_t ok = lg__utf8_valid_prefix(s, n);
+  if (ok == n) {
+    lg__buf_json_str(b, s, n);
+    return;
+  }
+  lg__buf_t t = {0};
+  size_t i = 0;
+  while (i < n) {
+    size_t k = lg__utf8_valid_prefix(s + i, n - i);
+    lg__buf_append(&t, s + i, k);
+    i += k;
+    if (i < n) {
+      lg__buf_puts(&t, "\xef\xbf\xbd");
+      i++;
+    }
+  }
+  if (t.oom) b->oom = true;
+  else lg__buf_json_str(b, t.data ? t.data : "", t.len);
+  lg__buf_free(&t);
 }
 
 int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field, const char *fmt,
@@ -55,17 +105,31 @@ int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field
   rq->content_type = NULL;
   rq->out.len = 0;
   rq->out.oom = false;
-  lg__buf_printf(&rq->out, "{\"error\":{\"code\":%d,\"type\":\"%s\",\"message\":", status, type);
-  lg__buf_json_str(&rq->out, msg, strlen(msg));
+  lg__buf_printf(&rq->out, "{\"error\":{\"code\":%d,\"type\":", status);
+  json_str_lossy(&rq->out, type, strlen(type));
+  lg__buf_puts(&rq->out, ",\"message\":");
+  json_str_lossy(&rq->out, msg, strlen(msg));
   if (field && *field) {
     lg__buf_puts(&rq->out, ",\"field\":");
-    lg__buf_json_str(&rq->out, field, strlen(field));
+    json_str_lossy(&rq->out, field, strlen(field));
   }
   lg__buf_puts(&rq->out, "}}");
   return status;
 }
 
-/* ---- routing ---- */
+/* ---- routing ----
+ *
+ * Routing is on the raw path of the request line (as the client sent it,
+ * before any percent-decoding: the URI log callback keeps it), split at
+ * '/'. Only the segments that are ids are decoded, each on its own, so an
+ * encoded slash can never move a segment boundary ("/v1/runs/p%2Fcalls"
+ * is not the run "p"). A decoded id must be valid UTF-8 without control
+ * characters and at most LG__MAX_ID bytes; %00 is refused everywhere, and
+ * %2F is refused in run ids and groups (which may not hold '/') but kept
+ * in operation keys and budget scopes, which are client data that the
+ * body of /v1/operations/claim may already hold. */
+
+#define LG__MAX_ID 1024
 
 /* A route: the handler and the role it needs (NONE: open). */
 typedef struct route_hit {
@@ -76,55 +140,164 @@ typedef struct route_hit {
   const char *allow;  /* the Allow header of a 405 (NULL: method) */
 } route_hit_t;
 
-static bool starts(const char *s, const char *prefix, const char **rest) {
-  size_t n = strlen(prefix);
-  if (strncmp(s, prefix, n)) return false;
-  *rest = s + n;
-  return true;
+static int hexval(int ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  ch |= 0x20;
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  return -1;
 }
 
-static bool ends(const char *s, size_t len, const char *suffix) {
-  size_t n = strlen(suffix);
-  return len > n && !memcmp(s + len - n, suffix, n);
+size_t lg__utf8_valid_prefix(const char *p, size_t n) {
+  const unsigned char *s = (const unsigned char *)p;
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    size_t k;
+    unsigned min;
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      k = 1, min = 0x80, c &= 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      k = 2, min = 0x800, c &= 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      k = 3, min = 0x10000, c &= 0x07;
+    } else {
+      return i;
+    }
+    if (i + k >= n) return i; /* truncated */
+    for (size_t j = 1; j <= k; j++) {
+      if ((s[i + j] & 0xc0) != 0x80) return i;
+      c = (c << 6) | (s[i + j] & 0x3f);
+    }
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return i;
+    i += k + 1;
+  }
+  return n;
 }
 
-/* Matches the path; fills *hit and the id (a new string) from the path.
- * Returns 1 when the path exists (whatever the method), 0 when not, -1 on
+/* Decodes one raw path segment [s, s+n) into a new string (*out), for an
+ * id. Returns 0, or an error filled in rq (400) and -1; -2 on
  * out-of-memory. */
-static int route(const char *url, const char *method, route_hit_t *hit, char **id) {
-  const char *rest;
-  *id = NULL;
+static int decode_id(lg__req_t *rq, const char *what, const char *s, size_t n, bool slash_ok,
+                     char **out) {
+  *out = NULL;
+  char *d = lg__malloc(n + 1);
+  if (!d) return -2;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    int ch = (unsigned char)s[i];
+    if (ch == '%') {
+      if (i + 2 >= n) {
+        lg__free(d);
+        lg__req_error(rq, 400, "invalid_request", what, "%s: a %% that does not start %%XX", what);
+        return -1;
+      }
+      int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
+      if (h < 0 || l < 0) {
+        lg__free(d);
+        lg__req_error(rq, 400, "invalid_request", what, "%s: a %% that does not start %%XX", what);
+        return -1;
+      }
+      ch = h * 16 + l;
+      i += 2;
+      if (ch == 0 || (ch == '/' && !slash_ok)) {
+        lg__free(d);
+        lg__req_error(rq, 400, "invalid_request", what, "%s: an encoded %s is not allowed in a path",
+                      what, ch ? "slash (%2F)" : "NUL (%00)");
+        return -1;
+      }
+    }
+    d[m++] = (char)ch;
+  }
+  d[m] = 0;
+  if (!m) {
+    lg__free(d);
+    lg__req_error(rq, 400, "invalid_request", what, "%s: must not be empty", what);
+    return -1;
+  }
+  if (m > LG__MAX_ID) {
+    lg__free(d);
+    lg__req_error(rq, 400, "invalid_request", what, "%s: longer than %d bytes", what, LG__MAX_ID);
+    return -1;
+  }
+  if (lg__utf8_valid_prefix(d, m) != m) {
+    lg__free(d);
+    lg__req_error(rq, 400, "invalid_request", what, "%s: not valid UTF-8", what);
+    return -1;
+  }
+  for (size_t i = 0; i < m; i++)
+    if ((unsigned char)d[i] < 0x20 || d[i] == 0x7f) {
+      lg__free(d);
+      lg__req_error(rq, 400, "invalid_request", what, "%s: must not hold control characters",
+                    what);
+      return -1;
+    }
+  *out = d;
+  return 0;
+}
+
+#define MAX_SEGS 8
+
+/* Matches the raw path (no query) [p, p+n). Fills *hit and rq->id (a new
+ * string, decoded). Returns 1 when the path exists (whatever the method), 0
+ * when not, -1 with a 400 in rq for a bad id, -2 on out-of-memory. */
+static int route(lg__req_t *rq, const char *p, size_t n, const char *method, route_hit_t *hit) {
   memset(hit, 0, sizeof *hit);
   hit->route = LG__RT_OTHER;
+  if (!n || p[0] != '/') return 0;
+  if (n < 64) { /* the console's files (console.c): open, like /healthz */
+    char path[64];
+    memcpy(path, p, n);
+    path[n] = 0;
+    if (lg__console_path(path)) {
+      *hit = (route_hit_t){LG__RT_CONSOLE, lg__h_console, LG__ROLE_NONE, "GET", NULL};
+      rq->id_buf = lg__strdup(path);
+      return rq->id_buf ? 1 : -2;
+    }
+  }
+  const char *seg[MAX_SEGS];
+  size_t len[MAX_SEGS];
+  int ns = 0;
+  for (size_t i = 1, a = 1; i <= n; i++) {
+    if (i == n || p[i] == '/') {
+      if (ns == MAX_SEGS) return 0;
+      seg[ns] = p + a;
+      len[ns] = i - a;
+      if (!len[ns]) return 0; /* an empty segment ("//", a trailing '/') */
+      ns++;
+      a = i + 1;
+    }
+  }
+#define IS(k, lit) (len[k] == sizeof(lit) - 1 && !memcmp(seg[k], lit, sizeof(lit) - 1))
 #define HIT(rt, fn, role_, meth) (*hit = (route_hit_t){rt, fn, role_, meth, NULL})
-  if (!strcmp(url, "/healthz")) {
+#define ID(k, what, slash) decode_id(rq, what, seg[k], len[k], slash, &rq->id_buf)
+  int rc;
+  if (ns == 1 && IS(0, "healthz")) {
     HIT(LG__RT_HEALTHZ, lg__h_healthz, LG__ROLE_NONE, "GET");
     return 1;
   }
-  if (lg__console_path(url)) { /* console.c: open, like /healthz */
-    HIT(LG__RT_CONSOLE, lg__h_console, LG__ROLE_NONE, "GET");
-    *id = lg__strdup(url);
-    return 1;
-  }
-  if (!strcmp(url, "/metrics")) {
+  if (ns == 1 && IS(0, "metrics")) {
     HIT(LG__RT_METRICS, lg__h_metrics, LG__ROLE_AGENT, "GET");
     return 1;
   }
-  if (!strcmp(url, "/openapi.json")) {
+  if (ns == 1 && IS(0, "openapi.json")) {
     HIT(LG__RT_OPENAPI, lg__h_openapi, LG__ROLE_NONE, "GET");
     return 1;
   }
-  if (!strcmp(url, "/v1/budgets")) {
+  if (ns < 2 || !IS(0, "v1")) return 0;
+  if (ns == 2 && IS(1, "budgets")) {
     HIT(LG__RT_BUDGET_LIST, lg__h_budget_list, LG__ROLE_OPERATOR, "GET");
     return 1;
   }
-  if (!strcmp(url, "/v1/runs")) {
-    if (!strcmp(method, "GET")) HIT(LG__RT_RUN_LIST, lg__h_run_list, LG__ROLE_OPERATOR, "GET");
-    else HIT(LG__RT_RUN_CREATE, lg__h_run_create, LG__ROLE_AGENT, "POST");
-    hit->allow = "GET, POST";
-    return 1;
-  }
-  if (starts(url, "/v1/runs/", &rest) && *rest) {
+  if (IS(1, "runs")) {
+    if (ns == 2) {
+      if (!strcmp(method, "GET")) HIT(LG__RT_RUN_LIST, lg__h_run_list, LG__ROLE_OPERATOR, "GET");
+      else HIT(LG__RT_RUN_CREATE, lg__h_run_create, LG__ROLE_AGENT, "POST");
+      hit->allow = "GET, POST";
+      return 1;
+    }
     static const struct {
       const char *suffix;
       lg__route_t rt;
@@ -132,77 +305,219 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
       int role;
       const char *method;
     } subs[] = {
-        {"/calls", LG__RT_CALLS, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/results", LG__RT_RESULTS, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/state", LG__RT_STATE, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"/resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
-        {"/cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
-        {"/trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
-        {"/regression", LG__RT_REGRESSION, lg__h_regression, LG__ROLE_AGENT, "GET"},
+        {"calls", LG__RT_CALLS, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"results", LG__RT_RESULTS, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"state", LG__RT_STATE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
+        {"cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
+        {"trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
+        {"regression", LG__RT_REGRESSION, lg__h_regression, LG__ROLE_AGENT, "GET"},
     };
-    size_t len = strlen(rest);
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
-      if (ends(rest, len, subs[i].suffix)) {
-        HIT(subs[i].rt, subs[i].fn, subs[i].role, subs[i].method);
-        *id = lg__strndup(rest, len - strlen(subs[i].suffix));
-        return 1;
-      }
-    HIT(LG__RT_RUN_GET, lg__h_run_get, LG__ROLE_AGENT, "GET");
-    *id = lg__strdup(rest);
-    return 1;
-  }
-  if (starts(url, "/v1/groups/", &rest) && ends(rest, strlen(rest), "/cancel")) {
-    HIT(LG__RT_GROUP_CANCEL, lg__h_group_cancel, LG__ROLE_OPERATOR, "POST");
-    *id = lg__strndup(rest, strlen(rest) - 7);
-    return 1;
-  }
-  if (!strcmp(url, "/v1/operations/claim")) {
-    HIT(LG__RT_OP_CLAIM, lg__h_op_claim, LG__ROLE_AGENT, "POST");
-    return 1;
-  }
-  if (starts(url, "/v1/operations/", &rest) && *rest) {
-    size_t len = strlen(rest);
-    if (!strcmp(method, "POST") && ends(rest, len, "/commit")) {
-      HIT(LG__RT_OP_COMMIT, lg__h_op_commit, LG__ROLE_AGENT, "POST");
-      *id = lg__strndup(rest, len - 7);
-    } else if (!strcmp(method, "POST") && ends(rest, len, "/fail")) {
-      HIT(LG__RT_OP_FAIL, lg__h_op_fail, LG__ROLE_AGENT, "POST");
-      *id = lg__strndup(rest, len - 5);
+    if (ns == 3) {
+      HIT(LG__RT_RUN_GET, lg__h_run_get, LG__ROLE_AGENT, "GET");
+    } else if (ns == 4) {
+      size_t i = 0;
+      for (; i < sizeof subs / sizeof subs[0]; i++)
+        if (len[3] == strlen(subs[i].suffix) && !memcmp(seg[3], subs[i].suffix, len[3])) break;
+      if (i == sizeof subs / sizeof subs[0]) return 0;
+      HIT(subs[i].rt, subs[i].fn, subs[i].role, subs[i].method);
     } else {
-      HIT(LG__RT_OP_GET, lg__h_op_get, LG__ROLE_AGENT, "GET");
-      *id = lg__strdup(rest);
+      return 0;
     }
-    return 1;
+    return (rc = ID(2, "run_id", false)) ? rc : 1;
+  }
+  if (IS(1, "groups") && ns == 4 && IS(3, "cancel")) {
+    HIT(LG__RT_GROUP_CANCEL, lg__h_group_cancel, LG__ROLE_OPERATOR, "POST");
+    return (rc = ID(2, "group", false)) ? rc : 1;
+  }
+  if (IS(1, "operations")) {
+    if (ns == 3 && IS(2, "claim")) {
+      HIT(LG__RT_OP_CLAIM, lg__h_op_claim, LG__ROLE_AGENT, "POST");
+      return 1;
+    }
+    if (ns == 3) {
+      HIT(LG__RT_OP_GET, lg__h_op_get, LG__ROLE_AGENT, "GET");
+    } else if (ns == 4 && IS(3, "commit")) {
+      HIT(LG__RT_OP_COMMIT, lg__h_op_commit, LG__ROLE_AGENT, "POST");
+    } else if (ns == 4 && IS(3, "fail")) {
+      HIT(LG__RT_OP_FAIL, lg__h_op_fail, LG__ROLE_AGENT, "POST");
+    } else {
+      return 0;
+    }
+    return (rc = ID(2, "key", true)) ? rc : 1;
   }
   /* The shared budgets (the spend gate). Roles: PUT is operator; GET,
    * reserve and settle are agent. */
-  if (starts(url, "/v1/budgets/", &rest) && *rest) {
+  if (IS(1, "budgets") && ns == 3) {
     HIT(LG__RT_BUDGETS, lg__h_budgets, !strcmp(method, "PUT") ? LG__ROLE_OPERATOR : LG__ROLE_AGENT,
         method);
-    *id = lg__strdup(rest);
-    return 1;
+    return (rc = ID(2, "scope", true)) ? rc : 1;
   }
+#undef ID
 #undef HIT
+#undef IS
   return 0;
 }
 
-static int route_or_oom(const char *url, const char *method, route_hit_t *hit, char **id) {
-  int found = route(url, method, hit, id);
-  bool wants_id = found && hit->route != LG__RT_HEALTHZ && hit->route != LG__RT_METRICS &&
-                  hit->route != LG__RT_OPENAPI && hit->route != LG__RT_BUDGET_LIST &&
-                  hit->route != LG__RT_RUN_LIST && hit->route != LG__RT_RUN_CREATE &&
-                  hit->route != LG__RT_OP_CLAIM;
-  return wants_id && !*id ? -1 : found;
+int lg__http_probe(const char *target, size_t n, const char *method, char **id, char **body,
+                   size_t *body_len) {
+  lg__req_t rq;
+  memset(&rq, 0, sizeof rq);
+  *id = NULL;
+  *body = NULL;
+  *body_len = 0;
+  const char *q = memchr(target, '?', n);
+  size_t plen = q ? (size_t)(q - target) : n;
+  route_hit_t hit;
+  int found = route(&rq, target, plen, method, &hit);
+  int rc = found;
+  if (found == 0) {
+    lg__req_error(&rq, 404, "not_found", NULL, "no endpoint %s %.*s", method, (int)plen, target);
+    rc = 404;
+  } else if (found == -1) {
+    rc = 400;
+  } else if (found == -2) {
+    rc = 500;
+  }
+  *id = rq.id_buf;
+  *body = lg__buf_steal(&rq.out, body_len);
+  return rc;
+}
+
+/* ---- the open mode's rules (no tokens: loopback only) ----
+ *
+ * A browser on the same machine can reach a loopback server: a page can
+ * POST a "simple" request (text/plain, a form) to 127.0.0.1 without a
+ * preflight, and DNS rebinding can make evil.example resolve to 127.0.0.1
+ * so that its scripts read the answers. So, with no tokens, a request must
+ * name a loopback host (localhost, 127.x.x.x, [::1], any port), must not
+ * come from a foreign Origin (none, "null" refused, or a loopback origin on
+ * this server's port), and a body must be application/json (which a page
+ * cannot send cross-origin without a preflight that this server does not
+ * answer). */
+
+/* 1 when [h, h+n) (a Host value or an Origin's host[:port]) names a
+ * loopback host; *port gets the port (-1 when absent, -2 when malformed). */
+int lg__http_loopback_host(const char *h, size_t n, long *port) {
+  const char *end = h + n, *colon = NULL, *name_end;
+  *port = -1;
+  if (n && h[0] == '[') {
+    const char *close = memchr(h, ']', n);
+    if (!close) return 0;
+    name_end = close + 1;
+    if (name_end < end) {
+      if (*name_end != ':') return 0;
+      colon = name_end;
+    }
+    if (!((size_t)(close - h) == 4 && !memcmp(h, "[::1", 4))) return 0;
+  } else {
+    colon = memchr(h, ':', n);
+    name_end = colon ? colon : end;
+    size_t hl = (size_t)(name_end - h);
+    bool ok = false;
+    if ((hl == 9 && !strncasecmp(h, "localhost", 9)) ||
+        (hl == 10 && !strncasecmp(h, "localhost.", 10))) {
+      ok = true;
+    } else if (hl >= 7 && hl <= 15 && !memcmp(h, "127.", 4)) {
+      int dots = 0, digits = 0;
+      ok = true;
+      for (const char *q = h; q < name_end; q++) {
+        if (*q == '.') {
+          if (!digits) ok = false;
+          dots++, digits = 0;
+        } else if (*q >= '0' && *q <= '9' && digits < 3) {
+          digits++;
+        } else {
+          ok = false;
+        }
+      }
+      if (dots != 3 || !digits) ok = false;
+    }
+    if (!ok) return 0;
+  }
+  if (colon) {
+    long v = 0;
+    const char *q = colon + 1;
+    if (q == end) return 0;
+    for (; q < end; q++) {
+      if (*q < '0' || *q > '9' || v > 65535) return 0;
+      v = v * 10 + (*q - '0');
+    }
+    if (v > 65535) return 0;
+    *port = v;
+  }
+  return 1;
+}
+
+/* The open mode's checks: 0, or an error filled in rq. */
+static int open_mode_checks(lg_server_t *srv, lg__req_t *rq, struct MHD_Connection *c) {
+  const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+  long port;
+  if (!host || !lg__http_loopback_host(host, strlen(host), &port)) {
+    lg__req_error(rq, 403, "forbidden", "Host",
+                  "Host: with no tokens configured the server answers only requests that name a "
+                  "loopback host (localhost, 127.0.0.1, [::1]); got \"%s\"",
+                  host ? host : "(none)");
+    return -1;
+  }
+  const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+  if (origin) {
+    const char *h = !strncasecmp(origin, "http://", 7) ? origin + 7 : NULL;
+    long oport = -1;
+    int ok = h && lg__http_loopback_host(h, strlen(h), &oport) && oport == srv->port;
+    if (!ok) {
+      lg__req_error(rq, 403, "forbidden", "Origin",
+                    "Origin: with no tokens configured, requests from web pages of other origins "
+                    "are refused; got \"%s\"",
+                    origin);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* 1 when the request has a body (a Content-Length above 0, or chunked). */
+static int has_body(struct MHD_Connection *c) {
+  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (cl && strcmp(cl, "0")) return 1;
+  return MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+}
+
+/* 1 when the Content-Type is application/json (parameters allowed). */
+static int is_json_type(const char *ct) {
+  if (!ct) return 0;
+  while (*ct == ' ' || *ct == '\t') ct++;
+  if (strncasecmp(ct, "application/json", 16)) return 0;
+  ct += 16;
+  while (*ct == ' ' || *ct == '\t') ct++;
+  return !*ct || *ct == ';';
+}
+
+/* The size of the request head MHD has kept (line and headers). */
+typedef struct head_size {
+  size_t n;
+} head_size_t;
+static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value) {
+  (void)kind;
+  head_size_t *hs = cls;
+  hs->n += strlen(key) + (value ? strlen(value) : 0) + 4;
+  return MHD_YES;
 }
 
 /* Called by the committer: the connection may go on. */
-static void job_done(lg__job_t *j) { MHD_resume_connection((struct MHD_Connection *)j->owner); }
+static void job_done(lg__job_t *j) {
+  struct MHD_Connection *c = j->owner;
+  lg__loop_t *l = lg__conn_loop(c); /* before: once resumed, c may go */
+  MHD_resume_connection(c);
+  if (l) lg__loop_wake(l);
+}
 
 /* ---- answering ---- */
 
@@ -242,73 +557,129 @@ static void free_req(http_req_t *hr) {
   lg__buf_free(&hr->body);
   lg__buf_free(&hr->rq.out);
   lg__free(hr->rq.id_buf);
+  lg__free(hr->raw_uri);
   lg__free(hr);
+}
+
+void *lg__http_uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
+  lg_server_t *srv = cls;
+  http_req_t *hr = lg__calloc(1, sizeof *hr);
+  if (!hr) return NULL; /* the access handler refuses the request */
+  atomic_fetch_add(&srv->inflight, 1);
+  hr->t0_ns = mono_ns();
+  hr->raw_len = uri ? strlen(uri) : 0;
+  hr->raw_uri = lg__strndup(uri ? uri : "", hr->raw_len > LG__MAX_URI ? LG__MAX_URI : hr->raw_len);
+  lg__conn_phase(srv, c, LG__PH_REQUEST);
+  return hr;
+}
+
+/* The checks of the headers, in order: the request line (414), the head's
+ * size (431), the open mode's Host and Origin (403), the token (401:
+ * before any 404 or 405, so that an unauthenticated client learns nothing
+ * of the paths), a bad id (400), the path (404), the method (405), the
+ * role (403), the body's type (415). Leaves an error in hr->rq
+ * (hr->errored) or the handler in hr->handler. */
+static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t *hr,
+                          const char *method) {
+  lg__req_t *rq = &hr->rq;
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    lg__req_error(rq, __VA_ARGS__);                                                                \
+    hr->errored = 1;                                                                               \
+    return;                                                                                        \
+  } while (0)
+  if (!hr->raw_uri) FAIL(500, "internal", NULL, "out of memory");
+  if (hr->raw_len > LG__MAX_URI)
+    FAIL(414, "uri_too_long", "path", "the request target is %zu bytes; the limit is %d",
+         hr->raw_len, LG__MAX_URI);
+  head_size_t hs = {hr->raw_len + strlen(method) + 12};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_size, &hs);
+  if (hs.n > LG__MAX_HEAD)
+    FAIL(431, "headers_too_large", "headers", "the request head is %zu bytes; the limit is %d",
+         hs.n, LG__MAX_HEAD);
+  if (!srv->auth.n && open_mode_checks(srv, rq, c)) {
+    hr->errored = 1;
+    return;
+  }
+  const char *path = hr->raw_uri;
+  const char *q = strchr(path, '?');
+  size_t plen = q ? (size_t)(q - path) : strlen(path);
+  route_hit_t hit;
+  int found = route(rq, path, plen, method, &hit);
+  rq->route = hit.route;
+  rq->id = rq->id_buf;
+  lg__role_t role = LG__ROLE_NONE;
+  bool open_route = found > 0 && hit.role == LG__ROLE_NONE;
+  if (srv->auth.n && !open_route) {
+    role = lg__auth_role(&srv->auth,
+                         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
+    if (role == LG__ROLE_NONE)
+      FAIL(401, "unauthorized", NULL,
+           "a valid bearer token is required (Authorization: Bearer TOKEN)");
+  }
+  if (found == -2) FAIL(500, "internal", NULL, "out of memory");
+  if (found == -1) {
+    hr->errored = 1; /* the 400 of a bad id, filled by route() */
+    return;
+  }
+  if (!found) FAIL(404, "not_found", NULL, "no endpoint %s %.*s", method, (int)plen, path);
+  if (hit.route == LG__RT_BUDGETS) {
+    bool post = !strcmp(rq->id, "reserve") || !strcmp(rq->id, "settle");
+    if (post ? strcmp(method, "POST") != 0 : strcmp(method, "GET") && strcmp(method, "PUT")) {
+      rq->allow = post ? "POST" : "GET, PUT";
+      FAIL(405, "invalid_request", NULL, "%s %.*s: method not allowed; use %s", method, (int)plen,
+           path, rq->allow);
+    }
+  } else if (strcmp(method, hit.method)) {
+    rq->allow = hit.allow ? hit.allow : hit.method;
+    FAIL(405, "invalid_request", NULL, "%s %.*s: method not allowed; use %s", method, (int)plen,
+         path, hit.method);
+  }
+  if (srv->auth.n && hit.role != LG__ROLE_NONE && (int)role < hit.role)
+    FAIL(403, "forbidden", NULL, "%s %.*s needs the operator role", method, (int)plen, path);
+  if (has_body(c) &&
+      !is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
+    FAIL(415, "unsupported_media_type", "Content-Type",
+         "Content-Type: a request body must be application/json");
+  hr->handler = hit.handler;
+#undef FAIL
 }
 
 enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char *url,
                                 const char *method, const char *version, const char *upload,
                                 size_t *upload_size, void **con_cls) {
   (void)version;
+  (void)url; /* decoded by libmicrohttpd: routing uses the raw target */
   lg_server_t *srv = cls;
   http_req_t *hr = *con_cls;
-  if (!hr) { /* the headers are in */
-    hr = lg__calloc(1, sizeof *hr);
-    if (!hr) return MHD_NO;
-    *con_cls = hr;
-    atomic_fetch_add(&srv->inflight, 1);
-    hr->t0_ns = mono_ns();
+  if (!hr) return MHD_NO; /* the URI log callback ran out of memory */
+  if (!hr->headers_seen) { /* the headers are in */
+    hr->headers_seen = 1;
     lg__req_t *rq = &hr->rq;
     rq->srv = srv;
     rq->conn = c;
     rq->method = method; /* MHD keeps it for the whole request */
-    route_hit_t hit;
-    char *id = NULL;
-    int found = route_or_oom(url, method, &hit, &id);
-    rq->route = hit.route;
-    rq->id_buf = id;
-    rq->id = id;
-    if (found < 0) {
-      lg__req_error(rq, 500, "internal", NULL, "out of memory");
-      hr->errored = 1;
-    } else if (!found) {
-      lg__req_error(rq, 404, "not_found", NULL, "no endpoint %s %s", method, url);
-      hr->errored = 1;
-    } else if (hit.route == LG__RT_BUDGETS &&
-               strcmp(method, !strcmp(id, "reserve") || !strcmp(id, "settle") ? "POST" : "GET") &&
-               strcmp(method, !strcmp(id, "reserve") || !strcmp(id, "settle") ? "POST" : "PUT")) {
-      rq->allow = !strcmp(id, "reserve") || !strcmp(id, "settle") ? "POST" : "GET, PUT";
-      lg__req_error(rq, 405, "invalid_request", NULL, "%s %s: method not allowed; use %s", method,
-                    url, rq->allow);
-      hr->errored = 1;
-    } else if (hit.route != LG__RT_BUDGETS && strcmp(method, hit.method)) {
-      rq->allow = hit.allow ? hit.allow : hit.method;
-      lg__req_error(rq, 405, "invalid_request", NULL, "%s %s: method not allowed; use %s", method,
-                    url, hit.method);
-      hr->errored = 1;
-    } else if (hit.role != LG__ROLE_NONE && srv->auth.n) {
-      lg__role_t role =
-          lg__auth_role(&srv->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
-      if (role == LG__ROLE_NONE) {
-        lg__req_error(rq, 401, "unauthorized", NULL,
-                      "a valid bearer token is required (Authorization: Bearer TOKEN)");
-        hr->errored = 1;
-      } else if ((int)role < hit.role) {
-        lg__req_error(rq, 403, "forbidden", NULL, "%s %s needs the operator role", method, url);
-        hr->errored = 1;
-      }
-    }
-    hr->handler = hr->errored ? NULL : hit.handler;
-    /* A declared body over the limit: refused now, without reading it. */
+    rq->route = LG__RT_OTHER;
+    check_headers(srv, c, hr, method);
+    /* A declared body over the limit: 413 (after a 401: the token comes
+     * first). With "Expect: 100-continue" the client waits, so the answer
+     * goes now, and so it does when the body is far over the limit; any
+     * other client is sending the body already, so it is read and dropped
+     * (bounded: LG__DRAIN_*) and the 413 answered once it is in: closing
+     * on unread bytes resets the connection before the client has read
+     * the answer. */
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
-      char *end;
-      unsigned long long n = strtoull(cl, &end, 10);
+      unsigned long long n = strtoull(cl, NULL, 10);
       if (n > srv->o.max_body) {
-        lg__req_error(rq, 413, "payload_too_large", "body",
-                      "the body is %llu bytes; the limit is %zu bytes", n, srv->o.max_body);
+        if (!hr->errored || rq->status != 401)
+          lg__req_error(rq, 413, "payload_too_large", "body",
+                        "the body is %llu bytes; the limit is %zu bytes", n, srv->o.max_body);
         hr->errored = 1;
         hr->handler = NULL;
-        return answer(srv, c, hr);
+        const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if ((ex && !strcasecmp(ex, "100-continue")) || n > LG__DRAIN_BYTES)
+          return answer(srv, c, hr);
       }
     }
     return MHD_YES;
@@ -317,21 +688,21 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
     size_t n = *upload_size;
     *upload_size = 0;
     if (hr->answered) return MHD_YES; /* answered early: the rest is dropped */
-    if (mono_ns() - hr->t0_ns > (uint64_t)srv->o.timeout_s * 1000000000u)
-      return MHD_NO; /* a client that trickles its body: cut off */
-    if (hr->body.len + n > srv->o.max_body) {
-      if (!hr->errored || hr->rq.status != 413) {
-        lg__req_error(&hr->rq, 413, "payload_too_large", "body",
-                      "the body is over the limit of %zu bytes", srv->o.max_body);
-        hr->errored = 1;
-        hr->handler = NULL;
-        /* Answer now when libmicrohttpd allows it mid-body; else cut the
-         * connection rather than read an unbounded body. */
-        if (answer(srv, c, hr) != MHD_YES) return MHD_NO;
-      }
+    if (hr->errored) { /* read and dropped, bounded */
+      hr->dropped += n;
+      if (hr->dropped > LG__DRAIN_BYTES || mono_ns() - hr->t0_ns > LG__DRAIN_NS) return MHD_NO;
       return MHD_YES;
     }
-    if (!hr->errored && lg__buf_append(&hr->body, upload, n)) return MHD_NO;
+    if (hr->body.len + n > srv->o.max_body) { /* chunked, grown past the limit */
+      lg__req_error(&hr->rq, 413, "payload_too_large", "body",
+                    "the body is over the limit of %zu bytes", srv->o.max_body);
+      hr->errored = 1;
+      hr->handler = NULL;
+      hr->dropped = hr->body.len + n;
+      lg__buf_free(&hr->body);
+      return MHD_YES;
+    }
+    if (lg__buf_append(&hr->body, upload, n)) return MHD_NO;
     return MHD_YES;
   }
   if (hr->answered) return MHD_YES;
@@ -342,6 +713,7 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
     return answer(srv, c, hr);
   }
   /* The whole request is in. */
+  lg__conn_phase(srv, c, LG__PH_BUSY);
   if (!hr->errored && hr->handler) {
     rq->body = hr->body.data ? hr->body.data : "";
     rq->body_len = hr->body.len;
@@ -362,10 +734,10 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
 
 void lg__http_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                         enum MHD_RequestTerminationCode toe) {
-  (void)c;
   (void)toe;
   lg_server_t *srv = cls;
   http_req_t *hr = *con_cls;
+  lg__conn_phase(srv, c, LG__PH_IDLE);
   if (!hr) return;
   *con_cls = NULL;
   /* Parked, then resumed, but the client went away before its answer was

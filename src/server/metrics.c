@@ -107,6 +107,14 @@ int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b) {
     lg__buf_printf(b, "loopguard_budget_refusals_total{limit_source=\"%s\"} %llu\n", limit_sources[i],
                    (unsigned long long)GET(m->budget_refusals[i]));
   lg__buf_printf(b,
+                 "# HELP loopguard_connections_cut_total Connections the server closed: a "
+                 "request or an idle connection past --timeout (deadline), or the oldest idle "
+                 "one to make room (evicted).\n"
+                 "# TYPE loopguard_connections_cut_total counter\n"
+                 "loopguard_connections_cut_total{reason=\"deadline\"} %llu\n"
+                 "loopguard_connections_cut_total{reason=\"evicted\"} %llu\n",
+                 (unsigned long long)GET(m->conn_cut[0]), (unsigned long long)GET(m->conn_cut[1]));
+  lg__buf_printf(b,
                  "# HELP loopguard_runs_active Runs in the store that have not stopped.\n"
                  "# TYPE loopguard_runs_active gauge\n"
                  "loopguard_runs_active %lld\n",

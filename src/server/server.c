@@ -8,8 +8,9 @@
  * listening address itself (so that port 0 works and the address can be
  * checked: without tokens only a loopback address may be bound), and
  * starts libmicrohttpd on that socket with a pool of threads, one per core
- * by default, poll() (see below), keep-alive, a connection limit and an
- * idle timeout.
+ * for postgres:, or one event loop of ours in epoll mode for sqlite: and
+ * memory: (see "the event loop"), keep-alive, connection limits, and
+ * deadlines that a trickle cannot extend (see "connections").
  *
  * Threads and stores. libmicrohttpd calls the handlers on its pool
  * threads. With PostgreSQL each thread gets its own lg_store_t (a handle
@@ -36,7 +37,11 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdlib.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,12 +59,7 @@ int64_t lg__server_now(const lg_server_t *srv) {
 
 /* RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z. */
 static void rfc3339(int64_t ms, char out[32]) {
-  time_t secs = (time_t)(ms / 1000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  snprintf(out, 32, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", (tm.tm_year + 1900) % 10000,
-           (tm.tm_mon + 1) % 100, tm.tm_mday % 100, tm.tm_hour % 100, tm.tm_min % 100,
-           tm.tm_sec % 100, (int)(ms % 1000));
+  lg__time_rfc3339(ms, out); /* the one formatter: clamped to 0000..9999 */
 }
 
 void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields) {
@@ -299,6 +299,180 @@ out:
   return rc;
 }
 
+/* ---- connections: deadlines, eviction ----
+ *
+ * libmicrohttpd's --timeout is an idle timer: every byte restarts it, so a
+ * client that sends a header byte every few seconds holds its connection
+ * for ever, and a few thousand of them fill the connection limit and lock
+ * every other client out. So every connection is tracked here (its socket
+ * context) with its phase (lg__phase_t) and when the phase began, and a
+ * reaper thread cuts (shutdown(2); libmicrohttpd then sees the end of the
+ * stream and closes it) every connection that has been IDLE, or in its
+ * REQUEST, for longer than --timeout, whatever trickled in meanwhile. A
+ * request being handled, parked, or answered (BUSY) is never cut.
+ *
+ * And room is kept: past conn_soft connections (the hard limit less a
+ * reserve), a new connection cuts the oldest idle one, so a health check
+ * or a new client always gets in while slow or idle sockets hold the rest;
+ * libmicrohttpd's per-address limit keeps one address from taking them
+ * all. The socket is shut down under conn_mu, and a connection leaves the
+ * list (NOTIFY_CLOSED) before libmicrohttpd closes its descriptor, so a
+ * descriptor is never shut down after it was reused. */
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void cut_locked(lg__conn_t *k) {
+  if (k->cut || k->fd < 0) return;
+  k->cut = 1;
+  shutdown(k->fd, SHUT_RDWR);
+}
+
+static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode code) {
+  lg_server_t *srv = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    lg__conn_t *k = lg__calloc(1, sizeof *k);
+    *socket_context = k;
+    if (!k) return; /* untracked: libmicrohttpd's own idle timeout only */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = ci ? (int)ci->connect_fd : -1;
+    k->srv = srv;
+    k->mc = c;
+    if (srv->epoll_loop) {
+      const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
+      for (int i = 0; di && i < srv->nloops; i++)
+        if (srv->loops[i].mhd == di->daemon) k->loop = &srv->loops[i];
+    }
+    k->phase = LG__PH_IDLE;
+    k->since_ns = mono_ns();
+    pthread_mutex_lock(&srv->conn_mu);
+    k->next = srv->conns;
+    if (srv->conns) srv->conns->prev = k;
+    srv->conns = k;
+    srv->nconns++;
+    if (srv->nconns > srv->conn_soft) { /* make room: the oldest idle one goes */
+      lg__conn_t *old = NULL;
+      for (lg__conn_t *x = k->next; x; x = x->next)
+        if (x->phase == LG__PH_IDLE && !x->cut && (!old || x->since_ns < old->since_ns)) old = x;
+      if (old) {
+        cut_locked(old);
+        atomic_fetch_add(&srv->metrics.conn_cut[1], 1);
+      }
+    }
+    pthread_mutex_unlock(&srv->conn_mu);
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    lg__conn_t *k = *socket_context;
+    if (!k) return;
+    pthread_mutex_lock(&srv->conn_mu);
+    if (k->prev) k->prev->next = k->next;
+    else srv->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    srv->nconns--;
+    pthread_mutex_unlock(&srv->conn_mu);
+    lg__free(k);
+    *socket_context = NULL;
+  }
+}
+
+void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  lg__conn_t *k = ci ? ci->socket_context : NULL;
+  if (!k) return;
+  uint64_t now = mono_ns();
+  pthread_mutex_lock(&srv->conn_mu);
+  k->phase = ph;
+  k->since_ns = now;
+  pthread_mutex_unlock(&srv->conn_mu);
+}
+
+lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  lg__conn_t *k = ci ? ci->socket_context : NULL;
+  return k ? k->loop : NULL;
+}
+
+/* ---- the event loops (epoll) ----
+ *
+ * With libmicrohttpd 0.9.75's own epoll thread (MHD_USE_EPOLL_INTERNAL_THREAD)
+ * connections resumed by the committer were at times left unserved for
+ * seconds (test_server_liveness). Its poll() mode has no such bug, but
+ * scans every socket on every wake-up: 2,000 idle keep-alive connections
+ * made a decision nine times slower. So, for the stores whose decisions
+ * are parked for the group commit (sqlite:, memory:), libmicrohttpd runs
+ * in epoll mode without a thread of its own: --threads daemons share the
+ * listening socket, each driven by a loop of ours: MHD_run, then wait on
+ * the daemon's epoll descriptor and on an eventfd that lg__loop_wake
+ * writes after every MHD_resume_connection of one of its connections, for
+ * at most the daemon's next timeout. A resume between MHD_run and the wait
+ * leaves the eventfd readable, so no wake-up is lost. */
+
+void lg__loop_wake(lg__loop_t *l) {
+  if (!l || l->efd < 0) return;
+  uint64_t one = 1;
+  ssize_t w = write(l->efd, &one, sizeof one);
+  (void)w; /* a full counter is a pending wake-up already */
+}
+
+static void *loop_main(void *arg) {
+  lg__loop_t *l = arg;
+  lg_server_t *srv = l->srv;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+  struct epoll_event ev = {.events = EPOLLIN};
+  ev.data.u32 = 1;
+  if (ep >= 0 && di) epoll_ctl(ep, EPOLL_CTL_ADD, di->epoll_fd, &ev);
+  ev.data.u32 = 2;
+  if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, l->efd, &ev);
+  while (!atomic_load(&srv->loop_stop)) {
+    MHD_run(l->mhd);
+    MHD_UNSIGNED_LONG_LONG to = 0;
+    int ms = 1000;
+    if (MHD_get_timeout(l->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
+    struct epoll_event got[4];
+    int n = ep >= 0 ? epoll_wait(ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
+    for (int i = 0; i < n; i++)
+      if (got[i].data.u32 == 2) {
+        uint64_t v;
+        ssize_t r = read(l->efd, &v, sizeof v);
+        (void)r;
+      }
+  }
+  if (ep >= 0) close(ep);
+  return NULL;
+}
+
+static void *reaper_main(void *arg) {
+  lg_server_t *srv = arg;
+  uint64_t limit = (uint64_t)srv->o.timeout_s * 1000000000u;
+  while (!atomic_load(&srv->reaper_stop)) {
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    uint64_t now = mono_ns();
+    pthread_mutex_lock(&srv->conn_mu);
+    for (lg__conn_t *k = srv->conns; k; k = k->next)
+      if (k->phase != LG__PH_BUSY && !k->cut && now > k->since_ns + limit) {
+        /* (not now - since: a phase may begin after `now` was read) */
+        cut_locked(k);
+        atomic_fetch_add(&srv->metrics.conn_cut[0], 1);
+      }
+    pthread_mutex_unlock(&srv->conn_mu);
+  }
+  return NULL;
+}
+
+static unsigned env_uint(const char *name, unsigned dflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
+  char *end;
+  unsigned long n = strtoul(v, &end, 10);
+  return *end || !n || n > 1000000 ? dflt : (unsigned)n;
+}
+
 /* ---- start ---- */
 
 static int online_cores(void) {
@@ -334,6 +508,7 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   pthread_mutex_init(&srv->wlist_mu, NULL);
   pthread_mutex_init(&srv->pol_mu, NULL);
   pthread_mutex_init(&srv->log_mu, NULL);
+  pthread_mutex_init(&srv->conn_mu, NULL);
   int key_ok = pthread_key_create(&srv->wkey, NULL) == 0;
   if (!srv->o.listen || !srv->o.store_url || (opts->tokens_file && !srv->o.tokens_file) ||
       (opts->policy_file && !srv->o.policy_file) || (opts->prices_file && !srv->o.prices_file) ||
@@ -412,33 +587,95 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   }
   /* The address, last: nothing binds before the rest is known good. */
   if (bind_listen(srv, err)) goto fail;
+  /* Connections: at most 16384 (LOOPGUARD_MAX_CONNECTIONS), within the
+   * descriptors this process may open; 1/64 of them (at least 16) kept as
+   * room (see notify_conn); one address may hold a quarter of them (at
+   * least 64; LOOPGUARD_MAX_PER_IP). */
   struct rlimit rl;
-  unsigned conn_limit = 4096;
+  unsigned conn_limit = env_uint("LOOPGUARD_MAX_CONNECTIONS", 16384);
   if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
     unsigned room = rl.rlim_cur > 64 + (rlim_t)srv->o.threads * 4
                         ? (unsigned)(rl.rlim_cur - 64 - (rlim_t)srv->o.threads * 4)
                         : 16;
     if (room < conn_limit) conn_limit = room;
   }
-  /* poll(), not epoll: with libmicrohttpd 0.9.75 (Debian 12) in epoll
-   * mode, connections the committer resumed were at times not served again
-   * for seconds, every connection waiting (test_server_liveness caught it;
-   * so did wrk at 200 connections, in 4 runs of 7). poll also costs less a
-   * request here, as epoll mode takes a suspended connection out of the
-   * epoll set and puts it back: two system calls a decision. */
+  if (conn_limit < 32) conn_limit = 32;
+  unsigned reserve = conn_limit / 64 < 16 ? 16 : conn_limit / 64;
+  srv->conn_limit = conn_limit;
+  srv->conn_soft = conn_limit - reserve;
+  srv->per_ip = env_uint("LOOPGUARD_MAX_PER_IP", conn_limit / 4 < 64 ? 64 : conn_limit / 4);
+  if (pthread_create(&srv->reaper, NULL, reaper_main, srv)) {
+    lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+    goto fail;
+  }
+  srv->reaper_started = 1;
+  /* The event loop: see loop_main. poll() (LOOPGUARD_EVENT_LOOP=poll, for
+   * comparison) scans every socket on every wake-up; libmicrohttpd's own
+   * epoll thread loses resumed connections for seconds (0.9.75). */
+  const char *el = getenv("LOOPGUARD_EVENT_LOOP");
+  srv->epoll_loop = !(el && !strcmp(el, "poll"));
   unsigned flags =
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
       MHD_USE_TURBO;
-  srv->mhd = MHD_start_daemon(
-      flags, 0, NULL, NULL, lg__http_access, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
-      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, conn_limit,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
-      lg__http_completed, srv, MHD_OPTION_END);
-  if (!srv->mhd) {
-    lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
-    goto fail;
+  if (srv->epoll_loop && !srv->shared) {
+    /* postgres: no connection is ever parked (each thread decides on its
+     * own connection), so libmicrohttpd's epoll threads serve it. */
+    flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
+    srv->epoll_loop = 0;
   }
+#define LG__MHD_OPTIONS(limit, per_ip)                                                             \
+  MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,                         \
+      (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(limit),                  \
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(per_ip), MHD_OPTION_CONNECTION_MEMORY_LIMIT,  \
+      (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED, lg__http_completed, srv,                  \
+      MHD_OPTION_URI_LOG_CALLBACK, lg__http_uri_log, srv, MHD_OPTION_NOTIFY_CONNECTION,            \
+      notify_conn, srv
+  if (srv->epoll_loop) {
+    /* sqlite:, memory: connections are parked for the group commit and
+     * resumed by the committer: --threads daemons, each with its loop
+     * (loop_main), each a share of the limits. */
+    flags = MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
+    int n = srv->o.threads > 32 ? 32 : srv->o.threads;
+    srv->loops = lg__calloc((size_t)n, sizeof *srv->loops);
+    if (!srv->loops) {
+      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      goto fail;
+    }
+    unsigned per_ip = srv->per_ip / (unsigned)n ? srv->per_ip / (unsigned)n : 1;
+    for (int i = 0; i < n; i++) {
+      lg__loop_t *l = &srv->loops[i];
+      l->srv = srv;
+      l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      srv->nloops = i + 1;
+      if (l->efd < 0) {
+        lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
+        goto fail;
+      }
+      l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, lg__http_access, srv,
+                                LG__MHD_OPTIONS(conn_limit / (unsigned)n, per_ip), MHD_OPTION_END);
+      if (!l->mhd) {
+        lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+        goto fail;
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      if (pthread_create(&srv->loops[i].th, NULL, loop_main, &srv->loops[i])) {
+        lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+        goto fail;
+      }
+      srv->loops[i].started = 1;
+    }
+    srv->mhd = srv->loops[0].mhd;
+  } else {
+    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, lg__http_access, srv,
+                                MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads,
+                                LG__MHD_OPTIONS(conn_limit, srv->per_ip), MHD_OPTION_END);
+    if (!srv->mhd) {
+      lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+      goto fail;
+    }
+  }
+#undef LG__MHD_OPTIONS
   count_active(srv, st);
   /* The start-up block of the log. */
   {
@@ -527,6 +764,31 @@ static void sleep_ms(int ms) {
   }
 }
 
+/* Stops the event loops: their threads first (MHD_stop_daemon then runs
+ * on this one), then their daemons, each quiesced first so that none
+ * closes the listening socket they share. */
+static void stop_loops(lg_server_t *srv) {
+  atomic_store(&srv->loop_stop, 1);
+  for (int i = 0; i < srv->nloops; i++)
+    if (srv->loops[i].started) {
+      lg__loop_wake(&srv->loops[i]);
+      pthread_join(srv->loops[i].th, NULL);
+      srv->loops[i].started = 0;
+    }
+  for (int i = 0; i < srv->nloops; i++) {
+    if (srv->loops[i].mhd) {
+      (void)MHD_quiesce_daemon(srv->loops[i].mhd);
+      MHD_stop_daemon(srv->loops[i].mhd);
+    }
+    srv->loops[i].mhd = NULL;
+    if (srv->loops[i].efd >= 0) close(srv->loops[i].efd);
+    srv->loops[i].efd = -1;
+  }
+  lg__free(srv->loops);
+  srv->loops = NULL;
+  srv->nloops = 0;
+}
+
 int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
   if (!srv || srv->stopped) return 0;
   srv->stopped = 1;
@@ -534,7 +796,17 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
   if (drain_ms <= 0) drain_ms = 10000;
   if (srv->mhd) {
     atomic_store(&srv->draining, 1);
-    MHD_socket ls = MHD_quiesce_daemon(srv->mhd);
+    /* Every daemon stops accepting; the socket they share is closed once. */
+    MHD_socket ls = MHD_INVALID_SOCKET;
+    if (srv->epoll_loop) {
+      for (int i = 0; i < srv->nloops; i++)
+        if (srv->loops[i].mhd) {
+          MHD_socket x = MHD_quiesce_daemon(srv->loops[i].mhd);
+          if (x != MHD_INVALID_SOCKET) ls = x;
+        }
+    } else {
+      ls = MHD_quiesce_daemon(srv->mhd);
+    }
     if (ls != MHD_INVALID_SOCKET) close(ls);
     srv->listen_fd = -1;
     int waited = 0;
@@ -552,13 +824,22 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
       waited += 5;
     }
     if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
-    MHD_stop_daemon(srv->mhd);
+    if (srv->epoll_loop) stop_loops(srv);
+    else MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
     lg__batcher_free(srv->batcher);
     srv->batcher = NULL;
-    char f[96];
-    snprintf(f, sizeof f, "\"drained\":%s,\"waited_ms\":%d", rc ? "false" : "true", waited);
+    char f[160];
+    snprintf(f, sizeof f, "\"drained\":%s,\"waited_ms\":%d,\"cut_deadline\":%llu,\"cut_evicted\":%llu",
+             rc ? "false" : "true", waited, (unsigned long long)atomic_load(&srv->metrics.conn_cut[0]),
+             (unsigned long long)atomic_load(&srv->metrics.conn_cut[1]));
     lg__server_log(srv, "info", "stop", f);
+  }
+  stop_loops(srv); /* after a start that failed half way */
+  if (srv->reaper_started) { /* after the daemon: no connection is left */
+    atomic_store(&srv->reaper_stop, 1);
+    pthread_join(srv->reaper, NULL);
+    srv->reaper_started = 0;
   }
   lg__batcher_free(srv->batcher); /* when MHD never started */
   srv->batcher = NULL;
@@ -609,5 +890,6 @@ void lg_server_free(lg_server_t *srv) {
   pthread_mutex_destroy(&srv->wlist_mu);
   pthread_mutex_destroy(&srv->pol_mu);
   pthread_mutex_destroy(&srv->log_mu);
+  pthread_mutex_destroy(&srv->conn_mu);
   lg__free(srv);
 }

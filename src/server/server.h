@@ -106,6 +106,8 @@ typedef struct lg__metrics {
   _Atomic uint64_t hist_sum_ns[LG__RT__COUNT];          /* total seconds, ns */
   _Atomic uint64_t requests[LG__RT__COUNT][LG__CODE_SLOTS]; /* by code slot */
   _Atomic int codes[LG__CODE_SLOTS];                    /* slot -> HTTP code */
+  _Atomic uint64_t conn_cut[2];                         /* connections cut: past a
+                                                           deadline, evicted for room */
   _Atomic int64_t runs_active;                          /* last count */
   _Atomic int64_t runs_active_at_ms;                    /* when counted, 0 never */
 } lg__metrics_t;
@@ -192,6 +194,18 @@ typedef struct lg__body {
   const char *note;              /* resume */
 } lg__body_t;
 
+/* The range of a number field (body.c's one table, docs/security.md). */
+typedef struct lg__range {
+  const char *field;   /* JSON member name; NULL ends the table */
+  int64_t lo, hi;      /* whole numbers: lo..hi, inclusive */
+  double usd_lo, usd_hi; /* USD amounts (usd_hi > 0): usd_lo..usd_hi */
+  const char *what;    /* what it is, for the docs */
+} lg__range_t;
+const lg__range_t *lg__body_ranges(void);
+/* The first number field of a body without a range in the table (NULL:
+ * none; test_server_hardening checks that a new field gets one). */
+const char *lg__body_unranged(void);
+
 /* Parses body text for `kind` into *out (which need not be initialised). An empty body is
  * {}. On error returns LG_EPARSE / LG_EINVAL / LG_EDUPKEY with err->field
  * naming the field ("args", "body" for the document itself) and
@@ -225,6 +239,18 @@ typedef struct lg__pol_slot {
 } lg__pol_slot_t;
 #define LG__POL_SLOTS 64
 
+typedef struct lg__conn lg__conn_t; /* below */
+
+/* One event loop (server.c): a libmicrohttpd daemon in epoll mode on the
+ * shared listening socket, and the thread that runs it. */
+typedef struct lg__loop {
+  struct lg_server *srv;      /* its server */
+  struct MHD_Daemon *mhd;     /* its daemon (NULL: not started) */
+  int efd;                    /* eventfd that wakes it (-1: none) */
+  pthread_t th;               /* runs loop_main */
+  int started;                /* th runs */
+} lg__loop_t;
+
 struct lg_server {
   lg_server_options_t o;      /* options with defaults filled (strings copied) */
   char *listen_host;          /* the host part of --listen, as given */
@@ -253,6 +279,19 @@ struct lg_server {
   pthread_mutex_t log_mu;     /* guards log */
   FILE *log;                  /* the log (stderr or log_path) */
   int log_owned;              /* log was opened here */
+  pthread_mutex_t conn_mu;    /* guards conns, nconns */
+  lg__conn_t *conns;          /* every open connection, newest first */
+  size_t nconns;              /* how many */
+  unsigned conn_limit;        /* libmicrohttpd's hard limit */
+  unsigned conn_soft;         /* past it, the oldest idle connection is cut */
+  unsigned per_ip;            /* connections from one address */
+  int epoll_loop;             /* 1: libmicrohttpd in epoll mode, driven by loops */
+  lg__loop_t *loops;          /* epoll_loop: one daemon and thread each */
+  int nloops;                 /* how many (--threads) */
+  _Atomic int loop_stop;
+  pthread_t reaper;           /* cuts connections past their deadlines */
+  int reaper_started;
+  _Atomic int reaper_stop;
   _Atomic int inflight;       /* requests begun and not completed */
   _Atomic int draining;       /* shutdown has begun */
   int stopped;                /* lg_server_shutdown done */
@@ -275,6 +314,57 @@ void lg__server_count_active(lg_server_t *srv, lg_store_t *st);
  * members text without braces, may be NULL)}. */
 void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields);
 
+/* What a connection is doing, for the deadlines and the eviction of
+ * server.c (the reaper). */
+typedef enum lg__phase {
+  LG__PH_IDLE = 0,  /* between requests (or before the first request line):
+                       closed after --timeout whatever trickles in */
+  LG__PH_REQUEST,   /* request line in, head and body arriving: the whole
+                       request must be in within --timeout of its line */
+  LG__PH_BUSY       /* handled, parked, or its answer being sent: never cut */
+} lg__phase_t;
+
+/* libmicrohttpd's memory a connection (its read buffer): http.c answers
+ * a request target or head too large for it in JSON (414, 431) before
+ * libmicrohttpd would in HTML. */
+#define LG__MHD_POOL (32 * 1024)
+
+/* One TCP connection (libmicrohttpd's socket context). */
+struct lg__conn {
+  lg_server_t *srv;          /* its server */
+  lg__loop_t *loop;          /* its event loop (NULL: libmicrohttpd's threads) */
+  struct MHD_Connection *mc; /* the connection */
+  int fd;                    /* its socket (shut down to cut it) */
+  int phase;                 /* lg__phase_t */
+  int cut;                   /* shut down already */
+  uint64_t since_ns;         /* when the phase began (monotonic) */
+  struct lg__conn *prev, *next; /* srv->conns */
+};
+
+/* Wakes the event loop of connection c (after MHD_resume_connection, from
+ * any thread): with the loops of server.c (epoll), a resumed connection is
+ * served at once. Must be read before resuming (lg__conn_loop). */
+lg__loop_t *lg__conn_loop(struct MHD_Connection *c);
+void lg__loop_wake(lg__loop_t *l);
+
+/* Sets the phase of connection c (from the libmicrohttpd threads). */
+void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);
+/* How many leading bytes of [s, s+n) are valid UTF-8 (n: all). */
+size_t lg__utf8_valid_prefix(const char *s, size_t n);
+
+/* For tests/fuzz/fuzz_http_route.c: routes the raw request target
+ * [target, target+n) for method as the server does. Returns 1 when a
+ * handler would run (*id: its decoded id, or NULL), else the status of the
+ * answer (400 a bad id, 404, 500) with *body its JSON (both new; lg__free). */
+int lg__http_probe(const char *target, size_t n, const char *method, char **id, char **body,
+                   size_t *body_len);
+/* 1 when [h, h+n), a Host value or an Origin's host[:port], names a
+ * loopback host; *port: its port, -1 when none. */
+int lg__http_loopback_host(const char *h, size_t n, long *port);
+
+/* libmicrohttpd's URI log callback (http.c): makes the request's state
+ * with the raw request target, before libmicrohttpd decodes it. */
+void *lg__http_uri_log(void *cls, const char *uri, struct MHD_Connection *c);
 /* libmicrohttpd's access handler and completion callback (http.c). */
 enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char *url,
                                 const char *method, const char *version, const char *upload,

@@ -302,6 +302,11 @@ char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
 }
 
 void lg__time_rfc3339(int64_t ms, char buf[32]) {
+  /* RFC 3339 has four-digit years: a time before 0000 or after 9999 (a
+   * clock or a sum gone wild) prints as the nearest end, never as a year
+   * of 292 million, a five-digit year cut short, or a bare number. */
+  if (ms < -62167219200000LL) ms = -62167219200000LL; /* 0000-01-01T00:00:00.000Z */
+  if (ms > 253402300799999LL) ms = 253402300799999LL; /* 9999-12-31T23:59:59.999Z */
   time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
   int milli = (int)(ms - (int64_t)secs * 1000);
   struct tm tm;
@@ -309,9 +314,8 @@ void lg__time_rfc3339(int64_t ms, char buf[32]) {
     snprintf(buf, 32, "%lld", (long long)ms);
     return;
   }
-  char day[16];
-  size_t n = strftime(day, sizeof day, "%Y-%m-%d", &tm);
-  if (!n) day[0] = 0;
-  snprintf(buf, 32, "%.10sT%02d:%02d:%02d.%03dZ", day, tm.tm_hour % 24, tm.tm_min % 60,
-           tm.tm_sec % 61, milli % 1000);
+  snprintf(buf, 32, "%04u-%02u-%02uT%02u:%02u:%02u.%03uZ", (unsigned)(tm.tm_year + 1900) % 10000u,
+           (unsigned)(tm.tm_mon + 1) % 100u, (unsigned)tm.tm_mday % 100u,
+           (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u, (unsigned)tm.tm_sec % 100u,
+           (unsigned)milli % 1000u);
 }

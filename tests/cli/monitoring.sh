@@ -24,7 +24,7 @@ url=${S_URL%/}
 post() { curl -s -XPOST -H 'Content-Type: application/json' "$url$1" -d "$2" >/dev/null; }
 post /v1/runs '{"run_id":"m1"}'
 for i in 1 2 3 4 5 6; do post /v1/runs/m1/calls '{"tool":"t","args":{"a":1},"turn":'$i'}'; done
-curl -s -XPUT "$url/v1/budgets/workspace:acme" -d '{"limit_usd":1,"period":"daily"}' >/dev/null
+curl -s -XPUT -H 'Content-Type: application/json' "$url/v1/budgets/workspace:acme" -d '{"limit_usd":1,"period":"daily"}' >/dev/null
 post /v1/budgets/reserve '{"scopes":["workspace:acme"],"amount_usd":0.8}'
 post /v1/budgets/reserve '{"scopes":["workspace:acme"],"amount_usd":0.8}'
 curl -s "$url/metrics" >"$TMP/metrics.txt"

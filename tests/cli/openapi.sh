@@ -64,9 +64,9 @@ PY
 
 note "every documented path and method is answered"
 # Things for the paths to name.
-curl -s -XPOST "$api_URL/v1/runs" -d '{"run_id":"r1","group":"g1"}' >/dev/null
-curl -s -XPOST "$api_URL/v1/operations/claim" -d '{"key":"k1","request_fingerprint":"fp"}' >/dev/null
-curl -s -XPUT "$api_URL/v1/budgets/key:alice" -d '{"limit_usd":1,"period":"daily"}' >/dev/null
+curl -s -XPOST "$api_URL/v1/runs" -H 'Content-Type: application/json' -d '{"run_id":"r1","group":"g1"}' >/dev/null
+curl -s -XPOST "$api_URL/v1/operations/claim" -H 'Content-Type: application/json' -d '{"key":"k1","request_fingerprint":"fp"}' >/dev/null
+curl -s -XPUT "$api_URL/v1/budgets/key:alice" -H 'Content-Type: application/json' -d '{"limit_usd":1,"period":"daily"}' >/dev/null
 probe() { # URL TOKEN_OR_EMPTY -> lines "METHOD PATH ROLE CODE"
   python3 - "$src/docs/openapi.json" "$1" "$2" <<'PY'
 import json, sys, urllib.request, urllib.error
@@ -80,6 +80,7 @@ for path, item in doc["paths"].items():
         data = b"{}" if meth in ("post", "put") else None
         rq = urllib.request.Request(url, data=data, method=meth.upper())
         if token: rq.add_header("Authorization", "Bearer " + token)
+        if data is not None: rq.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(rq, timeout=10) as r: code = r.status
         except urllib.error.HTTPError as e: code = e.code
@@ -93,7 +94,7 @@ if grep -E ' (404|405)$' "$TMP/open.txt"; then fail "documented operations the s
 note "$n operations answered"
 
 note "GET /v1/budgets lists the budgets"
-curl -s -XPUT "$api_URL/v1/budgets/workspace:acme" -d '{"limit_usd":2.5,"period":"monthly"}' >/dev/null
+curl -s -XPUT "$api_URL/v1/budgets/workspace:acme" -H 'Content-Type: application/json' -d '{"limit_usd":2.5,"period":"monthly"}' >/dev/null
 got=$(curl -s "$api_URL/v1/budgets" | jq_py '[(b["scope"], b["limit_usd"], b["period"]) for b in d["budgets"]]')
 [ "$got" = '[["key:alice", 1, "daily"], ["workspace:acme", 2.5, "monthly"]]' ] || fail "GET /v1/budgets: $got"
 stop_server api
@@ -107,7 +108,7 @@ stop_server empty
 note "roles, with tokens"
 printf 'agent tok-agent-0123456789abcdef\noperator tok-operator-0123456789abcdef\n' >"$TMP/tokens"
 start_server auth --store memory: --tokens "$TMP/tokens"
-curl -s -H 'Authorization: Bearer tok-operator-0123456789abcdef' -XPOST "$auth_URL/v1/runs" -d '{"run_id":"r1","group":"g1"}' >/dev/null
+curl -s -H 'Authorization: Bearer tok-operator-0123456789abcdef' -XPOST "$auth_URL/v1/runs" -H 'Content-Type: application/json' -d '{"run_id":"r1","group":"g1"}' >/dev/null
 probe "$auth_URL" "" >"$TMP/anon.txt" || fail "probing failed"
 while read -r meth path role code; do
   if [ "$role" = none ]; then

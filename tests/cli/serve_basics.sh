@@ -49,17 +49,17 @@ grep -q "prices:  1 models from $TMP/prices.json" "$A_OUT" || fail "no prices li
 grep -q '"event":"start"' "$TMP/a.log" || fail "no start-up block in the log"
 health=$(curl -sf "$A_URL/healthz") || fail "healthz failed"
 grep -q '"status":"ok"' <<<"$health" || fail "healthz: $health"
-block=$(curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p1"}' | jq_py 'd["policy"]["repeat"]["block"]')
+block=$(curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d '{"run_id":"p1"}' | jq_py 'd["policy"]["repeat"]["block"]')
 [ "$block" = 4 ] || fail "--policy not applied to new runs: block=$block"
 
 note "SIGHUP reopens the log"
-curl -sf -XPOST "$A_URL/v1/runs/p1/cancel" -d '{"reason":"before rotation"}' >/dev/null || fail cancel
+curl -sf -XPOST "$A_URL/v1/runs/p1/cancel" -H 'Content-Type: application/json' -d '{"reason":"before rotation"}' >/dev/null || fail cancel
 mv "$TMP/a.log" "$TMP/a.log.1"
 kill -HUP "$A_PID"
 for i in $(seq 50); do [ -s "$TMP/a.log" ] && break; sleep 0.05; done
 grep -q '"event":"log_reopened"' "$TMP/a.log" || fail "the log was not reopened"
-curl -sf -XPOST "$A_URL/v1/runs" -d '{"run_id":"p2"}' >/dev/null
-curl -sf -XPOST "$A_URL/v1/runs/p2/cancel" -d '{"reason":"after rotation"}' >/dev/null
+curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d '{"run_id":"p2"}' >/dev/null
+curl -sf -XPOST "$A_URL/v1/runs/p2/cancel" -H 'Content-Type: application/json' -d '{"reason":"after rotation"}' >/dev/null
 # the stop line may follow the answer: wait for it (up to 5 s), no fixed nap
 for i in $(seq 100); do grep -q '"operator_note":"after rotation"' "$TMP/a.log" && break; sleep 0.05; done
 grep -q '"operator_note":"after rotation"' "$TMP/a.log" || fail "a stop after SIGHUP went elsewhere"
@@ -75,14 +75,14 @@ def agent(i):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     run = "drain-%d" % i
     try:
-        c.request("POST", "/v1/runs", json.dumps({"run_id": run}))
+        c.request("POST", "/v1/runs", json.dumps({"run_id": run}), {"Content-Type": "application/json"})
         c.getresponse().read()
         for k in range(100000):
-            c.request("POST", "/v1/runs/%s/calls" % run, json.dumps({"tool": "t", "args": {"k": k}}))
+            c.request("POST", "/v1/runs/%s/calls" % run, json.dumps({"tool": "t", "args": {"k": k}}), {"Content-Type": "application/json"})
             r = c.getresponse(); body = r.read()
             if r.status != 200: bad.append((r.status, body)); return
             ok[0] += 1
-            c.request("POST", "/v1/runs/%s/results" % run, json.dumps({"status": "progress"}))
+            c.request("POST", "/v1/runs/%s/results" % run, json.dumps({"status": "progress"}), {"Content-Type": "application/json"})
             r = c.getresponse(); r.read()
     except (ConnectionError, http.client.HTTPException, OSError):
         refused[0] += 1   # the server went away between requests: fine
@@ -109,9 +109,9 @@ LOOPGUARD_TOKENS="agent aaaaaaaaaaaaaaaaaaaa;operator bbbbbbbbbbbbbbbbbbbbbb" \
   start_server C --store "sqlite:$TMP/c.db"
 grep -q "auth:    on (2 tokens" "$C_OUT" || fail "auth not on: $(cat "$C_OUT")"
 grep -q "aaaaaaaaaaaaaaaaaaaa" "$C_OUT" "$TMP/C.err" && fail "a token was printed"
-code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$C_URL/v1/runs" -d '{}')
+code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$C_URL/v1/runs" -H 'Content-Type: application/json' -d '{}')
 [ "$code" = 401 ] || fail "no token: $code"
-code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer aaaaaaaaaaaaaaaaaaaa' -XPOST "$C_URL/v1/runs" -d '{}')
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer aaaaaaaaaaaaaaaaaaaa' -XPOST "$C_URL/v1/runs" -H 'Content-Type: application/json' -d '{}')
 [ "$code" = 201 ] || fail "agent token: $code"
 stop_server C
 echo "serve_basics: ok"

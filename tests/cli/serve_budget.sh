@@ -11,7 +11,7 @@ start_server A --store "$(test_store_url budget)"
 U=$A_URL
 req() { # METHOD PATH [BODY] -> "CODE BODY"
   local out code
-  out=$(curl -s -w '\n%{http_code}' -X "$1" "$U$2" ${3:+-d "$3"})
+  out=$(curl -s -w '\n%{http_code}' -X "$1" "$U$2" ${3:+-H "Content-Type: application/json" -d "$3"})
   code=${out##*$'\n'}
   printf '%s %s' "$code" "${out%$'\n'*}"
 }
@@ -62,7 +62,7 @@ r=$(req GET /v1/budgets/key:alice)
 
 note "any other scope: 402 scope_budget; in flight: 429 with Retry-After"
 r=$(req POST /v1/budgets/reserve '{"scopes": ["team:ops"], "amount_usd": 0.01}'); expect "team first" 201 "$r"
-hdr=$(curl -s -i -X POST "$U/v1/budgets/reserve" -d '{"scopes": ["team:ops"], "amount_usd": 0.01}')
+hdr=$(curl -s -i -X POST "$U/v1/budgets/reserve" -H 'Content-Type: application/json' -d '{"scopes": ["team:ops"], "amount_usd": 0.01}')
 head -n 1 <<<"$hdr" | grep -q " 429 " || fail "in flight: $(head -n 1 <<<"$hdr")"
 grep -qi "^Retry-After: [1-9]" <<<"$hdr" || fail "no Retry-After: $hdr"
 grep -q in_flight_budget <<<"$hdr" || fail "no in_flight_budget: $hdr"

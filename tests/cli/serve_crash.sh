@@ -27,7 +27,7 @@ def ack(**kw):
 def agent(i):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     def req(method, path, body):
-        c.request(method, path, json.dumps(body))
+        c.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
         r = c.getresponse()
         return r.status, json.loads(r.read() or b"null")
     try:
@@ -75,7 +75,7 @@ import collections, http.client, json, sys, urllib.parse
 u = urllib.parse.urlsplit(sys.argv[1])
 c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
 def get(path, body=None, method="GET"):
-    c.request(method, path, json.dumps(body) if body is not None else None)
+    c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
     r = c.getresponse()
     return r.status, json.loads(r.read() or b"null")
 calls = collections.Counter(); results = collections.Counter()

@@ -22,17 +22,17 @@ start_server B --store "$STORE" --threads 2
 note "replicas $A_URL and $B_URL on $(sed -n 's/^  store: *//p' "$A_OUT")"
 
 act() { # URL RUN BODY -> action/reason/repeat
-  curl -sf -XPOST "$1/v1/runs/$2/calls" -d "$3" |
+  curl -sf -XPOST "$1/v1/runs/$2/calls" -H 'Content-Type: application/json' -d "$3" |
     jq_py '"%s/%s/%s" % (d["action"], d.get("reason", ""), d.get("repeat"))'
 }
 
 note "one run, calls alternating between the replicas"
-curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}1\"}" >/dev/null || fail create
+curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d "{\"run_id\":\"${P}1\"}" >/dev/null || fail create
 call='{"tool":"charge","args":{"invoice":"INV-7"}}'
 got1=$(act "$A_URL" ${P}1 "$call")
-curl -sf -XPOST "$B_URL/v1/runs/${P}1/results" -d '{"status":"retryable"}' >/dev/null || fail result
+curl -sf -XPOST "$B_URL/v1/runs/${P}1/results" -H 'Content-Type: application/json' -d '{"status":"retryable"}' >/dev/null || fail result
 got2=$(act "$B_URL" ${P}1 "$call")
-curl -sf -XPOST "$A_URL/v1/runs/${P}1/results" -d '{"status":"retryable"}' >/dev/null || fail result
+curl -sf -XPOST "$A_URL/v1/runs/${P}1/results" -H 'Content-Type: application/json' -d '{"status":"retryable"}' >/dev/null || fail result
 got3=$(act "$A_URL" ${P}1 "$call")
 got4=$(act "$B_URL" ${P}1 "$call")
 [ "$got1" = "execute//1" ] || fail "call 1 on A: $got1"
@@ -41,7 +41,7 @@ got4=$(act "$B_URL" ${P}1 "$call")
 [ "$got4" = "block/same_call_repeat/4" ] || fail "call 4 on B: $got4"
 
 note "twelve identical calls racing on both replicas"
-curl -sf -XPOST "$B_URL/v1/runs" -d "{\"run_id\":\"${P}race\"}" >/dev/null || fail create
+curl -sf -XPOST "$B_URL/v1/runs" -H 'Content-Type: application/json' -d "{\"run_id\":\"${P}race\"}" >/dev/null || fail create
 racers=()
 for i in $(seq 12); do
   if [ $((i % 2)) = 0 ]; then url=$A_URL; else url=$B_URL; fi
@@ -57,25 +57,25 @@ repeats=$(cat "$TMP"/race.* | grep -v '^stop' | cut -d/ -f3 | sort -n | tr '\n' 
 [ "$repeats" = "1 2 3 4 5 " ] || fail "race repeats: $repeats"
 
 note "a cancel through A stops the run on B"
-curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}2\",\"group\":\"${P}g\"}" >/dev/null || fail create
+curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d "{\"run_id\":\"${P}2\",\"group\":\"${P}g\"}" >/dev/null || fail create
 [ "$(act "$B_URL" ${P}2 '{"tool":"t"}')" = "execute//1" ] || fail "${P}2 first call"
-curl -sf -XPOST "$A_URL/v1/runs/${P}2/cancel" -d '{"reason":"stop it"}' >/dev/null || fail cancel
+curl -sf -XPOST "$A_URL/v1/runs/${P}2/cancel" -H 'Content-Type: application/json' -d '{"reason":"stop it"}' >/dev/null || fail cancel
 [ "$(act "$B_URL" ${P}2 '{"tool":"u"}' | cut -d/ -f1,2)" = "stop/operator_cancelled_loop" ] || fail "B did not stop ${P}2"
 
 note "a group cancelled on B stops a run created later on A"
-curl -sf -XPOST "$B_URL/v1/groups/${P}g2/cancel" -d '{}' >/dev/null || fail "group cancel"
-curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}3\",\"group\":\"${P}g2\"}" >/dev/null || fail create
+curl -sf -XPOST "$B_URL/v1/groups/${P}g2/cancel" -H 'Content-Type: application/json' -d '{}' >/dev/null || fail "group cancel"
+curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d "{\"run_id\":\"${P}3\",\"group\":\"${P}g2\"}" >/dev/null || fail create
 [ "$(act "$A_URL" ${P}3 '{"tool":"t"}' | cut -d/ -f1,2)" = "stop/operator_cancelled_loop" ] ||
   fail "A did not see the group's cancel"
 
 note "a claim on A is held on B"
-code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$A_URL/v1/operations/claim" -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}")
+code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$A_URL/v1/operations/claim" -H 'Content-Type: application/json' -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}")
 [ "$code" = 201 ] || fail "claim on A: $code"
-out=$(curl -s -XPOST "$B_URL/v1/operations/claim" -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}" | jq_py 'd["outcome"]')
+out=$(curl -s -XPOST "$B_URL/v1/operations/claim" -H 'Content-Type: application/json' -d "{\"key\":\"${P}k\",\"request_fingerprint\":\"fp\"}" | jq_py 'd["outcome"]')
 [ "$out" = in_progress ] || fail "claim on B: $out"
 
 note "a run decided on both replicas: its trace, read from either, replays the same"
-curl -sf -XPOST "$A_URL/v1/runs" -d "{\"run_id\":\"${P}4\"}" >/dev/null || fail create
+curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d "{\"run_id\":\"${P}4\"}" >/dev/null || fail create
 : >"$TMP/server.actions"
 for i in 1 2 3 4 5 6; do
   if [ $((i % 2)) = 0 ]; then url=$B_URL; else url=$A_URL; fi
@@ -101,7 +101,7 @@ def conn(u):
     u = urllib.parse.urlsplit(u)
     return http.client.HTTPConnection(u.hostname, u.port, timeout=30)
 def req(c, method, path, body=None):
-    c.request(method, path, json.dumps(body) if body is not None else None)
+    c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
     r = c.getresponse()
     return r.status, json.loads(r.read() or b"null")
 scope = "team:%srace" % P

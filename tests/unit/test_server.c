@@ -804,7 +804,7 @@ static void test_auth(void **state) {
   assert_int_equal(r.status, 200);
   ht_resp_clear(&r);
   /* A malformed header. */
-  const char raw[] = "GET /v1/runs/auth-1 HTTP/1.1\r\nHost: t\r\nAuthorization: Basic xyz\r\n\r\n";
+  const char raw[] = "GET /v1/runs/auth-1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic xyz\r\n\r\n";
   assert_int_equal(ht_raw(&c, raw, sizeof raw - 1, &r), 0);
   assert_int_equal(r.status, 401);
   ht_resp_clear(&r);
@@ -903,7 +903,7 @@ static void test_big_bodies(void **state) {
   /* Chunked, without a length, past the limit: cut off. */
   ht_conn_t c;
   ht_open(&c, PORT);
-  const char head[] = "POST /v1/runs HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const char head[] = "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n";
   assert_int_equal(ht_send_all(c.fd, head, sizeof head - 1), 0);
   char chunk[70000];
   memset(chunk, ' ', sizeof chunk);
@@ -933,7 +933,7 @@ static void test_slow_client(void **state) {
   int port = lg_server_port(s);
   /* A client that sends half a request and stalls is cut off... */
   int stalled = ht_dial(port);
-  const char half[] = "POST /v1/runs HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"run";
+  const char half[] = "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"run";
   assert_int_equal(ht_send_all(stalled, half, sizeof half - 1), 0);
   /* ...and one that trickles its body too, while others are served. */
   int trickle = ht_dial(port);

@@ -162,7 +162,7 @@ static __attribute__((unused)) int ht_req(ht_conn_t *c, const char *method, cons
   size_t bl = body ? strlen(body) : 0;
   size_t cap = bl + 1024 + strlen(path) + (token ? strlen(token) : 0);
   char *req = malloc(cap);
-  int n = snprintf(req, cap, "%s %s HTTP/1.1\r\nHost: t\r\n", method, path);
+  int n = snprintf(req, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n", method, path);
   if (token) n += snprintf(req + n, cap - (size_t)n, "Authorization: Bearer %s\r\n", token);
   if (body)
     n += snprintf(req + n, cap - (size_t)n,

@@ -65,7 +65,7 @@ static double now_ms(void) {
 static void send_req(agent_t *a, const char *path, const char *body) {
   char req[1024];
   int n = snprintf(req, sizeof req,
-                   "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                   "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    "Content-Length: %zu\r\n\r\n%s",
                    path, strlen(body), body);
   if (ht_send_all(a->fd, req, (size_t)n)) fail_msg("%s: the connection was lost sending", a->run);
@@ -252,7 +252,7 @@ static void test_shutdown_while_parked(void **state) {
   const char *call = "{\"tool\":\"search\",\"args\":{\"q\":\"x\"}}";
   char req[512];
   int n = snprintf(req, sizeof req,
-                   "POST /v1/runs/parked/calls HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                   "POST /v1/runs/parked/calls HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                    "application/json\r\nContent-Length: %zu\r\n\r\n%s",
                    strlen(call), call);
   assert_int_equal(ht_send_all(c.fd, req, (size_t)n), 0);
