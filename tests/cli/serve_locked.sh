@@ -12,10 +12,10 @@
 DB="$TMP/locked.db"
 start_server A --store "sqlite:$DB"
 U=$A_URL
-curl -sf -XPOST "$U/v1/runs" -d '{"run_id":"r1"}' >/dev/null || fail "create run"
-curl -sf -XPOST "$U/v1/runs/r1/calls" -d '{"tool":"t","args":{"a":1}}' >/dev/null || fail "call"
-curl -sf -XPOST "$U/v1/operations/claim" -d '{"key":"k1","request_fingerprint":"f"}' >/dev/null || fail "claim"
-curl -sf -XPUT "$U/v1/budgets/key:a" -d '{"limit_usd":1,"period":"daily"}' >/dev/null || fail "budget"
+curl -sf -H 'Content-Type: application/json' -XPOST "$U/v1/runs" -d '{"run_id":"r1"}' >/dev/null || fail "create run"
+curl -sf -H 'Content-Type: application/json' -XPOST "$U/v1/runs/r1/calls" -d '{"tool":"t","args":{"a":1}}' >/dev/null || fail "call"
+curl -sf -H 'Content-Type: application/json' -XPOST "$U/v1/operations/claim" -d '{"key":"k1","request_fingerprint":"f"}' >/dev/null || fail "claim"
+curl -sf -H 'Content-Type: application/json' -XPUT "$U/v1/budgets/key:a" -d '{"limit_usd":1,"period":"daily"}' >/dev/null || fail "budget"
 r=$(curl -s "$U/healthz")
 echo "$r" | grep -q '"status":"ok"' || fail "healthz before: $r"
 echo "$r" | grep -q '"writable":true' || fail "healthz before: $r"
@@ -33,7 +33,7 @@ holder=$!
 for i in $(seq 100); do [ -e "$TMP/locked" ] && break; sleep 0.02; done
 [ -e "$TMP/locked" ] || fail "the lock holder did not start"
 # A decision that must wait for the lock, in the committer.
-curl -s -o "$TMP/waiting.out" -w '%{http_code}' -XPOST "$U/v1/runs/r1/calls" \
+curl -s -o "$TMP/waiting.out" -w '%{http_code}' -H 'Content-Type: application/json' -XPOST "$U/v1/runs/r1/calls" \
   -d '{"tool":"t","args":{"a":2}}' >"$TMP/waiting.code" &
 waiting=$!
 sleep 0.5

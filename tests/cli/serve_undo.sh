@@ -15,7 +15,7 @@ start_server A --store "$(test_store_url undo)" --tokens "$TMP/tokens"
 U=$A_URL
 req() { # TOKEN METHOD PATH [BODY] -> "CODE BODY"
   local out code
-  out=$(curl -s -w '\n%{http_code}' -H "Authorization: Bearer $1" -X "$2" "$U$3" ${4:+-d "$4"})
+  out=$(curl -s -w '\n%{http_code}' -H 'Content-Type: application/json' -H "Authorization: Bearer $1" -X "$2" "$U$3" ${4:+-d "$4"})
   code=${out##*$'\n'}
   printf '%s %s' "$code" "${out%$'\n'*}"
 }

@@ -32,7 +32,7 @@ def ack(**kw):
 def agent(i):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
     def req(method, path, body):
-        c.request(method, path, json.dumps(body))
+        c.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
         r = c.getresponse()
         return r.status, json.loads(r.read() or b"null")
     n = 0
