@@ -20,6 +20,7 @@
  * request's latency and status in the metrics and frees what it held.
  */
 #include "server.h"
+#include "../gateway/gateway.h"
 
 #include <microhttpd.h>
 #include <stdarg.h>
@@ -194,7 +195,13 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
   size_t len = rq->out.len;
   char *body = lg__buf_steal(&rq->out, NULL);
   struct MHD_Response *r;
-  if (body)
+  bool own = rq->response != NULL; /* built whole by the handler */
+  if (own) {
+    lg__free(body);
+    body = NULL;
+    r = rq->response;
+    rq->response = NULL;
+  } else if (body)
     r = MHD_create_response_from_buffer_with_free_callback(len, body, lg__free);
   else
     r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -202,8 +209,9 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
     lg__free(body);
     return MHD_NO;
   }
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-                          rq->content_type ? rq->content_type : "application/json");
+  if (!own)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            rq->content_type ? rq->content_type : "application/json");
   if (rq->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (rq->status == 405 && rq->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, rq->allow);
   if (rq->status == 429 && rq->retry_after > 0) {
@@ -219,6 +227,7 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
 }
 
 static void free_req(http_req_t *hr) {
+  if (hr->rq.response) MHD_destroy_response(hr->rq.response); /* never queued */
   lg__buf_free(&hr->body);
   lg__buf_free(&hr->rq.out);
   lg__free(hr->rq.id_buf);
@@ -244,6 +253,10 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
     route_hit_t hit;
     char *id = NULL;
     int found = route_or_oom(url, method, &hit, &id);
+    if (!found && srv->gw && lg__gw_claims(srv->gw, url)) { /* gateway-v1 */
+      found = (id = lg__strdup(url)) ? 1 : -1;
+      hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
+    }
     rq->route = hit.route;
     rq->id_buf = id;
     rq->id = id;
@@ -333,7 +346,8 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       rq->job->owner = c;
       rq->job->done = job_done;
       MHD_suspend_connection(c);
-      lg__batcher_submit(srv->batcher, rq->job);
+      if (rq->submit) rq->submit(rq);
+      else lg__batcher_submit(srv->batcher, rq->job);
       return MHD_YES;
     }
   }

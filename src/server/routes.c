@@ -12,6 +12,7 @@
  */
 #include "../step/step.h"
 #include "server.h"
+#include "../gateway/gateway.h"
 
 #include <openssl/rand.h>
 #include <stdio.h>
@@ -993,6 +994,7 @@ void lg__h_metrics(lg__req_t *rq) {
                    "loopguard_commit_decisions_total %llu\n",
                    (unsigned long long)batches, (unsigned long long)jobs);
   }
+  if (rq->srv->gw) lg__gw_metrics(rq->srv->gw, &rq->out);
   if (lg__metrics_render(&rq->srv->metrics, &rq->out)) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
     return;

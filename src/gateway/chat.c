@@ -1,0 +1,1119 @@
+/*
+ * chat.c — OpenAI Chat Completions through the guard (POST
+ * /v1/chat/completions, stream false and true).
+ *
+ * One request, in order:
+ *   1. its run: X-Loopguard-Run, else derived from the conversation's
+ *      start (the first assistant message: the id of its first tool call,
+ *      unique, else a hash of the messages up to it);
+ *   2. the messages new since the run's last request become events: each
+ *      `tool` message a result (the structured result contract when its
+ *      content is a JSON object with a trace-v1 status);
+ *   3. the model call is a model event, its worst case the request's
+ *      bytes (a token is at least one byte) plus max_tokens; a stop here
+ *      never reaches the upstream;
+ *   4. the upstream body: the client's, with the calls the guard refused
+ *      restored in place (each an assistant tool call and its tool
+ *      answer, before the client message that followed it), steer
+ *      messages appended to the result they concern, the hidden tool
+ *      removed;
+ *   5. the upstream's answer: its usage settles the model call, each tool
+ *      call is a call event in one turn; executed calls pass, refused
+ *      ones are taken out (and restored from then on), and when none is
+ *      left the upstream is asked again (gateway.max_reasks); a stop is
+ *      a final assistant message.
+ * An answer the guard did not change is the upstream's bytes as they
+ * came. Streams: text deltas are forwarded as they arrive, tool call
+ * deltas held until the response is complete, then decided and emitted
+ * (or not) with indices renumbered.
+ */
+#include "gw.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define MAX_REASKS 2       /* gateway.max_reasks (policy-v1 default) */
+#define RETRY_WINDOW_MS 60000
+
+/* ---- small helpers ---- */
+
+static const char *sget(const json_t *o, const char *k) {
+  return json_string_value(json_object_get(o, k));
+}
+
+/* The text of a message's content: a string, or the text parts. New. */
+static char *content_text(const json_t *msg) {
+  json_t *c = json_object_get(msg, "content");
+  if (json_is_string(c)) return lg__strdup(json_string_value(c));
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "");
+  for (size_t i = 0; json_is_array(c) && i < json_array_size(c); i++) {
+    const char *t = sget(json_array_get(c, i), "text");
+    if (t) lg__buf_puts(&b, t);
+  }
+  return lg__buf_steal(&b, NULL);
+}
+
+static const char *order[] = {"pass", "execute", "observe", "replay", "block", "stop"};
+
+static int action_rank(const char *a) {
+  for (int i = 0; i < 6; i++)
+    if (a && !strcmp(a, order[i])) return i;
+  return -1;
+}
+
+static void raise_action(lg__gw_job_t *j, const char *a, const char *reason) {
+  int k = action_rank(a);
+  if (k > action_rank(j->action)) {
+    j->action = order[k]; /* static */
+    snprintf(j->reason, sizeof j->reason, "%s", reason ? reason : "");
+  }
+}
+
+/* The key of a conversation's start: messages[0..a] with a the first
+ * assistant message (extra, when not NULL, stands in for messages[a]). */
+static char *conv_key(json_t *messages, size_t a, json_t *extra) {
+  json_t *am = extra ? extra : json_array_get(messages, a);
+  json_t *tcs = json_object_get(am, "tool_calls");
+  const char *id = sget(json_array_get(tcs, 0), "id");
+  lg__buf_t b = {0};
+  if (id) {
+    lg__buf_puts(&b, "tc:");
+    lg__buf_puts(&b, id);
+    return lg__buf_steal(&b, NULL);
+  }
+  lg__buf_t h = {0};
+  for (size_t i = 0; i <= a; i++) {
+    json_t *m = i == a ? am : json_array_get(messages, i);
+    char *t = content_text(m);
+    lg__buf_puts(&h, sget(m, "role") ? sget(m, "role") : "");
+    lg__buf_putc(&h, '\n');
+    if (t) lg__buf_puts(&h, t);
+    lg__buf_putc(&h, '\n');
+    lg__free(t);
+  }
+  lg__buf_printf(&b, "h:%016llx:%zu", (unsigned long long)lg__hash_str(h.data ? h.data : ""), h.len);
+  lg__buf_free(&h);
+  return lg__buf_steal(&b, NULL);
+}
+
+static long first_assistant(json_t *messages) {
+  for (size_t i = 0; i < json_array_size(messages); i++) {
+    const char *role = sget(json_array_get(messages, i), "role");
+    if (role && !strcmp(role, "assistant")) return (long)i;
+  }
+  return -1;
+}
+
+static bool valid_id(const char *s) {
+  if (!s || !*s || strlen(s) > 1024) return false;
+  for (const char *p = s; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '/') return false;
+  return true;
+}
+
+static int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
+
+/* The decision object of a step (new reference), or NULL. */
+static json_t *answer_json(const lg__step_t *st) {
+  if (!st->answer.data) return NULL;
+  lg__json_begin();
+  json_t *a = json_loadb(st->answer.data, st->answer.len, 0, NULL);
+  if (lg__json_oom()) {
+    json_decref(a);
+    return NULL;
+  }
+  return a;
+}
+
+/* ---- state of one request ---- */
+
+typedef struct chat {
+  lg__gw_ctx_t *cx;
+  lg__gw_job_t *j;
+  lg__gw_run_t *r;
+  json_t *root, *messages;
+  size_t n;                   /* client messages */
+  const char *model;          /* as sent upstream */
+  int stream;                 /* the client asked for a stream */
+  int client_usage;           /* the client asked for the usage chunk */
+  size_t ui;                  /* upstream */
+  char *new_key;              /* the conversation key to register */
+  char *stop_text;            /* the run stopped: the final message */
+  int streamed;               /* the stream began */
+  /* streaming: the response being read */
+  lg__buf_t line;             /* a partial SSE line */
+  json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
+  json_t *last_chunk;         /* a chunk as a template for ours */
+  json_t *usage;              /* the usage chunk's usage */
+  int saw_done;
+  lg__buf_t text;             /* the text streamed */
+  char *finish;               /* the finish_reason held back */
+} chat_t;
+
+/* ---- events ---- */
+
+/* A tool message as a result event. Unknown calls (not the gateway's)
+ * are skipped. */
+static void feed_result(chat_t *c, json_t *msg) {
+  const char *call_id = sget(msg, "tool_call_id");
+  char *text = content_text(msg);
+  if (!text) return;
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESULT;
+  lg_result_t *res = &ev.u.result;
+  res->call_id = call_id;
+  res->side_effect_committed = -1;
+  res->retry_after_ms = -1;
+  char *value = NULL;
+  json_t *sj = NULL;
+  if (text[0] == '{') {
+    lg__json_begin();
+    sj = json_loads(text, 0, NULL);
+    if (lg__json_oom()) {
+      json_decref(sj);
+      sj = NULL;
+    }
+  }
+  const char *sname = sj ? sget(sj, "status") : NULL;
+  lg_status_t s = sname ? lg_status_parse(sname, strlen(sname)) : LG_STATUS_INVALID;
+  if (sj && s != LG_STATUS_INVALID) { /* the structured result contract */
+    res->status = s;
+    json_t *pv = json_object_get(sj, "progress_version");
+    if (json_is_integer(pv)) {
+      res->has_progress_version = 1;
+      res->progress_version = json_integer_value(pv);
+    }
+    json_t *sec = json_object_get(sj, "side_effect_committed");
+    if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec);
+    json_t *ra = json_object_get(sj, "retry_after_ms");
+    if (json_is_integer(ra)) res->retry_after_ms = json_integer_value(ra);
+    res->operation_id = sget(sj, "operation_id");
+    json_t *v = json_object_get(sj, "value");
+    if (v) {
+      value = lg__json_text(v, &res->value_len);
+      res->value_kind = json_is_null(v) ? LG_VALUE_NULL : LG_VALUE_PRESENT;
+      if (json_is_string(v)) {
+        const char *t = json_string_value(v);
+        while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+        if (!*t) res->value_kind = LG_VALUE_BLANK;
+      }
+    }
+  } else { /* a plain answer: progress, its text the value */
+    res->status = LG_STATUS_PROGRESS;
+    value = lg_json_quote(text, strlen(text));
+    res->value_len = value ? strlen(value) : 0;
+    const char *t = text;
+    while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+    res->value_kind = *t ? LG_VALUE_PRESENT : LG_VALUE_BLANK;
+  }
+  res->value = value;
+  lg__step_t st;
+  lg__step_init(&st, &ev, now_ms(c->cx));
+  lg_error_t e = {0};
+  if (!lg__gw_step(c->cx, c->r->id, &st, &e) && st.action == LG_ACT_STOP) {
+    json_t *a = answer_json(&st);
+    const char *m = a ? sget(a, "message") : NULL;
+    if (!c->stop_text) c->stop_text = lg__strdup(m ? m : "I stopped this run: the loop guard ended it.");
+    if (st.stopped_now) lg__gw_note_intervention(c->cx, c->r->id, "stop", a ? sget(a, "reason") : NULL, NULL, call_id);
+    raise_action(c->j, "stop", a ? sget(a, "reason") : NULL);
+    json_decref(a);
+  }
+  lg__step_clear(&st);
+  lg__free(value);
+  lg__free(text);
+  json_decref(sj);
+}
+
+/* A stop decided by the gateway itself (re-asks ran out): a cancel with
+ * the reason, through the step. */
+static void stop_run(chat_t *c, const char *reason) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_CANCEL;
+  ev.u.cancel.reason = reason;
+  lg__step_t st;
+  lg__step_init(&st, &ev, now_ms(c->cx));
+  lg_error_t e = {0};
+  lg__gw_step(c->cx, c->r->id, &st, &e);
+  lg__step_clear(&st);
+  lg__gw_note_intervention(c->cx, c->r->id, "stop", reason, NULL, NULL);
+  raise_action(c->j, "stop", reason);
+  if (!c->stop_text)
+    c->stop_text = lg__strdup(
+        "I stopped: I kept asking for the same tool call after being told it would not run, "
+        "so trying again will not help. Please check what the tool needs before running me again.");
+}
+
+/* ---- the upstream body ---- */
+
+static json_t *tool_msg(const char *id, const char *content) {
+  return json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", id ? id : "", "content",
+                   content ? content : "");
+}
+
+static json_t *build_body(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  json_t *b = json_copy(c->root); /* shallow: the client's members shared */
+  json_t *msgs = json_array();
+  if (!b || !msgs) {
+    json_decref(b);
+    json_decref(msgs);
+    return NULL;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i <= c->n; i++) {
+    for (; k < r->nrs && r->rs[k].anchor <= i; k++) json_array_extend(msgs, r->rs[k].items);
+    if (i == c->n) break;
+    json_t *m = json_array_get(c->messages, i);
+    const char *role = sget(m, "role");
+    const char *steer = role && !strcmp(role, "tool")
+                            ? sget(r->steer, sget(m, "tool_call_id") ? sget(m, "tool_call_id") : "")
+                            : NULL;
+    if (steer) { /* the observe rung: said with the result it is about */
+      char *t = content_text(m);
+      lg__buf_t nb = {0};
+      lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", steer);
+      json_t *m2 = json_copy(m);
+      if (m2 && nb.data) json_object_set_new(m2, "content", json_string(nb.data));
+      json_array_append_new(msgs, m2 ? m2 : json_incref(m));
+      lg__free(t);
+      lg__buf_free(&nb);
+    } else {
+      json_array_append(msgs, m);
+    }
+  }
+  json_object_set_new(b, "messages", msgs);
+  if (c->model) json_object_set_new(b, "model", json_string(c->model));
+  /* The cascade: the stuck tool hidden for a few model calls. */
+  json_t *tools = json_object_get(b, "tools");
+  if (r->hide_left > 0 && r->hide_tool && json_is_array(tools)) {
+    json_t *kept = json_array();
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+      json_t *t = json_array_get(tools, i);
+      const char *nm = sget(json_object_get(t, "function"), "name");
+      if (!nm || strcmp(nm, r->hide_tool)) json_array_append(kept, t);
+    }
+    json_t *tc = json_object_get(b, "tool_choice");
+    const char *forced = sget(json_object_get(tc, "function"), "name");
+    if (forced && !strcmp(forced, r->hide_tool)) json_object_del(b, "tool_choice");
+    if (json_array_size(kept)) {
+      json_object_set_new(b, "tools", kept);
+    } else { /* never tools: [] with tool calls in the conversation */
+      json_decref(kept);
+      json_object_set_new(b, "tool_choice", json_string("none"));
+    }
+  }
+  if (c->stream) { /* usage settles the cost: asked for always */
+    json_t *so = json_object_get(b, "stream_options");
+    json_t *so2 = json_is_object(so) ? json_copy(so) : json_object();
+    json_object_set_new(so2, "include_usage", json_true());
+    json_object_set_new(b, "stream_options", so2);
+  }
+  return b;
+}
+
+/* ---- final answers ---- */
+
+static void chunk_id(chat_t *c, char *buf, size_t n) {
+  snprintf(buf, n, "chatcmpl-lg%lld", (long long)now_ms(c->cx));
+}
+
+/* The stop as a normal final assistant message. */
+static void answer_final(chat_t *c, json_t *resp) {
+  lg__gw_job_t *j = c->j;
+  const char *text = c->stop_text ? c->stop_text : "I stopped.";
+  lg__free(c->r->final_text);
+  c->r->final_text = lg__strdup(text);
+  raise_action(j, "stop", j->reason[0] ? j->reason : NULL);
+  char id[64];
+  chunk_id(c, id, sizeof id);
+  const char *model = resp && sget(resp, "model") ? sget(resp, "model") : c->model ? c->model : "";
+  if (c->stream) {
+    if (!c->streamed) {
+      lg__gw_stream_start(j);
+      c->streamed = 1;
+    }
+    lg__buf_t b = {0};
+    json_t *ch = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n}]}", "id", id,
+                           "object", "chat.completion.chunk", "created",
+                           (json_int_t)(now_ms(c->cx) / 1000), "model", model, "choices", "index", 0,
+                           "delta", "role", "assistant", "content", text, "finish_reason");
+    json_t *fin = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{}, s:s}]}", "id", id, "object",
+                            "chat.completion.chunk", "created", (json_int_t)(now_ms(c->cx) / 1000),
+                            "model", model, "choices", "index", 0, "delta", "finish_reason", "stop");
+    char *t1 = ch ? lg__json_text(ch, NULL) : NULL, *t2 = fin ? lg__json_text(fin, NULL) : NULL;
+    lg__buf_printf(&b, "data: %s\n\ndata: %s\n\n", t1 ? t1 : "{}", t2 ? t2 : "{}");
+    if (c->client_usage) {
+      json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:O}", "id", id, "object",
+                            "chat.completion.chunk", "created", (json_int_t)(now_ms(c->cx) / 1000),
+                            "model", model, "choices", "usage",
+                            c->usage ? c->usage : json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0, "completion_tokens", 0, "total_tokens", 0));
+      char *t3 = u ? lg__json_text(u, NULL) : NULL;
+      lg__buf_printf(&b, "data: %s\n\n", t3 ? t3 : "{}");
+      lg__free(t3);
+      json_decref(u);
+    }
+    lg__buf_puts(&b, "data: [DONE]\n\n");
+    if (b.data) lg__gw_stream_write(j, b.data, b.len);
+    lg__buf_free(&b);
+    lg__free(t1);
+    lg__free(t2);
+    json_decref(ch);
+    json_decref(fin);
+    return;
+  }
+  json_t *o = resp ? json_copy(resp) : json_object();
+  if (!resp) {
+    json_object_set_new(o, "id", json_string(id));
+    json_object_set_new(o, "object", json_string("chat.completion"));
+    json_object_set_new(o, "created", json_integer(now_ms(c->cx) / 1000));
+    json_object_set_new(o, "model", json_string(model));
+    json_object_set_new(o, "usage", json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0,
+                                              "completion_tokens", 0, "total_tokens", 0));
+  }
+  json_object_set_new(o, "choices",
+                      json_pack("[{s:i, s:{s:s, s:s, s:n}, s:n, s:s}]", "index", 0, "message", "role",
+                                "assistant", "content", text, "refusal", "logprobs",
+                                "finish_reason", "stop"));
+  char *t = lg__json_text(o, NULL);
+  j->status = 200;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  j->out.len = 0;
+  if (t) lg__buf_puts(&j->out, t);
+  lg__free(t);
+  json_decref(o);
+  lg__gw_answer(j);
+}
+
+/* ---- one model call ---- */
+
+typedef struct model_out {
+  int stop;                   /* the model call was refused: stop */
+  int error;                  /* an error was answered */
+  int64_t reservation;
+} model_out_t;
+
+static model_out_t model_event(chat_t *c, size_t body_len) {
+  model_out_t mo = {0};
+  json_t *mt = json_object_get(c->root, "max_completion_tokens");
+  if (!mt) mt = json_object_get(c->root, "max_tokens");
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_MODEL;
+  ev.u.model.m.model = c->model;
+  ev.u.model.m.turn = c->r->turn + 1;
+  ev.u.model.m.input_tokens = (int64_t)body_len; /* a token is at least one byte */
+  ev.u.model.m.max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+  ev.u.model.m.output_tokens = -1;
+  ev.u.model.m.cost_nusd = -1;
+  lg__step_t st;
+  lg__step_init(&st, &ev, now_ms(c->cx));
+  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
+  st.prices = pr;
+  lg_error_t e = {0};
+  int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
+  json_t *a = rc ? NULL : answer_json(&st);
+  if (rc) {
+    mo.error = 1;
+    if (st.fail == LG__STEP_UNPRICED)
+      lg__gw_error(c->j, 400, "invalid_request_error", "model_not_priced",
+                   "loopguard: this model call cannot be priced, and the run has a cost cap or "
+                   "budget: %s",
+                   e.message);
+    else if (st.fail == LG__STEP_IN_FLIGHT) {
+      lg__gw_error(c->j, st.refusal.http_status ? st.refusal.http_status : 429, "rate_limit_error",
+                   st.refusal.limit_source, "loopguard: too much spend in flight on %s; retry later",
+                   st.refusal.scope);
+    } else
+      lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
+                   e.message[0] ? e.message : lg_strerror(rc));
+  } else if (st.budget_refused) { /* a shared budget: an error, not a stop */
+    mo.error = 1;
+    char *meta = lg_budget_refusal_metadata_json(&st.refusal);
+    lg__gw_error(c->j, st.refusal.http_status ? st.refusal.http_status : 402, "insufficient_quota",
+                 st.refusal.limit_source, "loopguard: the shared budget %s refused this model call",
+                 st.refusal.scope);
+    if (meta && c->j->kind != LG__GW_MESSAGES && c->j->out.len > 2) { /* add metadata */
+      c->j->out.len -= 2;
+      lg__buf_printf(&c->j->out, ",\"metadata\":%s}}", meta);
+    }
+    lg__free(meta);
+  } else if (st.action == LG_ACT_STOP) {
+    mo.stop = 1;
+    const char *m = a ? sget(a, "message") : NULL;
+    if (!c->stop_text) c->stop_text = lg__strdup(m ? m : "I stopped: the run reached a limit.");
+    raise_action(c->j, "stop", a ? sget(a, "reason") : NULL);
+    if (st.stopped_now) lg__gw_note_intervention(c->cx, c->r->id, "stop", a ? sget(a, "reason") : NULL, NULL, NULL);
+  } else {
+    const char *rid = a ? sget(a, "reservation_id") : NULL;
+    mo.reservation = rid ? strtoll(rid, NULL, 10) : 0;
+    c->r->turn++;
+    if (c->r->hide_left > 0) c->r->hide_left--;
+  }
+  json_decref(a);
+  lg_prices_free(pr);
+  lg__step_clear(&st);
+  return mo;
+}
+
+static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size_t body_len) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_USAGE;
+  ev.u.usage.reservation = resv;
+  json_t *pt = json_object_get(usage, "prompt_tokens"), *ct = json_object_get(usage, "completion_tokens");
+  if (failed) { /* the provider answered an error or nothing: nothing charged */
+    ev.u.usage.cost_nusd = 0;
+  } else {
+    ev.u.usage.input_tokens = json_is_integer(pt) ? json_integer_value(pt) : (int64_t)body_len;
+    ev.u.usage.output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
+    ev.u.usage.cost_nusd = -1; /* from the price table, else the worst case */
+  }
+  lg__step_t st;
+  lg__step_init(&st, &ev, now_ms(c->cx));
+  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
+  st.prices = pr;
+  lg_error_t e = {0};
+  lg__gw_step(c->cx, c->r->id, &st, &e);
+  lg_prices_free(pr);
+  lg__step_clear(&st);
+}
+
+/* ---- deciding a response's tool calls ---- */
+
+typedef struct calls_out {
+  json_t *kept;               /* the calls the client may run */
+  int refused;                /* calls taken out */
+  int stop;
+} calls_out_t;
+
+/* Decides the calls `tcs` (array of tool call objects) of one response
+ * with text `content` (may be NULL). */
+static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
+  calls_out_t co = {json_array(), 0, 0};
+  json_t *rest_calls = json_array(), *rest_results = json_array();
+  for (size_t i = 0; i < json_array_size(tcs) && !co.stop; i++) {
+    json_t *tc = json_array_get(tcs, i);
+    json_t *fn = json_object_get(tc, "function");
+    const char *name = sget(fn, "name"), *args = sget(fn, "arguments"), *id = sget(tc, "id");
+    lg_event_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.type = LG_EV_CALL;
+    ev.u.call.tool = name ? name : "";
+    ev.u.call.args = args && *args ? args : "{}";
+    ev.u.call.args_len = strlen(ev.u.call.args);
+    ev.u.call.turn = c->r->turn;
+    ev.u.call.call_id = id;
+    ev.u.call.agent = c->j->hdr_agent;
+    lg__step_t st;
+    lg__step_init(&st, &ev, now_ms(c->cx));
+    lg_error_t e = {0};
+    int rc = name ? lg__gw_step(c->cx, c->r->id, &st, &e) : -1;
+    json_t *a = rc ? NULL : answer_json(&st);
+    const char *reason = a ? sget(a, "reason") : NULL, *msg = a ? sget(a, "message") : NULL;
+    if (rc || st.action == LG_ACT_EXECUTE) { /* undecidable (malformed): the client's to see */
+      json_array_append(co.kept, tc);
+      if (!rc && msg && id) {
+        json_object_set_new(c->r->steer, id, json_string(msg));
+        raise_action(c->j, "observe", "same_call_repeat");
+        lg__gw_note_intervention(c->cx, c->r->id, "observe", reason, name, id);
+      } else {
+        raise_action(c->j, "execute", NULL);
+      }
+    } else if (st.action == LG_ACT_BLOCK || st.action == LG_ACT_REPLAY) {
+      int replay = st.action == LG_ACT_REPLAY;
+      co.refused++;
+      json_array_append(rest_calls, tc);
+      char *content_txt = NULL;
+      if (replay) {
+        json_t *sr = json_object_get(a, "saved_result");
+        content_txt = json_is_string(sr) ? lg__strdup(json_string_value(sr)) : lg__json_text(sr, NULL);
+      } else {
+        lg__buf_t b = {0};
+        lg__buf_printf(&b, "Error: loopguard did not run this call (%s). %s", reason ? reason : "blocked",
+                       msg ? msg : "");
+        content_txt = lg__buf_steal(&b, NULL);
+      }
+      json_array_append_new(rest_results, tool_msg(id, content_txt ? content_txt : ""));
+      lg__free(content_txt);
+      json_t *ht = json_object_get(a, "hide_tools");
+      json_t *hn = json_object_get(a, "hide_turns");
+      if (json_array_size(ht) && json_is_integer(hn) && json_integer_value(hn) > 0) {
+        lg__free(c->r->hide_tool);
+        c->r->hide_tool = lg__strdup(json_string_value(json_array_get(ht, 0)));
+        c->r->hide_left = (int)json_integer_value(hn);
+      }
+      raise_action(c->j, replay ? "replay" : "block", reason);
+      lg__gw_note_intervention(c->cx, c->r->id, replay ? "replay" : "block", reason, name, id);
+    } else { /* stop */
+      co.stop = 1;
+      if (!c->stop_text) c->stop_text = lg__strdup(msg ? msg : "I stopped: the loop guard ended this run.");
+      raise_action(c->j, "stop", reason);
+      if (st.stopped_now) lg__gw_note_intervention(c->cx, c->r->id, "stop", reason, name, id);
+    }
+    json_decref(a);
+    lg__step_clear(&st);
+  }
+  if (co.refused && !co.stop) { /* restored before the client's next message */
+    json_t *am = json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
+                           json_array_size(co.kept) || !content ? json_null() : json_string(content),
+                           "tool_calls", rest_calls);
+    json_t *items = json_array();
+    json_array_append_new(items, am);
+    json_array_extend(items, rest_results);
+    lg__gw_run_t *r = c->r;
+    if (r->nrs == r->caprs) {
+      size_t cap = r->caprs ? r->caprs * 2 : 4;
+      lg__gw_restore_t *v = lg__realloc(r->rs, cap * sizeof *v);
+      if (v) {
+        r->rs = v;
+        r->caprs = cap;
+      }
+    }
+    if (r->nrs < r->caprs) {
+      /* The client sees the kept calls as this response; the refused ones
+       * go before it, so the anchor is the end of the client's messages. */
+      r->rs[r->nrs].anchor = c->n;
+      r->rs[r->nrs].items = items;
+      r->nrs++;
+    } else {
+      json_decref(items);
+    }
+  }
+  json_decref(rest_calls);
+  json_decref(rest_results);
+  return co;
+}
+
+/* ---- the exchange, non-stream ---- */
+
+static int upstream_error(chat_t *c, lg__gw_http_t *x) {
+  char lab[300];
+  lg__gw_upstream_label(x->up, lab, sizeof lab);
+  if (x->cc == CURLE_OPERATION_TIMEDOUT)
+    lg__gw_error(c->j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab,
+                 x->errbuf);
+  else
+    lg__gw_error(c->j, 502, "upstream_error", "upstream_unreachable",
+                 "upstream %s cannot be reached: %s", lab, x->errbuf);
+  return -1;
+}
+
+/* Answers the response resp (parsed) / raw (the bytes), changed or not. */
+static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int changed) {
+  lg__gw_job_t *j = c->j;
+  j->status = 200;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  j->out.len = 0;
+  if (!changed) {
+    lg__buf_append(&j->out, raw->data, raw->len);
+  } else {
+    char *t = lg__json_text(resp, NULL);
+    if (t) lg__buf_puts(&j->out, t);
+    lg__free(t);
+  }
+  lg__gw_answer(j);
+}
+
+static void register_key(chat_t *c, json_t *msg) {
+  if (c->j->hdr_run || first_assistant(c->messages) >= 0 || !msg) return;
+  char *k = conv_key(c->messages, c->n, msg);
+  if (k) lg__gw_key_put(c->cx->gw, k, c->r->id);
+  lg__free(k);
+}
+
+static void run_plain(chat_t *c) {
+  lg__gw_job_t *j = c->j;
+  const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
+  for (int ask = 0;; ask++) {
+    json_t *body = build_body(c);
+    size_t blen = 0;
+    char *btext = body ? lg__json_text(body, &blen) : NULL;
+    json_decref(body);
+    if (!btext) {
+      lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+      return;
+    }
+    model_out_t mo = model_event(c, blen);
+    if (mo.error) {
+      lg__free(btext);
+      lg__gw_answer(j);
+      return;
+    }
+    if (mo.stop) {
+      lg__free(btext);
+      answer_final(c, NULL);
+      return;
+    }
+    lg__gw_http_t x = {0};
+    x.up = &cfg->up[c->ui];
+    x.method = "POST";
+    x.path = "/chat/completions";
+    x.body = btext;
+    x.body_len = blen;
+    x.headers = j->fwd;
+    x.client_auth = j->auth;
+    x.stop = lg__gw_stopflag(c->cx->gw);
+    int rc = lg__gw_http_do(c->cx->curl, &x);
+    lg__gw_note_upstream(c->cx->gw, c->ui, x.ns);
+    lg__free(btext);
+    if (rc) {
+      usage_event(c, mo.reservation, NULL, 1, blen);
+      upstream_error(c, &x);
+      lg__gw_http_clear(&x);
+      lg__gw_answer(j);
+      return;
+    }
+    if (x.status != 200) { /* the provider's error, as it sent it */
+      usage_event(c, mo.reservation, NULL, 1, blen);
+      j->status = (int)x.status;
+      snprintf(j->ctype, sizeof j->ctype, "%s", x.ctype[0] ? x.ctype : "application/json");
+      lg__buf_t t = j->out;
+      j->out = x.body_out;
+      x.body_out = t;
+      lg__gw_http_clear(&x);
+      lg__gw_answer(j);
+      return;
+    }
+    lg__json_begin();
+    json_t *resp = json_loadb(x.body_out.data ? x.body_out.data : "", x.body_out.len, 0, NULL);
+    if (lg__json_oom()) {
+      json_decref(resp);
+      resp = NULL;
+    }
+    json_t *choice = json_array_get(json_object_get(resp, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    if (!json_is_object(msg)) {
+      usage_event(c, mo.reservation, NULL, 0, blen);
+      json_decref(resp);
+      if (!resp) {
+        lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
+                     "upstream %s answered 200 with a body that is not JSON", cfg->up[c->ui].name);
+        lg__gw_http_clear(&x);
+        lg__gw_answer(j);
+        return;
+      }
+      answer_json_obj(c, NULL, &x.body_out, 0); /* not ours to judge: as it is */
+      lg__gw_http_clear(&x);
+      return;
+    }
+    usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
+    json_t *tcs = json_object_get(msg, "tool_calls");
+    if (!json_array_size(tcs)) {
+      raise_action(j, "pass", NULL);
+      register_key(c, msg);
+      answer_json_obj(c, resp, &x.body_out, ask > 0 ? 0 : 0);
+      json_decref(resp);
+      lg__gw_http_clear(&x);
+      return;
+    }
+    calls_out_t co = decide_calls(c, tcs, sget(msg, "content"));
+    if (co.stop) {
+      answer_final(c, resp);
+    } else if (json_array_size(co.kept)) {
+      if (co.refused) json_object_set(msg, "tool_calls", co.kept);
+      register_key(c, msg);
+      answer_json_obj(c, resp, &x.body_out, co.refused > 0);
+    } else if (ask < MAX_REASKS) { /* nothing left for the client: ask again */
+      json_decref(co.kept);
+      json_decref(resp);
+      lg__gw_http_clear(&x);
+      continue;
+    } else {
+      stop_run(c, "same_call_repeat");
+      answer_final(c, resp);
+    }
+    json_decref(co.kept);
+    json_decref(resp);
+    lg__gw_http_clear(&x);
+    return;
+  }
+}
+
+/* ---- the exchange, streamed ---- */
+
+static void stream_chunk_text(chat_t *c, json_t *chunk) {
+  char *t = lg__json_text(chunk, NULL);
+  if (!t) return;
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "data: %s\n\n", t);
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t);
+}
+
+/* One SSE "data:" payload of the upstream's stream. */
+static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
+  if (n == 6 && !memcmp(data, "[DONE]", 6)) {
+    c->saw_done = 1;
+    return 0;
+  }
+  lg__json_begin();
+  json_t *ch = json_loadb(data, n, 0, NULL);
+  if (lg__json_oom() || !ch) {
+    json_decref(ch);
+    return 0; /* not JSON: dropped */
+  }
+  json_t *u = json_object_get(ch, "usage");
+  if (json_is_object(u)) {
+    json_decref(c->usage);
+    c->usage = json_incref(u);
+  }
+  json_t *choices = json_object_get(ch, "choices");
+  json_t *choice = json_array_get(choices, 0);
+  if (!choice) { /* the usage chunk: passed on only if the client asked */
+    if (c->client_usage) {
+      json_decref(c->last_chunk);
+      c->last_chunk = json_incref(ch);
+    }
+    json_decref(ch);
+    return 0;
+  }
+  json_decref(c->last_chunk);
+  c->last_chunk = json_incref(ch);
+  json_t *delta = json_object_get(choice, "delta");
+  json_t *tcd = json_object_get(delta, "tool_calls");
+  const char *fin = sget(choice, "finish_reason");
+  if (fin) {
+    lg__free(c->finish);
+    c->finish = lg__strdup(fin);
+  }
+  for (size_t i = 0; json_is_array(tcd) && i < json_array_size(tcd); i++) {
+    json_t *d = json_array_get(tcd, i);
+    json_int_t idx = json_integer_value(json_object_get(d, "index"));
+    while ((json_int_t)json_array_size(c->tcalls) <= idx)
+      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
+                                                 "function", "function", "name", "", "arguments", ""));
+    json_t *acc = json_array_get(c->tcalls, (size_t)idx);
+    json_t *afn = json_object_get(acc, "function");
+    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
+    json_t *dfn = json_object_get(d, "function");
+    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
+    if (nm) {
+      lg__buf_t b = {0};
+      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
+      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
+      lg__buf_free(&b);
+    }
+    if (ar) {
+      lg__buf_t b = {0};
+      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
+      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
+      lg__buf_free(&b);
+    }
+  }
+  const char *content = sget(delta, "content");
+  if (content) lg__buf_puts(&c->text, content);
+  /* Text and role deltas pass at once, as they came; tool call deltas and
+   * the finish are held. */
+  if (!json_is_array(tcd) && !fin) {
+    lg__gw_stream_write(c->j, raw, rawn);
+  } else if (content && *content) {
+    json_t *cp = json_deep_copy(ch);
+    json_t *cd = json_object_get(json_array_get(json_object_get(cp, "choices"), 0), "delta");
+    json_object_del(cd, "tool_calls");
+    json_object_set_new(json_array_get(json_object_get(cp, "choices"), 0), "finish_reason", json_null());
+    stream_chunk_text(c, cp);
+    json_decref(cp);
+  }
+  json_decref(ch);
+  return 0;
+}
+
+static int on_stream_data(void *ud, const char *p, size_t n) {
+  chat_t *c = ud;
+  if (!c->streamed) {
+    lg__gw_stream_start(c->j);
+    c->streamed = 1;
+  }
+  if (atomic_load(&c->j->s_gone)) return 1; /* the client went away: stop reading */
+  lg__buf_append(&c->line, p, n);
+  /* Events end with a blank line. */
+  for (;;) {
+    char *d = c->line.data;
+    size_t len = c->line.len;
+    size_t end = 0, sep = 0;
+    for (size_t i = 0; i + 1 < len; i++) {
+      if (d[i] == '\n' && d[i + 1] == '\n') {
+        end = i;
+        sep = 2;
+        break;
+      }
+      if (i + 3 < len && d[i] == '\r' && d[i + 1] == '\n' && d[i + 2] == '\r' && d[i + 3] == '\n') {
+        end = i;
+        sep = 4;
+        break;
+      }
+    }
+    if (!sep) break;
+    /* The data lines of the event. */
+    const char *ev = d;
+    size_t evn = end;
+    const char *dl = NULL;
+    size_t dn = 0;
+    for (size_t i = 0; i < evn;) {
+      size_t k = i;
+      while (k < evn && ev[k] != '\n') k++;
+      size_t ll = k - i;
+      if (ll && ev[i + ll - 1] == '\r') ll--;
+      if (ll >= 5 && !memcmp(ev + i, "data:", 5)) {
+        dl = ev + i + 5;
+        dn = ll - 5;
+        while (dn && *dl == ' ') dl++, dn--;
+      }
+      i = k + 1;
+    }
+    if (dl) {
+      lg__buf_t raw = {0};
+      lg__buf_append(&raw, d, end + sep);
+      on_event(c, dl, dn, raw.data, raw.len);
+      lg__buf_free(&raw);
+    }
+    memmove(d, d + end + sep, len - end - sep);
+    c->line.len = len - end - sep;
+  }
+  return 0;
+}
+
+/* After the upstream's stream ended: the held calls decided and emitted. */
+static int finish_stream(chat_t *c, int ask) {
+  json_t *tcs = c->tcalls;
+  if (!json_array_size(tcs)) {
+    raise_action(c->j, "pass", NULL);
+    return 1;
+  }
+  const char *content = c->text.len ? c->text.data : NULL;
+  calls_out_t co = decide_calls(c, tcs, content);
+  int done = 1;
+  if (co.stop) {
+    answer_final(c, c->last_chunk);
+    json_decref(co.kept);
+    return 2;
+  }
+  if (json_array_size(co.kept)) {
+    json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+    json_t *calls = json_array();
+    for (size_t i = 0; i < json_array_size(co.kept); i++) {
+      json_t *k = json_deep_copy(json_array_get(co.kept, i));
+      json_object_set_new(k, "index", json_integer((json_int_t)i));
+      json_array_append_new(calls, k);
+    }
+    json_t *choices = json_pack("[{s:i, s:{s:o}, s:n}]", "index", 0, "delta", "tool_calls", calls,
+                                "finish_reason");
+    json_object_set_new(tmpl, "choices", choices);
+    json_object_del(tmpl, "usage");
+    stream_chunk_text(c, tmpl);
+    json_decref(tmpl);
+    free(NULL);
+  } else if (ask < MAX_REASKS) {
+    done = 0;
+  } else {
+    stop_run(c, "same_call_repeat");
+    answer_final(c, c->last_chunk);
+    done = 2;
+  }
+  json_decref(co.kept);
+  return done;
+}
+
+static void end_stream(chat_t *c) {
+  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+  const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
+  json_object_set_new(tmpl, "choices",
+                      json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", fin));
+  json_object_del(tmpl, "usage");
+  stream_chunk_text(c, tmpl);
+  json_decref(tmpl);
+  if (c->client_usage && c->usage) {
+    json_t *u = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+    json_object_set_new(u, "choices", json_array());
+    json_object_set(u, "usage", c->usage);
+    stream_chunk_text(c, u);
+    json_decref(u);
+  }
+  lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
+}
+
+static void run_stream(chat_t *c) {
+  lg__gw_job_t *j = c->j;
+  const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
+  for (int ask = 0;; ask++) {
+    json_t *body = build_body(c);
+    size_t blen = 0;
+    char *btext = body ? lg__json_text(body, &blen) : NULL;
+    json_decref(body);
+    if (!btext) {
+      lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+      if (!c->streamed) lg__gw_answer(j);
+      return;
+    }
+    model_out_t mo = model_event(c, blen);
+    if (mo.error || mo.stop) {
+      lg__free(btext);
+      if (mo.stop) answer_final(c, c->last_chunk);
+      else if (!c->streamed) lg__gw_answer(j);
+      else end_stream(c);
+      return;
+    }
+    json_decref(c->tcalls);
+    c->tcalls = json_array();
+    json_decref(c->usage);
+    c->usage = NULL;
+    c->saw_done = 0;
+    c->text.len = 0;
+    c->line.len = 0;
+    lg__free(c->finish);
+    c->finish = NULL;
+    lg__gw_http_t x = {0};
+    x.up = &cfg->up[c->ui];
+    x.method = "POST";
+    x.path = "/chat/completions";
+    x.body = btext;
+    x.body_len = blen;
+    x.headers = j->fwd;
+    x.client_auth = j->auth;
+    x.stop = lg__gw_stopflag(c->cx->gw);
+    x.on_data = on_stream_data;
+    x.ud = c;
+    int rc = lg__gw_http_do(c->cx->curl, &x);
+    lg__gw_note_upstream(c->cx->gw, c->ui, x.ns);
+    lg__free(btext);
+    if (rc || x.status != 200) {
+      usage_event(c, mo.reservation, NULL, 1, blen);
+      if (c->streamed) { /* mid-stream: end it the way the API ends one */
+        end_stream(c);
+        return;
+      }
+      if (rc) upstream_error(c, &x);
+      else {
+        j->status = (int)x.status;
+        snprintf(j->ctype, sizeof j->ctype, "%s", x.ctype[0] ? x.ctype : "application/json");
+        lg__buf_t t = j->out;
+        j->out = x.body_out;
+        x.body_out = t;
+      }
+      lg__gw_http_clear(&x);
+      lg__gw_answer(j);
+      return;
+    }
+    lg__gw_http_clear(&x);
+    usage_event(c, mo.reservation, c->usage, 0, blen);
+    if (!c->streamed) {
+      lg__gw_stream_start(j);
+      c->streamed = 1;
+    }
+    int done = finish_stream(c, ask);
+    if (done == 2) return; /* the final message ended the stream */
+    if (done) {
+      end_stream(c);
+      return;
+    }
+  }
+}
+
+/* ---- the route ---- */
+
+void lg__gw_chat(lg__gw_ctx_t *cx) {
+  lg__gw_job_t *j = cx->j;
+  chat_t c;
+  memset(&c, 0, sizeof c);
+  c.cx = cx;
+  c.j = j;
+  lg__json_begin();
+  json_error_t je;
+  c.root = json_loadb(j->body, j->body_len, 0, &je);
+  if (lg__json_oom()) {
+    json_decref(c.root);
+    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+    lg__gw_answer(j);
+    return;
+  }
+  if (!json_is_object(c.root)) {
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_json",
+                 "the body is not a JSON object (line %d, column %d: %s)", je.line, je.column,
+                 c.root ? "not an object" : je.text);
+    goto out;
+  }
+  c.messages = json_object_get(c.root, "messages");
+  if (!json_is_array(c.messages)) {
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_value", "messages: expected an array");
+    goto out;
+  }
+  c.n = json_array_size(c.messages);
+  c.stream = json_is_true(json_object_get(c.root, "stream"));
+  c.client_usage = json_is_true(json_object_get(json_object_get(c.root, "stream_options"), "include_usage"));
+  const char *model = sget(c.root, "model");
+  c.ui = lg__gw_config_pick(lg__gw_cfg(cx->gw), model, 0, &c.model);
+  j->upstream = c.ui;
+  if (j->hdr_run && !valid_id(j->hdr_run)) {
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_run",
+                 "X-Loopguard-Run: expected a run id of printable characters without '/'");
+    goto out;
+  }
+  char *key = NULL;
+  long a = first_assistant(c.messages);
+  if (!j->hdr_run && a >= 0) key = conv_key(c.messages, (size_t)a, NULL);
+  lg_error_t e = {0};
+  c.r = lg__gw_run_get(cx, j->hdr_run, key, &e);
+  lg__free(key);
+  if (!c.r) {
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",
+                 e.message[0] ? e.message : lg_strerror(e.code));
+    goto out;
+  }
+  snprintf(j->run_id, sizeof j->run_id, "%s", c.r->id);
+  /* A retry of the last request (same body, soon after): the same answer,
+   * not a second model call. */
+  uint64_t h = lg__hash_str(j->body);
+  if (!c.stream && c.r->last_hash == h && c.r->last_body.len &&
+      now_ms(cx) - c.r->last_ms < RETRY_WINDOW_MS) {
+    j->status = c.r->last_status;
+    snprintf(j->ctype, sizeof j->ctype, "application/json");
+    lg__buf_append(&j->out, c.r->last_body.data, c.r->last_body.len);
+    j->action = NULL;
+    raise_action(j, c.r->last_action[0] ? c.r->last_action : "pass", c.r->last_reason);
+    lg__gw_answer(j);
+    goto out;
+  }
+  /* What is new since the last request: the results. */
+  if (c.n < c.r->fed) c.r->fed = c.n; /* a shorter conversation: trimmed */
+  for (size_t i = c.r->fed; i < c.n; i++) {
+    json_t *m = json_array_get(c.messages, i);
+    const char *role = sget(m, "role");
+    if (role && !strcmp(role, "tool")) feed_result(&c, m);
+  }
+  c.r->fed = c.n;
+  if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
+  if (c.stop_text) {
+    answer_final(&c, NULL);
+  } else if (c.stream) {
+    run_stream(&c);
+  } else {
+    run_plain(&c);
+  }
+  if (!c.stream && j->answered && j->status == 200) { /* kept for a retry */
+    c.r->last_hash = h;
+    c.r->last_ms = now_ms(cx);
+    c.r->last_status = j->status;
+    c.r->last_body.len = 0;
+    lg__buf_append(&c.r->last_body, j->out.data, j->out.len);
+    snprintf(c.r->last_action, sizeof c.r->last_action, "%s", j->action ? j->action : "");
+    snprintf(c.r->last_reason, sizeof c.r->last_reason, "%s", j->reason);
+  }
+out:
+  if (!j->action && j->run_id[0]) j->action = "pass";
+  if (c.r) lg__gw_run_unlock(c.r);
+  if (!j->answered && !c.streamed) lg__gw_answer(j);
+  json_decref(c.root);
+  json_decref(c.tcalls);
+  json_decref(c.last_chunk);
+  json_decref(c.usage);
+  lg__buf_free(&c.line);
+  lg__buf_free(&c.text);
+  lg__free(c.finish);
+  lg__free(c.new_key);
+  lg__free(c.stop_text);
+}

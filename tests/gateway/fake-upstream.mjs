@@ -1,0 +1,158 @@
+// fake-upstream.mjs — a scripted OpenAI-compatible model server for the
+// gateway's tests (no dependencies).
+//
+// It speaks the wire format of POST /v1/chat/completions (JSON, and SSE
+// with the usage chunk when stream_options.include_usage), GET /v1/models,
+// and checks every request for what a real provider rejects: a tool call
+// without its result, a result without its call, a message between a
+// call and its result. Such a request is answered 400 as OpenAI answers
+// it and counted in GET /stats, so a test can fail on it.
+//
+// The model is scripted by the request's `model`:
+//   loop-write  always asks to write the same record (the tool fails), in
+//               variants: key order, 7 vs 7.0, white space; with tools
+//               hidden or tool_choice "none" it gives up in text
+//   finish      looks a customer up once, then answers "Done: ..."
+//   slow        answers after 3 s
+//   garbage     answers 200 with a body that is not JSON
+// Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
+import http from 'node:http';
+import fs from 'node:fs';
+
+const stats = { requests: 0, chat: 0, violations: [], bodies: [] };
+let callSeq = 0;
+
+function check(messages) {
+  const open = new Map(); // call id -> answered
+  let pending = 0;
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i];
+    if (pending > 0 && m.role !== 'tool')
+      return `messages[${i}]: an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'`;
+    if (m.role === 'assistant' && Array.isArray(m.tool_calls) && m.tool_calls.length) {
+      for (const tc of m.tool_calls) {
+        if (open.has(tc.id)) return `messages[${i}]: duplicate tool call id ${tc.id}`;
+        open.set(tc.id, false);
+      }
+      pending = m.tool_calls.length;
+    } else if (m.role === 'tool') {
+      if (!open.has(m.tool_call_id) || open.get(m.tool_call_id) || pending === 0)
+        return `messages[${i}]: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'`;
+      open.set(m.tool_call_id, true);
+      pending--;
+    }
+  }
+  if (pending > 0) return `the last assistant message has tool calls without results`;
+  return null;
+}
+
+const variants = [
+  '{"record_id":7,"value":"A"}',
+  '{"value":"A","record_id":7.0}',
+  '{ "record_id" : 7 , "value" : "A" }',
+  '{"record_id":7e0,"value":"A"}',
+];
+
+function script(req) {
+  const model = req.model || '';
+  const msgs = req.messages || [];
+  const toolsOff = !Array.isArray(req.tools) || !req.tools.length || req.tool_choice === 'none';
+  const names = (req.tools || []).map((t) => t.function && t.function.name);
+  if (model.startsWith('loop-write')) {
+    if (toolsOff || !names.includes('write_record'))
+      return { text: 'I could not write the record; the storage keeps failing.' };
+    const n = msgs.filter((m) => m.role === 'tool').length;
+    return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
+  }
+  if (model.startsWith('finish')) {
+    const res = msgs.filter((m) => m.role === 'tool');
+    if (!res.length) return { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
+    return { text: 'Done: ' + res[res.length - 1].content };
+  }
+  return { text: 'Hello from the fake upstream.' };
+}
+
+function usageOf(req, out) {
+  const p = JSON.stringify(req.messages || []).length >> 2;
+  const c = 10;
+  return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
+}
+
+function reply(res, req) {
+  const plan = script(req);
+  const id = 'chatcmpl-fake' + (++stats.chat);
+  const created = Math.floor(Date.now() / 1000);
+  const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
+  const finish = calls.length ? 'tool_calls' : 'stop';
+  const usage = usageOf(req);
+  if (!req.stream) {
+    const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
+    if (calls.length) message.tool_calls = calls;
+    const body = { id, object: 'chat.completion', created, model: req.model, choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage, system_fingerprint: 'fp_fake' };
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(body));
+    return;
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  const base = { id, object: 'chat.completion.chunk', created, model: req.model, system_fingerprint: 'fp_fake' };
+  const send = (choices, extra) => res.write('data: ' + JSON.stringify({ ...base, choices, ...extra }) + '\n\n');
+  send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
+  const steps = [];
+  if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
+  calls.forEach((c, i) => {
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null }]));
+    const a = c.function.arguments, h = a.length >> 1;
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: a.slice(0, h) } }] }, logprobs: null, finish_reason: null }]));
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: a.slice(h) } }] }, logprobs: null, finish_reason: null }]));
+  });
+  steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: finish }]));
+  if (req.stream_options && req.stream_options.include_usage) steps.push(() => send([], { usage }));
+  steps.push(() => res.end('data: [DONE]\n\n'));
+  const delay = Number(process.env.FAKE_CHUNK_MS || 5);
+  let k = 0;
+  const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, delay); } };
+  tick();
+}
+
+const server = http.createServer((req, res) => {
+  let body = '';
+  req.on('data', (d) => (body += d));
+  req.on('end', () => {
+    stats.requests++;
+    if (req.method === 'GET' && req.url === '/stats') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify(stats));
+    }
+    if (req.method === 'POST' && req.url === '/reset') {
+      stats.violations = []; stats.chat = 0; stats.bodies = [];
+      res.writeHead(200); return res.end('{}');
+    }
+    if (req.method === 'GET' && req.url === '/v1/models') {
+      res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });
+      return res.end(JSON.stringify({ object: 'list', data: [{ id: 'finish', object: 'model', created: 0, owned_by: 'fake' }] }));
+    }
+    if (req.method === 'POST' && req.url === '/v1/chat/completions') {
+      let j;
+      try { j = JSON.parse(body); } catch {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: 'We could not parse the JSON body of your request.', type: 'invalid_request_error', param: null, code: null } }));
+      }
+      stats.bodies.push(j);
+      if (stats.bodies.length > 50) stats.bodies.shift();
+      const v = check(j.messages || []);
+      if (v) {
+        stats.violations.push(v);
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: "Invalid parameter: " + v, type: 'invalid_request_error', param: 'messages', code: null } }));
+      }
+      if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
+      if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }
+      return reply(res, j);
+    }
+    res.writeHead(404, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ error: { message: `Unknown request URL: ${req.method} ${req.url}`, type: 'invalid_request_error', param: null, code: 'unknown_url' } }));
+  });
+});
+server.listen(0, '127.0.0.1', () => {
+  fs.writeFileSync(process.argv[2], String(server.address().port));
+});
