@@ -883,6 +883,9 @@ static int finish_stream(chat_t *c, int ask) {
   json_t *tcs = c->tcalls;
   if (!json_array_size(tcs)) {
     raise_action(c->j, "pass", NULL);
+    json_t *m = json_pack("{s:s, s:s}", "role", "assistant", "content", c->text.data ? c->text.data : "");
+    register_key(c, m);
+    json_decref(m);
     return 1;
   }
   const char *content = c->text.len ? c->text.data : NULL;
@@ -894,6 +897,9 @@ static int finish_stream(chat_t *c, int ask) {
     return 2;
   }
   if (json_array_size(co.kept)) {
+    json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", co.kept);
+    register_key(c, m);
+    json_decref(m);
     json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
     json_t *calls = json_array();
     for (size_t i = 0; i < json_array_size(co.kept); i++) {
@@ -907,7 +913,6 @@ static int finish_stream(chat_t *c, int ask) {
     json_object_del(tmpl, "usage");
     stream_chunk_text(c, tmpl);
     json_decref(tmpl);
-    free(NULL);
   } else if (ask < MAX_REASKS) {
     done = 0;
   } else {

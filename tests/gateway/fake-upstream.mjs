@@ -12,6 +12,7 @@
 //   loop-write  always asks to write the same record (the tool fails), in
 //               variants: key order, 7 vs 7.0, white space; with tools
 //               hidden or tool_choice "none" it gives up in text
+//   stubborn    the same, and it never gives up (not even without tools)
 //   finish      looks a customer up once, then answers "Done: ..."
 //   slow        answers after 3 s
 //   garbage     answers 200 with a body that is not JSON
@@ -64,6 +65,8 @@ function script(req) {
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
   }
+  if (model.startsWith('stubborn')) // never gives up, whatever it is told
+    return { calls: [{ name: 'write_record', args: variants[msgs.filter((m) => m.role === 'tool').length % variants.length] }] };
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');
     if (!res.length) return { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };

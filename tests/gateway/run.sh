@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# run.sh — the gateway (gateway-v1) end to end: a fake upstream (Node, no
+# dependencies), `loopguard serve --upstream`, and an agent loop on the
+# real `openai` npm package, through the gateway and directly.
+#
+# Asserts: directly, the looping agent writes the failing record until its
+# own step cap; through the gateway the write runs twice at most and the
+# agent ends on a final message (stream false and true); an agent that does
+# not loop gets the upstream's answers untouched; the upstream never sees a
+# conversation a provider rejects; the run's trace replays to the same
+# decisions; bad input and a bad upstream get errors in OpenAI's shape and
+# the server keeps serving.
+#
+# Needs node and npm: the pinned clients are installed with `npm ci` when
+# missing (exit 77, skipped, when node is not installed).
+set -u -o pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../cli/serve_lib.bash"
+
+command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
+if [ ! -d "$HERE/node_modules/openai" ]; then
+  (cd "$HERE" && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { cat "$TMP/npm.log"; fail "npm ci"; }
+fi
+
+node "$HERE/fake-upstream.mjs" "$TMP/fake.port" &
+ALL_PIDS+=($!)
+for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
+FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
+
+start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log"
+agent() { # ENV... : runs the agent, prints its JSON
+  env "$@" node "$HERE/agent-openai.mjs"
+}
+get() { jq_py "$1"; }
+
+note "directly: the loop runs to the agent's own step cap"
+d=$(agent BASE_URL="$FAKE/v1" MODEL=loop-write STEP_CAP=12) || fail "agent (direct)"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "direct: $d"
+[ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "direct: $d"
+
+for stream in 0 1; do
+  note "through the gateway (stream=$stream): the write runs twice at most, the agent ends"
+  g=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write STREAM=$stream) || fail "agent (gateway, stream=$stream)"
+  w=$(echo "$g" | get 'd["executions"]["write_record"]')
+  [ "$w" -le 2 ] || fail "gateway stream=$stream: the write ran $w times: $g"
+  [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "gateway stream=$stream: $g"
+
+  note "a model that never gives up (stream=$stream): re-asks, then the stop's final message"
+  s=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn STREAM=$stream) || fail "agent (stubborn, stream=$stream)"
+  [ "$(echo "$s" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "stubborn: $s"
+  [ "$(echo "$s" | get 'd["ended"]')" = final ] || fail "stubborn: $s"
+  echo "$s" | get 'd["final"]' | grep -qi "stop\|same\|again" || fail "stubborn: the final message: $s"
+done
+run=$(echo "$g" | get 'd["seen"][0]["run"] if d["seen"] else ""')
+g0=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write) || fail "agent"
+run=$(echo "$g0" | get 'd["seen"][0]["run"]')
+[ -n "$run" ] && [ "$run" != None ] || fail "no X-Loopguard-Run: $g0"
+[ "$(echo "$g0" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "one agent run, several runs: $g0"
+echo "$g0" | get '[s["action"] for s in d["seen"]]' | grep -q "block" || fail "no block action: $g0"
+
+note "the run's trace replays to the gateway's decisions"
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/run.jsonl" || fail "trace"
+"$LG_BIN" replay --json "$TMP/run.jsonl" >"$TMP/replay.out" || fail "replay"
+sum=$(tail -n 1 "$TMP/replay.out")
+[ "$(echo "$sum" | get 'd["executed_calls"]')" = 2 ] || fail "replay: $sum"
+blocks_log=$(grep -c "\"gateway_intervention\".*\"run_id\":\"$run\".*\"action\":\"block\"" "$TMP/gw.log")
+[ "$(echo "$sum" | get 'd["blocked_calls"]')" = "$blocks_log" ] || fail "replay blocked != logged blocks ($blocks_log): $sum"
+
+for stream in 0 1; do
+  note "no loop (stream=$stream): the agent finishes, answers untouched"
+  a=$(agent BASE_URL="$FAKE/v1" MODEL=finish STREAM=$stream) || fail "agent"
+  b=$(agent BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream) || fail "agent"
+  [ "$(echo "$b" | get 'd["ended"]')" = final ] || fail "finish: $b"
+  [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "finish: $a vs $b"
+  [ "$(echo "$b" | get 'd["executions"]["lookup"]')" = 1 ] || fail "finish: $b"
+done
+echo "$b" | get '[s["action"] for s in d["seen"]]' | grep -vq "block\|stop" || true
+
+note "passthrough: GET /v1/models as the upstream sent it"
+[ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
+
+note "the upstream never saw a conversation a provider rejects"
+v=$(curl -sf "$FAKE/stats" | get 'd["violations"]')
+[ "$v" = "[]" ] || fail "violations: $v"
+
+note "bad input: errors in OpenAI's shape, the server keeps serving"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -d '{"model":' "$gw_URL/v1/chat/completions")
+[ "$code" = 400 ] || fail "malformed: $code"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -q . || fail "malformed body: $(cat "$TMP/e.json")"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"garbage","messages":[{"role":"user","content":"x"}]}' "$gw_URL/v1/chat/completions")
+[ "$code" = 502 ] || fail "garbage: $code $(cat "$TMP/e.json")"
+get 'd["error"]["type"]' <"$TMP/e.json" | grep -q upstream || fail "garbage: $(cat "$TMP/e.json")"
+start_server down --store memory: --upstream "http://127.0.0.1:9/v1"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"x","messages":[{"role":"user","content":"x"}]}' "$down_URL/v1/chat/completions")
+[ "$code" = 502 ] || fail "down: $code"
+grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: the message names no upstream: $(cat "$TMP/e.json")"
+curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving"
+curl -sf "$gw_URL/metrics" >"$TMP/metrics.txt" || fail "metrics"
+grep -q 'loopguard_gateway_interventions_total{action="block",reason="same_call_repeat"}' "$TMP/metrics.txt" || { grep gateway "$TMP/metrics.txt"; fail "metrics"; }
+
+stop_server down
+stop_server gw
+[ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
+echo "PASS"
