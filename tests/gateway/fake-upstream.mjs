@@ -14,6 +14,7 @@
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
 //   finish      looks a customer up once, then answers "Done: ..."
+//   drip        streams its text a word every 250 ms
 //   slow        answers after 3 s
 //   garbage     answers 200 with a body that is not JSON
 // Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
@@ -111,7 +112,7 @@ function reply(res, req) {
   steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: finish }]));
   if (req.stream_options && req.stream_options.include_usage) steps.push(() => send([], { usage }));
   steps.push(() => res.end('data: [DONE]\n\n'));
-  const delay = Number(process.env.FAKE_CHUNK_MS || 5);
+  const delay = (req.model || '').startsWith('drip') ? 250 : Number(process.env.FAKE_CHUNK_MS || 5);
   let k = 0;
   const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, delay); } };
   tick();

@@ -76,6 +76,16 @@ for stream in 0 1; do
 done
 echo "$b" | get '[s["action"] for s in d["seen"]]' | grep -vq "block\|stop" || true
 
+note "streaming: a text delta is forwarded as it arrives"
+t=$(BASE_URL="$gw_URL/v1" node "$HERE/stream-timing.mjs") || fail "stream timing"
+[ "$(echo "$t" | get 'd["text"]')" = "Hello from the fake upstream." ] || fail "stream text: $t"
+[ "$(echo "$t" | get 'int(d["first_ms"] < d["total_ms"] - 500)')" = 1 ] || fail "the text was held back: $t"
+
+note "a client that hangs up mid-stream: the server keeps serving"
+curl -s -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
+  "$gw_URL/v1/chat/completions" >/dev/null 2>&1
+curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving after a hang-up"
+
 note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
 
