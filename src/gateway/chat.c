@@ -77,6 +77,11 @@ static char *conv_key(json_t *messages, size_t a, json_t *extra) {
   json_t *am = extra ? extra : json_array_get(messages, a);
   json_t *tcs = json_object_get(am, "tool_calls");
   const char *id = sget(json_array_get(tcs, 0), "id");
+  json_t *blocks = json_object_get(am, "content");
+  for (size_t i = 0; !id && json_is_array(blocks) && i < json_array_size(blocks); i++) {
+    const char *ty = sget(json_array_get(blocks, i), "type");
+    if (ty && !strcmp(ty, "tool_use")) id = sget(json_array_get(blocks, i), "id");
+  }
   lg__buf_t b = {0};
   if (id) {
     lg__buf_puts(&b, "tc:");
@@ -130,6 +135,7 @@ static json_t *answer_json(const lg__step_t *st) {
 /* ---- state of one request ---- */
 
 typedef struct chat {
+  int api;                    /* LG__GW_API_OPENAI (chat), _ANTHROPIC (messages) */
   lg__gw_ctx_t *cx;
   lg__gw_job_t *j;
   lg__gw_run_t *r;
@@ -150,14 +156,21 @@ typedef struct chat {
   int saw_done;
   lg__buf_t text;             /* the text streamed */
   char *finish;               /* the finish_reason held back */
+  /* Anthropic streams */
+  int a_started;              /* message_start sent to the client */
+  int a_index;                /* the client's next content block index */
+  json_t *a_map;              /* upstream block index -> client index, or -1 - tool index */
+  json_t *a_msg;              /* message_start's message (a template) */
+  int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
 } chat_t;
+
+static int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }
 
 /* ---- events ---- */
 
 /* A tool message as a result event. Unknown calls (not the gateway's)
  * are skipped. */
-static void feed_result(chat_t *c, json_t *msg) {
-  const char *call_id = sget(msg, "tool_call_id");
+static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
   char *text = content_text(msg);
   if (!text) return;
   lg_event_t ev;
@@ -201,8 +214,8 @@ static void feed_result(chat_t *c, json_t *msg) {
         if (!*t) res->value_kind = LG_VALUE_BLANK;
       }
     }
-  } else { /* a plain answer: progress, its text the value */
-    res->status = LG_STATUS_PROGRESS;
+  } else { /* a plain answer: progress (an error: retryable), its text the value */
+    res->status = is_error ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
     value = lg_json_quote(text, strlen(text));
     res->value_len = value ? strlen(value) : 0;
     const char *t = text;
@@ -281,6 +294,23 @@ static json_t *build_body(chat_t *c) {
       json_array_append_new(msgs, m2 ? m2 : json_incref(m));
       lg__free(t);
       lg__buf_free(&nb);
+    } else if (is_anthropic(c) && role && !strcmp(role, "user") &&
+               json_is_array(json_object_get(m, "content")) && json_object_size(r->steer)) {
+      json_t *m2 = json_deep_copy(m);
+      json_t *blocks = json_object_get(m2, "content");
+      for (size_t k = 0; k < json_array_size(blocks); k++) {
+        json_t *bl = json_array_get(blocks, k);
+        const char *ty = sget(bl, "type"), *tid = sget(bl, "tool_use_id");
+        const char *st = ty && !strcmp(ty, "tool_result") && tid ? sget(r->steer, tid) : NULL;
+        if (!st) continue;
+        char *t = content_text(bl);
+        lg__buf_t nb = {0};
+        lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", st);
+        if (nb.data) json_object_set_new(bl, "content", json_string(nb.data));
+        lg__free(t);
+        lg__buf_free(&nb);
+      }
+      json_array_append_new(msgs, m2 ? m2 : json_incref(m));
     } else {
       json_array_append(msgs, m);
     }
@@ -293,20 +323,21 @@ static json_t *build_body(chat_t *c) {
     json_t *kept = json_array();
     for (size_t i = 0; i < json_array_size(tools); i++) {
       json_t *t = json_array_get(tools, i);
-      const char *nm = sget(json_object_get(t, "function"), "name");
+      const char *nm = is_anthropic(c) ? sget(t, "name") : sget(json_object_get(t, "function"), "name");
       if (!nm || strcmp(nm, r->hide_tool)) json_array_append(kept, t);
     }
     json_t *tc = json_object_get(b, "tool_choice");
-    const char *forced = sget(json_object_get(tc, "function"), "name");
+    const char *forced = is_anthropic(c) ? sget(tc, "name") : sget(json_object_get(tc, "function"), "name");
     if (forced && !strcmp(forced, r->hide_tool)) json_object_del(b, "tool_choice");
     if (json_array_size(kept)) {
       json_object_set_new(b, "tools", kept);
     } else { /* never tools: [] with tool calls in the conversation */
       json_decref(kept);
-      json_object_set_new(b, "tool_choice", json_string("none"));
+      json_object_set_new(b, "tool_choice", is_anthropic(c) ? json_pack("{s:s}", "type", "none")
+                                                            : json_string("none"));
     }
   }
-  if (c->stream) { /* usage settles the cost: asked for always */
+  if (c->stream && !is_anthropic(c)) { /* usage settles the cost: asked for always */
     json_t *so = json_object_get(b, "stream_options");
     json_t *so2 = json_is_object(so) ? json_copy(so) : json_object();
     json_object_set_new(so2, "include_usage", json_true());
@@ -321,6 +352,72 @@ static void chunk_id(chat_t *c, char *buf, size_t n) {
   snprintf(buf, n, "chatcmpl-lg%lld", (long long)now_ms(c->cx));
 }
 
+/* Writes one Anthropic SSE event. */
+static void a_event(chat_t *c, const char *type, json_t *data) {
+  char *t = data ? lg__json_text(data, NULL) : NULL;
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type, t ? t : "{}");
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t);
+  json_decref(data);
+}
+
+static void a_message_start(chat_t *c, const char *model) {
+  if (c->a_started) return;
+  c->a_started = 1;
+  char id[64];
+  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
+  json_t *m = c->a_msg ? json_incref(c->a_msg)
+                       : json_pack("{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:{s:i, s:i}}", "id", id,
+                                   "type", "message", "role", "assistant", "content", "model", model,
+                                   "stop_reason", "stop_sequence", "usage", "input_tokens", 0,
+                                   "output_tokens", 0);
+  a_event(c, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", m));
+}
+
+static void a_message_end(chat_t *c, const char *stop_reason) {
+  a_event(c, "message_delta",
+          json_pack("{s:s, s:{s:s, s:n}, s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
+                    stop_reason, "stop_sequence", "usage", "output_tokens", (json_int_t)c->a_out_tokens));
+  a_event(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+static void answer_final_anthropic(chat_t *c, const char *text, const char *model) {
+  lg__gw_job_t *j = c->j;
+  if (c->stream) {
+    if (!c->streamed) {
+      lg__gw_stream_start(j);
+      c->streamed = 1;
+    }
+    a_message_start(c, model);
+    int i = c->a_index++;
+    a_event(c, "content_block_start",
+            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", i,
+                      "content_block", "type", "text", "text", ""));
+    a_event(c, "content_block_delta",
+            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", i, "delta",
+                      "type", "text_delta", "text", text));
+    a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", i));
+    a_message_end(c, "end_turn");
+    return;
+  }
+  char id[64];
+  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, s:{s:i, s:i}}", "id", id,
+                        "type", "message", "role", "assistant", "model", model, "content", "type",
+                        "text", "text", text, "stop_reason", "end_turn", "stop_sequence", "usage",
+                        "input_tokens", 0, "output_tokens", 0);
+  char *t = o ? lg__json_text(o, NULL) : NULL;
+  j->status = 200;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  j->out.len = 0;
+  if (t) lg__buf_puts(&j->out, t);
+  lg__free(t);
+  json_decref(o);
+  lg__gw_answer(j);
+}
+
 /* The stop as a normal final assistant message. */
 static void answer_final(chat_t *c, json_t *resp) {
   lg__gw_job_t *j = c->j;
@@ -331,6 +428,10 @@ static void answer_final(chat_t *c, json_t *resp) {
   char id[64];
   chunk_id(c, id, sizeof id);
   const char *model = resp && sget(resp, "model") ? sget(resp, "model") : c->model ? c->model : "";
+  if (is_anthropic(c)) {
+    answer_final_anthropic(c, text, model);
+    return;
+  }
   if (c->stream) {
     if (!c->streamed) {
       lg__gw_stream_start(j);
@@ -465,6 +566,8 @@ static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size
   ev.type = LG_EV_USAGE;
   ev.u.usage.reservation = resv;
   json_t *pt = json_object_get(usage, "prompt_tokens"), *ct = json_object_get(usage, "completion_tokens");
+  if (!pt) pt = json_object_get(usage, "input_tokens");
+  if (!ct) ct = json_object_get(usage, "output_tokens");
   if (failed) { /* the provider answered an error or nothing: nothing charged */
     ev.u.usage.cost_nusd = 0;
   } else {
@@ -499,6 +602,13 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
     json_t *tc = json_array_get(tcs, i);
     json_t *fn = json_object_get(tc, "function");
     const char *name = sget(fn, "name"), *args = sget(fn, "arguments"), *id = sget(tc, "id");
+    char *atext = NULL;
+    if (is_anthropic(c)) { /* a tool_use block */
+      name = sget(tc, "name");
+      json_t *in = json_object_get(tc, "input");
+      args = atext = json_is_object(in) ? lg__json_text(in, NULL) : NULL;
+      if (!args) args = sget(tc, "_args"); /* a stream's, as its deltas came */
+    }
     lg_event_t ev;
     memset(&ev, 0, sizeof ev);
     ev.type = LG_EV_CALL;
@@ -537,7 +647,12 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
                        msg ? msg : "");
         content_txt = lg__buf_steal(&b, NULL);
       }
-      json_array_append_new(rest_results, tool_msg(id, content_txt ? content_txt : ""));
+      if (is_anthropic(c))
+        json_array_append_new(rest_results, json_pack("{s:s, s:s, s:s, s:b}", "type", "tool_result",
+                                                      "tool_use_id", id ? id : "", "content",
+                                                      content_txt ? content_txt : "", "is_error", !replay));
+      else
+        json_array_append_new(rest_results, tool_msg(id, content_txt ? content_txt : ""));
       lg__free(content_txt);
       json_t *ht = json_object_get(a, "hide_tools");
       json_t *hn = json_object_get(a, "hide_turns");
@@ -556,14 +671,34 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
     }
     json_decref(a);
     lg__step_clear(&st);
+    lg__free(atext);
   }
   if (co.refused && !co.stop) { /* restored before the client's next message */
-    json_t *am = json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
+    json_t *am = NULL, *items = json_array();
+    if (is_anthropic(c)) {
+      json_t *blocks = json_array();
+      if (!json_array_size(co.kept) && content && *content)
+        json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", content));
+      for (size_t i = 0; i < json_array_size(rest_calls); i++) {
+        json_t *tu = json_deep_copy(json_array_get(rest_calls, i));
+        if (json_object_get(tu, "_args")) { /* a stream's: its input parsed */
+          lg__json_begin();
+          json_t *in = json_loads(sget(tu, "_args"), 0, NULL);
+          json_object_set_new(tu, "input", json_is_object(in) ? in : json_object());
+          if (!json_is_object(in)) json_decref(in);
+          json_object_del(tu, "_args");
+        }
+        json_array_append_new(blocks, tu);
+      }
+      json_array_append_new(items, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
+      json_array_append_new(items, json_pack("{s:s, s:O}", "role", "user", "content", rest_results));
+    } else {
+    am = json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
                            json_array_size(co.kept) || !content ? json_null() : json_string(content),
                            "tool_calls", rest_calls);
-    json_t *items = json_array();
     json_array_append_new(items, am);
     json_array_extend(items, rest_results);
+    }
     lg__gw_run_t *r = c->r;
     if (r->nrs == r->caprs) {
       size_t cap = r->caprs ? r->caprs * 2 : 4;
@@ -625,6 +760,34 @@ static void register_key(chat_t *c, json_t *msg) {
   lg__free(k);
 }
 
+/* The tool_use blocks of an Anthropic message (new array). */
+static json_t *tool_uses(json_t *msg) {
+  json_t *out = json_array(), *blocks = json_object_get(msg, "content");
+  for (size_t i = 0; i < json_array_size(blocks); i++) {
+    const char *ty = sget(json_array_get(blocks, i), "type");
+    if (ty && !strcmp(ty, "tool_use")) json_array_append(out, json_array_get(blocks, i));
+  }
+  return out;
+}
+
+/* Takes the refused tool_use blocks out of msg's content. */
+static void keep_blocks(json_t *msg, json_t *kept) {
+  json_t *blocks = json_object_get(msg, "content"), *nb = json_array();
+  for (size_t i = 0; i < json_array_size(blocks); i++) {
+    json_t *bl = json_array_get(blocks, i);
+    const char *ty = sget(bl, "type");
+    int keep = !ty || strcmp(ty, "tool_use");
+    for (size_t k = 0; !keep && k < json_array_size(kept); k++)
+      keep = json_array_get(kept, k) == bl;
+    if (keep) json_array_append(nb, bl);
+  }
+  json_object_set_new(msg, "content", nb);
+}
+
+static const char *api_path(const chat_t *c) {
+  return is_anthropic(c) ? "/messages" : "/chat/completions";
+}
+
 static void run_plain(chat_t *c) {
   lg__gw_job_t *j = c->j;
   const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
@@ -651,7 +814,7 @@ static void run_plain(chat_t *c) {
     lg__gw_http_t x = {0};
     x.up = &cfg->up[c->ui];
     x.method = "POST";
-    x.path = "/chat/completions";
+    x.path = api_path(c);
     x.body = btext;
     x.body_len = blen;
     x.headers = j->fwd;
@@ -686,6 +849,7 @@ static void run_plain(chat_t *c) {
     }
     json_t *choice = json_array_get(json_object_get(resp, "choices"), 0);
     json_t *msg = json_object_get(choice, "message");
+    if (is_anthropic(c)) msg = json_is_array(json_object_get(resp, "content")) ? resp : NULL;
     if (!json_is_object(msg)) {
       usage_event(c, mo.reservation, NULL, 0, blen);
       json_decref(resp);
@@ -701,20 +865,25 @@ static void run_plain(chat_t *c) {
       return;
     }
     usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
-    json_t *tcs = json_object_get(msg, "tool_calls");
+    json_t *tcs = is_anthropic(c) ? tool_uses(msg) : json_incref(json_object_get(msg, "tool_calls"));
     if (!json_array_size(tcs)) {
       raise_action(j, "pass", NULL);
       register_key(c, msg);
-      answer_json_obj(c, resp, &x.body_out, ask > 0 ? 0 : 0);
+      answer_json_obj(c, resp, &x.body_out, 0);
+      json_decref(tcs);
       json_decref(resp);
       lg__gw_http_clear(&x);
       return;
     }
-    calls_out_t co = decide_calls(c, tcs, sget(msg, "content"));
+    char *atext = is_anthropic(c) ? content_text(msg) : NULL;
+    calls_out_t co = decide_calls(c, tcs, is_anthropic(c) ? atext : sget(msg, "content"));
+    lg__free(atext);
+    json_decref(tcs);
     if (co.stop) {
       answer_final(c, resp);
     } else if (json_array_size(co.kept)) {
-      if (co.refused) json_object_set(msg, "tool_calls", co.kept);
+      if (co.refused && is_anthropic(c)) keep_blocks(msg, co.kept);
+      else if (co.refused) json_object_set(msg, "tool_calls", co.kept);
       register_key(c, msg);
       answer_json_obj(c, resp, &x.body_out, co.refused > 0);
     } else if (ask < MAX_REASKS) { /* nothing left for the client: ask again */
@@ -746,7 +915,10 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
 }
 
 /* One SSE "data:" payload of the upstream's stream. */
+static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
+
 static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
+  if (is_anthropic(c)) return a_on_event(c, data, n, raw, rawn);
   if (n == 6 && !memcmp(data, "[DONE]", 6)) {
     c->saw_done = 1;
     return 0;
@@ -942,6 +1114,147 @@ static void end_stream(chat_t *c) {
   lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
 }
 
+/* ---- Anthropic streams ---- */
+
+static int a_map_get(chat_t *c, json_int_t idx) {
+  char k[32];
+  snprintf(k, sizeof k, "%lld", (long long)idx);
+  json_t *v = json_object_get(c->a_map, k);
+  return v ? (int)json_integer_value(v) : -1000000;
+}
+
+static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
+  json_t *cp = json_copy(ch);
+  if (index >= 0) json_object_set_new(cp, "index", json_integer(index));
+  a_event(c, type, cp);
+}
+
+static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
+  (void)raw, (void)rawn;
+  lg__json_begin();
+  json_t *ch = json_loadb(data, n, 0, NULL);
+  if (lg__json_oom() || !json_is_object(ch)) {
+    json_decref(ch);
+    return 0;
+  }
+  const char *type = sget(ch, "type");
+  json_int_t idx = json_integer_value(json_object_get(ch, "index"));
+  if (!type) {
+  } else if (!strcmp(type, "message_start")) {
+    json_t *m = json_object_get(ch, "message");
+    if (!c->a_msg && json_is_object(m)) c->a_msg = json_incref(m);
+    json_decref(c->usage);
+    c->usage = json_pack("{s:O?}", "input_tokens", json_object_get(json_object_get(m, "usage"), "input_tokens"));
+    a_message_start(c, c->model ? c->model : "");
+  } else if (!strcmp(type, "content_block_start")) {
+    json_t *cb = json_object_get(ch, "content_block");
+    const char *ty = sget(cb, "type");
+    char k[32];
+    snprintf(k, sizeof k, "%lld", (long long)idx);
+    if (ty && !strcmp(ty, "tool_use")) { /* held until decided */
+      int t = (int)json_array_size(c->tcalls);
+      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:s, s:s}", "type", "tool_use", "id",
+                                                 sget(cb, "id") ? sget(cb, "id") : "", "name",
+                                                 sget(cb, "name") ? sget(cb, "name") : "", "_args", ""));
+      json_object_set_new(c->a_map, k, json_integer(-1 - t));
+    } else {
+      int ci = c->a_index++;
+      json_object_set_new(c->a_map, k, json_integer(ci));
+      a_forward(c, type, ch, ci);
+    }
+  } else if (!strcmp(type, "content_block_delta") || !strcmp(type, "content_block_stop")) {
+    int m = a_map_get(c, idx);
+    json_t *d = json_object_get(ch, "delta");
+    if (m <= -1 && m > -1000000) {
+      json_t *tu = json_array_get(c->tcalls, (size_t)(-1 - m));
+      const char *pj = sget(d, "partial_json");
+      if (tu && pj) {
+        lg__buf_t b = {0};
+        lg__buf_printf(&b, "%s%s", sget(tu, "_args"), pj);
+        json_object_set_new(tu, "_args", json_string(b.data ? b.data : ""));
+        lg__buf_free(&b);
+      }
+    } else if (m >= 0) {
+      const char *tx = sget(d, "text");
+      if (tx) lg__buf_puts(&c->text, tx);
+      a_forward(c, type, ch, m);
+    }
+  } else if (!strcmp(type, "message_delta")) {
+    const char *sr = sget(json_object_get(ch, "delta"), "stop_reason");
+    if (sr) {
+      lg__free(c->finish);
+      c->finish = lg__strdup(sr);
+    }
+    json_t *ot = json_object_get(json_object_get(ch, "usage"), "output_tokens");
+    if (json_is_integer(ot)) {
+      c->a_out_tokens += json_integer_value(ot);
+      if (c->usage) json_object_set(c->usage, "output_tokens", ot);
+    }
+  } else if (!strcmp(type, "message_stop")) {
+    c->saw_done = 1;
+  } else { /* ping, error: as they came */
+    a_event(c, type, json_incref(ch));
+  }
+  json_decref(ch);
+  return 0;
+}
+
+static int a_finish_stream(chat_t *c, int ask) {
+  json_t *tcs = c->tcalls;
+  if (!json_array_size(tcs)) {
+    raise_action(c->j, "pass", NULL);
+    json_t *m = json_pack("{s:s, s:[{s:s, s:s}]}", "role", "assistant", "content", "type", "text",
+                          "text", c->text.data ? c->text.data : "");
+    register_key(c, m);
+    json_decref(m);
+    return 1;
+  }
+  calls_out_t co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
+  int done = 1;
+  if (co.stop) {
+    answer_final(c, NULL);
+    done = 2;
+  } else if (json_array_size(co.kept)) {
+    json_t *blocks = json_array();
+    for (size_t i = 0; i < json_array_size(co.kept); i++) {
+      json_t *tu = json_array_get(co.kept, i);
+      int ci = c->a_index++;
+      a_event(c, "content_block_start",
+              json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
+                        ci, "content_block", "type", "tool_use", "id", sget(tu, "id"), "name",
+                        sget(tu, "name"), "input"));
+      a_event(c, "content_block_delta",
+              json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", ci,
+                        "delta", "type", "input_json_delta", "partial_json", sget(tu, "_args")));
+      a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+      json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "tool_use", "id", sget(tu, "id")));
+    }
+    json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", blocks);
+    register_key(c, m);
+    json_decref(m);
+    lg__free(c->finish);
+    c->finish = lg__strdup("tool_use");
+  } else if (ask < MAX_REASKS) {
+    done = 0;
+  } else {
+    stop_run(c, "same_call_repeat");
+    answer_final(c, NULL);
+    done = 2;
+  }
+  json_decref(co.kept);
+  return done;
+}
+
+static void a_end_stream(chat_t *c) {
+  a_message_start(c, c->model ? c->model : "");
+  const char *fin = c->finish && strcmp(c->finish, "tool_use") ? c->finish : "end_turn";
+  if (c->finish && !strcmp(c->finish, "tool_use")) {
+    /* tool_use only when calls were emitted: finish_stream says so */
+    fin = "tool_use";
+  }
+  a_message_end(c, fin);
+}
+
 static void run_stream(chat_t *c) {
   lg__gw_job_t *j = c->j;
   const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
@@ -960,11 +1273,16 @@ static void run_stream(chat_t *c) {
       lg__free(btext);
       if (mo.stop) answer_final(c, c->last_chunk);
       else if (!c->streamed) lg__gw_answer(j);
+      else if (is_anthropic(c)) a_end_stream(c);
       else end_stream(c);
       return;
     }
     json_decref(c->tcalls);
     c->tcalls = json_array();
+    json_decref(c->a_map);
+    c->a_map = json_object();
+    lg__free(c->finish);
+    c->finish = NULL;
     json_decref(c->usage);
     c->usage = NULL;
     c->saw_done = 0;
@@ -975,7 +1293,7 @@ static void run_stream(chat_t *c) {
     lg__gw_http_t x = {0};
     x.up = &cfg->up[c->ui];
     x.method = "POST";
-    x.path = "/chat/completions";
+    x.path = api_path(c);
     x.body = btext;
     x.body_len = blen;
     x.headers = j->fwd;
@@ -989,7 +1307,8 @@ static void run_stream(chat_t *c) {
     if (rc || x.status != 200) {
       usage_event(c, mo.reservation, NULL, 1, blen);
       if (c->streamed) { /* mid-stream: end it the way the API ends one */
-        end_stream(c);
+        if (is_anthropic(c)) a_end_stream(c);
+        else end_stream(c);
         return;
       }
       if (rc) upstream_error(c, &x);
@@ -1010,10 +1329,11 @@ static void run_stream(chat_t *c) {
       lg__gw_stream_start(j);
       c->streamed = 1;
     }
-    int done = finish_stream(c, ask);
+    int done = is_anthropic(c) ? a_finish_stream(c, ask) : finish_stream(c, ask);
     if (done == 2) return; /* the final message ended the stream */
     if (done) {
-      end_stream(c);
+      if (is_anthropic(c)) a_end_stream(c);
+      else end_stream(c);
       return;
     }
   }
@@ -1027,6 +1347,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   memset(&c, 0, sizeof c);
   c.cx = cx;
   c.j = j;
+  c.api = j->kind == LG__GW_MESSAGES ? LG__GW_API_ANTHROPIC : LG__GW_API_OPENAI;
   lg__json_begin();
   json_error_t je;
   c.root = json_loadb(j->body, j->body_len, 0, &je);
@@ -1051,7 +1372,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   c.stream = json_is_true(json_object_get(c.root, "stream"));
   c.client_usage = json_is_true(json_object_get(json_object_get(c.root, "stream_options"), "include_usage"));
   const char *model = sget(c.root, "model");
-  c.ui = lg__gw_config_pick(lg__gw_cfg(cx->gw), model, 0, &c.model);
+  c.ui = lg__gw_config_pick(lg__gw_cfg(cx->gw), model, is_anthropic(&c), &c.model);
   j->upstream = c.ui;
   if (j->hdr_run && !valid_id(j->hdr_run)) {
     lg__gw_error(j, 400, "invalid_request_error", "invalid_run",
@@ -1088,7 +1409,17 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   for (size_t i = c.r->fed; i < c.n; i++) {
     json_t *m = json_array_get(c.messages, i);
     const char *role = sget(m, "role");
-    if (role && !strcmp(role, "tool")) feed_result(&c, m);
+    if (!is_anthropic(&c)) {
+      if (role && !strcmp(role, "tool")) feed_result(&c, sget(m, "tool_call_id"), m, 0);
+      continue;
+    }
+    json_t *blocks = json_object_get(m, "content");
+    for (size_t k = 0; role && !strcmp(role, "user") && k < json_array_size(blocks); k++) {
+      json_t *bl = json_array_get(blocks, k);
+      const char *ty = sget(bl, "type");
+      if (ty && !strcmp(ty, "tool_result"))
+        feed_result(&c, sget(bl, "tool_use_id"), bl, json_is_true(json_object_get(bl, "is_error")));
+    }
   }
   c.r->fed = c.n;
   if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
@@ -1116,6 +1447,8 @@ out:
   json_decref(c.tcalls);
   json_decref(c.last_chunk);
   json_decref(c.usage);
+  json_decref(c.a_map);
+  json_decref(c.a_msg);
   lg__buf_free(&c.line);
   lg__buf_free(&c.text);
   lg__free(c.finish);

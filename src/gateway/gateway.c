@@ -392,7 +392,7 @@ static void *worker_main(void *arg) {
     } else if (atomic_load(&gw->stop)) {
       lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
       lg__gw_answer(j);
-    } else if (j->kind == LG__GW_CHAT) {
+    } else if (j->kind == LG__GW_CHAT || j->kind == LG__GW_MESSAGES) {
       lg__gw_chat(&cx);
     } else if (j->kind == LG__GW_PASS) {
       passthrough(&cx);

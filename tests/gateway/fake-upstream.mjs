@@ -3,7 +3,7 @@
 //
 // It speaks the wire format of POST /v1/chat/completions (JSON, and SSE
 // with the usage chunk when stream_options.include_usage), GET /v1/models,
-// and checks every request for what a real provider rejects: a tool call
+// POST /v1/messages (Anthropic, JSON and SSE), and checks every request for what a real provider rejects: a tool call
 // without its result, a result without its call, a message between a
 // call and its result. Such a request is answered 400 as OpenAI answers
 // it and counted in GET /stats, so a test can fail on it.
@@ -118,6 +118,77 @@ function reply(res, req) {
   tick();
 }
 
+// ---- Anthropic Messages ----
+
+// What the Messages API rejects: roles must alternate starting with user;
+// every tool_use must be answered by a tool_result in the next user
+// message, and a tool_result must answer a tool_use of the message before.
+function checkAnthropic(messages) {
+  let prevUses = new Set();
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i];
+    const want = i % 2 === 0 ? 'user' : 'assistant';
+    if (m.role !== want) return `messages: roles must alternate between "user" and "assistant", starting with "user" (messages.${i})`;
+    const blocks = Array.isArray(m.content) ? m.content : [];
+    if (m.role === 'user') {
+      const answered = new Set(blocks.filter((b) => b.type === 'tool_result').map((b) => b.tool_use_id));
+      for (const id of answered) if (!prevUses.has(id)) return `messages.${i}.content: unexpected \`tool_use_id\` found in \`tool_result\` blocks: ${id}. Each \`tool_result\` block must have a corresponding \`tool_use\` block in the previous message.`;
+      for (const id of prevUses) if (!answered.has(id)) return `messages.${i}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${id}`;
+      prevUses = new Set();
+    } else {
+      prevUses = new Set(blocks.filter((b) => b.type === 'tool_use').map((b) => b.id));
+    }
+  }
+  if (prevUses.size) return 'the last assistant message has tool_use blocks without results';
+  return null;
+}
+
+function scriptAnthropic(req) {
+  const msgs = (req.messages || []).map((m) => {
+    if (m.role !== 'user' || !Array.isArray(m.content)) return [m];
+    return m.content.filter((b) => b.type === 'tool_result').map((b) => ({ role: 'tool', content: typeof b.content === 'string' ? b.content : (b.content || []).map((x) => x.text).join('') }));
+  }).flat();
+  const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
+  const off = req.tool_choice && req.tool_choice.type === 'none';
+  return script({ model: req.model, messages: msgs, tools: off ? [] : tools });
+}
+
+function replyAnthropic(res, req) {
+  const plan = scriptAnthropic(req);
+  const id = 'msg_fake' + (++stats.chat);
+  const content = [];
+  if (plan.text) content.push({ type: 'text', text: plan.text });
+  for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args) , _raw: c.args });
+  const stop = (plan.calls || []).length ? 'tool_use' : 'end_turn';
+  const usage = { input_tokens: JSON.stringify(req.messages || []).length >> 2, output_tokens: 10 };
+  if (!req.stream) {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ id, type: 'message', role: 'assistant', model: req.model, content: content.map(({ _raw, ...b }) => b), stop_reason: stop, stop_sequence: null, usage }));
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  const ev = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+  const steps = [];
+  steps.push(() => ev('message_start', { message: { id, type: 'message', role: 'assistant', model: req.model, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: usage.input_tokens, output_tokens: 1 } } }));
+  steps.push(() => ev('ping', {}));
+  content.forEach((b, i) => {
+    if (b.type === 'text') {
+      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'text', text: '' } }));
+      for (const w of b.text.match(/\S+\s*/g)) steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'text_delta', text: w } }));
+    } else {
+      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'tool_use', id: b.id, name: b.name, input: {} } }));
+      const a = b._raw, h = a.length >> 1;
+      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: a.slice(0, h) } }));
+      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: a.slice(h) } }));
+    }
+    steps.push(() => ev('content_block_stop', { index: i }));
+  });
+  steps.push(() => ev('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: usage.output_tokens } }));
+  steps.push(() => { ev('message_stop', {}); res.end(); });
+  let k = 0;
+  const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, 5); } };
+  tick();
+}
+
 const server = http.createServer((req, res) => {
   let body = '';
   req.on('data', (d) => (body += d));
@@ -152,6 +223,22 @@ const server = http.createServer((req, res) => {
       if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
       if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }
       return reply(res, j);
+    }
+    if (req.method === 'POST' && req.url === '/v1/messages') {
+      let j;
+      try { j = JSON.parse(body); } catch {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', message: 'invalid JSON' } }));
+      }
+      stats.bodies.push(j);
+      if (stats.bodies.length > 50) stats.bodies.shift();
+      const v = checkAnthropic(j.messages || []);
+      if (v) {
+        stats.violations.push(v);
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', message: v } }));
+      }
+      return replyAnthropic(res, j);
     }
     res.writeHead(404, { 'content-type': 'application/json' });
     res.end(JSON.stringify({ error: { message: `Unknown request URL: ${req.method} ${req.url}`, type: 'invalid_request_error', param: null, code: 'unknown_url' } }));

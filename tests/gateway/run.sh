@@ -86,6 +86,22 @@ curl -s -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":
   "$gw_URL/v1/chat/completions" >/dev/null 2>&1
 curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving after a hang-up"
 
+for stream in 0 1; do
+  note "Anthropic Messages (stream=$stream), @anthropic-ai/sdk: directly, through the gateway"
+  d=$(env BASE_URL="$FAKE" MODEL=loop-write STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic direct"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "anthropic direct: $d"
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL" MODEL=$m STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "anthropic $m: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "anthropic $m: $g"
+  done
+  a=$(env BASE_URL="$FAKE" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
+  b=$(env BASE_URL="$gw_URL" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
+  [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
+done
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$gw_URL/v1/messages")
+[ "$code" = 400 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "anthropic malformed: $code $(cat "$TMP/e.json")"
+
 note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
 
