@@ -77,6 +77,7 @@ static char *conv_key(json_t *messages, size_t a, json_t *extra) {
   json_t *am = extra ? extra : json_array_get(messages, a);
   json_t *tcs = json_object_get(am, "tool_calls");
   const char *id = sget(json_array_get(tcs, 0), "id");
+  if (!id) id = sget(am, "call_id"); /* a Responses function_call item */
   json_t *blocks = json_object_get(am, "content");
   for (size_t i = 0; !id && json_is_array(blocks) && i < json_array_size(blocks); i++) {
     const char *ty = sget(json_array_get(blocks, i), "type");
@@ -106,7 +107,8 @@ static char *conv_key(json_t *messages, size_t a, json_t *extra) {
 static long first_assistant(json_t *messages) {
   for (size_t i = 0; i < json_array_size(messages); i++) {
     const char *role = sget(json_array_get(messages, i), "role");
-    if (role && !strcmp(role, "assistant")) return (long)i;
+    const char *ty = sget(json_array_get(messages, i), "type");
+    if ((role && !strcmp(role, "assistant")) || (ty && !strcmp(ty, "function_call"))) return (long)i;
   }
   return -1;
 }
@@ -156,6 +158,11 @@ typedef struct chat {
   int saw_done;
   lg__buf_t text;             /* the text streamed */
   char *finish;               /* the finish_reason held back */
+  /* Responses */
+  const char *prev_id;        /* previous_response_id of the request */
+  const char *cur_resp_id;    /* the id of the response being decided */
+  char *reask_prev;           /* a re-ask continues this response */
+  json_t *input_wrap;         /* input given as a string, as a message */
   /* Anthropic streams */
   int a_started;              /* message_start sent to the client */
   int a_index;                /* the client's next content block index */
@@ -164,7 +171,11 @@ typedef struct chat {
   int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
 } chat_t;
 
+#define API_RESPONSES 2 /* c->api: OpenAI Responses */
 static int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }
+static int is_responses(const chat_t *c) { return c->api == API_RESPONSES; }
+/* Tools and tool_choice name their function at the top (Messages, Responses). */
+static int flat_tools(const chat_t *c) { return c->api != LG__GW_API_OPENAI; }
 
 /* ---- events ---- */
 
@@ -277,15 +288,42 @@ static json_t *build_body(chat_t *c) {
     return NULL;
   }
   size_t k = 0;
+  const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
+  if (is_responses(c) && prev) {
+    /* The upstream keeps the conversation: the refused calls of the
+     * response continued are answered first, then what the client sent. */
+    for (size_t q = 0; q < r->nrs; q++) {
+      if (!r->rs[q].resp_id || strcmp(r->rs[q].resp_id, prev)) continue;
+      for (size_t t = 0; t < json_array_size(r->rs[q].items); t++) {
+        json_t *it = json_array_get(r->rs[q].items, t);
+        const char *ty = sget(it, "type");
+        if (ty && !strcmp(ty, "function_call_output")) json_array_append(msgs, it);
+      }
+    }
+    k = r->nrs; /* nothing else restored */
+    if (c->reask_prev) json_object_set_new(b, "previous_response_id", json_string(c->reask_prev));
+  }
   for (size_t i = 0; i <= c->n; i++) {
-    for (; k < r->nrs && r->rs[k].anchor <= i; k++) json_array_extend(msgs, r->rs[k].items);
-    if (i == c->n) break;
+    for (; k < r->nrs && r->rs[k].anchor <= i; k++)
+      if (!r->rs[k].resp_id || !prev) json_array_extend(msgs, r->rs[k].items);
+    if (i == c->n || (c->reask_prev && is_responses(c))) break;
     json_t *m = json_array_get(c->messages, i);
     const char *role = sget(m, "role");
     const char *steer = role && !strcmp(role, "tool")
                             ? sget(r->steer, sget(m, "tool_call_id") ? sget(m, "tool_call_id") : "")
                             : NULL;
-    if (steer) { /* the observe rung: said with the result it is about */
+    const char *mty = sget(m, "type");
+    const char *rsteer = is_responses(c) && mty && !strcmp(mty, "function_call_output")
+                             ? sget(r->steer, sget(m, "call_id") ? sget(m, "call_id") : "")
+                             : NULL;
+    if (rsteer && json_is_string(json_object_get(m, "output"))) {
+      lg__buf_t nb = {0};
+      lg__buf_printf(&nb, "%s\n\n[loopguard] %s", sget(m, "output"), rsteer);
+      json_t *m2 = json_copy(m);
+      if (m2 && nb.data) json_object_set_new(m2, "output", json_string(nb.data));
+      json_array_append_new(msgs, m2 ? m2 : json_incref(m));
+      lg__buf_free(&nb);
+    } else if (steer) { /* the observe rung: said with the result it is about */
       char *t = content_text(m);
       lg__buf_t nb = {0};
       lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", steer);
@@ -315,7 +353,7 @@ static json_t *build_body(chat_t *c) {
       json_array_append(msgs, m);
     }
   }
-  json_object_set_new(b, "messages", msgs);
+  json_object_set_new(b, is_responses(c) ? "input" : "messages", msgs);
   if (c->model) json_object_set_new(b, "model", json_string(c->model));
   /* The cascade: the stuck tool hidden for a few model calls. */
   json_t *tools = json_object_get(b, "tools");
@@ -323,11 +361,11 @@ static json_t *build_body(chat_t *c) {
     json_t *kept = json_array();
     for (size_t i = 0; i < json_array_size(tools); i++) {
       json_t *t = json_array_get(tools, i);
-      const char *nm = is_anthropic(c) ? sget(t, "name") : sget(json_object_get(t, "function"), "name");
+      const char *nm = flat_tools(c) ? sget(t, "name") : sget(json_object_get(t, "function"), "name");
       if (!nm || strcmp(nm, r->hide_tool)) json_array_append(kept, t);
     }
     json_t *tc = json_object_get(b, "tool_choice");
-    const char *forced = is_anthropic(c) ? sget(tc, "name") : sget(json_object_get(tc, "function"), "name");
+    const char *forced = flat_tools(c) ? sget(tc, "name") : sget(json_object_get(tc, "function"), "name");
     if (forced && !strcmp(forced, r->hide_tool)) json_object_del(b, "tool_choice");
     if (json_array_size(kept)) {
       json_object_set_new(b, "tools", kept);
@@ -337,7 +375,7 @@ static json_t *build_body(chat_t *c) {
                                                             : json_string("none"));
     }
   }
-  if (c->stream && !is_anthropic(c)) { /* usage settles the cost: asked for always */
+  if (c->stream && c->api == LG__GW_API_OPENAI) { /* usage settles the cost: asked for always */
     json_t *so = json_object_get(b, "stream_options");
     json_t *so2 = json_is_object(so) ? json_copy(so) : json_object();
     json_object_set_new(so2, "include_usage", json_true());
@@ -418,6 +456,32 @@ static void answer_final_anthropic(chat_t *c, const char *text, const char *mode
   lg__gw_answer(j);
 }
 
+static void register_key(chat_t *c, json_t *msg);
+
+static void answer_final_responses(chat_t *c, const char *text, const char *model) {
+  lg__gw_job_t *j = c->j;
+  char id[64], mid[64];
+  int64_t t = now_ms(c->cx);
+  snprintf(id, sizeof id, "resp_lg%lld%04d", (long long)t, (int)(lg__hash_str(c->r->id) % 10000));
+  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)t);
+  json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}],"
+                        " s:n, s:n, s:{s:i, s:i, s:i}}",
+                        "id", id, "object", "response", "created_at", (json_int_t)(t / 1000),
+                        "status", "completed", "model", model, "output", "type", "message", "id", mid,
+                        "status", "completed", "role", "assistant", "content", "type", "output_text",
+                        "text", text, "annotations", "error", "incomplete_details", "usage",
+                        "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
+  register_key(c, o);
+  char *tx = o ? lg__json_text(o, NULL) : NULL;
+  j->status = 200;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  j->out.len = 0;
+  if (tx) lg__buf_puts(&j->out, tx);
+  lg__free(tx);
+  json_decref(o);
+  lg__gw_answer(j);
+}
+
 /* The stop as a normal final assistant message. */
 static void answer_final(chat_t *c, json_t *resp) {
   lg__gw_job_t *j = c->j;
@@ -430,6 +494,10 @@ static void answer_final(chat_t *c, json_t *resp) {
   const char *model = resp && sget(resp, "model") ? sget(resp, "model") : c->model ? c->model : "";
   if (is_anthropic(c)) {
     answer_final_anthropic(c, text, model);
+    return;
+  }
+  if (is_responses(c)) {
+    answer_final_responses(c, text, model);
     return;
   }
   if (c->stream) {
@@ -501,6 +569,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   model_out_t mo = {0};
   json_t *mt = json_object_get(c->root, "max_completion_tokens");
   if (!mt) mt = json_object_get(c->root, "max_tokens");
+  if (!mt) mt = json_object_get(c->root, "max_output_tokens");
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_MODEL;
@@ -603,6 +672,11 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
     json_t *fn = json_object_get(tc, "function");
     const char *name = sget(fn, "name"), *args = sget(fn, "arguments"), *id = sget(tc, "id");
     char *atext = NULL;
+    if (is_responses(c)) { /* a function_call item */
+      name = sget(tc, "name");
+      args = sget(tc, "arguments");
+      id = sget(tc, "call_id");
+    }
     if (is_anthropic(c)) { /* a tool_use block */
       name = sget(tc, "name");
       json_t *in = json_object_get(tc, "input");
@@ -647,7 +721,11 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
                        msg ? msg : "");
         content_txt = lg__buf_steal(&b, NULL);
       }
-      if (is_anthropic(c))
+      if (is_responses(c))
+        json_array_append_new(rest_results, json_pack("{s:s, s:s, s:s}", "type", "function_call_output",
+                                                      "call_id", id ? id : "", "output",
+                                                      content_txt ? content_txt : ""));
+      else if (is_anthropic(c))
         json_array_append_new(rest_results, json_pack("{s:s, s:s, s:s, s:b}", "type", "tool_result",
                                                       "tool_use_id", id ? id : "", "content",
                                                       content_txt ? content_txt : "", "is_error", !replay));
@@ -675,7 +753,10 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
   }
   if (co.refused && !co.stop) { /* restored before the client's next message */
     json_t *am = NULL, *items = json_array();
-    if (is_anthropic(c)) {
+    if (is_responses(c)) {
+      json_array_extend(items, rest_calls);
+      json_array_extend(items, rest_results);
+    } else if (is_anthropic(c)) {
       json_t *blocks = json_array();
       if (!json_array_size(co.kept) && content && *content)
         json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", content));
@@ -713,6 +794,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
        * go before it, so the anchor is the end of the client's messages. */
       r->rs[r->nrs].anchor = c->n;
       r->rs[r->nrs].items = items;
+      r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
       r->nrs++;
     } else {
       json_decref(items);
@@ -754,6 +836,12 @@ static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int c
 }
 
 static void register_key(chat_t *c, json_t *msg) {
+  if (is_responses(c) && sget(msg, "id")) { /* previous_response_id finds the run */
+    lg__buf_t b = {0};
+    lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
+    if (b.data) lg__gw_key_put(c->cx->gw, b.data, c->r->id);
+    lg__buf_free(&b);
+  }
   if (c->j->hdr_run || first_assistant(c->messages) >= 0 || !msg) return;
   char *k = conv_key(c->messages, c->n, msg);
   if (k) lg__gw_key_put(c->cx->gw, k, c->r->id);
@@ -768,6 +856,44 @@ static json_t *tool_uses(json_t *msg) {
     if (ty && !strcmp(ty, "tool_use")) json_array_append(out, json_array_get(blocks, i));
   }
   return out;
+}
+
+/* The function_call items of a Responses output (new array). */
+static json_t *function_calls(json_t *resp) {
+  json_t *out = json_array(), *items = json_object_get(resp, "output");
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    const char *ty = sget(json_array_get(items, i), "type");
+    if (ty && !strcmp(ty, "function_call")) json_array_append(out, json_array_get(items, i));
+  }
+  return out;
+}
+
+/* The output_text of a Responses output (new). */
+static char *output_text(json_t *resp) {
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "");
+  json_t *items = json_object_get(resp, "output");
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    json_t *ct = json_object_get(json_array_get(items, i), "content");
+    for (size_t k = 0; k < json_array_size(ct); k++) {
+      const char *ty = sget(json_array_get(ct, k), "type");
+      if (ty && !strcmp(ty, "output_text")) lg__buf_puts(&b, sget(json_array_get(ct, k), "text"));
+    }
+  }
+  return lg__buf_steal(&b, NULL);
+}
+
+/* Takes the refused function_call items out of a Responses output. */
+static void keep_items(json_t *resp, json_t *kept) {
+  json_t *items = json_object_get(resp, "output"), *ni = json_array();
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    json_t *it = json_array_get(items, i);
+    const char *ty = sget(it, "type");
+    int keep = !ty || strcmp(ty, "function_call");
+    for (size_t k = 0; !keep && k < json_array_size(kept); k++) keep = json_array_get(kept, k) == it;
+    if (keep) json_array_append(ni, it);
+  }
+  json_object_set_new(resp, "output", ni);
 }
 
 /* Takes the refused tool_use blocks out of msg's content. */
@@ -785,7 +911,7 @@ static void keep_blocks(json_t *msg, json_t *kept) {
 }
 
 static const char *api_path(const chat_t *c) {
-  return is_anthropic(c) ? "/messages" : "/chat/completions";
+  return is_anthropic(c) ? "/messages" : is_responses(c) ? "/responses" : "/chat/completions";
 }
 
 static void run_plain(chat_t *c) {
@@ -850,6 +976,8 @@ static void run_plain(chat_t *c) {
     json_t *choice = json_array_get(json_object_get(resp, "choices"), 0);
     json_t *msg = json_object_get(choice, "message");
     if (is_anthropic(c)) msg = json_is_array(json_object_get(resp, "content")) ? resp : NULL;
+    if (is_responses(c)) msg = json_is_array(json_object_get(resp, "output")) ? resp : NULL;
+    c->cur_resp_id = sget(resp, "id");
     if (!json_is_object(msg)) {
       usage_event(c, mo.reservation, NULL, 0, blen);
       json_decref(resp);
@@ -865,7 +993,9 @@ static void run_plain(chat_t *c) {
       return;
     }
     usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
-    json_t *tcs = is_anthropic(c) ? tool_uses(msg) : json_incref(json_object_get(msg, "tool_calls"));
+    json_t *tcs = is_anthropic(c)    ? tool_uses(msg)
+                  : is_responses(c) ? function_calls(msg)
+                                    : json_incref(json_object_get(msg, "tool_calls"));
     if (!json_array_size(tcs)) {
       raise_action(j, "pass", NULL);
       register_key(c, msg);
@@ -875,18 +1005,23 @@ static void run_plain(chat_t *c) {
       lg__gw_http_clear(&x);
       return;
     }
-    char *atext = is_anthropic(c) ? content_text(msg) : NULL;
-    calls_out_t co = decide_calls(c, tcs, is_anthropic(c) ? atext : sget(msg, "content"));
+    char *atext = is_anthropic(c) ? content_text(msg) : is_responses(c) ? output_text(msg) : NULL;
+    calls_out_t co = decide_calls(c, tcs, flat_tools(c) ? atext : sget(msg, "content"));
     lg__free(atext);
     json_decref(tcs);
     if (co.stop) {
       answer_final(c, resp);
     } else if (json_array_size(co.kept)) {
-      if (co.refused && is_anthropic(c)) keep_blocks(msg, co.kept);
+      if (co.refused && is_responses(c)) keep_items(msg, co.kept);
+      else if (co.refused && is_anthropic(c)) keep_blocks(msg, co.kept);
       else if (co.refused) json_object_set(msg, "tool_calls", co.kept);
       register_key(c, msg);
       answer_json_obj(c, resp, &x.body_out, co.refused > 0);
     } else if (ask < MAX_REASKS) { /* nothing left for the client: ask again */
+      if (is_responses(c) && (c->prev_id || c->reask_prev) && sget(resp, "id")) {
+        lg__free(c->reask_prev); /* the upstream keeps the conversation: continue it */
+        c->reask_prev = lg__strdup(sget(resp, "id"));
+      }
       json_decref(co.kept);
       json_decref(resp);
       lg__gw_http_clear(&x);
@@ -1347,7 +1482,9 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   memset(&c, 0, sizeof c);
   c.cx = cx;
   c.j = j;
-  c.api = j->kind == LG__GW_MESSAGES ? LG__GW_API_ANTHROPIC : LG__GW_API_OPENAI;
+  c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
+          : j->kind == LG__GW_RESPONSES ? API_RESPONSES
+                                        : LG__GW_API_OPENAI;
   lg__json_begin();
   json_error_t je;
   c.root = json_loadb(j->body, j->body_len, 0, &je);
@@ -1363,9 +1500,20 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
                  c.root ? "not an object" : je.text);
     goto out;
   }
-  c.messages = json_object_get(c.root, "messages");
+  c.messages = json_object_get(c.root, is_responses(&c) ? "input" : "messages");
+  if (is_responses(&c) && json_is_string(c.messages)) { /* input: "text" is one user message */
+    c.input_wrap = json_pack("[{s:s, s:O}]", "role", "user", "content", c.messages);
+    c.messages = c.input_wrap;
+  }
   if (!json_is_array(c.messages)) {
-    lg__gw_error(j, 400, "invalid_request_error", "invalid_value", "messages: expected an array");
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_value", "%s: expected an array",
+                 is_responses(&c) ? "input" : "messages");
+    goto out;
+  }
+  c.prev_id = is_responses(&c) ? sget(c.root, "previous_response_id") : NULL;
+  if (c.stream && is_responses(&c)) {
+    lg__gw_error(j, 400, "invalid_request_error", "unsupported_value",
+                 "loopguard gateway: stream is not supported on /v1/responses yet; use stream: false");
     goto out;
   }
   c.n = json_array_size(c.messages);
@@ -1381,7 +1529,13 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   }
   char *key = NULL;
   long a = first_assistant(c.messages);
-  if (!j->hdr_run && a >= 0) key = conv_key(c.messages, (size_t)a, NULL);
+  if (!j->hdr_run && c.prev_id) {
+    lg__buf_t kb = {0};
+    lg__buf_printf(&kb, "resp:%s", c.prev_id);
+    key = lg__buf_steal(&kb, NULL);
+  } else if (!j->hdr_run && a >= 0) {
+    key = conv_key(c.messages, (size_t)a, NULL);
+  }
   lg_error_t e = {0};
   c.r = lg__gw_run_get(cx, j->hdr_run, key, &e);
   lg__free(key);
@@ -1406,9 +1560,19 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   }
   /* What is new since the last request: the results. */
   if (c.n < c.r->fed) c.r->fed = c.n; /* a shorter conversation: trimmed */
-  for (size_t i = c.r->fed; i < c.n; i++) {
+  /* Responses with previous_response_id: the input is only what is new. */
+  for (size_t i = c.prev_id ? 0 : c.r->fed; i < c.n; i++) {
     json_t *m = json_array_get(c.messages, i);
     const char *role = sget(m, "role");
+    if (is_responses(&c)) {
+      const char *ty = sget(m, "type");
+      if (ty && !strcmp(ty, "function_call_output")) {
+        json_t *tmp = json_pack("{s:O?}", "content", json_object_get(m, "output"));
+        feed_result(&c, sget(m, "call_id"), tmp, 0);
+        json_decref(tmp);
+      }
+      continue;
+    }
     if (!is_anthropic(&c)) {
       if (role && !strcmp(role, "tool")) feed_result(&c, sget(m, "tool_call_id"), m, 0);
       continue;
@@ -1449,6 +1613,8 @@ out:
   json_decref(c.usage);
   json_decref(c.a_map);
   json_decref(c.a_msg);
+  json_decref(c.input_wrap);
+  lg__free(c.reask_prev);
   lg__buf_free(&c.line);
   lg__buf_free(&c.text);
   lg__free(c.finish);

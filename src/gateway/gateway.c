@@ -392,7 +392,7 @@ static void *worker_main(void *arg) {
     } else if (atomic_load(&gw->stop)) {
       lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
       lg__gw_answer(j);
-    } else if (j->kind == LG__GW_CHAT || j->kind == LG__GW_MESSAGES) {
+    } else if (j->kind != LG__GW_PASS) {
       lg__gw_chat(&cx);
     } else if (j->kind == LG__GW_PASS) {
       passthrough(&cx);
@@ -525,7 +525,10 @@ void lg__gw_run_unlock(lg__gw_run_t *r) { pthread_mutex_unlock(&r->mu); }
 
 static void run_free(lg__gw_run_t *r) {
   lg__free(r->id);
-  for (size_t i = 0; i < r->nrs; i++) json_decref(r->rs[i].items);
+  for (size_t i = 0; i < r->nrs; i++) {
+    json_decref(r->rs[i].items);
+    lg__free(r->rs[i].resp_id);
+  }
   lg__free(r->rs);
   json_decref(r->steer);
   lg__free(r->final_text);

@@ -84,6 +84,7 @@ enum { LG__GW_CHAT = 0, LG__GW_RESPONSES, LG__GW_MESSAGES, LG__GW_PASS, LG__GW__
 typedef struct lg__gw_restore {
   size_t anchor;
   json_t *items;      /* array of messages (a reference) */
+  char *resp_id;      /* Responses: the response they belong to, or NULL */
 } lg__gw_restore_t;
 
 /* What the gateway keeps of a run between its requests. */

@@ -189,6 +189,56 @@ function replyAnthropic(res, req) {
   tick();
 }
 
+// ---- OpenAI Responses (stored responses, previous_response_id) ----
+
+const stored = new Map(); // response id -> the conversation items up to and with its output
+let respSeq = 0;
+
+function checkResponses(items) {
+  const calls = new Map();
+  for (let i = 0; i < items.length; i++) {
+    const it = items[i];
+    if (it.type === 'function_call') calls.set(it.call_id, false);
+    if (it.type === 'function_call_output') {
+      if (!calls.has(it.call_id)) return `No tool call found for function call output with call_id ${it.call_id}.`;
+      calls.set(it.call_id, true);
+    }
+    if ((it.role === 'user' || it.type === 'message' && it.role === 'user') && [...calls.values()].includes(false))
+      return `No tool output found for function call ${[...calls.entries()].find(([, v]) => !v)[0]}.`;
+  }
+  for (const [id, done] of calls) if (!done) return `No tool output found for function call ${id}.`;
+  return null;
+}
+
+function replyResponses(res, req) {
+  let conv = [];
+  if (req.previous_response_id) {
+    if (!stored.has(req.previous_response_id)) {
+      res.writeHead(400, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify({ error: { message: `Previous response with id '${req.previous_response_id}' not found.`, type: 'invalid_request_error', param: 'previous_response_id', code: 'previous_response_not_found' } }));
+    }
+    conv = stored.get(req.previous_response_id).slice();
+  }
+  const input = typeof req.input === 'string' ? [{ role: 'user', content: req.input }] : req.input || [];
+  conv.push(...input);
+  const v = checkResponses(conv);
+  if (v) {
+    stats.violations.push(v);
+    res.writeHead(400, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ error: { message: v, type: 'invalid_request_error', param: 'input', code: null } }));
+  }
+  const msgs = conv.filter((it) => it.type === 'function_call_output').map((it) => ({ role: 'tool', content: it.output }));
+  const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
+  const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
+  const id = 'resp_fake' + (++respSeq);
+  const output = [];
+  if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
+  for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: 'completed' });
+  stored.set(id, conv.concat(output));
+  res.writeHead(200, { 'content-type': 'application/json' });
+  res.end(JSON.stringify({ id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null }));
+}
+
 const server = http.createServer((req, res) => {
   let body = '';
   req.on('data', (d) => (body += d));
@@ -223,6 +273,11 @@ const server = http.createServer((req, res) => {
       if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
       if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }
       return reply(res, j);
+    }
+    if (req.method === 'POST' && req.url === '/v1/responses') {
+      let j;
+      try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
+      return replyResponses(res, j);
     }
     if (req.method === 'POST' && req.url === '/v1/messages') {
       let j;
