@@ -138,6 +138,28 @@ curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving"
 curl -sf "$gw_URL/metrics" >"$TMP/metrics.txt" || fail "metrics"
 grep -q 'loopguard_gateway_interventions_total{action="block",reason="same_call_repeat"}' "$TMP/metrics.txt" || { grep gateway "$TMP/metrics.txt"; fail "metrics"; }
 
+note "an unknown /v1/ path: the upstream's own 404, as it sent it"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$gw_URL/v1/nothing/here")
+[ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "unknown path: $code $(cat "$TMP/e.json")"
+
+note "a run's caps are decided before the request leaves: the final message, no upstream call"
+echo '{"limits":{"max_model_calls":2}}' >"$TMP/cap.json"
+cat >"$TMP/ups.json" <<JSON
+{"upstreams": {"fake": {"base_url": "$FAKE/v1", "api": "openai", "timeout_ms": 1000}}, "default": "fake"}
+JSON
+start_server cap --store memory: --upstreams "$TMP/ups.json" --policy "$TMP/cap.json"
+before=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
+c=$(agent BASE_URL="$cap_URL/v1" MODEL=stubborn) || fail "agent (cap)"
+after=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
+[ $((after - before)) = 2 ] || fail "cap: the upstream got $((after - before)) requests: $c"
+[ "$(echo "$c" | get 'd["ended"]')" = final ] || fail "cap: $c"
+echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep -q model_call_cap || fail "cap: no model_call_cap: $c"
+
+note "an upstream that times out: 504 in OpenAI's shape"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
+[ "$code" = 504 ] && grep -q fake "$TMP/e.json" || fail "slow: $code $(cat "$TMP/e.json")"
+
+stop_server cap
 stop_server down
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
