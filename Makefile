@@ -1,6 +1,8 @@
 # loopguard — the two commands, and a few more.
 #
 #   make run     install what is missing, build, run the main job
+#                (LISTEN=HOST:PORT to pick the address, ARGS='...' for
+#                more flags of loopguard serve)
 #   make test    install what is missing, build, run every test: the unit
 #                and CLI suites, the same under ASan + UBSan, and a short
 #                run of every fuzzer
@@ -34,7 +36,7 @@ BENCH_DEPS := wrk nodejs python3
 all: build
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,14p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@./scripts/ensure-deps $(DEPS)
@@ -54,8 +56,9 @@ build-fuzz: deps
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DLG_FUZZ=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
 
-run: build
-	@./scripts/run
+# Builds by itself, quietly (one line; the whole log only on failure).
+run: deps
+	@BUILD="$(BUILD)" JOBS="$(JOBS)" CMAKE_FLAGS="$(CMAKE_FLAGS)" LISTEN="$(LISTEN)" ARGS="$(ARGS)" ./scripts/run
 
 test: build
 	@./scripts/test-all "$(BUILD)" "$(ASAN_BUILD)" "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"

@@ -23,7 +23,9 @@ void cli_error(const lg_error_t *err);
 /* Prints a usage error and returns 2. */
 int cli_usage(const char *usage, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* The store URL: --store, else $LOOPGUARD_STORE, else sqlite:loopguard.db. */
+/* The store URL: --store, else $LOOPGUARD_STORE, else sqlite:loopguard.db
+ * in the current folder; a relative sqlite: path is made absolute (static
+ * storage, valid until the next call). */
 const char *cli_store_url(const char *flag);
 /* A flag of a subcommand; a NULL name ends a list. */
 typedef struct cli_flag {
@@ -42,6 +44,9 @@ int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int ma
 /* Opens the store of --store (see cli_store_url); NULL after printing the
  * error. */
 lg_store_t *cli_open_store(const char *flag);
+/* The same for read-only commands: a store that does not exist is not
+ * created; "no store at PATH (set --store or LOOPGUARD_STORE)" instead. */
+lg_store_t *cli_open_store_existing(const char *flag);
 /* The time of day, epoch milliseconds: the CLI's clock for the store. */
 int64_t cli_now_ms(void);
 /* 1 when colour may be used on `f` (a terminal, NO_COLOR unset). */

@@ -29,7 +29,11 @@ static const char *budget_usage =
     "real cost after. Run 'loopguard budget SUBCOMMAND --help' for each one's flags.\n"
     "\n"
     "A store is a URL: memory:, sqlite:PATH or postgres:CONNINFO; the default is\n"
-    "$LOOPGUARD_STORE, else sqlite:loopguard.db.\n";
+    "$LOOPGUARD_STORE, else sqlite:loopguard.db in the current folder; read-only\n"
+    "subcommands never create it.\n"
+    "\n"
+    "Exit status: 0 success, 1 an error (the message names the store and the\n"
+    "scope), 2 bad usage.\n";
 
 static const char *set_usage =
     "usage: loopguard budget set SCOPE --limit-usd X --period daily|weekly|monthly|none\n"
@@ -248,7 +252,7 @@ static int do_show_or_reset(int argc, char **argv, int reset) {
   lg_error_t err = {0};
   if (lg_budget_scope_check(pos[0], &err))
     return cli_usage(usage, "SCOPE '%s': %s", pos[0], err.message);
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = reset ? cli_open_store(store) : cli_open_store_existing(store);
   if (!s) return 1;
   lg_budget_t b, before;
   int64_t now = cli_now_ms();
@@ -305,7 +309,7 @@ static int do_list(int argc, char **argv) {
   const char *pos[1];
   int npos, rc = cli_parse(argc, argv, flags, pos, 0, NULL, &npos, list_usage);
   if (rc >= 0) return rc;
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = cli_open_store_existing(store);
   if (!s) return 1;
   list_ctx_t x = {json != NULL, 0};
   lg_error_t err = {0};

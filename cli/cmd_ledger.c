@@ -29,7 +29,11 @@ static const char *ledger_usage =
     "'loopguard ledger SUBCOMMAND --help' for each one's flags.\n"
     "\n"
     "A store is a URL: memory:, sqlite:PATH or postgres:CONNINFO; the default is\n"
-    "$LOOPGUARD_STORE, else sqlite:loopguard.db.\n";
+    "$LOOPGUARD_STORE, else sqlite:loopguard.db in the current folder; read-only\n"
+    "subcommands never create it.\n"
+    "\n"
+    "Exit status: 0 success, 1 an error, 2 bad usage; ledger claim also exits 10\n"
+    "replay, 11 in_progress, 12 mismatch, 13 unknown_outcome.\n";
 
 static const char *claim_usage =
     "usage: loopguard ledger claim KEY --fingerprint FP [--lease-ms N] [--run RUN_ID]\n"
@@ -322,7 +326,7 @@ static int do_show(int argc, char **argv) {
   const char *pos[1];
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger show needs a KEY", &npos, show_usage);
   if (rc >= 0) return rc;
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = cli_open_store_existing(store);
   if (!s) return 1;
   lg_operation_t op = {0};
   lg_error_t err = {0};

@@ -15,10 +15,11 @@
 #include <string.h>
 
 static const char *replay_usage =
-    "usage: loopguard replay [--policy FILE] [--json] TRACE...\n"
+    "usage: loopguard replay [--policy FILE] [--json] [--quiet] TRACE...\n"
     "\n"
     "Feeds each trace-v1 file to a fresh guard, exactly as a live run would,\n"
-    "with no model and no network, and shows what the guard decided.\n"
+    "with no model and no network, and shows what the guard decided. A TRACE\n"
+    "of '-' is read from standard input.\n"
     "\n"
     "  --policy FILE  use this policy-v1 file instead of the traces' own\n"
     "  --json         one JSON object per call, model, handoff, result and\n"
@@ -42,6 +43,9 @@ typedef struct out {
   int fold_tools; /* distinct tools among them (1 or "several") */
   /* The last steer message shown: the same kind again is not repeated. */
   char last_msg_key[96];
+  /* The trace's name, printed before its first line of output: a trace
+   * that cannot be read prints only its error, on stderr. */
+  const char *pending_header;
 } out_t;
 
 static void put_usd(FILE *f, int64_t nusd) {
@@ -230,6 +234,10 @@ static void envelope_field(const char *env, const char *name, char *out, size_t 
 
 static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summary_t *sum) {
   out_t *o = ud;
+  if (o->pending_header) {
+    fprintf(o->f, "%s%s%s\n", C(o, "1"), o->pending_header, C(o, "0"));
+    o->pending_header = NULL;
+  }
   if (ev) {
     if (o->json) json_event(o, ev);
     else if (!o->quiet) human_event(o, ev);
@@ -253,6 +261,27 @@ static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summa
     if (*msg) fprintf(o->f, "  %s\"%s\"%s\n", C(o, "2"), msg, C(o, "0"));
     if (*next) fprintf(o->f, "  next allowed action: %s\n", next);
   }
+  return 0;
+}
+
+/* Reads all of `f` into a new buffer (*buf, free()). 0, or LG_EIO/LG_ENOMEM. */
+static int read_all(FILE *f, char **buf, size_t *len) {
+  size_t cap = 65536, n = 0;
+  char *b = malloc(cap);
+  if (!b) return LG_ENOMEM;
+  for (;;) {
+    if (n == cap) {
+      char *nb = realloc(b, cap *= 2);
+      if (!nb) return free(b), LG_ENOMEM;
+      b = nb;
+    }
+    size_t got = fread(b + n, 1, cap - n, f);
+    n += got;
+    if (got == 0) break;
+  }
+  if (ferror(f)) return free(b), LG_EIO;
+  *buf = b;
+  *len = n;
   return 0;
 }
 
@@ -298,21 +327,42 @@ int cmd_replay(int argc, char **argv) {
     free(traces);
     return 1;
   }
-  int status = 0;
+  int status = 0, stdin_read = 0, printed = 0;
   for (int i = 0; i < ntraces; i++) {
-    if (!o.json && !o.quiet) fprintf(o.f, "%s%s%s\n", C(&o, "1"), traces[i], C(&o, "0"));
+    int is_stdin = !strcmp(traces[i], "-");
+    const char *name = is_stdin ? "<stdin>" : traces[i];
+    if (!o.json && !o.quiet && printed) fputc('\n', o.f);
+    o.pending_header = !o.json && !o.quiet ? name : NULL;
     memset(&err, 0, sizeof err);
     err.offset = -1;
     o.fold_n = 0;
     o.last_msg_key[0] = 0;
-    int rc = lg_replay_file(traces[i], policy, on_event, &o, &err);
+    int rc;
+    if (is_stdin) {
+      char *buf = NULL;
+      size_t len = 0;
+      if (stdin_read++) {
+        rc = LG_EINVAL;
+        snprintf(err.message, sizeof err.message, "standard input ('-') can be replayed only once");
+        snprintf(err.source, sizeof err.source, "%s", name);
+      } else if ((rc = read_all(stdin, &buf, &len))) {
+        snprintf(err.message, sizeof err.message, "cannot read standard input");
+        snprintf(err.source, sizeof err.source, "%s", name);
+      } else {
+        rc = lg_replay_buffer(name, buf, len, policy, on_event, &o, &err);
+      }
+      free(buf);
+    } else {
+      rc = lg_replay_file(traces[i], policy, on_event, &o, &err);
+    }
+    if (!o.pending_header) printed = 1;
+    o.pending_header = NULL;
     if (rc) {
       if (!o.json && !o.quiet) flush_fold(&o);
       fflush(o.f);
       cli_error(&err);
       status = 1;
     }
-    if (!o.json && !o.quiet && i + 1 < ntraces) fputc('\n', o.f);
   }
   lg_policy_free(policy);
   free(traces);
@@ -331,8 +381,13 @@ static const char *fp_usage =
     "\n"
     "  --policy FILE  apply this policy's loop_key for TOOL\n"
     "  --json         {\"tool\",\"key_material\",\"fingerprint\"}\n"
+    "  -h, --help     this text\n"
     "\n"
-    "example: loopguard fingerprint charge_invoice '{\"invoice_id\":\"INV-2291\"}'\n";
+    "example: loopguard fingerprint charge_invoice '{\"invoice_id\":\"INV-2291\"}'\n"
+    "\n"
+    "Exit status: 0 printed, 1 an error (ARGS_JSON is not valid JSON, or the\n"
+    "policy file is unreadable or invalid: the message names file, line and\n"
+    "field), 2 bad usage.\n";
 
 int cmd_fingerprint(int argc, char **argv) {
   const char *policy_path = NULL, *tool = NULL, *args = NULL;

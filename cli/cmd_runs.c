@@ -35,7 +35,10 @@ static const char *runs_usage =
     "for each one's flags.\n"
     "\n"
     "A store is a URL: memory:, sqlite:PATH or postgres:CONNINFO; the default is\n"
-    "$LOOPGUARD_STORE, else sqlite:loopguard.db.\n";
+    "$LOOPGUARD_STORE, else sqlite:loopguard.db in the current folder; read-only\n"
+    "subcommands never create it.\n"
+    "\n"
+    "Exit status: 0 success, 1 an error (the message names the store), 2 bad usage.\n";
 
 static const char *list_usage =
     "usage: loopguard runs list [--status active|stopped] [--limit N] [--group GROUP]\n"
@@ -191,7 +194,7 @@ static int do_list(int argc, char **argv) {
       return cli_usage(list_usage, "--limit wants a positive number, not '%s'", limit);
     f.limit = (size_t)n;
   }
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = cli_open_store_existing(store);
   if (!s) return 1;
   list_ctx_t c = {json != NULL, 0};
   lg_error_t err = {0};
@@ -220,7 +223,7 @@ static int do_show(int argc, char **argv) {
   const char *pos[1];
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "runs show needs a RUN_ID", &npos, show_usage);
   if (rc >= 0) return rc;
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = cli_open_store_existing(store);
   if (!s) return 1;
   lg_run_record_t rec = {0};
   lg_error_t err = {0};
@@ -315,7 +318,7 @@ static int do_trace(int argc, char **argv) {
   const char *pos[1];
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "runs trace needs a RUN_ID", &npos, trace_usage);
   if (rc >= 0) return rc;
-  lg_store_t *s = cli_open_store(store);
+  lg_store_t *s = cli_open_store_existing(store);
   if (!s) return 1;
   lg_error_t err = {0};
   char *text = NULL;

@@ -29,7 +29,8 @@ static const char *serve_usage =
     "                       free port. Without tokens only a loopback address is\n"
     "                       allowed\n"
     "  --store URL          memory:, sqlite:PATH or postgres:CONNINFO\n"
-    "                       [$LOOPGUARD_STORE, else sqlite:loopguard.db]\n"
+    "                       [$LOOPGUARD_STORE, else sqlite:loopguard.db in the\n"
+    "                       current folder]\n"
     "  --tokens FILE        bearer tokens, one 'ROLE TOKEN' a line (roles: agent,\n"
     "                       operator; # comments) [none; also $LOOPGUARD_TOKENS as\n"
     "                       'ROLE TOKEN;ROLE TOKEN']. No tokens: auth off\n"
@@ -162,6 +163,10 @@ int cmd_serve(int argc, char **argv) {
   lg_server_t *srv = lg_server_start(&o, &err);
   if (!srv) {
     cli_error(&err);
+    if (strstr(err.message, "in use"))
+      fprintf(stderr, "loopguard: another program listens on %s (another loopguard serve?): "
+                      "pick another address with --listen HOST:PORT (port 0 takes a free one)\n",
+              o.listen ? o.listen : "127.0.0.1:8787");
     return 1;
   }
   char *banner = lg_server_banner(srv);

@@ -5,6 +5,7 @@
  */
 #include "cli.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,18 +18,25 @@ static const char *usage_text =
     "Stops AI agents that loop on tool calls.\n"
     "\n"
     "commands:\n"
-    "  replay [--policy FILE] [--json] TRACE...   replay traces through the guard\n"
+    "  replay [--policy FILE] [--json] [--quiet] TRACE...\n"
+    "                                    replay traces through the guard ('-': stdin)\n"
     "  fingerprint [--policy FILE] [--json] TOOL ARGS_JSON\n"
-    "                                             canonical key material and fingerprint\n"
-    "  serve [--listen HOST:PORT] [--store URL] ...  the HTTP sidecar\n"
-    "  runs list|show|cancel ...                  runs in a store (operators)\n"
-    "  ledger claim|commit|fail|show|purge ...    the idempotency ledger\n"
-    "  budget set|show|list|reset ...             shared spend budgets\n"
+    "                                    canonical key material and fingerprint of a call\n"
+    "  serve [--listen HOST:PORT] [--store URL] ...\n"
+    "                                    the HTTP sidecar\n"
+    "  runs list|show|trace|cancel ...   runs in a store, a run's trace, the kill switch\n"
+    "  ledger claim|commit|fail|show|purge ...\n"
+    "                                    the idempotency ledger\n"
+    "  budget set|show|list|reset ...    shared spend budgets\n"
+    "  --version                         the version\n"
     "\n"
-    "Run 'loopguard COMMAND --help' for a command's flags.\n"
+    "Run 'loopguard COMMAND --help' (or 'loopguard runs list --help') for the flags.\n"
     "A store is a URL: memory:, sqlite:PATH or postgres:CONNINFO; the default is\n"
-    "$LOOPGUARD_STORE, else sqlite:loopguard.db.\n"
-    "Exit status: 0 success, 1 an error, 2 bad usage.\n";
+    "$LOOPGUARD_STORE, else sqlite:loopguard.db in the current folder. Read-only\n"
+    "commands (runs list/show/trace, ledger show, budget show/list) never create a\n"
+    "store. Reference: docs/reference/cli.md.\n"
+    "Exit status: 0 success, 1 an error, 2 bad usage; 'ledger claim' adds 10-13\n"
+    "(see 'loopguard ledger claim --help').\n";
 
 void cli_error(const lg_error_t *err) {
   char buf[1024];
@@ -48,10 +56,22 @@ int cli_usage(const char *usage, const char *fmt, ...) {
   return 2;
 }
 
+/* A sqlite: store named by a relative path is made absolute against the
+ * current folder, so that every message (and the server's banner) names
+ * the file itself, wherever the command was run. */
 const char *cli_store_url(const char *flag) {
-  if (flag && *flag) return flag;
-  const char *env = getenv("LOOPGUARD_STORE");
-  return env && *env ? env : "sqlite:loopguard.db";
+  static char abs_url[PATH_MAX + 16];
+  const char *url = flag && *flag ? flag : getenv("LOOPGUARD_STORE");
+  if (!url || !*url) url = "sqlite:loopguard.db";
+  if (strncmp(url, "sqlite:", 7)) return url;
+  const char *path = url + 7;
+  if (!*path || path[0] == '/' || path[0] == ':') return url;
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) return url;
+  while (path[0] == '.' && path[1] == '/') path += 2;
+  int n = snprintf(abs_url, sizeof abs_url, "sqlite:%s%s%s", cwd,
+                   strcmp(cwd, "/") ? "/" : "", path);
+  return n > 0 && (size_t)n < sizeof abs_url ? abs_url : url;
 }
 
 int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos,
@@ -97,6 +117,20 @@ lg_store_t *cli_open_store(const char *flag) {
   lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
   if (!s) cli_error(&err);
   return s;
+}
+
+lg_store_t *cli_open_store_existing(const char *flag) {
+  lg_error_t err = {0};
+  lg_store_options_t opts = {0};
+  opts.no_create = 1;
+  const char *url = cli_store_url(flag);
+  lg_store_t *s = lg_store_open(url, &opts, &err);
+  if (s) return s;
+  if (err.code == LG_ENOTFOUND && !strncmp(url, "sqlite:", 7))
+    fprintf(stderr, "loopguard: no store at %s (set --store or LOOPGUARD_STORE)\n", url + 7);
+  else
+    cli_error(&err);
+  return NULL;
 }
 
 int64_t cli_now_ms(void) {

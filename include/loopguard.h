@@ -237,11 +237,14 @@ typedef enum lg_action {
   LG_ACT_BLOCK,       /* do not run it; tell the model why */
   LG_ACT_REPLAY,      /* do not run it; hand back the saved result */
   LG_ACT_STOP,        /* end the run */
-  LG_ACT_CONTINUE     /* after a result: the run goes on */
+  LG_ACT_CONTINUE,    /* after a result: the run goes on */
+  LG_ACT_OBSERVE      /* after text: the run goes on, and the model gets
+                         the steer message (d->message) */
 } lg_action_t;
 LG_EXPORT const char *lg_action_name(lg_action_t a);
 
-/* Stop and block reasons, by the names of policy-v1. */
+/* Stop and block reasons, by the names of policy-v1. New reasons are only
+ * ever appended: saved runs keep reasons as these integers. */
 #define LG_REASON_MAP(XX)                                                    \
   XX(NONE, "")                                                               \
   XX(STEP_CAP, "step_cap")                                                   \
@@ -267,7 +270,11 @@ LG_EXPORT const char *lg_action_name(lg_action_t a);
   XX(IN_PROGRESS, "in_progress")                                             \
   XX(IDEMPOTENCY_MISMATCH, "idempotency_mismatch")                           \
   XX(UNKNOWN_OUTCOME, "unknown_outcome")                                     \
-  XX(ALREADY_COMMITTED, "already_committed")
+  XX(ALREADY_COMMITTED, "already_committed")                                 \
+  XX(TEXT_REPEAT, "text_repeat")                                             \
+  XX(MONOLOGUE, "monologue")                                                 \
+  XX(CONTEXT_LOOP, "context_loop")                                           \
+  XX(BLOCK_STREAK, "block_streak")
 
 typedef enum lg_reason {
 #define LG__XX(name, text) LG_R_##name,
@@ -301,20 +308,31 @@ typedef struct lg_decision {
   const char *guard;          /* the guard that fired: "repeat", "cycle",
                                  "caps", "no_progress", "failure_streak",
                                  "retry", "validation", "status", "ledger",
-                                 "kill_switch"; "" when none */
+                                 "kill_switch", "text", "monologue",
+                                 "compaction", "block_streak", "cascade",
+                                 "external"; "" when none */
   uint32_t repeat;            /* calls: the n-th identical call */
   char fingerprint[LG_FP_HEX];/* calls: the loop key's fingerprint */
   const char *call_id;        /* calls and results: the call's id */
   const char *idempotency_key;/* calls: given or derived key, or NULL */
   const char *message;        /* steer message for the model, or NULL */
-  const char *hide_tool;      /* a tool to hide from the model, or NULL */
-  uint32_t hide_turns;        /* for how many turns */
-  unsigned alternatives;      /* LG_ALT_* offered instead */
+  const char *hide_tool;      /* a tool to hide from the model, or NULL:
+                                 set on a block (for cascade.hide_turns
+                                 model calls) and on every model call let
+                                 through while that tool is still hidden */
+  uint32_t hide_turns;        /* for how many more model calls */
+  unsigned alternatives;      /* LG_ALT_* offered instead: cascade.offer
+                                 with hide_tool; on a stop, what the
+                                 envelope lists */
   const char *saved_result;   /* replay: the saved result JSON */
   size_t saved_result_len;
   lg_next_t next_allowed_action; /* stop: what may happen next */
   int64_t reservation;        /* model calls let through: the id that
                                  lg_run_usage() settles */
+  const char *escalate_model; /* cascade.escalate: on a block, and on model
+                                 calls let through while the escalation
+                                 lasts, the model to use instead; or NULL */
+  uint32_t escalate_turns;    /* model calls the escalation still lasts */
 } lg_decision_t;
 
 /* A tool call as the model asked for it. */
@@ -411,7 +429,20 @@ LG_EXPORT void lg_run_free(lg_run_t *run);
 /* Before a tool executes. `canon` is scratch for the fingerprint. Fills
  * *d. Returns LG_EINVAL / LG_EPARSE / ... for a malformed call (nothing in
  * the run changes) and LG_ESTORE when the ledger failed (nothing changes
- * either: decide again). */
+ * either: decide again).
+ *
+ * The recovery cascade. Every block carries it: hide_tool (the blocked
+ * tool) with hide_turns = cascade.hide_turns and alternatives =
+ * cascade.offer (as LG_ALT_* bits), unless hide_turns is 0; and
+ * escalate_model / escalate_turns when cascade.escalate is set. The
+ * block_streak-th blocked call in a row (no executed call between) is not
+ * blocked but stops the run (block_streak). After a block the offered
+ * tools are live until the first model call that no longer hides the tool
+ * has been let through: a call named "ask_human" (when offered) then stops
+ * the run with human_required and its canonical arguments as the
+ * envelope's "question"; "finalize_partial" stops it with complete and the
+ * arguments as "partial" (guard "cascade"; decided before the caps, since
+ * neither runs a tool). Outside that, they are calls like any other. */
 LG_EXPORT int lg_run_before(lg_run_t *run, lg_canon_t *canon,
                             const lg_call_t *call, lg_decision_t *d,
                             lg_error_t *err);
@@ -420,7 +451,13 @@ LG_EXPORT int lg_run_before(lg_run_t *run, lg_canon_t *canon,
 LG_EXPORT int lg_run_after(lg_run_t *run, const lg_result_t *res,
                            lg_decision_t *d, lg_error_t *err);
 /* Before a paid model call: caps on model calls, wall clock, cost and
- * tokens, decided on the worst case so that they are never overshot. */
+ * tokens, decided on the worst case so that they are never overshot (every
+ * sum saturates at INT64_MAX: a huge input stops at the cap, never wraps
+ * past it). A call let through after a block carries the cascade: while a
+ * tool is hidden, hide_tool, hide_turns (the model calls it stays hidden,
+ * this one included; each call let through counts one down) and
+ * alternatives (cascade.offer); while the escalation lasts, escalate_model
+ * and escalate_turns (the same way). */
 LG_EXPORT int lg_run_model(lg_run_t *run, const lg_model_call_t *m,
                            lg_decision_t *d, lg_error_t *err);
 /* After a model call that was let through: its real tokens and cost
@@ -446,6 +483,57 @@ LG_EXPORT int lg_run_cancel(lg_run_t *run, const char *reason, int64_t t_ms,
 LG_EXPORT int lg_run_stop(lg_run_t *run, lg_reason_t reason, const char *text,
                           int64_t t_ms, lg_decision_t *d);
 
+/* Text the model wrote (trace-v1 `text`). Pieces with the same `turn` are
+ * consecutive pieces of one response (a stream), checked as they arrive; a
+ * new turn starts a new response. `text` is `len` bytes of UTF-8 (a piece
+ * may end in the middle of a character: the next piece continues it);
+ * `agent` may be NULL. d->action: LG_ACT_CONTINUE, LG_ACT_OBSERVE
+ * (d->message is the steer, in the first person), or LG_ACT_STOP
+ * (text_repeat / monologue; guard "text" / "monologue"; or the run's stop
+ * when it had stopped).
+ *
+ * Two guards look at text. Chanting: the end of one response keeps
+ * repeating one block of itself (a sentence or paragraph repeated, or a
+ * block of up to 16 words repeated 4 times or more, adjacent); fenced code,
+ * table rows, list items and divider lines are not counted, and a phrase
+ * that comes back far apart is not a loop. A response counts once, on the
+ * piece that completes the loop; the n-th looping response of the run takes
+ * the text.repeat ladder (observe, then stop). Monologue: the same text
+ * (white space collapsed) as the whole text of text.monologue consecutive
+ * model turns with no executed call between stops the run, on the piece
+ * that makes the turn's text equal to the previous turns'. The detector
+ * keeps a fixed-size state per run (a window of the current response's last
+ * bytes and a few hashes). Errors: LG_EINVAL (text NULL with len > 0). */
+LG_EXPORT int lg_run_text(lg_run_t *run, int64_t turn, const char *text, size_t len,
+                          const char *agent, int64_t t_ms, lg_decision_t *d,
+                          lg_error_t *err);
+/* A new message from the person: a new episode (trace-v1 `user`). The
+ * repeat window, cycles, no-progress counters, failure streaks, the block
+ * streak, text and monologue state (the text.repeat count too), the
+ * compaction count and the cascade (hidden tool, offer, escalation) start
+ * again; caps, counters, cost, budgets, retry waits, the best
+ * progress_version and the ledger carry on. d->action CONTINUE (or the
+ * run's STOP when it had stopped). Cannot fail. */
+LG_EXPORT int lg_run_user(lg_run_t *run, int64_t t_ms, lg_decision_t *d);
+/* The agent's context was summarized or trimmed (trace-v1 `compaction`):
+ * CONTINUE, or STOP / context_loop (guard "compaction") at the
+ * compaction.max-th compaction with no executed call between. Returns 0,
+ * or LG_ENOMEM with the run unchanged. */
+LG_EXPORT int lg_run_compaction(lg_run_t *run, int64_t t_ms, lg_decision_t *d);
+/* Resumes a run stopped with next_allowed_action resume_after_change,
+ * after the operator changed something. progress_version (may be NULL)
+ * becomes the new checkpoint (a new window, as confirmed progress).
+ * Returns LG_ESTATE with err->message saying why when the run is active, or
+ * its stop cannot be resumed (caps, operator cancel, budget_exceeded,
+ * complete, fatal, ... anything whose next_allowed_action is not
+ * resume_after_change); the run is then unchanged. On success the run is
+ * active again: the repeat window, cycles, streaks (failure, block,
+ * no-progress, text, compaction) and the cascade start afresh, as for
+ * lg_run_user; caps, counters, cost, tokens and the ledger carry on; the
+ * envelope forgets the stop and the call it refused; d->action CONTINUE. */
+LG_EXPORT int lg_run_resume(lg_run_t *run, const int64_t *progress_version, int64_t t_ms,
+                            lg_decision_t *d, lg_error_t *err);
+
 LG_EXPORT const char *lg_run_id(const lg_run_t *run);
 LG_EXPORT const char *lg_run_group(const lg_run_t *run);
 LG_EXPORT const lg_policy_t *lg_run_policy(const lg_run_t *run);
@@ -454,7 +542,7 @@ LG_EXPORT int lg_run_stopped(const lg_run_t *run);
 /* The terminal reason as text, or NULL while the run is active. */
 LG_EXPORT const char *lg_run_terminal_reason(const lg_run_t *run);
 LG_EXPORT void lg_run_counters(const lg_run_t *run, lg_counters_t *out);
-/* The terminal envelope (DESIGN.md §5) as a JSON object: also for a run
+/* The terminal envelope (docs/engine.md) as a JSON object: also for a run
  * still active (terminal_reason null). New string (lg_free), NULL on
  * out-of-memory. */
 LG_EXPORT char *lg_run_envelope_json(const lg_run_t *run);
@@ -588,6 +676,9 @@ typedef struct lg_store_options {
   int64_t lease_ms;      /* lease of a claim that gives none (<= 0): 60 s */
   int busy_timeout_ms;   /* wait this long for a lock before LG_EBUSY
                             (default 5 s; negative: do not wait) */
+  int no_create;         /* 1: open only a store that exists: a sqlite: file
+                            that is not there is LG_ENOTFOUND (field "url"),
+                            nothing is created. For read-only commands. */
 } lg_store_options_t;
 
 /* Opens (and creates or migrates) the store named by `url`; `opts` may be
@@ -830,7 +921,7 @@ LG_EXPORT int lg_store_denied(lg_store_t *s, const char *run_id,
 
 /* BUDGET-API-BEGIN (owned by the budget module) */
 /* ---------------------------------------------------------------------
- * The spend gate (DESIGN.md §4): prices, the worst case of a model call,
+ * The spend gate (docs/budget.md): prices, the worst case of a model call,
  * and shared budgets for any scope ("key:...", "workspace:...", "team:...",
  * "customer:...", any name) kept in a store (memory:, sqlite:, postgres:).
  *

@@ -4,11 +4,15 @@
 A scripted fake model wants to charge an invoice. The fake payment tool
 times out every time. The model does what models do: it retries, and to get
 past a repeat check it writes the same call a little differently each turn
-(49 / 49.0 / 4.9e1, keys in another order). Every tool call goes through
-the loopguard sidecar first; the guard sees one call (the canonical loop
-key is the same), lets the first two through, blocks the next ones with a
-message for the model, and ends the run. The demo prints each step and the
-terminal envelope.
+(49 / 49.0 / 4.9e1, keys in another order, "inv-1042 " for "INV-1042").
+The arguments go to the sidecar as the model wrote them (JSON text, sent
+byte for byte), before every tool call. Numbers are compared by value, so
+49, 49.0 and 4.9e1 are one amount by themselves; the invoice's case and
+spaces are one invoice only because the POLICY below says so (loop_key:
+upper, trim) — with the default policy "inv-1042 " would be another call.
+The guard lets the first two through, blocks the next three with a message
+for the model, stops the run at the sixth, and the demo prints each step
+and the terminal envelope.
 
     python3 examples/python/demo.py            # server at $LOOPGUARD_URL or 127.0.0.1:8787
     python3 examples/python/demo.py --url http://127.0.0.1:9000 --token TOKEN
@@ -28,10 +32,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loopguard_client import Client, LoopGuardError  # noqa: E402
 
 POLICY = {
-    # The payment tool writes to the world: the guard keys each charge, so
-    # an identical charge that did go through is replayed, never repeated.
-    "tools": {"charge_card": {"side_effects": True,
-                              "loop_key": {"invoice": ["upper", "trim"], "amount": []}}},
+    "tools": {"charge_card": {
+        # The payment tool writes to the world: the guard keys each charge,
+        # so an identical charge that did go through is replayed, never run
+        # again.
+        "side_effects": True,
+        # What makes two charges "the same call": the invoice, upper-cased
+        # and trimmed (so "inv-1042 " is INV-1042), and the amount.
+        "loop_key": {"invoice": ["upper", "trim"], "amount": []}}},
     "limits": {"max_cost_usd": 1.0},
 }
 
@@ -39,11 +47,13 @@ POLICY = {
 class FakeModel:
     """Asks for the same charge every turn, dressed differently."""
 
+    # The arguments as a model writes them: JSON text (what OpenAI's and
+    # Anthropic's APIs hand an agent), passed to the guard untouched.
     variants = [
-        {"invoice": "INV-1042", "amount": 49},
-        {"amount": 49.0, "invoice": "INV-1042"},
-        {"invoice": "inv-1042 ", "amount": 4.9e1},
-        {"invoice": "INV-1042", "amount": 49.00},
+        '{"invoice": "INV-1042", "amount": 49}',
+        '{"amount": 49.0, "invoice": "INV-1042"}',
+        '{"invoice": "inv-1042 ", "amount": 4.9e1}',
+        '{"invoice":"INV-1042","amount":49.00}',
     ]
 
     def __init__(self):
@@ -51,7 +61,7 @@ class FakeModel:
 
     def next_call(self, last_observation):
         self.turn += 1
-        args = dict(self.variants[(self.turn - 1) % len(self.variants)])
+        args = self.variants[(self.turn - 1) % len(self.variants)]
         thought = "The charge failed; let me try again." if last_observation else "Charge the invoice."
         return thought, "charge_card", args
 
@@ -97,7 +107,7 @@ def main():
         thought, tool, args = model.next_call(observation)
         lg.usage(run_id, input_tokens=1200, output_tokens=40, cost_usd=0.0031,
                  reservation_id=m.get("reservation_id"))
-        say("\nturn %d  model: %s  -> %s(%s)" % (model.turn, thought, tool, json.dumps(args)))
+        say("\nturn %d  model: %s  -> %s(%s)" % (model.turn, thought, tool, args))
         d = lg.call(run_id, tool, args, turn=model.turn)
         action = d["action"]
         if action == "execute":
@@ -106,7 +116,7 @@ def main():
             else:
                 say("  guard: execute")
             try:
-                value = charge_card(**args)
+                value = charge_card(**json.loads(args))
                 r = lg.result(run_id, "complete", call_id=d["call_id"], value=value)
             except PaymentTimeout as e:
                 say("  tool:  %s" % e)

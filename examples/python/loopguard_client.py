@@ -1,12 +1,17 @@
 """loopguard_client — a small client of the loopguard HTTP sidecar (http-api-v1).
 
-Standard library only (http.client, json): copy this one file next to your
-agent. One Client keeps one keep-alive connection; use one per thread.
+Standard library only (http.client, json, ssl): copy this one file next to
+your agent. One Client keeps one keep-alive connection; use one per thread.
+http:// and https:// URLs (a loopguard behind a TLS proxy; ssl_context=
+sets the certificates to trust), with an optional path prefix.
 
     from loopguard_client import Client
 
     lg = Client("http://127.0.0.1:8787", token=None)
-    run = lg.create_run(policy={"tools": {"charge_card": {"side_effects": True}}})
+    # The policy says what "the same call" means for each tool: here the
+    # invoice's case and spaces do not count, and a charge is a write.
+    run = lg.create_run(policy={"tools": {"charge_card": {
+        "side_effects": True, "loop_key": {"invoice": ["upper", "trim"], "amount": []}}}})
     d = lg.call(run["run_id"], "charge_card", {"invoice": "INV-1", "amount": 49})
     if d["action"] == "execute":
         ...run the tool...
@@ -27,11 +32,40 @@ in_progress, mismatch, unknown_outcome) are answers, returned as a dict.
 import http.client
 import json
 import os
+import ssl
 import urllib.parse
 
-__all__ = ["Client", "LoopGuardError"]
+__all__ = ["Client", "LoopGuardError", "RawJSON"]
 
 _ABSENT = object()
+
+
+class RawJSON:
+    """JSON text sent as it is, byte for byte: a tool call's arguments as the
+    model wrote them (`4.9e1` stays `4.9e1`; Python's json would send 49.0).
+    The text must be one valid JSON value (checked here)."""
+
+    def __init__(self, text):
+        if isinstance(text, bytes):
+            text = text.decode()
+        json.loads(text)  # raises ValueError when it is not JSON
+        self.text = text
+
+
+def _encode(body):
+    """json.dumps, with every RawJSON spliced in verbatim."""
+    raws = []
+
+    def default(o):
+        if isinstance(o, RawJSON):
+            raws.append(o.text)
+            return "\x00raw%d\x00" % (len(raws) - 1)
+        raise TypeError("%r is not JSON serializable" % (o,))
+
+    out = json.dumps(body, separators=(",", ":"), default=default)
+    for i, text in enumerate(raws):
+        out = out.replace(json.dumps("\x00raw%d\x00" % i), text, 1)
+    return out.encode()
 
 
 class LoopGuardError(Exception):
@@ -54,13 +88,16 @@ class Client:
     none (a server without tokens, on loopback).
     """
 
-    def __init__(self, base_url=None, token=None, timeout=10.0):
+    def __init__(self, base_url=None, token=None, timeout=10.0, ssl_context=None):
         base_url = base_url or os.environ.get("LOOPGUARD_URL") or "http://127.0.0.1:8787"
         u = urllib.parse.urlsplit(base_url)
-        if u.scheme != "http":
-            raise ValueError("only http:// URLs are supported, got %r" % base_url)
+        if u.scheme not in ("http", "https"):
+            raise ValueError("loopguard URL %r: use http://HOST:PORT or https://HOST:PORT" % base_url)
+        self.https = u.scheme == "https"
         self.host = u.hostname or "127.0.0.1"
-        self.port = u.port or 80
+        self.port = u.port or (443 if self.https else 80)
+        self.prefix = u.path.rstrip("/")
+        self.ssl_context = ssl_context
         self.token = token if token is not None else os.environ.get("LOOPGUARD_TOKEN")
         self.timeout = timeout
         self._conn = None
@@ -80,15 +117,20 @@ class Client:
 
     def _send(self, method, path, body):
         if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            if self.https:
+                ctx = self.ssl_context or ssl.create_default_context()
+                self._conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                                         context=ctx)
+            else:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         headers = {"Accept": "application/json"}
         data = None
         if body is not None:
-            data = json.dumps(body, separators=(",", ":")).encode()
+            data = _encode(body)
             headers["Content-Type"] = "application/json"
         if self.token:
             headers["Authorization"] = "Bearer " + self.token
-        self._conn.request(method, path, body=data, headers=headers)
+        self._conn.request(method, self.prefix + path, body=data, headers=headers)
         resp = self._conn.getresponse()
         raw = resp.read()
         if resp.getheader("Connection", "").lower() == "close":
@@ -128,10 +170,13 @@ class Client:
 
     # ---- runs and decisions ----
 
-    def create_run(self, run_id=None, group=None, policy=None, progress_version=None):
-        """POST /v1/runs -> {"run_id", "policy"} (the effective policy)."""
+    def create_run(self, run_id=None, group=None, policy=None, progress_version=None,
+                   scopes=None):
+        """POST /v1/runs -> {"run_id", "policy"} (the effective policy).
+        scopes: the shared budgets the run's model calls reserve against."""
         return self.request("POST", "/v1/runs", self._fields(
-            run_id=run_id, group=group, policy=policy, progress_version=progress_version))[1]
+            run_id=run_id, group=group, policy=policy, progress_version=progress_version,
+            scopes=scopes))[1]
 
     def run(self, run_id):
         """GET /v1/runs/{id} -> {run_id, group, status, counters, terminal_reason, envelope}."""
@@ -139,7 +184,11 @@ class Client:
 
     def call(self, run_id, tool, args=None, turn=None, call_id=None, idempotency_key=None,
              agent=None):
-        """Before a tool runs: {"call_id", "action": execute|block|replay|stop, ...}."""
+        """Before a tool runs: {"call_id", "action": execute|block|replay|stop, ...}.
+        args is a dict, or the arguments' JSON text as the model wrote it (a
+        str or RawJSON), sent as it is."""
+        if isinstance(args, (str, bytes)):
+            args = RawJSON(args)
         return self.request("POST", "/v1/runs/%s/calls" % self._q(run_id), self._fields(
             tool=tool, args=args if args is not None else {}, turn=turn, call_id=call_id,
             idempotency_key=idempotency_key, agent=agent))[1]
@@ -214,6 +263,20 @@ class Client:
 
     def operation(self, key):
         return self.request("GET", "/v1/operations/" + self._q(key))[1]
+
+    # ---- budgets (the spend gate) ----
+
+    def set_budget(self, scope, limit_usd, period, max_in_flight_usd=None):
+        """PUT /v1/budgets/{scope} (operator); period: daily, weekly, monthly, none."""
+        return self.request("PUT", "/v1/budgets/" + self._q(scope), self._fields(
+            limit_usd=limit_usd, period=period, max_in_flight_usd=max_in_flight_usd))[1]
+
+    def budget(self, scope):
+        return self.request("GET", "/v1/budgets/" + self._q(scope))[1]
+
+    def budgets(self):
+        """Every budget (operator)."""
+        return self.request("GET", "/v1/budgets")[1]["budgets"]
 
     # ---- the server ----
 

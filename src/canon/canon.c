@@ -13,7 +13,7 @@
  * through a scratch buffer. Nothing is allocated per value — the buffers
  * belong to the lg_canon_t and are reused from call to call.
  *
- * One deliberate difference from RFC 8785 (DESIGN.md §2): a number whose
+ * One deliberate difference from RFC 8785 (docs/engine.md, "Fingerprints"): a number whose
  * exact value lies in [2^53, 10^21) is written with all its decimal digits,
  * because rounding it to a double would make two customer ids one.
  *

@@ -60,7 +60,51 @@ typedef struct lg__op {
   uint8_t state;        /* an lg_claim_outcome_t-like state, see OPSTATE_ */
 } lg__op_t;
 
+enum { LG__ANS_QUESTION = 1, LG__ANS_PARTIAL };
+
 enum { LG__OP_CLAIMED = 1, LG__OP_COMMITTED, LG__OP_FAILED, LG__OP_RELEASED, LG__OP_REPLAYED };
+
+/* The text detector's state (text.c): one response at a time, fixed size.
+ * Prose is read as words (runs of bytes between white space and sentence
+ * ends) and sentences (ended by . ! ? or a line end); both are hashed as
+ * they complete and kept in small rings, where a loop is a block at the
+ * end repeated back to back. Lines that people repeat on purpose (fenced
+ * code, table rows, list items, headings, dividers) are skipped and break
+ * the rings, so repetition never spans them. */
+#define LG__TW_WORDS 64   /* word hashes kept: a 16-word block seen 4 times */
+#define LG__TW_SENTS 32   /* sentence hashes kept: an 8-sentence block 3 times + 8 */
+#define LG__LINE_HEAD 12  /* bytes of a line's start kept to tell its kind */
+#define LG__ANSWER_MAX 16384 /* bytes of an ask_human / finalize_partial call kept */
+
+enum { LG__LINE_START = 0, LG__LINE_PROSE, LG__LINE_SKIP };
+
+typedef struct lg__text {
+  bool open;                   /* a response is being read */
+  int64_t turn;                /* its turn */
+  bool looped;                 /* it was counted as looping already */
+  uint8_t line;                /* LG__LINE_*: the current line's kind */
+  bool fence;                  /* inside a ``` (or ~~~) block */
+  uint8_t head_len;            /* bytes in head */
+  uint8_t indent;              /* columns of indentation before head (a
+                                  tab counts 4; 4 or more: indented code) */
+  char head[LG__LINE_HEAD];    /* the line's first bytes, while its kind is
+                                  not known yet (indentation dropped) */
+  uint32_t word;               /* hash of the word being read */
+  uint32_t word_len;           /* its bytes so far */
+  uint32_t sent;               /* hash of the sentence being read */
+  uint32_t sent_words;         /* its words so far */
+  uint32_t words[LG__TW_WORDS];/* ring of the last words' hashes */
+  int nwords, whead;           /* entries in use; where the next one goes */
+  uint32_t sents[LG__TW_SENTS];/* ring of the last sentences' hashes */
+  uint32_t sent_nw[LG__TW_SENTS]; /* and their word counts */
+  int nsents, shead;
+  /* Monologue: the response's whole text, white space collapsed. */
+  uint64_t mono;               /* FNV-1a of it so far */
+  int64_t mono_len;            /* bytes hashed */
+  bool mono_space;             /* white space seen since the last byte */
+  bool mono_void;              /* an executed call came after this text: it
+                                  does not count toward a monologue */
+} lg__text_t;
 
 typedef struct lg__resv {
   int64_t id;           /* reservation id */
@@ -107,6 +151,26 @@ struct lg_run {
   int64_t held_cost;       /* sum of resv[].cost */
   int64_t held_tokens;     /* sum of resv[].tokens */
 
+  /* Streaks since the last executed call. */
+  int64_t block_streak;    /* blocked calls in a row */
+  int64_t compactions;     /* compaction events */
+
+  /* Text guards. */
+  lg__text_t text;         /* the current response */
+  int64_t text_loops;      /* responses with a text loop (text.repeat) */
+  uint64_t mono_ref;       /* hash of the last finished response's text */
+  int64_t mono_ref_len;    /* its length; 0: none */
+  int64_t mono_run;        /* finished responses in a row with that text */
+
+  /* Recovery cascade (after a block). */
+  int hidden;              /* the tool hidden from the model, -1 none */
+  int64_t hide_left;       /* model calls it stays hidden */
+  bool offer_live;         /* cascade.offer tools may be called now */
+  int64_t escalate_left;   /* model calls the escalation still lasts */
+  uint8_t answer_kind;     /* 0, LG__ANS_QUESTION or LG__ANS_PARTIAL */
+  bool answer_trunc;       /* answer was cut at LG__ANSWER_MAX (a string) */
+  char *answer;            /* the call's canonical args, or NULL */
+
   /* The end. */
   bool stopped;
   lg_reason_t reason;
@@ -138,5 +202,23 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
                    lg_decision_t *d, lg_error_t *err);
 /* Tool index for `name`, adding it; -1 on out-of-memory. */
 int lg__run_tool(lg_run_t *run, const char *name);
+
+/* text.c: starts a new response (the previous one's text goes to the
+ * monologue count). */
+void lg__text_begin(lg_run_t *run, int64_t turn);
+/* Reads a piece of the current response; true when it completed a text
+ * loop in a response not counted yet (and counts it). */
+bool lg__text_feed(lg_run_t *run, const char *s, size_t n);
+/* Clears the whole text state (an episode, a resume). */
+void lg__text_clear(lg_run_t *run);
+/* An executed call: text so far no longer makes a monologue. */
+void lg__text_call(lg_run_t *run);
+
+/* Saturating sums of counters that are never negative. */
+static inline int64_t lg__sat_add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) return b > 0 ? INT64_MAX : INT64_MIN;
+  return r;
+}
 
 #endif

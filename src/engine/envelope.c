@@ -1,12 +1,12 @@
 /*
- * envelope.c — the terminal envelope (DESIGN.md §5): the machine-readable
+ * envelope.c — the terminal envelope (docs/engine.md, "The terminal envelope"): the machine-readable
  * record of how a run ended, written for the on-call engineer who reads it
  * at 3 a.m. as much as for the program that branches on it.
  *
  *   {"run_id","group","status","terminal_reason","guard","message",
  *    "next_allowed_action","alternatives":[...],"stopped_at_ms",
  *    "refused_call":{"tool","call_id","turn","fingerprint","key_material"},
- *    "last_checkpoint","counters":{...},"operations":[{"key","state",
+ *    "question","partial","last_checkpoint","counters":{...},"operations":[{"key","state",
  *    "operation_id"}],"tried":[{"tool","fingerprint","count","last"}]}
  *
  * It is built from the run alone: pure, like the rest of the engine.
@@ -84,6 +84,14 @@ char *lg_run_envelope_json(const lg_run_t *run) {
     lg__buf_putc(&b, '}');
   } else {
     lg__buf_puts(&b, "null");
+  }
+  /* The cascade's way out: what the model asked a person, or the partial
+   * answer it finished with (its canonical arguments; a string when they
+   * were too long to keep whole). */
+  for (int k = LG__ANS_QUESTION; k <= LG__ANS_PARTIAL; k++) {
+    lg__buf_puts(&b, k == LG__ANS_QUESTION ? ",\"question\":" : ",\"partial\":");
+    if (run->answer && run->answer_kind == k && !run->answer_trunc) lg__buf_puts(&b, run->answer);
+    else str_or_null(&b, run->answer && run->answer_kind == k ? run->answer : NULL);
   }
   lg__buf_puts(&b, ",\"last_checkpoint\":");
   if (run->has_best) lg__buf_printf(&b, "%lld", (long long)run->best);

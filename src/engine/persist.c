@@ -6,12 +6,18 @@
  * integers as 8 little-endian bytes, strings as a 4-byte length (all ones
  * for NULL) and their bytes. The policy is not in the blob: the store keeps
  * it beside the state as policy JSON.
+ *
+ * Format 2 appends the state of the text, episode, compaction, block-streak
+ * and cascade guards after format 1's fields; a format 1 blob still loads
+ * (those guards then start from nothing, as they would have in the release
+ * that wrote it).
  */
 #include "engine.h"
 
 #include <endian.h>
 
-#define FORMAT 1
+#define FORMAT 2
+#define FORMAT_MIN 1 /* the oldest format that still loads */
 
 typedef struct wr {
   lg__buf_t b;
@@ -33,6 +39,52 @@ static void wstr(wr_t *w, const char *s) {
   if (s) lg__buf_append(&w->b, s, n);
 }
 static void wbytes(wr_t *w, const void *p, size_t n) { lg__buf_append(&w->b, p, n); }
+static void w32s(wr_t *w, const uint32_t *v, int n) {
+  for (int i = 0; i < n; i++) {
+    uint8_t x[4] = {(uint8_t)v[i], (uint8_t)(v[i] >> 8), (uint8_t)(v[i] >> 16),
+                    (uint8_t)(v[i] >> 24)};
+    lg__buf_append(&w->b, x, 4);
+  }
+}
+
+/* Format 2's fields: the text detector, streaks and the cascade. */
+static void save_v2(wr_t *w, const lg_run_t *run) {
+  const lg__text_t *x = &run->text;
+  w64(w, run->block_streak);
+  w64(w, run->compactions);
+  w64(w, x->open);
+  w64(w, x->turn);
+  w64(w, x->looped);
+  w64(w, x->line);
+  w64(w, x->fence);
+  w64(w, x->head_len);
+  w64(w, x->indent);
+  wbytes(w, x->head, LG__LINE_HEAD);
+  uint32_t cur[4] = {x->word, x->word_len, x->sent, x->sent_words};
+  w32s(w, cur, 4);
+  w32s(w, x->words, LG__TW_WORDS);
+  w64(w, x->nwords);
+  w64(w, x->whead);
+  w32s(w, x->sents, LG__TW_SENTS);
+  w32s(w, x->sent_nw, LG__TW_SENTS);
+  w64(w, x->nsents);
+  w64(w, x->shead);
+  w64(w, (int64_t)x->mono);
+  w64(w, x->mono_len);
+  w64(w, x->mono_space);
+  w64(w, x->mono_void);
+  w64(w, run->text_loops);
+  w64(w, (int64_t)run->mono_ref);
+  w64(w, run->mono_ref_len);
+  w64(w, run->mono_run);
+  w64(w, run->hidden);
+  w64(w, run->hide_left);
+  w64(w, run->offer_live);
+  w64(w, run->escalate_left);
+  w64(w, run->answer_kind);
+  w64(w, run->answer_trunc);
+  wstr(w, run->answer);
+}
 /* The value of each lowercase hex digit (fingerprints are lowercase hex). */
 static const uint8_t hexval[256] = {
     ['0'] = 0,  ['1'] = 1,  ['2'] = 2,  ['3'] = 3,  ['4'] = 4,  ['5'] = 5,  ['6'] = 6,  ['7'] = 7,
@@ -43,7 +95,7 @@ int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   /* Room for all but long strings: no growing while writing. */
   lg__buf_reserve(&w.b, 1024 + (size_t)run->win_cap * 16 + (size_t)run->ntried * 64 +
                             (size_t)run->ntools * 48 + (size_t)(run->npending + run->nops) * 96 +
-                            (size_t)(run->nretry + run->nresv) * 24);
+                            (size_t)(run->nretry + run->nresv) * 24 + 1024);
   wbytes(&w, "LGR", 3);
   w64(&w, FORMAT);
   wstr(&w, run->run_id);
@@ -122,6 +174,7 @@ int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   wbytes(&w, run->refused_fp, LG_FP_HEX);
   w64(&w, run->refused_turn);
   w64(&w, run->stopped_at_ms);
+  save_v2(&w, run);
   *buf = lg__buf_steal(&w.b, len);
   return *buf ? 0 : LG_ENOMEM;
 }
@@ -180,11 +233,132 @@ static void rbytes(rd_t *r, void *out, size_t n) {
   r->i += n;
 }
 
+static void r32s(rd_t *r, uint32_t *v, int n) {
+  for (int i = 0; i < n; i++) {
+    uint8_t x[4];
+    rbytes(r, x, 4);
+    v[i] = (uint32_t)x[0] | (uint32_t)x[1] << 8 | (uint32_t)x[2] << 16 | (uint32_t)x[3] << 24;
+  }
+}
+
+/* Format 2's fields (see save_v2), each checked against its range. */
+static void load_v2(rd_t *r, lg_run_t *run) {
+  lg__text_t *x = &run->text;
+  run->block_streak = r64(r);
+  run->compactions = r64(r);
+  x->open = r64(r) != 0;
+  x->turn = r64(r);
+  x->looped = r64(r) != 0;
+  x->line = (uint8_t)rcount(r, LG__LINE_SKIP);
+  x->fence = r64(r) != 0;
+  x->head_len = (uint8_t)rcount(r, LG__LINE_HEAD - 1);
+  x->indent = (uint8_t)rcount(r, 67);
+  rbytes(r, x->head, LG__LINE_HEAD);
+  uint32_t cur[4];
+  r32s(r, cur, 4);
+  x->word = cur[0];
+  x->word_len = cur[1];
+  x->sent = cur[2];
+  x->sent_words = cur[3];
+  r32s(r, x->words, LG__TW_WORDS);
+  x->nwords = rcount(r, LG__TW_WORDS);
+  x->whead = rcount(r, LG__TW_WORDS - 1);
+  r32s(r, x->sents, LG__TW_SENTS);
+  r32s(r, x->sent_nw, LG__TW_SENTS);
+  x->nsents = rcount(r, LG__TW_SENTS);
+  x->shead = rcount(r, LG__TW_SENTS - 1);
+  x->mono = (uint64_t)r64(r);
+  x->mono_len = r64(r);
+  x->mono_space = r64(r) != 0;
+  x->mono_void = r64(r) != 0;
+  run->text_loops = r64(r);
+  run->mono_ref = (uint64_t)r64(r);
+  run->mono_ref_len = r64(r);
+  run->mono_run = r64(r);
+  int64_t h = r64(r); /* -1 (none) or an index into tools */
+  if (h < -1 || h >= run->ntools) r->rc = r->rc ? r->rc : LG_EINVAL;
+  run->hidden = r->rc ? -1 : (int)h;
+  run->hide_left = r64(r);
+  run->offer_live = r64(r) != 0;
+  run->escalate_left = r64(r);
+  run->answer_kind = (uint8_t)rcount(r, LG__ANS_PARTIAL);
+  run->answer_trunc = r64(r) != 0;
+  run->answer = rstr(r);
+}
+
+/* The tables of format 1: tools, tried keys, pending calls, retry waits,
+ * operations, reservations; each count checked against its bound. */
+static void load_tables(rd_t *r, lg_run_t *run) {
+  int nt = rcount(r, 1 << 20);
+  for (int i = 0; i < nt && !r->rc; i++) {
+    char *name = rstr(r);
+    if (!name) {
+      r->rc = r->rc ? r->rc : LG_EINVAL;
+      break;
+    }
+    int k = lg__run_tool(run, name);
+    lg__free(name);
+    if (k != i) {
+      r->rc = k < 0 ? LG_ENOMEM : LG_EINVAL;
+      break;
+    }
+    run->tools[k].executed = r64(r);
+    run->tools[k].fail_streak = r64(r);
+  }
+  run->ntried = rcount(r, LG__TRIED_MAX);
+  for (int i = 0; i < run->ntried && !r->rc; i++) {
+    lg__tried_t *t = &run->tried[i];
+    uint8_t fp[32];
+    rbytes(r, fp, 32);
+    static const char digits[] = "0123456789abcdef";
+    for (int k = 0; k < 32; k++) {
+      t->hex[2 * k] = digits[fp[k] >> 4];
+      t->hex[2 * k + 1] = digits[fp[k] & 15];
+    }
+    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
+    /* An index into tools: with no tools there is none (a max of -1 fails
+     * every value), or after() would dereference an empty table. */
+    t->tool = rcount(r, run->ntools - 1);
+    t->count = (uint32_t)r64(r);
+    t->last = (uint8_t)r64(r);
+    t->seq = (uint64_t)r64(r);
+  }
+  int np = rcount(r, LG__PENDING_MAX);
+  for (int i = 0; i < np && !r->rc; i++) {
+    lg__pending_t *pc = &run->pending[run->npending++];
+    pc->call_id = rstr(r);
+    pc->key = rstr(r);
+    pc->fp = (uint64_t)r64(r);
+    pc->tool = rcount(r, run->ntools - 1);
+    if (!pc->call_id) r->rc = r->rc ? r->rc : LG_EINVAL;
+  }
+  run->nretry = rcount(r, LG__RETRY_MAX);
+  for (int i = 0; i < run->nretry && !r->rc; i++) {
+    run->retry[i].fp = (uint64_t)r64(r);
+    run->retry[i].not_before = r64(r);
+  }
+  int no = rcount(r, LG__OPS_MAX);
+  for (int i = 0; i < no && !r->rc; i++) {
+    lg__op_t *o = &run->ops[run->nops++];
+    o->key = rstr(r);
+    o->operation_id = rstr(r);
+    o->state = (uint8_t)r64(r);
+    if (!o->key) r->rc = r->rc ? r->rc : LG_EINVAL;
+  }
+  run->nresv = rcount(r, LG__RESV_MAX);
+  for (int i = 0; i < run->nresv && !r->rc; i++) {
+    run->resv[i].id = r64(r);
+    run->resv[i].cost = r64(r);
+    run->resv[i].tokens = r64(r);
+  }
+}
+
 /* The static guard name matching a saved one (guards are static strings). */
 static const char *guard_static(const char *g) {
-  static const char *known[] = {"repeat",     "cycle",  "caps",   "no_progress", "failure_streak",
-                                "retry",      "validation", "status", "ledger",  "kill_switch",
-                                "external"};
+  static const char *known[] = {"repeat",     "cycle",      "caps",         "no_progress",
+                                "failure_streak", "retry",  "validation",   "status",
+                                "ledger",     "kill_switch", "external",    "text",
+                                "monologue",  "compaction", "block_streak", "cascade"};
   if (!g) return "";
   for (size_t i = 0; i < LG__ARRAY_LEN(known); i++)
     if (!strcmp(known[i], g)) return known[i];
@@ -196,7 +370,8 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   rd_t r = {(const uint8_t *)buf, len, 0, 0};
   char magic[3];
   rbytes(&r, magic, 3);
-  if (r.rc || memcmp(magic, "LGR", 3) || r64(&r) != FORMAT) {
+  int64_t format = r.rc ? 0 : r64(&r);
+  if (r.rc || memcmp(magic, "LGR", 3) || format < FORMAT_MIN || format > FORMAT) {
     lg__err(err, LG_EINVAL, NULL, -1, "not a saved run, or a newer format");
     return NULL;
   }
@@ -235,68 +410,7 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   run->has_world = r64(&r) != 0;
   run->world = (uint64_t)r64(&r);
   run->world_same = r64(&r);
-  int nt = rcount(&r, 1 << 20);
-  for (int i = 0; i < nt && !r.rc; i++) {
-    char *name = rstr(&r);
-    if (!name) {
-      r.rc = r.rc ? r.rc : LG_EINVAL;
-      break;
-    }
-    int k = lg__run_tool(run, name);
-    lg__free(name);
-    if (k != i) {
-      r.rc = k < 0 ? LG_ENOMEM : LG_EINVAL;
-      break;
-    }
-    run->tools[k].executed = r64(&r);
-    run->tools[k].fail_streak = r64(&r);
-  }
-  run->ntried = rcount(&r, LG__TRIED_MAX);
-  for (int i = 0; i < run->ntried && !r.rc; i++) {
-    lg__tried_t *t = &run->tried[i];
-    uint8_t fp[32];
-    rbytes(&r, fp, 32);
-    static const char digits[] = "0123456789abcdef";
-    for (int k = 0; k < 32; k++) {
-      t->hex[2 * k] = digits[fp[k] >> 4];
-      t->hex[2 * k + 1] = digits[fp[k] & 15];
-    }
-    for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
-    /* An index into tools: with no tools there is none (a max of -1 fails
-     * every value), or after() would dereference an empty table. */
-    t->tool = rcount(&r, run->ntools - 1);
-    t->count = (uint32_t)r64(&r);
-    t->last = (uint8_t)r64(&r);
-    t->seq = (uint64_t)r64(&r);
-  }
-  int np = rcount(&r, LG__PENDING_MAX);
-  for (int i = 0; i < np && !r.rc; i++) {
-    lg__pending_t *pc = &run->pending[run->npending++];
-    pc->call_id = rstr(&r);
-    pc->key = rstr(&r);
-    pc->fp = (uint64_t)r64(&r);
-    pc->tool = rcount(&r, run->ntools - 1);
-    if (!pc->call_id) r.rc = r.rc ? r.rc : LG_EINVAL;
-  }
-  run->nretry = rcount(&r, LG__RETRY_MAX);
-  for (int i = 0; i < run->nretry && !r.rc; i++) {
-    run->retry[i].fp = (uint64_t)r64(&r);
-    run->retry[i].not_before = r64(&r);
-  }
-  int no = rcount(&r, LG__OPS_MAX);
-  for (int i = 0; i < no && !r.rc; i++) {
-    lg__op_t *o = &run->ops[run->nops++];
-    o->key = rstr(&r);
-    o->operation_id = rstr(&r);
-    o->state = (uint8_t)r64(&r);
-    if (!o->key) r.rc = r.rc ? r.rc : LG_EINVAL;
-  }
-  run->nresv = rcount(&r, LG__RESV_MAX);
-  for (int i = 0; i < run->nresv && !r.rc; i++) {
-    run->resv[i].id = r64(&r);
-    run->resv[i].cost = r64(&r);
-    run->resv[i].tokens = r64(&r);
-  }
+  load_tables(&r, run);
   run->next_resv = r64(&r);
   run->held_cost = r64(&r);
   run->held_tokens = r64(&r);
@@ -316,10 +430,12 @@ lg_run_t *lg_run_load(const char *buf, size_t len, lg_policy_t *policy, lg_ledge
   run->refused_fp[LG_FP_HEX - 1] = 0;
   run->refused_turn = r64(&r);
   run->stopped_at_ms = r64(&r);
+  if (format >= 2) load_v2(&r, run);
   if (!r.rc && r.i != r.n) r.rc = LG_EINVAL;
   /* Only a stop sets these: an active run that has them was not saved by
    * lg_run_save (and its next stop would leak them). */
-  if (!r.rc && !run->stopped && (run->reason != LG_R_NONE || run->reason_text || run->stop_message))
+  if (!r.rc && !run->stopped &&
+      (run->reason != LG_R_NONE || run->reason_text || run->stop_message || run->answer))
     r.rc = LG_EINVAL;
   if (r.rc) {
     lg_run_free(run);

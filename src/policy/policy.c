@@ -30,6 +30,17 @@ static void set_defaults(lg_policy_t *p) {
   p->np_results = 3;
   p->np_world_steps = 5;
   p->failure_streak = 5;
+  p->block_streak = 5;
+  p->text_observe = 1;
+  p->text_stop = 2;
+  p->text_monologue = 3;
+  p->compaction_max = 10;
+  p->hide_turns = 2;
+  p->offer = 0;
+  p->escalate_model = NULL;
+  p->escalate_turns = 0;
+  p->gw_max_reasks = 2;
+  p->gw_final_round = false;
 }
 
 lg_policy_t *lg_policy_default(void) {
@@ -56,6 +67,7 @@ void lg_policy_free(lg_policy_t *p) {
   if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   for (int i = 0; i < p->ntools; i++) free_tool(&p->tools[i]);
   lg__free(p->tools);
+  lg__free(p->escalate_model);
   lg__free(p);
 }
 
@@ -342,6 +354,157 @@ static int parse_tools(ctx_t *x, lg_policy_t *p, json_t *o) {
   return 0;
 }
 
+/* A count with an upper bound (so that it fits the decision's uint32_t
+ * fields and a run's counters can never overflow comparing to it). */
+static int get_bounded(ctx_t *x, const char *key, json_t *v, int64_t max, int64_t *out) {
+  int rc = get_count(x, key, v, false, out);
+  if (!rc && *out > max) {
+    char m[32];
+    snprintf(m, sizeof m, "%lld", (long long)max);
+    rc = fail(x, key, "must be at most %s", m);
+  }
+  return rc;
+}
+
+#define LG__COUNT_MAX 1000000 /* the largest threshold any guard takes */
+
+static int parse_text(ctx_t *x, lg_policy_t *p, json_t *o) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(o, k, v) {
+    int rc = 0;
+    if (!strcmp(k, "monologue")) {
+      /* One response is not a monologue: 0 (off) or 2 and up. */
+      if (!(rc = get_bounded(x, k, v, LG__COUNT_MAX, &p->text_monologue)) && p->text_monologue == 1)
+        rc = fail(x, k, "must be 0 (off) or at least 2%s", "");
+    }
+    else if (!strcmp(k, "repeat")) {
+      if ((rc = expect_object(x, k, v))) return rc;
+      char saved[sizeof x->path];
+      push_path(x, k, saved);
+      const char *rk;
+      json_t *rv;
+      json_object_foreach(v, rk, rv) {
+        if (!strcmp(rk, "observe")) rc = get_rung(x, rk, rv, &p->text_observe);
+        else if (!strcmp(rk, "stop")) rc = get_rung(x, rk, rv, &p->text_stop);
+        else rc = fail(x, rk, "unknown field%s", "");
+        if (rc) break;
+      }
+      pop_path(x, saved);
+    } else rc = fail(x, k, "unknown field%s", "");
+    if (rc) return rc;
+  }
+  if (p->text_observe && p->text_stop && p->text_observe > p->text_stop)
+    return lg__err(x->err, LG_EPOLICY, "text.repeat.observe", -1,
+                   "observe (%lld) must not be above stop (%lld)", (long long)p->text_observe,
+                   (long long)p->text_stop);
+  return 0;
+}
+
+static int parse_offer(ctx_t *x, lg_policy_t *p, json_t *v) {
+  if (!json_is_array(v))
+    return fail(x, "offer", "expected a list of \"ask_human\", \"finalize_partial\"; got %s",
+                type_name(v));
+  char saved[sizeof x->path];
+  push_path(x, "offer", saved);
+  int rc = 0;
+  size_t i;
+  json_t *e;
+  p->offer = 0;
+  json_array_foreach(v, i, e) {
+    char idx[24];
+    snprintf(idx, sizeof idx, "%zu", i);
+    const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+    unsigned bit = !s                              ? 0
+                   : !strcmp(s, "ask_human")        ? LG_ALT_ASK_HUMAN
+                   : !strcmp(s, "finalize_partial") ? LG_ALT_FINALIZE_PARTIAL
+                                                    : 0;
+    if (!bit) rc = fail(x, idx, "expected \"ask_human\" or \"finalize_partial\"%s", "");
+    else if (p->offer & bit) rc = fail(x, idx, "\"%s\" is listed twice", s);
+    if (rc) break;
+    p->offer |= bit;
+  }
+  pop_path(x, saved);
+  return rc;
+}
+
+static int parse_escalate(ctx_t *x, lg_policy_t *p, json_t *v) {
+  if (json_is_null(v)) return 0; /* none: the default */
+  if (!json_is_object(v))
+    return fail(x, "escalate", "expected an object {model, turns} or null, got %s", type_name(v));
+  char saved[sizeof x->path];
+  push_path(x, "escalate", saved);
+  int rc = 0;
+  const char *k;
+  json_t *e;
+  const char *model = NULL;
+  int64_t turns = 2;
+  json_object_foreach(v, k, e) {
+    if (!strcmp(k, "model")) {
+      if (!json_is_string(e) || !json_string_length(e))
+        rc = fail(x, k, "expected a model name, got %s", json_is_string(e) ? "\"\"" : type_name(e));
+      else model = json_string_value(e);
+    } else if (!strcmp(k, "turns")) {
+      if (!(rc = get_bounded(x, k, e, LG__COUNT_MAX, &turns)) && turns < 1)
+        rc = fail(x, k, "must be at least 1%s", "");
+    } else rc = fail(x, k, "unknown field%s", "");
+    if (rc) break;
+  }
+  if (!rc && !model) rc = fail(x, "model", "is required%s", "");
+  if (!rc) {
+    char *m = lg__strdup(model);
+    if (!m) rc = lg__err(x->err, LG_ENOMEM, NULL, -1, "out of memory");
+    else {
+      lg__free(p->escalate_model);
+      p->escalate_model = m;
+      p->escalate_turns = turns;
+    }
+  }
+  pop_path(x, saved);
+  return rc;
+}
+
+static int parse_cascade(ctx_t *x, lg_policy_t *p, json_t *o) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(o, k, v) {
+    int rc;
+    if (!strcmp(k, "hide_turns")) rc = get_bounded(x, k, v, LG__COUNT_MAX, &p->hide_turns);
+    else if (!strcmp(k, "offer")) rc = parse_offer(x, p, v);
+    else if (!strcmp(k, "escalate")) rc = parse_escalate(x, p, v);
+    else rc = fail(x, k, "unknown field%s", "");
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int parse_gateway(ctx_t *x, lg_policy_t *p, json_t *o) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(o, k, v) {
+    int rc = 0;
+    if (!strcmp(k, "max_reasks")) rc = get_bounded(x, k, v, 100, &p->gw_max_reasks);
+    else if (!strcmp(k, "final_round")) {
+      if (!json_is_boolean(v)) rc = fail(x, k, "expected true or false, got %s", type_name(v));
+      else p->gw_final_round = json_is_true(v);
+    } else rc = fail(x, k, "unknown field%s", "");
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* compaction: {"max": N}. */
+static int parse_compaction(ctx_t *x, lg_policy_t *p, json_t *o) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(o, k, v) {
+    int rc = strcmp(k, "max") ? fail(x, k, "unknown field%s", "")
+                              : get_bounded(x, k, v, LG__COUNT_MAX, &p->compaction_max);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 static int parse_top(ctx_t *x, lg_policy_t *p, json_t *root) {
   if (!json_is_object(root))
     return lg__err(x->err, LG_EPOLICY, NULL, -1, "a policy is a JSON object, got %s",
@@ -351,16 +514,23 @@ static int parse_top(ctx_t *x, lg_policy_t *p, json_t *root) {
   json_object_foreach(root, k, v) {
     int rc = 0;
     char saved[sizeof x->path];
-    if (!strcmp(k, "failure_streak")) {
-      if ((rc = get_count(x, k, v, false, &p->failure_streak))) return rc;
+    if (!strcmp(k, "failure_streak") || !strcmp(k, "block_streak")) {
+      if ((rc = get_bounded(x, k, v, LG__COUNT_MAX,
+                            k[0] == 'f' ? &p->failure_streak : &p->block_streak)))
+        return rc;
       continue;
     }
     if (strcmp(k, "limits") && strcmp(k, "repeat") && strcmp(k, "cycle") &&
-        strcmp(k, "no_progress") && strcmp(k, "tools"))
+        strcmp(k, "no_progress") && strcmp(k, "tools") && strcmp(k, "text") &&
+        strcmp(k, "compaction") && strcmp(k, "cascade") && strcmp(k, "gateway"))
       return fail(x, k, "unknown field%s", "");
     if ((rc = expect_object(x, k, v))) return rc;
     push_path(x, k, saved);
     if (!strcmp(k, "limits")) rc = parse_limits(x, p, v);
+    else if (!strcmp(k, "text")) rc = parse_text(x, p, v);
+    else if (!strcmp(k, "compaction")) rc = parse_compaction(x, p, v);
+    else if (!strcmp(k, "cascade")) rc = parse_cascade(x, p, v);
+    else if (!strcmp(k, "gateway")) rc = parse_gateway(x, p, v);
     else if (!strcmp(k, "repeat")) rc = parse_repeat(x, p, v);
     else if (!strcmp(k, "tools")) rc = parse_tools(x, p, v);
     else if (!strcmp(k, "cycle")) {
@@ -369,8 +539,8 @@ static int parse_top(ctx_t *x, lg_policy_t *p, json_t *root) {
       json_object_foreach(v, ck, cv) {
         if (strcmp(ck, "max_period")) rc = fail(x, ck, "unknown field%s", "");
         else if (!(rc = get_count(x, ck, cv, false, &p->cycle_max_period)) &&
-                 p->cycle_max_period > 16)
-          rc = fail(x, ck, "must be from 0 (off) to 16%s", "");
+                 p->cycle_max_period > LG__CYCLE_MAX)
+          rc = fail(x, ck, "must be from 0 (off) to 8%s", "");
         if (rc) break;
       }
     } else { /* no_progress */
@@ -499,7 +669,26 @@ char *lg_policy_to_json(const lg_policy_t *p) {
                  (long long)p->rep_window, (long long)p->cycle_max_period);
   lg__buf_printf(&b, "\"no_progress\":{\"results\":%lld,\"world_steps\":%lld},",
                  (long long)p->np_results, (long long)p->np_world_steps);
-  lg__buf_printf(&b, "\"failure_streak\":%lld,\"tools\":{", (long long)p->failure_streak);
+  lg__buf_printf(&b, "\"failure_streak\":%lld,\"block_streak\":%lld,\"text\":{\"repeat\":{",
+                 (long long)p->failure_streak, (long long)p->block_streak);
+  put_rung(&b, "observe", p->text_observe);
+  if (p->text_stop) lg__buf_printf(&b, "\"stop\":%lld", (long long)p->text_stop);
+  else lg__buf_puts(&b, "\"stop\":false");
+  lg__buf_printf(&b, "},\"monologue\":%lld},\"compaction\":{\"max\":%lld},",
+                 (long long)p->text_monologue, (long long)p->compaction_max);
+  lg__buf_printf(&b, "\"cascade\":{\"hide_turns\":%lld,\"offer\":[%s%s%s],\"escalate\":",
+                 (long long)p->hide_turns, p->offer & LG_ALT_ASK_HUMAN ? "\"ask_human\"" : "",
+                 (p->offer & LG_ALT_ASK_HUMAN) && (p->offer & LG_ALT_FINALIZE_PARTIAL) ? "," : "",
+                 p->offer & LG_ALT_FINALIZE_PARTIAL ? "\"finalize_partial\"" : "");
+  if (p->escalate_model) {
+    lg__buf_puts(&b, "{\"model\":");
+    lg__buf_json_str(&b, p->escalate_model, strlen(p->escalate_model));
+    lg__buf_printf(&b, ",\"turns\":%lld}", (long long)p->escalate_turns);
+  } else {
+    lg__buf_puts(&b, "null");
+  }
+  lg__buf_printf(&b, "},\"gateway\":{\"max_reasks\":%lld,\"final_round\":%s},\"tools\":{",
+                 (long long)p->gw_max_reasks, p->gw_final_round ? "true" : "false");
   for (int i = 0; i < p->ntools; i++) {
     const lg__toolpol_t *t = &p->tools[i];
     if (i) lg__buf_putc(&b, ',');

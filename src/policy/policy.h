@@ -19,6 +19,7 @@ typedef enum lg__norm {
 } lg__norm_t;
 
 #define LG__MAX_NORMS 8
+#define LG__CYCLE_MAX 8 /* cycle.max_period at most (policy-v1) */
 
 typedef struct lg__keyfield {
   char *name;                      /* the top-level argument's name */
@@ -60,6 +61,18 @@ struct lg_policy {
   int64_t np_results;       /* no_progress.results, 0 off */
   int64_t np_world_steps;   /* no_progress.world_steps, 0 off */
   int64_t failure_streak;   /* 0 off */
+  int64_t block_streak;     /* blocked calls in a row that stop the run, 0 off */
+  int64_t text_observe;     /* text.repeat.observe: n-th looping response, 0 off */
+  int64_t text_stop;        /* text.repeat.stop, 0 off */
+  int64_t text_monologue;   /* text.monologue: identical turns, 0 off */
+  int64_t compaction_max;   /* compaction.max, 0 off */
+  int64_t hide_turns;       /* cascade.hide_turns: model calls a blocked
+                               tool stays hidden, 0 never */
+  unsigned offer;           /* cascade.offer as LG_ALT_* bits */
+  char *escalate_model;     /* cascade.escalate.model, NULL: no escalation */
+  int64_t escalate_turns;   /* cascade.escalate.turns */
+  int64_t gw_max_reasks;    /* gateway.max_reasks */
+  bool gw_final_round;      /* gateway.final_round */
   lg__toolpol_t *tools;     /* per-tool settings, sorted by name */
   int ntools;               /* how many */
 };

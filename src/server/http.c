@@ -106,6 +106,14 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
     HIT(LG__RT_METRICS, lg__h_metrics, LG__ROLE_AGENT, "GET");
     return 1;
   }
+  if (!strcmp(url, "/openapi.json")) {
+    HIT(LG__RT_OPENAPI, lg__h_openapi, LG__ROLE_NONE, "GET");
+    return 1;
+  }
+  if (!strcmp(url, "/v1/budgets")) {
+    HIT(LG__RT_BUDGET_LIST, lg__h_budget_list, LG__ROLE_OPERATOR, "GET");
+    return 1;
+  }
   if (!strcmp(url, "/v1/runs")) {
     if (!strcmp(method, "GET")) HIT(LG__RT_RUN_LIST, lg__h_run_list, LG__ROLE_OPERATOR, "GET");
     else HIT(LG__RT_RUN_CREATE, lg__h_run_create, LG__ROLE_AGENT, "POST");
@@ -178,6 +186,7 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
 static int route_or_oom(const char *url, const char *method, route_hit_t *hit, char **id) {
   int found = route(url, method, hit, id);
   bool wants_id = found && hit->route != LG__RT_HEALTHZ && hit->route != LG__RT_METRICS &&
+                  hit->route != LG__RT_OPENAPI && hit->route != LG__RT_BUDGET_LIST &&
                   hit->route != LG__RT_RUN_LIST && hit->route != LG__RT_RUN_CREATE &&
                   hit->route != LG__RT_OP_CLAIM;
   return wants_id && !*id ? -1 : found;

@@ -78,7 +78,8 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(GROUP_CANCEL, "groups_cancel") XX(TRACE, "trace")                       \
   XX(OP_CLAIM, "operations_claim") XX(OP_COMMIT, "operations_commit")        \
   XX(OP_FAIL, "operations_fail") XX(OP_GET, "operations_get")                \
-  XX(BUDGETS, "budgets") XX(HEALTHZ, "healthz") XX(METRICS, "metrics")       \
+  XX(BUDGETS, "budgets") XX(BUDGET_LIST, "budgets_list")                    \
+  XX(HEALTHZ, "healthz") XX(METRICS, "metrics") XX(OPENAPI, "openapi")      \
   XX(OTHER, "other")
 
 typedef enum lg__route {
@@ -322,5 +323,7 @@ void lg__h_op_get(lg__req_t *rq);
 void lg__h_budgets(lg__req_t *rq);
 void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
+void lg__h_budget_list(lg__req_t *rq); /* budget_list.c: GET /v1/budgets */
+void lg__h_openapi(lg__req_t *rq);     /* openapi.c: GET /openapi.json */
 
 #endif

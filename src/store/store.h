@@ -264,7 +264,7 @@ int lg__store_end(lg_store_t *s, int commit, lg_error_t *err);
 void lg__store_lock(lg_store_t *s);
 void lg__store_unlock(lg_store_t *s);
 
-/* Fault injection for tests (STYLE.md: "inject I/O faults through an
+/* Fault injection for tests (docs/internals/style.md: "inject I/O faults through an
  * overridable table"). When set, backends call it at named points — e.g.
  * "sqlite.claim.before_commit", "pg.claim.before_insert" — and fail there
  * with the code it returns when that is not 0. The PostgreSQL tests use it

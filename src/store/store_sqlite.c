@@ -25,9 +25,11 @@
  */
 #include "store.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The migrations, in order: migration i takes the schema from version i to
  * i + 1. Never edit one that was released; add a new one. */
@@ -543,9 +545,15 @@ static int s_open(lg_store_t *s, const char *path, lg_error_t *err) {
   sq_t *q = lg__calloc(1, sizeof *q);
   if (!q) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   s->impl = q;
-  int rc = sqlite3_open_v2(path, &q->db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX;
+  if (!s->opts.no_create) flags |= SQLITE_OPEN_CREATE;
+  int rc = sqlite3_open_v2(path, &q->db, flags, NULL);
+  /* Without SQLITE_OPEN_CREATE a missing file is SQLITE_CANTOPEN; say
+   * "not found" only when it really is not there (not for a permission). */
+  if (rc == SQLITE_CANTOPEN && s->opts.no_create && access(path, F_OK) != 0 && errno == ENOENT) {
+    rc = lg__err(err, LG_ENOTFOUND, "url", -1, "no store at %s", path);
+    goto fail;
+  }
   if (rc != SQLITE_OK) {
     rc = sq_fail(s, rc, "opening the database", err);
     goto fail;

@@ -16,7 +16,6 @@
  * are read (and must still be well-formed) but not acted on.
  */
 #include "../canon/canon.h"
-#include "../engine/engine.h"
 #include "../event/event.h"
 
 #include <errno.h>

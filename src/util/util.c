@@ -1,7 +1,7 @@
 /*
  * util.c — the allocator hooks, the byte buffer, error codes and error
  * formatting. Every allocation of the library passes through lg__malloc and
- * friends so that tests can fail the Nth one (STYLE.md, "failing
+ * friends so that tests can fail the Nth one (docs/internals/style.md, "failing
  * allocation N").
  */
 #include "internal.h"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # replay_cli.sh — black-box tests of `loopguard replay` and
-# `loopguard fingerprint` (shared/spec/cli-v1.md, trace-v1.md): output
+# `loopguard fingerprint` (docs/reference/cli.md, trace-v1.md): output
 # formats, exit codes (0 read and replayed, 1 unreadable or malformed input,
 # 2 bad usage) and error messages that name the file, the line and the
 # field. Needs $LG_BIN (the built binary), $LG_TEST_DATA and python3 (to

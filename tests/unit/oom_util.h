@@ -1,6 +1,6 @@
 /*
  * oom_util.h — failing the Nth allocation of the library, for the store
- * and budget out-of-memory tests (STYLE.md: "failing allocation N, then
+ * and budget out-of-memory tests (docs/internals/style.md: "failing allocation N, then
  * N+1, ..."). Include after <cmocka.h> and store_test_util.h.
  *
  * oom_run_all(backend, scenario) installs counting hooks with

@@ -1,6 +1,6 @@
 /*
  * test_budget_oom.c — out of memory at every allocation of the spend
- * gate (STYLE.md: "failing allocation N, then N+1, ...").
+ * gate (docs/internals/style.md: "failing allocation N, then N+1, ...").
  *
  * A scenario — parse a price file, a price book, set budgets, reserve over
  * two scopes, settle, read, list, reset, store a run's scopes, decide a

@@ -15,7 +15,7 @@
  *
  * Every expected output below was checked against what ECMAScript's
  * JSON.stringify / Number::toString give for the same value, except the
- * one deliberate difference of DESIGN.md §2 (exact digits in [2^53, 1e21)).
+ * one deliberate difference of docs/engine.md#fingerprints (exact digits in [2^53, 1e21)).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -476,7 +476,7 @@ static void test_numbers(void **state) {
   CANON_EQ("9007199254740991", "9007199254740991");
   CANON_EQ("-9007199254740991", "-9007199254740991");
   CANON_EQ("9007199254740992", "9007199254740992"); /* exactly 2^53 */
-  /* From 2^53 to 1e21 every digit is kept (DESIGN.md §2); JCS would give
+  /* From 2^53 to 1e21 every digit is kept (docs/engine.md#fingerprints); JCS would give
    * 9007199254740992, 12345678901234567000, -98765432109876540000. */
   CANON_EQ("9007199254740993", "9007199254740993");
   CANON_EQ("12345678901234567890", "12345678901234567890");

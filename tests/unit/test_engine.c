@@ -714,7 +714,9 @@ static void t_retry_too_soon(void **state) {
   call_t(r, "quote", "{\"sku\":7}", 500, &d);
   assert_block(&d, LG_R_RETRY_TOO_SOON);
   assert_string_equal(d.guard, "retry");
-  assert_null(d.hide_tool);
+  /* Every block carries the cascade: the tool is hidden for a while. */
+  assert_string_equal(d.hide_tool, "quote");
+  assert_int_equal(d.hide_turns, 2);
   contains(d.message, "quote");
   /* Another call is not held back. */
   assert_int_equal(call_t(r, "quote", "{\"sku\":8}", 600, &d), LG_ACT_EXECUTE);
@@ -1251,10 +1253,35 @@ static void t_block_hints(void **state) {
   assert_block(&d, LG_R_SAME_CALL_REPEAT);
   assert_non_null(d.hide_tool);
   assert_string_equal(d.hide_tool, "search");
-  assert_true(d.hide_turns > 0);
-  assert_true(d.alternatives & LG_ALT_ASK_HUMAN);
-  assert_true(d.alternatives & LG_ALT_SKIP_CURRENT);
-  assert_true(d.alternatives & LG_ALT_FINALIZE_PARTIAL);
+  assert_int_equal(d.hide_turns, 2); /* cascade.hide_turns */
+  assert_int_equal(d.alternatives, 0); /* cascade.offer is [] by default */
+  assert_null(d.escalate_model);
+  lg_run_free(r);
+  /* With an offer and an escalation in the policy, the block carries them. */
+  r = mk("{\"cascade\":{\"hide_turns\":3,\"offer\":[\"ask_human\",\"finalize_partial\"],"
+         "\"escalate\":{\"model\":\"big\",\"turns\":1}}}");
+  for (int i = 0; i < 2; i++) {
+    call(r, "search", "{}", &d);
+    ok(r, &d);
+  }
+  call(r, "search", "{}", &d);
+  assert_block(&d, LG_R_SAME_CALL_REPEAT);
+  assert_string_equal(d.hide_tool, "search");
+  assert_int_equal(d.hide_turns, 3);
+  assert_int_equal(d.alternatives, LG_ALT_ASK_HUMAN | LG_ALT_FINALIZE_PARTIAL);
+  assert_string_equal(d.escalate_model, "big");
+  assert_int_equal(d.escalate_turns, 1);
+  lg_run_free(r);
+  /* hide_turns 0: never hidden, nothing offered. */
+  r = mk("{\"cascade\":{\"hide_turns\":0,\"offer\":[\"ask_human\"]}}");
+  for (int i = 0; i < 2; i++) {
+    call(r, "search", "{}", &d);
+    ok(r, &d);
+  }
+  call(r, "search", "{}", &d);
+  assert_block(&d, LG_R_SAME_CALL_REPEAT);
+  assert_null(d.hide_tool);
+  assert_int_equal(d.alternatives, 0);
   lg_run_free(r);
 }
 
@@ -1270,15 +1297,16 @@ static void t_next_allowed_action(void **state) {
     lg_next_t want;
     switch (reason) {
     case LG_R_COMPLETE: want = LG_NEXT_NONE; break;
-    case LG_R_STEP_CAP:
-    case LG_R_MODEL_CALL_CAP:
-    case LG_R_TOOL_CALL_CAP:
-    case LG_R_WALL_CLOCK_CAP:
-    case LG_R_HANDOFF_CAP:
+    /* Loops resume after a change; a cap would stop a resumed run at once
+     * (the run's policy cannot change), so caps go to a person. */
     case LG_R_SAME_CALL_REPEAT:
     case LG_R_SHORT_CYCLE:
     case LG_R_NO_PROGRESS:
-    case LG_R_FAILURE_STREAK: want = LG_NEXT_RESUME_AFTER_CHANGE; break;
+    case LG_R_FAILURE_STREAK:
+    case LG_R_TEXT_REPEAT:
+    case LG_R_MONOLOGUE:
+    case LG_R_CONTEXT_LOOP:
+    case LG_R_BLOCK_STREAK: want = LG_NEXT_RESUME_AFTER_CHANGE; break;
     default: want = LG_NEXT_HUMAN_REVIEW;
     }
     if (d.next_allowed_action != want)
@@ -1573,6 +1601,665 @@ static void t_names(void **state) {
   lg_run_free(NULL);
 }
 
+/* ------------------------------------------------------------------ */
+/* Short cycles up to period 8; the block streak.                       */
+
+static void t_cycle_periods_to_8(void **state) {
+  (void)state;
+  const char *P8 = "{\"cycle\":{\"max_period\":8}}";
+  cycle_case(P8, "abcdeabcde", true);
+  cycle_case(P8, "abcdefabcdef", true);
+  cycle_case(P8, "abcdefgabcdefg", true);
+  cycle_case(P8, "abcdefghabcdefgh", true);
+  cycle_case(P8, "abcdefghiabcdefghi", false); /* period 9 > 8 */
+  cycle_case("{\"cycle\":{\"max_period\":6}}", "abcdefgabcdefg", false);
+}
+
+/* A B C D E A B C D E ...: no key reaches the stop rung inside the window
+ * and the period is above cycle.max_period, so before block_streak every
+ * call from the third round on was blocked, for ever. */
+static void t_block_streak_five_cycle(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_run_t *r = mk(NULL);
+  int stopped_at = 0;
+  for (int i = 0; i < 60 && !stopped_at; i++) {
+    char tool[2] = {(char)('a' + i % 5), 0};
+    lg_action_t a = call(r, tool, "{}", &d);
+    if (a == LG_ACT_EXECUTE) ok(r, &d);
+    else if (a == LG_ACT_STOP) stopped_at = i + 1;
+    else assert_block(&d, LG_R_SAME_CALL_REPEAT);
+  }
+  assert_int_equal(stopped_at, 15); /* round 3: five blocks in a row */
+  assert_stop(&d, LG_R_BLOCK_STREAK, "block_streak");
+  assert_string_equal(d.reason_text, "block_streak");
+  assert_int_equal(d.next_allowed_action, LG_NEXT_RESUME_AFTER_CHANGE);
+  contains(d.message, "refused");
+  json_t *e = envelope(r);
+  assert_string_equal(jstr(e, "terminal_reason"), "block_streak");
+  assert_string_equal(jstr(json_object_get(e, "refused_call"), "tool"), "e");
+  json_decref(e);
+  lg_counters_t c;
+  lg_run_counters(r, &c);
+  assert_int_equal(c.blocked, 4);
+  lg_run_free(r);
+  /* Turned off, the same loop is blocked forever: the motivation. */
+  r = mk("{\"block_streak\":0}");
+  for (int i = 0; i < 60; i++) {
+    char tool[2] = {(char)('a' + i % 5), 0};
+    lg_action_t a = call(r, tool, "{}", &d);
+    assert_true(a != LG_ACT_STOP);
+    if (a == LG_ACT_EXECUTE) ok(r, &d);
+  }
+  lg_run_free(r);
+}
+
+static void t_block_streak_reset_by_execution(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_run_t *r = mk("{\"block_streak\":2}");
+  call(r, "a", "{}", &d);
+  ok(r, &d);
+  call(r, "a", "{}", &d);
+  ok(r, &d);
+  call(r, "a", "{}", &d);
+  assert_block(&d, LG_R_SAME_CALL_REPEAT); /* streak 1 */
+  assert_int_equal(call(r, "b", "{}", &d), LG_ACT_EXECUTE); /* ends it */
+  ok(r, &d);
+  call(r, "a", "{}", &d);
+  assert_block(&d, LG_R_SAME_CALL_REPEAT); /* streak 1 again */
+  call(r, "a", "{}", &d);
+  assert_stop(&d, LG_R_BLOCK_STREAK, "block_streak");
+  lg_run_free(r);
+}
+
+/* ------------------------------------------------------------------ */
+/* Text loops.                                                          */
+
+static lg_action_t text(lg_run_t *r, int64_t turn, const char *s, lg_decision_t *d) {
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  int rc = lg_run_text(r, turn, s, strlen(s), NULL, 0, d, &err);
+  if (rc) fail_msg("lg_run_text: %s: %s", lg_err_name(rc), err.message);
+  return d->action;
+}
+
+/* Feeds s as one response in pieces of `step` bytes (0: pseudo-random
+ * sizes from seed); returns the end offset of the piece whose decision was
+ * not CONTINUE (0 when none), and that decision in *d. A later piece must
+ * not be decided differently again unless the run stopped. */
+static char g_msg[512]; /* the message of pieces()'s decision (borrowed ones do not last) */
+static size_t pieces(lg_run_t *r, int64_t turn, const char *s, size_t step, unsigned seed,
+                     lg_decision_t *d, lg_action_t *act) {
+  size_t n = strlen(s), at = 0, i = 0;
+  *act = LG_ACT_CONTINUE;
+  while (i < n) {
+    size_t k = step;
+    if (!k) {
+      seed = seed * 1103515245u + 12345u;
+      k = 1 + (seed >> 16) % 9;
+    }
+    if (k > n - i) k = n - i;
+    lg_decision_t x;
+    lg_error_t err;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(lg_run_text(r, turn, s + i, k, NULL, 0, &x, &err), 0);
+    i += k;
+    if (x.action != LG_ACT_CONTINUE && !at) {
+      at = i;
+      *act = x.action;
+      *d = x;
+      snprintf(g_msg, sizeof g_msg, "%s", x.message ? x.message : "");
+      d->message = g_msg;
+    } else if (x.action != LG_ACT_CONTINUE && *act != LG_ACT_STOP) {
+      fail_msg("a second %s at byte %zu of one response", lg_action_name(x.action), i);
+    }
+  }
+  return at;
+}
+
+/* s as one response is a loop, found at the same byte however it is cut
+ * (in pieces of 1..13 bytes, and random ones, mid-UTF-8 included). */
+static void chant_case(const char *s) {
+  lg_decision_t d;
+  lg_action_t act;
+  lg_run_t *r = mk(NULL);
+  size_t exact = pieces(r, 1, s, 1, 0, &d, &act);
+  if (!exact) fail_msg("not seen as a loop: \"%s\"", s);
+  assert_int_equal(act, LG_ACT_OBSERVE);
+  assert_int_equal(d.reason, LG_R_TEXT_REPEAT);
+  assert_string_equal(d.guard, "text");
+  contains(d.message, "I have been repeating");
+  lg_run_free(r);
+  for (size_t step = 0; step <= 13; step++) {
+    for (unsigned seed = 1; seed <= (step ? 1u : 20u); seed++) {
+      r = mk(NULL);
+      size_t at = pieces(r, 1, s, step, seed, &d, &act);
+      assert_int_equal(act, LG_ACT_OBSERVE);
+      /* The piece that holds the completing byte says so. */
+      if (!(at >= exact && (step ? at - exact < step : at - exact < 9)))
+        fail_msg("step %zu seed %u: seen at %zu, the loop ends at byte %zu", step, seed, at, exact);
+      lg_run_free(r);
+    }
+  }
+}
+
+static void calm_case(const char *s) {
+  for (size_t step = 0; step <= 7; step++) {
+    lg_decision_t d;
+    lg_action_t act;
+    lg_run_t *r = mk(NULL);
+    size_t at = pieces(r, 1, s, step, 7, &d, &act);
+    if (at) fail_msg("seen as a loop at byte %zu (pieces of %zu): \"%s\"", at, step, s);
+    lg_run_free(r);
+  }
+}
+
+static void t_text_chanting(void **state) {
+  (void)state;
+  /* A sentence said over and over. */
+  chant_case("Let me look at the logs first. Let me look at the logs first. Let me look at the "
+             "logs first. Let me look at the logs first.");
+  /* A paragraph of two sentences, three times, blank lines between. */
+  chant_case("I checked the build.\nIt still fails on the same test, so I will try again.\n\n"
+             "I checked the build.\nIt still fails on the same test, so I will try again.\n\n"
+             "I checked the build.\nIt still fails on the same test, so I will try again.\n\n");
+  /* A short block of words with no punctuation at all. */
+  chant_case("now retrying the request now retrying the request now retrying the request now "
+             "retrying the request now retrying");
+  /* Non-ASCII text: pieces cut inside characters. */
+  chant_case("Je vérifie le fichier à nouveau. Je vérifie le fichier à nouveau. "
+             "Je vérifie le fichier à nouveau. 日本語のテキストです。");
+  chant_case("日本語 の テキスト 日本語 の テキスト 日本語 の テキスト 日本語 の テキスト end");
+  /* After ordinary prose, and indented. */
+  chant_case("Here is what I found so far about the issue.\n"
+             "  Checking again the same thing. Checking again the same thing. Checking again "
+             "the same thing.\n");
+}
+
+static void t_text_not_loops(void **state) {
+  (void)state;
+  /* Code blocks repeat on purpose. */
+  calm_case("Here is the fix:\n```c\nx = x + 1;\nx = x + 1;\nx = x + 1;\nx = x + 1;\n"
+            "x = x + 1;\nx = x + 1;\nx = x + 1;\nx = x + 1;\n```\nThat is all.");
+  calm_case("Indented code:\n\n    x = x + 1;\n    x = x + 1;\n    x = x + 1;\n    x = x + 1;\n"
+            "\tx = x + 1;\n\tx = x + 1;\n\tx = x + 1;\n\nDone.");
+  calm_case("~~~\nok ok ok ok ok ok ok ok ok ok\nok ok ok ok ok ok ok ok ok ok\n~~~\nDone.");
+  /* Tables. */
+  calm_case("| name | value |\n|------|-------|\n| a | 0 |\n| a | 0 |\n| a | 0 |\n| a | 0 |\n"
+            "| a | 0 |\n| a | 0 |\n");
+  /* Lists whose items share a long prefix, or are the same. */
+  calm_case("- Step 1: run the build and read the output carefully.\n"
+            "- Step 2: run the build and read the output carefully.\n"
+            "- Step 3: run the build and read the output carefully.\n"
+            "- Step 4: run the build and read the output carefully.\n"
+            "- Step 5: run the build and read the output carefully.\n");
+  calm_case("1. Check the file for errors again.\n2. Check the file for errors again.\n"
+            "3. Check the file for errors again.\n4. Check the file for errors again.\n"
+            "10) Check the file for errors again.\n");
+  calm_case("* same item text here\n* same item text here\n* same item text here\n"
+            "* same item text here\n+ same item text here\n");
+  /* Divider lines. */
+  calm_case("Part one is done.\n----\n----\n----\n----\n====\n====\n====\n***\n***\n***\n"
+            "_____\n_____\n_____\nPart two starts.\n");
+  /* Headings. */
+  calm_case("# Notes\n# Notes\n# Notes\n# Notes\n## Notes\n## Notes\n");
+  /* A phrase that comes back far apart. */
+  calm_case("Let me check the config file. It has a port setting that looks wrong. "
+            "Let me check the config file. The logs say the server started on 8080. "
+            "Let me check the config file. Then I will restart the service and test it. "
+            "Let me check the config file.");
+  /* Emphasis is not chanting. */
+  calm_case("No, no, no. That is not it. Very very very good work on this.");
+  /* The same short sentence three times is below the sentence floor. */
+  calm_case("Done. Done. Done.");
+}
+
+/* Random texts of words, punctuation, fences, tables, lists, dividers and
+ * multi-byte characters: however a text is cut, the detector finds a loop
+ * (or none) at the same byte. */
+static void t_text_any_cut(void **state) {
+  (void)state;
+  static const char *tok[] = {"the ", "cat ", "sat. ", "\n", "```\n", "| a |\n", "- x\n",
+                              "日本 ", "again ", "----\n", "  ", "try it now. ", "é", "\t",
+                              "1. ", "~~~", "#", "go go ", "?", "    x\n"};
+  unsigned seed = 12345;
+  int loops = 0;
+  for (int k = 0; k < 300; k++) {
+    char buf[700];
+    size_t n = 0;
+    while (n < 600) {
+      seed = seed * 1103515245u + 12345u;
+      const char *t = tok[(seed >> 16) % (sizeof tok / sizeof tok[0])];
+      /* Runs of one token make loops likely enough to test both ways. */
+      int reps = (seed >> 8) % 7 == 0 ? 6 : 1;
+      for (int r = 0; r < reps && n + strlen(t) < sizeof buf - 1; r++) {
+        memcpy(buf + n, t, strlen(t));
+        n += strlen(t);
+      }
+    }
+    buf[n] = 0;
+    lg_decision_t d;
+    lg_action_t act;
+    lg_run_t *r = mk(NULL);
+    size_t exact = pieces(r, 1, buf, 1, 0, &d, &act);
+    lg_run_free(r);
+    loops += exact != 0;
+    for (unsigned cut = 1; cut <= 3; cut++) {
+      r = mk(NULL);
+      size_t at = pieces(r, 1, buf, 0, seed + cut, &d, &act);
+      lg_run_free(r);
+      if ((exact == 0) != (at == 0) || (exact && (at < exact || at - exact >= 9)))
+        fail_msg("text %d cut %u: loop at %zu byte by byte, at %zu in pieces", k, cut, exact, at);
+    }
+  }
+  assert_true(loops > 0 && loops < 300); /* both kinds were tried */
+}
+
+static void t_text_ladder(void **state) {
+  (void)state;
+  const char *loop = "I will try once more. I will try once more. I will try once more. ";
+  lg_decision_t d;
+  lg_run_t *r = mk(NULL);
+  assert_int_equal(text(r, 1, "Thinking about it.", &d), LG_ACT_CONTINUE);
+  assert_null(d.message);
+  assert_int_equal(text(r, 2, loop, &d), LG_ACT_OBSERVE); /* observe: 1 */
+  assert_string_equal(lg_action_name(d.action), "observe");
+  /* The same response looping on counts once. */
+  assert_int_equal(text(r, 2, loop, &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 2, loop, &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 3, "Something else entirely.", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 4, loop, &d), LG_ACT_STOP); /* stop: 2 */
+  assert_stop(&d, LG_R_TEXT_REPEAT, "text");
+  assert_int_equal(d.next_allowed_action, LG_NEXT_RESUME_AFTER_CHANGE);
+  assert_string_equal(lg_run_terminal_reason(r), "text_repeat");
+  assert_int_equal(text(r, 5, "more", &d), LG_ACT_STOP); /* after the stop */
+  lg_run_free(r);
+  /* Rungs turned off. */
+  r = mk("{\"text\":{\"repeat\":{\"observe\":false,\"stop\":1}}}");
+  assert_int_equal(text(r, 1, loop, &d), LG_ACT_STOP);
+  lg_run_free(r);
+  r = mk("{\"text\":{\"repeat\":{\"observe\":false,\"stop\":false},\"monologue\":0}}");
+  for (int i = 1; i < 6; i++) assert_int_equal(text(r, i, loop, &d), LG_ACT_CONTINUE);
+  lg_run_free(r);
+  r = mk("{\"text\":{\"repeat\":{\"observe\":2,\"stop\":false},\"monologue\":0}}");
+  assert_int_equal(text(r, 1, loop, &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 2, loop, &d), LG_ACT_OBSERVE);
+  assert_int_equal(text(r, 3, loop, &d), LG_ACT_OBSERVE);
+  lg_run_free(r);
+  /* Bad input changes nothing. */
+  r = mk(NULL);
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  assert_int_equal(lg_run_text(r, 1, NULL, 3, NULL, 0, &d, &err), LG_EINVAL);
+  assert_int_equal(lg_run_text(r, 1, NULL, 0, NULL, 0, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_CONTINUE);
+  lg_run_free(r);
+}
+
+static void t_monologue(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_run_t *r = mk(NULL);
+  assert_int_equal(text(r, 1, "I should look at the config file.", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 2, "I should  look at\nthe config file. ", &d), LG_ACT_CONTINUE);
+  /* The third turn, in pieces: equal only once the last one is in. */
+  assert_int_equal(text(r, 3, "  I should look", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 3, " at the config", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 3, " file.", &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_MONOLOGUE, "monologue");
+  contains(d.message, "3 turns");
+  assert_int_equal(d.next_allowed_action, LG_NEXT_RESUME_AFTER_CHANGE);
+  lg_run_free(r);
+  /* Different words are different text. */
+  r = mk(NULL);
+  text(r, 1, "I should look at the config file.", &d);
+  text(r, 2, "I should look at the config file.", &d);
+  assert_int_equal(text(r, 3, "I should look at the main file.", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 4, "I should look at the main file.", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 5, "I should look at the main file.", &d), LG_ACT_STOP);
+  lg_run_free(r);
+  /* An executed call between the turns breaks it; a blocked one does not. */
+  r = mk(NULL);
+  text(r, 1, "Let me search.", &d);
+  assert_int_equal(callx(r, "search", "{}", 1, 0, NULL, NULL, &d), LG_ACT_EXECUTE);
+  ok(r, &d);
+  text(r, 2, "Let me search.", &d);
+  callx(r, "search", "{}", 2, 0, NULL, NULL, &d);
+  ok(r, &d);
+  assert_int_equal(text(r, 3, "Let me search.", &d), LG_ACT_CONTINUE);
+  assert_int_equal(text(r, 4, "Let me search.", &d), LG_ACT_CONTINUE);
+  assert_int_equal(callx(r, "search", "{}", 4, 0, NULL, NULL, &d), LG_ACT_BLOCK);
+  assert_int_equal(text(r, 5, "Let me search.", &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_MONOLOGUE, "monologue");
+  lg_run_free(r);
+  /* Off, and a policy of 2. */
+  r = mk("{\"text\":{\"monologue\":0}}");
+  for (int i = 1; i < 8; i++) assert_int_equal(text(r, i, "Same again.", &d), LG_ACT_CONTINUE);
+  lg_run_free(r);
+  r = mk("{\"text\":{\"monologue\":2}}");
+  text(r, 1, "Same again.", &d);
+  assert_int_equal(text(r, 2, "Same again.", &d), LG_ACT_STOP);
+  lg_run_free(r);
+}
+
+/* ------------------------------------------------------------------ */
+/* Episodes, compactions, resume.                                       */
+
+static void t_user_new_episode(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_counters_t c;
+  lg_run_t *r = mk("{\"limits\":{\"max_steps\":6},\"failure_streak\":2,\"compaction\":{\"max\":2}}");
+  call(r, "a", "{}", &d);
+  ok(r, &d);
+  call(r, "a", "{}", &d);
+  assert_int_equal(d.repeat, 2);
+  res_st(r, LG_STATUS_RETRYABLE, &d); /* failure streak 1 */
+  assert_int_equal(lg_run_compaction(r, 0, &d), 0); /* compaction 1 */
+  assert_int_equal(d.action, LG_ACT_CONTINUE);
+  text(r, 50, "Again and again we go. Again and again we go. Again and again we go. ", &d);
+  assert_int_equal(d.action, LG_ACT_OBSERVE); /* text loop 1 */
+  assert_int_equal(lg_run_user(r, 5, &d), 0);
+  assert_int_equal(d.action, LG_ACT_CONTINUE);
+  /* Loop guards start again... */
+  call(r, "a", "{}", &d);
+  assert_int_equal(d.repeat, 1);
+  assert_null(d.message);
+  res_st(r, LG_STATUS_RETRYABLE, &d);
+  assert_int_equal(d.action, LG_ACT_CONTINUE); /* streak 1, not 2 */
+  assert_int_equal(text(r, 51, "Again and again we go. Again and again we go. Again and again we go. ", &d),
+                   LG_ACT_OBSERVE); /* the first text loop of the episode */
+  assert_int_equal(lg_run_compaction(r, 0, &d), 0);
+  assert_int_equal(d.action, LG_ACT_CONTINUE);
+  /* ...caps and counters carry on. */
+  lg_run_counters(r, &c);
+  assert_int_equal(c.steps, 3);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(call(r, "b", i ? "{\"i\":1}" : "{}", &d) == LG_ACT_EXECUTE || i == 2, 1);
+    if (d.action == LG_ACT_EXECUTE) ok(r, &d);
+  }
+  call(r, "z", "{}", &d);
+  assert_stop(&d, LG_R_STEP_CAP, "caps");
+  assert_int_equal(lg_run_user(r, 9, &d), 0); /* a stopped run stays stopped */
+  assert_stop(&d, LG_R_STEP_CAP, "caps");
+  lg_run_free(r);
+}
+
+static void t_compaction_loop(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_run_t *r = mk(NULL);
+  for (int i = 0; i < 9; i++) {
+    assert_int_equal(lg_run_compaction(r, i, &d), 0);
+    assert_int_equal(d.action, LG_ACT_CONTINUE);
+  }
+  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE); /* starts the count again */
+  ok(r, &d);
+  for (int i = 0; i < 9; i++) {
+    assert_int_equal(lg_run_compaction(r, 10 + i, &d), 0);
+    assert_int_equal(d.action, LG_ACT_CONTINUE);
+  }
+  assert_int_equal(lg_run_compaction(r, 30, &d), 0);
+  assert_stop(&d, LG_R_CONTEXT_LOOP, "compaction");
+  assert_string_equal(d.reason_text, "context_loop");
+  contains(d.message, "10 times");
+  lg_run_free(r);
+  r = mk("{\"compaction\":{\"max\":0}}");
+  for (int i = 0; i < 40; i++) {
+    assert_int_equal(lg_run_compaction(r, i, &d), 0);
+    assert_int_equal(d.action, LG_ACT_CONTINUE);
+  }
+  lg_run_free(r);
+}
+
+static void t_resume(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_error_t err;
+  lg_counters_t c;
+  lg_run_t *r = mk("{\"repeat\":{\"stop\":3,\"block\":false}}");
+  memset(&err, 0, sizeof err);
+  assert_int_equal(lg_run_resume(r, NULL, 0, &d, &err), LG_ESTATE); /* active */
+  assert_true(strlen(err.message) > 0);
+  for (int i = 0; i < 2; i++) {
+    call(r, "a", "{}", &d);
+    ok(r, &d);
+  }
+  call(r, "a", "{}", &d);
+  assert_stop(&d, LG_R_SAME_CALL_REPEAT, "repeat");
+  int64_t pv = 42;
+  assert_int_equal(lg_run_resume(r, &pv, 100, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_CONTINUE);
+  assert_false(lg_run_stopped(r));
+  assert_null(lg_run_terminal_reason(r));
+  json_t *e = envelope(r);
+  assert_true(json_is_null(json_object_get(e, "terminal_reason")));
+  assert_true(json_is_null(json_object_get(e, "refused_call")));
+  assert_int_equal(jint(e, "last_checkpoint"), 42);
+  json_decref(e);
+  lg_run_counters(r, &c);
+  assert_int_equal(c.steps, 2); /* counters carry on */
+  assert_int_equal(c.calls, 3);
+  /* A fresh window: the same call is the first again. */
+  assert_int_equal(call(r, "a", "{}", &d), LG_ACT_EXECUTE);
+  assert_int_equal(d.repeat, 1);
+  ok(r, &d);
+  lg_run_free(r);
+  /* Stops that a resume cannot cure. */
+  r = mk("{\"limits\":{\"max_steps\":1}}");
+  call(r, "a", "{}", &d);
+  ok(r, &d);
+  call(r, "b", "{}", &d);
+  assert_stop(&d, LG_R_STEP_CAP, "caps");
+  memset(&err, 0, sizeof err);
+  assert_int_equal(lg_run_resume(r, NULL, 0, &d, &err), LG_ESTATE);
+  contains(err.message, "step_cap");
+  assert_true(lg_run_stopped(r));
+  lg_run_free(r);
+  r = mk(NULL);
+  lg_run_cancel(r, NULL, 0, &d);
+  assert_int_equal(lg_run_resume(r, NULL, 0, &d, NULL), LG_ESTATE);
+  lg_run_free(r);
+  r = mk(NULL);
+  call(r, "a", "{}", &d);
+  res_st(r, LG_STATUS_COMPLETE, &d);
+  assert_int_equal(lg_run_resume(r, NULL, 0, &d, NULL), LG_ESTATE);
+  lg_run_free(r);
+  r = mk(NULL);
+  lg_run_stop(r, LG_R_BUDGET_EXCEEDED, NULL, 0, &d);
+  assert_int_equal(lg_run_resume(r, NULL, 0, &d, NULL), LG_ESTATE);
+  lg_run_free(r);
+  /* A text loop stop resumes, with the text ladder fresh. */
+  r = mk("{\"text\":{\"repeat\":{\"observe\":false,\"stop\":1}}}");
+  const char *loop = "Trying the same thing. Trying the same thing. Trying the same thing. ";
+  assert_int_equal(text(r, 1, loop, &d), LG_ACT_STOP);
+  assert_int_equal(lg_run_resume(r, NULL, 0, &d, NULL), 0);
+  assert_int_equal(text(r, 2, "A fresh start.", &d), LG_ACT_CONTINUE);
+  lg_run_free(r);
+}
+
+/* ------------------------------------------------------------------ */
+/* The recovery cascade.                                                */
+
+static lg_run_t *blocked_run(const char *pjson, lg_decision_t *d) {
+  lg_run_t *r = mk(pjson);
+  for (int i = 0; i < 2; i++) {
+    call(r, "search", "{}", d);
+    ok(r, d);
+  }
+  call(r, "search", "{}", d);
+  assert_block(d, LG_R_SAME_CALL_REPEAT);
+  return r;
+}
+
+static void t_cascade_hide_and_escalate(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_run_t *r = blocked_run("{\"cascade\":{\"hide_turns\":2,\"offer\":[\"ask_human\"],"
+                            "\"escalate\":{\"model\":\"big\",\"turns\":3}}}", &d);
+  assert_int_equal(model(r, 10, 10, 0, 0, &d), LG_ACT_EXECUTE);
+  assert_string_equal(d.hide_tool, "search");
+  assert_int_equal(d.hide_turns, 2);
+  assert_int_equal(d.alternatives, LG_ALT_ASK_HUMAN);
+  assert_string_equal(d.escalate_model, "big");
+  assert_int_equal(d.escalate_turns, 3);
+  assert_int_equal(model(r, 10, 10, 0, 0, &d), LG_ACT_EXECUTE);
+  assert_string_equal(d.hide_tool, "search");
+  assert_int_equal(d.hide_turns, 1);
+  assert_int_equal(d.escalate_turns, 2);
+  assert_int_equal(model(r, 10, 10, 0, 0, &d), LG_ACT_EXECUTE);
+  assert_null(d.hide_tool); /* hidden for two model calls */
+  assert_int_equal(d.alternatives, 0);
+  assert_string_equal(d.escalate_model, "big");
+  assert_int_equal(d.escalate_turns, 1);
+  assert_int_equal(model(r, 10, 10, 0, 0, &d), LG_ACT_EXECUTE);
+  assert_null(d.escalate_model);
+  assert_int_equal(d.escalate_turns, 0);
+  /* The offer is over: ask_human is a tool call like any other. */
+  assert_int_equal(call(r, "ask_human", "{\"q\":\"?\"}", &d), LG_ACT_EXECUTE);
+  lg_run_free(r);
+  /* Without a block nothing is hidden or escalated. */
+  r = mk("{\"cascade\":{\"escalate\":{\"model\":\"big\"}}}");
+  model(r, 10, 10, 0, 0, &d);
+  assert_null(d.hide_tool);
+  assert_null(d.escalate_model);
+  lg_run_free(r);
+}
+
+static void t_cascade_offered_tools(void **state) {
+  (void)state;
+  lg_decision_t d;
+  const char *P = "{\"cascade\":{\"offer\":[\"ask_human\",\"finalize_partial\"]}}";
+  lg_run_t *r = blocked_run(P, &d);
+  model(r, 10, 10, 0, 0, &d);
+  assert_int_equal(call(r, "ask_human", "{\"question\":\"Which invoice?\",\"n\":1}", &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_HUMAN_REQUIRED, "cascade");
+  assert_int_equal(d.next_allowed_action, LG_NEXT_HUMAN_REVIEW);
+  json_t *e = envelope(r);
+  json_t *q = json_object_get(e, "question");
+  assert_true(json_is_object(q));
+  assert_string_equal(jstr(q, "question"), "Which invoice?");
+  assert_true(json_is_null(json_object_get(e, "partial")));
+  json_decref(e);
+  lg_run_free(r);
+  /* finalize_partial right after the block (before any model call). */
+  r = blocked_run(P, &d);
+  assert_int_equal(call(r, "finalize_partial", "{\"answer\":\"2 of 3 done\"}", &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_COMPLETE, "cascade");
+  assert_int_equal(d.next_allowed_action, LG_NEXT_NONE);
+  e = envelope(r);
+  assert_string_equal(jstr(json_object_get(e, "partial"), "answer"), "2 of 3 done");
+  assert_true(json_is_null(json_object_get(e, "question")));
+  json_decref(e);
+  lg_run_free(r);
+  /* A question too long to keep whole is kept as a string of its start. */
+  r = blocked_run(P, &d);
+  size_t big = 20000;
+  char *args = malloc(big + 32);
+  int len = snprintf(args, big + 32, "{\"question\":\"");
+  memset(args + len, 'q', big);
+  strcpy(args + len + big, "\"}");
+  assert_int_equal(call(r, "ask_human", args, &d), LG_ACT_STOP);
+  free(args);
+  e = envelope(r);
+  q = json_object_get(e, "question");
+  assert_true(json_is_string(q));
+  assert_int_equal(json_string_length(q), 16384);
+  json_decref(e);
+  lg_run_free(r);
+  /* Not offered by the policy, or no block: an ordinary call. */
+  r = blocked_run("{\"cascade\":{\"offer\":[\"finalize_partial\"]}}", &d);
+  assert_int_equal(call(r, "ask_human", "{}", &d), LG_ACT_EXECUTE);
+  lg_run_free(r);
+  r = mk(P);
+  assert_int_equal(call(r, "ask_human", "{}", &d), LG_ACT_EXECUTE);
+  lg_run_free(r);
+}
+
+/* ------------------------------------------------------------------ */
+/* Saturating counters, and money in the envelope.                      */
+
+static void t_saturating_counters(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_counters_t c;
+  lg_run_t *r = mk("{\"limits\":{\"max_tokens\":1000}}");
+  assert_int_equal(model(r, INT64_MAX, 10, -1, 0, &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_TOKEN_CAP, "caps");
+  lg_run_free(r);
+  r = mk("{\"limits\":{\"max_tokens\":1000}}");
+  assert_int_equal(model(r, 10, INT64_MAX, -1, 0, &d), LG_ACT_STOP);
+  lg_run_free(r);
+  /* No token cap: reservations and usage saturate instead of wrapping. */
+  r = mk(NULL);
+  assert_int_equal(model(r, INT64_MAX, INT64_MAX, INT64_MAX, 0, &d), LG_ACT_EXECUTE);
+  assert_int_equal(model(r, INT64_MAX, INT64_MAX, INT64_MAX, 0, &d), LG_ACT_EXECUTE);
+  assert_int_equal(lg_run_usage(r, 0, INT64_MAX, INT64_MAX, INT64_MAX, 0), 0);
+  assert_int_equal(lg_run_usage(r, 0, INT64_MAX, INT64_MAX, INT64_MAX, 0), 0);
+  lg_run_counters(r, &c);
+  assert_true(c.tokens == INT64_MAX);
+  assert_true(c.cost_nusd == INT64_MAX);
+  char *env = lg_run_envelope_json(r);
+  assert_non_null(env);
+  lg_free(env);
+  lg_run_free(r);
+  /* Caps hold after saturated usage. */
+  r = mk("{\"limits\":{\"max_tokens\":1000,\"max_cost_usd\":1}}");
+  assert_int_equal(model(r, 10, 10, 10, 0, &d), LG_ACT_EXECUTE);
+  assert_int_equal(lg_run_usage(r, d.reservation, INT64_MAX, INT64_MAX, 5, 0), 0);
+  assert_int_equal(model(r, 0, 0, 0, 0, &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_TOKEN_CAP, "caps");
+  lg_run_free(r);
+  r = mk("{\"limits\":{\"max_cost_usd\":1}}");
+  assert_int_equal(model(r, 10, 10, INT64_MAX, 0, &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_COST_CAP, "caps");
+  lg_run_free(r);
+  r = mk("{\"limits\":{\"max_cost_usd\":1}}");
+  assert_int_equal(model(r, 10, 10, 10, 0, &d), LG_ACT_EXECUTE);
+  assert_int_equal(lg_run_usage(r, d.reservation, 1, 1, INT64_MAX, 0), 0);
+  assert_int_equal(lg_run_usage(r, 0, 1, 1, INT64_MAX, 0), LG_ENOTFOUND);
+  assert_int_equal(model(r, 10, 10, 0, 0, &d), LG_ACT_STOP);
+  assert_stop(&d, LG_R_COST_CAP, "caps");
+  lg_run_free(r);
+  /* A retry_after_ms of INT64_MAX waits for ever, without overflow. */
+  r = mk("{\"limits\":{\"max_wall_ms\":null}}");
+  call_t(r, "q", "{}", 5, &d);
+  assert_int_equal(res_retry(r, INT64_MAX, 5, &d), LG_ACT_CONTINUE);
+  call_t(r, "q", "{}", -5, &d);
+  assert_block(&d, LG_R_RETRY_TOO_SOON);
+  call_t(r, "q", "{}", INT64_MAX - 1, &d);
+  assert_block(&d, LG_R_RETRY_TOO_SOON);
+  lg_run_free(r);
+}
+
+static void t_envelope_money(void **state) {
+  (void)state;
+  lg_decision_t d;
+  lg_run_t *r = mk(NULL);
+  model(r, 100, 50, 3100000, 0, &d);
+  assert_int_equal(lg_run_usage(r, d.reservation, 100, 20, 3100000, 0), 0);
+  char *s = lg_run_envelope_json(r);
+  contains(s, "\"cost_usd\":0.0031,");
+  lg_free(s);
+  lg_run_free(r);
+}
+
+static void t_new_names(void **state) {
+  (void)state;
+  assert_string_equal(lg_reason_name(LG_R_TEXT_REPEAT), "text_repeat");
+  assert_string_equal(lg_reason_name(LG_R_MONOLOGUE), "monologue");
+  assert_string_equal(lg_reason_name(LG_R_CONTEXT_LOOP), "context_loop");
+  assert_string_equal(lg_reason_name(LG_R_BLOCK_STREAK), "block_streak");
+  assert_string_equal(lg_action_name(LG_ACT_OBSERVE), "observe");
+  /* Appended: the saved integers of older reasons keep their meaning. */
+  assert_int_equal(LG_R_ALREADY_COMMITTED, 24);
+  assert_int_equal(LG_R_TEXT_REPEAT, 25);
+  assert_int_equal(LG_R_BLOCK_STREAK, 28);
+  assert_int_equal(LG_ACT_CONTINUE, 4);
+  assert_int_equal(LG_ACT_OBSERVE, 5);
+}
+
 int main(void) {
   C = lg_canon_new();
   if (!C) return 1;
@@ -1620,6 +2307,22 @@ int main(void) {
       cmocka_unit_test_setup(t_malformed_args, setup),
       cmocka_unit_test_setup(t_precomputed_fingerprint, setup),
       cmocka_unit_test_setup(t_names, setup),
+      cmocka_unit_test_setup(t_cycle_periods_to_8, setup),
+      cmocka_unit_test_setup(t_block_streak_five_cycle, setup),
+      cmocka_unit_test_setup(t_block_streak_reset_by_execution, setup),
+      cmocka_unit_test_setup(t_text_chanting, setup),
+      cmocka_unit_test_setup(t_text_not_loops, setup),
+      cmocka_unit_test_setup(t_text_any_cut, setup),
+      cmocka_unit_test_setup(t_text_ladder, setup),
+      cmocka_unit_test_setup(t_monologue, setup),
+      cmocka_unit_test_setup(t_user_new_episode, setup),
+      cmocka_unit_test_setup(t_compaction_loop, setup),
+      cmocka_unit_test_setup(t_resume, setup),
+      cmocka_unit_test_setup(t_cascade_hide_and_escalate, setup),
+      cmocka_unit_test_setup(t_cascade_offered_tools, setup),
+      cmocka_unit_test_setup(t_saturating_counters, setup),
+      cmocka_unit_test_setup(t_envelope_money, setup),
+      cmocka_unit_test_setup(t_new_names, setup),
   };
   int rc = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
   lg_canon_free(C);

@@ -3,9 +3,9 @@
  * replay to what its first line, `# expect {...}`, says.
  *
  * The fixtures are found at run time (a new file is a new case, no code
- * change), and the expectation keys are checked the way
- * shared/tools/check-fixtures checks them against `loopguard replay
- * --json`, but through the library: lg_replay_file() with a callback that
+ * change), and the expectation keys are checked as
+ * docs/reference/trace-v1.md ("Expectations") defines them, through the
+ * library rather than `loopguard replay --json`: lg_replay_file() with a callback that
  * records the decision of every line and the summary.
  *
  *   terminal_reason          the summary's terminal reason (null: no stop)

@@ -1,5 +1,5 @@
 /*
- * test_oom.c — out-of-memory at every allocation (STYLE.md: "failing
+ * test_oom.c — out-of-memory at every allocation (docs/internals/style.md: "failing
  * allocation N, then N+1, ... through every constructor and parser, with a
  * clean error and no leak each time").
  *

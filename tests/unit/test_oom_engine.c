@@ -1,6 +1,6 @@
 /*
  * test_oom_engine.c — out-of-memory at every allocation of a run's whole
- * life and of a trace replay (STYLE.md: "failing allocation N, then N+1,
+ * life and of a trace replay (docs/internals/style.md: "failing allocation N, then N+1,
  * ...").
  *
  * A counting allocator is installed with lg_set_allocator() before any
@@ -91,19 +91,20 @@ static long failed(void) { return __atomic_load_n(&g_failed, __ATOMIC_SEQ_CST); 
 /* Decisions, described as one string for comparison.                  */
 
 static void describe(const lg_decision_t *d, bool with_message, char *out, size_t cap) {
-  snprintf(out, cap, "%s/%s/%s/%s rep=%u fp=%s id=%s key=%s msg=%s hide=%s:%u alt=%u next=%s resv=%lld saved=%.*s",
+  snprintf(out, cap, "%s/%s/%s/%s rep=%u fp=%s id=%s key=%s msg=%s hide=%s:%u alt=%u next=%s resv=%lld esc=%s:%u saved=%.*s",
            lg_action_name(d->action), lg_reason_name(d->reason), d->reason_text ? d->reason_text : "(null)",
            d->guard ? d->guard : "(null)", d->repeat, d->fingerprint, d->call_id ? d->call_id : "-",
            d->idempotency_key ? d->idempotency_key : "-",
            with_message ? (d->message ? d->message : "-") : "?", d->hide_tool ? d->hide_tool : "-",
            d->hide_turns, d->alternatives, lg_next_name(d->next_allowed_action), (long long)d->reservation,
-           d->saved_result ? (int)d->saved_result_len : 1, d->saved_result ? d->saved_result : "-");
+           d->escalate_model ? d->escalate_model : "-", d->escalate_turns, d->saved_result ? (int)d->saved_result_len : 1, d->saved_result ? d->saved_result : "-");
 }
 
 /* ------------------------------------------------------------------ */
 /* Engine scenarios.                                                    */
 
-enum kind { K_CALL, K_RESULT, K_MODEL, K_STATE, K_HANDOFF, K_CANCEL, K_ENVELOPE, K_SAVELOAD };
+enum kind { K_CALL, K_RESULT, K_MODEL, K_STATE, K_HANDOFF, K_CANCEL, K_ENVELOPE, K_SAVELOAD,
+            K_TEXT, K_USER, K_COMPACTION, K_RESUME };
 
 typedef struct step {
   enum kind k;
@@ -127,6 +128,10 @@ typedef struct step {
 #define CANCEL(why, t) {K_CANCEL, NULL, NULL, NULL, NULL, 0, t, 0, -1, -1, NULL, -1, why}
 #define ENVELOPE {K_ENVELOPE, NULL, NULL, NULL, NULL, 0, 0, 0, -1, -1, NULL, -1, NULL}
 #define SAVELOAD {K_SAVELOAD, NULL, NULL, NULL, NULL, 0, 0, 0, -1, -1, NULL, -1, NULL}
+#define TEXT(turn, s, t) {K_TEXT, NULL, NULL, NULL, NULL, turn, t, 0, -1, -1, NULL, -1, s}
+#define USER(t) {K_USER, NULL, NULL, NULL, NULL, 0, t, 0, -1, -1, NULL, -1, NULL}
+#define COMPACTION(t) {K_COMPACTION, NULL, NULL, NULL, NULL, 0, t, 0, -1, -1, NULL, -1, NULL}
+#define RESUME(pv, t) {K_RESUME, NULL, NULL, NULL, NULL, 0, t, 0, pv, -1, NULL, -1, NULL}
 
 static const char *POLICY =
     "{\"limits\":{\"max_cost_usd\":1,\"max_tokens\":100000},"
@@ -181,6 +186,40 @@ static const step_t S_CANCEL[] = {
     CALL("a", "{}", 2, 4),
     ENVELOPE,
     SAVELOAD,
+    ENVELOPE,
+};
+
+/* The text, episode, compaction and cascade guards, and resume. */
+static const char *POLICY_TEXT =
+    "{\"compaction\":{\"max\":2},\"repeat\":{\"stop\":4},"
+    "\"cascade\":{\"offer\":[\"ask_human\"],\"escalate\":{\"model\":\"big\",\"turns\":2}}}";
+
+static const step_t S_TEXT[] = {
+    TEXT(1, "I will look. I will look again now. I will look again now. ", 0),
+    TEXT(1, "I will look again now. ```\n", 1), /* observe */
+    CALL("s", "{}", 2, 2),
+    RES(LG_STATUS_PROGRESS, -1, -1, NULL, 3),
+    CALL("s", "{}", 3, 4),
+    CALL("s", "{}", 3, 4),
+    CALL("s", "{}", 4, 5), /* block: hidden, escalated */
+    MODEL(10, 10, 6),      /* carries both */
+    COMPACTION(7),
+    USER(8),
+    COMPACTION(9),
+    SAVELOAD,
+    COMPACTION(10), /* stop: context_loop */
+    ENVELOPE,
+    RESUME(5, 11),
+    TEXT(5, "Fresh text. Fresh text. Fresh text again.", 12),
+    CALL("s", "{}", 6, 13),
+    RES(LG_STATUS_PROGRESS, -1, -1, NULL, 14),
+    CALL("s", "{}", 7, 15),
+    RES(LG_STATUS_PROGRESS, -1, -1, NULL, 16),
+    CALL("s", "{}", 8, 17), /* block */
+    CALL("ask_human", "{\"question\":\"Which one?\"}", 8, 18), /* stop: human_required */
+    ENVELOPE,
+    SAVELOAD,
+    RESUME(-1, 19), /* refused: ESTATE */
     ENVELOPE,
 };
 
@@ -240,6 +279,16 @@ static int do_step(lg_run_t **runp, lg_ledger_t *ledger, lg_policy_t *pol, lg_ca
   case K_STATE: rc = lg_run_state(run, canon, s->text, strlen(s->text), s->t, &d, &err); break;
   case K_HANDOFF: rc = lg_run_handoff(run, s->tool, s->args, s->t, &d, &err); break;
   case K_CANCEL: rc = lg_run_cancel(run, s->text, s->t, &d); break;
+  case K_TEXT: rc = lg_run_text(run, s->turn, s->text, strlen(s->text), NULL, s->t, &d, &err); break;
+  case K_USER: rc = lg_run_user(run, s->t, &d); break;
+  case K_COMPACTION: rc = lg_run_compaction(run, s->t, &d); break;
+  case K_RESUME:
+    rc = lg_run_resume(run, s->pv >= 0 ? &s->pv : NULL, s->t, &d, &err);
+    if (rc == LG_ESTATE) { /* refused, as meant: the run is unchanged */
+      snprintf(desc, cap, "estate: %s", err.message);
+      return 0;
+    }
+    break;
   case K_ENVELOPE: {
     char *e = lg_run_envelope_json(run);
     if (!e) return LG_ENOMEM;
@@ -264,7 +313,7 @@ static int do_step(lg_run_t **runp, lg_ledger_t *ledger, lg_policy_t *pol, lg_ca
   }
   }
   if (rc) {
-    if (err.code != rc && s->k != K_CANCEL)
+    if (err.code != rc && s->k != K_CANCEL && s->k != K_USER && s->k != K_COMPACTION)
       fail_msg("rc %s but err.code %s (%s)", lg_err_name(rc), lg_err_name(err.code), err.message);
     return rc;
   }
@@ -440,6 +489,10 @@ static void t_oom_cancel(void **state) {
   (void)state;
   each_n("cancel", POLICY, S_CANCEL, sizeof S_CANCEL / sizeof S_CANCEL[0]);
 }
+static void t_oom_text(void **state) {
+  (void)state;
+  each_n("text", POLICY_TEXT, S_TEXT, sizeof S_TEXT / sizeof S_TEXT[0]);
+}
 
 /* The scenarios do what they are meant to. */
 static void t_scenarios_are_meaningful(void **state) {
@@ -458,6 +511,17 @@ static void t_scenarios_are_meaningful(void **state) {
   assert_non_null(strstr(ref.desc[4], "stop/unknown_outcome"));
   play("cancel", p, S_CANCEL, sizeof S_CANCEL / sizeof S_CANCEL[0], &ref, true);
   assert_non_null(strstr(ref.desc[3], "stop/operator_cancelled_loop/an operator's own reason"));
+  lg_policy_t *pt = parse(POLICY_TEXT);
+  play("text", pt, S_TEXT, sizeof S_TEXT / sizeof S_TEXT[0], &ref, true);
+  assert_non_null(strstr(ref.desc[1], "observe/text_repeat"));
+  assert_non_null(strstr(ref.desc[6], "block/same_call_repeat"));
+  assert_non_null(strstr(ref.desc[6], "hide=s:2"));
+  assert_non_null(strstr(ref.desc[7], "esc=big:2"));
+  assert_non_null(strstr(ref.desc[12], "stop/context_loop"));
+  assert_non_null(strstr(ref.desc[14], "continue/"));
+  assert_non_null(strstr(ref.desc[21], "stop/human_required"));
+  assert_non_null(strstr(ref.desc[22], "\"question\":{\"question\":\"Which one?\"}"));
+  lg_policy_free(pt);
   lg_policy_free(p);
   lg_policy_free(po);
   free(ref.desc);
@@ -648,6 +712,7 @@ int main(void) {
       cmocka_unit_test(t_oom_ladder),
       cmocka_unit_test(t_oom_unknown_outcome),
       cmocka_unit_test(t_oom_cancel),
+      cmocka_unit_test(t_oom_text),
       cmocka_unit_test(t_oom_replay),
   };
   int rc = cmocka_run_group_tests_name("oom_engine", tests, NULL, NULL);

@@ -41,8 +41,9 @@ typedef struct dec {
   lg_action_t action;
   lg_reason_t reason;
   char reason_text[256], guard[32], fp[LG_FP_HEX], call_id[128], key[512], message[1024];
-  char hide_tool[128], saved[1024];
-  bool has_call_id, has_key, has_message, has_hide, has_saved;
+  char hide_tool[128], saved[1024], escalate[128];
+  bool has_call_id, has_key, has_message, has_hide, has_saved, has_escalate;
+  uint32_t escalate_turns;
   uint32_t repeat, hide_turns;
   unsigned alternatives;
   size_t saved_len;
@@ -77,6 +78,8 @@ static void dec_copy(dec_t *o, int rc, const lg_decision_t *d) {
   o->alternatives = d->alternatives;
   o->next = d->next_allowed_action;
   o->reservation = d->reservation;
+  copy_s(o->escalate, sizeof o->escalate, &o->has_escalate, d->escalate_model);
+  o->escalate_turns = d->escalate_turns;
 }
 
 static void dec_same(const char *where, long line, const dec_t *a, const dec_t *b) {
@@ -108,6 +111,9 @@ static void dec_same(const char *where, long line, const dec_t *a, const dec_t *
   SAME_STR(saved);
   SAME_INT(next);
   SAME_INT(reservation);
+  SAME_INT(has_escalate);
+  SAME_STR(escalate);
+  SAME_INT(escalate_turns);
 #undef SAME_INT
 #undef SAME_STR
 }
@@ -307,6 +313,20 @@ static bool drv_event(drv_t *D, json_t *ev, long line, dec_t *out) {
     rc = lg_run_handoff(D->run, sget(ev, "from"), sget(ev, "to"), t, &d, &err);
   } else if (!strcmp(type, "cancel")) {
     rc = lg_run_cancel(D->run, sget(ev, "reason"), t, &d);
+  } else if (!strcmp(type, "text")) {
+    const char *tx = sget(ev, "text");
+    bool has_turn;
+    int64_t turn = iget(ev, "turn", 0, &has_turn);
+    rc = lg_run_text(D->run, has_turn ? turn : -line, tx, tx ? strlen(tx) : 0, sget(ev, "agent"), t,
+                     &d, &err);
+  } else if (!strcmp(type, "user")) {
+    rc = lg_run_user(D->run, t, &d);
+  } else if (!strcmp(type, "compaction")) {
+    rc = lg_run_compaction(D->run, t, &d);
+  } else if (!strcmp(type, "resume")) { /* not trace-v1: the operator's lg_run_resume */
+    bool has_pv;
+    int64_t pv = iget(ev, "progress_version", 0, &has_pv);
+    rc = lg_run_resume(D->run, has_pv ? &pv : NULL, t, &d, &err);
   } else {
     acted = false;
   }
@@ -578,6 +598,124 @@ static void t_synthetic_unknown_outcome(void **state) {
             "{\"type\":\"call\",\"turn\":3,\"tool\":\"w\",\"args\":{},\"idempotency_key\":\"K\",\"t_ms\":700000}\n"
             "{\"type\":\"result\",\"call_id\":\"a\",\"status\":\"progress\"}\n",
             true);
+}
+
+/* Text in pieces (chanting, a monologue), episodes, compactions, the
+ * block streak, the cascade (hidden tool, escalation, an offered tool) and
+ * resumes: every piece of the format-2 state crosses a reload mid-way. */
+static void t_synthetic_text_episodes_cascade(void **state) {
+  (void)state;
+  both_ways("text",
+            "{\"type\":\"run\",\"run_id\":\"t\",\"policy\":{\"text\":{\"repeat\":{\"observe\":1,\"stop\":3}}}}\n"
+            "{\"type\":\"text\",\"turn\":1,\"text\":\"I will read the fi\"}\n"
+            "{\"type\":\"text\",\"turn\":1,\"text\":\"le now. I will read the file now. I w\"}\n"
+            "{\"type\":\"text\",\"turn\":1,\"text\":\"ill read the file now. I will read\"}\n"
+            "{\"type\":\"text\",\"turn\":1,\"text\":\" the file now.\\n```\\ncode\\n\"}\n"
+            "{\"type\":\"text\",\"turn\":1,\"text\":\"code\\n```\\n| a |\\n- item\\n12\"}\n"
+            "{\"type\":\"text\",\"turn\":2,\"text\":\"D\\u00e9j\\u00e0 vu \\u65e5\"}\n"
+            "{\"type\":\"text\",\"turn\":2,\"text\":\"  again.\"}\n"
+            "{\"type\":\"text\",\"turn\":3,\"text\":\"D\\u00e9j\\u00e0 vu \\u65e5 again.\"}\n"
+            "{\"type\":\"compaction\"}\n"
+            "{\"type\":\"text\",\"turn\":4,\"text\":\"D\\u00e9j\\u00e0 vu\"}\n"
+            "{\"type\":\"text\",\"turn\":4,\"text\":\" \\u65e5 again.\"}\n"
+            "{\"type\":\"text\",\"turn\":5,\"text\":\"after the stop\"}\n"
+            "{\"type\":\"resume\",\"progress_version\":3}\n"
+            "{\"type\":\"text\",\"turn\":6,\"text\":\"go go go go go go go go go\"}\n"
+            "{\"type\":\"user\",\"text\":\"new task\"}\n"
+            "{\"type\":\"text\",\"turn\":7,\"text\":\"Fresh. Fresh. Fresh.\"}\n",
+            false);
+  both_ways("episodes",
+            "{\"type\":\"run\",\"run_id\":\"e\",\"policy\":{\"compaction\":{\"max\":3},\"failure_streak\":3}}\n"
+            "{\"type\":\"call\",\"turn\":1,\"tool\":\"a\",\"args\":{}}\n"
+            "{\"type\":\"result\",\"status\":\"retryable\"}\n"
+            "{\"type\":\"compaction\"}\n{\"type\":\"compaction\"}\n"
+            "{\"type\":\"user\"}\n"
+            "{\"type\":\"compaction\"}\n{\"type\":\"compaction\"}\n"
+            "{\"type\":\"call\",\"turn\":2,\"tool\":\"a\",\"args\":{}}\n"
+            "{\"type\":\"result\",\"status\":\"retryable\"}\n"
+            "{\"type\":\"state\",\"world\":{\"q\":1}}\n"
+            "{\"type\":\"compaction\"}\n{\"type\":\"compaction\"}\n{\"type\":\"compaction\"}\n"
+            "{\"type\":\"resume\"}\n"
+            "{\"type\":\"call\",\"turn\":3,\"tool\":\"a\",\"args\":{}}\n",
+            false);
+  both_ways("cascade",
+            "{\"type\":\"run\",\"run_id\":\"k\",\"policy\":{\"block_streak\":4,\"cascade\":{\"hide_turns\":2,"
+            "\"offer\":[\"ask_human\",\"finalize_partial\"],\"escalate\":{\"model\":\"big\",\"turns\":3}}}}\n"
+            "{\"type\":\"call\",\"turn\":1,\"tool\":\"s\",\"args\":{}}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":2,\"tool\":\"s\",\"args\":{}}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":3,\"tool\":\"s\",\"args\":{}}\n"
+            "{\"type\":\"model\",\"turn\":4,\"input_tokens\":10}\n"
+            "{\"type\":\"call\",\"turn\":4,\"tool\":\"s\",\"args\":{}}\n"
+            "{\"type\":\"model\",\"turn\":5,\"input_tokens\":10}\n"
+            "{\"type\":\"model\",\"turn\":6,\"input_tokens\":10}\n"
+            "{\"type\":\"call\",\"turn\":6,\"tool\":\"s\",\"args\":{}}\n"
+            "{\"type\":\"call\",\"turn\":6,\"tool\":\"ask_human\",\"args\":{\"question\":\"Which one?\"}}\n"
+            "{\"type\":\"call\",\"turn\":7,\"tool\":\"s\",\"args\":{}}\n",
+            false);
+  both_ways("block streak",
+            "{\"type\":\"run\",\"run_id\":\"b\"}\n"
+            "{\"type\":\"call\",\"turn\":1,\"tool\":\"a\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":2,\"tool\":\"b\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":3,\"tool\":\"c\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":4,\"tool\":\"d\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":5,\"tool\":\"e\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":6,\"tool\":\"a\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":7,\"tool\":\"b\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":8,\"tool\":\"c\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":9,\"tool\":\"d\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":10,\"tool\":\"e\"}\n{\"type\":\"result\",\"status\":\"progress\"}\n"
+            "{\"type\":\"call\",\"turn\":11,\"tool\":\"a\"}\n{\"type\":\"call\",\"turn\":12,\"tool\":\"b\"}\n"
+            "{\"type\":\"call\",\"turn\":13,\"tool\":\"c\"}\n{\"type\":\"call\",\"turn\":14,\"tool\":\"d\"}\n"
+            "{\"type\":\"call\",\"turn\":15,\"tool\":\"e\"}\n"
+            "{\"type\":\"resume\"}\n"
+            "{\"type\":\"call\",\"turn\":16,\"tool\":\"a\"}\n",
+            false);
+}
+
+/* A blob of format 1 (written before the text and cascade guards) still
+ * loads, with those guards starting from nothing. */
+static void t_format1_loads(void **state) {
+  (void)state;
+  lg_run_t *r = lg_run_new("old", "g", NULL, NULL, NULL, NULL);
+  assert_non_null(r);
+  lg_model_call_t m = {NULL, 1, 10, 10, -1, 600, 0};
+  lg_decision_t d;
+  assert_int_equal(lg_run_model(r, &m, &d, NULL), 0);
+  assert_int_equal(lg_run_handoff(r, "a", "b", 1, &d, NULL), 0);
+  char *b;
+  size_t n;
+  assert_int_equal(lg_run_save(r, &b, &n), 0);
+  /* Format 2 appends a fixed tail for a run in this state (no answer):
+   * 2 streaks, 7 text flags, the line head, 4 word/sentence hashes, the two
+   * rings, their counts, the monologue, the cascade and a NULL string. */
+  const size_t tail = 16 + 56 + 12 + 16 + 4 * 64 + 16 + 8 * 32 + 16 + 32 + 32 + 32 + 16 + 4;
+  assert_true(n > tail);
+  assert_int_equal((unsigned char)b[3], 2); /* the format number, little-endian */
+  char *v1 = malloc(n - tail);
+  memcpy(v1, b, n - tail);
+  v1[3] = 1;
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  lg_run_t *o = lg_run_load(v1, n - tail, NULL, NULL, &err);
+  if (!o) fail_msg("format 1 refused: %s", err.message);
+  char *b2;
+  size_t n2;
+  assert_int_equal(lg_run_save(o, &b2, &n2), 0);
+  /* Compared in the normalised form (an active run's NULL guard loads as ""). */
+  char *bn;
+  size_t nn;
+  norm_save(r, NULL, &bn, &nn);
+  assert_int_equal(n2, nn);
+  assert_memory_equal(b2, bn, nn);
+  lg_free(bn);
+  /* A format from the future is refused. */
+  v1[3] = 3;
+  assert_null(lg_run_load(v1, n - tail, NULL, NULL, &err));
+  lg_free(b2);
+  lg_run_free(o);
+  free(v1);
+  lg_free(b);
+  lg_run_free(r);
 }
 
 static void t_no_checkpoint_vs_zero(void **state) {
@@ -869,6 +1007,8 @@ int main(void) {
       cmocka_unit_test(t_synthetic_models_world_handoffs),
       cmocka_unit_test(t_synthetic_many_keys),
       cmocka_unit_test(t_synthetic_unknown_outcome),
+      cmocka_unit_test(t_synthetic_text_episodes_cascade),
+      cmocka_unit_test(t_format1_loads),
       cmocka_unit_test(t_no_checkpoint_vs_zero),
       cmocka_unit_test(t_open_reservation),
       cmocka_unit_test(t_truncated_and_extended),

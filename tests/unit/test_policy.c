@@ -25,7 +25,7 @@
 
 #define S(lit) lit, sizeof(lit) - 1
 
-/* The example of shared/spec/policy-v1.md, verbatim. */
+/* The example of docs/reference/policy-v1.md, verbatim. */
 static const char EXAMPLE[] =
     "{\n"
     "  \"limits\": {\n"
@@ -40,6 +40,14 @@ static const char EXAMPLE[] =
     "  \"cycle\": { \"max_period\": 4 },\n"
     "  \"no_progress\": { \"results\": 3, \"world_steps\": 5 },\n"
     "  \"failure_streak\": 5,\n"
+    "  \"text\": { \"repeat\": { \"observe\": 1, \"stop\": 2 }, \"monologue\": 3 },\n"
+    "  \"compaction\": { \"max\": 10 },\n"
+    "  \"cascade\": {\n"
+    "    \"hide_turns\": 2,\n"
+    "    \"offer\": [\"ask_human\", \"finalize_partial\"],\n"
+    "    \"escalate\": { \"model\": \"a-stronger-model\", \"turns\": 2 }\n"
+    "  },\n"
+    "  \"gateway\": { \"max_reasks\": 2, \"final_round\": false },\n"
     "  \"tools\": {\n"
     "    \"charge_invoice\": { \"loop_key\": { \"invoice_id\": [\"digits\"] }, "
     "\"side_effects\": true, \"max_calls\": 10 },\n"
@@ -144,12 +152,26 @@ static void test_defaults(void **state) {
   assert_int_at(j, "no_progress.results", 3);
   assert_int_at(j, "no_progress.world_steps", 5);
   assert_int_at(j, "failure_streak", 5);
+  assert_int_at(j, "block_streak", 5);
+  assert_int_at(j, "text.repeat.observe", 1);
+  assert_int_at(j, "text.repeat.stop", 2);
+  assert_int_at(j, "text.monologue", 3);
+  assert_int_at(j, "compaction.max", 10);
+  assert_int_at(j, "cascade.hide_turns", 2);
+  assert_json_at(j, "cascade.offer", "[]");
+  assert_json_at(j, "cascade.escalate", "null");
+  assert_int_at(j, "gateway.max_reasks", 2);
+  assert_json_at(j, "gateway.final_round", "false");
   assert_json_at(j, "tools", "{}");
   /* Nothing else. */
-  const char *top[] = {"limits", "repeat", "cycle", "no_progress", "failure_streak", "tools"};
+  const char *top[] = {"limits", "repeat",     "cycle",   "no_progress", "failure_streak",
+                       "block_streak", "text", "compaction", "cascade", "gateway", "tools"};
   assert_int_equal(json_object_size(j), sizeof top / sizeof top[0]);
   assert_int_equal(json_object_size(at(j, "limits")), 6);
   assert_int_equal(json_object_size(at(j, "repeat")), 4);
+  assert_int_equal(json_object_size(at(j, "text")), 2);
+  assert_int_equal(json_object_size(at(j, "cascade")), 3);
+  assert_int_equal(json_object_size(at(j, "gateway")), 2);
   /* The empty policy is the default policy. */
   char *d = lg_policy_to_json(p);
   lg_policy_t *e = PARSE_OK("{}");
@@ -177,6 +199,10 @@ static void test_example(void **state) {
   assert_json_at(j, "limits.max_cost_usd", "null");
   assert_int_at(j, "repeat.stop", 6);
   assert_int_at(j, "failure_streak", 5);
+  assert_json_at(j, "cascade.offer", "[\"ask_human\",\"finalize_partial\"]");
+  assert_json_at(j, "cascade.escalate", "{\"model\":\"a-stronger-model\",\"turns\":2}");
+  assert_int_equal(p->offer, LG_ALT_ASK_HUMAN | LG_ALT_FINALIZE_PARTIAL);
+  assert_string_equal(p->escalate_model, "a-stronger-model");
   assert_int_equal(json_object_size(at(j, "tools")), 5);
   assert_json_at(j, "tools.charge_invoice.loop_key", "{\"invoice_id\":[\"digits\"]}");
   assert_json_at(j, "tools.charge_invoice.side_effects", "true");
@@ -251,9 +277,84 @@ static void test_values(void **state) {
   lg_policy_free(PARSE_OK("{\"repeat\":{\"observe\":3,\"block\":3,\"stop\":3}}"));
   lg_policy_free(PARSE_OK("{\"repeat\":{\"observe\":1,\"block\":false,\"stop\":2}}"));
   lg_policy_free(PARSE_OK("{\"repeat\":{\"observe\":false,\"block\":9,\"stop\":9}}"));
-  lg_policy_free(PARSE_OK("{\"cycle\":{\"max_period\":16}}"));
+  lg_policy_free(PARSE_OK("{\"cycle\":{\"max_period\":8}}"));
   lg_policy_free(PARSE_OK("{\"tools\":{\"t\":{\"loop_key\":{\"f\":[\"lower\",\"lower\",\"lower\","
                           "\"lower\",\"lower\",\"lower\",\"lower\",\"lower\"]}}}}"));
+}
+
+/* The fields of the text, compaction, cascade and gateway guards, and
+ * block_streak: values, printing, round trip, and errors naming the path. */
+static void test_guard_fields(void **state) {
+  (void)state;
+  lg_policy_t *p = PARSE_OK(
+      "{\"block_streak\":0,\"text\":{\"repeat\":{\"observe\":false,\"stop\":4},\"monologue\":0},"
+      "\"compaction\":{\"max\":0},\"cascade\":{\"hide_turns\":0,\"offer\":[\"finalize_partial\"],"
+      "\"escalate\":{\"model\":\"big \\\"one\\\"\"}},\"gateway\":{\"max_reasks\":0,\"final_round\":true}}");
+  json_t *j = effective(p);
+  assert_int_at(j, "block_streak", 0);
+  assert_json_at(j, "text.repeat.observe", "false");
+  assert_int_at(j, "text.repeat.stop", 4);
+  assert_int_at(j, "text.monologue", 0);
+  assert_int_at(j, "compaction.max", 0);
+  assert_int_at(j, "cascade.hide_turns", 0);
+  assert_json_at(j, "cascade.offer", "[\"finalize_partial\"]");
+  /* turns defaults to 2 when only the model is named. */
+  assert_json_at(j, "cascade.escalate", "{\"model\":\"big \\\"one\\\"\",\"turns\":2}");
+  assert_int_at(j, "gateway.max_reasks", 0);
+  assert_json_at(j, "gateway.final_round", "true");
+  json_decref(j);
+  char *s1 = lg_policy_to_json(p);
+  lg_policy_t *q = PARSE_OK(s1);
+  char *s2 = lg_policy_to_json(q);
+  assert_string_equal(s1, s2);
+  lg_free(s1);
+  lg_free(s2);
+  lg_policy_free(q);
+  lg_policy_free(p);
+  p = PARSE_OK("{\"text\":{\"repeat\":{\"stop\":false}},\"cascade\":{\"escalate\":null,\"offer\":[]}}");
+  j = effective(p);
+  assert_int_at(j, "text.repeat.observe", 1);
+  assert_json_at(j, "text.repeat.stop", "false");
+  assert_json_at(j, "cascade.escalate", "null");
+  json_decref(j);
+  lg_policy_free(p);
+  p = PARSE_OK("{\"text\":{\"repeat\":{\"observe\":3,\"stop\":3},\"monologue\":2},"
+               "\"cascade\":{\"escalate\":{\"turns\":5,\"model\":\"m\"}},\"block_streak\":1}");
+  assert_int_equal(p->text_observe, 3);
+  assert_int_equal(p->text_monologue, 2);
+  assert_int_equal(p->escalate_turns, 5);
+  assert_int_equal(p->block_streak, 1);
+  lg_policy_free(p);
+  PARSE_ERR("{\"block_streak\":-1}", "block_streak");
+  PARSE_ERR("{\"block_streak\":null}", "block_streak");
+  PARSE_ERR("{\"block_streak\":2000000}", "block_streak");
+  PARSE_ERR("{\"text\":3}", "text");
+  PARSE_ERR("{\"text\":{\"repat\":{}}}", "text.repat");
+  PARSE_ERR("{\"text\":{\"repeat\":{\"observe\":0}}}", "text.repeat.observe");
+  PARSE_ERR("{\"text\":{\"repeat\":{\"stop\":true}}}", "text.repeat.stop");
+  PARSE_ERR("{\"text\":{\"repeat\":{\"block\":2}}}", "text.repeat.block");
+  PARSE_ERR("{\"text\":{\"repeat\":{\"observe\":3,\"stop\":2}}}", "text.repeat.observe");
+  PARSE_ERR("{\"text\":{\"repeat\":[]}}", "text.repeat");
+  PARSE_ERR("{\"text\":{\"monologue\":false}}", "text.monologue");
+  PARSE_ERR("{\"text\":{\"monologue\":1}}", "text.monologue");
+  PARSE_ERR("{\"compaction\":{\"max\":-1}}", "compaction.max");
+  PARSE_ERR("{\"compaction\":{\"min\":1}}", "compaction.min");
+  PARSE_ERR("{\"compaction\":10}", "compaction");
+  PARSE_ERR("{\"cascade\":{\"hide_turns\":\"2\"}}", "cascade.hide_turns");
+  PARSE_ERR("{\"cascade\":{\"offer\":\"ask_human\"}}", "cascade.offer");
+  PARSE_ERR("{\"cascade\":{\"offer\":[\"skip_current\"]}}", "cascade.offer.0");
+  PARSE_ERR("{\"cascade\":{\"offer\":[\"ask_human\",\"ask_human\"]}}", "cascade.offer.1");
+  PARSE_ERR("{\"cascade\":{\"offer\":[1]}}", "cascade.offer.0");
+  PARSE_ERR("{\"cascade\":{\"escalate\":\"m\"}}", "cascade.escalate");
+  PARSE_ERR("{\"cascade\":{\"escalate\":{\"turns\":2}}}", "cascade.escalate.model");
+  PARSE_ERR("{\"cascade\":{\"escalate\":{\"model\":\"\"}}}", "cascade.escalate.model");
+  PARSE_ERR("{\"cascade\":{\"escalate\":{\"model\":\"m\",\"turns\":0}}}", "cascade.escalate.turns");
+  PARSE_ERR("{\"cascade\":{\"escalate\":{\"model\":\"m\",\"x\":1}}}", "cascade.escalate.x");
+  PARSE_ERR("{\"cascade\":{\"hide\":1}}", "cascade.hide");
+  PARSE_ERR("{\"gateway\":{\"max_reasks\":1.5}}", "gateway.max_reasks");
+  PARSE_ERR("{\"gateway\":{\"max_reasks\":101}}", "gateway.max_reasks");
+  PARSE_ERR("{\"gateway\":{\"final_round\":1}}", "gateway.final_round");
+  PARSE_ERR("{\"gateway\":{\"rounds\":1}}", "gateway.rounds");
 }
 
 static void test_unknown_fields(void **state) {
@@ -300,6 +401,7 @@ static void test_wrong_types(void **state) {
   PARSE_ERR("{\"repeat\":{\"stop\":true}}", "repeat.stop");
   PARSE_ERR("{\"repeat\":{\"stop\":null}}", "repeat.stop");
   PARSE_ERR("{\"repeat\":{\"stop\":6.5}}", "repeat.stop");
+  PARSE_ERR("{\"cycle\":{\"max_period\":9}}", "cycle.max_period"); /* spec: at most 8 */
   PARSE_ERR("{\"cycle\":{\"max_period\":17}}", "cycle.max_period");
   PARSE_ERR("{\"cycle\":{\"max_period\":null}}", "cycle.max_period");
   PARSE_ERR("{\"no_progress\":{\"results\":\"3\"}}", "no_progress.results");
@@ -560,7 +662,8 @@ static void test_tool_lookup(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),       cmocka_unit_test(test_example),
-      cmocka_unit_test(test_values),         cmocka_unit_test(test_unknown_fields),
+      cmocka_unit_test(test_values),
+      cmocka_unit_test(test_guard_fields),         cmocka_unit_test(test_unknown_fields),
       cmocka_unit_test(test_wrong_types),    cmocka_unit_test(test_rungs),
       cmocka_unit_test(test_malformed_json), cmocka_unit_test(test_duplicate_keys),
       cmocka_unit_test(test_load_file),      cmocka_unit_test(test_refcount),

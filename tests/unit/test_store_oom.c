@@ -1,6 +1,6 @@
 /*
  * test_store_oom.c — out of memory at every allocation of the store and
- * the ledger (STYLE.md: "failing allocation N, then N+1, ...").
+ * the ledger (docs/internals/style.md: "failing allocation N, then N+1, ...").
  *
  * A scenario — open, claim, peek, commit, fail, show, save and read runs,
  * list them, decide under lg_store_with_run, cancel — runs again and again
