@@ -29,11 +29,12 @@
  */
 #include "gw.h"
 
+#include "../policy/policy.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-#define MAX_REASKS 2       /* gateway.max_reasks (policy-v1 default) */
 #define RETRY_WINDOW_MS 60000
 
 /* ---- small helpers ---- */
@@ -150,6 +151,7 @@ typedef struct chat {
   char *new_key;              /* the conversation key to register */
   char *stop_text;            /* the run stopped: the final message */
   int streamed;               /* the stream began */
+  int max_reasks;             /* gateway.max_reasks of the server's policy */
   /* streaming: the response being read */
   lg__buf_t line;             /* a partial SSE line */
   json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
@@ -559,6 +561,21 @@ static void answer_final(chat_t *c, json_t *resp) {
 
 /* ---- one model call ---- */
 
+/* The body again once the model decision said what to hide (never larger
+ * than the one its worst case was taken from). Keeps the old one when
+ * out of memory. */
+static void rebuild_body(chat_t *c, char **btext, size_t *blen) {
+  if (!c->r->hide_left) return;
+  json_t *body = build_body(c);
+  size_t n = 0;
+  char *t = body ? lg__json_text(body, &n) : NULL;
+  json_decref(body);
+  if (!t) return;
+  lg__free(*btext);
+  *btext = t;
+  *blen = n;
+}
+
 typedef struct model_out {
   int stop;                   /* the model call was refused: stop */
   int error;                  /* an error was answered */
@@ -621,7 +638,12 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
     const char *rid = a ? sget(a, "reservation_id") : NULL;
     mo.reservation = rid ? strtoll(rid, NULL, 10) : 0;
     c->r->turn++;
-    if (c->r->hide_left > 0) c->r->hide_left--;
+    /* The engine says what this model call must not be offered (the
+     * cascade after a block: hide_turns counts down in the run). */
+    json_t *ht = json_object_get(a, "hide_tools");
+    lg__free(c->r->hide_tool);
+    c->r->hide_tool = json_array_size(ht) ? lg__strdup(json_string_value(json_array_get(ht, 0))) : NULL;
+    c->r->hide_left = c->r->hide_tool ? 1 : 0;
   }
   json_decref(a);
   lg_prices_free(pr);
@@ -732,13 +754,6 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
       else
         json_array_append_new(rest_results, tool_msg(id, content_txt ? content_txt : ""));
       lg__free(content_txt);
-      json_t *ht = json_object_get(a, "hide_tools");
-      json_t *hn = json_object_get(a, "hide_turns");
-      if (json_array_size(ht) && json_is_integer(hn) && json_integer_value(hn) > 0) {
-        lg__free(c->r->hide_tool);
-        c->r->hide_tool = lg__strdup(json_string_value(json_array_get(ht, 0)));
-        c->r->hide_left = (int)json_integer_value(hn);
-      }
       raise_action(c->j, replay ? "replay" : "block", reason);
       lg__gw_note_intervention(c->cx, c->r->id, replay ? "replay" : "block", reason, name, id);
     } else { /* stop */
@@ -918,6 +933,7 @@ static void run_plain(chat_t *c) {
   lg__gw_job_t *j = c->j;
   const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
   for (int ask = 0;; ask++) {
+    c->r->hide_left = 0; /* the estimate: the largest body, nothing hidden */
     json_t *body = build_body(c);
     size_t blen = 0;
     char *btext = body ? lg__json_text(body, &blen) : NULL;
@@ -937,6 +953,7 @@ static void run_plain(chat_t *c) {
       answer_final(c, NULL);
       return;
     }
+    rebuild_body(c, &btext, &blen);
     lg__gw_http_t x = {0};
     x.up = &cfg->up[c->ui];
     x.method = "POST";
@@ -1017,7 +1034,7 @@ static void run_plain(chat_t *c) {
       else if (co.refused) json_object_set(msg, "tool_calls", co.kept);
       register_key(c, msg);
       answer_json_obj(c, resp, &x.body_out, co.refused > 0);
-    } else if (ask < MAX_REASKS) { /* nothing left for the client: ask again */
+    } else if (ask < c->max_reasks) { /* nothing left for the client: ask again */
       if (is_responses(c) && (c->prev_id || c->reask_prev) && sget(resp, "id")) {
         lg__free(c->reask_prev); /* the upstream keeps the conversation: continue it */
         c->reask_prev = lg__strdup(sget(resp, "id"));
@@ -1220,7 +1237,7 @@ static int finish_stream(chat_t *c, int ask) {
     json_object_del(tmpl, "usage");
     stream_chunk_text(c, tmpl);
     json_decref(tmpl);
-  } else if (ask < MAX_REASKS) {
+  } else if (ask < c->max_reasks) {
     done = 0;
   } else {
     stop_run(c, "same_call_repeat");
@@ -1369,7 +1386,7 @@ static int a_finish_stream(chat_t *c, int ask) {
     json_decref(m);
     lg__free(c->finish);
     c->finish = lg__strdup("tool_use");
-  } else if (ask < MAX_REASKS) {
+  } else if (ask < c->max_reasks) {
     done = 0;
   } else {
     stop_run(c, "same_call_repeat");
@@ -1394,6 +1411,7 @@ static void run_stream(chat_t *c) {
   lg__gw_job_t *j = c->j;
   const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
   for (int ask = 0;; ask++) {
+    c->r->hide_left = 0; /* the estimate: the largest body, nothing hidden */
     json_t *body = build_body(c);
     size_t blen = 0;
     char *btext = body ? lg__json_text(body, &blen) : NULL;
@@ -1412,6 +1430,7 @@ static void run_stream(chat_t *c) {
       else end_stream(c);
       return;
     }
+    rebuild_body(c, &btext, &blen);
     json_decref(c->tcalls);
     c->tcalls = json_array();
     json_decref(c->a_map);
@@ -1482,6 +1501,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   memset(&c, 0, sizeof c);
   c.cx = cx;
   c.j = j;
+  c.max_reasks = (int)cx->srv->default_policy->gw_max_reasks;
   c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;
