@@ -167,6 +167,19 @@ note "an upstream that times out: 504 in OpenAI's shape"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
 [ "$code" = 504 ] && grep -q fake "$TMP/e.json" || fail "slow: $code $(cat "$TMP/e.json")"
 
+note "a body over the limit: 413 with an error message; the server keeps serving"
+head -c 1100000 /dev/zero | tr '\0' a >"$TMP/big.txt"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$cap_URL/v1/chat/completions")
+[ "$code" = 413 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q limit || fail "too big: $code $(cat "$TMP/e.json")"
+curl -sf "$cap_URL/healthz" >/dev/null || fail "the server stopped serving after a 413"
+
+note "an upstreams file with a mistake: the start fails, naming the field"
+echo '{"upstreams":{"x":{"base_url":"http://127.0.0.1:1/v1","timeout_ms":"soon"}}}' >"$TMP/bad.json"
+if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstreams "$TMP/bad.json" >"$TMP/bad.out" 2>&1; then
+  fail "a bad upstreams file started"
+fi
+grep -q "upstreams.x.timeout_ms" "$TMP/bad.out" || fail "bad upstreams: $(cat "$TMP/bad.out")"
+
 stop_server cap
 stop_server down
 stop_server gw
