@@ -165,6 +165,10 @@ typedef struct chat {
   const char *cur_resp_id;    /* the id of the response being decided */
   char *reask_prev;           /* a re-ask continues this response */
   json_t *input_wrap;         /* input given as a string, as a message */
+  int r_seq;                  /* the client's next sequence_number */
+  int r_index;                /* the client's next output_index */
+  int r_started;              /* response.created sent */
+  json_t *r_done;             /* the upstream's response.completed response */
   /* Anthropic streams */
   int a_started;              /* message_start sent to the client */
   int a_index;                /* the client's next content block index */
@@ -459,6 +463,7 @@ static void answer_final_anthropic(chat_t *c, const char *text, const char *mode
 }
 
 static void register_key(chat_t *c, json_t *msg);
+static void r_final_stream(chat_t *c, const char *text, json_t *resp);
 
 static void answer_final_responses(chat_t *c, const char *text, const char *model) {
   lg__gw_job_t *j = c->j;
@@ -474,6 +479,15 @@ static void answer_final_responses(chat_t *c, const char *text, const char *mode
                         "text", text, "annotations", "error", "incomplete_details", "usage",
                         "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
   register_key(c, o);
+  if (c->stream) {
+    if (!c->streamed) {
+      lg__gw_stream_start(j);
+      c->streamed = 1;
+    }
+    r_final_stream(c, text, o);
+    json_decref(o);
+    return;
+  }
   char *tx = o ? lg__json_text(o, NULL) : NULL;
   j->status = 200;
   snprintf(j->ctype, sizeof j->ctype, "application/json");
@@ -1068,9 +1082,11 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
 
 /* One SSE "data:" payload of the upstream's stream. */
 static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
+static int r_on_event(chat_t *c, const char *data, size_t n);
 
 static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
   if (is_anthropic(c)) return a_on_event(c, data, n, raw, rawn);
+  if (is_responses(c)) return r_on_event(c, data, n);
   if (n == 6 && !memcmp(data, "[DONE]", 6)) {
     c->saw_done = 1;
     return 0;
@@ -1407,6 +1423,159 @@ static void a_end_stream(chat_t *c) {
   a_message_end(c, fin);
 }
 
+/* ---- Responses streams ---- */
+
+/* Writes one Responses event with the client's own sequence number. */
+static void r_event(chat_t *c, json_t *ev) {
+  const char *type = sget(ev, "type");
+  json_object_set_new(ev, "sequence_number", json_integer(c->r_seq++));
+  char *t = lg__json_text(ev, NULL);
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type ? type : "message", t ? t : "{}");
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t);
+  json_decref(ev);
+}
+
+static int r_on_event(chat_t *c, const char *data, size_t n) {
+  lg__json_begin();
+  json_t *ev = json_loadb(data, n, 0, NULL);
+  if (lg__json_oom() || !json_is_object(ev)) {
+    json_decref(ev);
+    return 0;
+  }
+  const char *type = sget(ev, "type");
+  json_int_t oi = json_integer_value(json_object_get(ev, "output_index"));
+  char k[32];
+  snprintf(k, sizeof k, "%lld", (long long)oi);
+  if (!type) {
+    json_decref(ev);
+  } else if (!strcmp(type, "response.created") || !strcmp(type, "response.in_progress")) {
+    if (c->r_started > 1 || (c->r_started && !strcmp(type, "response.created"))) json_decref(ev);
+    else {
+      c->r_started++;
+      r_event(c, ev);
+    }
+  } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
+    json_decref(c->r_done);
+    c->r_done = json_incref(json_object_get(ev, "response"));
+    json_decref(c->usage);
+    c->usage = json_incref(json_object_get(c->r_done, "usage"));
+    c->saw_done = 1;
+    json_decref(ev);
+  } else if (!strcmp(type, "response.output_item.added")) {
+    json_t *it = json_object_get(ev, "item");
+    const char *ity = sget(it, "type");
+    if (ity && !strcmp(ity, "function_call")) { /* held until decided */
+      json_object_set_new(c->a_map, k, json_integer(-1));
+      json_decref(ev);
+    } else {
+      int ci = c->r_index++;
+      json_object_set_new(c->a_map, k, json_integer(ci));
+      json_object_set_new(ev, "output_index", json_integer(ci));
+      r_event(c, ev);
+    }
+  } else if (json_object_get(ev, "output_index")) {
+    int m = a_map_get(c, oi);
+    if (m < 0) {
+      json_decref(ev); /* a held call's deltas, or an item never announced */
+    } else {
+      const char *d = !strcmp(type, "response.output_text.delta") ? sget(ev, "delta") : NULL;
+      if (d) lg__buf_puts(&c->text, d);
+      json_object_set_new(ev, "output_index", json_integer(m));
+      r_event(c, ev);
+    }
+  } else { /* errors and the rest: as they came */
+    r_event(c, ev);
+  }
+  return 0;
+}
+
+/* The calls of the completed response decided; the kept ones emitted,
+ * then response.completed listing only what the client may run. */
+static int r_finish_stream(chat_t *c, int ask) {
+  json_t *done = c->r_done;
+  if (!done) return 1;
+  c->cur_resp_id = sget(done, "id");
+  json_t *tcs = function_calls(done);
+  int rc = 1;
+  calls_out_t co = {NULL, 0, 0};
+  if (json_array_size(tcs)) {
+    co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
+    if (co.stop) {
+      json_decref(co.kept);
+      json_decref(tcs);
+      answer_final(c, NULL);
+      return 2;
+    }
+    if (!json_array_size(co.kept)) {
+      json_decref(co.kept);
+      json_decref(tcs);
+      if (ask < c->max_reasks) {
+        if (c->prev_id || c->reask_prev) {
+          lg__free(c->reask_prev);
+          c->reask_prev = lg__strdup(sget(done, "id"));
+        }
+        return 0;
+      }
+      stop_run(c, "same_call_repeat");
+      answer_final(c, NULL);
+      return 2;
+    }
+    for (size_t i = 0; i < json_array_size(co.kept); i++) {
+      json_t *it = json_array_get(co.kept, i);
+      int ci = c->r_index++;
+      r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", it));
+      r_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type", "response.function_call_arguments.done",
+                           "item_id", sget(it, "id"), "output_index", ci, "arguments", sget(it, "arguments")));
+      r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", it));
+    }
+    if (co.refused) keep_items(done, co.kept);
+    json_decref(co.kept);
+  } else {
+    raise_action(c->j, "pass", NULL);
+  }
+  json_decref(tcs);
+  register_key(c, done);
+  r_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", done));
+  return rc;
+}
+
+/* Ends a Responses stream the gateway must end early: response.completed
+ * with what the upstream completed, or an empty incomplete response. */
+static void r_end_stream(chat_t *c) {
+  json_t *resp = c->r_done ? json_incref(c->r_done)
+                           : json_pack("{s:s, s:s, s:s, s:[]}", "id", "resp_lg_incomplete", "object",
+                                       "response", "status", "incomplete", "output");
+  r_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
+}
+
+/* A final message as Responses events (a stop). */
+static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
+  char mid[64];
+  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)now_ms(c->cx));
+  if (!c->r_started) {
+    c->r_started = 2;
+    json_t *r0 = json_deep_copy(resp);
+    json_object_set_new(r0, "status", json_string("in_progress"));
+    json_object_set_new(r0, "output", json_array());
+    r_event(c, json_pack("{s:s, s:o}", "type", "response.created", "response", r0));
+  }
+  int ci = c->r_index++;
+  json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", mid,
+                           "status", "completed", "role", "assistant", "content", "type",
+                           "output_text", "text", text, "annotations");
+  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", item));
+  r_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.delta", "item_id", mid,
+                       "output_index", ci, "content_index", 0, "delta", text));
+  r_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", mid,
+                       "output_index", ci, "content_index", 0, "text", text));
+  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", item));
+  json_decref(item);
+  r_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
+}
+
 static void run_stream(chat_t *c) {
   lg__gw_job_t *j = c->j;
   const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
@@ -1427,6 +1596,7 @@ static void run_stream(chat_t *c) {
       if (mo.stop) answer_final(c, c->last_chunk);
       else if (!c->streamed) lg__gw_answer(j);
       else if (is_anthropic(c)) a_end_stream(c);
+      else if (is_responses(c)) r_end_stream(c);
       else end_stream(c);
       return;
     }
@@ -1462,6 +1632,7 @@ static void run_stream(chat_t *c) {
       usage_event(c, mo.reservation, NULL, 1, blen);
       if (c->streamed) { /* mid-stream: end it the way the API ends one */
         if (is_anthropic(c)) a_end_stream(c);
+        else if (is_responses(c)) r_end_stream(c);
         else end_stream(c);
         return;
       }
@@ -1483,13 +1654,17 @@ static void run_stream(chat_t *c) {
       lg__gw_stream_start(j);
       c->streamed = 1;
     }
-    int done = is_anthropic(c) ? a_finish_stream(c, ask) : finish_stream(c, ask);
+    int done = is_anthropic(c)    ? a_finish_stream(c, ask)
+               : is_responses(c) ? r_finish_stream(c, ask)
+                                 : finish_stream(c, ask);
     if (done == 2) return; /* the final message ended the stream */
     if (done) {
       if (is_anthropic(c)) a_end_stream(c);
-      else end_stream(c);
+      else if (!is_responses(c)) end_stream(c);
       return;
     }
+    json_decref(c->r_done);
+    c->r_done = NULL;
   }
 }
 
@@ -1531,11 +1706,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     goto out;
   }
   c.prev_id = is_responses(&c) ? sget(c.root, "previous_response_id") : NULL;
-  if (c.stream && is_responses(&c)) {
-    lg__gw_error(j, 400, "invalid_request_error", "unsupported_value",
-                 "loopguard gateway: stream is not supported on /v1/responses yet; use stream: false");
-    goto out;
-  }
+
   c.n = json_array_size(c.messages);
   c.stream = json_is_true(json_object_get(c.root, "stream"));
   c.client_usage = json_is_true(json_object_get(json_object_get(c.root, "stream_options"), "include_usage"));
@@ -1634,6 +1805,7 @@ out:
   json_decref(c.a_map);
   json_decref(c.a_msg);
   json_decref(c.input_wrap);
+  json_decref(c.r_done);
   lg__free(c.reask_prev);
   lg__buf_free(&c.line);
   lg__buf_free(&c.text);

@@ -235,6 +235,34 @@ function replyResponses(res, req) {
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
   for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: 'completed' });
   stored.set(id, conv.concat(output));
+  const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null };
+  if (req.stream) {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    let seq = 0;
+    const ev = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq++, ...data })}\n\n`);
+    const steps = [];
+    steps.push(() => ev('response.created', { response: { ...full, status: 'in_progress', output: [], usage: null } }));
+    steps.push(() => ev('response.in_progress', { response: { ...full, status: 'in_progress', output: [], usage: null } }));
+    output.forEach((it, i) => {
+      if (it.type === 'message') {
+        const text = it.content[0].text;
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, status: 'in_progress', content: [] } }));
+        steps.push(() => ev('response.content_part.added', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } }));
+        for (const w of text.match(/\S+\s*/g)) steps.push(() => ev('response.output_text.delta', { item_id: it.id, output_index: i, content_index: 0, delta: w }));
+        steps.push(() => ev('response.output_text.done', { item_id: it.id, output_index: i, content_index: 0, text }));
+        steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
+      } else {
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, arguments: '', status: 'in_progress' } }));
+        steps.push(() => ev('response.function_call_arguments.delta', { item_id: it.id, output_index: i, delta: it.arguments }));
+        steps.push(() => ev('response.function_call_arguments.done', { item_id: it.id, output_index: i, arguments: it.arguments }));
+      }
+      steps.push(() => ev('response.output_item.done', { output_index: i, item: it }));
+    });
+    steps.push(() => { ev('response.completed', { response: full }); res.end(); });
+    let k = 0;
+    const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, 5); } };
+    return tick();
+  }
   res.writeHead(200, { 'content-type': 'application/json' });
   res.end(JSON.stringify({ id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null }));
 }

@@ -3,7 +3,7 @@
 # dependencies), `loopguard serve --upstream`, and an agent loop on the
 # real `openai` npm package, through the gateway and directly.
 #
-# Clients: openai (chat.completions stream false/true, responses.create with
+# Clients: openai (chat.completions stream false/true, responses.create and .stream with
 # previous_response_id) and @anthropic-ai/sdk (messages, stream false/true).
 # Asserts: directly, the looping agent writes the failing record until its
 # own step cap; through the gateway the write runs twice at most and the
@@ -112,17 +112,19 @@ done
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$gw_URL/v1/messages")
 [ "$code" = 400 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "anthropic malformed: $code $(cat "$TMP/e.json")"
 
-note "OpenAI Responses (previous_response_id): directly, through the gateway"
-d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-responses.mjs") || fail "responses direct"
-[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "responses direct: $d"
-for m in loop-write stubborn; do
-  g=$(env BASE_URL="$gw_URL/v1" MODEL=$m node "$HERE/agent-responses.mjs") || fail "responses gateway $m"
-  [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "responses $m: $g"
-  [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "responses $m: $g"
-  [ "$(echo "$g" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "responses: several runs: $g"
+for stream in 0 1; do
+  note "OpenAI Responses (previous_response_id, stream=$stream): directly, through the gateway"
+  d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses direct"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "responses direct: $d"
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "responses $m: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "responses $m: $g"
+    [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "responses: several runs: $g"
+  done
+  b=$(env BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses finish"
+  [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 done
-b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-responses.mjs") || fail "responses finish"
-[ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 
 note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
