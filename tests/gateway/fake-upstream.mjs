@@ -10,7 +10,7 @@
 //
 // The model is scripted by the request's `model`:
 //   loop-write  always asks to write the same record (the tool fails), in
-//               variants: key order, 7 vs 7.0, white space; with tools
+//               variants: key order, 7 vs 7.0, white space, case; with tools
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
 //   finish      looks a customer up once, then answers "Done: ..."
@@ -53,6 +53,7 @@ const variants = [
   '{"value":"A","record_id":7.0}',
   '{ "record_id" : 7 , "value" : "A" }',
   '{"record_id":7e0,"value":"A"}',
+  '{"record_id":7,"value":" a "}', // the same to a policy that says value: lower, trim
 ];
 
 function script(req) {

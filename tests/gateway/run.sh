@@ -37,7 +37,10 @@ ALL_PIDS+=($!)
 for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
 FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
 
-start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log"
+# The write's loop key ignores case and white space in its value, as a
+# team would say for a tool whose values are case-insensitive.
+echo '{"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw-policy.json"
+start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log" --policy "$TMP/gw-policy.json"
 agent() { # ENV... : runs the agent, prints its JSON
   env "$@" node "$HERE/agent-openai.mjs"
 }
