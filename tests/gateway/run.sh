@@ -4,7 +4,8 @@
 # real `openai` npm package, through the gateway and directly.
 #
 # Clients: openai (chat.completions stream false/true, responses.create and .stream with
-# previous_response_id) and @anthropic-ai/sdk (messages, stream false/true).
+# previous_response_id), @anthropic-ai/sdk (messages, stream false/true)
+# and the Vercel AI SDK (ai + @ai-sdk/openai-compatible, its own tool loop).
 # Asserts: directly, the looping agent writes the failing record until its
 # own step cap; through the gateway the write runs twice at most and the
 # agent ends on a final message (stream false and true); an agent that does
@@ -128,6 +129,20 @@ for stream in 0 1; do
   b=$(env BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses finish"
   [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 done
+
+note "the Vercel AI SDK's own loop (ai generateText / streamText, @ai-sdk/openai-compatible)"
+d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-ai-sdk.mjs") || fail "ai direct"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai direct: $d"
+for stream in 0 1; do
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-ai-sdk.mjs") || fail "ai gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "ai $m stream=$stream: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "ai $m stream=$stream: $g"
+  done
+done
+a=$(env BASE_URL="$FAKE/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
+b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
+[ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "ai finish: $a vs $b"
 
 note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
