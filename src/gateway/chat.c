@@ -870,6 +870,16 @@ static void register_key(chat_t *c, json_t *msg) {
     lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
     if (b.data) lg__gw_key_put(c->cx->gw, b.data, c->r->id);
     lg__buf_free(&b);
+    /* A stateless client sends the output back as items: the first call
+     * or message of it is what its next request starts with. */
+    json_t *items = json_object_get(msg, "output");
+    json_t *first = NULL;
+    for (size_t i = 0; !first && i < json_array_size(items); i++) {
+      json_t *it = json_array_get(items, i);
+      const char *ty = sget(it, "type"), *role = sget(it, "role");
+      if ((ty && !strcmp(ty, "function_call")) || (role && !strcmp(role, "assistant"))) first = it;
+    }
+    msg = first;
   }
   if (c->j->hdr_run || first_assistant(c->messages) >= 0 || !msg) return;
   char *k = conv_key(c->messages, c->n, msg);

@@ -5,7 +5,8 @@
 #
 # Clients: openai (chat.completions stream false/true, responses.create and .stream with
 # previous_response_id), @anthropic-ai/sdk (messages, stream false/true)
-# and the Vercel AI SDK (ai + @ai-sdk/openai-compatible, its own tool loop).
+# the Vercel AI SDK (ai + @ai-sdk/openai-compatible) and the OpenAI Agents SDK
+# (@openai/agents), each with its own tool loop.
 # Asserts: directly, the looping agent writes the failing record until its
 # own step cap; through the gateway the write runs twice at most and the
 # agent ends on a final message (stream false and true); an agent that does
@@ -143,6 +144,19 @@ done
 a=$(env BASE_URL="$FAKE/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
 b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
 [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "ai finish: $a vs $b"
+
+note "the OpenAI Agents SDK's own loop (Runner, maxTurns; Responses API, stateless)"
+d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents direct"
+[ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "agents direct: $d"
+for stream in 0 1; do
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "agents $m stream=$stream: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "agents $m stream=$stream: $g"
+  done
+done
+b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
+[ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
 note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
