@@ -27,7 +27,8 @@ endif
 # Build and test dependencies (Debian package names).
 DEPS := gcc make cmake pkg-config clang libclang-rt-14-dev \
         libjansson-dev libssl-dev libsqlite3-dev libpq-dev postgresql \
-        libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev python3 curl
+        libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev python3 curl \
+        chromium prometheus nodejs
 BENCH_DEPS := wrk nodejs python3
 
 .PHONY: all deps bench-deps build build-asan build-fuzz run test test-unit \

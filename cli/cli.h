@@ -17,6 +17,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_runs(int argc, char **argv);
 int cmd_ledger(int argc, char **argv);
 int cmd_budget(int argc, char **argv);
+int cmd_test(int argc, char **argv);        /* cmd_test.c */
+int cmd_runs_export(int argc, char **argv); /* cmd_export.c: `runs export` */
 
 /* Prints "loopguard: " + the formatted error to stderr. */
 void cli_error(const lg_error_t *err);

@@ -28,6 +28,7 @@ static const char *runs_usage =
     "usage: loopguard runs list [--status active|stopped] [--limit N] [--store URL] [--json]\n"
     "       loopguard runs show RUN_ID [--store URL] [--json]\n"
     "       loopguard runs trace RUN_ID [--store URL] [-o FILE]\n"
+    "       loopguard runs export [--reason R] [--since T] [-o DIR] [--store URL]\n"
     "       loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
     "       loopguard runs cancel --group GROUP [--reason TEXT] [--store URL] [--json]\n"
     "\n"
@@ -420,5 +421,6 @@ int cmd_runs(int argc, char **argv) {
   if (!strcmp(sub, "show")) return do_show(argc - 1, argv + 1);
   if (!strcmp(sub, "trace")) return do_trace(argc - 1, argv + 1);
   if (!strcmp(sub, "cancel")) return do_cancel(argc - 1, argv + 1);
+  if (!strcmp(sub, "export")) return cmd_runs_export(argc - 1, argv + 1); /* cmd_export.c */
   return cli_usage(runs_usage, "unknown runs subcommand '%s'", sub);
 }

@@ -24,7 +24,10 @@ static const char *usage_text =
     "                                    canonical key material and fingerprint of a call\n"
     "  serve [--listen HOST:PORT] [--store URL] ...\n"
     "                                    the HTTP sidecar\n"
-    "  runs list|show|trace|cancel ...   runs in a store, a run's trace, the kill switch\n"
+    "  runs list|show|trace|cancel|export ...\n"
+    "                                    runs in a store, a run's trace, the kill switch,\n"
+    "                                    stopped runs as regression tests\n"
+    "  test DIR|TRACE...                 check the # expect lines of traces (CI)\n"
     "  ledger claim|commit|fail|show|purge ...\n"
     "                                    the idempotency ledger\n"
     "  budget set|show|list|reset ...    shared spend budgets\n"
@@ -153,7 +156,8 @@ int main(int argc, char **argv) {
     const char *name;
     int (*fn)(int, char **);
   } cmds[] = {{"replay", cmd_replay}, {"fingerprint", cmd_fingerprint}, {"serve", cmd_serve},
-              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget}};
+              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget},
+              {"test", cmd_test}};
   if (argc < 2) return cli_usage(usage_text, NULL);
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     fputs(usage_text, stdout);

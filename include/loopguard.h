@@ -1446,6 +1446,23 @@ LG_EXPORT int lg_replay_buffer(const char *name, const char *buf, size_t len,
                                lg_policy_t *policy, lg_replay_cb cb, void *ud,
                                lg_error_t *err);
 
+/* Expectations (trace-v1, "a trace as a regression test"). Replays the
+ * trace `trace` (len bytes; `name` in messages; `policy` as in
+ * lg_replay_file) and writes into *line a new string (lg_free) that says
+ * what the replay did: "# expect {...}\n" with terminal_reason (null: no
+ * stop), stopped_at_call (when the stop answered a call), executed_calls,
+ * blocked_calls, replayed_calls and call_N_action for every call that was
+ * not executed (the first 64). Errors as lg_replay_buffer's. */
+LG_EXPORT int lg_expect_compute(const char *name, const char *trace, size_t len,
+                                lg_policy_t *policy, char **line, lg_error_t *err);
+/* The trace as a regression test: lg_expect_compute's line, then the
+ * trace without any `# expect` line it had. New string in *out (lg_free),
+ * its length in *out_len (may be NULL). Shared by `loopguard runs export`
+ * and GET /v1/runs/{id}/regression. */
+LG_EXPORT int lg_expect_trace(const char *name, const char *trace, size_t len,
+                              lg_policy_t *policy, char **out, size_t *out_len,
+                              lg_error_t *err);
+
 /* Writes `s` as a JSON string (with quotes) into a new string (lg_free). */
 LG_EXPORT char *lg_json_quote(const char *s, size_t len);
 

@@ -774,7 +774,7 @@ static int before_execute(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_e
   run->block_streak = 0; /* an executed call ends every streak */
   run->compactions = 0;
   lg__text_call(run);
-  if (key) op_note(run, key, LG__OP_CLAIMED, NULL);
+  if (key) op_note(run, key, LG__RUNOP_CLAIMED, NULL);
   if (x->counted && p->rep_observe && x->n >= p->rep_observe)
     lg__buf_printf(&run->msg,
                    "I have now called %s with the same arguments %lld times. If the last "
@@ -808,7 +808,7 @@ static int before_commit(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_er
   if (d->action == LG_ACT_BLOCK) run->c.blocked++;
   if (d->action == LG_ACT_REPLAY) {
     run->c.replayed++;
-    op_note(run, x->key, LG__OP_REPLAYED, NULL);
+    op_note(run, x->key, LG__RUNOP_REPLAYED, NULL);
   }
   if (d->action != LG_ACT_EXECUTE) d->reason_text = lg_reason_name(d->reason);
   if (x->counted && !x->same_turn) win_push(run, x->fp, x->call->turn);
@@ -994,10 +994,10 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
       rc = run->ledger->methods->commit(run->ledger->self, pc.key,
                                         res->value_kind == LG_VALUE_ABSENT ? NULL : res->value,
                                         res->value_len, res->operation_id, t, err);
-      state = LG__OP_COMMITTED;
+      state = LG__RUNOP_COMMITTED;
     } else if (!invalid) {
       rc = run->ledger->methods->fail(run->ledger->self, pc.key, st == LG_STATUS_RETRYABLE, t, err);
-      state = st == LG_STATUS_RETRYABLE ? LG__OP_RELEASED : LG__OP_FAILED;
+      state = st == LG_STATUS_RETRYABLE ? LG__RUNOP_RELEASED : LG__RUNOP_FAILED;
     }
     if (rc) return rc;
     if (state) op_note(run, pc.key, state, res->operation_id);
@@ -1229,10 +1229,14 @@ int lg_run_text(lg_run_t *run, int64_t turn, const char *text, size_t len, const
   if (t_ms > run->c.last_t_ms) run->c.last_t_ms = t_ms;
   const lg_policy_t *p = run->policy;
   if (loop && p->text_stop && run->text_loops >= p->text_stop) {
-    lg__buf_printf(&run->msg,
-                   "I have fallen into repeating the same text again (%lld responses so "
-                   "far); more of it will not help, so I am stopping.",
-                   (long long)run->text_loops);
+    if (run->text_loops > 1)
+      lg__buf_printf(&run->msg,
+                     "I have fallen into repeating the same text again (%lld responses so "
+                     "far); more of it will not help, so I am stopping.",
+                     (long long)run->text_loops);
+    else
+      lg__buf_puts(&run->msg, "I have fallen into repeating the same text; more of it will not "
+                              "help, so I am stopping.");
     stop(run, d, LG_R_TEXT_REPEAT, "text", NULL, t_ms);
   } else if (monologue_now(run)) {
     lg__buf_printf(&run->msg,

@@ -62,7 +62,9 @@ typedef struct lg__op {
 
 enum { LG__ANS_QUESTION = 1, LG__ANS_PARTIAL };
 
-enum { LG__OP_CLAIMED = 1, LG__OP_COMMITTED, LG__OP_FAILED, LG__OP_RELEASED, LG__OP_REPLAYED };
+/* What became of an operation of the run, as the envelope lists it (the
+ * ledger keeps its own row states: src/store/store.h). */
+enum { LG__RUNOP_CLAIMED = 1, LG__RUNOP_COMMITTED, LG__RUNOP_FAILED, LG__RUNOP_RELEASED, LG__RUNOP_REPLAYED };
 
 /* The text detector's state (text.c): one response at a time, fixed size.
  * Prose is read as words (runs of bytes between white space and sentence

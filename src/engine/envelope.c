@@ -15,11 +15,11 @@
 
 static const char *op_state_name(int s) {
   switch (s) {
-  case LG__OP_CLAIMED: return "claimed";
-  case LG__OP_COMMITTED: return "committed";
-  case LG__OP_FAILED: return "failed";
-  case LG__OP_RELEASED: return "released";
-  case LG__OP_REPLAYED: return "replayed";
+  case LG__RUNOP_CLAIMED: return "claimed";
+  case LG__RUNOP_COMMITTED: return "committed";
+  case LG__RUNOP_FAILED: return "failed";
+  case LG__RUNOP_RELEASED: return "released";
+  case LG__RUNOP_REPLAYED: return "replayed";
   }
   return "unknown";
 }

@@ -35,6 +35,12 @@ lg_event_type_t lg_event_type_parse(const char *name) {
   return (lg_event_type_t)0;
 }
 
+bool lg__run_awaits(const lg_run_t *run, const char *call_id) {
+  for (int i = run->npending - 1; i >= 0; i--)
+    if (!strcmp(run->pending[i].call_id, call_id)) return true;
+  return false;
+}
+
 int lg__budget_stop_message(lg__buf_t *b, const char *scope, const char *limit_source,
                             int64_t requested_nusd) {
   lg__buf_printf(b, "The shared budget %s refused this model call (%s): it could cost ",
@@ -82,9 +88,29 @@ static int apply_budget(lg_run_t *run, const lg_event_t *ev, lg_decision_t *d, l
   return rc ? lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc)) : 0;
 }
 
+/* The run has seen time t: every event applied, not only the calls,
+ * results and model calls let through that the engine dates itself. The
+ * decision step dates the next event no earlier than this (a replica's
+ * clock behind must not make a trace go back in time, which replay
+ * refuses), and replay, applying the same events, keeps the same time. */
+static int seen(lg_run_t *run, int64_t t, int rc) {
+  if (!rc && t > run->c.last_t_ms) run->c.last_t_ms = t;
+  return rc;
+}
+
+static int apply_one(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
+                     lg_decision_t *d, lg_error_t *err);
+
 int lg__run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
                   lg_decision_t *d, lg_error_t *err) {
   if (!run || !ev || !d) return lg__err(err, LG_EINVAL, NULL, -1, "no run, event or decision");
+  bool was_stopped = lg_run_stopped(run);
+  int rc = apply_one(run, canon, ev, trusted_fp, d, err);
+  return was_stopped ? rc : seen(run, ev->t_ms, rc);
+}
+
+static int apply_one(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
+                     lg_decision_t *d, lg_error_t *err) {
   int64_t t = ev->t_ms;
   switch (ev->type) {
   case LG_EV_CALL: {
@@ -108,6 +134,16 @@ int lg__run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool t
     return rc ? lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc)) : 0;
   }
   case LG_EV_BUDGET: return apply_budget(run, ev, d, err);
+  case LG_EV_TEXT: {
+    const char *text = ev->u.text.text ? ev->u.text.text : "";
+    size_t len = ev->u.text.len ? ev->u.text.len : strlen(text);
+    return lg_run_text(run, ev->u.text.turn, text, len, ev->u.text.agent, t, d, err);
+  }
+  case LG_EV_USER: return lg_run_user(run, t, d);
+  case LG_EV_COMPACTION: return lg_run_compaction(run, t, d);
+  case LG_EV_RESUME:
+    return lg_run_resume(run, ev->u.resume.has_progress_version ? &ev->u.resume.progress_version : NULL,
+                         t, d, err);
   default: break;
   }
   return lg__err(err, LG_EINVAL, "type", -1, "events of type \"%s\" are not applied to a run",

@@ -18,6 +18,11 @@
 int lg__run_apply(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, bool trusted_fp,
                   lg_decision_t *d, lg_error_t *err);
 
+/* Whether an executed call with this id is waiting for its result: a
+ * result naming it is that call's (replay must not take it for the
+ * result of a call with the same id that was not executed). */
+bool lg__run_awaits(const lg_run_t *run, const char *call_id);
+
 /* The message of a stop by a shared budget, the same for the server that
  * refused and for the replay of its trace. */
 int lg__budget_stop_message(lg__buf_t *b, const char *scope, const char *limit_source,

@@ -47,7 +47,7 @@ typedef enum fslot {
   S_OPERATION_ID, S_WORLD, S_FROM, S_TO, S_MODEL, S_INPUT_TOKENS, S_OUTPUT_TOKENS,
   S_MAX_TOKENS, S_COST, S_RESERVATION_ID, S_REASON, S_KEY, S_REQUEST_FP, S_LEASE_MS,
   S_RESULT, S_RETRYABLE, S_SCOPES, S_LIMIT, S_MAX_IN_FLIGHT, S_PERIOD, S_AMOUNT, S_TTL,
-  S_ACTUAL
+  S_ACTUAL, S_TEXT, S_NOTE
 } fslot_t;
 
 typedef struct field {
@@ -114,10 +114,20 @@ static const field_t f_settle[] = {{"reservation_id", T_ID, S_RESERVATION_ID, tr
                                    {"actual_usd", T_DUSD, S_ACTUAL, true},
                                    END};
 
-static const field_t *tables[LG__B__COUNT] = {f_run,     f_call,    f_result,     f_state,
-                                              f_handoff, f_model,   f_usage,      f_cancel,
-                                              f_claim,   f_commit,  f_fail,       f_budget_set,
-                                              f_reserve, f_settle};
+static const field_t f_text[] = {{"text", T_STR, S_TEXT, true},
+                                 {"turn", T_INT, S_TURN, false},
+                                 {"agent", T_STR, S_AGENT, false},
+                                 END};
+static const field_t f_user[] = {{"text", T_STR, S_TEXT, false}, END};
+static const field_t f_compaction[] = {END};
+static const field_t f_resume[] = {{"progress_version", T_INT, S_PROGRESS_VERSION, false},
+                                   {"note", T_STR, S_NOTE, false},
+                                   END};
+
+static const field_t *tables[LG__B__COUNT] = {
+    f_run,     f_call,   f_result,  f_state,      f_handoff, f_model,    f_usage,
+    f_cancel,  f_claim,  f_commit,  f_fail,       f_budget_set, f_reserve, f_settle,
+    f_text,    f_user,   f_compaction, f_resume};
 
 static const char *type_name(const json_t *v) {
   switch (json_typeof(v)) {
@@ -291,6 +301,11 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
   case S_AMOUNT: b->amount_usd = json_number_value(v); break;
   case S_TTL: b->ttl_ms = i; break;
   case S_ACTUAL: b->actual_usd = json_number_value(v); break;
+  case S_TEXT:
+    b->text = s;
+    b->text_len = json_string_length(v);
+    break;
+  case S_NOTE: b->note = s; break;
   }
   return 0;
 }

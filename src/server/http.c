@@ -102,6 +102,11 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
     HIT(LG__RT_HEALTHZ, lg__h_healthz, LG__ROLE_NONE, "GET");
     return 1;
   }
+  if (lg__console_path(url)) { /* console.c: open, like /healthz */
+    HIT(LG__RT_CONSOLE, lg__h_console, LG__ROLE_NONE, "GET");
+    *id = lg__strdup(url);
+    return 1;
+  }
   if (!strcmp(url, "/metrics")) {
     HIT(LG__RT_METRICS, lg__h_metrics, LG__ROLE_AGENT, "GET");
     return 1;
@@ -134,8 +139,13 @@ static int route(const char *url, const char *method, route_hit_t *hit, char **i
         {"/handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
         {"/model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
         {"/usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
+        {"/resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
         {"/cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
         {"/trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
+        {"/regression", LG__RT_REGRESSION, lg__h_regression, LG__ROLE_AGENT, "GET"},
     };
     size_t len = strlen(rest);
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
@@ -221,6 +231,7 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
   if (!own)
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             rq->content_type ? rq->content_type : "application/json");
+  lg__console_headers(r, rq);
   if (rq->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (rq->status == 405 && rq->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, rq->allow);
   if (rq->status == 429 && rq->retry_after > 0) {

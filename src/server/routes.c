@@ -479,6 +479,25 @@ static int body_event(lg__req_t *rq, decide_job_t *dj) {
     ev->u.usage.cost_nusd = b->has_cost ? b->cost_nusd : -1;
     return 0;
   }
+  case LG__RT_TEXT:
+    ev->type = LG_EV_TEXT;
+    ev->u.text.text = b->text;
+    ev->u.text.len = b->text_len;
+    ev->u.text.turn = b->has_turn ? b->turn : 0;
+    ev->u.text.agent = b->agent;
+    dj->st.auto_turn = !b->has_turn;
+    return 0;
+  case LG__RT_USER:
+    ev->type = LG_EV_USER;
+    ev->u.user.text = b->text;
+    return 0;
+  case LG__RT_COMPACTION: ev->type = LG_EV_COMPACTION; return 0;
+  case LG__RT_RESUME:
+    ev->type = LG_EV_RESUME;
+    ev->u.resume.has_progress_version = b->has_progress_version;
+    ev->u.resume.progress_version = b->progress_version;
+    ev->u.resume.note = b->note;
+    return 0;
   default: break;
   }
   lg__req_error(rq, 500, "internal", NULL, "no event for this route");
@@ -555,7 +574,9 @@ void lg__h_decide(lg__req_t *rq) {
   static const lg__body_kind_t kinds[LG__RT__COUNT] = {
       [LG__RT_CALLS] = LG__B_CALL, [LG__RT_RESULTS] = LG__B_RESULT,
       [LG__RT_STATE] = LG__B_STATE, [LG__RT_HANDOFFS] = LG__B_HANDOFF,
-      [LG__RT_MODEL] = LG__B_MODEL, [LG__RT_USAGE] = LG__B_USAGE};
+      [LG__RT_MODEL] = LG__B_MODEL, [LG__RT_USAGE] = LG__B_USAGE,
+      [LG__RT_TEXT] = LG__B_TEXT, [LG__RT_USER] = LG__B_USER,
+      [LG__RT_COMPACTION] = LG__B_COMPACTION, [LG__RT_RESUME] = LG__B_RESUME};
   lg_server_t *srv = rq->srv;
   if (!valid_id(rq->id)) {
     lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
@@ -995,7 +1016,8 @@ void lg__h_metrics(lg__req_t *rq) {
                    (unsigned long long)batches, (unsigned long long)jobs);
   }
   if (rq->srv->gw) lg__gw_metrics(rq->srv->gw, &rq->out);
-  if (lg__metrics_render(&rq->srv->metrics, &rq->out)) {
+  if (lg__metrics_render(&rq->srv->metrics, &rq->out) ||
+      lg__metrics_budgets(rq->srv, w->store, &rq->out)) { /* metrics_budgets.c */
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
     return;
   }

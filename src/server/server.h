@@ -80,6 +80,8 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(OP_FAIL, "operations_fail") XX(OP_GET, "operations_get")                \
   XX(BUDGETS, "budgets") XX(BUDGET_LIST, "budgets_list")                    \
   XX(HEALTHZ, "healthz") XX(METRICS, "metrics") XX(OPENAPI, "openapi")      \
+  XX(TEXT, "text") XX(USER, "user") XX(COMPACTION, "compaction")             \
+  XX(RESUME, "resume") XX(CONSOLE, "console") XX(REGRESSION, "regression")   \
   XX(OTHER, "other")
 
 typedef enum lg__route {
@@ -92,7 +94,7 @@ const char *lg__route_name(lg__route_t r);
 
 #define LG__HIST_BUCKETS 14 /* + the implicit +Inf */
 #define LG__CODE_SLOTS 16   /* distinct HTTP codes counted, then "other" */
-#define LG__ACTIONS 5       /* lg_action_t values */
+#define LG__ACTIONS 6       /* lg_action_t values */
 #define LG__OUTCOMES 6      /* lg_claim_outcome_t values */
 
 typedef struct lg__metrics {
@@ -114,6 +116,9 @@ void lg__metrics_ledger(lg__metrics_t *m, lg_claim_outcome_t o);
 void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source);
 /* The Prometheus text format (version 0.0.4) into b. */
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
+/* The shared budgets' gauges (limit, spent, reserved, resets_at) of the
+ * store `st` into b (metrics_budgets.c). */
+int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b);
 
 /* ------------------------------------------------------------------ */
 /* body.c                                                              */
@@ -134,6 +139,10 @@ typedef enum lg__body_kind {
   LG__B_BUDGET_SET,   /* PUT /v1/budgets/{scope} */
   LG__B_RESERVE,      /* POST /v1/budgets/reserve */
   LG__B_SETTLE,       /* POST /v1/budgets/settle */
+  LG__B_TEXT,         /* POST /v1/runs/{id}/text */
+  LG__B_USER,         /* .../user */
+  LG__B_COMPACTION,   /* .../compaction */
+  LG__B_RESUME,       /* .../resume */
   LG__B__COUNT
 } lg__body_kind_t;
 
@@ -177,6 +186,9 @@ typedef struct lg__body {
   double amount_usd;             /* reserve */
   int64_t ttl_ms;                /* reserve: -1 absent */
   double actual_usd;             /* settle */
+  const char *text;              /* text, user: NULL when absent */
+  size_t text_len;
+  const char *note;              /* resume */
 } lg__body_t;
 
 /* Parses body text for `kind` into *out (which need not be initialised). An empty body is
@@ -325,5 +337,11 @@ void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
 void lg__h_budget_list(lg__req_t *rq); /* budget_list.c: GET /v1/budgets */
 void lg__h_openapi(lg__req_t *rq);     /* openapi.c: GET /openapi.json */
+/* console.c: the console's static files and GET /v1/runs/{id}/regression. */
+int lg__console_path(const char *url); /* 1: a console file's path */
+void lg__h_console(lg__req_t *rq);     /* rq->id: the path */
+void lg__h_regression(lg__req_t *rq);
+/* Adds the console's headers (CSP, nosniff, ...) to its answers. */
+void lg__console_headers(struct MHD_Response *r, const lg__req_t *rq);
 
 #endif

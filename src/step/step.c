@@ -32,6 +32,7 @@
 #include "step.h"
 
 #include "../budget/budget.h"
+#include "../engine/engine.h"
 #include "../event/event.h"
 #include "../store/store.h"
 #include "../trace/trace.h"
@@ -321,6 +322,8 @@ int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
   st->ev.t_ms = t;
   if (st->ev.type == LG_EV_CALL && st->auto_turn)
     st->ev.u.call.turn = c0.calls + 1; /* no turn: a turn of its own */
+  if (st->ev.type == LG_EV_TEXT && st->auto_turn) /* no turn: a response of its own */
+    st->ev.u.text.turn = -(int64_t)(run->seq + 1);
   st->was_stopped = lg_run_stopped(run);
   if (!st->was_stopped && st->ev.type != LG_EV_CANCEL && (rc = check_deny(st, s, rec, &why, err))) {
     rc = fail(st, LG__STEP_STORE, rc);

@@ -734,6 +734,16 @@ static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t 
             i++;
             continue;
           }
+          /* The same white space as \u escapes (the server's test of a
+           * decoded string counts space, tab, LF and CR). */
+          if (ch == '\\' && i + 6 < sp.b && r->s[i + 1] == 'u' && !memcmp(r->s + i + 2, "00", 2)) {
+            const char *h = r->s + i + 4;
+            if (!memcmp(h, "20", 2) || !memcmp(h, "09", 2) || !memcmp(h, "0a", 2) ||
+                !memcmp(h, "0A", 2) || !memcmp(h, "0d", 2) || !memcmp(h, "0D", 2)) {
+              i += 5;
+              continue;
+            }
+          }
           blank = false;
         }
         if (blank) e->value_kind = LG_VALUE_BLANK;
@@ -942,7 +952,12 @@ static void to_event(const ev_t *e, lg_event_t *out) {
 /* Whether a result line answers a call that did not execute (skipped). */
 static bool skipped_result(replay_t *rp, const ev_t *e) {
   const char *id = e->str[F_CALL_ID];
-  return id ? was_skipped(rp, id) : (rp->any_call && !rp->last_call_executed);
+  if (!id) return rp->any_call && !rp->last_call_executed;
+  /* An id that an executed call waiting for its result also has is that
+   * call's result, as the engine takes it (a client may reuse a call id,
+   * or name a call "c4" as the engine names its fourth): the server
+   * applied it and wrote it, so replay must apply it too. */
+  return !lg__run_awaits(rp->run, id) && was_skipped(rp, id);
 }
 
 /* Gives one parsed event to the run (through lg__run_apply, as every
@@ -966,9 +981,13 @@ static int apply(replay_t *rp, ev_t *e) {
       return rc;
     }
   }
-  if (lg_run_stopped(rp->run)) {
-    rp->after_stop++;
-    return 0; /* read, not acted on */
+  /* After a stop the events are read, not acted on; a resume may end the
+   * stop (one that cannot — the run is active, or its stop is not for a
+   * change — is read and not acted on, as the server refuses it). */
+  bool resume = e->type == LG_EV_RESUME;
+  if (lg_run_stopped(rp->run) != resume) {
+    rp->after_stop += resume ? 0 : 1;
+    return 0;
   }
   lg_replay_event_t ev; /* the decision is filled by the engine */
   ev.trace = rp->name;
@@ -999,7 +1018,16 @@ static int apply(replay_t *rp, ev_t *e) {
     event.u.call.key_material = sc->km.data;
     event.u.call.key_material_len = sc->km.len;
   }
-  if ((rc = lg__run_apply(rp->run, rp->canon, &event, sc->has_km, d, err))) {
+  rc = lg__run_apply(rp->run, rp->canon, &event, sc->has_km, d, err);
+  if (resume) {
+    if (rc == LG_ESTATE) { /* refused: the run stays stopped */
+      if (err) memset(err, 0, sizeof *err);
+      rp->after_stop++;
+      return 0;
+    }
+    if (!rc) rp->stopped_line = 0; /* a later stop is the run's end */
+  }
+  if (rc) {
     if (err && err->offset >= 0) {
       if (e->type == LG_EV_CALL && e->args && !strncmp(err->field, "args", 4))
         err->offset += (long)e->args_off; /* from the args to the line */

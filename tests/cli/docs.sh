@@ -34,7 +34,7 @@ for m in re.finditer(r"^### `loopguard ([a-z ]+)`\n(.*?)(?=^### |^## |\Z)", cli,
 # The subcommands, from the tool itself.
 cmds = set()
 top = help_of("")
-for name in ("replay", "fingerprint", "serve"):
+for name in ("replay", "fingerprint", "serve", "test"):
     if re.search(r"^  %s\b" % name, top, re.M): cmds.add(name)
     else: bad.append("loopguard --help does not list %s" % name)
 for group in ("runs", "ledger", "budget"):

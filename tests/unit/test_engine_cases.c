@@ -124,7 +124,7 @@ static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summa
   if (ev) {
     /* As cmd_replay.c: no record for state events, skipped results or
      * events after the stop. */
-    if (!ev->acted || ev->type == LG_EV_STATE) return 0;
+    if (!ev->acted || ev->type == LG_EV_STATE || ev->type == LG_EV_USAGE) return 0;
     const lg_decision_t *d = &ev->decision;
     sb_fmt(b, "{\"line\":%ld,\"type\":\"%s\"", ev->line, lg_event_type_name(ev->type));
     if (ev->type == LG_EV_CALL) {

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# monitoring.sh — the dashboard and the alert rules (monitoring/) against
+# real parts: promtool checks the rules; every metric name the two files
+# use exists in a live server's GET /metrics; a real Prometheus (Debian's)
+# scrapes that server (temp config, a free port, --storage.tsdb.path in a
+# temp dir), loads the rules, and its query API returns the series; every
+# dashboard query parses and runs there. A missing prometheus or promtool
+# is a failure, never a skip. Bounded: 60 s, every process ended.
+LG_TEST_TIMEOUT=${LG_TEST_TIMEOUT:-60}
+source "$(dirname "$0")/serve_lib.bash"
+mon="$LG_SOURCE_DIR/monitoring"
+pass=0 failed=0
+ok() { pass=$((pass + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*"; }
+command -v prometheus >/dev/null || fail "no prometheus (apt-get install prometheus; make deps installs it)"
+command -v promtool >/dev/null || fail "no promtool (Debian's prometheus package)"
+
+promtool check rules "$mon/alerts.yml" >"$TMP/promtool.out" 2>&1 && ok || { bad "promtool check rules"; cat "$TMP/promtool.out"; }
+python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$mon/grafana-dashboard.json" && ok || bad "dashboard is not JSON"
+
+# A server with traffic: a stop, a budget, a refusal, latencies.
+start_server S --store "sqlite:$TMP/lg.db"
+url=${S_URL%/}
+post() { curl -s -XPOST -H 'Content-Type: application/json' "$url$1" -d "$2" >/dev/null; }
+post /v1/runs '{"run_id":"m1"}'
+for i in 1 2 3 4 5 6; do post /v1/runs/m1/calls '{"tool":"t","args":{"a":1},"turn":'$i'}'; done
+curl -s -XPUT "$url/v1/budgets/workspace:acme" -d '{"limit_usd":1,"period":"daily"}' >/dev/null
+post /v1/budgets/reserve '{"scopes":["workspace:acme"],"amount_usd":0.8}'
+post /v1/budgets/reserve '{"scopes":["workspace:acme"],"amount_usd":0.8}'
+curl -s "$url/metrics" >"$TMP/metrics.txt"
+# Names in /metrics: every sample's, and a histogram's _bucket/_sum/_count.
+have=$( { grep -v '^#' "$TMP/metrics.txt" | grep -oE '^[a-zA-Z_:][a-zA-Z0-9_:]*'
+          awk '$1=="#" && $2=="TYPE" {print $3; if ($4=="histogram") {print $3"_bucket"; print $3"_sum"; print $3"_count"}}' "$TMP/metrics.txt"; } | sort -u)
+used=$(grep -ohE 'loopguard_[a-z0-9_]+' "$mon/alerts.yml" "$mon/grafana-dashboard.json" | sort -u)
+[ -n "$used" ] && ok || bad "no metric names found in monitoring/"
+for m in $used; do
+  if grep -qx "$m" <<<"$have"; then ok; else bad "metric $m is used in monitoring/ but not in GET /metrics"; fi
+done
+for m in loopguard_stops_total loopguard_budget_limit_usd loopguard_budget_spent_usd loopguard_request_duration_seconds_bucket; do
+  grep -qx "$m" <<<"$used" && ok || bad "monitoring/ does not use $m"
+done
+grep -q 'loopguard_stops_total{reason="same_call_repeat"} 1' "$TMP/metrics.txt" && ok || bad "the stop is not in /metrics"
+
+# A real Prometheus scrapes it, with the rules loaded.
+pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+target=${url#http://}
+cat >"$TMP/prometheus.yml" <<YML
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $mon/alerts.yml
+scrape_configs:
+  - job_name: loopguard
+    metrics_path: /metrics
+    static_configs:
+      - targets: ["$target"]
+YML
+prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/tsdb" \
+  --web.listen-address="127.0.0.1:$pport" --log.level=warn >"$TMP/prom.log" 2>&1 &
+prom_pid=$!
+ALL_PIDS+=("$prom_pid")
+papi="http://127.0.0.1:$pport"
+query() { curl -s --max-time 2 --get "$papi/api/v1/query" --data-urlencode "query=$1"; }
+got=
+for i in $(seq 150); do
+  got=$(query 'loopguard_stops_total{reason="same_call_repeat"}')
+  grep -q '"value":\[[0-9.]*,"1"\]' <<<"$got" && break
+  kill -0 "$prom_pid" 2>/dev/null || break
+  sleep 0.2
+done
+if grep -q '"value":\[[0-9.]*,"1"\]' <<<"$got"; then ok; else bad "Prometheus has no loopguard_stops_total series: $got"; tail -5 "$TMP/prom.log"; fi
+for q in 'loopguard_budget_limit_usd{scope="workspace:acme"}' 'loopguard_budget_reserved_usd' \
+         'loopguard_request_duration_seconds_bucket{route="calls",le="+Inf"}' 'loopguard_runs_active'; do
+  r=$(query "$q")
+  grep -q '"result":\[{' <<<"$r" && ok || bad "query $q: $r"
+done
+r=$(query 'loopguard_budget_reserved_usd{scope="workspace:acme"}')
+grep -q '"0.8"' <<<"$r" && ok || bad "reserved is not 0.8: $r"
+# The rules are loaded and evaluate without error.
+for i in $(seq 25); do
+  rules=$(curl -s --max-time 2 "$papi/api/v1/rules")
+  n=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); r=[x for g in d["data"]["groups"] for x in g["rules"]]; print(len(r), sum(1 for x in r if x.get("health")=="ok"))' "$rules" 2>/dev/null)
+  [ "${n% *}" -gt 0 ] 2>/dev/null && [ "${n% *}" = "${n#* }" ] && break
+  sleep 0.2
+done
+want=$(grep -c '^ *- alert:' "$mon/alerts.yml")
+[ "$n" = "$want $want" ] && ok || bad "rules loaded/healthy: $n, wanted $want $want"
+# Every dashboard query runs in Prometheus.
+python3 - "$mon/grafana-dashboard.json" >"$TMP/exprs" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for p in d["panels"]:
+    for t in p.get("targets", []):
+        print(t["expr"].replace("$__rate_interval", "1m"))
+PY
+while IFS= read -r e; do
+  r=$(query "$e")
+  grep -q '"status":"success"' <<<"$r" && ok || bad "dashboard query fails: $e: $r"
+done <"$TMP/exprs"
+kill -TERM "$prom_pid" 2>/dev/null
+wait "$prom_pid" 2>/dev/null
+stop_server S
+echo "$pass passed, $failed failed"
+[ $failed -eq 0 ]
