@@ -51,6 +51,11 @@ static const char *serve_usage =
     "                       received in this time [30]\n"
     "  --log FILE           structured log, one JSON object a line; SIGHUP reopens\n"
     "                       it [stderr]\n"
+    "  --upstream [NAME=]URL gateway-v1: an OpenAI/Anthropic-compatible upstream\n"
+    "                       (repeatable; the first is the default); the gateway\n"
+    "                       answers /v1/chat/completions and passes other /v1/ paths\n"
+    "  --upstreams FILE     gateway-v1: upstreams and routes (JSON, docs/gateway.md)\n"
+    "  --reservation-ttl MS gateway-v1: reservation of a model request that dies\n"
     "  --trace-memory BYTES ignored, accepted for old scripts: traces are kept in\n"
     "                       the store with the decisions\n"
     "  -h, --help           this help\n"
@@ -75,6 +80,8 @@ int cmd_serve(int argc, char **argv) {
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
   const char *store = NULL, *durability = NULL;
+  const char *upstreams[16];
+  size_t nup = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -83,7 +90,8 @@ int cmd_serve(int argc, char **argv) {
     }
     static const char *with_value[] = {"--listen", "--store",    "--tokens",  "--prices",
                                        "--policy", "--threads",  "--max-body", "--timeout",
-                                       "--log",    "--trace-memory", "--durability"};
+                                       "--log",    "--trace-memory", "--durability",
+                                       "--upstream", "--upstreams", "--reservation-ttl"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -128,6 +136,16 @@ int cmd_serve(int argc, char **argv) {
         return cli_usage(serve_usage, "--durability: expected full or relaxed, got '%s'", val);
       durability = val;
       break;
+    case 11:
+      if (nup == sizeof upstreams / sizeof upstreams[0])
+        return cli_usage(serve_usage, "at most %zu --upstream flags", nup);
+      upstreams[nup++] = val;
+      break;
+    case 12: o.upstreams_file = val; break;
+    case 13:
+      if (number(a, val, 1000, 86400000LL, &n)) return 2;
+      o.reservation_ttl_ms = n;
+      break;
     }
   }
   o.store_url = cli_store_url(store);
@@ -143,6 +161,12 @@ int cmd_serve(int argc, char **argv) {
       return cli_usage(serve_usage, "--store: the URL is too long");
     o.store_url = url_buf;
   }
+  const char *env_up = getenv("LOOPGUARD_UPSTREAM");
+  if (!nup && !o.upstreams_file && env_up && *env_up) upstreams[nup++] = env_up;
+  o.upstreams = upstreams;
+  o.nupstreams = nup;
+  const char *env_ttl = getenv("LOOPGUARD_RESERVATION_TTL_MS");
+  if (!o.reservation_ttl_ms && env_ttl && *env_ttl) o.reservation_ttl_ms = atoll(env_ttl);
   const char *env_tokens = getenv("LOOPGUARD_TOKENS");
   if (env_tokens && *env_tokens) o.tokens = env_tokens;
 

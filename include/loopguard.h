@@ -1462,6 +1462,14 @@ typedef struct lg_server_options {
   int64_t (*clock)(void *ud); /* epoch ms; NULL: CLOCK_REALTIME (tests
                                pass a fixed clock) */
   void *clock_ud;
+  /* The gateway (gateway-v1, docs/gateway.md): on when an upstream is
+   * given. Each entry is "URL" or "NAME=URL"; the first is the default. */
+  const char *const *upstreams;
+  size_t nupstreams;
+  const char *upstreams_file; /* --upstreams FILE (JSON), or NULL */
+  int64_t reservation_ttl_ms; /* a model request's reservation without a
+                                 settlement; 0: the upstream's timeout
+                                 plus a minute */
 } lg_server_options_t;
 
 /* Starts a server: opens the store (failing early when it cannot), loads

@@ -28,6 +28,7 @@
  * request's latency and status in the metrics and frees what it held.
  */
 #include "server.h"
+#include "../gateway/gateway.h"
 
 #include <microhttpd.h>
 #include <stdarg.h>
@@ -528,7 +529,13 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
   size_t len = rq->out.len;
   char *body = lg__buf_steal(&rq->out, NULL);
   struct MHD_Response *r;
-  if (body)
+  bool own = rq->response != NULL; /* built whole by the handler */
+  if (own) {
+    lg__free(body);
+    body = NULL;
+    r = rq->response;
+    rq->response = NULL;
+  } else if (body)
     r = MHD_create_response_from_buffer_with_free_callback(len, body, lg__free);
   else
     r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -536,8 +543,9 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
     lg__free(body);
     return MHD_NO;
   }
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-                          rq->content_type ? rq->content_type : "application/json");
+  if (!own)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            rq->content_type ? rq->content_type : "application/json");
   lg__console_headers(r, rq);
   if (rq->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (rq->status == 405 && rq->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, rq->allow);
@@ -554,6 +562,7 @@ static enum MHD_Result answer(lg_server_t *srv, struct MHD_Connection *c, http_r
 }
 
 static void free_req(http_req_t *hr) {
+  if (hr->rq.response) MHD_destroy_response(hr->rq.response); /* never queued */
   lg__buf_free(&hr->body);
   lg__buf_free(&hr->rq.out);
   lg__free(hr->rq.id_buf);
@@ -606,6 +615,18 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   size_t plen = q ? (size_t)(q - path) : strlen(path);
   route_hit_t hit;
   int found = route(rq, path, plen, method, &hit);
+  if (!found && srv->gw) { /* gateway-v1: the model APIs and other /v1/ paths */
+    char *url = lg__strndup(path, plen);
+    if (!url) FAIL(500, "internal", NULL, "out of memory");
+    if (lg__gw_claims(srv->gw, url)) {
+      lg__free(rq->id_buf);
+      rq->id_buf = url;
+      hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
+      found = 1;
+    } else {
+      lg__free(url);
+    }
+  }
   rq->route = hit.route;
   rq->id = rq->id_buf;
   lg__role_t role = LG__ROLE_NONE;
@@ -725,7 +746,8 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       rq->job->owner = c;
       rq->job->done = job_done;
       MHD_suspend_connection(c);
-      lg__batcher_submit(srv->batcher, rq->job);
+      if (rq->submit) rq->submit(rq);
+      else lg__batcher_submit(srv->batcher, rq->job);
       return MHD_YES;
     }
   }

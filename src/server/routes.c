@@ -12,6 +12,7 @@
  */
 #include "../step/step.h"
 #include "server.h"
+#include "../gateway/gateway.h"
 
 #include <openssl/rand.h>
 #include <stdio.h>
@@ -1072,6 +1073,7 @@ void lg__h_metrics(lg__req_t *rq) {
                    "loopguard_commit_decisions_total %llu\n",
                    (unsigned long long)batches, (unsigned long long)jobs);
   }
+  if (rq->srv->gw) lg__gw_metrics(rq->srv->gw, &rq->out);
   if (lg__metrics_render(&rq->srv->metrics, &rq->out) ||
       lg__metrics_budgets(rq->srv, w->store, &rq->out)) { /* metrics_budgets.c */
     lg__req_error(rq, 500, "internal", NULL, "out of memory");

@@ -31,6 +31,7 @@
  * started: a thread finishes its handler before it stops.
  */
 #include "server.h"
+#include "../gateway/gateway.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -502,6 +503,9 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   srv->o.policy_file = opts->policy_file ? lg__strdup(opts->policy_file) : NULL;
   srv->o.prices_file = opts->prices_file ? lg__strdup(opts->prices_file) : NULL;
   srv->o.log_path = opts->log_path ? lg__strdup(opts->log_path) : NULL;
+  srv->o.upstreams = NULL; /* the gateway keeps its own copies */
+  srv->o.nupstreams = 0;
+  srv->o.upstreams_file = NULL;
 
   if (srv->o.max_body == 0) srv->o.max_body = LG_SERVER_DEFAULT_MAX_BODY;
   if (srv->o.timeout_s <= 0) srv->o.timeout_s = LG_SERVER_DEFAULT_TIMEOUT_S;
@@ -585,6 +589,8 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     goto fail;
   }
+  /* The gateway (gateway-v1), when upstreams are given. */
+  if (lg__gw_new(srv, opts, &srv->gw, err)) goto fail;
   /* The address, last: nothing binds before the rest is known good. */
   if (bind_listen(srv, err)) goto fail;
   /* Connections: at most 16384 (LOOPGUARD_MAX_CONNECTIONS), within the
@@ -727,6 +733,7 @@ char *lg_server_banner(const lg_server_t *srv) {
   }
   lg__buf_printf(&b, "  threads: %d, max body %zu bytes, timeout %d s\n", srv->o.threads,
                  srv->o.max_body, srv->o.timeout_s);
+  if (srv->gw) lg__gw_banner(srv->gw, &b);
   lg__buf_printf(&b, "  try:     curl -s %s/healthz\n", srv->url);
   return lg__buf_steal(&b, NULL);
 }
@@ -814,6 +821,7 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
       sleep_ms(5);
       waited += 5;
     }
+    lg__gw_stop(srv->gw); /* the gateway's parked requests answered */
     /* Every decision handed to the committer is made, and its connection
      * resumed, before the daemon stops (it aborts on a parked connection);
      * then a moment for the daemon to send those answers. */
@@ -827,6 +835,8 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
     if (srv->epoll_loop) stop_loops(srv);
     else MHD_stop_daemon(srv->mhd);
     srv->mhd = NULL;
+    lg__gw_free(srv->gw); /* no connection is parked on it any more */
+    srv->gw = NULL;
     lg__batcher_free(srv->batcher);
     srv->batcher = NULL;
     char f[160];
@@ -841,6 +851,8 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
     pthread_join(srv->reaper, NULL);
     srv->reaper_started = 0;
   }
+  lg__gw_free(srv->gw); /* when MHD never started */
+  srv->gw = NULL;
   lg__batcher_free(srv->batcher); /* when MHD never started */
   srv->batcher = NULL;
   lg__checkpointer_free(srv->ckpt);

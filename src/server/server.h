@@ -295,6 +295,7 @@ struct lg_server {
   _Atomic int inflight;       /* requests begun and not completed */
   _Atomic int draining;       /* shutdown has begun */
   int stopped;                /* lg_server_shutdown done */
+  struct lg__gw *gw;          /* the gateway (gateway-v1), or NULL: none */
 };
 
 /* The server's clock: epoch milliseconds (options.clock, or
@@ -396,6 +397,13 @@ typedef struct lg__req {
    * is done, finish() runs on the HTTP thread and fills the answer. */
   lg__job_t *job;
   void (*finish)(struct lg__req *rq);
+  /* A job that runs elsewhere (the gateway's workers): with submit set,
+   * the parked job goes to submit(rq) instead of the batcher, and its
+   * runner calls rq->job->done(rq->job) when finish() may answer. */
+  void (*submit)(struct lg__req *rq);
+  /* An answer finish() built whole (the gateway's: headers of its own,
+   * a stream): queued instead of rq->out, or destroyed unqueued. */
+  struct MHD_Response *response;
 } lg__req_t;
 
 /* Fills the answer of an error: {"error":{"code","type","message"[,

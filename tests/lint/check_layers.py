@@ -26,10 +26,11 @@ LAYERS = {
     "budget": 7,
     "step": 8,
     "server": 9,
-    "gateway": 9,
+    "gateway": 10,
 }
-# Sibling layers a module may still use: the server hosts the gateway's
-# routes (one server, one port).
+# Exceptions: the server hosts the gateway's routes (one server, one port:
+# it starts the gateway and routes /v1/chat/completions & co. to it), while
+# the gateway is built on the server's requests, workers and metrics.
 ALLOWED = {("server", "gateway")}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

@@ -1,0 +1,747 @@
+/*
+ * gateway.c — the life of the gateway and of each of its requests.
+ *
+ * A gateway request is read whole by the HTTP layer (http.c: the body and
+ * its limit), then handed here: lg__gw_handle copies what the worker needs
+ * (the body, the headers to forward, X-Loopguard-*), and parks the
+ * connection with the job (rq->submit). A fixed pool of worker threads
+ * takes jobs from a queue: that bounds the upstream requests in flight,
+ * and keeps libmicrohttpd's threads free while an upstream thinks. The
+ * worker turns the request into events for the decision step (chat.c),
+ * asks the upstream, and answers: done() resumes the connection and
+ * finish() builds the response on the HTTP thread. A stream is answered
+ * as soon as the upstream's answer starts: its reader (on the HTTP
+ * thread) takes what the worker wrote and suspends the connection while
+ * there is nothing new.
+ *
+ * A job is reference counted: the worker, the HTTP side until finish(),
+ * and a stream's response until libmicrohttpd frees it. So a client that
+ * hangs up mid-stream frees nothing the worker still writes to; the
+ * worker sees s_gone and aborts its upstream exchange.
+ *
+ * Runs. The gateway keeps, per run, what it needs between requests (what
+ * it has already fed to the step, the calls it restored, the stop's
+ * final message): in memory, in a table with a lock per run, so the
+ * requests of one run are decided one at a time. The run itself, its
+ * decisions and its trace are the store's, written by the step.
+ */
+#include "gw.h"
+
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <time.h>
+
+#define GW_WORKERS 8
+#define GW_QUEUE_MAX 1024
+#define GW_BUCKETS 4096
+#define GW_HIST 12
+
+static const char *kind_names[LG__GW__KINDS] = {"chat_completions", "responses", "messages",
+                                                "passthrough"};
+static const double hist_le[GW_HIST] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                        0.5,   1,    2.5,   5,    10,  30};
+
+typedef struct key_ent {
+  char *key, *run_id;
+  struct key_ent *next;
+} key_ent_t;
+
+#define GW_MAX_UP 16
+
+struct lg__gw {
+  lg_server_t *srv;
+  lg__gw_config_t cfg;
+  pthread_t th[GW_WORKERS];
+  int nth;
+  pthread_mutex_t qmu;        /* guards the queue, running */
+  pthread_cond_t qcv;
+  lg__gw_job_t *qhead, *qtail;
+  size_t qlen;
+  int running;                /* jobs a worker holds */
+  _Atomic int stop;           /* shutting down: abort upstream exchanges */
+  int quit;                   /* workers exit */
+  pthread_mutex_t tmu;        /* guards the tables */
+  lg__gw_run_t *runs[GW_BUCKETS];
+  key_ent_t *keys[GW_BUCKETS];
+  /* metrics */
+  _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
+  _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
+  _Atomic uint64_t up_sum_ns[GW_MAX_UP];
+  _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
+};
+
+const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw) { return &gw->cfg; }
+_Atomic int *lg__gw_stopflag(lg__gw_t *gw) { return &gw->stop; }
+
+/* ---- jobs ---- */
+
+static void job_unref(lg__gw_job_t *j) {
+  if (atomic_fetch_sub(&j->refs, 1) != 1) return;
+  lg__free(j->method);
+  lg__free(j->path);
+  lg__free(j->body);
+  lg__free(j->auth);
+  lg__free(j->hdr_run);
+  lg__free(j->hdr_group);
+  lg__free(j->hdr_agent);
+  curl_slist_free_all(j->fwd);
+  lg__buf_free(&j->out);
+  lg__buf_free(&j->sbuf);
+  pthread_mutex_destroy(&j->smu);
+  lg__free(j);
+}
+
+/* Tells the HTTP side the answer (or the stream) may start. Once. */
+static void job_done(lg__gw_job_t *j) {
+  if (j->answered) return;
+  j->answered = 1;
+  j->job.done(&j->job);
+}
+
+void lg__gw_answer(lg__gw_job_t *j) { job_done(j); }
+
+void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
+                  const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  j->status = status;
+  j->out.len = 0;
+  j->out.oom = false;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  if (j->kind == LG__GW_MESSAGES) {
+    lg__buf_printf(&j->out, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":", type);
+    lg__buf_json_str(&j->out, msg, strlen(msg));
+    lg__buf_puts(&j->out, "}}");
+  } else {
+    lg__buf_puts(&j->out, "{\"error\":{\"message\":");
+    lg__buf_json_str(&j->out, msg, strlen(msg));
+    lg__buf_printf(&j->out, ",\"type\":\"%s\",\"code\":", type);
+    if (code) lg__buf_json_str(&j->out, code, strlen(code));
+    else lg__buf_puts(&j->out, "null");
+    lg__buf_puts(&j->out, "}}");
+  }
+}
+
+/* ---- streams ---- */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  lg__gw_job_t *j = cls;
+  pthread_mutex_lock(&j->smu);
+  size_t avail = j->sbuf.len - j->soff;
+  if (avail) {
+    size_t n = avail < max ? avail : max;
+    memcpy(buf, j->sbuf.data + j->soff, n);
+    j->soff += n;
+    if (j->soff == j->sbuf.len) j->soff = j->sbuf.len = 0;
+    pthread_mutex_unlock(&j->smu);
+    return (ssize_t)n;
+  }
+  if (j->s_end) {
+    pthread_mutex_unlock(&j->smu);
+    return MHD_CONTENT_READER_END_OF_STREAM;
+  }
+  /* Nothing yet: wait without spinning; the writer resumes us. */
+  j->s_waiting = 1;
+  MHD_suspend_connection(j->conn);
+  pthread_mutex_unlock(&j->smu);
+  return 0;
+}
+
+static void stream_free(void *cls) {
+  lg__gw_job_t *j = cls;
+  atomic_store(&j->s_gone, 1); /* the response is gone: a hang-up, or the end */
+  job_unref(j);
+}
+
+static void wake(lg__gw_job_t *j) {
+  if (j->s_waiting) {
+    j->s_waiting = 0;
+    MHD_resume_connection(j->conn);
+  }
+}
+
+void lg__gw_stream_start(lg__gw_job_t *j) {
+  j->streaming = 1;
+  j->status = 200;
+  snprintf(j->ctype, sizeof j->ctype, "text/event-stream");
+  job_done(j);
+}
+
+int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n) {
+  if (atomic_load(&j->s_gone)) return -1;
+  pthread_mutex_lock(&j->smu);
+  int rc = lg__buf_append(&j->sbuf, p, n);
+  wake(j);
+  pthread_mutex_unlock(&j->smu);
+  return rc ? -1 : 0;
+}
+
+void lg__gw_stream_end(lg__gw_job_t *j) {
+  pthread_mutex_lock(&j->smu);
+  j->s_end = 1;
+  wake(j);
+  pthread_mutex_unlock(&j->smu);
+}
+
+/* ---- the HTTP side ---- */
+
+static void add_headers(struct MHD_Response *r, lg__gw_job_t *j) {
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->ctype[0] ? j->ctype : "application/json");
+  if (j->run_id[0]) MHD_add_response_header(r, "X-Loopguard-Run", j->run_id);
+  if (j->action) MHD_add_response_header(r, "X-Loopguard-Action", j->action);
+  if (j->reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", j->reason);
+  if (j->streaming) MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+}
+
+/* On the HTTP thread, once the worker answered (or the client is gone). */
+static void gw_finish(lg__req_t *rq) {
+  lg__gw_job_t *j = (lg__gw_job_t *)rq->job;
+  rq->job = NULL;
+  if (!j) return;
+  struct MHD_Response *r = NULL;
+  if (j->streaming) {
+    atomic_fetch_add(&j->refs, 1); /* the stream's */
+    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, j, stream_free);
+    if (!r) job_unref(j);
+  } else {
+    size_t len = j->out.len;
+    char *body = lg__buf_steal(&j->out, NULL);
+    if (body) r = MHD_create_response_from_buffer_with_free_callback(len, body, lg__free);
+    else r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) lg__free(body);
+  }
+  if (r) {
+    add_headers(r, j);
+    rq->response = r;
+    rq->status = j->status ? j->status : 500;
+  } else {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    if (j->streaming) atomic_store(&j->s_gone, 1);
+  }
+  job_unref(j); /* the HTTP side's */
+}
+
+static void gw_submit(lg__req_t *rq) {
+  lg__gw_job_t *j = (lg__gw_job_t *)rq->job;
+  lg__gw_t *gw = j->gw;
+  j->conn = rq->conn;
+  pthread_mutex_lock(&gw->qmu);
+  int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
+  if (!full) {
+    j->qnext = NULL;
+    if (gw->qtail) gw->qtail->qnext = j;
+    else gw->qhead = j;
+    gw->qtail = j;
+    gw->qlen++;
+    pthread_cond_signal(&gw->qcv);
+  }
+  pthread_mutex_unlock(&gw->qmu);
+  if (full) {
+    lg__gw_error(j, 503, "server_error", "overloaded",
+                 "loopguard gateway: too many requests waiting for an upstream; retry later");
+    job_unref(j); /* the worker's, never taken */
+    job_done(j);
+  }
+}
+
+/* Copies the headers a provider reads. */
+typedef struct hdr_ctx {
+  lg__gw_job_t *j;
+  int oom;
+} hdr_ctx_t;
+
+static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const char *k,
+                                   const char *v) {
+  (void)kind;
+  hdr_ctx_t *h = cls;
+  lg__gw_job_t *j = h->j;
+  char **slot = NULL;
+  if (!strcasecmp(k, "Authorization")) slot = &j->auth;
+  else if (!strcasecmp(k, "X-Loopguard-Run")) slot = &j->hdr_run;
+  else if (!strcasecmp(k, "X-Loopguard-Group")) slot = &j->hdr_group;
+  else if (!strcasecmp(k, "X-Loopguard-Agent")) slot = &j->hdr_agent;
+  if (slot) {
+    lg__free(*slot);
+    if (!(*slot = lg__strdup(v))) h->oom = 1;
+    return MHD_YES;
+  }
+  if (!strcasecmp(k, "x-api-key") || !strncasecmp(k, "anthropic-", 10) ||
+      !strncasecmp(k, "openai-", 7) || !strcasecmp(k, "accept")) {
+    lg__buf_t b = {0};
+    lg__buf_printf(&b, "%s: %s", k, v);
+    struct curl_slist *t = b.oom ? NULL : curl_slist_append(j->fwd, b.data);
+    if (t) j->fwd = t;
+    else h->oom = 1;
+    lg__buf_free(&b);
+  }
+  return MHD_YES;
+}
+
+static int gw_kind(const char *url, const char *method) {
+  if (!strcmp(method, "POST")) {
+    if (!strcmp(url, "/v1/chat/completions")) return LG__GW_CHAT;
+    if (!strcmp(url, "/v1/responses")) return LG__GW_RESPONSES;
+    if (!strcmp(url, "/v1/messages")) return LG__GW_MESSAGES;
+  }
+  return LG__GW_PASS;
+}
+
+int lg__gw_claims(const lg__gw_t *gw, const char *url) {
+  (void)gw;
+  static const char *own[] = {"/v1/runs", "/v1/groups", "/v1/operations", "/v1/budgets",
+                              "/v1/keys", "/v1/key"};
+  if (strncmp(url, "/v1/", 4)) return 0;
+  for (size_t i = 0; i < LG__ARRAY_LEN(own); i++) {
+    size_t n = strlen(own[i]);
+    if (!strncmp(url, own[i], n) && (url[n] == 0 || url[n] == '/')) return 0;
+  }
+  return 1;
+}
+
+void lg__gw_handle(lg__req_t *rq) {
+  lg__gw_t *gw = rq->srv->gw;
+  lg__gw_job_t *j = lg__calloc(1, sizeof *j);
+  if (!j) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  pthread_mutex_init(&j->smu, NULL);
+  atomic_store(&j->refs, 2); /* the HTTP side's and the worker's */
+  j->gw = gw;
+  j->kind = gw_kind(rq->id, rq->method);
+  j->method = lg__strdup(rq->method);
+  j->path = lg__strdup(rq->id + 3); /* after "/v1" */
+  j->body = lg__malloc(rq->body_len + 1);
+  hdr_ctx_t h = {j, 0};
+  MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
+  if (!j->method || !j->path || !j->body || h.oom) {
+    atomic_store(&j->refs, 1);
+    job_unref(j);
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  memcpy(j->body, rq->body, rq->body_len);
+  j->body[rq->body_len] = 0;
+  j->body_len = rq->body_len;
+  rq->job = &j->job;
+  rq->submit = gw_submit;
+  rq->finish = gw_finish;
+}
+
+/* ---- workers ---- */
+
+static void passthrough(lg__gw_ctx_t *cx) {
+  lg__gw_job_t *j = cx->j;
+  size_t ui = lg__gw_cfg(cx->gw)->def;
+  j->upstream = ui;
+  lg__gw_http_t x = {0};
+  x.up = &cx->gw->cfg.up[ui];
+  x.method = j->method;
+  x.path = j->path;
+  x.body = j->body_len || !strcmp(j->method, "POST") ? j->body : NULL;
+  x.body_len = j->body_len;
+  x.headers = j->fwd;
+  x.client_auth = j->auth;
+  x.stop = &cx->gw->stop;
+  int rc = lg__gw_http_do(cx->curl, &x);
+  lg__gw_note_upstream(cx->gw, ui, x.ns);
+  if (rc) {
+    char lab[300];
+    lg__gw_upstream_label(x.up, lab, sizeof lab);
+    if (x.cc == CURLE_OPERATION_TIMEDOUT)
+      lg__gw_error(j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab, x.errbuf);
+    else
+      lg__gw_error(j, 502, "upstream_error", "upstream_unreachable", "upstream %s cannot be reached: %s", lab, x.errbuf);
+  } else {
+    j->status = (int)x.status;
+    snprintf(j->ctype, sizeof j->ctype, "%s", x.ctype[0] ? x.ctype : "application/json");
+    lg__buf_t t = j->out;
+    j->out = x.body_out;
+    x.body_out = t;
+  }
+  lg__gw_http_clear(&x);
+  lg__gw_answer(j);
+}
+
+static void *worker_main(void *arg) {
+  lg__gw_t *gw = arg;
+  lg__gw_ctx_t cx = {gw, gw->srv, curl_easy_init(), NULL};
+  for (;;) {
+    pthread_mutex_lock(&gw->qmu);
+    while (!gw->qhead && !gw->quit) pthread_cond_wait(&gw->qcv, &gw->qmu);
+    lg__gw_job_t *j = gw->qhead;
+    if (!j) {
+      pthread_mutex_unlock(&gw->qmu);
+      break;
+    }
+    gw->qhead = j->qnext;
+    if (!gw->qhead) gw->qtail = NULL;
+    gw->qlen--;
+    gw->running++;
+    pthread_mutex_unlock(&gw->qmu);
+    cx.j = j;
+    if (!cx.curl) {
+      lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: libcurl did not start");
+      lg__gw_answer(j);
+    } else if (atomic_load(&gw->stop)) {
+      lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
+      lg__gw_answer(j);
+    } else if (j->kind != LG__GW_PASS) {
+      lg__gw_chat(&cx);
+    } else if (j->kind == LG__GW_PASS) {
+      passthrough(&cx);
+    } else {
+      lg__gw_error(j, 501, "invalid_request_error", "not_implemented",
+                   "loopguard gateway: %s is not implemented yet", j->path);
+      lg__gw_answer(j);
+    }
+    if (!j->answered) { /* never left without an answer */
+      lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
+      lg__gw_answer(j);
+    }
+    if (j->streaming) lg__gw_stream_end(j);
+    atomic_fetch_add(&gw->req[j->kind][j->upstream < GW_MAX_UP ? j->upstream : GW_MAX_UP - 1], 1);
+    job_unref(j);
+    pthread_mutex_lock(&gw->qmu);
+    gw->running--;
+    pthread_cond_broadcast(&gw->qcv);
+    pthread_mutex_unlock(&gw->qmu);
+  }
+  if (cx.curl) curl_easy_cleanup(cx.curl);
+  return NULL;
+}
+
+/* ---- runs ---- */
+
+static size_t bucket(const char *s) { return lg__hash_str(s) & (GW_BUCKETS - 1); }
+
+static int new_run_id(char out[40]) {
+  unsigned char r[12];
+  if (RAND_bytes(r, sizeof r) != 1) return LG_EIO;
+  static const char hx[] = "0123456789abcdef";
+  memcpy(out, "run_", 4);
+  for (int i = 0; i < 12; i++) {
+    out[4 + 2 * i] = hx[r[i] >> 4];
+    out[5 + 2 * i] = hx[r[i] & 15];
+  }
+  out[28] = 0;
+  return 0;
+}
+
+static const char *key_get(lg__gw_t *gw, const char *key) {
+  for (key_ent_t *e = gw->keys[bucket(key)]; e; e = e->next)
+    if (!strcmp(e->key, key)) return e->run_id;
+  return NULL;
+}
+
+void lg__gw_key_put(lg__gw_t *gw, const char *key, const char *run_id) {
+  pthread_mutex_lock(&gw->tmu);
+  if (!key_get(gw, key)) {
+    key_ent_t *e = lg__calloc(1, sizeof *e);
+    if (e && (e->key = lg__strdup(key)) && (e->run_id = lg__strdup(run_id))) {
+      size_t b = bucket(key);
+      e->next = gw->keys[b];
+      gw->keys[b] = e;
+    } else if (e) {
+      lg__free(e->key);
+      lg__free(e);
+    }
+  }
+  pthread_mutex_unlock(&gw->tmu);
+}
+
+static lg_policy_t *server_policy(void *ud, const char *json, lg_error_t *err) {
+  return lg__server_policy(ud, json, err);
+}
+
+/* Stores a new run (the step's run creation); an existing one is fine. */
+static int create_run(lg__gw_ctx_t *cx, const char *id, lg_error_t *err) {
+  lg_server_t *srv = cx->srv;
+  lg__worker_t *w = lg__server_worker(srv, err);
+  if (!w) return err && err->code ? err->code : LG_ESTORE;
+  lg_run_t *run = lg_run_new(id, cx->j->hdr_group, srv->default_policy, NULL, NULL, err);
+  if (!run) return err && err->code ? err->code : LG_ENOMEM;
+  int same = 0;
+  int rc = lg__step_create(w->store, run, srv->default_policy_json, NULL, NULL, 0,
+                           lg__server_now(srv), &same, err);
+  lg_run_free(run);
+  if (rc == LG_ECONFLICT) return 0; /* there already: a run named by its header */
+  if (!rc) atomic_fetch_add(&srv->metrics.runs_active, 1);
+  return rc;
+}
+
+lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key, lg_error_t *err) {
+  lg__gw_t *gw = cx->gw;
+  char fresh[40];
+  pthread_mutex_lock(&gw->tmu);
+  if (!id && key) id = key_get(gw, key);
+  int created = 0;
+  if (!id) {
+    if (new_run_id(fresh)) {
+      pthread_mutex_unlock(&gw->tmu);
+      lg__err(err, LG_EIO, NULL, -1, "no randomness for a run id");
+      return NULL;
+    }
+    id = fresh;
+    created = 1;
+  }
+  lg__gw_run_t *r;
+  for (r = gw->runs[bucket(id)]; r; r = r->next)
+    if (!strcmp(r->id, id)) break;
+  if (!r) {
+    r = lg__calloc(1, sizeof *r);
+    if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object())) {
+      if (r) lg__free(r->id);
+      lg__free(r);
+      pthread_mutex_unlock(&gw->tmu);
+      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      return NULL;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    size_t b = bucket(r->id);
+    r->next = gw->runs[b];
+    gw->runs[b] = r;
+    created = 1;
+  }
+  pthread_mutex_unlock(&gw->tmu);
+  pthread_mutex_lock(&r->mu);
+  if (created && r->turn == 0 && !r->fed) {
+    int rc = create_run(cx, r->id, err);
+    if (rc) {
+      pthread_mutex_unlock(&r->mu);
+      return NULL;
+    }
+  }
+  return r;
+}
+
+void lg__gw_run_unlock(lg__gw_run_t *r) { pthread_mutex_unlock(&r->mu); }
+
+static void run_free(lg__gw_run_t *r) {
+  lg__free(r->id);
+  for (size_t i = 0; i < r->nrs; i++) {
+    json_decref(r->rs[i].items);
+    lg__free(r->rs[i].resp_id);
+  }
+  lg__free(r->rs);
+  json_decref(r->steer);
+  lg__free(r->final_text);
+  lg__free(r->hide_tool);
+  lg__buf_free(&r->last_body);
+  pthread_mutex_destroy(&r->mu);
+  lg__free(r);
+}
+
+/* ---- the step ---- */
+
+typedef struct wait_job {
+  lg__job_t job;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+} wait_job_t;
+
+static void wait_done(lg__job_t *jb) {
+  wait_job_t *w = (wait_job_t *)jb;
+  pthread_mutex_lock(&w->mu);
+  w->done = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err) {
+  lg_server_t *srv = cx->srv;
+  st->policy = server_policy;
+  st->policy_ud = srv;
+  int rc;
+  if (srv->batcher) { /* one writer at a time: the group commit decides */
+    wait_job_t w;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    st->canon = lg__batcher_canon(srv->batcher);
+    w.job.run_id = run_id;
+    w.job.fn = lg__step_locked;
+    w.job.ud = st;
+    w.job.done = wait_done;
+    lg__batcher_submit(srv->batcher, &w.job);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    rc = lg__step_finish(st, w.job.rc, &w.job.err);
+    if (rc && err) *err = w.job.err;
+  } else {
+    lg__worker_t *wk = lg__server_worker(srv, err);
+    if (!wk) return LG_ESTORE;
+    st->canon = wk->canon;
+    rc = lg__step_run(wk->store, run_id, st, err);
+  }
+  if (!rc) {
+    lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
+    if (st->budget_refused) lg__metrics_budget_refusal(&srv->metrics, st->refusal.limit_source);
+    if (!st->was_stopped && st->ledger_outcome >= 0)
+      lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
+    if (!st->was_stopped && st->stopped_now) {
+      atomic_fetch_sub(&srv->metrics.runs_active, 1);
+      lg__server_log(srv, "info", "stop", st->stop_log.data);
+    }
+  }
+  return rc;
+}
+
+/* ---- metrics and logs ---- */
+
+void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns) {
+  if (up >= GW_MAX_UP) up = GW_MAX_UP - 1;
+  int b = 0;
+  while (b < GW_HIST && (double)ns / 1e9 > hist_le[b]) b++;
+  atomic_fetch_add(&gw->up_hist[up][b], 1);
+  atomic_fetch_add(&gw->up_sum_ns[up], ns);
+}
+
+void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
+                              const char *reason, const char *tool, const char *call_id) {
+  int a = !strcmp(action, "block") ? 0 : !strcmp(action, "replay") ? 1 : !strcmp(action, "stop") ? 2 : 3;
+  lg_reason_t r = LG_R_NONE;
+  for (int i = 0; i < LG_R__COUNT; i++)
+    if (reason && !strcmp(lg_reason_name((lg_reason_t)i), reason)) r = (lg_reason_t)i;
+  atomic_fetch_add(&cx->gw->interventions[a][r], 1);
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"run_id\":");
+  lg__buf_json_str(&f, run_id, strlen(run_id));
+  lg__buf_printf(&f, ",\"action\":\"%s\",\"reason\":", action);
+  if (reason) lg__buf_json_str(&f, reason, strlen(reason));
+  else lg__buf_puts(&f, "null");
+  lg__buf_printf(&f, ",\"route\":\"%s\"", kind_names[cx->j->kind]);
+  if (tool) {
+    lg__buf_puts(&f, ",\"tool\":");
+    lg__buf_json_str(&f, tool, strlen(tool));
+  }
+  if (call_id) {
+    lg__buf_puts(&f, ",\"call_id\":");
+    lg__buf_json_str(&f, call_id, strlen(call_id));
+  }
+  if (!f.oom) lg__server_log(cx->srv, "info", "gateway_intervention", f.data);
+  lg__buf_free(&f);
+}
+
+void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
+  size_t nup = gw->cfg.nup < GW_MAX_UP ? gw->cfg.nup : GW_MAX_UP;
+  lg__buf_puts(b, "# HELP loopguard_gateway_requests_total Gateway requests by route and upstream.\n"
+                  "# TYPE loopguard_gateway_requests_total counter\n");
+  for (int k = 0; k < LG__GW__KINDS; k++)
+    for (size_t u = 0; u < nup; u++)
+      lg__buf_printf(b, "loopguard_gateway_requests_total{route=\"%s\",upstream=\"%s\"} %llu\n",
+                     kind_names[k], gw->cfg.up[u].name,
+                     (unsigned long long)atomic_load(&gw->req[k][u]));
+  lg__buf_puts(b, "# HELP loopguard_gateway_upstream_seconds Upstream request latency.\n"
+                  "# TYPE loopguard_gateway_upstream_seconds histogram\n");
+  for (size_t u = 0; u < nup; u++) {
+    uint64_t cum = 0;
+    for (int i = 0; i <= GW_HIST; i++) {
+      cum += atomic_load(&gw->up_hist[u][i]);
+      if (i < GW_HIST)
+        lg__buf_printf(b, "loopguard_gateway_upstream_seconds_bucket{upstream=\"%s\",le=\"%g\"} %llu\n",
+                       gw->cfg.up[u].name, hist_le[i], (unsigned long long)cum);
+      else
+        lg__buf_printf(b, "loopguard_gateway_upstream_seconds_bucket{upstream=\"%s\",le=\"+Inf\"} %llu\n",
+                       gw->cfg.up[u].name, (unsigned long long)cum);
+    }
+    lg__buf_printf(b, "loopguard_gateway_upstream_seconds_sum{upstream=\"%s\"} %.6f\n",
+                   gw->cfg.up[u].name, (double)atomic_load(&gw->up_sum_ns[u]) / 1e9);
+    lg__buf_printf(b, "loopguard_gateway_upstream_seconds_count{upstream=\"%s\"} %llu\n",
+                   gw->cfg.up[u].name, (unsigned long long)cum);
+  }
+  static const char *an[4] = {"block", "replay", "stop", "observe"};
+  lg__buf_puts(b, "# HELP loopguard_gateway_interventions_total Calls and responses the gateway changed, by action and reason.\n"
+                  "# TYPE loopguard_gateway_interventions_total counter\n");
+  for (int a = 0; a < 4; a++)
+    for (int r = 0; r < LG_R__COUNT; r++) {
+      uint64_t v = atomic_load(&gw->interventions[a][r]);
+      if (v)
+        lg__buf_printf(b, "loopguard_gateway_interventions_total{action=\"%s\",reason=\"%s\"} %llu\n",
+                       an[a], lg_reason_name((lg_reason_t)r), (unsigned long long)v);
+    }
+}
+
+void lg__gw_banner(lg__gw_t *gw, lg__buf_t *b) {
+  for (size_t i = 0; i < gw->cfg.nup; i++)
+    lg__buf_printf(b, "  gateway: %s -> %s (%s)%s\n", gw->cfg.up[i].name, gw->cfg.up[i].base_url,
+                   gw->cfg.up[i].api == LG__GW_API_ANTHROPIC ? "anthropic" : "openai",
+                   i == gw->cfg.def ? ", the default" : "");
+}
+
+/* ---- life ---- */
+
+int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out,
+               lg_error_t *err) {
+  *out = NULL;
+  if (!opts->nupstreams && !(opts->upstreams_file && *opts->upstreams_file)) return 0;
+  lg__gw_t *gw = lg__calloc(1, sizeof *gw);
+  if (!gw) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  gw->srv = srv;
+  int rc = lg__gw_config_load(&gw->cfg, opts->upstreams, opts->nupstreams, opts->upstreams_file, err);
+  if (!rc && !gw->cfg.nup) rc = lg__err(err, LG_EINVAL, "upstream", -1, "no upstream given");
+  if (rc) {
+    lg__gw_config_clear(&gw->cfg);
+    lg__free(gw);
+    return rc;
+  }
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  pthread_mutex_init(&gw->qmu, NULL);
+  pthread_cond_init(&gw->qcv, NULL);
+  pthread_mutex_init(&gw->tmu, NULL);
+  for (int i = 0; i < GW_WORKERS; i++) {
+    if (pthread_create(&gw->th[i], NULL, worker_main, gw)) break;
+    gw->nth++;
+  }
+  if (!gw->nth) {
+    lg__gw_free(gw);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "cannot start the gateway's threads");
+  }
+  *out = gw;
+  return 0;
+}
+
+void lg__gw_stop(lg__gw_t *gw) {
+  if (!gw) return;
+  atomic_store(&gw->stop, 1);
+  pthread_mutex_lock(&gw->qmu);
+  while (gw->running || gw->qhead) pthread_cond_wait(&gw->qcv, &gw->qmu);
+  pthread_mutex_unlock(&gw->qmu);
+}
+
+void lg__gw_free(lg__gw_t *gw) {
+  if (!gw) return;
+  atomic_store(&gw->stop, 1);
+  pthread_mutex_lock(&gw->qmu);
+  gw->quit = 1;
+  pthread_cond_broadcast(&gw->qcv);
+  pthread_mutex_unlock(&gw->qmu);
+  for (int i = 0; i < gw->nth; i++) pthread_join(gw->th[i], NULL);
+  for (size_t b = 0; b < GW_BUCKETS; b++) {
+    for (lg__gw_run_t *r = gw->runs[b], *n; r; r = n) {
+      n = r->next;
+      run_free(r);
+    }
+    for (key_ent_t *e = gw->keys[b], *n; e; e = n) {
+      n = e->next;
+      lg__free(e->key);
+      lg__free(e->run_id);
+      lg__free(e);
+    }
+  }
+  lg__gw_config_clear(&gw->cfg);
+  pthread_mutex_destroy(&gw->qmu);
+  pthread_cond_destroy(&gw->qcv);
+  pthread_mutex_destroy(&gw->tmu);
+  lg__free(gw);
+}

@@ -1,0 +1,52 @@
+/*
+ * gateway.h — the gateway (gateway-v1): `loopguard serve --upstream URL`
+ * as an OpenAI / Anthropic-compatible proxy that guards any agent by
+ * changing only its base URL.
+ *
+ * The gateway is a front end like the sidecar's routes: it turns what it
+ * reads (the conversation of each model request, the tool calls of each
+ * response) into events for the decision step (src/step/) and filters the
+ * response by the decisions. It never calls the engine or the store's
+ * transactions itself.
+ *
+ *   gateway.c   life of the gateway: its worker threads (a bounded number
+ *               of upstream requests in flight), the parked connections,
+ *               run identity, the per-run bookkeeping, metrics;
+ *   chat.c      Chat Completions: conversation -> events, the upstream
+ *               body (restored calls, hidden tools), the response filtered
+ *               by the decisions, streaming;
+ *   upstream.c  upstreams (--upstream, --upstreams FILE) and libcurl.
+ *
+ * Names are lg__gw_ (internal).
+ */
+#ifndef LG_GATEWAY_H
+#define LG_GATEWAY_H
+
+#include "../server/server.h"
+
+typedef struct lg__gw lg__gw_t;
+
+/* Starts the gateway of srv when opts name upstreams (copied): parses them,
+ * starts the worker threads. *out is NULL (and 0 returned) when no
+ * upstream is configured. Errors name the flag or the file's field. */
+int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out,
+               lg_error_t *err);
+/* Shutdown: aborts the upstream exchanges in flight (their clients get an
+ * error, or the end of their stream) and waits until every job was
+ * answered, so no connection stays parked. NULL: no-op. */
+void lg__gw_stop(lg__gw_t *gw);
+/* Stops the workers (after the HTTP daemon stopped: no request is parked
+ * on them then) and frees. NULL: no-op. */
+void lg__gw_free(lg__gw_t *gw);
+
+/* 1 when the gateway answers `url` (its three routes, and passthrough of
+ * any other /v1/ path that is not loopguard's own API). */
+int lg__gw_claims(const lg__gw_t *gw, const char *url);
+/* The handler of every gateway request (http.c routes to it). */
+void lg__gw_handle(lg__req_t *rq);
+/* The gateway's series of /metrics, appended to b. */
+void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b);
+/* The upstream lines of the banner. */
+void lg__gw_banner(lg__gw_t *gw, lg__buf_t *b);
+
+#endif

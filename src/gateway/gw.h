@@ -1,0 +1,180 @@
+/*
+ * gw.h — what the files of the gateway (src/gateway/) share: upstreams,
+ * the job of one gateway request, the per-run bookkeeping, the step.
+ */
+#ifndef LG_GW_H
+#define LG_GW_H
+
+#include "gateway.h"
+#include "../step/step.h"
+
+#include <curl/curl.h>
+
+/* ---- upstream.c ---- */
+
+enum { LG__GW_API_OPENAI = 0, LG__GW_API_ANTHROPIC = 1 };
+
+typedef struct lg__gw_upstream {
+  char *name;         /* "default" for a bare --upstream URL */
+  char *base_url;     /* without a trailing slash: ".../v1" */
+  int api;            /* LG__GW_API_* */
+  char *api_key;      /* read from api_key_env at start, or NULL: the client's */
+  int64_t timeout_ms; /* the whole upstream request */
+} lg__gw_upstream_t;
+
+typedef struct lg__gw_route {
+  char *model_prefix;
+  size_t upstream;    /* index */
+  int strip_prefix;
+} lg__gw_route_t;
+
+typedef struct lg__gw_config {
+  lg__gw_upstream_t *up;
+  size_t nup;
+  size_t def;         /* the default upstream */
+  lg__gw_route_t *routes;
+  size_t nroutes;
+} lg__gw_config_t;
+
+/* Adds the --upstream values and the --upstreams file to cfg. */
+int lg__gw_config_load(lg__gw_config_t *cfg, const char *const *specs, size_t n,
+                       const char *file, lg_error_t *err);
+void lg__gw_config_clear(lg__gw_config_t *cfg);
+/* The upstream of a request: by the model's prefix, the route's API, the
+ * default. *model_out is the model to send (a prefix stripped), borrowed
+ * from model. */
+size_t lg__gw_config_pick(const lg__gw_config_t *cfg, const char *model, int anthropic_route,
+                          const char **model_out);
+
+/* One upstream exchange. */
+typedef struct lg__gw_http {
+  /* in */
+  const lg__gw_upstream_t *up;
+  const char *method;         /* "POST", "GET", ... */
+  const char *path;           /* after base_url: "/chat/completions" */
+  const char *body;           /* may be NULL */
+  size_t body_len;
+  struct curl_slist *headers; /* borrowed: the client's forwarded headers */
+  const char *client_auth;    /* Authorization of the client, or NULL */
+  /* streaming: each piece of a 2xx body as it arrives (non-zero: abort) */
+  int (*on_data)(void *ud, const char *p, size_t n);
+  void *ud;
+  _Atomic int *stop;          /* non-zero: abort (shutdown, client gone) */
+  /* out */
+  long status;                /* 0 when no answer */
+  lg__buf_t body_out;         /* the body (all of it when not streamed) */
+  char ctype[128];            /* Content-Type of the answer */
+  CURLcode cc;
+  char errbuf[CURL_ERROR_SIZE];
+  uint64_t ns;                /* how long it took */
+} lg__gw_http_t;
+
+/* Performs x on the thread's reused handle h. 0, or LG_EIO (cc says). */
+int lg__gw_http_do(CURL *h, lg__gw_http_t *x);
+void lg__gw_http_clear(lg__gw_http_t *x);
+/* "name (host:port)" of an upstream for messages, into buf. */
+const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t size);
+
+/* ---- gateway.c ---- */
+
+enum { LG__GW_CHAT = 0, LG__GW_RESPONSES, LG__GW_MESSAGES, LG__GW_PASS, LG__GW__KINDS };
+
+/* A blocked or replayed call restored in the conversation the upstream
+ * sees: items put before the client's message `anchor`. */
+typedef struct lg__gw_restore {
+  size_t anchor;
+  json_t *items;      /* array of messages (a reference) */
+  char *resp_id;      /* Responses: the response they belong to, or NULL */
+} lg__gw_restore_t;
+
+/* What the gateway keeps of a run between its requests. */
+typedef struct lg__gw_run {
+  char *id;
+  pthread_mutex_t mu;         /* one request of a run at a time */
+  size_t fed;                 /* client messages already turned into events */
+  lg__gw_restore_t *rs;
+  size_t nrs, caprs;
+  json_t *steer;              /* call_id -> steer message (object) */
+  char *final_text;           /* the stop's message, once stopped */
+  char *hide_tool;            /* hidden for hide_left more model calls */
+  int hide_left;
+  int64_t turn;               /* model turns so far */
+  uint64_t last_hash;         /* the last answered request, for retries */
+  int64_t last_ms;
+  lg__buf_t last_body;
+  int last_status;
+  char last_action[16], last_reason[64];
+  struct lg__gw_run *next;    /* hash chain */
+} lg__gw_run_t;
+
+/* One gateway request, from the HTTP thread to a worker and back. */
+typedef struct lg__gw_job {
+  lg__job_t job;              /* first: rq->job points here */
+  lg__gw_t *gw;
+  int kind;                   /* LG__GW_* */
+  char *method, *path;        /* path after /v1 */
+  char *body;
+  size_t body_len;
+  struct curl_slist *fwd;     /* the client's headers sent upstream */
+  char *auth;                 /* the client's Authorization */
+  char *hdr_run, *hdr_group, *hdr_agent;
+  /* the answer */
+  int status;
+  lg__buf_t out;
+  char ctype[128];
+  char run_id[1100];
+  const char *action;         /* X-Loopguard-Action, or NULL */
+  char reason[64];            /* X-Loopguard-Reason, or "" */
+  size_t upstream;            /* for metrics */
+  /* streaming (chat.c): the client reads what the worker writes */
+  int streaming;              /* the answer is a stream */
+  pthread_mutex_t smu;
+  lg__buf_t sbuf;             /* written, not yet read */
+  size_t soff;                /* read up to here */
+  int s_end;                  /* the worker wrote the last byte */
+  int s_waiting;              /* the reader suspended the connection */
+  _Atomic int s_gone;         /* the client went away */
+  struct MHD_Connection *conn;
+  _Atomic int refs;           /* the worker, the HTTP side, the stream */
+  int answered;               /* done() was called */
+  struct lg__gw_job *qnext;
+} lg__gw_job_t;
+
+/* The worker's context for one job. */
+typedef struct lg__gw_ctx {
+  lg__gw_t *gw;
+  lg_server_t *srv;
+  CURL *curl;
+  lg__gw_job_t *j;
+} lg__gw_ctx_t;
+
+const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw);
+_Atomic int *lg__gw_stopflag(lg__gw_t *gw);
+/* The run of a request: by its header, else derived (key); created
+ * (stored, through the step's run creation) on first use. Locked. */
+lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key, lg_error_t *err);
+void lg__gw_run_unlock(lg__gw_run_t *r);
+/* Remembers key -> run (the start of a conversation). */
+void lg__gw_key_put(lg__gw_t *gw, const char *key, const char *run_id);
+/* One event through the decision step, synchronously. 0 when decided;
+ * *answer (new, json) is the decision object. */
+int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err);
+/* Answers the job now (status, body), for a non-stream answer. */
+void lg__gw_answer(lg__gw_job_t *j);
+/* The stream of a job: starts it (the HTTP side answers 200 with an SSE
+ * response); write appends and wakes the reader; end closes it. */
+void lg__gw_stream_start(lg__gw_job_t *j);
+int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n);
+void lg__gw_stream_end(lg__gw_job_t *j);
+/* Metrics and the intervention log. */
+void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns);
+void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
+                              const char *reason, const char *tool, const char *call_id);
+/* An error in the API's shape (kind says which) as the job's answer. */
+void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* ---- chat.c ---- */
+void lg__gw_chat(lg__gw_ctx_t *cx);
+
+#endif

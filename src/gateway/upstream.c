@@ -1,0 +1,338 @@
+/*
+ * upstream.c — where the gateway sends model requests: the upstreams of
+ * --upstream URL / NAME=URL and --upstreams FILE (gateway-v1 "Starting
+ * it"), the choice of one for a request, and one HTTP exchange with it
+ * through libcurl.
+ *
+ * Each gateway worker thread keeps one curl easy handle for its life, so
+ * connections (and TLS sessions) to an upstream are reused across
+ * requests. TLS is verified (libcurl's default, kept), proxies come from
+ * the environment (http_proxy, https_proxy, no_proxy: libcurl reads them),
+ * and every exchange has a connect timeout and a total one (the
+ * upstream's timeout_ms). A stop flag (shutdown, a client that went away)
+ * aborts an exchange from its progress callback.
+ */
+#include "gw.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <time.h>
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#define DEFAULT_TIMEOUT_MS 600000
+
+/* ---- configuration ---- */
+
+static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, const char *url,
+                        int api, const char *key_env, int64_t timeout_ms, const char *where,
+                        lg_error_t *err) {
+  if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
+    return lg__err(err, LG_EINVAL, "upstream", -1,
+                   "%s: \"%s\" is not an http:// or https:// URL", where, url);
+  for (size_t i = 0; i < cfg->nup; i++)
+    if (strlen(cfg->up[i].name) == nlen && !memcmp(cfg->up[i].name, name, nlen))
+      return lg__err(err, LG_EINVAL, "upstream", -1, "%s: upstream \"%.*s\" is given twice",
+                     where, (int)nlen, name);
+  lg__gw_upstream_t *v = lg__realloc(cfg->up, (cfg->nup + 1) * sizeof *v);
+  if (!v) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  cfg->up = v;
+  lg__gw_upstream_t *u = &v[cfg->nup];
+  memset(u, 0, sizeof *u);
+  u->name = lg__strndup(name, nlen);
+  size_t ul = strlen(url);
+  while (ul && url[ul - 1] == '/') ul--;
+  u->base_url = lg__strndup(url, ul);
+  u->api = api;
+  u->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+  if (key_env) {
+    const char *k = getenv(key_env);
+    if (!k || !*k) {
+      lg__free(u->name);
+      lg__free(u->base_url);
+      return lg__err(err, LG_EINVAL, "api_key_env", -1,
+                     "%s: api_key_env: the environment variable %s is not set", where, key_env);
+    }
+    u->api_key = lg__strdup(k);
+  }
+  if (!u->name || !u->base_url || (key_env && !u->api_key)) {
+    lg__free(u->name);
+    lg__free(u->base_url);
+    lg__free(u->api_key);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  cfg->nup++;
+  return 0;
+}
+
+static int load_file(lg__gw_config_t *cfg, const char *file, lg_error_t *err) {
+  json_error_t je;
+  lg__json_begin();
+  json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
+  if (lg__json_oom()) {
+    json_decref(root);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  if (!root) {
+    int rc = lg__err(err, LG_EPARSE, NULL, je.position, "%s", je.text);
+    lg__err_where(err, file, je.line);
+    return rc;
+  }
+  int rc = 0;
+  const char *k;
+  json_t *v;
+#define BAD(field, ...) \
+  do { \
+    rc = lg__err(err, LG_EINVAL, field, -1, __VA_ARGS__); \
+    lg__err_where(err, file, 0); \
+    goto out; \
+  } while (0)
+  if (!json_is_object(root)) BAD("", "the upstreams file must be a JSON object");
+  json_object_foreach(root, k, v) {
+    if (strcmp(k, "upstreams") && strcmp(k, "default") && strcmp(k, "routes"))
+      BAD(k, "%s: unknown field (known: upstreams, default, routes)", k);
+  }
+  json_t *ups = json_object_get(root, "upstreams");
+  if (!json_is_object(ups) || !json_object_size(ups))
+    BAD("upstreams", "upstreams: expected an object of at least one upstream");
+  size_t first = cfg->nup;
+  json_object_foreach(ups, k, v) {
+    char field[200];
+    if (!json_is_object(v)) {
+      snprintf(field, sizeof field, "upstreams.%s", k);
+      BAD(field, "%s: expected an object", field);
+    }
+    const char *fk;
+    json_t *fv;
+    json_object_foreach(v, fk, fv) {
+      if (strcmp(fk, "base_url") && strcmp(fk, "api") && strcmp(fk, "api_key_env") &&
+          strcmp(fk, "timeout_ms")) {
+        snprintf(field, sizeof field, "upstreams.%s.%s", k, fk);
+        BAD(field, "%s: unknown field (known: base_url, api, api_key_env, timeout_ms)", field);
+      }
+    }
+    json_t *url = json_object_get(v, "base_url"), *api = json_object_get(v, "api"),
+           *kenv = json_object_get(v, "api_key_env"), *to = json_object_get(v, "timeout_ms");
+    snprintf(field, sizeof field, "upstreams.%s.base_url", k);
+    if (!json_is_string(url)) BAD(field, "%s: expected a URL string", field);
+    snprintf(field, sizeof field, "upstreams.%s.api", k);
+    int apiv = LG__GW_API_OPENAI;
+    if (api && !json_is_string(api)) BAD(field, "%s: expected \"openai\" or \"anthropic\"", field);
+    if (api && !strcmp(json_string_value(api), "anthropic")) apiv = LG__GW_API_ANTHROPIC;
+    else if (api && strcmp(json_string_value(api), "openai"))
+      BAD(field, "%s: expected \"openai\" or \"anthropic\"", field);
+    snprintf(field, sizeof field, "upstreams.%s.api_key_env", k);
+    if (kenv && !json_is_string(kenv)) BAD(field, "%s: expected the name of a variable", field);
+    snprintf(field, sizeof field, "upstreams.%s.timeout_ms", k);
+    if (to && (!json_is_integer(to) || json_integer_value(to) < 1))
+      BAD(field, "%s: expected a positive integer", field);
+    snprintf(field, sizeof field, "upstreams.%s", k);
+    if ((rc = add_upstream(cfg, k, strlen(k), json_string_value(url), apiv,
+                           kenv ? json_string_value(kenv) : NULL,
+                           to ? json_integer_value(to) : 0, field, err))) {
+      lg__err_where(err, file, 0);
+      goto out;
+    }
+  }
+  json_t *def = json_object_get(root, "default");
+  if (def) {
+    if (!json_is_string(def)) BAD("default", "default: expected the name of an upstream");
+    size_t i;
+    for (i = first; i < cfg->nup; i++)
+      if (!strcmp(cfg->up[i].name, json_string_value(def))) break;
+    if (i == cfg->nup) BAD("default", "default: no upstream \"%s\"", json_string_value(def));
+    if (first == 0) cfg->def = i; /* --upstream on the command line wins */
+  }
+  json_t *routes = json_object_get(root, "routes");
+  if (routes && !json_is_array(routes)) BAD("routes", "routes: expected an array");
+  for (size_t r = 0; routes && r < json_array_size(routes); r++) {
+    json_t *ro = json_array_get(routes, r);
+    char field[64];
+    snprintf(field, sizeof field, "routes[%zu]", r);
+    if (!json_is_object(ro)) BAD(field, "%s: expected an object", field);
+    json_t *mp = json_object_get(ro, "model_prefix"), *us = json_object_get(ro, "upstream"),
+           *sp = json_object_get(ro, "strip_prefix");
+    if (!json_is_string(mp)) BAD(field, "%s.model_prefix: expected a string", field);
+    if (!json_is_string(us)) BAD(field, "%s.upstream: expected the name of an upstream", field);
+    if (sp && !json_is_boolean(sp)) BAD(field, "%s.strip_prefix: expected true or false", field);
+    size_t i;
+    for (i = 0; i < cfg->nup; i++)
+      if (!strcmp(cfg->up[i].name, json_string_value(us))) break;
+    if (i == cfg->nup) BAD(field, "%s.upstream: no upstream \"%s\"", field, json_string_value(us));
+    lg__gw_route_t *nv = lg__realloc(cfg->routes, (cfg->nroutes + 1) * sizeof *nv);
+    if (!nv) {
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      goto out;
+    }
+    cfg->routes = nv;
+    nv[cfg->nroutes].model_prefix = lg__strdup(json_string_value(mp));
+    nv[cfg->nroutes].upstream = i;
+    nv[cfg->nroutes].strip_prefix = sp && json_is_true(sp);
+    if (!nv[cfg->nroutes].model_prefix) {
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      goto out;
+    }
+    cfg->nroutes++;
+  }
+#undef BAD
+out:
+  json_decref(root);
+  return rc;
+}
+
+int lg__gw_config_load(lg__gw_config_t *cfg, const char *const *specs, size_t n,
+                       const char *file, lg_error_t *err) {
+  for (size_t i = 0; i < n; i++) {
+    const char *s = specs[i], *eq = strchr(s, '=');
+    const char *sch = strstr(s, "://");
+    int rc;
+    if (eq && (!sch || eq < sch)) /* NAME=URL */
+      rc = add_upstream(cfg, s, (size_t)(eq - s), eq + 1, LG__GW_API_OPENAI, NULL, 0,
+                        "--upstream", err);
+    else
+      rc = add_upstream(cfg, i ? "upstream" : "default", i ? 8 : 7, s, LG__GW_API_OPENAI, NULL,
+                        0, "--upstream", err);
+    if (rc) return rc;
+    /* An upstream whose URL names Anthropic speaks its API. */
+    if (strstr(cfg->up[cfg->nup - 1].base_url, "anthropic.com"))
+      cfg->up[cfg->nup - 1].api = LG__GW_API_ANTHROPIC;
+  }
+  if (file && *file) return load_file(cfg, file, err);
+  return 0;
+}
+
+void lg__gw_config_clear(lg__gw_config_t *cfg) {
+  for (size_t i = 0; i < cfg->nup; i++) {
+    lg__free(cfg->up[i].name);
+    lg__free(cfg->up[i].base_url);
+    lg__free(cfg->up[i].api_key);
+  }
+  for (size_t i = 0; i < cfg->nroutes; i++) lg__free(cfg->routes[i].model_prefix);
+  lg__free(cfg->up);
+  lg__free(cfg->routes);
+  memset(cfg, 0, sizeof *cfg);
+}
+
+size_t lg__gw_config_pick(const lg__gw_config_t *cfg, const char *model, int anthropic_route,
+                          const char **model_out) {
+  if (model_out) *model_out = model;
+  for (size_t i = 0; model && i < cfg->nroutes; i++) {
+    size_t pl = strlen(cfg->routes[i].model_prefix);
+    if (!strncmp(model, cfg->routes[i].model_prefix, pl)) {
+      if (cfg->routes[i].strip_prefix && model_out) *model_out = model + pl;
+      return cfg->routes[i].upstream;
+    }
+  }
+  if (anthropic_route)
+    for (size_t i = 0; i < cfg->nup; i++)
+      if (cfg->up[i].api == LG__GW_API_ANTHROPIC) return i;
+  return cfg->def;
+}
+
+const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t size) {
+  const char *h = strstr(u->base_url, "://");
+  h = h ? h + 3 : u->base_url;
+  size_t hl = strcspn(h, "/");
+  snprintf(buf, size, "%s (%.*s)", u->name, (int)hl, h);
+  return buf;
+}
+
+/* ---- one exchange ---- */
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
+  lg__gw_http_t *x = ud;
+  size_t n = size * nmemb;
+  if (x->stop && atomic_load(x->stop)) return 0;
+  if (x->on_data && x->status >= 200 && x->status < 300)
+    return x->on_data(x->ud, p, n) ? 0 : n;
+  return lg__buf_append(&x->body_out, p, n) ? 0 : n;
+}
+
+static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
+  lg__gw_http_t *x = ud;
+  size_t n = size * nmemb;
+  if (n > 13 && !strncasecmp(p, "content-type:", 13)) {
+    const char *v = p + 13;
+    size_t vl = n - 13;
+    while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
+    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ')) vl--;
+    if (vl >= sizeof x->ctype) vl = sizeof x->ctype - 1;
+    memcpy(x->ctype, v, vl);
+    x->ctype[vl] = 0;
+  } else if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
+    /* the status line: "HTTP/1.1 200 OK" (a 100 Continue comes first at times) */
+    const char *sp = memchr(p, ' ', n);
+    long st = sp ? strtol(sp + 1, NULL, 10) : 0;
+    if (st >= 200) x->status = st;
+  }
+  return n;
+}
+
+static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
+  (void)dt, (void)dn, (void)ut, (void)un;
+  lg__gw_http_t *x = ud;
+  return x->stop && atomic_load(x->stop) ? 1 : 0;
+}
+
+int lg__gw_http_do(CURL *h, lg__gw_http_t *x) {
+  lg__buf_t url = {0};
+  lg__buf_puts(&url, x->up->base_url);
+  lg__buf_puts(&url, x->path);
+  if (url.oom) return LG_ENOMEM;
+  struct curl_slist *hd = NULL, *t;
+  for (const struct curl_slist *s = x->headers; s; s = s->next)
+    if ((t = curl_slist_append(hd, s->data))) hd = t;
+  char auth[1200];
+  if (x->up->api_key) {
+    if (x->up->api == LG__GW_API_ANTHROPIC) snprintf(auth, sizeof auth, "x-api-key: %s", x->up->api_key);
+    else snprintf(auth, sizeof auth, "Authorization: Bearer %s", x->up->api_key);
+    if ((t = curl_slist_append(hd, auth))) hd = t;
+  } else if (x->client_auth) {
+    snprintf(auth, sizeof auth, "Authorization: %s", x->client_auth);
+    if ((t = curl_slist_append(hd, auth))) hd = t;
+  }
+  if (x->body && (t = curl_slist_append(hd, "Content-Type: application/json"))) hd = t;
+  if ((t = curl_slist_append(hd, "Expect:"))) hd = t; /* no 100-continue round trip */
+  curl_easy_reset(h);
+  curl_easy_setopt(h, CURLOPT_URL, url.data);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)x->up->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
+  curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, ""); /* what libcurl can decode */
+  curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+  if (x->body) {
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, x->body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)x->body_len);
+  }
+  if (strcmp(x->method, "GET") && strcmp(x->method, "POST"))
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
+  x->errbuf[0] = 0;
+  uint64_t t0 = mono_ns();
+  x->cc = curl_easy_perform(h);
+  x->ns = mono_ns() - t0;
+  long st = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+  if (st) x->status = st;
+  curl_slist_free_all(hd);
+  lg__buf_free(&url);
+  if (x->cc != CURLE_OK && !x->errbuf[0])
+    snprintf(x->errbuf, sizeof x->errbuf, "%s", curl_easy_strerror(x->cc));
+  return x->cc == CURLE_OK ? 0 : LG_EIO;
+}
+
+void lg__gw_http_clear(lg__gw_http_t *x) { lg__buf_free(&x->body_out); }

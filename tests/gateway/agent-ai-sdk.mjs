@@ -1,0 +1,33 @@
+// agent-ai-sdk.mjs — the Vercel AI SDK's own agent loop (`ai` generateText
+// with tools and a step cap) on @ai-sdk/openai-compatible: the SDK runs
+// the tools and asks again until the model answers without a tool call.
+//   BASE_URL, MODEL, STREAM=1 (streamText), STEP_CAP
+import { generateText, streamText, tool, stepCountIs } from 'ai';
+import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
+import { z } from 'zod';
+
+const provider = createOpenAICompatible({ name: 'fake', baseURL: process.env.BASE_URL, apiKey: 'sk-test', includeUsage: true });
+const cap = Number(process.env.STEP_CAP || 12);
+const executions = { write_record: 0, lookup: 0 };
+const tools = {
+  write_record: tool({
+    description: 'Write a record.',
+    inputSchema: z.object({ record_id: z.number(), value: z.string() }),
+    execute: async () => { executions.write_record++; return 'Error: the storage is read-only; the record was not written.'; },
+  }),
+  lookup: tool({
+    description: 'Look a customer up.',
+    inputSchema: z.object({ customer_id: z.string() }),
+    execute: async () => { executions.lookup++; return { customer_id: 'c-1', name: 'Ada' }; },
+  }),
+};
+const args = { model: provider(process.env.MODEL || 'loop-write'), system: 'You are a careful agent.', prompt: 'Write record 7 with value A.', tools, stopWhen: stepCountIs(cap), maxRetries: 0 };
+let text, steps, finishReason;
+if (process.env.STREAM === '1') {
+  const r = streamText(args);
+  text = await r.text; steps = (await r.steps).length; finishReason = await r.finishReason;
+} else {
+  const r = await generateText(args);
+  text = r.text; steps = r.steps.length; finishReason = r.finishReason;
+}
+console.log(JSON.stringify({ executions, steps, ended: finishReason === 'stop' ? 'final' : finishReason, final: text }));

@@ -1,0 +1,40 @@
+// agent-anthropic.mjs — the same agent loop as agent-openai.mjs on the real
+// `@anthropic-ai/sdk` package (Messages API, tool_use / tool_result).
+//   BASE_URL (without /v1), MODEL, STREAM=1 (messages.stream().finalMessage()), STEP_CAP
+import Anthropic from '@anthropic-ai/sdk';
+
+const client = new Anthropic({ baseURL: process.env.BASE_URL, apiKey: 'sk-ant-test', maxRetries: 0, timeout: 20000 });
+const model = process.env.MODEL || 'loop-write';
+const stream = process.env.STREAM === '1';
+const cap = Number(process.env.STEP_CAP || 12);
+const tools = [
+  { name: 'write_record', description: 'Write a record.', input_schema: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
+  { name: 'lookup', description: 'Look a customer up.', input_schema: { type: 'object', properties: { customer_id: { type: 'string' } } } },
+];
+const executions = { write_record: 0, lookup: 0 };
+function runTool(name) {
+  executions[name] = (executions[name] || 0) + 1;
+  if (name === 'write_record') return { content: 'Error: the storage is read-only; the record was not written.', is_error: true };
+  return { content: JSON.stringify({ customer_id: 'c-1', name: 'Ada' }) };
+}
+const messages = [{ role: 'user', content: 'Write record 7 with value A.' }];
+const seen = [];
+let steps = 0, ended = 'step_cap', final = null;
+while (steps < cap) {
+  steps++;
+  let msg;
+  const req = { model, max_tokens: 1024, system: 'You are a careful agent.', messages, tools };
+  if (stream) {
+    msg = await client.messages.stream(req).finalMessage();
+  } else {
+    const { data, response } = await client.messages.create(req).withResponse();
+    seen.push({ run: response.headers.get('x-loopguard-run'), action: response.headers.get('x-loopguard-action') });
+    msg = data;
+  }
+  if (!msg.stop_reason) throw new Error('no stop_reason');
+  messages.push({ role: 'assistant', content: msg.content });
+  const uses = msg.content.filter((b) => b.type === 'tool_use');
+  if (!uses.length) { ended = 'final'; final = msg.content.filter((b) => b.type === 'text').map((b) => b.text).join(''); break; }
+  messages.push({ role: 'user', content: uses.map((u) => ({ type: 'tool_result', tool_use_id: u.id, ...runTool(u.name, u.input) })) });
+}
+console.log(JSON.stringify({ executions, steps, ended, final, seen }));

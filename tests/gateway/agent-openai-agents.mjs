@@ -1,0 +1,35 @@
+// agent-openai-agents.mjs — the OpenAI Agents SDK's own loop (Runner with
+// maxTurns) on the Responses API, through a default OpenAI client whose
+// base URL is the gateway's or the fake upstream's. Tracing is off: no
+// export to the internet.
+//   BASE_URL, MODEL, STREAM=1 (run(..., {stream: true})), STEP_CAP
+import OpenAI from 'openai';
+import { Agent, run, tool, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
+import { z } from 'zod';
+
+setTracingDisabled(true);
+setOpenAIAPI('responses');
+setDefaultOpenAIClient(new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', maxRetries: 0 }));
+const executions = { write_record: 0, lookup: 0 };
+const agent = new Agent({
+  name: 'writer',
+  instructions: 'You are a careful agent.',
+  model: process.env.MODEL || 'loop-write',
+  tools: [
+    tool({ name: 'write_record', description: 'Write a record.', parameters: z.object({ record_id: z.number(), value: z.string() }),
+           execute: async () => { executions.write_record++; return 'Error: the storage is read-only; the record was not written.'; } }),
+    tool({ name: 'lookup', description: 'Look a customer up.', parameters: z.object({ customer_id: z.string() }),
+           execute: async () => { executions.lookup++; return JSON.stringify({ customer_id: 'c-1', name: 'Ada' }); } }),
+  ],
+});
+let ended = 'final', final = null;
+try {
+  const stream = process.env.STREAM === '1';
+  const r = await run(agent, 'Write record 7 with value A.', { maxTurns: Number(process.env.STEP_CAP || 12), ...(stream ? { stream: true } : {}) });
+  if (stream) await r.completed;
+  final = r.finalOutput;
+} catch (e) {
+  if (e instanceof MaxTurnsExceededError) ended = 'step_cap';
+  else throw e;
+}
+console.log(JSON.stringify({ executions, ended, final }));

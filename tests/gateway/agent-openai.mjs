@@ -1,0 +1,55 @@
+// agent-openai.mjs — a plain agent loop on the real `openai` package:
+// ask the model, run the tools it asks for, give back the results, until
+// it answers without tool calls or the agent's own step cap is reached.
+//
+//   BASE_URL  the API's base URL (the gateway's or the fake upstream's)
+//   MODEL     the fake upstream's script ("loop-write", "finish")
+//   STREAM    1: chat.completions.stream() (the SDK's own accumulator)
+//   STEP_CAP  the agent's cap on model calls [12]
+// Prints one JSON object: executions per tool, steps, how it ended, the
+// last answer text, the X-Loopguard-* headers seen (non-stream).
+import OpenAI from 'openai';
+
+const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
+const model = process.env.MODEL || 'loop-write';
+const stream = process.env.STREAM === '1';
+const cap = Number(process.env.STEP_CAP || 12);
+
+const tools = [
+  { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
+  { type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } } },
+];
+const executions = { write_record: 0, lookup: 0 };
+function runTool(name, args) {
+  executions[name] = (executions[name] || 0) + 1;
+  JSON.parse(args); // the agent parses what it is given
+  if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
+  if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
+  return 'unknown tool';
+}
+
+const messages = [
+  { role: 'system', content: 'You are a careful agent.' },
+  { role: 'user', content: 'Write record 7 with value A.' },
+];
+const seen = [];
+let steps = 0, ended = 'step_cap', final = null;
+while (steps < cap) {
+  steps++;
+  let msg;
+  if (stream) {
+    const s = client.chat.completions.stream({ model, messages, tools, stream_options: { include_usage: true } });
+    const done = await s.finalChatCompletion();
+    msg = done.choices[0].message;
+    if (done.choices[0].finish_reason === null) throw new Error('no finish_reason');
+  } else {
+    const { data, response } = await client.chat.completions.create({ model, messages, tools }).withResponse();
+    seen.push({ run: response.headers.get('x-loopguard-run'), action: response.headers.get('x-loopguard-action'), reason: response.headers.get('x-loopguard-reason') });
+    msg = data.choices[0].message;
+  }
+  const calls = msg.tool_calls || [];
+  messages.push({ role: 'assistant', content: msg.content ?? null, ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })) } : {}) });
+  if (!calls.length) { ended = 'final'; final = msg.content; break; }
+  for (const c of calls) messages.push({ role: 'tool', tool_call_id: c.id, content: runTool(c.function.name, c.function.arguments) });
+}
+console.log(JSON.stringify({ executions, steps, ended, final, seen }));

@@ -1,0 +1,333 @@
+// fake-upstream.mjs — a scripted OpenAI-compatible model server for the
+// gateway's tests (no dependencies).
+//
+// It speaks the wire format of POST /v1/chat/completions (JSON, and SSE
+// with the usage chunk when stream_options.include_usage), GET /v1/models,
+// POST /v1/messages (Anthropic, JSON and SSE), and checks every request for what a real provider rejects: a tool call
+// without its result, a result without its call, a message between a
+// call and its result. Such a request is answered 400 as OpenAI answers
+// it and counted in GET /stats, so a test can fail on it.
+//
+// The model is scripted by the request's `model`:
+//   loop-write  always asks to write the same record (the tool fails), in
+//               variants: key order, 7 vs 7.0, white space, case; with tools
+//               hidden or tool_choice "none" it gives up in text
+//   stubborn    the same, and it never gives up (not even without tools)
+//   finish      looks a customer up once, then answers "Done: ..."
+//   drip        streams its text a word every 250 ms
+//   slow        answers after 3 s
+//   garbage     answers 200 with a body that is not JSON
+// Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
+import http from 'node:http';
+import fs from 'node:fs';
+
+const stats = { requests: 0, chat: 0, violations: [], bodies: [] };
+let callSeq = 0;
+
+function check(messages) {
+  const open = new Map(); // call id -> answered
+  let pending = 0;
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i];
+    if (pending > 0 && m.role !== 'tool')
+      return `messages[${i}]: an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'`;
+    if (m.role === 'assistant' && Array.isArray(m.tool_calls) && m.tool_calls.length) {
+      for (const tc of m.tool_calls) {
+        if (open.has(tc.id)) return `messages[${i}]: duplicate tool call id ${tc.id}`;
+        open.set(tc.id, false);
+      }
+      pending = m.tool_calls.length;
+    } else if (m.role === 'tool') {
+      if (!open.has(m.tool_call_id) || open.get(m.tool_call_id) || pending === 0)
+        return `messages[${i}]: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'`;
+      open.set(m.tool_call_id, true);
+      pending--;
+    }
+  }
+  if (pending > 0) return `the last assistant message has tool calls without results`;
+  return null;
+}
+
+const variants = [
+  '{"record_id":7,"value":"A"}',
+  '{"value":"A","record_id":7.0}',
+  '{ "record_id" : 7 , "value" : "A" }',
+  '{"record_id":7e0,"value":"A"}',
+  '{"record_id":7,"value":" a "}', // the same to a policy that says value: lower, trim
+];
+
+function script(req) {
+  const model = req.model || '';
+  const msgs = req.messages || [];
+  const toolsOff = !Array.isArray(req.tools) || !req.tools.length || req.tool_choice === 'none';
+  const names = (req.tools || []).map((t) => t.function && t.function.name);
+  if (model.startsWith('loop-write')) {
+    if (toolsOff || !names.includes('write_record'))
+      return { text: 'I could not write the record; the storage keeps failing.' };
+    const n = msgs.filter((m) => m.role === 'tool').length;
+    return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
+  }
+  if (model.startsWith('stubborn')) // never gives up, whatever it is told
+    return { calls: [{ name: 'write_record', args: variants[msgs.filter((m) => m.role === 'tool').length % variants.length] }] };
+  if (model.startsWith('finish')) {
+    const res = msgs.filter((m) => m.role === 'tool');
+    if (!res.length) return { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
+    return { text: 'Done: ' + res[res.length - 1].content };
+  }
+  return { text: 'Hello from the fake upstream.' };
+}
+
+function usageOf(req, out) {
+  const p = JSON.stringify(req.messages || []).length >> 2;
+  const c = 10;
+  return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
+}
+
+function reply(res, req) {
+  const plan = script(req);
+  const id = 'chatcmpl-fake' + (++stats.chat);
+  const created = Math.floor(Date.now() / 1000);
+  const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
+  const finish = calls.length ? 'tool_calls' : 'stop';
+  const usage = usageOf(req);
+  if (!req.stream) {
+    const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
+    if (calls.length) message.tool_calls = calls;
+    const body = { id, object: 'chat.completion', created, model: req.model, choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage, system_fingerprint: 'fp_fake' };
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(body));
+    return;
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  const base = { id, object: 'chat.completion.chunk', created, model: req.model, system_fingerprint: 'fp_fake' };
+  const send = (choices, extra) => res.write('data: ' + JSON.stringify({ ...base, choices, ...extra }) + '\n\n');
+  send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
+  const steps = [];
+  if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
+  calls.forEach((c, i) => {
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null }]));
+    const a = c.function.arguments, h = a.length >> 1;
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: a.slice(0, h) } }] }, logprobs: null, finish_reason: null }]));
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: a.slice(h) } }] }, logprobs: null, finish_reason: null }]));
+  });
+  steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: finish }]));
+  if (req.stream_options && req.stream_options.include_usage) steps.push(() => send([], { usage }));
+  steps.push(() => res.end('data: [DONE]\n\n'));
+  const delay = (req.model || '').startsWith('drip') ? 250 : Number(process.env.FAKE_CHUNK_MS || 5);
+  let k = 0;
+  const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, delay); } };
+  tick();
+}
+
+// ---- Anthropic Messages ----
+
+// What the Messages API rejects: roles must alternate starting with user;
+// every tool_use must be answered by a tool_result in the next user
+// message, and a tool_result must answer a tool_use of the message before.
+function checkAnthropic(messages) {
+  let prevUses = new Set();
+  for (let i = 0; i < messages.length; i++) {
+    const m = messages[i];
+    const want = i % 2 === 0 ? 'user' : 'assistant';
+    if (m.role !== want) return `messages: roles must alternate between "user" and "assistant", starting with "user" (messages.${i})`;
+    const blocks = Array.isArray(m.content) ? m.content : [];
+    if (m.role === 'user') {
+      const answered = new Set(blocks.filter((b) => b.type === 'tool_result').map((b) => b.tool_use_id));
+      for (const id of answered) if (!prevUses.has(id)) return `messages.${i}.content: unexpected \`tool_use_id\` found in \`tool_result\` blocks: ${id}. Each \`tool_result\` block must have a corresponding \`tool_use\` block in the previous message.`;
+      for (const id of prevUses) if (!answered.has(id)) return `messages.${i}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${id}`;
+      prevUses = new Set();
+    } else {
+      prevUses = new Set(blocks.filter((b) => b.type === 'tool_use').map((b) => b.id));
+    }
+  }
+  if (prevUses.size) return 'the last assistant message has tool_use blocks without results';
+  return null;
+}
+
+function scriptAnthropic(req) {
+  const msgs = (req.messages || []).map((m) => {
+    if (m.role !== 'user' || !Array.isArray(m.content)) return [m];
+    return m.content.filter((b) => b.type === 'tool_result').map((b) => ({ role: 'tool', content: typeof b.content === 'string' ? b.content : (b.content || []).map((x) => x.text).join('') }));
+  }).flat();
+  const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
+  const off = req.tool_choice && req.tool_choice.type === 'none';
+  return script({ model: req.model, messages: msgs, tools: off ? [] : tools });
+}
+
+function replyAnthropic(res, req) {
+  const plan = scriptAnthropic(req);
+  const id = 'msg_fake' + (++stats.chat);
+  const content = [];
+  if (plan.text) content.push({ type: 'text', text: plan.text });
+  for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args) , _raw: c.args });
+  const stop = (plan.calls || []).length ? 'tool_use' : 'end_turn';
+  const usage = { input_tokens: JSON.stringify(req.messages || []).length >> 2, output_tokens: 10 };
+  if (!req.stream) {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ id, type: 'message', role: 'assistant', model: req.model, content: content.map(({ _raw, ...b }) => b), stop_reason: stop, stop_sequence: null, usage }));
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  const ev = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+  const steps = [];
+  steps.push(() => ev('message_start', { message: { id, type: 'message', role: 'assistant', model: req.model, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: usage.input_tokens, output_tokens: 1 } } }));
+  steps.push(() => ev('ping', {}));
+  content.forEach((b, i) => {
+    if (b.type === 'text') {
+      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'text', text: '' } }));
+      for (const w of b.text.match(/\S+\s*/g)) steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'text_delta', text: w } }));
+    } else {
+      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'tool_use', id: b.id, name: b.name, input: {} } }));
+      const a = b._raw, h = a.length >> 1;
+      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: a.slice(0, h) } }));
+      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: a.slice(h) } }));
+    }
+    steps.push(() => ev('content_block_stop', { index: i }));
+  });
+  steps.push(() => ev('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: usage.output_tokens } }));
+  steps.push(() => { ev('message_stop', {}); res.end(); });
+  let k = 0;
+  const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, 5); } };
+  tick();
+}
+
+// ---- OpenAI Responses (stored responses, previous_response_id) ----
+
+const stored = new Map(); // response id -> the conversation items up to and with its output
+let respSeq = 0;
+
+function checkResponses(items) {
+  const calls = new Map();
+  for (let i = 0; i < items.length; i++) {
+    const it = items[i];
+    if (it.type === 'function_call') calls.set(it.call_id, false);
+    if (it.type === 'function_call_output') {
+      if (!calls.has(it.call_id)) return `No tool call found for function call output with call_id ${it.call_id}.`;
+      calls.set(it.call_id, true);
+    }
+    if ((it.role === 'user' || it.type === 'message' && it.role === 'user') && [...calls.values()].includes(false))
+      return `No tool output found for function call ${[...calls.entries()].find(([, v]) => !v)[0]}.`;
+  }
+  for (const [id, done] of calls) if (!done) return `No tool output found for function call ${id}.`;
+  return null;
+}
+
+function replyResponses(res, req) {
+  let conv = [];
+  if (req.previous_response_id) {
+    if (!stored.has(req.previous_response_id)) {
+      res.writeHead(400, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify({ error: { message: `Previous response with id '${req.previous_response_id}' not found.`, type: 'invalid_request_error', param: 'previous_response_id', code: 'previous_response_not_found' } }));
+    }
+    conv = stored.get(req.previous_response_id).slice();
+  }
+  const input = typeof req.input === 'string' ? [{ role: 'user', content: req.input }] : req.input || [];
+  conv.push(...input);
+  const v = checkResponses(conv);
+  if (v) {
+    stats.violations.push(v);
+    res.writeHead(400, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ error: { message: v, type: 'invalid_request_error', param: 'input', code: null } }));
+  }
+  const msgs = conv.filter((it) => it.type === 'function_call_output').map((it) => ({ role: 'tool', content: it.output }));
+  const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
+  const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
+  const id = 'resp_fake' + (++respSeq);
+  const output = [];
+  if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
+  for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: 'completed' });
+  stored.set(id, conv.concat(output));
+  const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null };
+  if (req.stream) {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    let seq = 0;
+    const ev = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq++, ...data })}\n\n`);
+    const steps = [];
+    steps.push(() => ev('response.created', { response: { ...full, status: 'in_progress', output: [], usage: null } }));
+    steps.push(() => ev('response.in_progress', { response: { ...full, status: 'in_progress', output: [], usage: null } }));
+    output.forEach((it, i) => {
+      if (it.type === 'message') {
+        const text = it.content[0].text;
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, status: 'in_progress', content: [] } }));
+        steps.push(() => ev('response.content_part.added', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } }));
+        for (const w of text.match(/\S+\s*/g)) steps.push(() => ev('response.output_text.delta', { item_id: it.id, output_index: i, content_index: 0, delta: w }));
+        steps.push(() => ev('response.output_text.done', { item_id: it.id, output_index: i, content_index: 0, text }));
+        steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
+      } else {
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, arguments: '', status: 'in_progress' } }));
+        steps.push(() => ev('response.function_call_arguments.delta', { item_id: it.id, output_index: i, delta: it.arguments }));
+        steps.push(() => ev('response.function_call_arguments.done', { item_id: it.id, output_index: i, arguments: it.arguments }));
+      }
+      steps.push(() => ev('response.output_item.done', { output_index: i, item: it }));
+    });
+    steps.push(() => { ev('response.completed', { response: full }); res.end(); });
+    let k = 0;
+    const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, 5); } };
+    return tick();
+  }
+  res.writeHead(200, { 'content-type': 'application/json' });
+  res.end(JSON.stringify({ id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null }));
+}
+
+const server = http.createServer((req, res) => {
+  let body = '';
+  req.on('data', (d) => (body += d));
+  req.on('end', () => {
+    stats.requests++;
+    if (req.method === 'GET' && req.url === '/stats') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify(stats));
+    }
+    if (req.method === 'POST' && req.url === '/reset') {
+      stats.violations = []; stats.chat = 0; stats.bodies = [];
+      res.writeHead(200); return res.end('{}');
+    }
+    if (req.method === 'GET' && req.url === '/v1/models') {
+      res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });
+      return res.end(JSON.stringify({ object: 'list', data: [{ id: 'finish', object: 'model', created: 0, owned_by: 'fake' }] }));
+    }
+    if (req.method === 'POST' && req.url === '/v1/chat/completions') {
+      let j;
+      try { j = JSON.parse(body); } catch {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: 'We could not parse the JSON body of your request.', type: 'invalid_request_error', param: null, code: null } }));
+      }
+      stats.bodies.push(j);
+      if (stats.bodies.length > 50) stats.bodies.shift();
+      const v = check(j.messages || []);
+      if (v) {
+        stats.violations.push(v);
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: "Invalid parameter: " + v, type: 'invalid_request_error', param: 'messages', code: null } }));
+      }
+      if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
+      if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }
+      return reply(res, j);
+    }
+    if (req.method === 'POST' && req.url === '/v1/responses') {
+      let j;
+      try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
+      return replyResponses(res, j);
+    }
+    if (req.method === 'POST' && req.url === '/v1/messages') {
+      let j;
+      try { j = JSON.parse(body); } catch {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', message: 'invalid JSON' } }));
+      }
+      stats.bodies.push(j);
+      if (stats.bodies.length > 50) stats.bodies.shift();
+      const v = checkAnthropic(j.messages || []);
+      if (v) {
+        stats.violations.push(v);
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', message: v } }));
+      }
+      return replyAnthropic(res, j);
+    }
+    res.writeHead(404, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ error: { message: `Unknown request URL: ${req.method} ${req.url}`, type: 'invalid_request_error', param: null, code: 'unknown_url' } }));
+  });
+});
+server.listen(0, '127.0.0.1', () => {
+  fs.writeFileSync(process.argv[2], String(server.address().port));
+});

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# run.sh — the gateway (gateway-v1) end to end: a fake upstream (Node, no
+# dependencies), `loopguard serve --upstream`, and an agent loop on the
+# real `openai` npm package, through the gateway and directly.
+#
+# Clients: openai (chat.completions stream false/true, responses.create and .stream with
+# previous_response_id), @anthropic-ai/sdk (messages, stream false/true)
+# the Vercel AI SDK (ai + @ai-sdk/openai-compatible) and the OpenAI Agents SDK
+# (@openai/agents), each with its own tool loop.
+# Asserts: directly, the looping agent writes the failing record until its
+# own step cap; through the gateway the write runs twice at most and the
+# agent ends on a final message (stream false and true); an agent that does
+# not loop gets the upstream's answers untouched; the upstream never sees a
+# conversation a provider rejects; the run's trace replays to the same
+# decisions; bad input and a bad upstream get errors in OpenAI's shape and
+# the server keeps serving.
+#
+# Needs node and npm: the pinned clients are installed with `npm ci` when
+# missing (exit 77, skipped, when node is not installed).
+set -u -o pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../cli/serve_lib.bash"
+
+command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
+# The clients live outside the source tree (the build's folder by default),
+# installed from the lockfile when missing or when the lockfile changed.
+NODE_DIR=${LG_GATEWAY_NODE_DIR:-$PWD/gateway-node}
+mkdir -p "$NODE_DIR"
+if ! cmp -s "$HERE/package-lock.json" "$NODE_DIR/package-lock.json" || [ ! -d "$NODE_DIR/node_modules/openai" ]; then
+  cp "$HERE/package.json" "$HERE/package-lock.json" "$NODE_DIR/"
+  (cd "$NODE_DIR" && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { cat "$TMP/npm.log"; fail "npm ci"; }
+fi
+cp "$HERE"/*.mjs "$NODE_DIR/"
+HERE_SRC=$HERE
+HERE=$NODE_DIR
+
+node "$HERE/fake-upstream.mjs" "$TMP/fake.port" &
+ALL_PIDS+=($!)
+for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
+FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
+
+# The write's loop key ignores case and white space in its value, as a
+# team would say for a tool whose values are case-insensitive.
+echo '{"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw-policy.json"
+start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log" --policy "$TMP/gw-policy.json"
+agent() { # ENV... : runs the agent, prints its JSON
+  env "$@" node "$HERE/agent-openai.mjs"
+}
+get() { jq_py "$1"; }
+
+note "directly: the loop runs to the agent's own step cap"
+d=$(agent BASE_URL="$FAKE/v1" MODEL=loop-write STEP_CAP=12) || fail "agent (direct)"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "direct: $d"
+[ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "direct: $d"
+
+for stream in 0 1; do
+  note "through the gateway (stream=$stream): the write runs twice at most, the agent ends"
+  g=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write STREAM=$stream) || fail "agent (gateway, stream=$stream)"
+  w=$(echo "$g" | get 'd["executions"]["write_record"]')
+  [ "$w" -le 2 ] || fail "gateway stream=$stream: the write ran $w times: $g"
+  [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "gateway stream=$stream: $g"
+
+  note "a model that never gives up (stream=$stream): re-asks, then the stop's final message"
+  s=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn STREAM=$stream) || fail "agent (stubborn, stream=$stream)"
+  [ "$(echo "$s" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "stubborn: $s"
+  [ "$(echo "$s" | get 'd["ended"]')" = final ] || fail "stubborn: $s"
+  echo "$s" | get 'd["final"]' | grep -qi "stop\|same\|again" || fail "stubborn: the final message: $s"
+done
+run=$(echo "$g" | get 'd["seen"][0]["run"] if d["seen"] else ""')
+g0=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write) || fail "agent"
+run=$(echo "$g0" | get 'd["seen"][0]["run"]')
+[ -n "$run" ] && [ "$run" != None ] || fail "no X-Loopguard-Run: $g0"
+[ "$(echo "$g0" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "one agent run, several runs: $g0"
+echo "$g0" | get '[s["action"] for s in d["seen"]]' | grep -q "block" || fail "no block action: $g0"
+
+note "the run's trace replays to the gateway's decisions"
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/run.jsonl" || fail "trace"
+"$LG_BIN" replay --json "$TMP/run.jsonl" >"$TMP/replay.out" || fail "replay"
+sum=$(tail -n 1 "$TMP/replay.out")
+[ "$(echo "$sum" | get 'd["executed_calls"]')" = 2 ] || fail "replay: $sum"
+blocks_log=$(grep -c "\"gateway_intervention\".*\"run_id\":\"$run\".*\"action\":\"block\"" "$TMP/gw.log")
+[ "$(echo "$sum" | get 'd["blocked_calls"]')" = "$blocks_log" ] || fail "replay blocked != logged blocks ($blocks_log): $sum"
+
+for stream in 0 1; do
+  note "no loop (stream=$stream): the agent finishes, answers untouched"
+  a=$(agent BASE_URL="$FAKE/v1" MODEL=finish STREAM=$stream) || fail "agent"
+  b=$(agent BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream) || fail "agent"
+  [ "$(echo "$b" | get 'd["ended"]')" = final ] || fail "finish: $b"
+  [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "finish: $a vs $b"
+  [ "$(echo "$b" | get 'd["executions"]["lookup"]')" = 1 ] || fail "finish: $b"
+done
+echo "$b" | get '[s["action"] for s in d["seen"]]' | grep -vq "block\|stop" || true
+
+note "streaming: a text delta is forwarded as it arrives"
+t=$(BASE_URL="$gw_URL/v1" node "$HERE/stream-timing.mjs") || fail "stream timing"
+[ "$(echo "$t" | get 'd["text"]')" = "Hello from the fake upstream." ] || fail "stream text: $t"
+[ "$(echo "$t" | get 'int(d["first_ms"] < d["total_ms"] - 500)')" = 1 ] || fail "the text was held back: $t"
+
+note "a client that hangs up mid-stream: the server keeps serving"
+curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
+  "$gw_URL/v1/chat/completions" >/dev/null 2>&1
+curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving after a hang-up"
+
+for stream in 0 1; do
+  note "Anthropic Messages (stream=$stream), @anthropic-ai/sdk: directly, through the gateway"
+  d=$(env BASE_URL="$FAKE" MODEL=loop-write STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic direct"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "anthropic direct: $d"
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL" MODEL=$m STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "anthropic $m: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "anthropic $m: $g"
+  done
+  a=$(env BASE_URL="$FAKE" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
+  b=$(env BASE_URL="$gw_URL" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
+  [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
+done
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$gw_URL/v1/messages")
+[ "$code" = 400 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "anthropic malformed: $code $(cat "$TMP/e.json")"
+
+for stream in 0 1; do
+  note "OpenAI Responses (previous_response_id, stream=$stream): directly, through the gateway"
+  d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses direct"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "responses direct: $d"
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "responses $m: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "responses $m: $g"
+    [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "responses: several runs: $g"
+  done
+  b=$(env BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses finish"
+  [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
+done
+
+note "the Vercel AI SDK's own loop (ai generateText / streamText, @ai-sdk/openai-compatible)"
+d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-ai-sdk.mjs") || fail "ai direct"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai direct: $d"
+for stream in 0 1; do
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-ai-sdk.mjs") || fail "ai gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "ai $m stream=$stream: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "ai $m stream=$stream: $g"
+  done
+done
+a=$(env BASE_URL="$FAKE/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
+b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
+[ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "ai finish: $a vs $b"
+
+note "the OpenAI Agents SDK's own loop (Runner, maxTurns; Responses API, stateless)"
+d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents direct"
+[ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "agents direct: $d"
+for stream in 0 1; do
+  for m in loop-write stubborn; do
+    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents gateway $m"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "agents $m stream=$stream: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "agents $m stream=$stream: $g"
+  done
+done
+b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
+[ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
+
+note "passthrough: GET /v1/models as the upstream sent it"
+[ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
+
+note "the upstream never saw a conversation a provider rejects"
+v=$(curl -sf "$FAKE/stats" | get 'd["violations"]')
+[ "$v" = "[]" ] || fail "violations: $v"
+
+note "bad input: errors in OpenAI's shape, the server keeps serving"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -d '{"model":' "$gw_URL/v1/chat/completions")
+[ "$code" = 400 ] || fail "malformed: $code"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -q . || fail "malformed body: $(cat "$TMP/e.json")"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"garbage","messages":[{"role":"user","content":"x"}]}' "$gw_URL/v1/chat/completions")
+[ "$code" = 502 ] || fail "garbage: $code $(cat "$TMP/e.json")"
+get 'd["error"]["type"]' <"$TMP/e.json" | grep -q upstream || fail "garbage: $(cat "$TMP/e.json")"
+start_server down --store memory: --upstream "http://127.0.0.1:9/v1"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"x","messages":[{"role":"user","content":"x"}]}' "$down_URL/v1/chat/completions")
+[ "$code" = 502 ] || fail "down: $code"
+grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: the message names no upstream: $(cat "$TMP/e.json")"
+curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving"
+curl -sf "$gw_URL/metrics" >"$TMP/metrics.txt" || fail "metrics"
+grep -q 'loopguard_gateway_interventions_total{action="block",reason="same_call_repeat"}' "$TMP/metrics.txt" || { grep gateway "$TMP/metrics.txt"; fail "metrics"; }
+
+note "an unknown /v1/ path: the upstream's own 404, as it sent it"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$gw_URL/v1/nothing/here")
+[ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "unknown path: $code $(cat "$TMP/e.json")"
+
+note "a run's caps are decided before the request leaves: the final message, no upstream call"
+echo '{"limits":{"max_model_calls":2}}' >"$TMP/cap.json"
+cat >"$TMP/ups.json" <<JSON
+{"upstreams": {"fake": {"base_url": "$FAKE/v1", "api": "openai", "timeout_ms": 1000}}, "default": "fake"}
+JSON
+start_server cap --store memory: --upstreams "$TMP/ups.json" --policy "$TMP/cap.json"
+before=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
+c=$(agent BASE_URL="$cap_URL/v1" MODEL=stubborn) || fail "agent (cap)"
+after=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
+[ $((after - before)) = 2 ] || fail "cap: the upstream got $((after - before)) requests: $c"
+[ "$(echo "$c" | get 'd["ended"]')" = final ] || fail "cap: $c"
+echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep -q model_call_cap || fail "cap: no model_call_cap: $c"
+
+note "an upstream that times out: 504 in OpenAI's shape"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
+[ "$code" = 504 ] && grep -q fake "$TMP/e.json" || fail "slow: $code $(cat "$TMP/e.json")"
+
+note "a body over the limit: 413 with an error message; the server keeps serving"
+head -c 1100000 /dev/zero | tr '\0' a >"$TMP/big.txt"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$cap_URL/v1/chat/completions")
+[ "$code" = 413 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q limit || fail "too big: $code $(cat "$TMP/e.json")"
+curl -sf "$cap_URL/healthz" >/dev/null || fail "the server stopped serving after a 413"
+
+note "an upstreams file with a mistake: the start fails, naming the field"
+echo '{"upstreams":{"x":{"base_url":"http://127.0.0.1:1/v1","timeout_ms":"soon"}}}' >"$TMP/bad.json"
+if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstreams "$TMP/bad.json" >"$TMP/bad.out" 2>&1; then
+  fail "a bad upstreams file started"
+fi
+grep -q "upstreams.x.timeout_ms" "$TMP/bad.out" || fail "bad upstreams: $(cat "$TMP/bad.out")"
+
+stop_server cap
+stop_server down
+stop_server gw
+[ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
+echo "PASS"
