@@ -587,7 +587,9 @@ typedef enum lg_event_type {
   LG_EV_COMPACTION, /* the agent's context was summarized or trimmed */
   LG_EV_BUDGET,     /* a shared budget refused a model call */
   LG_EV_USAGE,      /* a model call's real usage, after it */
-  LG_EV_RESUME      /* an operator resumes a run stopped for a change */
+  LG_EV_RESUME,     /* an operator resumes a run stopped for a change */
+  LG_EV_STOP        /* a stop decided outside the engine (the gateway's
+                       re-asks ran out; a framework's max-turns error) */
 } lg_event_type_t;
 /* Static name, as trace-v1 spells it ("call", "usage"); "" when unknown. */
 LG_EXPORT const char *lg_event_type_name(lg_event_type_t t);
@@ -637,6 +639,10 @@ typedef struct lg_event {
       int64_t progress_version; /* the new checkpoint */
       const char *note;       /* what changed, or NULL */
     } resume;
+    struct {                  /* LG_EV_STOP */
+      lg_reason_t reason;     /* one of the stop reasons */
+      const char *message;    /* what the envelope says happened, or NULL */
+    } stop;
   } u;
 } lg_event_t;
 

@@ -22,7 +22,7 @@
 
 static const char *type_names[] = {"",      "run",  "model", "call",       "result",
                                    "state", "handoff", "cancel", "text", "user",
-                                   "compaction", "budget", "usage", "resume"};
+                                   "compaction", "budget", "usage", "resume", "stop"};
 
 const char *lg_event_type_name(lg_event_type_t t) {
   return (unsigned)t < LG__ARRAY_LEN(type_names) ? type_names[t] : "";
@@ -140,6 +140,11 @@ static int apply_one(lg_run_t *run, lg_canon_t *canon, const lg_event_t *ev, boo
     return lg_run_text(run, ev->u.text.turn, text, len, ev->u.text.agent, t, d, err);
   }
   case LG_EV_USER: return lg_run_user(run, t, d);
+  case LG_EV_STOP: {
+    int rc = lg_run_stop(run, ev->u.stop.reason, ev->u.stop.message, t, d);
+    return rc ? lg__err(err, rc, "reason", -1, "%s", rc == LG_EINVAL ? "not a stop reason" : lg_strerror(rc))
+              : 0;
+  }
   case LG_EV_COMPACTION: return lg_run_compaction(run, t, d);
   case LG_EV_RESUME:
     return lg_run_resume(run, ev->u.resume.has_progress_version ? &ev->u.resume.progress_version : NULL,

@@ -257,13 +257,17 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   json_decref(sj);
 }
 
-/* A stop decided by the gateway itself (re-asks ran out): a cancel with
- * the reason, through the step. */
+/* A stop decided by the gateway itself: its re-asks ran out with every
+ * call of every response refused, which is a streak of blocked calls. A
+ * stop event through the step, so the trace says so and replays to it. */
 static void stop_run(chat_t *c, const char *reason) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
-  ev.type = LG_EV_CANCEL;
-  ev.u.cancel.reason = reason;
+  ev.type = LG_EV_STOP;
+  ev.u.stop.reason = LG_R_BLOCK_STREAK;
+  ev.u.stop.message = "The model kept asking for tool calls that were refused, through every "
+                      "re-ask the gateway allows (gateway.max_reasks); I am stopping.";
+  reason = lg_reason_name(LG_R_BLOCK_STREAK);
   lg__step_t st;
   lg__step_init(&st, &ev, now_ms(c->cx));
   lg_error_t e = {0};
@@ -1068,7 +1072,7 @@ static void run_plain(chat_t *c) {
       lg__gw_http_clear(&x);
       continue;
     } else {
-      stop_run(c, "same_call_repeat");
+      stop_run(c, NULL);
       answer_final(c, resp);
     }
     json_decref(co.kept);
@@ -1266,7 +1270,7 @@ static int finish_stream(chat_t *c, int ask) {
   } else if (ask < c->max_reasks) {
     done = 0;
   } else {
-    stop_run(c, "same_call_repeat");
+    stop_run(c, NULL);
     answer_final(c, c->last_chunk);
     done = 2;
   }
@@ -1415,7 +1419,7 @@ static int a_finish_stream(chat_t *c, int ask) {
   } else if (ask < c->max_reasks) {
     done = 0;
   } else {
-    stop_run(c, "same_call_repeat");
+    stop_run(c, NULL);
     answer_final(c, NULL);
     done = 2;
   }
@@ -1529,7 +1533,7 @@ static int r_finish_stream(chat_t *c, int ask) {
         }
         return 0;
       }
-      stop_run(c, "same_call_repeat");
+      stop_run(c, NULL);
       answer_final(c, NULL);
       return 2;
     }

@@ -527,6 +527,7 @@ typedef struct ev {
   bool has_resv;           /* model: a later usage line settles it */
   int64_t resv;            /* usage: the reservation, 0 the oldest */
   int64_t requested_nusd;  /* budget */
+  lg_reason_t stop_reason; /* stop */
 } ev_t;
 
 static void scanned_free(scanned_t *e) {
@@ -798,6 +799,17 @@ static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t 
                   -1, "must not be negative%s", NULL);
     break;
   }
+  case LG_EV_STOP: {
+    const char *why = NULL;
+    if ((rc = keep_str(r, e, F_REASON)) || (rc = keep_str(r, e, F_NOTE))) return rc;
+    why = e->str[F_REASON];
+    e->stop_reason = LG_R_NONE;
+    for (int k = 1; why && k < LG_R__COUNT; k++)
+      if (!strcmp(why, lg_reason_name((lg_reason_t)k))) e->stop_reason = (lg_reason_t)k;
+    if (e->stop_reason == LG_R_NONE)
+      return rerr(r, LG_ETRACE, F_REASON, -1, "a stop event needs one of the stop reasons%s", NULL);
+    break;
+  }
   case LG_EV_RESUME: {
     bool has;
     if ((rc = keep_str(r, e, F_NOTE)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has))) return rc;
@@ -939,6 +951,10 @@ static void to_event(const ev_t *e, lg_event_t *out) {
     out->u.budget.scope = e->str[F_SCOPE];
     out->u.budget.limit_source = e->str[F_LIMIT_SOURCE];
     out->u.budget.requested_nusd = e->requested_nusd;
+    break;
+  case LG_EV_STOP:
+    out->u.stop.reason = e->stop_reason;
+    out->u.stop.message = e->str[F_NOTE];
     break;
   case LG_EV_RESUME:
     out->u.resume.has_progress_version = e->has_pv;

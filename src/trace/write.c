@@ -103,6 +103,10 @@ int lg__trace_write(lg__buf_t *b, const lg_event_t *ev, const lg_decision_t *d) 
     break;
   case LG_EV_USER: str(b, "text", ev->u.user.text); break;
   case LG_EV_COMPACTION: break;
+  case LG_EV_STOP:
+    str(b, "reason", lg_reason_name(ev->u.stop.reason));
+    str(b, "note", ev->u.stop.message);
+    break;
   case LG_EV_RESUME:
     if (ev->u.resume.has_progress_version) num(b, "progress_version", ev->u.resume.progress_version);
     str(b, "note", ev->u.resume.note);
