@@ -891,25 +891,19 @@ static void register_key(chat_t *c, json_t *msg) {
   lg__free(k);
 }
 
-/* The tool_use blocks of an Anthropic message (new array). */
-static json_t *tool_uses(json_t *msg) {
-  json_t *out = json_array(), *blocks = json_object_get(msg, "content");
-  for (size_t i = 0; i < json_array_size(blocks); i++) {
-    const char *ty = sget(json_array_get(blocks, i), "type");
-    if (ty && !strcmp(ty, "tool_use")) json_array_append(out, json_array_get(blocks, i));
-  }
-  return out;
-}
-
-/* The function_call items of a Responses output (new array). */
-static json_t *function_calls(json_t *resp) {
-  json_t *out = json_array(), *items = json_object_get(resp, "output");
+/* The members of array obj[member] whose "type" is `type` (new array):
+ * an Anthropic message's tool_use blocks, a Responses output's
+ * function_call items. */
+static json_t *items_of_type(json_t *obj, const char *member, const char *type) {
+  json_t *out = json_array(), *items = json_object_get(obj, member);
   for (size_t i = 0; i < json_array_size(items); i++) {
     const char *ty = sget(json_array_get(items, i), "type");
-    if (ty && !strcmp(ty, "function_call")) json_array_append(out, json_array_get(items, i));
+    if (ty && !strcmp(ty, type)) json_array_append(out, json_array_get(items, i));
   }
   return out;
 }
+static json_t *tool_uses(json_t *msg) { return items_of_type(msg, "content", "tool_use"); }
+static json_t *function_calls(json_t *resp) { return items_of_type(resp, "output", "function_call"); }
 
 /* The output_text of a Responses output (new). */
 static char *output_text(json_t *resp) {

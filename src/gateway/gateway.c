@@ -27,7 +27,6 @@
  */
 #include "gw.h"
 
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -421,18 +420,6 @@ static void *worker_main(void *arg) {
 
 static size_t bucket(const char *s) { return lg__hash_str(s) & (GW_BUCKETS - 1); }
 
-static int new_run_id(char out[40]) {
-  unsigned char r[12];
-  if (RAND_bytes(r, sizeof r) != 1) return LG_EIO;
-  static const char hx[] = "0123456789abcdef";
-  memcpy(out, "run_", 4);
-  for (int i = 0; i < 12; i++) {
-    out[4 + 2 * i] = hx[r[i] >> 4];
-    out[5 + 2 * i] = hx[r[i] & 15];
-  }
-  out[28] = 0;
-  return 0;
-}
 
 static const char *key_get(lg__gw_t *gw, const char *key) {
   for (key_ent_t *e = gw->keys[bucket(key)]; e; e = e->next)
@@ -483,7 +470,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key, 
   if (!id && key) id = key_get(gw, key);
   int created = 0;
   if (!id) {
-    if (new_run_id(fresh)) {
+    if (lg__step_new_run_id(fresh)) {
       pthread_mutex_unlock(&gw->tmu);
       lg__err(err, LG_EIO, NULL, -1, "no randomness for a run id");
       return NULL;

@@ -14,7 +14,6 @@
 #include "server.h"
 #include "../gateway/gateway.h"
 
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -120,19 +119,6 @@ static void counters_json(lg__buf_t *b, const lg_counters_t *c) {
 /* ------------------------------------------------------------------ */
 /* Creating runs.                                                      */
 
-/* A new run id: "run_" and 24 random hex digits. */
-static int new_run_id(char out[32]) {
-  unsigned char r[12];
-  if (RAND_bytes(r, sizeof r) != 1) return LG_EIO;
-  static const char hx[] = "0123456789abcdef";
-  memcpy(out, "run_", 4);
-  for (int i = 0; i < 12; i++) {
-    out[4 + 2 * i] = hx[r[i] >> 4];
-    out[5 + 2 * i] = hx[r[i] & 15];
-  }
-  out[28] = 0;
-  return 0;
-}
 
 static void run_created_answer(lg__req_t *rq, const char *run_id, const char *group,
                                const char *policy_json, int status) {
@@ -156,7 +142,7 @@ void lg__h_run_create(lg__req_t *rq) {
   lg_run_t *run = NULL;
   lg_error_t e = {0};
   if (!run_id) {
-    if (new_run_id(idbuf)) {
+    if (lg__step_new_run_id(idbuf)) {
       lg__req_error(rq, 500, "internal", NULL, "no randomness for a run id");
       goto out;
     }

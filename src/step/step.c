@@ -37,6 +37,7 @@
 #include "../store/store.h"
 #include "../trace/trace.h"
 
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -379,6 +380,19 @@ int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err) {
 }
 
 /* ---- creating runs ---- */
+
+int lg__step_new_run_id(char out[32]) {
+  unsigned char r[12];
+  if (RAND_bytes(r, sizeof r) != 1) return LG_EIO;
+  static const char hx[] = "0123456789abcdef";
+  memcpy(out, "run_", 4);
+  for (int i = 0; i < 12; i++) {
+    out[4 + 2 * i] = hx[r[i] >> 4];
+    out[5 + 2 * i] = hx[r[i] & 15];
+  }
+  out[28] = 0;
+  return 0;
+}
 
 /* The progress_version of a run's first trace line: 1 when the line says
  * (*has, *pv set), 0 when the run has no run line. */

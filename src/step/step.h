@@ -81,6 +81,10 @@ int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err);
 int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64_t now_ms,
                     lg__step_t *st, lg_error_t *err);
 
+/* A new run id for a run that names none: "run_" and 24 random hex
+ * digits (OpenSSL's RAND_bytes) into out[32]. 0 or LG_EIO. */
+int lg__step_new_run_id(char out[32]);
+
 /* Creates a run: its record, its budget scopes (may be none) and its first
  * trace line, all or nothing. LG_ECONFLICT when run_id exists: *same (may
  * be NULL) then says whether it was created with this group, policy and
