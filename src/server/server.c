@@ -733,7 +733,13 @@ char *lg_server_banner(const lg_server_t *srv) {
   }
   lg__buf_printf(&b, "  threads: %d, max body %zu bytes, timeout %d s\n", srv->o.threads,
                  srv->o.max_body, srv->o.timeout_s);
-  if (srv->gw) lg__gw_banner(srv->gw, &b);
+  lg__buf_printf(&b, "  console: %s/ (the operator's web console%s)\n", srv->url,
+                 srv->auth.n ? "; it asks for an operator token" : "");
+  if (srv->gw) {
+    lg__buf_printf(&b, "  gateway: %s/v1 (point an agent's OpenAI or Anthropic base URL here)\n",
+                   srv->url);
+    lg__gw_banner(srv->gw, &b);
+  }
   lg__buf_printf(&b, "  try:     curl -s %s/healthz\n", srv->url);
   return lg__buf_steal(&b, NULL);
 }
