@@ -217,8 +217,12 @@ typedef struct point {
  * apart. */
 static point_t decisions_at(const char *store_name, const char *store_url, int connections) {
   char url[600];
+  /* "sqlite-relaxed": the same, with the relaxed durability a store may be
+   * asked for (the default, full, is what the bar is judged on). */
+  int relaxed = !strcmp(store_name, "sqlite-relaxed");
   if (!store_url)
-    snprintf(url, sizeof url, "sqlite:%s/decisions-%d.db", tmp, connections);
+    snprintf(url, sizeof url, "sqlite:%s/decisions-%d%s.db%s", tmp, connections, relaxed ? "-r" : "",
+             relaxed ? "?durability=relaxed" : "");
   else
     snprintf(url, sizeof url, "%s", store_url);
   server_t s = spawn(url, getenv("LG_BENCH_SERVE_FLAGS"));
@@ -388,6 +392,9 @@ int main(int argc, char **argv) {
   if (!mkdtemp(tmp)) die("mkdtemp");
   atexit(rm_tmp);
   if (!only || !strcmp(only, "sqlite")) decisions("sqlite", NULL);
+  /* What durability costs: every decision durable before it is answered
+   * (the default) against the relaxed mode, in the same run. */
+  if (!only || !strcmp(only, "sqlite")) decisions("sqlite-relaxed", NULL);
   if (!only || !strcmp(only, "memory")) memory();
   if (only && strcmp(only, "postgres")) return 0;
   const char *pg = getenv("LG_PG_URL");

@@ -344,12 +344,15 @@ typedef struct lg_decision {
                                  operator_cancelled_loop) */
 } lg_decision_t;
 
-/* A tool call as the model asked for it. */
+/* A tool call as the model asked for it. Zero-fill it and set `tool`
+ * (and `args`): every other field's zero is the obvious default. */
 typedef struct lg_call {
   const char *tool;            /* required */
   const char *args;            /* JSON object text; NULL means {} */
-  size_t args_len;
-  int64_t turn;                /* model turn; calls of one turn share it */
+  size_t args_len;             /* 0: args is NUL-terminated */
+  int64_t turn;                /* model turn; calls of one turn share it
+                                  (identical calls in one turn count once);
+                                  0: a turn of its own */
   const char *call_id;         /* NULL: the run names it "c<N>" */
   const char *idempotency_key; /* NULL: derived for side_effects tools */
   const char *agent;           /* may be NULL */
@@ -386,16 +389,21 @@ typedef enum lg_value_kind {
   LG_VALUE_PRESENT     /* anything else */
 } lg_value_kind_t;
 
+/* What a tool answered. Zero-fill it and set `status`: every other
+ * field's zero means "not given". */
 typedef struct lg_result {
   const char *call_id;        /* NULL: the latest call */
   lg_status_t status;
   int has_progress_version;
   int64_t progress_version;
-  int side_effect_committed;  /* -1 absent, 0 false, 1 true */
-  int64_t retry_after_ms;     /* -1 absent */
-  lg_value_kind_t value_kind;
+  int side_effect_committed;  /* 1 the tool says its side effect happened;
+                                 0 not said; -1 the tool says it did not
+                                 (the same as 0 to the engine; traces keep
+                                 the difference) */
+  int64_t retry_after_ms;     /* 0 (or below): no wait asked for */
+  lg_value_kind_t value_kind; /* LG_VALUE_ABSENT (0): no value */
   const char *value;          /* JSON text of value (saved by the ledger) */
-  size_t value_len;
+  size_t value_len;           /* 0: value is NUL-terminated */
   const char *operation_id;   /* may be NULL */
   int64_t t_ms;
 } lg_result_t;

@@ -835,6 +835,16 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
   reset(run, d);
   if (!call || !call->tool || !*call->tool)
     return lg__err(err, LG_EINVAL, "tool", -1, "a call needs a non-empty tool name");
+  /* A zero-filled call does the obvious thing: args_len 0 means the args
+   * are NUL-terminated, turn 0 a turn of its own (numbered below zero by
+   * the run's event count, so that replay numbers it the same). */
+  lg_call_t fixed;
+  if ((call->args && !call->args_len) || !call->turn) {
+    fixed = *call;
+    if (fixed.args && !fixed.args_len) fixed.args_len = strlen(fixed.args);
+    if (!fixed.turn) fixed.turn = -(int64_t)(run->seq + 1) - ((int64_t)1 << 40);
+    call = &fixed;
+  }
   bctx_t x;
   x.call = call;
   int rc = before_fingerprint(run, canon, &x, trusted_fp, err);
@@ -925,7 +935,7 @@ static int after_guards(lg_run_t *run, const lg__pending_t *pc, const lg_result_
   }
   if (st == LG_STATUS_RETRYABLE) {
     run->tools[pc->tool].fail_streak++;
-    if (res->retry_after_ms >= 0) {
+    if (res->retry_after_ms > 0) { /* 0 (or below): no wait asked for */
       int slot = -1;
       for (int i = 0; i < run->nretry; i++)
         if (run->retry[i].fp == pc->fp) slot = i;
@@ -969,6 +979,12 @@ static int after_guards(lg_run_t *run, const lg__pending_t *pc, const lg_result_
 
 int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_error_t *err) {
   reset(run, d);
+  lg_result_t fixed;
+  if (res->value && !res->value_len) { /* value_len 0: NUL-terminated */
+    fixed = *res;
+    fixed.value_len = strlen(res->value);
+    res = &fixed;
+  }
   if (run->stopped) {
     stopped_decision(run, d);
     return 0;

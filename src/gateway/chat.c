@@ -195,8 +195,8 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   ev.type = LG_EV_RESULT;
   lg_result_t *res = &ev.u.result;
   res->call_id = call_id;
-  res->side_effect_committed = -1;
-  res->retry_after_ms = -1;
+  res->side_effect_committed = 0; /* not said */
+  res->retry_after_ms = 0;
   char *value = NULL;
   json_t *sj = NULL;
   if (text[0] == '{') {
@@ -217,7 +217,7 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
       res->progress_version = json_integer_value(pv);
     }
     json_t *sec = json_object_get(sj, "side_effect_committed");
-    if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec);
+    if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec) ? 1 : -1;
     json_t *ra = json_object_get(sj, "retry_after_ms");
     if (json_is_integer(ra)) res->retry_after_ms = json_integer_value(ra);
     res->operation_id = sget(sj, "operation_id");

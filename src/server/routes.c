@@ -422,7 +422,7 @@ static int body_event(lg__req_t *rq, decide_job_t *dj) {
     r->status = b->status ? lg_status_parse(b->status, strlen(b->status)) : LG_STATUS_INVALID;
     r->has_progress_version = b->has_progress_version;
     r->progress_version = b->progress_version;
-    r->side_effect_committed = b->side_effect_committed;
+    r->side_effect_committed = b->side_effect_committed < 0 ? 0 : b->side_effect_committed ? 1 : -1;
     r->retry_after_ms = b->retry_after_ms;
     r->value_kind = value_kind(b->value);
     if (b->value && !(dj->value = lg__json_text(b->value, &r->value_len))) return -2;

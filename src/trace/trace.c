@@ -919,7 +919,7 @@ static void to_event(const ev_t *e, lg_event_t *out) {
     res->has_progress_version = e->has_pv;
     res->progress_version = e->pv;
     res->retry_after_ms = e->retry_after;
-    res->side_effect_committed = e->sec;
+    res->side_effect_committed = e->sec < 0 ? 0 : e->sec ? 1 : -1; /* absent 0, false -1 */
     res->operation_id = e->str[F_OPERATION_ID];
     res->value_kind = e->value_kind;
     res->value = e->value;

@@ -52,10 +52,11 @@ static void result_line(lg__buf_t *b, const lg_result_t *r, const lg_decision_t 
   /* A missing or unknown status is left out: both read back as invalid. */
   if (r->status != LG_STATUS_INVALID) str(b, "status", lg_status_name(r->status));
   if (r->has_progress_version) num(b, "progress_version", r->progress_version);
-  if (r->side_effect_committed >= 0)
-    lg__buf_printf(b, ",\"side_effect_committed\":%s", r->side_effect_committed ? "true" : "false");
-  if (r->retry_after_ms >= 0) num(b, "retry_after_ms", r->retry_after_ms);
-  if (r->value_kind != LG_VALUE_ABSENT && r->value) json(b, "value", r->value, r->value_len);
+  if (r->side_effect_committed)
+    lg__buf_printf(b, ",\"side_effect_committed\":%s", r->side_effect_committed > 0 ? "true" : "false");
+  if (r->retry_after_ms > 0) num(b, "retry_after_ms", r->retry_after_ms);
+  if (r->value_kind != LG_VALUE_ABSENT && r->value)
+    json(b, "value", r->value, r->value_len ? r->value_len : strlen(r->value));
   str(b, "operation_id", r->operation_id);
 }
 

@@ -2273,6 +2273,72 @@ static void t_new_names(void **state) {
   assert_int_equal(LG_ACT_OBSERVE, 5);
 }
 
+/* Zero-filled structs do the obvious thing: a call with only tool and
+ * args (args_len 0: NUL-terminated) is a turn of its own, so identical
+ * calls count as repeats; a result with only a status changes nothing but
+ * what the status says; a model call with nothing set is let through. */
+static void t_zero_call(void **state) {
+  (void)state;
+  lg_run_t *r = mk(NULL);
+  lg_decision_t d;
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  for (int i = 1; i <= 3; i++) {
+    lg_call_t c;
+    memset(&c, 0, sizeof c);
+    c.tool = "search";
+    c.args = "{\"q\": \"INV-7\"}";
+    assert_int_equal(lg_run_before(r, C, &c, &d, &err), 0);
+    assert_int_equal(d.repeat, (unsigned)i);
+    assert_int_equal(d.action, i < 3 ? LG_ACT_EXECUTE : LG_ACT_BLOCK);
+  }
+  lg_run_free(r);
+}
+
+static void t_zero_result(void **state) {
+  (void)state;
+  lg_run_t *r = mk(NULL);
+  lg_decision_t d;
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  lg_call_t c;
+  memset(&c, 0, sizeof c);
+  c.tool = "poll";
+  assert_int_equal(lg_run_before(r, C, &c, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_EXECUTE);
+  lg_result_t res;
+  memset(&res, 0, sizeof res);
+  res.status = LG_STATUS_RETRYABLE;
+  res.value_kind = LG_VALUE_PRESENT;
+  res.value = "{\"busy\":true}"; /* value_len 0: NUL-terminated */
+  assert_int_equal(lg_run_after(r, &res, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_CONTINUE);
+  /* retry_after_ms 0 asked for no wait: the same call again is not
+   * retry_too_soon. */
+  assert_int_equal(lg_run_before(r, C, &c, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_EXECUTE);
+  lg_counters_t k;
+  lg_run_counters(r, &k);
+  assert_int_equal(k.results, 1);
+  lg_run_free(r);
+}
+
+static void t_zero_model(void **state) {
+  (void)state;
+  lg_run_t *r = mk(NULL);
+  lg_decision_t d;
+  lg_error_t err;
+  memset(&err, 0, sizeof err);
+  lg_model_call_t m;
+  memset(&m, 0, sizeof m);
+  assert_int_equal(lg_run_model(r, &m, &d, &err), 0);
+  assert_int_equal(d.action, LG_ACT_EXECUTE);
+  lg_counters_t k;
+  lg_run_counters(r, &k);
+  assert_int_equal(k.model_calls, 1);
+  lg_run_free(r);
+}
+
 int main(void) {
   C = lg_canon_new();
   if (!C) return 1;
@@ -2292,6 +2358,9 @@ int main(void) {
       cmocka_unit_test_setup(t_invalid_tool_result, setup),
       cmocka_unit_test_setup(t_status_stops, setup),
       cmocka_unit_test_setup(t_operator_cancel, setup),
+      cmocka_unit_test_setup(t_zero_call, setup),
+      cmocka_unit_test_setup(t_zero_result, setup),
+      cmocka_unit_test_setup(t_zero_model, setup),
       cmocka_unit_test_setup(t_budget_exceeded, setup),
       cmocka_unit_test_setup(t_retry_too_soon, setup),
       cmocka_unit_test_setup(t_in_progress_same_turn, setup),
