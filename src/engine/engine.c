@@ -669,8 +669,9 @@ static lg_reason_t before_halt(lg_run_t *run, const bctx_t *x, const char **guar
   if (x->counted && p->rep_stop && x->n >= p->rep_stop) {
     *guard = "repeat";
     lg__buf_printf(&run->msg,
-                   "I have called %s with the same arguments %lld times without any progress; "
-                   "trying again will not help, so I am stopping for someone to look at it.",
+                   "I have asked to call %s with the same arguments %lld times without any "
+                   "progress; asking again will not help, so I am stopping for someone to look "
+                   "at it.",
                    tool, (long long)x->n);
     return LG_R_SAME_CALL_REPEAT;
   }
@@ -738,9 +739,10 @@ static int before_refuse(lg_run_t *run, const bctx_t *x, lg_decision_t *d, lg_er
     d->reason = LG_R_SAME_CALL_REPEAT;
     d->guard = "repeat";
     lg__buf_printf(&run->msg,
-                   "I have called %s with the same arguments %lld times and got the same "
-                   "answer; trying again will not help. I will change the arguments, use "
-                   "another tool, ask a person, or finish with what I have.",
+                   "I have asked to call %s with the same arguments %lld times without any "
+                   "progress, so this call was not run; asking again will not help. I will "
+                   "change the arguments, use another tool, ask a person, or finish with what "
+                   "I have.",
                    tool, (long long)x->n);
     return 1;
   }
