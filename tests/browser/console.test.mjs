@@ -86,6 +86,7 @@ try {
   const text = readFileSync(await dl.path(), 'utf8');
   check('regression download has # expect', text.startsWith('# expect {"terminal_reason":"same_call_repeat","stopped_at_call":6'), text.slice(0, 120));
   check('download name', dl.suggestedFilename() === 'loop-1.jsonl', dl.suggestedFilename());
+  await dl.saveAs(join(ART, 'loop-1.jsonl')); /* console_browser.sh runs `loopguard test` on it */
 
   // 4. The kill switch on the live run: one confirmation, then the API says stop.
   await page.goto(URL + '/#/run/live-1');

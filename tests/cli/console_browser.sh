@@ -50,3 +50,7 @@ cat "$TMP/node.out"
 stop_server S
 echo "screenshots: $art"
 [ "$rc" = 0 ] || exit 1
+# The regression test the console downloaded holds as a regression test.
+"$LG_BIN" test "$art/loop-1.jsonl" >"$TMP/lgtest.out" 2>&1 ||
+  fail "loopguard test on the console's download: $(cat "$TMP/lgtest.out")"
+grep -q "1 passed, 0 failed" "$TMP/lgtest.out" || fail "loopguard test: $(cat "$TMP/lgtest.out")"
