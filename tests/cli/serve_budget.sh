@@ -125,6 +125,17 @@ echo '{"version": 1, "models": {"m2": {"input_usd_per_mtok": -3}}}' >"$P"
 hup_and_wait prices_not_reloaded
 r=$(req POST /v1/runs/p1/model '{"model": "m2", "input_tokens": 10, "max_tokens": 10}')
 expect "old prices kept after a bad file" 200 "$r"
+
+note "a usage's reported cost settles a shared budget at most at its reservation"
+r=$(req PUT /v1/budgets/team:bound '{"limit_usd": 1, "period": "none"}'); expect "PUT bound" 200 "$r"
+r=$(req POST /v1/runs '{"run_id": "bound1", "scopes": ["team:bound"]}'); expect "bound run" 201 "$r"
+r=$(req POST /v1/runs/bound1/model '{"input_tokens": 10, "max_tokens": 10, "cost_usd": 0.01}')
+expect "bound model" 200 "$r"
+rid=$(echo "${r#* }" | field 'd["reservation_id"]')
+r=$(req POST /v1/runs/bound1/usage "{\"reservation_id\": \"$rid\", \"input_tokens\": 10, \"output_tokens\": 10, \"cost_usd\": 999999}")
+expect "bound usage" 200 "$r"
+r=$(req GET /v1/budgets/team:bound); expect "GET bound" 200 "$r"
+[ "$(echo "${r#* }" | field 'd["spent_usd"]')" = 0.01 ] || fail "a reported cost of 999999 USD was charged: ${r#* }"
 stop_server B
 [ "$B_RC" = 0 ] || fail "server B exit $B_RC"
 echo "serve_budget: ok"
