@@ -42,6 +42,14 @@ void lg__gw_free(lg__gw_t *gw);
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */
 int lg__gw_claims(const lg__gw_t *gw, const char *url);
+/* The error shape of a gateway url: 1 OpenAI's, 2 Anthropic's
+ * (/v1/messages). */
+int lg__gw_error_api(const char *url);
+/* lg__req_error for a gateway route (rq->api_errors): the server's own
+ * refusals (401, 413, 415, ...) in the API's shape, `type` (the server's
+ * error type) as the code and `field` as the param. Returns status. */
+int lg__gw_req_error(lg__req_t *rq, int status, const char *type, const char *field,
+                     const char *msg);
 /* The handler of every gateway request (http.c routes to it). */
 void lg__gw_handle(lg__req_t *rq);
 /* The gateway's series of /metrics, appended to b. */

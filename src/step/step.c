@@ -88,6 +88,19 @@ static void kv_str(lg__buf_t *b, const char *k, const char *v) {
 static const char *alt_names[] = {"ask_human", "skip_current", "finalize_partial",
                                   "escalate_model"};
 
+/* ,"key":[names of the LG_ALT_* bits], when there are any. */
+static void alt_list(lg__buf_t *b, const char *key, unsigned bits) {
+  if (!bits) return;
+  lg__buf_printf(b, ",\"%s\":[", key);
+  int first = 1;
+  for (unsigned i = 0; i < LG__ARRAY_LEN(alt_names); i++)
+    if (bits & (1u << i)) {
+      lg__buf_printf(b, "%s\"%s\"", first ? "" : ",", alt_names[i]);
+      first = 0;
+    }
+  lg__buf_putc(b, ']');
+}
+
 static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
                           const char *budget_meta) {
   lg__buf_t *b = &st->answer;
@@ -118,16 +131,13 @@ static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
     lg__buf_json_str(b, d->hide_tool, strlen(d->hide_tool));
     lg__buf_printf(b, "],\"hide_turns\":%u", d->hide_turns);
   }
-  if (d->alternatives && d->action != LG_ACT_EXECUTE) {
-    lg__buf_puts(b, ",\"alternatives\":[");
-    int first = 1;
-    for (unsigned i = 0; i < LG__ARRAY_LEN(alt_names); i++)
-      if (d->alternatives & (1u << i)) {
-        lg__buf_printf(b, "%s\"%s\"", first ? "" : ",", alt_names[i]);
-        first = 0;
-      }
-    lg__buf_putc(b, ']');
+  if (d->escalate_model) { /* cascade.escalate: a block, and the model calls it lasts */
+    kv_str(b, "escalate_model", d->escalate_model);
+    lg__buf_printf(b, ",\"escalate_turns\":%u", d->escalate_turns);
   }
+  /* cascade.offer: the tools a model call is offered */
+  if (type == LG_EV_MODEL && d->action == LG_ACT_EXECUTE) alt_list(b, "offer", d->alternatives);
+  if (d->action != LG_ACT_EXECUTE) alt_list(b, "alternatives", d->alternatives);
   if (d->action == LG_ACT_REPLAY) {
     lg__buf_puts(b, ",\"saved_result\":");
     if (d->saved_result && d->saved_result_len) lg__buf_append(b, d->saved_result, d->saved_result_len);
