@@ -1299,6 +1299,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->client_auth = j->auth;
   x->stop = lg__gw_stopflag(c->cx->gw);
   x->on_data = on_data;
+  x->gone = on_data ? &j->s_gone : NULL;
   x->ud = c;
   int rc = lg__gw_http_do(c->cx->curl, x);
   lg__gw_note_upstream(c->cx->gw, c->ui, x->ns);

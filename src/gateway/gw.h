@@ -59,7 +59,8 @@ typedef struct lg__gw_http {
   /* streaming: each piece of a 2xx body as it arrives (non-zero: abort) */
   int (*on_data)(void *ud, const char *p, size_t n);
   void *ud;
-  _Atomic int *stop;          /* non-zero: abort (shutdown, client gone) */
+  _Atomic int *stop;          /* non-zero: abort (shutdown) */
+  _Atomic int *gone;          /* non-zero: abort (the client went away); may be NULL */
   /* out */
   long status;                /* 0 when no answer */
   lg__buf_t body_out;         /* the body (all of it when not streamed) */

@@ -244,10 +244,15 @@ const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t 
 
 /* ---- one exchange ---- */
 
+/* Shutting down, or the client went away: the exchange is aborted. */
+static int stopped(const lg__gw_http_t *x) {
+  return (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone));
+}
+
 static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   lg__gw_http_t *x = ud;
   size_t n = size * nmemb;
-  if (x->stop && atomic_load(x->stop)) return 0;
+  if (stopped(x)) return 0;
   if (x->on_data && x->status >= 200 && x->status < 300)
     return x->on_data(x->ud, p, n) ? 0 : n;
   return lg__buf_append(&x->body_out, p, n) ? 0 : n;
@@ -276,7 +281,7 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
 static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
   (void)dt, (void)dn, (void)ut, (void)un;
   lg__gw_http_t *x = ud;
-  return x->stop && atomic_load(x->stop) ? 1 : 0;
+  return stopped(x);
 }
 
 int lg__gw_http_do(CURL *h, lg__gw_http_t *x) {
