@@ -274,7 +274,7 @@ static void test_writes_wait_on_the_committer(void **state) {
   ht_conn_t c;
   ht_open(&c, port);
   req_ok(&c, "GET", "/v1/operations/k-a", NULL, 200, &r);
-  assert_string_equal(ht_str(&r, "state"), "pending");
+  assert_string_equal(ht_str(&r, "state"), "in_progress");
   ht_resp_clear(&r);
   req_ok(&c, "GET", "/v1/budgets/team-a", NULL, 200, &r);
   ht_resp_clear(&r);
