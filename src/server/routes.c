@@ -104,6 +104,16 @@ static lg__worker_t *worker(lg__req_t *rq) {
   return w;
 }
 
+/* The thread's worker for a read of the path's id, or NULL once the
+ * error is answered (no_id, a 404, for an id no store would have). */
+static lg__worker_t *id_worker(lg__req_t *rq, const char *no_id) {
+  if (!valid_id(rq->id)) {
+    lg__req_error(rq, 404, "not_found", NULL, "%s", no_id);
+    return NULL;
+  }
+  return worker(rq);
+}
+
 static void counters_json(lg__buf_t *b, const lg_counters_t *c) {
   lg__buf_printf(b,
                  "{\"steps\":%lld,\"calls\":%lld,\"blocked\":%lld,\"replayed\":%lld,"
@@ -141,36 +151,35 @@ static size_t body_scopes(const json_t *arr, const char *out[LG_BUDGET_MAX_SCOPE
  * Without a committer (postgres:) the write runs at once on the thread's
  * own connection, each store call its own transaction. */
 typedef struct write_job write_job_t;
+typedef struct write_kind write_kind_t;
 struct write_job {
-  lg__job_t job;      /* first: rq->job points here */
+  lg__job_t job;            /* first: rq->job points here */
+  const write_kind_t *k;    /* what it is (static) */
+  lg_server_t *srv;         /* the server */
+  const char *id;           /* the path's id (rq->id, which outlives the job) */
+  lg__body_t b;             /* the parsed body */
+  int64_t now_ms;           /* when the request came */
+  lg_canon_t *canon;        /* the writing thread's scratch (for decisions) */
+  int rc;                   /* write's result */
+};
+
+/* A route's kind of write. */
+struct write_kind {
+  lg__body_kind_t body;     /* how its body parses */
+  const char *no_id;        /* the 404's message for a bad id in the path;
+                               NULL: the path has none */
+  const char *doing;        /* what it does, for an error ("claiming") */
   /* The write, on the committer (or this thread): its outcome into the
    * route's fields and *err. Returns the route's result code. */
   int (*write)(write_job_t *wj, lg_store_t *s, lg_error_t *err);
   /* The answer, on the HTTP thread, after the commit: rc is write's. */
   void (*answer)(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *err);
   void (*clear)(write_job_t *wj); /* frees the route's fields; may be NULL */
-  const char *doing;  /* what it does, for an error ("claiming") */
-  lg_server_t *srv;   /* the server */
-  const char *id;     /* the path's id (rq->id, which outlives the job) */
-  lg__body_t b;       /* the parsed body */
-  int64_t now_ms;     /* when the request came */
-  lg_canon_t *canon;  /* the writing thread's scratch (for decisions) */
-  int rc;             /* write's result */
 };
 
-typedef struct write_kind {
-  lg__body_kind_t body;   /* how its body parses */
-  const char *no_id;      /* the 404's message for a bad id in the path;
-                             NULL: the path has none */
-  const char *doing;      /* for write_job_t.doing */
-  int (*write)(write_job_t *wj, lg_store_t *s, lg_error_t *err);
-  void (*answer)(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *err);
-  void (*clear)(write_job_t *wj);
-} write_kind_t;
-
-/* A new job of `size` bytes (a route's type, write_job_t first) for the
- * request, its path's id checked and its body parsed; NULL once the
- * error is answered. */
+/* A new job of `size` bytes (a route's type, write_job_t first) of kind
+ * k (static) for the request, its path's id checked and its body parsed;
+ * NULL once the error is answered. */
 static void *write_job_new(lg__req_t *rq, size_t size, const write_kind_t *k) {
   if (k->no_id && !valid_id(rq->id)) {
     lg__req_error(rq, 404, "not_found", NULL, "%s", k->no_id);
@@ -185,10 +194,7 @@ static void *write_job_new(lg__req_t *rq, size_t size, const write_kind_t *k) {
     lg__free(wj);
     return NULL;
   }
-  wj->write = k->write;
-  wj->answer = k->answer;
-  wj->clear = k->clear;
-  wj->doing = k->doing;
+  wj->k = k;
   wj->srv = rq->srv;
   wj->id = rq->id;
   wj->now_ms = lg__server_now(rq->srv);
@@ -196,7 +202,7 @@ static void *write_job_new(lg__req_t *rq, size_t size, const write_kind_t *k) {
 }
 
 static void write_job_free(write_job_t *wj) {
-  if (wj->clear) wj->clear(wj);
+  if (wj->k->clear) wj->k->clear(wj);
   lg__body_clear(&wj->b);
   lg__free(wj);
 }
@@ -206,7 +212,7 @@ static void write_job_free(write_job_t *wj) {
  * atomic on its own) commits with the batch, or fails with it. */
 static int write_call(void *ud, lg_store_t *s, lg_error_t *err) {
   write_job_t *wj = ud;
-  wj->rc = wj->write(wj, s, err);
+  wj->rc = wj->k->write(wj, s, err);
   return 0;
 }
 
@@ -214,8 +220,8 @@ static int write_call(void *ud, lg_store_t *s, lg_error_t *err) {
 static void write_finish(lg__req_t *rq) {
   write_job_t *wj = (write_job_t *)rq->job;
   rq->job = NULL;
-  if (wj->job.rc) store_error(rq, wj->job.rc, &wj->job.err, wj->doing); /* nothing stored */
-  else wj->answer(rq, wj, wj->rc, &wj->job.err);
+  if (wj->job.rc) store_error(rq, wj->job.rc, &wj->job.err, wj->k->doing); /* nothing stored */
+  else wj->k->answer(rq, wj, wj->rc, &wj->job.err);
   write_job_free(wj);
 }
 
@@ -358,7 +364,7 @@ static void create_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
                   "progress_version",
                   cj->run_id);
   } else {
-    store_error(rq, rc, e, wj->doing);
+    store_error(rq, rc, e, wj->k->doing);
   }
 }
 
@@ -388,11 +394,7 @@ void lg__h_run_create(lg__req_t *rq) {
 /* The stored run of the path's id, for the GET handlers: the thread's
  * worker, or NULL once the error (404, or the store's) is answered. */
 static lg__worker_t *read_run(lg__req_t *rq, lg_run_record_t *rec) {
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return NULL;
-  }
-  lg__worker_t *w = worker(rq);
+  lg__worker_t *w = id_worker(rq, "no run with that id");
   if (!w) return NULL;
   lg_error_t e = {0};
   int rc = lg_store_run_get(w->store, rq->id, rec, &e);
@@ -696,7 +698,7 @@ static void decide_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
   lg__step_t *st = &((decide_job_t *)wj)->st;
   rc = lg__step_finish(st, rc, e);
   if (rc) {
-    step_error(rq, st, rc, e, wj->doing);
+    step_error(rq, st, rc, e, wj->k->doing);
     return;
   }
   rq->status = 200;
@@ -707,16 +709,17 @@ static void decide_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
 }
 
 void lg__h_decide(lg__req_t *rq) {
-  static const lg__body_kind_t kinds[LG__RT__COUNT] = {
-      [LG__RT_CALLS] = LG__B_CALL, [LG__RT_RESULTS] = LG__B_RESULT,
-      [LG__RT_STATE] = LG__B_STATE, [LG__RT_HANDOFFS] = LG__B_HANDOFF,
-      [LG__RT_MODEL] = LG__B_MODEL, [LG__RT_USAGE] = LG__B_USAGE,
-      [LG__RT_TEXT] = LG__B_TEXT, [LG__RT_USER] = LG__B_USER,
-      [LG__RT_COMPACTION] = LG__B_COMPACTION, [LG__RT_RESUME] = LG__B_RESUME};
+#define LG__DECIDE(rt, body)                                                                       \
+  [LG__RT_##rt] = {LG__B_##body, "no run with that id", "deciding", decide_write, decide_answer,   \
+                   decide_clear}
+  static const write_kind_t kinds[LG__RT__COUNT] = {
+      LG__DECIDE(CALLS, CALL),       LG__DECIDE(RESULTS, RESULT), LG__DECIDE(STATE, STATE),
+      LG__DECIDE(HANDOFFS, HANDOFF), LG__DECIDE(MODEL, MODEL),    LG__DECIDE(USAGE, USAGE),
+      LG__DECIDE(TEXT, TEXT),        LG__DECIDE(USER, USER),      LG__DECIDE(COMPACTION, COMPACTION),
+      LG__DECIDE(RESUME, RESUME)};
+#undef LG__DECIDE
   lg_server_t *srv = rq->srv;
-  write_kind_t k = {kinds[rq->route], "no run with that id", "deciding", decide_write,
-                    decide_answer, decide_clear};
-  decide_job_t *dj = write_job_new(rq, sizeof *dj, &k);
+  decide_job_t *dj = write_job_new(rq, sizeof *dj, &kinds[rq->route]);
   if (!dj) return;
   lg__step_init(&dj->st, NULL, dj->w.now_ms);
   int brc = body_event(rq, dj);
@@ -749,7 +752,7 @@ static int cancel_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
 static void cancel_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
   lg__step_t *st = &((cancel_job_t *)wj)->st;
   if (rc) {
-    step_error(rq, st, rc, e, wj->doing);
+    step_error(rq, st, rc, e, wj->k->doing);
     return;
   }
   note_step(rq->srv, st);
@@ -816,7 +819,7 @@ static void group_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) 
   group_job_t *g = (group_job_t *)wj;
   for (size_t i = 0; i < g->n; i++) note_step(rq->srv, &g->steps[i]); /* stored */
   if (rc) {
-    store_error(rq, rc, e, wj->doing);
+    store_error(rq, rc, e, wj->k->doing);
     return;
   }
   if (g->oom) {
@@ -856,11 +859,7 @@ void lg__h_group_cancel(lg__req_t *rq) {
 /* Traces.                                                             */
 
 void lg__h_trace(lg__req_t *rq) {
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return;
-  }
-  lg__worker_t *w = worker(rq);
+  lg__worker_t *w = id_worker(rq, "no run with that id");
   if (!w) return;
   lg_error_t e = {0};
   char *text = NULL;
@@ -915,7 +914,7 @@ static void claim_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) 
   const lg_claim_t *cl = &((claim_job_t *)wj)->cl;
   const char *key = wj->b.key;
   if (rc) {
-    store_error(rq, rc, e, wj->doing);
+    store_error(rq, rc, e, wj->k->doing);
     return;
   }
   lg__metrics_ledger(&rq->srv->metrics, cl->outcome);
@@ -1025,7 +1024,7 @@ static void settle_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
   if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", wj->id);
   else if (rc == LG_EPERM) /* 403 with who may */
     lg__req_error(rq, 403, "forbidden", e->field[0] ? e->field : NULL, "%s", e->message);
-  else if (rc) store_error(rq, rc, e, wj->doing);
+  else if (rc) store_error(rq, rc, e, wj->k->doing);
   else op_reply(rq, wj->id, sj->op_rc, &sj->op, &sj->op_err, 1);
 }
 
@@ -1061,11 +1060,7 @@ void lg__h_op_fail(lg__req_t *rq) {
 }
 
 void lg__h_op_get(lg__req_t *rq) {
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no operation with that key");
-    return;
-  }
-  lg__worker_t *w = worker(rq);
+  lg__worker_t *w = id_worker(rq, "no operation with that key");
   if (!w) return;
   lg_operation_t op;
   memset(&op, 0, sizeof op);
@@ -1124,7 +1119,7 @@ static int budget_set_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
 }
 
 static void budget_set_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
-  if (rc) budget_error(rq, rc, e, wj->doing);
+  if (rc) budget_error(rq, rc, e, wj->k->doing);
   else answer_text(rq, lg_budget_to_json(&((budget_job_t *)wj)->bud), 200);
 }
 
@@ -1143,7 +1138,7 @@ static void reserve_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e
       rq->retry_after = (int)(bj->why.retry_after_s > 0 ? bj->why.retry_after_s : 1);
     answer_text(rq, lg_budget_refusal_json(&bj->why), bj->why.http_status);
   } else if (rc) {
-    budget_error(rq, rc, e, wj->doing);
+    budget_error(rq, rc, e, wj->k->doing);
   } else {
     answer_text(rq, lg_budget_reservation_json(&bj->res), 201);
   }
@@ -1157,7 +1152,7 @@ static int settle_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
 }
 
 static void settle_budget_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
-  if (rc) budget_error(rq, rc, e, wj->doing);
+  if (rc) budget_error(rq, rc, e, wj->k->doing);
   else answer_text(rq, lg_budget_settlement_json(&((budget_job_t *)wj)->settled), 200);
 }
 

@@ -151,6 +151,20 @@ static void req_ok(ht_conn_t *c, const char *method, const char *path, const cha
     fail_msg("%s %s: %d, expected %d: %s", method, path, r->status, status, r->body);
 }
 
+/* A new run `run` of `group` and its first call, answered `action`. */
+static void first_call_of_group(ht_conn_t *c, const char *run, const char *group,
+                                const char *action) {
+  char path[128], body[256];
+  snprintf(body, sizeof body, "{\"run_id\":\"%s\",\"group\":\"%s\"}", run, group);
+  ht_resp_t r;
+  req_ok(c, "POST", "/v1/runs", body, 201, &r);
+  ht_resp_clear(&r);
+  snprintf(path, sizeof path, "/v1/runs/%s/calls", run);
+  req_ok(c, "POST", path, "{\"tool\":\"search\",\"args\":{}}", 200, &r);
+  assert_string_equal(ht_str(&r, "action"), action);
+  ht_resp_clear(&r);
+}
+
 /* A read on a connection of its own, timed: answered within the bound. */
 static void timed_read(int port, const char *path, int status, locker_t *l, ht_resp_t *r) {
   ht_conn_t c;
@@ -226,20 +240,33 @@ static void reads_while_locked(int port, locker_t *l, ht_conn_t w[W__N]) {
   assert_true(lock_held(l));
 }
 
+/* A server on its own file with the writes of `tag` waiting for the lock,
+ * the reads checked meanwhile. */
+typedef struct scene {
+  char path[400];      /* the SQLite file */
+  lg_server_t *s;      /* the server */
+  int port;
+  locker_t l;          /* holds the file's write lock */
+  ht_conn_t w[W__N];   /* the writes' connections */
+} scene_t;
+
+static void scene_start(scene_t *sc, const char *tag) {
+  snprintf(sc->path, sizeof sc->path, "%s/%s.db", TMP, tag);
+  sc->s = start_server(sc->path);
+  sc->port = lg_server_port(sc->s);
+  seed(sc->port);
+  lock_take(&sc->l, sc->path);
+  send_writes(sc->w, sc->port, tag);
+  reads_while_locked(sc->port, &sc->l, sc->w);
+}
+
 static void test_writes_wait_on_the_committer(void **state) {
   (void)state;
-  char path[400];
-  snprintf(path, sizeof path, "%s/writes.db", TMP);
-  lg_server_t *s = start_server(path);
-  int port = lg_server_port(s);
-  seed(port);
-
-  locker_t l;
-  lock_take(&l, path);
-  ht_conn_t w[W__N];
-  send_writes(w, port, "a");
-  reads_while_locked(port, &l, w);
-  lock_release(&l);
+  scene_t sc;
+  scene_start(&sc, "a");
+  ht_conn_t *w = sc.w;
+  int port = sc.port;
+  lock_release(&sc.l);
 
   /* Every write completes, with its own answer. */
   ht_resp_t r;
@@ -285,11 +312,7 @@ static void test_writes_wait_on_the_committer(void **state) {
   assert_string_equal(ht_str(&r, "group"), "g");
   ht_resp_clear(&r);
   /* The group's deny rule holds for a run of it created afterwards. */
-  req_ok(&c, "POST", "/v1/runs", "{\"run_id\":\"late\",\"group\":\"gone-a\"}", 201, &r);
-  ht_resp_clear(&r);
-  req_ok(&c, "POST", "/v1/runs/late/calls", "{\"tool\":\"search\",\"args\":{}}", 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "stop");
-  ht_resp_clear(&r);
+  first_call_of_group(&c, "late", "gone-a", "stop");
   /* The claim's commit and a fail, through the committer too. */
   char body[256];
   snprintf(body, sizeof body, "{\"result\":{\"ok\":true},\"claim_token\":\"%s\"}", token);
@@ -309,22 +332,16 @@ static void test_writes_wait_on_the_committer(void **state) {
   assert_true(json_is_true(ht_get(&r, "cancelled")));
   ht_resp_clear(&r);
   ht_close(&c);
-  lg_server_free(s);
+  lg_server_free(sc.s);
 }
 
 static void test_lock_outlives_the_busy_timeout(void **state) {
   (void)state;
-  char path[400];
-  snprintf(path, sizeof path, "%s/timeout.db", TMP);
-  lg_server_t *s = start_server(path);
-  int port = lg_server_port(s);
-  seed(port);
-
-  locker_t l;
-  lock_take(&l, path);
-  ht_conn_t w[W__N];
-  send_writes(w, port, "t");
-  reads_while_locked(port, &l, w);
+  scene_t sc;
+  scene_start(&sc, "t");
+  ht_conn_t *w = sc.w;
+  int port = sc.port;
+  locker_t *l = &sc.l;
   /* Past the busy timeout (5 s) each write fails, while the lock is still
    * held: a clear error, nothing stored, safe to retry. */
   for (int i = 0; i < W__N; i++) {
@@ -337,12 +354,12 @@ static void test_lock_outlives_the_busy_timeout(void **state) {
     ht_resp_clear(&r);
     ht_close(&w[i]);
   }
-  assert_true(lock_held(&l));
+  assert_true(lock_held(l));
   /* A read is still prompt, with the committer free again. */
   ht_resp_t r;
-  timed_read(port, "/v1/runs/r1", 200, &l, &r);
+  timed_read(port, "/v1/runs/r1", 200, l, &r);
   ht_resp_clear(&r);
-  lock_release(&l);
+  lock_release(l);
 
   ht_conn_t c;
   ht_open(&c, port);
@@ -356,11 +373,7 @@ static void test_lock_outlives_the_busy_timeout(void **state) {
   assert_int_equal(ht_int(&r, "open_reservations"), 0);
   ht_resp_clear(&r);
   /* The deny rule was not stored either: a run of the group decides. */
-  req_ok(&c, "POST", "/v1/runs", "{\"run_id\":\"alive\",\"group\":\"gone-t\"}", 201, &r);
-  ht_resp_clear(&r);
-  req_ok(&c, "POST", "/v1/runs/alive/calls", "{\"tool\":\"search\",\"args\":{}}", 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "execute");
-  ht_resp_clear(&r);
+  first_call_of_group(&c, "alive", "gone-t", "execute");
   /* The retry succeeds. */
   req_ok(&c, "POST", "/v1/operations/claim",
          "{\"key\":\"k-t\",\"request_fingerprint\":\"fp\",\"run_id\":\"r1\"}", 201, &r);
@@ -368,7 +381,7 @@ static void test_lock_outlives_the_busy_timeout(void **state) {
   req_ok(&c, "POST", "/v1/runs", "{\"run_id\":\"run-t\",\"group\":\"g\"}", 201, &r);
   ht_resp_clear(&r);
   ht_close(&c);
-  lg_server_free(s);
+  lg_server_free(sc.s);
 }
 
 static int setup(void **state) {
