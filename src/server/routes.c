@@ -5,10 +5,16 @@
  * an event for the decision step (src/step/: load the run, the deny rules,
  * apply, save, the trace line, in one store transaction), a ledger or
  * budget call, a read. Deciding, saving and tracing happen once, below;
- * the answer is sent only after the transaction committed. With a store
- * that takes one writer at a time the step runs in the group commit
- * (src/store/group.c): the handler parks its request and the committer
- * wakes it once the batch is stored.
+ * the answer is sent only after the transaction committed.
+ *
+ * Every route that writes hands its write over as a job (a write_job_t
+ * of its kind: "Writes" below), reads are made on the spot. With a store
+ * that takes one writer at a time (sqlite:, memory:) the job runs in the
+ * group commit (src/store/group.c): the handler parks its request and the
+ * committer wakes it once the batch is stored, so an HTTP thread never
+ * waits for the database's write lock and its reads go to the store's
+ * reader meanwhile. With postgres: the job runs at once on the thread's
+ * own connection.
  */
 #include "../step/step.h"
 #include "server.h"
@@ -155,7 +161,6 @@ typedef struct write_kind write_kind_t;
 struct write_job {
   lg__job_t job;            /* first: rq->job points here */
   const write_kind_t *k;    /* what it is (static) */
-  lg_server_t *srv;         /* the server */
   const char *id;           /* the path's id (rq->id, which outlives the job) */
   lg__body_t b;             /* the parsed body */
   int64_t now_ms;           /* when the request came */
@@ -195,7 +200,6 @@ static void *write_job_new(lg__req_t *rq, size_t size, const write_kind_t *k) {
     return NULL;
   }
   wj->k = k;
-  wj->srv = rq->srv;
   wj->id = rq->id;
   wj->now_ms = lg__server_now(rq->srv);
   return wj;
@@ -1272,7 +1276,8 @@ void lg__h_metrics(lg__req_t *rq) {
                    "# HELP loopguard_commit_batches_total Transactions of the group commit.\n"
                    "# TYPE loopguard_commit_batches_total counter\n"
                    "loopguard_commit_batches_total %llu\n"
-                   "# HELP loopguard_commit_decisions_total Decisions made in those transactions.\n"
+                   "# HELP loopguard_commit_decisions_total Decisions and other writes made in those "
+                   "transactions.\n"
                    "# TYPE loopguard_commit_decisions_total counter\n"
                    "loopguard_commit_decisions_total %llu\n",
                    (unsigned long long)batches, (unsigned long long)jobs);
