@@ -35,10 +35,11 @@ typedef struct lg__job {
   struct lg__job *next;       /* queue link */
 } lg__job_t;
 
-/* Runs job j on s now, on the calling thread, in no batch: each store call
- * of the job is a transaction of its own. For a server without a
- * committer (postgres:, whose row locks let threads write in parallel).
- * Sets j->rc and j->err; does not call j->done. */
+/* Runs job j on s now, on the calling thread: inside the transaction the
+ * caller holds open (the committer's batch), or, with none, each store
+ * call of the job a transaction of its own — a server without a committer
+ * (postgres:, whose row locks let threads write in parallel) runs its
+ * jobs so. Sets j->rc and j->err; does not call j->done. */
 void lg__job_run(lg_store_t *s, lg__job_t *j);
 
 typedef struct lg__batcher lg__batcher_t;
