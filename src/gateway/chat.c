@@ -294,6 +294,47 @@ static void user_event(chat_t *c) {
   c->j->reason[0] = 0;
 }
 
+/* Whether a text is blank: nothing but white space. */
+static int blank(const char *t) {
+  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+  return !*t;
+}
+
+/* The structured result contract (a JSON object with a trace-v1 status)
+ * into res; *value (new) holds its value's JSON. 0 when sj is not one. */
+static int structured_result(json_t *sj, lg_result_t *res, char **value) {
+  const char *sname = sget(sj, "status");
+  lg_status_t s = sname ? lg_status_parse(sname, strlen(sname)) : LG_STATUS_INVALID;
+  if (s == LG_STATUS_INVALID) return 0;
+  res->status = s;
+  json_t *pv = json_object_get(sj, "progress_version");
+  if (json_is_integer(pv)) {
+    res->has_progress_version = 1;
+    res->progress_version = json_integer_value(pv);
+  }
+  json_t *sec = json_object_get(sj, "side_effect_committed");
+  if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec) ? 1 : -1;
+  json_t *ra = json_object_get(sj, "retry_after_ms");
+  if (json_is_integer(ra)) res->retry_after_ms = json_integer_value(ra);
+  res->operation_id = sget(sj, "operation_id");
+  json_t *v = json_object_get(sj, "value");
+  if (v) {
+    *value = lg__json_text(v, &res->value_len);
+    res->value_kind = json_is_null(v)                                  ? LG_VALUE_NULL
+                      : json_is_string(v) && blank(json_string_value(v)) ? LG_VALUE_BLANK
+                                                                       : LG_VALUE_PRESENT;
+  }
+  return 1;
+}
+
+/* A plain answer: progress (an error: retryable), its text the value. */
+static void plain_result(const char *text, int is_error, lg_result_t *res, char **value) {
+  res->status = is_error ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
+  *value = lg_json_quote(text, strlen(text));
+  res->value_len = *value ? strlen(*value) : 0;
+  res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
+}
+
 /* A tool message as a result event. Unknown calls (not the gateway's)
  * are skipped. */
 static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
@@ -302,53 +343,16 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_RESULT;
-  lg_result_t *res = &ev.u.result;
-  res->call_id = call_id;
-  res->side_effect_committed = 0; /* not said */
-  res->retry_after_ms = 0;
+  ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
   char *value = NULL;
-  json_t *sj = NULL;
-  if (text[0] == '{') {
-    lg__json_begin();
-    sj = json_loads(text, 0, NULL);
-    if (lg__json_oom()) {
-      json_decref(sj);
-      sj = NULL;
-    }
+  lg__json_begin();
+  json_t *sj = json_loads(text, 0, NULL);
+  if (lg__json_oom() || !json_is_object(sj)) {
+    json_decref(sj);
+    sj = NULL;
   }
-  const char *sname = sj ? sget(sj, "status") : NULL;
-  lg_status_t s = sname ? lg_status_parse(sname, strlen(sname)) : LG_STATUS_INVALID;
-  if (sj && s != LG_STATUS_INVALID) { /* the structured result contract */
-    res->status = s;
-    json_t *pv = json_object_get(sj, "progress_version");
-    if (json_is_integer(pv)) {
-      res->has_progress_version = 1;
-      res->progress_version = json_integer_value(pv);
-    }
-    json_t *sec = json_object_get(sj, "side_effect_committed");
-    if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec) ? 1 : -1;
-    json_t *ra = json_object_get(sj, "retry_after_ms");
-    if (json_is_integer(ra)) res->retry_after_ms = json_integer_value(ra);
-    res->operation_id = sget(sj, "operation_id");
-    json_t *v = json_object_get(sj, "value");
-    if (v) {
-      value = lg__json_text(v, &res->value_len);
-      res->value_kind = json_is_null(v) ? LG_VALUE_NULL : LG_VALUE_PRESENT;
-      if (json_is_string(v)) {
-        const char *t = json_string_value(v);
-        while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
-        if (!*t) res->value_kind = LG_VALUE_BLANK;
-      }
-    }
-  } else { /* a plain answer: progress (an error: retryable), its text the value */
-    res->status = is_error ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
-    value = lg_json_quote(text, strlen(text));
-    res->value_len = value ? strlen(value) : 0;
-    const char *t = text;
-    while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
-    res->value_kind = *t ? LG_VALUE_PRESENT : LG_VALUE_BLANK;
-  }
-  res->value = value;
+  if (!sj || !structured_result(sj, &ev.u.result, &value)) plain_result(text, is_error, &ev.u.result, &value);
+  ev.u.result.value = value;
   lg__step_t st;
   json_t *a;
   if (!step_event(c, &ev, &st, &a) && st.action == LG_ACT_STOP)
@@ -1421,11 +1425,6 @@ static int plain_exchange(chat_t *c, int ask) {
   return done;
 }
 
-static void run_plain(chat_t *c) {
-  for (int ask = 0; !plain_exchange(c, ask); ask++) {
-  }
-}
-
 /* gateway.final_round: the upstream asked once more, whole, with tool use
  * turned off; its text (when it gave one and no tool call) becomes the
  * final message. Not a model event: the run has stopped, and the engine
@@ -1467,6 +1466,35 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
 /* One SSE "data:" payload of the upstream's stream. */
 static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
 static int r_on_event(chat_t *c, const char *data, size_t n);
+
+/* Chat Completions: a chunk's tool call deltas added to the held calls
+ * (by their index), until the stream ends. */
+static void hold_call_deltas(chat_t *c, json_t *tcd) {
+  for (size_t i = 0; i < json_array_size(tcd); i++) {
+    json_t *d = json_array_get(tcd, i);
+    json_int_t idx = json_integer_value(json_object_get(d, "index"));
+    while ((json_int_t)json_array_size(c->tcalls) <= idx)
+      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
+                                                 "function", "function", "name", "", "arguments", ""));
+    json_t *acc = json_array_get(c->tcalls, (size_t)idx);
+    json_t *afn = json_object_get(acc, "function");
+    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
+    json_t *dfn = json_object_get(d, "function");
+    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
+    if (nm) {
+      lg__buf_t b = {0};
+      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
+      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
+      lg__buf_free(&b);
+    }
+    if (ar) {
+      lg__buf_t b = {0};
+      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
+      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
+      lg__buf_free(&b);
+    }
+  }
+}
 
 static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
   if (is_anthropic(c)) return a_on_event(c, data, n, raw, rawn);
@@ -1513,30 +1541,7 @@ static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size
     lg__free(c->finish);
     c->finish = lg__strdup(fin);
   }
-  for (size_t i = 0; json_is_array(tcd) && i < json_array_size(tcd); i++) {
-    json_t *d = json_array_get(tcd, i);
-    json_int_t idx = json_integer_value(json_object_get(d, "index"));
-    while ((json_int_t)json_array_size(c->tcalls) <= idx)
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
-                                                 "function", "function", "name", "", "arguments", ""));
-    json_t *acc = json_array_get(c->tcalls, (size_t)idx);
-    json_t *afn = json_object_get(acc, "function");
-    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
-    json_t *dfn = json_object_get(d, "function");
-    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
-    if (nm) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
-      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
-    if (ar) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
-      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
-  }
+  if (json_is_array(tcd)) hold_call_deltas(c, tcd);
   const char *content = sget(delta, "content");
   if (content) lg__buf_puts(&c->text, content);
   if (content && (c->cut = feed_text(c, 0))) { /* a text loop: cut here */
@@ -2096,8 +2101,11 @@ static int stream_exchange(chat_t *c, int ask) {
   return done;
 }
 
-static void run_stream(chat_t *c) {
-  for (int ask = 0; !stream_exchange(c, ask); ask++) {
+/* The model calls of a request: the first, and the re-asks while every
+ * call of an answer is refused (gateway.max_reasks). */
+static void run_calls(chat_t *c) {
+  int (*exchange)(chat_t *, int) = c->stream ? stream_exchange : plain_exchange;
+  for (int ask = 0; !exchange(c, ask); ask++) {
   }
 }
 
@@ -2293,8 +2301,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     feed_new(&c);
     if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
     if (c.stop_text) answer_final(&c, NULL);
-    else if (c.stream) run_stream(&c);
-    else run_plain(&c);
+    else run_calls(&c);
     keep_for_retry(&c, h);
   }
   if (!j->action && j->run_id[0]) j->action = "pass";
