@@ -1867,9 +1867,9 @@ static int r_on_event(chat_t *c, const char *data, size_t n) {
 }
 
 /* The message item the client has open (a stream cut in the middle),
- * completed with the text it got. */
-static void r_close_open(chat_t *c) {
-  if (c->r_open < 0 || !c->r_open_item) return;
+ * completed with the text it got; that item (new), or NULL. */
+static json_t *r_close_open(chat_t *c) {
+  if (c->r_open < 0 || !c->r_open_item) return NULL;
   const char *id = sget(c->r_open_item, "id");
   const char *text = c->text.data ? c->text.data : "";
   int oi = c->r_open;
@@ -1882,8 +1882,9 @@ static void r_close_open(chat_t *c) {
   json_t *item = json_deep_copy(c->r_open_item);
   json_object_set_new(item, "status", json_string("completed"));
   json_object_set_new(item, "content", json_pack("[O]", part));
-  r_event(c, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.done", "output_index", oi, "item", item));
+  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", oi, "item", item));
   json_decref(part);
+  return item;
 }
 
 /* Responses: the kept function_call items, each whole; the completed
@@ -1904,16 +1905,19 @@ static void emit_kept_responses(chat_t *c, json_t *kept, int refused) {
 /* Ends a Responses stream the gateway must end early: response.completed
  * with what the upstream completed, or an empty incomplete response. */
 static void r_end_stream(chat_t *c) {
-  r_close_open(c);
+  json_t *item = r_close_open(c);
   json_t *resp = c->r_done ? json_incref(c->r_done)
+                 : item    ? json_pack("{s:s, s:s, s:s, s:s?, s:[O]}", "id", "resp_lg_cut", "object", "response",
+                            "status", "completed", "model", c->model, "output", item)
                            : json_pack("{s:s, s:s, s:s, s:[]}", "id", "resp_lg_incomplete", "object",
                                        "response", "status", "incomplete", "output");
+  json_decref(item);
   r_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
 }
 
 /* A final message as Responses events (a stop). */
 static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
-  r_close_open(c);
+  json_decref(r_close_open(c));
   char mid[64];
   snprintf(mid, sizeof mid, "msg_lg%lld", (long long)now_ms(c->cx));
   if (!c->r_started) {

@@ -63,10 +63,14 @@ echo "$out" | get 'd["final"]' | grep -q "Waiting" && fail "chant plain: the loo
 [ "$(echo "$out" | get 'd["seen"][0]["action"]')" = stop ] || fail "chant plain: $out"
 
 note "a text loop under the default policy (observe): the stream cut, a normal end, no stop"
-out=$(guard BASE_URL="$g_URL/v1" MODEL=chant STREAM=1) || fail "chant observe: $out"
-[ "$(echo "$out" | get 'd["ended"]')" = final ] && [ "$(echo "$out" | get 'd["finish"]')" = stop ] || fail "chant observe: $out"
-[ "$(echo "$out" | get 'int(d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant observe: not cut: $out"
-echo "$out" | get 'd["final"]' | grep -q "stopping" && fail "chant observe: stopped: $out"
+for api in chat messages responses; do
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=chant STREAM=1) || fail "chant observe $api: $out"
+  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "chant observe $api: $out"
+  [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
+    fail "chant observe $api: the stream did not finish normally: $out"
+  [ "$(echo "$out" | get 'int(0 < d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant observe $api: not cut: $out"
+  echo "$out" | get 'd["final"]' | grep -q "stopping" && fail "chant observe $api: stopped: $out"
+done
 
 note "a new user message after a stop: a new run; the same with X-Loopguard-Run: still stopped"
 e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" node "$HERE/conversation.mjs") || fail "episode: $e"
@@ -191,6 +195,7 @@ start_server down --store memory: --upstream "http://127.0.0.1:9/v1"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"x","max_tokens":5,"messages":[{"role":"user","content":"x"}]}' "$down_URL/v1/messages")
 [ "$code" = 502 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] && grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: $code $(cat "$TMP/e.json")"
 stop_server down
+[ "$down_RC" = 0 ] || fail "the down server exited $down_RC: $(tail -5 "$TMP/down.err")"
 
 note "a missing or wrong token: 401 in each API's shape"
 echo "agent gw-agent-token-0123456789" >"$TMP/tokens"
@@ -203,6 +208,7 @@ code=$(curl -s -H "Content-Type: application/json" -H 'x-api-key: wrong' -o "$TM
 code=$(curl -s -H "Content-Type: application/json" -H 'Authorization: Bearer gw-agent-token-0123456789' -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/chat/completions")
 [ "$code" = 200 ] || fail "the agent token: $code $(cat "$TMP/e.json")"
 stop_server auth
+[ "$auth_RC" = 0 ] || fail "the auth server exited $auth_RC: $(tail -5 "$TMP/auth.err")"
 
 note "runs past LOOPGUARD_GATEWAY_MAX_RUNS are evicted: an evicted conversation goes on as a new run"
 LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store memory: --upstream "$FAKE/v1"
@@ -213,6 +219,7 @@ echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fai
 e=$(env MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1" node "$HERE/conversation.mjs") || fail "evict: $e"
 [ "$(echo "$e" | get 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "within the bound, a run was evicted: $e"
 stop_server lru
+[ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
 
 note "the upstream never saw a conversation a provider rejects"
 v=$(stats 'd["violations"]')
