@@ -1,33 +1,39 @@
 /*
- * chat.c — OpenAI Chat Completions through the guard (POST
- * /v1/chat/completions, stream false and true).
+ * chat.c — one model request through the guard, whatever its API (POST
+ * /v1/chat/completions, /v1/responses, /v1/messages; stream false and
+ * true): the conversation model. The wire formats are completions.c,
+ * responses.c and messages.c (conv.h).
  *
  * One request, in order:
  *   1. its run: X-Loopguard-Run, else derived from the conversation's
  *      start (the first assistant message: the id of its first tool call,
- *      unique, else a hash of the messages up to it);
+ *      unique, else a hash of the messages up to it), or the run of
+ *      previous_response_id; created with X-Loopguard-Policy's policy;
  *   2. the messages new since the run's last request become events: each
- *      `tool` message a result (the structured result contract when its
- *      content is a JSON object with a trace-v1 status);
+ *      tool result a result (the structured result contract when its
+ *      content is a JSON object with a trace-v1 status), a new message
+ *      of the person a user event (a new episode);
  *   3. the model call is a model event, its worst case the request's
  *      bytes (a token is at least one byte) plus max_tokens; a stop here
  *      never reaches the upstream;
  *   4. the upstream body: the client's, with the calls the guard refused
  *      restored in place (each an assistant tool call and its tool
  *      answer, before the client message that followed it), steer
- *      messages appended to the result they concern, the hidden tool
- *      removed;
- *   5. the upstream's answer: its usage settles the model call, each tool
- *      call is a call event in one turn; executed calls pass, refused
- *      ones are taken out (and restored from then on), and when none is
- *      left the upstream is asked again (gateway.max_reasks); a stop is
- *      a final assistant message.
+ *      messages appended to what they concern, the cascade applied
+ *      (the hidden tool removed, the offered tools added, the escalated
+ *      model);
+ *   5. the upstream's answer: its text is text events (in pieces while it
+ *      streams: a text loop cuts the stream), its usage settles the model
+ *      call, each tool call is a call event in one turn; executed calls
+ *      pass, refused ones are taken out (and restored from then on), and
+ *      when none is left the upstream is asked again (gateway.max_reasks);
+ *      a stop is a final assistant message (after gateway.final_round).
  * An answer the guard did not change is the upstream's bytes as they
  * came. Streams: text deltas are forwarded as they arrive, tool call
  * deltas held until the response is complete, then decided and emitted
  * (or not) with indices renumbered.
  */
-#include "gw.h"
+#include "conv.h"
 
 #include "../policy/policy.h"
 
@@ -39,9 +45,6 @@
 
 /* ---- small helpers ---- */
 
-static const char *sget(const json_t *o, const char *k) {
-  return json_string_value(json_object_get(o, k));
-}
 
 /* The text of a message's content: a string, or the text parts. New. */
 static char *content_text(const json_t *msg) {
@@ -121,7 +124,6 @@ static bool valid_id(const char *s) {
   return true;
 }
 
-static int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
 
 /* The decision object of a step (new reference), or NULL. */
 static json_t *answer_json(const lg__step_t *st) {
@@ -135,66 +137,6 @@ static json_t *answer_json(const lg__step_t *st) {
   return a;
 }
 
-/* ---- state of one request ---- */
-
-typedef struct chat {
-  int api;                    /* LG__GW_API_OPENAI (chat), _ANTHROPIC (messages) */
-  lg__gw_ctx_t *cx;
-  lg__gw_job_t *j;
-  lg__gw_run_t *r;
-  json_t *root, *messages;
-  size_t n;                   /* client messages */
-  const char *model;          /* as sent upstream */
-  int stream;                 /* the client asked for a stream */
-  int client_usage;           /* the client asked for the usage chunk */
-  size_t ui;                  /* upstream */
-  char *new_key;              /* the conversation key to register */
-  char *stop_text;            /* the run stopped: the final message */
-  int streamed;               /* the stream began */
-  int max_reasks;             /* gateway.max_reasks of the run's policy */
-  size_t base_ui;             /* the upstream and model of the request, before */
-  const char *base_model;     /*   an escalation (cascade.escalate) changes them */
-  char *esc_model;            /* this model call's cascade.escalate model, or NULL */
-  int estimate;               /* building the worst case: every offer, the longer model */
-  int final_round;            /* building gateway.final_round's body: tools off */
-  lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
-  size_t text_fed;            /* bytes of text already given to the step */
-  int cut;                    /* a text loop cut the stream: 1 observe, 2 stop */
-  int events;                 /* valid events read from the upstream's stream */
-  int saw_error;              /* the upstream's stream carried its own error event */
-  int a_open;                 /* Anthropic stream: the client's open text block, or -1 */
-  int r_open;                 /* Responses stream: the client's open message item, or -1 */
-  json_t *r_open_item;        /*   and that item (output_item.added's) */
-  /* streaming: the response being read */
-  lg__buf_t line;             /* a partial SSE line */
-  json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
-  json_t *last_chunk;         /* a chunk as a template for ours */
-  json_t *usage;              /* the usage chunk's usage */
-  int saw_done;
-  lg__buf_t text;             /* the text streamed */
-  char *finish;               /* the finish_reason held back */
-  /* Responses */
-  const char *prev_id;        /* previous_response_id of the request */
-  const char *cur_resp_id;    /* the id of the response being decided */
-  char *reask_prev;           /* a re-ask continues this response */
-  json_t *input_wrap;         /* input given as a string, as a message */
-  int r_seq;                  /* the client's next sequence_number */
-  int r_index;                /* the client's next output_index */
-  int r_started;              /* response.created sent */
-  json_t *r_done;             /* the upstream's response.completed response */
-  /* Anthropic streams */
-  int a_started;              /* message_start sent to the client */
-  int a_index;                /* the client's next content block index */
-  json_t *a_map;              /* upstream block index -> client index, or -1 - tool index */
-  json_t *a_msg;              /* message_start's message (a template) */
-  int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
-} chat_t;
-
-#define API_RESPONSES 2 /* c->api: OpenAI Responses */
-static int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }
-static int is_responses(const chat_t *c) { return c->api == API_RESPONSES; }
-/* Tools and tool_choice name their function at the top (Messages, Responses). */
-static int flat_tools(const chat_t *c) { return c->api != LG__GW_API_OPENAI; }
 
 /* ---- events ---- */
 
@@ -258,7 +200,7 @@ static int text_event(chat_t *c, const char *p, size_t n) {
 
 /* The text of the response not given to the step yet, when a piece is
  * full or (all) at the end. Returns text_event's answer. */
-static int feed_text(chat_t *c, int at_end) {
+int lg__gwc_feed_text(chat_t *c, int at_end) {
   size_t n = c->text.len - c->text_fed;
   if (!n || (!at_end && n < TEXT_PIECE)) return 0;
   const char *p = c->text.data + c->text_fed;
@@ -619,14 +561,14 @@ static char *body_text(chat_t *c, size_t *len) {
 /* ---- final answers ---- */
 
 /* The client's stream starts (the HTTP side answers 200, text/event-stream). */
-static void begin_stream(chat_t *c) {
+void lg__gwc_begin_stream(chat_t *c) {
   if (c->streamed) return;
   lg__gw_stream_start(c->j);
   c->streamed = 1;
 }
 
 /* A JSON object as the whole (non-stream) answer, 200. */
-static void answer_body(chat_t *c, json_t *o) {
+void lg__gwc_answer_body(chat_t *c, json_t *o) {
   lg__gw_job_t *j = c->j;
   char *t = o ? lg__json_text(o, NULL) : NULL;
   j->status = 200;
@@ -637,157 +579,10 @@ static void answer_body(chat_t *c, json_t *o) {
   lg__gw_answer(j);
 }
 
-static void chunk_id(chat_t *c, char *buf, size_t n) {
-  snprintf(buf, n, "chatcmpl-lg%lld", (long long)now_ms(c->cx));
-}
 
-/* Writes one Anthropic SSE event. */
-static void a_event(chat_t *c, const char *type, json_t *data) {
-  char *t = data ? lg__json_text(data, NULL) : NULL;
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type, t ? t : "{}");
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
-  lg__free(t);
-  json_decref(data);
-}
 
-static void a_message_start(chat_t *c, const char *model) {
-  if (c->a_started) return;
-  c->a_started = 1;
-  char id[64];
-  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
-  json_t *m = c->a_msg ? json_incref(c->a_msg)
-                       : json_pack("{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:{s:i, s:i}}", "id", id,
-                                   "type", "message", "role", "assistant", "content", "model", model,
-                                   "stop_reason", "stop_sequence", "usage", "input_tokens", 0,
-                                   "output_tokens", 0);
-  a_event(c, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", m));
-}
 
-/* The text block the client has open (a stream cut in the middle), closed. */
-static void a_close_open(chat_t *c) {
-  if (c->a_open < 0) return;
-  a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", c->a_open));
-  c->a_open = -1;
-}
 
-static void a_message_end(chat_t *c, const char *stop_reason) {
-  a_close_open(c);
-  a_event(c, "message_delta",
-          json_pack("{s:s, s:{s:s, s:n}, s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
-                    stop_reason, "stop_sequence", "usage", "output_tokens", (json_int_t)c->a_out_tokens));
-  a_event(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-}
-
-static void answer_final_anthropic(chat_t *c, const char *text, const char *model) {
-  if (c->stream) {
-    begin_stream(c);
-    a_message_start(c, model);
-    a_close_open(c);
-    int i = c->a_index++;
-    a_event(c, "content_block_start",
-            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", i,
-                      "content_block", "type", "text", "text", ""));
-    a_event(c, "content_block_delta",
-            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", i, "delta",
-                      "type", "text_delta", "text", text));
-    a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", i));
-    a_message_end(c, "end_turn");
-    return;
-  }
-  char id[64];
-  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
-  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, s:{s:i, s:i}}", "id", id,
-                        "type", "message", "role", "assistant", "model", model, "content", "type",
-                        "text", "text", text, "stop_reason", "end_turn", "stop_sequence", "usage",
-                        "input_tokens", 0, "output_tokens", 0);
-  answer_body(c, o);
-  json_decref(o);
-}
-
-static void register_key(chat_t *c, json_t *msg);
-static void r_final_stream(chat_t *c, const char *text, json_t *resp);
-
-static void answer_final_responses(chat_t *c, const char *text, const char *model) {
-  char id[64], mid[64];
-  int64_t t = now_ms(c->cx);
-  snprintf(id, sizeof id, "resp_lg%lld%04d", (long long)t, (int)(lg__hash_str(c->r->id) % 10000));
-  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)t);
-  json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}],"
-                        " s:n, s:n, s:{s:i, s:i, s:i}}",
-                        "id", id, "object", "response", "created_at", (json_int_t)(t / 1000),
-                        "status", "completed", "model", model, "output", "type", "message", "id", mid,
-                        "status", "completed", "role", "assistant", "content", "type", "output_text",
-                        "text", text, "annotations", "error", "incomplete_details", "usage",
-                        "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
-  register_key(c, o);
-  if (c->stream) {
-    begin_stream(c);
-    r_final_stream(c, text, o);
-    json_decref(o);
-    return;
-  }
-  answer_body(c, o);
-  json_decref(o);
-}
-
-/* Chat Completions: the final message as the stream's last chunks. */
-static void final_chat_stream(chat_t *c, const char *text, const char *model) {
-  char id[64];
-  chunk_id(c, id, sizeof id);
-  json_int_t created = (json_int_t)(now_ms(c->cx) / 1000);
-  begin_stream(c);
-  lg__buf_t b = {0};
-  json_t *ch = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n}]}", "id", id, "object",
-                         "chat.completion.chunk", "created", created, "model", model, "choices",
-                         "index", 0, "delta", "role", "assistant", "content", text, "finish_reason");
-  json_t *fin = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{}, s:s}]}", "id", id, "object",
-                          "chat.completion.chunk", "created", created, "model", model, "choices",
-                          "index", 0, "delta", "finish_reason", "stop");
-  char *t1 = ch ? lg__json_text(ch, NULL) : NULL, *t2 = fin ? lg__json_text(fin, NULL) : NULL;
-  lg__buf_printf(&b, "data: %s\n\ndata: %s\n\n", t1 ? t1 : "{}", t2 ? t2 : "{}");
-  if (c->client_usage) {
-    json_t *zero = json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0, "completion_tokens", 0, "total_tokens", 0);
-    json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:O}", "id", id, "object",
-                          "chat.completion.chunk", "created", created, "model", model, "choices",
-                          "usage", c->usage ? c->usage : zero);
-    char *t3 = u ? lg__json_text(u, NULL) : NULL;
-    lg__buf_printf(&b, "data: %s\n\n", t3 ? t3 : "{}");
-    lg__free(t3);
-    json_decref(u);
-    json_decref(zero);
-  }
-  lg__buf_puts(&b, "data: [DONE]\n\n");
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
-  lg__free(t1);
-  lg__free(t2);
-  json_decref(ch);
-  json_decref(fin);
-}
-
-/* Chat Completions: the final message as the whole answer (the upstream's
- * response `resp` with its choices replaced, or one of ours). */
-static void final_chat_plain(chat_t *c, const char *text, const char *model, json_t *resp) {
-  char id[64];
-  chunk_id(c, id, sizeof id);
-  json_t *o = resp ? json_copy(resp) : json_object();
-  if (!resp) {
-    json_object_set_new(o, "id", json_string(id));
-    json_object_set_new(o, "object", json_string("chat.completion"));
-    json_object_set_new(o, "created", json_integer(now_ms(c->cx) / 1000));
-    json_object_set_new(o, "model", json_string(model));
-    json_object_set_new(o, "usage", json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0,
-                                              "completion_tokens", 0, "total_tokens", 0));
-  }
-  json_object_set_new(o, "choices",
-                      json_pack("[{s:i, s:{s:s, s:s, s:n}, s:n, s:s}]", "index", 0, "message", "role",
-                                "assistant", "content", text, "refusal", "logprobs",
-                                "finish_reason", "stop"));
-  answer_body(c, o);
-  json_decref(o);
-}
 
 static void final_round(chat_t *c);
 
@@ -815,10 +610,10 @@ static void answer_final(chat_t *c, json_t *resp) {
   c->r->final_text = lg__strdup(text);
   raise_action(c->j, "stop", c->j->reason[0] ? c->j->reason : NULL);
   const char *model = resp && sget(resp, "model") ? sget(resp, "model") : c->model ? c->model : "";
-  if (is_anthropic(c)) answer_final_anthropic(c, text, model);
-  else if (is_responses(c)) answer_final_responses(c, text, model);
-  else if (c->stream) final_chat_stream(c, text, model);
-  else final_chat_plain(c, text, model, resp);
+  if (is_anthropic(c)) lg__gwm_final(c, text, model);
+  else if (is_responses(c)) lg__gwr_final(c, text, model);
+  else if (c->stream) lg__gwo_final_stream(c, text, model);
+  else lg__gwo_final_plain(c, text, model, resp);
 }
 
 /* ---- one model call ---- */
@@ -1164,7 +959,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
   return co;
 }
 
-/* ---- the exchange, non-stream ---- */
+/* ---- answers and what they hold ---- */
 
 /* Answers the response resp (parsed) / raw (the bytes), changed or not. */
 static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int changed) {
@@ -1182,7 +977,7 @@ static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int c
   lg__gw_answer(j);
 }
 
-static void register_key(chat_t *c, json_t *msg) {
+void lg__gwc_register_key(chat_t *c, json_t *msg) {
   if (is_responses(c) && sget(msg, "id")) { /* previous_response_id finds the run */
     lg__buf_t b = {0};
     lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
@@ -1208,7 +1003,7 @@ static void register_key(chat_t *c, json_t *msg) {
 /* The members of array obj[member] whose "type" is `type` (new array):
  * an Anthropic message's tool_use blocks, a Responses output's
  * function_call items. */
-static json_t *items_of_type(json_t *obj, const char *member, const char *type) {
+json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type) {
   json_t *out = json_array(), *items = json_object_get(obj, member);
   for (size_t i = 0; i < json_array_size(items); i++) {
     const char *ty = sget(json_array_get(items, i), "type");
@@ -1216,50 +1011,8 @@ static json_t *items_of_type(json_t *obj, const char *member, const char *type) 
   }
   return out;
 }
-static json_t *tool_uses(json_t *msg) { return items_of_type(msg, "content", "tool_use"); }
-static json_t *function_calls(json_t *resp) { return items_of_type(resp, "output", "function_call"); }
 
-/* The output_text of a Responses output (new). */
-static char *output_text(json_t *resp) {
-  lg__buf_t b = {0};
-  lg__buf_puts(&b, "");
-  json_t *items = json_object_get(resp, "output");
-  for (size_t i = 0; i < json_array_size(items); i++) {
-    json_t *ct = json_object_get(json_array_get(items, i), "content");
-    for (size_t k = 0; k < json_array_size(ct); k++) {
-      const char *ty = sget(json_array_get(ct, k), "type");
-      if (ty && !strcmp(ty, "output_text")) lg__buf_puts(&b, sget(json_array_get(ct, k), "text"));
-    }
-  }
-  return lg__buf_steal(&b, NULL);
-}
 
-/* Takes the refused function_call items out of a Responses output. */
-static void keep_items(json_t *resp, json_t *kept) {
-  json_t *items = json_object_get(resp, "output"), *ni = json_array();
-  for (size_t i = 0; i < json_array_size(items); i++) {
-    json_t *it = json_array_get(items, i);
-    const char *ty = sget(it, "type");
-    int keep = !ty || strcmp(ty, "function_call");
-    for (size_t k = 0; !keep && k < json_array_size(kept); k++) keep = json_array_get(kept, k) == it;
-    if (keep) json_array_append(ni, it);
-  }
-  json_object_set_new(resp, "output", ni);
-}
-
-/* Takes the refused tool_use blocks out of msg's content. */
-static void keep_blocks(json_t *msg, json_t *kept) {
-  json_t *blocks = json_object_get(msg, "content"), *nb = json_array();
-  for (size_t i = 0; i < json_array_size(blocks); i++) {
-    json_t *bl = json_array_get(blocks, i);
-    const char *ty = sget(bl, "type");
-    int keep = !ty || strcmp(ty, "tool_use");
-    for (size_t k = 0; !keep && k < json_array_size(kept); k++)
-      keep = json_array_get(kept, k) == bl;
-    if (keep) json_array_append(nb, bl);
-  }
-  json_object_set_new(msg, "content", nb);
-}
 
 static const char *api_path(const chat_t *c) {
   return is_anthropic(c) ? "/messages" : is_responses(c) ? "/responses" : "/chat/completions";
@@ -1332,15 +1085,15 @@ static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
 /* The text of an answer's message (new). */
 static char *answer_text(chat_t *c, json_t *msg) {
   if (is_anthropic(c)) return content_text(msg);
-  if (is_responses(c)) return output_text(msg);
+  if (is_responses(c)) return lg__gwr_output_text(msg);
   const char *t = sget(msg, "content");
   return lg__strdup(t ? t : "");
 }
 
 /* The tool calls of an answer's message (new reference). */
 static json_t *answer_calls(chat_t *c, json_t *msg) {
-  if (is_anthropic(c)) return tool_uses(msg);
-  if (is_responses(c)) return function_calls(msg);
+  if (is_anthropic(c)) return lg__gwm_tool_uses(msg);
+  if (is_responses(c)) return lg__gwr_function_calls(msg);
   json_t *t = json_object_get(msg, "tool_calls");
   return json_is_array(t) ? json_incref(t) : json_array();
 }
@@ -1358,7 +1111,7 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
   }
   if (!json_array_size(tcs)) {
     if (tx != 1) raise_action(c->j, "pass", NULL);
-    register_key(c, msg);
+    lg__gwc_register_key(c, msg);
     answer_json_obj(c, resp, raw, 0);
     json_decref(tcs);
     lg__free(text);
@@ -1371,10 +1124,10 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
   if (co.stop) {
     answer_final(c, resp);
   } else if (json_array_size(co.kept)) {
-    if (co.refused && is_responses(c)) keep_items(msg, co.kept);
-    else if (co.refused && is_anthropic(c)) keep_blocks(msg, co.kept);
+    if (co.refused && is_responses(c)) lg__gwr_keep_items(msg, co.kept);
+    else if (co.refused && is_anthropic(c)) lg__gwm_keep_blocks(msg, co.kept);
     else if (co.refused) json_object_set(msg, "tool_calls", co.kept);
-    register_key(c, msg);
+    lg__gwc_register_key(c, msg);
     answer_json_obj(c, resp, raw, co.refused > 0);
   } else if (ask < c->max_reasks) { /* nothing left for the client: ask again */
     if (is_responses(c) && (c->prev_id || c->reask_prev) && sget(resp, "id")) {
@@ -1451,117 +1204,14 @@ static void final_round(chat_t *c) {
   lg__gw_http_clear(&x);
 }
 
-/* ---- the exchange, streamed ---- */
 
-static void stream_chunk_text(chat_t *c, json_t *chunk) {
-  char *t = lg__json_text(chunk, NULL);
-  if (!t) return;
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "data: %s\n\n", t);
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
-  lg__free(t);
-}
 
-/* One SSE "data:" payload of the upstream's stream. */
-static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
-static int r_on_event(chat_t *c, const char *data, size_t n);
 
-/* Chat Completions: a chunk's tool call deltas added to the held calls
- * (by their index), until the stream ends. */
-static void hold_call_deltas(chat_t *c, json_t *tcd) {
-  for (size_t i = 0; i < json_array_size(tcd); i++) {
-    json_t *d = json_array_get(tcd, i);
-    json_int_t idx = json_integer_value(json_object_get(d, "index"));
-    while ((json_int_t)json_array_size(c->tcalls) <= idx)
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
-                                                 "function", "function", "name", "", "arguments", ""));
-    json_t *acc = json_array_get(c->tcalls, (size_t)idx);
-    json_t *afn = json_object_get(acc, "function");
-    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
-    json_t *dfn = json_object_get(d, "function");
-    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
-    if (nm) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
-      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
-    if (ar) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
-      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
-  }
-}
-
+/* One SSE "data:" payload of the upstream's stream, to its API's reader. */
 static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
-  if (is_anthropic(c)) return a_on_event(c, data, n, raw, rawn);
-  if (is_responses(c)) return r_on_event(c, data, n);
-  if (n == 6 && !memcmp(data, "[DONE]", 6)) {
-    c->saw_done = 1;
-    return 0;
-  }
-  lg__json_begin();
-  json_t *ch = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ch)) {
-    json_decref(ch);
-    return 0; /* not JSON: dropped */
-  }
-  c->events++;
-  begin_stream(c);
-  if (json_object_get(ch, "error")) { /* the upstream's error event: as it came */
-    c->saw_error = 1;
-    lg__gw_stream_write(c->j, raw, rawn);
-    json_decref(ch);
-    return 0;
-  }
-  json_t *u = json_object_get(ch, "usage");
-  if (json_is_object(u)) {
-    json_decref(c->usage);
-    c->usage = json_incref(u);
-  }
-  json_t *choices = json_object_get(ch, "choices");
-  json_t *choice = json_array_get(choices, 0);
-  if (!choice) { /* the usage chunk: passed on only if the client asked */
-    if (c->client_usage) {
-      json_decref(c->last_chunk);
-      c->last_chunk = json_incref(ch);
-    }
-    json_decref(ch);
-    return 0;
-  }
-  json_decref(c->last_chunk);
-  c->last_chunk = json_incref(ch);
-  json_t *delta = json_object_get(choice, "delta");
-  json_t *tcd = json_object_get(delta, "tool_calls");
-  const char *fin = sget(choice, "finish_reason");
-  if (fin) {
-    lg__free(c->finish);
-    c->finish = lg__strdup(fin);
-  }
-  if (json_is_array(tcd)) hold_call_deltas(c, tcd);
-  const char *content = sget(delta, "content");
-  if (content) lg__buf_puts(&c->text, content);
-  if (content && (c->cut = feed_text(c, 0))) { /* a text loop: cut here */
-    json_decref(ch);
-    return 1;
-  }
-  /* Text and role deltas pass at once, as they came; tool call deltas and
-   * the finish are held. */
-  if (!json_is_array(tcd) && !fin) {
-    lg__gw_stream_write(c->j, raw, rawn);
-  } else if (content && *content) {
-    json_t *cp = json_deep_copy(ch);
-    json_t *cd = json_object_get(json_array_get(json_object_get(cp, "choices"), 0), "delta");
-    json_object_del(cd, "tool_calls");
-    json_object_set_new(json_array_get(json_object_get(cp, "choices"), 0), "finish_reason", json_null());
-    stream_chunk_text(c, cp);
-    json_decref(cp);
-  }
-  json_decref(ch);
-  return 0;
+  if (is_anthropic(c)) return lg__gwm_on_event(c, data, n, raw, rawn);
+  if (is_responses(c)) return lg__gwr_on_event(c, data, n);
+  return lg__gwo_on_event(c, data, n, raw, rawn);
 }
 
 static int on_stream_data(void *ud, const char *p, size_t n) {
@@ -1617,335 +1267,14 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
   return 0;
 }
 
-/* After the upstream's stream ended: the held calls decided and emitted. */
-/* Chat Completions: the kept calls as one chunk, renumbered from 0. */
-static void emit_kept_chat(chat_t *c, json_t *kept) {
-  json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", kept);
-  register_key(c, m);
-  json_decref(m);
-  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
-  json_t *calls = json_array();
-  for (size_t i = 0; i < json_array_size(kept); i++) {
-    json_t *k = json_deep_copy(json_array_get(kept, i));
-    json_object_set_new(k, "index", json_integer((json_int_t)i));
-    json_array_append_new(calls, k);
-  }
-  json_t *choices = json_pack("[{s:i, s:{s:o}, s:n}]", "index", 0, "delta", "tool_calls", calls,
-                              "finish_reason");
-  json_object_set_new(tmpl, "choices", choices);
-  json_object_del(tmpl, "usage");
-  stream_chunk_text(c, tmpl);
-  json_decref(tmpl);
-}
 
-static void end_stream(chat_t *c) {
-  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
-  const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
-  json_object_set_new(tmpl, "choices",
-                      json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", fin));
-  json_object_del(tmpl, "usage");
-  stream_chunk_text(c, tmpl);
-  json_decref(tmpl);
-  if (c->client_usage && c->usage) {
-    json_t *u = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
-    json_object_set_new(u, "choices", json_array());
-    json_object_set(u, "usage", c->usage);
-    stream_chunk_text(c, u);
-    json_decref(u);
-  }
-  lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
-}
 
-/* ---- Anthropic streams ---- */
-
-static int a_map_get(chat_t *c, json_int_t idx) {
-  char k[32];
-  snprintf(k, sizeof k, "%lld", (long long)idx);
-  json_t *v = json_object_get(c->a_map, k);
-  return v ? (int)json_integer_value(v) : -1000000;
-}
-
-static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
-  json_t *cp = json_copy(ch);
-  if (index >= 0) json_object_set_new(cp, "index", json_integer(index));
-  a_event(c, type, cp);
-}
-
-static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
-  (void)raw, (void)rawn;
-  lg__json_begin();
-  json_t *ch = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ch)) {
-    json_decref(ch);
-    return 0;
-  }
-  c->events++;
-  begin_stream(c);
-  const char *type = sget(ch, "type");
-  json_int_t idx = json_integer_value(json_object_get(ch, "index"));
-  if (!type) {
-  } else if (!strcmp(type, "message_start")) {
-    json_t *m = json_object_get(ch, "message");
-    if (!c->a_msg && json_is_object(m)) c->a_msg = json_incref(m);
-    json_decref(c->usage);
-    c->usage = json_pack("{s:O?}", "input_tokens", json_object_get(json_object_get(m, "usage"), "input_tokens"));
-    a_message_start(c, c->model ? c->model : "");
-  } else if (!strcmp(type, "content_block_start")) {
-    json_t *cb = json_object_get(ch, "content_block");
-    const char *ty = sget(cb, "type");
-    char k[32];
-    snprintf(k, sizeof k, "%lld", (long long)idx);
-    if (ty && !strcmp(ty, "tool_use")) { /* held until decided */
-      int t = (int)json_array_size(c->tcalls);
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:s, s:s}", "type", "tool_use", "id",
-                                                 sget(cb, "id") ? sget(cb, "id") : "", "name",
-                                                 sget(cb, "name") ? sget(cb, "name") : "", "_args", ""));
-      json_object_set_new(c->a_map, k, json_integer(-1 - t));
-    } else {
-      int ci = c->a_index++;
-      json_object_set_new(c->a_map, k, json_integer(ci));
-      a_forward(c, type, ch, ci);
-      c->a_open = ci;
-    }
-  } else if (!strcmp(type, "content_block_delta") || !strcmp(type, "content_block_stop")) {
-    int m = a_map_get(c, idx);
-    json_t *d = json_object_get(ch, "delta");
-    if (m <= -1 && m > -1000000) {
-      json_t *tu = json_array_get(c->tcalls, (size_t)(-1 - m));
-      const char *pj = sget(d, "partial_json");
-      if (tu && pj) {
-        lg__buf_t b = {0};
-        lg__buf_printf(&b, "%s%s", sget(tu, "_args"), pj);
-        json_object_set_new(tu, "_args", json_string(b.data ? b.data : ""));
-        lg__buf_free(&b);
-      }
-    } else if (m >= 0) {
-      const char *tx = sget(d, "text");
-      if (tx) lg__buf_puts(&c->text, tx);
-      if (tx && (c->cut = feed_text(c, 0))) { /* a text loop: cut here */
-        json_decref(ch);
-        return 1;
-      }
-      a_forward(c, type, ch, m);
-      if (!strcmp(type, "content_block_stop") && m == c->a_open) c->a_open = -1;
-    }
-  } else if (!strcmp(type, "message_delta")) {
-    const char *sr = sget(json_object_get(ch, "delta"), "stop_reason");
-    if (sr) {
-      lg__free(c->finish);
-      c->finish = lg__strdup(sr);
-    }
-    json_t *ot = json_object_get(json_object_get(ch, "usage"), "output_tokens");
-    if (json_is_integer(ot)) {
-      c->a_out_tokens += json_integer_value(ot);
-      if (c->usage) json_object_set(c->usage, "output_tokens", ot);
-    }
-  } else if (!strcmp(type, "message_stop")) {
-    c->saw_done = 1;
-  } else { /* ping, error: as they came */
-    if (!strcmp(type, "error")) c->saw_error = 1;
-    a_event(c, type, json_incref(ch));
-  }
-  json_decref(ch);
-  return 0;
-}
-
-/* Messages: the kept tool_use blocks, each whole, with the client's indices. */
-static void emit_kept_anthropic(chat_t *c, json_t *kept) {
-  a_close_open(c);
-  json_t *blocks = json_array();
-  for (size_t i = 0; i < json_array_size(kept); i++) {
-    json_t *tu = json_array_get(kept, i);
-    int ci = c->a_index++;
-    a_event(c, "content_block_start",
-            json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
-                      ci, "content_block", "type", "tool_use", "id", sget(tu, "id"), "name",
-                      sget(tu, "name"), "input"));
-    a_event(c, "content_block_delta",
-            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", ci,
-                      "delta", "type", "input_json_delta", "partial_json", sget(tu, "_args")));
-    a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
-    json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "tool_use", "id", sget(tu, "id")));
-  }
-  json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", blocks);
-  register_key(c, m);
-  json_decref(m);
-  lg__free(c->finish);
-  c->finish = lg__strdup("tool_use");
-}
-
-static void a_end_stream(chat_t *c) {
-  a_message_start(c, c->model ? c->model : "");
-  const char *fin = c->finish && strcmp(c->finish, "tool_use") ? c->finish : "end_turn";
-  if (c->finish && !strcmp(c->finish, "tool_use")) {
-    /* tool_use only when calls were emitted: finish_stream says so */
-    fin = "tool_use";
-  }
-  a_message_end(c, fin);
-}
-
-/* ---- Responses streams ---- */
-
-/* Writes one Responses event with the client's own sequence number. */
-static void r_event(chat_t *c, json_t *ev) {
-  const char *type = sget(ev, "type");
-  json_object_set_new(ev, "sequence_number", json_integer(c->r_seq++));
-  char *t = lg__json_text(ev, NULL);
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type ? type : "message", t ? t : "{}");
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
-  lg__free(t);
-  json_decref(ev);
-}
-
-static int r_on_event(chat_t *c, const char *data, size_t n) {
-  lg__json_begin();
-  json_t *ev = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ev)) {
-    json_decref(ev);
-    return 0;
-  }
-  c->events++;
-  begin_stream(c);
-  const char *type = sget(ev, "type");
-  json_int_t oi = json_integer_value(json_object_get(ev, "output_index"));
-  char k[32];
-  snprintf(k, sizeof k, "%lld", (long long)oi);
-  if (!type) {
-    json_decref(ev);
-  } else if (!strcmp(type, "response.created") || !strcmp(type, "response.in_progress")) {
-    if (c->r_started > 1 || (c->r_started && !strcmp(type, "response.created"))) json_decref(ev);
-    else {
-      c->r_started++;
-      r_event(c, ev);
-    }
-  } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
-    json_decref(c->r_done);
-    c->r_done = json_incref(json_object_get(ev, "response"));
-    json_decref(c->usage);
-    c->usage = json_incref(json_object_get(c->r_done, "usage"));
-    c->saw_done = 1;
-    json_decref(ev);
-  } else if (!strcmp(type, "response.output_item.added")) {
-    json_t *it = json_object_get(ev, "item");
-    const char *ity = sget(it, "type");
-    if (ity && !strcmp(ity, "function_call")) { /* held until decided */
-      json_object_set_new(c->a_map, k, json_integer(-1));
-      json_decref(ev);
-    } else {
-      int ci = c->r_index++;
-      json_object_set_new(c->a_map, k, json_integer(ci));
-      json_object_set_new(ev, "output_index", json_integer(ci));
-      if (ity && !strcmp(ity, "message")) { /* open until its output_item.done */
-        c->r_open = ci;
-        json_decref(c->r_open_item);
-        c->r_open_item = json_deep_copy(it);
-      }
-      r_event(c, ev);
-    }
-  } else if (json_object_get(ev, "output_index")) {
-    int m = a_map_get(c, oi);
-    if (m < 0) {
-      json_decref(ev); /* a held call's deltas, or an item never announced */
-    } else {
-      const char *d = !strcmp(type, "response.output_text.delta") ? sget(ev, "delta") : NULL;
-      if (d) lg__buf_puts(&c->text, d);
-      if (d && (c->cut = feed_text(c, 0))) { /* a text loop: cut here */
-        json_decref(ev);
-        return 1;
-      }
-      if (!strcmp(type, "response.output_item.done") && m == c->r_open) c->r_open = -1;
-      json_object_set_new(ev, "output_index", json_integer(m));
-      r_event(c, ev);
-    }
-  } else { /* errors and the rest: as they came */
-    if (!strcmp(type, "error") || !strcmp(type, "response.failed")) c->saw_error = 1;
-    r_event(c, ev);
-  }
-  return 0;
-}
-
-/* The message item the client has open (a stream cut in the middle),
- * completed with the text it got; that item (new), or NULL. */
-static json_t *r_close_open(chat_t *c) {
-  if (c->r_open < 0 || !c->r_open_item) return NULL;
-  const char *id = sget(c->r_open_item, "id");
-  const char *text = c->text.data ? c->text.data : "";
-  int oi = c->r_open;
-  c->r_open = -1;
-  r_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", id,
-                       "output_index", oi, "content_index", 0, "text", text));
-  json_t *part = json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations");
-  r_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:O}", "type", "response.content_part.done", "item_id", id,
-                       "output_index", oi, "content_index", 0, "part", part));
-  json_t *item = json_deep_copy(c->r_open_item);
-  json_object_set_new(item, "status", json_string("completed"));
-  json_object_set_new(item, "content", json_pack("[O]", part));
-  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", oi, "item", item));
-  json_decref(part);
-  return item;
-}
-
-/* Responses: the kept function_call items, each whole; the completed
- * response lists only them. */
-static void emit_kept_responses(chat_t *c, json_t *kept, int refused) {
-  for (size_t i = 0; i < json_array_size(kept); i++) {
-    json_t *it = json_array_get(kept, i);
-    int ci = c->r_index++;
-    r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", it));
-    r_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type", "response.function_call_arguments.done",
-                         "item_id", sget(it, "id"), "output_index", ci, "arguments", sget(it, "arguments")));
-    r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", it));
-  }
-  if (refused) keep_items(c->r_done, kept);
-  register_key(c, c->r_done);
-}
-
-/* Ends a Responses stream the gateway must end early: response.completed
- * with what the upstream completed, or an empty incomplete response. */
-static void r_end_stream(chat_t *c) {
-  json_t *item = r_close_open(c);
-  json_t *resp = c->r_done ? json_incref(c->r_done)
-                 : item    ? json_pack("{s:s, s:s, s:s, s:s?, s:[O]}", "id", "resp_lg_cut", "object", "response",
-                            "status", "completed", "model", c->model, "output", item)
-                           : json_pack("{s:s, s:s, s:s, s:[]}", "id", "resp_lg_incomplete", "object",
-                                       "response", "status", "incomplete", "output");
-  json_decref(item);
-  r_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
-}
-
-/* A final message as Responses events (a stop). */
-static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
-  json_decref(r_close_open(c));
-  char mid[64];
-  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)now_ms(c->cx));
-  if (!c->r_started) {
-    c->r_started = 2;
-    json_t *r0 = json_deep_copy(resp);
-    json_object_set_new(r0, "status", json_string("in_progress"));
-    json_object_set_new(r0, "output", json_array());
-    r_event(c, json_pack("{s:s, s:o}", "type", "response.created", "response", r0));
-  }
-  int ci = c->r_index++;
-  json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", mid,
-                           "status", "completed", "role", "assistant", "content", "type",
-                           "output_text", "text", text, "annotations");
-  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", item));
-  r_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.delta", "item_id", mid,
-                       "output_index", ci, "content_index", 0, "delta", text));
-  r_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", mid,
-                       "output_index", ci, "content_index", 0, "text", text));
-  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", item));
-  json_decref(item);
-  r_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
-}
 
 /* ---- the end of a streamed answer, any API ---- */
 
 /* The held calls of the stream (new reference). */
 static json_t *held_calls(chat_t *c) {
-  if (is_responses(c)) return c->r_done ? function_calls(c->r_done) : json_array();
+  if (is_responses(c)) return c->r_done ? lg__gwr_function_calls(c->r_done) : json_array();
   return json_incref(c->tcalls);
 }
 
@@ -1957,15 +1286,15 @@ static void register_text(chat_t *c) {
               : is_anthropic(c) ? json_pack("{s:s, s:[{s:s, s:s}]}", "role", "assistant", "content",
                                             "type", "text", "text", t)
                                 : json_pack("{s:s, s:s}", "role", "assistant", "content", t);
-  if (m) register_key(c, m);
+  if (m) lg__gwc_register_key(c, m);
   json_decref(m);
 }
 
 /* Ends the client's stream the way its API ends one. */
 static void end_api_stream(chat_t *c) {
-  if (is_anthropic(c)) a_end_stream(c);
-  else if (is_responses(c)) r_end_stream(c);
-  else end_stream(c);
+  if (is_anthropic(c)) lg__gwm_end_stream(c);
+  else if (is_responses(c)) lg__gwr_end_stream(c);
+  else lg__gwo_end_stream(c);
 }
 
 /* After the upstream's stream ended: the rest of its text given to the
@@ -1973,7 +1302,7 @@ static void end_api_stream(chat_t *c) {
  * stream; 2: the final message ended it; 0: ask again. */
 static int stream_finish(chat_t *c, int ask) {
   if (is_responses(c)) c->cur_resp_id = sget(c->r_done, "id");
-  int tx = feed_text(c, 1);
+  int tx = lg__gwc_feed_text(c, 1);
   if (tx == 2) {
     answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     return 2;
@@ -1992,9 +1321,9 @@ static int stream_finish(chat_t *c, int ask) {
     answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     done = 2;
   } else if (json_array_size(co.kept)) {
-    if (is_anthropic(c)) emit_kept_anthropic(c, co.kept);
-    else if (is_responses(c)) emit_kept_responses(c, co.kept, co.refused);
-    else emit_kept_chat(c, co.kept);
+    if (is_anthropic(c)) lg__gwm_emit_kept(c, co.kept);
+    else if (is_responses(c)) lg__gwr_emit_kept(c, co.kept, co.refused);
+    else lg__gwo_emit_kept(c, co.kept);
   } else if (ask < c->max_reasks) {
     if (is_responses(c) && (c->prev_id || c->reask_prev)) {
       lg__free(c->reask_prev);
@@ -2024,7 +1353,7 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
   if (is_responses(c)) {
     json_t *ev = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "upstream_error",
                            "message", msg, "param");
-    r_event(c, ev);
+    lg__gwr_event(c, ev);
     return;
   }
   lg__gw_error_body(&e, is_anthropic(c), status, "upstream_error", "upstream_error", NULL, msg);
@@ -2086,7 +1415,7 @@ static int stream_exchange(chat_t *c, int ask) {
     else end_api_stream(c);
   } else if (!rc && x.status == 200 && (c->saw_done || (c->api == LG__GW_API_OPENAI && c->finish))) {
     usage_event(c, mo.reservation, c->usage, 0, blen);
-    begin_stream(c);
+    lg__gwc_begin_stream(c);
     done = stream_finish(c, ask);
     if (done == 1) end_api_stream(c);
   } else if (c->streamed) { /* the upstream failed mid-stream */

@@ -12,9 +12,13 @@
  *   gateway.c   life of the gateway: its worker threads (a bounded number
  *               of upstream requests in flight), the parked connections,
  *               run identity, the per-run bookkeeping, metrics;
- *   chat.c      Chat Completions: conversation -> events, the upstream
- *               body (restored calls, hidden tools), the response filtered
- *               by the decisions, streaming;
+ *   chat.c      a model request of any API: conversation -> events, the
+ *               upstream body (restored calls, the cascade), the response
+ *               filtered by the decisions, the exchange (conv.h);
+ *   completions.c, messages.c, responses.c
+ *               the three wire formats: final answers, stream readers,
+ *               the end of a stream;
+ *   policies.c  the named policies of --policies DIR;
  *   upstream.c  upstreams (--upstream, --upstreams FILE) and libcurl.
  *
  * Names are lg__gw_ (internal).
