@@ -310,11 +310,9 @@ static void load_tables(rd_t *r, lg_run_t *run) {
     lg__tried_t *t = &run->tried[i];
     uint8_t fp[32];
     rbytes(r, fp, 32);
-    static const char digits[] = "0123456789abcdef";
-    for (int k = 0; k < 32; k++) {
-      t->hex[2 * k] = digits[fp[k] >> 4];
-      t->hex[2 * k + 1] = digits[fp[k] & 15];
-    }
+    char hex[LG_FP_HEX];
+    lg__hex(fp, 32, hex);
+    memcpy(t->hex, hex, 64); /* kept without its NUL */
     for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
     /* An index into tools: with no tools there is none (a max of -1 fails
      * every value), or after() would dereference an empty table. */

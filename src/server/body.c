@@ -307,7 +307,7 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
     const lg__range_t *r = range_of(f->name);
     double hi = r ? r->usd_hi : 1e9;
     if (!(d >= 0 && d <= hi)) return out_of_range(err, f->name, r, d < 0);
-    i = (int64_t)llround(d * 1e9); /* the same rounding as replay */
+    if (lg__usd_to_units(d, LG__USD_NANO, &i)) return out_of_range(err, f->name, r, false);
     break;
   }
   case T_BOOL:
