@@ -20,7 +20,8 @@ extern "C" {
  * Amounts. Budgets and the store count integer micro-dollars (1e-6 USD,
  * "micro"); the engine counts nano-dollars (lg_model_call_t.cost_nusd,
  * "nusd"). The conversions below are the only ones: USD (a double from
- * JSON or a command line) is rounded to the nearest micro-dollar, and
+ * JSON or a command line) is rounded to the nearest micro-dollar (a half
+ * up, on the decimal as written: 0.0000005 is 1), and
  * nano-dollars are rounded UP to micro-dollars, so that a hold never
  * covers less than the engine decided on and spent never counts less
  * than was charged.
@@ -52,7 +53,8 @@ extern "C" {
 #define LG_BUDGET_MAX_USD 1000000000.0       /* larger amounts are LG_ERANGE */
 #define LG_BUDGET_MAX_MICRO 1000000000000000LL /* LG_BUDGET_MAX_USD in micro */
 
-/* USD to micro-dollars, rounded to the nearest. LG_EINVAL for NaN,
+/* USD to micro-dollars, rounded to the nearest (a half up, as written).
+ * LG_EINVAL for NaN,
  * infinity or a negative amount; LG_ERANGE above LG_BUDGET_MAX_USD.
  * `what` names the amount in err ("limit_usd"); may be NULL. */
 LG_EXPORT int lg_budget_usd_to_micro(double usd, int64_t *micro, const char *what,
