@@ -34,13 +34,7 @@ static const char *outcome_name(int o) {
   return *s ? s : "invalid";
 }
 
-static void str_or_null(lg__buf_t *b, const char *s) {
-  if (s) lg__buf_json_str(b, s, strlen(s));
-  else lg__buf_puts(b, "null");
-}
-
-/* The stop's alternatives, by name, in the order of their bits. */
-static void alternatives_json(lg__buf_t *b, const lg_run_t *run) {
+void lg__alternatives_json(lg__buf_t *b, unsigned alternatives) {
   static const struct {
     unsigned bit;
     const char *name;
@@ -51,7 +45,7 @@ static void alternatives_json(lg__buf_t *b, const lg_run_t *run) {
   lg__buf_putc(b, '[');
   bool first = true;
   for (size_t i = 0; i < LG__ARRAY_LEN(alts); i++) {
-    if (!run->stopped || !(run->alternatives & alts[i].bit)) continue;
+    if (!(alternatives & alts[i].bit)) continue;
     lg__buf_printf(b, "%s\"%s\"", first ? "" : ",", alts[i].name);
     first = false;
   }
@@ -65,14 +59,14 @@ static void refused_call_json(lg__buf_t *b, const lg_run_t *run) {
     return;
   }
   lg__buf_puts(b, "{\"tool\":");
-  str_or_null(b, run->refused_tool);
+  lg__buf_json_str_or_null(b, run->refused_tool);
   lg__buf_puts(b, ",\"call_id\":");
-  str_or_null(b, run->refused_call_id);
+  lg__buf_json_str_or_null(b, run->refused_call_id);
   lg__buf_printf(b, ",\"turn\":%lld,\"fingerprint\":\"%s\",\"key_material\":",
                  (long long)run->refused_turn, run->refused_fp);
   /* Key material is canonical JSON; it is embedded as a string because a
    * truncated document would not be JSON. */
-  str_or_null(b, run->refused_km);
+  lg__buf_json_str_or_null(b, run->refused_km);
   lg__buf_putc(b, '}');
 }
 
@@ -100,9 +94,9 @@ static void operations_json(lg__buf_t *b, const lg_run_t *run) {
   lg__buf_putc(b, '[');
   for (int i = 0; i < run->nops; i++) {
     lg__buf_puts(b, i ? ",{\"key\":" : "{\"key\":");
-    str_or_null(b, run->ops[i].key);
+    lg__buf_json_str_or_null(b, run->ops[i].key);
     lg__buf_printf(b, ",\"state\":\"%s\",\"operation_id\":", op_state_name(run->ops[i].state));
-    str_or_null(b, run->ops[i].operation_id);
+    lg__buf_json_str_or_null(b, run->ops[i].operation_id);
     lg__buf_putc(b, '}');
   }
   lg__buf_putc(b, ']');
@@ -128,7 +122,7 @@ static void tried_json(lg__buf_t *b, const lg_run_t *run) {
     hex[64] = 0;
     lg__buf_puts(b, k ? ",{\"tool\":" : "{\"tool\":");
     const char *tn = t->tool >= 0 && t->tool < run->ntools ? run->tools[t->tool].name : "?";
-    str_or_null(b, tn);
+    lg__buf_json_str_or_null(b, tn);
     lg__buf_printf(b, ",\"fingerprint\":\"%s\",\"count\":%u,\"last\":\"%s\"}", hex, t->count,
                    outcome_name(t->last));
   }
@@ -138,21 +132,21 @@ static void tried_json(lg__buf_t *b, const lg_run_t *run) {
 char *lg_run_envelope_json(const lg_run_t *run) {
   lg__buf_t b = {0};
   lg__buf_puts(&b, "{\"run_id\":");
-  str_or_null(&b, run->run_id);
+  lg__buf_json_str_or_null(&b, run->run_id);
   lg__buf_puts(&b, ",\"group\":");
-  str_or_null(&b, run->group);
+  lg__buf_json_str_or_null(&b, run->group);
   lg__buf_printf(&b, ",\"status\":\"%s\",\"terminal_reason\":", run->stopped ? "stopped" : "active");
-  str_or_null(&b, lg_run_terminal_reason(run));
+  lg__buf_json_str_or_null(&b, lg_run_terminal_reason(run));
   lg__buf_puts(&b, ",\"operator_note\":");
-  str_or_null(&b, run->stopped ? run->reason_text : NULL);
+  lg__buf_json_str_or_null(&b, run->stopped ? run->reason_text : NULL);
   lg__buf_puts(&b, ",\"guard\":");
-  str_or_null(&b, run->stopped ? run->guard : NULL);
+  lg__buf_json_str_or_null(&b, run->stopped ? run->guard : NULL);
   lg__buf_puts(&b, ",\"message\":");
-  str_or_null(&b, run->stopped ? run->stop_message : NULL);
+  lg__buf_json_str_or_null(&b, run->stopped ? run->stop_message : NULL);
   lg__buf_puts(&b, ",\"next_allowed_action\":");
-  str_or_null(&b, run->stopped ? lg_next_name(run->next) : NULL);
+  lg__buf_json_str_or_null(&b, run->stopped ? lg_next_name(run->next) : NULL);
   lg__buf_puts(&b, ",\"alternatives\":");
-  alternatives_json(&b, run);
+  lg__alternatives_json(&b, run->stopped ? run->alternatives : 0);
   lg__buf_puts(&b, ",\"stopped_at_ms\":");
   if (run->stopped) lg__buf_printf(&b, "%lld", (long long)run->stopped_at_ms);
   else lg__buf_puts(&b, "null");
@@ -164,7 +158,7 @@ char *lg_run_envelope_json(const lg_run_t *run) {
   for (int k = LG__ANS_QUESTION; k <= LG__ANS_PARTIAL; k++) {
     lg__buf_puts(&b, k == LG__ANS_QUESTION ? ",\"question\":" : ",\"partial\":");
     if (run->answer && run->answer_kind == k && !run->answer_trunc) lg__buf_puts(&b, run->answer);
-    else str_or_null(&b, run->answer && run->answer_kind == k ? run->answer : NULL);
+    else lg__buf_json_str_or_null(&b, run->answer && run->answer_kind == k ? run->answer : NULL);
   }
   lg__buf_puts(&b, ",\"last_checkpoint\":");
   if (run->has_best) lg__buf_printf(&b, "%lld", (long long)run->best);

@@ -6,44 +6,32 @@
  */
 #include "event.h"
 
+#include "../engine/engine.h"
+
 #include <string.h>
 
-static void kv_str(lg__buf_t *b, const char *k, const char *v) {
-  if (!v) return;
-  lg__buf_printf(b, ",\"%s\":", k);
-  lg__buf_json_str(b, v, strlen(v));
-}
-
 int lg__decision_json(lg__buf_t *b, lg_event_type_t type, const lg_decision_t *d) {
-  static const char *alt_names[] = {"ask_human", "skip_current", "finalize_partial",
-                                    "escalate_model"};
   lg__buf_printf(b, "\"action\":\"%s\"", lg_action_name(d->action));
   if (d->action != LG_ACT_EXECUTE && d->action != LG_ACT_CONTINUE) {
     const char *why = d->reason_text && *d->reason_text ? d->reason_text : NULL;
     if (!why && d->reason != LG_R_NONE) why = lg_reason_name(d->reason);
-    kv_str(b, "reason", why);
+    lg__buf_json_kv(b, "reason", why);
   }
-  kv_str(b, "operator_note", d->operator_note);
-  if (d->guard && *d->guard) kv_str(b, "guard", d->guard);
+  lg__buf_json_kv(b, "operator_note", d->operator_note);
+  if (d->guard && *d->guard) lg__buf_json_kv(b, "guard", d->guard);
   if (type == LG_EV_CALL && d->fingerprint[0]) { /* none: stopped by a deny rule */
     lg__buf_printf(b, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
-    kv_str(b, "idempotency_key", d->idempotency_key);
+    lg__buf_json_kv(b, "idempotency_key", d->idempotency_key);
   }
-  kv_str(b, "message", d->message);
+  lg__buf_json_kv(b, "message", d->message);
   if (d->hide_tool) {
     lg__buf_puts(b, ",\"hide_tools\":[");
     lg__buf_json_str(b, d->hide_tool, strlen(d->hide_tool));
     lg__buf_printf(b, "],\"hide_turns\":%u", d->hide_turns);
   }
   if (d->alternatives && d->action != LG_ACT_EXECUTE) {
-    lg__buf_puts(b, ",\"alternatives\":[");
-    int first = 1;
-    for (unsigned i = 0; i < LG__ARRAY_LEN(alt_names); i++)
-      if (d->alternatives & (1u << i)) {
-        lg__buf_printf(b, "%s\"%s\"", first ? "" : ",", alt_names[i]);
-        first = 0;
-      }
-    lg__buf_putc(b, ']');
+    lg__buf_puts(b, ",\"alternatives\":");
+    lg__alternatives_json(b, d->alternatives);
   }
   if (d->action == LG_ACT_REPLAY) {
     lg__buf_puts(b, ",\"saved_result\":");

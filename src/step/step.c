@@ -78,12 +78,6 @@ static int engine_error(lg__step_t *st, int rc) {
 
 /* ---- the answer ---- */
 
-static void kv_str(lg__buf_t *b, const char *k, const char *v) {
-  if (!v) return;
-  lg__buf_printf(b, ",\"%s\":", k);
-  lg__buf_json_str(b, v, strlen(v));
-}
-
 static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
                           const char *budget_meta) {
   lg__buf_t *b = &st->answer;
@@ -127,11 +121,11 @@ static void stop_fields(lg__step_t *st, const char *run_id, const lg_decision_t 
   lg__buf_puts(f, ",\"guard\":");
   if (d->guard && *d->guard) lg__buf_json_str(f, d->guard, strlen(d->guard));
   else lg__buf_puts(f, "null");
-  kv_str(f, "operator_note", d->operator_note);
-  kv_str(f, "tool", tool);
-  kv_str(f, "call_id", d->call_id);
-  kv_str(f, "on", lg_event_type_name(st->ev.type));
-  kv_str(f, "message", d->message);
+  lg__buf_json_kv(f, "operator_note", d->operator_note);
+  lg__buf_json_kv(f, "tool", tool);
+  lg__buf_json_kv(f, "call_id", d->call_id);
+  lg__buf_json_kv(f, "on", lg_event_type_name(st->ev.type));
+  lg__buf_json_kv(f, "message", d->message);
 }
 
 /* ---- what only the store knows ---- */

@@ -8,11 +8,6 @@
 
 #include "../event/event.h"
 
-static void str_or_null(lg__buf_t *b, const char *s) {
-  if (s) lg__buf_json_str(b, s, strlen(s));
-  else lg__buf_puts(b, "null");
-}
-
 int lg_replay_event_json(const lg_replay_event_t *ev, char **json) {
   *json = NULL;
   /* trace-v1 lists the records: no state records (a stop by a snapshot
@@ -25,11 +20,11 @@ int lg_replay_event_json(const lg_replay_event_t *ev, char **json) {
   lg__buf_printf(&b, "{\"line\":%ld,\"type\":\"%s\",", ev->line, lg_event_type_name(ev->type));
   if (ev->type == LG_EV_CALL) {
     lg__buf_puts(&b, "\"tool\":");
-    str_or_null(&b, ev->tool);
+    lg__buf_json_str_or_null(&b, ev->tool);
     lg__buf_putc(&b, ',');
     if (d->call_id) {
       lg__buf_puts(&b, "\"call_id\":");
-      str_or_null(&b, d->call_id);
+      lg__buf_json_str_or_null(&b, d->call_id);
       lg__buf_putc(&b, ',');
     }
   }
@@ -42,11 +37,11 @@ int lg_replay_event_json(const lg_replay_event_t *ev, char **json) {
 char *lg_replay_summary_json(const lg_replay_summary_t *s) {
   lg__buf_t b = {0};
   lg__buf_puts(&b, "{\"type\":\"summary\",\"trace\":");
-  str_or_null(&b, s->trace);
+  lg__buf_json_str_or_null(&b, s->trace);
   lg__buf_puts(&b, ",\"run_id\":");
-  str_or_null(&b, s->run_id);
+  lg__buf_json_str_or_null(&b, s->run_id);
   lg__buf_puts(&b, ",\"terminal_reason\":");
-  str_or_null(&b, s->terminal_reason);
+  lg__buf_json_str_or_null(&b, s->terminal_reason);
   if (s->stopped_at_line) lg__buf_printf(&b, ",\"stopped_at_line\":%ld", s->stopped_at_line);
   else lg__buf_puts(&b, ",\"stopped_at_line\":null");
   lg__buf_printf(&b,

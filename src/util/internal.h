@@ -44,6 +44,10 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...)
 /* Appends s as a JSON string with its quotes (control characters, quote
  * and backslash escaped; other bytes as they are). */
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n);
+/* The same for a NUL-terminated string, or null when s is NULL. */
+int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
+/* Appends ,"key":"value" (value escaped) when value is not NULL. */
+int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
 /* Appends a nano-USD amount as a JSON number of USD ("0.000042"): the
  * text of lg_usd_format (usd.c). */
 int lg__buf_usd(lg__buf_t *b, int64_t nusd);

@@ -193,6 +193,16 @@ char *lg__buf_steal(lg__buf_t *b, size_t *len) {
   return d;
 }
 
+int lg__buf_json_str_or_null(lg__buf_t *b, const char *s) {
+  return s ? lg__buf_json_str(b, s, strlen(s)) : lg__buf_puts(b, "null");
+}
+
+int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value) {
+  if (!value) return 0;
+  lg__buf_printf(b, ",\"%s\":", key);
+  return lg__buf_json_str(b, value, strlen(value));
+}
+
 char *lg_json_quote(const char *s, size_t len) {
   lg__buf_t b = {0};
   if (lg__buf_json_str(&b, s, len)) {
