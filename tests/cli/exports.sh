@@ -15,6 +15,15 @@ leaked=$(comm -23 <(echo "$exported") <(echo "$declared"))
 missing=$(comm -13 <(echo "$exported") <(echo "$declared"))
 check "exported symbols not in the header: $(echo $leaked)" '[ -z "$leaked" ]'
 check "declared but not exported: $(echo $missing)" '[ -z "$missing" ]'
+# A public function (lg_, not lg__) defined in src/ whose declaration went
+# missing is hidden by -fvisibility=hidden: it is neither declared nor
+# exported, which the two checks above cannot see. Every one must be
+# declared.
+defined=$(grep -rhoE '^[a-z][a-z0-9_ ]*[ *]lg_[a-z0-9][a-z0-9_]*\(' "$src/src" --include='*.c' | grep -v '^static' |
+          sed -E 's/.*[ *](lg_[a-z0-9_]+)\($/\1/' | sort -u)
+undeclared=$(comm -23 <(echo "$defined") <(echo "$declared"))
+check "public functions defined in src/ but declared in no public header: $(echo $undeclared)" '[ -z "$undeclared" ]'
+check "the definitions of src/ were found ($(echo "$defined" | wc -l))" '[ "$(echo "$defined" | wc -l)" -gt 100 ]'
 check "every exported symbol has the lg_ prefix" '! echo "$exported" | grep -qv "^lg_"'
 check "no internal lg__ symbol is exported" '! echo "$exported" | grep -q "^lg__"'
 echo "exports: $(echo "$exported" | wc -l) symbols"
