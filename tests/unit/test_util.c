@@ -36,7 +36,7 @@ static void test_usd_to_micro_boundaries(void **state) {
   assert_int_equal(units(0.000001, LG__USD_MICRO, &rc), 1); /* 1 micro-USD */
   assert_int_equal(units(0.000002, LG__USD_MICRO, &rc), 2);
   /* Half a micro-dollar, as written: up, though its double is a little
-   * less than 5e-7 (llround(5e-7 * 1e6) gives 0). */
+   * less than 5e-7. */
   assert_int_equal(units(0.0000005, LG__USD_MICRO, &rc), 1);
   assert_int_equal(rc, 0);
   assert_int_equal(units(0.0000015, LG__USD_MICRO, &rc), 2);
