@@ -28,6 +28,7 @@
 
 #include "store_test_util.h"
 #include "test_server_http.h"
+#include "util/internal.h" /* lg__usd_to_units: amounts read as the library reads them */
 
 #define RC_MAX_LINES 512
 
@@ -293,7 +294,8 @@ static __attribute__((unused)) int rc_check(ht_conn_t *c, rc_run_t *r, const cha
   const char *term = ht_str(&run, "terminal_reason");
   long want_line = r->stop_at >= 0 ? base + 1 + r->stop_at : 0;
   double cost = json_number_value(ht_get(&run, "counters.cost_usd"));
-  int64_t cost_nusd = (int64_t)llround(cost * 1e9);
+  int64_t cost_nusd = -1; /* read as the library reads an amount */
+  lg__usd_to_units(cost, LG__USD_NANO, &cost_nusd);
   if (strcmp(term ? term : "", g.terminal))
     RC_BAD("terminal reason: server %s, replay %s", term ? term : "null", g.terminal[0] ? g.terminal : "null");
   else if (r->stopped && strcmp(r->line[r->stop_at].reason, g.terminal))
