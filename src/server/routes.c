@@ -1128,8 +1128,7 @@ static void reserve_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e
   budget_job_t *bj = (budget_job_t *)wj;
   if (rc == LG_BUDGET_REFUSED) {
     lg__metrics_budget_refusal(&rq->srv->metrics, bj->why.limit_source);
-    if (bj->why.retry_after_s > 0)
-      rq->retry_after = (int)(bj->why.retry_after_s > 0 ? bj->why.retry_after_s : 1);
+    if (bj->why.retry_after_s > 0) rq->retry_after = (int)bj->why.retry_after_s;
     answer_text(rq, lg__http_refusal_json(&bj->why), lg__http_refusal_status(&bj->why));
   } else if (rc) {
     budget_error(rq, rc, e, wj->k->doing);
