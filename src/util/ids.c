@@ -11,6 +11,19 @@
 
 const char lg__hex_digits[17] = "0123456789abcdef";
 
+/* A table rather than comparisons: fingerprint digits are random, and so
+ * would be the branches. */
+#define NO4 0xFF, 0xFF, 0xFF, 0xFF
+#define NO16 NO4, NO4, NO4, NO4
+const uint8_t lg__hex_value[256] = {
+    NO16, NO16, NO16,                                                  /* 0x00-0x2f */
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, /* 0x30: 0-9 */
+    NO16, NO16,                                                        /* 0x40-0x5f */
+    0xFF, 10, 11, 12, 13, 14, 15, NO4, NO4, 0xFF,                      /* 0x60: a-f */
+    NO16, NO16, NO16, NO16, NO16, NO16, NO16, NO16, NO16};             /* 0x70-0xff */
+#undef NO16
+#undef NO4
+
 void lg__hex(const void *bytes, size_t n, char *out) {
   const unsigned char *b = bytes;
   for (size_t i = 0; i < n; i++) {

@@ -77,6 +77,9 @@ int lg__usd_to_units(double usd, int decimals, int64_t *out);
 /* ---- hex and randomness (ids.c) ---- */
 /* The 16 lowercase hex digits, for the JSON escapes of control bytes. */
 extern const char lg__hex_digits[17];
+/* The value of a lowercase hex digit (fingerprints, ids), 0xFF for any
+ * other byte. */
+extern const uint8_t lg__hex_value[256];
 /* n bytes as 2n lowercase hex digits and a NUL into out[2n + 1]. */
 void lg__hex(const void *bytes, size_t n, char *out);
 /* n random bytes from the kernel (getrandom): the one source of ids,

@@ -152,6 +152,11 @@ static void test_hex_and_random_ids(void **state) {
   assert_string_equal(h, "00017f80abff");
   lg__hex(b, 0, h);
   assert_string_equal(h, "");
+  /* The digits' values, and 0xFF for every other byte. */
+  for (int ch = 0; ch < 256; ch++) {
+    const char *at = ch ? strchr(lg__hex_digits, ch) : NULL;
+    assert_int_equal(lg__hex_value[ch], at ? (int)(at - lg__hex_digits) : 0xFF);
+  }
   char a[40], c[40];
   lg_error_t err = {0};
   assert_int_equal(lg__random_id("rsv_", 16, a, sizeof a, "a test id", &err), 0);
