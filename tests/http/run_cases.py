@@ -331,7 +331,12 @@ def run_case(case_dir):
         for n, ex in exchanges:
             where = "%s/exchanges.jsonl:%d" % (name, n)
             method, path, headers, body = build_request(ex, server, env, where)
-            status, hdrs, data = server.request(method, path, headers, body)
+            try:
+                status, hdrs, data = server.request(method, path, headers, body)
+            except (OSError, http.client.HTTPException) as e:
+                failures.append("%s: %s %s: no answer (%s); the server's stderr:\n%s" % (
+                    where, method, path, e, open(server.err).read()[-3000:]))
+                break
             errs = check(ex, status, hdrs, data, env)
             if errs:
                 shown = data.decode("utf-8", "replace")
