@@ -628,8 +628,8 @@ typedef struct model_out {
  * the error in the API's shape. */
 static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_t *e) {
   if (!rc) { /* a shared budget: an error, not a stop */
-    char *meta = lg_budget_refusal_metadata_json(&st->refusal);
-    lg__gw_error(c->j, st->refusal.http_status ? st->refusal.http_status : 402, "insufficient_quota",
+    char *meta = lg__budget_refusal_metadata_json(&st->refusal);
+    lg__gw_error(c->j, lg__http_refusal_status(&st->refusal), "insufficient_quota",
                  st->refusal.limit_source, "loopguard: the shared budget %s refused this model call",
                  st->refusal.scope);
     if (meta && c->j->kind != LG__GW_MESSAGES && c->j->out.len > 2) { /* add metadata */
@@ -643,7 +643,7 @@ static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_
                  "budget: %s",
                  e->message);
   } else if (st->fail == LG__STEP_IN_FLIGHT) {
-    lg__gw_error(c->j, st->refusal.http_status ? st->refusal.http_status : 429, "rate_limit_error",
+    lg__gw_error(c->j, lg__http_refusal_status(&st->refusal), "rate_limit_error",
                  st->refusal.limit_source, "loopguard: too much spend in flight on %s; retry later",
                  st->refusal.scope);
   } else {
