@@ -1020,10 +1020,12 @@ static const char *api_path(const chat_t *c) {
 
 /* ---- one model call, either way ---- */
 
+static void end_api_stream(chat_t *c);
+
 /* The model call's body: its worst case decided first (the body with
  * nothing hidden, every offered tool and the longer model name, which the
  * body sent never exceeds), then the body as the decision says. NULL when
- * the call is not made: mo says why (an error answered, or a stop). */
+ * the call is not made (mo says why: an error, or a stop), answered. */
 static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
   memset(mo, 0, sizeof *mo);
   c->estimate = 1;
@@ -1032,14 +1034,19 @@ static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
   if (t) {
     *mo = model_event(c, *blen);
     lg__free(t);
-    if (mo->error || mo->stop) return NULL;
-    t = body_text(c, blen);
+    t = mo->error || mo->stop ? NULL : body_text(c, blen);
   }
-  if (!t) {
+  if (!t && !mo->error && !mo->stop) {
     lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
     mo->error = 1;
   }
-  return t;
+  if (t) return t;
+  /* not made: the stop's final message, or the error (the end of a stream
+   * already begun) */
+  if (mo->stop) answer_final(c, c->last_chunk);
+  else if (!c->streamed) lg__gw_answer(c->j);
+  else end_api_stream(c);
+  return NULL;
 }
 
 /* The exchange of a model call (on_data: the stream's reader, or NULL). */
@@ -1149,11 +1156,7 @@ static int plain_exchange(chat_t *c, int ask) {
   size_t blen = 0;
   model_out_t mo;
   char *btext = prepare_call(c, &blen, &mo);
-  if (!btext) {
-    if (mo.stop) answer_final(c, NULL);
-    else lg__gw_answer(j);
-    return 1;
-  }
+  if (!btext) return 1;
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, NULL);
   lg__free(btext);
@@ -1206,6 +1209,18 @@ static void final_round(chat_t *c) {
 
 
 
+
+json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n) {
+  lg__json_begin();
+  json_t *o = json_loadb(data, n, 0, NULL);
+  if (lg__json_oom() || !json_is_object(o)) {
+    json_decref(o);
+    return NULL;
+  }
+  c->events++;
+  lg__gwc_begin_stream(c);
+  return o;
+}
 
 /* One SSE "data:" payload of the upstream's stream, to its API's reader. */
 static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
@@ -1396,12 +1411,7 @@ static int stream_exchange(chat_t *c, int ask) {
   size_t blen = 0;
   model_out_t mo;
   char *btext = prepare_call(c, &blen, &mo);
-  if (!btext) {
-    if (mo.stop) answer_final(c, c->last_chunk);
-    else if (!c->streamed) lg__gw_answer(j);
-    else end_api_stream(c);
-    return 1;
-  }
+  if (!btext) return 1;
   stream_reset(c);
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, on_stream_data);

@@ -115,14 +115,8 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     c->saw_done = 1;
     return 0;
   }
-  lg__json_begin();
-  json_t *ch = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ch)) {
-    json_decref(ch);
-    return 0; /* not JSON: dropped */
-  }
-  c->events++;
-  lg__gwc_begin_stream(c);
+  json_t *ch = lg__gwc_event_json(c, data, n);
+  if (!ch) return 0; /* not JSON: dropped */
   if (json_object_get(ch, "error")) { /* the upstream's error event: as it came */
     c->saw_error = 1;
     lg__gw_stream_write(c->j, raw, rawn);

@@ -99,6 +99,9 @@ void lg__gwc_register_key(chat_t *c, json_t *msg);
 /* The streamed text not yet given to the step: 0 go on, 1 a text loop
  * observed, 2 the run stopped (cut the stream). */
 int lg__gwc_feed_text(chat_t *c, int at_end);
+/* One event of the upstream's stream parsed (new), counted, and the
+ * client's stream begun; NULL when it is not a JSON object (dropped). */
+json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n);
 /* The members of array obj[member] whose "type" is `type` (new array). */
 json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type);
 

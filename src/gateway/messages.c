@@ -97,14 +97,8 @@ static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
 
 int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
   (void)raw, (void)rawn;
-  lg__json_begin();
-  json_t *ch = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ch)) {
-    json_decref(ch);
-    return 0;
-  }
-  c->events++;
-  lg__gwc_begin_stream(c);
+  json_t *ch = lg__gwc_event_json(c, data, n);
+  if (!ch) return 0; /* not JSON: dropped */
   const char *type = sget(ch, "type");
   json_int_t idx = json_integer_value(json_object_get(ch, "index"));
   if (!type) {

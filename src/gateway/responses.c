@@ -77,14 +77,8 @@ void lg__gwr_event(chat_t *c, json_t *ev) {
 }
 
 int lg__gwr_on_event(chat_t *c, const char *data, size_t n) {
-  lg__json_begin();
-  json_t *ev = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ev)) {
-    json_decref(ev);
-    return 0;
-  }
-  c->events++;
-  lg__gwc_begin_stream(c);
+  json_t *ev = lg__gwc_event_json(c, data, n);
+  if (!ev) return 0; /* not JSON: dropped */
   const char *type = sget(ev, "type");
   json_int_t oi = json_integer_value(json_object_get(ev, "output_index"));
   char k[32];
