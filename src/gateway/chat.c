@@ -208,9 +208,26 @@ int lg__gwc_feed_text(chat_t *c, int at_end) {
   return text_event(c, p, n);
 }
 
-/* A new message from the person (trace-v1 `user`): a new episode. A
- * stopped run named by no header goes on as a new run (the engine keeps a
- * stopped run stopped); one named by X-Loopguard-Run stays stopped. */
+/* A run stopped by a loop (next_allowed_action resume_after_change)
+ * resumed: a `resume` event, as an operator's, so the trace says so and
+ * replays to it. 1 when the run goes on. */
+static int resume_run(chat_t *c) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESUME;
+  ev.u.resume.note = "a new message from the person (gateway)";
+  lg__step_t st;
+  json_t *a;
+  int ok = !step_event(c, &ev, &st, &a) && st.action != LG_ACT_STOP;
+  json_decref(a);
+  lg__step_clear(&st);
+  return ok;
+}
+
+/* A new message from the person (trace-v1 `user`): a new episode. The
+ * engine keeps a stopped run stopped, so a run stopped by a loop is
+ * resumed first (the person asked for something new); one stopped by a
+ * cap, a budget, an operator or its own way out stays stopped. */
 static void user_event(chat_t *c) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
@@ -218,7 +235,8 @@ static void user_event(chat_t *c) {
   lg__step_t st;
   json_t *a;
   int rc = step_event(c, &ev, &st, &a);
-  int stopped = !rc && st.action == LG_ACT_STOP;
+  const char *next = a ? sget(a, "next_allowed_action") : NULL;
+  int resume = !rc && st.action == LG_ACT_STOP && next && !strcmp(next, "resume_after_change");
   json_decref(a);
   lg__step_clear(&st);
   if (rc) return;
@@ -226,10 +244,12 @@ static void user_event(chat_t *c) {
   c->r->hide_left = 0;
   c->r->offer = 0;
   c->r->esc_left = 0;
-  if (!stopped || c->j->hdr_run) return;
-  lg_error_t e = {0};
-  if (lg__gw_run_renew(c->cx, c->r, &e)) return; /* the stop stands */
-  snprintf(c->j->run_id, sizeof c->j->run_id, "%s", c->r->id);
+  if (!resume || !resume_run(c)) return;
+  step_event(c, &ev, &st, &a); /* the episode, now that the run goes on */
+  json_decref(a);
+  lg__step_clear(&st);
+  lg__free(c->r->final_text);
+  c->r->final_text = NULL;
   lg__free(c->stop_text);
   c->stop_text = NULL;
   c->j->action = NULL;

@@ -650,41 +650,6 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   return r;
 }
 
-int lg__gw_run_renew(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg_error_t *err) {
-  char fresh[40];
-  if (lg__step_new_run_id(fresh)) return lg__err(err, LG_EIO, NULL, -1, "no randomness for a run id");
-  char *json = lg_policy_to_json(r->policy);
-  char *id = lg__strdup(fresh);
-  int rc = json && id ? create_run(cx, fresh, r->policy, json, err)
-                      : lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-  lg__free(json);
-  if (rc) {
-    lg__free(id);
-    return rc;
-  }
-  lg__gw_t *gw = cx->gw;
-  pthread_mutex_lock(&gw->tmu);
-  id_unlink(gw, r);
-  lg__free(r->id);
-  r->id = id;
-  id_link(gw, r);
-  pthread_mutex_unlock(&gw->tmu);
-  /* What belonged to the stopped run's decisions goes with it. */
-  lg__free(r->final_text);
-  r->final_text = NULL;
-  lg__free(r->hide_tool);
-  r->hide_tool = NULL;
-  r->hide_left = 0;
-  r->offer = 0;
-  r->esc_left = 0;
-  lg__free(r->text_steer);
-  r->text_steer = NULL;
-  json_object_clear(r->steer);
-  r->turn = 0;
-  r->last_hash = 0;
-  return 0;
-}
-
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r) {
   pthread_mutex_unlock(&r->mu);
   pthread_mutex_lock(&gw->tmu);

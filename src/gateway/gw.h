@@ -189,10 +189,6 @@ _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
                              const lg__gw_policy_t *policy, lg_error_t *err);
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
-/* A stopped derived run whose conversation goes on with a new user
- * message: its conversation moves to a new run (stored with the old one's
- * policy); the restored items stay. 0, or an error with r unchanged. */
-int lg__gw_run_renew(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg_error_t *err);
 /* Remembers key -> r (the start of a conversation). */
 void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */

@@ -6,8 +6,8 @@
 #     upstream request aborted), the stop reaches the client as a normal
 #     final answer in each API's stream shape, and the run's trace replays
 #     to the same decisions; not streamed, the stop replaces the answer;
-#   - a new user message after a stop starts a new run (derived) or not
-#     (X-Loopguard-Run);
+#   - a new user message after a loop's stop resumes the run (a new
+#     episode), after a cap's it does not;
 #   - the cascade: ask_human / finalize_partial offered and ending the run,
 #     escalate_model sending the next calls to another model, the cascade
 #     fields in the sidecar's decisions; gateway.final_round;
@@ -31,6 +31,7 @@ echo '{"text":{"repeat":{"observe":false,"stop":1}}}' >"$TMP/policies/chant.json
 echo '{"cascade":{"offer":["ask_human","finalize_partial"]}}' >"$TMP/policies/offer.json"
 echo '{"cascade":{"escalate":{"model":"stubborn-strong","turns":2}}}' >"$TMP/policies/escalate.json"
 echo '{"gateway":{"final_round":true}}' >"$TMP/policies/final.json"
+echo '{"limits":{"max_model_calls":3}}' >"$TMP/policies/cap3.json"
 echo 'not a policy' >"$TMP/policies/README.txt" # not NAME.json: skipped
 start_server g --store memory: --upstream "$FAKE/v1" --log "$TMP/g.log" --policies "$TMP/policies"
 
@@ -72,17 +73,23 @@ for api in chat messages responses; do
   echo "$out" | get 'd["final"]' | grep -q "stopping" && fail "chant observe $api: stopped: $out"
 done
 
-note "a new user message after a stop: a new run; the same with X-Loopguard-Run: still stopped"
+note "a new user message after a loop's stop: the run resumes, a new episode, and its trace replays to that"
 e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" node "$HERE/conversation.mjs") || fail "episode: $e"
 [ "$(echo "$e" | get 'd["first"]["action"]')" = stop ] || fail "episode: $e"
-[ "$(echo "$e" | get 'd["first"]["run"] != d["second"]["run"]')" = true ] || fail "episode: the same run: $e"
+[ "$(echo "$e" | get 'd["first"]["run"] == d["second"]["run"]')" = true ] || fail "episode: another run: $e"
 [ "$(echo "$e" | get 'd["second"]["action"]')" = pass ] || fail "episode: $e"
 echo "$e" | get 'd["second"]["text"]' | grep -q "^Done" || fail "episode: $e"
 r1=$(echo "$e" | get 'd["first"]["run"]')
-[ "$(curl -sf "$g_URL/v1/runs/$r1" | get 'd["status"]')" = stopped ] || fail "episode: $r1 is not stopped"
-e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Run":"named-episode"}' node "$HERE/conversation.mjs") || fail "named episode: $e"
-[ "$(echo "$e" | get 'd["second"]["run"]')" = named-episode ] && [ "$(echo "$e" | get 'd["second"]["action"]')" = stop ] || fail "named episode: $e"
-[ "$(echo "$e" | get 'd["second"]["text"] == d["first"]["text"]')" = true ] || fail "named episode: $e"
+[ "$(curl -sf "$g_URL/v1/runs/$r1" | get 'd["status"]')" = active ] || fail "episode: $r1 did not resume"
+curl -sf "$g_URL/v1/runs/$r1/trace" >"$TMP/episode.jsonl" || fail "trace $r1"
+grep -q '"type":"resume"' "$TMP/episode.jsonl" && grep -q '"type":"user"' "$TMP/episode.jsonl" || fail "episode trace: $(cat "$TMP/episode.jsonl")"
+"$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $r1"
+[ "$(tail -n 1 "$TMP/episode.replay" | get 'd["terminal_reason"]')" = null ] || fail "episode replay: $(tail -n 1 "$TMP/episode.replay")"
+note "a new user message after a cap's stop: still stopped (caps carry on across episodes)"
+e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Policy":"cap3","X-Loopguard-Run":"capped"}' node "$HERE/conversation.mjs") || fail "capped episode: $e"
+[ "$(echo "$e" | get 'd["second"]["run"]')" = capped ] && [ "$(echo "$e" | get 'd["second"]["action"]')" = stop ] || fail "capped episode: $e"
+[ "$(echo "$e" | get 'd["second"]["text"] == d["first"]["text"]')" = true ] || fail "capped episode: $e"
+[ "$(curl -sf "$g_URL/v1/runs/capped" | get 'd["terminal_reason"]')" = model_call_cap ] || fail "capped: not a cap"
 
 note "cascade.offer: the model asks a person (ask_human) or finishes (finalize_partial)"
 for api in chat messages responses; do
