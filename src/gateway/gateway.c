@@ -450,14 +450,10 @@ static void *worker_main(void *arg) {
     } else if (atomic_load(&gw->stop)) {
       lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
       lg__gw_answer(j);
-    } else if (j->kind != LG__GW_PASS) {
-      lg__gw_chat(&cx);
     } else if (j->kind == LG__GW_PASS) {
       passthrough(&cx);
     } else {
-      lg__gw_error(j, 501, "invalid_request_error", "not_implemented",
-                   "loopguard gateway: %s is not implemented yet", j->path);
-      lg__gw_answer(j);
+      lg__gw_chat(&cx);
     }
     if (!j->answered) { /* never left without an answer */
       lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
