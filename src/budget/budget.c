@@ -305,7 +305,7 @@ static int where(lg_store_t *s, int rc, lg_error_t *err) {
  * one already open). */
 static int txn_begin(lg_store_t *s, lg_error_t *err) {
   if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
+    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->scheme);
   lg__store_lock(s);
   if (s->depth == 0 && s->vt->batch) s->vt->batch(s); /* fewer round trips */
   int rc = lg__store_begin(s, LG__TXN_LEDGER, err);
@@ -415,7 +415,7 @@ int lg_budget_get(lg_store_t *s, const char *scope, int64_t now_ms, lg_budget_t 
   int rc = lg_budget_scope_check(scope, err);
   if (rc) return rc;
   if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
+    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->scheme);
   lg__bud_row_t row = {0};
   int found = 0;
   int r = lg__store_read_begin(s); /* never behind a write */
@@ -451,7 +451,7 @@ static int list_one(void *ud, const lg__bud_row_t *row) {
 int lg_budget_list(lg_store_t *s, int64_t now_ms, lg_budget_cb cb, void *ud, lg_error_t *err) {
   if (!cb) return lg__err(err, LG_EINVAL, NULL, -1, "no callback given");
   if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
+    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->scheme);
   list_ctx_t x = {cb, ud, now_ms};
   int r = lg__store_read_begin(s);
   int rc = s->vt->bud_list(s, now_ms, list_one, &x, err);
@@ -1010,7 +1010,7 @@ int lg_budget_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_
   int64_t n = 0;
   if (purged) *purged = 0;
   if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
+    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->scheme);
   if (older_than_ms < 0) older_than_ms = s->opts.retention_ms;
   /* The expired hold rows, scope by scope, each under its lock. */
   due_t due = {NULL, 0, 0, now_ms, 0};
@@ -1051,7 +1051,7 @@ int lg_budget_scopes_check(lg_store_t *s, const char *const *scopes, size_t n,
   int rc = check_scopes(scopes, n, order, 0, err);
   if (rc) return rc;
   if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
+    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->scheme);
   for (size_t i = 0; i < n && !rc; i++) {
     lg__bud_row_t row = {0};
     int found = 0;

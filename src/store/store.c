@@ -7,14 +7,18 @@
  * rules live beside it in src/ledger/ledger.c; what needs the engine
  * (saving and loading an lg_run_t, cancelling) in store_run.c.
  */
+#include "driver.h"
 #include "store.h"
 
 #include <stdio.h>
 #include <time.h>
 
 int lg__store_schema_target = LG_STORE_SCHEMA_VERSION;
-lg__store_fault_fn lg__store_fault = NULL;
-void *lg__store_fault_ud = NULL;
+
+void lg__store_set_fault(lg_store_t *s, lg__store_fault_fn fn, void *ud) {
+  s->fault = fn;
+  s->fault_ud = ud;
+}
 
 /* ---- small helpers ---- */
 
@@ -123,7 +127,7 @@ static char *redact(const char *url) {
 void lg__store_lock(lg_store_t *s) { pthread_mutex_lock(&s->mu); }
 
 int lg__store_read_begin(lg_store_t *s) {
-  if (s->vt->version >= 4 && s->vt->reader) {
+  if (s->vt->version >= 4 && s->vt->reader && (!s->drv || s->drv->reader)) {
     if (pthread_mutex_trylock(&s->mu) == 0) {
       /* Free, or ours: inside our own transaction the read must see its
        * writes, so it stays on the handle. */
@@ -156,26 +160,31 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
     lg__err(err, LG_EINVAL, "url", -1, "no store URL given");
     return NULL;
   }
-  const lg__store_vtab_t *vt = NULL;
-  const char *arg = NULL;
-  if (!strncmp(url, "memory:", 7)) {
-    vt = &lg__store_memory;
-    arg = url + 7;
-  } else if (!strncmp(url, "sqlite:", 7)) {
-    vt = &lg__store_sqlite;
-    arg = url + 7;
-  } else if (!strncmp(url, "postgres://", 11) || !strncmp(url, "postgresql://", 13)) {
-    vt = &lg__store_pg;
-    arg = url;
-  } else if (!strncmp(url, "postgres:", 9)) {
-    vt = &lg__store_pg;
-    arg = url + 9;
-  } else {
+  /* The URL's scheme names the backend: the rows over which driver. */
+  static const struct {
+    const char *prefix;         /* the URL starts with it */
+    int keep;                   /* the backend sees the prefix too */
+    const char *scheme;
+    const lg__store_vtab_t *vt;
+    const lg__driver_t *drv;    /* for lg__store_sql */
+  } schemes[] = {
+      {"memory:", 0, "memory", &lg__store_memory, NULL},
+      {"sqlite:", 0, "sqlite", &lg__store_sql, &lg__driver_sqlite},
+      {"postgres://", 1, "postgres", &lg__store_pg, NULL},
+      {"postgresql://", 1, "postgres", &lg__store_pg, NULL},
+      {"postgres:", 0, "postgres", &lg__store_pg, NULL},
+  };
+  size_t which = 0, nschemes = sizeof schemes / sizeof schemes[0];
+  while (which < nschemes && strncmp(url, schemes[which].prefix, strlen(schemes[which].prefix)))
+    which++;
+  if (which == nschemes) {
     lg__err(err, LG_EINVAL, "url", -1,
             "unknown store URL \"%s\": use memory:, sqlite:PATH or postgres:CONNINFO",
             url);
     return NULL;
   }
+  const lg__store_vtab_t *vt = schemes[which].vt;
+  const char *arg = url + (schemes[which].keep ? 0 : strlen(schemes[which].prefix));
   /* durability=full|relaxed: a parameter of the URL for every backend
    * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
    * postgres:host=... durability=relaxed), taken out before the backend
@@ -217,6 +226,8 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   s->name = redact(url);
   if (!s->name) goto fail_oom;
   s->vt = vt;
+  s->drv = schemes[which].drv;
+  s->scheme = schemes[which].scheme;
   if (opts) s->opts = *opts;
   if (s->opts.retention_ms <= 0) s->opts.retention_ms = LG_STORE_DEFAULT_RETENTION_MS;
   if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
@@ -258,7 +269,7 @@ void lg_store_close(lg_store_t *s) {
   lg__free(s);
 }
 
-const char *lg_store_scheme(const lg_store_t *s) { return s->vt->scheme; }
+const char *lg_store_scheme(const lg_store_t *s) { return s->scheme; }
 const char *lg_store_name(const lg_store_t *s) { return s->name; }
 
 /* Names the store in an error that a backend filled. */

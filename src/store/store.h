@@ -31,6 +31,7 @@
 #include <pthread.h>
 
 typedef struct lg__store_vtab lg__store_vtab_t;
+typedef int (*lg__store_fault_fn)(void *ud, lg_store_t *s, const char *point);
 
 /* Kinds of transaction. */
 enum { LG__TXN_RUN = 1, LG__TXN_LEDGER = 2 };
@@ -120,6 +121,11 @@ void lg__resv_row_clear(lg__resv_row_t *r);
 struct lg_store {
   const lg__store_vtab_t *vt; /* the backend */
   void *impl;                 /* the backend's own state */
+  const struct lg__driver *drv; /* lg__store_sql's driver (driver.h), or NULL */
+  void *conn;                 /* the driver's connection */
+  const char *scheme;         /* "memory", "sqlite", "postgres" */
+  lg__store_fault_fn fault;   /* the test's fault hook (lg__store_set_fault), or NULL */
+  void *fault_ud;
   char *name;                 /* URL with the password hidden */
   lg_store_options_t opts;    /* with the defaults filled in */
   pthread_mutex_t mu;         /* recursive: held around backend calls */
@@ -280,6 +286,7 @@ struct lg__store_vtab {
   int (*write_probe)(lg_store_t *s, int64_t now_ms, lg_error_t *err);
 };
 
+extern const lg__store_vtab_t lg__store_sql; /* the rows, once, over s->drv */
 extern const lg__store_vtab_t lg__store_memory;
 extern const lg__store_vtab_t lg__store_sqlite;
 extern const lg__store_vtab_t lg__store_pg;
@@ -296,17 +303,16 @@ void lg__store_unlock(lg_store_t *s);
 int lg__store_read_begin(lg_store_t *s);
 void lg__store_read_end(lg_store_t *s, int reader);
 
-/* Fault injection for tests (docs/internals/style.md: "inject I/O faults through an
- * overridable table"). When set, backends call it at named points — e.g.
- * "sqlite.claim.before_commit", "pg.claim.before_insert" — and fail there
- * with the code it returns when that is not 0. The PostgreSQL tests use it
- * to kill the backend's connection in the middle of a claim. Not
- * thread-safe; tests only. */
-typedef int (*lg__store_fault_fn)(void *ud, lg_store_t *s, const char *point);
-extern lg__store_fault_fn lg__store_fault;
-extern void *lg__store_fault_ud;
+/* Fault injection for tests (docs/internals/style.md: "inject I/O faults
+ * through an overridable table"). A hook set on a handle is called at
+ * named points — e.g. "claim.before_commit", "sqlite.begin" — and the
+ * call fails there with the code it returns when that is not 0. The
+ * PostgreSQL tests use it to kill the handle's connection in the middle of
+ * a claim. fn NULL removes it. Tests only; not thread-safe with calls on
+ * the handle. */
+void lg__store_set_fault(lg_store_t *s, lg__store_fault_fn fn, void *ud);
 static inline int lg__store_fault_at(lg_store_t *s, const char *point, lg_error_t *err) {
-  int rc = lg__store_fault ? lg__store_fault(lg__store_fault_ud, s, point) : 0;
+  int rc = s->fault ? s->fault(s->fault_ud, s, point) : 0;
   return rc ? lg__err(err, rc, NULL, -1, "injected fault at %s", point) : 0;
 }
 
@@ -344,6 +350,10 @@ void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages);
  * store's connection is at now, read from SQLite (tests); -1 on other
  * stores. */
 int lg__store_sqlite_synchronous(lg_store_t *s);
+
+/* The file of a sqlite: store (for a connection of its own, such as the
+ * checkpointer's); NULL for other stores. */
+const char *lg__store_sqlite_path(const lg_store_t *s);
 
 
 /* Copies a record's fields into new strings (out is overwritten). */
