@@ -168,7 +168,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
     const lg__store_vtab_t *vt;
     const lg__driver_t *drv;    /* for lg__store_sql */
   } schemes[] = {
-      {"memory:", 0, "memory", &lg__store_memory, NULL},
+      {"memory:", 0, "memory", &lg__store_sql, &lg__driver_sqlite_memory},
       {"sqlite:", 0, "sqlite", &lg__store_sql, &lg__driver_sqlite},
       {"postgres://", 1, "postgres", &lg__store_pg, NULL},
       {"postgresql://", 1, "postgres", &lg__store_pg, NULL},

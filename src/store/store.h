@@ -287,7 +287,6 @@ struct lg__store_vtab {
 };
 
 extern const lg__store_vtab_t lg__store_sql; /* the rows, once, over s->drv */
-extern const lg__store_vtab_t lg__store_memory;
 extern const lg__store_vtab_t lg__store_sqlite;
 extern const lg__store_vtab_t lg__store_pg;
 
