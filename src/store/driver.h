@@ -56,6 +56,7 @@ typedef struct lg__dialect {
 } lg__dialect_t;
 
 extern const lg__dialect_t lg__dialect_sqlite;
+extern const lg__dialect_t lg__dialect_pg;
 
 typedef struct lg__driver {
   const char *name;               /* for messages */
@@ -106,10 +107,19 @@ typedef struct lg__driver {
    * when no transaction is open there; *opened says whether it did. */
   int (*snapshot)(lg_store_t *s, int on, int *opened, lg_error_t *err);
   int (*write_probe)(lg_store_t *s, int64_t now_ms, lg_error_t *err);
+  /* Sends a bound statement ahead of its step. want 0: a write whose
+   * result nobody reads — in batch mode held back until the next
+   * statement or the commit, else run now — and reset. want 1: its result
+   * is read later by step(); it goes out, in one round trip, with the
+   * first statement stepped. NULL: statements run when stepped. */
+  int (*send)(lg_store_t *s, lg__stmt_t *st, int want, lg_error_t *err);
+  /* store.h's batch: the next outermost transaction may be sent late. */
+  int (*batch)(lg_store_t *s);
 } lg__driver_t;
 
 extern const lg__driver_t lg__driver_sqlite;        /* sqlite:PATH */
 extern const lg__driver_t lg__driver_sqlite_memory; /* memory: */
+extern const lg__driver_t lg__driver_pg;            /* postgres:CONNINFO */
 
 /* The schema (schema.c): creates or migrates the database of an open
  * driver to lg__store_schema_target, under the dialect's migrate_begin. */

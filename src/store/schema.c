@@ -24,13 +24,13 @@
 #include <stdio.h>
 
 typedef struct migration {
-  const char *all;          /* for every dialect, or NULL */
+  const char *all;              /* for every dialect, or NULL */
   const char *by[LG__DIALECTS]; /* else by lg__dialect_t.id */
 } migration_t;
 
 static const migration_t migrations[] = {
     /* 1: the idempotency ledger. */
-    {.by[LG__D_SQLITE] = ("CREATE TABLE lg_operations ("
+    {.by = {[LG__D_SQLITE] = ("CREATE TABLE lg_operations ("
     "  key TEXT PRIMARY KEY,"
     "  request_fp TEXT NOT NULL,"
     "  run_id TEXT,"
@@ -41,9 +41,21 @@ static const migration_t migrations[] = {
     "  created_ms INTEGER NOT NULL,"
     "  updated_ms INTEGER NOT NULL);"
     "CREATE INDEX lg_operations_finished ON lg_operations(updated_ms)"
-    "  WHERE state <> 'pending';")},
+    "  WHERE state <> 'pending';"),
+            [LG__D_POSTGRES] = ("CREATE TABLE lg_operations ("
+    "  key TEXT PRIMARY KEY,"
+    "  request_fp TEXT NOT NULL,"
+    "  run_id TEXT,"
+    "  state TEXT NOT NULL CHECK (state IN ('pending','committed','failed')),"
+    "  result BYTEA,"
+    "  operation_id TEXT,"
+    "  lease_until_ms BIGINT NOT NULL,"
+    "  created_ms BIGINT NOT NULL,"
+    "  updated_ms BIGINT NOT NULL);"
+    "CREATE INDEX lg_operations_finished ON lg_operations(updated_ms)"
+    "  WHERE state <> 'pending';")}},
     /* 2: run state and the kill switch. */
-    {.by[LG__D_SQLITE] = ("CREATE TABLE lg_runs ("
+    {.by = {[LG__D_SQLITE] = ("CREATE TABLE lg_runs ("
     "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
     "  run_id TEXT NOT NULL UNIQUE,"
     "  grp TEXT,"
@@ -59,13 +71,31 @@ static const migration_t migrations[] = {
     "  id TEXT NOT NULL,"
     "  reason TEXT,"
     "  created_ms INTEGER NOT NULL,"
-    "  PRIMARY KEY (scope, id));")},
+    "  PRIMARY KEY (scope, id));"),
+            [LG__D_POSTGRES] = ("CREATE TABLE lg_runs ("
+    "  seq BIGSERIAL NOT NULL,"
+    "  run_id TEXT PRIMARY KEY,"
+    "  grp TEXT,"
+    "  status TEXT NOT NULL CHECK (status IN ('active','stopped')),"
+    "  terminal_reason TEXT,"
+    "  policy TEXT,"
+    "  state BYTEA,"
+    "  envelope TEXT,"
+    "  created_ms BIGINT NOT NULL,"
+    "  updated_ms BIGINT NOT NULL);"
+    "CREATE TABLE lg_deny ("
+    "  scope SMALLINT NOT NULL,"
+    "  id TEXT NOT NULL,"
+    "  reason TEXT,"
+    "  created_ms BIGINT NOT NULL,"
+    "  PRIMARY KEY (scope, id));")}},
     /* 3: listing runs newest first, by group. */
-    {.by[LG__D_SQLITE] = ("CREATE INDEX lg_runs_created ON lg_runs(created_ms DESC, seq DESC);"
+    {.all = ("CREATE INDEX lg_runs_created ON lg_runs(created_ms DESC, seq DESC);"
     "CREATE INDEX lg_runs_group ON lg_runs(grp, status);")},
     /* 4: shared budgets (the spend gate): budgets, reservations, the holds
-     * of open reservations on each scope, and the scopes of runs. */
-    {.by[LG__D_SQLITE] = ("CREATE TABLE lg_budgets ("
+     * of open reservations on each scope, and the scopes of runs. Scopes
+     * compare byte-wise (PostgreSQL: COLLATE "C"), as SQLite's do. */
+    {.by = {[LG__D_SQLITE] = ("CREATE TABLE lg_budgets ("
     "  scope TEXT PRIMARY KEY,"
     "  limit_micro INTEGER NOT NULL,"
     "  period TEXT NOT NULL CHECK (period IN ('none','daily','weekly','monthly')),"
@@ -100,7 +130,43 @@ static const migration_t migrations[] = {
     "  PRIMARY KEY (scope, reservation_id)) WITHOUT ROWID;"
     "CREATE TABLE lg_budget_run_scopes ("
     "  run_id TEXT PRIMARY KEY,"
-    "  scopes TEXT NOT NULL);")},
+    "  scopes TEXT NOT NULL);"),
+            [LG__D_POSTGRES] = ("CREATE TABLE lg_budgets ("
+    "  scope TEXT COLLATE \"C\" PRIMARY KEY,"
+    "  limit_micro BIGINT NOT NULL,"
+    "  period TEXT NOT NULL CHECK (period IN ('none','daily','weekly','monthly')),"
+    "  max_in_flight_micro BIGINT,"
+    "  period_start_ms BIGINT NOT NULL,"
+    "  spent_micro BIGINT NOT NULL,"
+    "  reserved_micro BIGINT NOT NULL,"
+    "  holds BIGINT NOT NULL,"
+    "  next_expiry_ms BIGINT NOT NULL,"
+    "  created_ms BIGINT NOT NULL,"
+    "  updated_ms BIGINT NOT NULL);"
+    "CREATE TABLE lg_budget_reservations ("
+    "  id TEXT PRIMARY KEY,"
+    "  amount_micro BIGINT NOT NULL,"
+    "  scopes TEXT NOT NULL,"
+    "  run_id TEXT,"
+    "  run_seq BIGINT NOT NULL,"
+    "  model TEXT,"
+    "  state TEXT NOT NULL CHECK (state IN ('open','settled')),"
+    "  actual_micro BIGINT NOT NULL,"
+    "  created_ms BIGINT NOT NULL,"
+    "  expires_ms BIGINT NOT NULL,"
+    "  settled_ms BIGINT NOT NULL);"
+    "CREATE INDEX lg_budget_reservations_run ON lg_budget_reservations(run_id, run_seq)"
+    "  WHERE run_id IS NOT NULL;"
+    "CREATE INDEX lg_budget_reservations_expiry ON lg_budget_reservations(expires_ms);"
+    "CREATE TABLE lg_budget_holds ("
+    "  scope TEXT COLLATE \"C\" NOT NULL,"
+    "  reservation_id TEXT NOT NULL,"
+    "  amount_micro BIGINT NOT NULL,"
+    "  expires_ms BIGINT NOT NULL,"
+    "  PRIMARY KEY (scope, reservation_id));"
+    "CREATE TABLE lg_budget_run_scopes ("
+    "  run_id TEXT PRIMARY KEY,"
+    "  scopes TEXT NOT NULL);")}},
     /* 5: each run's trace-v1 lines, written with the decision they record
      * (GET /v1/runs/{id}/trace): the newest in the run's own row
      * (trace_tail), whose page the decision writes anyway, and older ones
@@ -109,7 +175,7 @@ static const migration_t migrations[] = {
      * writes; reading the tail's length back (RETURNING) to move it here
      * cost a sixth of bench_server's throughput, the trigger nothing that
      * bench_server can tell from noise. */
-    {.by[LG__D_SQLITE] = ("ALTER TABLE lg_runs ADD COLUMN trace_tail TEXT;"
+    {.by = {[LG__D_SQLITE] = ("ALTER TABLE lg_runs ADD COLUMN trace_tail TEXT;"
     "CREATE TABLE lg_events ("
     "  run_id TEXT NOT NULL,"
     "  n INTEGER NOT NULL,"
@@ -121,18 +187,28 @@ static const migration_t migrations[] = {
     "    SELECT NEW.run_id, COALESCE(MAX(n), 0) + 1, NEW.trace_tail FROM lg_events"
     "    WHERE run_id = NEW.run_id;"
     "  UPDATE lg_runs SET trace_tail = NULL WHERE seq = NEW.seq;"
-    "  END;")},
+    "  END;"),
+            [LG__D_POSTGRES] = ("CREATE TABLE lg_events ("
+    "  run_id TEXT NOT NULL,"
+    "  n BIGINT NOT NULL,"
+    "  lines TEXT NOT NULL,"
+    "  PRIMARY KEY (run_id, n));")}},
     /* 6: who may undo what (issue "Hardening"). A claim's token, which
      * commit and fail from an agent must present; an operator's outcome
      * recorded with who and when; a key an operator freed kept as a
      * FAILED row marked freed (it counts as free) so that the record
      * stays visible; a settlement above what its settler may charge,
      * with what was asked. */
-    {.by[LG__D_SQLITE] = ("ALTER TABLE lg_operations ADD COLUMN claim_token TEXT;"
+    {.by = {[LG__D_SQLITE] = ("ALTER TABLE lg_operations ADD COLUMN claim_token TEXT;"
     "ALTER TABLE lg_operations ADD COLUMN resolved_by TEXT;"
     "ALTER TABLE lg_operations ADD COLUMN resolved_ms INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE lg_operations ADD COLUMN freed INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro INTEGER NOT NULL DEFAULT -1;")},
+    "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro INTEGER NOT NULL DEFAULT -1;"),
+            [LG__D_POSTGRES] = ("ALTER TABLE lg_operations ADD COLUMN claim_token TEXT,"
+    "  ADD COLUMN resolved_by TEXT,"
+    "  ADD COLUMN resolved_ms BIGINT NOT NULL DEFAULT 0,"
+    "  ADD COLUMN freed INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro BIGINT NOT NULL DEFAULT -1;")}},
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,

@@ -170,9 +170,9 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   } schemes[] = {
       {"memory:", 0, "memory", &lg__store_sql, &lg__driver_sqlite_memory},
       {"sqlite:", 0, "sqlite", &lg__store_sql, &lg__driver_sqlite},
-      {"postgres://", 1, "postgres", &lg__store_pg, NULL},
-      {"postgresql://", 1, "postgres", &lg__store_pg, NULL},
-      {"postgres:", 0, "postgres", &lg__store_pg, NULL},
+      {"postgres://", 1, "postgres", &lg__store_sql, &lg__driver_pg},
+      {"postgresql://", 1, "postgres", &lg__store_sql, &lg__driver_pg},
+      {"postgres:", 0, "postgres", &lg__store_sql, &lg__driver_pg},
   };
   size_t which = 0, nschemes = sizeof schemes / sizeof schemes[0];
   while (which < nschemes && strncmp(url, schemes[which].prefix, strlen(schemes[which].prefix)))

@@ -287,8 +287,6 @@ struct lg__store_vtab {
 };
 
 extern const lg__store_vtab_t lg__store_sql; /* the rows, once, over s->drv */
-extern const lg__store_vtab_t lg__store_sqlite;
-extern const lg__store_vtab_t lg__store_pg;
 
 /* Transactions through the generic layer (keeps depth and kind). */
 int lg__store_begin(lg_store_t *s, int kind, lg_error_t *err);

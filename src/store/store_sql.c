@@ -23,6 +23,7 @@
 
 enum {
   Q_OP_READ,
+  Q_OP_READ_LOCK,
   Q_OP_INSERT,
   Q_OP_UPDATE,
   Q_OP_DELETE,
@@ -30,6 +31,7 @@ enum {
   Q_OP_SETTLE,
   Q_OP_DROP_PENDING,
   Q_RUN_READ,
+  Q_RUN_READ_LOCK,
   Q_RUN_INSERT,
   Q_RUN_UPDATE,
   Q_RUN_TOUCH,
@@ -38,6 +40,8 @@ enum {
   Q_DENY_GET,
   Q_DENY_ANY,
   Q_BUD_READ,
+  Q_BUD_LOCK,
+  Q_HOLD_STATS,
   Q_BUD_PUT,
   Q_BUD_LIST,
   Q_HOLD_PUT,
@@ -45,8 +49,11 @@ enum {
   Q_HOLDS_EXPIRE,
   Q_RESV_INSERT,
   Q_RESV_READ,
+  Q_RESV_READ_LOCK,
   Q_RESV_OF_RUN,
+  Q_RESV_OF_RUN_LOCK,
   Q_RESV_OLDEST_OF_RUN,
+  Q_RESV_OLDEST_OF_RUN_LOCK,
   Q_RESV_UPDATE,
   Q_RESV_PURGE,
   Q_RUNSCOPES_PUT,
@@ -60,126 +67,204 @@ enum {
   Q__N
 };
 
-/* The stored budget columns, then what the hold rows say as of ?2 (the
- * rules use it only when next_expiry_ms <= ?2; SQLite's deletes leave no
- * dead rows behind, so reading it always costs little). */
-#define BUD_COLS                                                                        \
+/* A query: one text for every dialect, or one per dialect (by[id]; NULL:
+ * not used with that dialect). */
+typedef struct query {
+  const char *sql;
+  const char *by[LG__DIALECTS];
+} query_t;
+
+#define OP_COLS_V1                                                                      \
+  "request_fp, run_id, state, result, operation_id, lease_until_ms, created_ms, updated_ms"
+#define OP_COLS OP_COLS_V1 ", claim_token, resolved_by, resolved_ms, freed"
+#define RUN_COLS                                                                        \
+  "run_id, grp, status, terminal_reason, policy, state, envelope, created_ms, updated_ms"
+#define RESV_COLS                                                                       \
+  "id, amount_micro, scopes, run_id, run_seq, model, state, actual_micro, created_ms,"  \
+  " expires_ms, settled_ms, asked_micro"
+#define BUD_STORED                                                                      \
   "b.scope, b.limit_micro, b.period, b.max_in_flight_micro, b.period_start_ms,"         \
   " b.spent_micro, b.reserved_micro, b.holds, b.next_expiry_ms, b.created_ms,"           \
-  " b.updated_ms, COALESCE(e.lsum, 0), COALESCE(e.lcount, 0), e.lmin, COALESCE(e.ecount, 0)"
-#define HOLD_STATS                                                                      \
+  " b.updated_ms"
+
+/* What the hold rows of a scope say as of ?2 (fill_bud's columns 11 to 14).
+ *
+ * SQLite: always, joined to the stored columns (its deletes leave no dead
+ * rows behind, so reading it costs little). PostgreSQL: only when the
+ * row's next_expiry_ms has come — hold rows come and go with every
+ * reservation, their dead versions stay until vacuum, and a scan per
+ * reservation would grow slower with the traffic; with the row lock, in a
+ * statement of its own that starts once the lock is had (Q_HOLD_STATS: a
+ * statement that waited for the lock would read them from its older
+ * snapshot). */
+#define SQ_BUD_COLS                                                                     \
+  BUD_STORED ", COALESCE(e.lsum, 0), COALESCE(e.lcount, 0), e.lmin, COALESCE(e.ecount, 0)"
+#define SQ_HOLD_STATS                                                                   \
   "(SELECT scope, SUM(CASE WHEN expires_ms > ?2 THEN amount_micro END) AS lsum,"        \
   " COUNT(CASE WHEN expires_ms > ?2 THEN 1 END) AS lcount,"                              \
   " MIN(CASE WHEN expires_ms > ?2 THEN expires_ms END) AS lmin,"                         \
   " COUNT(CASE WHEN expires_ms <= ?2 THEN 1 END) AS ecount FROM lg_budget_holds"
-#define RESV_COLS                                                                       \
-  "id, amount_micro, scopes, run_id, run_seq, model, state, actual_micro, created_ms,"  \
-  " expires_ms, settled_ms, asked_micro"
+#define PG_HOLD_AGG                                                                     \
+  "COALESCE(SUM(CASE WHEN h.expires_ms > ?2 THEN h.amount_micro END), 0)::bigint,"      \
+  " COUNT(CASE WHEN h.expires_ms > ?2 THEN 1 END),"                                     \
+  " MIN(CASE WHEN h.expires_ms > ?2 THEN h.expires_ms END),"                            \
+  " COUNT(CASE WHEN h.expires_ms <= ?2 THEN 1 END)"
+#define PG_HOLDS_LATERAL                                                                \
+  " LEFT JOIN LATERAL (SELECT " PG_HOLD_AGG " FROM lg_budget_holds h"                  \
+  " WHERE h.scope = b.scope AND b.next_expiry_ms >= 0 AND b.next_expiry_ms <= ?2) e ON true"
 
-static const char *const queries[Q__N] = {
-    [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
-                  " created_ms, updated_ms, claim_token, resolved_by, resolved_ms, freed"
-                  " FROM lg_operations WHERE key = ?1",
-    [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
-                    " operation_id, lease_until_ms, created_ms, updated_ms, claim_token,"
-                    " resolved_by, resolved_ms, freed)"
-                    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
-                    " ON CONFLICT (key) DO NOTHING",
-    [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
-                    " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
-                    " updated_ms = ?9, claim_token = ?10, resolved_by = ?11, resolved_ms = ?12,"
-                    " freed = ?13 WHERE key = ?1",
-    [Q_OP_DELETE] = "DELETE FROM lg_operations WHERE key = ?1",
-    [Q_OP_PURGE] = "DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1",
-    [Q_OP_SETTLE] = "UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
-                    " updated_ms = ?5 WHERE key = ?1 AND state = 'pending'",
-    [Q_OP_DROP_PENDING] = "DELETE FROM lg_operations WHERE key = ?1 AND state = 'pending'",
-    [Q_RUN_READ] = "SELECT run_id, grp, status, terminal_reason, policy, state, envelope,"
-                   " created_ms, updated_ms FROM lg_runs WHERE run_id = ?1",
-    [Q_RUN_INSERT] = "INSERT INTO lg_runs (run_id, grp, status, terminal_reason, policy, state,"
-                     " envelope, created_ms, updated_ms)"
-                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (run_id) DO NOTHING",
-    [Q_RUN_UPDATE] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
-                     " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
-                     " WHERE run_id = ?1",
+#define SQ LG__D_SQLITE
+#define PG LG__D_POSTGRES
+
+static const query_t queries[Q__N] = {
+    [Q_OP_READ] = {"SELECT " OP_COLS " FROM lg_operations WHERE key = ?1"},
+    [Q_OP_READ_LOCK] = {"SELECT " OP_COLS " FROM lg_operations WHERE key = ?1{FOR UPDATE}"},
+    [Q_OP_INSERT] = {"INSERT INTO lg_operations (key, " OP_COLS ")"
+                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                     " ON CONFLICT (key) DO NOTHING"},
+    [Q_OP_UPDATE] = {"UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
+                     " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
+                     " updated_ms = ?9, claim_token = ?10, resolved_by = ?11, resolved_ms = ?12,"
+                     " freed = ?13 WHERE key = ?1"},
+    [Q_OP_DELETE] = {"DELETE FROM lg_operations WHERE key = ?1"},
+    [Q_OP_PURGE] = {"DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1"},
+    [Q_OP_SETTLE] = {"UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
+                     " updated_ms = ?5 WHERE key = ?1 AND state = 'pending'"},
+    [Q_OP_DROP_PENDING] = {"DELETE FROM lg_operations WHERE key = ?1 AND state = 'pending'"},
+    [Q_RUN_READ] = {"SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1"},
+    [Q_RUN_READ_LOCK] = {"SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1{FOR UPDATE}"},
+    [Q_RUN_INSERT] = {"INSERT INTO lg_runs (" RUN_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                      " ON CONFLICT (run_id) DO NOTHING"},
+    /* PostgreSQL must know the type of every parameter: ?8 (created_ms,
+     * which an UPDATE keeps) is named for that. */
+    [Q_RUN_UPDATE] = {.by = {[SQ] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
+                                     " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
+                                     " WHERE run_id = ?1",
+                             [PG] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
+                                    " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
+                                    " WHERE run_id = ?1 AND ?8::bigint IS NOT NULL"}},
     /* The usual decision: only the state moved. Setting no indexed column
-     * leaves the indexes alone (SQLite rewrites an index entry whenever
+     * leaves SQLite's indexes alone (it rewrites an index entry whenever
      * an UPDATE sets one of its columns, even to the same value), so a
-     * commit writes one page per run and not two. */
-    [Q_RUN_TOUCH] = "UPDATE lg_runs SET state = ?6, updated_ms = ?9 WHERE run_id = ?1"
-                    " AND grp IS ?2 AND status = ?3 AND terminal_reason IS ?4 AND policy IS ?5"
-                    " AND envelope IS ?7",
-    [Q_RUN_LIST] = "SELECT run_id, grp, status, terminal_reason, NULL, NULL, envelope,"
-                   " created_ms, updated_ms FROM lg_runs"
-                   " WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR terminal_reason = ?2)"
-                   " AND (?3 IS NULL OR grp = ?3)"
-                   " ORDER BY created_ms DESC, seq DESC LIMIT COALESCE(?4, -1)",
-    [Q_DENY_PUT] = "INSERT INTO lg_deny (scope, id, reason, created_ms) VALUES (?1, ?2, ?3, ?4)"
-                   " ON CONFLICT (scope, id) DO UPDATE SET reason = excluded.reason,"
-                   " created_ms = excluded.created_ms",
+     * commit writes one page per run and not two. PostgreSQL writes a
+     * new row version either way: there it is Q_RUN_UPDATE. */
+    [Q_RUN_TOUCH] = {.by = {[SQ] = "UPDATE lg_runs SET state = ?6, updated_ms = ?9 WHERE run_id = ?1"
+                                   " AND grp IS ?2 AND status = ?3 AND terminal_reason IS ?4"
+                                   " AND policy IS ?5 AND envelope IS ?7",
+                            [PG] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
+                                   " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
+                                   " WHERE run_id = ?1 AND ?8::bigint IS NOT NULL"}},
+    [Q_RUN_LIST] = {.by = {[SQ] = "SELECT run_id, grp, status, terminal_reason, NULL, NULL, envelope,"
+                                  " created_ms, updated_ms FROM lg_runs"
+                                  " WHERE (?1 IS NULL OR status = ?1)"
+                                  " AND (?2 IS NULL OR terminal_reason = ?2)"
+                                  " AND (?3 IS NULL OR grp = ?3)"
+                                  " ORDER BY created_ms DESC, seq DESC LIMIT COALESCE(?4, -1)",
+                           [PG] = "SELECT run_id, grp, status, terminal_reason, NULL::text,"
+                                  " NULL::bytea, envelope, created_ms, updated_ms FROM lg_runs"
+                                  " WHERE (?1::text IS NULL OR status = ?1)"
+                                  " AND (?2::text IS NULL OR terminal_reason = ?2)"
+                                  " AND (?3::text IS NULL OR grp = ?3)"
+                                  " ORDER BY created_ms DESC, seq DESC LIMIT ?4::bigint"}},
+    [Q_DENY_PUT] = {"INSERT INTO lg_deny (scope, id, reason, created_ms) VALUES (?1, ?2, ?3, ?4)"
+                    " ON CONFLICT (scope, id) DO UPDATE SET reason = excluded.reason,"
+                    " created_ms = excluded.created_ms"},
     /* Two lookups of the primary key merged in scope order: an OR of the
      * two would collect rowids and sort them in a temporary b-tree. */
-    [Q_DENY_GET] = "SELECT reason, scope FROM lg_deny WHERE scope = 1 AND id = ?1"
-                   " UNION ALL SELECT reason, scope FROM lg_deny WHERE scope = 2 AND id = ?2"
-                   " ORDER BY 2 LIMIT 1",
-    [Q_DENY_ANY] = "SELECT 1 FROM lg_deny LIMIT 1",
-    [Q_BUD_READ] = "SELECT " BUD_COLS " FROM lg_budgets b LEFT JOIN " HOLD_STATS
-                   " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope WHERE b.scope = ?1",
-    [Q_BUD_PUT] = "INSERT INTO lg_budgets (scope, limit_micro, period, max_in_flight_micro,"
-                  " period_start_ms, spent_micro, reserved_micro, holds, next_expiry_ms,"
-                  " created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-                  " ON CONFLICT (scope) DO UPDATE SET"
-                  " limit_micro = excluded.limit_micro, period = excluded.period,"
-                  " max_in_flight_micro = excluded.max_in_flight_micro,"
-                  " period_start_ms = excluded.period_start_ms,"
-                  " spent_micro = excluded.spent_micro, reserved_micro = excluded.reserved_micro,"
-                  " holds = excluded.holds, next_expiry_ms = excluded.next_expiry_ms,"
-                  " updated_ms = excluded.updated_ms",
-    [Q_BUD_LIST] = "SELECT " BUD_COLS " FROM lg_budgets b LEFT JOIN " HOLD_STATS
-                   " WHERE ?1 IS NULL GROUP BY scope) e ON e.scope = b.scope ORDER BY b.scope",
-    [Q_HOLD_PUT] = "INSERT INTO lg_budget_holds (scope, reservation_id, amount_micro, expires_ms)"
-                   " VALUES (?1, ?2, ?3, ?4)",
-    [Q_HOLD_DROP] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2",
-    [Q_HOLDS_EXPIRE] = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2",
-    [Q_RESV_INSERT] = "INSERT INTO lg_budget_reservations (" RESV_COLS ")"
-                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-    [Q_RESV_READ] = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1",
-    [Q_RESV_OF_RUN] = "SELECT " RESV_COLS " FROM lg_budget_reservations"
-                      " WHERE run_id = ?1 AND run_seq = ?2",
-    [Q_RESV_OLDEST_OF_RUN] = "SELECT " RESV_COLS " FROM lg_budget_reservations"
-                             " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1",
-    [Q_RESV_UPDATE] = "UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
-                      " run_id = ?4, run_seq = ?5, model = ?6, state = ?7, actual_micro = ?8,"
-                      " created_ms = ?9, expires_ms = ?10, settled_ms = ?11, asked_micro = ?12"
-                      " WHERE id = ?1",
-    [Q_RESV_PURGE] = "DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1",
-    [Q_RUNSCOPES_PUT] = "INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
-                        " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes",
-    [Q_RUNSCOPES_DEL] = "DELETE FROM lg_budget_run_scopes WHERE run_id = ?1",
-    [Q_EV_TAIL] = "UPDATE lg_runs SET trace_tail = COALESCE(trace_tail, '') || ?2"
-                  " WHERE run_id = ?1",
+    [Q_DENY_GET] = {"SELECT reason, scope FROM lg_deny WHERE scope = 1 AND id = ?1"
+                    " UNION ALL SELECT reason, scope FROM lg_deny WHERE scope = 2 AND id = ?2"
+                    " ORDER BY 2 LIMIT 1"},
+    [Q_DENY_ANY] = {"SELECT 1 FROM lg_deny LIMIT 1"},
+    /* One statement, one snapshot: a read without the lock. */
+    [Q_BUD_READ] = {.by = {[SQ] = "SELECT " SQ_BUD_COLS " FROM lg_budgets b LEFT JOIN " SQ_HOLD_STATS
+                                  " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope"
+                                  " WHERE b.scope = ?1",
+                           [PG] = "SELECT " BUD_STORED ", e.* FROM lg_budgets b" PG_HOLDS_LATERAL
+                                  " WHERE b.scope = ?1"}},
+    /* With the row lock (LG__CAP_ROW_LOCKS): the row, then its holds. */
+    [Q_BUD_LOCK] = {.by = {[PG] = "SELECT " BUD_STORED " FROM lg_budgets b WHERE b.scope = ?1"
+                                  " FOR UPDATE"}},
+    [Q_HOLD_STATS] = {.by = {[PG] = "SELECT " PG_HOLD_AGG " FROM lg_budget_holds h WHERE h.scope = ?1"
+                                    " AND EXISTS (SELECT 1 FROM lg_budgets b WHERE b.scope = ?1"
+                                    " AND b.next_expiry_ms >= 0 AND b.next_expiry_ms <= ?2)"}},
+    [Q_BUD_PUT] = {"INSERT INTO lg_budgets (scope, limit_micro, period, max_in_flight_micro,"
+                   " period_start_ms, spent_micro, reserved_micro, holds, next_expiry_ms,"
+                   " created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+                   " ON CONFLICT (scope) DO UPDATE SET"
+                   " limit_micro = excluded.limit_micro, period = excluded.period,"
+                   " max_in_flight_micro = excluded.max_in_flight_micro,"
+                   " period_start_ms = excluded.period_start_ms,"
+                   " spent_micro = excluded.spent_micro, reserved_micro = excluded.reserved_micro,"
+                   " holds = excluded.holds, next_expiry_ms = excluded.next_expiry_ms,"
+                   " updated_ms = excluded.updated_ms"},
+    [Q_BUD_LIST] = {.by = {[SQ] = "SELECT " SQ_BUD_COLS " FROM lg_budgets b LEFT JOIN " SQ_HOLD_STATS
+                                  " WHERE ?1 IS NULL GROUP BY scope) e ON e.scope = b.scope"
+                                  " ORDER BY b.scope",
+                           [PG] = "SELECT " BUD_STORED ", e.* FROM lg_budgets b" PG_HOLDS_LATERAL
+                                  " WHERE ?1::text IS NULL ORDER BY b.scope"}},
+    [Q_HOLD_PUT] = {"INSERT INTO lg_budget_holds (scope, reservation_id, amount_micro, expires_ms)"
+                    " VALUES (?1, ?2, ?3, ?4)"},
+    [Q_HOLD_DROP] = {"DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2"},
+    [Q_HOLDS_EXPIRE] = {"DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2"},
+    /* An id that exists is a unique key's conflict: LG_ECONFLICT. */
+    [Q_RESV_INSERT] = {"INSERT INTO lg_budget_reservations (" RESV_COLS ")"
+                       " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"},
+    [Q_RESV_READ] = {"SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"},
+    [Q_RESV_READ_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"
+                          "{FOR UPDATE}"},
+    [Q_RESV_OF_RUN] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+                       " WHERE run_id = ?1 AND run_seq = ?2"},
+    [Q_RESV_OF_RUN_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+                            " WHERE run_id = ?1 AND run_seq = ?2{FOR UPDATE}"},
+    [Q_RESV_OLDEST_OF_RUN] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+                              " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1"},
+    [Q_RESV_OLDEST_OF_RUN_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+                                   " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq"
+                                   " LIMIT 1{FOR UPDATE}"},
+    [Q_RESV_UPDATE] = {"UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
+                       " run_id = ?4, run_seq = ?5, model = ?6, state = ?7, actual_micro = ?8,"
+                       " created_ms = ?9, expires_ms = ?10, settled_ms = ?11, asked_micro = ?12"
+                       " WHERE id = ?1"},
+    [Q_RESV_PURGE] = {"DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1"},
+    [Q_RUNSCOPES_PUT] = {"INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
+                         " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes"},
+    [Q_RUNSCOPES_DEL] = {"DELETE FROM lg_budget_run_scopes WHERE run_id = ?1"},
+    [Q_RUNSCOPES_GET] = {"SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1"},
+    /* A run's trace. SQLite (dialect trace_tail): the newest lines in the
+     * run's own row, moved to lg_events in blocks by schema 5's trigger;
+     * PostgreSQL: a row of lg_events per append. The run's row lock (or
+     * its uncommitted insert) orders the appends of one run, so MAX(n) + 1
+     * cannot be taken twice. */
+    [Q_EV_TAIL] = {.by = {[SQ] = "UPDATE lg_runs SET trace_tail = COALESCE(trace_tail, '') || ?2"
+                                 " WHERE run_id = ?1"}},
     /* Q_RUN_TOUCH and Q_EV_TAIL in one: the row is written once. */
-    [Q_RUN_TOUCH_EV] = "UPDATE lg_runs SET state = ?6, updated_ms = ?9,"
-                       " trace_tail = COALESCE(trace_tail, '') || ?10 WHERE run_id = ?1"
-                       " AND grp IS ?2 AND status = ?3 AND terminal_reason IS ?4 AND policy IS ?5"
-                       " AND envelope IS ?7",
-    [Q_EV_APPEND] = "INSERT INTO lg_events (run_id, n, lines)"
-                    " SELECT ?1, COALESCE(MAX(n), 0) + 1, ?2 FROM lg_events WHERE run_id = ?1",
-    [Q_EV_READ] = "SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n",
-    [Q_EV_READ_TAIL] = "SELECT trace_tail FROM lg_runs WHERE run_id = ?1",
-    [Q_RUNSCOPES_GET] = "SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1",
+    [Q_RUN_TOUCH_EV] = {.by = {[SQ] = "UPDATE lg_runs SET state = ?6, updated_ms = ?9,"
+                                      " trace_tail = COALESCE(trace_tail, '') || ?10"
+                                      " WHERE run_id = ?1 AND grp IS ?2 AND status = ?3"
+                                      " AND terminal_reason IS ?4 AND policy IS ?5"
+                                      " AND envelope IS ?7"}},
+    [Q_EV_APPEND] = {"INSERT INTO lg_events (run_id, n, lines)"
+                     " SELECT ?1, COALESCE(MAX(n), 0) + 1, ?2 FROM lg_events WHERE run_id = ?1"},
+    [Q_EV_READ] = {"SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n"},
+    [Q_EV_READ_TAIL] = {.by = {[SQ] = "SELECT trace_tail FROM lg_runs WHERE run_id = ?1"}},
 };
 
+/* The ledger's statements as schema 1 to 5 had them, for a store opened at
+ * an old version (only the migration tests do that): the same first
+ * parameters, without those of schema 6 (bind_op binds no more; a
+ * missing column reads as NULL, see fill_op). */
 static const char *const legacy_op_queries[] = {
-    [Q_OP_READ] = "SELECT request_fp, run_id, state, result, operation_id, lease_until_ms,"
-                  " created_ms, updated_ms FROM lg_operations WHERE key = ?1",
-    [Q_OP_INSERT] = "INSERT INTO lg_operations (key, request_fp, run_id, state, result,"
-                    " operation_id, lease_until_ms, created_ms, updated_ms)"
+    [Q_OP_READ] = "SELECT " OP_COLS_V1 " FROM lg_operations WHERE key = ?1",
+    [Q_OP_READ_LOCK] = "SELECT " OP_COLS_V1 " FROM lg_operations WHERE key = ?1{FOR UPDATE}",
+    [Q_OP_INSERT] = "INSERT INTO lg_operations (key, " OP_COLS_V1 ")"
                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (key) DO NOTHING",
     [Q_OP_UPDATE] = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
                     " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
                     " updated_ms = ?9 WHERE key = ?1",
 };
+
+#undef SQ
+#undef PG
 
 
 /* The run cache: rows of runs read or written in this connection's
@@ -220,8 +305,10 @@ static char *col_str(lg_store_t *s, lg__stmt_t *st, int i, size_t *len, int *ok)
 }
 
 /* Runs a statement that returns no rows; *changes gets the rows changed.
- * Resets it whatever happens. */
+ * Resets it whatever happens. Without `changes` the driver may send it
+ * later, with the next statement or the commit (driver.h: send). */
 static int run(lg_store_t *s, lg__stmt_t *st, int64_t *changes, lg_error_t *err) {
+  if (!changes && DRV->send) return DRV->send(s, st, 0, err);
   int rc = DRV->step(s, st, "write", err);
   if (rc >= 0) {
     if (changes) *changes = DRV->changes(s, st);
@@ -288,6 +375,14 @@ static int list_rows(lg_store_t *s, lg__stmt_t *st, const char *what, size_t siz
   return out;
 }
 
+/* The statement of a read, the locking one (FOR UPDATE) when the rows
+ * must stay as read until the transaction ends and the database locks
+ * rows (LG__CAP_ROW_LOCKS; with one writer at a time, the transaction
+ * holds the whole database already). */
+static lg__stmt_t *read_stmt(lg_store_t *s, int which, int locking, int lock, lg_error_t *err) {
+  return stmt(s, lock && (DRV->caps & LG__CAP_ROW_LOCKS) ? locking : which, err);
+}
+
 /* ---- opening ---- */
 
 /* The SQL of query `which` in the driver's dialect (new). */
@@ -338,7 +433,9 @@ static int s_open(lg_store_t *s, const char *arg, lg_error_t *err) {
                                (size_t)i < sizeof legacy_op_queries / sizeof *legacy_op_queries &&
                                legacy_op_queries[i]
                            ? legacy_op_queries[i]
-                           : queries[i];
+                           : queries[i].sql ? queries[i].sql
+                                            : queries[i].by[DRV->dialect->id];
+    if (!text) continue; /* not used with this dialect */
     if (!(r->sql[i] = dialect_sql(DRV->dialect, text))) {
       rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       goto fail;
@@ -512,8 +609,7 @@ static int fill_op(lg_store_t *s, lg__stmt_t *st, void *out) {
 
 static int s_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row, int *found,
                      lg_error_t *err) {
-  (void)lock; /* a transaction here already holds the write lock */
-  lg__stmt_t *st = stmt(s, Q_OP_READ, err);
+  lg__stmt_t *st = read_stmt(s, Q_OP_READ, Q_OP_READ_LOCK, lock, err);
   *found = 0;
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, key);
@@ -618,14 +714,13 @@ static int fill_run(lg_store_t *s, lg__stmt_t *st, void *out) {
 
 static int s_run_read(lg_store_t *s, const char *run_id, int lock, lg_run_record_t *rec,
                       int *found, lg_error_t *err) {
-  (void)lock;
   *found = 0;
   const lg_run_record_t *hit = cache_get(s, run_id);
   if (hit) {
     *found = 1;
     return lg__run_record_copy(rec, hit) ? lg__err(err, LG_ENOMEM, NULL, -1, "out of memory") : 0;
   }
-  lg__stmt_t *st = stmt(s, Q_RUN_READ, err);
+  lg__stmt_t *st = read_stmt(s, Q_RUN_READ, Q_RUN_READ_LOCK, lock, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, run_id);
   int rc = one(s, st, "reading a run", fill_run, rec, found, err);
@@ -774,9 +869,8 @@ static int s_deny_get(lg_store_t *s, const char *run_id, const char *group, int 
 
 /* ---- budgets ---- */
 
-/* Reads a row of BUD_COLS. */
-static int fill_bud(lg_store_t *s, lg__stmt_t *st, void *out) {
-  lg__bud_row_t *r = out;
+/* The stored columns of a budget (BUD_STORED). */
+static int bud_stored(lg_store_t *s, lg__stmt_t *st, lg__bud_row_t *r) {
   int ok = 1;
   size_t n = 0;
   memset(r, 0, sizeof *r);
@@ -792,10 +886,7 @@ static int fill_bud(lg_store_t *s, lg__stmt_t *st, void *out) {
   r->next_expiry_ms = DRV->col_i64(st, 8);
   r->created_ms = DRV->col_i64(st, 9);
   r->updated_ms = DRV->col_i64(st, 10);
-  r->live_micro = DRV->col_i64(st, 11);
-  r->live_holds = DRV->col_i64(st, 12);
-  r->live_min_expiry_ms = DRV->col_null(st, 13) ? -1 : DRV->col_i64(st, 13);
-  r->expired_holds = DRV->col_i64(st, 14);
+  r->live_min_expiry_ms = -1;
   if (!ok || !r->scope) {
     lg__bud_row_clear(r);
     return LG_ENOMEM;
@@ -803,10 +894,67 @@ static int fill_bud(lg_store_t *s, lg__stmt_t *st, void *out) {
   return 0;
 }
 
+/* What the hold rows say, from column `col` on (NULLs: no scan made). */
+static void hold_agg(lg_store_t *s, lg__stmt_t *st, int col, lg__bud_row_t *r) {
+  r->live_micro = DRV->col_i64(st, col);
+  r->live_holds = DRV->col_i64(st, col + 1);
+  r->live_min_expiry_ms = DRV->col_null(st, col + 2) ? -1 : DRV->col_i64(st, col + 2);
+  r->expired_holds = DRV->col_i64(st, col + 3);
+}
+
+/* A row of Q_BUD_READ or Q_BUD_LIST: the stored columns, then the holds. */
+static int fill_bud(lg_store_t *s, lg__stmt_t *st, void *out) {
+  int rc = bud_stored(s, st, out);
+  if (!rc) hold_agg(s, st, 11, out);
+  return rc;
+}
+
+static int fill_bud_stored(lg_store_t *s, lg__stmt_t *st, void *out) {
+  return bud_stored(s, st, out);
+}
+
+/* With the row lock (LG__CAP_ROW_LOCKS): the row, its holds, and with
+ * drop_id the delete of that hold, sent in one round trip. */
+static int bud_lock(lg_store_t *s, const char *scope, int64_t now_ms, const char *drop_id,
+                    lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err) {
+  lg__stmt_t *lk = stmt(s, Q_BUD_LOCK, err), *hs = stmt(s, Q_HOLD_STATS, err);
+  lg__stmt_t *dr = drop_id ? stmt(s, Q_HOLD_DROP, err) : NULL;
+  if (!lk || !hs || (drop_id && !dr)) return LG_ESTORE;
+  bind_text(s, lk, 1, scope);
+  bind_text(s, hs, 1, scope);
+  DRV->bind_i64(hs, 2, now_ms);
+  if (dr) {
+    bind_text(s, dr, 1, scope);
+    bind_text(s, dr, 2, drop_id);
+  }
+  int rc = DRV->send(s, lk, 1, err);
+  if (!rc) rc = DRV->send(s, hs, 1, err);
+  if (!rc && dr) rc = DRV->send(s, dr, 1, err);
+  if (!rc) rc = one(s, lk, "locking a budget", fill_bud_stored, row, found, err);
+  if (!rc && *found) {
+    int r = DRV->step(s, hs, "reading a budget's holds", err);
+    if (r == LG__ROW) hold_agg(s, hs, 0, row);
+    if (r >= 0 && dr) r = DRV->step(s, dr, "dropping a hold", err);
+    if (r >= 0 && dr) *dropped = DRV->changes(s, dr) > 0;
+    if (r < 0) {
+      rc = r;
+      lg__bud_row_clear(row);
+      *found = 0;
+    }
+  }
+  DRV->reset(lk);
+  DRV->reset(hs);
+  if (dr) DRV->reset(dr);
+  return rc;
+}
+
 static int s_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
                       lg__bud_row_t *row, int *found, lg_error_t *err) {
-  (void)lock; /* a transaction here already holds the write lock */
   *found = 0;
+  if (lock && (DRV->caps & LG__CAP_ROW_LOCKS)) {
+    int dropped = 0;
+    return bud_lock(s, scope, now_ms, NULL, row, found, &dropped, err);
+  }
   lg__stmt_t *st = stmt(s, Q_BUD_READ, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, scope);
@@ -817,6 +965,7 @@ static int s_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms
 static int s_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, const char *id,
                            lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err) {
   *dropped = 0;
+  if (DRV->caps & LG__CAP_ROW_LOCKS) return bud_lock(s, scope, now_ms, id, row, found, dropped, err);
   int rc = s_bud_read(s, scope, 1, now_ms, row, found, err);
   if (rc || !*found) return rc;
   int64_t n = 0;
@@ -947,9 +1096,8 @@ static int fill_resv(lg_store_t *s, lg__stmt_t *st, void *out) {
 
 static int s_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row,
                        int *found, lg_error_t *err) {
-  (void)lock;
   *found = 0;
-  lg__stmt_t *st = stmt(s, Q_RESV_READ, err);
+  lg__stmt_t *st = read_stmt(s, Q_RESV_READ, Q_RESV_READ_LOCK, lock, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, id);
   return one(s, st, "reading a reservation", fill_resv, row, found, err);
@@ -957,9 +1105,10 @@ static int s_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *
 
 static int s_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
                          lg__resv_row_t *row, int *found, lg_error_t *err) {
-  (void)lock;
   *found = 0;
-  lg__stmt_t *st = stmt(s, run_seq > 0 ? Q_RESV_OF_RUN : Q_RESV_OLDEST_OF_RUN, err);
+  lg__stmt_t *st = run_seq > 0
+                       ? read_stmt(s, Q_RESV_OF_RUN, Q_RESV_OF_RUN_LOCK, lock, err)
+                       : read_stmt(s, Q_RESV_OLDEST_OF_RUN, Q_RESV_OLDEST_OF_RUN_LOCK, lock, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, run_id);
   if (run_seq > 0) DRV->bind_i64(st, 2, run_seq);
@@ -1082,6 +1231,8 @@ static int s_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
   return DRV->write_probe ? DRV->write_probe(s, now_ms, err) : 0;
 }
 
+static int s_batch(lg_store_t *s) { return DRV->batch ? DRV->batch(s) : 0; }
+
 const lg__store_vtab_t lg__store_sql = {
     .version = 4,
     .open = s_open,
@@ -1119,4 +1270,5 @@ const lg__store_vtab_t lg__store_sql = {
     .ev_append = s_ev_append,
     .ev_read = s_ev_read,
     .run_update_ev = s_run_update_ev,
+    .batch = s_batch,
 };
