@@ -79,7 +79,8 @@ typedef struct lg__driver {
   int (*end)(lg_store_t *s, int commit, int nested, lg_error_t *err);
   int (*in_txn)(lg_store_t *s); /* a transaction of begin() is open on the writer */
 
-  /* Statements: the prepared entry `which`, or NULL with err filled. */
+  /* Statements: the prepared entry `which` (one that was prepared), or
+   * NULL with err filled. */
   lg__stmt_t *(*stmt)(lg_store_t *s, int which, lg_error_t *err);
   void (*bind_null)(lg__stmt_t *st, int i);
   void (*bind_i64)(lg__stmt_t *st, int i, int64_t v);

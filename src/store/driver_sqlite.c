@@ -281,14 +281,10 @@ static int d_prepare(lg_store_t *s, const char *const *sql, int n, lg_error_t *e
   return 0;
 }
 
-/* The statement, or NULL with err filled when the schema lacks it (only a
- * store opened at an old version for a migration test). */
+/* The statement (the reader's, prepared on first use, while the calling
+ * thread reads through it). */
 static lg__stmt_t *d_stmt(lg_store_t *s, int which, lg_error_t *err) {
   sqc_t *c = s->conn;
-  if (!c->q[which]) {
-    lg__err(err, LG_ESTORE, NULL, -1, "the store was opened at an old schema version");
-    return NULL;
-  }
   if (!reading(c)) return (lg__stmt_t *)c->q[which];
   /* The reader's own statement, prepared on first use. */
   if (!c->rq[which]) {

@@ -170,5 +170,5 @@ void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs) {
 }
 
 int lg__store_single_writer(const lg_store_t *s) {
-  return s->drv && (s->drv->caps & LG__CAP_SINGLE_WRITER) != 0;
+  return (s->drv->caps & LG__CAP_SINGLE_WRITER) != 0;
 }

@@ -1,16 +1,23 @@
 /*
  * store_sql.c — the store's rows, written once over a driver (driver.h):
- * every query of every table, and the row functions of the backend table
- * (store.h) that read and write them. sqlite: and memory: run these over
- * the SQLite driver.
+ * every query of every table, and the row functions (lg__sql_*, store.h)
+ * that read and write them. sqlite: and memory: run them over the SQLite
+ * driver, postgres: over the libpq one.
  *
- * To add a table: its migration in schema.c, its queries in the table
- * below (Q_*), its row functions and their entries in lg__store_sql at the
- * end of this file, and its cases in tests/unit/test_store_conformance.c.
+ * To add a table: its migration in schema.c; its queries in the table
+ * below (Q_*) and its row functions here, declared in store.h; its cases
+ * in tests/unit/test_store_conformance.c, which runs every store.
  *
  * A query is written once, with SQLite's numbered parameters (?1, ?2 ...)
  * that the dialect turns into its own, and "{FOR UPDATE}" where a locking
- * read takes its row lock.
+ * read takes its row lock; where the databases must differ (types that
+ * PostgreSQL must be told, SQLite's trace tail, PostgreSQL's lazy scan of
+ * hold rows) the entry has a text per dialect.
+ *
+ * What the rules may rely on is asked of the driver's capabilities, never
+ * of its name: the run cache and the "no deny rule" shortcut need one
+ * writer at a time (LG__CAP_SINGLE_WRITER, and LG__CAP_DATA_VERSION for
+ * the cache); locking reads are FOR UPDATE only with LG__CAP_ROW_LOCKS.
  *
  * Listing copies the rows, then calls back (list_rows): the callback may
  * use the store, even write to it, which a statement still stepping would
@@ -285,7 +292,14 @@ typedef struct rows {
 
 #define DRV (s->drv)
 
+/* The prepared statement, or NULL with err filled when the schema lacks
+ * it (a store opened at an old version for a migration test) or the
+ * dialect has no such query. */
 static lg__stmt_t *stmt(lg_store_t *s, int which, lg_error_t *err) {
+  if (!((rows_t *)s->impl)->sql[which]) {
+    lg__err(err, LG_ESTORE, NULL, -1, "the store was opened at an old schema version");
+    return NULL;
+  }
   return DRV->stmt(s, which, err);
 }
 
@@ -411,7 +425,7 @@ static void rows_free(lg_store_t *s) {
   s->impl = NULL;
 }
 
-static int s_open(lg_store_t *s, const char *arg, lg_error_t *err) {
+int lg__sql_open(lg_store_t *s, const char *arg, lg_error_t *err) {
   rows_t *r = lg__calloc(1, sizeof *r);
   if (!r) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   s->impl = r;
@@ -449,12 +463,12 @@ fail:
   return rc;
 }
 
-static void s_close(lg_store_t *s) {
+void lg__sql_close(lg_store_t *s) {
   if (s->conn) DRV->close(s);
   rows_free(s);
 }
 
-static int s_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
+int lg__sql_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
   return lg__schema_read_version(s, version, err);
 }
 
@@ -536,7 +550,7 @@ static void cache_drop(lg_store_t *s, const char *run_id) {
 
 /* ---- transactions ---- */
 
-static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t *err) {
+int lg__sql_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t *err) {
   rows_t *r = s->impl;
   int rc = DRV->begin(s, kind, nested, upgrade, err);
   if (rc || nested) return rc;
@@ -545,7 +559,7 @@ static int s_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
   return 0;
 }
 
-static int s_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
+int lg__sql_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
   rows_t *r = s->impl;
   if (!commit) r->cache_valid = 0; /* it may hold what is undone now */
   int rc = DRV->end(s, commit, nested, err);
@@ -607,7 +621,7 @@ static int fill_op(lg_store_t *s, lg__stmt_t *st, void *out) {
   return 0;
 }
 
-static int s_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row, int *found,
+int lg__sql_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row, int *found,
                      lg_error_t *err) {
   lg__stmt_t *st = read_stmt(s, Q_OP_READ, Q_OP_READ_LOCK, lock, err);
   *found = 0;
@@ -638,7 +652,7 @@ static void bind_op(lg_store_t *s, lg__stmt_t *st, const lg__op_row_t *r) {
   DRV->bind_i64(st, 13, r->freed);
 }
 
-static int s_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted, lg_error_t *err) {
+int lg__sql_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_OP_INSERT, err);
   int64_t changes = 0;
   *inserted = 0;
@@ -649,21 +663,21 @@ static int s_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted, lg
   return rc;
 }
 
-static int s_op_update(lg_store_t *s, const lg__op_row_t *row, lg_error_t *err) {
+int lg__sql_op_update(lg_store_t *s, const lg__op_row_t *row, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_OP_UPDATE, err);
   if (!st) return LG_ESTORE;
   bind_op(s, st, row);
   return run(s, st, NULL, err);
 }
 
-static int s_op_delete(lg_store_t *s, const char *key, lg_error_t *err) {
+int lg__sql_op_delete(lg_store_t *s, const char *key, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_OP_DELETE, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, key);
   return run(s, st, NULL, err);
 }
 
-static int s_op_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
+int lg__sql_op_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_OP_PURGE, err);
   *purged = 0;
   if (!st) return LG_ESTORE;
@@ -671,7 +685,7 @@ static int s_op_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_erro
   return run(s, st, purged, err);
 }
 
-static int s_op_settle(lg_store_t *s, const char *key, int state, const char *result,
+int lg__sql_op_settle(lg_store_t *s, const char *key, int state, const char *result,
                        size_t result_len, const char *operation_id, int64_t now_ms,
                        int *changed, lg_error_t *err) {
   int64_t n = 0;
@@ -712,7 +726,7 @@ static int fill_run(lg_store_t *s, lg__stmt_t *st, void *out) {
   return 0;
 }
 
-static int s_run_read(lg_store_t *s, const char *run_id, int lock, lg_run_record_t *rec,
+int lg__sql_run_read(lg_store_t *s, const char *run_id, int lock, lg_run_record_t *rec,
                       int *found, lg_error_t *err) {
   *found = 0;
   const lg_run_record_t *hit = cache_get(s, run_id);
@@ -740,7 +754,7 @@ static void bind_run(lg_store_t *s, lg__stmt_t *st, const lg_run_record_t *r) {
   DRV->bind_i64(st, 9, r->updated_ms);
 }
 
-static int s_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
+int lg__sql_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
                         lg_error_t *err) {
   int64_t changes = 0;
   *inserted = 0;
@@ -779,7 +793,7 @@ static int run_write(lg_store_t *s, int touch, const lg_run_record_t *rec, const
   return rc;
 }
 
-static int s_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
+int lg__sql_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
                         lg_error_t *err) {
   int with_lines;
   return run_write(s, Q_RUN_TOUCH, rec, NULL, 0, updated, &with_lines, err);
@@ -795,7 +809,7 @@ static int run_cb(void *ud, const void *row) {
 
 static void clear_run(void *row) { lg_run_record_clear(row); }
 
-static int s_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb, void *ud,
+int lg__sql_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb, void *ud,
                       lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_RUN_LIST, err);
   if (!st) return LG_ESTORE;
@@ -814,7 +828,7 @@ static int s_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb c
 
 /* ---- deny rules ---- */
 
-static int s_deny_put(lg_store_t *s, int scope, const char *id, const char *reason,
+int lg__sql_deny_put(lg_store_t *s, int scope, const char *id, const char *reason,
                       int64_t now_ms, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_DENY_PUT, err);
   if (!st) return LG_ESTORE;
@@ -854,7 +868,7 @@ static int fill_str(lg_store_t *s, lg__stmt_t *st, void *out) {
   return ok ? 0 : LG_ENOMEM;
 }
 
-static int s_deny_get(lg_store_t *s, const char *run_id, const char *group, int *found,
+int lg__sql_deny_get(lg_store_t *s, const char *run_id, const char *group, int *found,
                       char **reason, lg_error_t *err) {
   *found = 0;
   *reason = NULL;
@@ -948,7 +962,7 @@ static int bud_lock(lg_store_t *s, const char *scope, int64_t now_ms, const char
   return rc;
 }
 
-static int s_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
+int lg__sql_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
                       lg__bud_row_t *row, int *found, lg_error_t *err) {
   *found = 0;
   if (lock && (DRV->caps & LG__CAP_ROW_LOCKS)) {
@@ -962,11 +976,11 @@ static int s_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms
   return one(s, st, "reading a budget", fill_bud, row, found, err);
 }
 
-static int s_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, const char *id,
+int lg__sql_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, const char *id,
                            lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err) {
   *dropped = 0;
   if (DRV->caps & LG__CAP_ROW_LOCKS) return bud_lock(s, scope, now_ms, id, row, found, dropped, err);
-  int rc = s_bud_read(s, scope, 1, now_ms, row, found, err);
+  int rc = lg__sql_bud_read(s, scope, 1, now_ms, row, found, err);
   if (rc || !*found) return rc;
   int64_t n = 0;
   lg__stmt_t *st = stmt(s, Q_HOLD_DROP, err);
@@ -984,7 +998,7 @@ static int s_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, con
   return rc;
 }
 
-static int s_bud_put(lg_store_t *s, const lg__bud_row_t *r, lg_error_t *err) {
+int lg__sql_bud_put(lg_store_t *s, const lg__bud_row_t *r, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_BUD_PUT, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, r->scope);
@@ -1012,7 +1026,7 @@ static int bud_cb(void *ud, const void *row) {
   return x->cb(x->ud, row);
 }
 
-static int s_bud_list(lg_store_t *s, int64_t now_ms, int (*cb)(void *, const lg__bud_row_t *),
+int lg__sql_bud_list(lg_store_t *s, int64_t now_ms, int (*cb)(void *, const lg__bud_row_t *),
                       void *ud, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_BUD_LIST, err);
   if (!st) return LG_ESTORE;
@@ -1026,7 +1040,7 @@ static int s_bud_list(lg_store_t *s, int64_t now_ms, int (*cb)(void *, const lg_
                    &x, err);
 }
 
-static int s_hold_put(lg_store_t *s, const char *scope, const char *id, int64_t amount,
+int lg__sql_hold_put(lg_store_t *s, const char *scope, const char *id, int64_t amount,
                       int64_t expires_ms, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_HOLD_PUT, err);
   if (!st) return LG_ESTORE;
@@ -1037,7 +1051,7 @@ static int s_hold_put(lg_store_t *s, const char *scope, const char *id, int64_t 
   return run(s, st, NULL, err);
 }
 
-static int s_holds_expire(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err) {
+int lg__sql_holds_expire(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_HOLDS_EXPIRE, err);
   if (!st) return LG_ESTORE;
   bind_text(s, st, 1, scope);
@@ -1060,7 +1074,7 @@ static void bind_resv(lg_store_t *s, lg__stmt_t *st, const lg__resv_row_t *r) {
   DRV->bind_i64(st, 12, r->asked_micro);
 }
 
-static int s_resv_insert(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
+int lg__sql_resv_insert(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_RESV_INSERT, err);
   if (!st) return LG_ESTORE;
   bind_resv(s, st, r);
@@ -1094,7 +1108,7 @@ static int fill_resv(lg_store_t *s, lg__stmt_t *st, void *out) {
   return 0;
 }
 
-static int s_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row,
+int lg__sql_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row,
                        int *found, lg_error_t *err) {
   *found = 0;
   lg__stmt_t *st = read_stmt(s, Q_RESV_READ, Q_RESV_READ_LOCK, lock, err);
@@ -1103,7 +1117,7 @@ static int s_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *
   return one(s, st, "reading a reservation", fill_resv, row, found, err);
 }
 
-static int s_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
+int lg__sql_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
                          lg__resv_row_t *row, int *found, lg_error_t *err) {
   *found = 0;
   lg__stmt_t *st = run_seq > 0
@@ -1115,14 +1129,14 @@ static int s_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int
   return one(s, st, "reading a reservation", fill_resv, row, found, err);
 }
 
-static int s_resv_update(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
+int lg__sql_resv_update(lg_store_t *s, const lg__resv_row_t *r, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_RESV_UPDATE, err);
   if (!st) return LG_ESTORE;
   bind_resv(s, st, r);
   return run(s, st, NULL, err);
 }
 
-static int s_resv_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
+int lg__sql_resv_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
   lg__stmt_t *st = stmt(s, Q_RESV_PURGE, err);
   *purged = 0;
   if (!st) return LG_ESTORE;
@@ -1130,7 +1144,7 @@ static int s_resv_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_er
   return run(s, st, purged, err);
 }
 
-static int s_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes,
+int lg__sql_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes,
                            lg_error_t *err) {
   int put = scopes && *scopes;
   lg__stmt_t *st = stmt(s, put ? Q_RUNSCOPES_PUT : Q_RUNSCOPES_DEL, err);
@@ -1140,7 +1154,7 @@ static int s_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes
   return run(s, st, NULL, err);
 }
 
-static int s_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int *found,
+int lg__sql_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int *found,
                            lg_error_t *err) {
   *found = 0;
   *scopes = NULL;
@@ -1152,7 +1166,7 @@ static int s_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int
 
 /* ---- trace lines ---- */
 
-static int s_ev_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+int lg__sql_ev_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
                        lg_error_t *err) {
   int64_t changes = 0;
   int rc;
@@ -1172,14 +1186,14 @@ static int s_ev_append(lg_store_t *s, const char *run_id, const char *lines, siz
 
 /* The usual decision: the state and the trace tail in one UPDATE (the
  * lg_runs_trace_tail trigger moves a long tail to lg_events). */
-static int s_run_update_ev(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+int lg__sql_run_update_ev(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
                            size_t len, int *updated, lg_error_t *err) {
   int with_lines = 0;
   int tail = DRV->dialect->trace_tail;
   int rc = run_write(s, tail ? Q_RUN_TOUCH_EV : Q_RUN_TOUCH, rec, tail ? lines : NULL, len,
                      updated, &with_lines, err);
   if (rc || !*updated || with_lines) return rc;
-  return s_ev_append(s, rec->run_id, lines, len, err);
+  return lg__sql_ev_append(s, rec->run_id, lines, len, err);
 }
 
 /* Appends the text of column 0 of every row of `which` (bound to run_id). */
@@ -1202,7 +1216,7 @@ static int read_texts(lg_store_t *s, int which, const char *run_id, lg__buf_t *o
   return ret;
 }
 
-static int s_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
+int lg__sql_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
   int tail = DRV->dialect->trace_tail;
   /* The blocks, then the tail, from one snapshot: a writer in another
    * process may move the tail into a block in between. */
@@ -1223,52 +1237,12 @@ static int s_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error
 
 /* ---- what the driver answers for ---- */
 
-static int s_reader(lg_store_t *s, int on, lg_error_t *err) {
+int lg__sql_reader(lg_store_t *s, int on, lg_error_t *err) {
   return DRV->reader ? DRV->reader(s, on, err) : LG_ESTATE;
 }
 
-static int s_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
+int lg__sql_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
   return DRV->write_probe ? DRV->write_probe(s, now_ms, err) : 0;
 }
 
-static int s_batch(lg_store_t *s) { return DRV->batch ? DRV->batch(s) : 0; }
-
-const lg__store_vtab_t lg__store_sql = {
-    .version = 4,
-    .open = s_open,
-    .close = s_close,
-    .schema_version = s_schema_version,
-    .reader = s_reader,
-    .write_probe = s_write_probe,
-    .begin = s_begin,
-    .end = s_end,
-    .op_read = s_op_read,
-    .op_insert = s_op_insert,
-    .op_update = s_op_update,
-    .op_delete = s_op_delete,
-    .op_purge = s_op_purge,
-    .op_settle = s_op_settle,
-    .run_read = s_run_read,
-    .run_insert = s_run_insert,
-    .run_update = s_run_update,
-    .run_list = s_run_list,
-    .deny_put = s_deny_put,
-    .deny_get = s_deny_get,
-    .bud_read = s_bud_read,
-    .bud_read_drop = s_bud_read_drop,
-    .bud_put = s_bud_put,
-    .bud_list = s_bud_list,
-    .hold_put = s_hold_put,
-    .holds_expire = s_holds_expire,
-    .resv_insert = s_resv_insert,
-    .resv_read = s_resv_read,
-    .resv_of_run = s_resv_of_run,
-    .resv_update = s_resv_update,
-    .resv_purge = s_resv_purge,
-    .runscopes_put = s_runscopes_put,
-    .runscopes_get = s_runscopes_get,
-    .ev_append = s_ev_append,
-    .ev_read = s_ev_read,
-    .run_update_ev = s_run_update_ev,
-    .batch = s_batch,
-};
+int lg__sql_batch(lg_store_t *s) { return DRV->batch ? DRV->batch(s) : 0; }
