@@ -38,8 +38,6 @@ enum {
   /* data_version() tells whether anyone else committed since this
    * connection did: rows written here may be kept (the run cache). */
   LG__CAP_DATA_VERSION = 1 << 2,
-  /* The database outlives the handle (a restart finds it again). */
-  LG__CAP_PERSISTENT = 1 << 3,
 };
 
 /* The dialects' differences, for the schema and the queries. */

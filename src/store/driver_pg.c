@@ -612,7 +612,7 @@ int lg__store_pg_backend_pid(lg_store_t *s) {
 const lg__driver_t lg__driver_pg = {
     .name = "postgres",
     .dialect = &lg__dialect_pg,
-    .caps = LG__CAP_ROW_LOCKS | LG__CAP_PERSISTENT,
+    .caps = LG__CAP_ROW_LOCKS,
     .open = d_open,
     .close = d_close,
     .prepare = d_prepare,

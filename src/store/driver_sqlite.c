@@ -571,7 +571,7 @@ const char *lg__store_sqlite_path(const lg_store_t *s) {
 
 const lg__driver_t lg__driver_sqlite = {
     .name = "sqlite",
-    .caps = LG__CAP_SINGLE_WRITER | LG__CAP_DATA_VERSION | LG__CAP_PERSISTENT,
+    .caps = LG__CAP_SINGLE_WRITER | LG__CAP_DATA_VERSION,
     .open = d_open,
     .reader = d_reader,
     .write_probe = d_write_probe,
