@@ -256,12 +256,12 @@ int main(void) {
     char group[64];
     backend = names[i];
     snprintf(group, sizeof group, "store faults: %s", backend);
-    failed += _cmocka_run_group_tests(group, common, 2, NULL, NULL);
+    failed += cmocka_run_group_tests_name(group, common, NULL, NULL);
     snprintf(group, sizeof group, "store faults: %s only", backend);
     if (!strcmp(backend, "sqlite"))
-      failed += _cmocka_run_group_tests(group, sqlite_only, 1, NULL, NULL);
+      failed += cmocka_run_group_tests_name(group, sqlite_only, NULL, NULL);
     if (!strcmp(backend, "postgres"))
-      failed += _cmocka_run_group_tests(group, pg_only, 2, NULL, NULL);
+      failed += cmocka_run_group_tests_name(group, pg_only, NULL, NULL);
   }
   return failed ? 1 : 0;
 }
