@@ -750,7 +750,7 @@ static void test_with_run(void **state) {
 
 /* What a decision reads of its run is the stored row, however the row got
  * there: the SQLite store keeps the rows its transactions read and wrote
- * for the next ones (store_sqlite.c, "the run cache"). */
+ * for the next ones (store_sql.c, "the run cache"). */
 typedef struct put_ctx {
   const char *env;  /* the envelope to write */
   int fail_with;    /* then return this */
