@@ -219,40 +219,46 @@ static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__o
   return rc;
 }
 
-int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
-                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+/* The outcome of a claimed key: state COMMITTED (with its result and
+ * operation id), FAILED, or 0: released for a retry (the row goes). The
+ * first outcome stands: a COMMITTED row never changes, and a FAILED one only
+ * goes for a retry. points names the fault points of the one-statement path
+ * and of the moment before the transaction commits. */
+static int settle(lg_store_t *s, const char *key, int state, const char *result,
+                  size_t result_len, const char *operation_id, int64_t now_ms,
+                  const char *const points[2], lg_error_t *err) {
   int rc = check_key(key, err);
   if (rc) return rc;
+  const char *opid = operation_id && *operation_id ? operation_id : NULL;
+  if (!result) result_len = 0;
   lg__op_row_t cur = {0};
   lg__store_lock(s);
   if (s->depth == 0) {
     /* The common case in one durable statement: the key is claimed. */
     int changed = 0;
-    const char *opid = operation_id && *operation_id ? operation_id : NULL;
-    rc = lg__store_fault_at(s, "commit.settle", err);
+    rc = lg__store_fault_at(s, points[0], err);
     if (!rc)
-      rc = lg__sql_op_settle(s, key, LG_OP_COMMITTED, result, result ? result_len : 0, opid,
-                            now_ms, &changed, err);
+      rc = lg__sql_op_settle(s, key, state, result, result_len, opid, now_ms, &changed, err);
     if (rc || changed) goto out;
   }
   rc = open_for_change(s, key, now_ms, &cur, err);
   if (rc) goto out;
-  if (cur.state == LG_OP_IN_PROGRESS) {
-    /* The row's own strings stay; only the outcome fields change. */
-    lg__free(cur.result);
-    lg__free(cur.operation_id);
-    cur.result = NULL;
-    cur.operation_id = NULL;
+  if (cur.state == LG_OP_COMMITTED) {
+    /* stands */
+  } else if (state == 0) {
+    rc = lg__sql_op_delete(s, key, err);
+  } else if (cur.state == LG_OP_IN_PROGRESS) {
     lg__op_row_t next = cur;
-    next.state = LG_OP_COMMITTED;
-    next.result = (char *)result;
-    next.result_len = result ? result_len : 0;
-    next.operation_id = (char *)(operation_id && *operation_id ? operation_id : NULL);
+    next.state = state;
     next.updated_ms = now_ms;
+    if (state == LG_OP_COMMITTED) {
+      next.result = (char *)result;
+      next.result_len = result_len;
+      next.operation_id = (char *)opid;
+    }
     rc = lg__sql_op_update(s, &next, err);
-    if (!rc) rc = lg__store_fault_at(s, "commit.before_commit", err);
+    if (!rc) rc = lg__store_fault_at(s, points[1], err);
   }
-  /* COMMITTED or FAILED already: the first outcome stands. */
   if (rc) lg__store_end(s, 0, NULL);
   else rc = lg__store_end(s, 1, err);
   lg__op_row_clear(&cur);
@@ -262,38 +268,16 @@ out:
   return rc;
 }
 
+int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
+                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+  static const char *const points[2] = {"commit.settle", "commit.before_commit"};
+  return settle(s, key, LG_OP_COMMITTED, result, result_len, operation_id, now_ms, points, err);
+}
+
 int lg_store_fail(lg_store_t *s, const char *key, int retryable, int64_t now_ms,
                   lg_error_t *err) {
-  int rc = check_key(key, err);
-  if (rc) return rc;
-  lg__op_row_t cur = {0};
-  lg__store_lock(s);
-  if (s->depth == 0) {
-    int changed = 0;
-    rc = lg__store_fault_at(s, "fail.settle", err);
-    if (!rc)
-      rc = lg__sql_op_settle(s, key, retryable ? 0 : LG_OP_FAILED, NULL, 0, NULL, now_ms,
-                            &changed, err);
-    if (rc || changed) goto out;
-  }
-  rc = open_for_change(s, key, now_ms, &cur, err);
-  if (rc) goto out;
-  if (cur.state != LG_OP_COMMITTED) {
-    if (retryable) {
-      rc = lg__sql_op_delete(s, key, err);
-    } else if (cur.state == LG_OP_IN_PROGRESS) {
-      cur.state = LG_OP_FAILED;
-      cur.updated_ms = now_ms;
-      rc = lg__sql_op_update(s, &cur, err);
-    }
-  }
-  if (rc) lg__store_end(s, 0, NULL);
-  else rc = lg__store_end(s, 1, err);
-  lg__op_row_clear(&cur);
-out:
-  lg__store_unlock(s);
-  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
-  return rc;
+  static const char *const points[2] = {"fail.settle", "fail.before_commit"};
+  return settle(s, key, retryable ? 0 : LG_OP_FAILED, NULL, 0, NULL, now_ms, points, err);
 }
 
 int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operation_t *out,
