@@ -1032,6 +1032,18 @@ json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type)
   return out;
 }
 
+void lg__gwc_keep_only(json_t *obj, const char *member, const char *type, json_t *kept) {
+  json_t *items = json_object_get(obj, member), *out = json_array();
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    json_t *it = json_array_get(items, i);
+    const char *ty = sget(it, "type");
+    int keep = !ty || strcmp(ty, type);
+    for (size_t k = 0; !keep && k < json_array_size(kept); k++) keep = json_array_get(kept, k) == it;
+    if (keep) json_array_append(out, it);
+  }
+  json_object_set_new(obj, member, out);
+}
+
 
 
 static const char *api_path(const chat_t *c) {

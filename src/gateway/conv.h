@@ -104,6 +104,9 @@ int lg__gwc_feed_text(chat_t *c, int at_end);
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n);
 /* The members of array obj[member] whose "type" is `type` (new array). */
 json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type);
+/* obj[member] without its members of `type` that are not in kept (the
+ * refused calls taken out of an answer). */
+void lg__gwc_keep_only(json_t *obj, const char *member, const char *type, json_t *kept);
 
 /* ---- completions.c: Chat Completions ---- */
 

@@ -74,19 +74,6 @@ void lg__gwm_final(chat_t *c, const char *text, const char *model) {
   json_decref(o);
 }
 
-/* Takes the refused tool_use blocks out of msg's content. */
-void lg__gwm_keep_blocks(json_t *msg, json_t *kept) {
-  json_t *blocks = json_object_get(msg, "content"), *nb = json_array();
-  for (size_t i = 0; i < json_array_size(blocks); i++) {
-    json_t *bl = json_array_get(blocks, i);
-    const char *ty = sget(bl, "type");
-    int keep = !ty || strcmp(ty, "tool_use");
-    for (size_t k = 0; !keep && k < json_array_size(kept); k++)
-      keep = json_array_get(kept, k) == bl;
-    if (keep) json_array_append(nb, bl);
-  }
-  json_object_set_new(msg, "content", nb);
-}
 
 
 static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
@@ -202,3 +189,4 @@ void lg__gwm_end_stream(chat_t *c) {
   a_message_end(c, fin);
 }
 json_t *lg__gwm_tool_uses(json_t *msg) { return lg__gwc_items_of_type(msg, "content", "tool_use"); }
+void lg__gwm_keep_blocks(json_t *msg, json_t *kept) { lg__gwc_keep_only(msg, "content", "tool_use", kept); }

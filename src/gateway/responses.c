@@ -50,18 +50,6 @@ char *lg__gwr_output_text(json_t *resp) {
   return lg__buf_steal(&b, NULL);
 }
 
-/* Takes the refused function_call items out of a Responses output. */
-void lg__gwr_keep_items(json_t *resp, json_t *kept) {
-  json_t *items = json_object_get(resp, "output"), *ni = json_array();
-  for (size_t i = 0; i < json_array_size(items); i++) {
-    json_t *it = json_array_get(items, i);
-    const char *ty = sget(it, "type");
-    int keep = !ty || strcmp(ty, "function_call");
-    for (size_t k = 0; !keep && k < json_array_size(kept); k++) keep = json_array_get(kept, k) == it;
-    if (keep) json_array_append(ni, it);
-  }
-  json_object_set_new(resp, "output", ni);
-}
 
 /* Writes one Responses event with the client's own sequence number. */
 void lg__gwr_event(chat_t *c, json_t *ev) {
@@ -212,3 +200,4 @@ static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
   lg__gwr_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
 }
 json_t *lg__gwr_function_calls(json_t *resp) { return lg__gwc_items_of_type(resp, "output", "function_call"); }
+void lg__gwr_keep_items(json_t *resp, json_t *kept) { lg__gwc_keep_only(resp, "output", "function_call", kept); }
