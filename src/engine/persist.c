@@ -252,10 +252,12 @@ static bool fresh(const field_t *f, const char *base) {
     for (int i = 0; i < f->n; i++)
       if (p[i]) return false;
     return true;
-  default:
-    for (int i = 0; i < f->n; i++)
-      if (kget(f->kind, p + (size_t)i * ksize(f->kind)) != (f->n == 1 ? f->fresh : 0)) return false;
-    return true;
+  default: {
+    if (f->n == 1) return kget(f->kind, p) == f->fresh;
+    static const char zeros[LG__TW_WORDS * 4];
+    size_t n = (size_t)f->n * ksize(f->kind);
+    return n <= sizeof zeros && !memcmp(p, zeros, n); /* arrays start zeroed */
+  }
   }
 }
 
@@ -300,10 +302,21 @@ static void put_str(wr_t *w, const char *s, size_t n) {
   if (s) put_bytes(w, s, n);
 }
 
-/* The value of each lowercase hex digit (fingerprints are lowercase hex). */
-static const uint8_t hexval[256] = {
-    ['0'] = 0,  ['1'] = 1,  ['2'] = 2,  ['3'] = 3,  ['4'] = 4,  ['5'] = 5,  ['6'] = 6,  ['7'] = 7,
-    ['8'] = 8,  ['9'] = 9,  ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15};
+/* 64 lowercase hex digits (fingerprints are lowercase hex) as 32 bytes,
+ * 8 digits at a time: a digit's value is its low nibble, plus 9 for a
+ * letter (bit 6 set); then each pair of nibbles is packed into a byte. */
+static void hex_to_bytes(const char *hex, uint8_t out[32]) {
+  for (int k = 0; k < 8; k++) {
+    uint64_t v = le64toh(lg__load64((const uint8_t *)hex + 8 * k));
+    uint64_t nib = (v & 0x0F0F0F0F0F0F0F0Full) + ((v >> 6) & 0x0101010101010101ull) * 9;
+    /* Each 16-bit lane holds "hi lo" digits (hi at the lower address). */
+    uint64_t x = ((nib & 0x000F000F000F000Full) << 4) | ((nib >> 8) & 0x000F000F000F000Full);
+    x = (x | x >> 8) & 0x0000FFFF0000FFFFull;
+    x = (x | x >> 16) & 0x00000000FFFFFFFFull;
+    uint32_t le = htole32((uint32_t)x);
+    memcpy(out + 4 * k, &le, 4);
+  }
+}
 
 static void save_fields(wr_t *w, const lg_run_t *run, const char *base, const field_t *t,
                         size_t nt);
@@ -333,8 +346,7 @@ static void save_one(wr_t *w, const lg_run_t *run, const char *base, const field
   case K_FPHEX: put_str(w, p, strnlen(p, LG_FP_HEX - 1)); break;
   case K_FP32: { /* the format keeps the 32 bytes, not their hex */
     uint8_t fp[32];
-    for (int k = 0; k < 32; k++)
-      fp[k] = (uint8_t)(hexval[(uint8_t)p[2 * k]] << 4 | hexval[(uint8_t)p[2 * k + 1]]);
+    hex_to_bytes(p, fp);
     put_bytes(w, fp, 32);
     break;
   }
@@ -412,8 +424,14 @@ static uint64_t get_fixed(rd_t *r, int bytes) {
     bad(r);
     return 0;
   }
-  uint64_t v = 0;
-  for (int k = bytes - 1; k >= 0; k--) v = v << 8 | r->p[r->i + (size_t)k];
+  uint64_t v;
+  if (bytes == 8) {
+    v = le64toh(lg__load64(r->p + r->i));
+  } else {
+    uint32_t w;
+    memcpy(&w, r->p + r->i, 4);
+    v = le32toh(w);
+  }
   r->i += (size_t)bytes;
   return v;
 }
@@ -491,6 +509,23 @@ static int64_t in_range(rd_t *r, const lg_run_t *run, const field_t *f, int64_t 
 }
 
 static void load_fields(rd_t *r, lg_run_t *run, char *base, const field_t *t, size_t nt);
+
+/* 32 bytes as 64 lowercase hex digits, 4 bytes at a time: each byte is
+ * spread over a 16-bit lane, its nibbles swapped into address order, and
+ * each nibble becomes '0' + n, plus 39 more for a letter. */
+static void bytes_to_hex(const uint8_t in[32], char *hex) {
+  for (int k = 0; k < 8; k++) {
+    uint32_t w;
+    memcpy(&w, in + 4 * k, 4);
+    uint64_t x = le32toh(w);
+    x = (x | x << 16) & 0x0000FFFF0000FFFFull;
+    x = (x | x << 8) & 0x00FF00FF00FF00FFull;
+    uint64_t n = ((x >> 4) & 0x000F000F000F000Full) | ((x & 0x000F000F000F000Full) << 8);
+    uint64_t letters = ((n + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
+    uint64_t le = htole64(n + 0x3030303030303030ull + letters * 39);
+    memcpy(hex + 8 * k, &le, 8);
+  }
+}
 
 static void load_window(rd_t *r, lg_run_t *run) {
   int64_t cap = get_int(r);
@@ -580,13 +615,8 @@ static void load_one(rd_t *r, lg_run_t *run, char *base, const field_t *f) {
   case K_FP32: {
     uint8_t fp[32];
     get_bytes(r, fp, 32);
-    static const char digits[] = "0123456789abcdef";
-    uint64_t v = 0;
-    for (int k = 0; k < 32; k++) {
-      p[2 * k] = digits[fp[k] >> 4];
-      p[2 * k + 1] = digits[fp[k] & 15];
-      if (k < 8) v = v << 8 | fp[k];
-    }
+    bytes_to_hex(fp, p);
+    uint64_t v = be64toh(lg__load64(fp)); /* the first 8 bytes, big-endian */
     memcpy(base + f->aux, &v, 8);
     break;
   }
@@ -607,18 +637,12 @@ static void load_one(rd_t *r, lg_run_t *run, char *base, const field_t *f) {
   }
 }
 
-/* Sets a field to its fresh value (a GATE that said so). Strings and
- * guards are NULL or "" in the fresh run being loaded into already. */
+/* A field a GATE left out: the run being loaded into is fresh from
+ * lg_run_new, which holds every field at its fresh value already (the
+ * saving side compared them with the table's; the reload tests would see a
+ * difference). Only the guard is normalised, as a loaded active run's. */
 static void set_fresh(const field_t *f, char *base) {
-  char *p = base + f->off;
-  switch (f->kind) {
-  case K_BYTES: memset(p, 0, f->n); break;
-  case K_FPHEX: memset(p, 0, LG_FP_HEX); break;
-  case K_STR: break;
-  case K_GUARD: *(const char **)p = ""; break; /* as a loaded active run's */
-  default:
-    for (int i = 0; i < f->n; i++) kset(f->kind, p + (size_t)i * ksize(f->kind), f->n == 1 ? f->fresh : 0);
-  }
+  if (f->kind == K_GUARD) *(const char **)(base + f->off) = "";
 }
 
 static void load_fields(rd_t *r, lg_run_t *run, char *base, const field_t *t, size_t nt) {
