@@ -16,9 +16,11 @@
  * stays in --out for callgrind_annotate.
  *
  * Usage: server_ir [--decisions N] [--connections C] [--out FILE]
- *                  [--bin LOOPGUARD] [--no-valgrind]
+ *                  [--bin LOOPGUARD] [--cache-sim] [--no-valgrind]
  * Defaults: 4000 decisions, 24 connections, FILE = ./callgrind.server.out,
  * LOOPGUARD = this build's binary (--bin: another build's, for an A/B).
+ * --cache-sim: callgrind simulates the caches too (D1 and LL misses in the
+ * dump, for callgrind_annotate; the figure printed stays instructions).
  * Exit status 0, or 1 when a request failed or a tool is missing.
  */
 #include <pthread.h>
@@ -36,12 +38,14 @@ static pid_t server_pid;
 static int server_port;
 
 static const char *bin = LG_BIN_PATH;
+static const char *vg_flags = ""; /* --cache-sim: "--cache-sim=yes " */
 
 static void spawn(const char *store, const char *out, int valgrind) {
   char cmd[4096];
   snprintf(cmd, sizeof cmd,
-           "exec %s%s%s '%s' serve --listen 127.0.0.1:0 --store '%s' --log /dev/null",
-           valgrind ? "valgrind --tool=callgrind --callgrind-out-file='" : "",
+           "exec %s%s%s%s%s '%s' serve --listen 127.0.0.1:0 --store '%s' --log /dev/null",
+           valgrind ? "valgrind --tool=callgrind " : "", valgrind ? vg_flags : "",
+           valgrind ? "--callgrind-out-file='" : "",
            valgrind ? out : "", valgrind ? "' 2>/dev/null" : "", bin, store);
   int fds[2];
   if (pipe(fds)) die("pipe");
@@ -132,9 +136,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
     else if (!strcmp(argv[i], "--no-valgrind")) valgrind = 0;
     else if (!strcmp(argv[i], "--bin") && i + 1 < argc) bin = argv[++i];
+    else if (!strcmp(argv[i], "--cache-sim")) vg_flags = "--cache-sim=yes ";
     else {
       fprintf(stderr, "usage: server_ir [--decisions N] [--connections C] [--out FILE] "
-                      "[--bin LOOPGUARD] [--no-valgrind]\n");
+                      "[--bin LOOPGUARD] [--cache-sim] [--no-valgrind]\n");
       return 2;
     }
   }

@@ -203,7 +203,8 @@ static const field_t FIELDS[] = {
 };
 
 
-/* Scalars by kind: their size in the run, and their value as int64. */
+/* Scalars by kind: their size in the run, and their value as int64 (for
+ * the fresh test; saving and loading use EACH below). */
 static size_t ksize(int k) {
   switch (k) {
   case K_I64:
@@ -228,18 +229,13 @@ static int64_t kget(int k, const void *p) {
   default: return 0;
   }
 }
-static void kset(int k, void *p, int64_t v) {
-  switch (k) {
-  case K_I64:
-  case K_H64: memcpy(p, &v, 8); break;
-  case K_INT: *(int *)p = (int)v; break;
-  case K_U32:
-  case K_H32: *(uint32_t *)p = (uint32_t)v; break;
-  case K_U8: *(uint8_t *)p = (uint8_t)v; break;
-  case K_BOOL: *(bool *)p = v != 0; break;
-  default: break;
-  }
-}
+
+/* Each of a field's n values, as a T *q (the kind's C type). */
+#define EACH(T, body)                                   \
+  do {                                                  \
+    T *q = (T *)(void *)p;                              \
+    for (int i_ = 0; i_ < f->n; i_++, q++) { body; }    \
+  } while (0)
 
 /* True when a field holds its fresh value (a GATE's test). */
 static bool fresh(const field_t *f, const char *base) {
@@ -324,18 +320,13 @@ static void save_fields(wr_t *w, const lg_run_t *run, const char *base, const fi
 static void save_one(wr_t *w, const lg_run_t *run, const char *base, const field_t *f) {
   const char *p = base + f->off;
   switch (f->kind) {
-  case K_I64:
-  case K_INT:
-  case K_U32:
-  case K_U8:
-  case K_BOOL:
-    for (int i = 0; i < f->n; i++) put_int(w, kget(f->kind, p + (size_t)i * ksize(f->kind)));
-    break;
-  case K_H64:
-  case K_H32:
-    for (int i = 0; i < f->n; i++)
-      put_fixed(w, (uint64_t)kget(f->kind, p + (size_t)i * ksize(f->kind)), (int)ksize(f->kind));
-    break;
+  case K_I64: EACH(const int64_t, put_int(w, *q)); break;
+  case K_INT: EACH(const int, put_int(w, *q)); break;
+  case K_U32: EACH(const uint32_t, put_int(w, *q)); break;
+  case K_U8: EACH(const uint8_t, put_int(w, *q)); break;
+  case K_BOOL: EACH(const bool, put_int(w, *q)); break;
+  case K_H64: EACH(const uint64_t, put_fixed(w, *q, 8)); break;
+  case K_H32: EACH(const uint32_t, put_fixed(w, *q, 4)); break;
   case K_BYTES: put_bytes(w, p, f->n); break;
   case K_STR:
   case K_GUARD: {
@@ -435,7 +426,8 @@ static uint64_t get_fixed(rd_t *r, int bytes) {
   r->i += (size_t)bytes;
   return v;
 }
-static uint64_t get_varint(rd_t *r) {
+static inline uint64_t get_varint(rd_t *r) {
+  if (!r->rc && r->i < r->n && r->p[r->i] < 0x80) return r->p[r->i++]; /* most are one byte */
   uint64_t v = 0;
   for (int shift = 0; !r->rc; shift += 7) {
     if (r->i >= r->n || shift > 63) {
@@ -448,7 +440,7 @@ static uint64_t get_varint(rd_t *r) {
   }
   return 0;
 }
-static int64_t get_int(rd_t *r) {
+static inline int64_t get_int(rd_t *r) {
   if (r->format >= 3) {
     uint64_t z = get_varint(r);
     return (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
@@ -498,7 +490,7 @@ static const char *guard_static(const char *g) {
 }
 
 /* An integer in the field's range (else an error, and 0). */
-static int64_t in_range(rd_t *r, const lg_run_t *run, const field_t *f, int64_t v) {
+static inline int64_t in_range(rd_t *r, const lg_run_t *run, const field_t *f, int64_t v) {
   if (!(f->flags & F_RANGE)) return v;
   int64_t hi = f->flags & F_TOOL ? (int64_t)run->ntools - 1 : f->hi;
   if (v < f->lo || v > hi) {
@@ -572,20 +564,13 @@ static void load_tools(rd_t *r, lg_run_t *run, const field_t *f) {
 static void load_one(rd_t *r, lg_run_t *run, char *base, const field_t *f) {
   char *p = base + f->off;
   switch (f->kind) {
-  case K_I64:
-  case K_INT:
-  case K_U32:
-  case K_U8:
-  case K_BOOL:
-    for (int i = 0; i < f->n; i++)
-      kset(f->kind, p + (size_t)i * ksize(f->kind), in_range(r, run, f, get_int(r)));
-    break;
-  case K_H64:
-  case K_H32:
-    for (int i = 0; i < f->n; i++)
-      kset(f->kind, p + (size_t)i * ksize(f->kind),
-           (int64_t)get_fixed(r, (int)ksize(f->kind)));
-    break;
+  case K_I64: EACH(int64_t, *q = in_range(r, run, f, get_int(r))); break;
+  case K_INT: EACH(int, *q = (int)in_range(r, run, f, get_int(r))); break;
+  case K_U32: EACH(uint32_t, *q = (uint32_t)in_range(r, run, f, get_int(r))); break;
+  case K_U8: EACH(uint8_t, *q = (uint8_t)in_range(r, run, f, get_int(r))); break;
+  case K_BOOL: EACH(bool, *q = get_int(r) != 0); break;
+  case K_H64: EACH(uint64_t, *q = get_fixed(r, 8)); break;
+  case K_H32: EACH(uint32_t, *q = (uint32_t)get_fixed(r, 4)); break;
   case K_BYTES: get_bytes(r, p, f->n); break;
   case K_STR: {
     char *s = get_str(r);

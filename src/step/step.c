@@ -79,10 +79,25 @@ static int engine_error(lg__step_t *st, int rc) {
 
 /* ---- the answer ---- */
 
+/* The answer is built for every decision: plain appends, no format. */
+static void kv_key(lg__buf_t *b, const char *k) {
+  lg__buf_puts(b, ",\"");
+  lg__buf_puts(b, k);
+  lg__buf_puts(b, "\":");
+}
+
 static void kv_str(lg__buf_t *b, const char *k, const char *v) {
   if (!v) return;
-  lg__buf_printf(b, ",\"%s\":", k);
+  kv_key(b, k);
   lg__buf_json_str(b, v, strlen(v));
+}
+
+static void put_uint(lg__buf_t *b, unsigned v) {
+  char d[16];
+  int n = 0;
+  do d[sizeof d - 1 - n++] = (char)('0' + v % 10);
+  while ((v /= 10));
+  lg__buf_append(b, d + sizeof d - n, (size_t)n);
 }
 
 static const char *alt_names[] = {"ask_human", "skip_current", "finalize_partial",
@@ -102,14 +117,19 @@ static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
     else lg__buf_puts(b, "null");
     lg__buf_putc(b, ',');
   }
-  lg__buf_printf(b, "\"action\":\"%s\"", lg_action_name(d->action));
+  lg__buf_puts(b, "\"action\":\"");
+  lg__buf_puts(b, lg_action_name(d->action));
+  lg__buf_putc(b, '"');
   const char *why = d->reason_text && *d->reason_text ? d->reason_text : NULL;
   if (!why && d->reason != LG_R_NONE) why = lg_reason_name(d->reason);
   kv_str(b, "reason", why);
   kv_str(b, "operator_note", d->operator_note);
   if (d->guard && *d->guard) kv_str(b, "guard", d->guard);
   if (type == LG_EV_CALL && d->fingerprint[0]) { /* none: stopped by a deny rule */
-    lg__buf_printf(b, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
+    lg__buf_puts(b, ",\"fingerprint\":\"");
+    lg__buf_puts(b, d->fingerprint);
+    lg__buf_puts(b, "\",\"repeat\":");
+    put_uint(b, d->repeat);
     kv_str(b, "idempotency_key", d->idempotency_key);
   }
   kv_str(b, "message", d->message);
