@@ -298,22 +298,6 @@ static void put_str(wr_t *w, const char *s, size_t n) {
   if (s) put_bytes(w, s, n);
 }
 
-/* 64 lowercase hex digits (fingerprints are lowercase hex) as 32 bytes,
- * 8 digits at a time: a digit's value is its low nibble, plus 9 for a
- * letter (bit 6 set); then each pair of nibbles is packed into a byte. */
-static void hex_to_bytes(const char *hex, uint8_t out[32]) {
-  for (int k = 0; k < 8; k++) {
-    uint64_t v = le64toh(lg__load64((const uint8_t *)hex + 8 * k));
-    uint64_t nib = (v & 0x0F0F0F0F0F0F0F0Full) + ((v >> 6) & 0x0101010101010101ull) * 9;
-    /* Each 16-bit lane holds "hi lo" digits (hi at the lower address). */
-    uint64_t x = ((nib & 0x000F000F000F000Full) << 4) | ((nib >> 8) & 0x000F000F000F000Full);
-    x = (x | x >> 8) & 0x0000FFFF0000FFFFull;
-    x = (x | x >> 16) & 0x00000000FFFFFFFFull;
-    uint32_t le = htole32((uint32_t)x);
-    memcpy(out + 4 * k, &le, 4);
-  }
-}
-
 static void save_fields(wr_t *w, const lg_run_t *run, const char *base, const field_t *t,
                         size_t nt);
 
@@ -337,7 +321,8 @@ static void save_one(wr_t *w, const lg_run_t *run, const char *base, const field
   case K_FPHEX: put_str(w, p, strnlen(p, LG_FP_HEX - 1)); break;
   case K_FP32: { /* the format keeps the 32 bytes, not their hex */
     uint8_t fp[32];
-    hex_to_bytes(p, fp);
+    for (int k = 0; k < 32; k++)
+      fp[k] = (uint8_t)(lg__hex_value[(uint8_t)p[2 * k]] << 4 | lg__hex_value[(uint8_t)p[2 * k + 1]]);
     put_bytes(w, fp, 32);
     break;
   }
@@ -502,23 +487,6 @@ static inline int64_t in_range(rd_t *r, const lg_run_t *run, const field_t *f, i
 
 static void load_fields(rd_t *r, lg_run_t *run, char *base, const field_t *t, size_t nt);
 
-/* 32 bytes as 64 lowercase hex digits, 4 bytes at a time: each byte is
- * spread over a 16-bit lane, its nibbles swapped into address order, and
- * each nibble becomes '0' + n, plus 39 more for a letter. */
-static void bytes_to_hex(const uint8_t in[32], char *hex) {
-  for (int k = 0; k < 8; k++) {
-    uint32_t w;
-    memcpy(&w, in + 4 * k, 4);
-    uint64_t x = le32toh(w);
-    x = (x | x << 16) & 0x0000FFFF0000FFFFull;
-    x = (x | x << 8) & 0x00FF00FF00FF00FFull;
-    uint64_t n = ((x >> 4) & 0x000F000F000F000Full) | ((x & 0x000F000F000F000Full) << 8);
-    uint64_t letters = ((n + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
-    uint64_t le = htole64(n + 0x3030303030303030ull + letters * 39);
-    memcpy(hex + 8 * k, &le, 8);
-  }
-}
-
 static void load_window(rd_t *r, lg_run_t *run) {
   int64_t cap = get_int(r);
   if (cap < 0 || cap > 1000000) bad(r);
@@ -600,7 +568,9 @@ static void load_one(rd_t *r, lg_run_t *run, char *base, const field_t *f) {
   case K_FP32: {
     uint8_t fp[32];
     get_bytes(r, fp, 32);
-    bytes_to_hex(fp, p);
+    char hex[LG_FP_HEX];
+    lg__hex(fp, 32, hex);
+    memcpy(p, hex, 64); /* kept without its NUL */
     uint64_t v = be64toh(lg__load64(fp)); /* the first 8 bytes, big-endian */
     memcpy(base + f->aux, &v, 8);
     break;
