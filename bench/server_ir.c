@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 
 #include "../tests/unit/test_server_http.h"
+#include "bench_serve.h"
 
 static void die(const char *what) {
   fprintf(stderr, "server_ir: %s\n", what);
@@ -47,30 +48,9 @@ static void spawn(const char *store, const char *out, int valgrind) {
            valgrind ? "valgrind --tool=callgrind " : "", valgrind ? vg_flags : "",
            valgrind ? "--callgrind-out-file='" : "",
            valgrind ? out : "", valgrind ? "' 2>/dev/null" : "", bin, store);
-  int fds[2];
-  if (pipe(fds)) die("pipe");
-  server_pid = fork();
-  if (server_pid < 0) die("fork");
-  if (server_pid == 0) {
-    dup2(fds[1], 1);
-    close(fds[0]);
-    close(fds[1]);
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
-  FILE *f = fdopen(fds[0], "r");
-  char line[512];
-  const char *tag = "listening on http://127.0.0.1:";
-  while (fgets(line, sizeof line, f)) {
-    const char *u = strstr(line, tag);
-    if (u) {
-      server_port = atoi(u + strlen(tag));
-      break;
-    }
-  }
-  fclose(f);
-  if (!server_port) die("the server did not start");
+  server_t sv = serve_spawn(cmd);
+  server_pid = sv.pid;
+  server_port = sv.port;
 }
 
 static void control(const char *what) {

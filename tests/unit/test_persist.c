@@ -681,28 +681,37 @@ static void t_synthetic_text_episodes_cascade(void **state) {
 /* Runs with something in every part of their state, built through the
  * public API (the same code built them with the release that wrote the
  * format-2 fixtures). */
+/* The first call of old_run() and rich_blob(): tool "w" with a side
+ * effect, its result retryable with an operation id (*c and *x stay set
+ * for the caller's next call and result). */
+static void retryable_w(lg_run_t *r, lg_canon_t *canon, lg_call_t *c, lg_result_t *x,
+                        const char *call_id, int64_t t_ms, const char *op) {
+  lg_decision_t d;
+  memset(c, 0, sizeof *c);
+  c->tool = "w";
+  c->args = "{\"i\":1}";
+  c->args_len = strlen(c->args);
+  c->turn = 1;
+  c->call_id = call_id;
+  c->t_ms = t_ms;
+  assert_int_equal(lg_run_before(r, canon, c, &d, NULL), 0);
+  memset(x, 0, sizeof *x);
+  x->status = LG_STATUS_RETRYABLE;
+  x->retry_after_ms = 500;
+  x->side_effect_committed = -1;
+  x->operation_id = op;
+  x->call_id = call_id;
+  x->t_ms = t_ms ? t_ms + 10 : 0;
+  assert_int_equal(lg_run_after(r, x, &d, NULL), 0);
+}
+
 static lg_run_t *old_run(int which, lg_canon_t *canon, lg_policy_t *p) {
   lg_run_t *r = lg_run_new(which ? "fixture-stopped" : "fixture-active", which ? NULL : "grp", p, NULL,
                            NULL, NULL);
   lg_decision_t d;
   lg_call_t c;
-  memset(&c, 0, sizeof c);
-  c.tool = "w";
-  c.args = "{\"i\":1}";
-  c.args_len = strlen(c.args);
-  c.turn = 1;
-  c.call_id = "c1";
-  c.t_ms = 10;
-  lg_run_before(r, canon, &c, &d, NULL);
   lg_result_t x;
-  memset(&x, 0, sizeof x);
-  x.status = LG_STATUS_RETRYABLE;
-  x.retry_after_ms = 500;
-  x.side_effect_committed = -1;
-  x.operation_id = "op-1";
-  x.call_id = "c1";
-  x.t_ms = 20;
-  lg_run_after(r, &x, &d, NULL);
+  retryable_w(r, canon, &c, &x, "c1", 10, "op-1");
   c.tool = "search";
   c.args = "{\"q\":\"a\"}";
   c.args_len = strlen(c.args);
@@ -1118,19 +1127,8 @@ static void rich_blob(char **b, size_t *n) {
   assert_non_null(r);
   lg_decision_t d;
   lg_call_t c;
-  memset(&c, 0, sizeof c);
-  c.tool = "w";
-  c.args = "{\"i\":1}";
-  c.args_len = strlen(c.args);
-  c.turn = 1;
-  assert_int_equal(lg_run_before(r, C, &c, &d, NULL), 0);
   lg_result_t x;
-  memset(&x, 0, sizeof x);
-  x.status = LG_STATUS_RETRYABLE;
-  x.retry_after_ms = 500;
-  x.side_effect_committed = -1;
-  x.operation_id = "op";
-  assert_int_equal(lg_run_after(r, &x, &d, NULL), 0);
+  retryable_w(r, C, &c, &x, NULL, 0, "op");
   c.tool = "QQQQtoolQQQQ"; /* left pending */
   c.turn = 2;
   assert_int_equal(lg_run_before(r, C, &c, &d, NULL), 0);
