@@ -13,7 +13,9 @@
  * then each answer), so the server sees C decisions at once, as under wrk.
  * Then it dumps the counters (callgrind_control -d), stops the server and
  * prints the instructions per decision, from the dump's totals. The dump
- * stays in --out for callgrind_annotate.
+ * stays in --out for callgrind_annotate. With --no-valgrind it prints the
+ * server's CPU time per decision instead (/proc, user + system): the
+ * same workload timed, for what instructions do not show (the kernel).
  *
  * Usage: server_ir [--decisions N] [--connections C] [--out FILE]
  *                  [--bin LOOPGUARD] [--cache-sim] [--no-valgrind]
@@ -51,6 +53,21 @@ static void spawn(const char *store, const char *out, int valgrind) {
   server_t sv = serve_spawn(cmd);
   server_pid = sv.pid;
   server_port = sv.port;
+}
+
+/* The CPU time (user + system, all threads) a process has used, in s. */
+static double cpu_s(pid_t pid) {
+  char p[64], line[1024];
+  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(p, "r");
+  if (!f) return -1;
+  char *ok = fgets(line, sizeof line, f);
+  fclose(f);
+  char *t = ok ? strrchr(line, ')') : NULL;
+  unsigned long ut = 0, st = 0;
+  if (!t || sscanf(t + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 static void control(const char *what) {
@@ -151,6 +168,7 @@ int main(int argc, char **argv) {
     if (a[i].c.fd < 0) die("connect");
   }
   if (valgrind) control("-z");
+  double cpu0 = valgrind ? 0 : cpu_s(server_pid);
   long done = 0;
   while (done < decisions) {
     int m = decisions - done < conns ? (int)(decisions - done) : conns;
@@ -168,6 +186,7 @@ int main(int argc, char **argv) {
     done += m;
   }
   if (valgrind) control("-d");
+  double cpu = valgrind ? 0 : cpu_s(server_pid) - cpu0;
   for (int i = 0; i < conns; i++) ht_close(&a[i].c);
   free(a);
   kill(server_pid, SIGTERM);
@@ -177,7 +196,11 @@ int main(int argc, char **argv) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd)) fprintf(stderr, "server_ir: could not remove %s\n", dir);
   if (!valgrind) {
-    printf("%ld decisions over %d connections\n", decisions, conns);
+    printf("{\"bench\":\"server_ir\",\"decisions\":%ld,\"connections\":%d,"
+           "\"server_cpu_us_per_decision\":%.1f}\n",
+           decisions, conns, cpu * 1e6 / (double)decisions);
+    printf("server: %.1f us of CPU per decision (%ld decisions, %d connections, no valgrind)\n",
+           cpu * 1e6 / (double)decisions, decisions, conns);
     return 0;
   }
 
