@@ -3,7 +3,12 @@
  *
  * The server is split by concern, each file with one job:
  *   server.c    life of the server: options, the listening socket,
- *               libmicrohttpd, per-thread store handles, draining, logs;
+ *               libmicrohttpd, the connection table and its deadlines,
+ *               per-thread store handles, draining, logs;
+ *   accept.c    the accept loop: limits per server and per address, the
+ *               first request head of each connection screened (and a bad
+ *               one answered) before it is handed to libmicrohttpd;
+ *   screen.c    the head screen: a pure check of a request head's bytes;
  *   http.c      one HTTP request: body accumulation with its limits, auth,
  *               routing to a handler, the response and its metrics;
  *   routes.c    the endpoints of http-api-v1: runs and decisions (every
