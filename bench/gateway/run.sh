@@ -76,17 +76,24 @@ for _ in $(seq 100); do [[ -s $WORK/up.port ]] && break; sleep 0.05; done
 UP="http://127.0.0.1:$(cat "$WORK/up.port")"
 
 # ---- loopguard
-"$LG" serve --listen 127.0.0.1:0 --store memory: --upstream "$UP/v1" --log "$WORK/lg.log" >"$WORK/lg.out" 2>"$WORK/lg.err" &
-LG_PID=$!
-PIDS+=("$LG_PID")
-LG_URL=
-for _ in $(seq 200); do
-  LG_URL=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/lg.out" 2>/dev/null | head -n 1)
-  [[ -n $LG_URL ]] && break
-  sleep 0.05
-done
-[[ -n $LG_URL ]] || { note "gateway: FAILED: loopguard serve did not start: $(cat "$WORK/lg.out" "$WORK/lg.err")"; exit 1; }
-wait_url "$LG_URL/healthz" 10
+start_lg() { # NAME STORE: loopguard serve on STORE -> NAME_PID, NAME_URL ("" when it did not start)
+  local name=$1 store=$2 url= pid
+  "$LG" serve --listen 127.0.0.1:0 --store "$store" --upstream "$UP/v1" --log "$WORK/$name.log" \
+    >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 200); do
+    url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/$name.out" 2>/dev/null | head -n 1)
+    [[ -n $url ]] && break
+    sleep 0.05
+  done
+  [[ -n $url ]] && ! wait_url "$url/healthz" 10 && url=
+  [[ -n $url ]] || note "gateway: loopguard serve --store $store did not start: $(cat "$WORK/$name.out" "$WORK/$name.err" | head -c 400)"
+  printf -v "${name}_PID" '%s' "$pid"
+  printf -v "${name}_URL" '%s' "$url"
+}
+start_lg LG memory:
+[[ -n $LG_URL ]] || exit 1
 lg_start_kb=$(mem_kb "$LG_PID" VmRSS)
 
 # ---- Portkey (the peer)
@@ -189,7 +196,7 @@ for size in 1024 8192; do
         st_rps1=$LAST_RPS
       else
         P50[$t]= P99[$t]= st_rps1=
-        bad=1
+        [[ $t == portkey ]] || bad=1 # the peer's errors are its figure's, not a failure of ours
       fi
       [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       best=0 best_c=
@@ -197,7 +204,7 @@ for size in 1024 8192; do
         if run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
           if ((LAST_RPS > best)); then best=$LAST_RPS best_c=$c; fi
         else
-          bad=1
+          [[ $t == portkey ]] || bad=1
         fi
         [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       done
@@ -219,6 +226,9 @@ for size in 1024 8192; do
     a99=$(calcf "%.4f" "${P99[loopguard]:-0} - ${P99[direct]:-0}")
     awk -v v="$a50" -v b=$BAR_ADDED_P50_MS 'BEGIN { exit !(v < b) }' || s50="BELOW BAR"
     awk -v v="$a99" -v b=$BAR_ADDED_P99_MS 'BEGIN { exit !(v < b) }' || s99="BELOW BAR"
+    # The upstream alone answers in tens of microseconds: when direct's own
+    # p99 is over the bar, the machine is too busy for a p99 to mean anything.
+    awk -v v="${P99[direct]:-0}" -v b=$BAR_ADDED_P99_MS 'BEGIN { exit !(v > b) }' && s99=NOISY
     ((size == 8192)) || { s50=info s99=info; }
     pk50=null pk99=null ratio=null
     if [[ -n $PK_URL && -n ${P50[portkey]:-} ]]; then
@@ -250,18 +260,9 @@ if [[ -n $PK_URL ]]; then
   pk_hwm=$(mem_kb "$PK_PID" VmHWM) pk_rss=$(mem_kb "$PK_PID" VmRSS)
 fi
 kill "$LG_PID" 2>/dev/null
-"$LG" serve --listen 127.0.0.1:0 --store "sqlite:$WORK/mem.db" --durability relaxed --upstream "$UP/v1" --log "$WORK/lg2.log" \
-  >"$WORK/lg2.out" 2>"$WORK/lg2.err" &
-LG2_PID=$!
-PIDS+=("$LG2_PID")
-LG2_URL=
-for _ in $(seq 200); do
-  LG2_URL=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/lg2.out" 2>/dev/null | head -n 1)
-  [[ -n $LG2_URL ]] && break
-  sleep 0.05
-done
+start_lg LG2 "sqlite:$WORK/mem.db?durability=relaxed"
 sq_start=null sq_hwm=null sq_runs=0 sq_per_run=null sm=FAILED
-if [[ -n $LG2_URL ]] && wait_url "$LG2_URL/healthz" 10; then
+if [[ -n $LG2_URL ]]; then
   sq_start=$(mem_kb "$LG2_PID" VmRSS)
   SECONDS_PER=$((SECONDS_PER * 2)) run_wrk "$LG2_URL" "$WORK/body-8192-0.json" 8 || bad=1
   sq_runs=${LAST_N:-0}
@@ -270,7 +271,6 @@ if [[ -n $LG2_URL ]] && wait_url "$LG2_URL/healthz" 10; then
   sm=ok
   awk -v v="${sq_hwm:-0}" -v b=$BAR_RSS_MB 'BEGIN { exit !(v / 1024 < b) }' || sm="BELOW BAR"
 else
-  note "loopguard on sqlite: did not start: $(cat "$WORK/lg2.out" "$WORK/lg2.err" | head -c 300)"
   bad=1
 fi
 mratio=null
