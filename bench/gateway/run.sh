@@ -172,6 +172,10 @@ run_wrk() { # URL BODYFILE CONNS [HEADERS...] -> LAST_*; 1 on failure or non-2xx
     note "    !! $(grep -E 'Non-2xx|Socket errors' "$WORK/wrk.out" | tr '\n' ' ')"
     return 1
   fi
+  if [[ -z $LAST_N || $LAST_N == 0 ]]; then
+    note "    !! no request completed in ${SECONDS_PER} s"
+    return 1
+  fi
   [[ -n $LAST_RPS && -n $LAST_P50 ]]
 }
 targets=(direct loopguard)
@@ -230,6 +234,7 @@ for size in 1024 8192; do
     # p99 is over the bar, the machine is too busy for a p99 to mean anything.
     awk -v v="${P99[direct]:-0}" -v b=$BAR_ADDED_P99_MS 'BEGIN { exit !(v > b) }' && s99=NOISY
     ((size == 8192)) || { s50=info s99=info; }
+    [[ -n ${P50[loopguard]} && -n ${P50[direct]} ]] || { s50=FAILED s99=FAILED a50=null a99=null; }
     pk50=null pk99=null ratio=null
     if [[ -n $PK_URL && -n ${P50[portkey]:-} ]]; then
       pk50=$(calcf "%.4f" "${P50[portkey]} - ${P50[direct]:-0}")
