@@ -72,7 +72,9 @@ static int get_price(json_t *v, const char *path, int64_t *out, lg_error_t *err)
   if (usd > PRICE_MAX_USD)
     return lg__err(err, LG_ERANGE, path, -1, "%g USD per million tokens is beyond %g", usd,
                    PRICE_MAX_USD);
-  *out = (int64_t)llround(usd * 1e6);
+  if (lg__usd_to_units(usd, LG__USD_MICRO, out))
+    return lg__err(err, LG_ERANGE, path, -1, "%g USD per million tokens is beyond %g", usd,
+                   PRICE_MAX_USD);
   return 0;
 }
 

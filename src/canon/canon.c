@@ -174,7 +174,7 @@ static void put_utf8(lg_canon_t *c, uint32_t cp) {
 
 /* Writes one code point (or lone surrogate) the way JSON.stringify does. */
 static void put_char(lg_canon_t *c, uint32_t cp) {
-  static const char hex[] = "0123456789abcdef";
+  const char *hex = lg__hex_digits;
   switch (cp) {
   case '"': putn(c, "\\\"", 2); return;
   case '\\': putn(c, "\\\\", 2); return;
@@ -389,124 +389,112 @@ static void shortest_digits(double v, char *d, int *k, int *n) {
   *n = e + 1;
 }
 
-static int cv_number(parser_t *p) {
-  lg_canon_t *c = p->c;
-  size_t start = p->i;
-  bool neg = false;
+/* A number literal as read: its significant digits (trailing zeros not
+ * kept), and where the point goes. value = 0.d × 10^n, with
+ * n = (nint > 0 ? nint : -lead_frac) + exp. */
+typedef struct number {
+  bool neg;
+  char *d;           /* MAX_SIG bytes (the caller's: the struct stays in registers) */
+  int k;             /* significant digits kept */
+  bool more;         /* a non-zero digit beyond MAX_SIG */
+  long nint;         /* integer-part digits after the first non-zero */
+  long lead_frac;    /* zeros after the point before the first non-zero */
+  bool seen_nz;
+  int zeros_pending; /* zeros since the last non-zero digit (not kept) */
+  long exp;
+  bool exp_huge;     /* |exponent| too large to track: strtod decides */
+} number_t;
+
+static inline bool is_digit_at(const parser_t *p) {
+  return p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9';
+}
+
+/* A significant digit after the first non-zero one: a zero waits (it is
+ * kept only if a non-zero digit follows), a non-zero one is kept with the
+ * zeros before it. */
+static inline void keep_digit(number_t *m, char ch) {
+  if (ch == '0') {
+    m->zeros_pending++;
+    return;
+  }
+  for (; m->zeros_pending; m->zeros_pending--)
+    if (m->k < MAX_SIG) m->d[m->k++] = '0'; else m->more = true;
+  if (m->k < MAX_SIG) m->d[m->k++] = ch; else m->more = true;
+}
+
+/* The literal's grammar (RFC 8259): -? (0 | [1-9][0-9]*) (. [0-9]+)?
+ * ([eE] [+-]? [0-9]+)?, read into m. */
+static inline int read_number(parser_t *p, number_t *m) {
   if (p->s[p->i] == '-') {
-    neg = true;
+    m->neg = true;
     p->i++;
   }
-  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-    return perr(p, LG_EPARSE, "expected a digit");
-  char d[MAX_SIG];
-  int k = 0;             /* significant digits kept */
-  bool more = false;     /* a non-zero digit beyond MAX_SIG */
-  long nint = 0;         /* integer-part digits after the first non-zero */
-  long lead_frac = 0;    /* zeros after the point before the first non-zero */
-  bool seen_nz = false;
-  int zeros_pending = 0; /* zeros since the last non-zero digit (not kept) */
-
-  /* Integer part: 0 | [1-9][0-9]* */
+  if (!is_digit_at(p)) return perr(p, LG_EPARSE, "expected a digit");
   if (p->s[p->i] == '0') {
     p->i++;
-    if (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
-      return perr(p, LG_EPARSE, "leading zero in number");
+    if (is_digit_at(p)) return perr(p, LG_EPARSE, "leading zero in number");
   } else {
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-      char ch = (char)p->s[p->i++];
-      seen_nz = true;
-      nint++;
-      if (ch == '0') {
-        zeros_pending++;
-        continue;
-      }
-      for (; zeros_pending; zeros_pending--)
-        if (k < MAX_SIG) d[k++] = '0'; else more = true;
-      if (k < MAX_SIG) d[k++] = ch; else more = true;
+    while (is_digit_at(p)) {
+      m->seen_nz = true;
+      m->nint++;
+      keep_digit(m, (char)p->s[p->i++]);
     }
   }
-  bool is_int_literal = true;
   if (p->i < p->n && p->s[p->i] == '.') {
-    is_int_literal = false;
     p->i++;
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-      return perr(p, LG_EPARSE, "expected a digit after '.'");
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+    if (!is_digit_at(p)) return perr(p, LG_EPARSE, "expected a digit after '.'");
+    while (is_digit_at(p)) {
       char ch = (char)p->s[p->i++];
-      if (!seen_nz) {
+      if (!m->seen_nz) {
         if (ch == '0') {
-          lead_frac++;
+          m->lead_frac++;
           continue;
         }
-        seen_nz = true;
+        m->seen_nz = true;
       }
-      if (ch == '0') {
-        zeros_pending++;
-        continue;
-      }
-      for (; zeros_pending; zeros_pending--)
-        if (k < MAX_SIG) d[k++] = '0'; else more = true;
-      if (k < MAX_SIG) d[k++] = ch; else more = true;
+      keep_digit(m, ch);
     }
   }
-  long exp = 0;
-  bool exp_huge = false; /* |exponent| too large to track: strtod decides */
   if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
-    is_int_literal = false;
     p->i++;
     bool eneg = false;
-    if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-'))
-      eneg = p->s[p->i++] == '-';
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-      return perr(p, LG_EPARSE, "expected a digit in the exponent");
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-      if (exp < 100000000) exp = exp * 10 + (p->s[p->i] - '0');
-      else exp_huge = true;
+    if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-')) eneg = p->s[p->i++] == '-';
+    if (!is_digit_at(p)) return perr(p, LG_EPARSE, "expected a digit in the exponent");
+    while (is_digit_at(p)) {
+      if (m->exp < 100000000) m->exp = m->exp * 10 + (p->s[p->i] - '0');
+      else m->exp_huge = true;
       p->i++;
     }
-    if (eneg) exp = -exp;
+    if (eneg) m->exp = -m->exp;
   }
-  (void)is_int_literal;
-  /* A number can come out longer than it went in ("1e20" is 21 digits),
-   * which would eat the room lg_canon_json reserved for the rest of the
-   * input, so the rest of the input is reserved again here. */
-  size_t need = (p->n - p->i) + 128 + MAX_SIG;
-  if (c->out.len + need >= c->out.cap && lg__buf_reserve(&c->out, need))
-    return perr(p, LG_ENOMEM, "out of memory");
-  if (k == 0) { /* zero, whatever its sign or form */
-    put(c, '0');
-    return 0;
-  }
-  /* value = 0.d × 10^n */
-  long n = (nint > 0 ? nint : -lead_frac) + exp;
+  return 0;
+}
 
-  if (!more && !exp_huge && n >= 16 && n <= 21) {
-    bool big = n > 16;
-    if (!big) {
-      char pad[16];
-      for (int z = 0; z < 16; z++) pad[z] = z < k ? d[z] : '0';
-      big = memcmp(pad, "9007199254740992", 16) >= 0;
-    }
-    if (big) { /* exact: all digits, no exponent */
-      if (neg) put(c, '-');
-      int ni = (int)n;
-      putn(c, d, (size_t)(k < ni ? k : ni));
-      for (int z = k; z < ni; z++) put(c, '0');
-      if (k > ni) {
-        put(c, '.');
-        putn(c, d + ni, (size_t)(k - ni));
-      }
-      return 0;
-    }
+/* An integer from 2^53 to 10^21 (n digits before the point) is written
+ * exactly, all its digits and no exponent; returns false when m is not
+ * one (below 2^53 the shortest form is the same digits anyway). */
+static inline bool put_exact_int(lg_canon_t *c, const number_t *m, long n) {
+  if (m->more || m->exp_huge || n < 16 || n > 21) return false;
+  if (n == 16) {
+    char pad[16];
+    for (int z = 0; z < 16; z++) pad[z] = z < m->k ? m->d[z] : '0';
+    if (memcmp(pad, "9007199254740992", 16) < 0) return false;
   }
-  if (!more && !exp_huge && k <= 15 && n > -300 && n < 300) {
-    /* Up to 15 significant digits survive the trip through a double
-     * unchanged, so they are already the shortest round-trip digits. */
-    es_format(c, neg, d, k, (int)n);
-    return 0;
+  if (m->neg) put(c, '-');
+  int ni = (int)n;
+  putn(c, m->d, (size_t)(m->k < ni ? m->k : ni));
+  for (int z = m->k; z < ni; z++) put(c, '0');
+  if (m->k > ni) {
+    put(c, '.');
+    putn(c, m->d + ni, (size_t)(m->k - ni));
   }
-  /* The general case: round to a double, then find its shortest digits. */
+  return true;
+}
+
+/* The general case: the literal s[start..p->i) rounded to a double, then
+ * written with that double's shortest round-trip digits. */
+static int put_via_double(parser_t *p, const number_t *m, size_t start) {
+  lg_canon_t *c = p->c;
   size_t len = p->i - start;
   char stackbuf[128];
   char *lit = len < sizeof stackbuf ? stackbuf : lg__malloc(len + 1);
@@ -526,8 +514,42 @@ static int cv_number(parser_t *p) {
   char sd[20];
   int sk, sn;
   shortest_digits(v, sd, &sk, &sn);
-  es_format(c, neg, sd, sk, sn);
+  es_format(c, m->neg, sd, sk, sn);
   return 0;
+}
+
+/* A number, canonical (RFC 8785: the shortest digits that round-trip
+ * through a double, in ECMAScript's form), beyond 2^53 exact. */
+static int cv_number(parser_t *p) {
+  lg_canon_t *c = p->c;
+  size_t start = p->i;
+  char digits[MAX_SIG];
+  number_t m;
+  m.d = digits;
+  m.neg = m.more = m.seen_nz = m.exp_huge = false;
+  m.k = m.zeros_pending = 0;
+  m.nint = m.lead_frac = m.exp = 0;
+  int rc = read_number(p, &m);
+  if (rc) return rc;
+  /* A number can come out longer than it went in ("1e20" is 21 digits),
+   * which would eat the room lg_canon_json reserved for the rest of the
+   * input, so the rest of the input is reserved again here. */
+  size_t need = (p->n - p->i) + 128 + MAX_SIG;
+  if (c->out.len + need >= c->out.cap && lg__buf_reserve(&c->out, need))
+    return perr(p, LG_ENOMEM, "out of memory");
+  if (m.k == 0) { /* zero, whatever its sign or form */
+    put(c, '0');
+    return 0;
+  }
+  long n = (m.nint > 0 ? m.nint : -m.lead_frac) + m.exp;
+  if (put_exact_int(c, &m, n)) return 0;
+  if (!m.more && !m.exp_huge && m.k <= 15 && n > -300 && n < 300) {
+    /* Up to 15 significant digits survive the trip through a double
+     * unchanged, so they are already the shortest round-trip digits. */
+    es_format(c, m.neg, m.d, m.k, (int)n);
+    return 0;
+  }
+  return put_via_double(p, &m, start);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1076,14 +1098,7 @@ int lg_canon_json(lg_canon_t *c, const char *json, size_t len,
   return 0;
 }
 
-static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) {
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    hex[2 * i] = digits[md[i] >> 4];
-    hex[2 * i + 1] = digits[md[i] & 15];
-  }
-  hex[64] = 0;
-}
+static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) { lg__hex(md, 32, hex); }
 
 /* SHA-256 over a + ("\n" + b when b is given), as hex. */
 static int sha_parts(lg_canon_t *c, const char *a, size_t al, const char *b,

@@ -629,7 +629,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
                    "budget: %s",
                    e.message);
     else if (st.fail == LG__STEP_IN_FLIGHT) {
-      lg__gw_error(c->j, st.refusal.http_status ? st.refusal.http_status : 429, "rate_limit_error",
+      lg__gw_error(c->j, lg__http_refusal_status(&st.refusal), "rate_limit_error",
                    st.refusal.limit_source, "loopguard: too much spend in flight on %s; retry later",
                    st.refusal.scope);
     } else
@@ -637,8 +637,8 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
                    e.message[0] ? e.message : lg_strerror(rc));
   } else if (st.budget_refused) { /* a shared budget: an error, not a stop */
     mo.error = 1;
-    char *meta = lg_budget_refusal_metadata_json(&st.refusal);
-    lg__gw_error(c->j, st.refusal.http_status ? st.refusal.http_status : 402, "insufficient_quota",
+    char *meta = lg__budget_refusal_metadata_json(&st.refusal);
+    lg__gw_error(c->j, lg__http_refusal_status(&st.refusal), "insufficient_quota",
                  st.refusal.limit_source, "loopguard: the shared budget %s refused this model call",
                  st.refusal.scope);
     if (meta && c->j->kind != LG__GW_MESSAGES && c->j->out.len > 2) { /* add metadata */

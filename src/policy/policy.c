@@ -181,10 +181,10 @@ static int parse_limits(ctx_t *x, lg_policy_t *p, json_t *o) {
         double usd = json_number_value(v);
         if (!(usd >= 0) || usd > 9e9)
           rc = fail(x, k, "must be between 0 and 9e9 USD%s", "");
-        else {
-          p->max_cost_nusd = (int64_t)(usd * 1e9 + 0.5);
+        else if (lg__usd_to_units(usd, LG__USD_NANO, &p->max_cost_nusd))
+          rc = fail(x, k, "must be between 0 and 9e9 USD%s", "");
+        else
           rc = 0;
-        }
       }
     } else rc = fail(x, k, "unknown field%s", "");
     if (rc) return rc;

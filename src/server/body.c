@@ -261,95 +261,125 @@ void lg__body_clear(lg__body_t *b) {
   body_init(b);
 }
 
-/* Checks one known field and stores it. */
-static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
-  const char *s = NULL;
-  int64_t i = 0;
+/* The checks of one field, a function per kind of value; each returns 0
+ * or an error naming the field. */
+
+/* An id (T_ID): 1 to 1024 bytes, no control characters. */
+static int check_id(const field_t *f, const json_t *v, lg_error_t *err) {
+  const char *s = json_string_value(v);
+  size_t n = json_string_length(v);
+  if (!n) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be empty", f->name);
+  if (n > 1024) return lg__err(err, LG_EINVAL, f->name, -1, "%s: longer than 1024 bytes", f->name);
+  for (size_t k = 0; k < n; k++)
+    if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f)
+      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not hold control characters", f->name);
+  return 0;
+}
+
+/* A whole number (T_INT, T_UINT) within the field's range, into *i. */
+static int check_whole(const field_t *f, const json_t *v, int64_t *i, lg_error_t *err) {
+  const lg__range_t *r = range_of(f->name);
+  if (!whole(v, i)) {
+    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && r)
+      return out_of_range(err, f->name, r, json_real_value(v) < 0 && r->lo >= 0);
+    return wrong(err, f->name, "a whole number", v);
+  }
+  if (r && (*i < r->lo || *i > r->hi)) return out_of_range(err, f->name, r, *i < 0 && r->lo >= 0);
+  if (f->type == T_UINT && *i < 0)
+    return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
+  return 0;
+}
+
+/* A cost in USD (T_USD), 0 to the field's bound, into *i in nano-dollars. */
+static int check_usd(const field_t *f, const json_t *v, int64_t *i, lg_error_t *err) {
+  if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
+  double d = json_number_value(v);
+  const lg__range_t *r = range_of(f->name);
+  double hi = r ? r->usd_hi : 1e9;
+  if (!(d >= 0 && d <= hi)) return out_of_range(err, f->name, r, d < 0);
+  if (lg__usd_to_units(d, LG__USD_NANO, i)) return out_of_range(err, f->name, r, false);
+  return 0;
+}
+
+/* A budget amount (T_DUSD): a number, not negative, within the bound. */
+static int check_dusd(const field_t *f, const json_t *v, lg_error_t *err) {
+  if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
+  double d = json_number_value(v);
+  const lg__range_t *r = range_of(f->name);
+  if (!(d >= 0)) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
+  if (r && !(d <= r->usd_hi)) return out_of_range(err, f->name, r, false);
+  return 0;
+}
+
+/* Scope names (T_SCOPES): 1 to 16 non-empty strings. */
+static int check_scopes(const field_t *f, const json_t *v, lg_error_t *err) {
+  if (!json_is_array(v)) return wrong(err, f->name, "an array of scope names", v);
+  size_t n = json_array_size(v);
+  if (!n || n > 16) return lg__err(err, LG_EINVAL, f->name, -1, "%s: from 1 to 16 scope names", f->name);
+  for (size_t k = 0; k < n; k++) {
+    json_t *e = json_array_get(v, k);
+    if (!json_is_string(e) || !json_string_length(e)) {
+      char name[64];
+      snprintf(name, sizeof name, "%s[%zu]", f->name, k);
+      return lg__err(err, LG_EINVAL, name, -1, "%s: expected a non-empty string", name);
+    }
+  }
+  return 0;
+}
+
+/* Checks one known field's value by its type: its string into *s, its
+ * number (or boolean) into *i; *absent when a null means "not given". */
+static int check_field(const field_t *f, json_t *v, const char **s, int64_t *i, bool *absent,
+                       lg_error_t *err) {
+  int rc = 0;
+  *absent = false;
   switch (f->type) {
   case T_STR:
   case T_ID:
     if (!json_is_string(v)) return wrong(err, f->name, "a string", v);
-    s = json_string_value(v);
-    if (f->type == T_ID) {
-      size_t n = json_string_length(v);
-      if (!n) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be empty", f->name);
-      if (n > 1024)
-        return lg__err(err, LG_EINVAL, f->name, -1, "%s: longer than 1024 bytes", f->name);
-      for (size_t k = 0; k < n; k++)
-        if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f)
-          return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not hold control characters",
-                         f->name);
-    }
+    *s = json_string_value(v);
+    if (f->type == T_ID) rc = check_id(f, v, err);
     break;
   case T_STATUS:
-    if (json_is_null(v)) return 0; /* the validation gate decides */
+    if (json_is_null(v)) { /* the validation gate decides */
+      *absent = true;
+      return 0;
+    }
     if (!json_is_string(v)) return wrong(err, f->name, "a string", v);
-    s = json_string_value(v);
+    *s = json_string_value(v);
     break;
   case T_INT:
-  case T_UINT: {
-    if (!whole(v, &i)) {
-      if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
-        const lg__range_t *r = range_of(f->name);
-        if (r) return out_of_range(err, f->name, r, json_real_value(v) < 0 && r->lo >= 0);
-      }
-      return wrong(err, f->name, "a whole number", v);
-    }
-    const lg__range_t *r = range_of(f->name);
-    if (r && (i < r->lo || i > r->hi)) return out_of_range(err, f->name, r, i < 0 && r->lo >= 0);
-    if (f->type == T_UINT && i < 0)
-      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
-    break;
-  }
-  case T_USD: {
-    if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
-    double d = json_number_value(v);
-    const lg__range_t *r = range_of(f->name);
-    double hi = r ? r->usd_hi : 1e9;
-    if (!(d >= 0 && d <= hi)) return out_of_range(err, f->name, r, d < 0);
-    i = (int64_t)llround(d * 1e9); /* the same rounding as replay */
-    break;
-  }
+  case T_UINT: rc = check_whole(f, v, i, err); break;
+  case T_USD: rc = check_usd(f, v, i, err); break;
   case T_BOOL:
     if (!json_is_boolean(v)) return wrong(err, f->name, "true or false", v);
-    i = json_is_true(v);
+    *i = json_is_true(v);
     break;
   case T_OBJ:
     if (!json_is_object(v)) return wrong(err, f->name, "an object", v);
     break;
   case T_ANY: break;
-  case T_SCOPES: {
-    if (!json_is_array(v)) return wrong(err, f->name, "an array of scope names", v);
-    size_t n = json_array_size(v);
-    if (!n || n > 16)
-      return lg__err(err, LG_EINVAL, f->name, -1, "%s: from 1 to 16 scope names", f->name);
-    for (size_t k = 0; k < n; k++) {
-      json_t *e = json_array_get(v, k);
-      if (!json_is_string(e) || !json_string_length(e)) {
-        char name[64];
-        snprintf(name, sizeof name, "%s[%zu]", f->name, k);
-        return lg__err(err, LG_EINVAL, name, -1, "%s: expected a non-empty string", name);
-      }
-    }
-    break;
-  }
+  case T_SCOPES: rc = check_scopes(f, v, err); break;
   case T_DUSD_NULL:
-    if (json_is_null(v)) return 0;
-    /* fall through */
-  case T_DUSD: {
-    if (!json_is_number(v)) return wrong(err, f->name, "a number", v);
-    double d = json_number_value(v);
-    const lg__range_t *r = range_of(f->name);
-    if (!(d >= 0)) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be negative", f->name);
-    if (r && !(d <= r->usd_hi)) return out_of_range(err, f->name, r, false);
+    if (json_is_null(v)) {
+      *absent = true;
+      return 0;
+    }
+    rc = check_dusd(f, v, err);
     break;
+  case T_DUSD: rc = check_dusd(f, v, err); break;
   }
-  }
+  if (rc) return rc;
   /* Nesting: what the canonicaliser (and so replay) refuses, refused here,
    * so that nothing is stored that its trace cannot replay. */
   if ((f->type == T_OBJ || f->type == T_ANY) && depth_of(v, LG_CANON_MAX_DEPTH) > LG_CANON_MAX_DEPTH)
     return lg__err(err, LG_EINVAL, f->name, -1, "%s: nested deeper than %d levels", f->name,
                    LG_CANON_MAX_DEPTH);
+  return 0;
+}
+
+/* Stores a checked field in its slot of b. */
+static void store(lg__body_t *b, const field_t *f, json_t *v, const char *s, int64_t i) {
   switch (f->slot) {
   case S_RUN_ID: b->run_id = s; break;
   case S_GROUP: b->group = s; break;
@@ -407,6 +437,16 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
     break;
   case S_NOTE: b->note = s; break;
   }
+}
+
+/* Checks one known field and stores it. */
+static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
+  const char *s = NULL;
+  int64_t i = 0;
+  bool absent;
+  int rc = check_field(f, v, &s, &i, &absent, err);
+  if (rc || absent) return rc;
+  store(b, f, v, s, i);
   return 0;
 }
 

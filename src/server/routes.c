@@ -5,10 +5,16 @@
  * an event for the decision step (src/step/: load the run, the deny rules,
  * apply, save, the trace line, in one store transaction), a ledger or
  * budget call, a read. Deciding, saving and tracing happen once, below;
- * the answer is sent only after the transaction committed. With a store
- * that takes one writer at a time the step runs in the group commit
- * (src/store/group.c): the handler parks its request and the committer
- * wakes it once the batch is stored.
+ * the answer is sent only after the transaction committed.
+ *
+ * Every route that writes hands its write over as a job (a write_job_t
+ * of its kind: "Writes" below), reads are made on the spot. With a store
+ * that takes one writer at a time (sqlite:, memory:) the job runs in the
+ * group commit (src/store/group.c): the handler parks its request and the
+ * committer wakes it once the batch is stored, so an HTTP thread never
+ * waits for the database's write lock and its reads go to the store's
+ * reader meanwhile. With postgres: the job runs at once on the thread's
+ * own connection.
  */
 #include "../step/step.h"
 #include "server.h"
@@ -104,21 +110,152 @@ static lg__worker_t *worker(lg__req_t *rq) {
   return w;
 }
 
-static void counters_json(lg__buf_t *b, const lg_counters_t *c) {
-  lg__buf_printf(b,
-                 "{\"steps\":%lld,\"calls\":%lld,\"blocked\":%lld,\"replayed\":%lld,"
-                 "\"results\":%lld,\"model_calls\":%lld,\"tokens\":%lld,\"handoffs\":%lld,"
-                 "\"cost_usd\":",
-                 (long long)c->steps, (long long)c->calls, (long long)c->blocked,
-                 (long long)c->replayed, (long long)c->results, (long long)c->model_calls,
-                 (long long)c->tokens, (long long)c->handoffs);
-  lg__buf_usd(b, c->cost_nusd);
-  lg__buf_printf(b, ",\"elapsed_ms\":%lld}", (long long)c->last_t_ms);
+/* The thread's worker for a read of the path's id, or NULL once the
+ * error is answered (no_id, a 404, for an id no store would have). */
+static lg__worker_t *id_worker(lg__req_t *rq, const char *no_id) {
+  if (!valid_id(rq->id)) {
+    lg__req_error(rq, 404, "not_found", NULL, "%s", no_id);
+    return NULL;
+  }
+  return worker(rq);
+}
+
+/* The scopes of a body's "scopes" (checked by body.c: at most
+ * LG_BUDGET_MAX_SCOPES strings) into out, borrowed; returns how many. */
+static size_t body_scopes(const json_t *arr, const char *out[LG_BUDGET_MAX_SCOPES]) {
+  size_t n = arr ? json_array_size(arr) : 0;
+  if (n > LG_BUDGET_MAX_SCOPES) n = LG_BUDGET_MAX_SCOPES;
+  for (size_t k = 0; k < n; k++) out[k] = json_string_value(json_array_get(arr, k));
+  return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Writes: one way for every route that changes the store.             */
+
+/* A route's write, on the heap while it waits. Each route's job type
+ * starts with this one and adds its own fields.
+ *
+ * With a committer (sqlite:, memory:; srv->batcher) the handler parks the
+ * request (http.c suspends the connection and goes on serving others) and
+ * the write runs on the committer's store handle inside its batch's
+ * transaction; the answer is made on the HTTP thread once the batch is
+ * committed (write_finish). So an HTTP thread never waits for the
+ * database's write lock, which another process may hold for the whole busy
+ * timeout, and the reads it serves meanwhile go to the store's reader.
+ * Without a committer (postgres:) the write runs at once on the thread's
+ * own connection, each store call its own transaction. */
+typedef struct write_job write_job_t;
+typedef struct write_kind write_kind_t;
+struct write_job {
+  lg__job_t job;            /* first: rq->job points here */
+  const write_kind_t *k;    /* what it is (static) */
+  const char *id;           /* the path's id (rq->id, which outlives the job) */
+  lg__body_t b;             /* the parsed body */
+  int64_t now_ms;           /* when the request came */
+  lg_canon_t *canon;        /* the writing thread's scratch (for decisions) */
+  int rc;                   /* write's result */
+};
+
+/* A route's kind of write. */
+struct write_kind {
+  lg__body_kind_t body;     /* how its body parses */
+  const char *no_id;        /* the 404's message for a bad id in the path;
+                               NULL: the path has none */
+  const char *doing;        /* what it does, for an error ("claiming") */
+  /* The write, on the committer (or this thread): its outcome into the
+   * route's fields and *err. Returns the route's result code. */
+  int (*write)(write_job_t *wj, lg_store_t *s, lg_error_t *err);
+  /* The answer, on the HTTP thread, after the commit: rc is write's. */
+  void (*answer)(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *err);
+  void (*clear)(write_job_t *wj); /* frees the route's fields; may be NULL */
+};
+
+/* A new job of `size` bytes (a route's type, write_job_t first) of kind
+ * k (static) for the request, its path's id checked and its body parsed;
+ * NULL once the error is answered. */
+static void *write_job_new(lg__req_t *rq, size_t size, const write_kind_t *k) {
+  if (k->no_id && !valid_id(rq->id)) {
+    lg__req_error(rq, 404, "not_found", NULL, "%s", k->no_id);
+    return NULL;
+  }
+  write_job_t *wj = lg__calloc(1, size);
+  if (!wj) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    return NULL;
+  }
+  if (parse(rq, k->body, &wj->b)) {
+    lg__free(wj);
+    return NULL;
+  }
+  wj->k = k;
+  wj->id = rq->id;
+  wj->now_ms = lg__server_now(rq->srv);
+  return wj;
+}
+
+static void write_job_free(write_job_t *wj) {
+  if (wj->k->clear) wj->k->clear(wj);
+  lg__body_clear(&wj->b);
+  lg__free(wj);
+}
+
+/* The job's write as the batcher calls it. The route's result stays in
+ * the job and 0 is returned: what the write stored (each store call
+ * atomic on its own) commits with the batch, or fails with it. */
+static int write_call(void *ud, lg_store_t *s, lg_error_t *err) {
+  write_job_t *wj = ud;
+  wj->rc = wj->k->write(wj, s, err);
+  return 0;
+}
+
+/* The write is done, on the HTTP thread: its answer. */
+static void write_finish(lg__req_t *rq) {
+  write_job_t *wj = (write_job_t *)rq->job;
+  rq->job = NULL;
+  if (wj->job.rc) store_error(rq, wj->job.rc, &wj->job.err, wj->k->doing); /* nothing stored */
+  else wj->k->answer(rq, wj, wj->rc, &wj->job.err);
+  write_job_free(wj);
+}
+
+/* Hands the write over: to the committer (the request is parked, and
+ * answered by write_finish after the commit), or, without one, runs and
+ * answers it here. The handler returns after this. */
+static void write_submit(lg__req_t *rq, write_job_t *wj) {
+  wj->job.write = write_call;
+  wj->job.ud = wj;
+  rq->job = &wj->job;
+  if (rq->srv->batcher) {
+    wj->canon = lg__batcher_canon(rq->srv->batcher);
+    rq->finish = write_finish;
+    return;
+  }
+  lg__worker_t *w = worker(rq);
+  if (!w) {
+    rq->job = NULL;
+    write_job_free(wj);
+    return;
+  }
+  wj->canon = w->canon;
+  lg__job_run(w->store, &wj->job);
+  write_finish(rq);
 }
 
 /* ------------------------------------------------------------------ */
 /* Creating runs.                                                      */
 
+/* A run to create. */
+typedef struct create_job {
+  write_job_t w;       /* first */
+  char idbuf[32];      /* the id made here when the body named none */
+  const char *run_id;  /* the body's run_id, or idbuf */
+  lg_policy_t *pol;    /* its policy (a reference) */
+  char *pjson;         /* the policy's JSON text */
+  lg_run_t *run;       /* the new run */
+  const char *scopes[LG_BUDGET_MAX_SCOPES]; /* its shared budgets (the body's) */
+  size_t nscopes;
+  int checked;         /* the scopes exist: the run's creation was tried */
+  int same;            /* it existed, created with the same body */
+} create_job_t;
 
 static void run_created_answer(lg__req_t *rq, const char *run_id, const char *group,
                                const char *policy_json, int status) {
@@ -131,106 +268,116 @@ static void run_created_answer(lg__req_t *rq, const char *run_id, const char *gr
   lg__buf_putc(&rq->out, '}');
 }
 
-void lg__h_run_create(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  lg__body_t b;
-  if (parse(rq, LG__B_RUN, &b)) return;
-  char idbuf[32];
-  const char *run_id = b.run_id;
-  lg_policy_t *pol = NULL;
-  char *pjson = NULL;
-  lg_run_t *run = NULL;
-  lg_error_t e = {0};
-  if (!run_id) {
-    if (lg__step_new_run_id(idbuf)) {
+/* The run's id: the body's, or a new one. 0, or -1 once answered. */
+static int create_id(lg__req_t *rq, create_job_t *cj) {
+  cj->run_id = cj->w.b.run_id;
+  if (!cj->run_id) {
+    if (lg__step_new_run_id(cj->idbuf)) {
       lg__req_error(rq, 500, "internal", NULL, "no randomness for a run id");
-      goto out;
+      return -1;
     }
-    run_id = idbuf;
-  } else if (strchr(run_id, '/')) {
+    cj->run_id = cj->idbuf;
+  } else if (strchr(cj->run_id, '/')) {
     lg__req_error(rq, 400, "invalid_request", "run_id", "run_id: must not contain '/'");
-    goto out;
+    return -1;
   }
-  if (b.policy) {
+  return 0;
+}
+
+/* The run's policy: the body's, or the server's default. 0, or -1 once
+ * answered. */
+static int create_policy(lg__req_t *rq, create_job_t *cj) {
+  const json_t *given = cj->w.b.policy;
+  if (!given) {
+    cj->pol = lg_policy_ref(rq->srv->default_policy);
+    cj->pjson = lg__strdup(rq->srv->default_policy_json);
+  } else {
     size_t len;
-    char *text = lg__json_text(b.policy, &len);
-    if (!text) {
-      lg__req_error(rq, 500, "internal", NULL, "out of memory");
-      goto out;
-    }
-    pol = lg_policy_parse(text, len, "policy", &e);
+    lg_error_t e = {0};
+    char *text = lg__json_text(given, &len);
+    cj->pol = text ? lg_policy_parse(text, len, "policy", &e) : NULL;
     lg__free(text);
-    if (!pol) {
+    if (!cj->pol && text && e.code != LG_ENOMEM) {
       char field[160];
       snprintf(field, sizeof field, "policy%s%s", e.field[0] ? "." : "", e.field);
-      if (e.code == LG_ENOMEM) lg__req_error(rq, 500, "internal", NULL, "out of memory");
-      else lg__req_error(rq, 400, "invalid_request", field, "%s: %s", field, e.message);
-      goto out;
+      lg__req_error(rq, 400, "invalid_request", field, "%s: %s", field, e.message);
+      return -1;
     }
-    pjson = lg_policy_to_json(pol);
-  } else {
-    pol = lg_policy_ref(srv->default_policy);
-    pjson = lg__strdup(srv->default_policy_json);
+    cj->pjson = cj->pol ? lg_policy_to_json(cj->pol) : NULL;
   }
-  if (!pjson) {
+  if (!cj->pjson) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    goto out;
+    return -1;
   }
-  run = lg_run_new(run_id, b.group, pol, b.has_progress_version ? &b.progress_version : NULL,
-                   NULL, &e);
-  if (!run) {
-    if (e.code && e.code != LG_ENOMEM) lg__req_error(rq, 400, "invalid_request", e.field, "%s", e.message);
-    else lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    goto out;
+  return 0;
+}
+
+/* The run itself, in memory. 0, or -1 once answered. */
+static int create_run(lg__req_t *rq, create_job_t *cj) {
+  const lg__body_t *b = &cj->w.b;
+  lg_error_t e = {0};
+  cj->run = lg_run_new(cj->run_id, b->group, cj->pol,
+                       b->has_progress_version ? &b->progress_version : NULL, NULL, &e);
+  if (cj->run) return 0;
+  if (e.code && e.code != LG_ENOMEM) lg__req_error(rq, 400, "invalid_request", e.field, "%s", e.message);
+  else lg__req_error(rq, 500, "internal", NULL, "out of memory");
+  return -1;
+}
+
+/* On the committer: the scopes must exist (a typo must not leave a run
+ * unguarded), then the run, its scopes and its first trace line. */
+static int create_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  create_job_t *cj = (create_job_t *)wj;
+  const lg__body_t *b = &wj->b;
+  int rc = cj->nscopes ? lg_budget_scopes_check(s, cj->scopes, cj->nscopes, err) : 0;
+  if (rc) return rc;
+  cj->checked = 1;
+  return lg__step_create(s, cj->run, cj->pjson, b->has_progress_version ? &b->progress_version : NULL,
+                         cj->scopes, cj->nscopes, wj->now_ms, &cj->same, err);
+}
+
+static void create_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  create_job_t *cj = (create_job_t *)wj;
+  if (!rc) {
+    atomic_fetch_add(&rq->srv->metrics.runs_active, 1);
+    run_created_answer(rq, cj->run_id, wj->b.group, cj->pjson, 201);
+  } else if (!cj->checked && (rc == LG_ENOTFOUND || rc == LG_EINVAL)) {
+    lg__req_error(rq, rc == LG_ENOTFOUND ? 404 : 400,
+                  rc == LG_ENOTFOUND ? "not_found" : "invalid_request", "scopes", "scopes: %s",
+                  e->message);
+  } else if (!cj->checked) {
+    store_error(rq, rc, e, "checking the scopes");
+  } else if (rc == LG_ECONFLICT && cj->same) {
+    /* Already there, from the same body: a client's retry. */
+    run_created_answer(rq, cj->run_id, wj->b.group, cj->pjson, 200);
+  } else if (rc == LG_ECONFLICT) {
+    lg__req_error(rq, 409, "conflict", "run_id",
+                  "run_id: run \"%s\" already exists with a different group, policy or "
+                  "progress_version",
+                  cj->run_id);
+  } else {
+    store_error(rq, rc, e, wj->k->doing);
   }
-  lg__worker_t *w = worker(rq);
-  if (!w) goto out;
-  /* A run may name the shared budgets its model calls reserve against;
-   * they must exist (a typo must not leave a run unguarded). */
-  const char *scopes[16];
-  size_t nscopes = b.scopes ? json_array_size(b.scopes) : 0;
-  for (size_t k = 0; k < nscopes; k++) scopes[k] = json_string_value(json_array_get(b.scopes, k));
-  if (nscopes) {
-    int src = lg_budget_scopes_check(w->store, scopes, nscopes, &e);
-    if (src == LG_ENOTFOUND) {
-      lg__req_error(rq, 404, "not_found", "scopes", "scopes: %s", e.message);
-      goto out;
-    }
-    if (src == LG_EINVAL) {
-      lg__req_error(rq, 400, "invalid_request", "scopes", "scopes: %s", e.message);
-      goto out;
-    }
-    if (src) {
-      store_error(rq, src, &e, "checking the scopes");
-      goto out;
-    }
+}
+
+static void create_clear(write_job_t *wj) {
+  create_job_t *cj = (create_job_t *)wj;
+  lg_run_free(cj->run);
+  lg_policy_free(cj->pol);
+  lg__free(cj->pjson);
+}
+
+void lg__h_run_create(lg__req_t *rq) {
+  static const write_kind_t k = {LG__B_RUN, NULL, "creating the run", create_write,
+                                 create_answer, create_clear};
+  create_job_t *cj = write_job_new(rq, sizeof *cj, &k);
+  if (!cj) return;
+  if (create_id(rq, cj) || create_policy(rq, cj) || create_run(rq, cj)) {
+    write_job_free(&cj->w);
+    return;
   }
-  int same = 0;
-  int rc = lg__step_create(w->store, run, pjson,
-                           b.has_progress_version ? &b.progress_version : NULL, scopes, nscopes,
-                           lg__server_now(srv), &same, &e);
-  if (rc == LG_ECONFLICT) {
-    /* Already there: the same body again is the same answer (a client's
-     * retry), anything else a conflict. */
-    if (same) run_created_answer(rq, run_id, b.group, pjson, 200);
-    else
-      lg__req_error(rq, 409, "conflict", "run_id",
-                    "run_id: run \"%s\" already exists with a different group, policy or "
-                    "progress_version",
-                    run_id);
-    goto out;
-  }
-  if (rc) {
-    store_error(rq, rc, &e, "creating the run");
-    goto out;
-  }
-  atomic_fetch_add(&srv->metrics.runs_active, 1);
-  run_created_answer(rq, run_id, b.group, pjson, 201);
-out:
-  lg_run_free(run);
-  lg_policy_free(pol);
-  lg__free(pjson);
-  lg__body_clear(&b);
+  cj->nscopes = body_scopes(cj->w.b.scopes, cj->scopes);
+  write_submit(rq, &cj->w);
 }
 
 /* ------------------------------------------------------------------ */
@@ -239,11 +386,7 @@ out:
 /* The stored run of the path's id, for the GET handlers: the thread's
  * worker, or NULL once the error (404, or the store's) is answered. */
 static lg__worker_t *read_run(lg__req_t *rq, lg_run_record_t *rec) {
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return NULL;
-  }
-  lg__worker_t *w = worker(rq);
+  lg__worker_t *w = id_worker(rq, "no run with that id");
   if (!w) return NULL;
   lg_error_t e = {0};
   int rc = lg_store_run_get(w->store, rq->id, rec, &e);
@@ -274,7 +417,9 @@ void lg__h_run_get(lg__req_t *rq) {
   lg__buf_printf(b, ",\"status\":\"%s\",\"terminal_reason\":", rec.stopped ? "stopped" : "active");
   jstr(b, rec.terminal_reason);
   lg__buf_printf(b, ",\"created_at\":\"%s\",\"updated_at\":\"%s\",\"counters\":", created, updated);
-  counters_json(b, &c);
+  char *cj = lg_counters_to_json(&c);
+  if (!cj || lg__buf_puts(b, cj)) b->oom = true;
+  lg__free(cj);
   lg__buf_puts(b, ",\"envelope\":");
   char *env = run ? lg_run_envelope_json(run) : NULL;
   lg__buf_puts(b, env ? env : rec.envelope_json && *rec.envelope_json ? rec.envelope_json : "null");
@@ -362,9 +507,8 @@ void lg__h_run_list(lg__req_t *rq) {
 
 /* A decision with everything it holds, on the heap while it waits. */
 typedef struct decide_job {
-  lg__job_t job;       /* first: rq->job points here */
+  write_job_t w;       /* first */
   lg__step_t st;       /* the step: its event in, its outcome out */
-  lg__body_t b;        /* the parsed body */
   char *args, *value, *world; /* compact JSON of the body's values */
   lg_prices_t *prices; /* a reference, for model and usage events */
 } decide_job_t;
@@ -397,7 +541,7 @@ static lg_value_kind_t value_kind(const json_t *v) {
 /* The body of a decision route as the event it stands for. Returns 0, or
  * -1 once an error is answered. */
 static int body_event(lg__req_t *rq, decide_job_t *dj) {
-  const lg__body_t *b = &dj->b;
+  const lg__body_t *b = &dj->w.b;
   lg_event_t *ev = &dj->st.ev;
   memset(ev, 0, sizeof *ev);
   switch (rq->route) {
@@ -512,13 +656,13 @@ static void step_error(lg__req_t *rq, const lg__step_t *st, int rc, lg_error_t *
   case LG__STEP_UNPRICED: lg__req_error(rq, 422, "unprocessable", e->field, "%s", msg); return;
   case LG__STEP_NO_RUN: lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id); return;
   case LG__STEP_IN_FLIGHT: { /* too much in flight: 429, nothing changed */
-    char *body = lg_budget_refusal_json(&st->refusal);
+    char *body = lg__http_refusal_json(&st->refusal);
     lg__metrics_budget_refusal(&rq->srv->metrics, st->refusal.limit_source);
     if (!body) {
       lg__req_error(rq, 500, "internal", NULL, "out of memory");
       return;
     }
-    rq->status = st->refusal.http_status;
+    rq->status = lg__http_refusal_status(&st->refusal);
     rq->retry_after = (int)st->refusal.retry_after_s;
     lg__buf_puts(&rq->out, body);
     lg__free(body);
@@ -528,60 +672,54 @@ static void step_error(lg__req_t *rq, const lg__step_t *st, int rc, lg_error_t *
   }
 }
 
-static void free_decide_job(decide_job_t *dj) {
+static void decide_clear(write_job_t *wj) {
+  decide_job_t *dj = (decide_job_t *)wj;
   lg__step_clear(&dj->st);
   lg_prices_free(dj->prices);
   lg__free(dj->args);
   lg__free(dj->value);
   lg__free(dj->world);
-  lg__body_clear(&dj->b);
-  lg__free(dj);
 }
 
-/* The step is done (committed or not), on the HTTP thread. */
-static void decide_finish(lg__req_t *rq) {
-  decide_job_t *dj = (decide_job_t *)rq->job;
-  rq->job = NULL;
-  lg__step_t *st = &dj->st;
-  int rc = lg__step_finish(st, dj->job.rc, &dj->job.err);
-  if (!rc) {
-    rq->status = 200;
-    lg__buf_t tmp = rq->out;
-    rq->out = st->answer;
-    st->answer = tmp;
-    note_step(rq->srv, st);
-  } else {
-    step_error(rq, st, rc, &dj->job.err, "deciding");
+/* On the committer: the step, under the run's lock. */
+static int decide_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  decide_job_t *dj = (decide_job_t *)wj;
+  dj->st.canon = wj->canon;
+  return lg_store_with_run(s, wj->id, lg__step_locked, &dj->st, err);
+}
+
+static void decide_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  lg__step_t *st = &((decide_job_t *)wj)->st;
+  rc = lg__step_finish(st, rc, e);
+  if (rc) {
+    step_error(rq, st, rc, e, wj->k->doing);
+    return;
   }
-  free_decide_job(dj);
+  rq->status = 200;
+  lg__buf_t tmp = rq->out;
+  rq->out = st->answer;
+  st->answer = tmp;
+  note_step(rq->srv, st);
 }
 
 void lg__h_decide(lg__req_t *rq) {
-  static const lg__body_kind_t kinds[LG__RT__COUNT] = {
-      [LG__RT_CALLS] = LG__B_CALL, [LG__RT_RESULTS] = LG__B_RESULT,
-      [LG__RT_STATE] = LG__B_STATE, [LG__RT_HANDOFFS] = LG__B_HANDOFF,
-      [LG__RT_MODEL] = LG__B_MODEL, [LG__RT_USAGE] = LG__B_USAGE,
-      [LG__RT_TEXT] = LG__B_TEXT, [LG__RT_USER] = LG__B_USER,
-      [LG__RT_COMPACTION] = LG__B_COMPACTION, [LG__RT_RESUME] = LG__B_RESUME};
+#define LG__DECIDE(rt, body)                                                                       \
+  [LG__RT_##rt] = {LG__B_##body, "no run with that id", "deciding", decide_write, decide_answer,   \
+                   decide_clear}
+  static const write_kind_t kinds[LG__RT__COUNT] = {
+      LG__DECIDE(CALLS, CALL),       LG__DECIDE(RESULTS, RESULT), LG__DECIDE(STATE, STATE),
+      LG__DECIDE(HANDOFFS, HANDOFF), LG__DECIDE(MODEL, MODEL),    LG__DECIDE(USAGE, USAGE),
+      LG__DECIDE(TEXT, TEXT),        LG__DECIDE(USER, USER),      LG__DECIDE(COMPACTION, COMPACTION),
+      LG__DECIDE(RESUME, RESUME)};
+#undef LG__DECIDE
   lg_server_t *srv = rq->srv;
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return;
-  }
-  decide_job_t *dj = lg__calloc(1, sizeof *dj);
-  if (!dj) {
-    lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  if (parse(rq, kinds[rq->route], &dj->b)) {
-    free_decide_job(dj);
-    return;
-  }
-  lg__step_init(&dj->st, NULL, lg__server_now(srv));
+  decide_job_t *dj = write_job_new(rq, sizeof *dj, &kinds[rq->route]);
+  if (!dj) return;
+  lg__step_init(&dj->st, NULL, dj->w.now_ms);
   int brc = body_event(rq, dj);
   if (brc) {
     if (brc == -2) lg__req_error(rq, 500, "internal", NULL, "out of memory");
-    free_decide_job(dj);
+    write_job_free(&dj->w);
     return;
   }
   lg__step_t *st = &dj->st;
@@ -589,113 +727,133 @@ void lg__h_decide(lg__req_t *rq) {
   st->policy_ud = srv;
   if (rq->route == LG__RT_MODEL || rq->route == LG__RT_USAGE)
     st->prices = dj->prices = lg_price_book_get(srv->prices);
-  dj->job.run_id = rq->id;
-  dj->job.fn = lg__step_locked;
-  dj->job.ud = st;
-  rq->job = &dj->job;
-  if (srv->batcher) { /* group commit: the HTTP layer parks the request */
-    st->canon = lg__batcher_canon(srv->batcher);
-    rq->finish = decide_finish;
-    return;
-  }
-  lg__worker_t *w = worker(rq);
-  if (!w) {
-    rq->job = NULL;
-    free_decide_job(dj);
-    return;
-  }
-  st->canon = w->canon;
-  dj->job.rc = lg_store_with_run(w->store, rq->id, lg__step_locked, st, &dj->job.err);
-  decide_finish(rq);
+  write_submit(rq, &dj->w);
 }
 
 /* ------------------------------------------------------------------ */
 /* The kill switch.                                                    */
 
-void lg__h_run_cancel(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return;
-  }
-  lg__body_t b;
-  if (parse(rq, LG__B_CANCEL, &b)) return;
-  lg__worker_t *w = worker(rq);
-  if (!w) {
-    lg__body_clear(&b);
-    return;
-  }
-  lg__step_t st;
-  lg_error_t e = {0};
-  int rc = lg__step_cancel(w->store, rq->id, b.reason, lg__server_now(srv), &st, &e);
+/* A run's cancel. */
+typedef struct cancel_job {
+  write_job_t w;  /* first */
+  lg__step_t st;  /* the cancel's step */
+} cancel_job_t;
+
+static int cancel_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  return lg__step_cancel(s, wj->id, wj->b.reason, wj->now_ms, &((cancel_job_t *)wj)->st, err);
+}
+
+static void cancel_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  lg__step_t *st = &((cancel_job_t *)wj)->st;
   if (rc) {
-    step_error(rq, &st, rc, &e, "cancelling");
-  } else {
-    note_step(srv, &st);
-    lg__buf_puts(&rq->out, "{\"run_id\":");
-    jstr(&rq->out, rq->id);
-    lg__buf_printf(&rq->out, ",\"status\":\"stopped\",\"cancelled\":%s,\"envelope\":%s}",
-                   st.was_stopped ? "false" : "true", st.envelope ? st.envelope : "null");
-    rq->status = 200;
+    step_error(rq, st, rc, e, wj->k->doing);
+    return;
   }
-  lg__step_clear(&st);
-  lg__body_clear(&b);
+  note_step(rq->srv, st);
+  lg__buf_puts(&rq->out, "{\"run_id\":");
+  jstr(&rq->out, wj->id);
+  lg__buf_printf(&rq->out, ",\"status\":\"stopped\",\"cancelled\":%s,\"envelope\":%s}",
+                 st->was_stopped ? "false" : "true", st->envelope ? st->envelope : "null");
+  rq->status = 200;
 }
 
-typedef struct group_ctx {
-  lg__req_t *rq;
-  int n; /* runs listed */
-} group_ctx_t;
+static void cancel_clear(write_job_t *wj) { lg__step_clear(&((cancel_job_t *)wj)->st); }
 
+void lg__h_run_cancel(lg__req_t *rq) {
+  static const write_kind_t k = {LG__B_CANCEL, "no run with that id", "cancelling",
+                                 cancel_write, cancel_answer, cancel_clear};
+  cancel_job_t *cj = write_job_new(rq, sizeof *cj, &k);
+  if (cj) write_submit(rq, &cj->w);
+}
+
+/* A group's cancel: the runs it stopped, with their steps' outcomes for
+ * the metrics and the log (noted once stored). */
+typedef struct group_job {
+  write_job_t w;      /* first */
+  lg__step_t *steps;  /* of the runs stopped (only stop_log kept) */
+  char **ids;         /* their ids (new) */
+  size_t n, cap;      /* how many; room */
+  int oom;            /* a run stopped could not be kept */
+} group_job_t;
+
+/* On the committer, for each run stopped: keeps its id and outcome. */
 static void group_run_cancelled(void *ud, const char *run_id, lg__step_t *st) {
-  group_ctx_t *g = ud;
-  note_step(g->rq->srv, st);
-  if (g->n++) lg__buf_putc(&g->rq->out, ',');
-  jstr(&g->rq->out, run_id);
+  group_job_t *g = ud;
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? g->cap * 2 : 8;
+    lg__step_t *steps = lg__realloc(g->steps, cap * sizeof *steps);
+    if (steps) g->steps = steps;
+    char **ids = steps ? lg__realloc(g->ids, cap * sizeof *ids) : NULL;
+    if (ids) g->ids = ids;
+    if (!ids) {
+      g->oom = 1;
+      return;
+    }
+    g->cap = cap;
+  }
+  if (!(g->ids[g->n] = lg__strdup(run_id))) {
+    g->oom = 1;
+    return;
+  }
+  lg__step_t *kept = &g->steps[g->n++];
+  *kept = *st; /* its stop_log moves here; the rest stays the step's */
+  memset(&kept->answer, 0, sizeof kept->answer);
+  kept->envelope = NULL;
+  memset(&st->stop_log, 0, sizeof st->stop_log);
 }
 
-void lg__h_group_cancel(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no group with that name");
-    return;
-  }
-  lg__body_t b;
-  if (parse(rq, LG__B_CANCEL, &b)) return;
-  lg__worker_t *w = worker(rq);
-  if (!w) {
-    lg__body_clear(&b);
-    return;
-  }
-  lg_error_t e = {0};
-  group_ctx_t g = {rq, 0};
-  lg__buf_puts(&rq->out, "{\"group\":");
-  jstr(&rq->out, rq->id);
-  lg__buf_puts(&rq->out, ",\"cancelled\":[");
+static int group_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
   /* The group's deny rule first, durable on its own: every worker of
    * every replica checks it before its next decision, and it holds for
    * runs of the group that do not exist yet. */
-  int rc = lg__step_cancel_group(w->store, rq->id, b.reason, lg__server_now(srv),
-                                 group_run_cancelled, &g, &e);
-  lg__buf_puts(&rq->out, "]}");
+  return lg__step_cancel_group(s, wj->id, wj->b.reason, wj->now_ms, group_run_cancelled, wj, err);
+}
+
+static void group_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  group_job_t *g = (group_job_t *)wj;
+  for (size_t i = 0; i < g->n; i++) note_step(rq->srv, &g->steps[i]); /* stored */
   if (rc) {
-    rq->out.len = 0;
-    store_error(rq, rc, &e, "cancelling the group's runs");
-  } else {
-    rq->status = 200;
+    store_error(rq, rc, e, wj->k->doing);
+    return;
   }
-  lg__body_clear(&b);
+  if (g->oom) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory listing the runs cancelled");
+    return;
+  }
+  lg__buf_puts(&rq->out, "{\"group\":");
+  jstr(&rq->out, wj->id);
+  lg__buf_puts(&rq->out, ",\"cancelled\":[");
+  for (size_t i = 0; i < g->n; i++) {
+    if (i) lg__buf_putc(&rq->out, ',');
+    jstr(&rq->out, g->ids[i]);
+  }
+  lg__buf_puts(&rq->out, "]}");
+  rq->status = 200;
+}
+
+static void group_clear(write_job_t *wj) {
+  group_job_t *g = (group_job_t *)wj;
+  for (size_t i = 0; i < g->n; i++) {
+    lg__step_clear(&g->steps[i]);
+    lg__free(g->ids[i]);
+  }
+  lg__free(g->steps);
+  lg__free(g->ids);
+}
+
+void lg__h_group_cancel(lg__req_t *rq) {
+  static const write_kind_t k = {LG__B_CANCEL, "no group with that name",
+                                 "cancelling the group's runs", group_write, group_answer,
+                                 group_clear};
+  group_job_t *g = write_job_new(rq, sizeof *g, &k);
+  if (g) write_submit(rq, &g->w);
 }
 
 /* ------------------------------------------------------------------ */
 /* Traces.                                                             */
 
 void lg__h_trace(lg__req_t *rq) {
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no run with that id");
-    return;
-  }
-  lg__worker_t *w = worker(rq);
+  lg__worker_t *w = id_worker(rq, "no run with that id");
   if (!w) return;
   lg_error_t e = {0};
   char *text = NULL;
@@ -715,99 +873,98 @@ void lg__h_trace(lg__req_t *rq) {
 /* ------------------------------------------------------------------ */
 /* Operations (the idempotency ledger).                                */
 
-/* Answers with the operation of `key` as it is now. No row is 404 for a
- * GET; after a commit or fail (missing_is_free) it is a key that a
- * retryable failure freed. */
-static void op_answer(lg__req_t *rq, lg_store_t *s, const char *key, int missing_is_free) {
-  lg_operation_t op;
-  memset(&op, 0, sizeof op);
-  lg_error_t e = {0};
-  int rc = lg_store_operation(s, key, lg__server_now(rq->srv), &op, &e);
+/* Answers with the operation of `key` as it was read (rc, op, e). No row
+ * is 404 for a GET; after a commit or fail (missing_is_free) it is a key
+ * that a retryable failure freed. */
+static void op_reply(lg__req_t *rq, const char *key, int rc, const lg_operation_t *op,
+                     const lg_error_t *e, int missing_is_free) {
   if (rc == LG_ENOTFOUND && !missing_is_free) {
     lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", key);
-    return;
-  }
-  if (rc == LG_ENOTFOUND) {
+  } else if (rc == LG_ENOTFOUND) {
     lg__buf_puts(&rq->out, "{\"key\":");
     jstr(&rq->out, key);
     lg__buf_puts(&rq->out, ",\"state\":\"free\"}");
     rq->status = 200;
-    return;
+  } else if (rc) {
+    store_error(rq, rc, e, "reading the operation");
+  } else {
+    answer_text(rq, lg_operation_to_json(op), 200);
   }
-  if (rc) {
-    store_error(rq, rc, &e, "reading the operation");
-    return;
-  }
-  char *j = lg_operation_to_json(&op);
-  lg_operation_clear(&op);
-  answer_text(rq, j, 200);
 }
 
-void lg__h_op_claim(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  lg__body_t b;
-  if (parse(rq, LG__B_CLAIM, &b)) return;
-  if (strlen(b.request_fp) > 256) {
-    lg__req_error(rq, 400, "invalid_request", "request_fingerprint",
-                  "request_fingerprint: longer than 256 bytes");
-    lg__body_clear(&b);
-    return;
-  }
-  lg__worker_t *w = worker(rq);
-  if (!w) {
-    lg__body_clear(&b);
-    return;
-  }
-  lg_claim_t cl;
-  memset(&cl, 0, sizeof cl);
-  lg_error_t e = {0};
-  int rc = lg_store_claim(w->store, b.key, b.request_fp, b.run_id, b.lease_ms > 0 ? b.lease_ms : 0,
-                          lg__server_now(srv), &cl, &e);
+/* A claim. */
+typedef struct claim_job {
+  write_job_t w;  /* first */
+  lg_claim_t cl;  /* its outcome */
+} claim_job_t;
+
+static int claim_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  const lg__body_t *b = &wj->b;
+  return lg_store_claim(s, b->key, b->request_fp, b->run_id, b->lease_ms > 0 ? b->lease_ms : 0,
+                        wj->now_ms, &((claim_job_t *)wj)->cl, err);
+}
+
+static void claim_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  const lg_claim_t *cl = &((claim_job_t *)wj)->cl;
+  const char *key = wj->b.key;
   if (rc) {
-    store_error(rq, rc, &e, "claiming");
-    lg__body_clear(&b);
+    store_error(rq, rc, e, wj->k->doing);
     return;
   }
-  lg__metrics_ledger(&srv->metrics, cl.outcome);
+  lg__metrics_ledger(&rq->srv->metrics, cl->outcome);
   lg__buf_t *o = &rq->out;
-  switch (cl.outcome) {
+  switch (cl->outcome) {
   case LG_CLAIM_CLAIMED:
     rq->status = 201;
     lg__buf_puts(o, "{\"outcome\":\"claimed\",\"key\":");
-    jstr(o, b.key);
+    jstr(o, key);
     /* What commit and fail must present: the claimant's proof. */
     lg__buf_puts(o, ",\"claim_token\":");
-    jstr(o, cl.claim_token);
+    jstr(o, cl->claim_token);
     lg__buf_putc(o, '}');
     break;
   case LG_CLAIM_REPLAY:
     rq->status = 200;
     lg__buf_puts(o, "{\"outcome\":\"replay\",\"key\":");
-    jstr(o, b.key);
-    lg__buf_printf(o, ",\"failed\":%s,\"result\":", cl.failed ? "true" : "false");
-    if (cl.result && cl.result_len) lg__buf_append(o, cl.result, cl.result_len);
+    jstr(o, key);
+    lg__buf_printf(o, ",\"failed\":%s,\"result\":", cl->failed ? "true" : "false");
+    if (cl->result && cl->result_len) lg__buf_append(o, cl->result, cl->result_len);
     else lg__buf_puts(o, "null");
     lg__buf_putc(o, '}');
     break;
   default: {
-    int status = cl.outcome == LG_CLAIM_MISMATCH ? 422 : 409;
+    int status = cl->outcome == LG_CLAIM_MISMATCH ? 422 : 409;
     const char *type = status == 422 ? "unprocessable" : "conflict";
     const char *msg =
-        cl.outcome == LG_CLAIM_MISMATCH
+        cl->outcome == LG_CLAIM_MISMATCH
             ? "the key is held for a different request fingerprint"
-        : cl.outcome == LG_CLAIM_IN_PROGRESS
+        : cl->outcome == LG_CLAIM_IN_PROGRESS
             ? "another worker holds this key and has not reported an outcome yet"
             : "a claim of this key ran out of its lease with no outcome: reconcile it (commit or "
               "fail) before anyone runs it again";
     rq->status = status;
-    lg__buf_printf(o, "{\"outcome\":\"%s\",\"key\":", lg_claim_outcome_name(cl.outcome));
-    jstr(o, b.key);
+    lg__buf_printf(o, "{\"outcome\":\"%s\",\"key\":", lg_claim_outcome_name(cl->outcome));
+    jstr(o, key);
     lg__buf_printf(o, ",\"error\":{\"code\":%d,\"type\":\"%s\",\"message\":\"%s\"}}", status, type,
                    msg);
   }
   }
-  lg_claim_clear(&cl);
-  lg__body_clear(&b);
+}
+
+static void claim_clear(write_job_t *wj) { lg_claim_clear(&((claim_job_t *)wj)->cl); }
+
+void lg__h_op_claim(lg__req_t *rq) {
+  static const write_kind_t k = {LG__B_CLAIM, NULL, "claiming", claim_write, claim_answer,
+                                 claim_clear};
+  claim_job_t *cj = write_job_new(rq, sizeof *cj, &k);
+  if (!cj) return;
+  if (strlen(cj->w.b.request_fp) > 256) {
+    lg__req_error(rq, 400, "invalid_request", "request_fingerprint",
+                  "request_fingerprint: longer than 256 bytes");
+    write_job_free(&cj->w);
+    return;
+  }
+  write_submit(rq, &cj->w);
 }
 
 /* Who settles a key over HTTP (docs/security.md, "Who may undo what"): an
@@ -830,67 +987,81 @@ static void op_actor(lg__req_t *rq, const char *claim_token, lg_op_actor_t *as) 
   }
 }
 
-/* The answer of a commit or fail refused: 403 with who may. */
-static void op_refused(lg__req_t *rq, const lg_error_t *e) {
-  lg__req_error(rq, 403, "forbidden", e->field[0] ? e->field : NULL, "%s", e->message);
+/* A key's commit or fail, and the operation as it is after it. */
+typedef struct settle_job {
+  write_job_t w;       /* first */
+  lg_op_actor_t as;    /* who settles */
+  char *result;        /* commit: the result's JSON text */
+  size_t result_len;
+  int op_rc;           /* the operation read after the write: 0 or its error */
+  lg_operation_t op;
+  lg_error_t op_err;
+} settle_job_t;
+
+static int commit_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  settle_job_t *sj = (settle_job_t *)wj;
+  int rc = lg_store_commit_as(s, wj->id, sj->result, sj->result_len, wj->b.operation_id, &sj->as,
+                              wj->now_ms, err);
+  if (!rc) sj->op_rc = lg_store_operation(s, wj->id, wj->now_ms, &sj->op, &sj->op_err);
+  return rc;
+}
+
+static int fail_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  settle_job_t *sj = (settle_job_t *)wj;
+  int rc = lg_store_fail_as(s, wj->id, wj->b.retryable, &sj->as, wj->now_ms, err);
+  if (!rc) sj->op_rc = lg_store_operation(s, wj->id, wj->now_ms, &sj->op, &sj->op_err);
+  return rc;
+}
+
+static void settle_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  settle_job_t *sj = (settle_job_t *)wj;
+  if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", wj->id);
+  else if (rc == LG_EPERM) /* 403 with who may */
+    lg__req_error(rq, 403, "forbidden", e->field[0] ? e->field : NULL, "%s", e->message);
+  else if (rc) store_error(rq, rc, e, wj->k->doing);
+  else op_reply(rq, wj->id, sj->op_rc, &sj->op, &sj->op_err, 1);
+}
+
+static void settle_clear(write_job_t *wj) {
+  settle_job_t *sj = (settle_job_t *)wj;
+  lg__free(sj->result);
+  lg_operation_clear(&sj->op);
+}
+
+/* The commit or fail of the path's key (k says which). */
+static void settle_key(lg__req_t *rq, const write_kind_t *k) {
+  settle_job_t *sj = write_job_new(rq, sizeof *sj, k);
+  if (!sj) return;
+  op_actor(rq, sj->w.b.claim_token, &sj->as);
+  if (sj->w.b.result && !(sj->result = lg__json_text(sj->w.b.result, &sj->result_len))) {
+    lg__req_error(rq, 500, "internal", NULL, "out of memory");
+    write_job_free(&sj->w);
+    return;
+  }
+  write_submit(rq, &sj->w);
 }
 
 void lg__h_op_commit(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no operation with that key");
-    return;
-  }
-  lg__body_t b;
-  if (parse(rq, LG__B_COMMIT, &b)) return;
-  size_t len = 0;
-  char *text = lg__json_text(b.result, &len);
-  lg__worker_t *w = text ? worker(rq) : NULL;
-  if (!text) lg__req_error(rq, 500, "internal", NULL, "out of memory");
-  if (w) {
-    lg_error_t e = {0};
-    lg_op_actor_t as;
-    op_actor(rq, b.claim_token, &as);
-    int rc = lg_store_commit_as(w->store, rq->id, text, len, b.operation_id, &as,
-                                lg__server_now(srv), &e);
-    if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
-    else if (rc == LG_EPERM) op_refused(rq, &e);
-    else if (rc) store_error(rq, rc, &e, "committing");
-    else op_answer(rq, w->store, rq->id, 1);
-  }
-  lg__free(text);
-  lg__body_clear(&b);
+  static const write_kind_t k = {LG__B_COMMIT, "no operation with that key", "committing",
+                                 commit_write, settle_answer, settle_clear};
+  settle_key(rq, &k);
 }
 
 void lg__h_op_fail(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no operation with that key");
-    return;
-  }
-  lg__body_t b;
-  if (parse(rq, LG__B_FAIL, &b)) return;
-  lg__worker_t *w = worker(rq);
-  if (w) {
-    lg_error_t e = {0};
-    lg_op_actor_t as;
-    op_actor(rq, b.claim_token, &as);
-    int rc = lg_store_fail_as(w->store, rq->id, b.retryable, &as, lg__server_now(srv), &e);
-    if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", rq->id);
-    else if (rc == LG_EPERM) op_refused(rq, &e);
-    else if (rc) store_error(rq, rc, &e, "failing");
-    else op_answer(rq, w->store, rq->id, 1);
-  }
-  lg__body_clear(&b);
+  static const write_kind_t k = {LG__B_FAIL, "no operation with that key", "failing", fail_write,
+                                 settle_answer, settle_clear};
+  settle_key(rq, &k);
 }
 
 void lg__h_op_get(lg__req_t *rq) {
-  if (!valid_id(rq->id)) {
-    lg__req_error(rq, 404, "not_found", NULL, "no operation with that key");
-    return;
-  }
-  lg__worker_t *w = worker(rq);
-  if (w) op_answer(rq, w->store, rq->id, 0);
+  lg__worker_t *w = id_worker(rq, "no operation with that key");
+  if (!w) return;
+  lg_operation_t op;
+  memset(&op, 0, sizeof op);
+  lg_error_t e = {0};
+  int rc = lg_store_operation(w->store, rq->id, lg__server_now(rq->srv), &op, &e);
+  op_reply(rq, rq->id, rc, &op, &e, 0);
+  lg_operation_clear(&op);
 }
 
 /* ------------------------------------------------------------------ */
@@ -910,97 +1081,137 @@ static void budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing
   else store_error(rq, rc, e, doing);
 }
 
-static void budget_put_get(lg__req_t *rq, lg__worker_t *w, bool put) {
-  lg_server_t *srv = rq->srv;
+static void budget_get(lg__req_t *rq) {
+  lg__worker_t *w = worker(rq);
+  if (!w) return;
   lg_error_t e = {0};
   lg_budget_t bud;
-  int rc;
-  if (put) {
-    lg__body_t b;
-    if (parse(rq, LG__B_BUDGET_SET, &b)) return;
-    int64_t limit = 0, cap = -1;
-    lg_budget_period_t period;
-    rc = lg_budget_usd_to_micro(b.limit_usd, &limit, "limit_usd", &e);
-    if (!rc && b.has_max_in_flight) rc = lg_budget_usd_to_micro(b.max_in_flight_usd, &cap, "max_in_flight_usd", &e);
-    if (!rc) rc = lg_budget_period_parse(b.period, &period, &e);
-    if (!rc) rc = lg_budget_set(w->store, rq->id, limit, period, cap, lg__server_now(srv), &bud, &e);
-    lg__body_clear(&b);
-  } else {
-    rc = lg_budget_get(w->store, rq->id, lg__server_now(srv), &bud, &e);
-  }
-  if (rc) {
-    budget_error(rq, rc, &e, put ? "setting the budget" : "reading the budget");
-    return;
-  }
-  answer_text(rq, lg_budget_to_json(&bud), 200);
+  int rc = lg_budget_get(w->store, rq->id, lg__server_now(rq->srv), &bud, &e);
+  if (rc) budget_error(rq, rc, &e, "reading the budget");
+  else answer_text(rq, lg_budget_to_json(&bud), 200);
 }
 
-static void budget_reserve(lg__req_t *rq, lg__worker_t *w) {
-  lg_server_t *srv = rq->srv;
-  lg__body_t b;
-  if (parse(rq, LG__B_RESERVE, &b)) return;
-  lg_error_t e = {0};
-  const char *scopes[16];
-  size_t n = json_array_size(b.scopes);
-  for (size_t k = 0; k < n; k++) scopes[k] = json_string_value(json_array_get(b.scopes, k));
-  int64_t amount = 0;
-  int rc = lg_budget_usd_to_micro(b.amount_usd, &amount, "amount_usd", &e);
-  lg_budget_reservation_t res;
-  lg_budget_refusal_t why;
-  memset(&why, 0, sizeof why);
-  if (!rc) {
-    lg_budget_request_t req = {scopes, n, amount, b.ttl_ms > 0 ? b.ttl_ms : 0, NULL, 0, NULL};
-    rc = lg_budget_reserve(w->store, &req, lg__server_now(srv), &res, &why, &e);
-  }
-  lg__body_clear(&b);
+/* A budget's change, reservation or settlement. */
+typedef struct budget_job {
+  write_job_t w;              /* first */
+  int64_t micro;              /* set: the limit; reserve: the amount;
+                                 settle: the actual cost (micro-USD) */
+  int64_t cap;                /* set: max_in_flight, -1 none */
+  lg_budget_period_t period;  /* set */
+  const char *scopes[LG_BUDGET_MAX_SCOPES]; /* reserve (the body's) */
+  size_t nscopes;
+  int bounded;                /* settle: at most the reservation (an agent's) */
+  lg_budget_t bud;            /* set: the budget after it */
+  lg_budget_reservation_t res;   /* reserve */
+  lg_budget_refusal_t why;       /* reserve refused */
+  lg_budget_settlement_t settled; /* settle */
+} budget_job_t;
+
+static int budget_set_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  budget_job_t *bj = (budget_job_t *)wj;
+  return lg_budget_set(s, wj->id, bj->micro, bj->period, bj->cap, wj->now_ms, &bj->bud, err);
+}
+
+static void budget_set_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  if (rc) budget_error(rq, rc, e, wj->k->doing);
+  else answer_text(rq, lg_budget_to_json(&((budget_job_t *)wj)->bud), 200);
+}
+
+static int reserve_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  budget_job_t *bj = (budget_job_t *)wj;
+  lg_budget_request_t req = {bj->scopes, bj->nscopes, bj->micro,
+                             wj->b.ttl_ms > 0 ? wj->b.ttl_ms : 0, NULL, 0, NULL};
+  return lg_budget_reserve(s, &req, wj->now_ms, &bj->res, &bj->why, err);
+}
+
+static void reserve_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  budget_job_t *bj = (budget_job_t *)wj;
   if (rc == LG_BUDGET_REFUSED) {
-    lg__metrics_budget_refusal(&srv->metrics, why.limit_source);
-    if (why.http_status == 429) rq->retry_after = (int)(why.retry_after_s > 0 ? why.retry_after_s : 1);
-    answer_text(rq, lg_budget_refusal_json(&why), why.http_status);
+    lg__metrics_budget_refusal(&rq->srv->metrics, bj->why.limit_source);
+    if (bj->why.retry_after_s > 0) rq->retry_after = (int)bj->why.retry_after_s;
+    answer_text(rq, lg__http_refusal_json(&bj->why), lg__http_refusal_status(&bj->why));
   } else if (rc) {
-    budget_error(rq, rc, &e, "reserving");
+    budget_error(rq, rc, e, wj->k->doing);
   } else {
-    answer_text(rq, lg_budget_reservation_json(&res), 201);
+    answer_text(rq, lg__budget_reservation_json(&bj->res), 201);
   }
 }
 
-static void budget_settle(lg__req_t *rq, lg__worker_t *w) {
-  lg_server_t *srv = rq->srv;
-  lg__body_t b;
-  if (parse(rq, LG__B_SETTLE, &b)) return;
+static int settle_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
+  budget_job_t *bj = (budget_job_t *)wj;
+  const char *id = wj->b.reservation_id;
+  return bj->bounded ? lg_budget_settle_bounded(s, id, bj->micro, wj->now_ms, &bj->settled, err)
+                     : lg_budget_settle(s, id, bj->micro, wj->now_ms, &bj->settled, err);
+}
+
+static void settle_budget_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
+  if (rc) budget_error(rq, rc, e, wj->k->doing);
+  else answer_text(rq, lg__budget_settlement_json(&((budget_job_t *)wj)->settled), 200);
+}
+
+static void budget_clear(write_job_t *wj) {
+  lg_budget_settlement_clear(&((budget_job_t *)wj)->settled);
+}
+
+/* The job of a budget write, its amounts checked (pure: before it is
+ * handed over); NULL once an error is answered. */
+static budget_job_t *budget_job(lg__req_t *rq, const write_kind_t *k) {
+  budget_job_t *bj = write_job_new(rq, sizeof *bj, k);
+  if (!bj) return NULL;
+  const lg__body_t *b = &bj->w.b;
   lg_error_t e = {0};
-  int64_t actual = 0;
-  lg_budget_settlement_t st;
-  memset(&st, 0, sizeof st);
-  int rc = lg_budget_usd_to_micro(b.actual_usd, &actual, "actual_usd", &e);
-  /* Only an operator's settlement charges above the reservation (the
-   * router let agents in): an agent's is bounded, and says so. */
-  lg__role_t role = srv->auth.n ? lg__auth_role(&srv->auth, MHD_lookup_connection_value(
-                                                   rq->conn, MHD_HEADER_KIND, "Authorization"))
-                                : LG__ROLE_OPERATOR;
-  if (!rc && role == LG__ROLE_OPERATOR)
-    rc = lg_budget_settle(w->store, b.reservation_id, actual, lg__server_now(srv), &st, &e);
-  else if (!rc)
-    rc = lg_budget_settle_bounded(w->store, b.reservation_id, actual, lg__server_now(srv), &st,
-                                  &e);
-  lg__body_clear(&b);
-  if (rc) {
-    budget_error(rq, rc, &e, "settling");
-    return;
+  int rc = 0;
+  bj->cap = -1;
+  switch (k->body) {
+  case LG__B_BUDGET_SET:
+    rc = lg_budget_usd_to_micro(b->limit_usd, &bj->micro, "limit_usd", &e);
+    if (!rc && b->has_max_in_flight)
+      rc = lg_budget_usd_to_micro(b->max_in_flight_usd, &bj->cap, "max_in_flight_usd", &e);
+    if (!rc) rc = lg_budget_period_parse(b->period, &bj->period, &e);
+    break;
+  case LG__B_RESERVE:
+    bj->nscopes = body_scopes(b->scopes, bj->scopes);
+    rc = lg_budget_usd_to_micro(b->amount_usd, &bj->micro, "amount_usd", &e);
+    break;
+  default: {
+    rc = lg_budget_usd_to_micro(b->actual_usd, &bj->micro, "actual_usd", &e);
+    /* Only an operator's settlement charges above the reservation (the
+     * router let agents in): an agent's is bounded, and says so. */
+    lg_server_t *srv = rq->srv;
+    bj->bounded = srv->auth.n && lg__auth_role(&srv->auth, MHD_lookup_connection_value(
+                                                   rq->conn, MHD_HEADER_KIND, "Authorization")) !=
+                                     LG__ROLE_OPERATOR;
   }
-  char *j = lg_budget_settlement_json(&st);
-  lg_budget_settlement_clear(&st);
-  answer_text(rq, j, 200);
+  }
+  if (rc) {
+    budget_error(rq, rc, &e, k->doing);
+    write_job_free(&bj->w);
+    return NULL;
+  }
+  return bj;
 }
 
 void lg__h_budgets(lg__req_t *rq) {
-  lg__worker_t *w = worker(rq);
-  if (!w) return;
-  if (!strcmp(rq->method, "PUT")) budget_put_get(rq, w, true);
-  else if (!strcmp(rq->method, "GET")) budget_put_get(rq, w, false);
-  else if (!strcmp(rq->id, "reserve")) budget_reserve(rq, w);
-  else if (!strcmp(rq->id, "settle")) budget_settle(rq, w);
-  else lg__req_error(rq, 404, "not_found", NULL, "POST /v1/budgets/%s: use reserve or settle", rq->id);
+  static const write_kind_t set = {LG__B_BUDGET_SET, NULL, "setting the budget",
+                                   budget_set_write, budget_set_answer, budget_clear},
+                            reserve = {LG__B_RESERVE, NULL, "reserving", reserve_write,
+                                       reserve_answer, budget_clear},
+                            settle = {LG__B_SETTLE, NULL, "settling", settle_write,
+                                      settle_budget_answer, budget_clear};
+  const write_kind_t *k = NULL;
+  if (!strcmp(rq->method, "GET")) {
+    budget_get(rq);
+    return;
+  }
+  if (!strcmp(rq->method, "PUT")) k = &set;
+  else if (!strcmp(rq->id, "reserve")) k = &reserve;
+  else if (!strcmp(rq->id, "settle")) k = &settle;
+  if (!k) {
+    lg__req_error(rq, 404, "not_found", NULL, "POST /v1/budgets/%s: use reserve or settle", rq->id);
+    return;
+  }
+  budget_job_t *bj = budget_job(rq, k);
+  if (bj) write_submit(rq, &bj->w);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1054,7 +1265,8 @@ void lg__h_metrics(lg__req_t *rq) {
                    "# HELP loopguard_commit_batches_total Transactions of the group commit.\n"
                    "# TYPE loopguard_commit_batches_total counter\n"
                    "loopguard_commit_batches_total %llu\n"
-                   "# HELP loopguard_commit_decisions_total Decisions made in those transactions.\n"
+                   "# HELP loopguard_commit_decisions_total Decisions and other writes made in those "
+                   "transactions.\n"
                    "# TYPE loopguard_commit_decisions_total counter\n"
                    "loopguard_commit_decisions_total %llu\n",
                    (unsigned long long)batches, (unsigned long long)jobs);

@@ -10,15 +10,24 @@
  * thread: the thread parks its request (libmicrohttpd suspends the
  * connection and goes on serving others) and hands a job to the committer
  * thread here, which takes every job waiting, opens one transaction, runs
- * each job through lg_store_with_run() — a savepoint per decision, so a
- * decision that fails is undone alone — commits once, and only then marks
- * the jobs done and wakes their connections. Nothing is answered before
- * the commit that stores it, so the durability contract is the same as
- * one transaction per decision; only the cost of the commit is shared.
+ * each job — a decision through lg_store_with_run(), a savepoint per
+ * decision, so a decision that fails is undone alone — commits once, and
+ * only then marks the jobs done and wakes their connections. Nothing is
+ * answered before the commit that stores it, so the durability contract
+ * is the same as one transaction per decision; only the cost of the
+ * commit is shared.
+ *
+ * Every other write of the server (a run's creation, a cancel, a ledger
+ * claim, commit or fail, a budget's change, reservation or settlement) is
+ * a job too, a write function called with the committer's handle inside
+ * the batch's transaction. So no HTTP thread ever waits for the
+ * database's write lock — another process may hold it for the whole busy
+ * timeout — and the reads an HTTP thread makes go to the store's reader
+ * (lg__store_read_begin) while the committer holds the handle.
  *
  * The committer holds the store handle's lock for the whole batch, so no
- * other thread's call on the shared handle (a ledger claim, a run being
- * created) can fall inside a batch's transaction.
+ * other thread's call on the shared handle can fall inside a batch's
+ * transaction.
  *
  * PostgreSQL does not go through here: its row locks let decisions for
  * different runs proceed in parallel on per-thread connections, and a
@@ -45,6 +54,12 @@ struct lg__batcher {
   _Atomic uint64_t batches, jobs; /* for tests and benchmarks */
 };
 
+void lg__job_run(lg_store_t *s, lg__job_t *j) {
+  memset(&j->err, 0, sizeof j->err);
+  j->rc = j->run_id ? lg_store_with_run(s, j->run_id, j->fn, j->ud, &j->err)
+                    : j->write(j->ud, s, &j->err);
+}
+
 static void run_batch(lg__batcher_t *b, lg__job_t *first) {
   lg_store_t *s = b->s;
   lg_error_t e;
@@ -58,8 +73,7 @@ static void run_batch(lg__batcher_t *b, lg__job_t *first) {
       j->err = e;
       continue;
     }
-    memset(&j->err, 0, sizeof j->err);
-    j->rc = lg_store_with_run(s, j->run_id, j->fn, j->ud, &j->err);
+    lg__job_run(s, j);
   }
   if (!rc) {
     int crc = lg__store_end(s, 1, &e);

@@ -13,13 +13,21 @@
 /* ------------------------------------------------------------------ */
 /* group.c — group commit for the stores with one writer at a time.     */
 
-/* A decision waiting for the committer. */
+/* A write waiting for the committer: a decision for one run (run_id and
+ * fn), or any other write (run_id NULL and write). */
 typedef struct lg__job {
-  const char *run_id;         /* the run to lock */
-  lg_store_run_fn fn;         /* what to do under its lock */
-  void *ud;                   /* fn's argument */
-  int rc;                     /* out: lg_store_with_run's result, or the
-                                 commit's error (then nothing was stored) */
+  const char *run_id;         /* the run to lock, or NULL: a write */
+  lg_store_run_fn fn;         /* run_id: what to do under its lock */
+  /* run_id NULL: the write, called with the committer's handle inside the
+   * batch's transaction. Each store call it makes is atomic on its own (a
+   * savepoint), as it would be alone; a write of several calls that must
+   * be all or nothing makes them through one call that is. Returns its
+   * result (0, or an LG_E... code with *err filled). */
+  int (*write)(void *ud, lg_store_t *s, lg_error_t *err);
+  void *ud;                   /* fn's or write's argument */
+  int rc;                     /* out: lg_store_with_run's or write's result;
+                                 when that was 0, the commit's error (then
+                                 nothing of the batch was stored) */
   lg_error_t err;             /* out: its detail */
   void (*done)(struct lg__job *j); /* called by the committer once the
                                  batch is committed (or failed) */
@@ -27,11 +35,21 @@ typedef struct lg__job {
   struct lg__job *next;       /* queue link */
 } lg__job_t;
 
+/* Runs job j on s now, on the calling thread: inside the transaction the
+ * caller holds open (the committer's batch), or, with none, each store
+ * call of the job a transaction of its own — a server without a committer
+ * (postgres:, whose row locks let threads write in parallel) runs its
+ * jobs so. Sets j->rc and j->err; does not call j->done. */
+void lg__job_run(lg_store_t *s, lg__job_t *j);
+
 typedef struct lg__batcher lg__batcher_t;
 /* Starts a committer thread over the shared handle s (max_batch 0: 256). */
 lg__batcher_t *lg__batcher_new(lg_store_t *s, size_t max_batch);
 /* Queues a job; j->done is called from the committer thread (once the
- * batcher is stopping, from this one, before this returns). */
+ * batcher is stopping, from this one, before this returns). The committer
+ * runs the jobs waiting in one transaction, each as lg__job_run would
+ * (a decision under its own savepoint), and commits once before any
+ * done() is called: nothing is answered before it is stored. */
 void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j);
 /* Decides every job queued and stops the committer; jobs submitted after
  * it are decided on the submitting thread. Before the HTTP daemon stops:

@@ -454,9 +454,8 @@ static int get_bool(reader_t *r, int f, int *out) {
 static int usd_nusd(reader_t *r, int f, double usd, bool present, int64_t *nusd) {
   *nusd = -1;
   if (!present) return 0;
-  if (!(usd >= 0 && usd < 1e9))
+  if (!(usd >= 0 && usd < 1e9) || lg__usd_to_units(usd, LG__USD_NANO, nusd))
     return rerr(r, LG_ETRACE, f, (long)r->f[f].a, "must be a non-negative USD amount below 1e9%s", NULL);
-  *nusd = (int64_t)llround(usd * 1e9);
   return 0;
 }
 
@@ -629,9 +628,175 @@ static int keep_str(reader_t *r, ev_t *e, int f) {
   return 0;
 }
 
+/* The deciding side, one function per event type: each reads the fields
+ * its type has from the line in r into e, and says what a line of that
+ * type must hold. They return 0 or an error filled into r->err. */
+
+static int parse_run(reader_t *r, const parse_state_t *ps, const scanned_t *sc, ev_t *e) {
+  int rc;
+  if (ps->seen_event)
+    return rerr(r, LG_ETRACE, F_TYPE, -1, "a run event must come first in a trace%s", NULL);
+  if ((rc = keep_str(r, e, F_RUN_ID)) || (rc = keep_str(r, e, F_GROUP)) ||
+      (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &e->has_pv)) || (rc = need_object(r, F_POLICY, false)))
+    return rc;
+  if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
+  if (sc->policy_rc) { /* the reading side parsed the policy */
+    if (r->err && sc->err) *r->err = *sc->err;
+    return sc->policy_rc;
+  }
+  return 0;
+}
+
+static int parse_model(reader_t *r, ev_t *e) {
+  int rc;
+  double cost = 0;
+  bool has_cost;
+  e->turn = 0;
+  e->in = 0;
+  e->out = e->max = -1;
+  if ((rc = get_int(r, F_TURN, &e->turn, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &e->in, NULL)) ||
+      (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_int(r, F_MAX_TOKENS, &e->max, NULL)) ||
+      (rc = get_num(r, F_COST, &cost, &has_cost)) || (rc = keep_str(r, e, F_MODEL)))
+    return rc;
+  if ((rc = usd_nusd(r, F_COST, cost, has_cost, &e->cost_nusd))) return rc;
+  e->has_resv = HAS(r, F_RESERVATION);
+  return get_int(r, F_RESERVATION, &e->resv, NULL);
+}
+
+static int parse_call(reader_t *r, ev_t *e) {
+  int rc;
+  bool has_turn;
+  if ((rc = keep_str(r, e, F_TOOL)) || (rc = keep_str(r, e, F_CALL_ID)) ||
+      (rc = keep_str(r, e, F_IDEMPOTENCY_KEY)) || (rc = keep_str(r, e, F_AGENT)) ||
+      (rc = get_int(r, F_TURN, &e->turn, &has_turn)) || (rc = need_object(r, F_ARGS, false)))
+    return rc;
+  if (!e->str[F_TOOL]) return rerr(r, LG_ETRACE, F_TOOL, -1, "a call needs a tool%s", NULL);
+  if (!has_turn) e->turn = -r->line; /* no turn: a turn of its own */
+  e->args = HAS(r, F_ARGS) ? r->s + r->f[F_ARGS].a : NULL;
+  e->args_len = HAS(r, F_ARGS) ? r->f[F_ARGS].b - r->f[F_ARGS].a : 0;
+  e->args_off = HAS(r, F_ARGS) ? r->f[F_ARGS].a : 0;
+  return 0;
+}
+
+/* Whether the JSON string at s[a..b) (quotes included) is blank: nothing
+ * but white space, escaped or not, between its quotes — the same white
+ * space as the server's test of a decoded string (space, tab, LF, CR). */
+static bool blank_string(const char *s, size_t a, size_t b) {
+  for (size_t i = a + 1; i + 1 < b; i++) {
+    char ch = s[i];
+    if (ch == ' ' || ch == '\t') continue;
+    if (ch == '\\' && i + 2 < b && strchr("ntr", s[i + 1])) {
+      i++;
+      continue;
+    }
+    if (ch == '\\' && i + 6 < b && s[i + 1] == 'u' && !memcmp(s + i + 2, "00", 2)) {
+      const char *h = s + i + 4;
+      if (!memcmp(h, "20", 2) || !memcmp(h, "09", 2) || !memcmp(h, "0a", 2) || !memcmp(h, "0A", 2) ||
+          !memcmp(h, "0d", 2) || !memcmp(h, "0D", 2)) {
+        i += 5;
+        continue;
+      }
+    }
+    return false;
+  }
+  return true;
+}
+
+static int parse_result(reader_t *r, ev_t *e) {
+  int rc;
+  bool has;
+  e->retry_after = -1;
+  if ((rc = keep_str(r, e, F_STATUS)) || (rc = keep_str(r, e, F_CALL_ID)) ||
+      (rc = keep_str(r, e, F_OPERATION_ID)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has)) ||
+      (rc = get_int(r, F_RETRY_AFTER_MS, &e->retry_after, NULL)) ||
+      (rc = get_bool(r, F_SIDE_EFFECT_COMMITTED, &e->sec)))
+    return rc;
+  e->has_pv = has;
+  e->value_kind = LG_VALUE_ABSENT;
+  e->value = NULL;
+  e->value_len = 0;
+  if (!HAS(r, F_VALUE)) return 0;
+  span_t sp = r->f[F_VALUE];
+  e->value = r->s + sp.a;
+  e->value_len = sp.b - sp.a;
+  e->value_off = sp.a;
+  char k = kind(r, F_VALUE);
+  e->value_kind = LG_VALUE_PRESENT;
+  if (k == 'n') e->value_kind = LG_VALUE_NULL;
+  else if (k == '"' && blank_string(r->s, sp.a, sp.b)) e->value_kind = LG_VALUE_BLANK;
+  return 0;
+}
+
+static int parse_state(reader_t *r, ev_t *e) {
+  int rc;
+  if ((rc = need_object(r, F_WORLD, true))) return rc;
+  e->world = r->s + r->f[F_WORLD].a;
+  e->world_len = r->f[F_WORLD].b - r->f[F_WORLD].a;
+  e->world_off = r->f[F_WORLD].a;
+  return 0;
+}
+
+static int parse_text(reader_t *r, ev_t *e) {
+  int rc;
+  bool has_turn;
+  if ((rc = keep_str(r, e, F_TEXT)) || (rc = keep_str(r, e, F_AGENT)) ||
+      (rc = get_int(r, F_TURN, &e->turn, &has_turn)))
+    return rc;
+  if (!e->str[F_TEXT]) return rerr(r, LG_ETRACE, F_TEXT, -1, "a text event needs its text%s", NULL);
+  if (!has_turn) e->turn = -r->line; /* no turn: a response of its own */
+  return 0;
+}
+
+static int parse_budget(reader_t *r, ev_t *e) {
+  int rc;
+  double req = 0;
+  bool has_req;
+  if ((rc = keep_str(r, e, F_SCOPE)) || (rc = keep_str(r, e, F_LIMIT_SOURCE)) ||
+      (rc = get_num(r, F_REQUESTED_USD, &req, &has_req)))
+    return rc;
+  return usd_nusd(r, F_REQUESTED_USD, req, has_req, &e->requested_nusd);
+}
+
+static int parse_usage(reader_t *r, ev_t *e) {
+  int rc;
+  double cost = 0;
+  bool has_cost;
+  e->resv = 0;
+  e->in = e->out = 0;
+  if ((rc = get_int(r, F_RESERVATION, &e->resv, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &e->in, NULL)) ||
+      (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_num(r, F_COST, &cost, &has_cost)) ||
+      (rc = usd_nusd(r, F_COST, cost, has_cost, &e->cost_nusd)))
+    return rc;
+  if (e->resv < 0 || e->in < 0 || e->out < 0)
+    return rerr(r, LG_ETRACE, e->resv < 0 ? F_RESERVATION : e->in < 0 ? F_INPUT_TOKENS : F_OUTPUT_TOKENS, -1,
+                "must not be negative%s", NULL);
+  return 0;
+}
+
+static int parse_stop(reader_t *r, ev_t *e) {
+  int rc;
+  if ((rc = keep_str(r, e, F_REASON)) || (rc = keep_str(r, e, F_NOTE))) return rc;
+  const char *why = e->str[F_REASON];
+  e->stop_reason = LG_R_NONE;
+  for (int k = 1; why && k < LG_R__COUNT; k++)
+    if (!strcmp(why, lg_reason_name((lg_reason_t)k))) e->stop_reason = (lg_reason_t)k;
+  if (e->stop_reason == LG_R_NONE)
+    return rerr(r, LG_ETRACE, F_REASON, -1, "a stop event needs one of the stop reasons%s", NULL);
+  return 0;
+}
+
+static int parse_resume(reader_t *r, ev_t *e) {
+  int rc;
+  bool has;
+  if ((rc = keep_str(r, e, F_NOTE)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has))) return rc;
+  e->has_pv = has;
+  return 0;
+}
+
 /* The deciding side: reads the fields of the scanned line e, through the
- * reader r (for decoding and messages), into e. Returns 0 (e->kind says
- * what it was), or an error filled into r->err. */
+ * reader r (for decoding and messages), into e: what every line has (its
+ * type, t_ms that never goes back), then its type's own fields. Returns 0
+ * (e->kind says what it was), or an error filled into r->err. */
 static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t *e) {
   e->kind = EV_SKIP;
   e->sc = sc;
@@ -665,159 +830,24 @@ static int parse_line(reader_t *r, parse_state_t *ps, const scanned_t *sc, ev_t 
     return rerr(r, LG_ETRACE, F_T_MS, (long)r->f[F_T_MS].a, "t_ms went backwards%s", NULL);
   ps->last_t = e->t_ms;
   switch (type) {
-  case LG_EV_RUN:
-    if (ps->seen_event)
-      return rerr(r, LG_ETRACE, F_TYPE, -1, "a run event must come first in a trace%s", NULL);
-    if ((rc = keep_str(r, e, F_RUN_ID)) || (rc = keep_str(r, e, F_GROUP)) ||
-        (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &e->has_pv)) || (rc = need_object(r, F_POLICY, false)))
-      return rc;
-    if (!e->str[F_RUN_ID]) return rerr(r, LG_ETRACE, F_RUN_ID, -1, "a run event needs a run_id%s", NULL);
-    if (sc->policy_rc) { /* the reading side parsed the policy */
-      if (r->err && sc->err) *r->err = *sc->err;
-      return sc->policy_rc;
-    }
-    break;
-  case LG_EV_MODEL: {
-    double cost = 0;
-    bool has_cost;
-    e->turn = 0;
-    e->in = 0;
-    e->out = e->max = -1;
-    if ((rc = get_int(r, F_TURN, &e->turn, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &e->in, NULL)) ||
-        (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_int(r, F_MAX_TOKENS, &e->max, NULL)) ||
-        (rc = get_num(r, F_COST, &cost, &has_cost)) || (rc = keep_str(r, e, F_MODEL)))
-      return rc;
-    if ((rc = usd_nusd(r, F_COST, cost, has_cost, &e->cost_nusd))) return rc;
-    e->has_resv = HAS(r, F_RESERVATION);
-    if ((rc = get_int(r, F_RESERVATION, &e->resv, NULL))) return rc;
-    break;
-  }
-  case LG_EV_CALL: {
-    bool has_turn;
-    if ((rc = keep_str(r, e, F_TOOL)) || (rc = keep_str(r, e, F_CALL_ID)) ||
-        (rc = keep_str(r, e, F_IDEMPOTENCY_KEY)) || (rc = keep_str(r, e, F_AGENT)) ||
-        (rc = get_int(r, F_TURN, &e->turn, &has_turn)) || (rc = need_object(r, F_ARGS, false)))
-      return rc;
-    if (!e->str[F_TOOL]) return rerr(r, LG_ETRACE, F_TOOL, -1, "a call needs a tool%s", NULL);
-    if (!has_turn) e->turn = -r->line; /* no turn: a turn of its own */
-    e->args = HAS(r, F_ARGS) ? r->s + r->f[F_ARGS].a : NULL;
-    e->args_len = HAS(r, F_ARGS) ? r->f[F_ARGS].b - r->f[F_ARGS].a : 0;
-    e->args_off = HAS(r, F_ARGS) ? r->f[F_ARGS].a : 0;
-    break;
-  }
-  case LG_EV_RESULT: {
-    bool has;
-    e->retry_after = -1;
-    if ((rc = keep_str(r, e, F_STATUS)) || (rc = keep_str(r, e, F_CALL_ID)) ||
-        (rc = keep_str(r, e, F_OPERATION_ID)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has)) ||
-        (rc = get_int(r, F_RETRY_AFTER_MS, &e->retry_after, NULL)) ||
-        (rc = get_bool(r, F_SIDE_EFFECT_COMMITTED, &e->sec)))
-      return rc;
-    e->has_pv = has;
-    e->value_kind = LG_VALUE_ABSENT;
-    e->value = NULL;
-    e->value_len = 0;
-    if (HAS(r, F_VALUE)) {
-      span_t sp = r->f[F_VALUE];
-      e->value = r->s + sp.a;
-      e->value_len = sp.b - sp.a;
-      e->value_off = sp.a;
-      char k = kind(r, F_VALUE);
-      e->value_kind = LG_VALUE_PRESENT;
-      if (k == 'n') e->value_kind = LG_VALUE_NULL;
-      else if (k == '"') {
-        /* Blank: nothing but white space (escaped or not) between quotes. */
-        bool blank = true;
-        for (size_t i = sp.a + 1; i + 1 < sp.b && blank; i++) {
-          char ch = r->s[i];
-          if (ch == ' ' || ch == '\t') continue;
-          if (ch == '\\' && i + 2 < sp.b && strchr("ntr", r->s[i + 1])) {
-            i++;
-            continue;
-          }
-          /* The same white space as \u escapes (the server's test of a
-           * decoded string counts space, tab, LF and CR). */
-          if (ch == '\\' && i + 6 < sp.b && r->s[i + 1] == 'u' && !memcmp(r->s + i + 2, "00", 2)) {
-            const char *h = r->s + i + 4;
-            if (!memcmp(h, "20", 2) || !memcmp(h, "09", 2) || !memcmp(h, "0a", 2) ||
-                !memcmp(h, "0A", 2) || !memcmp(h, "0d", 2) || !memcmp(h, "0D", 2)) {
-              i += 5;
-              continue;
-            }
-          }
-          blank = false;
-        }
-        if (blank) e->value_kind = LG_VALUE_BLANK;
-      }
-    }
-    break;
-  }
-  case LG_EV_STATE:
-    if ((rc = need_object(r, F_WORLD, true))) return rc;
-    e->world = r->s + r->f[F_WORLD].a;
-    e->world_len = r->f[F_WORLD].b - r->f[F_WORLD].a;
-    e->world_off = r->f[F_WORLD].a;
-    break;
+  case LG_EV_RUN: rc = parse_run(r, ps, sc, e); break;
+  case LG_EV_MODEL: rc = parse_model(r, e); break;
+  case LG_EV_CALL: rc = parse_call(r, e); break;
+  case LG_EV_RESULT: rc = parse_result(r, e); break;
+  case LG_EV_STATE: rc = parse_state(r, e); break;
   case LG_EV_HANDOFF:
-    if ((rc = keep_str(r, e, F_FROM)) || (rc = keep_str(r, e, F_TO))) return rc;
+    if (!(rc = keep_str(r, e, F_FROM))) rc = keep_str(r, e, F_TO);
     break;
-  case LG_EV_CANCEL:
-    if ((rc = keep_str(r, e, F_REASON))) return rc;
-    break;
-  case LG_EV_TEXT: {
-    bool has_turn;
-    if ((rc = keep_str(r, e, F_TEXT)) || (rc = keep_str(r, e, F_AGENT)) ||
-        (rc = get_int(r, F_TURN, &e->turn, &has_turn)))
-      return rc;
-    if (!e->str[F_TEXT]) return rerr(r, LG_ETRACE, F_TEXT, -1, "a text event needs its text%s", NULL);
-    if (!has_turn) e->turn = -r->line; /* no turn: a response of its own */
-    break;
-  }
-  case LG_EV_USER:
-    if ((rc = keep_str(r, e, F_TEXT))) return rc;
-    break;
-  case LG_EV_BUDGET: {
-    double req = 0;
-    bool has_req;
-    if ((rc = keep_str(r, e, F_SCOPE)) || (rc = keep_str(r, e, F_LIMIT_SOURCE)) ||
-        (rc = get_num(r, F_REQUESTED_USD, &req, &has_req)) ||
-        (rc = usd_nusd(r, F_REQUESTED_USD, req, has_req, &e->requested_nusd)))
-      return rc;
-    break;
-  }
-  case LG_EV_USAGE: {
-    double cost = 0;
-    bool has_cost;
-    e->resv = 0;
-    e->in = e->out = 0;
-    if ((rc = get_int(r, F_RESERVATION, &e->resv, NULL)) || (rc = get_int(r, F_INPUT_TOKENS, &e->in, NULL)) ||
-        (rc = get_int(r, F_OUTPUT_TOKENS, &e->out, NULL)) || (rc = get_num(r, F_COST, &cost, &has_cost)) ||
-        (rc = usd_nusd(r, F_COST, cost, has_cost, &e->cost_nusd)))
-      return rc;
-    if (e->resv < 0 || e->in < 0 || e->out < 0)
-      return rerr(r, LG_ETRACE, e->resv < 0 ? F_RESERVATION : e->in < 0 ? F_INPUT_TOKENS : F_OUTPUT_TOKENS,
-                  -1, "must not be negative%s", NULL);
-    break;
-  }
-  case LG_EV_STOP: {
-    const char *why = NULL;
-    if ((rc = keep_str(r, e, F_REASON)) || (rc = keep_str(r, e, F_NOTE))) return rc;
-    why = e->str[F_REASON];
-    e->stop_reason = LG_R_NONE;
-    for (int k = 1; why && k < LG_R__COUNT; k++)
-      if (!strcmp(why, lg_reason_name((lg_reason_t)k))) e->stop_reason = (lg_reason_t)k;
-    if (e->stop_reason == LG_R_NONE)
-      return rerr(r, LG_ETRACE, F_REASON, -1, "a stop event needs one of the stop reasons%s", NULL);
-    break;
-  }
-  case LG_EV_RESUME: {
-    bool has;
-    if ((rc = keep_str(r, e, F_NOTE)) || (rc = get_int(r, F_PROGRESS_VERSION, &e->pv, &has))) return rc;
-    e->has_pv = has;
-    break;
-  }
+  case LG_EV_CANCEL: rc = keep_str(r, e, F_REASON); break;
+  case LG_EV_TEXT: rc = parse_text(r, e); break;
+  case LG_EV_USER: rc = keep_str(r, e, F_TEXT); break;
+  case LG_EV_BUDGET: rc = parse_budget(r, e); break;
+  case LG_EV_USAGE: rc = parse_usage(r, e); break;
+  case LG_EV_STOP: rc = parse_stop(r, e); break;
+  case LG_EV_RESUME: rc = parse_resume(r, e); break;
   default: break;
   }
+  if (rc) return rc;
   ps->seen_event = true;
   e->kind = EV_EVENT;
   return 0;

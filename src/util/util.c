@@ -143,7 +143,7 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...) {
 }
 
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
-  static const char hex[] = "0123456789abcdef";
+  const char *hex = lg__hex_digits;
   if (lg__buf_reserve(b, n + 2)) return LG_ENOMEM;
   b->data[b->len++] = '"';
   size_t run = 0; /* start of the pending run of plain bytes */
@@ -173,25 +173,6 @@ int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
   return lg__buf_putc(b, '"');
 }
 
-int lg__buf_usd(lg__buf_t *b, int64_t nusd) {
-  const char *sign = "";
-  uint64_t v = (uint64_t)nusd;
-  if (nusd < 0) {
-    sign = "-";
-    v = (uint64_t)0 - v;
-  }
-  char frac[16];
-  snprintf(frac, sizeof frac, "%09llu", (unsigned long long)(v % 1000000000u));
-  size_t fl = 9;
-  while (fl > 0 && frac[fl - 1] == '0') fl--;
-  frac[fl] = 0;
-  if (fl == 0)
-    return lg__buf_printf(b, "%s%llu", sign,
-                          (unsigned long long)(v / 1000000000u));
-  return lg__buf_printf(b, "%s%llu.%s", sign,
-                        (unsigned long long)(v / 1000000000u), frac);
-}
-
 void lg__buf_free(lg__buf_t *b) {
   lg__free(b->data);
   b->data = NULL;
@@ -210,6 +191,16 @@ char *lg__buf_steal(lg__buf_t *b, size_t *len) {
   b->data = NULL;
   b->len = b->cap = 0;
   return d;
+}
+
+int lg__buf_json_str_or_null(lg__buf_t *b, const char *s) {
+  return s ? lg__buf_json_str(b, s, strlen(s)) : lg__buf_puts(b, "null");
+}
+
+int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value) {
+  if (!value) return 0;
+  lg__buf_printf(b, ",\"%s\":", key);
+  return lg__buf_json_str(b, value, strlen(value));
 }
 
 char *lg_json_quote(const char *s, size_t len) {

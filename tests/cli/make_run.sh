@@ -39,7 +39,7 @@ grep -q "listening on http://127.0.0.1:$port" "$TMP/run.out" || fail "no banner 
 grep -q "store:   memory:" "$TMP/run.out" || fail "ARGS did not reach serve: $(cat "$TMP/run.out")"
 grep -q "threads: 2" "$TMP/run.out" || fail "ARGS' second flag did not reach serve: $(cat "$TMP/run.out")"
 grep -q "the field incidents" "$TMP/run.out" || fail "no incidents before the banner"
-[ "$(head -n 1 "$TMP/run.out")" = "loopguard: the field incidents, replayed (examples/incidents/):" ] ||
+[ "$(head -n 1 "$TMP/run.out")" = "loopguard: the field incidents, replayed (tests/data/fixtures/):" ] ||
   fail "something before the first line: $(head -n 3 "$TMP/run.out")"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/healthz")
 [ "$code" = 200 ] || fail "/healthz on $port: $code"

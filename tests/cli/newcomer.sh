@@ -92,7 +92,7 @@ for cmd in "replay" "fingerprint" "serve" "runs" "runs list" "runs show" "runs t
 done
 
 # ---- replay ----
-trace=$src/examples/incidents/seed000-same-call.jsonl
+trace=$src/tests/data/fixtures/seed000-same-call.jsonl
 check "replay - reads stdin" 0 sh -c "'$bin' replay --json - < '$trace'"
 has "replay - summary" '"trace":"<stdin>"' "$out"
 has "replay - stops" '"terminal_reason":"same_call_repeat"' "$out"

@@ -16,8 +16,10 @@
  * (loop keys, side effects, small caps), so that path is fuzzed too.
  *
  *   cmake -S . -B build-fuzz -DLG_FUZZ=ON -DCMAKE_C_COMPILER=clang
- *   make -C build-fuzz fuzz_trace
- *   build-fuzz/tests/fuzz_trace tests/fuzz/corpus/fuzz_trace -max_total_time=120
+ *   make -C build-fuzz fuzz_trace fuzz_trace_corpus
+ *   build-fuzz/tests/fuzz_trace build-fuzz/tests/corpus/fuzz_trace -max_total_time=120
+ * (the corpus the build assembles: tests/fuzz/corpus/fuzz_trace/ and the
+ * field incidents of tests/data/fixtures/).
  */
 #include <jansson.h>
 #include <stdint.h>

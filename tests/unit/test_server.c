@@ -1,18 +1,21 @@
 /*
- * test_server.c — the HTTP sidecar, black-box, over real HTTP on loopback.
+ * test_server.c — the HTTP sidecar, black-box, over real HTTP on loopback:
+ * what a table of requests and answers cannot show.
+ *
+ * The plain request -> answer checks of every route (runs, decisions,
+ * cancel and listing, operations, budgets, health, metrics, routing, auth
+ * and roles, errors per route) are data: tests/data/http/<case>/, run by
+ * tests/http/run_cases.py against a real `loopguard serve` (ctest
+ * http_cases). What stays here needs the process itself: a clock the tests
+ * move (retry_after, a lease that runs out), the server's decisions against
+ * the replay of its own trace (lg_replay_buffer), the log (no token in it),
+ * lg_server_start's refusals, oversized bodies and slow clients (the server
+ * goes on serving), many clients at once and a graceful shutdown.
  *
  * A server is started in this process (lg_server_start, port 0, a fresh
  * store of each backend of LG_STORE_BACKENDS — default memory and sqlite;
  * postgres under tests/pg/with-postgres.sh — and a clock the tests move) and
- * spoken to through a raw socket: every endpoint of http-api-v1 (budgets
- * aside), every error type, both roles, and bad input — malformed JSON,
- * wrong types, unknown fields, oversized bodies, slow clients, unknown
- * runs, wrong tokens — each answered with its documented 4xx while the
- * server goes on serving. The decisions the server made are checked
- * against the replay of its own trace (lg_replay_buffer).
- *
- * Organised as the spec is: runs, decisions, cancel and listing, traces,
- * operations, health and metrics, then auth, limits and life.
+ * spoken to through a raw socket.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -98,243 +101,7 @@ static void expect_error(const ht_resp_t *r, int code, const char *type, const c
 }
 
 /* ------------------------------------------------------------------ */
-/* Runs.                                                               */
-
-static void test_create_run(void **state) {
-  (void)state;
-  ht_resp_t r;
-  req("POST", "/v1/runs", "{\"run_id\":\"create-1\",\"group\":\"g1\",\"progress_version\":3}", 201, &r);
-  assert_string_equal(ht_str(&r, "run_id"), "create-1");
-  assert_int_equal(ht_int(&r, "policy.repeat.block"), 3); /* the effective policy */
-  assert_int_equal(ht_int(&r, "policy.limits.max_steps"), 50);
-  ht_resp_clear(&r);
-  /* The same body again: the same answer, 200. */
-  req("POST", "/v1/runs", "{\"run_id\":\"create-1\",\"group\":\"g1\",\"progress_version\":3}", 200, &r);
-  assert_string_equal(ht_str(&r, "run_id"), "create-1");
-  ht_resp_clear(&r);
-  /* A different body with that id: 409. */
-  req("POST", "/v1/runs", "{\"run_id\":\"create-1\",\"group\":\"g2\"}", 409, &r);
-  expect_error(&r, 409, "conflict", "create-1");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"run_id\":\"create-1\",\"group\":\"g1\",\"progress_version\":4}", 409, &r);
-  ht_resp_clear(&r);
-  /* No run_id: the server names it. */
-  req("POST", "/v1/runs", "{}", 201, &r);
-  assert_non_null(ht_str(&r, "run_id"));
-  assert_int_equal(strncmp(ht_str(&r, "run_id"), "run_", 4), 0);
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "", 201, &r); /* an empty body is {} */
-  ht_resp_clear(&r);
-  /* A policy of its own, with the defaults filled in. */
-  req("POST", "/v1/runs", "{\"run_id\":\"create-2\",\"policy\":{\"repeat\":{\"block\":4}}}", 201, &r);
-  assert_int_equal(ht_int(&r, "policy.repeat.block"), 4);
-  assert_int_equal(ht_int(&r, "policy.repeat.stop"), 6);
-  ht_resp_clear(&r);
-  /* GET it. */
-  req("GET", "/v1/runs/create-1", NULL, 200, &r);
-  assert_string_equal(ht_str(&r, "status"), "active");
-  assert_string_equal(ht_str(&r, "group"), "g1");
-  assert_int_equal(ht_int(&r, "counters.calls"), 0);
-  assert_true(json_is_null(ht_get(&r, "terminal_reason")));
-  assert_non_null(ht_get(&r, "envelope"));
-  ht_resp_clear(&r);
-}
-
-static void test_create_run_errors(void **state) {
-  (void)state;
-  ht_resp_t r;
-  req("POST", "/v1/runs", "{\"run_id\":\"e1\",\"policy\":{\"repeat\":{\"blok\":3}}}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "policy.repeat.blok");
-  assert_string_equal(ht_str(&r, "error.field"), "policy.repeat.blok");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"run_id\":7}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "run_id: expected a string, got a number");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"run_id\":\"a/b\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "run_id");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"run_id\":\"\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "run_id: must not be empty");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"rn_id\":\"x\",\"grop\":\"y\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "unknown fields: ");
-  assert_non_null(strstr(ht_str(&r, "error.message"), "rn_id"));
-  assert_non_null(strstr(ht_str(&r, "error.message"), "grop"));
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"run_id\":\"x\",", 400, &r);
-  expect_error(&r, 400, "invalid_request", "malformed JSON");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"run_id\":\"x\",\"run_id\":\"y\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "duplicate");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "[1,2]", 400, &r);
-  expect_error(&r, 400, "invalid_request", "body: expected a JSON object");
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs", "{\"progress_version\":1.5}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "progress_version: expected a whole number");
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs/no-such-run", NULL, 404, &r);
-  expect_error(&r, 404, "not_found", "no-such-run");
-  ht_resp_clear(&r);
-}
-
-/* ------------------------------------------------------------------ */
 /* Decisions.                                                          */
-
-static void test_calls_ladder(void **state) {
-  (void)state;
-  char run[64];
-  new_run(run, sizeof run, NULL);
-  const char *want[] = {"execute", "execute", "block", "block", "block", "stop", "stop"};
-  for (int i = 0; i < 7; i++) {
-    ht_resp_t r;
-    ht_advance(10);
-    call(run, "{\"tool\":\"charge\",\"args\":{\"invoice\":\"INV-1\",\"amount\":12}}", &r);
-    assert_string_equal(ht_str(&r, "action"), want[i]);
-    assert_int_equal(strlen(ht_str(&r, "fingerprint")), 64);
-    if (i < 6) {
-      char cid[16];
-      snprintf(cid, sizeof cid, "c%d", i + 1);
-      assert_string_equal(ht_str(&r, "call_id"), cid); /* the engine's names */
-      assert_int_equal(ht_int(&r, "repeat"), i + 1);
-    }
-    if (i == 1) assert_non_null(ht_str(&r, "message")); /* observe: a steer message */
-    if (i == 2) {
-      assert_string_equal(ht_str(&r, "reason"), "same_call_repeat");
-      assert_string_equal(json_string_value(json_array_get(ht_get(&r, "hide_tools"), 0)), "charge");
-    }
-    if (i == 5) {
-      assert_string_equal(ht_str(&r, "reason"), "same_call_repeat");
-      assert_string_equal(ht_str(&r, "envelope.terminal_reason"), "same_call_repeat");
-      assert_string_equal(ht_str(&r, "envelope.guard"), "repeat");
-    }
-    /* Results for the calls that executed, so that none is left waiting. */
-    if (!strcmp(want[i], "execute")) {
-      ht_resp_t rr;
-      post(run, "results", "{\"status\":\"progress\",\"value\":{\"ok\":true}}", 200, &rr);
-      assert_string_equal(ht_str(&rr, "action"), "continue");
-      ht_resp_clear(&rr);
-    }
-    ht_resp_clear(&r);
-  }
-  ht_resp_t r;
-  char path[128];
-  snprintf(path, sizeof path, "/v1/runs/%s", run);
-  req("GET", path, NULL, 200, &r);
-  assert_string_equal(ht_str(&r, "status"), "stopped");
-  assert_string_equal(ht_str(&r, "terminal_reason"), "same_call_repeat");
-  assert_int_equal(ht_int(&r, "counters.calls"), 6);
-  assert_int_equal(ht_int(&r, "counters.steps"), 2);
-  ht_resp_clear(&r);
-}
-
-static void test_calls_errors(void **state) {
-  (void)state;
-  char run[64];
-  new_run(run, sizeof run, NULL);
-  ht_resp_t r;
-  post(run, "calls", "{\"args\":{}}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "tool: this field is required");
-  assert_string_equal(ht_str(&r, "error.field"), "tool");
-  ht_resp_clear(&r);
-  post(run, "calls", "{\"tool\":\"t\",\"args\":[1]}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "args: expected an object, got an array");
-  ht_resp_clear(&r);
-  post(run, "calls", "{\"tool\":\"t\",\"turn\":\"3\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "turn: expected a whole number");
-  ht_resp_clear(&r);
-  post(run, "calls", "{\"tool\":\"t\",\"agrs\":{}}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "unknown field: agrs");
-  ht_resp_clear(&r);
-  post(run, "calls", "{\"tool\":\"t\",\"args\":{\"a\":1,\"a\":2}}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "duplicate");
-  ht_resp_clear(&r);
-  post(run, "calls", "{\"tool\":", 400, &r);
-  expect_error(&r, 400, "invalid_request", "malformed JSON");
-  ht_resp_clear(&r);
-  post("no-such-run", "calls", "{\"tool\":\"t\"}", 404, &r);
-  expect_error(&r, 404, "not_found", "no-such-run");
-  ht_resp_clear(&r);
-  /* None of that changed the run. */
-  char path[128];
-  snprintf(path, sizeof path, "/v1/runs/%s", run);
-  req("GET", path, NULL, 200, &r);
-  assert_int_equal(ht_int(&r, "counters.calls"), 0);
-  ht_resp_clear(&r);
-}
-
-static void test_calls_turns_and_ids(void **state) {
-  (void)state;
-  char run[64];
-  new_run(run, sizeof run, NULL);
-  ht_resp_t r;
-  /* Identical calls of one model turn count once. */
-  for (int i = 0; i < 4; i++) {
-    call(run, "{\"tool\":\"search\",\"args\":{\"q\":\"x\"},\"turn\":1}", &r);
-    assert_string_equal(ht_str(&r, "action"), "execute");
-    assert_int_equal(ht_int(&r, "repeat"), 1);
-    ht_resp_clear(&r);
-  }
-  call(run, "{\"tool\":\"search\",\"args\":{\"q\":\"y\"},\"call_id\":\"mine-1\",\"agent\":\"a1\"}", &r);
-  assert_string_equal(ht_str(&r, "call_id"), "mine-1");
-  ht_resp_clear(&r);
-  /* Results by id, and for the latest call. */
-  post(run, "results", "{\"call_id\":\"mine-1\",\"status\":\"progress\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "call_id"), "mine-1");
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":\"progress\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "call_id"), "c4");
-  ht_resp_clear(&r);
-}
-
-static void test_results(void **state) {
-  (void)state;
-  char run[64];
-  ht_resp_t r;
-  new_run(run, sizeof run, NULL);
-  /* A result for no waiting call: 409. */
-  post(run, "results", "{\"status\":\"progress\"}", 409, &r);
-  expect_error(&r, 409, "conflict", NULL);
-  ht_resp_clear(&r);
-  call(run, "{\"tool\":\"t\",\"args\":{}}", &r);
-  ht_resp_clear(&r);
-  post(run, "results", "{\"call_id\":\"nope\",\"status\":\"progress\"}", 409, &r);
-  expect_error(&r, 409, "conflict", "nope");
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":7}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "status: expected a string");
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":\"progress\",\"retry_after_ms\":-1}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "retry_after_ms: must not be negative");
-  ht_resp_clear(&r);
-  /* No status: not a 400 but the validation gate. */
-  post(run, "results", "{\"value\":{\"rows\":[]}}", 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "stop");
-  assert_string_equal(ht_str(&r, "reason"), "invalid_tool_result");
-  assert_string_equal(ht_str(&r, "envelope.guard"), "validation");
-  ht_resp_clear(&r);
-  /* An unknown status, and a blank value: the same. */
-  new_run(run, sizeof run, NULL);
-  call(run, "{\"tool\":\"t\"}", &r);
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":\"done-ish\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "reason"), "invalid_tool_result");
-  ht_resp_clear(&r);
-  new_run(run, sizeof run, NULL);
-  call(run, "{\"tool\":\"t\"}", &r);
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":\"progress\",\"value\":\"  \\n\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "reason"), "invalid_tool_result");
-  ht_resp_clear(&r);
-  /* fatal ends the run at once; complete too. */
-  new_run(run, sizeof run, NULL);
-  call(run, "{\"tool\":\"t\"}", &r);
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":\"permission_denied\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "reason"), "permission_denied");
-  assert_string_equal(ht_str(&r, "envelope.next_allowed_action"), "human_review");
-  ht_resp_clear(&r);
-}
 
 static void test_retry_after(void **state) {
   (void)state;
@@ -355,182 +122,6 @@ static void test_retry_after(void **state) {
   call(run, "{\"tool\":\"pay\",\"args\":{\"id\":1}}", &r);
   assert_string_equal(ht_str(&r, "action"), "block"); /* now the ladder's 3rd */
   assert_string_equal(ht_str(&r, "reason"), "same_call_repeat");
-  ht_resp_clear(&r);
-}
-
-static void test_state_handoffs(void **state) {
-  (void)state;
-  char run[64];
-  ht_resp_t r;
-  new_run(run, sizeof run, NULL);
-  for (int i = 0; i < 6; i++) {
-    post(run, "state", "{\"world\":{\"cursor\":5,\"queue\":[1,2]}}", 200, &r);
-    assert_string_equal(ht_str(&r, "action"), i < 5 ? "continue" : "stop");
-    if (i == 5) assert_string_equal(ht_str(&r, "reason"), "no_progress");
-    ht_resp_clear(&r);
-  }
-  new_run(run, sizeof run, NULL);
-  post(run, "state", "{}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "world: this field is required");
-  ht_resp_clear(&r);
-  post(run, "state", "{\"world\":3}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "world: expected an object");
-  ht_resp_clear(&r);
-  new_run(run, sizeof run, "\"policy\":{\"limits\":{\"max_handoffs\":2}}");
-  for (int i = 0; i < 3; i++) {
-    post(run, "handoffs", "{\"from\":\"planner\",\"to\":\"coder\"}", 200, &r);
-    assert_string_equal(ht_str(&r, "action"), i < 2 ? "execute" : "stop");
-    if (i == 2) assert_string_equal(ht_str(&r, "reason"), "handoff_cap");
-    ht_resp_clear(&r);
-  }
-  post(run, "handoffs", "{\"from\":\"planner\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "to: this field is required");
-  ht_resp_clear(&r);
-}
-
-static void test_model_usage(void **state) {
-  (void)state;
-  char run[64];
-  ht_resp_t r;
-  new_run(run, sizeof run, "\"policy\":{\"limits\":{\"max_cost_usd\":0.05,\"max_tokens\":10000}}");
-  post(run, "model", "{\"model\":\"m1\",\"input_tokens\":1000,\"max_tokens\":500,\"cost_usd\":0.02,\"turn\":1}", 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "execute");
-  const char *rid = ht_str(&r, "reservation_id");
-  assert_non_null(rid);
-  char body[256];
-  snprintf(body, sizeof body, "{\"reservation_id\":\"%s\",\"input_tokens\":1000,\"output_tokens\":200,\"cost_usd\":0.015}", rid);
-  ht_resp_clear(&r);
-  post(run, "usage", body, 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "continue");
-  ht_resp_clear(&r);
-  post(run, "usage", body, 409, &r); /* settled already */
-  expect_error(&r, 409, "conflict", NULL);
-  ht_resp_clear(&r);
-  /* 0.015 spent; 0.02 + 0.02 more fits (0.055 > 0.05 does not). */
-  post(run, "model", "{\"input_tokens\":1000,\"max_tokens\":500,\"cost_usd\":0.02}", 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "execute");
-  ht_resp_clear(&r);
-  post(run, "model", "{\"input_tokens\":1000,\"max_tokens\":500,\"cost_usd\":0.02}", 200, &r);
-  assert_string_equal(ht_str(&r, "action"), "stop");
-  assert_string_equal(ht_str(&r, "reason"), "cost_cap");
-  ht_resp_clear(&r);
-  post(run, "model", "{\"input_tokens\":-1}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "input_tokens: must not be negative");
-  ht_resp_clear(&r);
-  post(run, "model", "{\"max_tokens\":5}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "input_tokens: this field is required");
-  ht_resp_clear(&r);
-  post(run, "usage", "{\"input_tokens\":1}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "output_tokens: this field is required");
-  ht_resp_clear(&r);
-  post(run, "usage", "{\"reservation_id\":\"zz\",\"input_tokens\":1,\"output_tokens\":1}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "reservation_id");
-  ht_resp_clear(&r);
-}
-
-static void test_ledger_through_calls(void **state) {
-  (void)state;
-  char run[64];
-  ht_resp_t r;
-  new_run(run, sizeof run, "\"policy\":{\"tools\":{\"charge\":{\"side_effects\":true}}}");
-  call(run, "{\"tool\":\"charge\",\"args\":{\"invoice\":42}}", &r);
-  assert_string_equal(ht_str(&r, "action"), "execute");
-  assert_non_null(ht_str(&r, "idempotency_key")); /* derived */
-  ht_resp_clear(&r);
-  post(run, "results", "{\"status\":\"progress\",\"value\":{\"charged\":\"ch_1\"},\"operation_id\":\"op-1\"}", 200, &r);
-  ht_resp_clear(&r);
-  call(run, "{\"tool\":\"charge\",\"args\":{\"invoice\":42}}", &r);
-  assert_string_equal(ht_str(&r, "action"), "replay");
-  assert_string_equal(ht_str(&r, "saved_result.charged"), "ch_1");
-  ht_resp_clear(&r);
-  /* A key given by the caller, claimed through /operations first. */
-  req("POST", "/v1/operations/claim", "{\"key\":\"ext-key-1\",\"request_fingerprint\":\"fp-other\"}", 201, &r);
-  ht_resp_clear(&r);
-  call(run, "{\"tool\":\"refund\",\"args\":{\"x\":1},\"idempotency_key\":\"ext-key-1\"}", &r);
-  assert_string_equal(ht_str(&r, "action"), "block");
-  assert_string_equal(ht_str(&r, "reason"), "idempotency_mismatch");
-  ht_resp_clear(&r);
-}
-
-/* ------------------------------------------------------------------ */
-/* Cancel and listing.                                                 */
-
-static void test_cancel(void **state) {
-  (void)state;
-  char run[64], path[128];
-  ht_resp_t r;
-  new_run(run, sizeof run, "\"group\":\"grp-c\"");
-  call(run, "{\"tool\":\"t\"}", &r);
-  ht_resp_clear(&r);
-  /* A model call of 0.0031 USD: the cancel's envelope says 0.0031, as the
-   * counters do (it once said 0.0030999999999999999). */
-  post(run, "model", "{\"input_tokens\":10,\"max_tokens\":10,\"cost_usd\":0.0031}", 200, &r);
-  ht_resp_clear(&r);
-  post(run, "usage", "{\"input_tokens\":10,\"output_tokens\":5,\"cost_usd\":0.0031}", 200, &r);
-  ht_resp_clear(&r);
-  snprintf(path, sizeof path, "/v1/runs/%s/cancel", run);
-  req("POST", path, "{\"reason\":\"runaway spend\"}", 200, &r);
-  assert_non_null(strstr(r.body, "\"cost_usd\":0.0031,"));
-  assert_null(strstr(r.body, "0.00309"));
-  assert_string_equal(ht_str(&r, "envelope.terminal_reason"), "operator_cancelled_loop");
-  assert_string_equal(ht_str(&r, "envelope.operator_note"), "runaway spend");
-  assert_string_equal(ht_str(&r, "envelope.guard"), "kill_switch");
-  ht_resp_clear(&r);
-  call(run, "{\"tool\":\"t\"}", &r);
-  assert_string_equal(ht_str(&r, "action"), "stop");
-  assert_string_equal(ht_str(&r, "reason"), "operator_cancelled_loop");
-  assert_string_equal(ht_str(&r, "operator_note"), "runaway spend");
-  ht_resp_clear(&r);
-  req("POST", path, NULL, 200, &r); /* again: still stopped, same envelope */
-  ht_resp_clear(&r);
-  req("POST", "/v1/runs/no-such-run/cancel", "{}", 404, &r);
-  expect_error(&r, 404, "not_found", NULL);
-  ht_resp_clear(&r);
-  /* A group: its active runs stop, and so does a run created after. */
-  char a[64], b[64], c[64];
-  new_run(a, sizeof a, "\"group\":\"grp-d\"");
-  new_run(b, sizeof b, "\"group\":\"grp-d\"");
-  req("POST", "/v1/groups/grp-d/cancel", "{}", 200, &r);
-  json_t *ids = ht_get(&r, "cancelled");
-  assert_int_equal(json_array_size(ids), 2);
-  ht_resp_clear(&r);
-  call(a, "{\"tool\":\"t\"}", &r);
-  assert_string_equal(ht_str(&r, "action"), "stop");
-  assert_string_equal(ht_str(&r, "reason"), "operator_cancelled_loop");
-  ht_resp_clear(&r);
-  new_run(c, sizeof c, "\"group\":\"grp-d\"");
-  call(c, "{\"tool\":\"t\"}", &r);
-  assert_string_equal(ht_str(&r, "action"), "stop");
-  ht_resp_clear(&r);
-}
-
-static void test_list(void **state) {
-  (void)state;
-  ht_resp_t r;
-  char a[64];
-  new_run(a, sizeof a, "\"group\":\"grp-l\"");
-  req("GET", "/v1/runs?limit=2", NULL, 200, &r);
-  assert_int_equal(json_array_size(ht_get(&r, "runs")), 2);
-  /* Newest first. */
-  assert_string_equal(json_string_value(json_object_get(json_array_get(ht_get(&r, "runs"), 0), "run_id")), a);
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs?status=stopped&reason=same_call_repeat", NULL, 200, &r);
-  json_t *runs = ht_get(&r, "runs");
-  assert_true(json_array_size(runs) >= 1);
-  for (size_t i = 0; i < json_array_size(runs); i++)
-    assert_string_equal(json_string_value(json_object_get(json_array_get(runs, i), "terminal_reason")),
-                        "same_call_repeat");
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs?group=grp-l", NULL, 200, &r);
-  assert_int_equal(json_array_size(ht_get(&r, "runs")), 1);
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs?stauts=active", NULL, 400, &r);
-  expect_error(&r, 400, "invalid_request", "stauts");
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs?status=sleeping", NULL, 400, &r);
-  expect_error(&r, 400, "invalid_request", "status");
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs?limit=0", NULL, 400, &r);
   ht_resp_clear(&r);
 }
 
@@ -644,170 +235,56 @@ static void test_trace_replays(void **state) {
 /* ------------------------------------------------------------------ */
 /* Operations.                                                         */
 
-static void test_operations(void **state) {
+static void test_lease_runs_out(void **state) {
   (void)state;
+  /* A lease that runs out on the server's clock: unknown_outcome, 409. */
   ht_resp_t r;
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-a\",\"request_fingerprint\":\"fp1\",\"lease_ms\":1000}", 201, &r);
+  req("POST", "/v1/operations/claim", "{\"key\":\"op-c\",\"request_fingerprint\":\"fp1\",\"lease_ms\":100}", 201, &r);
   assert_string_equal(ht_str(&r, "outcome"), "claimed");
   ht_resp_clear(&r);
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-a\",\"request_fingerprint\":\"fp1\"}", 409, &r);
+  ht_advance(99);
+  req("POST", "/v1/operations/claim", "{\"key\":\"op-c\",\"request_fingerprint\":\"fp1\"}", 409, &r);
   assert_string_equal(ht_str(&r, "outcome"), "in_progress");
-  assert_string_equal(ht_str(&r, "error.type"), "conflict");
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-a\",\"request_fingerprint\":\"fp2\"}", 422, &r);
-  assert_string_equal(ht_str(&r, "outcome"), "mismatch");
-  assert_string_equal(ht_str(&r, "error.type"), "unprocessable");
-  ht_resp_clear(&r);
-  req("GET", "/v1/operations/op-a", NULL, 200, &r);
-  assert_string_equal(ht_str(&r, "state"), "in_progress");
-  assert_string_equal(ht_str(&r, "request_fingerprint"), "fp1");
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/op-a/commit", "{\"result\":{\"id\":\"x1\"},\"operation_id\":\"o1\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "state"), "committed");
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-a\",\"request_fingerprint\":\"fp1\"}", 200, &r);
-  assert_string_equal(ht_str(&r, "outcome"), "replay");
-  assert_string_equal(ht_str(&r, "result.id"), "x1");
-  ht_resp_clear(&r);
-  /* fail: retryable frees the key, final keeps it. */
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-b\",\"request_fingerprint\":\"fp1\"}", 201, &r);
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/op-b/fail", "{\"retryable\":true}", 200, &r);
-  assert_string_equal(ht_str(&r, "state"), "free");
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-b\",\"request_fingerprint\":\"fp1\"}", 201, &r);
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/op-b/fail", "{\"retryable\":false}", 200, &r);
-  assert_string_equal(ht_str(&r, "state"), "failed");
-  ht_resp_clear(&r);
-  /* A lease that runs out: unknown_outcome, 409. */
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-c\",\"request_fingerprint\":\"fp1\",\"lease_ms\":100}", 201, &r);
   ht_resp_clear(&r);
   ht_advance(1000);
   req("POST", "/v1/operations/claim", "{\"key\":\"op-c\",\"request_fingerprint\":\"fp1\"}", 409, &r);
   assert_string_equal(ht_str(&r, "outcome"), "unknown_outcome");
   ht_resp_clear(&r);
-  /* Errors. */
-  req("POST", "/v1/operations/claim", "{\"key\":\"op-d\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "request_fingerprint: this field is required");
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/nope/commit", "{\"result\":1}", 404, &r);
-  expect_error(&r, 404, "not_found", NULL);
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/op-a/commit", "{}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "result: this field is required");
-  ht_resp_clear(&r);
-  req("POST", "/v1/operations/nope/fail", "{\"retryable\":\"yes\"}", 400, &r);
-  expect_error(&r, 400, "invalid_request", "retryable: expected true or false");
-  ht_resp_clear(&r);
-  req("GET", "/v1/operations/nope", NULL, 404, &r);
-  ht_resp_clear(&r);
-  /* Keys with characters that need escaping in a path. */
-  req("POST", "/v1/operations/claim", "{\"key\":\"a b/c:d\",\"request_fingerprint\":\"fp\"}", 201, &r);
-  ht_resp_clear(&r);
-  req("GET", "/v1/operations/a%20b%2Fc%3Ad", NULL, 200, &r);
-  assert_string_equal(ht_str(&r, "key"), "a b/c:d");
-  ht_resp_clear(&r);
-}
-
-/* ------------------------------------------------------------------ */
-/* Health, metrics, routes.                                            */
-
-static void test_health_metrics_routes(void **state) {
-  (void)state;
-  ht_resp_t r;
-  req("GET", "/healthz", NULL, 200, &r);
-  assert_string_equal(ht_str(&r, "status"), "ok");
-  ht_resp_clear(&r);
-  req("GET", "/metrics", NULL, 200, &r);
-  assert_non_null(ht_find(r.head, "text/plain"));
-  assert_non_null(strstr(r.body, "loopguard_decisions_total{action=\"block\",reason=\"same_call_repeat\"}"));
-  assert_non_null(strstr(r.body, "loopguard_stops_total{reason=\"same_call_repeat\"}"));
-  assert_non_null(strstr(r.body, "loopguard_ledger_outcomes_total{outcome=\"claimed\"}"));
-  assert_non_null(strstr(r.body, "loopguard_runs_active "));
-  assert_non_null(strstr(r.body, "loopguard_request_duration_seconds_bucket{route=\"calls\",le=\"+Inf\"}"));
-  assert_non_null(strstr(r.body, "loopguard_requests_total{route=\"calls\",code=\"200\"}"));
-  ht_resp_clear(&r);
-  req("GET", "/v1/nothing", NULL, 404, &r);
-  expect_error(&r, 404, "not_found", NULL);
-  ht_resp_clear(&r);
-  req("DELETE", "/v1/runs", NULL, 405, &r);
-  expect_error(&r, 405, "invalid_request", "method not allowed");
-  assert_non_null(ht_find(r.head, "Allow: GET, POST"));
-  ht_resp_clear(&r);
-  req("GET", "/v1/runs/x/calls", NULL, 405, &r);
-  ht_resp_clear(&r);
-  /* The budgets answer (tests/cli/serve_budget.sh covers them in full). */
-  req("GET", "/v1/budgets/key:abc", NULL, 404, &r);
-  expect_error(&r, 404, "not_found", "key:abc");
-  ht_resp_clear(&r);
-  req("PUT", "/v1/budgets/key:abc", "{\"limit_usd\":5,\"period\":\"daily\"}", 200, &r);
-  ht_resp_clear(&r);
-  req("DELETE", "/v1/budgets/key:abc", NULL, 405, &r);
-  assert_non_null(ht_find(r.head, "Allow: GET, PUT"));
+  req("GET", "/v1/operations/op-c", NULL, 200, &r);
+  assert_string_equal(ht_str(&r, "state"), "unknown_outcome");
   ht_resp_clear(&r);
 }
 
 /* ------------------------------------------------------------------ */
 /* Auth.                                                               */
 
-static void test_auth(void **state) {
+static void test_no_token_in_log(void **state) {
   (void)state;
+  /* The roles themselves are tests/data/http/auth-roles; here, the log of
+   * requests with good, wrong and refused tokens never holds one. */
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
   o.tokens = "agent " AGENT_TOKEN "; operator " OPERATOR_TOKEN;
   lg_server_t *s = start(&o);
   ht_conn_t c;
   ht_open(&c, lg_server_port(s));
-  ht_resp_t r;
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs", NULL, "{\"run_id\":\"auth-1\"}", &r), 0);
-  expect_error(&r, 401, "unauthorized", NULL);
-  assert_non_null(ht_find(r.head, "WWW-Authenticate: Bearer"));
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs", "agent-token-0123456780", "{\"run_id\":\"auth-1\"}", &r), 0);
-  expect_error(&r, 401, "unauthorized", NULL);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs", AGENT_TOKEN, "{\"run_id\":\"auth-1\"}", &r), 0);
-  assert_int_equal(r.status, 201);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs/auth-1/calls", AGENT_TOKEN, "{\"tool\":\"t\"}", &r), 0);
-  assert_int_equal(r.status, 200);
-  ht_resp_clear(&r);
-  /* The agent may not cancel nor list: 403. */
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs/auth-1/cancel", AGENT_TOKEN, "{}", &r), 0);
-  expect_error(&r, 403, "forbidden", "operator");
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "GET", "/v1/runs", AGENT_TOKEN, NULL, &r), 0);
-  expect_error(&r, 403, "forbidden", NULL);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "POST", "/v1/groups/g/cancel", AGENT_TOKEN, "{}", &r), 0);
-  expect_error(&r, 403, "forbidden", NULL);
-  ht_resp_clear(&r);
-  /* The operator may do everything. */
-  assert_int_equal(ht_req(&c, "GET", "/v1/runs", OPERATOR_TOKEN, NULL, &r), 0);
-  assert_int_equal(r.status, 200);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs/auth-1/calls", OPERATOR_TOKEN, "{\"tool\":\"t\"}", &r), 0);
-  assert_int_equal(r.status, 200);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "POST", "/v1/runs/auth-1/cancel", OPERATOR_TOKEN, "{}", &r), 0);
-  assert_int_equal(r.status, 200);
-  ht_resp_clear(&r);
-  /* /healthz is open; /metrics is not. */
-  assert_int_equal(ht_req(&c, "GET", "/healthz", NULL, NULL, &r), 0);
-  assert_int_equal(r.status, 200);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "GET", "/metrics", NULL, NULL, &r), 0);
-  assert_int_equal(r.status, 401);
-  ht_resp_clear(&r);
-  assert_int_equal(ht_req(&c, "GET", "/metrics", AGENT_TOKEN, NULL, &r), 0);
-  assert_int_equal(r.status, 200);
-  ht_resp_clear(&r);
-  /* A malformed header. */
-  const char raw[] = "GET /v1/runs/auth-1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic xyz\r\n\r\n";
-  assert_int_equal(ht_raw(&c, raw, sizeof raw - 1, &r), 0);
-  assert_int_equal(r.status, 401);
-  ht_resp_clear(&r);
+  static const struct {
+    const char *method, *path, *token, *body;
+    int want;
+  } rq[] = {
+      {"POST", "/v1/runs", "agent-token-0123456780", "{\"run_id\":\"auth-1\"}", 401},
+      {"POST", "/v1/runs", AGENT_TOKEN, "{\"run_id\":\"auth-1\"}", 201},
+      {"POST", "/v1/runs/auth-1/calls", AGENT_TOKEN, "{\"tool\":\"t\"}", 200},
+      {"POST", "/v1/runs/auth-1/cancel", AGENT_TOKEN, "{}", 403},
+      {"POST", "/v1/runs/auth-1/cancel", OPERATOR_TOKEN, "{}", 200},
+      {"GET", "/metrics", AGENT_TOKEN, NULL, 200},
+  };
+  for (size_t i = 0; i < sizeof rq / sizeof rq[0]; i++) {
+    ht_resp_t r;
+    assert_int_equal(ht_req(&c, rq[i].method, rq[i].path, rq[i].token, rq[i].body, &r), 0);
+    if (r.status != rq[i].want) fail_msg("%s %s -> %d, wanted %d", rq[i].method, rq[i].path, r.status, rq[i].want);
+    ht_resp_clear(&r);
+  }
   ht_close(&c);
   lg_server_free(s);
   /* No token appears in the log. */
@@ -1050,22 +527,10 @@ int main(void) {
   if (!mkdtemp(TMP)) return 1;
   atexit(rm_tmp);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_create_run),
-      cmocka_unit_test(test_create_run_errors),
-      cmocka_unit_test(test_calls_ladder),
-      cmocka_unit_test(test_calls_errors),
-      cmocka_unit_test(test_calls_turns_and_ids),
-      cmocka_unit_test(test_results),
       cmocka_unit_test(test_retry_after),
-      cmocka_unit_test(test_state_handoffs),
-      cmocka_unit_test(test_model_usage),
-      cmocka_unit_test(test_ledger_through_calls),
-      cmocka_unit_test(test_cancel),
-      cmocka_unit_test(test_list),
       cmocka_unit_test(test_trace_replays),
-      cmocka_unit_test(test_operations),
-      cmocka_unit_test(test_health_metrics_routes),
-      cmocka_unit_test(test_auth),
+      cmocka_unit_test(test_lease_runs_out),
+      cmocka_unit_test(test_no_token_in_log),
       cmocka_unit_test(test_auth_config),
       cmocka_unit_test(test_big_bodies),
       cmocka_unit_test(test_slow_client),
