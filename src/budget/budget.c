@@ -304,10 +304,8 @@ static int where(lg_store_t *s, int rc, lg_error_t *err) {
 /* Locks the handle and opens a durable transaction (a savepoint inside
  * one already open). */
 static int txn_begin(lg_store_t *s, lg_error_t *err) {
-  if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   lg__store_lock(s);
-  if (s->depth == 0 && s->vt->batch) s->vt->batch(s); /* fewer round trips */
+  if (s->depth == 0) lg__sql_batch(s); /* fewer round trips (PostgreSQL) */
   int rc = lg__store_begin(s, LG__TXN_LEDGER, err);
   if (rc) lg__store_unlock(s);
   return rc;
@@ -347,7 +345,7 @@ static int read_locked(lg_store_t *s, const char *scope, const char *field, int6
                        lg__bud_row_t *row, int *released, lg_error_t *err) {
   int found = 0;
   *released = 0;
-  int rc = s->vt->bud_read(s, scope, 1, now_ms, row, &found, err);
+  int rc = lg__sql_bud_read(s, scope, 1, now_ms, row, &found, err);
   if (rc) return rc;
   if (!found)
     return lg__err(err, LG_ENOTFOUND, field, -1, "no budget for scope \"%s\" (set one with "
@@ -360,7 +358,7 @@ static int read_locked(lg_store_t *s, const char *scope, const char *field, int6
 /* Deletes the hold rows that release_expired() left out of the counters. */
 static int drop_expired(lg_store_t *s, const lg__bud_row_t *row, int released, int64_t now_ms,
                         lg_error_t *err) {
-  return released && row->expired_holds > 0 ? s->vt->holds_expire(s, row->scope, now_ms, err) : 0;
+  return released && row->expired_holds > 0 ? lg__sql_holds_expire(s, row->scope, now_ms, err) : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -379,7 +377,7 @@ int lg_budget_set(lg_store_t *s, const char *scope, int64_t limit_micro,
   if ((rc = txn_begin(s, err))) return where(s, rc, err);
   lg__bud_row_t row = {0};
   int found = 0;
-  rc = s->vt->bud_read(s, scope, 1, now_ms, &row, &found, err);
+  rc = lg__sql_bud_read(s, scope, 1, now_ms, &row, &found, err);
   if (!rc) {
     if (found) {
       roll(&row, now_ms);
@@ -401,7 +399,7 @@ int lg_budget_set(lg_store_t *s, const char *scope, int64_t limit_micro,
     row.period = (int)period;
     row.max_in_flight_micro = max_in_flight_micro >= 0 ? max_in_flight_micro : -1;
     row.updated_ms = now_ms;
-    rc = s->vt->bud_put(s, &row, err);
+    rc = lg__sql_bud_put(s, &row, err);
   }
   if (!rc) rc = lg__store_fault_at(s, "budget.set.before_commit", err);
   rc = txn_end(s, rc, err);
@@ -414,12 +412,10 @@ int lg_budget_get(lg_store_t *s, const char *scope, int64_t now_ms, lg_budget_t 
                   lg_error_t *err) {
   int rc = lg_budget_scope_check(scope, err);
   if (rc) return rc;
-  if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   lg__bud_row_t row = {0};
   int found = 0;
   int r = lg__store_read_begin(s); /* never behind a write */
-  rc = s->vt->bud_read(s, scope, 0, now_ms, &row, &found, err);
+  rc = lg__sql_bud_read(s, scope, 0, now_ms, &row, &found, err);
   lg__store_read_end(s, r);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "scope", -1, "no budget for scope \"%s\"", scope);
@@ -450,11 +446,9 @@ static int list_one(void *ud, const lg__bud_row_t *row) {
 
 int lg_budget_list(lg_store_t *s, int64_t now_ms, lg_budget_cb cb, void *ud, lg_error_t *err) {
   if (!cb) return lg__err(err, LG_EINVAL, NULL, -1, "no callback given");
-  if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   list_ctx_t x = {cb, ud, now_ms};
   int r = lg__store_read_begin(s);
-  int rc = s->vt->bud_list(s, now_ms, list_one, &x, err);
+  int rc = lg__sql_bud_list(s, now_ms, list_one, &x, err);
   lg__store_read_end(s, r);
   return where(s, rc, err);
 }
@@ -472,7 +466,7 @@ int lg_budget_reset(lg_store_t *s, const char *scope, int64_t now_ms, lg_budget_
     row.spent_micro = 0;
     lg_budget_period_bounds((lg_budget_period_t)row.period, now_ms, &row.period_start_ms, NULL);
     row.updated_ms = now_ms;
-    rc = s->vt->bud_put(s, &row, err);
+    rc = lg__sql_bud_put(s, &row, err);
   }
   rc = txn_end(s, rc, err);
   if (!rc && out) view(&row, out);
@@ -721,12 +715,12 @@ int lg__budget_reserve(lg_store_t *s, const lg_budget_request_t *req, int64_t no
     size_t i = order[k];
     lg__bud_row_t *r = &rows[i];
     rc = drop_expired(s, r, released[i], now_ms, err);
-    if (!rc) rc = s->vt->hold_put(s, req->scopes[i], id, req->amount_micro, now_ms + ttl, err);
+    if (!rc) rc = lg__sql_hold_put(s, req->scopes[i], id, req->amount_micro, now_ms + ttl, err);
     if (rc) break;
     r->reserved_micro = sat_add(r->reserved_micro, req->amount_micro);
     r->holds++;
     if (r->next_expiry_ms < 0 || now_ms + ttl < r->next_expiry_ms) r->next_expiry_ms = now_ms + ttl;
-    rc = s->vt->bud_put(s, r, err);
+    rc = lg__sql_bud_put(s, r, err);
   }
   if (!rc) {
     rv.id = id;
@@ -736,7 +730,7 @@ int lg__budget_reserve(lg_store_t *s, const lg_budget_request_t *req, int64_t no
     rv.model = (char *)req->model;
     rv.created_ms = now_ms;
     rv.expires_ms = now_ms + ttl;
-    rc = s->vt->resv_insert(s, &rv, err);
+    rc = lg__sql_resv_insert(s, &rv, err);
   }
   if (!rc) rc = lg__store_fault_at(s, "budget.reserve.before_commit", err);
   rc = txn_end(s, rc, err);
@@ -824,7 +818,7 @@ static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int6
     int found = 0, dropped = 0;
     /* The row under its lock, its hold rows, and this reservation's hold
      * deleted — in that order. */
-    rc = s->vt->bud_read_drop(s, names[i], now_ms, rv->id, &row, &found, &dropped, err);
+    rc = lg__sql_bud_read_drop(s, names[i], now_ms, rv->id, &row, &found, &dropped, err);
     if (!rc && !found) {
       lg__bud_row_clear(&row);
       continue; /* a budget that is gone is charged nothing */
@@ -843,7 +837,7 @@ static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int6
     }
     row.spent_micro = sat_add(row.spent_micro, actual);
     row.updated_ms = now_ms;
-    if (!rc) rc = s->vt->bud_put(s, &row, err);
+    if (!rc) rc = lg__sql_bud_put(s, &row, err);
     if (!rc && out) view(&row, &out->scopes[out->nscopes++]);
     lg__bud_row_clear(&row);
   }
@@ -853,7 +847,7 @@ static int settle_locked(lg_store_t *s, lg__resv_row_t *rv, int64_t actual, int6
     rv->actual_micro = actual;
     rv->settled_ms = now_ms;
     rv->asked_micro = asked > actual ? asked : -1;
-    rc = s->vt->resv_update(s, rv, err);
+    rc = lg__sql_resv_update(s, rv, err);
   }
   if (!rc && out) {
     snprintf(out->id, sizeof out->id, "%s", rv->id);
@@ -876,7 +870,7 @@ static int settle(lg_store_t *s, const char *id, int64_t actual_micro, int bound
   if ((rc = txn_begin(s, err))) return where(s, rc, err);
   lg__resv_row_t rv = {0};
   int found = 0;
-  rc = s->vt->resv_read(s, id, 1, &rv, &found, err);
+  rc = lg__sql_resv_read(s, id, 1, &rv, &found, err);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "reservation_id", -1,
                  "no reservation \"%s\" (never made, or forgotten by purge after its TTL)", id);
@@ -974,13 +968,11 @@ int lg_budget_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_
                     lg_error_t *err) {
   int64_t n = 0;
   if (purged) *purged = 0;
-  if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   if (older_than_ms < 0) older_than_ms = s->opts.retention_ms;
   /* The expired hold rows, scope by scope, each under its lock. */
   due_t due = {NULL, 0, 0, now_ms, 0};
   lg__store_lock(s);
-  int rc = s->vt->bud_list(s, now_ms, collect_due, &due, err);
+  int rc = lg__sql_bud_list(s, now_ms, collect_due, &due, err);
   lg__store_unlock(s);
   if (rc && due.oom) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   for (size_t i = 0; i < due.n && !rc; i++) {
@@ -991,7 +983,7 @@ int lg_budget_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_
     if (rc == LG_ENOTFOUND) rc = 0;
     else if (!rc && released) {
       rc = drop_expired(s, &row, released, now_ms, err);
-      if (!rc) rc = s->vt->bud_put(s, &row, err);
+      if (!rc) rc = lg__sql_bud_put(s, &row, err);
     }
     lg__bud_row_clear(&row);
     rc = txn_end(s, rc, err);
@@ -1000,7 +992,7 @@ int lg_budget_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_
   lg__free(due.v);
   /* Then the reservations whose TTL ended long enough ago. */
   if (!rc && !(rc = txn_begin(s, err))) {
-    rc = s->vt->resv_purge(s, now_ms - older_than_ms, &n, err);
+    rc = lg__sql_resv_purge(s, now_ms - older_than_ms, &n, err);
     rc = txn_end(s, rc, err);
   }
   if (purged) *purged = rc ? 0 : n;
@@ -1015,13 +1007,11 @@ int lg_budget_scopes_check(lg_store_t *s, const char *const *scopes, size_t n,
   size_t order[LG_BUDGET_MAX_SCOPES];
   int rc = check_scopes(scopes, n, order, 0, err);
   if (rc) return rc;
-  if (s->vt->version < 2)
-    return lg__err(err, LG_ESTORE, NULL, -1, "the %s store has no budgets", s->vt->scheme);
   for (size_t i = 0; i < n && !rc; i++) {
     lg__bud_row_t row = {0};
     int found = 0;
     lg__store_lock(s);
-    rc = s->vt->bud_read(s, scopes[i], 0, 0, &row, &found, err);
+    rc = lg__sql_bud_read(s, scopes[i], 0, 0, &row, &found, err);
     lg__store_unlock(s);
     if (!rc && !found) {
       char f[32];
@@ -1049,7 +1039,7 @@ int lg_budget_run_scopes_set(lg_store_t *s, const char *run_id, const char *cons
   for (size_t i = 0; i < n && !rc; i++) {
     lg__bud_row_t row = {0};
     int found = 0;
-    rc = s->vt->bud_read(s, scopes[i], 0, 0, &row, &found, err);
+    rc = lg__sql_bud_read(s, scopes[i], 0, 0, &row, &found, err);
     if (!rc && !found) {
       char f[32];
       snprintf(f, sizeof f, "scopes[%zu]", i);
@@ -1058,7 +1048,7 @@ int lg_budget_run_scopes_set(lg_store_t *s, const char *run_id, const char *cons
     }
     lg__bud_row_clear(&row);
   }
-  if (!rc) rc = s->vt->runscopes_put(s, run_id, list, err);
+  if (!rc) rc = lg__sql_runscopes_put(s, run_id, list, err);
   rc = txn_end(s, rc, err);
   lg__free(list);
   return where(s, rc, err);
@@ -1074,11 +1064,10 @@ int lg__budget_run_scopes(lg_store_t *s, const char *run_id, char ***scopes, siz
                           lg_error_t *err) {
   *scopes = NULL;
   *n = 0;
-  if (s->vt->version < 2) return 0;
   char *list = NULL;
   int found = 0;
   lg__store_lock(s);
-  int rc = s->vt->runscopes_get(s, run_id, &list, &found, err);
+  int rc = lg__sql_runscopes_get(s, run_id, &list, &found, err);
   lg__store_unlock(s);
   if (rc) return where(s, rc, err);
   if (!found || !list || !*list) {
@@ -1121,7 +1110,7 @@ int lg__budget_run_reservation(lg_store_t *s, const char *run_id, int64_t run_se
   *found = 0;
   *model = NULL;
   lg__store_lock(s);
-  int rc = s->vt->resv_of_run(s, run_id, run_seq, s->depth > 0, &rv, found, err);
+  int rc = lg__sql_resv_of_run(s, run_id, run_seq, s->depth > 0, &rv, found, err);
   lg__store_unlock(s);
   if (rc) return where(s, rc, err);
   if (*found && rv.settled) *found = 0;
@@ -1141,10 +1130,10 @@ int lg__budget_set_run_seq(lg_store_t *s, const char *id, int64_t run_seq, lg_er
   if (rc) return where(s, rc, err);
   lg__resv_row_t rv = {0};
   int found = 0;
-  rc = s->vt->resv_read(s, id, 1, &rv, &found, err);
+  rc = lg__sql_resv_read(s, id, 1, &rv, &found, err);
   if (!rc && found) {
     rv.run_seq = run_seq;
-    rc = s->vt->resv_update(s, &rv, err);
+    rc = lg__sql_resv_update(s, &rv, err);
   }
   rc = txn_end(s, rc, err);
   lg__resv_row_clear(&rv);

@@ -95,12 +95,11 @@ static int fill_claim(lg_claim_outcome_t o, int failed, lg__op_row_t *r, lg_clai
 
 static int claim_locked(lg_store_t *s, const lg__op_row_t *mine, lg_claim_t *out,
                         lg_error_t *err) {
-  const lg__store_vtab_t *vt = s->vt;
   int rc, inserted = 0;
   if (s->depth == 0) {
     /* The common case in one durable statement: the key is free. */
     if ((rc = lg__store_fault_at(s, "claim.insert", err))) return rc;
-    rc = vt->op_insert(s, mine, &inserted, err);
+    rc = lg__sql_op_insert(s, mine, &inserted, err);
     if (rc) return rc;
     if (inserted) return fill_claim(LG_CLAIM_CLAIMED, 0, NULL, out);
   }
@@ -108,10 +107,10 @@ static int claim_locked(lg_store_t *s, const lg__op_row_t *mine, lg_claim_t *out
     lg__op_row_t cur = {0};
     int found = 0, failed = 0;
     if ((rc = lg__store_begin(s, LG__TXN_LEDGER, err))) return rc;
-    rc = vt->op_read(s, mine->key, 1, &cur, &found, err);
+    rc = lg__sql_op_read(s, mine->key, 1, &cur, &found, err);
     if (rc) goto fail;
     if (!found) {
-      if ((rc = vt->op_insert(s, mine, &inserted, err))) goto fail;
+      if ((rc = lg__sql_op_insert(s, mine, &inserted, err))) goto fail;
       if (!inserted) { /* lost a race with another claimant: look again */
         lg__store_end(s, 0, NULL);
         continue;
@@ -124,7 +123,7 @@ static int claim_locked(lg_store_t *s, const lg__op_row_t *mine, lg_claim_t *out
     if (o == LG_CLAIM_FREE) {
       /* A finished row past retention: the key starts afresh. */
       lg__op_row_clear(&cur);
-      if ((rc = vt->op_update(s, mine, err))) goto fail;
+      if ((rc = lg__sql_op_update(s, mine, err))) goto fail;
       if ((rc = lg__store_fault_at(s, "claim.before_commit", err))) goto fail;
       if ((rc = lg__store_end(s, 1, err))) return rc;
       return fill_claim(LG_CLAIM_CLAIMED, 0, NULL, out);
@@ -190,7 +189,7 @@ int lg_store_peek(lg_store_t *s, const char *key, const char *request_fp, int64_
   lg__op_row_t cur = {0};
   int found = 0, failed = 0;
   int r = lg__store_read_begin(s); /* never behind a write */
-  rc = s->vt->op_read(s, key, 0, &cur, &found, err);
+  rc = lg__sql_op_read(s, key, 0, &cur, &found, err);
   lg__store_read_end(s, r);
   if (rc) {
     if (err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
@@ -210,7 +209,7 @@ static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__o
   int found = 0;
   int rc = lg__store_begin(s, LG__TXN_LEDGER, err);
   if (rc) return rc;
-  rc = s->vt->op_read(s, key, 1, cur, &found, err);
+  rc = lg__sql_op_read(s, key, 1, cur, &found, err);
   if (!rc && (!found || cur->freed || stale(s, cur, now_ms)))
     rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no claim for key \"%s\" in the ledger", key);
   if (rc) {
@@ -220,40 +219,46 @@ static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__o
   return rc;
 }
 
-int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
-                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+/* The outcome of a claimed key: state COMMITTED (with its result and
+ * operation id), FAILED, or 0: released for a retry (the row goes). The
+ * first outcome stands: a COMMITTED row never changes, and a FAILED one only
+ * goes for a retry. points names the fault points of the one-statement path
+ * and of the moment before the transaction commits. */
+static int settle(lg_store_t *s, const char *key, int state, const char *result,
+                  size_t result_len, const char *operation_id, int64_t now_ms,
+                  const char *const points[2], lg_error_t *err) {
   int rc = check_key(key, err);
   if (rc) return rc;
+  const char *opid = operation_id && *operation_id ? operation_id : NULL;
+  if (!result) result_len = 0;
   lg__op_row_t cur = {0};
   lg__store_lock(s);
   if (s->depth == 0) {
     /* The common case in one durable statement: the key is claimed. */
     int changed = 0;
-    const char *opid = operation_id && *operation_id ? operation_id : NULL;
-    rc = lg__store_fault_at(s, "commit.settle", err);
+    rc = lg__store_fault_at(s, points[0], err);
     if (!rc)
-      rc = s->vt->op_settle(s, key, LG_OP_COMMITTED, result, result ? result_len : 0, opid,
-                            now_ms, &changed, err);
+      rc = lg__sql_op_settle(s, key, state, result, result_len, opid, now_ms, &changed, err);
     if (rc || changed) goto out;
   }
   rc = open_for_change(s, key, now_ms, &cur, err);
   if (rc) goto out;
-  if (cur.state == LG_OP_IN_PROGRESS) {
-    /* The row's own strings stay; only the outcome fields change. */
-    lg__free(cur.result);
-    lg__free(cur.operation_id);
-    cur.result = NULL;
-    cur.operation_id = NULL;
+  if (cur.state == LG_OP_COMMITTED) {
+    /* stands */
+  } else if (state == 0) {
+    rc = lg__sql_op_delete(s, key, err);
+  } else if (cur.state == LG_OP_IN_PROGRESS) {
     lg__op_row_t next = cur;
-    next.state = LG_OP_COMMITTED;
-    next.result = (char *)result;
-    next.result_len = result ? result_len : 0;
-    next.operation_id = (char *)(operation_id && *operation_id ? operation_id : NULL);
+    next.state = state;
     next.updated_ms = now_ms;
-    rc = s->vt->op_update(s, &next, err);
-    if (!rc) rc = lg__store_fault_at(s, "commit.before_commit", err);
+    if (state == LG_OP_COMMITTED) {
+      next.result = (char *)result;
+      next.result_len = result_len;
+      next.operation_id = (char *)opid;
+    }
+    rc = lg__sql_op_update(s, &next, err);
+    if (!rc) rc = lg__store_fault_at(s, points[1], err);
   }
-  /* COMMITTED or FAILED already: the first outcome stands. */
   if (rc) lg__store_end(s, 0, NULL);
   else rc = lg__store_end(s, 1, err);
   lg__op_row_clear(&cur);
@@ -263,38 +268,16 @@ out:
   return rc;
 }
 
+int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
+                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+  static const char *const points[2] = {"commit.settle", "commit.before_commit"};
+  return settle(s, key, LG_OP_COMMITTED, result, result_len, operation_id, now_ms, points, err);
+}
+
 int lg_store_fail(lg_store_t *s, const char *key, int retryable, int64_t now_ms,
                   lg_error_t *err) {
-  int rc = check_key(key, err);
-  if (rc) return rc;
-  lg__op_row_t cur = {0};
-  lg__store_lock(s);
-  if (s->depth == 0) {
-    int changed = 0;
-    rc = lg__store_fault_at(s, "fail.settle", err);
-    if (!rc)
-      rc = s->vt->op_settle(s, key, retryable ? 0 : LG_OP_FAILED, NULL, 0, NULL, now_ms,
-                            &changed, err);
-    if (rc || changed) goto out;
-  }
-  rc = open_for_change(s, key, now_ms, &cur, err);
-  if (rc) goto out;
-  if (cur.state != LG_OP_COMMITTED) {
-    if (retryable) {
-      rc = s->vt->op_delete(s, key, err);
-    } else if (cur.state == LG_OP_IN_PROGRESS) {
-      cur.state = LG_OP_FAILED;
-      cur.updated_ms = now_ms;
-      rc = s->vt->op_update(s, &cur, err);
-    }
-  }
-  if (rc) lg__store_end(s, 0, NULL);
-  else rc = lg__store_end(s, 1, err);
-  lg__op_row_clear(&cur);
-out:
-  lg__store_unlock(s);
-  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
-  return rc;
+  static const char *const points[2] = {"fail.settle", "fail.before_commit"};
+  return settle(s, key, retryable ? 0 : LG_OP_FAILED, NULL, 0, NULL, now_ms, points, err);
 }
 
 int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operation_t *out,
@@ -305,7 +288,7 @@ int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operat
   lg__op_row_t cur = {0};
   int found = 0;
   int r = lg__store_read_begin(s); /* never behind a write */
-  rc = s->vt->op_read(s, key, 0, &cur, &found, err);
+  rc = lg__sql_op_read(s, key, 0, &cur, &found, err);
   lg__store_read_end(s, r);
   if (!rc && (!found || stale(s, &cur, now_ms)))
     rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no key \"%s\" in the ledger", key);
@@ -403,11 +386,11 @@ static int settle_as(lg_store_t *s, const char *key, int state, int retryable, c
         next.result = NULL;
         next.result_len = 0;
       }
-      rc = s->vt->op_update(s, &next, err);
+      rc = lg__sql_op_update(s, &next, err);
     } else if (write && retryable && !commit) {
-      rc = s->vt->op_delete(s, key, err); /* the claimant's own retryable failure */
+      rc = lg__sql_op_delete(s, key, err); /* the claimant's own retryable failure */
     } else if (write) {
-      rc = s->vt->op_update(s, &next, err);
+      rc = lg__sql_op_update(s, &next, err);
     }
     if (!rc && write) rc = lg__store_fault_at(s, "settle_as.before_commit", err);
   }
@@ -439,7 +422,7 @@ int lg_store_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_t
   int64_t n = 0;
   if (older_than_ms < 0) older_than_ms = s->opts.retention_ms;
   lg__store_lock(s);
-  int rc = s->vt->op_purge(s, now_ms - older_than_ms, &n, err);
+  int rc = lg__sql_op_purge(s, now_ms - older_than_ms, &n, err);
   lg__store_unlock(s);
   if (purged) *purged = rc ? 0 : n;
   if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);

@@ -69,13 +69,13 @@ static void *loop(void *arg) {
 }
 
 lg__checkpointer_t *lg__checkpointer_new(lg_store_t *s, int every_ms) {
-  const char *store_url = s->name;
-  if (s->vt != &lg__store_sqlite || strncmp(store_url, "sqlite:", 7)) return NULL;
+  const char *path = lg__store_sqlite_path(s);
+  if (!path) return NULL;
   lg__checkpointer_t *c = lg__calloc(1, sizeof *c);
   if (!c) return NULL;
   c->every_ms = every_ms > 0 ? every_ms : 5;
   /* The store made the file (and put it in WAL mode) before this runs. */
-  if (sqlite3_open_v2(store_url + 7, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
+  if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
       SQLITE_OK)
     goto fail_db;
   sqlite3_busy_timeout(c->db, 0);

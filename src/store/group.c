@@ -33,6 +33,7 @@
  * different runs proceed in parallel on per-thread connections, and a
  * batch holding many rows' locks could deadlock with another replica's.
  */
+#include "driver.h"
 #include "group.h"
 #include "store.h"
 
@@ -183,5 +184,5 @@ void lg__batcher_stats(lg__batcher_t *b, uint64_t *batches, uint64_t *jobs) {
 }
 
 int lg__store_single_writer(const lg_store_t *s) {
-  return s->vt == &lg__store_sqlite || s->vt == &lg__store_memory;
+  return (s->drv->caps & LG__CAP_SINGLE_WRITER) != 0;
 }

@@ -7,14 +7,18 @@
  * rules live beside it in src/ledger/ledger.c; what needs the engine
  * (saving and loading an lg_run_t, cancelling) in store_run.c.
  */
+#include "driver.h"
 #include "store.h"
 
 #include <stdio.h>
 #include <time.h>
 
 int lg__store_schema_target = LG_STORE_SCHEMA_VERSION;
-lg__store_fault_fn lg__store_fault = NULL;
-void *lg__store_fault_ud = NULL;
+
+void lg__store_set_fault(lg_store_t *s, lg__store_fault_fn fn, void *ud) {
+  s->fault = fn;
+  s->fault_ud = ud;
+}
 
 /* ---- small helpers ---- */
 
@@ -123,26 +127,25 @@ static char *redact(const char *url) {
 void lg__store_lock(lg_store_t *s) { pthread_mutex_lock(&s->mu); }
 
 int lg__store_read_begin(lg_store_t *s) {
-  if (s->vt->version >= 4 && s->vt->reader) {
+  if (s->drv->reader) {
     if (pthread_mutex_trylock(&s->mu) == 0) {
       /* Free, or ours: inside our own transaction the read must see its
        * writes, so it stays on the handle. */
       if (s->depth > 0) return 0;
       pthread_mutex_unlock(&s->mu);
     }
-    if (s->vt->reader(s, 1, NULL) == 0) return 1;
+    if (lg__sql_reader(s, 1, NULL) == 0) return 1;
   }
   lg__store_lock(s);
   return 0;
 }
 
 int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
-  if (s->vt->version < 4 || !s->vt->write_probe) return 0;
-  return s->vt->write_probe(s, now_ms, err);
+  return lg__sql_write_probe(s, now_ms, err);
 }
 
 void lg__store_read_end(lg_store_t *s, int reader) {
-  if (reader) s->vt->reader(s, 0, NULL);
+  if (reader) lg__sql_reader(s, 0, NULL);
   else lg__store_unlock(s);
 }
 void lg__store_unlock(lg_store_t *s) { pthread_mutex_unlock(&s->mu); }
@@ -156,26 +159,29 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
     lg__err(err, LG_EINVAL, "url", -1, "no store URL given");
     return NULL;
   }
-  const lg__store_vtab_t *vt = NULL;
-  const char *arg = NULL;
-  if (!strncmp(url, "memory:", 7)) {
-    vt = &lg__store_memory;
-    arg = url + 7;
-  } else if (!strncmp(url, "sqlite:", 7)) {
-    vt = &lg__store_sqlite;
-    arg = url + 7;
-  } else if (!strncmp(url, "postgres://", 11) || !strncmp(url, "postgresql://", 13)) {
-    vt = &lg__store_pg;
-    arg = url;
-  } else if (!strncmp(url, "postgres:", 9)) {
-    vt = &lg__store_pg;
-    arg = url + 9;
-  } else {
+  /* The URL's scheme names the backend: the rows over which driver. */
+  static const struct {
+    const char *prefix;         /* the URL starts with it */
+    int keep;                   /* the backend sees the prefix too */
+    const char *scheme;
+    const lg__driver_t *drv;
+  } schemes[] = {
+      {"memory:", 0, "memory", &lg__driver_sqlite_memory},
+      {"sqlite:", 0, "sqlite", &lg__driver_sqlite},
+      {"postgres://", 1, "postgres", &lg__driver_pg},
+      {"postgresql://", 1, "postgres", &lg__driver_pg},
+      {"postgres:", 0, "postgres", &lg__driver_pg},
+  };
+  size_t which = 0, nschemes = sizeof schemes / sizeof schemes[0];
+  while (which < nschemes && strncmp(url, schemes[which].prefix, strlen(schemes[which].prefix)))
+    which++;
+  if (which == nschemes) {
     lg__err(err, LG_EINVAL, "url", -1,
             "unknown store URL \"%s\": use memory:, sqlite:PATH or postgres:CONNINFO",
             url);
     return NULL;
   }
+  const char *arg = url + (schemes[which].keep ? 0 : strlen(schemes[which].prefix));
   /* durability=full|relaxed: a parameter of the URL for every backend
    * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
    * postgres:host=... durability=relaxed), taken out before the backend
@@ -216,7 +222,8 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (!s) goto fail_oom;
   s->name = redact(url);
   if (!s->name) goto fail_oom;
-  s->vt = vt;
+  s->drv = schemes[which].drv;
+  s->scheme = schemes[which].scheme;
   if (opts) s->opts = *opts;
   if (s->opts.retention_ms <= 0) s->opts.retention_ms = LG_STORE_DEFAULT_RETENTION_MS;
   if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
@@ -231,7 +238,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (mrc) goto fail_oom;
   s->ledger.methods = &lg__store_ledger_methods;
   s->ledger.self = s;
-  int rc = vt->open(s, arg, err);
+  int rc = lg__sql_open(s, arg, err);
   lg__free(argbuf);
   if (rc) {
     lg__err_where(err, s->name, 0);
@@ -252,13 +259,13 @@ fail_oom:
 
 void lg_store_close(lg_store_t *s) {
   if (!s) return;
-  s->vt->close(s);
+  lg__sql_close(s);
   pthread_mutex_destroy(&s->mu);
   lg__free(s->name);
   lg__free(s);
 }
 
-const char *lg_store_scheme(const lg_store_t *s) { return s->vt->scheme; }
+const char *lg_store_scheme(const lg_store_t *s) { return s->scheme; }
 const char *lg_store_name(const lg_store_t *s) { return s->name; }
 
 /* Names the store in an error that a backend filled. */
@@ -269,7 +276,7 @@ static int where(lg_store_t *s, int rc, lg_error_t *err) {
 
 int lg_store_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
   int r = lg__store_read_begin(s);
-  int rc = s->vt->schema_version(s, version, err);
+  int rc = lg__sql_schema_version(s, version, err);
   lg__store_read_end(s, r);
   return where(s, rc, err);
 }
@@ -279,7 +286,7 @@ int lg_store_schema_version(lg_store_t *s, int *version, lg_error_t *err) {
 int lg__store_begin(lg_store_t *s, int kind, lg_error_t *err) {
   int nested = s->depth > 0;
   int upgrade = nested && kind == LG__TXN_LEDGER && s->outer_kind == LG__TXN_RUN;
-  int rc = s->vt->begin(s, kind, nested, upgrade, err);
+  int rc = lg__sql_begin(s, kind, nested, upgrade, err);
   if (rc) return where(s, rc, err);
   if (!nested) s->outer_kind = kind;
   else if (upgrade) s->outer_kind = LG__TXN_LEDGER;
@@ -292,7 +299,7 @@ int lg__store_end(lg_store_t *s, int commit, lg_error_t *err) {
   s->depth--;
   lg_error_t scratch;
   /* A rollback's own failure must not hide the error that caused it. */
-  int rc = s->vt->end(s, commit, s->depth > 0, commit ? err : &scratch);
+  int rc = lg__sql_end(s, commit, s->depth > 0, commit ? err : &scratch);
   if (s->depth == 0) s->outer_kind = 0;
   return commit ? where(s, rc, err) : 0;
 }
@@ -318,7 +325,7 @@ int lg_store_run_create(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *e
   int inserted = 0;
   rc = lg__store_begin(s, LG__TXN_RUN, err);
   if (!rc) {
-    rc = s->vt->run_insert(s, rec, &inserted, err);
+    rc = lg__sql_run_insert(s, rec, &inserted, err);
     if (!rc && !inserted)
       rc = lg__err(err, LG_ECONFLICT, "run_id", -1, "run \"%s\" is already stored",
                    rec->run_id);
@@ -344,11 +351,11 @@ int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const ch
   rc = own ? lg__store_begin(s, LG__TXN_RUN, err) : 0;
   if (!rc) {
     int updated = 0, inserted = 0;
-    int with_lines = len && s->vt->version >= 3 && s->vt->run_update_ev;
-    rc = with_lines ? s->vt->run_update_ev(s, rec, lines, len, &updated, err)
-                    : s->vt->run_update(s, rec, &updated, err);
+    int with_lines = len != 0;
+    rc = with_lines ? lg__sql_run_update_ev(s, rec, lines, len, &updated, err)
+                    : lg__sql_run_update(s, rec, &updated, err);
     if (!rc && !updated) {
-      rc = s->vt->run_insert(s, rec, &inserted, err);
+      rc = lg__sql_run_insert(s, rec, &inserted, err);
       /* Inserted by someone else in between: only possible without the
        * run's lock, so say so rather than overwrite blindly. */
       if (!rc && !inserted)
@@ -371,7 +378,7 @@ int lg_store_run_get(lg_store_t *s, const char *run_id, lg_run_record_t *out,
   if (rc) return rc;
   int found = 0;
   int r = lg__store_read_begin(s);
-  rc = s->vt->run_read(s, run_id, 0, out, &found, err);
+  rc = lg__sql_run_read(s, run_id, 0, out, &found, err);
   lg__store_read_end(s, r);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
@@ -387,7 +394,7 @@ int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb c
     return lg__err(err, LG_EINVAL, "status", -1,
                    "status \"%s\" is neither \"active\" nor \"stopped\"", f->status);
   int r = lg__store_read_begin(s);
-  int rc = s->vt->run_list(s, f, cb, ud, err);
+  int rc = lg__sql_run_list(s, f, cb, ud, err);
   lg__store_read_end(s, r);
   return rc < 0 ? where(s, rc, err) : rc;
 }
@@ -406,7 +413,7 @@ int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, voi
   if (rc) goto out;
   lg_run_record_t rec = {0};
   int found = 0;
-  rc = s->vt->run_read(s, run_id, 1, &rec, &found, err);
+  rc = lg__sql_run_read(s, run_id, 1, &rec, &found, err);
   if (!rc && !found)
     rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
   if (!rc) {
@@ -430,10 +437,8 @@ int lg__store_events_append(lg_store_t *s, const char *run_id, const char *lines
                             lg_error_t *err) {
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc || !len) return rc;
-  if (s->vt->version < 3 || !s->vt->ev_append)
-    return lg__err(err, LG_ESTATE, NULL, -1, "this store keeps no trace lines");
   lg__store_lock(s);
-  rc = s->vt->ev_append(s, run_id, lines, len, err);
+  rc = lg__sql_ev_append(s, run_id, lines, len, err);
   lg__store_unlock(s);
   return where(s, rc, err);
 }
@@ -441,9 +446,8 @@ int lg__store_events_append(lg_store_t *s, const char *run_id, const char *lines
 int lg__store_events_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err) {
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc) return rc;
-  if (s->vt->version < 3 || !s->vt->ev_read) return 0; /* none kept */
   int r = lg__store_read_begin(s); /* never behind a write */
-  rc = s->vt->ev_read(s, run_id, out, err);
+  rc = lg__sql_ev_read(s, run_id, out, err);
   lg__store_read_end(s, r);
   return where(s, rc, err);
 }
@@ -455,7 +459,7 @@ int lg__store_deny(lg_store_t *s, int scope, const char *id, const char *reason,
   int rc = check_id(scope == LG__DENY_RUN ? "run_id" : "group", id, 1024, err);
   if (rc) return rc;
   lg__store_lock(s);
-  rc = s->vt->deny_put(s, scope, id, reason, now_ms, err);
+  rc = lg__sql_deny_put(s, scope, id, reason, now_ms, err);
   lg__store_unlock(s);
   return where(s, rc, err);
 }
@@ -468,7 +472,7 @@ int lg_store_denied(lg_store_t *s, const char *run_id, const char *group, char *
   int found = 0;
   char *r = NULL;
   lg__store_lock(s);
-  rc = s->vt->deny_get(s, run_id, group && *group ? group : NULL, &found, &r, err);
+  rc = lg__sql_deny_get(s, run_id, group && *group ? group : NULL, &found, &r, err);
   lg__store_unlock(s);
   if (rc) return where(s, rc, err);
   if (reason) *reason = r;

@@ -1,16 +1,16 @@
 /*
- * store.h — the plug-in interface of the stores, and what the store and
- * ledger modules share.
+ * store.h — the store's rows (store_sql.c), and what the store, ledger and
+ * budget modules share.
  *
- * A backend is a versioned table of function pointers (lg__store_vtab_t),
- * like SQLite's VFS: a newer table keeps the older one as its prefix, and
- * `version` says how much of it is there. The table offers rows and
- * transactions only — read a ledger row, insert one if absent, update,
- * delete; read, insert, update runs; write and read deny rules — and the
- * semantics (who wins a claim, what replays, what counts as expired) live
- * once, in src/ledger/ledger.c and src/store/store.c, over any backend. So
- * the same rules hold for memory:, sqlite: and postgres:, and the
- * conformance suite checks that they do.
+ * The row functions (lg__sql_*) offer rows and transactions only — read a
+ * ledger row, insert one if absent, update, delete; read, insert, update
+ * runs; write and read deny rules, budgets, holds, reservations, trace
+ * lines — and the semantics (who wins a claim, what replays, what counts
+ * as expired) live once, in src/ledger/ledger.c, src/budget/budget.c and
+ * src/store/store.c. They are written once over a driver (driver.h): the
+ * SQLite driver for sqlite: and memory:, the libpq one for postgres:. So
+ * the same rules hold for every store, and the conformance suite checks
+ * that they do.
  *
  * Transactions: begin(kind) opens one, or a savepoint when one is already
  * open (depth > 0). LG__TXN_LEDGER is durable at commit (SQLite
@@ -21,7 +21,8 @@
  * row function is one atomic, durable statement of its own.
  *
  * The generic layer (store.c) holds the handle's recursive lock around
- * every call into a backend, so backends never see two threads at once.
+ * every call of a row function, so a driver never sees two threads at
+ * once (except through its reader, below).
  */
 #ifndef LG_STORE_H
 #define LG_STORE_H
@@ -30,7 +31,7 @@
 
 #include <pthread.h>
 
-typedef struct lg__store_vtab lg__store_vtab_t;
+typedef int (*lg__store_fault_fn)(void *ud, lg_store_t *s, const char *point);
 
 /* Kinds of transaction. */
 enum { LG__TXN_RUN = 1, LG__TXN_LEDGER = 2 };
@@ -118,8 +119,12 @@ void lg__resv_row_clear(lg__resv_row_t *r);
 
 /* The handle. */
 struct lg_store {
-  const lg__store_vtab_t *vt; /* the backend */
-  void *impl;                 /* the backend's own state */
+  const struct lg__driver *drv; /* the database's driver (driver.h) */
+  void *conn;                 /* the driver's connection */
+  void *impl;                 /* store_sql.c's own state (the run cache) */
+  const char *scheme;         /* "memory", "sqlite", "postgres" */
+  lg__store_fault_fn fault;   /* the test's fault hook (lg__store_set_fault), or NULL */
+  void *fault_ud;
   char *name;                 /* URL with the password hidden */
   lg_store_options_t opts;    /* with the defaults filled in */
   pthread_mutex_t mu;         /* recursive: held around backend calls */
@@ -129,160 +134,153 @@ struct lg_store {
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
 };
 
-/* The backend table, version 4 (version 1 had no budgets, version 2 no
- * trace lines, version 3 no reader). Every function
- * returns 0 or a negative LG_E* code with err filled (backend codes never
- * leave the backend). */
-struct lg__store_vtab {
-  int version;        /* 3 */
-  const char *scheme; /* "memory", "sqlite", "postgres" */
+/* The row functions (store_sql.c). Every one returns 0 or a negative LG_E*
+ * code with err filled (a database's codes never leave its driver). */
 
-  /* Opens the backend for `arg` (the URL after "scheme:"), creating or
-   * migrating the schema; sets s->impl. */
-  int (*open)(lg_store_t *s, const char *arg, lg_error_t *err);
-  /* Releases everything (rolls back what is open). */
-  void (*close)(lg_store_t *s);
-  /* The schema version stored. */
-  int (*schema_version)(lg_store_t *s, int *version, lg_error_t *err);
+/* Opens s->drv for `arg` (the URL after "scheme:"), creating or migrating
+ * the schema (schema.c), and prepares every query. */
+int lg__sql_open(lg_store_t *s, const char *arg, lg_error_t *err);
+/* Releases everything (rolls back what is open). */
+void lg__sql_close(lg_store_t *s);
+/* The schema version stored. */
+int lg__sql_schema_version(lg_store_t *s, int *version, lg_error_t *err);
 
-  /* Transactions: see the top of the file. `nested` is s->depth > 0;
-   * `upgrade` asks a nested LEDGER savepoint to make the outer RUN
-   * transaction durable. */
-  int (*begin)(lg_store_t *s, int kind, int nested, int upgrade,
-               lg_error_t *err);
-  int (*end)(lg_store_t *s, int commit, int nested, lg_error_t *err);
-
-  /* Ledger rows. op_read fills *found and, when found, *row; `lock` takes
-   * the row lock for the rest of the transaction (PostgreSQL FOR UPDATE).
-   * op_insert inserts when the key is absent (*inserted 1) and does
-   * nothing when present (*inserted 0). op_update replaces every field of
-   * an existing row; op_delete removes one. op_purge deletes COMMITTED
-   * and FAILED rows with updated_ms <= before_ms. */
-  int (*op_read)(lg_store_t *s, const char *key, int lock, lg__op_row_t *row,
-                 int *found, lg_error_t *err);
-  int (*op_insert)(lg_store_t *s, const lg__op_row_t *row, int *inserted,
-                   lg_error_t *err);
-  int (*op_update)(lg_store_t *s, const lg__op_row_t *row, lg_error_t *err);
-  int (*op_delete)(lg_store_t *s, const char *key, lg_error_t *err);
-  int (*op_purge)(lg_store_t *s, int64_t before_ms, int64_t *purged,
+/* Transactions: see the top of the file. `nested` is s->depth > 0;
+ * `upgrade` asks a nested LEDGER savepoint to make the outer RUN
+ * transaction durable. */
+int lg__sql_begin(lg_store_t *s, int kind, int nested, int upgrade,
                   lg_error_t *err);
-  /* Settles a PENDING row in one statement: to COMMITTED (with result and
-   * operation_id) or FAILED, or deletes it (state 0); updated_ms = now_ms.
-   * *changed 0 when the key is absent or not PENDING (nothing done). */
-  int (*op_settle)(lg_store_t *s, const char *key, int state, const char *result,
-                   size_t result_len, const char *operation_id, int64_t now_ms,
-                   int *changed, lg_error_t *err);
+int lg__sql_end(lg_store_t *s, int commit, int nested, lg_error_t *err);
 
-  /* Runs. run_read as op_read (lock: FOR UPDATE). run_insert as
-   * op_insert. run_update replaces an existing run's fields except
-   * created_ms (*updated 0 when there is none). run_list calls cb newest
-   * first without policy_json and state. */
-  int (*run_read)(lg_store_t *s, const char *run_id, int lock,
-                  lg_run_record_t *rec, int *found, lg_error_t *err);
-  int (*run_insert)(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
-                    lg_error_t *err);
-  int (*run_update)(lg_store_t *s, const lg_run_record_t *rec, int *updated,
-                    lg_error_t *err);
-  int (*run_list)(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb,
-                  void *ud, lg_error_t *err);
+/* Ledger rows. op_read fills *found and, when found, *row; `lock` takes
+ * the row lock for the rest of the transaction (PostgreSQL FOR UPDATE).
+ * op_insert inserts when the key is absent (*inserted 1) and does
+ * nothing when present (*inserted 0). op_update replaces every field of
+ * an existing row; op_delete removes one. op_purge deletes COMMITTED
+ * and FAILED rows with updated_ms <= before_ms. */
+int lg__sql_op_read(lg_store_t *s, const char *key, int lock, lg__op_row_t *row,
+                    int *found, lg_error_t *err);
+int lg__sql_op_insert(lg_store_t *s, const lg__op_row_t *row, int *inserted,
+                      lg_error_t *err);
+int lg__sql_op_update(lg_store_t *s, const lg__op_row_t *row, lg_error_t *err);
+int lg__sql_op_delete(lg_store_t *s, const char *key, lg_error_t *err);
+int lg__sql_op_purge(lg_store_t *s, int64_t before_ms, int64_t *purged,
+                     lg_error_t *err);
+/* Settles a PENDING row in one statement: to COMMITTED (with result and
+ * operation_id) or FAILED, or deletes it (state 0); updated_ms = now_ms.
+ * *changed 0 when the key is absent or not PENDING (nothing done). */
+int lg__sql_op_settle(lg_store_t *s, const char *key, int state, const char *result,
+                      size_t result_len, const char *operation_id, int64_t now_ms,
+                      int *changed, lg_error_t *err);
 
-  /* Deny rules: deny_put inserts or replaces (scope, id); deny_get finds
-   * the rule for the run or, when group is not NULL, its group (the run's
-   * own first): *found, and *reason (new, may be NULL). */
-  int (*deny_put)(lg_store_t *s, int scope, const char *id,
-                  const char *reason, int64_t now_ms, lg_error_t *err);
-  int (*deny_get)(lg_store_t *s, const char *run_id, const char *group,
-                  int *found, char **reason, lg_error_t *err);
-
-  /* ---- version 2: budgets (src/budget/budget.c writes the rules) ----
-   *
-   * bud_read fills *row (the stored fields and, when next_expiry_ms <=
-   * now_ms, what the hold rows say: see lg__bud_row_t) and *found; `lock`
-   * takes the budget's row lock for the rest of the transaction
-   * (PostgreSQL FOR UPDATE; the hold rows are then read by a statement
-   * that starts once the lock is had, so it sees everything the previous
-   * holder committed). A read without the lock is one snapshot. bud_put
-   * inserts or replaces the stored fields (created_ms kept when the row
-   * exists). bud_list calls cb for every budget, by scope in byte order,
-   * from one snapshot. */
-  int (*bud_read)(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
-                  lg__bud_row_t *row, int *found, lg_error_t *err);
-  /* bud_read with the lock, then (after the hold rows were read) deletes
-   * the hold (scope, drop_id): *dropped 1 when it was there. A settlement
-   * needs to know: a hold that another writer released already (its
-   * clock said it had expired) must not leave the counters twice. */
-  int (*bud_read_drop)(lg_store_t *s, const char *scope, int64_t now_ms, const char *drop_id,
-                       lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err);
-  int (*bud_put)(lg_store_t *s, const lg__bud_row_t *row, lg_error_t *err);
-  int (*bud_list)(lg_store_t *s, int64_t now_ms,
-                  int (*cb)(void *ud, const lg__bud_row_t *row), void *ud,
-                  lg_error_t *err);
-  /* Hold rows: one per (scope, reservation) while it holds. Only a holder
-   * of the scope's row lock writes them, and changes the row's counters
-   * with them (a settlement deletes its hold through bud_read_drop).
-   * holds_expire deletes the scope's holds with expires_ms <= now_ms. */
-  int (*hold_put)(lg_store_t *s, const char *scope, const char *id, int64_t amount_micro,
-                  int64_t expires_ms, lg_error_t *err);
-  int (*holds_expire)(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err);
-  /* Reservations. resv_insert: LG_ECONFLICT when the id exists. resv_read
-   * by id, resv_of_run by (run_id, run_seq) — run_seq 0: the open one of
-   * the run with the lowest run_seq —, `lock` as bud_read. resv_update
-   * replaces every field of an existing row. resv_purge deletes the rows
-   * with expires_ms <= before_ms. */
-  int (*resv_insert)(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err);
-  int (*resv_read)(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row, int *found,
-                   lg_error_t *err);
-  int (*resv_of_run)(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
-                     lg__resv_row_t *row, int *found, lg_error_t *err);
-  int (*resv_update)(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err);
-  int (*resv_purge)(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err);
-  /* The scopes of a run ('\n'-separated; NULL or "" deletes). */
-  int (*runscopes_put)(lg_store_t *s, const char *run_id, const char *scopes,
+/* Runs. run_read as op_read (lock: FOR UPDATE). run_insert as
+ * op_insert. run_update replaces an existing run's fields except
+ * created_ms (*updated 0 when there is none). run_list calls cb newest
+ * first without policy_json and state. */
+int lg__sql_run_read(lg_store_t *s, const char *run_id, int lock,
+                     lg_run_record_t *rec, int *found, lg_error_t *err);
+int lg__sql_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
                        lg_error_t *err);
-  int (*runscopes_get)(lg_store_t *s, const char *run_id, char **scopes, int *found,
+int lg__sql_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
                        lg_error_t *err);
-  /* Optional (NULL: not needed). Called before an outermost transaction
-   * that only reads to decide and then writes: the backend may delay its
-   * BEGIN and the writes until the next read or the commit, and send them
-   * together (PostgreSQL: one pipeline), to save round trips. What runs,
-   * and in which order, does not change; a write's error may then surface
-   * at the next read or at the commit, and fails the transaction there. */
-  int (*batch)(lg_store_t *s);
+int lg__sql_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb,
+                     void *ud, lg_error_t *err);
 
-  /* ---- version 3: each run's trace-v1 lines ----
-   *
-   * ev_append adds a block of lines (each ending in '\n') after the run's
-   * others, as one row; the caller holds the run (its row lock, or the
-   * transaction that inserts it), so appends of one run never race.
-   * ev_read appends every block of the run, in order, to *out. */
-  int (*ev_append)(lg_store_t *s, const char *run_id, const char *lines, size_t len,
-                   lg_error_t *err);
-  int (*ev_read)(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err);
-  /* Optional (NULL: run_update, then ev_append): both in one go, as a
-   * decision writes them. *updated 0 (and no line written) when the run
-   * has no row. */
-  int (*run_update_ev)(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
-                       size_t len, int *updated, lg_error_t *err);
+/* Deny rules: deny_put inserts or replaces (scope, id); deny_get finds
+ * the rule for the run or, when group is not NULL, its group (the run's
+ * own first): *found, and *reason (new, may be NULL). */
+int lg__sql_deny_put(lg_store_t *s, int scope, const char *id,
+                     const char *reason, int64_t now_ms, lg_error_t *err);
+int lg__sql_deny_get(lg_store_t *s, const char *run_id, const char *group,
+                     int *found, char **reason, lg_error_t *err);
 
-  /* ---- version 4: reads that do not wait for writes ----
-   *
-   * Optional (NULL: reads take the handle's lock). reader(s, 1) gives the
-   * calling thread a connection of its own for reads (op_read, run_read,
-   * run_list, bud_read, bud_list, schema_version), until reader(s, 0):
-   * reads outside any transaction of this handle, which must not wait
-   * behind a write that holds or waits for the handle (lg__store_read_begin).
-   * Called without the handle's lock. */
-  int (*reader)(lg_store_t *s, int on, lg_error_t *err);
-  /* Optional (NULL: the store counts as writable when it answers).
-   * Whether a write could proceed now, without waiting long and without
-   * the handle's lock: 0, or LG_EBUSY / LG_ESTORE with err->message a
-   * reason fit for an unauthenticated /healthz (no URL, no path). */
-  int (*write_probe)(lg_store_t *s, int64_t now_ms, lg_error_t *err);
-};
+/* ---- budgets (src/budget/budget.c writes the rules) ----
+ *
+ * bud_read fills *row (the stored fields and, when next_expiry_ms <=
+ * now_ms, what the hold rows say: see lg__bud_row_t) and *found; `lock`
+ * takes the budget's row lock for the rest of the transaction
+ * (PostgreSQL FOR UPDATE; the hold rows are then read by a statement
+ * that starts once the lock is had, so it sees everything the previous
+ * holder committed). A read without the lock is one snapshot. bud_put
+ * inserts or replaces the stored fields (created_ms kept when the row
+ * exists). bud_list calls cb for every budget, by scope in byte order,
+ * from one snapshot. */
+int lg__sql_bud_read(lg_store_t *s, const char *scope, int lock, int64_t now_ms,
+                     lg__bud_row_t *row, int *found, lg_error_t *err);
+/* bud_read with the lock, then (after the hold rows were read) deletes
+ * the hold (scope, drop_id): *dropped 1 when it was there. A settlement
+ * needs to know: a hold that another writer released already (its
+ * clock said it had expired) must not leave the counters twice. */
+int lg__sql_bud_read_drop(lg_store_t *s, const char *scope, int64_t now_ms, const char *drop_id,
+                          lg__bud_row_t *row, int *found, int *dropped, lg_error_t *err);
+int lg__sql_bud_put(lg_store_t *s, const lg__bud_row_t *row, lg_error_t *err);
+int lg__sql_bud_list(lg_store_t *s, int64_t now_ms,
+                     int (*cb)(void *ud, const lg__bud_row_t *row), void *ud,
+                     lg_error_t *err);
+/* Hold rows: one per (scope, reservation) while it holds. Only a holder
+ * of the scope's row lock writes them, and changes the row's counters
+ * with them (a settlement deletes its hold through bud_read_drop).
+ * holds_expire deletes the scope's holds with expires_ms <= now_ms. */
+int lg__sql_hold_put(lg_store_t *s, const char *scope, const char *id, int64_t amount_micro,
+                     int64_t expires_ms, lg_error_t *err);
+int lg__sql_holds_expire(lg_store_t *s, const char *scope, int64_t now_ms, lg_error_t *err);
+/* Reservations. resv_insert: LG_ECONFLICT when the id exists. resv_read
+ * by id, resv_of_run by (run_id, run_seq) — run_seq 0: the open one of
+ * the run with the lowest run_seq —, `lock` as bud_read. resv_update
+ * replaces every field of an existing row. resv_purge deletes the rows
+ * with expires_ms <= before_ms. */
+int lg__sql_resv_insert(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err);
+int lg__sql_resv_read(lg_store_t *s, const char *id, int lock, lg__resv_row_t *row, int *found,
+                      lg_error_t *err);
+int lg__sql_resv_of_run(lg_store_t *s, const char *run_id, int64_t run_seq, int lock,
+                        lg__resv_row_t *row, int *found, lg_error_t *err);
+int lg__sql_resv_update(lg_store_t *s, const lg__resv_row_t *row, lg_error_t *err);
+int lg__sql_resv_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err);
+/* The scopes of a run ('\n'-separated; NULL or "" deletes). */
+int lg__sql_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes,
+                          lg_error_t *err);
+int lg__sql_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int *found,
+                          lg_error_t *err);
+/* Called before an outermost transaction that only reads to decide and
+ * then writes: the driver may delay its
+ * BEGIN and the writes until the next read or the commit, and send them
+ * together (PostgreSQL: one pipeline), to save round trips. What runs,
+ * and in which order, does not change; a write's error may then surface
+ * at the next read or at the commit, and fails the transaction there. */
+int lg__sql_batch(lg_store_t *s);
 
-extern const lg__store_vtab_t lg__store_memory;
-extern const lg__store_vtab_t lg__store_sqlite;
-extern const lg__store_vtab_t lg__store_pg;
+/* ---- each run's trace-v1 lines ----
+ *
+ * ev_append adds a block of lines (each ending in '\n') after the run's
+ * others, as one row; the caller holds the run (its row lock, or the
+ * transaction that inserts it), so appends of one run never race.
+ * ev_read appends every block of the run, in order, to *out. */
+int lg__sql_ev_append(lg_store_t *s, const char *run_id, const char *lines, size_t len,
+                      lg_error_t *err);
+int lg__sql_ev_read(lg_store_t *s, const char *run_id, lg__buf_t *out, lg_error_t *err);
+/* run_update, then ev_append, in one go where the schema allows (SQLite:
+ * one UPDATE of the run's row and its trace tail), as a decision writes
+ * them. *updated 0 (and no line written) when the run
+ * has no row. */
+int lg__sql_run_update_ev(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                          size_t len, int *updated, lg_error_t *err);
+
+/* ---- reads that do not wait for writes ----
+ *
+ * Only when the driver has a reader (s->drv->reader; else reads take the
+ * handle's lock, lg__store_read_begin). reader(s, 1) gives the
+ * calling thread a connection of its own for reads (op_read, run_read,
+ * run_list, bud_read, bud_list, schema_version), until reader(s, 0):
+ * reads outside any transaction of this handle, which must not wait
+ * behind a write that holds or waits for the handle (lg__store_read_begin).
+ * Called without the handle's lock. */
+int lg__sql_reader(lg_store_t *s, int on, lg_error_t *err);
+/* Whether a write could proceed now (a driver without a probe: 0, the
+ * store counts as writable when it answers), without waiting long and without
+ * the handle's lock: 0, or LG_EBUSY / LG_ESTORE with err->message a
+ * reason fit for an unauthenticated /healthz (no URL, no path). */
+int lg__sql_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err);
+
 
 /* Transactions through the generic layer (keeps depth and kind). */
 int lg__store_begin(lg_store_t *s, int kind, lg_error_t *err);
@@ -296,17 +294,16 @@ void lg__store_unlock(lg_store_t *s);
 int lg__store_read_begin(lg_store_t *s);
 void lg__store_read_end(lg_store_t *s, int reader);
 
-/* Fault injection for tests (docs/internals/style.md: "inject I/O faults through an
- * overridable table"). When set, backends call it at named points — e.g.
- * "sqlite.claim.before_commit", "pg.claim.before_insert" — and fail there
- * with the code it returns when that is not 0. The PostgreSQL tests use it
- * to kill the backend's connection in the middle of a claim. Not
- * thread-safe; tests only. */
-typedef int (*lg__store_fault_fn)(void *ud, lg_store_t *s, const char *point);
-extern lg__store_fault_fn lg__store_fault;
-extern void *lg__store_fault_ud;
+/* Fault injection for tests (docs/internals/style.md: "inject I/O faults
+ * through an overridable table"). A hook set on a handle is called at
+ * named points — e.g. "claim.before_commit", "sqlite.begin" — and the
+ * call fails there with the code it returns when that is not 0. The
+ * PostgreSQL tests use it to kill the handle's connection in the middle of
+ * a claim. fn NULL removes it. Tests only; not thread-safe with calls on
+ * the handle. */
+void lg__store_set_fault(lg_store_t *s, lg__store_fault_fn fn, void *ud);
 static inline int lg__store_fault_at(lg_store_t *s, const char *point, lg_error_t *err) {
-  int rc = lg__store_fault ? lg__store_fault(lg__store_fault_ud, s, point) : 0;
+  int rc = s->fault ? s->fault(s->fault_ud, s, point) : 0;
   return rc ? lg__err(err, rc, NULL, -1, "injected fault at %s", point) : 0;
 }
 
@@ -344,6 +341,10 @@ void lg__store_sqlite_autocheckpoint(lg_store_t *s, int pages);
  * store's connection is at now, read from SQLite (tests); -1 on other
  * stores. */
 int lg__store_sqlite_synchronous(lg_store_t *s);
+
+/* The file of a sqlite: store (for a connection of its own, such as the
+ * checkpointer's); NULL for other stores. */
+const char *lg__store_sqlite_path(const lg_store_t *s);
 
 
 /* Copies a record's fields into new strings (out is overwritten). */

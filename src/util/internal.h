@@ -52,6 +52,10 @@ int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
  * text of lg_usd_format (usd.c). */
 int lg__buf_usd(lg__buf_t *b, int64_t nusd);
 void lg__buf_free(lg__buf_t *b);
+/* Appends the whole file at path to b. 0, or an LG_EIO error ("cannot open
+ * the WHAT: ...", "cannot read the WHAT") or LG_ENOMEM, with path as the
+ * error's source and line 0; b is freed on error. */
+int lg__buf_read_file(lg__buf_t *b, const char *path, const char *what, lg_error_t *err);
 /* Hands the bytes over to the caller (NUL-terminated) and resets b. */
 char *lg__buf_steal(lg__buf_t *b, size_t *len);
 

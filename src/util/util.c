@@ -6,11 +6,13 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
+#include <string.h>
 
 static lg_malloc_fn g_malloc = malloc;
 static lg_realloc_fn g_realloc = realloc;
@@ -120,6 +122,30 @@ int lg__buf_append(lg__buf_t *b, const void *p, size_t n) {
   b->len += n;
   b->data[b->len] = 0;
   return 0;
+}
+
+int lg__buf_read_file(lg__buf_t *b, const char *path, const char *what, lg_error_t *err) {
+  FILE *f = fopen(path, "rb");
+  int rc = 0;
+  if (!f) {
+    rc = lg__err(err, LG_EIO, NULL, -1, "cannot open the %s: %s", what, strerror(errno));
+  } else {
+    char chunk[8192];
+    size_t n;
+    while (!rc && (n = fread(chunk, 1, sizeof chunk, f)) > 0) rc = lg__buf_append(b, chunk, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (rc) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    else if (bad) rc = lg__err(err, LG_EIO, NULL, -1, "cannot read the %s", what);
+  }
+  if (rc) {
+    lg__buf_free(b);
+    if (err) {
+      snprintf(err->source, sizeof err->source, "%s", path);
+      err->line = 0;
+    }
+  }
+  return rc;
 }
 int lg__buf_puts(lg__buf_t *b, const char *s) {
   return lg__buf_append(b, s, strlen(s));
