@@ -1,7 +1,7 @@
 /*
  * bench_serve.h — what the server benchmarks share: a `loopguard serve`
  * started from a shell command line, and its port read from the banner
- * ("listening on http://127.0.0.1:PORT"). Header-only, for bench_server.c
+ * ("listening on http://127.0.0.1:PORT"), and its CPU time. Header-only, for bench_server.c
  * and server_ir.c; each defines die() before including it.
  */
 #ifndef LG_BENCH_SERVE_H
@@ -49,6 +49,23 @@ static server_t serve_spawn(const char *cmd) {
   fclose(f); /* the rest of the banner is not needed */
   if (!s.port) die("the server did not start");
   return s;
+}
+
+/* The CPU time (user + system, all threads) a process has used so far, in
+ * seconds, from /proc/PID/stat (fields 14 and 15, after the parenthesised
+ * name); -1 when it cannot be read. */
+static double cpu_s(pid_t pid) {
+  char p[64], line[1024];
+  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(p, "r");
+  if (!f) return -1;
+  char *ok = fgets(line, sizeof line, f);
+  fclose(f);
+  char *t = ok ? strrchr(line, ')') : NULL;
+  unsigned long ut = 0, st = 0;
+  if (!t || sscanf(t + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 #endif

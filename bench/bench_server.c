@@ -88,22 +88,6 @@ static long rss_kb(pid_t pid) {
   return kb;
 }
 
-/* The CPU time (user + system) a process has used so far, in seconds, from
- * /proc/PID/stat (fields 14 and 15, after the parenthesised name). */
-static double cpu_s(pid_t pid) {
-  char p[64], line[1024];
-  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(p, "r");
-  if (!f) return -1;
-  char *ok = fgets(line, sizeof line, f);
-  fclose(f);
-  char *t = ok ? strrchr(line, ')') : NULL;
-  unsigned long ut = 0, st = 0;
-  if (!t || sscanf(t + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-    return -1;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 /* The CPU time of the children waited for so far (wrk, through popen). */
 static double children_cpu_s(void) {
   struct rusage ru;

@@ -55,21 +55,6 @@ static void spawn(const char *store, const char *out, int valgrind) {
   server_port = sv.port;
 }
 
-/* The CPU time (user + system, all threads) a process has used, in s. */
-static double cpu_s(pid_t pid) {
-  char p[64], line[1024];
-  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(p, "r");
-  if (!f) return -1;
-  char *ok = fgets(line, sizeof line, f);
-  fclose(f);
-  char *t = ok ? strrchr(line, ')') : NULL;
-  unsigned long ut = 0, st = 0;
-  if (!t || sscanf(t + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-    return -1;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 static void control(const char *what) {
   char cmd[256];
   snprintf(cmd, sizeof cmd, "callgrind_control %s %d >/dev/null 2>&1", what, (int)server_pid);
