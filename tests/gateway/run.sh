@@ -19,26 +19,7 @@
 # Needs node and npm: the pinned clients are installed with `npm ci` when
 # missing (exit 77, skipped, when node is not installed).
 set -u -o pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../cli/serve_lib.bash"
-
-command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
-# The clients live outside the source tree (the build's folder by default),
-# installed from the lockfile when missing or when the lockfile changed.
-NODE_DIR=${LG_GATEWAY_NODE_DIR:-$PWD/gateway-node}
-mkdir -p "$NODE_DIR"
-if ! cmp -s "$HERE/package-lock.json" "$NODE_DIR/package-lock.json" || [ ! -d "$NODE_DIR/node_modules/openai" ]; then
-  cp "$HERE/package.json" "$HERE/package-lock.json" "$NODE_DIR/"
-  (cd "$NODE_DIR" && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { cat "$TMP/npm.log"; fail "npm ci"; }
-fi
-cp "$HERE"/*.mjs "$NODE_DIR/"
-HERE_SRC=$HERE
-HERE=$NODE_DIR
-
-node "$HERE/fake-upstream.mjs" "$TMP/fake.port" &
-ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
-FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 
 # The write's loop key ignores case and white space in its value, as a
 # team would say for a tool whose values are case-insensitive.
