@@ -124,23 +124,23 @@ typedef struct query {
 #define PG LG__D_POSTGRES
 
 static const query_t queries[Q__N] = {
-    [Q_OP_READ] = {"SELECT " OP_COLS " FROM lg_operations WHERE key = ?1"},
-    [Q_OP_READ_LOCK] = {"SELECT " OP_COLS " FROM lg_operations WHERE key = ?1{FOR UPDATE}"},
-    [Q_OP_INSERT] = {"INSERT INTO lg_operations (key, " OP_COLS ")"
+    [Q_OP_READ] = {.sql = "SELECT " OP_COLS " FROM lg_operations WHERE key = ?1"},
+    [Q_OP_READ_LOCK] = {.sql = "SELECT " OP_COLS " FROM lg_operations WHERE key = ?1{FOR UPDATE}"},
+    [Q_OP_INSERT] = {.sql = "INSERT INTO lg_operations (key, " OP_COLS ")"
                      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
                      " ON CONFLICT (key) DO NOTHING"},
-    [Q_OP_UPDATE] = {"UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
+    [Q_OP_UPDATE] = {.sql = "UPDATE lg_operations SET request_fp = ?2, run_id = ?3, state = ?4,"
                      " result = ?5, operation_id = ?6, lease_until_ms = ?7, created_ms = ?8,"
                      " updated_ms = ?9, claim_token = ?10, resolved_by = ?11, resolved_ms = ?12,"
                      " freed = ?13 WHERE key = ?1"},
-    [Q_OP_DELETE] = {"DELETE FROM lg_operations WHERE key = ?1"},
-    [Q_OP_PURGE] = {"DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1"},
-    [Q_OP_SETTLE] = {"UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
+    [Q_OP_DELETE] = {.sql = "DELETE FROM lg_operations WHERE key = ?1"},
+    [Q_OP_PURGE] = {.sql = "DELETE FROM lg_operations WHERE state <> 'pending' AND updated_ms <= ?1"},
+    [Q_OP_SETTLE] = {.sql = "UPDATE lg_operations SET state = ?2, result = ?3, operation_id = ?4,"
                      " updated_ms = ?5 WHERE key = ?1 AND state = 'pending'"},
-    [Q_OP_DROP_PENDING] = {"DELETE FROM lg_operations WHERE key = ?1 AND state = 'pending'"},
-    [Q_RUN_READ] = {"SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1"},
-    [Q_RUN_READ_LOCK] = {"SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1{FOR UPDATE}"},
-    [Q_RUN_INSERT] = {"INSERT INTO lg_runs (" RUN_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    [Q_OP_DROP_PENDING] = {.sql = "DELETE FROM lg_operations WHERE key = ?1 AND state = 'pending'"},
+    [Q_RUN_READ] = {.sql = "SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1"},
+    [Q_RUN_READ_LOCK] = {.sql = "SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1{FOR UPDATE}"},
+    [Q_RUN_INSERT] = {.sql = "INSERT INTO lg_runs (" RUN_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
                       " ON CONFLICT (run_id) DO NOTHING"},
     /* PostgreSQL must know the type of every parameter: ?8 (created_ms,
      * which an UPDATE keeps) is named for that. */
@@ -173,15 +173,15 @@ static const query_t queries[Q__N] = {
                                   " AND (?2::text IS NULL OR terminal_reason = ?2)"
                                   " AND (?3::text IS NULL OR grp = ?3)"
                                   " ORDER BY created_ms DESC, seq DESC LIMIT ?4::bigint"}},
-    [Q_DENY_PUT] = {"INSERT INTO lg_deny (scope, id, reason, created_ms) VALUES (?1, ?2, ?3, ?4)"
+    [Q_DENY_PUT] = {.sql = "INSERT INTO lg_deny (scope, id, reason, created_ms) VALUES (?1, ?2, ?3, ?4)"
                     " ON CONFLICT (scope, id) DO UPDATE SET reason = excluded.reason,"
                     " created_ms = excluded.created_ms"},
     /* Two lookups of the primary key merged in scope order: an OR of the
      * two would collect rowids and sort them in a temporary b-tree. */
-    [Q_DENY_GET] = {"SELECT reason, scope FROM lg_deny WHERE scope = 1 AND id = ?1"
+    [Q_DENY_GET] = {.sql = "SELECT reason, scope FROM lg_deny WHERE scope = 1 AND id = ?1"
                     " UNION ALL SELECT reason, scope FROM lg_deny WHERE scope = 2 AND id = ?2"
                     " ORDER BY 2 LIMIT 1"},
-    [Q_DENY_ANY] = {"SELECT 1 FROM lg_deny LIMIT 1"},
+    [Q_DENY_ANY] = {.sql = "SELECT 1 FROM lg_deny LIMIT 1"},
     /* One statement, one snapshot: a read without the lock. */
     [Q_BUD_READ] = {.by = {[SQ] = "SELECT " SQ_BUD_COLS " FROM lg_budgets b LEFT JOIN " SQ_HOLD_STATS
                                   " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope"
@@ -194,7 +194,7 @@ static const query_t queries[Q__N] = {
     [Q_HOLD_STATS] = {.by = {[PG] = "SELECT " PG_HOLD_AGG " FROM lg_budget_holds h WHERE h.scope = ?1"
                                     " AND EXISTS (SELECT 1 FROM lg_budgets b WHERE b.scope = ?1"
                                     " AND b.next_expiry_ms >= 0 AND b.next_expiry_ms <= ?2)"}},
-    [Q_BUD_PUT] = {"INSERT INTO lg_budgets (scope, limit_micro, period, max_in_flight_micro,"
+    [Q_BUD_PUT] = {.sql = "INSERT INTO lg_budgets (scope, limit_micro, period, max_in_flight_micro,"
                    " period_start_ms, spent_micro, reserved_micro, holds, next_expiry_ms,"
                    " created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
                    " ON CONFLICT (scope) DO UPDATE SET"
@@ -209,34 +209,34 @@ static const query_t queries[Q__N] = {
                                   " ORDER BY b.scope",
                            [PG] = "SELECT " BUD_STORED ", e.* FROM lg_budgets b" PG_HOLDS_LATERAL
                                   " WHERE ?1::text IS NULL ORDER BY b.scope"}},
-    [Q_HOLD_PUT] = {"INSERT INTO lg_budget_holds (scope, reservation_id, amount_micro, expires_ms)"
+    [Q_HOLD_PUT] = {.sql = "INSERT INTO lg_budget_holds (scope, reservation_id, amount_micro, expires_ms)"
                     " VALUES (?1, ?2, ?3, ?4)"},
-    [Q_HOLD_DROP] = {"DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2"},
-    [Q_HOLDS_EXPIRE] = {"DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2"},
+    [Q_HOLD_DROP] = {.sql = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND reservation_id = ?2"},
+    [Q_HOLDS_EXPIRE] = {.sql = "DELETE FROM lg_budget_holds WHERE scope = ?1 AND expires_ms <= ?2"},
     /* An id that exists is a unique key's conflict: LG_ECONFLICT. */
-    [Q_RESV_INSERT] = {"INSERT INTO lg_budget_reservations (" RESV_COLS ")"
+    [Q_RESV_INSERT] = {.sql = "INSERT INTO lg_budget_reservations (" RESV_COLS ")"
                        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"},
-    [Q_RESV_READ] = {"SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"},
-    [Q_RESV_READ_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"
+    [Q_RESV_READ] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"},
+    [Q_RESV_READ_LOCK] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"
                           "{FOR UPDATE}"},
-    [Q_RESV_OF_RUN] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+    [Q_RESV_OF_RUN] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                        " WHERE run_id = ?1 AND run_seq = ?2"},
-    [Q_RESV_OF_RUN_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+    [Q_RESV_OF_RUN_LOCK] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                             " WHERE run_id = ?1 AND run_seq = ?2{FOR UPDATE}"},
-    [Q_RESV_OLDEST_OF_RUN] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+    [Q_RESV_OLDEST_OF_RUN] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                               " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1"},
-    [Q_RESV_OLDEST_OF_RUN_LOCK] = {"SELECT " RESV_COLS " FROM lg_budget_reservations"
+    [Q_RESV_OLDEST_OF_RUN_LOCK] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                                    " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq"
                                    " LIMIT 1{FOR UPDATE}"},
-    [Q_RESV_UPDATE] = {"UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
+    [Q_RESV_UPDATE] = {.sql = "UPDATE lg_budget_reservations SET amount_micro = ?2, scopes = ?3,"
                        " run_id = ?4, run_seq = ?5, model = ?6, state = ?7, actual_micro = ?8,"
                        " created_ms = ?9, expires_ms = ?10, settled_ms = ?11, asked_micro = ?12"
                        " WHERE id = ?1"},
-    [Q_RESV_PURGE] = {"DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1"},
-    [Q_RUNSCOPES_PUT] = {"INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
+    [Q_RESV_PURGE] = {.sql = "DELETE FROM lg_budget_reservations WHERE expires_ms <= ?1"},
+    [Q_RUNSCOPES_PUT] = {.sql = "INSERT INTO lg_budget_run_scopes (run_id, scopes) VALUES (?1, ?2)"
                          " ON CONFLICT (run_id) DO UPDATE SET scopes = excluded.scopes"},
-    [Q_RUNSCOPES_DEL] = {"DELETE FROM lg_budget_run_scopes WHERE run_id = ?1"},
-    [Q_RUNSCOPES_GET] = {"SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1"},
+    [Q_RUNSCOPES_DEL] = {.sql = "DELETE FROM lg_budget_run_scopes WHERE run_id = ?1"},
+    [Q_RUNSCOPES_GET] = {.sql = "SELECT scopes FROM lg_budget_run_scopes WHERE run_id = ?1"},
     /* A run's trace. SQLite (dialect trace_tail): the newest lines in the
      * run's own row, moved to lg_events in blocks by schema 5's trigger;
      * PostgreSQL: a row of lg_events per append. The run's row lock (or
@@ -250,9 +250,9 @@ static const query_t queries[Q__N] = {
                                       " WHERE run_id = ?1 AND grp IS ?2 AND status = ?3"
                                       " AND terminal_reason IS ?4 AND policy IS ?5"
                                       " AND envelope IS ?7"}},
-    [Q_EV_APPEND] = {"INSERT INTO lg_events (run_id, n, lines)"
+    [Q_EV_APPEND] = {.sql = "INSERT INTO lg_events (run_id, n, lines)"
                      " SELECT ?1, COALESCE(MAX(n), 0) + 1, ?2 FROM lg_events WHERE run_id = ?1"},
-    [Q_EV_READ] = {"SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n"},
+    [Q_EV_READ] = {.sql = "SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n"},
     [Q_EV_READ_TAIL] = {.by = {[SQ] = "SELECT trace_tail FROM lg_runs WHERE run_id = ?1"}},
 };
 
