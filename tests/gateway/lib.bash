@@ -8,13 +8,26 @@ command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
 HERE_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The clients live outside the source tree (the build's folder by default),
 # installed from the lockfile when missing or when the lockfile changed.
+# gateway_e2e, gateway_guard and gateway_keys may start together (ctest -j):
+# one installs while the others wait on the lock, and .installed (the
+# lockfile it installed) is written only once npm ci succeeded.
 NODE_DIR=${LG_GATEWAY_NODE_DIR:-$PWD/gateway-node}
 mkdir -p "$NODE_DIR"
-if ! cmp -s "$HERE_SRC/package-lock.json" "$NODE_DIR/package-lock.json" || [ ! -d "$NODE_DIR/node_modules/openai" ]; then
+exec {install_lock}>"$NODE_DIR/.install.lock"
+flock "$install_lock"
+if ! cmp -s "$HERE_SRC/package-lock.json" "$NODE_DIR/.installed"; then
+  rm -f "$NODE_DIR/.installed"
   cp "$HERE_SRC/package.json" "$HERE_SRC/package-lock.json" "$NODE_DIR/"
   (cd "$NODE_DIR" && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { cat "$TMP/npm.log"; fail "npm ci"; }
+  cp "$HERE_SRC/package-lock.json" "$NODE_DIR/.installed"
 fi
-cp "$HERE_SRC"/*.mjs "$NODE_DIR/"
+# A client another test is running must not be rewritten under it: copy
+# only what changed, under the lock.
+for f in "$HERE_SRC"/*.mjs; do
+  cmp -s "$f" "$NODE_DIR/${f##*/}" || cp "$f" "$NODE_DIR/"
+done
+flock -u "$install_lock"
+exec {install_lock}>&-
 HERE=$NODE_DIR
 
 node "$HERE/fake-upstream.mjs" "$TMP/fake.port" &
