@@ -628,24 +628,14 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
                    "loopguard: this model call cannot be priced, and the run has a cost cap or "
                    "budget: %s",
                    e.message);
-    else if (st.fail == LG__STEP_IN_FLIGHT) {
-      lg__gw_error(c->j, st.refusal.http_status ? st.refusal.http_status : 429, "rate_limit_error",
-                   st.refusal.limit_source, "loopguard: too much spend in flight on %s; retry later",
-                   st.refusal.scope);
-    } else
+    else if (st.fail == LG__STEP_IN_FLIGHT)
+      lg__gw_keys_refusal(c->j, &st.refusal, NULL);
+    else
       lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
                    e.message[0] ? e.message : lg_strerror(rc));
   } else if (st.budget_refused) { /* a shared budget: an error, not a stop */
     mo.error = 1;
-    char *meta = lg_budget_refusal_metadata_json(&st.refusal);
-    lg__gw_error(c->j, st.refusal.http_status ? st.refusal.http_status : 402, "insufficient_quota",
-                 st.refusal.limit_source, "loopguard: the shared budget %s refused this model call",
-                 st.refusal.scope);
-    if (meta && c->j->kind != LG__GW_MESSAGES && c->j->out.len > 2) { /* add metadata */
-      c->j->out.len -= 2;
-      lg__buf_printf(&c->j->out, ",\"metadata\":%s}}", meta);
-    }
-    lg__free(meta);
+    lg__gw_keys_refusal(c->j, &st.refusal, NULL);
   } else if (st.action == LG_ACT_STOP) {
     mo.stop = 1;
     const char *m = a ? sget(a, "message") : NULL;
@@ -1786,7 +1776,9 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   }
   c.r->fed = c.n;
   if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
-  if (c.stop_text) {
+  if (!c.stop_text && lg__gw_keys_model(cx, c.r->id, c.root, c.model, c.ui, j->body_len)) {
+    /* refused by the key (keys.c): answered */
+  } else if (c.stop_text) {
     answer_final(&c, NULL);
   } else if (c.stream) {
     run_stream(&c);
