@@ -974,6 +974,7 @@ static void run_plain(chat_t *c) {
     x.body_len = blen;
     x.headers = j->fwd;
     x.client_auth = j->auth;
+    x.provider_key = j->provider_key;
     x.stop = lg__gw_stopflag(c->cx->gw);
     int rc = lg__gw_http_do(c->cx->curl, &x);
     lg__gw_note_upstream(c->cx->gw, c->ui, x.ns);
@@ -1620,6 +1621,7 @@ static void run_stream(chat_t *c) {
     x.body_len = blen;
     x.headers = j->fwd;
     x.client_auth = j->auth;
+    x.provider_key = j->provider_key;
     x.stop = lg__gw_stopflag(c->cx->gw);
     x.on_data = on_stream_data;
     x.ud = c;

@@ -353,6 +353,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.body_len = j->body_len;
   x.headers = j->fwd;
   x.client_auth = j->auth;
+  x.provider_key = j->provider_key;
   x.stop = &cx->gw->stop;
   int rc = lg__gw_http_do(cx->curl, &x);
   lg__gw_note_upstream(cx->gw, ui, x.ns);

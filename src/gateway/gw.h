@@ -56,6 +56,9 @@ typedef struct lg__gw_http {
   size_t body_len;
   struct curl_slist *headers; /* borrowed: the client's forwarded headers */
   const char *client_auth;    /* Authorization of the client, or NULL */
+  const char *provider_key;   /* a loopguard key's own provider key for this
+                                 upstream (keys.c): sent instead of the
+                                 upstream's, or NULL */
   /* streaming: each piece of a 2xx body as it arrives (non-zero: abort) */
   int (*on_data)(void *ud, const char *p, size_t n);
   void *ud;
@@ -141,6 +144,7 @@ typedef struct lg__gw_job {
   /* keys.c: the loopguard key the request came with, or NULL */
   struct lg__key_row *key;
   int key_byok;               /* sent upstream with the key's own provider key */
+  char *provider_key;         /* ... which is this one (new), or NULL */
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
 } lg__gw_job_t;
 

@@ -39,6 +39,8 @@ void lg__gw_keys_clear(lg__gw_job_t *j) {
   lg__key_row_clear(j->key);
   lg__free(j->key);
   j->key = NULL;
+  lg__free(j->provider_key);
+  j->provider_key = NULL;
 }
 
 static void put_meta(lg__gw_job_t *j, const char *meta) {
@@ -78,23 +80,29 @@ static lg_store_t *store_of(lg__gw_ctx_t *cx, lg_error_t *e) {
  * upstream ui, when it has one. */
 static int use_byok(lg__gw_job_t *j, const lg__gw_upstream_t *up) {
   j->key_byok = 0;
+  lg__free(j->provider_key);
+  j->provider_key = NULL;
   if (!j->key->byok) return 0;
   json_t *o = json_loads(j->key->byok, 0, NULL);
   const char *pk = json_string_value(json_object_get(o, up->name));
   int rc = 0;
   if (pk) {
-    lg__buf_t b = {0};
-    lg__buf_printf(&b, "Bearer %s", pk);
-    lg__free(j->auth);
-    j->auth = lg__buf_steal(&b, NULL);
     j->key_byok = 1;
-    if (!j->auth) rc = -1;
+    if (!(j->provider_key = lg__strdup(pk))) rc = -1;
   }
   json_decref(o);
   return rc;
 }
 
+static int check_key(lg__gw_ctx_t *cx);
+
 int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
+  int rc = check_key(cx);
+  if (rc) lg__gw_answer(cx->j);
+  return rc;
+}
+
+static int check_key(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
   const char *secret = bearer_key(j->auth);
   if (!secret) {

@@ -79,7 +79,7 @@ function script(req) {
 
 function usageOf(req, out) {
   const p = JSON.stringify(req.messages || []).length >> 2;
-  const c = 10;
+  const c = Math.min(10, req.max_completion_tokens ?? req.max_tokens ?? 10); // as a provider, never past max_tokens
   return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
 }
 
