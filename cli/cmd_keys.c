@@ -54,7 +54,10 @@ static const char *create_usage =
     "Creates a key and prints its secret, once.\n"
     "\n" FIELD_FLAGS
     "  --store URL             the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
-    "  --json                  the answer of POST /v1/keys\n";
+    "  --json                  the answer of POST /v1/keys\n"
+    "  --help                  this text\n"
+    "\n"
+    "Exit status: 0 created, 1 an error, 2 bad usage.\n";
 
 static const char *update_usage =
     "usage: loopguard keys update HASH [--limit-usd X|none] [--reset P] [--workspace W|none]\n"
@@ -66,7 +69,10 @@ static const char *update_usage =
     "\n" FIELD_FLAGS
     "  --enable                enables a disabled key\n"
     "  --store URL             the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
-    "  --json                  the answer of PATCH /v1/keys/{hash}\n";
+    "  --json                  the answer of PATCH /v1/keys/{hash}\n"
+    "  --help                  this text\n"
+    "\n"
+    "Exit status: 0 updated, 1 an error (no such key, a bad field), 2 bad usage.\n";
 
 static const char *one_usage_fmt =
     "usage: loopguard keys %s%s [--store URL] [--json]\n"
@@ -74,7 +80,10 @@ static const char *one_usage_fmt =
     "%s\n"
     "\n"
     "  --store URL   the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
-    "  --json        the answer of %s\n";
+    "  --json        the answer of %s\n"
+    "  --help        this text\n"
+    "\n"
+    "Exit status: 0 done, 1 an error (no such key, no store), 2 bad usage.\n";
 
 /* ---- the JSON body from the flags ---- */
 
