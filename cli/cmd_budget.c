@@ -107,18 +107,7 @@ static void fmt_time(int64_t ms, char buf[40]) {
 }
 
 /* Micro-dollars as a decimal USD text: 25, 0.5, 0.000042. */
-static void fmt_usd(int64_t micro, char buf[40]) {
-  int64_t whole = micro / 1000000, frac = micro % 1000000;
-  if (!frac) {
-    snprintf(buf, 40, "%lld", (long long)whole);
-    return;
-  }
-  char f[8];
-  snprintf(f, sizeof f, "%06lld", (long long)frac);
-  size_t n = strlen(f);
-  while (n && f[n - 1] == '0') f[--n] = 0;
-  snprintf(buf, 40, "%lld.%s", (long long)whole, f);
-}
+static void fmt_usd(int64_t micro, char buf[40]) { lg_usd_format(lg_budget_micro_to_nusd(micro), buf); }
 
 /* A USD amount: a plain decimal number (digits, a point, an exponent).
  * Returns 0, or prints a usage error and returns 2. */

@@ -49,16 +49,8 @@ typedef struct out {
 } out_t;
 
 static void put_usd(FILE *f, int64_t nusd) {
-  long long whole = (long long)(nusd / 1000000000), frac = (long long)(nusd % 1000000000);
-  if (!frac) {
-    fprintf(f, "%lld", whole);
-    return;
-  }
-  char b[16];
-  snprintf(b, sizeof b, "%09lld", frac);
-  size_t l = strlen(b);
-  while (l && b[l - 1] == '0') b[--l] = 0;
-  fprintf(f, "%lld.%s", whole, b);
+  char t[LG_USD_TEXT_MAX];
+  fputs(lg_usd_format(nusd, t), f);
 }
 
 static void put_str(FILE *f, const char *s) {
@@ -70,61 +62,17 @@ static void put_str(FILE *f, const char *s) {
 /* ---- JSON records ---- */
 
 static void json_event(out_t *o, const lg_replay_event_t *ev) {
-  /* trace-v1 lists the records: no state records (a stop by a snapshot
-   * shows in the summary), none for skipped results, none for the usage
-   * lines that settle a model call the server let through (the model
-   * record is the decision). */
-  if (!ev->acted || ev->type == LG_EV_STATE || ev->type == LG_EV_USAGE) return;
-  const lg_decision_t *d = &ev->decision;
-  FILE *f = o->f;
-  fprintf(f, "{\"line\":%ld,\"type\":\"%s\"", ev->line, lg_event_type_name(ev->type));
-  if (ev->type == LG_EV_CALL) {
-    fputs(",\"tool\":", f);
-    put_str(f, ev->tool);
-  }
-  fprintf(f, ",\"action\":\"%s\"", lg_action_name(d->action));
-  if (d->action != LG_ACT_EXECUTE && d->action != LG_ACT_CONTINUE && d->reason_text &&
-      *d->reason_text) {
-    fputs(",\"reason\":", f);
-    put_str(f, d->reason_text);
-  }
-  if (d->operator_note) {
-    fputs(",\"operator_note\":", f);
-    put_str(f, d->operator_note);
-  }
-  if (ev->type == LG_EV_CALL) {
-    fprintf(f, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
-    if (d->call_id) {
-      fputs(",\"call_id\":", f);
-      put_str(f, d->call_id);
-    }
-  }
-  if (d->message) {
-    fputs(",\"message\":", f);
-    put_str(f, d->message);
-  }
-  fputs("}\n", f);
+  char *j = NULL;
+  if (lg_replay_event_json(ev, &j)) fputs("loopguard: out of memory\n", stderr);
+  if (j) fprintf(o->f, "%s\n", j);
+  lg_free(j);
 }
 
 static void json_summary(out_t *o, const lg_replay_summary_t *s) {
-  FILE *f = o->f;
-  fputs("{\"type\":\"summary\",\"trace\":", f);
-  put_str(f, s->trace);
-  fputs(",\"run_id\":", f);
-  put_str(f, s->run_id);
-  fputs(",\"terminal_reason\":", f);
-  if (s->terminal_reason) put_str(f, s->terminal_reason);
-  else fputs("null", f);
-  if (s->stopped_at_line) fprintf(f, ",\"stopped_at_line\":%ld", s->stopped_at_line);
-  else fputs(",\"stopped_at_line\":null", f);
-  fprintf(f,
-          ",\"executed_calls\":%lld,\"blocked_calls\":%lld,\"replayed_calls\":%lld,"
-          "\"model_calls\":%lld,\"cost_usd\":",
-          (long long)s->executed_calls, (long long)s->blocked_calls, (long long)s->replayed_calls,
-          (long long)s->model_calls);
-  put_usd(f, s->cost_nusd);
-  fprintf(f, ",\"tokens\":%lld,\"events_after_stop\":%lld,\"envelope\":%s}\n", (long long)s->tokens,
-          (long long)s->events_after_stop, s->envelope);
+  char *j = lg_replay_summary_json(s);
+  if (j) fprintf(o->f, "%s\n", j);
+  else fputs("loopguard: out of memory\n", stderr);
+  lg_free(j);
 }
 
 /* ---- the timeline for a person ---- */

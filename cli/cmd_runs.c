@@ -210,13 +210,9 @@ static int do_list(int argc, char **argv) {
 /* ---- show ---- */
 
 static void put_counters_json(const lg_counters_t *k) {
-  printf("{\"steps\":%lld,\"calls\":%lld,\"blocked\":%lld,\"replayed\":%lld,\"results\":%lld,"
-         "\"model_calls\":%lld,\"tokens\":%lld,\"handoffs\":%lld,\"cost_usd\":%.9g,"
-         "\"elapsed_ms\":%lld}",
-         (long long)k->steps, (long long)k->calls, (long long)k->blocked,
-         (long long)k->replayed, (long long)k->results, (long long)k->model_calls,
-         (long long)k->tokens, (long long)k->handoffs, (double)k->cost_nusd / 1e9,
-         (long long)k->last_t_ms);
+  char *j = lg_counters_to_json(k);
+  fputs(j ? j : "null", stdout);
+  lg_free(j);
 }
 
 static int do_show(int argc, char **argv) {
@@ -289,12 +285,13 @@ static int do_show(int argc, char **argv) {
       printf("reason       %s\n", rec.terminal_reason ? rec.terminal_reason : "-");
     printf("created      %s\n", created);
     printf("updated      %s\n", updated);
+    char usd[LG_USD_TEXT_MAX];
     if (run)
       printf("counters     %lld steps, %lld calls (%lld blocked, %lld replayed), %lld model "
-             "calls, %lld tokens, $%.6f\n",
+             "calls, %lld tokens, $%s\n",
              (long long)k.steps, (long long)k.calls, (long long)k.blocked,
              (long long)k.replayed, (long long)k.model_calls, (long long)k.tokens,
-             (double)k.cost_nusd / 1e9);
+             lg_usd_format(k.cost_nusd, usd));
     if (denied)
       printf("cancel       %s%s\n", cancel_reason ? cancel_reason : "operator_cancelled_loop",
              rec.stopped ? "" : " (pending: the next decision stops)");

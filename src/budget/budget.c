@@ -50,7 +50,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #define DAY_MS 86400000LL
@@ -68,7 +67,8 @@ int lg_budget_usd_to_micro(double usd, int64_t *micro, const char *what, lg_erro
   if (usd < 0) return lg__err(err, LG_EINVAL, what, -1, "%s must not be negative", w);
   if (usd > LG_BUDGET_MAX_USD)
     return lg__err(err, LG_ERANGE, what, -1, "%s is beyond %.0f USD", w, LG_BUDGET_MAX_USD);
-  *micro = (int64_t)llround(usd * 1e6);
+  if (lg__usd_to_units(usd, LG__USD_MICRO, micro))
+    return lg__err(err, LG_ERANGE, what, -1, "%s is beyond %.0f USD", w, LG_BUDGET_MAX_USD);
   return 0;
 }
 
@@ -477,20 +477,16 @@ int lg_budget_reset(lg_store_t *s, const char *scope, int64_t now_ms, lg_budget_
 /* ------------------------------------------------------------------ */
 /* Refusals.                                                            */
 
-static const char *status_source(lg_scope_kind_t k, int *status) {
+static const char *limit_source(lg_scope_kind_t k) {
   switch (k) {
-  case LG_SCOPE_KEY: *status = 402; return "key_limit";
-  case LG_SCOPE_WORKSPACE: *status = 403; return "workspace_budget";
-  default: *status = 402; return "scope_budget";
+  case LG_SCOPE_KEY: return "key_limit";
+  case LG_SCOPE_WORKSPACE: return "workspace_budget";
+  default: return "scope_budget";
   }
 }
 
-static void usd_text(char buf[32], int64_t micro) {
-  lg__buf_t b = {0};
-  put_usd(&b, micro);
-  char *t = lg__buf_steal(&b, NULL);
-  snprintf(buf, 32, "%s", t ? t : "?");
-  lg__free(t);
+static void usd_text(char buf[LG_USD_TEXT_MAX], int64_t micro) {
+  lg_usd_format(lg_budget_micro_to_nusd(micro), buf);
 }
 
 static void time_text(char buf[32], int64_t ms) {
@@ -503,7 +499,7 @@ static void refuse_limit(lg_budget_refusal_t *r, const lg_budget_t *b, int64_t a
   char lim[32], sp[32], res[32], amt[32], left[32], at[32];
   memset(r, 0, sizeof *r);
   r->kind = lg_budget_scope_kind(b->scope);
-  r->limit_source = status_source(r->kind, &r->http_status);
+  r->limit_source = limit_source(r->kind);
   r->type = "budget_exceeded";
   snprintf(r->scope, sizeof r->scope, "%s", b->scope);
   r->remaining_micro = lg_budget_remaining(b);
@@ -529,9 +525,9 @@ static void refuse_limit(lg_budget_refusal_t *r, const lg_budget_t *b, int64_t a
 }
 
 /* reserved + amount would pass max_in_flight of b. When the amount alone
- * is more than max_in_flight, waiting cannot help: that is reported with
- * the scope's own status (402/403), never as a 429 that a client would
- * retry for ever. */
+ * is more than max_in_flight, waiting cannot help: that is reported as
+ * budget_exceeded, never as rate_limited, which a client would retry for
+ * ever. */
 static void refuse_in_flight(lg_budget_refusal_t *r, const lg_budget_t *b, int64_t amount,
                              int64_t now_ms) {
   char cap[32], res[32], amt[32];
@@ -548,7 +544,6 @@ static void refuse_in_flight(lg_budget_refusal_t *r, const lg_budget_t *b, int64
   usd_text(res, b->reserved_micro);
   usd_text(amt, amount);
   if (amount > b->max_in_flight_micro || b->next_expiry_ms < 0) {
-    status_source(r->kind, &r->http_status);
     r->type = "budget_exceeded";
     snprintf(r->message, sizeof r->message,
              "this call may cost up to %s USD, more than the %s USD that %.120s allows in "
@@ -557,7 +552,6 @@ static void refuse_in_flight(lg_budget_refusal_t *r, const lg_budget_t *b, int64
              amt, cap, b->scope);
     return;
   }
-  r->http_status = 429;
   r->type = "rate_limited";
   int64_t wait = b->next_expiry_ms - now_ms;
   r->retry_after_s = wait <= 1000 ? 1 : (wait + 999) / 1000;
@@ -568,7 +562,7 @@ static void refuse_in_flight(lg_budget_refusal_t *r, const lg_budget_t *b, int64
            b->scope, res, cap, amt, (long long)r->retry_after_s);
 }
 
-static void metadata_json(lg__buf_t *b, const lg_budget_refusal_t *r) {
+void lg__budget_refusal_metadata(lg__buf_t *b, const lg_budget_refusal_t *r) {
   lg__buf_puts(b, "{\"limit_source\":");
   const char *src = r->limit_source ? r->limit_source : "";
   lg__buf_json_str(b, src, strlen(src));
@@ -580,27 +574,14 @@ static void metadata_json(lg__buf_t *b, const lg_budget_refusal_t *r) {
   put_usd(b, r->requested_micro);
   lg__buf_puts(b, ",\"resets_at\":");
   put_time_or_null(b, r->resets_at_ms);
-  if (r->http_status == 429)
+  if (r->retry_after_s > 0)
     lg__buf_printf(b, ",\"retry_after_s\":%lld", (long long)r->retry_after_s);
   lg__buf_putc(b, '}');
 }
 
-char *lg_budget_refusal_metadata_json(const lg_budget_refusal_t *r) {
+char *lg__budget_refusal_metadata_json(const lg_budget_refusal_t *r) {
   lg__buf_t b = {0};
-  metadata_json(&b, r);
-  return lg__buf_steal(&b, NULL);
-}
-
-char *lg_budget_refusal_json(const lg_budget_refusal_t *r) {
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "{\"error\":{\"code\":%d,\"type\":", r->http_status);
-  const char *type = r->type ? r->type : "budget_exceeded";
-  lg__buf_json_str(&b, type, strlen(type));
-  lg__buf_puts(&b, ",\"message\":");
-  lg__buf_json_str(&b, r->message, strlen(r->message));
-  lg__buf_puts(&b, ",\"metadata\":");
-  metadata_json(&b, r);
-  lg__buf_puts(&b, "}}");
+  lg__budget_refusal_metadata(&b, r);
   return lg__buf_steal(&b, NULL);
 }
 
@@ -609,23 +590,7 @@ char *lg_budget_refusal_json(const lg_budget_refusal_t *r) {
 
 /* "rsv_" + 32 hex digits of the kernel's randomness. */
 static int new_id(char id[LG_BUDGET_ID_MAX], lg_error_t *err) {
-  unsigned char r[16];
-  size_t got = 0;
-  while (got < sizeof r) {
-    ssize_t n = getrandom(r + got, sizeof r - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return lg__err(err, LG_EIO, NULL, -1, "no randomness for a reservation id");
-    got += (size_t)n;
-  }
-  char *p = id + sizeof ID_PREFIX - 1;
-  memcpy(id, ID_PREFIX, sizeof ID_PREFIX - 1);
-  for (size_t i = 0; i < sizeof r; i++) {
-    static const char hex[] = "0123456789abcdef";
-    *p++ = hex[r[i] >> 4];
-    *p++ = hex[r[i] & 15];
-  }
-  *p = 0;
-  return 0;
+  return lg__random_id(ID_PREFIX, 16, id, LG_BUDGET_ID_MAX, "a reservation id", err);
 }
 
 static int check_opt_str(const char *what, const char *v, size_t max, lg_error_t *err) {
@@ -791,7 +756,7 @@ int lg_budget_reserve(lg_store_t *s, const lg_budget_request_t *req, int64_t now
   return lg__budget_reserve(s, req, now_ms, out, refusal, err);
 }
 
-char *lg_budget_reservation_json(const lg_budget_reservation_t *r) {
+char *lg__budget_reservation_json(const lg_budget_reservation_t *r) {
   lg__buf_t b = {0};
   lg__buf_puts(&b, "{\"reservation_id\":");
   lg__buf_json_str(&b, r->id, strlen(r->id));
@@ -953,7 +918,7 @@ int lg_budget_settle_bounded(lg_store_t *s, const char *id, int64_t actual_micro
   return settle(s, id, actual_micro, 1, now_ms, out, err);
 }
 
-char *lg_budget_settlement_json(const lg_budget_settlement_t *st) {
+char *lg__budget_settlement_json(const lg_budget_settlement_t *st) {
   lg__buf_t b = {0};
   lg__buf_puts(&b, "{\"reservation_id\":");
   lg__buf_json_str(&b, st->id, strlen(st->id));

@@ -66,6 +66,22 @@ int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run
                    int64_t cost_nusd, int64_t now_ms, int64_t *seq, int64_t *actual_nusd,
                    lg_error_t *err);
 
+/* JSON shapes of the server's answers (http-api-v1), kept beside the
+ * rules they report; not public API. Each returns a new string (lg__free)
+ * or NULL on out-of-memory. */
+/* A refusal's "metadata" object: limit_source, scope, remaining_usd,
+ * requested_usd, resets_at (RFC 3339 UTC, null for period none), and
+ * retry_after_s when rate_limited. Appended to b / as a new string. */
+void lg__budget_refusal_metadata(lg__buf_t *b, const lg_budget_refusal_t *r);
+char *lg__budget_refusal_metadata_json(const lg_budget_refusal_t *r);
+/* The 201 answer of POST /v1/budgets/reserve: {reservation_id,
+ * expires_at, amount_usd}. */
+char *lg__budget_reservation_json(const lg_budget_reservation_t *r);
+/* The 200 answer of POST /v1/budgets/settle: {reservation_id,
+ * reserved_usd, actual_usd, late, capped, asked_usd (when capped), scopes:
+ * [lg_budget_to_json objects]}. */
+char *lg__budget_settlement_json(const lg_budget_settlement_t *st);
+
 /* keys.c: the gate's checks of a loopguard key. key_auth: the key whose
  * current secret is [secret, +n) into *row (lg__key_row_clear), else
  * LG_EPERM with a message for a 401 (unknown, rotated or disabled); read

@@ -115,7 +115,7 @@ int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   lg__gate_t g;
   lg_model_call_t mm = *m;
   int rc = lg__gate_model_begin(s, prices, run, &mm, ttl_ms, now_ms, &g, out, err);
-  if (rc == LG_BUDGET_REFUSED && out->refusal.http_status != 429) {
+  if (rc == LG_BUDGET_REFUSED && !out->refusal.retry_after_s) {
     /* Refused by a limit: the run stops, as a budget event does. */
     lg_event_t ev = {.type = LG_EV_BUDGET, .t_ms = m->t_ms};
     ev.u.budget.scope = out->refusal.scope;

@@ -72,7 +72,9 @@ static int get_price(json_t *v, const char *path, int64_t *out, lg_error_t *err)
   if (usd > PRICE_MAX_USD)
     return lg__err(err, LG_ERANGE, path, -1, "%g USD per million tokens is beyond %g", usd,
                    PRICE_MAX_USD);
-  *out = (int64_t)llround(usd * 1e6);
+  if (lg__usd_to_units(usd, LG__USD_MICRO, out))
+    return lg__err(err, LG_ERANGE, path, -1, "%g USD per million tokens is beyond %g", usd,
+                   PRICE_MAX_USD);
   return 0;
 }
 
@@ -219,28 +221,8 @@ lg_prices_t *lg_prices_load_file(const char *path, lg_error_t *err) {
     lg__err(err, LG_EINVAL, NULL, -1, "no price file named");
     return NULL;
   }
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    lg__err(err, LG_EIO, NULL, -1, "cannot open the price file: %s", strerror(errno));
-    set_source(err, path);
-    if (err) err->line = 0;
-    return NULL;
-  }
   lg__buf_t b = {0};
-  char chunk[8192];
-  size_t n;
-  int rc = 0;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-    if ((rc = lg__buf_append(&b, chunk, n))) break;
-  int bad = ferror(f);
-  fclose(f);
-  if (rc || bad) {
-    lg__buf_free(&b);
-    lg__err(err, rc ? LG_ENOMEM : LG_EIO, NULL, -1, "%s",
-            rc ? "out of memory" : "cannot read the price file");
-    set_source(err, path);
-    return NULL;
-  }
+  if (lg__buf_read_file(&b, path, "price file", err)) return NULL;
   lg_prices_t *p = lg_prices_parse(b.data ? b.data : "", b.len, path, err);
   lg__buf_free(&b);
   return p;

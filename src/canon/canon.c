@@ -174,7 +174,7 @@ static void put_utf8(lg_canon_t *c, uint32_t cp) {
 
 /* Writes one code point (or lone surrogate) the way JSON.stringify does. */
 static void put_char(lg_canon_t *c, uint32_t cp) {
-  static const char hex[] = "0123456789abcdef";
+  const char *hex = lg__hex_digits;
   switch (cp) {
   case '"': putn(c, "\\\"", 2); return;
   case '\\': putn(c, "\\\\", 2); return;
@@ -1098,14 +1098,7 @@ int lg_canon_json(lg_canon_t *c, const char *json, size_t len,
   return 0;
 }
 
-static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) {
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    hex[2 * i] = digits[md[i] >> 4];
-    hex[2 * i + 1] = digits[md[i] & 15];
-  }
-  hex[64] = 0;
-}
+static void to_hex(const unsigned char *md, char hex[LG_FP_HEX]) { lg__hex(md, 32, hex); }
 
 /* SHA-256 over a + ("\n" + b when b is given), as hex. */
 static int sha_parts(lg_canon_t *c, const char *a, size_t al, const char *b,

@@ -28,20 +28,9 @@
 /* ------------------------------------------------------------------ */
 /* Small helpers.                                                       */
 
-/* Value of a lowercase hex digit, 0xFF for anything else. A table rather
- * than comparisons: fingerprint digits are random, and so would be the
- * branches. */
-static const uint8_t hexv[256] = {
-    ['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
-    ['8'] = 8, ['9'] = 9, ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15};
-static const uint8_t hexok[256] = {['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1,
-                                   ['5'] = 1, ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
-                                   ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1,
-                                   ['f'] = 1};
-
 static uint64_t fp64_of_hex(const char *hex) {
   uint64_t v = 0;
-  for (int i = 0; i < 16; i++) v = (v << 4) | hexv[(unsigned char)hex[i]];
+  for (int i = 0; i < 16; i++) v = (v << 4) | lg__hex_value[(unsigned char)hex[i]];
   return v;
 }
 
@@ -576,7 +565,7 @@ static int before_fingerprint(lg_run_t *run, lg_canon_t *canon, bctx_t *x, bool 
     memcpy(x->hex, call->fingerprint, LG_FP_HEX);
   } else if (call->fingerprint) {
     unsigned ok = 1;
-    for (int k = 0; k < 64 && call->fingerprint[k]; k++) ok &= hexok[(unsigned char)call->fingerprint[k]];
+    for (int k = 0; k < 64 && call->fingerprint[k]; k++) ok &= lg__hex_value[(unsigned char)call->fingerprint[k]] != 0xFF;
     if (!ok || strnlen(call->fingerprint, 65) != 64)
       return lg__err(err, LG_EINVAL, "fingerprint", -1, "a fingerprint is 64 lowercase hex digits");
     memcpy(x->hex, call->fingerprint, LG_FP_HEX);

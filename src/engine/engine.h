@@ -205,6 +205,11 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
                    lg_decision_t *d, lg_error_t *err);
 /* Tool index for `name`, adding it; -1 on out-of-memory. */
 int lg__run_tool(lg_run_t *run, const char *name);
+/* Appends LG_ALT_* bits as a JSON array of their names, in bit order
+ * ("ask_human", "skip_current", "finalize_partial", "escalate_model"). */
+void lg__alternatives_json(lg__buf_t *b, unsigned alternatives);
+/* Appends the counters' JSON object (lg_counters_to_json; envelope.c). */
+void lg__counters_json(lg__buf_t *b, const lg_counters_t *c);
 
 /* text.c: starts a new response (the previous one's text goes to the
  * monologue count). */

@@ -85,10 +85,6 @@ static void save_v2(wr_t *w, const lg_run_t *run) {
   w64(w, run->answer_trunc);
   wstr(w, run->answer);
 }
-/* The value of each lowercase hex digit (fingerprints are lowercase hex). */
-static const uint8_t hexval[256] = {
-    ['0'] = 0,  ['1'] = 1,  ['2'] = 2,  ['3'] = 3,  ['4'] = 4,  ['5'] = 5,  ['6'] = 6,  ['7'] = 7,
-    ['8'] = 8,  ['9'] = 9,  ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15};
 
 int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
   wr_t w = {{0}};
@@ -127,7 +123,7 @@ int lg_run_save(const lg_run_t *run, char **buf, size_t *len) {
     const lg__tried_t *t = &run->tried[i];
     uint8_t fp[32]; /* the format keeps the 32 bytes, not their hex */
     for (int k = 0; k < 32; k++)
-      fp[k] = (uint8_t)(hexval[(uint8_t)t->hex[2 * k]] << 4 | hexval[(uint8_t)t->hex[2 * k + 1]]);
+      fp[k] = (uint8_t)(lg__hex_value[(uint8_t)t->hex[2 * k]] << 4 | lg__hex_value[(uint8_t)t->hex[2 * k + 1]]);
     wbytes(&w, fp, 32);
     w64(&w, t->tool);
     w64(&w, t->count);
@@ -310,11 +306,9 @@ static void load_tables(rd_t *r, lg_run_t *run) {
     lg__tried_t *t = &run->tried[i];
     uint8_t fp[32];
     rbytes(r, fp, 32);
-    static const char digits[] = "0123456789abcdef";
-    for (int k = 0; k < 32; k++) {
-      t->hex[2 * k] = digits[fp[k] >> 4];
-      t->hex[2 * k + 1] = digits[fp[k] & 15];
-    }
+    char hex[LG_FP_HEX];
+    lg__hex(fp, 32, hex);
+    memcpy(t->hex, hex, 64); /* kept without its NUL */
     for (int k = 0; k < 8; k++) t->fp64 = (t->fp64 << 8) | fp[k];
     /* An index into tools: with no tools there is none (a max of -1 fails
      * every value), or after() would dereference an empty table. */

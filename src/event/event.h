@@ -28,4 +28,15 @@ bool lg__run_awaits(const lg_run_t *run, const char *call_id);
 int lg__budget_stop_message(lg__buf_t *b, const char *scope, const char *limit_source,
                             int64_t requested_nusd);
 
+/* The decision's own members, for every answer that shows one (the
+ * server's answer to an event, replay's --json records): appended to b
+ * without braces, starting with "action":
+ *   action; reason (the reason's text, absent for execute and continue);
+ *   operator_note; guard (when one fired); for a call with a fingerprint,
+ *   fingerprint, repeat and idempotency_key; message; hide_tools and
+ *   hide_turns; alternatives (not with execute); saved_result (replay);
+ *   next_allowed_action (stop).
+ * `type` is the event's. Returns 0 or LG_ENOMEM (b->oom). */
+int lg__decision_json(lg__buf_t *b, lg_event_type_t type, const lg_decision_t *d);
+
 #endif

@@ -50,8 +50,8 @@ static void put_meta(lg__gw_job_t *j, const char *meta) {
 }
 
 void lg__gw_keys_refusal(lg__gw_job_t *j, const lg_budget_refusal_t *r, const char *message) {
-  int status = r->http_status ? r->http_status : 402;
-  char *meta = lg_budget_refusal_metadata_json(r);
+  int status = lg__http_refusal_status(r);
+  char *meta = lg__budget_refusal_metadata_json(r);
   lg__gw_error(j, status, status == 429 ? "rate_limit_error" : "insufficient_quota",
                r->limit_source, "loopguard: %s", message && *message ? message : r->message);
   put_meta(j, meta);
@@ -244,7 +244,6 @@ static void refuse(lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd, in
   lg_budget_refusal_t r;
   memset(&r, 0, sizeof r);
   r.kind = lg_budget_scope_kind(b->scope);
-  r.http_status = r.kind == LG_SCOPE_WORKSPACE ? 403 : 402;
   r.type = "budget_exceeded";
   r.limit_source = r.kind == LG_SCOPE_WORKSPACE ? "workspace_budget"
                    : r.kind == LG_SCOPE_KEY     ? "key_limit"

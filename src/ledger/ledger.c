@@ -31,7 +31,14 @@
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
-#include <sys/random.h>
+
+/* Rows carry the public states (lg_op_state_t: in_progress, committed,
+ * failed); the store's names for them (src/store/store.h) are the same
+ * values, so that a state has one definition. */
+_Static_assert((int)LG__OP_PENDING == (int)LG_OP_IN_PROGRESS &&
+                   (int)LG__OP_COMMITTED == (int)LG_OP_COMMITTED &&
+                   (int)LG__OP_FAILED == (int)LG_OP_FAILED,
+               "store.h's row states must be lg_op_state_t's values");
 
 #define KEY_MAX 1024
 #define FP_MAX 256
@@ -56,7 +63,7 @@ static int check_fp(const char *fp, lg_error_t *err) {
 
 /* 1 when a finished row has outlived the retention: it counts as gone. */
 static int stale(const lg_store_t *s, const lg__op_row_t *r, int64_t now_ms) {
-  return r->state != LG__OP_PENDING && r->updated_ms <= now_ms - s->opts.retention_ms;
+  return r->state != LG_OP_IN_PROGRESS && r->updated_ms <= now_ms - s->opts.retention_ms;
 }
 
 /* The one transition table of the ledger (see the top of the file). A
@@ -67,9 +74,9 @@ static lg_claim_outcome_t judge(const lg_store_t *s, const lg__op_row_t *r, cons
   if (!r || r->freed || stale(s, r, now_ms)) return LG_CLAIM_FREE;
   if (fp && strcmp(r->request_fp, fp)) return LG_CLAIM_MISMATCH;
   switch (r->state) {
-  case LG__OP_PENDING:
+  case LG_OP_IN_PROGRESS:
     return now_ms < r->lease_until_ms ? LG_CLAIM_IN_PROGRESS : LG_CLAIM_UNKNOWN_OUTCOME;
-  case LG__OP_FAILED: *failed = 1; return LG_CLAIM_REPLAY;
+  case LG_OP_FAILED: *failed = 1; return LG_CLAIM_REPLAY;
   default: return LG_CLAIM_REPLAY;
   }
 }
@@ -137,22 +144,7 @@ static int claim_locked(lg_store_t *s, const lg__op_row_t *mine, lg_claim_t *out
 /* "ct_" + 32 hex digits of the kernel's randomness: the claim's token,
  * which its claimant presents to commit or fail it (lg_store_commit_as). */
 static int new_token(char tok[LG_CLAIM_TOKEN_MAX], lg_error_t *err) {
-  unsigned char r[16];
-  size_t got = 0;
-  while (got < sizeof r) {
-    ssize_t n = getrandom(r + got, sizeof r - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return lg__err(err, LG_EIO, NULL, -1, "no randomness for a claim token");
-    got += (size_t)n;
-  }
-  static const char hex[] = "0123456789abcdef";
-  memcpy(tok, "ct_", 3);
-  for (size_t i = 0; i < sizeof r; i++) {
-    tok[3 + 2 * i] = hex[r[i] >> 4];
-    tok[4 + 2 * i] = hex[r[i] & 15];
-  }
-  tok[3 + 2 * sizeof r] = 0;
-  return 0;
+  return lg__random_id("ct_", 16, tok, LG_CLAIM_TOKEN_MAX, "a claim token", err);
 }
 
 int lg_store_claim(lg_store_t *s, const char *key, const char *request_fp, const char *run_id,
@@ -171,7 +163,7 @@ int lg_store_claim(lg_store_t *s, const char *key, const char *request_fp, const
       .key = (char *)key,
       .request_fp = (char *)request_fp,
       .run_id = (char *)(run_id && *run_id ? run_id : NULL),
-      .state = LG__OP_PENDING,
+      .state = LG_OP_IN_PROGRESS,
       .lease_until_ms = lease_until,
       .created_ms = now_ms,
       .updated_ms = now_ms,
@@ -227,40 +219,46 @@ static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__o
   return rc;
 }
 
-int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
-                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+/* The outcome of a claimed key: state COMMITTED (with its result and
+ * operation id), FAILED, or 0: released for a retry (the row goes). The
+ * first outcome stands: a COMMITTED row never changes, and a FAILED one only
+ * goes for a retry. points names the fault points of the one-statement path
+ * and of the moment before the transaction commits. */
+static int settle(lg_store_t *s, const char *key, int state, const char *result,
+                  size_t result_len, const char *operation_id, int64_t now_ms,
+                  const char *const points[2], lg_error_t *err) {
   int rc = check_key(key, err);
   if (rc) return rc;
+  const char *opid = operation_id && *operation_id ? operation_id : NULL;
+  if (!result) result_len = 0;
   lg__op_row_t cur = {0};
   lg__store_lock(s);
   if (s->depth == 0) {
     /* The common case in one durable statement: the key is claimed. */
     int changed = 0;
-    const char *opid = operation_id && *operation_id ? operation_id : NULL;
-    rc = lg__store_fault_at(s, "commit.settle", err);
+    rc = lg__store_fault_at(s, points[0], err);
     if (!rc)
-      rc = lg__sql_op_settle(s, key, LG__OP_COMMITTED, result, result ? result_len : 0, opid,
-                            now_ms, &changed, err);
+      rc = lg__sql_op_settle(s, key, state, result, result_len, opid, now_ms, &changed, err);
     if (rc || changed) goto out;
   }
   rc = open_for_change(s, key, now_ms, &cur, err);
   if (rc) goto out;
-  if (cur.state == LG__OP_PENDING) {
-    /* The row's own strings stay; only the outcome fields change. */
-    lg__free(cur.result);
-    lg__free(cur.operation_id);
-    cur.result = NULL;
-    cur.operation_id = NULL;
+  if (cur.state == LG_OP_COMMITTED) {
+    /* stands */
+  } else if (state == 0) {
+    rc = lg__sql_op_delete(s, key, err);
+  } else if (cur.state == LG_OP_IN_PROGRESS) {
     lg__op_row_t next = cur;
-    next.state = LG__OP_COMMITTED;
-    next.result = (char *)result;
-    next.result_len = result ? result_len : 0;
-    next.operation_id = (char *)(operation_id && *operation_id ? operation_id : NULL);
+    next.state = state;
     next.updated_ms = now_ms;
+    if (state == LG_OP_COMMITTED) {
+      next.result = (char *)result;
+      next.result_len = result_len;
+      next.operation_id = (char *)opid;
+    }
     rc = lg__sql_op_update(s, &next, err);
-    if (!rc) rc = lg__store_fault_at(s, "commit.before_commit", err);
+    if (!rc) rc = lg__store_fault_at(s, points[1], err);
   }
-  /* COMMITTED or FAILED already: the first outcome stands. */
   if (rc) lg__store_end(s, 0, NULL);
   else rc = lg__store_end(s, 1, err);
   lg__op_row_clear(&cur);
@@ -270,38 +268,16 @@ out:
   return rc;
 }
 
+int lg_store_commit(lg_store_t *s, const char *key, const char *result, size_t result_len,
+                    const char *operation_id, int64_t now_ms, lg_error_t *err) {
+  static const char *const points[2] = {"commit.settle", "commit.before_commit"};
+  return settle(s, key, LG_OP_COMMITTED, result, result_len, operation_id, now_ms, points, err);
+}
+
 int lg_store_fail(lg_store_t *s, const char *key, int retryable, int64_t now_ms,
                   lg_error_t *err) {
-  int rc = check_key(key, err);
-  if (rc) return rc;
-  lg__op_row_t cur = {0};
-  lg__store_lock(s);
-  if (s->depth == 0) {
-    int changed = 0;
-    rc = lg__store_fault_at(s, "fail.settle", err);
-    if (!rc)
-      rc = lg__sql_op_settle(s, key, retryable ? 0 : LG__OP_FAILED, NULL, 0, NULL, now_ms,
-                            &changed, err);
-    if (rc || changed) goto out;
-  }
-  rc = open_for_change(s, key, now_ms, &cur, err);
-  if (rc) goto out;
-  if (cur.state != LG__OP_COMMITTED) {
-    if (retryable) {
-      rc = lg__sql_op_delete(s, key, err);
-    } else if (cur.state == LG__OP_PENDING) {
-      cur.state = LG__OP_FAILED;
-      cur.updated_ms = now_ms;
-      rc = lg__sql_op_update(s, &cur, err);
-    }
-  }
-  if (rc) lg__store_end(s, 0, NULL);
-  else rc = lg__store_end(s, 1, err);
-  lg__op_row_clear(&cur);
-out:
-  lg__store_unlock(s);
-  if (rc && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
-  return rc;
+  static const char *const points[2] = {"fail.settle", "fail.before_commit"};
+  return settle(s, key, retryable ? 0 : LG_OP_FAILED, NULL, 0, NULL, now_ms, points, err);
 }
 
 int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operation_t *out,
@@ -334,10 +310,10 @@ int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operat
   out->resolved_ms = cur.resolved_ms;
   lg__free(cur.claim_token); /* never shown: it is the claimant's */
   switch (cur.state) {
-  case LG__OP_PENDING:
+  case LG_OP_IN_PROGRESS:
     out->state = now_ms < cur.lease_until_ms ? LG_OP_IN_PROGRESS : LG_OP_UNKNOWN_OUTCOME;
     break;
-  case LG__OP_COMMITTED: out->state = LG_OP_COMMITTED; break;
+  case LG_OP_COMMITTED: out->state = LG_OP_COMMITTED; break;
   default: out->state = cur.freed ? LG_OP_FREE : LG_OP_FAILED; break;
   }
   return 0;
@@ -350,11 +326,11 @@ int lg_store_operation(lg_store_t *s, const char *key, int64_t now_ms, lg_operat
  * that are not operators. */
 static int may_settle(const lg__op_row_t *cur, const lg_op_actor_t *as, int commit,
                       int retryable, int64_t now_ms, lg_error_t *err) {
-  if (cur->state == LG__OP_FAILED && !commit && retryable)
+  if (cur->state == LG_OP_FAILED && !commit && retryable)
     return lg__err(err, LG_EPERM, "key", -1,
                    "the key \"%s\" failed for good; only an operator may free it for another try",
                    cur->key);
-  if (cur->state != LG__OP_PENDING) return 0; /* nothing will change: the first outcome stands */
+  if (cur->state != LG_OP_IN_PROGRESS) return 0; /* nothing will change: the first outcome stands */
   if (!cur->claim_token) return 0;            /* claimed before schema 6: trusted as before */
   const char *t = as->claim_token;
   size_t n = strlen(cur->claim_token);
@@ -373,8 +349,8 @@ static int may_settle(const lg__op_row_t *cur, const lg_op_actor_t *as, int comm
   return 0;
 }
 
-/* Settles `key` as `as` (not NULL): state LG__OP_COMMITTED or
- * LG__OP_FAILED, retryable frees. Reads the row under its lock first. */
+/* Settles `key` as `as` (not NULL): state LG_OP_COMMITTED or
+ * LG_OP_FAILED, retryable frees. Reads the row under its lock first. */
 static int settle_as(lg_store_t *s, const char *key, int state, int retryable, const char *result,
                      size_t result_len, const char *operation_id, const lg_op_actor_t *as,
                      int64_t now_ms, lg_error_t *err) {
@@ -384,12 +360,12 @@ static int settle_as(lg_store_t *s, const char *key, int state, int retryable, c
   lg__store_lock(s);
   rc = open_for_change(s, key, now_ms, &cur, err);
   if (rc) goto out;
-  int commit = state == LG__OP_COMMITTED;
+  int commit = state == LG_OP_COMMITTED;
   if (!as->operator) rc = may_settle(&cur, as, commit, retryable, now_ms, err);
   if (!rc) {
     lg__op_row_t next = cur;
     int write = 0;
-    if (cur.state == LG__OP_PENDING || (!commit && retryable && cur.state == LG__OP_FAILED)) {
+    if (cur.state == LG_OP_IN_PROGRESS || (!commit && retryable && cur.state == LG_OP_FAILED)) {
       next.state = state;
       next.updated_ms = now_ms;
       if (commit) {
@@ -405,7 +381,7 @@ static int settle_as(lg_store_t *s, const char *key, int state, int retryable, c
       next.resolved_by = (char *)(as->who && *as->who ? as->who : "operator");
       next.resolved_ms = now_ms;
       if (!commit && retryable) {
-        next.state = LG__OP_FAILED;
+        next.state = LG_OP_FAILED;
         next.freed = 1;
         next.result = NULL;
         next.result_len = 0;
@@ -431,14 +407,14 @@ int lg_store_commit_as(lg_store_t *s, const char *key, const char *result, size_
                        const char *operation_id, const lg_op_actor_t *as, int64_t now_ms,
                        lg_error_t *err) {
   if (!as) return lg_store_commit(s, key, result, result_len, operation_id, now_ms, err);
-  return settle_as(s, key, LG__OP_COMMITTED, 0, result, result_len, operation_id, as, now_ms,
+  return settle_as(s, key, LG_OP_COMMITTED, 0, result, result_len, operation_id, as, now_ms,
                    err);
 }
 
 int lg_store_fail_as(lg_store_t *s, const char *key, int retryable, const lg_op_actor_t *as,
                      int64_t now_ms, lg_error_t *err) {
   if (!as) return lg_store_fail(s, key, retryable, now_ms, err);
-  return settle_as(s, key, LG__OP_FAILED, retryable, NULL, 0, NULL, as, now_ms, err);
+  return settle_as(s, key, LG_OP_FAILED, retryable, NULL, 0, NULL, as, now_ms, err);
 }
 
 int lg_store_purge(lg_store_t *s, int64_t older_than_ms, int64_t now_ms, int64_t *purged,
@@ -506,7 +482,7 @@ static void a_destroy(void *self) { lg__free(self); }
 
 static const lg_ledger_methods_t at_methods = {1, a_claim, a_peek, a_commit, a_fail, a_destroy};
 
-lg_ledger_t *lg_store_ledger_at(lg_store_t *s, int64_t epoch_ms) {
+lg_ledger_t *lg_store_ledger_new(lg_store_t *s, int64_t epoch_ms) {
   if (!s) return NULL;
   lg_ledger_t *l = lg__calloc(1, sizeof *l);
   at_ledger_t *a = lg__calloc(1, sizeof *a);

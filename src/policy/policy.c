@@ -181,10 +181,10 @@ static int parse_limits(ctx_t *x, lg_policy_t *p, json_t *o) {
         double usd = json_number_value(v);
         if (!(usd >= 0) || usd > 9e9)
           rc = fail(x, k, "must be between 0 and 9e9 USD%s", "");
-        else {
-          p->max_cost_nusd = (int64_t)(usd * 1e9 + 0.5);
+        else if (lg__usd_to_units(usd, LG__USD_NANO, &p->max_cost_nusd))
+          rc = fail(x, k, "must be between 0 and 9e9 USD%s", "");
+        else
           rc = 0;
-        }
       }
     } else rc = fail(x, k, "unknown field%s", "");
     if (rc) return rc;
@@ -611,26 +611,8 @@ lg_policy_t *lg_policy_parse(const char *json, size_t len, const char *source,
 }
 
 lg_policy_t *lg_policy_load_file(const char *path, lg_error_t *err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    lg__err(err, LG_EIO, NULL, -1, "cannot open: %s", strerror(errno));
-    lg__err_where(err, path, 0);
-    return NULL;
-  }
   lg__buf_t b = {0};
-  char chunk[8192];
-  size_t n;
-  int rc = 0;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-    if ((rc = lg__buf_append(&b, chunk, n))) break;
-  bool bad = ferror(f);
-  fclose(f);
-  if (rc || bad) {
-    lg__buf_free(&b);
-    lg__err(err, rc ? LG_ENOMEM : LG_EIO, NULL, -1, rc ? "out of memory" : "read error");
-    lg__err_where(err, path, 0);
-    return NULL;
-  }
+  if (lg__buf_read_file(&b, path, "policy file", err)) return NULL;
   lg_policy_t *p = lg_policy_parse(b.data ? b.data : "", b.len, path, err);
   lg__buf_free(&b);
   return p;

@@ -297,7 +297,7 @@ static int check_usd(const field_t *f, const json_t *v, int64_t *i, lg_error_t *
   const lg__range_t *r = range_of(f->name);
   double hi = r ? r->usd_hi : 1e9;
   if (!(d >= 0 && d <= hi)) return out_of_range(err, f->name, r, d < 0);
-  *i = (int64_t)llround(d * 1e9); /* the same rounding as replay */
+  if (lg__usd_to_units(d, LG__USD_NANO, i)) return out_of_range(err, f->name, r, false);
   return 0;
 }
 

@@ -789,3 +789,23 @@ void lg__http_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   atomic_fetch_sub(&srv->inflight, 1);
   free_req(hr);
 }
+
+/* ---- a budget's refusal ---- */
+
+int lg__http_refusal_status(const lg_budget_refusal_t *r) {
+  if (r->retry_after_s > 0) return 429;
+  return r->kind == LG_SCOPE_WORKSPACE ? 403 : 402;
+}
+
+char *lg__http_refusal_json(const lg_budget_refusal_t *r) {
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "{\"error\":{\"code\":%d,\"type\":", lg__http_refusal_status(r));
+  const char *type = r->type ? r->type : "budget_exceeded";
+  lg__buf_json_str(&b, type, strlen(type));
+  lg__buf_puts(&b, ",\"message\":");
+  lg__buf_json_str(&b, r->message, strlen(r->message));
+  lg__buf_puts(&b, ",\"metadata\":");
+  lg__budget_refusal_metadata(&b, r);
+  lg__buf_puts(&b, "}}");
+  return lg__buf_steal(&b, NULL);
+}

@@ -36,8 +36,9 @@ static void label(lg__buf_t *b, const char *s) {
 static void sample(lg__buf_t *b, const char *name, const char *scope, int64_t micro) {
   lg__buf_printf(b, "%s{scope=\"", name);
   label(b, scope);
-  lg__buf_printf(b, "\"} %s%lld.%06lld\n", micro < 0 ? "-" : "", (long long)(llabs(micro) / 1000000),
-                 (long long)(llabs(micro) % 1000000));
+  lg__buf_puts(b, "\"} ");
+  lg__buf_usd(b, lg_budget_micro_to_nusd(micro));
+  lg__buf_putc(b, '\n');
 }
 
 static int one(void *ud, const lg_budget_t *bud) {

@@ -120,18 +120,6 @@ static lg__worker_t *id_worker(lg__req_t *rq, const char *no_id) {
   return worker(rq);
 }
 
-static void counters_json(lg__buf_t *b, const lg_counters_t *c) {
-  lg__buf_printf(b,
-                 "{\"steps\":%lld,\"calls\":%lld,\"blocked\":%lld,\"replayed\":%lld,"
-                 "\"results\":%lld,\"model_calls\":%lld,\"tokens\":%lld,\"handoffs\":%lld,"
-                 "\"cost_usd\":",
-                 (long long)c->steps, (long long)c->calls, (long long)c->blocked,
-                 (long long)c->replayed, (long long)c->results, (long long)c->model_calls,
-                 (long long)c->tokens, (long long)c->handoffs);
-  lg__buf_usd(b, c->cost_nusd);
-  lg__buf_printf(b, ",\"elapsed_ms\":%lld}", (long long)c->last_t_ms);
-}
-
 /* The scopes of a body's "scopes" (checked by body.c: at most
  * LG_BUDGET_MAX_SCOPES strings) into out, borrowed; returns how many. */
 static size_t body_scopes(const json_t *arr, const char *out[LG_BUDGET_MAX_SCOPES]) {
@@ -429,7 +417,9 @@ void lg__h_run_get(lg__req_t *rq) {
   lg__buf_printf(b, ",\"status\":\"%s\",\"terminal_reason\":", rec.stopped ? "stopped" : "active");
   jstr(b, rec.terminal_reason);
   lg__buf_printf(b, ",\"created_at\":\"%s\",\"updated_at\":\"%s\",\"counters\":", created, updated);
-  counters_json(b, &c);
+  char *cj = lg_counters_to_json(&c);
+  if (!cj || lg__buf_puts(b, cj)) b->oom = true;
+  lg__free(cj);
   lg__buf_puts(b, ",\"envelope\":");
   char *env = run ? lg_run_envelope_json(run) : NULL;
   lg__buf_puts(b, env ? env : rec.envelope_json && *rec.envelope_json ? rec.envelope_json : "null");
@@ -666,13 +656,13 @@ static void step_error(lg__req_t *rq, const lg__step_t *st, int rc, lg_error_t *
   case LG__STEP_UNPRICED: lg__req_error(rq, 422, "unprocessable", e->field, "%s", msg); return;
   case LG__STEP_NO_RUN: lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id); return;
   case LG__STEP_IN_FLIGHT: { /* too much in flight: 429, nothing changed */
-    char *body = lg_budget_refusal_json(&st->refusal);
+    char *body = lg__http_refusal_json(&st->refusal);
     lg__metrics_budget_refusal(&rq->srv->metrics, st->refusal.limit_source);
     if (!body) {
       lg__req_error(rq, 500, "internal", NULL, "out of memory");
       return;
     }
-    rq->status = st->refusal.http_status;
+    rq->status = lg__http_refusal_status(&st->refusal);
     rq->retry_after = (int)st->refusal.retry_after_s;
     lg__buf_puts(&rq->out, body);
     lg__free(body);
@@ -1138,13 +1128,12 @@ static void reserve_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e
   budget_job_t *bj = (budget_job_t *)wj;
   if (rc == LG_BUDGET_REFUSED) {
     lg__metrics_budget_refusal(&rq->srv->metrics, bj->why.limit_source);
-    if (bj->why.http_status == 429)
-      rq->retry_after = (int)(bj->why.retry_after_s > 0 ? bj->why.retry_after_s : 1);
-    answer_text(rq, lg_budget_refusal_json(&bj->why), bj->why.http_status);
+    if (bj->why.retry_after_s > 0) rq->retry_after = (int)bj->why.retry_after_s;
+    answer_text(rq, lg__http_refusal_json(&bj->why), lg__http_refusal_status(&bj->why));
   } else if (rc) {
     budget_error(rq, rc, e, wj->k->doing);
   } else {
-    answer_text(rq, lg_budget_reservation_json(&bj->res), 201);
+    answer_text(rq, lg__budget_reservation_json(&bj->res), 201);
   }
 }
 
@@ -1157,7 +1146,7 @@ static int settle_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
 
 static void settle_budget_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
   if (rc) budget_error(rq, rc, e, wj->k->doing);
-  else answer_text(rq, lg_budget_settlement_json(&((budget_job_t *)wj)->settled), 200);
+  else answer_text(rq, lg__budget_settlement_json(&((budget_job_t *)wj)->settled), 200);
 }
 
 static void budget_clear(write_job_t *wj) {

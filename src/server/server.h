@@ -221,7 +221,16 @@ void lg__body_clear(lg__body_t *b);
 /* Compact JSON text of v (new; lg__free). NULL on out-of-memory. */
 char *lg__json_text(const json_t *v, size_t *len);
 
+#include "../budget/budget.h" /* the refusal and the JSON answers of budgets */
 #include "../store/group.h"
+
+/* A shared budget's refusal as http-api-v1 answers it (the budget module
+ * says why; the status is the server's): 429 when waiting can help
+ * (rate_limited), 403 for a workspace: scope, else 402. */
+int lg__http_refusal_status(const lg_budget_refusal_t *r);
+/* The error body of a refusal: {"error":{"code":STATUS,"type","message",
+ * "metadata":{...}}}. New string (lg__free) or NULL on out-of-memory. */
+char *lg__http_refusal_json(const lg_budget_refusal_t *r);
 
 /* ------------------------------------------------------------------ */
 /* server.c and http.c                                                 */

@@ -9,7 +9,7 @@
  *   1. load the run from its record: the engine state (lg_run_load) with
  *      the policy parsed from the stored policy JSON (st->policy may answer
  *      from a cache: most runs have the default), and the store's ledger at
- *      the run's start (lg_store_ledger_at), so calls use the durable
+ *      the run's start (lg_store_ledger_new), so calls use the durable
  *      ledger by themselves;
  *   2. the run's time: now minus its creation, never before the last event
  *      the run saw (clocks of replicas differ; a trace must not go back);
@@ -37,7 +37,6 @@
 #include "../store/store.h"
 #include "../trace/trace.h"
 
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -79,15 +78,6 @@ static int engine_error(lg__step_t *st, int rc) {
 
 /* ---- the answer ---- */
 
-static void kv_str(lg__buf_t *b, const char *k, const char *v) {
-  if (!v) return;
-  lg__buf_printf(b, ",\"%s\":", k);
-  lg__buf_json_str(b, v, strlen(v));
-}
-
-static const char *alt_names[] = {"ask_human", "skip_current", "finalize_partial",
-                                  "escalate_model"};
-
 static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
                           const char *budget_meta) {
   lg__buf_t *b = &st->answer;
@@ -102,37 +92,7 @@ static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
     else lg__buf_puts(b, "null");
     lg__buf_putc(b, ',');
   }
-  lg__buf_printf(b, "\"action\":\"%s\"", lg_action_name(d->action));
-  const char *why = d->reason_text && *d->reason_text ? d->reason_text : NULL;
-  if (!why && d->reason != LG_R_NONE) why = lg_reason_name(d->reason);
-  kv_str(b, "reason", why);
-  kv_str(b, "operator_note", d->operator_note);
-  if (d->guard && *d->guard) kv_str(b, "guard", d->guard);
-  if (type == LG_EV_CALL && d->fingerprint[0]) { /* none: stopped by a deny rule */
-    lg__buf_printf(b, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
-    kv_str(b, "idempotency_key", d->idempotency_key);
-  }
-  kv_str(b, "message", d->message);
-  if (d->hide_tool) {
-    lg__buf_puts(b, ",\"hide_tools\":[");
-    lg__buf_json_str(b, d->hide_tool, strlen(d->hide_tool));
-    lg__buf_printf(b, "],\"hide_turns\":%u", d->hide_turns);
-  }
-  if (d->alternatives && d->action != LG_ACT_EXECUTE) {
-    lg__buf_puts(b, ",\"alternatives\":[");
-    int first = 1;
-    for (unsigned i = 0; i < LG__ARRAY_LEN(alt_names); i++)
-      if (d->alternatives & (1u << i)) {
-        lg__buf_printf(b, "%s\"%s\"", first ? "" : ",", alt_names[i]);
-        first = 0;
-      }
-    lg__buf_putc(b, ']');
-  }
-  if (d->action == LG_ACT_REPLAY) {
-    lg__buf_puts(b, ",\"saved_result\":");
-    if (d->saved_result && d->saved_result_len) lg__buf_append(b, d->saved_result, d->saved_result_len);
-    else lg__buf_puts(b, "null");
-  }
+  lg__decision_json(b, type, d);
   if (type == LG_EV_MODEL && d->action == LG_ACT_EXECUTE)
     lg__buf_printf(b, ",\"reservation_id\":\"%lld\"", (long long)d->reservation);
   if (d->action == LG_ACT_STOP && budget_meta) {
@@ -140,8 +100,7 @@ static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
     lg__buf_puts(b, budget_meta);
   }
   if (d->action == LG_ACT_STOP) {
-    lg__buf_printf(b, ",\"next_allowed_action\":\"%s\",\"envelope\":",
-                   lg_next_name(d->next_allowed_action));
+    lg__buf_puts(b, ",\"envelope\":");
     lg__free(st->envelope);
     st->envelope = lg_run_envelope_json(run);
     lg__buf_puts(b, st->envelope ? st->envelope : "null");
@@ -162,11 +121,11 @@ static void stop_fields(lg__step_t *st, const char *run_id, const lg_decision_t 
   lg__buf_puts(f, ",\"guard\":");
   if (d->guard && *d->guard) lg__buf_json_str(f, d->guard, strlen(d->guard));
   else lg__buf_puts(f, "null");
-  kv_str(f, "operator_note", d->operator_note);
-  kv_str(f, "tool", tool);
-  kv_str(f, "call_id", d->call_id);
-  kv_str(f, "on", lg_event_type_name(st->ev.type));
-  kv_str(f, "message", d->message);
+  lg__buf_json_kv(f, "operator_note", d->operator_note);
+  lg__buf_json_kv(f, "tool", tool);
+  lg__buf_json_kv(f, "call_id", d->call_id);
+  lg__buf_json_kv(f, "on", lg_event_type_name(st->ev.type));
+  lg__buf_json_kv(f, "message", d->message);
 }
 
 /* ---- what only the store knows ---- */
@@ -196,12 +155,12 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
   if (rc == LG_BUDGET_REFUSED) {
     st->budget_refused = 1;
     st->refusal = out.refusal;
-    if (out.refusal.http_status == 429) { /* too much in flight: nothing changed */
+    if (out.refusal.retry_after_s > 0) { /* too much in flight: nothing changed */
       lg__gate_clear(&g);
       return fail(st, LG__STEP_IN_FLIGHT, rc);
     }
     /* A limit: the run stops, and its trace says why. */
-    *budget_meta = lg_budget_refusal_metadata_json(&out.refusal);
+    *budget_meta = lg__budget_refusal_metadata_json(&out.refusal);
     int64_t t = st->ev.t_ms;
     memset(&st->ev, 0, sizeof st->ev);
     st->ev.type = LG_EV_BUDGET;
@@ -307,7 +266,7 @@ int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
                          ? lg_policy_parse(rec->policy_json, strlen(rec->policy_json), "stored policy", err)
                          : lg_policy_default();
   if (!pol) return fail(st, LG__STEP_STORE, e.code ? e.code : LG_ENOMEM);
-  if (!(ledger = lg_store_ledger_at(s, rec->created_ms))) {
+  if (!(ledger = lg_store_ledger_new(s, rec->created_ms))) {
     lg_policy_free(pol);
     return fail(st, LG__STEP_STORE, lg__err(err, LG_ENOMEM, NULL, -1, "out of memory"));
   }
@@ -382,16 +341,7 @@ int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err) {
 /* ---- creating runs ---- */
 
 int lg__step_new_run_id(char out[32]) {
-  unsigned char r[12];
-  if (RAND_bytes(r, sizeof r) != 1) return LG_EIO;
-  static const char hx[] = "0123456789abcdef";
-  memcpy(out, "run_", 4);
-  for (int i = 0; i < 12; i++) {
-    out[4 + 2 * i] = hx[r[i] >> 4];
-    out[5 + 2 * i] = hx[r[i] & 15];
-  }
-  out[28] = 0;
-  return 0;
+  return lg__random_id("run_", 12, out, 32, "a run id", NULL);
 }
 
 /* The progress_version of a run's first trace line: 1 when the line says

@@ -82,7 +82,7 @@ int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64
                     lg__step_t *st, lg_error_t *err);
 
 /* A new run id for a run that names none: "run_" and 24 random hex
- * digits (OpenSSL's RAND_bytes) into out[32]. 0 or LG_EIO. */
+ * digits (lg__random_id) into out[32]. 0 or LG_EIO. */
 int lg__step_new_run_id(char out[32]);
 
 /* Creates a run: its record, its budget scopes (may be none) and its first

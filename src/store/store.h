@@ -38,7 +38,7 @@ enum { LG__TXN_RUN = 1, LG__TXN_LEDGER = 2 };
 
 /* Ledger row states as stored (the lease decides in_progress versus
  * unknown_outcome when the row is read). */
-enum { LG__OP_PENDING = 1, LG__OP_COMMITTED = 2, LG__OP_FAILED = 3 };
+enum { LG__OP_PENDING = LG_OP_IN_PROGRESS, LG__OP_COMMITTED = LG_OP_COMMITTED, LG__OP_FAILED = LG_OP_FAILED };
 
 /* Scopes of deny rules. */
 enum { LG__DENY_RUN = 1, LG__DENY_GROUP = 2 };

@@ -44,9 +44,18 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...)
 /* Appends s as a JSON string with its quotes (control characters, quote
  * and backslash escaped; other bytes as they are). */
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n);
-/* Appends a nano-USD amount as a JSON number of USD ("0.000042"). */
+/* The same for a NUL-terminated string, or null when s is NULL. */
+int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
+/* Appends ,"key":"value" (value escaped) when value is not NULL. */
+int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
+/* Appends a nano-USD amount as a JSON number of USD ("0.000042"): the
+ * text of lg_usd_format (usd.c). */
 int lg__buf_usd(lg__buf_t *b, int64_t nusd);
 void lg__buf_free(lg__buf_t *b);
+/* Appends the whole file at path to b. 0, or an LG_EIO error ("cannot open
+ * the WHAT: ...", "cannot read the WHAT") or LG_ENOMEM, with path as the
+ * error's source and line 0; b is freed on error. */
+int lg__buf_read_file(lg__buf_t *b, const char *path, const char *what, lg_error_t *err);
 /* Hands the bytes over to the caller (NUL-terminated) and resets b. */
 char *lg__buf_steal(lg__buf_t *b, size_t *len);
 
@@ -56,6 +65,35 @@ char *lg__buf_steal(lg__buf_t *b, size_t *len);
  * then be discarded as LG_ENOMEM whatever jansson said. */
 void lg__json_begin(void);
 bool lg__json_oom(void);
+
+/* ---- money (usd.c) ---- */
+#define LG__USD_NANO 9  /* decimals of nano-dollars: the engine's unit */
+#define LG__USD_MICRO 6 /* decimals of micro-dollars: budgets', prices' */
+/* A USD amount read as a double (JSON, a command line) into integer
+ * units of 10^-decimals USD: rounded to the nearest unit, a half up, on
+ * the decimal the amount was written as (0.0000005 is one micro-dollar,
+ * though its double is a little less). The one conversion of the library:
+ * each caller checks its own range and names the field in its message.
+ * LG_EINVAL for NaN, infinity or a negative amount; LG_ERANGE when the
+ * units do not fit in int64_t. */
+int lg__usd_to_units(double usd, int decimals, int64_t *out);
+
+/* ---- hex and randomness (ids.c) ---- */
+/* The 16 lowercase hex digits, for the JSON escapes of control bytes. */
+extern const char lg__hex_digits[17];
+/* The value of a lowercase hex digit (fingerprints, ids), 0xFF for any
+ * other byte. */
+extern const uint8_t lg__hex_value[256];
+/* n bytes as 2n lowercase hex digits and a NUL into out[2n + 1]. */
+void lg__hex(const void *bytes, size_t n, char *out);
+/* n random bytes from the kernel (getrandom): the one source of ids,
+ * tokens and reservation names. 0, or LG_EIO when there is none. */
+int lg__random(void *bytes, size_t n);
+/* `prefix` and 2 * nbytes random hex digits (at most 32 bytes) into
+ * out[size] ("rsv_", "ct_", "run_"). 0, or LG_EIO (err says what for:
+ * `what`), or LG_EINVAL when it does not fit. */
+int lg__random_id(const char *prefix, size_t nbytes, char *out, size_t size, const char *what,
+                  lg_error_t *err);
 
 /* Formats epoch milliseconds as RFC 3339 UTC with milliseconds
  * ("2026-12-01T07:17:10.000Z") into buf: the one timestamp format of

@@ -6,11 +6,13 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
+#include <string.h>
 
 static lg_malloc_fn g_malloc = malloc;
 static lg_realloc_fn g_realloc = realloc;
@@ -121,6 +123,30 @@ int lg__buf_append(lg__buf_t *b, const void *p, size_t n) {
   b->data[b->len] = 0;
   return 0;
 }
+
+int lg__buf_read_file(lg__buf_t *b, const char *path, const char *what, lg_error_t *err) {
+  FILE *f = fopen(path, "rb");
+  int rc = 0;
+  if (!f) {
+    rc = lg__err(err, LG_EIO, NULL, -1, "cannot open the %s: %s", what, strerror(errno));
+  } else {
+    char chunk[8192];
+    size_t n;
+    while (!rc && (n = fread(chunk, 1, sizeof chunk, f)) > 0) rc = lg__buf_append(b, chunk, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (rc) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    else if (bad) rc = lg__err(err, LG_EIO, NULL, -1, "cannot read the %s", what);
+  }
+  if (rc) {
+    lg__buf_free(b);
+    if (err) {
+      snprintf(err->source, sizeof err->source, "%s", path);
+      err->line = 0;
+    }
+  }
+  return rc;
+}
 int lg__buf_puts(lg__buf_t *b, const char *s) {
   return lg__buf_append(b, s, strlen(s));
 }
@@ -143,7 +169,7 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...) {
 }
 
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
-  static const char hex[] = "0123456789abcdef";
+  const char *hex = lg__hex_digits;
   if (lg__buf_reserve(b, n + 2)) return LG_ENOMEM;
   b->data[b->len++] = '"';
   size_t run = 0; /* start of the pending run of plain bytes */
@@ -173,25 +199,6 @@ int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
   return lg__buf_putc(b, '"');
 }
 
-int lg__buf_usd(lg__buf_t *b, int64_t nusd) {
-  const char *sign = "";
-  uint64_t v = (uint64_t)nusd;
-  if (nusd < 0) {
-    sign = "-";
-    v = (uint64_t)0 - v;
-  }
-  char frac[16];
-  snprintf(frac, sizeof frac, "%09llu", (unsigned long long)(v % 1000000000u));
-  size_t fl = 9;
-  while (fl > 0 && frac[fl - 1] == '0') fl--;
-  frac[fl] = 0;
-  if (fl == 0)
-    return lg__buf_printf(b, "%s%llu", sign,
-                          (unsigned long long)(v / 1000000000u));
-  return lg__buf_printf(b, "%s%llu.%s", sign,
-                        (unsigned long long)(v / 1000000000u), frac);
-}
-
 void lg__buf_free(lg__buf_t *b) {
   lg__free(b->data);
   b->data = NULL;
@@ -210,6 +217,16 @@ char *lg__buf_steal(lg__buf_t *b, size_t *len) {
   b->data = NULL;
   b->len = b->cap = 0;
   return d;
+}
+
+int lg__buf_json_str_or_null(lg__buf_t *b, const char *s) {
+  return s ? lg__buf_json_str(b, s, strlen(s)) : lg__buf_puts(b, "null");
+}
+
+int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value) {
+  if (!value) return 0;
+  lg__buf_printf(b, ",\"%s\":", key);
+  return lg__buf_json_str(b, value, strlen(value));
 }
 
 char *lg_json_quote(const char *s, size_t len) {

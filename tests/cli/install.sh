@@ -7,7 +7,10 @@
 # linker cannot pick the shared one). Both must print the same fingerprint
 # as the installed `loopguard fingerprint`, and open a sqlite: store.
 # Also: loopguard.pc names the prefix it was installed to, and its Cflags
-# carry no folder of a dependency (the public header includes none).
+# carry no folder of a dependency (the public header includes none); every
+# topic header (include/loopguard/*.h) is installed and compiles alone, in
+# C and C++; and a program that includes only <loopguard/core.h> builds,
+# links and prints the same fingerprint.
 set -u -o pipefail
 bin=${LG_BIN:?LG_BIN must name the loopguard binary}
 build=$(cd "$(dirname "$bin")" && pwd)
@@ -105,6 +108,47 @@ got=$("$tmp/prog-static" "sqlite:$tmp/static.db")
 ok "the static program runs" $? "$got"
 [ "${got##* }" = "$want" ]
 ok "the static program's fingerprint" $? "(got: $got)"
+
+# The topic headers: the installed set is the source's, and each compiles
+# alone (pedantic C11 and C++, no warning) against the installed prefix.
+src=${LG_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+want_h=$(cd "$src/include/loopguard" && ls ./*.h | sort)
+got_h=$(cd "$prefix/include/loopguard" 2>/dev/null && ls ./*.h | sort)
+[ -n "$want_h" ] && [ "$want_h" = "$got_h" ]
+ok "the topic headers are installed" $? "(want: $(echo $want_h), got: $(echo $got_h))"
+for h in $want_h; do
+  h=${h#./}
+  printf '#include <loopguard/%s>\nint main(void) { return 0; }\n' "$h" >"$tmp/alone.c"
+  # shellcheck disable=SC2086
+  "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only $cflags "$tmp/alone.c" 2>"$tmp/cc.log"
+  ok "<loopguard/$h> alone compiles as C11" $? "$(cat "$tmp/cc.log")"
+  if command -v c++ >/dev/null; then
+    # shellcheck disable=SC2086
+    c++ -x c++ -Wall -Wextra -Werror -fsyntax-only $cflags "$tmp/alone.c" 2>"$tmp/cc.log"
+    ok "<loopguard/$h> alone compiles as C++" $? "$(cat "$tmp/cc.log")"
+  fi
+done
+cat >"$tmp/core.c" <<'C'
+#include <loopguard/core.h>
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+  const char *args = "{\"invoice_id\":\"INV-2291\",\"amount\":10.0}";
+  lg_canon_t *c = lg_canon_new();
+  char hex[LG_FP_HEX];
+  if (!c || lg_canon_fingerprint(c, NULL, "charge_invoice", args, strlen(args), hex, NULL, NULL, NULL))
+    return 1;
+  lg_canon_free(c);
+  printf("%s\n", hex);
+  return 0;
+}
+C
+# shellcheck disable=SC2086
+"$cc" "${extra[@]}" -o "$tmp/prog-core" "$tmp/core.c" $cflags $libs 2>"$tmp/cc.log"
+ok "a program with only <loopguard/core.h> builds" $? "$(cat "$tmp/cc.log")"
+got=$(LD_LIBRARY_PATH=$prefix/lib "$tmp/prog-core")
+[ "$got" = "$want" ]
+ok "the core-only program's fingerprint" $? "(got: $got, want $want)"
 
 echo "install.sh: $pass passed, $failed failed"
 [ "$failed" = 0 ]

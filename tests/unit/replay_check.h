@@ -28,6 +28,7 @@
 
 #include "store_test_util.h"
 #include "test_server_http.h"
+#include "util/internal.h" /* lg__usd_to_units: amounts read as the library reads them */
 
 #define RC_MAX_LINES 512
 
@@ -197,12 +198,20 @@ static int rc_replay_cb(void *ud, const lg_replay_event_t *ev, const lg_replay_s
   }
   rc_line_t *l = &g->line[g->n];
   g->lineno[g->n++] = ev->line;
-  const lg_decision_t *d = &ev->decision;
+  /* The replay's decision as the server writes its own: through the
+   * library's one printer, read back like the server's answer. */
   snprintf(l->type, sizeof l->type, "%s", lg_event_type_name(ev->type));
-  snprintf(l->action, sizeof l->action, "%s", lg_action_name(d->action));
-  const char *why = d->reason_text && *d->reason_text ? d->reason_text : lg_reason_name(d->reason);
-  snprintf(l->reason, sizeof l->reason, "%s", why ? why : "");
-  snprintf(l->fp, sizeof l->fp, "%s", ev->type == LG_EV_CALL ? d->fingerprint : "");
+  char *dj = lg_decision_to_json(ev->type, &ev->decision);
+  json_t *o = dj ? json_loads(dj, 0, NULL) : NULL;
+  lg_free(dj);
+  if (!o) return LG_ENOMEM;
+  const char *action = json_string_value(json_object_get(o, "action"));
+  const char *reason = json_string_value(json_object_get(o, "reason"));
+  const char *fp = json_string_value(json_object_get(o, "fingerprint"));
+  snprintf(l->action, sizeof l->action, "%s", action ? action : "?");
+  snprintf(l->reason, sizeof l->reason, "%s", reason ? reason : "");
+  snprintf(l->fp, sizeof l->fp, "%s", fp ? fp : "");
+  json_decref(o);
   return 0;
 }
 
@@ -285,7 +294,8 @@ static __attribute__((unused)) int rc_check(ht_conn_t *c, rc_run_t *r, const cha
   const char *term = ht_str(&run, "terminal_reason");
   long want_line = r->stop_at >= 0 ? base + 1 + r->stop_at : 0;
   double cost = json_number_value(ht_get(&run, "counters.cost_usd"));
-  int64_t cost_nusd = (int64_t)llround(cost * 1e9);
+  int64_t cost_nusd = -1; /* read as the library reads an amount */
+  lg__usd_to_units(cost, LG__USD_NANO, &cost_nusd);
   if (strcmp(term ? term : "", g.terminal))
     RC_BAD("terminal reason: server %s, replay %s", term ? term : "null", g.terminal[0] ? g.terminal : "null");
   else if (r->stopped && strcmp(r->line[r->stop_at].reason, g.terminal))

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "loopguard.h"
+#include "server/server.h" /* the refusal as the server answers it */
 
 #define DAY 86400000LL
 
@@ -470,7 +471,6 @@ static void test_price_book(void **state) {
 static void test_refusal_json(void **state) {
   (void)state;
   lg_budget_refusal_t r = {0};
-  r.http_status = 402;
   r.type = "budget_exceeded";
   r.limit_source = "key_limit";
   snprintf(r.scope, sizeof r.scope, "key:a\"b");
@@ -478,24 +478,23 @@ static void test_refusal_json(void **state) {
   r.requested_micro = 750000;
   r.resets_at_ms = utc(2025, 3, 1, 0, 0, 0);
   snprintf(r.message, sizeof r.message, "no");
-  char *j = lg_budget_refusal_json(&r);
+  char *j = lg__http_refusal_json(&r);
   assert_string_equal(j, "{\"error\":{\"code\":402,\"type\":\"budget_exceeded\",\"message\":\"no\","
                          "\"metadata\":{\"limit_source\":\"key_limit\",\"scope\":\"key:a\\\"b\","
                          "\"remaining_usd\":0.5,\"requested_usd\":0.75,"
                          "\"resets_at\":\"2025-03-01T00:00:00.000Z\"}}}");
   lg_free(j);
-  r.http_status = 429;
   r.type = "rate_limited";
   r.limit_source = "in_flight_budget";
   r.resets_at_ms = -1;
   r.retry_after_s = 12;
-  j = lg_budget_refusal_metadata_json(&r);
+  j = lg__budget_refusal_metadata_json(&r);
   assert_string_equal(j, "{\"limit_source\":\"in_flight_budget\",\"scope\":\"key:a\\\"b\","
                          "\"remaining_usd\":0.5,\"requested_usd\":0.75,\"resets_at\":null,"
                          "\"retry_after_s\":12}");
   lg_free(j);
   /* Every output parses as JSON. */
-  j = lg_budget_refusal_json(&r);
+  j = lg__http_refusal_json(&r);
   json_error_t je;
   json_t *v = json_loads(j, JSON_REJECT_DUPLICATES, &je);
   assert_non_null(v);

@@ -424,7 +424,7 @@ int main(void) {
     char group[64];
     backend = names[i];
     snprintf(group, sizeof group, "budget contention: %s", backend);
-    failed += _cmocka_run_group_tests(group, tests, 1, NULL, NULL);
+    failed += cmocka_run_group_tests_name(group, tests, NULL, NULL);
   }
   return failed ? 1 : 0;
 }

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "server/server.h" /* the refusal as the server answers it */
 #include "store_test_util.h"
 #include "oom_util.h"
 
@@ -72,11 +73,11 @@ static void scenario(const char *url) {
   lg_budget_refusal_t why;
   int rc = lg_budget_reserve(s, &req, 1001, &r, &why, NULL);
   OK_OR(rc, LG_ENOTFOUND, 0);
-  char *j = rc ? NULL : lg_budget_reservation_json(&r);
+  char *j = rc ? NULL : lg__budget_reservation_json(&r);
   lg_free(j);
   lg_budget_settlement_t st;
   OK_OR(lg_budget_settle(s, rc ? "rsv_none" : r.id, 500, 1002, &st, NULL), LG_ENOTFOUND, 0);
-  j = lg_budget_settlement_json(&st);
+  j = lg__budget_settlement_json(&st);
   lg_free(j);
   lg_budget_settlement_clear(&st);
   OK_OR(lg_budget_get(s, "key:a", 1003, &b, NULL), LG_ENOTFOUND, 0);
@@ -90,9 +91,9 @@ static void scenario(const char *url) {
   rc = lg_budget_reserve(s, &req, 1006, &r, &why, NULL);
   OK_OR(rc, LG_ENOTFOUND, LG_BUDGET_REFUSED);
   if (rc == LG_BUDGET_REFUSED) {
-    j = lg_budget_refusal_json(&why);
+    j = lg__http_refusal_json(&why);
     lg_free(j);
-    j = lg_budget_refusal_metadata_json(&why);
+    j = lg__budget_refusal_metadata_json(&why);
     lg_free(j);
   }
   /* The gate of a run. */

@@ -11,9 +11,8 @@
  *   README          optional: what the case shows, instead of the # line
  *
  * The trace is replayed with lg_replay_buffer() and each event is written
- * out with the same fields as cli/cmd_replay.c's --json printer (the CLI is
- * not linked in: the printer below is a small copy and must keep its field
- * names). Comparison: the i-th expected object is matched with the i-th
+ * out by lg_replay_event_json() and lg_replay_summary_json(), the printers
+ * of cli/cmd_replay.c's --json too. Comparison: the i-th expected object is matched with the i-th
  * actual one; every field present in the expected object must be JSON-equal
  * in the actual one (numbers by value, so 1 and 1.0 are equal); fields the
  * expected object leaves out are not compared; the numbers of objects must
@@ -77,102 +76,20 @@ static void sb_put(sbuf_t *b, const char *s, size_t n) {
   b->s[b->len] = 0;
 }
 static void sb_str(sbuf_t *b, const char *s) { sb_put(b, s, strlen(s)); }
-static void sb_fmt(sbuf_t *b, const char *fmt, ...) {
-  char tmp[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  if (n < 0) return;
-  if ((size_t)n < sizeof tmp) {
-    sb_put(b, tmp, (size_t)n);
-    return;
-  }
-  char *big = malloc((size_t)n + 1);
-  if (!big) abort();
-  va_start(ap, fmt);
-  vsnprintf(big, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  sb_put(b, big, (size_t)n);
-  free(big);
-}
-static void sb_quote(sbuf_t *b, const char *s) {
-  char *q = lg_json_quote(s, strlen(s));
-  sb_str(b, q ? q : "\"\"");
-  lg_free(q);
-}
-
-/* ---- the printer: the same records as `loopguard replay --json` ---- */
-
-/* nano-USD as the CLI writes it: an integer when whole, else the shortest
- * decimal. */
-static void sb_usd(sbuf_t *b, int64_t nusd) {
-  long long whole = (long long)(nusd / 1000000000), frac = (long long)(nusd % 1000000000);
-  if (!frac) {
-    sb_fmt(b, "%lld", whole);
-    return;
-  }
-  char f[16];
-  snprintf(f, sizeof f, "%09lld", frac);
-  size_t l = strlen(f);
-  while (l && f[l - 1] == '0') f[--l] = 0;
-  sb_fmt(b, "%lld.%s", whole, f);
-}
+/* ---- the printer: `loopguard replay --json`'s, the library's one ---- */
 
 static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summary_t *s) {
   sbuf_t *b = ud;
+  char *j = NULL;
   if (ev) {
-    /* As cmd_replay.c: no record for state events, skipped results or
-     * events after the stop. */
-    if (!ev->acted || ev->type == LG_EV_STATE || ev->type == LG_EV_USAGE) return 0;
-    const lg_decision_t *d = &ev->decision;
-    sb_fmt(b, "{\"line\":%ld,\"type\":\"%s\"", ev->line, lg_event_type_name(ev->type));
-    if (ev->type == LG_EV_CALL) {
-      sb_str(b, ",\"tool\":");
-      sb_quote(b, ev->tool);
-    }
-    sb_fmt(b, ",\"action\":\"%s\"", lg_action_name(d->action));
-    if (d->action != LG_ACT_EXECUTE && d->action != LG_ACT_CONTINUE && d->reason_text && *d->reason_text) {
-      sb_str(b, ",\"reason\":");
-      sb_quote(b, d->reason_text);
-    }
-    if (d->operator_note) {
-      sb_str(b, ",\"operator_note\":");
-      sb_quote(b, d->operator_note);
-    }
-    if (ev->type == LG_EV_CALL) {
-      sb_fmt(b, ",\"fingerprint\":\"%s\",\"repeat\":%u", d->fingerprint, d->repeat);
-      if (d->call_id) {
-        sb_str(b, ",\"call_id\":");
-        sb_quote(b, d->call_id);
-      }
-    }
-    if (d->message) {
-      sb_str(b, ",\"message\":");
-      sb_quote(b, d->message);
-    }
-    sb_str(b, "}\n");
-    return 0;
+    if (lg_replay_event_json(ev, &j)) return LG_ENOMEM;
+    if (!j) return 0; /* an event with no record */
+  } else if (!(j = lg_replay_summary_json(s))) {
+    return LG_ENOMEM;
   }
-  sb_str(b, "{\"type\":\"summary\",\"trace\":");
-  sb_quote(b, s->trace);
-  sb_str(b, ",\"run_id\":");
-  sb_quote(b, s->run_id);
-  sb_str(b, ",\"terminal_reason\":");
-  if (s->terminal_reason) sb_quote(b, s->terminal_reason);
-  else sb_str(b, "null");
-  if (s->stopped_at_line) sb_fmt(b, ",\"stopped_at_line\":%ld", s->stopped_at_line);
-  else sb_str(b, ",\"stopped_at_line\":null");
-  sb_fmt(b,
-         ",\"executed_calls\":%lld,\"blocked_calls\":%lld,\"replayed_calls\":%lld,"
-         "\"model_calls\":%lld,\"cost_usd\":",
-         (long long)s->executed_calls, (long long)s->blocked_calls, (long long)s->replayed_calls,
-         (long long)s->model_calls);
-  sb_usd(b, s->cost_nusd);
-  sb_fmt(b, ",\"tokens\":%lld,\"events_after_stop\":%lld,\"envelope\":", (long long)s->tokens,
-         (long long)s->events_after_stop);
-  sb_str(b, s->envelope);
-  sb_str(b, "}\n");
+  sb_str(b, j);
+  sb_str(b, "\n");
+  lg_free(j);
   return 0;
 }
 

@@ -280,9 +280,9 @@ int main(void) {
     backend = names[i];
     snprintf(group, sizeof group, "ledger contention: %s", backend);
     if (!strcmp(backend, "memory"))
-      failed += _cmocka_run_group_tests(group, threads, 2, NULL, NULL);
+      failed += cmocka_run_group_tests_name(group, threads, NULL, NULL);
     else
-      failed += _cmocka_run_group_tests(group, procs, 2, NULL, NULL);
+      failed += cmocka_run_group_tests_name(group, procs, NULL, NULL);
   }
   return failed ? 1 : 0;
 }

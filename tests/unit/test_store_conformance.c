@@ -350,7 +350,7 @@ static void test_ledger_interface(void **state) {
   assert_string_equal(c.result, "7");
   lg_claim_clear(&c);
   /* The offset face adds its epoch to run-relative times. */
-  lg_ledger_t *at = lg_store_ledger_at(s, T0);
+  lg_ledger_t *at = lg_store_ledger_new(s, T0);
   assert_non_null(at);
   assert_int_equal(at->methods->claim(at->self, "at", FP1, "r", 100, 5, &c, NULL), 0);
   assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
@@ -371,7 +371,7 @@ static void test_engine_replays_through_store(void **state) {
   lg_store_t *s = *state;
   lg_canon_t *canon = lg_canon_new();
   lg_error_t err = {0};
-  lg_ledger_t *l1 = lg_store_ledger_at(s, T0);
+  lg_ledger_t *l1 = lg_store_ledger_new(s, T0);
   lg_run_t *run = lg_run_new("run-a", NULL, NULL, NULL, l1, &err);
   assert_non_null(run);
   lg_call_t call = {.tool = "charge", .args = "{\"invoice\":7}", .args_len = 13,
@@ -386,7 +386,7 @@ static void test_engine_replays_through_store(void **state) {
   lg_run_free(run);
   lg_ledger_free(l1);
 
-  lg_ledger_t *l2 = lg_store_ledger_at(s, T0 + 5000);
+  lg_ledger_t *l2 = lg_store_ledger_new(s, T0 + 5000);
   run = lg_run_new("run-b", NULL, NULL, NULL, l2, &err);
   assert_non_null(run);
   call.t_ms = 1;
@@ -417,7 +417,7 @@ static void test_lease_saturates(void **state) {
   lg_free(j);
   lg_operation_clear(&op);
   /* The same through the run-relative face and the in-memory ledger. */
-  lg_ledger_t *at = lg_store_ledger_at(s, T0);
+  lg_ledger_t *at = lg_store_ledger_new(s, T0);
   assert_int_equal(at->methods->claim(at->self, "forever2", FP1, NULL, INT64_MAX, 5, &c, NULL), 0);
   assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
   assert_int_equal(at->methods->peek(at->self, "forever2", FP1, 10, &c, NULL), 0);
@@ -447,7 +447,7 @@ static void test_derived_key_fixed_length(void **state) {
   snprintf(ids[1], sizeof ids[1], "r");
   char keys[2][128];
   for (int i = 0; i < 2; i++) {
-    lg_ledger_t *l = lg_store_ledger_at(s, T0);
+    lg_ledger_t *l = lg_store_ledger_new(s, T0);
     lg_run_t *run = lg_run_new(ids[i], NULL, p, NULL, l, &err);
     assert_non_null(run);
     lg_call_t call = {.tool = "charge", .args = "{\"invoice\":7}", .args_len = 13, .t_ms = 10};
@@ -750,7 +750,7 @@ static void test_with_run(void **state) {
 
 /* What a decision reads of its run is the stored row, however the row got
  * there: the SQLite store keeps the rows its transactions read and wrote
- * for the next ones (store_sqlite.c, "the run cache"). */
+ * for the next ones (store_sql.c, "the run cache"). */
 typedef struct put_ctx {
   const char *env;  /* the envelope to write */
   int fail_with;    /* then return this */

@@ -96,7 +96,7 @@ static void scenario(const char *url) {
   char *ids = NULL;
   OK_OR(lg_store_cancel_group(s, "g", NULL, 8, &ids, NULL), LG_ESTATE);
   lg_free(ids);
-  lg_ledger_t *at = lg_store_ledger_at(s, 100);
+  lg_ledger_t *at = lg_store_ledger_new(s, 100);
   lg_ledger_free(at);
   lg_store_close(s);
 }

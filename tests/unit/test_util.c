@@ -1,0 +1,182 @@
+/*
+ * test_util.c — the small things the library has once (src/util/): the
+ * one USD conversion and its rounding rule at the boundaries, the one
+ * USD formatter, the one hex encoder and the one source of random ids;
+ * and that the front ends that read amounts (budgets, policies, traces)
+ * all round the same way.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loopguard.h"
+#include "util/internal.h"
+
+/* units of 10^-decimals USD, or the error code. */
+static int64_t units(double usd, int decimals, int *rc) {
+  int64_t v = -12345;
+  *rc = lg__usd_to_units(usd, decimals, &v);
+  return v;
+}
+
+static void test_usd_to_micro_boundaries(void **state) {
+  (void)state;
+  int rc;
+  assert_int_equal(units(0, LG__USD_MICRO, &rc), 0);
+  assert_int_equal(rc, 0);
+  assert_int_equal(units(-0.0, LG__USD_MICRO, &rc), 0);
+  assert_int_equal(rc, 0);
+  assert_int_equal(units(0.000001, LG__USD_MICRO, &rc), 1); /* 1 micro-USD */
+  assert_int_equal(units(0.000002, LG__USD_MICRO, &rc), 2);
+  /* Half a micro-dollar, as written: up, though its double is a little
+   * less than 5e-7. */
+  assert_int_equal(units(0.0000005, LG__USD_MICRO, &rc), 1);
+  assert_int_equal(rc, 0);
+  assert_int_equal(units(0.0000015, LG__USD_MICRO, &rc), 2);
+  assert_int_equal(units(0.0000025, LG__USD_MICRO, &rc), 3); /* a half up, not to even */
+  /* Halves whose product by 10^6 falls below the half (llround(x * 1e6)
+   * gives 124, 244): the written decimal decides. */
+  assert_int_equal(units(0.0001245, LG__USD_MICRO, &rc), 125);
+  assert_int_equal(units(0.0002445, LG__USD_MICRO, &rc), 245);
+  assert_int_equal(units(0.0004955, LG__USD_MICRO, &rc), 496);
+  assert_int_equal(units(0.00000049, LG__USD_MICRO, &rc), 0);
+  assert_int_equal(units(0.00000051, LG__USD_MICRO, &rc), 1);
+  assert_int_equal(units(0.000000001, LG__USD_MICRO, &rc), 0);
+  assert_int_equal(units(0.1 + 0.2, LG__USD_MICRO, &rc), 300000); /* 0.30000000000000004 */
+  assert_int_equal(units(25, LG__USD_MICRO, &rc), 25000000);
+  assert_int_equal(units(1.005, LG__USD_MICRO, &rc), 1005000);
+  /* Huge: the budgets' largest amount, and past what int64_t holds. */
+  assert_int_equal(units(1e9, LG__USD_MICRO, &rc), 1000000000000000LL);
+  assert_int_equal(rc, 0);
+  assert_int_equal(units(9.2e12, LG__USD_MICRO, &rc), 9200000000000000000LL);
+  assert_int_equal(rc, 0);
+  units(9.3e12, LG__USD_MICRO, &rc);
+  assert_int_equal(rc, LG_ERANGE);
+  units(1e300, LG__USD_MICRO, &rc);
+  assert_int_equal(rc, LG_ERANGE);
+  /* Refused: negative, not a number, infinite; *out untouched. */
+  assert_int_equal(units(-0.000001, LG__USD_MICRO, &rc), -12345);
+  assert_int_equal(rc, LG_EINVAL);
+  units(-1e9, LG__USD_MICRO, &rc);
+  assert_int_equal(rc, LG_EINVAL);
+  units(NAN, LG__USD_MICRO, &rc);
+  assert_int_equal(rc, LG_EINVAL);
+  units(INFINITY, LG__USD_MICRO, &rc);
+  assert_int_equal(rc, LG_EINVAL);
+}
+
+static void test_usd_to_nano_boundaries(void **state) {
+  (void)state;
+  int rc;
+  assert_int_equal(units(0.000000001, LG__USD_NANO, &rc), 1);
+  assert_int_equal(units(0.0000000005, LG__USD_NANO, &rc), 1);
+  assert_int_equal(units(0.0000000075, LG__USD_NANO, &rc), 8); /* llround(x * 1e9): 7 */
+  assert_int_equal(units(0.0000001235, LG__USD_NANO, &rc), 124);
+  assert_int_equal(units(0.00000000049, LG__USD_NANO, &rc), 0);
+  assert_int_equal(units(0.0000000015, LG__USD_NANO, &rc), 2);
+  assert_int_equal(units(0.000042, LG__USD_NANO, &rc), 42000);
+  assert_int_equal(units(123.456789012, LG__USD_NANO, &rc), 123456789012LL);
+  assert_int_equal(units(9e9, LG__USD_NANO, &rc), 9000000000000000000LL); /* policies' cap */
+  assert_int_equal(rc, 0);
+  units(9.3e9, LG__USD_NANO, &rc);
+  assert_int_equal(rc, LG_ERANGE);
+  /* Every whole number of nano-dollars below 1e6 reads back as itself
+   * after lg_usd_format (what a trace writes, replay reads). */
+  for (int64_t n = 0; n < 1000000; n += 997) {
+    char t[LG_USD_TEXT_MAX];
+    lg_usd_format(n, t);
+    assert_int_equal(units(strtod(t, NULL), LG__USD_NANO, &rc), n);
+  }
+}
+
+/* The public conversion and every front end round the same way. */
+static void test_front_ends_round_alike(void **state) {
+  (void)state;
+  int64_t micro = -1;
+  lg_error_t err = {0};
+  assert_int_equal(lg_budget_usd_to_micro(0.0000005, &micro, "limit_usd", &err), 0);
+  assert_int_equal(micro, 1);
+  assert_int_equal(lg_budget_usd_to_micro(-0.5, &micro, "limit_usd", &err), LG_EINVAL);
+  assert_string_equal(err.field, "limit_usd");
+  assert_non_null(strstr(err.message, "negative"));
+  assert_int_equal(lg_budget_usd_to_micro(LG_BUDGET_MAX_USD * 2, &micro, "limit_usd", &err),
+                   LG_ERANGE);
+  /* A policy's max_cost_usd of half a nano-dollar is one. */
+  const char *pj = "{\"limits\":{\"max_cost_usd\":0.0000000005}}";
+  lg_policy_t *p = lg_policy_parse(pj, strlen(pj), "<test>", &err);
+  assert_non_null(p);
+  char *back = lg_policy_to_json(p);
+  assert_non_null(strstr(back, "\"max_cost_usd\":0.000000001"));
+  lg_free(back);
+  lg_policy_free(p);
+  const char *neg = "{\"limits\":{\"max_cost_usd\":-1}}";
+  assert_null(lg_policy_parse(neg, strlen(neg), "<test>", &err));
+  assert_int_equal(err.code, LG_EPOLICY);
+  /* A price of half a micro-dollar per million tokens is one. */
+  const char *prj = "{\"models\":{\"m\":{\"input_usd_per_mtok\":0.0000005,\"output_usd_per_mtok\":1}}}";
+  lg_prices_t *pr = lg_prices_parse(prj, strlen(prj), "<test>", &err);
+  assert_non_null(pr);
+  lg_price_t price;
+  assert_int_equal(lg_prices_lookup(pr, "m", &price, &err), 0);
+  assert_int_equal(price.input_per_mtok, 1);
+  assert_int_equal(price.output_per_mtok, 1000000);
+  lg_prices_free(pr);
+}
+
+static void test_usd_format(void **state) {
+  (void)state;
+  char t[LG_USD_TEXT_MAX];
+  assert_string_equal(lg_usd_format(0, t), "0");
+  assert_string_equal(lg_usd_format(1, t), "0.000000001");
+  assert_string_equal(lg_usd_format(1000, t), "0.000001");
+  assert_string_equal(lg_usd_format(42000, t), "0.000042");
+  assert_string_equal(lg_usd_format(25000000000LL, t), "25");
+  assert_string_equal(lg_usd_format(1500000000LL, t), "1.5");
+  assert_string_equal(lg_usd_format(-1500000000LL, t), "-1.5");
+  assert_string_equal(lg_usd_format(INT64_MAX, t), "9223372036.854775807");
+  assert_string_equal(lg_usd_format(INT64_MIN, t), "-9223372036.854775808");
+}
+
+static void test_hex_and_random_ids(void **state) {
+  (void)state;
+  const unsigned char b[] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff};
+  char h[13];
+  lg__hex(b, sizeof b, h);
+  assert_string_equal(h, "00017f80abff");
+  lg__hex(b, 0, h);
+  assert_string_equal(h, "");
+  /* The digits' values, and 0xFF for every other byte. */
+  for (int ch = 0; ch < 256; ch++) {
+    const char *at = ch ? strchr(lg__hex_digits, ch) : NULL;
+    assert_int_equal(lg__hex_value[ch], at ? (int)(at - lg__hex_digits) : 0xFF);
+  }
+  char a[40], c[40];
+  lg_error_t err = {0};
+  assert_int_equal(lg__random_id("rsv_", 16, a, sizeof a, "a test id", &err), 0);
+  assert_int_equal(lg__random_id("rsv_", 16, c, sizeof c, "a test id", &err), 0);
+  assert_int_equal(strlen(a), 4 + 32);
+  assert_memory_equal(a, "rsv_", 4);
+  assert_int_equal(strspn(a + 4, "0123456789abcdef"), 32);
+  assert_string_not_equal(a, c); /* 128 random bits twice: never the same */
+  /* No room: refused, naming what it was for. */
+  assert_int_equal(lg__random_id("rsv_", 16, a, 36, "a test id", &err), LG_EINVAL);
+  assert_non_null(strstr(err.message, "a test id"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_usd_to_micro_boundaries),
+      cmocka_unit_test(test_usd_to_nano_boundaries),
+      cmocka_unit_test(test_front_ends_round_alike),
+      cmocka_unit_test(test_usd_format),
+      cmocka_unit_test(test_hex_and_random_ids),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
