@@ -294,8 +294,8 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
   }
   if (IS(1, "keys") && ns <= 4) {
     if (ns == 2) HIT(LG__RT_KEYS, lg__h_keys, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "POST");
-    else if (ns == 3) HIT(LG__RT_KEY, lg__h_key, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "PATCH");
-    else if (IS(3, "rotate")) HIT(LG__RT_KEY_ROTATE, lg__h_key_rotate, LG__ROLE_OPERATOR, "POST");
+    else if (ns == 3) HIT(LG__RT_KEY, lg__h_keys, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "PATCH");
+    else if (IS(3, "rotate")) HIT(LG__RT_KEY_ROTATE, lg__h_keys, LG__ROLE_OPERATOR, "POST");
     else return 0;
     hit->allow = ns == 2 ? "GET, POST" : ns == 3 ? "GET, PATCH" : NULL;
     return ns == 2 ? 1 : (rc = ID(2, "hash", false)) ? rc : 1;

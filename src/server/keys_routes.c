@@ -8,6 +8,7 @@
  *   POST  /v1/keys/{hash}/rotate (operator) {key, hash, ...}: the old secret stops at once
  *   GET   /v1/key                (the key itself as bearer) its own usage and limit
  *
+ * The first four are one handler (lg__h_keys), by route and method. *
  * The rules are the library's (src/budget/keys.c, lg_key_*); the router
  * has checked the operator role. A handler answers on the HTTP thread:
  * keys are managed rarely, and each call is one short transaction.
@@ -17,31 +18,18 @@
 #include <string.h>
 #include <strings.h>
 
-static void key_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *doing) {
-  char buf[1024];
-  const char *msg = e->message[0] ? e->message : lg_strerror(rc);
-  const char *field = e->field[0] ? e->field : NULL;
-  switch (rc) {
-  case LG_EINVAL:
-  case LG_EPARSE:
-  case LG_ERANGE:
-    lg__req_error(rq, 400, "invalid_request", field, "%s", msg);
-    break;
-  case LG_ENOTFOUND:
-    lg__req_error(rq, 404, "not_found", field, "%s", msg);
-    break;
-  case LG_EPERM:
-    lg__req_error(rq, 401, "unauthorized", NULL, "%s", msg);
-    break;
-  case LG_ECONFLICT:
-    lg__req_error(rq, 409, "conflict", field, "%s", msg);
-    break;
-  default:
-    lg__req_error(rq, 500, "internal", NULL, "%s: %s", doing, lg_error_format(e, buf, sizeof buf));
-  }
+/* A key call's error: malformed JSON is 400, an unknown, rotated or
+ * disabled secret 401; the rest as the budgets' (400, 404, 409, 500). */
+static void key_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing) {
+  if (rc == LG_EPARSE)
+    lg__req_error(rq, 400, "invalid_request", NULL, "%s", e->message);
+  else if (rc == LG_EPERM)
+    lg__req_error(rq, 401, "unauthorized", NULL, "%s", e->message);
+  else
+    lg__req_budget_error(rq, rc, e, doing);
 }
 
-static void done(lg__req_t *rq, int rc, const lg_error_t *e, char *out, int status,
+static void done(lg__req_t *rq, int rc, lg_error_t *e, char *out, int status,
                  const char *doing) {
   if (rc) {
     key_error(rq, rc, e, doing);
@@ -52,37 +40,28 @@ static void done(lg__req_t *rq, int rc, const lg_error_t *e, char *out, int stat
   lg_free(out);
 }
 
+/* The three operator routes: which call, by route and method. */
+static int call(lg__req_t *rq, lg_store_t *s, int64_t now, char **out, lg_error_t *e) {
+  int post = !strcmp(rq->method, "POST"), patch = !strcmp(rq->method, "PATCH");
+  switch (rq->route) {
+  case LG__RT_KEYS:
+    return post ? lg_key_create(s, rq->body, rq->body_len, now, out, e)
+                : lg_key_list(s, now, out, e);
+  case LG__RT_KEY:
+    return patch ? lg_key_update(s, rq->id, rq->body, rq->body_len, now, out, e)
+                 : lg_key_show(s, rq->id, now, out, e);
+  default:
+    return lg_key_rotate(s, rq->id, now, out, e);
+  }
+}
+
 void lg__h_keys(lg__req_t *rq) {
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(rq->srv, &e);
   char *out = NULL;
-  int64_t now = lg__server_now(rq->srv);
-  int rc = !w ? (e.code ? e.code : LG_ESTORE)
-           : !strcmp(rq->method, "POST")
-               ? lg_key_create(w->store, rq->body, rq->body_len, now, &out, &e)
-               : lg_key_list(w->store, now, &out, &e);
-  done(rq, rc, &e, out, !strcmp(rq->method, "POST") ? 201 : 200, "keys");
-}
-
-void lg__h_key(lg__req_t *rq) {
-  lg_error_t e = {0};
-  lg__worker_t *w = lg__server_worker(rq->srv, &e);
-  char *out = NULL;
-  int64_t now = lg__server_now(rq->srv);
-  int rc = !w ? (e.code ? e.code : LG_ESTORE)
-           : !strcmp(rq->method, "PATCH")
-               ? lg_key_update(w->store, rq->id, rq->body, rq->body_len, now, &out, &e)
-               : lg_key_show(w->store, rq->id, now, &out, &e);
-  done(rq, rc, &e, out, 200, "the key");
-}
-
-void lg__h_key_rotate(lg__req_t *rq) {
-  lg_error_t e = {0};
-  lg__worker_t *w = lg__server_worker(rq->srv, &e);
-  char *out = NULL;
-  int rc = w ? lg_key_rotate(w->store, rq->id, lg__server_now(rq->srv), &out, &e)
-             : (e.code ? e.code : LG_ESTORE);
-  done(rq, rc, &e, out, 200, "rotating the key");
+  int rc = w ? call(rq, w->store, lg__server_now(rq->srv), &out, &e) : (e.code ? e.code : LG_ESTORE);
+  int created = rq->route == LG__RT_KEYS && !strcmp(rq->method, "POST");
+  done(rq, rc, &e, out, created ? 201 : 200, "keys");
 }
 
 void lg__h_key_self(lg__req_t *rq) {

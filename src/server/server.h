@@ -424,6 +424,10 @@ typedef struct lg__req {
 int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Answers a budget or key call's error (routes.c): 400 naming the field,
+ * 404, 409, else the store's error (500, logged) for `doing`. */
+void lg__req_budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing);
+
 /* The handlers: each fills rq->status and rq->out. */
 void lg__h_run_create(lg__req_t *rq);
 void lg__h_run_list(lg__req_t *rq);
@@ -441,10 +445,9 @@ void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
 void lg__h_budget_list(lg__req_t *rq); /* budget_list.c: GET /v1/budgets */
 void lg__h_openapi(lg__req_t *rq);     /* openapi.c: GET /openapi.json */
-/* keys_routes.c: /v1/keys, /v1/keys/{hash}, .../rotate, /v1/key. */
+/* keys_routes.c: /v1/keys, /v1/keys/{hash} and .../rotate (h_keys, by
+ * route and method), GET /v1/key (h_key_self). */
 void lg__h_keys(lg__req_t *rq);
-void lg__h_key(lg__req_t *rq);
-void lg__h_key_rotate(lg__req_t *rq);
 void lg__h_key_self(lg__req_t *rq);
 /* console.c: the console's static files and GET /v1/runs/{id}/regression. */
 int lg__console_path(const char *url); /* 1: a console file's path */

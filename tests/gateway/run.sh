@@ -21,16 +21,7 @@ set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../cli/serve_lib.bash"
 
-command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
-# The clients live outside the source tree (the build's folder by default),
-# installed from the lockfile when missing or when the lockfile changed.
-NODE_DIR=${LG_GATEWAY_NODE_DIR:-$PWD/gateway-node}
-mkdir -p "$NODE_DIR"
-if ! cmp -s "$HERE/package-lock.json" "$NODE_DIR/package-lock.json" || [ ! -d "$NODE_DIR/node_modules/openai" ]; then
-  cp "$HERE/package.json" "$HERE/package-lock.json" "$NODE_DIR/"
-  (cd "$NODE_DIR" && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { cat "$TMP/npm.log"; fail "npm ci"; }
-fi
-cp "$HERE"/*.mjs "$NODE_DIR/"
+source "$HERE/node_clients.bash" # node, the pinned clients in $NODE_DIR
 HERE_SRC=$HERE
 HERE=$NODE_DIR
 
