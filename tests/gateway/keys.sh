@@ -21,7 +21,8 @@
 #   and once every reservation settled, spent equals the sum of the
 #   answered requests' costs from their usage, to the micro-dollar.
 # LG_TEST_STORE=postgres (under tests/pg/with-postgres.sh): the same on
-# PostgreSQL, with the load split over two replicas of one database.
+# PostgreSQL, with the load split over two replicas of one database, and a
+# key rotated or disabled on one replica refused at once on the other.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../cli/serve_lib.bash"
@@ -212,6 +213,20 @@ fr=$(echo "$final" | get 'round(d["reserved_usd"] * 1e6)')
 [ "$fs" -le "$LIMIT" ] || fail "spent $fs above the limit"
 cat "$TMP"/load.[0-9]* | grep -q '"402"' || fail "the limit never refused: the test did not reach it"
 note "polled $(wc -l <"$TMP/poll") times, at most $max of $LIMIT micro-USD; $ok answered, spent $fs = their usage"
+
+if [ -n "${gw2_URL:-}" ]; then
+  note "two replicas: a key rotated on one is refused at once on the other, and disabled too"
+  r=$(op POST "/v1/keys/$H9/rotate")
+  K9b=$(echo "$r" | get 'd["key"]')
+  for u in "$gw_URL" "$gw2_URL"; do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $K9" "$u/v1/key")" = 401 ] || fail "the old secret on $u"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $K9b" "$u/v1/key")" = 200 ] || fail "the new secret on $u"
+  done
+  curl -s -X PATCH -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' \
+    -d '{"disabled":true}' "$gw2_URL/v1/keys/$(echo "$r" | get 'd["hash"]')" >/dev/null
+  b=$(chat "$K9b" "{\"model\":\"finish\",$MSG}")
+  [ "$(st)" = 401 ] || fail "disabled on replica 2, replica 1 answered $(st): $b"
+fi
 
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
