@@ -1,7 +1,8 @@
 /*
  * keys.c — loopguard keys at the gateway's gate (gateway-v1, "Keys").
  *
- * A request with "Authorization: Bearer lgk-..." is authenticated by its
+ * A request with "Authorization: Bearer lgk-..." (or "x-api-key: lgk-...",
+ * as Anthropic clients send it) is authenticated by its
  * key in the store, every time (no cache: a key disabled or rotated on
  * another replica is refused at once), its rate limit counted in the
  * key's row (lg__gw_keys_auth); the key itself never goes upstream. Before
@@ -26,6 +27,7 @@
 #include "../budget/budget.h"
 #include "../store/store.h"
 
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <strings.h>
 
@@ -95,6 +97,7 @@ static int use_byok(lg__gw_job_t *j, const lg__gw_upstream_t *up) {
 }
 
 static int check_key(lg__gw_ctx_t *cx);
+static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey);
 
 int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
   int rc = check_key(cx);
@@ -102,9 +105,40 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
   return rc;
 }
 
+/* Takes "x-api-key: lgk-..." out of the headers forwarded upstream (new
+ * string: the secret), or NULL when there is none. */
+static char *take_x_api_key(lg__gw_job_t *j) {
+  char *secret = NULL;
+  struct curl_slist *keep = NULL, *t;
+  for (struct curl_slist *h = j->fwd; h; h = h->next) {
+    const char *v = h->data + 10;
+    if (!strncasecmp(h->data, "x-api-key:", 10)) {
+      while (*v == ' ') v++;
+      if (!strncmp(v, LG_KEY_PREFIX, 4)) {
+        lg__free(secret);
+        secret = lg__strdup(v);
+        continue;
+      }
+    }
+    if ((t = curl_slist_append(keep, h->data))) keep = t;
+  }
+  curl_slist_free_all(j->fwd);
+  j->fwd = keep;
+  return secret;
+}
+
 static int check_key(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
-  const char *secret = bearer_key(j->auth);
+  char *xkey = take_x_api_key(j);
+  int rc = check_key_secret(cx, xkey);
+  if (xkey) OPENSSL_cleanse(xkey, strlen(xkey));
+  lg__free(xkey);
+  return rc;
+}
+
+static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
+  lg__gw_job_t *j = cx->j;
+  const char *secret = xkey ? xkey : bearer_key(j->auth);
   if (!secret) {
     if (!cx->srv->auth.n) return 0; /* loopback, no tokens: the client's own key */
     unauthorized(j, "a gateway request needs a loopguard key (Authorization: Bearer lgk-...)");

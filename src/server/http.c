@@ -645,9 +645,11 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   bool open_route = found > 0 && hit.role == LG__ROLE_NONE;
   if (srv->auth.n && !open_route) {
     const char *az = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    /* A gateway request with a loopguard key: the gateway checks the key. */
-    role = hit.handler == lg__gw_handle && lg__auth_key_secret(az) ? LG__ROLE_AGENT
-                                                                   : lg__auth_role(&srv->auth, az);
+    const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    /* A gateway request with a loopguard key (Bearer, or x-api-key as
+     * Anthropic clients send it): the gateway checks the key. */
+    bool keyed = lg__auth_key_secret(az) || (xk && !strncmp(xk, LG_KEY_PREFIX, 4));
+    role = hit.handler == lg__gw_handle && keyed ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
     if (role == LG__ROLE_NONE)
       FAIL(401, "unauthorized", NULL,
            "a valid bearer token is required (Authorization: Bearer TOKEN)");

@@ -6,7 +6,8 @@
 # Asserts, through the gateway:
 # - a gateway request needs a loopguard key when the server has tokens (an
 #   agent token is 401); unknown, rotated-away and disabled keys are 401
-#   at once, in the OpenAI error shape;
+#   at once, in the OpenAI error shape; x-api-key: lgk-... on /v1/messages
+#   (Anthropic's shape);
 # - the lgk- key never goes upstream; a request without max_tokens gets
 #   the model's limit from the price table (the body the upstream saw);
 # - refusals before the upstream, each with status, metadata.limit_source
@@ -92,6 +93,21 @@ s=$(spent "$H1")
 [ "$(python3 -c "print(float('$s') > 0)")" = True ] || fail "no spend on the key: $s"
 self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
 [ "$(echo "$self" | get 'd["usage_usd"] == d["usage_monthly_usd"] > 0')" = true ] || fail "GET /v1/key: $self"
+
+note "x-api-key: lgk-... (as Anthropic clients send it) on /v1/messages"
+msgs() { # SECRET: a Messages request with x-api-key; the status in $TMP/st
+  curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $1" -H 'anthropic-version: 2023-06-01' \
+    -H 'Content-Type: application/json' -d "{\"model\":\"finish\",\"max_tokens\":20,$MSG}" \
+    "$gw_URL/v1/messages" >"$TMP/st"
+  cat "$TMP/body"
+}
+before=$(spent "$H1")
+b=$(msgs "$K1")
+[ "$(st)" = 200 ] || fail "x-api-key: $(st) $b"
+[ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] || fail "x-api-key: no spend on the key"
+b=$(msgs lgk-notakeyatall0000000000000000000000000)
+[ "$(st)" = 401 ] && [ "$(echo "$b" | get 'd["type"]')" = error ] || fail "an unknown x-api-key: $(st) $b"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: $K1" "$gw_URL/v1/key")" = 200 ] || fail "GET /v1/key with x-api-key"
 
 note "rotated and disabled keys are refused at once"
 rot=$(op POST "/v1/keys/$H1/rotate")
