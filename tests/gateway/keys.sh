@@ -94,6 +94,16 @@ s=$(spent "$H1")
 self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
 [ "$(echo "$self" | get 'd["usage_usd"] == d["usage_monthly_usd"] > 0')" = true ] || fail "GET /v1/key: $self"
 
+note "a streamed request settles from the stream's usage"
+before=$(spent "$H1")
+b=$(chat "$K1" "{\"model\":\"finish\",\"stream\":true,$MSG}")
+[ "$(st)" = 200 ] && echo "$b" | grep -q '\[DONE\]' || fail "a stream with a key: $(st) $b"
+up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
+[ "$(echo "$up" | get '[d.get("max_tokens"), d["stream_options"]["include_usage"]]')" = '[50, true]' ] || fail "the stream upstream: $up"
+# 1 micro-dollar an input token: the stream's usage, not its worst case (about 5,000)
+d=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
+[ "$d" -gt 1000 ] && [ "$d" -lt 1200 ] || fail "the stream charged $d micro-USD, not its usage"
+
 note "x-api-key: lgk-... (as Anthropic clients send it) on /v1/messages"
 msgs() { # SECRET: a Messages request with x-api-key; the status in $TMP/st
   curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $1" -H 'anthropic-version: 2023-06-01' \
