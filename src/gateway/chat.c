@@ -618,6 +618,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   lg__step_init(&st, &ev, now_ms(c->cx));
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   st.prices = pr;
+  st.ttl_ms = lg__gw_keys_ttl(c->cx, c->ui); /* --reservation-ttl (keys.c) */
   lg_error_t e = {0};
   int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
   json_t *a = rc ? NULL : answer_json(&st);

@@ -198,6 +198,10 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx);
 int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const char *model,
                       size_t ui, size_t body_len);
 void lg__gw_keys_clear(lg__gw_job_t *j);
+/* How long a model request's reservation holds when it is never settled
+ * (a crash): --reservation-ttl, else upstream ui's timeout plus a minute
+ * (gateway-v1), at most LG_BUDGET_MAX_TTL_MS. */
+int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui);
 /* A shared budget's refusal as the route's error, with metadata
  * (limit_source ...) and, for a 429, Retry-After; `message` (NULL: the
  * refusal's own) after "loopguard: ". */

@@ -188,6 +188,12 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   return 0;
 }
 
+int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui) {
+  int64_t t = cx->srv->o.reservation_ttl_ms;
+  if (t <= 0) t = lg__gw_cfg(cx->gw)->up[ui].timeout_ms + 60000;
+  return t > LG_BUDGET_MAX_TTL_MS ? LG_BUDGET_MAX_TTL_MS : t;
+}
+
 /* ---- before a model request ---- */
 
 static int model_allowed(const lg__key_row_t *k, const char *model) {

@@ -20,7 +20,9 @@
 # - 32 concurrent agents (the real openai client) on one key with a small
 #   limit: spent + reserved never above the limit while they run (polled),
 #   and once every reservation settled, spent equals the sum of the
-#   answered requests' costs from their usage, to the micro-dollar.
+#   answered requests' costs from their usage, to the micro-dollar;
+# - kill -9 of the server mid-request: its reservation is released after
+#   --reservation-ttl (not charged), and the key works after the restart.
 # LG_TEST_STORE=postgres (under tests/pg/with-postgres.sh): the same on
 # PostgreSQL, with the load split over two replicas of one database, and a
 # key rotated or disabled on one replica refused at once on the other.
@@ -253,6 +255,38 @@ if [ -n "${gw2_URL:-}" ]; then
   b=$(chat "$K9b" "{\"model\":\"finish\",$MSG}")
   [ "$(st)" = 401 ] || fail "disabled on replica 2, replica 1 answered $(st): $b"
 fi
+
+note "kill -9 mid-request: the reservation is released after --reservation-ttl, nothing is charged"
+CSTORE=$STORE
+[ "${LG_TEST_STORE:-}" = postgres ] || CSTORE="sqlite:$TMP/crash.db"
+start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstream "$FAKE/v1" --log "$TMP/crash.log" --reservation-ttl 2000
+cop() { curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' ${3:+-d "$3"} "$crash_URL$2"; }
+ck=$(cop POST /v1/keys '{"name":"crashy","limit_usd":1}')
+CK=$(echo "$ck" | get 'd["key"]')
+CH=$(echo "$ck" | get 'd["hash"]')
+curl -s -o /dev/null -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+  -d "{\"model\":\"slow\",$MSG}" "$crash_URL/v1/chat/completions" &
+CURL=$!
+for i in $(seq 300); do
+  [ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')" = true ] && break
+  sleep 0.01
+done
+[ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')" = true ] || fail "the slow request reserved nothing"
+kill -9 "$crash_PID"
+wait "$CURL" 2>/dev/null
+start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstream "$FAKE/v1" --log "$TMP/crash2.log" --reservation-ttl 2000
+for i in $(seq 150); do # the TTL is 2 s from the reservation: wait for it (at most 30 s)
+  [ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
+  sleep 0.2
+done
+cb=$(cop GET "/v1/budgets/key:$CH")
+[ "$(echo "$cb" | get '[d["reserved_usd"], d["spent_usd"]]')" = '[0, 0]' ] || fail "after kill -9 and the TTL: $cb"
+b=$(curl -s -w ' %{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+  -d "{\"model\":\"finish\",$MSG}" "$crash_URL/v1/chat/completions")
+[ "${b##* }" = 200 ] || fail "the key after the crash: $b"
+stop_server crash
 
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
