@@ -44,6 +44,7 @@ deps:
 
 bench-deps:
 	@./scripts/ensure-deps $(BENCH_DEPS)
+	@./bench/gateway/install.sh "$(BUILD)" || echo "loopguard: the gateway benchmark will run without Portkey" >&2
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null

@@ -46,6 +46,7 @@
 #include <sys/wait.h>
 
 #include "../tests/unit/test_server_http.h"
+#include "bench_serve.h"
 
 #define BAR_DECISIONS 30000.0
 #define BAR_P99_MS 2.0
@@ -63,40 +64,11 @@ static void die(const char *what) {
 
 /* ---- a server process ---- */
 
-typedef struct server {
-  pid_t pid;
-  int port;
-} server_t;
-
 static server_t spawn(const char *store, const char *extra) {
   char cmd[4096];
   snprintf(cmd, sizeof cmd, "exec '%s' serve --listen 127.0.0.1:0 --store '%s' --log /dev/null %s",
            LG_BIN_PATH, store, extra ? extra : "");
-  int fds[2];
-  if (pipe(fds)) die("pipe");
-  server_t s = {0, 0};
-  s.pid = fork();
-  if (s.pid < 0) die("fork");
-  if (s.pid == 0) {
-    dup2(fds[1], 1);
-    close(fds[0]);
-    close(fds[1]);
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
-  FILE *f = fdopen(fds[0], "r");
-  char line[512];
-  while (fgets(line, sizeof line, f)) {
-    const char *u = strstr(line, "listening on http://127.0.0.1:");
-    if (u) {
-      s.port = atoi(u + strlen("listening on http://127.0.0.1:"));
-      break;
-    }
-  }
-  fclose(f); /* the rest of the banner is not needed */
-  if (!s.port) die("the server did not start");
-  return s;
+  return serve_spawn(cmd);
 }
 
 static void stop(server_t *s) {
@@ -114,22 +86,6 @@ static long rss_kb(pid_t pid) {
     if (!strncmp(line, "VmRSS:", 6)) kb = atol(line + 6);
   if (f) fclose(f);
   return kb;
-}
-
-/* The CPU time (user + system) a process has used so far, in seconds, from
- * /proc/PID/stat (fields 14 and 15, after the parenthesised name). */
-static double cpu_s(pid_t pid) {
-  char p[64], line[1024];
-  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(p, "r");
-  if (!f) return -1;
-  char *ok = fgets(line, sizeof line, f);
-  fclose(f);
-  char *t = ok ? strrchr(line, ')') : NULL;
-  unsigned long ut = 0, st = 0;
-  if (!t || sscanf(t + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-    return -1;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* The CPU time of the children waited for so far (wrk, through popen). */

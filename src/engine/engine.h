@@ -75,6 +75,10 @@ enum { LG__RUNOP_CLAIMED = 1, LG__RUNOP_COMMITTED, LG__RUNOP_FAILED, LG__RUNOP_R
  * the rings, so repetition never spans them. */
 #define LG__TW_WORDS 64   /* word hashes kept: a 16-word block seen 4 times */
 #define LG__TW_SENTS 32   /* sentence hashes kept: an 8-sentence block 3 times + 8 */
+/* FNV-1a's offset bases: a fresh response's word and monologue hashes
+ * (text.c), and so a fresh run's (persist.c). */
+#define LG__FNV32_OFF 2166136261u
+#define LG__FNV64_OFF 14695981039346656037ull
 #define LG__LINE_HEAD 12  /* bytes of a line's start kept to tell its kind */
 #define LG__ANSWER_MAX 16384 /* bytes of an ask_human / finalize_partial call kept */
 

@@ -30,9 +30,7 @@
  */
 #include "engine.h"
 
-#define FNV32_OFF 2166136261u
 #define FNV32_PRIME 16777619u
-#define FNV64_OFF 14695981039346656037ull
 #define FNV64_PRIME 1099511628211ull
 
 static inline uint32_t fnv32(uint32_t h, uint8_t c) { return (h ^ c) * FNV32_PRIME; }
@@ -58,7 +56,7 @@ static uint32_t ring_at(const uint32_t *ring, int cap, int head, int back) {
 static void barrier(lg__text_t *x) {
   x->nwords = x->whead = 0;
   x->nsents = x->shead = 0;
-  x->word = FNV32_OFF;
+  x->word = LG__FNV32_OFF;
   x->word_len = 0;
   x->sent = 0;
   x->sent_words = 0;
@@ -103,7 +101,7 @@ static bool end_word(lg__text_t *x) {
   if (x->nwords < LG__TW_WORDS) x->nwords++;
   x->sent = fold(x->sent, x->word);
   x->sent_words++;
-  x->word = FNV32_OFF;
+  x->word = LG__FNV32_OFF;
   x->word_len = 0;
   return words_loop(x);
 }
@@ -231,7 +229,7 @@ static void mono_byte(lg__text_t *x, uint8_t c) {
 static void text_reset(lg__text_t *x) {
   memset(x, 0, sizeof *x);
   barrier(x);
-  x->mono = FNV64_OFF;
+  x->mono = LG__FNV64_OFF;
 }
 
 void lg__text_begin(lg_run_t *run, int64_t turn) {

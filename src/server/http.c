@@ -54,23 +54,6 @@ typedef struct http_req {
   uint64_t dropped;    /* bytes dropped so far */
 } http_req_t;
 
-/* Longest request target answered in JSON (a longer one is 414); longest
- * request head (line and headers, 431). Both under libmicrohttpd's own
- * buffer (LG__MHD_POOL in server.c), which answers beyond it in HTML. */
-#define LG__MAX_URI 8192
-#define LG__MAX_HEAD 16384
-/* A body over the limit is read and dropped for at most this long and this
- * much, so that a client that sends it all before reading (Python's
- * http.client, requests) reads the 413 rather than a reset. */
-#define LG__DRAIN_NS 2000000000ull
-#define LG__DRAIN_BYTES (8u << 20)
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* JSON string of text that may not be UTF-8 (a path, a header): invalid
  * bytes become U+FFFD, so every body the server writes is valid JSON. */
 static void json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
@@ -587,7 +570,7 @@ void *lg__http_uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
   http_req_t *hr = lg__calloc(1, sizeof *hr);
   if (!hr) return NULL; /* the access handler refuses the request */
   atomic_fetch_add(&srv->inflight, 1);
-  hr->t0_ns = mono_ns();
+  hr->t0_ns = lg__mono_ns();
   hr->raw_len = uri ? strlen(uri) : 0;
   hr->raw_uri = lg__strndup(uri ? uri : "", hr->raw_len > LG__MAX_URI ? LG__MAX_URI : hr->raw_len);
   lg__conn_phase(srv, c, LG__PH_REQUEST);
@@ -727,7 +710,7 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
     if (hr->answered) return MHD_YES; /* answered early: the rest is dropped */
     if (hr->errored) { /* read and dropped, bounded */
       hr->dropped += n;
-      if (hr->dropped > LG__DRAIN_BYTES || mono_ns() - hr->t0_ns > LG__DRAIN_NS) return MHD_NO;
+      if (hr->dropped > LG__DRAIN_BYTES || lg__mono_ns() - hr->t0_ns > LG__DRAIN_NS) return MHD_NO;
       return MHD_YES;
     }
     if (hr->body.len + n > srv->o.max_body) { /* chunked, grown past the limit */
@@ -787,7 +770,7 @@ void lg__http_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     hr->rq.finish(&hr->rq);
   }
   lg__metrics_request(&srv->metrics, hr->rq.route, hr->answered ? hr->rq.status : 0,
-                      mono_ns() - hr->t0_ns);
+                      lg__mono_ns() - hr->t0_ns);
   atomic_fetch_sub(&srv->inflight, 1);
   free_req(hr);
 }

@@ -6,11 +6,14 @@
  * bad URL or an unreachable database is an error at start and not at the
  * first call), loads tokens and the default policy, resolves and binds the
  * listening address itself (so that port 0 works and the address can be
- * checked: without tokens only a loopback address may be bound), and
- * starts libmicrohttpd on that socket with a pool of threads, one per core
- * for postgres:, or one event loop of ours in epoll mode for sqlite: and
- * memory: (see "the event loop"), keep-alive, connection limits, and
- * deadlines that a trickle cannot extend (see "connections").
+ * checked: without tokens only a loopback address may be bound), starts
+ * --threads libmicrohttpd daemons without a listening socket (each with
+ * its own epoll thread for postgres:, or driven by an event loop of ours
+ * in epoll mode for sqlite: and memory: (see "the event loops")), and the
+ * acceptor (accept.c), which accepts every connection, counts it against
+ * the limits, screens its first request head (screen.c: what
+ * libmicrohttpd would answer in HTML is answered in JSON) and hands it to
+ * a daemon; deadlines that a trickle cannot extend (see "connections").
  *
  * Threads and stores. libmicrohttpd calls the handlers on its pool
  * threads. With PostgreSQL each thread gets its own lg_store_t (a handle
@@ -24,7 +27,8 @@
  * handle opened at start, and decisions go through the group commit of
  * batch.c.
  *
- * Shutdown (lg_server_shutdown): stop accepting (MHD_quiesce_daemon),
+ * Shutdown (lg_server_shutdown): stop accepting (the acceptor closes the
+ * listening socket),
  * answer requests still arriving on open connections with "Connection:
  * close", wait until none is in flight (bounded), stop the threads, close
  * the store handles. A request is always decided and stored, or not
@@ -278,7 +282,7 @@ static int bind_listen(lg_server_t *srv, lg_error_t *err) {
     goto out;
   }
   freeaddrinfo(res);
-  /* libmicrohttpd wants a non-blocking listening socket with a pool. */
+  /* Non-blocking: the acceptor takes what is there, and waits in epoll. */
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
@@ -305,75 +309,76 @@ out:
  * libmicrohttpd's --timeout is an idle timer: every byte restarts it, so a
  * client that sends a header byte every few seconds holds its connection
  * for ever, and a few thousand of them fill the connection limit and lock
- * every other client out. So every connection is tracked here (its socket
- * context) with its phase (lg__phase_t) and when the phase began, and a
- * reaper thread cuts (shutdown(2); libmicrohttpd then sees the end of the
- * stream and closes it) every connection that has been IDLE, or in its
- * REQUEST, for longer than --timeout, whatever trickled in meanwhile. A
- * request being handled, parked, or answered (BUSY) is never cut.
+ * every other client out. So every connection is tracked here, from its
+ * accept (accept.c) to its close, with its phase (lg__phase_t) and when
+ * the phase began, and a reaper thread cuts (shutdown(2); libmicrohttpd,
+ * or the acceptor, then sees the end of the stream and closes it) every
+ * connection that has been IDLE, or in its REQUEST, for longer than
+ * --timeout, whatever trickled in meanwhile. A request being handled,
+ * parked, or answered (BUSY) is never cut.
  *
  * And room is kept: past conn_soft connections (the hard limit less a
- * reserve), a new connection cuts the oldest idle one, so a health check
- * or a new client always gets in while slow or idle sockets hold the rest;
- * libmicrohttpd's per-address limit keeps one address from taking them
+ * reserve), a new connection cuts the oldest idle one (accept.c), so a
+ * health check or a new client always gets in while slow or idle sockets
+ * hold the rest; the per-address limit keeps one address from taking them
  * all. The socket is shut down under conn_mu, and a connection leaves the
- * list (NOTIFY_CLOSED) before libmicrohttpd closes its descriptor, so a
- * descriptor is never shut down after it was reused. */
+ * table (NOTIFY_CLOSED, or the acceptor's close) before its descriptor is
+ * closed, so a descriptor is never shut down after it was reused. A
+ * connection handed over and not yet started by libmicrohttpd (mc NULL)
+ * is never cut: libmicrohttpd may have closed it already. */
 
-static uint64_t mono_ns(void) {
+uint64_t lg__mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void cut_locked(lg__conn_t *k) {
+void lg__conn_cut_locked(lg__conn_t *k) {
   if (k->cut || k->fd < 0) return;
   k->cut = 1;
   shutdown(k->fd, SHUT_RDWR);
+}
+
+/* 1 when k may be cut: it is started by libmicrohttpd, or the acceptor's. */
+static int cuttable(const lg__conn_t *k) { return k->mc || k->owner != LG__OWN_MHD; }
+
+void lg__conn_forget_locked(lg_server_t *srv, lg__conn_t *k) {
+  if (k->prev) k->prev->next = k->next;
+  else srv->conns = k->next;
+  if (k->next) k->next->prev = k->prev;
+  k->prev = k->next = NULL;
+  srv->nconns--;
+  lg__ipcount_del(srv->ipc, &k->addr);
+  if (k->fd >= 0 && (size_t)k->fd < srv->nbyfd && srv->byfd[k->fd] == k) srv->byfd[k->fd] = NULL;
+  if (k->loop) atomic_fetch_sub(&k->loop->nconns, 1);
+  k->loop = NULL;
+}
+
+/* A connection libmicrohttpd starts: the one the acceptor handed over on
+ * that descriptor. */
+static void conn_started(lg_server_t *srv, struct MHD_Connection *c, void **socket_context) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  int fd = ci ? (int)ci->connect_fd : -1;
+  pthread_mutex_lock(&srv->conn_mu);
+  lg__conn_t *k = fd >= 0 && (size_t)fd < srv->nbyfd ? srv->byfd[fd] : NULL;
+  if (k && !k->mc && k->owner == LG__OWN_MHD) {
+    k->mc = c;
+    *socket_context = k;
+  }
+  pthread_mutex_unlock(&srv->conn_mu);
+  /* (not found: untracked, libmicrohttpd's own idle timeout only) */
 }
 
 static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context,
                         enum MHD_ConnectionNotificationCode code) {
   lg_server_t *srv = cls;
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-    lg__conn_t *k = lg__calloc(1, sizeof *k);
-    *socket_context = k;
-    if (!k) return; /* untracked: libmicrohttpd's own idle timeout only */
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    k->fd = ci ? (int)ci->connect_fd : -1;
-    k->srv = srv;
-    k->mc = c;
-    if (srv->epoll_loop) {
-      const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
-      for (int i = 0; di && i < srv->nloops; i++)
-        if (srv->loops[i].mhd == di->daemon) k->loop = &srv->loops[i];
-    }
-    k->phase = LG__PH_IDLE;
-    k->since_ns = mono_ns();
-    pthread_mutex_lock(&srv->conn_mu);
-    k->next = srv->conns;
-    if (srv->conns) srv->conns->prev = k;
-    srv->conns = k;
-    srv->nconns++;
-    if (srv->nconns > srv->conn_soft) { /* make room: the oldest idle one goes */
-      lg__conn_t *old = NULL;
-      for (lg__conn_t *x = k->next; x; x = x->next)
-        if (x->phase == LG__PH_IDLE && !x->cut && (!old || x->since_ns < old->since_ns)) old = x;
-      if (old) {
-        cut_locked(old);
-        atomic_fetch_add(&srv->metrics.conn_cut[1], 1);
-      }
-    }
-    pthread_mutex_unlock(&srv->conn_mu);
+    conn_started(srv, c, socket_context);
   } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
     lg__conn_t *k = *socket_context;
     if (!k) return;
     pthread_mutex_lock(&srv->conn_mu);
-    if (k->prev) k->prev->next = k->next;
-    else srv->conns = k->next;
-    if (k->next) k->next->prev = k->prev;
-    srv->nconns--;
+    lg__conn_forget_locked(srv, k);
     pthread_mutex_unlock(&srv->conn_mu);
     lg__free(k);
     *socket_context = NULL;
@@ -384,10 +389,14 @@ void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph) 
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
   lg__conn_t *k = ci ? ci->socket_context : NULL;
   if (!k) return;
-  uint64_t now = mono_ns();
+  uint64_t now = lg__mono_ns();
   pthread_mutex_lock(&srv->conn_mu);
   k->phase = ph;
   k->since_ns = now;
+  if (ph == LG__PH_REQUEST && k->head_ns) { /* the first request began at its first byte */
+    k->since_ns = k->head_ns;
+    k->head_ns = 0;
+  }
   pthread_mutex_unlock(&srv->conn_mu);
 }
 
@@ -405,12 +414,13 @@ lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
  * scans every socket on every wake-up: 2,000 idle keep-alive connections
  * made a decision nine times slower. So, for the stores whose decisions
  * are parked for the group commit (sqlite:, memory:), libmicrohttpd runs
- * in epoll mode without a thread of its own: --threads daemons share the
- * listening socket, each driven by a loop of ours: MHD_run, then wait on
- * the daemon's epoll descriptor and on an eventfd that lg__loop_wake
- * writes after every MHD_resume_connection of one of its connections, for
- * at most the daemon's next timeout. A resume between MHD_run and the wait
- * leaves the eventfd readable, so no wake-up is lost. */
+ * in epoll mode without a thread of its own: --threads daemons, each
+ * driven by a loop of ours: add the connections the acceptor queued for
+ * it, MHD_run, then wait on the daemon's epoll descriptor and on an
+ * eventfd that lg__loop_wake writes after every MHD_resume_connection of
+ * one of its connections (and after every connection queued), for at most
+ * the daemon's next timeout. A wake-up between MHD_run and the wait leaves
+ * the eventfd readable, so none is lost. */
 
 void lg__loop_wake(lg__loop_t *l) {
   if (!l || l->efd < 0) return;
@@ -430,6 +440,7 @@ static void *loop_main(void *arg) {
   ev.data.u32 = 2;
   if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, l->efd, &ev);
   while (!atomic_load(&srv->loop_stop)) {
+    lg__loop_add_queued(l);
     MHD_run(l->mhd);
     MHD_UNSIGNED_LONG_LONG to = 0;
     int ms = 1000;
@@ -453,12 +464,12 @@ static void *reaper_main(void *arg) {
   while (!atomic_load(&srv->reaper_stop)) {
     struct timespec ts = {0, 100 * 1000000L};
     nanosleep(&ts, NULL);
-    uint64_t now = mono_ns();
+    uint64_t now = lg__mono_ns();
     pthread_mutex_lock(&srv->conn_mu);
     for (lg__conn_t *k = srv->conns; k; k = k->next)
-      if (k->phase != LG__PH_BUSY && !k->cut && now > k->since_ns + limit) {
+      if (k->phase != LG__PH_BUSY && !k->cut && cuttable(k) && now > k->since_ns + limit) {
         /* (not now - since: a phase may begin after `now` was read) */
-        cut_locked(k);
+        lg__conn_cut_locked(k);
         atomic_fetch_add(&srv->metrics.conn_cut[0], 1);
       }
     pthread_mutex_unlock(&srv->conn_mu);
@@ -483,11 +494,8 @@ static int online_cores(void) {
 
 static void count_active(lg_server_t *srv, lg_store_t *st);
 
-lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
-  if (!opts || !opts->store_url || !*opts->store_url) {
-    lg__err(err, LG_EINVAL, "store", -1, "no store URL given");
-    return NULL;
-  }
+/* A server with copies of the caller's options and its locks, or NULL. */
+static lg_server_t *server_new(const lg_server_options_t *opts, lg_error_t *err) {
   lg_server_t *srv = lg__calloc(1, sizeof *srv);
   if (!srv) {
     lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
@@ -506,7 +514,6 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   srv->o.upstreams = NULL; /* the gateway keeps its own copies */
   srv->o.nupstreams = 0;
   srv->o.upstreams_file = NULL;
-
   if (srv->o.max_body == 0) srv->o.max_body = LG_SERVER_DEFAULT_MAX_BODY;
   if (srv->o.timeout_s <= 0) srv->o.timeout_s = LG_SERVER_DEFAULT_TIMEOUT_S;
   pthread_mutex_init(&srv->wlist_mu, NULL);
@@ -518,14 +525,20 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
       (opts->policy_file && !srv->o.policy_file) || (opts->prices_file && !srv->o.prices_file) ||
       (opts->log_path && !srv->o.log_path) || !key_ok) {
     lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    goto fail;
+    lg_server_free(srv);
+    return NULL;
   }
+  return srv;
+}
+
+/* Prices, the log, tokens and the default policy. */
+static int load_config(lg_server_t *srv, const lg_server_options_t *opts, lg_error_t *err) {
   /* Prices (--prices): an empty book without a file, so that a model call
    * that needs a price fails closed with a message naming the model. */
   srv->prices = lg_price_book_new(srv->o.prices_file, err);
   if (!srv->prices) {
     if (err && srv->o.prices_file) lg__err_where(err, srv->o.prices_file, 0);
-    goto fail;
+    return -1;
   }
   /* The log first, so that everything after can say what happened. */
   if (srv->o.log_path) {
@@ -533,16 +546,16 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     if (!srv->log) {
       lg__err(err, LG_EIO, "log", -1, "cannot open the log file: %s", strerror(errno));
       lg__err_where(err, srv->o.log_path, 0);
-      goto fail;
+      return -1;
     }
     srv->log_owned = 1;
   } else {
     srv->log = stderr;
   }
   /* Tokens. */
-  if (srv->o.tokens_file && lg__auth_load_file(&srv->auth, srv->o.tokens_file, err)) goto fail;
+  if (srv->o.tokens_file && lg__auth_load_file(&srv->auth, srv->o.tokens_file, err)) return -1;
   if (opts->tokens && lg__auth_load_spec(&srv->auth, opts->tokens, "LOOPGUARD_TOKENS", err))
-    goto fail;
+    return -1;
   /* The default policy of new runs. */
   if (srv->o.policy_file) {
     srv->default_policy = lg_policy_load_file(srv->o.policy_file, err);
@@ -552,29 +565,29 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     srv->policy_source = lg__strdup("built-in default");
     if (!srv->default_policy) lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
-  if (!srv->default_policy) goto fail;
+  if (!srv->default_policy) return -1;
   srv->default_policy_json = lg_policy_to_json(srv->default_policy);
-  if (!srv->default_policy_json || !srv->policy_source) {
-    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    goto fail;
-  }
-  /* The store, once now, so that a bad one fails the start. */
-  lg_store_t *st = lg_store_open(srv->o.store_url, NULL, err);
-  if (!st) goto fail;
+  if (!srv->default_policy_json || !srv->policy_source)
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  return 0;
+}
+
+/* The store, once now, so that a bad one fails the start; its
+ * checkpointer, the thread count and the group commit. *st: the handle. */
+static int open_store(lg_server_t *srv, lg_store_t **st, lg_error_t *err) {
+  *st = lg_store_open(srv->o.store_url, NULL, err);
+  if (!*st) return -1;
   /* SQLite: WAL checkpoints in a thread of their own (src/store/
    * checkpoint.c); without it (0, or another store) they stay in the
    * commits. */
   const char *ev = getenv("LOOPGUARD_CHECKPOINT_MS");
   int every = ev ? atoi(ev) : 5;
-  srv->ckpt = every > 0 ? lg__checkpointer_new(st, every) : NULL;
-  srv->scheme = lg_store_scheme(st);
-  srv->store_name = lg__strdup(lg_store_name(st));
-  if (lg__store_single_writer(st)) srv->shared = st;
-  else srv->spare = st;
-  if (!srv->store_name) {
-    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    goto fail;
-  }
+  srv->ckpt = every > 0 ? lg__checkpointer_new(*st, every) : NULL;
+  srv->scheme = lg_store_scheme(*st);
+  srv->store_name = lg__strdup(lg_store_name(*st));
+  if (lg__store_single_writer(*st)) srv->shared = *st;
+  else srv->spare = *st;
+  if (!srv->store_name) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   /* Threads. With group commit (sqlite:, memory:) the committer takes a
    * core of its own, so the HTTP threads get the others (at least one).
    * With postgres: a thread waits on its connection for most of a
@@ -585,126 +598,125 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     srv->o.threads = srv->shared ? (cores > 1 ? cores - 1 : 1) : (4 * cores > 32 ? 32 : 4 * cores);
   }
   if (srv->shared) srv->batcher = lg__batcher_new(srv->shared, 0);
-  if (srv->shared && !srv->batcher) {
-    lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    goto fail;
-  }
-  /* The gateway (gateway-v1), when upstreams are given. */
-  if (lg__gw_new(srv, opts, &srv->gw, err)) goto fail;
-  /* The address, last: nothing binds before the rest is known good. */
-  if (bind_listen(srv, err)) goto fail;
-  /* Connections: at most 16384 (LOOPGUARD_MAX_CONNECTIONS), within the
-   * descriptors this process may open; 1/64 of them (at least 16) kept as
-   * room (see notify_conn); one address may hold a quarter of them (at
-   * least 64; LOOPGUARD_MAX_PER_IP). */
+  if (srv->shared && !srv->batcher) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  return 0;
+}
+
+/* Connections: at most 16384 (LOOPGUARD_MAX_CONNECTIONS), within the
+ * descriptors this process may open; 1/64 of them (at least 16) kept as
+ * room (see accept.c); one address may hold a quarter of them (at least
+ * 64; LOOPGUARD_MAX_PER_IP). The table by descriptor covers every
+ * descriptor the process may have. */
+static int set_limits(lg_server_t *srv, lg_error_t *err) {
   struct rlimit rl;
   unsigned conn_limit = env_uint("LOOPGUARD_MAX_CONNECTIONS", 16384);
+  size_t nfd = 65536;
   if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
     unsigned room = rl.rlim_cur > 64 + (rlim_t)srv->o.threads * 4
                         ? (unsigned)(rl.rlim_cur - 64 - (rlim_t)srv->o.threads * 4)
                         : 16;
     if (room < conn_limit) conn_limit = room;
+    nfd = rl.rlim_cur > (1u << 20) ? (1u << 20) : (size_t)rl.rlim_cur;
   }
   if (conn_limit < 32) conn_limit = 32;
   unsigned reserve = conn_limit / 64 < 16 ? 16 : conn_limit / 64;
   srv->conn_limit = conn_limit;
   srv->conn_soft = conn_limit - reserve;
   srv->per_ip = env_uint("LOOPGUARD_MAX_PER_IP", conn_limit / 4 < 64 ? 64 : conn_limit / 4);
+  srv->byfd = lg__calloc(nfd, sizeof *srv->byfd);
+  srv->nbyfd = srv->byfd ? nfd : 0;
+  srv->ipc = lg__ipcount_new();
+  if (!srv->byfd || !srv->ipc) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  return 0;
+}
+
+/* The daemons: --threads of them, without a listening socket (the
+ * acceptor hands them connections). sqlite:, memory: connections are
+ * parked for the group commit and resumed by the committer: epoll mode,
+ * each daemon driven by its loop (loop_main). postgres: no connection is
+ * ever parked (each thread decides on its own connection), so each daemon
+ * runs its own epoll thread. LOOPGUARD_EVENT_LOOP=poll (for comparison):
+ * each its own poll() thread, which scans every socket on every wake-up. */
+static int start_daemons(lg_server_t *srv, lg_error_t *err) {
+  const char *el = getenv("LOOPGUARD_EVENT_LOOP");
+  int use_epoll = !(el && !strcmp(el, "poll"));
+  srv->epoll_loop = use_epoll && srv->shared;
+  unsigned flags = MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
+  if (srv->epoll_loop) flags |= MHD_USE_EPOLL;
+  else if (use_epoll) flags |= MHD_USE_EPOLL_INTERNAL_THREAD;
+  else flags |= MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  int n = srv->epoll_loop && srv->o.threads > 32 ? 32 : srv->o.threads;
+  srv->loops = lg__calloc((size_t)n, sizeof *srv->loops);
+  if (!srv->loops) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  for (int i = 0; i < n; i++) {
+    lg__loop_t *l = &srv->loops[i];
+    l->srv = srv;
+    l->efd = -1;
+    l->q_mu_ok = !pthread_mutex_init(&l->q_mu, NULL);
+    srv->nloops = i + 1;
+    if (srv->epoll_loop && (l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+      return lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
+    l->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, lg__http_access, srv, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED,
+        lg__http_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, lg__http_uri_log, srv,
+        MHD_OPTION_NOTIFY_CONNECTION, notify_conn, srv, MHD_OPTION_END);
+    if (!l->mhd)
+      return lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+  }
+  for (int i = 0; srv->epoll_loop && i < n; i++) {
+    if (pthread_create(&srv->loops[i].th, NULL, loop_main, &srv->loops[i]))
+      return lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+    srv->loops[i].started = 1;
+  }
+  return 0;
+}
+
+/* The start-up block of the log. */
+static void log_start(lg_server_t *srv) {
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"version\":\"" LG_VERSION_STRING "\",\"listen\":");
+  lg__buf_json_str(&f, srv->url, strlen(srv->url));
+  lg__buf_puts(&f, ",\"store\":");
+  lg__buf_json_str(&f, srv->store_name, strlen(srv->store_name));
+  lg__buf_printf(&f, ",\"auth\":%s,\"tokens\":%zu,\"policy\":", srv->auth.n ? "true" : "false",
+                 srv->auth.n);
+  lg__buf_json_str(&f, srv->policy_source, strlen(srv->policy_source));
+  lg__buf_printf(&f, ",\"threads\":%d,\"max_body\":%zu,\"timeout_s\":%d,\"connection_limit\":%u",
+                 srv->o.threads, srv->o.max_body, srv->o.timeout_s, srv->conn_limit);
+  if (srv->o.prices_file) {
+    lg__buf_puts(&f, ",\"prices\":");
+    lg__buf_json_str(&f, srv->o.prices_file, strlen(srv->o.prices_file));
+    lg_prices_t *pr = lg_price_book_get(srv->prices);
+    lg__buf_printf(&f, ",\"price_models\":%zu", pr ? lg_prices_count(pr) : 0);
+    lg_prices_free(pr);
+  }
+  if (!f.oom) lg__server_log(srv, "info", "start", f.data);
+  lg__buf_free(&f);
+}
+
+lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
+  if (!opts || !opts->store_url || !*opts->store_url) {
+    lg__err(err, LG_EINVAL, "store", -1, "no store URL given");
+    return NULL;
+  }
+  lg_server_t *srv = server_new(opts, err);
+  if (!srv) return NULL;
+  lg_store_t *st = NULL;
+  if (load_config(srv, opts, err) || open_store(srv, &st, err)) goto fail;
+  /* The gateway (gateway-v1), when upstreams are given. */
+  if (lg__gw_new(srv, opts, &srv->gw, err)) goto fail;
+  /* The address, last: nothing binds before the rest is known good. */
+  if (bind_listen(srv, err) || set_limits(srv, err)) goto fail;
   if (pthread_create(&srv->reaper, NULL, reaper_main, srv)) {
     lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
     goto fail;
   }
   srv->reaper_started = 1;
-  /* The event loop: see loop_main. poll() (LOOPGUARD_EVENT_LOOP=poll, for
-   * comparison) scans every socket on every wake-up; libmicrohttpd's own
-   * epoll thread loses resumed connections for seconds (0.9.75). */
-  const char *el = getenv("LOOPGUARD_EVENT_LOOP");
-  srv->epoll_loop = !(el && !strcmp(el, "poll"));
-  unsigned flags =
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME |
-      MHD_USE_TURBO;
-  if (srv->epoll_loop && !srv->shared) {
-    /* postgres: no connection is ever parked (each thread decides on its
-     * own connection), so libmicrohttpd's epoll threads serve it. */
-    flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
-    srv->epoll_loop = 0;
-  }
-#define LG__MHD_OPTIONS(limit, per_ip)                                                             \
-  MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,                         \
-      (unsigned)srv->o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(limit),                  \
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(per_ip), MHD_OPTION_CONNECTION_MEMORY_LIMIT,  \
-      (size_t)LG__MHD_POOL, MHD_OPTION_NOTIFY_COMPLETED, lg__http_completed, srv,                  \
-      MHD_OPTION_URI_LOG_CALLBACK, lg__http_uri_log, srv, MHD_OPTION_NOTIFY_CONNECTION,            \
-      notify_conn, srv
-  if (srv->epoll_loop) {
-    /* sqlite:, memory: connections are parked for the group commit and
-     * resumed by the committer: --threads daemons, each with its loop
-     * (loop_main), each a share of the limits. */
-    flags = MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO;
-    int n = srv->o.threads > 32 ? 32 : srv->o.threads;
-    srv->loops = lg__calloc((size_t)n, sizeof *srv->loops);
-    if (!srv->loops) {
-      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-      goto fail;
-    }
-    unsigned per_ip = srv->per_ip / (unsigned)n ? srv->per_ip / (unsigned)n : 1;
-    for (int i = 0; i < n; i++) {
-      lg__loop_t *l = &srv->loops[i];
-      l->srv = srv;
-      l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-      srv->nloops = i + 1;
-      if (l->efd < 0) {
-        lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
-        goto fail;
-      }
-      l->mhd = MHD_start_daemon(flags, 0, NULL, NULL, lg__http_access, srv,
-                                LG__MHD_OPTIONS(conn_limit / (unsigned)n, per_ip), MHD_OPTION_END);
-      if (!l->mhd) {
-        lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
-        goto fail;
-      }
-    }
-    for (int i = 0; i < n; i++) {
-      if (pthread_create(&srv->loops[i].th, NULL, loop_main, &srv->loops[i])) {
-        lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
-        goto fail;
-      }
-      srv->loops[i].started = 1;
-    }
-    srv->mhd = srv->loops[0].mhd;
-  } else {
-    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, lg__http_access, srv,
-                                MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->o.threads,
-                                LG__MHD_OPTIONS(conn_limit, srv->per_ip), MHD_OPTION_END);
-    if (!srv->mhd) {
-      lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
-      goto fail;
-    }
-  }
-#undef LG__MHD_OPTIONS
+  if (start_daemons(srv, err) || lg__acceptor_start(srv, err)) goto fail;
   count_active(srv, st);
-  /* The start-up block of the log. */
-  {
-    lg__buf_t f = {0};
-    lg__buf_puts(&f, "\"version\":\"" LG_VERSION_STRING "\",\"listen\":");
-    lg__buf_json_str(&f, srv->url, strlen(srv->url));
-    lg__buf_puts(&f, ",\"store\":");
-    lg__buf_json_str(&f, srv->store_name, strlen(srv->store_name));
-    lg__buf_printf(&f, ",\"auth\":%s,\"tokens\":%zu,\"policy\":", srv->auth.n ? "true" : "false",
-                   srv->auth.n);
-    lg__buf_json_str(&f, srv->policy_source, strlen(srv->policy_source));
-    lg__buf_printf(&f, ",\"threads\":%d,\"max_body\":%zu,\"timeout_s\":%d,\"connection_limit\":%u",
-                   srv->o.threads, srv->o.max_body, srv->o.timeout_s, conn_limit);
-    if (srv->o.prices_file) {
-      lg__buf_puts(&f, ",\"prices\":");
-      lg__buf_json_str(&f, srv->o.prices_file, strlen(srv->o.prices_file));
-      lg_prices_t *pr = lg_price_book_get(srv->prices);
-      lg__buf_printf(&f, ",\"price_models\":%zu", pr ? lg_prices_count(pr) : 0);
-      lg_prices_free(pr);
-    }
-    if (!f.oom) lg__server_log(srv, "info", "start", f.data);
-    lg__buf_free(&f);
-  }
+  log_start(srv);
   return srv;
 fail:
   lg_server_free(srv);
@@ -777,9 +789,10 @@ static void sleep_ms(int ms) {
   }
 }
 
-/* Stops the event loops: their threads first (MHD_stop_daemon then runs
- * on this one), then their daemons, each quiesced first so that none
- * closes the listening socket they share. */
+/* Stops the daemons: the loops' threads first (MHD_stop_daemon then runs
+ * on this one), then the daemons, which close their connections. What is
+ * left in the table then (queued for a loop and never added, or closed by
+ * libmicrohttpd before it started) is closed and freed here. */
 static void stop_loops(lg_server_t *srv) {
   atomic_store(&srv->loop_stop, 1);
   for (int i = 0; i < srv->nloops; i++)
@@ -789,17 +802,49 @@ static void stop_loops(lg_server_t *srv) {
       srv->loops[i].started = 0;
     }
   for (int i = 0; i < srv->nloops; i++) {
-    if (srv->loops[i].mhd) {
-      (void)MHD_quiesce_daemon(srv->loops[i].mhd);
-      MHD_stop_daemon(srv->loops[i].mhd);
-    }
-    srv->loops[i].mhd = NULL;
-    if (srv->loops[i].efd >= 0) close(srv->loops[i].efd);
-    srv->loops[i].efd = -1;
+    lg__loop_t *l = &srv->loops[i];
+    if (l->mhd) MHD_stop_daemon(l->mhd);
+    l->mhd = NULL;
+    for (lg__conn_t *k = l->queue; k; k = k->hnext) close(k->fd); /* never libmicrohttpd's */
+    l->queue = NULL;
+    if (l->efd >= 0) close(l->efd);
+    l->efd = -1;
+    if (l->q_mu_ok) pthread_mutex_destroy(&l->q_mu);
+    l->q_mu_ok = 0;
   }
+  pthread_mutex_lock(&srv->conn_mu);
+  while (srv->conns) {
+    lg__conn_t *k = srv->conns;
+    lg__conn_forget_locked(srv, k);
+    lg__free(k);
+  }
+  pthread_mutex_unlock(&srv->conn_mu);
   lg__free(srv->loops);
   srv->loops = NULL;
   srv->nloops = 0;
+}
+
+/* Waits (bounded) until no request is in flight: the gateway's and the
+ * committer's parked ones answered first. Returns how long it waited;
+ * *rc LG_EBUSY when some are still in flight. */
+static int drain_requests(lg_server_t *srv, int drain_ms, int *rc) {
+  int waited = 0;
+  while (atomic_load(&srv->inflight) > 0 && waited < drain_ms) {
+    sleep_ms(5);
+    waited += 5;
+  }
+  lg__gw_stop(srv->gw); /* the gateway's parked requests answered */
+  /* Every decision handed to the committer is made, and its connection
+   * resumed, before the daemon stops (it aborts on a parked connection);
+   * then a moment for the daemon to send those answers. */
+  lg__batcher_stop(srv->batcher);
+  for (int extra = 0; srv->batcher && atomic_load(&srv->inflight) > 0 && extra < 1000;
+       extra += 5) {
+    sleep_ms(5);
+    waited += 5;
+  }
+  if (atomic_load(&srv->inflight) > 0) *rc = LG_EBUSY;
+  return waited;
 }
 
 int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
@@ -807,40 +852,11 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
   srv->stopped = 1;
   int rc = 0;
   if (drain_ms <= 0) drain_ms = 10000;
-  if (srv->mhd) {
+  if (srv->nloops && srv->acc) { /* it started: drain */
     atomic_store(&srv->draining, 1);
-    /* Every daemon stops accepting; the socket they share is closed once. */
-    MHD_socket ls = MHD_INVALID_SOCKET;
-    if (srv->epoll_loop) {
-      for (int i = 0; i < srv->nloops; i++)
-        if (srv->loops[i].mhd) {
-          MHD_socket x = MHD_quiesce_daemon(srv->loops[i].mhd);
-          if (x != MHD_INVALID_SOCKET) ls = x;
-        }
-    } else {
-      ls = MHD_quiesce_daemon(srv->mhd);
-    }
-    if (ls != MHD_INVALID_SOCKET) close(ls);
-    srv->listen_fd = -1;
-    int waited = 0;
-    while (atomic_load(&srv->inflight) > 0 && waited < drain_ms) {
-      sleep_ms(5);
-      waited += 5;
-    }
-    lg__gw_stop(srv->gw); /* the gateway's parked requests answered */
-    /* Every decision handed to the committer is made, and its connection
-     * resumed, before the daemon stops (it aborts on a parked connection);
-     * then a moment for the daemon to send those answers. */
-    lg__batcher_stop(srv->batcher);
-    for (int extra = 0; srv->batcher && atomic_load(&srv->inflight) > 0 && extra < 1000;
-         extra += 5) {
-      sleep_ms(5);
-      waited += 5;
-    }
-    if (atomic_load(&srv->inflight) > 0) rc = LG_EBUSY;
-    if (srv->epoll_loop) stop_loops(srv);
-    else MHD_stop_daemon(srv->mhd);
-    srv->mhd = NULL;
+    lg__acceptor_stop(srv); /* no new connection; the listening socket closed */
+    int waited = drain_requests(srv, drain_ms, &rc);
+    stop_loops(srv);
     lg__gw_free(srv->gw); /* no connection is parked on it any more */
     srv->gw = NULL;
     lg__batcher_free(srv->batcher);
@@ -851,15 +867,16 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
              (unsigned long long)atomic_load(&srv->metrics.conn_cut[1]));
     lg__server_log(srv, "info", "stop", f);
   }
-  stop_loops(srv); /* after a start that failed half way */
-  if (srv->reaper_started) { /* after the daemon: no connection is left */
+  lg__acceptor_stop(srv); /* after a start that failed half way */
+  stop_loops(srv);
+  if (srv->reaper_started) { /* after the daemons: no connection is left */
     atomic_store(&srv->reaper_stop, 1);
     pthread_join(srv->reaper, NULL);
     srv->reaper_started = 0;
   }
-  lg__gw_free(srv->gw); /* when MHD never started */
+  lg__gw_free(srv->gw); /* when the daemons never started */
   srv->gw = NULL;
-  lg__batcher_free(srv->batcher); /* when MHD never started */
+  lg__batcher_free(srv->batcher); /* when the daemons never started */
   srv->batcher = NULL;
   lg__checkpointer_free(srv->ckpt);
   srv->ckpt = NULL;
@@ -896,6 +913,8 @@ void lg_server_free(lg_server_t *srv) {
   lg__free(srv->store_name);
   lg__free(srv->url);
   lg__free(srv->listen_host);
+  lg__free(srv->byfd);
+  lg__ipcount_free(srv->ipc);
   lg__free((char *)srv->o.listen);
   lg__free((char *)srv->o.store_url);
   lg__free((char *)srv->o.tokens_file);

@@ -3,7 +3,12 @@
  *
  * The server is split by concern, each file with one job:
  *   server.c    life of the server: options, the listening socket,
- *               libmicrohttpd, per-thread store handles, draining, logs;
+ *               libmicrohttpd, the connection table and its deadlines,
+ *               per-thread store handles, draining, logs;
+ *   accept.c    the accept loop: limits per server and per address, the
+ *               first request head of each connection screened (and a bad
+ *               one answered) before it is handed to libmicrohttpd;
+ *   screen.c    the head screen: a pure check of a request head's bytes;
  *   http.c      one HTTP request: body accumulation with its limits, auth,
  *               routing to a handler, the response and its metrics;
  *   routes.c    the endpoints of http-api-v1: runs and decisions (every
@@ -254,23 +259,31 @@ typedef struct lg__pol_slot {
 
 typedef struct lg__conn lg__conn_t; /* below */
 
-/* One event loop (server.c): a libmicrohttpd daemon in epoll mode on the
- * shared listening socket, and the thread that runs it. */
+/* One libmicrohttpd daemon (server.c), without a listening socket of its
+ * own: the acceptor (accept.c) hands it connections. In epoll mode
+ * (sqlite:, memory:) a loop of ours drives it and adds the connections
+ * queued for it; otherwise its own thread runs it (efd -1, no th). */
 typedef struct lg__loop {
   struct lg_server *srv;      /* its server */
   struct MHD_Daemon *mhd;     /* its daemon (NULL: not started) */
   int efd;                    /* eventfd that wakes it (-1: none) */
   pthread_t th;               /* runs loop_main */
   int started;                /* th runs */
+  _Atomic int nconns;         /* connections handed to it and not closed */
+  pthread_mutex_t q_mu;       /* guards queue */
+  int q_mu_ok;                /* q_mu initialised */
+  lg__conn_t *queue;          /* handed over, not yet added (epoll mode) */
 } lg__loop_t;
+
+typedef struct lg__acceptor lg__acceptor_t; /* accept.c */
+typedef struct lg__ipcount lg__ipcount_t;   /* accept.c: connections per address */
 
 struct lg_server {
   lg_server_options_t o;      /* options with defaults filled (strings copied) */
   char *listen_host;          /* the host part of --listen, as given */
   char *url;                  /* http://HOST:PORT/ where it listens */
   int port;                   /* the port bound */
-  int listen_fd;              /* the listening socket (MHD uses it) */
-  struct MHD_Daemon *mhd;     /* the HTTP engine */
+  int listen_fd;              /* the listening socket (the acceptor's) */
   lg__auth_t auth;            /* configured tokens; none: open */
   char *store_name;           /* the store URL without password */
   const char *scheme;         /* "memory", "sqlite", "postgres" */
@@ -292,15 +305,19 @@ struct lg_server {
   pthread_mutex_t log_mu;     /* guards log */
   FILE *log;                  /* the log (stderr or log_path) */
   int log_owned;              /* log was opened here */
-  pthread_mutex_t conn_mu;    /* guards conns, nconns */
+  pthread_mutex_t conn_mu;    /* guards conns, nconns, byfd, ipc */
   lg__conn_t *conns;          /* every open connection, newest first */
   size_t nconns;              /* how many */
-  unsigned conn_limit;        /* libmicrohttpd's hard limit */
+  lg__conn_t **byfd;          /* conns by descriptor (nbyfd slots) */
+  size_t nbyfd;
+  lg__ipcount_t *ipc;         /* connections per client address */
+  unsigned conn_limit;        /* the hard limit: past it, refused at accept */
   unsigned conn_soft;         /* past it, the oldest idle connection is cut */
   unsigned per_ip;            /* connections from one address */
   int epoll_loop;             /* 1: libmicrohttpd in epoll mode, driven by loops */
-  lg__loop_t *loops;          /* epoll_loop: one daemon and thread each */
-  int nloops;                 /* how many (--threads) */
+  lg__loop_t *loops;          /* the daemons (--threads of them) */
+  int nloops;                 /* how many started */
+  lg__acceptor_t *acc;        /* the accept loop and the head screen */
   _Atomic int loop_stop;
   pthread_t reaper;           /* cuts connections past their deadlines */
   int reaper_started;
@@ -338,22 +355,92 @@ typedef enum lg__phase {
   LG__PH_BUSY       /* handled, parked, or its answer being sent: never cut */
 } lg__phase_t;
 
-/* libmicrohttpd's memory a connection (its read buffer): http.c answers
- * a request target or head too large for it in JSON (414, 431) before
- * libmicrohttpd would in HTML. */
+/* libmicrohttpd's memory a connection (its read buffer): a request target
+ * or head too large for it is answered in JSON (414, 431) before
+ * libmicrohttpd would in HTML: by the screen for a connection's first
+ * head, by http.c for the later ones. */
 #define LG__MHD_POOL (32 * 1024)
+/* Longest request target answered (a longer one is 414); longest request
+ * head (line and headers, 431). Both under LG__MHD_POOL. */
+#define LG__MAX_URI 8192
+#define LG__MAX_HEAD 16384
+/* After an error answered before the body was read, the rest is read and
+ * dropped for at most this long and this much before the connection is
+ * closed, so that a client that sends it all before reading (Python's
+ * http.client, requests) reads the answer rather than a reset. */
+#define LG__DRAIN_NS 2000000000ull
+#define LG__DRAIN_BYTES (8u << 20)
 
-/* One TCP connection (libmicrohttpd's socket context). */
+/* Who holds a connection (lg__conn_t.owner). */
+typedef enum lg__owner {
+  LG__OWN_MHD = 0,  /* handed to libmicrohttpd (or queued for its loop) */
+  LG__OWN_SCREEN,   /* the acceptor: its first head not yet in */
+  LG__OWN_DRAIN     /* the acceptor: answered, the rest read and dropped */
+} lg__owner_t;
+
+/* One TCP connection, from accept to close: libmicrohttpd's socket
+ * context once handed over. */
 struct lg__conn {
   lg_server_t *srv;          /* its server */
-  lg__loop_t *loop;          /* its event loop (NULL: libmicrohttpd's threads) */
-  struct MHD_Connection *mc; /* the connection */
+  lg__loop_t *loop;          /* its daemon (set when handed over) */
+  struct MHD_Connection *mc; /* the connection (NULL: not started by MHD yet) */
   int fd;                    /* its socket (shut down to cut it) */
   int phase;                 /* lg__phase_t */
   int cut;                   /* shut down already */
+  int owner;                 /* lg__owner_t */
   uint64_t since_ns;         /* when the phase began (monotonic) */
-  struct lg__conn *prev, *next; /* srv->conns */
+  uint64_t head_ns;          /* first byte of its first head (0: none yet):
+                                its first request's deadline runs from it */
+  uint64_t drain_until;      /* LG__OWN_DRAIN: closed then */
+  uint64_t dropped;          /* LG__OWN_DRAIN: bytes dropped */
+  struct sockaddr_storage addr; /* the client's address */
+  socklen_t addrlen;
+  int in_epoll;              /* in the acceptor's epoll set */
+  struct lg__conn *prev, *next;   /* srv->conns */
+  struct lg__conn *hprev, *hnext; /* the acceptor's lists, or a loop's queue */
 };
+
+/* server.c: the connection table (under conn_mu). */
+/* Takes k out of the table (list, count, address count, byfd). */
+void lg__conn_forget_locked(lg_server_t *srv, lg__conn_t *k);
+/* Cuts k (shutdown(2)) unless it is cut already. */
+void lg__conn_cut_locked(lg__conn_t *k);
+/* Monotonic nanoseconds. */
+uint64_t lg__mono_ns(void);
+
+/* accept.c: the accept loop. Starts its thread on srv->listen_fd (0, or
+ * -1 with err filled); stop closes the listening socket, hands over the
+ * connections whose first head is in, closes the others and joins. */
+int lg__acceptor_start(lg_server_t *srv, lg_error_t *err);
+void lg__acceptor_stop(lg_server_t *srv);
+/* The connection table's address counts (accept.c). */
+lg__ipcount_t *lg__ipcount_new(void);
+void lg__ipcount_free(lg__ipcount_t *t);
+/* Adds one connection of addr; 0, or -1 when the address holds `limit`
+ * already (or out of memory). Under conn_mu. */
+int lg__ipcount_add(lg__ipcount_t *t, const struct sockaddr_storage *addr, unsigned limit);
+void lg__ipcount_del(lg__ipcount_t *t, const struct sockaddr_storage *addr);
+/* A loop (epoll mode) adds the connections queued for it (its thread). */
+void lg__loop_add_queued(lg__loop_t *l);
+
+/* screen.c: the first head of a connection. */
+typedef struct lg__screen {
+  int status;               /* the refusal's HTTP status (0: passed) */
+  const char *type;         /* its error type (uri_too_long, ...) */
+  const char *field;        /* the field it is about */
+  char message[200];        /* what is wrong, and where */
+  size_t head_len;          /* passed: the head's bytes, through its empty line */
+} lg__screen_t;
+#define LG__SCREEN_MORE 1
+/* Screens the bytes [p, p+n) a connection has sent so far. Returns 0 when
+ * they begin with a complete head that passes (out->head_len), -1 when
+ * they cannot (out: the answer's status, type, field, message), or
+ * LG__SCREEN_MORE when the head is not complete yet. A decided prefix
+ * stays decided: more bytes never change a 0 or a -1. Pure. */
+int lg__screen_head(const char *p, size_t n, lg__screen_t *out);
+/* The whole HTTP answer of a refusal (status line, Connection: close,
+ * application/json, the body built by lg__req_error) appended to out. */
+int lg__screen_answer(const lg__screen_t *s, lg__buf_t *out);
 
 /* Wakes the event loop of connection c (after MHD_resume_connection, from
  * any thread): with the loops of server.c (epoll), a resumed connection is

@@ -253,29 +253,28 @@ static int save(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_ru
   return rc;
 }
 
-int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
-  lg__step_t *st = ud;
-  lg_error_t e = {0}, *err = &e;
-  st->called = 1;
-  char *why = NULL, *budget_meta = NULL;
-  int rc = 0;
-  lg_run_t *run = NULL;
-  lg_ledger_t *ledger = NULL;
+/* Step 1: the run from its record (*run), with its policy and the store's
+ * ledger at its start (*ledger, to free even on failure). */
+static int load_run(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_run_t **run,
+                    lg_ledger_t **ledger, lg_error_t *err) {
   lg_policy_t *pol = st->policy ? st->policy(st->policy_ud, rec->policy_json, err)
                      : rec->policy_json && *rec->policy_json
                          ? lg_policy_parse(rec->policy_json, strlen(rec->policy_json), "stored policy", err)
                          : lg_policy_default();
-  if (!pol) return fail(st, LG__STEP_STORE, e.code ? e.code : LG_ENOMEM);
-  if (!(ledger = lg_store_ledger_new(s, rec->created_ms))) {
+  if (!pol) return fail(st, LG__STEP_STORE, err->code ? err->code : LG_ENOMEM);
+  if (!(*ledger = lg_store_ledger_new(s, rec->created_ms))) {
     lg_policy_free(pol);
     return fail(st, LG__STEP_STORE, lg__err(err, LG_ENOMEM, NULL, -1, "out of memory"));
   }
-  run = rec->state ? lg_run_load(rec->state, rec->state_len, pol, ledger, err) : NULL;
+  *run = rec->state ? lg_run_load(rec->state, rec->state_len, pol, *ledger, err) : NULL;
   lg_policy_free(pol);
-  if (!run) {
-    rc = fail(st, LG__STEP_STORE, e.code && e.code != LG_EINVAL ? e.code : LG_ESTATE);
-    goto out;
-  }
+  if (!*run) return fail(st, LG__STEP_STORE, err->code && err->code != LG_EINVAL ? err->code : LG_ESTATE);
+  return 0;
+}
+
+/* Step 2: the event's time in the run (now minus its creation, never
+ * before the last event it saw), and the turn of an event that has none. */
+static void place_event(lg__step_t *st, const lg_run_record_t *rec, const lg_run_t *run) {
   lg_counters_t c0;
   lg_run_counters(run, &c0);
   int64_t t = st->now_ms - rec->created_ms;
@@ -286,6 +285,39 @@ int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
     st->ev.u.call.turn = c0.calls + 1; /* no turn: a turn of its own */
   if (st->ev.type == LG_EV_TEXT && st->auto_turn) /* no turn: a response of its own */
     st->ev.u.text.turn = -(int64_t)(run->seq + 1);
+}
+
+/* Steps 6 and 7: what the decision leaves (the saved run and trace line,
+ * unless the run had stopped before and stays so; the stop's log fields)
+ * and the answer. */
+static int record(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_run_t *run,
+                  const lg_decision_t *d, const char *budget_meta, lg_error_t *err) {
+  st->decided = 1;
+  st->action = d->action;
+  st->reason = d->reason;
+  note_ledger(st, d);
+  if (!st->was_stopped || (st->ev.type == LG_EV_RESUME && !lg_run_stopped(run))) {
+    int rc = save(st, s, rec, run, d, err);
+    if (rc) return fail(st, LG__STEP_STORE, rc);
+    st->stopped_now = lg_run_stopped(run) && !st->was_stopped;
+    if (st->stopped_now) stop_fields(st, rec->run_id, d);
+  }
+  decision_json(st, run, d, budget_meta);
+  if (st->answer.oom || st->stop_log.oom)
+    return fail(st, LG__STEP_STORE, lg__err(err, LG_ENOMEM, NULL, -1, "out of memory"));
+  return 0;
+}
+
+int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  lg__step_t *st = ud;
+  lg_error_t e = {0}, *err = &e;
+  st->called = 1;
+  char *why = NULL, *budget_meta = NULL;
+  int rc = 0;
+  lg_ledger_t *ledger = NULL;
+  lg_run_t *run = NULL;
+  if ((rc = load_run(st, s, rec, &run, &ledger, err))) goto out;
+  place_event(st, rec, run);
   st->was_stopped = lg_run_stopped(run);
   if (!st->was_stopped && st->ev.type != LG_EV_CANCEL && (rc = check_deny(st, s, rec, &why, err))) {
     rc = fail(st, LG__STEP_STORE, rc);
@@ -297,21 +329,7 @@ int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
     if (!st->fail) rc = engine_error(st, rc);
     goto out;
   }
-  st->decided = 1;
-  st->action = d.action;
-  st->reason = d.reason;
-  note_ledger(st, &d);
-  if (!st->was_stopped || (st->ev.type == LG_EV_RESUME && !lg_run_stopped(run))) {
-    if ((rc = save(st, s, rec, run, &d, err))) {
-      rc = fail(st, LG__STEP_STORE, rc);
-      goto out;
-    }
-    st->stopped_now = lg_run_stopped(run) && !st->was_stopped;
-    if (st->stopped_now) stop_fields(st, rec->run_id, &d);
-  }
-  decision_json(st, run, &d, budget_meta);
-  if (st->answer.oom || st->stop_log.oom)
-    rc = fail(st, LG__STEP_STORE, lg__err(err, LG_ENOMEM, NULL, -1, "out of memory"));
+  rc = record(st, s, rec, run, &d, budget_meta, err);
 out:
   if (rc) st->err = e;
   if (st->denied) st->ev.u.cancel.reason = NULL; /* freed below */
@@ -344,8 +362,23 @@ int lg__step_new_run_id(char out[32]) {
   return lg__random_id("run_", 12, out, 32, "a run id", NULL);
 }
 
-/* The progress_version of a run's first trace line: 1 when the line says
- * (*has, *pv set), 0 when the run has no run line. */
+/* The progress_version in a run line (the writer's own line): 1 when the
+ * line says (*pv set). The field, when there, is written once, as a plain
+ * integer, and no string before it can hold its name (the run id and group
+ * are escaped JSON strings). */
+static int line_checkpoint(const char *line, size_t n, int64_t *pv) {
+  static const char k[] = "\"progress_version\":";
+  const size_t kl = sizeof k - 1;
+  for (size_t i = 0; i + kl < n; i++)
+    if (!memcmp(line + i, k, kl)) {
+      *pv = strtoll(line + i + kl, NULL, 10);
+      return 1;
+    }
+  return 0;
+}
+
+/* The progress_version of a run's first trace line: 1 when the line is a
+ * run line (*has, *pv set from it), 0 when the run has no run line. */
 static int logged_checkpoint(lg_store_t *s, const char *run_id, int *has, int64_t *pv) {
   lg__buf_t b = {0};
   int known = 0;
@@ -353,17 +386,8 @@ static int logged_checkpoint(lg_store_t *s, const char *run_id, int *has, int64_
   if (!lg__store_events_read(s, run_id, &b, NULL) && b.len) {
     char *nl = memchr(b.data, '\n', b.len);
     size_t n = nl ? (size_t)(nl - b.data) : b.len;
-    const char *k = "\"progress_version\":";
     known = n > 13 && !memcmp(b.data, "{\"type\":\"run\"", 13);
-    /* The writer's own line: the field, when there, is written once, as
-     * a plain integer, and no string before it can hold its name (the
-     * run id and group are escaped JSON strings). */
-    for (size_t i = 0; known && i + strlen(k) < n; i++)
-      if (!memcmp(b.data + i, k, strlen(k))) {
-        *has = 1;
-        *pv = strtoll(b.data + i + strlen(k), NULL, 10);
-        break;
-      }
+    if (known) *has = line_checkpoint(b.data, n, pv);
   }
   lg__buf_free(&b);
   return known;

@@ -76,12 +76,19 @@ for md in mds:
         if not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(md), target))):
             bad.append("%s: broken link %s" % (os.path.relpath(md, src), target))
 
-# Private folders.
+# Private folders (in our files: not in what npm installed under tests/).
+def walk_ours(top):
+    out = []
+    for r, ds, fs in os.walk(top):
+        ds[:] = [d for d in ds if d != "node_modules"]
+        out += [os.path.join(r, f) for f in fs]
+    return out
+
 shared = "../" + "shared"; design = "DESIGN" + ".md"; style = "STYLE" + ".md"
 pat = re.compile(r"(%s|(?<![\w/])shared/(spec|tools|vectors|fixtures|anchors|notes)|%s|%s)" % (re.escape(shared), re.escape(design), re.escape(style)))
 for top_dir in ("README.md", "docs", "src", "include", "cli", "tests", "examples", "scripts", "CMakeLists.txt"):
     p = os.path.join(src, top_dir)
-    files = [p] if os.path.isfile(p) else [os.path.join(r, f) for r, _, fs in os.walk(p) for f in fs]
+    files = [p] if os.path.isfile(p) else walk_ours(p)
     for f in files:
         try: text = open(f, encoding="utf-8").read()
         except (UnicodeDecodeError, IsADirectoryError): continue

@@ -6,7 +6,8 @@
 # Clients: openai (chat.completions stream false/true, responses.create and .stream with
 # previous_response_id), @anthropic-ai/sdk (messages, stream false/true)
 # the Vercel AI SDK (ai + @ai-sdk/openai-compatible) and the OpenAI Agents SDK
-# (@openai/agents), each with its own tool loop.
+# (@openai/agents) and LangGraph (@langchain/langgraph createReactAgent on
+# @langchain/openai), each with its own tool loop.
 # Asserts: directly, the looping agent writes the failing record until its
 # own step cap; through the gateway the write runs twice at most and the
 # agent ends on a final message (stream false and true); an agent that does
@@ -148,6 +149,25 @@ for stream in 0 1; do
 done
 b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
+
+note "LangGraph's own loop (createReactAgent, recursionLimit; @langchain/openai ChatOpenAI)"
+lg() { env "$@" node "$HERE/agent-langgraph.mjs" 2>"$TMP/langgraph.err" || { cat "$TMP/langgraph.err" >&2; return 1; }; }
+for stream in 0 1; do
+  d=$(lg BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream STEP_CAP=12) || fail "langgraph direct stream=$stream"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "langgraph direct stream=$stream: $d"
+  [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "langgraph direct stream=$stream: $d"
+  for m in loop-write stubborn; do
+    g=$(lg BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream) || fail "langgraph gateway $m stream=$stream"
+    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "langgraph $m stream=$stream: $g"
+    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "langgraph $m stream=$stream: $g"
+    [ "$(echo "$g" | get 'd["outside"]')" = "[]" ] || fail "langgraph fetched from outside the machine: $g"
+    [ "$stream" = 0 ] || [ "$(echo "$g" | get 'int(d["chunks"] > 0)')" = 1 ] || fail "langgraph $m: no streamed chunk: $g"
+  done
+  a=$(lg BASE_URL="$FAKE/v1" MODEL=finish STREAM=$stream) || fail "langgraph finish direct"
+  b=$(lg BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream) || fail "langgraph finish gateway"
+  [ "$(echo "$b" | get 'd["ended"]')" = final ] && [ "$(echo "$b" | get 'd["executions"]["lookup"]')" = 1 ] || fail "langgraph finish: $b"
+  [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "langgraph finish: $a vs $b"
+done
 
 note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"

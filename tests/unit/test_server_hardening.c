@@ -20,8 +20,18 @@
  *                          before reading (python3's http.client) gets its
  *                          413; with tokens, an unauthenticated request to
  *                          an unknown path or method is 401, not 404/405.
+ *   test_screen            what libmicrohttpd answered itself in HTML (a
+ *                          Content-Length of -1, over 2^64 or "1, 2", a
+ *                          40 KiB header line or target, HTTP/2.0, no
+ *                          version, garbage, a line without a colon, ...)
+ *                          is one JSON answer in the documented shape,
+ *                          read even by a client that sends a body first;
+ *                          keep-alive clients work after them. In every
+ *                          event-loop mode: epoll loops (1 and 3 daemons)
+ *                          and libmicrohttpd's own poll() threads.
  */
 #include <setjmp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -467,9 +477,8 @@ static void test_own_answers(void **state) {
   expect_shape(&r, 431, "headers");
   ht_resp_clear(&r);
   free(req);
-  /* What libmicrohttpd answers itself (docs/security.md lists them): the
-   * request's state made at its request line is released all the same,
-   * and nothing stays in flight (a shutdown would wait for it). */
+  /* What libmicrohttpd used to answer itself (test_screen checks the
+   * answers): nothing stays in flight (a shutdown would wait for it). */
   const char *own[] = {
       "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
       "Content-Length: -1\r\n\r\n{}",
@@ -533,11 +542,171 @@ static void test_own_answers(void **state) {
   lg_server_free(t);
 }
 
+/* Sends req whole on a new connection (even when the server has answered
+ * meanwhile), then reads until the server closes: the answer must be one
+ * status line, application/json, and the error shape with `status` and
+ * `field`. */
+static void refused(int port, const char *req, size_t n, int status, const char *field) {
+  int fd = ht_dial(port);
+  assert_true(fd >= 0);
+  if (ht_send_all(fd, req, n)) fail_msg("%.40s: the server reset the connection while it was sent", req);
+  char *got = malloc(1 << 16);
+  size_t len = 0;
+  for (;;) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 10000) <= 0) fail_msg("%.40s: no end of the answer in 10 s", req);
+    ssize_t r = recv(fd, got + len, (1 << 16) - 1 - len, 0);
+    if (r < 0) fail_msg("%.40s: %s (read %zu bytes)", req, strerror(errno), len);
+    if (r == 0) break;
+    len += (size_t)r;
+    if (len >= (1 << 16) - 1) fail_msg("%.40s: an answer of 64 KiB", req);
+  }
+  close(fd);
+  got[len] = 0;
+  int lines = 0;
+  for (size_t i = 0; i + 7 < len; i++)
+    if ((i == 0 || got[i - 1] == '\n') && !memcmp(got + i, "HTTP/1.", 7)) lines++;
+  if (lines != 1) fail_msg("%.40s: %d status lines: %s", req, lines, got);
+  char *sep = strstr(got, "\r\n\r\n");
+  if (!sep) fail_msg("%.40s: no head: %s", req, got);
+  ht_resp_t r;
+  memset(&r, 0, sizeof r);
+  size_t hl = (size_t)(sep - got) + 2; /* the head with its last CRLF */
+  memcpy(r.head, got, hl < sizeof r.head ? hl : sizeof r.head - 1);
+  sscanf(got, "HTTP/1.%*d %d", &r.status);
+  r.body = sep + 4;
+  r.len = len - (size_t)(sep + 4 - got);
+  if (!ht_find(r.head, "\r\nConnection: close")) fail_msg("%.40s: no Connection: close", req);
+  expect_shape(&r, status, field);
+  free(got);
+}
+
+/* One request line with a target of n bytes, or a header line of n bytes. */
+static char *long_req(size_t n, int target) {
+  char *q = malloc(n + 128);
+  int k = sprintf(q, "GET /");
+  if (target) {
+    memset(q + k, 'a', n);
+    k += (int)n;
+    k += sprintf(q + k, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  } else {
+    k += sprintf(q + k, "healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: ");
+    memset(q + k, 'b', n);
+    k += (int)n;
+    k += sprintf(q + k, "\r\n\r\n");
+  }
+  q[k] = 0;
+  return q;
+}
+
+#define HEAD "Host: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+static void screen_cases(int port) {
+  static const struct {
+    const char *req;
+    int status;
+    const char *field;
+  } cases[] = {
+      {"POST /v1/runs HTTP/1.1\r\n" HEAD "Content-Length: -1\r\n\r\n{}", 400, "Content-Length"},
+      {"POST /v1/runs HTTP/1.1\r\n" HEAD "Content-Length: 99999999999999999999999\r\n\r\n{}",
+       413, "body"},
+      {"POST /v1/runs HTTP/1.1\r\n" HEAD "Content-Length: 1, 2\r\n\r\n{}", 400,
+       "Content-Length"},
+      {"POST /v1/runs HTTP/1.1\r\n" HEAD "Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+       400, "Content-Length"},
+      {"POST /v1/runs HTTP/1.1\r\n" HEAD "Transfer-Encoding: gzip\r\n\r\n{}", 400,
+       "Transfer-Encoding"},
+      {"POST /v1/runs HTTP/1.1\r\n" HEAD
+       "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+       400, "Transfer-Encoding"},
+      {"GET /healthz HTTP/2.0\r\nHost: 127.0.0.1\r\n\r\n", 505, "version"},
+      {"GET /healthz\r\nHost: 127.0.0.1\r\n\r\n", 400, "request_line"},
+      {"\x16\x03\x01\x02\x00garbage\r\n\r\n", 400, "request_line"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nNoColonHere\r\n\r\n", 400, "headers"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A : b\r\n\r\n", 400, "headers"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: b\r\n folded\r\n\r\n", 400, "headers"},
+      {"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n", 400, "Host"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    refused(port, cases[i].req, strlen(cases[i].req), cases[i].status, cases[i].field);
+  char *q = long_req(40 * 1024, 0);
+  refused(port, q, strlen(q), 431, "headers");
+  free(q);
+  q = long_req(40 * 1024, 1);
+  refused(port, q, strlen(q), 414, "path");
+  free(q);
+  /* A bad head and then 1 MiB of body, all sent before the answer is
+   * read: the answer, not a reset (the rest is read and dropped). */
+  size_t big = 1 << 20;
+  q = malloc(big + 256);
+  int k = sprintf(q, "POST /v1/runs HTTP/1.1\r\n" HEAD "Content-Length: -1\r\n\r\n");
+  memset(q + k, 'x', big);
+  refused(port, q, (size_t)k + big, 400, "Content-Length");
+  free(q);
+}
+
+/* A keep-alive client: three requests on one connection. */
+static void keep_alive_works(int port) {
+  ht_conn_t c;
+  ht_open(&c, port);
+  ht_resp_t r;
+  for (int i = 0; i < 3; i++) {
+    int fd = c.fd;
+    assert_int_equal(ht_req(&c, "GET", "/healthz", NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(c.fd, fd); /* the same connection */
+    ht_resp_clear(&r);
+  }
+  ht_close(&c);
+}
+
+/* The count of 505 answers in /metrics. */
+static long answered_505(void) {
+  ht_resp_t r;
+  assert_int_equal(ht_req(&C, "GET", "/metrics", NULL, NULL, &r), 0);
+  const char *m = strstr(r.body, "loopguard_requests_total{route=\"other\",code=\"505\"} ");
+  long n = m ? strtol(strchr(m, '}') + 2, NULL, 10) : 0;
+  ht_resp_clear(&r);
+  return n;
+}
+
+static void test_screen(void **state) {
+  (void)state;
+  long before = answered_505();
+  screen_cases(PORT);
+  keep_alive_works(PORT);
+  ht_resp_t r; /* the connection of setup(), opened before them, too */
+  assert_int_equal(ht_req(&C, "GET", "/healthz", NULL, NULL, &r), 0);
+  assert_int_equal(r.status, 200);
+  ht_resp_clear(&r);
+  /* The refusals are counted as requests of the route "other". */
+  assert_int_equal(answered_505(), before + 1);
+  /* libmicrohttpd's own poll() threads (connections handed over from the
+   * acceptor's thread), and three epoll loops. */
+  setenv("LOOPGUARD_EVENT_LOOP", "poll", 1);
+  lg_server_t *p = start(NULL);
+  unsetenv("LOOPGUARD_EVENT_LOOP");
+  screen_cases(lg_server_port(p));
+  keep_alive_works(lg_server_port(p));
+  lg_server_free(p);
+  lg_server_options_t o = {0};
+  o.listen = "127.0.0.1:0";
+  o.store_url = "memory:";
+  o.log_path = "/dev/null";
+  o.threads = 3;
+  lg_error_t e = {0};
+  lg_server_t *t = lg_server_start(&o, &e);
+  if (!t) fail_msg("server: %s", e.message);
+  screen_cases(lg_server_port(t));
+  for (int i = 0; i < 6; i++) keep_alive_works(lg_server_port(t));
+  lg_server_free(t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_integer_ranges), cmocka_unit_test(test_open_mode),
       cmocka_unit_test(test_bytes),          cmocka_unit_test(test_nesting),
-      cmocka_unit_test(test_own_answers),
+      cmocka_unit_test(test_own_answers),    cmocka_unit_test(test_screen),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
