@@ -673,7 +673,9 @@ static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size
   } else {
     ev.u.usage.input_tokens = json_is_integer(pt) ? json_integer_value(pt) : (int64_t)body_len;
     ev.u.usage.output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
-    ev.u.usage.cost_nusd = -1; /* from the price table, else the worst case */
+    /* usage.cost when the upstream reports one (USD; charged at most the
+     * reservation), else from the price table, else the worst case */
+    ev.u.usage.cost_nusd = lg__gw_keys_usage_cost(usage);
   }
   lg__step_t st;
   lg__step_init(&st, &ev, now_ms(c->cx));

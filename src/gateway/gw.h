@@ -202,6 +202,9 @@ void lg__gw_keys_clear(lg__gw_job_t *j);
  * (a crash): --reservation-ttl, else upstream ui's timeout plus a minute
  * (gateway-v1), at most LG_BUDGET_MAX_TTL_MS. */
 int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui);
+/* The usage's own cost (usage.cost, USD, as OpenRouter-style upstreams
+ * report it) in nano-dollars rounded up, or -1 when it has none. */
+int64_t lg__gw_keys_usage_cost(json_t *usage);
 /* A shared budget's refusal as the route's error, with metadata
  * (limit_source ...) and, for a 429, Retry-After; `message` (NULL: the
  * refusal's own) after "loopguard: ". */

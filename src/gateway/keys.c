@@ -27,6 +27,7 @@
 #include "../budget/budget.h"
 #include "../store/store.h"
 
+#include <math.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
 #include <strings.h>
@@ -192,6 +193,14 @@ int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui) {
   int64_t t = cx->srv->o.reservation_ttl_ms;
   if (t <= 0) t = lg__gw_cfg(cx->gw)->up[ui].timeout_ms + 60000;
   return t > LG_BUDGET_MAX_TTL_MS ? LG_BUDGET_MAX_TTL_MS : t;
+}
+
+int64_t lg__gw_keys_usage_cost(json_t *usage) {
+  json_t *c = json_object_get(usage, "cost");
+  if (!json_is_number(c)) return -1;
+  double v = json_number_value(c);
+  if (!(v >= 0) || v > LG_BUDGET_MAX_USD) return -1;
+  return (int64_t)ceil(v * 1e9);
 }
 
 /* ---- before a model request ---- */

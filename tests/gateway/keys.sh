@@ -48,7 +48,8 @@ FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
 cat >"$TMP/prices.json" <<'JSON'
 {"models": {"finish": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "other":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
-            "slow":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+            "slow":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -105,6 +106,13 @@ up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
 # 1 micro-dollar an input token: the stream's usage, not its worst case (about 5,000)
 d=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
 [ "$d" -gt 1000 ] && [ "$d" -lt 1200 ] || fail "the stream charged $d micro-USD, not its usage"
+
+note "usage.cost, when the upstream reports one, is what is charged"
+before=$(spent "$H1")
+chat "$K1" "{\"model\":\"costly\",$MSG}" >/dev/null
+[ "$(st)" = 200 ] || fail "costly: $(st)"
+d=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
+[ "$d" = 777 ] || fail "usage.cost 0.000777 USD charged $d micro-USD"
 
 note "x-api-key: lgk-... (as Anthropic clients send it) on /v1/messages"
 msgs() { # SECRET: a Messages request with x-api-key; the status in $TMP/st
