@@ -16,29 +16,11 @@
 # (2 s runs), LG_GW_SECONDS (5). Exit 1 only when it could not run.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BUILD=$(cd "${1:?usage: bench/gateway/keys.sh BUILD_DIR}" && pwd) || exit 2
-LG=$BUILD/loopguard
-UP_BIN=$BUILD/bench/gw_bench_upstream
-SECONDS_PER=${LG_GW_SECONDS:-5}
-[[ ${LG_BENCH_QUICK:-0} == 1 ]] && SECONDS_PER=${LG_GW_SECONDS:-2}
-WORK=$(mktemp -d /tmp/lg-gwkeys.XXXXXX)
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-note() { printf '%s\n' "$*"; }
+source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, start_upstream
 command -v wrk >/dev/null || { note "key gate: SKIPPED: wrk is not installed (make bench-deps)"; exit 0; }
 [[ -x $UP_BIN && -x $LG ]] || { note "key gate: FAILED: $UP_BIN or $LG is missing (build first)"; exit 1; }
 
-"$UP_BIN" "$WORK/up.port" 2>"$WORK/up.err" &
-PIDS+=($!)
-for _ in $(seq 100); do [[ -s $WORK/up.port ]] && break; sleep 0.05; done
-[[ -s $WORK/up.port ]] || { note "key gate: FAILED: the fake upstream did not start"; exit 1; }
-UP="http://127.0.0.1:$(cat "$WORK/up.port")"
+start_upstream "key gate"
 # 1 USD a million input tokens, 2 output: a request's worst case is about a cent.
 echo '{"models":{"bench":{"input_usd_per_mtok":1,"output_usd_per_mtok":2,"max_output_tokens":1000}}}' >"$WORK/prices.json"
 "$LG" serve --listen 127.0.0.1:0 --store memory: --prices "$WORK/prices.json" --upstream "$UP/v1" \
@@ -75,7 +57,7 @@ unset LG_KEY
 spent=$(curl -s "$URL/v1/budgets" | python3 -c 'import json,sys; print(sum(b["spent_usd"] for b in json.load(sys.stdin)["budgets"] if b["scope"].startswith("key:")))')
 status=ok
 python3 -c "import sys; sys.exit(0 if float('$spent') > 0 else 1)" || status=INVALID
-c() { awk "BEGIN { printf \"%.4f\", $1 }"; }
+c() { calcf "%.4f" "$1"; }
 a50n=$(c "${P50[no_key]} - ${P50[direct]}") a50k=$(c "${P50[key]} - ${P50[direct]}")
 a99n=$(c "${P99[no_key]} - ${P99[direct]}") a99k=$(c "${P99[key]} - ${P99[direct]}")
 printf '{"bench":"gateway","figure":"key_gate","body_bytes":8192,"stream":false,"seconds":%d,"direct_p50_ms":%s,"no_key_p50_ms":%s,"key_p50_ms":%s,"no_key_added_p50_ms":%s,"key_added_p50_ms":%s,"gate_p50_ms":%s,"no_key_added_p99_ms":%s,"key_added_p99_ms":%s,"gate_p99_ms":%s,"no_key_rps":%s,"key_rps":%s,"key_spent_usd":%s,"status":"%s"}\n' \

@@ -75,6 +75,21 @@ newkey() { # BODY: creates a key, prints "SECRET HASH"
   echo "$k" | get 'd["key"] + " " + d["hash"]' || fail "creating a key: $k"
 }
 spent() { op GET "/v1/budgets/key:$1" | get 'd["spent_usd"]'; }
+# slow_held URL SECRET HASH: sends a "slow" request (the fake answers after
+# 3 s) in the background ($SLOW its pid) and waits until its reservation
+# holds on the key's budget.
+slow_held() {
+  curl -s -o /dev/null -H "Authorization: Bearer $2" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"slow\",$MSG}" "$1/v1/chat/completions" &
+  SLOW=$!
+  local i held
+  for i in $(seq 300); do
+    held=$(curl -s -H "Authorization: Bearer $OP" "$1/v1/budgets/key:$3" | get 'd["reserved_usd"] > 0')
+    [ "$held" = true ] && return 0
+    sleep 0.01
+  done
+  fail "the slow request reserved nothing"
+}
 MSG='"messages":[{"role":"user","content":"hello"}]'
 
 note "with tokens, a gateway request needs a loopguard key"
@@ -166,13 +181,7 @@ read -r K4 H4 < <(newkey '{"name":"inflight","limit_usd":5}')
 # One worst case (about 0.0051) fits in flight, two do not: a slow request
 # (the fake answers "slow" after 3 s) holds its reservation meanwhile.
 op PUT "/v1/budgets/key:$H4" '{"limit_usd":5,"period":"none","max_in_flight_usd":0.008}' >/dev/null
-curl -s -o /dev/null -H "Authorization: Bearer $K4" -H 'Content-Type: application/json' \
-  -d "{\"model\":\"slow\",$MSG}" "$gw_URL/v1/chat/completions" &
-SLOW=$!
-for i in $(seq 200); do
-  [ "$(op GET "/v1/budgets/key:$H4" | get 'd["reserved_usd"] > 0')" = true ] && break
-  sleep 0.01
-done
+slow_held "$gw_URL" "$K4" "$H4"
 b=$(chat "$K4" "{\"model\":\"finish\",$MSG}")
 wait "$SLOW"
 [ "$(st)" = 429 ] || fail "429 expected: $(st) $b"
@@ -273,16 +282,9 @@ cop() { curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: applica
 ck=$(cop POST /v1/keys '{"name":"crashy","limit_usd":1}')
 CK=$(echo "$ck" | get 'd["key"]')
 CH=$(echo "$ck" | get 'd["hash"]')
-curl -s -o /dev/null -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
-  -d "{\"model\":\"slow\",$MSG}" "$crash_URL/v1/chat/completions" &
-CURL=$!
-for i in $(seq 300); do
-  [ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')" = true ] && break
-  sleep 0.01
-done
-[ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')" = true ] || fail "the slow request reserved nothing"
+slow_held "$crash_URL" "$CK" "$CH"
 kill -9 "$crash_PID"
-wait "$CURL" 2>/dev/null
+wait "$SLOW" 2>/dev/null
 start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
   --upstream "$FAKE/v1" --log "$TMP/crash2.log" --reservation-ttl 2000
 for i in $(seq 150); do # the TTL is 2 s from the reservation: wait for it (at most 30 s)
