@@ -38,6 +38,8 @@ static const char *serve_usage =
     "                       of each /model call is priced and held against the\n"
     "                       run's caps and budgets; SIGHUP reloads it [none]\n"
     "  --policy FILE        default policy (policy-v1) of new runs [built-in]\n"
+    "  --policies DIR       gateway-v1: named policies, DIR/NAME.json each, chosen\n"
+    "                       by a request's X-Loopguard-Policy: NAME\n"
     "  --durability MODE    full: every answered decision is on disk first (SQLite\n"
     "                       synchronous=FULL, PostgreSQL synchronous_commit=on);\n"
     "                       relaxed: decisions that claim no key may be lost to a\n"
@@ -91,7 +93,8 @@ int cmd_serve(int argc, char **argv) {
     static const char *with_value[] = {"--listen", "--store",    "--tokens",  "--prices",
                                        "--policy", "--threads",  "--max-body", "--timeout",
                                        "--log",    "--trace-memory", "--durability",
-                                       "--upstream", "--upstreams", "--reservation-ttl"};
+                                       "--upstream", "--upstreams", "--reservation-ttl",
+                                       "--policies"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -146,6 +149,7 @@ int cmd_serve(int argc, char **argv) {
       if (number(a, val, 1000, 86400000LL, &n)) return 2;
       o.reservation_ttl_ms = n;
       break;
+    case 14: o.policies_dir = val; break;
     }
   }
   o.store_url = cli_store_url(store);

@@ -63,6 +63,9 @@ typedef struct lg_server_options {
   int64_t reservation_ttl_ms; /* a model request's reservation without a
                                  settlement; 0: the upstream's timeout
                                  plus a minute */
+  const char *policies_dir;   /* --policies DIR: NAME.json files, the
+                                 policies X-Loopguard-Policy: NAME names;
+                                 or NULL */
 } lg_server_options_t;
 
 /* Starts a server: opens the store (failing early when it cannot), loads

@@ -29,6 +29,14 @@ int lg__decision_json(lg__buf_t *b, lg_event_type_t type, const lg_decision_t *d
     lg__buf_json_str(b, d->hide_tool, strlen(d->hide_tool));
     lg__buf_printf(b, "],\"hide_turns\":%u", d->hide_turns);
   }
+  if (d->escalate_model) { /* cascade.escalate: a block, and the model calls it lasts */
+    lg__buf_json_kv(b, "escalate_model", d->escalate_model);
+    lg__buf_printf(b, ",\"escalate_turns\":%u", d->escalate_turns);
+  }
+  if (d->alternatives && type == LG_EV_MODEL && d->action == LG_ACT_EXECUTE) {
+    lg__buf_puts(b, ",\"offer\":"); /* cascade.offer: the tools this model call is offered */
+    lg__alternatives_json(b, d->alternatives);
+  }
   if (d->alternatives && d->action != LG_ACT_EXECUTE) {
     lg__buf_puts(b, ",\"alternatives\":");
     lg__alternatives_json(b, d->alternatives);

@@ -1,33 +1,39 @@
 /*
- * chat.c — OpenAI Chat Completions through the guard (POST
- * /v1/chat/completions, stream false and true).
+ * chat.c — one model request through the guard, whatever its API (POST
+ * /v1/chat/completions, /v1/responses, /v1/messages; stream false and
+ * true): the conversation model. The wire formats are completions.c,
+ * responses.c and messages.c (conv.h).
  *
  * One request, in order:
  *   1. its run: X-Loopguard-Run, else derived from the conversation's
  *      start (the first assistant message: the id of its first tool call,
- *      unique, else a hash of the messages up to it);
+ *      unique, else a hash of the messages up to it), or the run of
+ *      previous_response_id; created with X-Loopguard-Policy's policy;
  *   2. the messages new since the run's last request become events: each
- *      `tool` message a result (the structured result contract when its
- *      content is a JSON object with a trace-v1 status);
+ *      tool result a result (the structured result contract when its
+ *      content is a JSON object with a trace-v1 status), a new message
+ *      of the person a user event (a new episode);
  *   3. the model call is a model event, its worst case the request's
  *      bytes (a token is at least one byte) plus max_tokens; a stop here
  *      never reaches the upstream;
  *   4. the upstream body: the client's, with the calls the guard refused
  *      restored in place (each an assistant tool call and its tool
  *      answer, before the client message that followed it), steer
- *      messages appended to the result they concern, the hidden tool
- *      removed;
- *   5. the upstream's answer: its usage settles the model call, each tool
- *      call is a call event in one turn; executed calls pass, refused
- *      ones are taken out (and restored from then on), and when none is
- *      left the upstream is asked again (gateway.max_reasks); a stop is
- *      a final assistant message.
+ *      messages appended to what they concern, the cascade applied
+ *      (the hidden tool removed, the offered tools added, the escalated
+ *      model);
+ *   5. the upstream's answer: its text is text events (in pieces while it
+ *      streams: a text loop cuts the stream), its usage settles the model
+ *      call, each tool call is a call event in one turn; executed calls
+ *      pass, refused ones are taken out (and restored from then on), and
+ *      when none is left the upstream is asked again (gateway.max_reasks);
+ *      a stop is a final assistant message (after gateway.final_round).
  * An answer the guard did not change is the upstream's bytes as they
  * came. Streams: text deltas are forwarded as they arrive, tool call
  * deltas held until the response is complete, then decided and emitted
  * (or not) with indices renumbered.
  */
-#include "gw.h"
+#include "conv.h"
 
 #include "../policy/policy.h"
 
@@ -39,9 +45,6 @@
 
 /* ---- small helpers ---- */
 
-static const char *sget(const json_t *o, const char *k) {
-  return json_string_value(json_object_get(o, k));
-}
 
 /* The text of a message's content: a string, or the text parts. New. */
 static char *content_text(const json_t *msg) {
@@ -121,7 +124,6 @@ static bool valid_id(const char *s) {
   return true;
 }
 
-static int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
 
 /* The decision object of a step (new reference), or NULL. */
 static json_t *answer_json(const lg__step_t *st) {
@@ -135,55 +137,165 @@ static json_t *answer_json(const lg__step_t *st) {
   return a;
 }
 
-/* ---- state of one request ---- */
-
-typedef struct chat {
-  int api;                    /* LG__GW_API_OPENAI (chat), _ANTHROPIC (messages) */
-  lg__gw_ctx_t *cx;
-  lg__gw_job_t *j;
-  lg__gw_run_t *r;
-  json_t *root, *messages;
-  size_t n;                   /* client messages */
-  const char *model;          /* as sent upstream */
-  int stream;                 /* the client asked for a stream */
-  int client_usage;           /* the client asked for the usage chunk */
-  size_t ui;                  /* upstream */
-  char *new_key;              /* the conversation key to register */
-  char *stop_text;            /* the run stopped: the final message */
-  int streamed;               /* the stream began */
-  int max_reasks;             /* gateway.max_reasks of the server's policy */
-  /* streaming: the response being read */
-  lg__buf_t line;             /* a partial SSE line */
-  json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
-  json_t *last_chunk;         /* a chunk as a template for ours */
-  json_t *usage;              /* the usage chunk's usage */
-  int saw_done;
-  lg__buf_t text;             /* the text streamed */
-  char *finish;               /* the finish_reason held back */
-  /* Responses */
-  const char *prev_id;        /* previous_response_id of the request */
-  const char *cur_resp_id;    /* the id of the response being decided */
-  char *reask_prev;           /* a re-ask continues this response */
-  json_t *input_wrap;         /* input given as a string, as a message */
-  int r_seq;                  /* the client's next sequence_number */
-  int r_index;                /* the client's next output_index */
-  int r_started;              /* response.created sent */
-  json_t *r_done;             /* the upstream's response.completed response */
-  /* Anthropic streams */
-  int a_started;              /* message_start sent to the client */
-  int a_index;                /* the client's next content block index */
-  json_t *a_map;              /* upstream block index -> client index, or -1 - tool index */
-  json_t *a_msg;              /* message_start's message (a template) */
-  int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
-} chat_t;
-
-#define API_RESPONSES 2 /* c->api: OpenAI Responses */
-static int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }
-static int is_responses(const chat_t *c) { return c->api == API_RESPONSES; }
-/* Tools and tool_choice name their function at the top (Messages, Responses). */
-static int flat_tools(const chat_t *c) { return c->api != LG__GW_API_OPENAI; }
 
 /* ---- events ---- */
+
+/* A stop decided on this request: the final message (the decision's, or
+ * `fallback`), the action, the log line when the event stopped the run. */
+static void note_stop(chat_t *c, const lg__step_t *st, json_t *a, const char *fallback,
+                      const char *tool, const char *call_id) {
+  const char *m = a ? sget(a, "message") : NULL, *reason = a ? sget(a, "reason") : NULL;
+  if (!c->stop_text) c->stop_text = lg__strdup(m ? m : fallback);
+  raise_action(c->j, "stop", reason);
+  if (st->stopped_now) {
+    c->stop_reason = st->reason;
+    lg__gw_note_intervention(c->cx, c->r->id, "stop", reason, tool, call_id);
+  }
+}
+
+/* One event through the step; *a (may be NULL) the decision object. */
+static int step_event(chat_t *c, lg_event_t *ev, lg__step_t *st, json_t **a) {
+  lg__step_init(st, ev, now_ms(c->cx));
+  lg_error_t e = {0};
+  int rc = lg__gw_step(c->cx, c->r->id, st, &e);
+  *a = rc ? NULL : answer_json(st);
+  return rc;
+}
+
+/* A piece of the response's text (trace-v1 `text`, of the model call's
+ * turn). 0: go on; 1: a text loop, observed (the steer message is said
+ * with the next request); 2: the run stopped. */
+static int text_event(chat_t *c, const char *p, size_t n) {
+  if (!n) return 0;
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_TEXT;
+  ev.u.text.turn = c->r->turn;
+  ev.u.text.text = p;
+  ev.u.text.len = n;
+  ev.u.text.agent = c->j->hdr_agent;
+  lg__step_t st;
+  json_t *a;
+  int out = 0;
+  if (!step_event(c, &ev, &st, &a)) {
+    if (st.action == LG_ACT_STOP) {
+      note_stop(c, &st, a, "I stopped: I was repeating myself.", NULL, NULL);
+      out = 2;
+    } else if (st.action == LG_ACT_OBSERVE) {
+      const char *m = a ? sget(a, "message") : NULL;
+      lg__free(c->r->text_steer);
+      c->r->text_steer = m ? lg__strdup(m) : NULL;
+      c->r->text_steer_at = SIZE_MAX;
+      raise_action(c->j, "observe", "text_repeat");
+      lg__gw_note_intervention(c->cx, c->r->id, "observe", "text_repeat", NULL, NULL);
+      out = 1;
+    }
+  }
+  json_decref(a);
+  lg__step_clear(&st);
+  return out;
+}
+
+#define TEXT_PIECE 256 /* a stream's text goes to the step in pieces of this many bytes */
+
+/* The text of the response not given to the step yet, when a piece is
+ * full or (all) at the end. Returns text_event's answer. */
+int lg__gwc_feed_text(chat_t *c, int at_end) {
+  size_t n = c->text.len - c->text_fed;
+  if (!n || (!at_end && n < TEXT_PIECE)) return 0;
+  const char *p = c->text.data + c->text_fed;
+  c->text_fed = c->text.len;
+  return text_event(c, p, n);
+}
+
+/* A run stopped by a loop (next_allowed_action resume_after_change)
+ * resumed: a `resume` event, as an operator's, so the trace says so and
+ * replays to it. 1 when the run goes on. */
+static int resume_run(chat_t *c) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESUME;
+  ev.u.resume.note = "a new message from the person (gateway)";
+  lg__step_t st;
+  json_t *a;
+  int ok = !step_event(c, &ev, &st, &a) && st.action != LG_ACT_STOP;
+  json_decref(a);
+  lg__step_clear(&st);
+  return ok;
+}
+
+/* A new message from the person (trace-v1 `user`): a new episode. The
+ * engine keeps a stopped run stopped, so a run stopped by a loop is
+ * resumed first (the person asked for something new); one stopped by a
+ * cap, a budget, an operator or its own way out stays stopped. */
+static void user_event(chat_t *c) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_USER;
+  lg__step_t st;
+  json_t *a;
+  int rc = step_event(c, &ev, &st, &a);
+  const char *next = a ? sget(a, "next_allowed_action") : NULL;
+  int resume = !rc && st.action == LG_ACT_STOP && next && !strcmp(next, "resume_after_change");
+  json_decref(a);
+  lg__step_clear(&st);
+  if (rc) return;
+  /* the cascade starts again with the episode */
+  c->r->hide_left = 0;
+  c->r->offer = 0;
+  c->r->esc_left = 0;
+  if (!resume || !resume_run(c)) return;
+  step_event(c, &ev, &st, &a); /* the episode, now that the run goes on */
+  json_decref(a);
+  lg__step_clear(&st);
+  lg__free(c->r->final_text);
+  c->r->final_text = NULL;
+  lg__free(c->stop_text);
+  c->stop_text = NULL;
+  c->j->action = NULL;
+  c->j->reason[0] = 0;
+}
+
+/* Whether a text is blank: nothing but white space. */
+static int blank(const char *t) {
+  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+  return !*t;
+}
+
+/* The structured result contract (a JSON object with a trace-v1 status)
+ * into res; *value (new) holds its value's JSON. 0 when sj is not one. */
+static int structured_result(json_t *sj, lg_result_t *res, char **value) {
+  const char *sname = sget(sj, "status");
+  lg_status_t s = sname ? lg_status_parse(sname, strlen(sname)) : LG_STATUS_INVALID;
+  if (s == LG_STATUS_INVALID) return 0;
+  res->status = s;
+  json_t *pv = json_object_get(sj, "progress_version");
+  if (json_is_integer(pv)) {
+    res->has_progress_version = 1;
+    res->progress_version = json_integer_value(pv);
+  }
+  json_t *sec = json_object_get(sj, "side_effect_committed");
+  if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec) ? 1 : -1;
+  json_t *ra = json_object_get(sj, "retry_after_ms");
+  if (json_is_integer(ra)) res->retry_after_ms = json_integer_value(ra);
+  res->operation_id = sget(sj, "operation_id");
+  json_t *v = json_object_get(sj, "value");
+  if (v) {
+    *value = lg__json_text(v, &res->value_len);
+    res->value_kind = json_is_null(v)                                  ? LG_VALUE_NULL
+                      : json_is_string(v) && blank(json_string_value(v)) ? LG_VALUE_BLANK
+                                                                       : LG_VALUE_PRESENT;
+  }
+  return 1;
+}
+
+/* A plain answer: progress (an error: retryable), its text the value. */
+static void plain_result(const char *text, int is_error, lg_result_t *res, char **value) {
+  res->status = is_error ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
+  *value = lg_json_quote(text, strlen(text));
+  res->value_len = *value ? strlen(*value) : 0;
+  res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
+}
 
 /* A tool message as a result event. Unknown calls (not the gateway's)
  * are skipped. */
@@ -193,64 +305,21 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_RESULT;
-  lg_result_t *res = &ev.u.result;
-  res->call_id = call_id;
-  res->side_effect_committed = 0; /* not said */
-  res->retry_after_ms = 0;
+  ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
   char *value = NULL;
-  json_t *sj = NULL;
-  if (text[0] == '{') {
-    lg__json_begin();
-    sj = json_loads(text, 0, NULL);
-    if (lg__json_oom()) {
-      json_decref(sj);
-      sj = NULL;
-    }
+  lg__json_begin();
+  json_t *sj = json_loads(text, 0, NULL);
+  if (lg__json_oom() || !json_is_object(sj)) {
+    json_decref(sj);
+    sj = NULL;
   }
-  const char *sname = sj ? sget(sj, "status") : NULL;
-  lg_status_t s = sname ? lg_status_parse(sname, strlen(sname)) : LG_STATUS_INVALID;
-  if (sj && s != LG_STATUS_INVALID) { /* the structured result contract */
-    res->status = s;
-    json_t *pv = json_object_get(sj, "progress_version");
-    if (json_is_integer(pv)) {
-      res->has_progress_version = 1;
-      res->progress_version = json_integer_value(pv);
-    }
-    json_t *sec = json_object_get(sj, "side_effect_committed");
-    if (json_is_boolean(sec)) res->side_effect_committed = json_is_true(sec) ? 1 : -1;
-    json_t *ra = json_object_get(sj, "retry_after_ms");
-    if (json_is_integer(ra)) res->retry_after_ms = json_integer_value(ra);
-    res->operation_id = sget(sj, "operation_id");
-    json_t *v = json_object_get(sj, "value");
-    if (v) {
-      value = lg__json_text(v, &res->value_len);
-      res->value_kind = json_is_null(v) ? LG_VALUE_NULL : LG_VALUE_PRESENT;
-      if (json_is_string(v)) {
-        const char *t = json_string_value(v);
-        while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
-        if (!*t) res->value_kind = LG_VALUE_BLANK;
-      }
-    }
-  } else { /* a plain answer: progress (an error: retryable), its text the value */
-    res->status = is_error ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
-    value = lg_json_quote(text, strlen(text));
-    res->value_len = value ? strlen(value) : 0;
-    const char *t = text;
-    while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
-    res->value_kind = *t ? LG_VALUE_PRESENT : LG_VALUE_BLANK;
-  }
-  res->value = value;
+  if (!sj || !structured_result(sj, &ev.u.result, &value)) plain_result(text, is_error, &ev.u.result, &value);
+  ev.u.result.value = value;
   lg__step_t st;
-  lg__step_init(&st, &ev, now_ms(c->cx));
-  lg_error_t e = {0};
-  if (!lg__gw_step(c->cx, c->r->id, &st, &e) && st.action == LG_ACT_STOP) {
-    json_t *a = answer_json(&st);
-    const char *m = a ? sget(a, "message") : NULL;
-    if (!c->stop_text) c->stop_text = lg__strdup(m ? m : "I stopped this run: the loop guard ended it.");
-    if (st.stopped_now) lg__gw_note_intervention(c->cx, c->r->id, "stop", a ? sget(a, "reason") : NULL, NULL, call_id);
-    raise_action(c->j, "stop", a ? sget(a, "reason") : NULL);
-    json_decref(a);
-  }
+  json_t *a;
+  if (!step_event(c, &ev, &st, &a) && st.action == LG_ACT_STOP)
+    note_stop(c, &st, a, "I stopped this run: the loop guard ended it.", NULL, call_id);
+  json_decref(a);
   lg__step_clear(&st);
   lg__free(value);
   lg__free(text);
@@ -260,19 +329,20 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
 /* A stop decided by the gateway itself: its re-asks ran out with every
  * call of every response refused, which is a streak of blocked calls. A
  * stop event through the step, so the trace says so and replays to it. */
-static void stop_run(chat_t *c, const char *reason) {
+static void stop_run(chat_t *c) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_STOP;
   ev.u.stop.reason = LG_R_BLOCK_STREAK;
   ev.u.stop.message = "The model kept asking for tool calls that were refused, through every "
                       "re-ask the gateway allows (gateway.max_reasks); I am stopping.";
-  reason = lg_reason_name(LG_R_BLOCK_STREAK);
   lg__step_t st;
-  lg__step_init(&st, &ev, now_ms(c->cx));
-  lg_error_t e = {0};
-  lg__gw_step(c->cx, c->r->id, &st, &e);
+  json_t *a;
+  step_event(c, &ev, &st, &a);
+  json_decref(a);
   lg__step_clear(&st);
+  const char *reason = lg_reason_name(LG_R_BLOCK_STREAK);
+  c->stop_reason = LG_R_BLOCK_STREAK;
   lg__gw_note_intervention(c->cx, c->r->id, "stop", reason, NULL, NULL);
   raise_action(c->j, "stop", reason);
   if (!c->stop_text)
@@ -288,15 +358,80 @@ static json_t *tool_msg(const char *id, const char *content) {
                    content ? content : "");
 }
 
-static json_t *build_body(chat_t *c) {
-  lg__gw_run_t *r = c->r;
-  json_t *b = json_copy(c->root); /* shallow: the client's members shared */
-  json_t *msgs = json_array();
-  if (!b || !msgs) {
-    json_decref(b);
-    json_decref(msgs);
-    return NULL;
+/* The text of a message with "\n\n[loopguard] note" appended, in the
+ * member `key` (a string, or a list of parts / blocks whose last text
+ * part gets it; else a text part is added, `part_type` its type). New. */
+static json_t *with_note(json_t *m, const char *key, const char *part_type, const char *note) {
+  json_t *m2 = json_deep_copy(m);
+  json_t *v = json_object_get(m2, key);
+  lg__buf_t nb = {0};
+  if (json_is_string(v) || json_is_null(v) || !v) {
+    lg__buf_printf(&nb, "%s\n\n[loopguard] %s", json_is_string(v) ? json_string_value(v) : "", note);
+    if (nb.data) json_object_set_new(m2, key, json_string(nb.data));
+  } else if (json_is_array(v)) {
+    lg__buf_printf(&nb, "[loopguard] %s", note);
+    if (nb.data) json_array_append_new(v, json_pack("{s:s, s:s}", "type", part_type, "text", nb.data));
   }
+  lg__buf_free(&nb);
+  return m2 ? m2 : json_incref(m);
+}
+
+/* The steer message of the observe rung for a tool result, said with the
+ * result it is about (never between a call and its result). */
+static const char *result_steer(chat_t *c, json_t *m) {
+  const char *role = sget(m, "role"), *ty = sget(m, "type");
+  const char *id = role && !strcmp(role, "tool") ? sget(m, "tool_call_id")
+                   : is_responses(c) && ty && !strcmp(ty, "function_call_output") ? sget(m, "call_id")
+                                                                                  : NULL;
+  return id ? sget(c->r->steer, id) : NULL;
+}
+
+/* Anthropic: a user message whose tool_result blocks carry steer messages. */
+static json_t *anthropic_steered(chat_t *c, json_t *m) {
+  json_t *m2 = json_deep_copy(m);
+  json_t *blocks = json_object_get(m2, "content");
+  for (size_t k = 0; k < json_array_size(blocks); k++) {
+    json_t *bl = json_array_get(blocks, k);
+    const char *ty = sget(bl, "type"), *tid = sget(bl, "tool_use_id");
+    const char *st = ty && !strcmp(ty, "tool_result") && tid ? sget(c->r->steer, tid) : NULL;
+    if (!st) continue;
+    char *t = content_text(bl);
+    lg__buf_t nb = {0};
+    lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", st);
+    if (nb.data) json_object_set_new(bl, "content", json_string(nb.data));
+    lg__free(t);
+    lg__buf_free(&nb);
+  }
+  return m2 ? m2 : json_incref(m);
+}
+
+/* Client message i as the upstream gets it (new reference). */
+static json_t *client_message(chat_t *c, size_t i) {
+  json_t *m = json_array_get(c->messages, i);
+  const char *role = sget(m, "role");
+  const char *steer = result_steer(c, m);
+  json_t *out;
+  if (steer) out = with_note(m, is_responses(c) ? "output" : "content", "text", steer);
+  else if (is_anthropic(c) && role && !strcmp(role, "user") && json_object_size(c->r->steer) &&
+           json_is_array(json_object_get(m, "content")))
+    out = anthropic_steered(c, m);
+  else out = json_incref(m);
+  /* a text loop's steer: said with the message that followed it */
+  if (c->r->text_steer && c->r->text_steer_at == i && role &&
+      (!strcmp(role, "user") || !strcmp(role, "tool"))) {
+    json_t *o2 = with_note(out, "content", is_responses(c) ? "input_text" : "text", c->r->text_steer);
+    json_decref(out);
+    out = o2;
+  }
+  return out;
+}
+
+/* The conversation the upstream sees: the client's, with the refused
+ * calls restored in place and the steer messages said. */
+static json_t *build_messages(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  json_t *msgs = json_array();
+  if (!msgs) return NULL;
   size_t k = 0;
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
   if (is_responses(c) && prev) {
@@ -311,81 +446,122 @@ static json_t *build_body(chat_t *c) {
       }
     }
     k = r->nrs; /* nothing else restored */
-    if (c->reask_prev) json_object_set_new(b, "previous_response_id", json_string(c->reask_prev));
   }
+  if (r->text_steer && r->text_steer_at == SIZE_MAX && c->n) r->text_steer_at = c->n - 1;
   for (size_t i = 0; i <= c->n; i++) {
     for (; k < r->nrs && r->rs[k].anchor <= i; k++)
       if (!r->rs[k].resp_id || !prev) json_array_extend(msgs, r->rs[k].items);
     if (i == c->n || (c->reask_prev && is_responses(c))) break;
-    json_t *m = json_array_get(c->messages, i);
-    const char *role = sget(m, "role");
-    const char *steer = role && !strcmp(role, "tool")
-                            ? sget(r->steer, sget(m, "tool_call_id") ? sget(m, "tool_call_id") : "")
-                            : NULL;
-    const char *mty = sget(m, "type");
-    const char *rsteer = is_responses(c) && mty && !strcmp(mty, "function_call_output")
-                             ? sget(r->steer, sget(m, "call_id") ? sget(m, "call_id") : "")
-                             : NULL;
-    if (rsteer && json_is_string(json_object_get(m, "output"))) {
-      lg__buf_t nb = {0};
-      lg__buf_printf(&nb, "%s\n\n[loopguard] %s", sget(m, "output"), rsteer);
-      json_t *m2 = json_copy(m);
-      if (m2 && nb.data) json_object_set_new(m2, "output", json_string(nb.data));
-      json_array_append_new(msgs, m2 ? m2 : json_incref(m));
-      lg__buf_free(&nb);
-    } else if (steer) { /* the observe rung: said with the result it is about */
-      char *t = content_text(m);
-      lg__buf_t nb = {0};
-      lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", steer);
-      json_t *m2 = json_copy(m);
-      if (m2 && nb.data) json_object_set_new(m2, "content", json_string(nb.data));
-      json_array_append_new(msgs, m2 ? m2 : json_incref(m));
-      lg__free(t);
-      lg__buf_free(&nb);
-    } else if (is_anthropic(c) && role && !strcmp(role, "user") &&
-               json_is_array(json_object_get(m, "content")) && json_object_size(r->steer)) {
-      json_t *m2 = json_deep_copy(m);
-      json_t *blocks = json_object_get(m2, "content");
-      for (size_t k = 0; k < json_array_size(blocks); k++) {
-        json_t *bl = json_array_get(blocks, k);
-        const char *ty = sget(bl, "type"), *tid = sget(bl, "tool_use_id");
-        const char *st = ty && !strcmp(ty, "tool_result") && tid ? sget(r->steer, tid) : NULL;
-        if (!st) continue;
-        char *t = content_text(bl);
-        lg__buf_t nb = {0};
-        lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", st);
-        if (nb.data) json_object_set_new(bl, "content", json_string(nb.data));
-        lg__free(t);
-        lg__buf_free(&nb);
-      }
-      json_array_append_new(msgs, m2 ? m2 : json_incref(m));
-    } else {
-      json_array_append(msgs, m);
-    }
+    json_array_append_new(msgs, client_message(c, i));
   }
-  json_object_set_new(b, is_responses(c) ? "input" : "messages", msgs);
-  if (c->model) json_object_set_new(b, "model", json_string(c->model));
-  /* The cascade: the stuck tool hidden for a few model calls. */
+  return msgs;
+}
+
+/* A tool's name in the API's tools list / tool_choice. */
+static const char *tool_name_of(const chat_t *c, json_t *t) {
+  return flat_tools(c) ? sget(t, "name") : sget(json_object_get(t, "function"), "name");
+}
+
+static const struct {
+  unsigned bit;
+  const char *name, *desc, *field, *fdesc;
+} offered[] = {
+    {LG_ALT_ASK_HUMAN, "ask_human",
+     "Ask the person you work for a question when you are stuck; your run ends and they answer.",
+     "question", "The question for the person."},
+    {LG_ALT_FINALIZE_PARTIAL, "finalize_partial",
+     "Finish now with the partial answer you have, saying what is missing.", "answer",
+     "Your answer as it is."},
+};
+
+/* An offered tool (cascade.offer) in the API's tools shape. */
+static json_t *offered_tool(const chat_t *c, size_t i) {
+  json_t *params = json_pack("{s:s, s:{s:{s:s, s:s}}, s:[s]}", "type", "object", "properties",
+                             offered[i].field, "type", "string", "description", offered[i].fdesc,
+                             "required", offered[i].field);
+  if (is_anthropic(c))
+    return json_pack("{s:s, s:s, s:o}", "name", offered[i].name, "description", offered[i].desc,
+                     "input_schema", params);
+  if (is_responses(c))
+    return json_pack("{s:s, s:s, s:s, s:o}", "type", "function", "name", offered[i].name,
+                     "description", offered[i].desc, "parameters", params);
+  return json_pack("{s:s, s:{s:s, s:s, s:o}}", "type", "function", "function", "name",
+                   offered[i].name, "description", offered[i].desc, "parameters", params);
+}
+
+static json_t *tool_choice_none(const chat_t *c) {
+  return is_anthropic(c) ? json_pack("{s:s}", "type", "none") : json_string("none");
+}
+
+/* The cascade on the request's tools: the hidden tool taken out (and a
+ * tool_choice forcing it dropped), the offered tools added; tools are
+ * never left empty (tool use is turned off instead). The final round
+ * keeps the tools and turns tool use off. */
+static void apply_cascade(chat_t *c, json_t *b) {
+  lg__gw_run_t *r = c->r;
   json_t *tools = json_object_get(b, "tools");
-  if (r->hide_left > 0 && r->hide_tool && json_is_array(tools)) {
-    json_t *kept = json_array();
-    for (size_t i = 0; i < json_array_size(tools); i++) {
-      json_t *t = json_array_get(tools, i);
-      const char *nm = flat_tools(c) ? sget(t, "name") : sget(json_object_get(t, "function"), "name");
-      if (!nm || strcmp(nm, r->hide_tool)) json_array_append(kept, t);
-    }
-    json_t *tc = json_object_get(b, "tool_choice");
-    const char *forced = flat_tools(c) ? sget(tc, "name") : sget(json_object_get(tc, "function"), "name");
-    if (forced && !strcmp(forced, r->hide_tool)) json_object_del(b, "tool_choice");
-    if (json_array_size(kept)) {
-      json_object_set_new(b, "tools", kept);
-    } else { /* never tools: [] with tool calls in the conversation */
-      json_decref(kept);
-      json_object_set_new(b, "tool_choice", is_anthropic(c) ? json_pack("{s:s}", "type", "none")
-                                                            : json_string("none"));
-    }
+  if (!json_is_array(tools)) return;
+  if (c->final_round) {
+    json_object_set_new(b, "tool_choice", tool_choice_none(c));
+    return;
   }
-  if (c->stream && c->api == LG__GW_API_OPENAI) { /* usage settles the cost: asked for always */
+  int hide = r->hide_left > 0 && r->hide_tool;
+  unsigned offer = c->estimate ? r->policy->offer : r->offer;
+  if (c->estimate) hide = 0; /* the worst case: nothing taken out */
+  if (!hide && !offer) return;
+  json_t *kept = json_array();
+  for (size_t i = 0; i < json_array_size(tools); i++) {
+    json_t *t = json_array_get(tools, i);
+    const char *nm = tool_name_of(c, t);
+    if (!hide || !nm || strcmp(nm, r->hide_tool)) json_array_append(kept, t);
+  }
+  for (size_t i = 0; i < LG__ARRAY_LEN(offered); i++) {
+    int have = 0;
+    for (size_t k = 0; k < json_array_size(kept); k++) {
+      const char *nm = tool_name_of(c, json_array_get(kept, k));
+      have |= nm && !strcmp(nm, offered[i].name);
+    }
+    if ((offer & offered[i].bit) && !have) json_array_append_new(kept, offered_tool(c, i));
+  }
+  json_t *tc = json_object_get(b, "tool_choice");
+  const char *forced = flat_tools(c) ? sget(tc, "name") : sget(json_object_get(tc, "function"), "name");
+  if (hide && forced && !strcmp(forced, r->hide_tool)) json_object_del(b, "tool_choice");
+  if (json_array_size(kept)) {
+    json_object_set_new(b, "tools", kept);
+  } else { /* never tools: [] with tool calls in the conversation */
+    json_decref(kept);
+    json_object_set_new(b, "tool_choice", tool_choice_none(c));
+  }
+}
+
+/* The model this call is sent with: the escalation's, else the client's
+ * (routed); for the worst case, the longer of the two names. */
+static const char *call_model(const chat_t *c) {
+  const char *esc = c->estimate ? c->r->policy->escalate_model : c->esc_model;
+  if (!esc || !c->model) return c->model;
+  if (c->estimate && strlen(esc) < strlen(c->model)) return c->model;
+  return esc;
+}
+
+static json_t *build_body(chat_t *c) {
+  json_t *b = json_copy(c->root); /* shallow: the client's members shared */
+  json_t *msgs = b ? build_messages(c) : NULL;
+  if (!b || !msgs) {
+    json_decref(b);
+    json_decref(msgs);
+    return NULL;
+  }
+  const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
+  if (is_responses(c) && prev && c->reask_prev)
+    json_object_set_new(b, "previous_response_id", json_string(c->reask_prev));
+  json_object_set_new(b, is_responses(c) ? "input" : "messages", msgs);
+  const char *model = call_model(c);
+  if (model) json_object_set_new(b, "model", json_string(model));
+  apply_cascade(c, b);
+  if (c->final_round) { /* asked whole, whatever the client's stream */
+    json_object_del(b, "stream");
+    json_object_del(b, "stream_options");
+  } else if (c->stream && c->api == LG__GW_API_OPENAI) { /* usage settles the cost: asked for always */
     json_t *so = json_object_get(b, "stream_options");
     json_t *so2 = json_is_object(so) ? json_copy(so) : json_object();
     json_object_set_new(so2, "include_usage", json_true());
@@ -394,205 +570,73 @@ static json_t *build_body(chat_t *c) {
   return b;
 }
 
+/* The upstream body as text: *len its length. NULL when out of memory. */
+static char *body_text(chat_t *c, size_t *len) {
+  json_t *body = build_body(c);
+  char *t = body ? lg__json_text(body, len) : NULL;
+  json_decref(body);
+  return t;
+}
+
 /* ---- final answers ---- */
 
-static void chunk_id(chat_t *c, char *buf, size_t n) {
-  snprintf(buf, n, "chatcmpl-lg%lld", (long long)now_ms(c->cx));
+/* The client's stream starts (the HTTP side answers 200, text/event-stream). */
+void lg__gwc_begin_stream(chat_t *c) {
+  if (c->streamed) return;
+  lg__gw_stream_start(c->j);
+  c->streamed = 1;
 }
 
-/* Writes one Anthropic SSE event. */
-static void a_event(chat_t *c, const char *type, json_t *data) {
-  char *t = data ? lg__json_text(data, NULL) : NULL;
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type, t ? t : "{}");
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
-  lg__free(t);
-  json_decref(data);
-}
-
-static void a_message_start(chat_t *c, const char *model) {
-  if (c->a_started) return;
-  c->a_started = 1;
-  char id[64];
-  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
-  json_t *m = c->a_msg ? json_incref(c->a_msg)
-                       : json_pack("{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:{s:i, s:i}}", "id", id,
-                                   "type", "message", "role", "assistant", "content", "model", model,
-                                   "stop_reason", "stop_sequence", "usage", "input_tokens", 0,
-                                   "output_tokens", 0);
-  a_event(c, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", m));
-}
-
-static void a_message_end(chat_t *c, const char *stop_reason) {
-  a_event(c, "message_delta",
-          json_pack("{s:s, s:{s:s, s:n}, s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
-                    stop_reason, "stop_sequence", "usage", "output_tokens", (json_int_t)c->a_out_tokens));
-  a_event(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-}
-
-static void answer_final_anthropic(chat_t *c, const char *text, const char *model) {
+/* A JSON object as the whole (non-stream) answer, 200. */
+void lg__gwc_answer_body(chat_t *c, json_t *o) {
   lg__gw_job_t *j = c->j;
-  if (c->stream) {
-    if (!c->streamed) {
-      lg__gw_stream_start(j);
-      c->streamed = 1;
-    }
-    a_message_start(c, model);
-    int i = c->a_index++;
-    a_event(c, "content_block_start",
-            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", i,
-                      "content_block", "type", "text", "text", ""));
-    a_event(c, "content_block_delta",
-            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", i, "delta",
-                      "type", "text_delta", "text", text));
-    a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", i));
-    a_message_end(c, "end_turn");
-    return;
-  }
-  char id[64];
-  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
-  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, s:{s:i, s:i}}", "id", id,
-                        "type", "message", "role", "assistant", "model", model, "content", "type",
-                        "text", "text", text, "stop_reason", "end_turn", "stop_sequence", "usage",
-                        "input_tokens", 0, "output_tokens", 0);
   char *t = o ? lg__json_text(o, NULL) : NULL;
   j->status = 200;
   snprintf(j->ctype, sizeof j->ctype, "application/json");
   j->out.len = 0;
   if (t) lg__buf_puts(&j->out, t);
   lg__free(t);
-  json_decref(o);
   lg__gw_answer(j);
 }
 
-static void register_key(chat_t *c, json_t *msg);
-static void r_final_stream(chat_t *c, const char *text, json_t *resp);
 
-static void answer_final_responses(chat_t *c, const char *text, const char *model) {
-  lg__gw_job_t *j = c->j;
-  char id[64], mid[64];
-  int64_t t = now_ms(c->cx);
-  snprintf(id, sizeof id, "resp_lg%lld%04d", (long long)t, (int)(lg__hash_str(c->r->id) % 10000));
-  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)t);
-  json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}],"
-                        " s:n, s:n, s:{s:i, s:i, s:i}}",
-                        "id", id, "object", "response", "created_at", (json_int_t)(t / 1000),
-                        "status", "completed", "model", model, "output", "type", "message", "id", mid,
-                        "status", "completed", "role", "assistant", "content", "type", "output_text",
-                        "text", text, "annotations", "error", "incomplete_details", "usage",
-                        "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
-  register_key(c, o);
-  if (c->stream) {
-    if (!c->streamed) {
-      lg__gw_stream_start(j);
-      c->streamed = 1;
-    }
-    r_final_stream(c, text, o);
-    json_decref(o);
-    return;
+
+
+
+
+static void final_round(chat_t *c);
+
+/* gateway.final_round: for a loop that stopped on this request (not a cap,
+ * a budget, an operator or the model's own way out, and not a text loop,
+ * whose answer would be more of the same). */
+static int final_round_due(const chat_t *c) {
+  if (!c->r->policy || !c->r->policy->gw_final_round || c->final_round) return 0;
+  switch (c->stop_reason) {
+  case LG_R_SAME_CALL_REPEAT:
+  case LG_R_SHORT_CYCLE:
+  case LG_R_NO_PROGRESS:
+  case LG_R_FAILURE_STREAK:
+  case LG_R_BLOCK_STREAK:
+  case LG_R_CONTEXT_LOOP: return 1;
+  default: return 0;
   }
-  char *tx = o ? lg__json_text(o, NULL) : NULL;
-  j->status = 200;
-  snprintf(j->ctype, sizeof j->ctype, "application/json");
-  j->out.len = 0;
-  if (tx) lg__buf_puts(&j->out, tx);
-  lg__free(tx);
-  json_decref(o);
-  lg__gw_answer(j);
 }
 
 /* The stop as a normal final assistant message. */
 static void answer_final(chat_t *c, json_t *resp) {
-  lg__gw_job_t *j = c->j;
+  if (final_round_due(c)) final_round(c);
   const char *text = c->stop_text ? c->stop_text : "I stopped.";
   lg__free(c->r->final_text);
   c->r->final_text = lg__strdup(text);
-  raise_action(j, "stop", j->reason[0] ? j->reason : NULL);
-  char id[64];
-  chunk_id(c, id, sizeof id);
+  raise_action(c->j, "stop", c->j->reason[0] ? c->j->reason : NULL);
   const char *model = resp && sget(resp, "model") ? sget(resp, "model") : c->model ? c->model : "";
-  if (is_anthropic(c)) {
-    answer_final_anthropic(c, text, model);
-    return;
-  }
-  if (is_responses(c)) {
-    answer_final_responses(c, text, model);
-    return;
-  }
-  if (c->stream) {
-    if (!c->streamed) {
-      lg__gw_stream_start(j);
-      c->streamed = 1;
-    }
-    lg__buf_t b = {0};
-    json_t *ch = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n}]}", "id", id,
-                           "object", "chat.completion.chunk", "created",
-                           (json_int_t)(now_ms(c->cx) / 1000), "model", model, "choices", "index", 0,
-                           "delta", "role", "assistant", "content", text, "finish_reason");
-    json_t *fin = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{}, s:s}]}", "id", id, "object",
-                            "chat.completion.chunk", "created", (json_int_t)(now_ms(c->cx) / 1000),
-                            "model", model, "choices", "index", 0, "delta", "finish_reason", "stop");
-    char *t1 = ch ? lg__json_text(ch, NULL) : NULL, *t2 = fin ? lg__json_text(fin, NULL) : NULL;
-    lg__buf_printf(&b, "data: %s\n\ndata: %s\n\n", t1 ? t1 : "{}", t2 ? t2 : "{}");
-    if (c->client_usage) {
-      json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:O}", "id", id, "object",
-                            "chat.completion.chunk", "created", (json_int_t)(now_ms(c->cx) / 1000),
-                            "model", model, "choices", "usage",
-                            c->usage ? c->usage : json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0, "completion_tokens", 0, "total_tokens", 0));
-      char *t3 = u ? lg__json_text(u, NULL) : NULL;
-      lg__buf_printf(&b, "data: %s\n\n", t3 ? t3 : "{}");
-      lg__free(t3);
-      json_decref(u);
-    }
-    lg__buf_puts(&b, "data: [DONE]\n\n");
-    if (b.data) lg__gw_stream_write(j, b.data, b.len);
-    lg__buf_free(&b);
-    lg__free(t1);
-    lg__free(t2);
-    json_decref(ch);
-    json_decref(fin);
-    return;
-  }
-  json_t *o = resp ? json_copy(resp) : json_object();
-  if (!resp) {
-    json_object_set_new(o, "id", json_string(id));
-    json_object_set_new(o, "object", json_string("chat.completion"));
-    json_object_set_new(o, "created", json_integer(now_ms(c->cx) / 1000));
-    json_object_set_new(o, "model", json_string(model));
-    json_object_set_new(o, "usage", json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0,
-                                              "completion_tokens", 0, "total_tokens", 0));
-  }
-  json_object_set_new(o, "choices",
-                      json_pack("[{s:i, s:{s:s, s:s, s:n}, s:n, s:s}]", "index", 0, "message", "role",
-                                "assistant", "content", text, "refusal", "logprobs",
-                                "finish_reason", "stop"));
-  char *t = lg__json_text(o, NULL);
-  j->status = 200;
-  snprintf(j->ctype, sizeof j->ctype, "application/json");
-  j->out.len = 0;
-  if (t) lg__buf_puts(&j->out, t);
-  lg__free(t);
-  json_decref(o);
-  lg__gw_answer(j);
+  if (is_anthropic(c)) lg__gwm_final(c, text, model);
+  else if (is_responses(c)) lg__gwr_final(c, text, model);
+  else if (c->stream) lg__gwo_final_stream(c, text, model);
+  else lg__gwo_final_plain(c, text, model, resp);
 }
 
 /* ---- one model call ---- */
-
-/* The body again once the model decision said what to hide (never larger
- * than the one its worst case was taken from). Keeps the old one when
- * out of memory. */
-static void rebuild_body(chat_t *c, char **btext, size_t *blen) {
-  if (!c->r->hide_left) return;
-  json_t *body = build_body(c);
-  size_t n = 0;
-  char *t = body ? lg__json_text(body, &n) : NULL;
-  json_decref(body);
-  if (!t) return;
-  lg__free(*btext);
-  *btext = t;
-  *blen = n;
-}
 
 typedef struct model_out {
   int stop;                   /* the model call was refused: stop */
@@ -600,6 +644,61 @@ typedef struct model_out {
   int64_t reservation;
 } model_out_t;
 
+/* A model event the step did not decide, or a shared budget refused:
+ * the error in the API's shape. */
+static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_t *e) {
+  if (!rc) { /* a shared budget: an error, not a stop (keys.c: metadata) */
+    lg__gw_keys_refusal(c->j, &st->refusal, NULL);
+  } else if (st->fail == LG__STEP_UNPRICED) {
+    lg__gw_error(c->j, 400, "invalid_request_error", "model_not_priced",
+                 "loopguard: this model call cannot be priced, and the run has a cost cap or "
+                 "budget: %s",
+                 e->message);
+  } else if (st->fail == LG__STEP_IN_FLIGHT) { /* keys.c: metadata, Retry-After */
+    lg__gw_keys_refusal(c->j, &st->refusal, NULL);
+  } else {
+    lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
+                 e->message[0] ? e->message : lg_strerror(rc));
+  }
+}
+
+/* What a model decision says this call is given: the hidden tool, the
+ * offered tools and the escalation (cascade), and where it goes. */
+static void model_cascade(chat_t *c, json_t *a) {
+  lg__gw_run_t *r = c->r;
+  json_t *ht = json_object_get(a, "hide_tools");
+  lg__free(r->hide_tool);
+  r->hide_tool = json_array_size(ht) ? lg__strdup(json_string_value(json_array_get(ht, 0))) : NULL;
+  r->hide_left = r->hide_tool ? 1 : 0;
+  r->offer = 0;
+  json_t *of = json_object_get(a, "offer");
+  for (size_t i = 0; i < json_array_size(of); i++)
+    for (size_t k = 0; k < LG__ARRAY_LEN(offered); k++)
+      if (json_is_string(json_array_get(of, i)) &&
+          !strcmp(json_string_value(json_array_get(of, i)), offered[k].name))
+        r->offer |= offered[k].bit;
+  const char *esc = sget(a, "escalate_model");
+  lg__free(c->esc_model);
+  c->esc_model = esc ? lg__strdup(esc) : NULL;
+  r->esc_left = esc ? (int)json_integer_value(json_object_get(a, "escalate_turns")) - 1 : 0;
+  /* the escalated model is routed as a client's model would be */
+  c->ui = c->base_ui;
+  c->model = c->base_model;
+  if (c->esc_model) {
+    const char *sent = NULL;
+    c->ui = lg__gw_config_pick(lg__gw_cfg(c->cx->gw), c->esc_model, is_anthropic(c), &sent);
+    if (sent && sent != c->esc_model) { /* a prefix stripped */
+      char *t = lg__strdup(sent);
+      lg__free(c->esc_model);
+      c->esc_model = t;
+    }
+  }
+  c->j->upstream = c->ui;
+}
+
+/* The model call as a model event, before it is made: its worst case is
+ * body_len bytes of input (a token is at least one byte) plus the
+ * client's max tokens, priced as the model it goes to. */
 static model_out_t model_event(chat_t *c, size_t body_len) {
   model_out_t mo = {0};
   json_t *mt = json_object_get(c->root, "max_completion_tokens");
@@ -608,9 +707,9 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_MODEL;
-  ev.u.model.m.model = c->model;
+  ev.u.model.m.model = c->r->esc_left > 0 && c->r->esc_model ? c->r->esc_model : c->base_model;
   ev.u.model.m.turn = c->r->turn + 1;
-  ev.u.model.m.input_tokens = (int64_t)body_len; /* a token is at least one byte */
+  ev.u.model.m.input_tokens = (int64_t)body_len;
   ev.u.model.m.max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
   ev.u.model.m.output_tokens = -1;
   ev.u.model.m.cost_nusd = -1;
@@ -622,37 +721,17 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   lg_error_t e = {0};
   int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
   json_t *a = rc ? NULL : answer_json(&st);
-  if (rc) {
+  if (rc || st.budget_refused) {
     mo.error = 1;
-    if (st.fail == LG__STEP_UNPRICED)
-      lg__gw_error(c->j, 400, "invalid_request_error", "model_not_priced",
-                   "loopguard: this model call cannot be priced, and the run has a cost cap or "
-                   "budget: %s",
-                   e.message);
-    else if (st.fail == LG__STEP_IN_FLIGHT)
-      lg__gw_keys_refusal(c->j, &st.refusal, NULL);
-    else
-      lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
-                   e.message[0] ? e.message : lg_strerror(rc));
-  } else if (st.budget_refused) { /* a shared budget: an error, not a stop */
-    mo.error = 1;
-    lg__gw_keys_refusal(c->j, &st.refusal, NULL);
+    model_error(c, rc, &st, &e);
   } else if (st.action == LG_ACT_STOP) {
     mo.stop = 1;
-    const char *m = a ? sget(a, "message") : NULL;
-    if (!c->stop_text) c->stop_text = lg__strdup(m ? m : "I stopped: the run reached a limit.");
-    raise_action(c->j, "stop", a ? sget(a, "reason") : NULL);
-    if (st.stopped_now) lg__gw_note_intervention(c->cx, c->r->id, "stop", a ? sget(a, "reason") : NULL, NULL, NULL);
+    note_stop(c, &st, a, "I stopped: the run reached a limit.", NULL, NULL);
   } else {
     const char *rid = a ? sget(a, "reservation_id") : NULL;
     mo.reservation = rid ? strtoll(rid, NULL, 10) : 0;
     c->r->turn++;
-    /* The engine says what this model call must not be offered (the
-     * cascade after a block: hide_turns counts down in the run). */
-    json_t *ht = json_object_get(a, "hide_tools");
-    lg__free(c->r->hide_tool);
-    c->r->hide_tool = json_array_size(ht) ? lg__strdup(json_string_value(json_array_get(ht, 0))) : NULL;
-    c->r->hide_left = c->r->hide_tool ? 1 : 0;
+    model_cascade(c, a);
   }
   json_decref(a);
   lg_prices_free(pr);
@@ -693,157 +772,207 @@ typedef struct calls_out {
   json_t *kept;               /* the calls the client may run */
   int refused;                /* calls taken out */
   int stop;
+  json_t *rest_calls;         /* the refused calls, and their answers */
+  json_t *rest_results;
 } calls_out_t;
+
+/* A tool call of the API's shape: its name, arguments (JSON text; *owned
+ * when made here) and id. */
+typedef struct call_parts {
+  const char *name, *args, *id;
+  char *owned;
+} call_parts_t;
+
+static call_parts_t call_parts(const chat_t *c, json_t *tc) {
+  call_parts_t p = {NULL, NULL, NULL, NULL};
+  if (is_responses(c)) { /* a function_call item */
+    p.name = sget(tc, "name");
+    p.args = sget(tc, "arguments");
+    p.id = sget(tc, "call_id");
+  } else if (is_anthropic(c)) { /* a tool_use block */
+    p.name = sget(tc, "name");
+    json_t *in = json_object_get(tc, "input");
+    p.args = p.owned = json_is_object(in) ? lg__json_text(in, NULL) : NULL;
+    if (!p.args) p.args = sget(tc, "_args"); /* a stream's, as its deltas came */
+    p.id = sget(tc, "id");
+  } else {
+    json_t *fn = json_object_get(tc, "function");
+    p.name = sget(fn, "name");
+    p.args = sget(fn, "arguments");
+    p.id = sget(tc, "id");
+  }
+  return p;
+}
+
+/* The answer the upstream gets for a refused call, in the API's shape. */
+static json_t *refusal_result(const chat_t *c, const char *id, const char *text, int is_error) {
+  if (is_responses(c))
+    return json_pack("{s:s, s:s, s:s}", "type", "function_call_output", "call_id", id ? id : "",
+                     "output", text);
+  if (is_anthropic(c))
+    return json_pack("{s:s, s:s, s:s, s:b}", "type", "tool_result", "tool_use_id", id ? id : "",
+                     "content", text, "is_error", is_error);
+  return tool_msg(id, text);
+}
+
+/* A block or replay: the call taken out, its answer kept for the upstream. */
+static void refuse_call(chat_t *c, calls_out_t *co, json_t *tc, const call_parts_t *p, json_t *a,
+                        int replay) {
+  const char *reason = a ? sget(a, "reason") : NULL, *msg = a ? sget(a, "message") : NULL;
+  co->refused++;
+  json_array_append(co->rest_calls, tc);
+  char *text = NULL;
+  if (replay) {
+    json_t *sr = json_object_get(a, "saved_result");
+    text = json_is_string(sr) ? lg__strdup(json_string_value(sr)) : lg__json_text(sr, NULL);
+  } else {
+    lg__buf_t b = {0};
+    lg__buf_printf(&b, "Error: loopguard did not run this call (%s). %s", reason ? reason : "blocked",
+                   msg ? msg : "");
+    text = lg__buf_steal(&b, NULL);
+  }
+  json_array_append_new(co->rest_results, refusal_result(c, p->id, text ? text : "", !replay));
+  lg__free(text);
+  /* cascade.escalate: the model calls it lasts, for pricing them */
+  const char *esc = sget(a, "escalate_model");
+  if (esc) {
+    lg__free(c->r->esc_model);
+    c->r->esc_model = lg__strdup(esc);
+    c->r->esc_left = (int)json_integer_value(json_object_get(a, "escalate_turns"));
+  }
+  raise_action(c->j, replay ? "replay" : "block", reason);
+  lg__gw_note_intervention(c->cx, c->r->id, replay ? "replay" : "block", reason, p->name, p->id);
+}
+
+/* A call of an offered tool (cascade.offer) ended the run: the client's
+ * final message is the model's question (ask_human) or its partial
+ * answer (finalize_partial), when it gave one. */
+static void offered_stop_text(chat_t *c, const call_parts_t *p, lg_reason_t reason) {
+  const char *field = reason == LG_R_HUMAN_REQUIRED && !strcmp(p->name, "ask_human") ? "question"
+                      : reason == LG_R_COMPLETE && !strcmp(p->name, "finalize_partial") ? "answer"
+                                                                                       : NULL;
+  if (!field || !p->args) return;
+  lg__json_begin();
+  json_t *o = json_loads(p->args, 0, NULL);
+  if (lg__json_oom()) {
+    json_decref(o);
+    return;
+  }
+  const char *t = sget(o, field);
+  if (t && *t) {
+    lg__free(c->stop_text);
+    c->stop_text = lg__strdup(t);
+  }
+  json_decref(o);
+}
+
+/* One call through the step, and what it means for the client. */
+static void decide_call(chat_t *c, calls_out_t *co, json_t *tc) {
+  call_parts_t p = call_parts(c, tc);
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_CALL;
+  ev.u.call.tool = p.name ? p.name : "";
+  ev.u.call.args = p.args && *p.args ? p.args : "{}";
+  ev.u.call.args_len = strlen(ev.u.call.args);
+  ev.u.call.turn = c->r->turn;
+  ev.u.call.call_id = p.id;
+  ev.u.call.agent = c->j->hdr_agent;
+  lg__step_t st;
+  json_t *a = NULL;
+  int rc = p.name ? step_event(c, &ev, &st, &a) : -1;
+  const char *reason = a ? sget(a, "reason") : NULL, *msg = a ? sget(a, "message") : NULL;
+  if (rc || st.action == LG_ACT_EXECUTE) { /* undecidable (malformed): the client's to see */
+    json_array_append(co->kept, tc);
+    if (!rc && msg && p.id) {
+      json_object_set_new(c->r->steer, p.id, json_string(msg));
+      raise_action(c->j, "observe", "same_call_repeat");
+      lg__gw_note_intervention(c->cx, c->r->id, "observe", reason, p.name, p.id);
+    } else {
+      raise_action(c->j, "execute", NULL);
+    }
+  } else if (st.action == LG_ACT_BLOCK || st.action == LG_ACT_REPLAY) {
+    refuse_call(c, co, tc, &p, a, st.action == LG_ACT_REPLAY);
+  } else { /* stop */
+    co->stop = 1;
+    if (st.stopped_now) offered_stop_text(c, &p, st.reason);
+    note_stop(c, &st, a, "I stopped: the loop guard ended this run.", p.name, p.id);
+  }
+  json_decref(a);
+  if (p.name) lg__step_clear(&st);
+  lg__free(p.owned);
+}
+
+/* The refused calls as items of the upstream's conversation (new): an
+ * assistant turn with the calls (and the response's text, when no call
+ * is left for the client to carry it), then their answers. */
+static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content) {
+  json_t *items = json_array();
+  int with_text = !json_array_size(co->kept) && content && *content;
+  if (is_responses(c)) {
+    json_array_extend(items, co->rest_calls);
+    json_array_extend(items, co->rest_results);
+  } else if (is_anthropic(c)) {
+    json_t *blocks = json_array();
+    if (with_text) json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", content));
+    for (size_t i = 0; i < json_array_size(co->rest_calls); i++) {
+      json_t *tu = json_deep_copy(json_array_get(co->rest_calls, i));
+      if (json_object_get(tu, "_args")) { /* a stream's: its input parsed */
+        lg__json_begin();
+        json_t *in = json_loads(sget(tu, "_args"), 0, NULL);
+        json_object_set_new(tu, "input", json_is_object(in) ? in : json_object());
+        if (!json_is_object(in)) json_decref(in);
+        json_object_del(tu, "_args");
+      }
+      json_array_append_new(blocks, tu);
+    }
+    json_array_append_new(items, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
+    json_array_append_new(items, json_pack("{s:s, s:O}", "role", "user", "content", co->rest_results));
+  } else {
+    json_array_append_new(items, json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
+                                           with_text ? json_string(content) : json_null(),
+                                           "tool_calls", co->rest_calls));
+    json_array_extend(items, co->rest_results);
+  }
+  return items;
+}
+
+/* Keeps items for every later request of the run. The client sees the
+ * kept calls as this response; the refused ones go before it, so the
+ * anchor is the end of the client's messages. */
+static void restore(chat_t *c, json_t *items) {
+  lg__gw_run_t *r = c->r;
+  if (r->nrs == r->caprs) {
+    size_t cap = r->caprs ? r->caprs * 2 : 4;
+    lg__gw_restore_t *v = lg__realloc(r->rs, cap * sizeof *v);
+    if (v) {
+      r->rs = v;
+      r->caprs = cap;
+    }
+  }
+  if (r->nrs == r->caprs) {
+    json_decref(items);
+    return;
+  }
+  r->rs[r->nrs].anchor = c->n;
+  r->rs[r->nrs].items = items;
+  r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
+  r->nrs++;
+}
 
 /* Decides the calls `tcs` (array of tool call objects) of one response
  * with text `content` (may be NULL). */
 static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
-  calls_out_t co = {json_array(), 0, 0};
-  json_t *rest_calls = json_array(), *rest_results = json_array();
-  for (size_t i = 0; i < json_array_size(tcs) && !co.stop; i++) {
-    json_t *tc = json_array_get(tcs, i);
-    json_t *fn = json_object_get(tc, "function");
-    const char *name = sget(fn, "name"), *args = sget(fn, "arguments"), *id = sget(tc, "id");
-    char *atext = NULL;
-    if (is_responses(c)) { /* a function_call item */
-      name = sget(tc, "name");
-      args = sget(tc, "arguments");
-      id = sget(tc, "call_id");
-    }
-    if (is_anthropic(c)) { /* a tool_use block */
-      name = sget(tc, "name");
-      json_t *in = json_object_get(tc, "input");
-      args = atext = json_is_object(in) ? lg__json_text(in, NULL) : NULL;
-      if (!args) args = sget(tc, "_args"); /* a stream's, as its deltas came */
-    }
-    lg_event_t ev;
-    memset(&ev, 0, sizeof ev);
-    ev.type = LG_EV_CALL;
-    ev.u.call.tool = name ? name : "";
-    ev.u.call.args = args && *args ? args : "{}";
-    ev.u.call.args_len = strlen(ev.u.call.args);
-    ev.u.call.turn = c->r->turn;
-    ev.u.call.call_id = id;
-    ev.u.call.agent = c->j->hdr_agent;
-    lg__step_t st;
-    lg__step_init(&st, &ev, now_ms(c->cx));
-    lg_error_t e = {0};
-    int rc = name ? lg__gw_step(c->cx, c->r->id, &st, &e) : -1;
-    json_t *a = rc ? NULL : answer_json(&st);
-    const char *reason = a ? sget(a, "reason") : NULL, *msg = a ? sget(a, "message") : NULL;
-    if (rc || st.action == LG_ACT_EXECUTE) { /* undecidable (malformed): the client's to see */
-      json_array_append(co.kept, tc);
-      if (!rc && msg && id) {
-        json_object_set_new(c->r->steer, id, json_string(msg));
-        raise_action(c->j, "observe", "same_call_repeat");
-        lg__gw_note_intervention(c->cx, c->r->id, "observe", reason, name, id);
-      } else {
-        raise_action(c->j, "execute", NULL);
-      }
-    } else if (st.action == LG_ACT_BLOCK || st.action == LG_ACT_REPLAY) {
-      int replay = st.action == LG_ACT_REPLAY;
-      co.refused++;
-      json_array_append(rest_calls, tc);
-      char *content_txt = NULL;
-      if (replay) {
-        json_t *sr = json_object_get(a, "saved_result");
-        content_txt = json_is_string(sr) ? lg__strdup(json_string_value(sr)) : lg__json_text(sr, NULL);
-      } else {
-        lg__buf_t b = {0};
-        lg__buf_printf(&b, "Error: loopguard did not run this call (%s). %s", reason ? reason : "blocked",
-                       msg ? msg : "");
-        content_txt = lg__buf_steal(&b, NULL);
-      }
-      if (is_responses(c))
-        json_array_append_new(rest_results, json_pack("{s:s, s:s, s:s}", "type", "function_call_output",
-                                                      "call_id", id ? id : "", "output",
-                                                      content_txt ? content_txt : ""));
-      else if (is_anthropic(c))
-        json_array_append_new(rest_results, json_pack("{s:s, s:s, s:s, s:b}", "type", "tool_result",
-                                                      "tool_use_id", id ? id : "", "content",
-                                                      content_txt ? content_txt : "", "is_error", !replay));
-      else
-        json_array_append_new(rest_results, tool_msg(id, content_txt ? content_txt : ""));
-      lg__free(content_txt);
-      raise_action(c->j, replay ? "replay" : "block", reason);
-      lg__gw_note_intervention(c->cx, c->r->id, replay ? "replay" : "block", reason, name, id);
-    } else { /* stop */
-      co.stop = 1;
-      if (!c->stop_text) c->stop_text = lg__strdup(msg ? msg : "I stopped: the loop guard ended this run.");
-      raise_action(c->j, "stop", reason);
-      if (st.stopped_now) lg__gw_note_intervention(c->cx, c->r->id, "stop", reason, name, id);
-    }
-    json_decref(a);
-    lg__step_clear(&st);
-    lg__free(atext);
-  }
-  if (co.refused && !co.stop) { /* restored before the client's next message */
-    json_t *am = NULL, *items = json_array();
-    if (is_responses(c)) {
-      json_array_extend(items, rest_calls);
-      json_array_extend(items, rest_results);
-    } else if (is_anthropic(c)) {
-      json_t *blocks = json_array();
-      if (!json_array_size(co.kept) && content && *content)
-        json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", content));
-      for (size_t i = 0; i < json_array_size(rest_calls); i++) {
-        json_t *tu = json_deep_copy(json_array_get(rest_calls, i));
-        if (json_object_get(tu, "_args")) { /* a stream's: its input parsed */
-          lg__json_begin();
-          json_t *in = json_loads(sget(tu, "_args"), 0, NULL);
-          json_object_set_new(tu, "input", json_is_object(in) ? in : json_object());
-          if (!json_is_object(in)) json_decref(in);
-          json_object_del(tu, "_args");
-        }
-        json_array_append_new(blocks, tu);
-      }
-      json_array_append_new(items, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
-      json_array_append_new(items, json_pack("{s:s, s:O}", "role", "user", "content", rest_results));
-    } else {
-    am = json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
-                           json_array_size(co.kept) || !content ? json_null() : json_string(content),
-                           "tool_calls", rest_calls);
-    json_array_append_new(items, am);
-    json_array_extend(items, rest_results);
-    }
-    lg__gw_run_t *r = c->r;
-    if (r->nrs == r->caprs) {
-      size_t cap = r->caprs ? r->caprs * 2 : 4;
-      lg__gw_restore_t *v = lg__realloc(r->rs, cap * sizeof *v);
-      if (v) {
-        r->rs = v;
-        r->caprs = cap;
-      }
-    }
-    if (r->nrs < r->caprs) {
-      /* The client sees the kept calls as this response; the refused ones
-       * go before it, so the anchor is the end of the client's messages. */
-      r->rs[r->nrs].anchor = c->n;
-      r->rs[r->nrs].items = items;
-      r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
-      r->nrs++;
-    } else {
-      json_decref(items);
-    }
-  }
-  json_decref(rest_calls);
-  json_decref(rest_results);
+  calls_out_t co = {json_array(), 0, 0, json_array(), json_array()};
+  for (size_t i = 0; i < json_array_size(tcs) && !co.stop; i++) decide_call(c, &co, json_array_get(tcs, i));
+  if (co.refused && !co.stop) restore(c, restored_items(c, &co, content));
+  json_decref(co.rest_calls);
+  json_decref(co.rest_results);
+  co.rest_calls = co.rest_results = NULL;
   return co;
 }
 
-/* ---- the exchange, non-stream ---- */
-
-static int upstream_error(chat_t *c, lg__gw_http_t *x) {
-  char lab[300];
-  lg__gw_upstream_label(x->up, lab, sizeof lab);
-  if (x->cc == CURLE_OPERATION_TIMEDOUT)
-    lg__gw_error(c->j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab,
-                 x->errbuf);
-  else
-    lg__gw_error(c->j, 502, "upstream_error", "upstream_unreachable",
-                 "upstream %s cannot be reached: %s", lab, x->errbuf);
-  return -1;
-}
+/* ---- answers and what they hold ---- */
 
 /* Answers the response resp (parsed) / raw (the bytes), changed or not. */
 static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int changed) {
@@ -861,11 +990,11 @@ static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int c
   lg__gw_answer(j);
 }
 
-static void register_key(chat_t *c, json_t *msg) {
+void lg__gwc_register_key(chat_t *c, json_t *msg) {
   if (is_responses(c) && sget(msg, "id")) { /* previous_response_id finds the run */
     lg__buf_t b = {0};
     lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
-    if (b.data) lg__gw_key_put(c->cx->gw, b.data, c->r->id);
+    if (b.data) lg__gw_key_put(c->cx->gw, b.data, c->r);
     lg__buf_free(&b);
     /* A stateless client sends the output back as items: the first call
      * or message of it is what its next request starts with. */
@@ -880,14 +1009,14 @@ static void register_key(chat_t *c, json_t *msg) {
   }
   if (c->j->hdr_run || first_assistant(c->messages) >= 0 || !msg) return;
   char *k = conv_key(c->messages, c->n, msg);
-  if (k) lg__gw_key_put(c->cx->gw, k, c->r->id);
+  if (k) lg__gw_key_put(c->cx->gw, k, c->r);
   lg__free(k);
 }
 
 /* The members of array obj[member] whose "type" is `type` (new array):
  * an Anthropic message's tool_use blocks, a Responses output's
  * function_call items. */
-static json_t *items_of_type(json_t *obj, const char *member, const char *type) {
+json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type) {
   json_t *out = json_array(), *items = json_object_get(obj, member);
   for (size_t i = 0; i < json_array_size(items); i++) {
     const char *ty = sget(json_array_get(items, i), "type");
@@ -895,282 +1024,239 @@ static json_t *items_of_type(json_t *obj, const char *member, const char *type) 
   }
   return out;
 }
-static json_t *tool_uses(json_t *msg) { return items_of_type(msg, "content", "tool_use"); }
-static json_t *function_calls(json_t *resp) { return items_of_type(resp, "output", "function_call"); }
 
-/* The output_text of a Responses output (new). */
-static char *output_text(json_t *resp) {
-  lg__buf_t b = {0};
-  lg__buf_puts(&b, "");
-  json_t *items = json_object_get(resp, "output");
-  for (size_t i = 0; i < json_array_size(items); i++) {
-    json_t *ct = json_object_get(json_array_get(items, i), "content");
-    for (size_t k = 0; k < json_array_size(ct); k++) {
-      const char *ty = sget(json_array_get(ct, k), "type");
-      if (ty && !strcmp(ty, "output_text")) lg__buf_puts(&b, sget(json_array_get(ct, k), "text"));
-    }
-  }
-  return lg__buf_steal(&b, NULL);
-}
-
-/* Takes the refused function_call items out of a Responses output. */
-static void keep_items(json_t *resp, json_t *kept) {
-  json_t *items = json_object_get(resp, "output"), *ni = json_array();
+void lg__gwc_keep_only(json_t *obj, const char *member, const char *type, json_t *kept) {
+  json_t *items = json_object_get(obj, member), *out = json_array();
   for (size_t i = 0; i < json_array_size(items); i++) {
     json_t *it = json_array_get(items, i);
     const char *ty = sget(it, "type");
-    int keep = !ty || strcmp(ty, "function_call");
+    int keep = !ty || strcmp(ty, type);
     for (size_t k = 0; !keep && k < json_array_size(kept); k++) keep = json_array_get(kept, k) == it;
-    if (keep) json_array_append(ni, it);
+    if (keep) json_array_append(out, it);
   }
-  json_object_set_new(resp, "output", ni);
+  json_object_set_new(obj, member, out);
 }
 
-/* Takes the refused tool_use blocks out of msg's content. */
-static void keep_blocks(json_t *msg, json_t *kept) {
-  json_t *blocks = json_object_get(msg, "content"), *nb = json_array();
-  for (size_t i = 0; i < json_array_size(blocks); i++) {
-    json_t *bl = json_array_get(blocks, i);
-    const char *ty = sget(bl, "type");
-    int keep = !ty || strcmp(ty, "tool_use");
-    for (size_t k = 0; !keep && k < json_array_size(kept); k++)
-      keep = json_array_get(kept, k) == bl;
-    if (keep) json_array_append(nb, bl);
-  }
-  json_object_set_new(msg, "content", nb);
-}
+
 
 static const char *api_path(const chat_t *c) {
   return is_anthropic(c) ? "/messages" : is_responses(c) ? "/responses" : "/chat/completions";
 }
 
-static void run_plain(chat_t *c) {
+/* ---- one model call, either way ---- */
+
+static void end_api_stream(chat_t *c);
+
+/* The model call's body: its worst case decided first (the body with
+ * nothing hidden, every offered tool and the longer model name, which the
+ * body sent never exceeds), then the body as the decision says. NULL when
+ * the call is not made (mo says why: an error, or a stop), answered. */
+static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
+  memset(mo, 0, sizeof *mo);
+  c->estimate = 1;
+  char *t = body_text(c, blen);
+  c->estimate = 0;
+  if (t) {
+    *mo = model_event(c, *blen);
+    lg__free(t);
+    t = mo->error || mo->stop ? NULL : body_text(c, blen);
+  }
+  if (!t && !mo->error && !mo->stop) {
+    lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
+    mo->error = 1;
+  }
+  if (t) return t;
+  /* not made: the stop's final message, or the error (the end of a stream
+   * already begun) */
+  if (mo->stop) answer_final(c, c->last_chunk);
+  else if (!c->streamed) lg__gw_answer(c->j);
+  else end_api_stream(c);
+  return NULL;
+}
+
+/* The exchange of a model call (on_data: the stream's reader, or NULL). */
+static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t len,
+                         int (*on_data)(void *, const char *, size_t)) {
   lg__gw_job_t *j = c->j;
-  const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
-  for (int ask = 0;; ask++) {
-    c->r->hide_left = 0; /* the estimate: the largest body, nothing hidden */
-    json_t *body = build_body(c);
-    size_t blen = 0;
-    char *btext = body ? lg__json_text(body, &blen) : NULL;
-    json_decref(body);
-    if (!btext) {
-      lg__gw_error(j, 500, "server_error", NULL, "out of memory");
-      return;
-    }
-    model_out_t mo = model_event(c, blen);
-    if (mo.error) {
-      lg__free(btext);
-      lg__gw_answer(j);
-      return;
-    }
-    if (mo.stop) {
-      lg__free(btext);
-      answer_final(c, NULL);
-      return;
-    }
-    rebuild_body(c, &btext, &blen);
-    lg__gw_http_t x = {0};
-    x.up = &cfg->up[c->ui];
-    x.method = "POST";
-    x.path = api_path(c);
-    x.body = btext;
-    x.body_len = blen;
-    x.headers = j->fwd;
-    x.client_auth = j->auth;
-    x.provider_key = j->provider_key;
-    x.stop = lg__gw_stopflag(c->cx->gw);
-    int rc = lg__gw_http_do(c->cx->curl, &x);
-    lg__gw_note_upstream(c->cx->gw, c->ui, x.ns);
-    lg__free(btext);
-    if (rc) {
-      usage_event(c, mo.reservation, NULL, 1, blen);
-      upstream_error(c, &x);
-      lg__gw_http_clear(&x);
-      lg__gw_answer(j);
-      return;
-    }
-    if (x.status != 200) { /* the provider's error, as it sent it */
-      usage_event(c, mo.reservation, NULL, 1, blen);
-      j->status = (int)x.status;
-      snprintf(j->ctype, sizeof j->ctype, "%s", x.ctype[0] ? x.ctype : "application/json");
-      lg__buf_t t = j->out;
-      j->out = x.body_out;
-      x.body_out = t;
-      lg__gw_http_clear(&x);
-      lg__gw_answer(j);
-      return;
-    }
-    lg__json_begin();
-    json_t *resp = json_loadb(x.body_out.data ? x.body_out.data : "", x.body_out.len, 0, NULL);
-    if (lg__json_oom()) {
-      json_decref(resp);
-      resp = NULL;
-    }
-    json_t *choice = json_array_get(json_object_get(resp, "choices"), 0);
-    json_t *msg = json_object_get(choice, "message");
-    if (is_anthropic(c)) msg = json_is_array(json_object_get(resp, "content")) ? resp : NULL;
-    if (is_responses(c)) msg = json_is_array(json_object_get(resp, "output")) ? resp : NULL;
-    c->cur_resp_id = sget(resp, "id");
-    if (!json_is_object(msg)) {
-      usage_event(c, mo.reservation, NULL, 0, blen);
-      json_decref(resp);
-      if (!resp) {
-        lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
-                     "upstream %s answered 200 with a body that is not JSON", cfg->up[c->ui].name);
-        lg__gw_http_clear(&x);
-        lg__gw_answer(j);
-        return;
-      }
-      answer_json_obj(c, NULL, &x.body_out, 0); /* not ours to judge: as it is */
-      lg__gw_http_clear(&x);
-      return;
-    }
-    usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
-    json_t *tcs = is_anthropic(c)    ? tool_uses(msg)
-                  : is_responses(c) ? function_calls(msg)
-                                    : json_incref(json_object_get(msg, "tool_calls"));
-    if (!json_array_size(tcs)) {
-      raise_action(j, "pass", NULL);
-      register_key(c, msg);
-      answer_json_obj(c, resp, &x.body_out, 0);
-      json_decref(tcs);
-      json_decref(resp);
-      lg__gw_http_clear(&x);
-      return;
-    }
-    char *atext = is_anthropic(c) ? content_text(msg) : is_responses(c) ? output_text(msg) : NULL;
-    calls_out_t co = decide_calls(c, tcs, flat_tools(c) ? atext : sget(msg, "content"));
-    lg__free(atext);
-    json_decref(tcs);
-    if (co.stop) {
-      answer_final(c, resp);
-    } else if (json_array_size(co.kept)) {
-      if (co.refused && is_responses(c)) keep_items(msg, co.kept);
-      else if (co.refused && is_anthropic(c)) keep_blocks(msg, co.kept);
-      else if (co.refused) json_object_set(msg, "tool_calls", co.kept);
-      register_key(c, msg);
-      answer_json_obj(c, resp, &x.body_out, co.refused > 0);
-    } else if (ask < c->max_reasks) { /* nothing left for the client: ask again */
-      if (is_responses(c) && (c->prev_id || c->reask_prev) && sget(resp, "id")) {
-        lg__free(c->reask_prev); /* the upstream keeps the conversation: continue it */
-        c->reask_prev = lg__strdup(sget(resp, "id"));
-      }
-      json_decref(co.kept);
-      json_decref(resp);
-      lg__gw_http_clear(&x);
-      continue;
-    } else {
-      stop_run(c, NULL);
-      answer_final(c, resp);
-    }
-    json_decref(co.kept);
-    json_decref(resp);
-    lg__gw_http_clear(&x);
-    return;
-  }
+  memset(x, 0, sizeof *x);
+  x->up = &lg__gw_cfg(c->cx->gw)->up[c->ui];
+  x->method = "POST";
+  x->path = api_path(c);
+  x->body = body;
+  x->body_len = len;
+  x->headers = j->fwd;
+  x->client_auth = j->auth;
+  x->provider_key = j->provider_key;
+  x->stop = lg__gw_stopflag(c->cx->gw);
+  x->on_data = on_data;
+  x->gone = on_data ? &j->s_gone : NULL;
+  x->ud = c;
+  int rc = lg__gw_http_do(c->cx->curl, x);
+  lg__gw_note_upstream(c->cx->gw, c->ui, x->ns);
+  return rc;
 }
 
-/* ---- the exchange, streamed ---- */
+/* ---- the exchange, non-stream ---- */
 
-static void stream_chunk_text(chat_t *c, json_t *chunk) {
-  char *t = lg__json_text(chunk, NULL);
-  if (!t) return;
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "data: %s\n\n", t);
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
-  lg__free(t);
-}
-
-/* One SSE "data:" payload of the upstream's stream. */
-static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
-static int r_on_event(chat_t *c, const char *data, size_t n);
-
-static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
-  if (is_anthropic(c)) return a_on_event(c, data, n, raw, rawn);
-  if (is_responses(c)) return r_on_event(c, data, n);
-  if (n == 6 && !memcmp(data, "[DONE]", 6)) {
-    c->saw_done = 1;
-    return 0;
-  }
+/* The upstream's answer parsed (NULL: not JSON), *msg the part that holds
+ * the tool calls (a chat choice's message, the Messages or Responses
+ * object), or NULL when it has none. */
+static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
   lg__json_begin();
-  json_t *ch = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !ch) {
-    json_decref(ch);
-    return 0; /* not JSON: dropped */
+  json_t *resp = json_loadb(raw->data ? raw->data : "", raw->len, 0, NULL);
+  if (lg__json_oom()) {
+    json_decref(resp);
+    resp = NULL;
   }
-  json_t *u = json_object_get(ch, "usage");
-  if (json_is_object(u)) {
-    json_decref(c->usage);
-    c->usage = json_incref(u);
+  json_t *m = json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "message");
+  if (is_anthropic(c)) m = json_is_array(json_object_get(resp, "content")) ? resp : NULL;
+  if (is_responses(c)) m = json_is_array(json_object_get(resp, "output")) ? resp : NULL;
+  *msg = json_is_object(m) ? m : NULL;
+  return resp;
+}
+
+/* The text of an answer's message (new). */
+static char *answer_text(chat_t *c, json_t *msg) {
+  if (is_anthropic(c)) return content_text(msg);
+  if (is_responses(c)) return lg__gwr_output_text(msg);
+  const char *t = sget(msg, "content");
+  return lg__strdup(t ? t : "");
+}
+
+/* The tool calls of an answer's message (new reference). */
+static json_t *answer_calls(chat_t *c, json_t *msg) {
+  if (is_anthropic(c)) return lg__gwm_tool_uses(msg);
+  if (is_responses(c)) return lg__gwr_function_calls(msg);
+  json_t *t = json_object_get(msg, "tool_calls");
+  return json_is_array(t) ? json_incref(t) : json_array();
+}
+
+/* Decides a whole answer: 1 answered, 0 ask again (nothing left for the
+ * client and re-asks left). */
+static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *raw, int ask) {
+  char *text = answer_text(c, msg);
+  int tx = text_event(c, text, text ? strlen(text) : 0);
+  json_t *tcs = tx == 2 ? NULL : answer_calls(c, msg);
+  if (tx == 2) { /* a text loop stopped the run: the stop replaces it */
+    lg__free(text);
+    answer_final(c, resp);
+    return 1;
   }
-  json_t *choices = json_object_get(ch, "choices");
-  json_t *choice = json_array_get(choices, 0);
-  if (!choice) { /* the usage chunk: passed on only if the client asked */
-    if (c->client_usage) {
-      json_decref(c->last_chunk);
-      c->last_chunk = json_incref(ch);
+  if (!json_array_size(tcs)) {
+    if (tx != 1) raise_action(c->j, "pass", NULL);
+    lg__gwc_register_key(c, msg);
+    answer_json_obj(c, resp, raw, 0);
+    json_decref(tcs);
+    lg__free(text);
+    return 1;
+  }
+  calls_out_t co = decide_calls(c, tcs, text);
+  lg__free(text);
+  json_decref(tcs);
+  int done = 1;
+  if (co.stop) {
+    answer_final(c, resp);
+  } else if (json_array_size(co.kept)) {
+    if (co.refused && is_responses(c)) lg__gwr_keep_items(msg, co.kept);
+    else if (co.refused && is_anthropic(c)) lg__gwm_keep_blocks(msg, co.kept);
+    else if (co.refused) json_object_set(msg, "tool_calls", co.kept);
+    lg__gwc_register_key(c, msg);
+    answer_json_obj(c, resp, raw, co.refused > 0);
+  } else if (ask < c->max_reasks) { /* nothing left for the client: ask again */
+    if (is_responses(c) && (c->prev_id || c->reask_prev) && sget(resp, "id")) {
+      lg__free(c->reask_prev); /* the upstream keeps the conversation: continue it */
+      c->reask_prev = lg__strdup(sget(resp, "id"));
     }
-    json_decref(ch);
-    return 0;
+    done = 0;
+  } else {
+    stop_run(c);
+    answer_final(c, resp);
   }
-  json_decref(c->last_chunk);
-  c->last_chunk = json_incref(ch);
-  json_t *delta = json_object_get(choice, "delta");
-  json_t *tcd = json_object_get(delta, "tool_calls");
-  const char *fin = sget(choice, "finish_reason");
-  if (fin) {
-    lg__free(c->finish);
-    c->finish = lg__strdup(fin);
+  json_decref(co.kept);
+  return done;
+}
+
+/* One model call, not streamed: 1 answered, 0 ask again. */
+static int plain_exchange(chat_t *c, int ask) {
+  lg__gw_job_t *j = c->j;
+  size_t blen = 0;
+  model_out_t mo;
+  char *btext = prepare_call(c, &blen, &mo);
+  if (!btext) return 1;
+  lg__gw_http_t x;
+  int rc = call_upstream(c, &x, btext, blen, NULL);
+  lg__free(btext);
+  json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
+  c->cur_resp_id = sget(resp, "id");
+  int done = 1;
+  if (rc || x.status != 200 || !msg) {
+    usage_event(c, mo.reservation, NULL, rc || x.status != 200, blen);
+    if (rc) lg__gw_upstream_failed(j, &x);
+    else if (x.status != 200) lg__gw_upstream_answer(j, &x); /* the provider's error, as sent */
+    else if (!resp)
+      lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
+                   "upstream %s answered 200 with a body that is not JSON", x.up->name);
+    if (rc || x.status != 200 || !resp) lg__gw_answer(j);
+    else answer_json_obj(c, NULL, &x.body_out, 0); /* not ours to judge: as it is */
+  } else {
+    usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
+    done = plain_decide(c, resp, msg, &x.body_out, ask);
   }
-  for (size_t i = 0; json_is_array(tcd) && i < json_array_size(tcd); i++) {
-    json_t *d = json_array_get(tcd, i);
-    json_int_t idx = json_integer_value(json_object_get(d, "index"));
-    while ((json_int_t)json_array_size(c->tcalls) <= idx)
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
-                                                 "function", "function", "name", "", "arguments", ""));
-    json_t *acc = json_array_get(c->tcalls, (size_t)idx);
-    json_t *afn = json_object_get(acc, "function");
-    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
-    json_t *dfn = json_object_get(d, "function");
-    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
-    if (nm) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
-      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
-    if (ar) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
-      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
+  json_decref(resp);
+  lg__gw_http_clear(&x);
+  return done;
+}
+
+/* gateway.final_round: the upstream asked once more, whole, with tool use
+ * turned off; its text (when it gave one and no tool call) becomes the
+ * final message. Not a model event: the run has stopped, and the engine
+ * takes no event after a stop (docs/gateway.md). */
+static void final_round(chat_t *c) {
+  c->final_round = 1;
+  size_t blen = 0;
+  char *btext = body_text(c, &blen);
+  if (!btext) return;
+  lg__gw_http_t x;
+  int rc = call_upstream(c, &x, btext, blen, NULL);
+  lg__free(btext);
+  json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
+  json_t *tcs = msg ? answer_calls(c, msg) : NULL;
+  char *text = msg && !json_array_size(tcs) ? answer_text(c, msg) : NULL;
+  if (text && *text) {
+    lg__free(c->stop_text);
+    c->stop_text = text;
+    text = NULL;
   }
-  const char *content = sget(delta, "content");
-  if (content) lg__buf_puts(&c->text, content);
-  /* Text and role deltas pass at once, as they came; tool call deltas and
-   * the finish are held. */
-  if (!json_is_array(tcd) && !fin) {
-    lg__gw_stream_write(c->j, raw, rawn);
-  } else if (content && *content) {
-    json_t *cp = json_deep_copy(ch);
-    json_t *cd = json_object_get(json_array_get(json_object_get(cp, "choices"), 0), "delta");
-    json_object_del(cd, "tool_calls");
-    json_object_set_new(json_array_get(json_object_get(cp, "choices"), 0), "finish_reason", json_null());
-    stream_chunk_text(c, cp);
-    json_decref(cp);
+  lg__free(text);
+  json_decref(tcs);
+  json_decref(resp);
+  lg__gw_http_clear(&x);
+}
+
+
+
+
+json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n) {
+  lg__json_begin();
+  json_t *o = json_loadb(data, n, 0, NULL);
+  if (lg__json_oom() || !json_is_object(o)) {
+    json_decref(o);
+    return NULL;
   }
-  json_decref(ch);
-  return 0;
+  c->events++;
+  lg__gwc_begin_stream(c);
+  return o;
+}
+
+/* One SSE "data:" payload of the upstream's stream, to its API's reader. */
+static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
+  if (is_anthropic(c)) return lg__gwm_on_event(c, data, n, raw, rawn);
+  if (is_responses(c)) return lg__gwr_on_event(c, data, n);
+  return lg__gwo_on_event(c, data, n, raw, rawn);
 }
 
 static int on_stream_data(void *ud, const char *p, size_t n) {
   chat_t *c = ud;
-  if (!c->streamed) {
-    lg__gw_stream_start(c->j);
-    c->streamed = 1;
-  }
   if (atomic_load(&c->j->s_gone)) return 1; /* the client went away: stop reading */
   lg__buf_append(&c->line, p, n);
   /* Events end with a blank line. */
@@ -1208,470 +1294,366 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
       }
       i = k + 1;
     }
+    int stop = 0;
     if (dl) {
       lg__buf_t raw = {0};
       lg__buf_append(&raw, d, end + sep);
-      on_event(c, dl, dn, raw.data, raw.len);
+      stop = on_event(c, dl, dn, raw.data, raw.len);
       lg__buf_free(&raw);
     }
     memmove(d, d + end + sep, len - end - sep);
     c->line.len = len - end - sep;
+    if (stop) return 1; /* abort the upstream's stream */
   }
   return 0;
 }
 
-/* After the upstream's stream ended: the held calls decided and emitted. */
-static int finish_stream(chat_t *c, int ask) {
-  json_t *tcs = c->tcalls;
-  if (!json_array_size(tcs)) {
-    raise_action(c->j, "pass", NULL);
-    json_t *m = json_pack("{s:s, s:s}", "role", "assistant", "content", c->text.data ? c->text.data : "");
-    register_key(c, m);
-    json_decref(m);
-    return 1;
-  }
-  const char *content = c->text.len ? c->text.data : NULL;
-  calls_out_t co = decide_calls(c, tcs, content);
-  int done = 1;
-  if (co.stop) {
-    answer_final(c, c->last_chunk);
-    json_decref(co.kept);
+
+
+
+/* ---- the end of a streamed answer, any API ---- */
+
+/* The held calls of the stream (new reference). */
+static json_t *held_calls(chat_t *c) {
+  if (is_responses(c)) return c->r_done ? lg__gwr_function_calls(c->r_done) : json_array();
+  return json_incref(c->tcalls);
+}
+
+/* The stream's answer registered as the start of its conversation, when
+ * it holds no call for the client. */
+static void register_text(chat_t *c) {
+  const char *t = c->text.data ? c->text.data : "";
+  json_t *m = is_responses(c)   ? json_incref(c->r_done)
+              : is_anthropic(c) ? json_pack("{s:s, s:[{s:s, s:s}]}", "role", "assistant", "content",
+                                            "type", "text", "text", t)
+                                : json_pack("{s:s, s:s}", "role", "assistant", "content", t);
+  if (m) lg__gwc_register_key(c, m);
+  json_decref(m);
+}
+
+/* Ends the client's stream the way its API ends one. */
+static void end_api_stream(chat_t *c) {
+  if (is_anthropic(c)) lg__gwm_end_stream(c);
+  else if (is_responses(c)) lg__gwr_end_stream(c);
+  else lg__gwo_end_stream(c);
+}
+
+/* After the upstream's stream ended: the rest of its text given to the
+ * step, its held calls decided and the kept ones emitted. 1: end the
+ * stream; 2: the final message ended it; 0: ask again. */
+static int stream_finish(chat_t *c, int ask) {
+  if (is_responses(c)) c->cur_resp_id = sget(c->r_done, "id");
+  int tx = lg__gwc_feed_text(c, 1);
+  if (tx == 2) {
+    answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     return 2;
   }
-  if (json_array_size(co.kept)) {
-    json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", co.kept);
-    register_key(c, m);
-    json_decref(m);
-    json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
-    json_t *calls = json_array();
-    for (size_t i = 0; i < json_array_size(co.kept); i++) {
-      json_t *k = json_deep_copy(json_array_get(co.kept, i));
-      json_object_set_new(k, "index", json_integer((json_int_t)i));
-      json_array_append_new(calls, k);
-    }
-    json_t *choices = json_pack("[{s:i, s:{s:o}, s:n}]", "index", 0, "delta", "tool_calls", calls,
-                                "finish_reason");
-    json_object_set_new(tmpl, "choices", choices);
-    json_object_del(tmpl, "usage");
-    stream_chunk_text(c, tmpl);
-    json_decref(tmpl);
-  } else if (ask < c->max_reasks) {
-    done = 0;
-  } else {
-    stop_run(c, NULL);
-    answer_final(c, c->last_chunk);
-    done = 2;
-  }
-  json_decref(co.kept);
-  return done;
-}
-
-static void end_stream(chat_t *c) {
-  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
-  const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
-  json_object_set_new(tmpl, "choices",
-                      json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", fin));
-  json_object_del(tmpl, "usage");
-  stream_chunk_text(c, tmpl);
-  json_decref(tmpl);
-  if (c->client_usage && c->usage) {
-    json_t *u = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
-    json_object_set_new(u, "choices", json_array());
-    json_object_set(u, "usage", c->usage);
-    stream_chunk_text(c, u);
-    json_decref(u);
-  }
-  lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
-}
-
-/* ---- Anthropic streams ---- */
-
-static int a_map_get(chat_t *c, json_int_t idx) {
-  char k[32];
-  snprintf(k, sizeof k, "%lld", (long long)idx);
-  json_t *v = json_object_get(c->a_map, k);
-  return v ? (int)json_integer_value(v) : -1000000;
-}
-
-static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
-  json_t *cp = json_copy(ch);
-  if (index >= 0) json_object_set_new(cp, "index", json_integer(index));
-  a_event(c, type, cp);
-}
-
-static int a_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
-  (void)raw, (void)rawn;
-  lg__json_begin();
-  json_t *ch = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ch)) {
-    json_decref(ch);
-    return 0;
-  }
-  const char *type = sget(ch, "type");
-  json_int_t idx = json_integer_value(json_object_get(ch, "index"));
-  if (!type) {
-  } else if (!strcmp(type, "message_start")) {
-    json_t *m = json_object_get(ch, "message");
-    if (!c->a_msg && json_is_object(m)) c->a_msg = json_incref(m);
-    json_decref(c->usage);
-    c->usage = json_pack("{s:O?}", "input_tokens", json_object_get(json_object_get(m, "usage"), "input_tokens"));
-    a_message_start(c, c->model ? c->model : "");
-  } else if (!strcmp(type, "content_block_start")) {
-    json_t *cb = json_object_get(ch, "content_block");
-    const char *ty = sget(cb, "type");
-    char k[32];
-    snprintf(k, sizeof k, "%lld", (long long)idx);
-    if (ty && !strcmp(ty, "tool_use")) { /* held until decided */
-      int t = (int)json_array_size(c->tcalls);
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:s, s:s}", "type", "tool_use", "id",
-                                                 sget(cb, "id") ? sget(cb, "id") : "", "name",
-                                                 sget(cb, "name") ? sget(cb, "name") : "", "_args", ""));
-      json_object_set_new(c->a_map, k, json_integer(-1 - t));
-    } else {
-      int ci = c->a_index++;
-      json_object_set_new(c->a_map, k, json_integer(ci));
-      a_forward(c, type, ch, ci);
-    }
-  } else if (!strcmp(type, "content_block_delta") || !strcmp(type, "content_block_stop")) {
-    int m = a_map_get(c, idx);
-    json_t *d = json_object_get(ch, "delta");
-    if (m <= -1 && m > -1000000) {
-      json_t *tu = json_array_get(c->tcalls, (size_t)(-1 - m));
-      const char *pj = sget(d, "partial_json");
-      if (tu && pj) {
-        lg__buf_t b = {0};
-        lg__buf_printf(&b, "%s%s", sget(tu, "_args"), pj);
-        json_object_set_new(tu, "_args", json_string(b.data ? b.data : ""));
-        lg__buf_free(&b);
-      }
-    } else if (m >= 0) {
-      const char *tx = sget(d, "text");
-      if (tx) lg__buf_puts(&c->text, tx);
-      a_forward(c, type, ch, m);
-    }
-  } else if (!strcmp(type, "message_delta")) {
-    const char *sr = sget(json_object_get(ch, "delta"), "stop_reason");
-    if (sr) {
-      lg__free(c->finish);
-      c->finish = lg__strdup(sr);
-    }
-    json_t *ot = json_object_get(json_object_get(ch, "usage"), "output_tokens");
-    if (json_is_integer(ot)) {
-      c->a_out_tokens += json_integer_value(ot);
-      if (c->usage) json_object_set(c->usage, "output_tokens", ot);
-    }
-  } else if (!strcmp(type, "message_stop")) {
-    c->saw_done = 1;
-  } else { /* ping, error: as they came */
-    a_event(c, type, json_incref(ch));
-  }
-  json_decref(ch);
-  return 0;
-}
-
-static int a_finish_stream(chat_t *c, int ask) {
-  json_t *tcs = c->tcalls;
+  json_t *tcs = held_calls(c);
   if (!json_array_size(tcs)) {
-    raise_action(c->j, "pass", NULL);
-    json_t *m = json_pack("{s:s, s:[{s:s, s:s}]}", "role", "assistant", "content", "type", "text",
-                          "text", c->text.data ? c->text.data : "");
-    register_key(c, m);
-    json_decref(m);
+    json_decref(tcs);
+    if (tx != 1) raise_action(c->j, "pass", NULL);
+    register_text(c);
     return 1;
   }
   calls_out_t co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
+  json_decref(tcs);
   int done = 1;
   if (co.stop) {
-    answer_final(c, NULL);
+    answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     done = 2;
   } else if (json_array_size(co.kept)) {
-    json_t *blocks = json_array();
-    for (size_t i = 0; i < json_array_size(co.kept); i++) {
-      json_t *tu = json_array_get(co.kept, i);
-      int ci = c->a_index++;
-      a_event(c, "content_block_start",
-              json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
-                        ci, "content_block", "type", "tool_use", "id", sget(tu, "id"), "name",
-                        sget(tu, "name"), "input"));
-      a_event(c, "content_block_delta",
-              json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", ci,
-                        "delta", "type", "input_json_delta", "partial_json", sget(tu, "_args")));
-      a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
-      json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "tool_use", "id", sget(tu, "id")));
-    }
-    json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", blocks);
-    register_key(c, m);
-    json_decref(m);
-    lg__free(c->finish);
-    c->finish = lg__strdup("tool_use");
+    if (is_anthropic(c)) lg__gwm_emit_kept(c, co.kept);
+    else if (is_responses(c)) lg__gwr_emit_kept(c, co.kept, co.refused);
+    else lg__gwo_emit_kept(c, co.kept);
   } else if (ask < c->max_reasks) {
+    if (is_responses(c) && (c->prev_id || c->reask_prev)) {
+      lg__free(c->reask_prev);
+      c->reask_prev = lg__strdup(sget(c->r_done, "id"));
+    }
     done = 0;
   } else {
-    stop_run(c, NULL);
-    answer_final(c, NULL);
+    stop_run(c);
+    answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     done = 2;
   }
   json_decref(co.kept);
   return done;
 }
 
-static void a_end_stream(chat_t *c) {
-  a_message_start(c, c->model ? c->model : "");
-  const char *fin = c->finish && strcmp(c->finish, "tool_use") ? c->finish : "end_turn";
-  if (c->finish && !strcmp(c->finish, "tool_use")) {
-    /* tool_use only when calls were emitted: finish_stream says so */
-    fin = "tool_use";
+/* The upstream's stream failed after the client's began (cut off, timed
+ * out, garbage): an error event in the API's shape ends it, so the
+ * client's SDK reports the failure rather than a short answer. */
+static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
+  char lab[300], msg[700];
+  lg__gw_upstream_label(x->up, lab, sizeof lab);
+  snprintf(msg, sizeof msg, "upstream %s: %s", lab,
+           rc ? (x->cc == CURLE_OPERATION_TIMEDOUT ? "timed out in the middle of the stream" : x->errbuf)
+              : "the stream ended before its last event");
+  lg__buf_t b = {0}, e = {0};
+  int status = rc && x->cc == CURLE_OPERATION_TIMEDOUT ? 504 : 502;
+  if (is_responses(c)) {
+    json_t *ev = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "upstream_error",
+                           "message", msg, "param");
+    lg__gwr_event(c, ev);
+    return;
   }
-  a_message_end(c, fin);
-}
-
-/* ---- Responses streams ---- */
-
-/* Writes one Responses event with the client's own sequence number. */
-static void r_event(chat_t *c, json_t *ev) {
-  const char *type = sget(ev, "type");
-  json_object_set_new(ev, "sequence_number", json_integer(c->r_seq++));
-  char *t = lg__json_text(ev, NULL);
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type ? type : "message", t ? t : "{}");
+  lg__gw_error_body(&e, is_anthropic(c), status, "upstream_error", "upstream_error", NULL, msg);
+  if (is_anthropic(c)) lg__buf_printf(&b, "event: error\ndata: %s\n\n", e.data ? e.data : "{}");
+  else lg__buf_printf(&b, "data: %s\n\n", e.data ? e.data : "{}");
   if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
   lg__buf_free(&b);
-  lg__free(t);
-  json_decref(ev);
+  lg__buf_free(&e);
 }
 
-static int r_on_event(chat_t *c, const char *data, size_t n) {
-  lg__json_begin();
-  json_t *ev = json_loadb(data, n, 0, NULL);
-  if (lg__json_oom() || !json_is_object(ev)) {
-    json_decref(ev);
-    return 0;
-  }
-  const char *type = sget(ev, "type");
-  json_int_t oi = json_integer_value(json_object_get(ev, "output_index"));
-  char k[32];
-  snprintf(k, sizeof k, "%lld", (long long)oi);
-  if (!type) {
-    json_decref(ev);
-  } else if (!strcmp(type, "response.created") || !strcmp(type, "response.in_progress")) {
-    if (c->r_started > 1 || (c->r_started && !strcmp(type, "response.created"))) json_decref(ev);
-    else {
-      c->r_started++;
-      r_event(c, ev);
-    }
-  } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
-    json_decref(c->r_done);
-    c->r_done = json_incref(json_object_get(ev, "response"));
-    json_decref(c->usage);
-    c->usage = json_incref(json_object_get(c->r_done, "usage"));
-    c->saw_done = 1;
-    json_decref(ev);
-  } else if (!strcmp(type, "response.output_item.added")) {
-    json_t *it = json_object_get(ev, "item");
-    const char *ity = sget(it, "type");
-    if (ity && !strcmp(ity, "function_call")) { /* held until decided */
-      json_object_set_new(c->a_map, k, json_integer(-1));
-      json_decref(ev);
-    } else {
-      int ci = c->r_index++;
-      json_object_set_new(c->a_map, k, json_integer(ci));
-      json_object_set_new(ev, "output_index", json_integer(ci));
-      r_event(c, ev);
-    }
-  } else if (json_object_get(ev, "output_index")) {
-    int m = a_map_get(c, oi);
-    if (m < 0) {
-      json_decref(ev); /* a held call's deltas, or an item never announced */
-    } else {
-      const char *d = !strcmp(type, "response.output_text.delta") ? sget(ev, "delta") : NULL;
-      if (d) lg__buf_puts(&c->text, d);
-      json_object_set_new(ev, "output_index", json_integer(m));
-      r_event(c, ev);
-    }
-  } else { /* errors and the rest: as they came */
-    r_event(c, ev);
-  }
-  return 0;
+/* The state of reading one upstream stream, reset. */
+static void stream_reset(chat_t *c) {
+  json_decref(c->tcalls);
+  c->tcalls = json_array();
+  json_decref(c->a_map);
+  c->a_map = json_object();
+  lg__free(c->finish);
+  c->finish = NULL;
+  json_decref(c->usage);
+  c->usage = NULL;
+  json_decref(c->r_done);
+  c->r_done = NULL;
+  c->saw_done = 0;
+  c->saw_error = 0;
+  c->text.len = 0;
+  c->text_fed = 0;
+  c->line.len = 0;
+  c->events = 0;
 }
 
-/* The calls of the completed response decided; the kept ones emitted,
- * then response.completed listing only what the client may run. */
-static int r_finish_stream(chat_t *c, int ask) {
-  json_t *done = c->r_done;
-  if (!done) return 1;
-  c->cur_resp_id = sget(done, "id");
-  json_t *tcs = function_calls(done);
-  int rc = 1;
-  calls_out_t co = {NULL, 0, 0};
-  if (json_array_size(tcs)) {
-    co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
-    if (co.stop) {
-      json_decref(co.kept);
-      json_decref(tcs);
-      answer_final(c, NULL);
-      return 2;
-    }
-    if (!json_array_size(co.kept)) {
-      json_decref(co.kept);
-      json_decref(tcs);
-      if (ask < c->max_reasks) {
-        if (c->prev_id || c->reask_prev) {
-          lg__free(c->reask_prev);
-          c->reask_prev = lg__strdup(sget(done, "id"));
-        }
-        return 0;
-      }
-      stop_run(c, NULL);
-      answer_final(c, NULL);
-      return 2;
-    }
-    for (size_t i = 0; i < json_array_size(co.kept); i++) {
-      json_t *it = json_array_get(co.kept, i);
-      int ci = c->r_index++;
-      r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", it));
-      r_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type", "response.function_call_arguments.done",
-                           "item_id", sget(it, "id"), "output_index", ci, "arguments", sget(it, "arguments")));
-      r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", it));
-    }
-    if (co.refused) keep_items(done, co.kept);
-    json_decref(co.kept);
-  } else {
-    raise_action(c->j, "pass", NULL);
-  }
-  json_decref(tcs);
-  register_key(c, done);
-  r_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", done));
-  return rc;
+/* The usage of a stream cut by the gateway: what the upstream had sent, at
+ * most (a token is at least a byte). New. */
+static json_t *cut_usage(chat_t *c, size_t blen) {
+  return json_pack("{s:I, s:I}", "input_tokens", (json_int_t)blen, "output_tokens", (json_int_t)c->text.len);
 }
 
-/* Ends a Responses stream the gateway must end early: response.completed
- * with what the upstream completed, or an empty incomplete response. */
-static void r_end_stream(chat_t *c) {
-  json_t *resp = c->r_done ? json_incref(c->r_done)
-                           : json_pack("{s:s, s:s, s:s, s:[]}", "id", "resp_lg_incomplete", "object",
-                                       "response", "status", "incomplete", "output");
-  r_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
-}
-
-/* A final message as Responses events (a stop). */
-static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
-  char mid[64];
-  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)now_ms(c->cx));
-  if (!c->r_started) {
-    c->r_started = 2;
-    json_t *r0 = json_deep_copy(resp);
-    json_object_set_new(r0, "status", json_string("in_progress"));
-    json_object_set_new(r0, "output", json_array());
-    r_event(c, json_pack("{s:s, s:o}", "type", "response.created", "response", r0));
-  }
-  int ci = c->r_index++;
-  json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", mid,
-                           "status", "completed", "role", "assistant", "content", "type",
-                           "output_text", "text", text, "annotations");
-  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", item));
-  r_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.delta", "item_id", mid,
-                       "output_index", ci, "content_index", 0, "delta", text));
-  r_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", mid,
-                       "output_index", ci, "content_index", 0, "text", text));
-  r_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", item));
-  json_decref(item);
-  r_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
-}
-
-static void run_stream(chat_t *c) {
+/* One model call, streamed: 1 the stream is answered, 0 ask again. */
+static int stream_exchange(chat_t *c, int ask) {
   lg__gw_job_t *j = c->j;
-  const lg__gw_config_t *cfg = lg__gw_cfg(c->cx->gw);
-  for (int ask = 0;; ask++) {
-    c->r->hide_left = 0; /* the estimate: the largest body, nothing hidden */
-    json_t *body = build_body(c);
-    size_t blen = 0;
-    char *btext = body ? lg__json_text(body, &blen) : NULL;
-    json_decref(body);
-    if (!btext) {
-      lg__gw_error(j, 500, "server_error", NULL, "out of memory");
-      if (!c->streamed) lg__gw_answer(j);
-      return;
-    }
-    model_out_t mo = model_event(c, blen);
-    if (mo.error || mo.stop) {
-      lg__free(btext);
-      if (mo.stop) answer_final(c, c->last_chunk);
-      else if (!c->streamed) lg__gw_answer(j);
-      else if (is_anthropic(c)) a_end_stream(c);
-      else if (is_responses(c)) r_end_stream(c);
-      else end_stream(c);
-      return;
-    }
-    rebuild_body(c, &btext, &blen);
-    json_decref(c->tcalls);
-    c->tcalls = json_array();
-    json_decref(c->a_map);
-    c->a_map = json_object();
-    lg__free(c->finish);
-    c->finish = NULL;
-    json_decref(c->usage);
-    c->usage = NULL;
-    c->saw_done = 0;
-    c->text.len = 0;
-    c->line.len = 0;
-    lg__free(c->finish);
-    c->finish = NULL;
-    lg__gw_http_t x = {0};
-    x.up = &cfg->up[c->ui];
-    x.method = "POST";
-    x.path = api_path(c);
-    x.body = btext;
-    x.body_len = blen;
-    x.headers = j->fwd;
-    x.client_auth = j->auth;
-    x.provider_key = j->provider_key;
-    x.stop = lg__gw_stopflag(c->cx->gw);
-    x.on_data = on_stream_data;
-    x.ud = c;
-    int rc = lg__gw_http_do(c->cx->curl, &x);
-    lg__gw_note_upstream(c->cx->gw, c->ui, x.ns);
-    lg__free(btext);
-    if (rc || x.status != 200) {
-      usage_event(c, mo.reservation, NULL, 1, blen);
-      if (c->streamed) { /* mid-stream: end it the way the API ends one */
-        if (is_anthropic(c)) a_end_stream(c);
-        else if (is_responses(c)) r_end_stream(c);
-        else end_stream(c);
-        return;
-      }
-      if (rc) upstream_error(c, &x);
-      else {
-        j->status = (int)x.status;
-        snprintf(j->ctype, sizeof j->ctype, "%s", x.ctype[0] ? x.ctype : "application/json");
-        lg__buf_t t = j->out;
-        j->out = x.body_out;
-        x.body_out = t;
-      }
-      lg__gw_http_clear(&x);
-      lg__gw_answer(j);
-      return;
-    }
-    lg__gw_http_clear(&x);
+  size_t blen = 0;
+  model_out_t mo;
+  char *btext = prepare_call(c, &blen, &mo);
+  if (!btext) return 1;
+  stream_reset(c);
+  lg__gw_http_t x;
+  int rc = call_upstream(c, &x, btext, blen, on_stream_data);
+  lg__free(btext);
+  int done = 1;
+  if (c->cut) { /* a text loop: the upstream's stream was aborted */
+    json_t *u = cut_usage(c, blen);
+    usage_event(c, mo.reservation, u, 0, blen);
+    json_decref(u);
+    if (c->cut == 2) answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
+    else end_api_stream(c);
+  } else if (!rc && x.status == 200 && (c->saw_done || (c->api == LG__GW_API_OPENAI && c->finish))) {
     usage_event(c, mo.reservation, c->usage, 0, blen);
-    if (!c->streamed) {
-      lg__gw_stream_start(j);
-      c->streamed = 1;
-    }
-    int done = is_anthropic(c)    ? a_finish_stream(c, ask)
-               : is_responses(c) ? r_finish_stream(c, ask)
-                                 : finish_stream(c, ask);
-    if (done == 2) return; /* the final message ended the stream */
-    if (done) {
-      if (is_anthropic(c)) a_end_stream(c);
-      else if (!is_responses(c)) end_stream(c);
-      return;
-    }
-    json_decref(c->r_done);
-    c->r_done = NULL;
+    lg__gwc_begin_stream(c);
+    done = stream_finish(c, ask);
+    if (done == 1) end_api_stream(c);
+  } else if (c->streamed) { /* the upstream failed mid-stream */
+    usage_event(c, mo.reservation, NULL, 1, blen);
+    if (!atomic_load(&j->s_gone) && !c->saw_error) stream_error(c, &x, rc);
+  } else { /* nothing was sent to the client: an error of its API */
+    usage_event(c, mo.reservation, NULL, 1, blen);
+    if (rc) lg__gw_upstream_failed(j, &x);
+    else if (x.status != 200) lg__gw_upstream_answer(j, &x);
+    else
+      lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
+                   "upstream %s answered 200 with a stream that holds no event of its API", x.up->name);
+    lg__gw_answer(j);
+  }
+  lg__gw_http_clear(&x);
+  return done;
+}
+
+/* The model calls of a request: the first, and the re-asks while every
+ * call of an answer is refused (gateway.max_reasks). */
+static void run_calls(chat_t *c) {
+  int (*exchange)(chat_t *, int) = c->stream ? stream_exchange : plain_exchange;
+  for (int ask = 0; !exchange(c, ask); ask++) {
   }
 }
 
 /* ---- the route ---- */
+
+/* The request's body parsed and checked. 0, or an error answered into j. */
+static int parse_request(chat_t *c) {
+  lg__gw_job_t *j = c->j;
+  lg__json_begin();
+  json_error_t je;
+  c->root = json_loadb(j->body, j->body_len, 0, &je);
+  if (lg__json_oom()) {
+    json_decref(c->root);
+    c->root = NULL;
+    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+    return -1;
+  }
+  if (!json_is_object(c->root)) {
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_json",
+                 "the body is not a JSON object (line %d, column %d: %s)", je.line, je.column,
+                 c->root ? "not an object" : je.text);
+    return -1;
+  }
+  c->messages = json_object_get(c->root, is_responses(c) ? "input" : "messages");
+  if (is_responses(c) && json_is_string(c->messages)) { /* input: "text" is one user message */
+    c->input_wrap = json_pack("[{s:s, s:O}]", "role", "user", "content", c->messages);
+    c->messages = c->input_wrap;
+  }
+  if (!json_is_array(c->messages)) {
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_value", "%s: expected an array",
+                 is_responses(c) ? "input" : "messages");
+    return -1;
+  }
+  if (j->hdr_run && !valid_id(j->hdr_run)) {
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_run",
+                 "X-Loopguard-Run: expected a run id of printable characters without '/'");
+    return -1;
+  }
+  if (j->hdr_policy && !lg__gw_policy_named(c->cx->gw, j->hdr_policy)) {
+    lg__gw_error(j, 400, "invalid_request_error", "unknown_policy",
+                 "X-Loopguard-Policy: no policy named \"%.200s\" (the server's --policies folder "
+                 "holds NAME.json for each name)",
+                 j->hdr_policy);
+    return -1;
+  }
+  c->prev_id = is_responses(c) ? sget(c->root, "previous_response_id") : NULL;
+  c->n = json_array_size(c->messages);
+  c->stream = json_is_true(json_object_get(c->root, "stream"));
+  c->client_usage = json_is_true(json_object_get(json_object_get(c->root, "stream_options"), "include_usage"));
+  c->base_ui = lg__gw_config_pick(lg__gw_cfg(c->cx->gw), sget(c->root, "model"), is_anthropic(c),
+                                  &c->base_model);
+  c->ui = c->base_ui;
+  c->model = c->base_model;
+  j->upstream = c->ui;
+  return 0;
+}
+
+/* The request's run: named by its header, else found by its
+ * conversation's start (or previous_response_id), else new. 0, or an
+ * error answered. */
+static int find_run(chat_t *c) {
+  lg__gw_job_t *j = c->j;
+  char *key = NULL;
+  long a = first_assistant(c->messages);
+  if (!j->hdr_run && c->prev_id) {
+    lg__buf_t kb = {0};
+    lg__buf_printf(&kb, "resp:%s", c->prev_id);
+    key = lg__buf_steal(&kb, NULL);
+  } else if (!j->hdr_run && a >= 0) {
+    key = conv_key(c->messages, (size_t)a, NULL);
+  }
+  lg_error_t e = {0};
+  c->r = lg__gw_run_get(c->cx, j->hdr_run, key, lg__gw_policy_named(c->cx->gw, j->hdr_policy), &e);
+  lg__free(key);
+  if (!c->r) {
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",
+                 e.message[0] ? e.message : lg_strerror(e.code));
+    return -1;
+  }
+  snprintf(j->run_id, sizeof j->run_id, "%s", c->r->id);
+  c->max_reasks = (int)c->r->policy->gw_max_reasks;
+  return 0;
+}
+
+/* A retry of the run's last request (the same body, soon after): the same
+ * answer again, not a second model call. 1 when answered. */
+static int answer_retry(chat_t *c, uint64_t h) {
+  lg__gw_run_t *r = c->r;
+  lg__gw_job_t *j = c->j;
+  if (c->stream || r->last_hash != h || !r->last_body.len || now_ms(c->cx) - r->last_ms >= RETRY_WINDOW_MS)
+    return 0;
+  j->status = r->last_status;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  lg__buf_append(&j->out, r->last_body.data, r->last_body.len);
+  j->action = NULL;
+  raise_action(j, r->last_action[0] ? r->last_action : "pass", r->last_reason);
+  lg__gw_answer(j);
+  return 1;
+}
+
+/* Keeps a whole 200 answer for a retry of the same request. */
+static void keep_for_retry(chat_t *c, uint64_t h) {
+  lg__gw_run_t *r = c->r;
+  lg__gw_job_t *j = c->j;
+  if (c->stream || !j->answered || j->status != 200) return;
+  r->last_hash = h;
+  r->last_ms = now_ms(c->cx);
+  r->last_status = j->status;
+  r->last_body.len = 0;
+  lg__buf_append(&r->last_body, j->out.data, j->out.len);
+  snprintf(r->last_action, sizeof r->last_action, "%s", j->action ? j->action : "");
+  snprintf(r->last_reason, sizeof r->last_reason, "%s", j->reason);
+}
+
+/* A message from the person (not only tool results): a `user` event. */
+static int is_user_message(const chat_t *c, json_t *m) {
+  const char *role = sget(m, "role"), *ty = sget(m, "type");
+  if (!role || strcmp(role, "user") || (ty && strcmp(ty, "message"))) return 0;
+  json_t *ct = json_object_get(m, "content");
+  if (!is_anthropic(c) || !json_is_array(ct)) return 1;
+  for (size_t k = 0; k < json_array_size(ct); k++) { /* tool_result blocks are not the person's */
+    const char *bt = sget(json_array_get(ct, k), "type");
+    if (bt && strcmp(bt, "tool_result")) return 1;
+  }
+  return 0;
+}
+
+/* One new client message as events: its tool results, or a user event. */
+static void feed_message(chat_t *c, json_t *m) {
+  const char *role = sget(m, "role"), *ty = sget(m, "type");
+  if (is_user_message(c, m)) {
+    if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
+    return;
+  }
+  if (is_responses(c)) {
+    if (ty && !strcmp(ty, "function_call_output")) {
+      json_t *tmp = json_pack("{s:O?}", "content", json_object_get(m, "output"));
+      feed_result(c, sget(m, "call_id"), tmp, 0);
+      json_decref(tmp);
+    }
+  } else if (!is_anthropic(c)) {
+    if (role && !strcmp(role, "tool")) feed_result(c, sget(m, "tool_call_id"), m, 0);
+  } else if (role && !strcmp(role, "user")) {
+    json_t *blocks = json_object_get(m, "content");
+    for (size_t k = 0; k < json_array_size(blocks); k++) {
+      json_t *bl = json_array_get(blocks, k);
+      const char *bt = sget(bl, "type");
+      if (bt && !strcmp(bt, "tool_result"))
+        feed_result(c, sget(bl, "tool_use_id"), bl, json_is_true(json_object_get(bl, "is_error")));
+    }
+  }
+}
+
+/* What is new since the run's last request, as events. A Responses
+ * request with previous_response_id holds only what is new. */
+static void feed_new(chat_t *c) {
+  if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
+  for (size_t i = c->prev_id ? 0 : c->r->fed; i < c->n; i++) feed_message(c, json_array_get(c->messages, i));
+  c->r->fed = c->n;
+}
+
+static void chat_free(chat_t *c) {
+  json_decref(c->root);
+  json_decref(c->tcalls);
+  json_decref(c->last_chunk);
+  json_decref(c->usage);
+  json_decref(c->a_map);
+  json_decref(c->a_msg);
+  json_decref(c->input_wrap);
+  json_decref(c->r_done);
+  json_decref(c->r_open_item);
+  lg__free(c->reask_prev);
+  lg__free(c->esc_model);
+  lg__buf_free(&c->line);
+  lg__buf_free(&c->text);
+  lg__free(c->finish);
+  lg__free(c->new_key);
+  lg__free(c->stop_text);
+}
 
 void lg__gw_chat(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
@@ -1679,142 +1661,22 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   memset(&c, 0, sizeof c);
   c.cx = cx;
   c.j = j;
-  c.max_reasks = (int)cx->srv->default_policy->gw_max_reasks;
+  c.a_open = c.r_open = -1;
   c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;
-  lg__json_begin();
-  json_error_t je;
-  c.root = json_loadb(j->body, j->body_len, 0, &je);
-  if (lg__json_oom()) {
-    json_decref(c.root);
-    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
-    lg__gw_answer(j);
-    return;
-  }
-  if (!json_is_object(c.root)) {
-    lg__gw_error(j, 400, "invalid_request_error", "invalid_json",
-                 "the body is not a JSON object (line %d, column %d: %s)", je.line, je.column,
-                 c.root ? "not an object" : je.text);
-    goto out;
-  }
-  c.messages = json_object_get(c.root, is_responses(&c) ? "input" : "messages");
-  if (is_responses(&c) && json_is_string(c.messages)) { /* input: "text" is one user message */
-    c.input_wrap = json_pack("[{s:s, s:O}]", "role", "user", "content", c.messages);
-    c.messages = c.input_wrap;
-  }
-  if (!json_is_array(c.messages)) {
-    lg__gw_error(j, 400, "invalid_request_error", "invalid_value", "%s: expected an array",
-                 is_responses(&c) ? "input" : "messages");
-    goto out;
-  }
-  c.prev_id = is_responses(&c) ? sget(c.root, "previous_response_id") : NULL;
-
-  c.n = json_array_size(c.messages);
-  c.stream = json_is_true(json_object_get(c.root, "stream"));
-  c.client_usage = json_is_true(json_object_get(json_object_get(c.root, "stream_options"), "include_usage"));
-  const char *model = sget(c.root, "model");
-  c.ui = lg__gw_config_pick(lg__gw_cfg(cx->gw), model, is_anthropic(&c), &c.model);
-  j->upstream = c.ui;
-  if (j->hdr_run && !valid_id(j->hdr_run)) {
-    lg__gw_error(j, 400, "invalid_request_error", "invalid_run",
-                 "X-Loopguard-Run: expected a run id of printable characters without '/'");
-    goto out;
-  }
-  char *key = NULL;
-  long a = first_assistant(c.messages);
-  if (!j->hdr_run && c.prev_id) {
-    lg__buf_t kb = {0};
-    lg__buf_printf(&kb, "resp:%s", c.prev_id);
-    key = lg__buf_steal(&kb, NULL);
-  } else if (!j->hdr_run && a >= 0) {
-    key = conv_key(c.messages, (size_t)a, NULL);
-  }
-  lg_error_t e = {0};
-  c.r = lg__gw_run_get(cx, j->hdr_run, key, &e);
-  lg__free(key);
-  if (!c.r) {
-    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",
-                 e.message[0] ? e.message : lg_strerror(e.code));
-    goto out;
-  }
-  snprintf(j->run_id, sizeof j->run_id, "%s", c.r->id);
-  /* A retry of the last request (same body, soon after): the same answer,
-   * not a second model call. */
   uint64_t h = lg__hash_str(j->body);
-  if (!c.stream && c.r->last_hash == h && c.r->last_body.len &&
-      now_ms(cx) - c.r->last_ms < RETRY_WINDOW_MS) {
-    j->status = c.r->last_status;
-    snprintf(j->ctype, sizeof j->ctype, "application/json");
-    lg__buf_append(&j->out, c.r->last_body.data, c.r->last_body.len);
-    j->action = NULL;
-    raise_action(j, c.r->last_action[0] ? c.r->last_action : "pass", c.r->last_reason);
-    lg__gw_answer(j);
-    goto out;
+  if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h)) {
+    feed_new(&c);
+    if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
+    if (c.stop_text) answer_final(&c, NULL);
+    else if (lg__gw_keys_model(cx, c.r->id, c.root, c.model, c.ui, j->body_len)) {
+      /* refused by the key (keys.c): answered */
+    } else run_calls(&c);
+    keep_for_retry(&c, h);
   }
-  /* What is new since the last request: the results. */
-  if (c.n < c.r->fed) c.r->fed = c.n; /* a shorter conversation: trimmed */
-  /* Responses with previous_response_id: the input is only what is new. */
-  for (size_t i = c.prev_id ? 0 : c.r->fed; i < c.n; i++) {
-    json_t *m = json_array_get(c.messages, i);
-    const char *role = sget(m, "role");
-    if (is_responses(&c)) {
-      const char *ty = sget(m, "type");
-      if (ty && !strcmp(ty, "function_call_output")) {
-        json_t *tmp = json_pack("{s:O?}", "content", json_object_get(m, "output"));
-        feed_result(&c, sget(m, "call_id"), tmp, 0);
-        json_decref(tmp);
-      }
-      continue;
-    }
-    if (!is_anthropic(&c)) {
-      if (role && !strcmp(role, "tool")) feed_result(&c, sget(m, "tool_call_id"), m, 0);
-      continue;
-    }
-    json_t *blocks = json_object_get(m, "content");
-    for (size_t k = 0; role && !strcmp(role, "user") && k < json_array_size(blocks); k++) {
-      json_t *bl = json_array_get(blocks, k);
-      const char *ty = sget(bl, "type");
-      if (ty && !strcmp(ty, "tool_result"))
-        feed_result(&c, sget(bl, "tool_use_id"), bl, json_is_true(json_object_get(bl, "is_error")));
-    }
-  }
-  c.r->fed = c.n;
-  if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
-  if (!c.stop_text && lg__gw_keys_model(cx, c.r->id, c.root, c.model, c.ui, j->body_len)) {
-    /* refused by the key (keys.c): answered */
-  } else if (c.stop_text) {
-    answer_final(&c, NULL);
-  } else if (c.stream) {
-    run_stream(&c);
-  } else {
-    run_plain(&c);
-  }
-  if (!c.stream && j->answered && j->status == 200) { /* kept for a retry */
-    c.r->last_hash = h;
-    c.r->last_ms = now_ms(cx);
-    c.r->last_status = j->status;
-    c.r->last_body.len = 0;
-    lg__buf_append(&c.r->last_body, j->out.data, j->out.len);
-    snprintf(c.r->last_action, sizeof c.r->last_action, "%s", j->action ? j->action : "");
-    snprintf(c.r->last_reason, sizeof c.r->last_reason, "%s", j->reason);
-  }
-out:
   if (!j->action && j->run_id[0]) j->action = "pass";
-  if (c.r) lg__gw_run_unlock(c.r);
+  if (c.r) lg__gw_run_unlock(cx->gw, c.r);
   if (!j->answered && !c.streamed) lg__gw_answer(j);
-  json_decref(c.root);
-  json_decref(c.tcalls);
-  json_decref(c.last_chunk);
-  json_decref(c.usage);
-  json_decref(c.a_map);
-  json_decref(c.a_msg);
-  json_decref(c.input_wrap);
-  json_decref(c.r_done);
-  lg__free(c.reask_prev);
-  lg__buf_free(&c.line);
-  lg__buf_free(&c.text);
-  lg__free(c.finish);
-  lg__free(c.new_key);
-  lg__free(c.stop_text);
+  chat_free(&c);
 }

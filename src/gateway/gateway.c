@@ -42,10 +42,19 @@ static const char *kind_names[LG__GW__KINDS] = {"chat_completions", "responses",
 static const double hist_le[GW_HIST] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                         0.5,   1,    2.5,   5,    10,  30};
 
-typedef struct key_ent {
-  char *key, *run_id;
-  struct key_ent *next;
-} key_ent_t;
+/* A conversation's key (its start, a Responses id) -> its run. The run
+ * owns its keys: they go when it is evicted. */
+struct lg__gw_key {
+  char *key;
+  lg__gw_run_t *run;
+  struct lg__gw_key *next;    /* hash chain */
+  struct lg__gw_key *rnext;   /* the run's keys */
+};
+typedef lg__gw_key_t key_ent_t;
+
+/* At most this many runs are kept in memory (LOOPGUARD_GATEWAY_MAX_RUNS);
+ * past it, the least recently used run that no request holds is evicted. */
+#define GW_MAX_RUNS_DEFAULT 10000
 
 #define GW_MAX_UP 16
 
@@ -64,6 +73,9 @@ struct lg__gw {
   pthread_mutex_t tmu;        /* guards the tables */
   lg__gw_run_t *runs[GW_BUCKETS];
   key_ent_t *keys[GW_BUCKETS];
+  lg__gw_run_t *lru_head, *lru_tail; /* most recently used first */
+  size_t nruns, max_runs;
+  lg__gw_policies_t policies; /* --policies DIR */
   /* metrics */
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
   _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
@@ -85,6 +97,7 @@ static void job_unref(lg__gw_job_t *j) {
   lg__free(j->hdr_run);
   lg__free(j->hdr_group);
   lg__free(j->hdr_agent);
+  lg__free(j->hdr_policy);
   lg__gw_keys_clear(j);
   curl_slist_free_all(j->fwd);
   lg__buf_free(&j->out);
@@ -102,6 +115,45 @@ static void job_done(lg__gw_job_t *j) {
 
 void lg__gw_answer(lg__gw_job_t *j) { job_done(j); }
 
+/* Anthropic's error type for a status (its API's documented set). */
+static const char *anthropic_type(int status) {
+  switch (status) {
+  case 400: return "invalid_request_error";
+  case 401: return "authentication_error";
+  case 402: return "billing_error";
+  case 403: return "permission_error";
+  case 404: return "not_found_error";
+  case 413: return "request_too_large";
+  case 429: return "rate_limit_error";
+  case 503: return "overloaded_error";
+  default: return status < 500 ? "invalid_request_error" : "api_error";
+  }
+}
+
+void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type, const char *code,
+                       const char *param, const char *msg) {
+  b->len = 0;
+  b->oom = false;
+  if (anthropic) {
+    lg__buf_printf(b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":",
+                   anthropic_type(status));
+    lg__buf_json_str(b, msg, strlen(msg));
+    lg__buf_puts(b, "}}");
+    return;
+  }
+  lg__buf_puts(b, "{\"error\":{\"message\":");
+  lg__buf_json_str(b, msg, strlen(msg));
+  lg__buf_puts(b, ",\"type\":");
+  lg__buf_json_str(b, type, strlen(type));
+  lg__buf_puts(b, ",\"param\":");
+  if (param && *param) lg__buf_json_str(b, param, strlen(param));
+  else lg__buf_puts(b, "null");
+  lg__buf_puts(b, ",\"code\":");
+  if (code) lg__buf_json_str(b, code, strlen(code));
+  else lg__buf_puts(b, "null");
+  lg__buf_puts(b, "}}");
+}
+
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) {
   char msg[1024];
@@ -110,21 +162,20 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   j->status = status;
-  j->out.len = 0;
-  j->out.oom = false;
   snprintf(j->ctype, sizeof j->ctype, "application/json");
-  if (j->kind == LG__GW_MESSAGES) {
-    lg__buf_printf(&j->out, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":", type);
-    lg__buf_json_str(&j->out, msg, strlen(msg));
-    lg__buf_puts(&j->out, "}}");
-  } else {
-    lg__buf_puts(&j->out, "{\"error\":{\"message\":");
-    lg__buf_json_str(&j->out, msg, strlen(msg));
-    lg__buf_printf(&j->out, ",\"type\":\"%s\",\"code\":", type);
-    if (code) lg__buf_json_str(&j->out, code, strlen(code));
-    else lg__buf_puts(&j->out, "null");
-    lg__buf_puts(&j->out, "}}");
-  }
+  lg__gw_error_body(&j->out, j->kind == LG__GW_MESSAGES, status, type, code, NULL, msg);
+}
+
+int lg__gw_error_api(const char *url) { return url && !strcmp(url, "/v1/messages") ? 2 : 1; }
+
+int lg__gw_req_error(lg__req_t *rq, int status, const char *type, const char *field,
+                     const char *msg) {
+  const char *otype = status == 401   ? "invalid_request_error"
+                      : status == 429 ? "rate_limit_error"
+                      : status >= 500 ? "server_error"
+                                      : "invalid_request_error";
+  lg__gw_error_body(&rq->out, rq->api_errors == 2, status, otype, type, field, msg);
+  return status;
 }
 
 /* ---- streams ---- */
@@ -271,6 +322,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   else if (!strcasecmp(k, "X-Loopguard-Run")) slot = &j->hdr_run;
   else if (!strcasecmp(k, "X-Loopguard-Group")) slot = &j->hdr_group;
   else if (!strcasecmp(k, "X-Loopguard-Agent")) slot = &j->hdr_agent;
+  else if (!strcasecmp(k, "X-Loopguard-Policy")) slot = &j->hdr_policy;
   if (slot) {
     lg__free(*slot);
     if (!(*slot = lg__strdup(v))) h->oom = 1;
@@ -341,6 +393,25 @@ void lg__gw_handle(lg__req_t *rq) {
 
 /* ---- workers ---- */
 
+void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x) {
+  char lab[300];
+  lg__gw_upstream_label(x->up, lab, sizeof lab);
+  if (x->cc == CURLE_OPERATION_TIMEDOUT)
+    lg__gw_error(j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab,
+                 x->errbuf);
+  else
+    lg__gw_error(j, 502, "upstream_error", "upstream_unreachable", "upstream %s cannot be reached: %s",
+                 lab, x->errbuf);
+}
+
+void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x) {
+  j->status = (int)x->status;
+  snprintf(j->ctype, sizeof j->ctype, "%s", x->ctype[0] ? x->ctype : "application/json");
+  lg__buf_t t = j->out;
+  j->out = x->body_out;
+  x->body_out = t;
+}
+
 static void passthrough(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
   size_t ui = lg__gw_cfg(cx->gw)->def;
@@ -357,20 +428,8 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.stop = &cx->gw->stop;
   int rc = lg__gw_http_do(cx->curl, &x);
   lg__gw_note_upstream(cx->gw, ui, x.ns);
-  if (rc) {
-    char lab[300];
-    lg__gw_upstream_label(x.up, lab, sizeof lab);
-    if (x.cc == CURLE_OPERATION_TIMEDOUT)
-      lg__gw_error(j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab, x.errbuf);
-    else
-      lg__gw_error(j, 502, "upstream_error", "upstream_unreachable", "upstream %s cannot be reached: %s", lab, x.errbuf);
-  } else {
-    j->status = (int)x.status;
-    snprintf(j->ctype, sizeof j->ctype, "%s", x.ctype[0] ? x.ctype : "application/json");
-    lg__buf_t t = j->out;
-    j->out = x.body_out;
-    x.body_out = t;
-  }
+  if (rc) lg__gw_upstream_failed(j, &x);
+  else lg__gw_upstream_answer(j, &x);
   lg__gw_http_clear(&x);
   lg__gw_answer(j);
 }
@@ -400,14 +459,10 @@ static void *worker_main(void *arg) {
       lg__gw_answer(j);
     } else if (lg__gw_keys_auth(&cx)) {
       /* a key refused: answered */
-    } else if (j->kind != LG__GW_PASS) {
-      lg__gw_chat(&cx);
     } else if (j->kind == LG__GW_PASS) {
       passthrough(&cx);
     } else {
-      lg__gw_error(j, 501, "invalid_request_error", "not_implemented",
-                   "loopguard gateway: %s is not implemented yet", j->path);
-      lg__gw_answer(j);
+      lg__gw_chat(&cx);
     }
     if (!j->answered) { /* never left without an answer */
       lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
@@ -430,26 +485,32 @@ static void *worker_main(void *arg) {
 static size_t bucket(const char *s) { return lg__hash_str(s) & (GW_BUCKETS - 1); }
 
 
-static const char *key_get(lg__gw_t *gw, const char *key) {
+static lg__gw_run_t *key_get(lg__gw_t *gw, const char *key) {
   for (key_ent_t *e = gw->keys[bucket(key)]; e; e = e->next)
-    if (!strcmp(e->key, key)) return e->run_id;
+    if (!strcmp(e->key, key)) return e->run;
   return NULL;
 }
 
-void lg__gw_key_put(lg__gw_t *gw, const char *key, const char *run_id) {
+void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
   pthread_mutex_lock(&gw->tmu);
   if (!key_get(gw, key)) {
     key_ent_t *e = lg__calloc(1, sizeof *e);
-    if (e && (e->key = lg__strdup(key)) && (e->run_id = lg__strdup(run_id))) {
+    if (e && (e->key = lg__strdup(key))) {
       size_t b = bucket(key);
+      e->run = r;
       e->next = gw->keys[b];
       gw->keys[b] = e;
-    } else if (e) {
-      lg__free(e->key);
+      e->rnext = r->keys;
+      r->keys = e;
+    } else {
       lg__free(e);
     }
   }
   pthread_mutex_unlock(&gw->tmu);
+}
+
+const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name) {
+  return lg__gw_policies_find(&gw->policies, name);
 }
 
 static lg_policy_t *server_policy(void *ud, const char *json, lg_error_t *err) {
@@ -457,67 +518,150 @@ static lg_policy_t *server_policy(void *ud, const char *json, lg_error_t *err) {
 }
 
 /* Stores a new run (the step's run creation); an existing one is fine. */
-static int create_run(lg__gw_ctx_t *cx, const char *id, lg_error_t *err) {
+static int create_run(lg__gw_ctx_t *cx, const char *id, lg_policy_t *pol, const char *pol_json,
+                      lg_error_t *err) {
   lg_server_t *srv = cx->srv;
   lg__worker_t *w = lg__server_worker(srv, err);
   if (!w) return err && err->code ? err->code : LG_ESTORE;
-  lg_run_t *run = lg_run_new(id, cx->j->hdr_group, srv->default_policy, NULL, NULL, err);
+  lg_run_t *run = lg_run_new(id, cx->j->hdr_group, pol, NULL, NULL, err);
   if (!run) return err && err->code ? err->code : LG_ENOMEM;
   int same = 0;
-  int rc = lg__step_create(w->store, run, srv->default_policy_json, NULL, NULL, 0,
-                           lg__server_now(srv), &same, err);
+  int rc = lg__step_create(w->store, run, pol_json, NULL, NULL, 0, lg__server_now(srv), &same, err);
   lg_run_free(run);
   if (rc == LG_ECONFLICT) return 0; /* there already: a run named by its header */
   if (!rc) atomic_fetch_add(&srv->metrics.runs_active, 1);
   return rc;
 }
 
-lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key, lg_error_t *err) {
+/* ---- the table of runs: by id, in LRU order ---- */
+
+static void lru_unlink(lg__gw_t *gw, lg__gw_run_t *r) {
+  if (r->lru_prev) r->lru_prev->lru_next = r->lru_next;
+  else gw->lru_head = r->lru_next;
+  if (r->lru_next) r->lru_next->lru_prev = r->lru_prev;
+  else gw->lru_tail = r->lru_prev;
+  r->lru_prev = r->lru_next = NULL;
+}
+
+static void lru_front(lg__gw_t *gw, lg__gw_run_t *r) {
+  if (gw->lru_head == r) return;
+  if (r->lru_prev || r->lru_next || gw->lru_tail == r) lru_unlink(gw, r);
+  r->lru_next = gw->lru_head;
+  if (gw->lru_head) gw->lru_head->lru_prev = r;
+  gw->lru_head = r;
+  if (!gw->lru_tail) gw->lru_tail = r;
+}
+
+static void id_unlink(lg__gw_t *gw, lg__gw_run_t *r) {
+  for (lg__gw_run_t **pp = &gw->runs[bucket(r->id)]; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  r->next = NULL;
+}
+
+static void id_link(lg__gw_t *gw, lg__gw_run_t *r) {
+  size_t b = bucket(r->id);
+  r->next = gw->runs[b];
+  gw->runs[b] = r;
+}
+
+static void run_free(lg__gw_run_t *r);
+
+/* Takes r and its keys out of the tables, and frees it. Under tmu. */
+static void evict(lg__gw_t *gw, lg__gw_run_t *r) {
+  id_unlink(gw, r);
+  lru_unlink(gw, r);
+  for (key_ent_t *e = r->keys, *n; e; e = n) {
+    n = e->rnext;
+    for (key_ent_t **pp = &gw->keys[bucket(e->key)]; *pp; pp = &(*pp)->next)
+      if (*pp == e) {
+        *pp = e->next;
+        break;
+      }
+    lg__free(e->key);
+    lg__free(e);
+  }
+  r->keys = NULL;
+  gw->nruns--;
+  run_free(r);
+}
+
+/* Past the bound: the least recently used runs no request holds go. */
+static void evict_over(lg__gw_t *gw) {
+  for (lg__gw_run_t *r = gw->lru_tail, *p; r && gw->nruns > gw->max_runs; r = p) {
+    p = r->lru_prev;
+    if (!r->busy) evict(gw, r);
+  }
+}
+
+static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol) {
+  lg__gw_run_t *r = lg__calloc(1, sizeof *r);
+  if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object())) {
+    if (r) lg__free(r->id);
+    lg__free(r);
+    return NULL;
+  }
+  r->policy = lg_policy_ref(pol);
+  r->text_steer_at = SIZE_MAX;
+  pthread_mutex_init(&r->mu, NULL);
+  return r;
+}
+
+lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
+                             const lg__gw_policy_t *policy, lg_error_t *err) {
   lg__gw_t *gw = cx->gw;
+  lg_policy_t *pol = policy ? policy->policy : cx->srv->default_policy;
+  const char *pol_json = policy ? policy->json : cx->srv->default_policy_json;
   char fresh[40];
+  lg__gw_run_t *r = NULL;
   pthread_mutex_lock(&gw->tmu);
-  if (!id && key) id = key_get(gw, key);
-  int created = 0;
-  if (!id) {
+  if (!id && key) r = key_get(gw, key);
+  if (!r && !id) {
     if (lg__step_new_run_id(fresh)) {
       pthread_mutex_unlock(&gw->tmu);
       lg__err(err, LG_EIO, NULL, -1, "no randomness for a run id");
       return NULL;
     }
     id = fresh;
-    created = 1;
   }
-  lg__gw_run_t *r;
-  for (r = gw->runs[bucket(id)]; r; r = r->next)
-    if (!strcmp(r->id, id)) break;
+  if (!r)
+    for (r = gw->runs[bucket(id)]; r; r = r->next)
+      if (!strcmp(r->id, id)) break;
+  int created = 0;
   if (!r) {
-    r = lg__calloc(1, sizeof *r);
-    if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object())) {
-      if (r) lg__free(r->id);
-      lg__free(r);
+    if (!(r = run_alloc(id, pol))) {
       pthread_mutex_unlock(&gw->tmu);
       lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       return NULL;
     }
-    pthread_mutex_init(&r->mu, NULL);
-    size_t b = bucket(r->id);
-    r->next = gw->runs[b];
-    gw->runs[b] = r;
+    id_link(gw, r);
+    gw->nruns++;
     created = 1;
   }
+  r->busy++;
+  lru_front(gw, r);
+  evict_over(gw);
   pthread_mutex_unlock(&gw->tmu);
   pthread_mutex_lock(&r->mu);
-  if (created && r->turn == 0 && !r->fed) {
-    int rc = create_run(cx, r->id, err);
+  if (created) {
+    int rc = create_run(cx, r->id, pol, pol_json, err);
     if (rc) {
-      pthread_mutex_unlock(&r->mu);
+      lg__gw_run_unlock(gw, r);
       return NULL;
     }
   }
   return r;
 }
 
-void lg__gw_run_unlock(lg__gw_run_t *r) { pthread_mutex_unlock(&r->mu); }
+void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r) {
+  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_lock(&gw->tmu);
+  r->busy--;
+  evict_over(gw);
+  pthread_mutex_unlock(&gw->tmu);
+}
 
 static void run_free(lg__gw_run_t *r) {
   lg__free(r->id);
@@ -529,6 +673,9 @@ static void run_free(lg__gw_run_t *r) {
   json_decref(r->steer);
   lg__free(r->final_text);
   lg__free(r->hide_tool);
+  lg__free(r->esc_model);
+  lg__free(r->text_steer);
+  lg_policy_free(r->policy);
   lg__buf_free(&r->last_body);
   pthread_mutex_destroy(&r->mu);
   lg__free(r);
@@ -686,6 +833,9 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   gw->srv = srv;
   int rc = lg__gw_config_load(&gw->cfg, opts->upstreams, opts->nupstreams, opts->upstreams_file, err);
   if (!rc && !gw->cfg.nup) rc = lg__err(err, LG_EINVAL, "upstream", -1, "no upstream given");
+  if (!rc) rc = lg__gw_policies_load(&gw->policies, opts->policies_dir, err);
+  const char *mr = getenv("LOOPGUARD_GATEWAY_MAX_RUNS");
+  gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
   if (rc) {
     lg__gw_config_clear(&gw->cfg);
     lg__free(gw);
@@ -723,18 +873,8 @@ void lg__gw_free(lg__gw_t *gw) {
   pthread_cond_broadcast(&gw->qcv);
   pthread_mutex_unlock(&gw->qmu);
   for (int i = 0; i < gw->nth; i++) pthread_join(gw->th[i], NULL);
-  for (size_t b = 0; b < GW_BUCKETS; b++) {
-    for (lg__gw_run_t *r = gw->runs[b], *n; r; r = n) {
-      n = r->next;
-      run_free(r);
-    }
-    for (key_ent_t *e = gw->keys[b], *n; e; e = n) {
-      n = e->next;
-      lg__free(e->key);
-      lg__free(e->run_id);
-      lg__free(e);
-    }
-  }
+  while (gw->lru_head) evict(gw, gw->lru_head);
+  lg__gw_policies_clear(&gw->policies);
   lg__gw_config_clear(&gw->cfg);
   pthread_mutex_destroy(&gw->qmu);
   pthread_cond_destroy(&gw->qcv);

@@ -12,9 +12,13 @@
  *   gateway.c   life of the gateway: its worker threads (a bounded number
  *               of upstream requests in flight), the parked connections,
  *               run identity, the per-run bookkeeping, metrics;
- *   chat.c      Chat Completions: conversation -> events, the upstream
- *               body (restored calls, hidden tools), the response filtered
- *               by the decisions, streaming;
+ *   chat.c      a model request of any API: conversation -> events, the
+ *               upstream body (restored calls, the cascade), the response
+ *               filtered by the decisions, the exchange (conv.h);
+ *   completions.c, messages.c, responses.c
+ *               the three wire formats: final answers, stream readers,
+ *               the end of a stream;
+ *   policies.c  the named policies of --policies DIR;
  *   upstream.c  upstreams (--upstream, --upstreams FILE) and libcurl.
  *
  * Names are lg__gw_ (internal).
@@ -42,6 +46,14 @@ void lg__gw_free(lg__gw_t *gw);
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */
 int lg__gw_claims(const lg__gw_t *gw, const char *url);
+/* The error shape of a gateway url: 1 OpenAI's, 2 Anthropic's
+ * (/v1/messages). */
+int lg__gw_error_api(const char *url);
+/* lg__req_error for a gateway route (rq->api_errors): the server's own
+ * refusals (401, 413, 415, ...) in the API's shape, `type` (the server's
+ * error type) as the code and `field` as the param. Returns status. */
+int lg__gw_req_error(lg__req_t *rq, int status, const char *type, const char *field,
+                     const char *msg);
 /* The handler of every gateway request (http.c routes to it). */
 void lg__gw_handle(lg__req_t *rq);
 /* The gateway's series of /metrics, appended to b. */

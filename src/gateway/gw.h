@@ -62,7 +62,8 @@ typedef struct lg__gw_http {
   /* streaming: each piece of a 2xx body as it arrives (non-zero: abort) */
   int (*on_data)(void *ud, const char *p, size_t n);
   void *ud;
-  _Atomic int *stop;          /* non-zero: abort (shutdown, client gone) */
+  _Atomic int *stop;          /* non-zero: abort (shutdown) */
+  _Atomic int *gone;          /* non-zero: abort (the client went away); may be NULL */
   /* out */
   long status;                /* 0 when no answer */
   lg__buf_t body_out;         /* the body (all of it when not streamed) */
@@ -78,6 +79,25 @@ void lg__gw_http_clear(lg__gw_http_t *x);
 /* "name (host:port)" of an upstream for messages, into buf. */
 const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t size);
 
+/* ---- policies.c: the named policies of --policies DIR ---- */
+
+typedef struct lg__gw_policy {
+  char *name;                 /* NAME of NAME.json */
+  lg_policy_t *policy;
+  char *json;                 /* its lg_policy_to_json */
+} lg__gw_policy_t;
+
+typedef struct lg__gw_policies {
+  lg__gw_policy_t *v;
+  size_t n;
+} lg__gw_policies_t;
+
+/* Loads every NAME.json of dir (NULL or "": none). Errors name the file
+ * and its field. */
+int lg__gw_policies_load(lg__gw_policies_t *ps, const char *dir, lg_error_t *err);
+const lg__gw_policy_t *lg__gw_policies_find(const lg__gw_policies_t *ps, const char *name);
+void lg__gw_policies_clear(lg__gw_policies_t *ps);
+
 /* ---- gateway.c ---- */
 
 enum { LG__GW_CHAT = 0, LG__GW_RESPONSES, LG__GW_MESSAGES, LG__GW_PASS, LG__GW__KINDS };
@@ -90,10 +110,14 @@ typedef struct lg__gw_restore {
   char *resp_id;      /* Responses: the response they belong to, or NULL */
 } lg__gw_restore_t;
 
-/* What the gateway keeps of a run between its requests. */
+typedef struct lg__gw_key lg__gw_key_t;
+
+/* What the gateway keeps of a run between its requests (gateway.c keeps
+ * at most a bound of them, evicting the least recently used). */
 typedef struct lg__gw_run {
   char *id;
   pthread_mutex_t mu;         /* one request of a run at a time */
+  lg_policy_t *policy;        /* the policy the run was created with (a reference) */
   size_t fed;                 /* client messages already turned into events */
   lg__gw_restore_t *rs;
   size_t nrs, caprs;
@@ -101,6 +125,11 @@ typedef struct lg__gw_run {
   char *final_text;           /* the stop's message, once stopped */
   char *hide_tool;            /* hidden for hide_left more model calls */
   int hide_left;
+  unsigned offer;             /* cascade.offer tools offered now (LG_ALT_* bits) */
+  char *esc_model;            /* cascade.escalate: the model of the next esc_left calls */
+  int esc_left;
+  char *text_steer;           /* a text loop's steer message, for the model */
+  size_t text_steer_at;       /* the client message it is said with (SIZE_MAX: the next request's last) */
   int64_t turn;               /* model turns so far */
   uint64_t last_hash;         /* the last answered request, for retries */
   int64_t last_ms;
@@ -108,6 +137,10 @@ typedef struct lg__gw_run {
   int last_status;
   char last_action[16], last_reason[64];
   struct lg__gw_run *next;    /* hash chain */
+  /* gateway.c's bookkeeping, under its table lock */
+  struct lg__gw_run *lru_prev, *lru_next; /* most recently used first */
+  int busy;                   /* requests holding it: never evicted then */
+  lg__gw_key_t *keys;         /* the conversation keys that name it */
 } lg__gw_run_t;
 
 /* One gateway request, from the HTTP thread to a worker and back. */
@@ -120,7 +153,7 @@ typedef struct lg__gw_job {
   size_t body_len;
   struct curl_slist *fwd;     /* the client's headers sent upstream */
   char *auth;                 /* the client's Authorization */
-  char *hdr_run, *hdr_group, *hdr_agent;
+  char *hdr_run, *hdr_group, *hdr_agent, *hdr_policy;
   /* the answer */
   int status;
   lg__buf_t out;
@@ -159,11 +192,15 @@ typedef struct lg__gw_ctx {
 const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw);
 _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 /* The run of a request: by its header, else derived (key); created
- * (stored, through the step's run creation) on first use. Locked. */
-lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key, lg_error_t *err);
-void lg__gw_run_unlock(lg__gw_run_t *r);
-/* Remembers key -> run (the start of a conversation). */
-void lg__gw_key_put(lg__gw_t *gw, const char *key, const char *run_id);
+ * (stored, through the step's run creation, with `policy`: NULL for the
+ * server's default) on first use. Locked. */
+lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
+                             const lg__gw_policy_t *policy, lg_error_t *err);
+void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
+/* Remembers key -> r (the start of a conversation). */
+void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
+/* The named policy of X-Loopguard-Policy, or NULL when not known. */
+const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name);
 /* One event through the decision step, synchronously. 0 when decided;
  * *answer (new, json) is the decision object. */
 int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err);
@@ -178,6 +215,16 @@ void lg__gw_stream_end(lg__gw_job_t *j);
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns);
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
                               const char *reason, const char *tool, const char *call_id);
+/* An error body in the API's shape into b: OpenAI's {"error": {message,
+ * type, param, code}}, or Anthropic's {"type": "error", "error": {type,
+ * message}} (its type from the status). */
+void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type, const char *code,
+                       const char *param, const char *msg);
+/* The job's answer to an upstream exchange that failed (502, or 504 when
+ * it timed out: the message names the upstream), or the upstream's own
+ * answer as it sent it (its body moved out of x). */
+void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x);
+void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x);
 /* An error in the API's shape (kind says which) as the job's answer. */
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));

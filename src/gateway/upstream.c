@@ -70,6 +70,109 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   return 0;
 }
 
+/* The index of the upstream named name, or cfg->nup. */
+static size_t upstream_index(const lg__gw_config_t *cfg, const char *name) {
+  size_t i;
+  for (i = 0; i < cfg->nup; i++)
+    if (!strcmp(cfg->up[i].name, name)) break;
+  return i;
+}
+
+/* One entry of the file's "upstreams": its fields checked, then added. */
+static int file_upstream(lg__gw_config_t *cfg, const char *k, json_t *v, lg_error_t *err) {
+  char field[200];
+  snprintf(field, sizeof field, "upstreams.%s", k);
+  if (!json_is_object(v)) return lg__err(err, LG_EINVAL, field, -1, "%s: expected an object", field);
+  const char *fk;
+  json_t *fv;
+  json_object_foreach(v, fk, fv) {
+    if (strcmp(fk, "base_url") && strcmp(fk, "api") && strcmp(fk, "api_key_env") && strcmp(fk, "timeout_ms")) {
+      snprintf(field, sizeof field, "upstreams.%s.%s", k, fk);
+      return lg__err(err, LG_EINVAL, field, -1,
+                     "%s: unknown field (known: base_url, api, api_key_env, timeout_ms)", field);
+    }
+  }
+  json_t *url = json_object_get(v, "base_url"), *api = json_object_get(v, "api"),
+         *kenv = json_object_get(v, "api_key_env"), *to = json_object_get(v, "timeout_ms");
+  snprintf(field, sizeof field, "upstreams.%s.base_url", k);
+  if (!json_is_string(url)) return lg__err(err, LG_EINVAL, field, -1, "%s: expected a URL string", field);
+  snprintf(field, sizeof field, "upstreams.%s.api", k);
+  const char *av = json_string_value(api);
+  if (api && (!av || (strcmp(av, "anthropic") && strcmp(av, "openai"))))
+    return lg__err(err, LG_EINVAL, field, -1, "%s: expected \"openai\" or \"anthropic\"", field);
+  int apiv = av && !strcmp(av, "anthropic") ? LG__GW_API_ANTHROPIC : LG__GW_API_OPENAI;
+  snprintf(field, sizeof field, "upstreams.%s.api_key_env", k);
+  if (kenv && !json_is_string(kenv))
+    return lg__err(err, LG_EINVAL, field, -1, "%s: expected the name of a variable", field);
+  snprintf(field, sizeof field, "upstreams.%s.timeout_ms", k);
+  if (to && (!json_is_integer(to) || json_integer_value(to) < 1))
+    return lg__err(err, LG_EINVAL, field, -1, "%s: expected a positive integer", field);
+  snprintf(field, sizeof field, "upstreams.%s", k);
+  return add_upstream(cfg, k, strlen(k), json_string_value(url), apiv,
+                      kenv ? json_string_value(kenv) : NULL, to ? json_integer_value(to) : 0, field, err);
+}
+
+/* The file's "default" (the --upstream flags, when given, win). */
+static int file_default(lg__gw_config_t *cfg, json_t *def, size_t first, lg_error_t *err) {
+  if (!def) return 0;
+  if (!json_is_string(def))
+    return lg__err(err, LG_EINVAL, "default", -1, "default: expected the name of an upstream");
+  size_t i = upstream_index(cfg, json_string_value(def));
+  if (i == cfg->nup || i < first)
+    return lg__err(err, LG_EINVAL, "default", -1, "default: no upstream \"%s\"", json_string_value(def));
+  if (first == 0) cfg->def = i;
+  return 0;
+}
+
+/* One entry of the file's "routes". */
+static int file_route(lg__gw_config_t *cfg, size_t r, json_t *ro, lg_error_t *err) {
+  char field[64];
+  snprintf(field, sizeof field, "routes[%zu]", r);
+  if (!json_is_object(ro)) return lg__err(err, LG_EINVAL, field, -1, "%s: expected an object", field);
+  json_t *mp = json_object_get(ro, "model_prefix"), *us = json_object_get(ro, "upstream"),
+         *sp = json_object_get(ro, "strip_prefix");
+  if (!json_is_string(mp)) return lg__err(err, LG_EINVAL, field, -1, "%s.model_prefix: expected a string", field);
+  if (!json_is_string(us))
+    return lg__err(err, LG_EINVAL, field, -1, "%s.upstream: expected the name of an upstream", field);
+  if (sp && !json_is_boolean(sp))
+    return lg__err(err, LG_EINVAL, field, -1, "%s.strip_prefix: expected true or false", field);
+  size_t i = upstream_index(cfg, json_string_value(us));
+  if (i == cfg->nup)
+    return lg__err(err, LG_EINVAL, field, -1, "%s.upstream: no upstream \"%s\"", field, json_string_value(us));
+  lg__gw_route_t *nv = lg__realloc(cfg->routes, (cfg->nroutes + 1) * sizeof *nv);
+  if (!nv) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  cfg->routes = nv;
+  nv[cfg->nroutes] = (lg__gw_route_t){lg__strdup(json_string_value(mp)), i, sp && json_is_true(sp)};
+  if (!nv[cfg->nroutes].model_prefix) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  cfg->nroutes++;
+  return 0;
+}
+
+/* The whole file: upstreams, default, routes. */
+static int file_fields(lg__gw_config_t *cfg, json_t *root, lg_error_t *err) {
+  if (!json_is_object(root)) return lg__err(err, LG_EINVAL, "", -1, "the upstreams file must be a JSON object");
+  const char *k;
+  json_t *v;
+  json_object_foreach(root, k, v) {
+    if (strcmp(k, "upstreams") && strcmp(k, "default") && strcmp(k, "routes"))
+      return lg__err(err, LG_EINVAL, k, -1, "%s: unknown field (known: upstreams, default, routes)", k);
+  }
+  json_t *ups = json_object_get(root, "upstreams");
+  if (!json_is_object(ups) || !json_object_size(ups))
+    return lg__err(err, LG_EINVAL, "upstreams", -1, "upstreams: expected an object of at least one upstream");
+  size_t first = cfg->nup;
+  int rc = 0;
+  json_object_foreach(ups, k, v) {
+    if ((rc = file_upstream(cfg, k, v, err))) return rc;
+  }
+  if ((rc = file_default(cfg, json_object_get(root, "default"), first, err))) return rc;
+  json_t *routes = json_object_get(root, "routes");
+  if (routes && !json_is_array(routes)) return lg__err(err, LG_EINVAL, "routes", -1, "routes: expected an array");
+  for (size_t r = 0; !rc && routes && r < json_array_size(routes); r++)
+    rc = file_route(cfg, r, json_array_get(routes, r), err);
+  return rc;
+}
+
 static int load_file(lg__gw_config_t *cfg, const char *file, lg_error_t *err) {
   json_error_t je;
   lg__json_begin();
@@ -83,104 +186,8 @@ static int load_file(lg__gw_config_t *cfg, const char *file, lg_error_t *err) {
     lg__err_where(err, file, je.line);
     return rc;
   }
-  int rc = 0;
-  const char *k;
-  json_t *v;
-#define BAD(field, ...) \
-  do { \
-    rc = lg__err(err, LG_EINVAL, field, -1, __VA_ARGS__); \
-    lg__err_where(err, file, 0); \
-    goto out; \
-  } while (0)
-  if (!json_is_object(root)) BAD("", "the upstreams file must be a JSON object");
-  json_object_foreach(root, k, v) {
-    if (strcmp(k, "upstreams") && strcmp(k, "default") && strcmp(k, "routes"))
-      BAD(k, "%s: unknown field (known: upstreams, default, routes)", k);
-  }
-  json_t *ups = json_object_get(root, "upstreams");
-  if (!json_is_object(ups) || !json_object_size(ups))
-    BAD("upstreams", "upstreams: expected an object of at least one upstream");
-  size_t first = cfg->nup;
-  json_object_foreach(ups, k, v) {
-    char field[200];
-    if (!json_is_object(v)) {
-      snprintf(field, sizeof field, "upstreams.%s", k);
-      BAD(field, "%s: expected an object", field);
-    }
-    const char *fk;
-    json_t *fv;
-    json_object_foreach(v, fk, fv) {
-      if (strcmp(fk, "base_url") && strcmp(fk, "api") && strcmp(fk, "api_key_env") &&
-          strcmp(fk, "timeout_ms")) {
-        snprintf(field, sizeof field, "upstreams.%s.%s", k, fk);
-        BAD(field, "%s: unknown field (known: base_url, api, api_key_env, timeout_ms)", field);
-      }
-    }
-    json_t *url = json_object_get(v, "base_url"), *api = json_object_get(v, "api"),
-           *kenv = json_object_get(v, "api_key_env"), *to = json_object_get(v, "timeout_ms");
-    snprintf(field, sizeof field, "upstreams.%s.base_url", k);
-    if (!json_is_string(url)) BAD(field, "%s: expected a URL string", field);
-    snprintf(field, sizeof field, "upstreams.%s.api", k);
-    int apiv = LG__GW_API_OPENAI;
-    if (api && !json_is_string(api)) BAD(field, "%s: expected \"openai\" or \"anthropic\"", field);
-    if (api && !strcmp(json_string_value(api), "anthropic")) apiv = LG__GW_API_ANTHROPIC;
-    else if (api && strcmp(json_string_value(api), "openai"))
-      BAD(field, "%s: expected \"openai\" or \"anthropic\"", field);
-    snprintf(field, sizeof field, "upstreams.%s.api_key_env", k);
-    if (kenv && !json_is_string(kenv)) BAD(field, "%s: expected the name of a variable", field);
-    snprintf(field, sizeof field, "upstreams.%s.timeout_ms", k);
-    if (to && (!json_is_integer(to) || json_integer_value(to) < 1))
-      BAD(field, "%s: expected a positive integer", field);
-    snprintf(field, sizeof field, "upstreams.%s", k);
-    if ((rc = add_upstream(cfg, k, strlen(k), json_string_value(url), apiv,
-                           kenv ? json_string_value(kenv) : NULL,
-                           to ? json_integer_value(to) : 0, field, err))) {
-      lg__err_where(err, file, 0);
-      goto out;
-    }
-  }
-  json_t *def = json_object_get(root, "default");
-  if (def) {
-    if (!json_is_string(def)) BAD("default", "default: expected the name of an upstream");
-    size_t i;
-    for (i = first; i < cfg->nup; i++)
-      if (!strcmp(cfg->up[i].name, json_string_value(def))) break;
-    if (i == cfg->nup) BAD("default", "default: no upstream \"%s\"", json_string_value(def));
-    if (first == 0) cfg->def = i; /* --upstream on the command line wins */
-  }
-  json_t *routes = json_object_get(root, "routes");
-  if (routes && !json_is_array(routes)) BAD("routes", "routes: expected an array");
-  for (size_t r = 0; routes && r < json_array_size(routes); r++) {
-    json_t *ro = json_array_get(routes, r);
-    char field[64];
-    snprintf(field, sizeof field, "routes[%zu]", r);
-    if (!json_is_object(ro)) BAD(field, "%s: expected an object", field);
-    json_t *mp = json_object_get(ro, "model_prefix"), *us = json_object_get(ro, "upstream"),
-           *sp = json_object_get(ro, "strip_prefix");
-    if (!json_is_string(mp)) BAD(field, "%s.model_prefix: expected a string", field);
-    if (!json_is_string(us)) BAD(field, "%s.upstream: expected the name of an upstream", field);
-    if (sp && !json_is_boolean(sp)) BAD(field, "%s.strip_prefix: expected true or false", field);
-    size_t i;
-    for (i = 0; i < cfg->nup; i++)
-      if (!strcmp(cfg->up[i].name, json_string_value(us))) break;
-    if (i == cfg->nup) BAD(field, "%s.upstream: no upstream \"%s\"", field, json_string_value(us));
-    lg__gw_route_t *nv = lg__realloc(cfg->routes, (cfg->nroutes + 1) * sizeof *nv);
-    if (!nv) {
-      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-      goto out;
-    }
-    cfg->routes = nv;
-    nv[cfg->nroutes].model_prefix = lg__strdup(json_string_value(mp));
-    nv[cfg->nroutes].upstream = i;
-    nv[cfg->nroutes].strip_prefix = sp && json_is_true(sp);
-    if (!nv[cfg->nroutes].model_prefix) {
-      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-      goto out;
-    }
-    cfg->nroutes++;
-  }
-#undef BAD
-out:
+  int rc = file_fields(cfg, root, err);
+  if (rc) lg__err_where(err, file, 0);
   json_decref(root);
   return rc;
 }
@@ -244,10 +251,15 @@ const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t 
 
 /* ---- one exchange ---- */
 
+/* Shutting down, or the client went away: the exchange is aborted. */
+static int stopped(const lg__gw_http_t *x) {
+  return (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone));
+}
+
 static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   lg__gw_http_t *x = ud;
   size_t n = size * nmemb;
-  if (x->stop && atomic_load(x->stop)) return 0;
+  if (stopped(x)) return 0;
   if (x->on_data && x->status >= 200 && x->status < 300)
     return x->on_data(x->ud, p, n) ? 0 : n;
   return lg__buf_append(&x->body_out, p, n) ? 0 : n;
@@ -276,7 +288,7 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
 static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
   (void)dt, (void)dn, (void)ut, (void)un;
   lg__gw_http_t *x = ud;
-  return x->stop && atomic_load(x->stop) ? 1 : 0;
+  return stopped(x);
 }
 
 int lg__gw_http_do(CURL *h, lg__gw_http_t *x) {

@@ -89,6 +89,7 @@ int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field
   rq->content_type = NULL;
   rq->out.len = 0;
   rq->out.oom = false;
+  if (rq->api_errors) return lg__gw_req_error(rq, status, type, field, msg);
   lg__buf_printf(&rq->out, "{\"error\":{\"code\":%d,\"type\":", status);
   json_str_lossy(&rq->out, type, strlen(type));
   lg__buf_puts(&rq->out, ",\"message\":");
@@ -616,6 +617,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     if (lg__gw_claims(srv->gw, url)) {
       lg__free(rq->id_buf);
       rq->id_buf = url;
+      rq->api_errors = lg__gw_error_api(url);
       hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
       found = 1;
     } else {

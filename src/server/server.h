@@ -492,6 +492,8 @@ typedef struct lg__req {
   const char *content_type;/* NULL: application/json */
   const char *allow;       /* 405: the Allow header */
   int retry_after;         /* 429: seconds for the Retry-After header */
+  int api_errors;          /* a gateway route: errors in its API's shape
+                              (lg__gw_req_error), 0: the server's */
   /* A deferred answer: a handler that sets job (and finish) has its
    * connection suspended and the job given to the batcher; once the job
    * is done, finish() runs on the HTTP thread and fills the answer. */

@@ -14,14 +14,25 @@
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
 //   finish      looks a customer up once, then answers "Done: ..."
-//   drip        streams its text a word every 250 ms
+//   drip        streams its text a word every 250 ms (drip-long: 40 words)
 //   slow        answers after 3 s
 //   garbage     answers 200 with a body that is not JSON
+//   garbage-stream  answers 200 text/event-stream with events that are not JSON
+//   cutoff      streams a few words of text, then drops the connection
+//   chant       "Waiting for the payment." over and over, 200 times (a text
+//               loop), a word every 5 ms when streamed
+//   ask         asks to write the record until it is offered ask_human, then
+//               asks the person (finalize: the same with finalize_partial)
+//   yielding    the same as stubborn while it may call tools; with tool use
+//               turned off (tool_choice "none", no tools) it gives up in text
+// A model name may carry a suffix after the script's name ("stubborn-strong"):
+// the script is the same, and GET /stats lists the models asked for.
 // Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
 import http from 'node:http';
 import fs from 'node:fs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [] };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], models: [], aborted: 0 };
+const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 let callSeq = 0;
 
 function check(messages) {
@@ -66,6 +77,19 @@ function script(req) {
       return { text: 'I could not write the record; the storage keeps failing.' };
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
+  }
+  const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
+  if (model.startsWith('chant')) return { text: CHANT };
+  if (model.startsWith('drip-long')) return { text: Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ') };
+  if (model.startsWith('ask') || model.startsWith('finalize')) {
+    const way = model.startsWith('ask') ? 'ask_human' : 'finalize_partial';
+    if (names.includes(way))
+      return { calls: [{ name: way, args: way === 'ask_human' ? '{"question":"The storage is read-only: may I write somewhere else?"}' : '{"answer":"Record 7 is not written: the storage is read-only."}' }] };
+    return { calls: [{ name: 'write_record', args: writeVariant() }] };
+  }
+  if (model.startsWith('yielding')) {
+    if (toolsOff) return { text: 'I give up: the storage is read-only, so record 7 cannot be written.' };
+    return { calls: [{ name: 'write_record', args: writeVariant() }] };
   }
   if (model.startsWith('stubborn')) // never gives up, whatever it is told
     return { calls: [{ name: 'write_record', args: variants[msgs.filter((m) => m.role === 'tool').length % variants.length] }] };
@@ -117,7 +141,7 @@ function reply(res, req) {
   steps.push(() => res.end('data: [DONE]\n\n'));
   const delay = (req.model || '').startsWith('drip') ? 250 : Number(process.env.FAKE_CHUNK_MS || 5);
   let k = 0;
-  const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, delay); } };
+  const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, delay); } };
   tick();
 }
 
@@ -188,7 +212,7 @@ function replyAnthropic(res, req) {
   steps.push(() => ev('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: usage.output_tokens } }));
   steps.push(() => { ev('message_stop', {}); res.end(); });
   let k = 0;
-  const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, 5); } };
+  const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, 5); } };
   tick();
 }
 
@@ -263,24 +287,52 @@ function replyResponses(res, req) {
     });
     steps.push(() => { ev('response.completed', { response: full }); res.end(); });
     let k = 0;
-    const tick = () => { if (k < steps.length) { steps[k++](); setTimeout(tick, 5); } };
+    const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, 5); } };
     return tick();
   }
   res.writeHead(200, { 'content-type': 'application/json' });
   res.end(JSON.stringify({ id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null }));
 }
 
+// The scripts that fail the same way on every API: true when answered.
+function failing(res, j) {
+  const model = j.model || '';
+  if (model.startsWith('garbage-stream')) {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end('data: <html>oops</html>\n\ndata: not json either\n\n');
+    return true;
+  }
+  if (model.startsWith('cutoff') && j.stream) {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const words = ['Partial ', 'answer ', 'then '];
+    if (res.req.url.endsWith('/messages')) {
+      res.write(`event: message_start\ndata: ${JSON.stringify({ type: 'message_start', message: { id: 'msg_cut', type: 'message', role: 'assistant', model, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 1, output_tokens: 1 } } })}\n\n`);
+      res.write(`event: content_block_start\ndata: ${JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } })}\n\n`);
+      for (const w of words) res.write(`event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: w } })}\n\n`);
+    } else {
+      for (const w of words) res.write('data: ' + JSON.stringify({ id: 'chatcmpl-cut', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta: { content: w }, finish_reason: null }] }) + '\n\n');
+    }
+    setTimeout(() => res.destroy(), 50);
+    return true;
+  }
+  return false;
+}
+
 const server = http.createServer((req, res) => {
   let body = '';
   req.on('data', (d) => (body += d));
+  res.on('close', () => { if (!res.writableEnded) stats.aborted++; });
   req.on('end', () => {
     stats.requests++;
+    if (req.method === 'POST') {
+      try { const j = JSON.parse(body); if (j.model) stats.models.push(j.model); if (stats.models.length > 200) stats.models.shift(); if (failing(res, j)) return; } catch { /* each route answers its own 400 */ }
+    }
     if (req.method === 'GET' && req.url === '/stats') {
       res.writeHead(200, { 'content-type': 'application/json' });
       return res.end(JSON.stringify(stats));
     }
     if (req.method === 'POST' && req.url === '/reset') {
-      stats.violations = []; stats.chat = 0; stats.bodies = [];
+      stats.violations = []; stats.chat = 0; stats.bodies = []; stats.models = []; stats.aborted = 0;
       res.writeHead(200); return res.end('{}');
     }
     if (req.method === 'GET' && req.url === '/v1/models') {

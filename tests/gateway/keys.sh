@@ -27,21 +27,13 @@
 # PostgreSQL, with the load split over two replicas of one database, and a
 # key rotated or disabled on one replica refused at once on the other.
 set -u -o pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../cli/serve_lib.bash"
-
-source "$HERE/node_clients.bash" # node, the pinned clients in $NODE_DIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients in $NODE_DIR, the fake upstream: FAKE
 
 STORE="sqlite:$TMP/keys.db"
 if [ "${LG_TEST_STORE:-}" = postgres ]; then
   [ -n "${LG_PG_URL:-}" ] || { echo "SKIP: no LG_PG_URL (run under tests/pg/with-postgres.sh)"; exit 77; }
   STORE=$LG_PG_URL
 fi
-
-node "$NODE_DIR/fake-upstream.mjs" "$TMP/fake.port" &
-ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
-FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
 
 # 1 micro-dollar an input token, 100 an output token (the fake answers 10
 # output tokens): every cost is whole micro-dollars.

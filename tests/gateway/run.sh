@@ -19,17 +19,7 @@
 # Needs node and npm: the pinned clients are installed with `npm ci` when
 # missing (exit 77, skipped, when node is not installed).
 set -u -o pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../cli/serve_lib.bash"
-
-source "$HERE/node_clients.bash" # node, the pinned clients in $NODE_DIR
-HERE_SRC=$HERE
-HERE=$NODE_DIR
-
-node "$HERE/fake-upstream.mjs" "$TMP/fake.port" &
-ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
-FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 
 # The write's loop key ignores case and white space in its value, as a
 # team would say for a tool whose values are case-insensitive.

@@ -129,12 +129,65 @@ static void claims(void **state) {
   assert_false(lg__gw_claims(NULL, "/healthz"));
 }
 
+/* --policies DIR: every NAME.json loaded, found by name; a bad file fails
+ * the whole load, naming the file and the field. */
+static void named_policies(void **state) {
+  (void)state;
+  char dir[] = "/tmp/lg_gw_pol_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[256];
+  const char *files[][2] = {{"strict.json", "{\"repeat\":{\"block\":2}}"},
+                            {"loose.json", "{}"},
+                            {"README.txt", "not a policy"},
+                            {".hidden.json", "not json"}};
+  for (size_t i = 0; i < 4; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i][0]);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(files[i][1], f);
+    fclose(f);
+  }
+  lg__gw_policies_t ps = {0};
+  lg_error_t e = {0};
+  assert_int_equal(lg__gw_policies_load(&ps, dir, &e), 0);
+  assert_int_equal(ps.n, 2);
+  const lg__gw_policy_t *p = lg__gw_policies_find(&ps, "strict");
+  assert_non_null(p);
+  assert_non_null(strstr(p->json, "\"block\":2"));
+  assert_non_null(lg__gw_policies_find(&ps, "loose"));
+  assert_null(lg__gw_policies_find(&ps, "README"));
+  assert_null(lg__gw_policies_find(&ps, "nope"));
+  assert_null(lg__gw_policies_find(&ps, NULL));
+  lg__gw_policies_clear(&ps);
+
+  snprintf(path, sizeof path, "%s/bad.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{\"repeat\":{\"block\":\"three\"}}", f);
+  fclose(f);
+  assert_int_not_equal(lg__gw_policies_load(&ps, dir, &e), 0);
+  assert_int_equal(ps.n, 0);
+  assert_non_null(strstr(e.field, "repeat.block"));
+  assert_non_null(strstr(e.source, "bad.json"));
+  unlink(path);
+
+  assert_int_not_equal(lg__gw_policies_load(&ps, "/nonexistent/policies", &e), 0);
+  assert_string_equal(e.field, "policies");
+  assert_int_equal(lg__gw_policies_load(&ps, NULL, &e), 0); /* none given */
+  for (size_t i = 0; i < 4; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i][0]);
+    unlink(path);
+  }
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(flags),
       cmocka_unit_test(file_and_routes),
       cmocka_unit_test(file_errors),
       cmocka_unit_test(claims),
+      cmocka_unit_test(named_policies),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

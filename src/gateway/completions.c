@@ -1,0 +1,210 @@
+/*
+ * completions.c — the OpenAI Chat Completions wire format of the gateway
+ * (POST /v1/chat/completions): the stop's final message, the reader of an
+ * upstream stream (text and role deltas forwarded as they came, tool call
+ * deltas held until decided) and the end of the client's stream
+ * (finish_reason, the usage chunk when asked for, [DONE]). The
+ * conversation itself is chat.c's.
+ */
+#include "conv.h"
+
+#include <stdio.h>
+
+static void chunk_id(chat_t *c, char *buf, size_t n) {
+  snprintf(buf, n, "chatcmpl-lg%lld", (long long)now_ms(c->cx));
+}
+
+/* Chat Completions: the final message as the stream's last chunks. */
+void lg__gwo_final_stream(chat_t *c, const char *text, const char *model) {
+  char id[64];
+  chunk_id(c, id, sizeof id);
+  json_int_t created = (json_int_t)(now_ms(c->cx) / 1000);
+  lg__gwc_begin_stream(c);
+  lg__buf_t b = {0};
+  json_t *ch = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n}]}", "id", id, "object",
+                         "chat.completion.chunk", "created", created, "model", model, "choices",
+                         "index", 0, "delta", "role", "assistant", "content", text, "finish_reason");
+  json_t *fin = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{}, s:s}]}", "id", id, "object",
+                          "chat.completion.chunk", "created", created, "model", model, "choices",
+                          "index", 0, "delta", "finish_reason", "stop");
+  char *t1 = ch ? lg__json_text(ch, NULL) : NULL, *t2 = fin ? lg__json_text(fin, NULL) : NULL;
+  lg__buf_printf(&b, "data: %s\n\ndata: %s\n\n", t1 ? t1 : "{}", t2 ? t2 : "{}");
+  if (c->client_usage) {
+    json_t *zero = json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0, "completion_tokens", 0, "total_tokens", 0);
+    json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:O}", "id", id, "object",
+                          "chat.completion.chunk", "created", created, "model", model, "choices",
+                          "usage", c->usage ? c->usage : zero);
+    char *t3 = u ? lg__json_text(u, NULL) : NULL;
+    lg__buf_printf(&b, "data: %s\n\n", t3 ? t3 : "{}");
+    lg__free(t3);
+    json_decref(u);
+    json_decref(zero);
+  }
+  lg__buf_puts(&b, "data: [DONE]\n\n");
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t1);
+  lg__free(t2);
+  json_decref(ch);
+  json_decref(fin);
+}
+
+/* Chat Completions: the final message as the whole answer (the upstream's
+ * response `resp` with its choices replaced, or one of ours). */
+void lg__gwo_final_plain(chat_t *c, const char *text, const char *model, json_t *resp) {
+  char id[64];
+  chunk_id(c, id, sizeof id);
+  json_t *o = resp ? json_copy(resp) : json_object();
+  if (!resp) {
+    json_object_set_new(o, "id", json_string(id));
+    json_object_set_new(o, "object", json_string("chat.completion"));
+    json_object_set_new(o, "created", json_integer(now_ms(c->cx) / 1000));
+    json_object_set_new(o, "model", json_string(model));
+    json_object_set_new(o, "usage", json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0,
+                                              "completion_tokens", 0, "total_tokens", 0));
+  }
+  json_object_set_new(o, "choices",
+                      json_pack("[{s:i, s:{s:s, s:s, s:n}, s:n, s:s}]", "index", 0, "message", "role",
+                                "assistant", "content", text, "refusal", "logprobs",
+                                "finish_reason", "stop"));
+  lg__gwc_answer_body(c, o);
+  json_decref(o);
+}
+
+static void stream_chunk_text(chat_t *c, json_t *chunk) {
+  char *t = lg__json_text(chunk, NULL);
+  if (!t) return;
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "data: %s\n\n", t);
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t);
+}
+
+/* Chat Completions: a chunk's tool call deltas added to the held calls
+ * (by their index), until the stream ends. */
+static void hold_call_deltas(chat_t *c, json_t *tcd) {
+  for (size_t i = 0; i < json_array_size(tcd); i++) {
+    json_t *d = json_array_get(tcd, i);
+    json_int_t idx = json_integer_value(json_object_get(d, "index"));
+    while ((json_int_t)json_array_size(c->tcalls) <= idx)
+      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
+                                                 "function", "function", "name", "", "arguments", ""));
+    json_t *acc = json_array_get(c->tcalls, (size_t)idx);
+    json_t *afn = json_object_get(acc, "function");
+    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
+    json_t *dfn = json_object_get(d, "function");
+    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
+    if (nm) {
+      lg__buf_t b = {0};
+      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
+      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
+      lg__buf_free(&b);
+    }
+    if (ar) {
+      lg__buf_t b = {0};
+      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
+      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
+      lg__buf_free(&b);
+    }
+  }
+}
+
+int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
+  if (n == 6 && !memcmp(data, "[DONE]", 6)) {
+    c->saw_done = 1;
+    return 0;
+  }
+  json_t *ch = lg__gwc_event_json(c, data, n);
+  if (!ch) return 0; /* not JSON: dropped */
+  if (json_object_get(ch, "error")) { /* the upstream's error event: as it came */
+    c->saw_error = 1;
+    lg__gw_stream_write(c->j, raw, rawn);
+    json_decref(ch);
+    return 0;
+  }
+  json_t *u = json_object_get(ch, "usage");
+  if (json_is_object(u)) {
+    json_decref(c->usage);
+    c->usage = json_incref(u);
+  }
+  json_t *choices = json_object_get(ch, "choices");
+  json_t *choice = json_array_get(choices, 0);
+  if (!choice) { /* the usage chunk: passed on only if the client asked */
+    if (c->client_usage) {
+      json_decref(c->last_chunk);
+      c->last_chunk = json_incref(ch);
+    }
+    json_decref(ch);
+    return 0;
+  }
+  json_decref(c->last_chunk);
+  c->last_chunk = json_incref(ch);
+  json_t *delta = json_object_get(choice, "delta");
+  json_t *tcd = json_object_get(delta, "tool_calls");
+  const char *fin = sget(choice, "finish_reason");
+  if (fin) {
+    lg__free(c->finish);
+    c->finish = lg__strdup(fin);
+  }
+  if (json_is_array(tcd)) hold_call_deltas(c, tcd);
+  const char *content = sget(delta, "content");
+  if (content) lg__buf_puts(&c->text, content);
+  if (content && (c->cut = lg__gwc_feed_text(c, 0))) { /* a text loop: cut here */
+    json_decref(ch);
+    return 1;
+  }
+  /* Text and role deltas pass at once, as they came; tool call deltas and
+   * the finish are held. */
+  if (!json_is_array(tcd) && !fin) {
+    lg__gw_stream_write(c->j, raw, rawn);
+  } else if (content && *content) {
+    json_t *cp = json_deep_copy(ch);
+    json_t *cd = json_object_get(json_array_get(json_object_get(cp, "choices"), 0), "delta");
+    json_object_del(cd, "tool_calls");
+    json_object_set_new(json_array_get(json_object_get(cp, "choices"), 0), "finish_reason", json_null());
+    stream_chunk_text(c, cp);
+    json_decref(cp);
+  }
+  json_decref(ch);
+  return 0;
+}
+
+/* After the upstream's stream ended: the held calls decided and emitted. */
+/* Chat Completions: the kept calls as one chunk, renumbered from 0. */
+void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
+  json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", kept);
+  lg__gwc_register_key(c, m);
+  json_decref(m);
+  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+  json_t *calls = json_array();
+  for (size_t i = 0; i < json_array_size(kept); i++) {
+    json_t *k = json_deep_copy(json_array_get(kept, i));
+    json_object_set_new(k, "index", json_integer((json_int_t)i));
+    json_array_append_new(calls, k);
+  }
+  json_t *choices = json_pack("[{s:i, s:{s:o}, s:n}]", "index", 0, "delta", "tool_calls", calls,
+                              "finish_reason");
+  json_object_set_new(tmpl, "choices", choices);
+  json_object_del(tmpl, "usage");
+  stream_chunk_text(c, tmpl);
+  json_decref(tmpl);
+}
+
+void lg__gwo_end_stream(chat_t *c) {
+  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+  const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
+  json_object_set_new(tmpl, "choices",
+                      json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", fin));
+  json_object_del(tmpl, "usage");
+  stream_chunk_text(c, tmpl);
+  json_decref(tmpl);
+  if (c->client_usage && c->usage) {
+    json_t *u = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+    json_object_set_new(u, "choices", json_array());
+    json_object_set(u, "usage", c->usage);
+    stream_chunk_text(c, u);
+    json_decref(u);
+  }
+  lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
+}

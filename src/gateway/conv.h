@@ -1,0 +1,149 @@
+/*
+ * conv.h — one guarded model request of the gateway, whatever its API:
+ * what chat.c (the conversation as events, the upstream body, the
+ * decisions, the exchange) shares with the three wire formats it speaks,
+ * completions.c (OpenAI Chat Completions), messages.c (Anthropic
+ * Messages) and responses.c (OpenAI Responses): their final answers, the
+ * readers of their streams, and how each emits the calls the client may
+ * run. Names are lg__gwc_ (chat.c), lg__gwo_, lg__gwm_, lg__gwr_.
+ */
+#ifndef LG_GW_CONV_H
+#define LG_GW_CONV_H
+
+#include "gw.h"
+
+#include <stdio.h>
+
+static inline const char *sget(const json_t *o, const char *k) {
+  return json_string_value(json_object_get(o, k));
+}
+
+static inline int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
+
+typedef struct chat {
+  int api;                    /* LG__GW_API_OPENAI (chat), _ANTHROPIC (messages) */
+  lg__gw_ctx_t *cx;
+  lg__gw_job_t *j;
+  lg__gw_run_t *r;
+  json_t *root, *messages;
+  size_t n;                   /* client messages */
+  const char *model;          /* as sent upstream */
+  int stream;                 /* the client asked for a stream */
+  int client_usage;           /* the client asked for the usage chunk */
+  size_t ui;                  /* upstream */
+  char *new_key;              /* the conversation key to register */
+  char *stop_text;            /* the run stopped: the final message */
+  int streamed;               /* the stream began */
+  int max_reasks;             /* gateway.max_reasks of the run's policy */
+  size_t base_ui;             /* the upstream and model of the request, before */
+  const char *base_model;     /*   an escalation (cascade.escalate) changes them */
+  char *esc_model;            /* this model call's cascade.escalate model, or NULL */
+  int estimate;               /* building the worst case: every offer, the longer model */
+  int final_round;            /* building gateway.final_round's body: tools off */
+  lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
+  size_t text_fed;            /* bytes of text already given to the step */
+  int cut;                    /* a text loop cut the stream: 1 observe, 2 stop */
+  int events;                 /* valid events read from the upstream's stream */
+  int saw_error;              /* the upstream's stream carried its own error event */
+  int a_open;                 /* Anthropic stream: the client's open text block, or -1 */
+  int r_open;                 /* Responses stream: the client's open message item, or -1 */
+  json_t *r_open_item;        /*   and that item (output_item.added's) */
+  /* streaming: the response being read */
+  lg__buf_t line;             /* a partial SSE line */
+  json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
+  json_t *last_chunk;         /* a chunk as a template for ours */
+  json_t *usage;              /* the usage chunk's usage */
+  int saw_done;
+  lg__buf_t text;             /* the text streamed */
+  char *finish;               /* the finish_reason held back */
+  /* Responses */
+  const char *prev_id;        /* previous_response_id of the request */
+  const char *cur_resp_id;    /* the id of the response being decided */
+  char *reask_prev;           /* a re-ask continues this response */
+  json_t *input_wrap;         /* input given as a string, as a message */
+  int r_seq;                  /* the client's next sequence_number */
+  int r_index;                /* the client's next output_index */
+  int r_started;              /* response.created sent */
+  json_t *r_done;             /* the upstream's response.completed response */
+  /* Anthropic streams */
+  int a_started;              /* message_start sent to the client */
+  int a_index;                /* the client's next content block index */
+  json_t *a_map;              /* upstream block index -> client index, or -1 - tool index */
+  json_t *a_msg;              /* message_start's message (a template) */
+  int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
+} chat_t;
+
+#define API_RESPONSES 2 /* c->api: OpenAI Responses */
+static inline int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }
+static inline int is_responses(const chat_t *c) { return c->api == API_RESPONSES; }
+/* Tools and tool_choice name their function at the top (Messages, Responses). */
+static inline int flat_tools(const chat_t *c) { return c->api != LG__GW_API_OPENAI; }
+
+/* An upstream stream's map of its indices to the client's (by index). */
+static inline int lg__gwc_map_get(chat_t *c, json_int_t idx) {
+  char k[32];
+  snprintf(k, sizeof k, "%lld", (long long)idx);
+  json_t *v = json_object_get(c->a_map, k);
+  return v ? (int)json_integer_value(v) : -1000000;
+}
+
+/* ---- chat.c, for the wire formats ---- */
+
+/* The client's stream starts (the HTTP side answers 200, text/event-stream). */
+void lg__gwc_begin_stream(chat_t *c);
+/* A JSON object as the whole (non-stream) answer, 200. */
+void lg__gwc_answer_body(chat_t *c, json_t *o);
+/* Remembers the conversation's start (and a Responses id) for its run,
+ * from the answer msg the client gets. */
+void lg__gwc_register_key(chat_t *c, json_t *msg);
+/* The streamed text not yet given to the step: 0 go on, 1 a text loop
+ * observed, 2 the run stopped (cut the stream). */
+int lg__gwc_feed_text(chat_t *c, int at_end);
+/* One event of the upstream's stream parsed (new), counted, and the
+ * client's stream begun; NULL when it is not a JSON object (dropped). */
+json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n);
+/* The members of array obj[member] whose "type" is `type` (new array). */
+json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type);
+/* obj[member] without its members of `type` that are not in kept (the
+ * refused calls taken out of an answer). */
+void lg__gwc_keep_only(json_t *obj, const char *member, const char *type, json_t *kept);
+
+/* ---- completions.c: Chat Completions ---- */
+
+/* The stop's final message: as the stream's last chunks; as the whole
+ * answer (the upstream's response resp with its choices replaced, or
+ * one of ours). */
+void lg__gwo_final_stream(chat_t *c, const char *text, const char *model);
+void lg__gwo_final_plain(chat_t *c, const char *text, const char *model, json_t *resp);
+/* One "data:" payload of the upstream's stream (raw: the event as it came).
+ * Non-zero: abort the upstream (a text loop cut it). */
+int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
+/* The kept calls as one chunk; the stream's end (finish, usage, [DONE]). */
+void lg__gwo_emit_kept(chat_t *c, json_t *kept);
+void lg__gwo_end_stream(chat_t *c);
+
+/* ---- messages.c: Anthropic Messages ---- */
+
+void lg__gwm_final(chat_t *c, const char *text, const char *model);
+int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn);
+void lg__gwm_emit_kept(chat_t *c, json_t *kept);
+void lg__gwm_end_stream(chat_t *c);
+/* A message's tool_use blocks (new); msg without the refused ones. */
+json_t *lg__gwm_tool_uses(json_t *msg);
+void lg__gwm_keep_blocks(json_t *msg, json_t *kept);
+
+/* ---- responses.c: OpenAI Responses ---- */
+
+void lg__gwr_final(chat_t *c, const char *text, const char *model);
+int lg__gwr_on_event(chat_t *c, const char *data, size_t n);
+/* One event to the client, with the client's own sequence number. */
+void lg__gwr_event(chat_t *c, json_t *ev);
+void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused);
+void lg__gwr_end_stream(chat_t *c);
+/* An output's function_call items (new), its text (new); resp without
+ * the refused calls. */
+json_t *lg__gwr_function_calls(json_t *resp);
+char *lg__gwr_output_text(json_t *resp);
+void lg__gwr_keep_items(json_t *resp, json_t *kept);
+
+#endif

@@ -1,0 +1,192 @@
+/*
+ * messages.c — the Anthropic Messages wire format of the gateway (POST
+ * /v1/messages): the stop's final message, the reader of an upstream
+ * stream (text blocks forwarded with the client's indices, tool_use blocks
+ * held until decided) and the end of the client's stream (message_delta,
+ * message_stop). The conversation itself is chat.c's.
+ */
+#include "conv.h"
+
+#include <stdio.h>
+
+/* Writes one Anthropic SSE event. */
+static void a_event(chat_t *c, const char *type, json_t *data) {
+  char *t = data ? lg__json_text(data, NULL) : NULL;
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type, t ? t : "{}");
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t);
+  json_decref(data);
+}
+
+static void a_message_start(chat_t *c, const char *model) {
+  if (c->a_started) return;
+  c->a_started = 1;
+  char id[64];
+  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
+  json_t *m = c->a_msg ? json_incref(c->a_msg)
+                       : json_pack("{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:{s:i, s:i}}", "id", id,
+                                   "type", "message", "role", "assistant", "content", "model", model,
+                                   "stop_reason", "stop_sequence", "usage", "input_tokens", 0,
+                                   "output_tokens", 0);
+  a_event(c, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", m));
+}
+
+/* The text block the client has open (a stream cut in the middle), closed. */
+static void a_close_open(chat_t *c) {
+  if (c->a_open < 0) return;
+  a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", c->a_open));
+  c->a_open = -1;
+}
+
+static void a_message_end(chat_t *c, const char *stop_reason) {
+  a_close_open(c);
+  a_event(c, "message_delta",
+          json_pack("{s:s, s:{s:s, s:n}, s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
+                    stop_reason, "stop_sequence", "usage", "output_tokens", (json_int_t)c->a_out_tokens));
+  a_event(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+void lg__gwm_final(chat_t *c, const char *text, const char *model) {
+  if (c->stream) {
+    lg__gwc_begin_stream(c);
+    a_message_start(c, model);
+    a_close_open(c);
+    int i = c->a_index++;
+    a_event(c, "content_block_start",
+            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", i,
+                      "content_block", "type", "text", "text", ""));
+    a_event(c, "content_block_delta",
+            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", i, "delta",
+                      "type", "text_delta", "text", text));
+    a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", i));
+    a_message_end(c, "end_turn");
+    return;
+  }
+  char id[64];
+  snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, s:{s:i, s:i}}", "id", id,
+                        "type", "message", "role", "assistant", "model", model, "content", "type",
+                        "text", "text", text, "stop_reason", "end_turn", "stop_sequence", "usage",
+                        "input_tokens", 0, "output_tokens", 0);
+  lg__gwc_answer_body(c, o);
+  json_decref(o);
+}
+
+
+
+static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
+  json_t *cp = json_copy(ch);
+  if (index >= 0) json_object_set_new(cp, "index", json_integer(index));
+  a_event(c, type, cp);
+}
+
+int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
+  (void)raw, (void)rawn;
+  json_t *ch = lg__gwc_event_json(c, data, n);
+  if (!ch) return 0; /* not JSON: dropped */
+  const char *type = sget(ch, "type");
+  json_int_t idx = json_integer_value(json_object_get(ch, "index"));
+  if (!type) {
+  } else if (!strcmp(type, "message_start")) {
+    json_t *m = json_object_get(ch, "message");
+    if (!c->a_msg && json_is_object(m)) c->a_msg = json_incref(m);
+    json_decref(c->usage);
+    c->usage = json_pack("{s:O?}", "input_tokens", json_object_get(json_object_get(m, "usage"), "input_tokens"));
+    a_message_start(c, c->model ? c->model : "");
+  } else if (!strcmp(type, "content_block_start")) {
+    json_t *cb = json_object_get(ch, "content_block");
+    const char *ty = sget(cb, "type");
+    char k[32];
+    snprintf(k, sizeof k, "%lld", (long long)idx);
+    if (ty && !strcmp(ty, "tool_use")) { /* held until decided */
+      int t = (int)json_array_size(c->tcalls);
+      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:s, s:s}", "type", "tool_use", "id",
+                                                 sget(cb, "id") ? sget(cb, "id") : "", "name",
+                                                 sget(cb, "name") ? sget(cb, "name") : "", "_args", ""));
+      json_object_set_new(c->a_map, k, json_integer(-1 - t));
+    } else {
+      int ci = c->a_index++;
+      json_object_set_new(c->a_map, k, json_integer(ci));
+      a_forward(c, type, ch, ci);
+      c->a_open = ci;
+    }
+  } else if (!strcmp(type, "content_block_delta") || !strcmp(type, "content_block_stop")) {
+    int m = lg__gwc_map_get(c, idx);
+    json_t *d = json_object_get(ch, "delta");
+    if (m <= -1 && m > -1000000) {
+      json_t *tu = json_array_get(c->tcalls, (size_t)(-1 - m));
+      const char *pj = sget(d, "partial_json");
+      if (tu && pj) {
+        lg__buf_t b = {0};
+        lg__buf_printf(&b, "%s%s", sget(tu, "_args"), pj);
+        json_object_set_new(tu, "_args", json_string(b.data ? b.data : ""));
+        lg__buf_free(&b);
+      }
+    } else if (m >= 0) {
+      const char *tx = sget(d, "text");
+      if (tx) lg__buf_puts(&c->text, tx);
+      if (tx && (c->cut = lg__gwc_feed_text(c, 0))) { /* a text loop: cut here */
+        json_decref(ch);
+        return 1;
+      }
+      a_forward(c, type, ch, m);
+      if (!strcmp(type, "content_block_stop") && m == c->a_open) c->a_open = -1;
+    }
+  } else if (!strcmp(type, "message_delta")) {
+    const char *sr = sget(json_object_get(ch, "delta"), "stop_reason");
+    if (sr) {
+      lg__free(c->finish);
+      c->finish = lg__strdup(sr);
+    }
+    json_t *ot = json_object_get(json_object_get(ch, "usage"), "output_tokens");
+    if (json_is_integer(ot)) {
+      c->a_out_tokens += json_integer_value(ot);
+      if (c->usage) json_object_set(c->usage, "output_tokens", ot);
+    }
+  } else if (!strcmp(type, "message_stop")) {
+    c->saw_done = 1;
+  } else { /* ping, error: as they came */
+    if (!strcmp(type, "error")) c->saw_error = 1;
+    a_event(c, type, json_incref(ch));
+  }
+  json_decref(ch);
+  return 0;
+}
+
+/* Messages: the kept tool_use blocks, each whole, with the client's indices. */
+void lg__gwm_emit_kept(chat_t *c, json_t *kept) {
+  a_close_open(c);
+  json_t *blocks = json_array();
+  for (size_t i = 0; i < json_array_size(kept); i++) {
+    json_t *tu = json_array_get(kept, i);
+    int ci = c->a_index++;
+    a_event(c, "content_block_start",
+            json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
+                      ci, "content_block", "type", "tool_use", "id", sget(tu, "id"), "name",
+                      sget(tu, "name"), "input"));
+    a_event(c, "content_block_delta",
+            json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", ci,
+                      "delta", "type", "input_json_delta", "partial_json", sget(tu, "_args")));
+    a_event(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+    json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "tool_use", "id", sget(tu, "id")));
+  }
+  json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", blocks);
+  lg__gwc_register_key(c, m);
+  json_decref(m);
+  lg__free(c->finish);
+  c->finish = lg__strdup("tool_use");
+}
+
+void lg__gwm_end_stream(chat_t *c) {
+  a_message_start(c, c->model ? c->model : "");
+  const char *fin = c->finish && strcmp(c->finish, "tool_use") ? c->finish : "end_turn";
+  if (c->finish && !strcmp(c->finish, "tool_use")) {
+    /* tool_use only when calls were emitted: finish_stream says so */
+    fin = "tool_use";
+  }
+  a_message_end(c, fin);
+}
+json_t *lg__gwm_tool_uses(json_t *msg) { return lg__gwc_items_of_type(msg, "content", "tool_use"); }
+void lg__gwm_keep_blocks(json_t *msg, json_t *kept) { lg__gwc_keep_only(msg, "content", "tool_use", kept); }

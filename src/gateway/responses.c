@@ -1,0 +1,203 @@
+/*
+ * responses.c — the OpenAI Responses wire format of the gateway (POST
+ * /v1/responses): the stop's final response, the reader of an upstream
+ * stream (events renumbered with the client's sequence_number and
+ * output_index, function_call items held until decided) and the end of
+ * the client's stream (response.completed listing only the calls the
+ * client may run). The conversation itself is chat.c's.
+ */
+#include "conv.h"
+
+#include <stdio.h>
+
+static void r_final_stream(chat_t *c, const char *text, json_t *resp);
+
+void lg__gwr_final(chat_t *c, const char *text, const char *model) {
+  char id[64], mid[64];
+  int64_t t = now_ms(c->cx);
+  snprintf(id, sizeof id, "resp_lg%lld%04d", (long long)t, (int)(lg__hash_str(c->r->id) % 10000));
+  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)t);
+  json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}],"
+                        " s:n, s:n, s:{s:i, s:i, s:i}}",
+                        "id", id, "object", "response", "created_at", (json_int_t)(t / 1000),
+                        "status", "completed", "model", model, "output", "type", "message", "id", mid,
+                        "status", "completed", "role", "assistant", "content", "type", "output_text",
+                        "text", text, "annotations", "error", "incomplete_details", "usage",
+                        "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
+  lg__gwc_register_key(c, o);
+  if (c->stream) {
+    lg__gwc_begin_stream(c);
+    r_final_stream(c, text, o);
+    json_decref(o);
+    return;
+  }
+  lg__gwc_answer_body(c, o);
+  json_decref(o);
+}
+
+/* The lg__gwr_output_text of a Responses output (new). */
+char *lg__gwr_output_text(json_t *resp) {
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "");
+  json_t *items = json_object_get(resp, "output");
+  for (size_t i = 0; i < json_array_size(items); i++) {
+    json_t *ct = json_object_get(json_array_get(items, i), "content");
+    for (size_t k = 0; k < json_array_size(ct); k++) {
+      const char *ty = sget(json_array_get(ct, k), "type");
+      if (ty && !strcmp(ty, "output_text")) lg__buf_puts(&b, sget(json_array_get(ct, k), "text"));
+    }
+  }
+  return lg__buf_steal(&b, NULL);
+}
+
+
+/* Writes one Responses event with the client's own sequence number. */
+void lg__gwr_event(chat_t *c, json_t *ev) {
+  const char *type = sget(ev, "type");
+  json_object_set_new(ev, "sequence_number", json_integer(c->r_seq++));
+  char *t = lg__json_text(ev, NULL);
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "event: %s\ndata: %s\n\n", type ? type : "message", t ? t : "{}");
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+  lg__free(t);
+  json_decref(ev);
+}
+
+int lg__gwr_on_event(chat_t *c, const char *data, size_t n) {
+  json_t *ev = lg__gwc_event_json(c, data, n);
+  if (!ev) return 0; /* not JSON: dropped */
+  const char *type = sget(ev, "type");
+  json_int_t oi = json_integer_value(json_object_get(ev, "output_index"));
+  char k[32];
+  snprintf(k, sizeof k, "%lld", (long long)oi);
+  if (!type) {
+    json_decref(ev);
+  } else if (!strcmp(type, "response.created") || !strcmp(type, "response.in_progress")) {
+    if (c->r_started > 1 || (c->r_started && !strcmp(type, "response.created"))) json_decref(ev);
+    else {
+      c->r_started++;
+      lg__gwr_event(c, ev);
+    }
+  } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
+    json_decref(c->r_done);
+    c->r_done = json_incref(json_object_get(ev, "response"));
+    json_decref(c->usage);
+    c->usage = json_incref(json_object_get(c->r_done, "usage"));
+    c->saw_done = 1;
+    json_decref(ev);
+  } else if (!strcmp(type, "response.output_item.added")) {
+    json_t *it = json_object_get(ev, "item");
+    const char *ity = sget(it, "type");
+    if (ity && !strcmp(ity, "function_call")) { /* held until decided */
+      json_object_set_new(c->a_map, k, json_integer(-1));
+      json_decref(ev);
+    } else {
+      int ci = c->r_index++;
+      json_object_set_new(c->a_map, k, json_integer(ci));
+      json_object_set_new(ev, "output_index", json_integer(ci));
+      if (ity && !strcmp(ity, "message")) { /* open until its output_item.done */
+        c->r_open = ci;
+        json_decref(c->r_open_item);
+        c->r_open_item = json_deep_copy(it);
+      }
+      lg__gwr_event(c, ev);
+    }
+  } else if (json_object_get(ev, "output_index")) {
+    int m = lg__gwc_map_get(c, oi);
+    if (m < 0) {
+      json_decref(ev); /* a held call's deltas, or an item never announced */
+    } else {
+      const char *d = !strcmp(type, "response.output_text.delta") ? sget(ev, "delta") : NULL;
+      if (d) lg__buf_puts(&c->text, d);
+      if (d && (c->cut = lg__gwc_feed_text(c, 0))) { /* a text loop: cut here */
+        json_decref(ev);
+        return 1;
+      }
+      if (!strcmp(type, "response.output_item.done") && m == c->r_open) c->r_open = -1;
+      json_object_set_new(ev, "output_index", json_integer(m));
+      lg__gwr_event(c, ev);
+    }
+  } else { /* errors and the rest: as they came */
+    if (!strcmp(type, "error") || !strcmp(type, "response.failed")) c->saw_error = 1;
+    lg__gwr_event(c, ev);
+  }
+  return 0;
+}
+
+/* The message item the client has open (a stream cut in the middle),
+ * completed with the text it got; that item (new), or NULL. */
+static json_t *r_close_open(chat_t *c) {
+  if (c->r_open < 0 || !c->r_open_item) return NULL;
+  const char *id = sget(c->r_open_item, "id");
+  const char *text = c->text.data ? c->text.data : "";
+  int oi = c->r_open;
+  c->r_open = -1;
+  lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", id,
+                       "output_index", oi, "content_index", 0, "text", text));
+  json_t *part = json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations");
+  lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:O}", "type", "response.content_part.done", "item_id", id,
+                       "output_index", oi, "content_index", 0, "part", part));
+  json_t *item = json_deep_copy(c->r_open_item);
+  json_object_set_new(item, "status", json_string("completed"));
+  json_object_set_new(item, "content", json_pack("[O]", part));
+  lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", oi, "item", item));
+  json_decref(part);
+  return item;
+}
+
+/* Responses: the kept function_call items, each whole; the completed
+ * response lists only them. */
+void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused) {
+  for (size_t i = 0; i < json_array_size(kept); i++) {
+    json_t *it = json_array_get(kept, i);
+    int ci = c->r_index++;
+    lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", it));
+    lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type", "response.function_call_arguments.done",
+                         "item_id", sget(it, "id"), "output_index", ci, "arguments", sget(it, "arguments")));
+    lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", it));
+  }
+  if (refused) lg__gwr_keep_items(c->r_done, kept);
+  lg__gwc_register_key(c, c->r_done);
+}
+
+/* Ends a Responses stream the gateway must end early: response.completed
+ * with what the upstream completed, or an empty incomplete response. */
+void lg__gwr_end_stream(chat_t *c) {
+  json_t *item = r_close_open(c);
+  json_t *resp = c->r_done ? json_incref(c->r_done)
+                 : item    ? json_pack("{s:s, s:s, s:s, s:s?, s:[O]}", "id", "resp_lg_cut", "object", "response",
+                            "status", "completed", "model", c->model, "output", item)
+                           : json_pack("{s:s, s:s, s:s, s:[]}", "id", "resp_lg_incomplete", "object",
+                                       "response", "status", "incomplete", "output");
+  json_decref(item);
+  lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
+}
+
+/* A final message as Responses events (a stop). */
+static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
+  json_decref(r_close_open(c));
+  char mid[64];
+  snprintf(mid, sizeof mid, "msg_lg%lld", (long long)now_ms(c->cx));
+  if (!c->r_started) {
+    c->r_started = 2;
+    json_t *r0 = json_deep_copy(resp);
+    json_object_set_new(r0, "status", json_string("in_progress"));
+    json_object_set_new(r0, "output", json_array());
+    lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.created", "response", r0));
+  }
+  int ci = c->r_index++;
+  json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", mid,
+                           "status", "completed", "role", "assistant", "content", "type",
+                           "output_text", "text", text, "annotations");
+  lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", item));
+  lg__gwr_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.delta", "item_id", mid,
+                       "output_index", ci, "content_index", 0, "delta", text));
+  lg__gwr_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", mid,
+                       "output_index", ci, "content_index", 0, "text", text));
+  lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", item));
+  json_decref(item);
+  lg__gwr_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
+}
+json_t *lg__gwr_function_calls(json_t *resp) { return lg__gwc_items_of_type(resp, "output", "function_call"); }
+void lg__gwr_keep_items(json_t *resp, json_t *kept) { lg__gwc_keep_only(resp, "output", "function_call", kept); }

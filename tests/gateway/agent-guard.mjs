@@ -1,0 +1,120 @@
+// agent-guard.mjs — one agent loop over the three APIs on the real SDKs,
+// for the guards of tests/gateway/guard.sh (text loops, the cascade, named
+// policies): ask the model, run the tools it asks for, until it answers
+// without tool calls or the step cap is reached. The SDKs' own stream
+// accumulators read the streams, so a stream that does not end the way
+// its API ends one fails here.
+//
+//   API       chat (default), messages, responses
+//   BASE_URL  the API's base URL (for messages: without /v1)
+//   MODEL     the fake upstream's script
+//   STREAM    1: chat.completions.stream(), messages.stream(), responses.stream()
+//   HEADERS   JSON object of extra request headers (X-Loopguard-*)
+//   STEP_CAP  the agent's cap on model calls [12]
+// Prints one JSON object: executions per tool, steps, how it ended, the
+// last answer's text and how it finished, the X-Loopguard-* headers seen
+// (non-stream), or the error the SDK threw.
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+
+const api = process.env.API || 'chat';
+const model = process.env.MODEL || 'loop-write';
+const stream = process.env.STREAM === '1';
+const cap = Number(process.env.STEP_CAP || 12);
+const defaultHeaders = JSON.parse(process.env.HEADERS || '{}');
+const opts = { baseURL: process.env.BASE_URL, maxRetries: 0, timeout: 20000, defaultHeaders };
+const openai = new OpenAI({ ...opts, apiKey: 'sk-test-client' });
+const anthropic = new Anthropic({ ...opts, apiKey: 'sk-ant-test' });
+
+const schemas = {
+  write_record: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } },
+  lookup: { type: 'object', properties: { customer_id: { type: 'string' } } },
+};
+const executions = { write_record: 0, lookup: 0 };
+function runTool(name) {
+  executions[name] = (executions[name] || 0) + 1;
+  if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
+  if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
+  return 'Error: no such tool: ' + name;
+}
+const headersOf = (r) => ({ run: r.headers.get('x-loopguard-run'), action: r.headers.get('x-loopguard-action'), reason: r.headers.get('x-loopguard-reason') });
+
+// Each API: one model call -> { text, calls: [{id, name, args}], finish }, and
+// how the conversation grows.
+const apis = {
+  chat: {
+    conv: [{ role: 'system', content: 'You are a careful agent.' }, { role: 'user', content: 'Write record 7 with value A.' }],
+    tools: Object.entries(schemas).map(([name, parameters]) => ({ type: 'function', function: { name, description: name, parameters } })),
+    async call(seen) {
+      const req = { model, messages: this.conv, tools: this.tools };
+      let done;
+      if (stream) done = await openai.chat.completions.stream({ ...req, stream_options: { include_usage: true } }).finalChatCompletion();
+      else {
+        const { data, response } = await openai.chat.completions.create(req).withResponse();
+        seen.push(headersOf(response));
+        done = data;
+      }
+      const msg = done.choices[0].message;
+      const calls = (msg.tool_calls || []).map((c) => ({ id: c.id, name: c.function.name, args: c.function.arguments }));
+      this.conv.push({ role: 'assistant', content: msg.content ?? null, ...(calls.length ? { tool_calls: msg.tool_calls } : {}) });
+      return { text: msg.content, calls, finish: done.choices[0].finish_reason };
+    },
+    answer(c, out) { this.conv.push({ role: 'tool', tool_call_id: c.id, content: out }); },
+  },
+  messages: {
+    conv: [{ role: 'user', content: 'Write record 7 with value A.' }],
+    tools: Object.entries(schemas).map(([name, input_schema]) => ({ name, description: name, input_schema })),
+    pending: [],
+    async call(seen) {
+      if (this.pending.length) { this.conv.push({ role: 'user', content: this.pending }); this.pending = []; }
+      const req = { model, max_tokens: 1024, messages: this.conv, tools: this.tools };
+      let msg;
+      if (stream) msg = await anthropic.messages.stream(req).finalMessage();
+      else {
+        const { data, response } = await anthropic.messages.create(req).withResponse();
+        seen.push(headersOf(response));
+        msg = data;
+      }
+      this.conv.push({ role: 'assistant', content: msg.content });
+      const calls = msg.content.filter((b) => b.type === 'tool_use').map((b) => ({ id: b.id, name: b.name, args: JSON.stringify(b.input) }));
+      return { text: msg.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), calls, finish: msg.stop_reason };
+    },
+    answer(c, out) { this.pending.push({ type: 'tool_result', tool_use_id: c.id, content: out, is_error: out.startsWith('Error') }); },
+  },
+  responses: {
+    conv: [{ role: 'user', content: 'Write record 7 with value A.' }],
+    tools: Object.entries(schemas).map(([name, parameters]) => ({ type: 'function', name, description: name, parameters })),
+    async call(seen) {
+      const req = { model, input: this.conv, tools: this.tools };
+      let resp;
+      if (stream) resp = await openai.responses.stream(req).finalResponse();
+      else {
+        const { data, response } = await openai.responses.create(req).withResponse();
+        seen.push(headersOf(response));
+        resp = data;
+      }
+      this.conv.push(...resp.output);
+      const calls = resp.output.filter((it) => it.type === 'function_call').map((it) => ({ id: it.call_id, name: it.name, args: it.arguments }));
+      const text = resp.output.filter((it) => it.type === 'message').flatMap((it) => it.content).filter((p) => p.type === 'output_text').map((p) => p.text).join('');
+      return { text, calls, finish: resp.status };
+    },
+    answer(c, out) { this.conv.push({ type: 'function_call_output', call_id: c.id, output: out }); },
+  },
+};
+
+const a = apis[api];
+const seen = [];
+let steps = 0, ended = 'step_cap', final = null, finish = null, error = null;
+try {
+  while (steps < cap) {
+    steps++;
+    const r = await a.call(seen);
+    finish = r.finish;
+    if (!r.calls.length) { ended = 'final'; final = r.text; break; }
+    for (const c of r.calls) { JSON.parse(c.args); a.answer(c, runTool(c.name)); }
+  }
+} catch (e) {
+  ended = 'error';
+  error = String(e && e.message || e);
+}
+console.log(JSON.stringify({ executions, steps, ended, final, finish, seen, error }));

@@ -1,0 +1,46 @@
+// conversation.mjs — conversations that outlive one agent loop, on plain
+// fetch (Chat Completions, not streamed), for tests/gateway/guard.sh:
+//
+//   MODE=episode  loop with MODEL until a final answer, then the person
+//                 writes again and the loop goes on with MODEL2: a new
+//                 user message after a stop starts a new episode
+//   MODE=evict    conversation A asks for a tool call, then OTHERS other
+//                 conversations start, then A goes on with its result
+//                 (A's run was evicted from the gateway's memory meanwhile)
+//   BASE_URL, HEADERS (JSON: extra request headers)
+// Prints one JSON object: the run (X-Loopguard-Run) and answer of each step.
+const base = process.env.BASE_URL;
+const headers = { 'content-type': 'application/json', authorization: 'Bearer sk-test', ...JSON.parse(process.env.HEADERS || '{}') };
+const tools = [
+  { type: 'function', function: { name: 'write_record', parameters: { type: 'object' } } },
+  { type: 'function', function: { name: 'lookup', parameters: { type: 'object' } } },
+];
+
+async function ask(model, messages) {
+  const r = await fetch(base + '/chat/completions', { method: 'POST', headers, body: JSON.stringify({ model, messages, tools }) });
+  const body = await r.json();
+  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${JSON.stringify(body)}`);
+  const msg = body.choices[0].message;
+  messages.push({ role: 'assistant', content: msg.content ?? null, ...(msg.tool_calls ? { tool_calls: msg.tool_calls } : {}) });
+  for (const c of msg.tool_calls || [])
+    messages.push({ role: 'tool', tool_call_id: c.id, content: c.function.name === 'lookup' ? '{"customer_id":"c-1","name":"Ada"}' : 'Error: the storage is read-only.' });
+  return { run: r.headers.get('x-loopguard-run'), action: r.headers.get('x-loopguard-action'), calls: (msg.tool_calls || []).length, text: msg.content };
+}
+
+const start = () => [{ role: 'system', content: 'You are a careful agent.' }, { role: 'user', content: 'Write record 7 with value A.' }];
+const out = {};
+if (process.env.MODE === 'episode') {
+  const conv = start();
+  let a;
+  for (let i = 0; i < 8; i++) if (!(a = await ask(process.env.MODEL, conv)).calls) break;
+  out.first = a;
+  conv.push({ role: 'user', content: 'The storage is writable now; please look customer c-1 up instead.' });
+  out.second = await ask(process.env.MODEL2, conv);
+} else {
+  const a = start();
+  out.a1 = await ask('finish', a);
+  out.others = [];
+  for (let i = 0; i < Number(process.env.OTHERS || 3); i++) out.others.push((await ask('finish', start())).run);
+  out.a2 = await ask('finish', a);
+}
+console.log(JSON.stringify(out));

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# guard.sh — the gateway's guards beyond tool calls (gateway-v1, ctest
+# gateway_guard), against the fake upstream (fake-upstream.mjs) with the
+# real SDKs (agent-guard.mjs) and plain fetch (conversation.mjs):
+#   - text loops: a chanting model is cut in the middle of its stream (the
+#     upstream request aborted), the stop reaches the client as a normal
+#     final answer in each API's stream shape, and the run's trace replays
+#     to the same decisions; not streamed, the stop replaces the answer;
+#   - a new user message after a loop's stop resumes the run (a new
+#     episode), after a cap's it does not;
+#   - the cascade: ask_human / finalize_partial offered and ending the run,
+#     escalate_model sending the next calls to another model, the cascade
+#     fields in the sidecar's decisions; gateway.final_round;
+#   - X-Loopguard-Policy (--policies DIR), an unknown name a 400;
+#   - errors in each API's shape: 413, 401, a stream of garbage, a stream
+#     cut off by the upstream, an upstream that is down; a client that
+#     hangs up aborts the upstream request; the server keeps serving;
+#   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS.
+set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
+
+get() { jq_py "$1"; }
+stats() { curl -sf "$FAKE/stats" | get "$1"; }
+guard() { # ENV... : runs agent-guard.mjs, prints its JSON
+  env "$@" node "$HERE/agent-guard.mjs"
+}
+base_of() { [ "$1" = messages ] && echo "$g_URL" || echo "$g_URL/v1"; }
+
+mkdir -p "$TMP/policies"
+echo '{"text":{"repeat":{"observe":false,"stop":1}}}' >"$TMP/policies/chant.json"
+echo '{"cascade":{"offer":["ask_human","finalize_partial"]}}' >"$TMP/policies/offer.json"
+echo '{"cascade":{"escalate":{"model":"stubborn-strong","turns":2}}}' >"$TMP/policies/escalate.json"
+echo '{"gateway":{"final_round":true}}' >"$TMP/policies/final.json"
+echo '{"limits":{"max_model_calls":3}}' >"$TMP/policies/cap3.json"
+echo 'not a policy' >"$TMP/policies/README.txt" # not NAME.json: skipped
+start_server g --store memory: --upstream "$FAKE/v1" --log "$TMP/g.log" --policies "$TMP/policies"
+
+note "a text loop in a stream (each API): cut, the stop as the final answer, the upstream aborted"
+for api in chat messages responses; do
+  before=$(stats 'd["aborted"]')
+  run="chant-$api"
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=chant STREAM=1 \
+    HEADERS="{\"X-Loopguard-Policy\":\"chant\",\"X-Loopguard-Run\":\"$run\"}") || fail "chant $api: $out"
+  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "chant $api: $out"
+  echo "$out" | get 'd["final"]' | grep -q "repeating the same text" || fail "chant $api: no stop message: $out"
+  [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
+    fail "chant $api: the stream did not finish normally: $out"
+  [ "$(echo "$out" | get 'int(d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant $api: not cut: $out"
+  for i in $(seq 50); do [ "$(stats 'd["aborted"]')" -gt "$before" ] && break; sleep 0.1; done
+  [ "$(stats 'd["aborted"]')" -gt "$before" ] || fail "chant $api: the upstream request was not aborted"
+  note "its trace replays to the same decisions ($api)"
+  curl -sf "$g_URL/v1/runs/$run/trace" >"$TMP/$run.jsonl" || fail "trace $run"
+  grep -q '"type":"text"' "$TMP/$run.jsonl" || fail "no text line in the trace: $(cat "$TMP/$run.jsonl")"
+  "$LG_BIN" replay --json "$TMP/$run.jsonl" >"$TMP/$run.replay" || fail "replay $run"
+  [ "$(tail -n 1 "$TMP/$run.replay" | get 'd["terminal_reason"]')" = text_repeat ] || fail "replay $run: $(tail -n 1 "$TMP/$run.replay")"
+  [ "$(curl -sf "$g_URL/v1/runs/$run" | get 'd["terminal_reason"]')" = text_repeat ] || fail "run $run"
+  grep -q '"type":"text","action":"stop","reason":"text_repeat"' "$TMP/$run.replay" || fail "replay $run: no text stop: $(cat "$TMP/$run.replay")"
+done
+
+note "a text loop, not streamed: the stop replaces the looping answer"
+out=$(guard BASE_URL="$g_URL/v1" MODEL=chant HEADERS='{"X-Loopguard-Policy":"chant"}') || fail "chant plain: $out"
+echo "$out" | get 'd["final"]' | grep -q "^I have fallen into repeating the same text" || fail "chant plain: $out"
+echo "$out" | get 'd["final"]' | grep -q "Waiting" && fail "chant plain: the loop reached the client: $out"
+[ "$(echo "$out" | get 'd["seen"][0]["action"]')" = stop ] || fail "chant plain: $out"
+
+note "a text loop under the default policy (observe): the stream cut, a normal end, no stop"
+for api in chat messages responses; do
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=chant STREAM=1) || fail "chant observe $api: $out"
+  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "chant observe $api: $out"
+  [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
+    fail "chant observe $api: the stream did not finish normally: $out"
+  [ "$(echo "$out" | get 'int(0 < d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant observe $api: not cut: $out"
+  echo "$out" | get 'd["final"]' | grep -q "stopping" && fail "chant observe $api: stopped: $out"
+done
+
+note "a new user message after a loop's stop: the run resumes, a new episode, and its trace replays to that"
+e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" node "$HERE/conversation.mjs") || fail "episode: $e"
+[ "$(echo "$e" | get 'd["first"]["action"]')" = stop ] || fail "episode: $e"
+[ "$(echo "$e" | get 'd["first"]["run"] == d["second"]["run"]')" = true ] || fail "episode: another run: $e"
+[ "$(echo "$e" | get 'd["second"]["action"]')" = pass ] || fail "episode: $e"
+echo "$e" | get 'd["second"]["text"]' | grep -q "^Done" || fail "episode: $e"
+r1=$(echo "$e" | get 'd["first"]["run"]')
+[ "$(curl -sf "$g_URL/v1/runs/$r1" | get 'd["status"]')" = active ] || fail "episode: $r1 did not resume"
+curl -sf "$g_URL/v1/runs/$r1/trace" >"$TMP/episode.jsonl" || fail "trace $r1"
+grep -q '"type":"resume"' "$TMP/episode.jsonl" && grep -q '"type":"user"' "$TMP/episode.jsonl" || fail "episode trace: $(cat "$TMP/episode.jsonl")"
+"$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $r1"
+[ "$(tail -n 1 "$TMP/episode.replay" | get 'd["terminal_reason"]')" = null ] || fail "episode replay: $(tail -n 1 "$TMP/episode.replay")"
+note "a new user message after a cap's stop: still stopped (caps carry on across episodes)"
+e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Policy":"cap3","X-Loopguard-Run":"capped"}' node "$HERE/conversation.mjs") || fail "capped episode: $e"
+[ "$(echo "$e" | get 'd["second"]["run"]')" = capped ] && [ "$(echo "$e" | get 'd["second"]["action"]')" = stop ] || fail "capped episode: $e"
+[ "$(echo "$e" | get 'd["second"]["text"] == d["first"]["text"]')" = true ] || fail "capped episode: $e"
+[ "$(curl -sf "$g_URL/v1/runs/capped" | get 'd["terminal_reason"]')" = model_call_cap ] || fail "capped: not a cap"
+
+note "cascade.offer: the model asks a person (ask_human) or finishes (finalize_partial)"
+for api in chat messages responses; do
+  for stream in 0 1; do
+    run="ask-$api-$stream"
+    out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=ask STREAM=$stream \
+      HEADERS="{\"X-Loopguard-Policy\":\"offer\",\"X-Loopguard-Run\":\"$run\"}") || fail "ask $api: $out"
+    [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "ask $api $stream: $out"
+    [ "$(echo "$out" | get 'd["final"]')" = "The storage is read-only: may I write somewhere else?" ] || fail "ask $api $stream: $out"
+    [ "$(echo "$out" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "ask $api $stream: $out"
+    env=$(curl -sf "$g_URL/v1/runs/$run") || fail "run $run"
+    [ "$(echo "$env" | get 'd["terminal_reason"]')" = human_required ] || fail "ask $api $stream: $env"
+    echo "$env" | get 'd["envelope"]["question"]' | grep -q "may I write somewhere else" || fail "ask $api $stream: no question: $env"
+  done
+done
+out=$(guard BASE_URL="$g_URL/v1" MODEL=finalize HEADERS='{"X-Loopguard-Policy":"offer","X-Loopguard-Run":"fin-1"}') || fail "finalize: $out"
+[ "$(echo "$out" | get 'd["final"]')" = "Record 7 is not written: the storage is read-only." ] || fail "finalize: $out"
+[ "$(curl -sf "$g_URL/v1/runs/fin-1" | get 'd["terminal_reason"]')" = complete ] || fail "finalize: not complete"
+note "without the offer, the same model is stopped by the loop guard"
+out=$(guard BASE_URL="$g_URL/v1" MODEL=ask HEADERS='{"X-Loopguard-Run":"ask-none"}') || fail "ask (no offer): $out"
+[ "$(curl -sf "$g_URL/v1/runs/ask-none" | get 'd["terminal_reason"]')" != human_required ] || fail "ask (no offer): offered anyway"
+echo "$out" | get 'd["final"]' | grep -q "may I write" && fail "ask (no offer): $out"
+
+note "cascade.escalate: after a block, the next model calls go to the escalation's model"
+curl -sf -X POST "$FAKE/reset" >/dev/null
+out=$(guard BASE_URL="$g_URL/v1" MODEL=stubborn HEADERS='{"X-Loopguard-Policy":"escalate"}') || fail "escalate: $out"
+[ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "escalate: $out"
+models=$(stats 'd["models"]')
+echo "$models" | grep -q "stubborn-strong" || fail "escalate: the upstream never got the escalated model: $models"
+[ "$(echo "$models" | get 'd[0]')" = stubborn ] || fail "escalate: the first call was escalated: $models"
+
+note "the sidecar's decisions carry the cascade fields too"
+pol='{"cascade":{"offer":["ask_human"],"escalate":{"model":"big","turns":2}}}'
+curl -sf -X POST "$g_URL/v1/runs" -H 'content-type: application/json' -d "{\"run_id\":\"side-1\",\"policy\":$pol}" >/dev/null || fail "sidecar run"
+for i in 1 2 3; do
+  d=$(curl -sf -X POST "$g_URL/v1/runs/side-1/calls" -H 'content-type: application/json' -d '{"tool":"w","args":{"a":1}}') || fail "sidecar call"
+done
+[ "$(echo "$d" | get 'd["action"]')" = block ] || fail "sidecar: $d"
+[ "$(echo "$d" | get 'd["escalate_model"], d["escalate_turns"], d["hide_tools"], d["alternatives"]')" = '["big", 2, ["w"], ["ask_human"]]' ] || fail "sidecar block: $d"
+m=$(curl -sf -X POST "$g_URL/v1/runs/side-1/model" -H 'content-type: application/json' -d '{"input_tokens":10}') || fail "sidecar model"
+[ "$(echo "$m" | get 'd["escalate_model"], d["offer"], d["hide_tools"]')" = '["big", ["ask_human"], ["w"]]' ] || fail "sidecar model: $m"
+
+note "gateway.final_round: one more answer with tool use off replaces the stop's message"
+for api in chat messages; do
+  for stream in 0 1; do
+    out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=yielding STREAM=$stream HEADERS='{"X-Loopguard-Policy":"final"}') || fail "final $api: $out"
+    [ "$(echo "$out" | get 'd["final"]')" = "I give up: the storage is read-only, so record 7 cannot be written." ] || fail "final round $api $stream: $out"
+  done
+done
+out=$(guard BASE_URL="$g_URL/v1" MODEL=yielding) || fail "no final round: $out"
+echo "$out" | get 'd["final"]' | grep -q "I give up" && fail "final round without gateway.final_round: $out"
+
+note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
+  -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+[ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = unknown_policy ] || fail "unknown policy: $code $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "X-Loopguard-Policy" || fail "unknown policy: $(cat "$TMP/e.json")"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
+  -d '{"model":"finish","max_tokens":10,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/messages")
+[ "$code" = 400 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "invalid_request_error"]' ] || fail "unknown policy (messages): $code $(cat "$TMP/e.json")"
+mkdir -p "$TMP/badpol" && echo '{"repeat":{"block":"three"}}' >"$TMP/badpol/strict.json"
+if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" --policies "$TMP/badpol" >"$TMP/badpol.out" 2>&1; then
+  fail "a bad policy in --policies started"
+fi
+grep -q "strict.json" "$TMP/badpol.out" && grep -q "repeat.block" "$TMP/badpol.out" || fail "bad --policies: $(cat "$TMP/badpol.out")"
+
+note "errors in each API's shape: a body over the limit (413)"
+head -c 1100000 /dev/zero | tr '\0' a >"$TMP/big.txt"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$g_URL/v1/chat/completions")
+[ "$code" = 413 ] && [ "$(get 'd["error"]["type"], d["error"]["code"], "param" in d["error"]' <"$TMP/e.json")" = '["invalid_request_error", "payload_too_large", true]' ] ||
+  fail "413 chat: $code $(cat "$TMP/e.json")"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$g_URL/v1/messages")
+[ "$code" = 413 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "request_too_large"]' ] || fail "413 messages: $code $(cat "$TMP/e.json")"
+
+note "a malformed body: 400 in each API's shape"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$g_URL/v1/responses")
+[ "$code" = 400 ] && [ "$(get 'd["error"]["type"], d["error"]["code"]' <"$TMP/e.json")" = '["invalid_request_error", "invalid_json"]' ] || fail "malformed responses: $code $(cat "$TMP/e.json")"
+
+note "a stream of garbage from the upstream: 502, nothing half-written"
+for api in chat messages; do
+  path=$([ $api = chat ] && echo chat/completions || echo messages)
+  code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
+    -d '{"model":"garbage-stream","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/$path")
+  [ "$code" = 502 ] || fail "garbage stream $api: $code $(cat "$TMP/e.json")"
+  if [ $api = chat ]; then get 'd["error"]["code"]' <"$TMP/e.json" | grep -q upstream_bad_response || fail "garbage stream: $(cat "$TMP/e.json")"
+  else [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "api_error"]' ] || fail "garbage stream messages: $(cat "$TMP/e.json")"; fi
+done
+
+note "an upstream stream cut off mid-way: the client's stream ends on an error event of its API"
+curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"messages":[{"role":"user","content":"x"}]}' \
+  "$g_URL/v1/chat/completions" >"$TMP/cut.sse"
+grep -q '"content":"Partial "' "$TMP/cut.sse" || fail "cutoff: the text was not forwarded: $(cat "$TMP/cut.sse")"
+tail -n 2 "$TMP/cut.sse" | head -n 1 | sed 's/^data: //' | get 'd["error"]["type"]' | grep -q upstream_error || fail "cutoff chat: $(cat "$TMP/cut.sse")"
+curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"x"}]}' \
+  "$g_URL/v1/messages" >"$TMP/cut.sse"
+tail -n 3 "$TMP/cut.sse" | grep -q '^event: error' || fail "cutoff messages: $(cat "$TMP/cut.sse")"
+out=$(guard BASE_URL="$g_URL/v1" MODEL=cutoff STREAM=1)
+[ "$(echo "$out" | get 'd["ended"]')" = error ] || fail "cutoff: the SDK took a cut stream for an answer: $out"
+
+note "a client that hangs up mid-stream: the upstream request is aborted, the server keeps serving"
+before=$(stats 'd["aborted"]')
+curl -s -H "Content-Type: application/json" -N --max-time 0.6 -d '{"model":"drip-long","stream":true,"messages":[{"role":"user","content":"x"}]}' \
+  "$g_URL/v1/chat/completions" >/dev/null 2>&1
+for i in $(seq 50); do [ "$(stats 'd["aborted"]')" -gt "$before" ] && break; sleep 0.1; done
+[ "$(stats 'd["aborted"]')" -gt "$before" ] || fail "hang-up: the upstream request went on"
+curl -sf "$g_URL/healthz" >/dev/null || fail "the server stopped serving after a hang-up"
+
+note "an upstream that is down: 502 in the Anthropic shape on /v1/messages, naming it"
+start_server down --store memory: --upstream "http://127.0.0.1:9/v1"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"x","max_tokens":5,"messages":[{"role":"user","content":"x"}]}' "$down_URL/v1/messages")
+[ "$code" = 502 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] && grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: $code $(cat "$TMP/e.json")"
+stop_server down
+[ "$down_RC" = 0 ] || fail "the down server exited $down_RC: $(tail -5 "$TMP/down.err")"
+
+note "a missing or wrong token: 401 in each API's shape"
+echo "agent gw-agent-token-0123456789" >"$TMP/tokens"
+echo '{"upstreams":{"fake":{"base_url":"'"$FAKE"'/v1","api_key_env":"FAKE_KEY"}}}' >"$TMP/ups.json"
+FAKE_KEY=sk-upstream start_server auth --store memory: --upstreams "$TMP/ups.json" --tokens "$TMP/tokens"
+code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/chat/completions")
+[ "$code" = 401 ] && [ "$(get 'd["error"]["type"], d["error"]["code"]' <"$TMP/e.json")" = '["invalid_request_error", "unauthorized"]' ] || fail "401 chat: $code $(cat "$TMP/e.json")"
+code=$(curl -s -H "Content-Type: application/json" -H 'x-api-key: wrong' -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","max_tokens":5,"messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/messages")
+[ "$code" = 401 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "authentication_error"]' ] || fail "401 messages: $code $(cat "$TMP/e.json")"
+code=$(curl -s -H "Content-Type: application/json" -H 'Authorization: Bearer gw-agent-token-0123456789' -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "the agent token: $code $(cat "$TMP/e.json")"
+stop_server auth
+[ "$auth_RC" = 0 ] || fail "the auth server exited $auth_RC: $(tail -5 "$TMP/auth.err")"
+
+note "runs past LOOPGUARD_GATEWAY_MAX_RUNS are evicted: an evicted conversation goes on as a new run"
+LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store memory: --upstream "$FAKE/v1"
+e=$(env MODE=evict OTHERS=3 BASE_URL="$lru_URL/v1" node "$HERE/conversation.mjs") || fail "evict: $e"
+[ "$(echo "$e" | get 'd["a1"]["calls"]')" = 1 ] || fail "evict: $e"
+echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
+[ "$(echo "$e" | get 'd["a1"]["run"] != d["a2"]["run"]')" = true ] || fail "evict: A was not evicted (same run): $e"
+e=$(env MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1" node "$HERE/conversation.mjs") || fail "evict: $e"
+[ "$(echo "$e" | get 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "within the bound, a run was evicted: $e"
+stop_server lru
+[ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
+
+note "the upstream never saw a conversation a provider rejects"
+v=$(stats 'd["violations"]')
+[ "$v" = "[]" ] || fail "violations: $v"
+curl -sf "$g_URL/healthz" >/dev/null || fail "the server stopped serving"
+stop_server g
+[ "$g_RC" = 0 ] || fail "the server exited $g_RC"
+echo "PASS"
