@@ -210,10 +210,15 @@ static void stream_free(void *cls) {
   job_unref(j);
 }
 
+/* Resumes the parked stream and wakes its event loop (server.h: every
+ * resume is followed by a wake, or the connection waits for the loop's next
+ * timeout, a second). */
 static void wake(lg__gw_job_t *j) {
   if (j->s_waiting) {
     j->s_waiting = 0;
+    lg__loop_t *l = lg__conn_loop(j->conn); /* before: once resumed, conn may go */
     MHD_resume_connection(j->conn);
+    if (l) lg__loop_wake(l);
   }
 }
 

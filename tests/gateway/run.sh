@@ -77,6 +77,7 @@ note "streaming: a text delta is forwarded as it arrives"
 t=$(BASE_URL="$gw_URL/v1" node "$HERE/stream-timing.mjs") || fail "stream timing"
 [ "$(echo "$t" | get 'd["text"]')" = "Hello from the fake upstream." ] || fail "stream text: $t"
 [ "$(echo "$t" | get 'int(d["first_ms"] < d["total_ms"] - 500)')" = 1 ] || fail "the text was held back: $t"
+[ "$(echo "$t" | get 'int(d["max_gap_ms"] < 750)')" = 1 ] || fail "a delta waited for the event loop's timeout (drip sends one every 250 ms): $t"
 
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
