@@ -17,6 +17,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_runs(int argc, char **argv);
 int cmd_ledger(int argc, char **argv);
 int cmd_budget(int argc, char **argv);
+int cmd_keys(int argc, char **argv);        /* cmd_keys.c */
 int cmd_test(int argc, char **argv);        /* cmd_test.c */
 int cmd_runs_export(int argc, char **argv); /* cmd_export.c: `runs export` */
 
@@ -49,6 +50,9 @@ lg_store_t *cli_open_store(const char *flag);
 /* The same for read-only commands: a store that does not exist is not
  * created; "no store at PATH (set --store or LOOPGUARD_STORE)" instead. */
 lg_store_t *cli_open_store_existing(const char *flag);
+/* An amount of USD given to `flag` ("25", "0.50") into micro-dollars;
+ * else prints the usage error and returns 2 (cmd_budget.c). */
+int cli_parse_usd(const char *flag, const char *text, int64_t *micro, const char *usage);
 /* The time of day, epoch milliseconds: the CLI's clock for the store. */
 int64_t cli_now_ms(void);
 /* 1 when colour may be used on `f` (a terminal, NO_COLOR unset). */

@@ -111,7 +111,7 @@ static void fmt_usd(int64_t micro, char buf[40]) { lg_usd_format(lg_budget_micro
 
 /* A USD amount: a plain decimal number (digits, a point, an exponent).
  * Returns 0, or prints a usage error and returns 2. */
-static int parse_usd(const char *flag, const char *text, int64_t *micro, const char *usage) {
+int cli_parse_usd(const char *flag, const char *text, int64_t *micro, const char *usage) {
   const char *p = text;
   int digits = 0;
   while (isdigit((unsigned char)*p)) p++, digits++;
@@ -206,8 +206,8 @@ static int do_set(int argc, char **argv) {
   if (!period) return cli_usage(set_usage, "budget set needs --period daily|weekly|monthly|none");
   int64_t lim = 0, cap = -1;
   lg_budget_period_t p;
-  if ((rc = parse_usd("--limit-usd", limit, &lim, set_usage))) return rc;
-  if (mif && (rc = parse_usd("--max-in-flight-usd", mif, &cap, set_usage))) return rc;
+  if ((rc = cli_parse_usd("--limit-usd", limit, &lim, set_usage))) return rc;
+  if (mif && (rc = cli_parse_usd("--max-in-flight-usd", mif, &cap, set_usage))) return rc;
   if (lg_budget_period_parse(period, &p, &err))
     return cli_usage(set_usage, "--period: %s", err.message);
   lg_store_t *s = cli_open_store(store);

@@ -31,6 +31,8 @@ static const char *usage_text =
     "  ledger claim|commit|fail|show|purge ...\n"
     "                                    the idempotency ledger\n"
     "  budget set|show|list|reset ...    shared spend budgets\n"
+    "  keys create|list|show|update|disable|rotate ...\n"
+    "                                    loopguard keys with spend limits (the gateway)\n"
     "  --version                         the version\n"
     "\n"
     "Run 'loopguard COMMAND --help' (or 'loopguard runs list --help') for the flags.\n"
@@ -156,7 +158,7 @@ int main(int argc, char **argv) {
     const char *name;
     int (*fn)(int, char **);
   } cmds[] = {{"replay", cmd_replay}, {"fingerprint", cmd_fingerprint}, {"serve", cmd_serve},
-              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget},
+              {"runs", cmd_runs},     {"ledger", cmd_ledger},           {"budget", cmd_budget}, {"keys", cmd_keys},
               {"test", cmd_test}};
   if (argc < 2) return cli_usage(usage_text, NULL);
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

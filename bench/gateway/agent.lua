@@ -20,7 +20,7 @@ function init(args)
   f:close()
   for k, v in pairs(wrk.headers) do hdr[k] = v end
   hdr["Content-Type"] = "application/json"
-  hdr["Authorization"] = "Bearer sk-bench"
+  hdr["Authorization"] = "Bearer " .. (os.getenv("LG_KEY") or "sk-bench") -- LG_KEY: a loopguard key (keys.sh)
 end
 
 function request()

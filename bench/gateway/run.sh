@@ -22,11 +22,7 @@
 # installed or started is SKIPPED, with the reason.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BUILD=$(cd "${1:?usage: bench/gateway/run.sh BUILD_DIR}" && pwd) || exit 2
-LG=$BUILD/loopguard
-UP_BIN=$BUILD/bench/gw_bench_upstream
-SECONDS_PER=${LG_GW_SECONDS:-5}
-[[ ${LG_BENCH_QUICK:-0} == 1 ]] && SECONDS_PER=${LG_GW_SECONDS:-2}
+source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, start_upstream
 CONNS=${LG_GW_CONNS:-8 32}
 NODE_DIR=${LG_GW_NODE_DIR:-$BUILD/bench-gateway-node}
 
@@ -36,17 +32,6 @@ BAR_ADDED_P99_MS=1
 BAR_X_PORTKEY=10
 BAR_RSS_MB=50
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/lg-gwbench.XXXXXX") || exit 1
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-note() { printf '%s\n' "$*"; }
-calcf() { awk "BEGIN { printf \"$1\", $2 }" </dev/null; }
 RES=$WORK/results.jsonl
 : >"$RES"
 emit() { printf '%s\n' "$1" | tee -a "$RES"; } # a JSON line: on stdout, kept for the table
@@ -69,11 +54,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 mem_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null; }
 
 # ---- the fake upstream
-"$UP_BIN" "$WORK/up.port" 2>"$WORK/up.err" &
-PIDS+=($!)
-for _ in $(seq 100); do [[ -s $WORK/up.port ]] && break; sleep 0.05; done
-[[ -s $WORK/up.port ]] || { note "gateway: FAILED: the fake upstream did not start: $(cat "$WORK/up.err")"; exit 1; }
-UP="http://127.0.0.1:$(cat "$WORK/up.port")"
+start_upstream gateway
 
 # ---- loopguard
 start_lg() { # NAME STORE: loopguard serve on STORE -> NAME_PID, NAME_URL ("" when it did not start)

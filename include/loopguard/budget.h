@@ -369,6 +369,35 @@ LG_EXPORT int lg_budget_run_scopes_set(lg_store_t *s, const char *run_id,
 LG_EXPORT int lg_budget_run_scopes(lg_store_t *s, const char *run_id, char **json,
                                    lg_error_t *err);
 
+/* ---- keys (gateway-v1 "Keys"; docs/keys.md) ----
+ * A loopguard key: a secret ("lgk-" and 40 random characters) that a
+ * client calls the gateway with, stored only as its SHA-256, and a spend
+ * limit that rides on the shared budget "key:ID" (ID: the hash of the
+ * key's first secret, which rotation keeps). Each function answers the
+ * JSON of its route in a new string *out (lg_free): create and rotate
+ * {key, hash, ...} with the secret, shown this once; update and show the
+ * key ({hash, id, name, limit_usd, limit_reset, workspace, usage_usd,
+ * reserved_usd, limit_remaining_usd, disabled, created_at, ...}; show and
+ * self add usage_daily_usd, usage_weekly_usd, usage_monthly_usd); list
+ * {keys: [...]}. `json` is a creation or update body: {name, limit_usd?,
+ * limit_reset?, workspace?, include_byok_in_limit?, rate_limit_per_min?,
+ * models?, byok?} (update: any of them, and disabled); a bad field is
+ * LG_EINVAL naming it. `ref` is a key's hash or id (LG_ENOTFOUND).
+ * lg_key_self: the key of a secret (LG_EPERM: unknown, rotated or
+ * disabled). Store errors as the budgets'. */
+#define LG_KEY_PREFIX "lgk-"
+LG_EXPORT int lg_key_create(lg_store_t *s, const char *json, size_t len, int64_t now_ms,
+                            char **out, lg_error_t *err);
+LG_EXPORT int lg_key_update(lg_store_t *s, const char *ref, const char *json, size_t len,
+                            int64_t now_ms, char **out, lg_error_t *err);
+LG_EXPORT int lg_key_rotate(lg_store_t *s, const char *ref, int64_t now_ms, char **out,
+                            lg_error_t *err);
+LG_EXPORT int lg_key_show(lg_store_t *s, const char *ref, int64_t now_ms, char **out,
+                          lg_error_t *err);
+LG_EXPORT int lg_key_list(lg_store_t *s, int64_t now_ms, char **out, lg_error_t *err);
+LG_EXPORT int lg_key_self(lg_store_t *s, const char *secret, int64_t now_ms, char **out,
+                          lg_error_t *err);
+
 /* What lg_budget_model() did beside its decision. */
 typedef struct lg_budget_gate {
   int refused;                 /* a shared budget refused: `refusal` says why */

@@ -82,4 +82,17 @@ char *lg__budget_reservation_json(const lg_budget_reservation_t *r);
  * [lg_budget_to_json objects]}. */
 char *lg__budget_settlement_json(const lg_budget_settlement_t *st);
 
+/* keys.c: the gate's checks of a loopguard key. key_auth: the key whose
+ * current secret is [secret, +n) into *row (lg__key_row_clear), else
+ * LG_EPERM with a message for a 401 (unknown, rotated or disabled); read
+ * from the store each time. key_rate: counts one request against the
+ * key's rate limit: 0, or LG_BUDGET_REFUSED with *retry_after_s (>= 1).
+ * key_scope: the key's budget scope, key:ID. */
+struct lg__key_row;
+int lg__key_auth(lg_store_t *s, const char *secret, size_t n, struct lg__key_row *row,
+                 lg_error_t *err);
+int lg__key_rate(lg_store_t *s, const struct lg__key_row *r, int64_t now_ms,
+                 int64_t *retry_after_s, lg_error_t *err);
+void lg__key_scope(const struct lg__key_row *r, char out[LG_BUDGET_SCOPE_MAX + 1]);
+
 #endif

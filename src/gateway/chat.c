@@ -647,25 +647,15 @@ typedef struct model_out {
 /* A model event the step did not decide, or a shared budget refused:
  * the error in the API's shape. */
 static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_t *e) {
-  if (!rc) { /* a shared budget: an error, not a stop */
-    char *meta = lg__budget_refusal_metadata_json(&st->refusal);
-    lg__gw_error(c->j, lg__http_refusal_status(&st->refusal), "insufficient_quota",
-                 st->refusal.limit_source, "loopguard: the shared budget %s refused this model call",
-                 st->refusal.scope);
-    if (meta && c->j->kind != LG__GW_MESSAGES && c->j->out.len > 2) { /* add metadata */
-      c->j->out.len -= 2;
-      lg__buf_printf(&c->j->out, ",\"metadata\":%s}}", meta);
-    }
-    lg__free(meta);
+  if (!rc) { /* a shared budget: an error, not a stop (keys.c: metadata) */
+    lg__gw_keys_refusal(c->j, &st->refusal, NULL);
   } else if (st->fail == LG__STEP_UNPRICED) {
     lg__gw_error(c->j, 400, "invalid_request_error", "model_not_priced",
                  "loopguard: this model call cannot be priced, and the run has a cost cap or "
                  "budget: %s",
                  e->message);
-  } else if (st->fail == LG__STEP_IN_FLIGHT) {
-    lg__gw_error(c->j, lg__http_refusal_status(&st->refusal), "rate_limit_error",
-                 st->refusal.limit_source, "loopguard: too much spend in flight on %s; retry later",
-                 st->refusal.scope);
+  } else if (st->fail == LG__STEP_IN_FLIGHT) { /* keys.c: metadata, Retry-After */
+    lg__gw_keys_refusal(c->j, &st->refusal, NULL);
   } else {
     lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
                  e->message[0] ? e->message : lg_strerror(rc));
@@ -727,6 +717,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   lg__step_init(&st, &ev, now_ms(c->cx));
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   st.prices = pr;
+  st.ttl_ms = lg__gw_keys_ttl(c->cx, c->ui); /* --reservation-ttl (keys.c) */
   lg_error_t e = {0};
   int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
   json_t *a = rc ? NULL : answer_json(&st);
@@ -761,7 +752,9 @@ static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size
   } else {
     ev.u.usage.input_tokens = json_is_integer(pt) ? json_integer_value(pt) : (int64_t)body_len;
     ev.u.usage.output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
-    ev.u.usage.cost_nusd = -1; /* from the price table, else the worst case */
+    /* usage.cost when the upstream reports one (USD; charged at most the
+     * reservation), else from the price table, else the worst case */
+    ev.u.usage.cost_nusd = lg__gw_keys_usage_cost(usage);
   }
   lg__step_t st;
   lg__step_init(&st, &ev, now_ms(c->cx));
@@ -1093,6 +1086,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->body_len = len;
   x->headers = j->fwd;
   x->client_auth = j->auth;
+  x->provider_key = j->provider_key;
   x->stop = lg__gw_stopflag(c->cx->gw);
   x->on_data = on_data;
   x->gone = on_data ? &j->s_gone : NULL;
@@ -1676,7 +1670,9 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     feed_new(&c);
     if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
     if (c.stop_text) answer_final(&c, NULL);
-    else run_calls(&c);
+    else if (lg__gw_keys_model(cx, c.r->id, c.root, c.model, c.ui, j->body_len)) {
+      /* refused by the key (keys.c): answered */
+    } else run_calls(&c);
     keep_for_retry(&c, h);
   }
   if (!j->action && j->run_id[0]) j->action = "pass";

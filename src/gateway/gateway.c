@@ -98,6 +98,7 @@ static void job_unref(lg__gw_job_t *j) {
   lg__free(j->hdr_group);
   lg__free(j->hdr_agent);
   lg__free(j->hdr_policy);
+  lg__gw_keys_clear(j);
   curl_slist_free_all(j->fwd);
   lg__buf_free(&j->out);
   lg__buf_free(&j->sbuf);
@@ -251,6 +252,11 @@ static void add_headers(struct MHD_Response *r, lg__gw_job_t *j) {
   if (j->run_id[0]) MHD_add_response_header(r, "X-Loopguard-Run", j->run_id);
   if (j->action) MHD_add_response_header(r, "X-Loopguard-Action", j->action);
   if (j->reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", j->reason);
+  if (j->retry_after > 0) {
+    char ra[24];
+    snprintf(ra, sizeof ra, "%d", j->retry_after);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+  }
   if (j->streaming) MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 }
 
@@ -423,6 +429,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.body_len = j->body_len;
   x.headers = j->fwd;
   x.client_auth = j->auth;
+  x.provider_key = j->provider_key;
   x.stop = &cx->gw->stop;
   int rc = lg__gw_http_do(cx->curl, &x);
   lg__gw_note_upstream(cx->gw, ui, x.ns);
@@ -455,6 +462,8 @@ static void *worker_main(void *arg) {
     } else if (atomic_load(&gw->stop)) {
       lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
       lg__gw_answer(j);
+    } else if (lg__gw_keys_auth(&cx)) {
+      /* a key refused: answered */
     } else if (j->kind == LG__GW_PASS) {
       passthrough(&cx);
     } else {

@@ -56,6 +56,9 @@ typedef struct lg__gw_http {
   size_t body_len;
   struct curl_slist *headers; /* borrowed: the client's forwarded headers */
   const char *client_auth;    /* Authorization of the client, or NULL */
+  const char *provider_key;   /* a loopguard key's own provider key for this
+                                 upstream (keys.c): sent instead of the
+                                 upstream's, or NULL */
   /* streaming: each piece of a 2xx body as it arrives (non-zero: abort) */
   int (*on_data)(void *ud, const char *p, size_t n);
   void *ud;
@@ -171,6 +174,11 @@ typedef struct lg__gw_job {
   _Atomic int refs;           /* the worker, the HTTP side, the stream */
   int answered;               /* done() was called */
   struct lg__gw_job *qnext;
+  /* keys.c: the loopguard key the request came with, or NULL */
+  struct lg__key_row *key;
+  int key_byok;               /* sent upstream with the key's own provider key */
+  char *provider_key;         /* ... which is this one (new), or NULL */
+  int retry_after;            /* a 429's Retry-After, seconds (0: none) */
 } lg__gw_job_t;
 
 /* The worker's context for one job. */
@@ -223,5 +231,30 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
 
 /* ---- chat.c ---- */
 void lg__gw_chat(lg__gw_ctx_t *cx);
+
+/* ---- keys.c: loopguard keys at the gate ---- */
+
+/* Authenticates the job's lgk- key, if any (required when the server has
+ * tokens), counts its rate limit and keeps it in j->key; the key is never
+ * forwarded. 0: go on; 1: an error was answered. */
+int lg__gw_keys_auth(lg__gw_ctx_t *cx);
+/* Before a model request of run_id with a key: the models it may use, its
+ * provider key for upstream ui, max_tokens filled in (root) when absent
+ * with the most the key's budgets afford, a 402 / 403 when nothing fits,
+ * and the run's scopes set to the key's. 0: go on; 1: answered. */
+int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const char *model,
+                      size_t ui, size_t body_len);
+void lg__gw_keys_clear(lg__gw_job_t *j);
+/* How long a model request's reservation holds when it is never settled
+ * (a crash): --reservation-ttl, else upstream ui's timeout plus a minute
+ * (gateway-v1), at most LG_BUDGET_MAX_TTL_MS. */
+int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui);
+/* The usage's own cost (usage.cost, USD, as OpenRouter-style upstreams
+ * report it) in nano-dollars rounded up, or -1 when it has none. */
+int64_t lg__gw_keys_usage_cost(json_t *usage);
+/* A shared budget's refusal as the route's error, with metadata
+ * (limit_source ...) and, for a 429, Retry-After; `message` (NULL: the
+ * refusal's own) after "loopguard: ". */
+void lg__gw_keys_refusal(lg__gw_job_t *j, const lg_budget_refusal_t *r, const char *message);
 
 #endif

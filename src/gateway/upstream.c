@@ -300,9 +300,10 @@ int lg__gw_http_do(CURL *h, lg__gw_http_t *x) {
   for (const struct curl_slist *s = x->headers; s; s = s->next)
     if ((t = curl_slist_append(hd, s->data))) hd = t;
   char auth[1200];
-  if (x->up->api_key) {
-    if (x->up->api == LG__GW_API_ANTHROPIC) snprintf(auth, sizeof auth, "x-api-key: %s", x->up->api_key);
-    else snprintf(auth, sizeof auth, "Authorization: Bearer %s", x->up->api_key);
+  const char *key = x->provider_key ? x->provider_key : x->up->api_key;
+  if (key) {
+    if (x->up->api == LG__GW_API_ANTHROPIC) snprintf(auth, sizeof auth, "x-api-key: %s", key);
+    else snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
     if ((t = curl_slist_append(hd, auth))) hd = t;
   } else if (x->client_auth) {
     snprintf(auth, sizeof auth, "Authorization: %s", x->client_auth);

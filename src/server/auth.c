@@ -117,6 +117,13 @@ int lg__auth_load_file(lg__auth_t *a, const char *path, lg_error_t *err) {
   return rc;
 }
 
+const char *lg__auth_key_secret(const char *header) {
+  if (!header || strncasecmp(header, "Bearer ", 7)) return NULL;
+  const char *tok = header + 7;
+  while (*tok == ' ') tok++;
+  return strncmp(tok, LG_KEY_PREFIX, 4) ? NULL : tok;
+}
+
 lg__role_t lg__auth_role(const lg__auth_t *a, const char *header) {
   if (!header) return LG__ROLE_NONE;
   /* "Bearer" is case-insensitive (RFC 6750 §2.1 via RFC 7235). */

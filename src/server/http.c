@@ -272,6 +272,18 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
     return 1;
   }
   if (ns < 2 || !IS(0, "v1")) return 0;
+  if (ns == 2 && IS(1, "key")) { /* the key itself authenticates (keys_routes.c) */
+    HIT(LG__RT_KEY_SELF, lg__h_key_self, LG__ROLE_NONE, "GET");
+    return 1;
+  }
+  if (IS(1, "keys") && ns <= 4) {
+    if (ns == 2) HIT(LG__RT_KEYS, lg__h_keys, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "POST");
+    else if (ns == 3) HIT(LG__RT_KEY, lg__h_keys, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "PATCH");
+    else if (IS(3, "rotate")) HIT(LG__RT_KEY_ROTATE, lg__h_keys, LG__ROLE_OPERATOR, "POST");
+    else return 0;
+    hit->allow = ns == 2 ? "GET, POST" : ns == 3 ? "GET, PATCH" : NULL;
+    return ns == 2 ? 1 : (rc = ID(2, "hash", false)) ? rc : 1;
+  }
   if (ns == 2 && IS(1, "budgets")) {
     HIT(LG__RT_BUDGET_LIST, lg__h_budget_list, LG__ROLE_OPERATOR, "GET");
     return 1;
@@ -617,8 +629,12 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   lg__role_t role = LG__ROLE_NONE;
   bool open_route = found > 0 && hit.role == LG__ROLE_NONE;
   if (srv->auth.n && !open_route) {
-    role = lg__auth_role(&srv->auth,
-                         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
+    const char *az = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    /* A gateway request with a loopguard key (Bearer, or x-api-key as
+     * Anthropic clients send it): the gateway checks the key. */
+    bool keyed = lg__auth_key_secret(az) || (xk && !strncmp(xk, LG_KEY_PREFIX, 4));
+    role = hit.handler == lg__gw_handle && keyed ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
     if (role == LG__ROLE_NONE)
       FAIL(401, "unauthorized", NULL,
            "a valid bearer token is required (Authorization: Bearer TOKEN)");

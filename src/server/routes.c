@@ -1071,7 +1071,7 @@ void lg__h_op_get(lg__req_t *rq) {
 
 /* A budget error: the library's field and message, with the status of the
  * error's kind. */
-static void budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing) {
+void lg__req_budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing) {
   if (rc == LG_EINVAL || rc == LG_ERANGE)
     lg__req_error(rq, 400, "invalid_request", e->field[0] ? e->field : NULL, "%s", e->message);
   else if (rc == LG_ENOTFOUND)
@@ -1087,7 +1087,7 @@ static void budget_get(lg__req_t *rq) {
   lg_error_t e = {0};
   lg_budget_t bud;
   int rc = lg_budget_get(w->store, rq->id, lg__server_now(rq->srv), &bud, &e);
-  if (rc) budget_error(rq, rc, &e, "reading the budget");
+  if (rc) lg__req_budget_error(rq, rc, &e, "reading the budget");
   else answer_text(rq, lg_budget_to_json(&bud), 200);
 }
 
@@ -1113,7 +1113,7 @@ static int budget_set_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
 }
 
 static void budget_set_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
-  if (rc) budget_error(rq, rc, e, wj->k->doing);
+  if (rc) lg__req_budget_error(rq, rc, e, wj->k->doing);
   else answer_text(rq, lg_budget_to_json(&((budget_job_t *)wj)->bud), 200);
 }
 
@@ -1131,7 +1131,7 @@ static void reserve_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e
     if (bj->why.retry_after_s > 0) rq->retry_after = (int)bj->why.retry_after_s;
     answer_text(rq, lg__http_refusal_json(&bj->why), lg__http_refusal_status(&bj->why));
   } else if (rc) {
-    budget_error(rq, rc, e, wj->k->doing);
+    lg__req_budget_error(rq, rc, e, wj->k->doing);
   } else {
     answer_text(rq, lg__budget_reservation_json(&bj->res), 201);
   }
@@ -1145,7 +1145,7 @@ static int settle_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
 }
 
 static void settle_budget_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
-  if (rc) budget_error(rq, rc, e, wj->k->doing);
+  if (rc) lg__req_budget_error(rq, rc, e, wj->k->doing);
   else answer_text(rq, lg__budget_settlement_json(&((budget_job_t *)wj)->settled), 200);
 }
 
@@ -1184,7 +1184,7 @@ static budget_job_t *budget_job(lg__req_t *rq, const write_kind_t *k) {
   }
   }
   if (rc) {
-    budget_error(rq, rc, &e, k->doing);
+    lg__req_budget_error(rq, rc, &e, k->doing);
     write_job_free(&bj->w);
     return NULL;
   }

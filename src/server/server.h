@@ -67,6 +67,9 @@ int lg__auth_load_spec(lg__auth_t *a, const char *spec, const char *source,
  * absent, malformed or unknown. Takes the same time whichever token
  * matches, or none. */
 lg__role_t lg__auth_role(const lg__auth_t *a, const char *header);
+/* The secret of an Authorization value "Bearer lgk-..." (a loopguard key,
+ * checked against the store by its route, not here), or NULL. */
+const char *lg__auth_key_secret(const char *header);
 void lg__auth_free(lg__auth_t *a);
 /* 1 when the address is a loopback one (127.0.0.0/8, ::1, ::ffff:127.x). */
 int lg__is_loopback(const struct sockaddr *sa);
@@ -87,7 +90,8 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(HEALTHZ, "healthz") XX(METRICS, "metrics") XX(OPENAPI, "openapi")      \
   XX(TEXT, "text") XX(USER, "user") XX(COMPACTION, "compaction")             \
   XX(RESUME, "resume") XX(CONSOLE, "console") XX(REGRESSION, "regression")   \
-  XX(OTHER, "other")
+  XX(KEYS, "keys") XX(KEY, "keys_get") XX(KEY_ROTATE, "keys_rotate")         \
+  XX(KEY_SELF, "key") XX(OTHER, "other")
 
 typedef enum lg__route {
 #define LG__XX(id, name) LG__RT_##id,
@@ -509,6 +513,10 @@ typedef struct lg__req {
 int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Answers a budget or key call's error (routes.c): 400 naming the field,
+ * 404, 409, else the store's error (500, logged) for `doing`. */
+void lg__req_budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing);
+
 /* The handlers: each fills rq->status and rq->out. */
 void lg__h_run_create(lg__req_t *rq);
 void lg__h_run_list(lg__req_t *rq);
@@ -526,6 +534,10 @@ void lg__h_healthz(lg__req_t *rq);
 void lg__h_metrics(lg__req_t *rq);
 void lg__h_budget_list(lg__req_t *rq); /* budget_list.c: GET /v1/budgets */
 void lg__h_openapi(lg__req_t *rq);     /* openapi.c: GET /openapi.json */
+/* keys_routes.c: /v1/keys, /v1/keys/{hash} and .../rotate (h_keys, by
+ * route and method), GET /v1/key (h_key_self). */
+void lg__h_keys(lg__req_t *rq);
+void lg__h_key_self(lg__req_t *rq);
 /* console.c: the console's static files and GET /v1/runs/{id}/regression. */
 int lg__console_path(const char *url); /* 1: a console file's path */
 void lg__h_console(lg__req_t *rq);     /* rq->id: the path */

@@ -36,6 +36,8 @@ typedef struct lg__step {
   lg_event_t ev;              /* the event; its t_ms is set by the step */
   int64_t now_ms;             /* epoch ms (the run's time is now - created) */
   lg_prices_t *prices;        /* model and usage events; may be NULL */
+  int64_t ttl_ms;             /* a model event's shared reservation: how long
+                                 it holds unsettled (0: the budgets' default) */
   lg_canon_t *canon;          /* scratch of the deciding thread */
   lg__policy_fn policy;       /* may be NULL */
   void *policy_ud;

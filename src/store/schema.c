@@ -209,6 +209,29 @@ static const migration_t migrations[] = {
     "  ADD COLUMN resolved_ms BIGINT NOT NULL DEFAULT 0,"
     "  ADD COLUMN freed INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE lg_budget_reservations ADD COLUMN asked_micro BIGINT NOT NULL DEFAULT -1;")}},
+    /* 7: keys with spend limits (gateway-v1, "Keys"). A key's stable id
+     * (the hash of its first secret: its budget scope is key:ID) and the
+     * SHA-256 of its current secret; the limit itself is the budget row
+     * of key:ID, not a column here. The rate limit's fixed window of one
+     * minute (rl_start_ms, rl_count) is counted in the row, so that every
+     * replica counts the same requests. */
+    {.all = ("CREATE TABLE lg_keys ("
+    "  id TEXT PRIMARY KEY,"
+    "  hash TEXT NOT NULL UNIQUE,"
+    "  name TEXT NOT NULL,"
+    "  limit_micro BIGINT,"
+    "  limit_reset TEXT NOT NULL CHECK (limit_reset IN ('none','daily','weekly','monthly')),"
+    "  workspace TEXT,"
+    "  include_byok INTEGER NOT NULL,"
+    "  rate_per_min BIGINT,"
+    "  models TEXT,"
+    "  byok TEXT,"
+    "  disabled INTEGER NOT NULL,"
+    "  created_ms BIGINT NOT NULL,"
+    "  rotated_ms BIGINT NOT NULL,"
+    "  updated_ms BIGINT NOT NULL,"
+    "  rl_start_ms BIGINT NOT NULL DEFAULT 0,"
+    "  rl_count BIGINT NOT NULL DEFAULT 0);")},
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,

@@ -40,6 +40,17 @@ void lg__bud_row_clear(lg__bud_row_t *r) {
   memset(r, 0, sizeof *r);
 }
 
+void lg__key_row_clear(lg__key_row_t *r) {
+  if (!r) return;
+  lg__free(r->id);
+  lg__free(r->hash);
+  lg__free(r->name);
+  lg__free(r->workspace);
+  lg__free(r->models);
+  lg__free(r->byok);
+  memset(r, 0, sizeof *r);
+}
+
 void lg__resv_row_clear(lg__resv_row_t *r) {
   if (!r) return;
   lg__free(r->id);

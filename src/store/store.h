@@ -96,6 +96,25 @@ typedef struct lg__bud_row {
 
 void lg__bud_row_clear(lg__bud_row_t *r);
 
+/* One key row (gateway-v1 "Keys"; the rules in src/budget/keys.c).
+ * Strings are new (lg__key_row_clear). */
+typedef struct lg__key_row {
+  char *id;               /* stable: the hash of the first secret */
+  char *hash;             /* SHA-256 (hex) of the current secret */
+  char *name;
+  int64_t limit_micro;    /* -1: no limit */
+  int reset;              /* lg_budget_period_t */
+  char *workspace;        /* or NULL */
+  int include_byok;
+  int64_t rate_per_min;   /* -1: none */
+  char *models;           /* a JSON array of model names, or NULL: any */
+  char *byok;             /* a JSON object {UPSTREAM: PROVIDER_KEY}, or NULL */
+  int disabled;
+  int64_t created_ms, rotated_ms, updated_ms;
+} lg__key_row_t;
+
+void lg__key_row_clear(lg__key_row_t *r);
+
 /* One reservation row. Strings are new (lg__resv_row_clear). */
 typedef struct lg__resv_row {
   char *id;             /* "rsv_" + 32 hex */
@@ -241,6 +260,26 @@ int lg__sql_runscopes_put(lg_store_t *s, const char *run_id, const char *scopes,
                           lg_error_t *err);
 int lg__sql_runscopes_get(lg_store_t *s, const char *run_id, char **scopes, int *found,
                           lg_error_t *err);
+/* ---- keys (src/budget/keys.c writes the rules) ----
+ * key_insert: LG_ECONFLICT when the id or hash exists. key_read finds a
+ * key by its id or its current hash. key_update replaces every field but
+ * id and created_ms (*updated 0: no such key). key_list calls cb for
+ * every key by created_ms. key_rate counts one request in the key's
+ * window of a minute, atomically: *allowed 0 (nothing counted) when
+ * `limit` were passed; *window_start_ms the window's start either way.
+ * key_spent_since: what the settled reservations covering `scope` charged
+ * from since_ms on (those the budget purge has not forgotten). */
+int lg__sql_key_insert(lg_store_t *s, const lg__key_row_t *row, lg_error_t *err);
+int lg__sql_key_read(lg_store_t *s, const char *ref, lg__key_row_t *row, int *found,
+                     lg_error_t *err);
+int lg__sql_key_update(lg_store_t *s, const lg__key_row_t *row, int *updated, lg_error_t *err);
+int lg__sql_key_list(lg_store_t *s, int (*cb)(void *ud, const lg__key_row_t *row), void *ud,
+                     lg_error_t *err);
+int lg__sql_key_rate(lg_store_t *s, const char *id, int64_t limit, int64_t now_ms, int *allowed,
+                     int64_t *window_start_ms, lg_error_t *err);
+int lg__sql_key_spent_since(lg_store_t *s, const char *scope, int64_t since_ms, int64_t *micro,
+                            lg_error_t *err);
+
 /* Called before an outermost transaction that only reads to decide and
  * then writes: the driver may delay its
  * BEGIN and the writes until the next read or the commit, and send them

@@ -71,6 +71,13 @@ enum {
   Q_EV_APPEND,
   Q_EV_READ,
   Q_EV_READ_TAIL,
+  Q_KEY_INSERT,
+  Q_KEY_READ,
+  Q_KEY_UPDATE,
+  Q_KEY_LIST,
+  Q_KEY_RATE,
+  Q_KEY_RATE_READ,
+  Q_KEY_SPENT,
   Q__N
 };
 
@@ -119,6 +126,13 @@ typedef struct query {
 #define PG_HOLDS_LATERAL                                                                \
   " LEFT JOIN LATERAL (SELECT " PG_HOLD_AGG " FROM lg_budget_holds h"                  \
   " WHERE h.scope = b.scope AND b.next_expiry_ms >= 0 AND b.next_expiry_ms <= ?2) e ON true"
+
+#define KEY_COLS                                                                        \
+  "id, hash, name, limit_micro, limit_reset, workspace, include_byok, rate_per_min,"    \
+  " models, byok, disabled, created_ms, rotated_ms, updated_ms"
+/* The start of a key's rate window as of ?2: a new one when a minute has
+ * passed since the stored one began. */
+#define KEY_NEW_WINDOW "rl_start_ms <= CAST(?2 AS BIGINT) - 60000"
 
 #define SQ LG__D_SQLITE
 #define PG LG__D_POSTGRES
@@ -254,6 +268,27 @@ static const query_t queries[Q__N] = {
                      " SELECT ?1, COALESCE(MAX(n), 0) + 1, ?2 FROM lg_events WHERE run_id = ?1"},
     [Q_EV_READ] = {.sql = "SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n"},
     [Q_EV_READ_TAIL] = {.by = {[SQ] = "SELECT trace_tail FROM lg_runs WHERE run_id = ?1"}},
+    [Q_KEY_INSERT] = {"INSERT INTO lg_keys (" KEY_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,"
+                      " ?9, ?10, ?11, ?12, ?13, ?14) ON CONFLICT DO NOTHING"},
+    [Q_KEY_READ] = {"SELECT " KEY_COLS " FROM lg_keys WHERE hash = ?1 OR id = ?1"
+                    " ORDER BY hash = ?1 DESC LIMIT 1"},
+    [Q_KEY_UPDATE] = {"UPDATE lg_keys SET hash = ?2, name = ?3, limit_micro = ?4, limit_reset = ?5,"
+                      " workspace = ?6, include_byok = ?7, rate_per_min = ?8, models = ?9,"
+                      " byok = ?10, disabled = ?11, rotated_ms = ?13, updated_ms = ?14"
+                      " WHERE id = ?1 AND CAST(?12 AS BIGINT) IS NOT NULL"},
+    [Q_KEY_LIST] = {"SELECT " KEY_COLS " FROM lg_keys ORDER BY created_ms, id"},
+    /* One statement: counting and checking cannot interleave with
+     * another replica's. */
+    [Q_KEY_RATE] = {"UPDATE lg_keys SET"
+                    " rl_count = CASE WHEN " KEY_NEW_WINDOW " THEN 1 ELSE rl_count + 1 END,"
+                    " rl_start_ms = CASE WHEN " KEY_NEW_WINDOW " THEN CAST(?2 AS BIGINT)"
+                    " ELSE rl_start_ms END"
+                    " WHERE id = ?1 AND (" KEY_NEW_WINDOW " OR rl_count < CAST(?3 AS BIGINT))"},
+    [Q_KEY_RATE_READ] = {"SELECT rl_start_ms FROM lg_keys WHERE id = ?1"},
+    [Q_KEY_SPENT] = {"SELECT CAST(COALESCE(SUM(actual_micro), 0) AS BIGINT)"
+                     " FROM lg_budget_reservations WHERE state = 'settled'"
+                     " AND settled_ms >= CAST(?2 AS BIGINT)"
+                     " AND ('\n' || scopes || '\n') LIKE ('%\n' || CAST(?1 AS TEXT) || '\n%')"},
 };
 
 /* The ledger's statements as schema 1 to 5 had them, for a store opened at
@@ -1246,3 +1281,139 @@ int lg__sql_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
 }
 
 int lg__sql_batch(lg_store_t *s) { return DRV->batch ? DRV->batch(s) : 0; }
+
+/* ---- keys ---- */
+
+static void bind_opt_i64(lg_store_t *s, lg__stmt_t *st, int i, int64_t v) {
+  if (v < 0) DRV->bind_null(st, i);
+  else DRV->bind_i64(st, i, v);
+}
+
+static void bind_key(lg_store_t *s, lg__stmt_t *st, const lg__key_row_t *r) {
+  bind_text(s, st, 1, r->id);
+  bind_text(s, st, 2, r->hash);
+  bind_text(s, st, 3, r->name);
+  bind_opt_i64(s, st, 4, r->limit_micro);
+  bind_text(s, st, 5, period_names[(unsigned)r->reset < 4 ? r->reset : 0]);
+  bind_text(s, st, 6, r->workspace);
+  DRV->bind_i64(st, 7, r->include_byok ? 1 : 0);
+  bind_opt_i64(s, st, 8, r->rate_per_min);
+  bind_text(s, st, 9, r->models);
+  bind_text(s, st, 10, r->byok);
+  DRV->bind_i64(st, 11, r->disabled ? 1 : 0);
+  DRV->bind_i64(st, 12, r->created_ms);
+  DRV->bind_i64(st, 13, r->rotated_ms);
+  DRV->bind_i64(st, 14, r->updated_ms);
+}
+
+static int fill_key(lg_store_t *s, lg__stmt_t *st, void *out) {
+  lg__key_row_t *r = out;
+  int ok = 1;
+  memset(r, 0, sizeof *r);
+  size_t n = 0;
+  r->id = col_str(s, st, 0, NULL, &ok);
+  r->hash = col_str(s, st, 1, NULL, &ok);
+  r->name = col_str(s, st, 2, NULL, &ok);
+  r->limit_micro = DRV->col_null(st, 3) ? -1 : DRV->col_i64(st, 3);
+  const char *p = DRV->col_text(st, 4, &n);
+  r->reset = p ? period_of(p, n) : 0;
+  if (r->reset < 0) r->reset = 0;
+  r->workspace = col_str(s, st, 5, NULL, &ok);
+  r->include_byok = DRV->col_i64(st, 6) != 0;
+  r->rate_per_min = DRV->col_null(st, 7) ? -1 : DRV->col_i64(st, 7);
+  r->models = col_str(s, st, 8, NULL, &ok);
+  r->byok = col_str(s, st, 9, NULL, &ok);
+  r->disabled = DRV->col_i64(st, 10) != 0;
+  r->created_ms = DRV->col_i64(st, 11);
+  r->rotated_ms = DRV->col_i64(st, 12);
+  r->updated_ms = DRV->col_i64(st, 13);
+  if (!ok) lg__key_row_clear(r);
+  return ok ? 0 : -1;
+}
+
+int lg__sql_key_insert(lg_store_t *s, const lg__key_row_t *row, lg_error_t *err) {
+  lg__stmt_t *st = stmt(s, Q_KEY_INSERT, err);
+  if (!st) return LG_ESTORE;
+  bind_key(s, st, row);
+  int64_t n = 0;
+  int rc = run(s, st, &n, err);
+  if (!rc && !n) rc = lg__err(err, LG_ECONFLICT, "key", -1, "a key with this id or hash exists");
+  return rc;
+}
+
+int lg__sql_key_read(lg_store_t *s, const char *ref, lg__key_row_t *row, int *found,
+                     lg_error_t *err) {
+  lg__stmt_t *st = stmt(s, Q_KEY_READ, err);
+  *found = 0;
+  if (!st) return LG_ESTORE;
+  bind_text(s, st, 1, ref);
+  return one(s, st, "reading a key", fill_key, row, found, err);
+}
+
+int lg__sql_key_update(lg_store_t *s, const lg__key_row_t *row, int *updated, lg_error_t *err) {
+  lg__stmt_t *st = stmt(s, Q_KEY_UPDATE, err);
+  *updated = 0;
+  if (!st) return LG_ESTORE;
+  bind_key(s, st, row);
+  int64_t n = 0;
+  int rc = run(s, st, &n, err);
+  *updated = n > 0;
+  return rc;
+}
+
+static void clear_key(void *row) { lg__key_row_clear(row); }
+
+static int key_cb(void *ud, const void *row) {
+  const struct {
+    int (*cb)(void *, const lg__key_row_t *);
+    void *ud;
+  } *x = ud;
+  return x->cb(x->ud, row);
+}
+
+int lg__sql_key_list(lg_store_t *s, int (*cb)(void *, const lg__key_row_t *), void *ud,
+                     lg_error_t *err) {
+  lg__stmt_t *st = stmt(s, Q_KEY_LIST, err);
+  if (!st) return LG_ESTORE;
+  struct {
+    int (*cb)(void *, const lg__key_row_t *);
+    void *ud;
+  } x = {cb, ud};
+  return list_rows(s, st, "listing keys", sizeof(lg__key_row_t), fill_key, clear_key, key_cb, &x,
+                   err);
+}
+
+static int fill_i64(lg_store_t *s, lg__stmt_t *st, void *out) {
+  *(int64_t *)out = DRV->col_i64(st, 0);
+  return 0;
+}
+
+int lg__sql_key_rate(lg_store_t *s, const char *id, int64_t limit, int64_t now_ms, int *allowed,
+                     int64_t *window_start_ms, lg_error_t *err) {
+  *allowed = 0;
+  *window_start_ms = now_ms;
+  lg__stmt_t *st = stmt(s, Q_KEY_RATE, err);
+  if (!st) return LG_ESTORE;
+  bind_text(s, st, 1, id);
+  DRV->bind_i64(st, 2, now_ms);
+  DRV->bind_i64(st, 3, limit);
+  int64_t n = 0;
+  int rc = run(s, st, &n, err);
+  if (rc) return rc;
+  *allowed = n > 0;
+  if (!(st = stmt(s, Q_KEY_RATE_READ, err))) return LG_ESTORE;
+  bind_text(s, st, 1, id);
+  int found = 0;
+  return one(s, st, "reading a key's rate window", fill_i64, window_start_ms, &found, err);
+}
+
+int lg__sql_key_spent_since(lg_store_t *s, const char *scope, int64_t since_ms, int64_t *micro,
+                            lg_error_t *err) {
+  *micro = 0;
+  lg__stmt_t *st = stmt(s, Q_KEY_SPENT, err);
+  if (!st) return LG_ESTORE;
+  bind_text(s, st, 1, scope);
+  DRV->bind_i64(st, 2, since_ms);
+  int found = 0;
+  return one(s, st, "reading a key's spend", fill_i64, micro, &found, err);
+}

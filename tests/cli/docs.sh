@@ -37,7 +37,7 @@ top = help_of("")
 for name in ("replay", "fingerprint", "serve", "test"):
     if re.search(r"^  %s\b" % name, top, re.M): cmds.add(name)
     else: bad.append("loopguard --help does not list %s" % name)
-for group in ("runs", "ledger", "budget"):
+for group in ("runs", "ledger", "budget", "keys"):
     if not re.search(r"^  %s [a-z|]+" % group, top, re.M): bad.append("loopguard --help does not list %s" % group)
     for m in re.finditer(r"loopguard %s ([a-z]+)" % group, help_of(group)):
         cmds.add(group + " " + m.group(1))

@@ -51,7 +51,7 @@ for path, item in doc["paths"].items():
         if not r: bad.append("%s %s: no x-loopguard-route" % (meth.upper(), path)); continue
         documented.add(r)
         if not op.get("responses"): bad.append("%s %s: no responses" % (meth.upper(), path))
-        if op.get("x-loopguard-role") not in ("none", "agent", "operator"):
+        if op.get("x-loopguard-role") not in ("none", "agent", "operator", "key"):
             bad.append("%s %s: x-loopguard-role" % (meth.upper(), path))
         for code, resp in op["responses"].items():
             if not resp.get("description"): bad.append("%s %s %s: no description" % (meth.upper(), path, code))
@@ -67,11 +67,13 @@ note "every documented path and method is answered"
 curl -s -XPOST "$api_URL/v1/runs" -H 'Content-Type: application/json' -d '{"run_id":"r1","group":"g1"}' >/dev/null
 curl -s -XPOST "$api_URL/v1/operations/claim" -H 'Content-Type: application/json' -d '{"key":"k1","request_fingerprint":"fp"}' >/dev/null
 curl -s -XPUT "$api_URL/v1/budgets/key:alice" -H 'Content-Type: application/json' -d '{"limit_usd":1,"period":"daily"}' >/dev/null
+KEY_HASH=$(curl -s -XPOST "$api_URL/v1/keys" -H 'Content-Type: application/json' -d '{"name":"probe"}' | jq_py 'd["hash"]')
+export KEY_HASH
 probe() { # URL TOKEN_OR_EMPTY -> lines "METHOD PATH ROLE CODE"
   python3 - "$src/docs/openapi.json" "$1" "$2" <<'PY'
-import json, sys, urllib.request, urllib.error
+import json, os, sys, urllib.request, urllib.error
 doc = json.load(open(sys.argv[1])); base = sys.argv[2]; token = sys.argv[3]
-names = {"id": "r1", "group": "g1", "key": "k1", "scope": "key:alice"}
+names = {"id": "r1", "group": "g1", "key": "k1", "scope": "key:alice", "hash": os.environ.get("KEY_HASH", "h")}
 for path, item in doc["paths"].items():
     for meth, op in item.items():
         if meth == "parameters": continue
@@ -95,7 +97,7 @@ note "$n operations answered"
 
 note "GET /v1/budgets lists the budgets"
 curl -s -XPUT "$api_URL/v1/budgets/workspace:acme" -H 'Content-Type: application/json' -d '{"limit_usd":2.5,"period":"monthly"}' >/dev/null
-got=$(curl -s "$api_URL/v1/budgets" | jq_py '[(b["scope"], b["limit_usd"], b["period"]) for b in d["budgets"]]')
+got=$(curl -s "$api_URL/v1/budgets" | jq_py '[(b["scope"], b["limit_usd"], b["period"]) for b in d["budgets"] if b["scope"] != "key:" + __import__("os").environ["KEY_HASH"]]')
 [ "$got" = '[["key:alice", 1, "daily"], ["workspace:acme", 2.5, "monthly"]]' ] || fail "GET /v1/budgets: $got"
 stop_server api
 start_server empty --store memory:
@@ -121,6 +123,8 @@ probe "$auth_URL" tok-agent-0123456789abcdef >"$TMP/agent.txt" || fail "probing 
 while read -r meth path role code; do
   if [ "$role" = operator ]; then
     [ "$code" = 403 ] || fail "$meth $path (operator) answered $code to an agent token"
+  elif [ "$role" = key ]; then # the loopguard key itself, not a token
+    [ "$code" = 401 ] || fail "$meth $path (key) answered $code to an agent token"
   else
     [ "$code" != 403 ] && [ "$code" != 401 ] || fail "$meth $path ($role) answered $code to an agent token"
   fi

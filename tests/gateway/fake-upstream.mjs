@@ -103,8 +103,10 @@ function script(req) {
 
 function usageOf(req, out) {
   const p = JSON.stringify(req.messages || []).length >> 2;
-  const c = 10;
-  return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
+  const c = Math.min(10, req.max_completion_tokens ?? req.max_tokens ?? 10); // as a provider, never past max_tokens
+  const u = { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
+  if ((req.model || '').startsWith('costly')) u.cost = 0.000777; // an upstream that reports the cost (USD)
+  return u;
 }
 
 function reply(res, req) {

@@ -1,4 +1,4 @@
-# lib.bash — what tests/gateway/run.sh and guard.sh share (sourced): the
+# lib.bash — what tests/gateway/run.sh, guard.sh and keys.sh share (sourced): the
 # pinned npm clients installed when missing, and the fake upstream started.
 # After it: HERE is the folder of the clients (the build's gateway-node),
 # HERE_SRC the source folder, FAKE the fake upstream's URL.

@@ -1294,6 +1294,110 @@ static void test_newer_schema_refused(void **state) {
 }
 
 /* ------------------------------------------------------------------ */
+/* Keys (gateway-v1 "Keys"): rows, lookup by id or hash, rotation, the    */
+/* rate window, and the spend of a key's scope since a time.             */
+
+static int count_key(void *ud, const lg__key_row_t *r) {
+  (void)r;
+  (*(int *)ud)++;
+  return 0;
+}
+
+static void test_keys(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  lg__key_row_t k = {.id = FP1, .hash = FP1, .name = "agent-a", .limit_micro = 5000000,
+                     .reset = LG_PERIOD_DAILY, .workspace = "acme", .include_byok = 1,
+                     .rate_per_min = 2, .models = "[\"m\"]", .byok = "{\"u\":\"pk\"}",
+                     .created_ms = T0, .updated_ms = T0};
+  assert_int_equal(lg__sql_key_insert(s, &k, &err), 0);
+  assert_int_equal(lg__sql_key_insert(s, &k, &err), LG_ECONFLICT);
+  lg__key_row_t r = {0};
+  int found = 0;
+  assert_int_equal(lg__sql_key_read(s, FP1, &r, &found, &err), 0);
+  assert_true(found);
+  assert_string_equal(r.name, "agent-a");
+  assert_int_equal(r.limit_micro, 5000000);
+  assert_int_equal(r.reset, LG_PERIOD_DAILY);
+  assert_string_equal(r.workspace, "acme");
+  assert_int_equal(r.include_byok, 1);
+  assert_int_equal(r.rate_per_min, 2);
+  assert_string_equal(r.models, "[\"m\"]");
+  assert_string_equal(r.byok, "{\"u\":\"pk\"}");
+  assert_int_equal(r.disabled, 0);
+  lg__key_row_clear(&r);
+
+  /* Rotation: a new hash, the same id; found by either, NULLs kept. */
+  lg__key_row_t u = k;
+  u.hash = FP2;
+  u.workspace = NULL;
+  u.limit_micro = -1;
+  u.rate_per_min = -1;
+  u.disabled = 1;
+  u.rotated_ms = T0 + 1;
+  int updated = 0;
+  assert_int_equal(lg__sql_key_update(s, &u, &updated, &err), 0);
+  assert_true(updated);
+  assert_int_equal(lg__sql_key_read(s, FP2, &r, &found, &err), 0);
+  assert_true(found);
+  assert_string_equal(r.id, FP1);
+  assert_string_equal(r.hash, FP2);
+  assert_null(r.workspace);
+  assert_int_equal(r.limit_micro, -1);
+  assert_int_equal(r.rate_per_min, -1);
+  assert_int_equal(r.disabled, 1);
+  assert_int_equal(r.rotated_ms, T0 + 1);
+  lg__key_row_clear(&r);
+  assert_int_equal(lg__sql_key_read(s, FP1, &r, &found, &err), 0);
+  assert_true(found); /* by its id */
+  lg__key_row_clear(&r);
+  assert_int_equal(lg__sql_key_read(s, "nope", &r, &found, &err), 0);
+  assert_false(found);
+  u.id = "other";
+  assert_int_equal(lg__sql_key_update(s, &u, &updated, &err), 0);
+  assert_false(updated);
+  int n = 0;
+  assert_int_equal(lg__sql_key_list(s, count_key, &n, &err), 0);
+  assert_int_equal(n, 1);
+
+  /* The rate window: 2 a minute, a new window after a minute. */
+  int ok = 0;
+  int64_t start = 0;
+  assert_int_equal(lg__sql_key_rate(s, FP1, 2, T0 + 100000, &ok, &start, &err), 0);
+  assert_true(ok);
+  assert_int_equal(start, T0 + 100000);
+  assert_int_equal(lg__sql_key_rate(s, FP1, 2, T0 + 110000, &ok, &start, &err), 0);
+  assert_true(ok);
+  assert_int_equal(lg__sql_key_rate(s, FP1, 2, T0 + 120000, &ok, &start, &err), 0);
+  assert_false(ok);
+  assert_int_equal(start, T0 + 100000);
+  assert_int_equal(lg__sql_key_rate(s, FP1, 2, T0 + 160000, &ok, &start, &err), 0);
+  assert_true(ok);
+  assert_int_equal(start, T0 + 160000);
+
+  /* Spend since a time: settled reservations covering the scope only. */
+  lg_budget_t b;
+  assert_int_equal(lg_budget_set(s, "key:" FP1, 9000000, LG_PERIOD_NONE, -1, T0, &b, &err), 0);
+  assert_int_equal(lg_budget_set(s, "workspace:acme", 9000000, LG_PERIOD_NONE, -1, T0, &b, &err), 0);
+  const char *both[] = {"workspace:acme", "key:" FP1}, *ws[] = {"workspace:acme"};
+  lg_budget_request_t rq = {.scopes = both, .nscopes = 2, .amount_micro = 300};
+  lg_budget_reservation_t rv;
+  assert_int_equal(lg_budget_reserve(s, &rq, T0 + 10, &rv, NULL, &err), 0);
+  assert_int_equal(lg_budget_settle(s, rv.id, 200, T0 + 20, NULL, &err), 0);
+  rq.scopes = ws;
+  rq.nscopes = 1;
+  assert_int_equal(lg_budget_reserve(s, &rq, T0 + 30, &rv, NULL, &err), 0);
+  assert_int_equal(lg_budget_settle(s, rv.id, 50, T0 + 40, NULL, &err), 0);
+  int64_t micro = -1;
+  assert_int_equal(lg__sql_key_spent_since(s, "key:" FP1, T0, &micro, &err), 0);
+  assert_int_equal(micro, 200);
+  assert_int_equal(lg__sql_key_spent_since(s, "workspace:acme", T0, &micro, &err), 0);
+  assert_int_equal(micro, 250);
+  assert_int_equal(lg__sql_key_spent_since(s, "key:" FP1, T0 + 21, &micro, &err), 0);
+  assert_int_equal(micro, 0);
+}
+
+/* ------------------------------------------------------------------ */
 
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
@@ -1328,6 +1432,7 @@ int main(void) {
       T(test_sqlite_durability),
       T(test_reads_do_not_wait),
       T(test_events),
+      T(test_keys),
       /* The durable backends only (memory: skips them). */
       T(test_restart),
       T(test_migration_from_v1),

@@ -1,0 +1,29 @@
+# bench/gateway/lib.bash — what the gateway's benchmarks share (run.sh,
+# keys.sh), sourced with the benchmark's arguments (BUILD_DIR): BUILD, LG
+# (the loopguard binary), UP_BIN (the fake upstream), SECONDS_PER (a run's
+# seconds: LG_GW_SECONDS, 5, or 2 with LG_BENCH_QUICK=1), a scratch folder
+# $WORK removed at exit with every process in PIDS, note, calcf, and
+# start_upstream (the fake upstream, $UP its URL).
+BUILD=$(cd "${1:?usage: $(basename "$0") BUILD_DIR}" && pwd) || exit 2
+LG=$BUILD/loopguard
+UP_BIN=$BUILD/bench/gw_bench_upstream
+SECONDS_PER=${LG_GW_SECONDS:-5}
+[[ ${LG_BENCH_QUICK:-0} == 1 ]] && SECONDS_PER=${LG_GW_SECONDS:-2}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/lg-gwbench.XXXXXX") || exit 1
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+note() { printf '%s\n' "$*"; }
+calcf() { awk "BEGIN { printf \"$1\", $2 }" </dev/null; }
+start_upstream() { # NAME: the fake upstream -> $UP
+  "$UP_BIN" "$WORK/up.port" 2>"$WORK/up.err" &
+  PIDS+=($!)
+  for _ in $(seq 100); do [[ -s $WORK/up.port ]] && break; sleep 0.05; done
+  [[ -s $WORK/up.port ]] || { note "$1: FAILED: the fake upstream did not start: $(cat "$WORK/up.err")"; exit 1; }
+  UP="http://127.0.0.1:$(cat "$WORK/up.port")"
+}

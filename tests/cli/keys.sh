@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# keys.sh — `loopguard keys create|list|show|update|disable|rotate` as an
+# operator calls it: the secret printed once and never again (list, show),
+# --json as the HTTP routes answer, the budget key:ID the key's limit rides
+# on (`loopguard budget show`), --help of every subcommand, errors that
+# name what and where, exit codes 0/1/2; and a change made by the CLI is
+# seen at once by a running server on the same store (a key disabled or
+# rotated by the CLI is refused by the server's GET /v1/key right away).
+set -u
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/serve_lib.bash"
+export LOOPGUARD_STORE="sqlite:$TMP/keys.db"
+B=$LG_BIN
+get() { jq_py "$1"; }
+
+note "create: the secret once, the key's fields, its budget"
+out=$("$B" keys create nightly --limit-usd 2.5 --reset daily --workspace acme --models a,b \
+  --byok default=sk-provider --rate-limit 30 --json) || fail "create: $out"
+K=$(echo "$out" | get 'd["key"]')
+H=$(echo "$out" | get 'd["hash"]')
+[[ $K == lgk-* ]] && [ ${#K} -ge 36 ] || fail "the secret: $out"
+[ "$(echo "$out" | get '[d["limit_usd"], d["limit_reset"], d["workspace"], d["models"], d["byok_upstreams"], d["rate_limit_per_min"]]')" = '[2.5, "daily", "acme", ["a", "b"], ["default"], 30]' ] || fail "create: $out"
+echo "$out" | grep -q sk-provider && fail "the provider key printed: $out"
+human=$("$B" keys create other) || fail "create (human)"
+echo "$human" | grep -q '^secret lgk-' || fail "the human create prints the secret: $human"
+b=$("$B" budget show "key:$H" --json) || fail "budget show key:$H"
+[ "$(echo "$b" | get '[d["limit_usd"], d["period"]]')" = '[2.5, "daily"]' ] || fail "the key's budget: $b"
+
+note "list and show never print a secret"
+l=$("$B" keys list --json) || fail "list"
+[ "$(echo "$l" | get 'len(d["keys"])')" = 2 ] || fail "list: $l"
+echo "$l" | grep -q 'lgk-' && fail "list prints a secret: $l"
+s=$("$B" keys show "$H" --json) || fail "show"
+[ "$(echo "$s" | get '[d["usage_daily_usd"], d["usage_weekly_usd"], d["usage_monthly_usd"], d["limit_remaining_usd"]]')" = '[0, 0, 0, 2.5]' ] || fail "show: $s"
+echo "$s" | grep -q 'lgk-' && fail "show prints a secret"
+"$B" keys show "$H" | grep -q 'today / week / month' || fail "show (human)"
+
+note "update keeps what is not given; none clears"
+u=$("$B" keys update "$H" --limit-usd 4 --models none --json) || fail "update"
+[ "$(echo "$u" | get '[d["limit_usd"], d["models"], d["workspace"], d["limit_reset"]]')" = '[4, null, "acme", "daily"]' ] || fail "update: $u"
+[ "$("$B" budget show "key:$H" --json | get 'd["limit_usd"]')" = 4 ] || fail "the budget follows the limit"
+
+note "a running server on the same store sees the CLI's changes at once"
+start_server srv --store "$LOOPGUARD_STORE" --log "$TMP/srv.log"
+self() { curl -s -o "$TMP/self" -w '%{http_code}' -H "Authorization: Bearer $1" "$srv_URL/v1/key"; }
+[ "$(self "$K")" = 200 ] || fail "GET /v1/key: $(cat "$TMP/self")"
+r=$("$B" keys rotate "$H" --json) || fail "rotate"
+K2=$(echo "$r" | get 'd["key"]')
+H2=$(echo "$r" | get 'd["hash"]')
+[ "$H2" != "$H" ] && [ "$(echo "$r" | get 'd["id"]')" = "$H" ] || fail "rotate: $r"
+[ "$(self "$K")" = 401 ] || fail "the old secret after a rotation by the CLI: $(cat "$TMP/self")"
+[ "$(self "$K2")" = 200 ] || fail "the new secret: $(cat "$TMP/self")"
+"$B" keys disable "$H2" >/dev/null || fail "disable"
+[ "$(self "$K2")" = 401 ] && grep -q disabled "$TMP/self" || fail "disabled by the CLI: $(cat "$TMP/self")"
+"$B" keys update "$H2" --enable >/dev/null || fail "enable"
+[ "$(self "$K2")" = 200 ] || fail "enabled again: $(cat "$TMP/self")"
+stop_server srv
+
+note "errors and usage"
+for sub in create list show update disable rotate; do
+  "$B" keys $sub --help | grep -q "usage: loopguard keys $sub" || fail "keys $sub --help"
+done
+"$B" keys show nope 2>"$TMP/err"; [ $? = 1 ] && grep -q 'no key nope' "$TMP/err" || fail "an unknown key: $(cat "$TMP/err")"
+grep -q "keys.db" "$TMP/err" || fail "the error names the store: $(cat "$TMP/err")"
+"$B" keys create x --reset hourly --limit-usd 1 2>"$TMP/err"; [ $? = 1 ] && grep -q limit_reset "$TMP/err" || fail "a bad reset: $(cat "$TMP/err")"
+"$B" keys create x --limit-usd lots 2>"$TMP/err"; [ $? = 2 ] && grep -q -- --limit-usd "$TMP/err" || fail "a bad amount: $(cat "$TMP/err")"
+"$B" keys create x --rate-limit 0 2>"$TMP/err"; [ $? = 2 ] || fail "a bad rate"
+"$B" keys create x --byok nokey 2>"$TMP/err"; [ $? = 2 ] || fail "a bad byok"
+"$B" keys create 2>"$TMP/err"; [ $? = 2 ] && grep -q 'needs a NAME' "$TMP/err" || fail "no name"
+"$B" keys frobnicate 2>"$TMP/err"; [ $? = 2 ] || fail "an unknown subcommand"
+echo "PASS keys.sh"

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# keys.sh — loopguard keys at the gateway (gateway-v1 "Keys"), end to end:
+# `loopguard serve` with tokens, a price file and the fake upstream
+# (tests/gateway/fake-upstream.mjs), keys made over HTTP and by the CLI.
+#
+# Asserts, through the gateway:
+# - with tokens, a loopguard key is the gateway request's credential;
+#   unknown, rotated-away and disabled keys are 401
+#   at once, in the OpenAI error shape; x-api-key: lgk-... on /v1/messages
+#   (Anthropic's shape);
+# - the lgk- key never goes upstream; a request without max_tokens gets
+#   the model's limit from the price table (the body the upstream saw);
+# - refusals before the upstream, each with status, metadata.limit_source
+#   and headers: 402 key_limit with max_affordable_tokens (and the same
+#   request with that max_tokens goes through), 403 workspace_budget with
+#   "Workspace ... budget of $... exceeded", 429 in_flight_budget with
+#   Retry-After, 429 rate limit with Retry-After, 403 model_not_allowed;
+# - spend on the key's own provider key (byok) counts on its limit only
+#   with include_byok_in_limit;
+# - 32 concurrent agents (the real openai client) on one key with a small
+#   limit: spent + reserved never above the limit while they run (polled),
+#   and once every reservation settled, spent equals the sum of the
+#   answered requests' costs from their usage, to the micro-dollar;
+# - kill -9 of the server mid-request: its reservation is released after
+#   --reservation-ttl (not charged), and the key works after the restart.
+# LG_TEST_STORE=postgres (under tests/pg/with-postgres.sh): the same on
+# PostgreSQL, with the load split over two replicas of one database, and a
+# key rotated or disabled on one replica refused at once on the other.
+set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients in $NODE_DIR, the fake upstream: FAKE
+
+STORE="sqlite:$TMP/keys.db"
+if [ "${LG_TEST_STORE:-}" = postgres ]; then
+  [ -n "${LG_PG_URL:-}" ] || { echo "SKIP: no LG_PG_URL (run under tests/pg/with-postgres.sh)"; exit 77; }
+  STORE=$LG_PG_URL
+fi
+
+# 1 micro-dollar an input token, 100 an output token (the fake answers 10
+# output tokens): every cost is whole micro-dollars.
+cat >"$TMP/prices.json" <<'JSON'
+{"models": {"finish": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "other":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "slow":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+JSON
+OP=operator-token-0123456789
+printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
+start_server gw --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstream "$FAKE/v1" --log "$TMP/gw.log"
+
+op() { # METHOD PATH [BODY]: the operator API, prints the body
+  curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' \
+    ${3:+-d "$3"} "$gw_URL$2"
+}
+# chat KEY BODY: a chat completion; the status in $TMP/st, the headers in $TMP/hd
+chat() {
+  curl -s -o "$TMP/body" -D "$TMP/hd" -w '%{http_code}' -H "Authorization: Bearer $1" \
+    -H 'Content-Type: application/json' -d "$2" "$gw_URL/v1/chat/completions" >"$TMP/st"
+  cat "$TMP/body"
+}
+st() { cat "$TMP/st"; }
+hdr() { grep -i "^$1:" "$TMP/hd" | head -n 1 | cut -d' ' -f2- | tr -d '\r'; }
+get() { jq_py "$1"; }
+newkey() { # BODY: creates a key, prints "SECRET HASH"
+  local k
+  k=$(op POST /v1/keys "$1")
+  echo "$k" | get 'd["key"] + " " + d["hash"]' || fail "creating a key: $k"
+}
+spent() { op GET "/v1/budgets/key:$1" | get 'd["spent_usd"]'; }
+# slow_held URL SECRET HASH: sends a "slow" request (the fake answers after
+# 3 s) in the background ($SLOW its pid) and waits until its reservation
+# holds on the key's budget.
+slow_held() {
+  curl -s -o /dev/null -H "Authorization: Bearer $2" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"slow\",$MSG}" "$1/v1/chat/completions" &
+  SLOW=$!
+  local i held
+  for i in $(seq 300); do
+    held=$(curl -s -H "Authorization: Bearer $OP" "$1/v1/budgets/key:$3" | get 'd["reserved_usd"] > 0')
+    [ "$held" = true ] && return 0
+    sleep 0.01
+  done
+  fail "the slow request reserved nothing"
+}
+MSG='"messages":[{"role":"user","content":"hello"}]'
+
+note "with tokens, an unknown loopguard key is 401 (no token needed beside it)"
+b=$(chat lgk-notakeyatall0000000000000000000000000 "{\"model\":\"finish\",$MSG}")
+[ "$(st)" = 401 ] || fail "an unknown key: $(st) $b"
+echo "$b" | get 'd["error"]["message"]' | grep -q unknown || fail "unknown key message: $b"
+
+note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
+read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
+b=$(chat "$K1" "{\"model\":\"finish\",$MSG}")
+[ "$(st)" = 200 ] || fail "a key's request: $(st) $b"
+up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
+[ "$(echo "$up" | get 'd.get("max_tokens")')" = 50 ] || fail "max_tokens upstream: $up"
+curl -s "$FAKE/stats" | grep -q "$K1" && fail "the lgk- secret reached the upstream"
+s=$(spent "$H1")
+[ "$(python3 -c "print(float('$s') > 0)")" = True ] || fail "no spend on the key: $s"
+self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
+[ "$(echo "$self" | get 'd["usage_usd"] == d["usage_monthly_usd"] > 0')" = true ] || fail "GET /v1/key: $self"
+
+note "a streamed request settles from the stream's usage"
+before=$(spent "$H1")
+b=$(chat "$K1" "{\"model\":\"finish\",\"stream\":true,$MSG}")
+[ "$(st)" = 200 ] && echo "$b" | grep -q '\[DONE\]' || fail "a stream with a key: $(st) $b"
+up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
+[ "$(echo "$up" | get '[d.get("max_tokens"), d["stream_options"]["include_usage"]]')" = '[50, true]' ] || fail "the stream upstream: $up"
+# 1 micro-dollar an input token: the stream's usage, not its worst case (about 5,000)
+d=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
+[ "$d" -gt 1000 ] && [ "$d" -lt 1200 ] || fail "the stream charged $d micro-USD, not its usage"
+
+note "usage.cost, when the upstream reports one, is what is charged"
+before=$(spent "$H1")
+chat "$K1" "{\"model\":\"costly\",$MSG}" >/dev/null
+[ "$(st)" = 200 ] || fail "costly: $(st)"
+d=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
+[ "$d" = 777 ] || fail "usage.cost 0.000777 USD charged $d micro-USD"
+
+note "x-api-key: lgk-... (as Anthropic clients send it) on /v1/messages"
+msgs() { # SECRET: a Messages request with x-api-key; the status in $TMP/st
+  curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $1" -H 'anthropic-version: 2023-06-01' \
+    -H 'Content-Type: application/json' -d "{\"model\":\"finish\",\"max_tokens\":20,$MSG}" \
+    "$gw_URL/v1/messages" >"$TMP/st"
+  cat "$TMP/body"
+}
+before=$(spent "$H1")
+b=$(msgs "$K1")
+[ "$(st)" = 200 ] || fail "x-api-key: $(st) $b"
+[ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] || fail "x-api-key: no spend on the key"
+b=$(msgs lgk-notakeyatall0000000000000000000000000)
+[ "$(st)" = 401 ] && [ "$(echo "$b" | get 'd["type"]')" = error ] || fail "an unknown x-api-key: $(st) $b"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: $K1" "$gw_URL/v1/key")" = 200 ] || fail "GET /v1/key with x-api-key"
+
+note "rotated and disabled keys are refused at once"
+rot=$(op POST "/v1/keys/$H1/rotate")
+K1b=$(echo "$rot" | get 'd["key"]')
+chat "$K1" "{\"model\":\"finish\",$MSG}" >/dev/null
+[ "$(st)" = 401 ] || fail "the old secret after rotation: $(st)"
+chat "$K1b" "{\"model\":\"finish\",$MSG}" >/dev/null
+[ "$(st)" = 200 ] || fail "the new secret: $(st)"
+[ "$(python3 -c "print(float('$(spent "$H1")') > float('$s'))")" = True ] || fail "the spend did not carry over the rotation"
+op PATCH "/v1/keys/$(echo "$rot" | get 'd["hash"]')" '{"disabled":true}' >/dev/null
+b=$(chat "$K1b" "{\"model\":\"finish\",$MSG}")
+[ "$(st)" = 401 ] && echo "$b" | grep -q disabled || fail "a disabled key: $(st) $b"
+
+note "402 key_limit with max_affordable_tokens; that max_tokens goes through"
+# 0.003 USD = 3000 micro: 50 output tokens (5000) do not fit, about 20 do.
+read -r K2 H2 < <(newkey '{"name":"tight","limit_usd":0.003}')
+b=$(chat "$K2" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
+[ "$(st)" = 402 ] || fail "402 expected: $(st) $b"
+[ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = key_limit ] || fail "limit_source: $b"
+fit=$(echo "$b" | get 'd["error"]["metadata"]["max_affordable_tokens"]')
+[ "$fit" -gt 0 ] && [ "$fit" -lt 50 ] || fail "max_affordable_tokens: $b"
+echo "$b" | get 'd["error"]["message"]' | grep -q "max_tokens of $fit" || fail "the message: $b"
+b=$(chat "$K2" "{\"model\":\"finish\",\"max_tokens\":$fit,$MSG}")
+[ "$(st)" = 200 ] || fail "with max_tokens=$fit: $(st) $b"
+
+note "403 workspace_budget, with the workspace's limit in the message"
+op PUT /v1/budgets/workspace:acme '{"limit_usd":0.001,"period":"monthly"}' >/dev/null
+read -r K3 H3 < <(newkey '{"name":"acme-agent","limit_usd":5,"workspace":"acme"}')
+b=$(chat "$K3" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
+[ "$(st)" = 403 ] || fail "403 expected: $(st) $b"
+[ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = workspace_budget ] || fail "limit_source: $b"
+echo "$b" | get 'd["error"]["message"]' | grep -q 'Workspace monthly budget of \$0.00 exceeded' || fail "the message: $b"
+
+note "429 in_flight_budget with Retry-After"
+read -r K4 H4 < <(newkey '{"name":"inflight","limit_usd":5}')
+# One worst case (about 0.0051) fits in flight, two do not: a slow request
+# (the fake answers "slow" after 3 s) holds its reservation meanwhile.
+op PUT "/v1/budgets/key:$H4" '{"limit_usd":5,"period":"none","max_in_flight_usd":0.008}' >/dev/null
+slow_held "$gw_URL" "$K4" "$H4"
+b=$(chat "$K4" "{\"model\":\"finish\",$MSG}")
+wait "$SLOW"
+[ "$(st)" = 429 ] || fail "429 expected: $(st) $b"
+[ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = in_flight_budget ] || fail "limit_source: $b"
+[ -n "$(hdr Retry-After)" ] && [ "$(hdr Retry-After)" -ge 1 ] || fail "no Retry-After: $(cat "$TMP/hd")"
+
+note "429 rate limit with Retry-After"
+read -r K5 H5 < <(newkey '{"name":"ratey","rate_limit_per_min":2,"models":["finish"]}')
+for i in 1 2; do chat "$K5" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "request $i: $(st)"; done
+b=$(chat "$K5" "{\"model\":\"finish\",$MSG}")
+[ "$(st)" = 429 ] || fail "the third request a minute: $(st) $b"
+[ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = rate_limit ] || fail "limit_source: $b"
+[ "$(hdr Retry-After)" -ge 1 ] || fail "no Retry-After: $(cat "$TMP/hd")"
+
+note "a model the key may not use: 403"
+read -r K6 H6 < <(newkey '{"name":"picky","models":["finish"]}')
+b=$(chat "$K6" "{\"model\":\"other\",$MSG}")
+[ "$(st)" = 403 ] && echo "$b" | grep -q model_not_allowed || fail "model_not_allowed: $(st) $b"
+
+note "byok: spend on the key's own provider key counts only with include_byok_in_limit"
+read -r K7 H7 < <(newkey '{"name":"byok-off","limit_usd":5,"byok":{"default":"sk-own"}}')
+read -r K8 H8 < <(newkey '{"name":"byok-on","limit_usd":5,"byok":{"default":"sk-own"},"include_byok_in_limit":true}')
+chat "$K7" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "byok-off: $(st)"
+chat "$K8" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "byok-on: $(st)"
+[ "$(spent "$H7")" = 0 ] || fail "byok spend counted without include_byok_in_limit: $(spent "$H7")"
+[ "$(python3 -c "print(float('$(spent "$H8")') > 0)")" = True ] || fail "byok spend not counted with include_byok_in_limit"
+op GET "/v1/keys/$H7" | grep -q sk-own && fail "a provider key shown by the API"
+
+note "32 concurrent agents on one key: never over the limit, spent = the sum of the usages"
+# 0.02 USD: about 19 answers (1000 + the input each); the worst case of one
+# (50 output tokens and the body) is about 5200, so about 3 fit at once.
+read -r K9 H9 < <(newkey '{"name":"load","limit_usd":0.02}')
+LIMIT=20000
+URLS=("$gw_URL")
+if [ "${LG_TEST_STORE:-}" = postgres ]; then # a second replica on the same database
+  start_server gw2 --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+    --upstream "$FAKE/v1" --log "$TMP/gw2.log"
+  URLS+=("$gw2_URL")
+fi
+python3 - "$gw_URL/v1/budgets/key:$H9" "$OP" "$TMP/load.done" >"$TMP/poll" <<'PY' &
+import json, os, sys, time, urllib.request
+url, tok, done = sys.argv[1:4]
+while not os.path.exists(done):
+    rq = urllib.request.Request(url, headers={"Authorization": "Bearer " + tok})
+    d = json.load(urllib.request.urlopen(rq))
+    print(round(d["spent_usd"] * 1e6) + round(d["reserved_usd"] * 1e6), flush=True)
+    time.sleep(0.005)
+PY
+POLL=$!
+ALL_PIDS+=($POLL)
+for u in "${URLS[@]}"; do
+  BASE_URL="$u/v1" KEY="$K9" MODEL=finish AGENTS=$((32 / ${#URLS[@]})) DURATION_MS=4000 \
+    IN_MICRO=1 OUT_MICRO=100 node "$NODE_DIR/keys-load.mjs" >"$TMP/load.$(echo "$u" | tr -dc 0-9)" &
+  LOADS+=($!)
+done
+for p in "${LOADS[@]}"; do wait "$p" || fail "the load agents failed"; done
+touch "$TMP/load.done"
+wait "$POLL"
+total=0 ok=0
+for f in "$TMP"/load.[0-9]*; do
+  cat "$f"
+  total=$((total + $(get 'd["cost_micro"]' <"$f")))
+  ok=$((ok + $(get 'd["ok"]' <"$f")))
+done
+[ "$ok" -ge 5 ] || fail "too few requests went through: $ok"
+grep -q . "$TMP/poll" || fail "nothing polled"
+max=$(sort -n "$TMP/poll" | tail -n 1)
+[ "$max" -le "$LIMIT" ] || fail "spent + reserved reached $max micro-USD, above the limit $LIMIT"
+final=$(op GET "/v1/budgets/key:$H9")
+fs=$(echo "$final" | get 'round(d["spent_usd"] * 1e6)')
+fr=$(echo "$final" | get 'round(d["reserved_usd"] * 1e6)')
+[ "$fr" = 0 ] || fail "reservations left open: $final"
+[ "$fs" = "$total" ] || fail "spent $fs micro-USD, the answered requests' usage says $total: $final"
+[ "$fs" -le "$LIMIT" ] || fail "spent $fs above the limit"
+cat "$TMP"/load.[0-9]* | grep -q '"402"' || fail "the limit never refused: the test did not reach it"
+note "polled $(wc -l <"$TMP/poll") times, at most $max of $LIMIT micro-USD; $ok answered, spent $fs = their usage"
+
+if [ -n "${gw2_URL:-}" ]; then
+  note "two replicas: a key rotated on one is refused at once on the other, and disabled too"
+  r=$(op POST "/v1/keys/$H9/rotate")
+  K9b=$(echo "$r" | get 'd["key"]')
+  for u in "$gw_URL" "$gw2_URL"; do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $K9" "$u/v1/key")" = 401 ] || fail "the old secret on $u"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $K9b" "$u/v1/key")" = 200 ] || fail "the new secret on $u"
+  done
+  curl -s -X PATCH -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' \
+    -d '{"disabled":true}' "$gw2_URL/v1/keys/$(echo "$r" | get 'd["hash"]')" >/dev/null
+  b=$(chat "$K9b" "{\"model\":\"finish\",$MSG}")
+  [ "$(st)" = 401 ] || fail "disabled on replica 2, replica 1 answered $(st): $b"
+fi
+
+note "kill -9 mid-request: the reservation is released after --reservation-ttl, nothing is charged"
+CSTORE=$STORE
+[ "${LG_TEST_STORE:-}" = postgres ] || CSTORE="sqlite:$TMP/crash.db"
+start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstream "$FAKE/v1" --log "$TMP/crash.log" --reservation-ttl 2000
+cop() { curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' ${3:+-d "$3"} "$crash_URL$2"; }
+ck=$(cop POST /v1/keys '{"name":"crashy","limit_usd":1}')
+CK=$(echo "$ck" | get 'd["key"]')
+CH=$(echo "$ck" | get 'd["hash"]')
+slow_held "$crash_URL" "$CK" "$CH"
+kill -9 "$crash_PID"
+wait "$SLOW" 2>/dev/null
+start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstream "$FAKE/v1" --log "$TMP/crash2.log" --reservation-ttl 2000
+for i in $(seq 150); do # the TTL is 2 s from the reservation: wait for it (at most 30 s)
+  [ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
+  sleep 0.2
+done
+cb=$(cop GET "/v1/budgets/key:$CH")
+[ "$(echo "$cb" | get '[d["reserved_usd"], d["spent_usd"]]')" = '[0, 0]' ] || fail "after kill -9 and the TTL: $cb"
+b=$(curl -s -w ' %{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+  -d "{\"model\":\"finish\",$MSG}" "$crash_URL/v1/chat/completions")
+[ "${b##* }" = 200 ] || fail "the key after the crash: $b"
+stop_server crash
+
+stop_server gw
+[ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
+if [ -n "${gw2_PID:-}" ]; then stop_server gw2; [ "$gw2_RC" = 0 ] || fail "replica 2 exited $gw2_RC"; fi
+echo "PASS keys.sh"
