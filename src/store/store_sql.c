@@ -268,24 +268,24 @@ static const query_t queries[Q__N] = {
                      " SELECT ?1, COALESCE(MAX(n), 0) + 1, ?2 FROM lg_events WHERE run_id = ?1"},
     [Q_EV_READ] = {.sql = "SELECT lines FROM lg_events WHERE run_id = ?1 ORDER BY n"},
     [Q_EV_READ_TAIL] = {.by = {[SQ] = "SELECT trace_tail FROM lg_runs WHERE run_id = ?1"}},
-    [Q_KEY_INSERT] = {"INSERT INTO lg_keys (" KEY_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,"
+    [Q_KEY_INSERT] = {.sql = "INSERT INTO lg_keys (" KEY_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,"
                       " ?9, ?10, ?11, ?12, ?13, ?14) ON CONFLICT DO NOTHING"},
-    [Q_KEY_READ] = {"SELECT " KEY_COLS " FROM lg_keys WHERE hash = ?1 OR id = ?1"
+    [Q_KEY_READ] = {.sql = "SELECT " KEY_COLS " FROM lg_keys WHERE hash = ?1 OR id = ?1"
                     " ORDER BY hash = ?1 DESC LIMIT 1"},
-    [Q_KEY_UPDATE] = {"UPDATE lg_keys SET hash = ?2, name = ?3, limit_micro = ?4, limit_reset = ?5,"
+    [Q_KEY_UPDATE] = {.sql = "UPDATE lg_keys SET hash = ?2, name = ?3, limit_micro = ?4, limit_reset = ?5,"
                       " workspace = ?6, include_byok = ?7, rate_per_min = ?8, models = ?9,"
                       " byok = ?10, disabled = ?11, rotated_ms = ?13, updated_ms = ?14"
                       " WHERE id = ?1 AND CAST(?12 AS BIGINT) IS NOT NULL"},
-    [Q_KEY_LIST] = {"SELECT " KEY_COLS " FROM lg_keys ORDER BY created_ms, id"},
+    [Q_KEY_LIST] = {.sql = "SELECT " KEY_COLS " FROM lg_keys ORDER BY created_ms, id"},
     /* One statement: counting and checking cannot interleave with
      * another replica's. */
-    [Q_KEY_RATE] = {"UPDATE lg_keys SET"
+    [Q_KEY_RATE] = {.sql = "UPDATE lg_keys SET"
                     " rl_count = CASE WHEN " KEY_NEW_WINDOW " THEN 1 ELSE rl_count + 1 END,"
                     " rl_start_ms = CASE WHEN " KEY_NEW_WINDOW " THEN CAST(?2 AS BIGINT)"
                     " ELSE rl_start_ms END"
                     " WHERE id = ?1 AND (" KEY_NEW_WINDOW " OR rl_count < CAST(?3 AS BIGINT))"},
-    [Q_KEY_RATE_READ] = {"SELECT rl_start_ms FROM lg_keys WHERE id = ?1"},
-    [Q_KEY_SPENT] = {"SELECT CAST(COALESCE(SUM(actual_micro), 0) AS BIGINT)"
+    [Q_KEY_RATE_READ] = {.sql = "SELECT rl_start_ms FROM lg_keys WHERE id = ?1"},
+    [Q_KEY_SPENT] = {.sql = "SELECT CAST(COALESCE(SUM(actual_micro), 0) AS BIGINT)"
                      " FROM lg_budget_reservations WHERE state = 'settled'"
                      " AND settled_ms >= CAST(?2 AS BIGINT)"
                      " AND ('\n' || scopes || '\n') LIKE ('%\n' || CAST(?1 AS TEXT) || '\n%')"},
