@@ -225,6 +225,144 @@ static int decode_id(lg__req_t *rq, const char *what, const char *s, size_t n, b
 
 #define MAX_SEGS 8
 
+/* A raw path cut at its slashes: seg[k] (not NUL-terminated) of len[k]. */
+typedef struct path {
+  const char *seg[MAX_SEGS];
+  size_t len[MAX_SEGS];
+  int n;
+} path_t;
+
+/* Cuts [p, p+n) (which starts with '/') into segments: 0 when there are too
+ * many or one is empty ("//", a trailing '/'). */
+static int split_path(const char *p, size_t n, path_t *pt) {
+  pt->n = 0;
+  for (size_t i = 1, a = 1; i <= n; i++) {
+    if (i == n || p[i] == '/') {
+      if (pt->n == MAX_SEGS || i == a) return 0;
+      pt->seg[pt->n] = p + a;
+      pt->len[pt->n] = i - a;
+      pt->n++;
+      a = i + 1;
+    }
+  }
+  return 1;
+}
+
+#define IS(k, lit) (pt->len[k] == sizeof(lit) - 1 && !memcmp(pt->seg[k], lit, sizeof(lit) - 1))
+#define HIT(rt, fn, role_, meth) (*hit = (route_hit_t){rt, fn, role_, meth, NULL})
+/* Decodes segment k as the request's id: the route's answer (1), or the
+ * error of decode_id. */
+#define WITH_ID(k, what, slash)                                                              \
+  do {                                                                                       \
+    int rc_ = decode_id(rq, what, pt->seg[k], pt->len[k], slash, &rq->id_buf);                \
+    return rc_ ? rc_ : 1;                                                                    \
+  } while (0)
+
+/* The console's files (console.c): open, like /healthz. */
+static int route_console(lg__req_t *rq, const char *p, size_t n, route_hit_t *hit) {
+  char path[64];
+  if (n >= sizeof path) return 0;
+  memcpy(path, p, n);
+  path[n] = 0;
+  if (!lg__console_path(path)) return 0;
+  HIT(LG__RT_CONSOLE, lg__h_console, LG__ROLE_NONE, "GET");
+  rq->id_buf = lg__strdup(path);
+  return rq->id_buf ? 1 : -2;
+}
+
+/* /healthz, /metrics, /openapi.json. */
+static int route_top(const path_t *pt, route_hit_t *hit) {
+  if (pt->n != 1) return 0;
+  if (IS(0, "healthz")) HIT(LG__RT_HEALTHZ, lg__h_healthz, LG__ROLE_NONE, "GET");
+  else if (IS(0, "metrics")) HIT(LG__RT_METRICS, lg__h_metrics, LG__ROLE_AGENT, "GET");
+  else if (IS(0, "openapi.json")) HIT(LG__RT_OPENAPI, lg__h_openapi, LG__ROLE_NONE, "GET");
+  else return 0;
+  return 1;
+}
+
+/* /v1/key (the key itself authenticates: keys_routes.c), /v1/keys[/H[/rotate]]. */
+static int route_keys(lg__req_t *rq, const path_t *pt, const char *method, route_hit_t *hit) {
+  int get = !strcmp(method, "GET");
+  if (pt->n == 2 && IS(1, "key")) {
+    HIT(LG__RT_KEY_SELF, lg__h_key_self, LG__ROLE_NONE, "GET");
+    return 1;
+  }
+  if (!IS(1, "keys")) return 0;
+  if (pt->n == 2) {
+    HIT(LG__RT_KEYS, lg__h_keys, LG__ROLE_OPERATOR, get ? "GET" : "POST");
+    hit->allow = "GET, POST";
+    return 1;
+  }
+  if (pt->n == 3) {
+    HIT(LG__RT_KEY, lg__h_keys, LG__ROLE_OPERATOR, get ? "GET" : "PATCH");
+    hit->allow = "GET, PATCH";
+  } else if (pt->n == 4 && IS(3, "rotate")) {
+    HIT(LG__RT_KEY_ROTATE, lg__h_keys, LG__ROLE_OPERATOR, "POST");
+  } else {
+    return 0;
+  }
+  WITH_ID(2, "hash", false);
+}
+
+/* What /v1/runs/{id}/SUFFIX does. */
+static const struct {
+  const char *suffix;
+  lg__route_t rt;
+  void (*fn)(lg__req_t *);
+  int role;
+  const char *method;
+} run_subs[] = {
+    {"calls", LG__RT_CALLS, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"results", LG__RT_RESULTS, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"state", LG__RT_STATE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
+    {"resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
+    {"cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
+    {"trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
+    {"regression", LG__RT_REGRESSION, lg__h_regression, LG__ROLE_AGENT, "GET"},
+};
+
+/* /v1/runs, /v1/runs/{id}, /v1/runs/{id}/SUFFIX. */
+static int route_runs(lg__req_t *rq, const path_t *pt, const char *method, route_hit_t *hit) {
+  if (pt->n == 2) {
+    if (!strcmp(method, "GET")) HIT(LG__RT_RUN_LIST, lg__h_run_list, LG__ROLE_OPERATOR, "GET");
+    else HIT(LG__RT_RUN_CREATE, lg__h_run_create, LG__ROLE_AGENT, "POST");
+    hit->allow = "GET, POST";
+    return 1;
+  }
+  if (pt->n == 3) {
+    HIT(LG__RT_RUN_GET, lg__h_run_get, LG__ROLE_AGENT, "GET");
+    WITH_ID(2, "run_id", false);
+  }
+  if (pt->n != 4) return 0;
+  for (size_t i = 0; i < sizeof run_subs / sizeof run_subs[0]; i++) {
+    if (pt->len[3] == strlen(run_subs[i].suffix) &&
+        !memcmp(pt->seg[3], run_subs[i].suffix, pt->len[3])) {
+      HIT(run_subs[i].rt, run_subs[i].fn, run_subs[i].role, run_subs[i].method);
+      WITH_ID(2, "run_id", false);
+    }
+  }
+  return 0;
+}
+
+/* /v1/operations/claim, /v1/operations/{key}[/commit|/fail]. */
+static int route_operations(lg__req_t *rq, const path_t *pt, route_hit_t *hit) {
+  if (pt->n == 3 && IS(2, "claim")) {
+    HIT(LG__RT_OP_CLAIM, lg__h_op_claim, LG__ROLE_AGENT, "POST");
+    return 1;
+  }
+  if (pt->n == 3) HIT(LG__RT_OP_GET, lg__h_op_get, LG__ROLE_AGENT, "GET");
+  else if (pt->n == 4 && IS(3, "commit")) HIT(LG__RT_OP_COMMIT, lg__h_op_commit, LG__ROLE_AGENT, "POST");
+  else if (pt->n == 4 && IS(3, "fail")) HIT(LG__RT_OP_FAIL, lg__h_op_fail, LG__ROLE_AGENT, "POST");
+  else return 0;
+  WITH_ID(2, "key", true);
+}
+
 /* Matches the raw path (no query) [p, p+n). Fills *hit and rq->id (a new
  * string, decoded). Returns 1 when the path exists (whatever the method), 0
  * when not, -1 with a 400 in rq for a bad id, -2 on out-of-memory. */
@@ -232,135 +370,35 @@ static int route(lg__req_t *rq, const char *p, size_t n, const char *method, rou
   memset(hit, 0, sizeof *hit);
   hit->route = LG__RT_OTHER;
   if (!n || p[0] != '/') return 0;
-  if (n < 64) { /* the console's files (console.c): open, like /healthz */
-    char path[64];
-    memcpy(path, p, n);
-    path[n] = 0;
-    if (lg__console_path(path)) {
-      *hit = (route_hit_t){LG__RT_CONSOLE, lg__h_console, LG__ROLE_NONE, "GET", NULL};
-      rq->id_buf = lg__strdup(path);
-      return rq->id_buf ? 1 : -2;
-    }
-  }
-  const char *seg[MAX_SEGS];
-  size_t len[MAX_SEGS];
-  int ns = 0;
-  for (size_t i = 1, a = 1; i <= n; i++) {
-    if (i == n || p[i] == '/') {
-      if (ns == MAX_SEGS) return 0;
-      seg[ns] = p + a;
-      len[ns] = i - a;
-      if (!len[ns]) return 0; /* an empty segment ("//", a trailing '/') */
-      ns++;
-      a = i + 1;
-    }
-  }
-#define IS(k, lit) (len[k] == sizeof(lit) - 1 && !memcmp(seg[k], lit, sizeof(lit) - 1))
-#define HIT(rt, fn, role_, meth) (*hit = (route_hit_t){rt, fn, role_, meth, NULL})
-#define ID(k, what, slash) decode_id(rq, what, seg[k], len[k], slash, &rq->id_buf)
-  int rc;
-  if (ns == 1 && IS(0, "healthz")) {
-    HIT(LG__RT_HEALTHZ, lg__h_healthz, LG__ROLE_NONE, "GET");
-    return 1;
-  }
-  if (ns == 1 && IS(0, "metrics")) {
-    HIT(LG__RT_METRICS, lg__h_metrics, LG__ROLE_AGENT, "GET");
-    return 1;
-  }
-  if (ns == 1 && IS(0, "openapi.json")) {
-    HIT(LG__RT_OPENAPI, lg__h_openapi, LG__ROLE_NONE, "GET");
-    return 1;
-  }
-  if (ns < 2 || !IS(0, "v1")) return 0;
-  if (ns == 2 && IS(1, "key")) { /* the key itself authenticates (keys_routes.c) */
-    HIT(LG__RT_KEY_SELF, lg__h_key_self, LG__ROLE_NONE, "GET");
-    return 1;
-  }
-  if (IS(1, "keys") && ns <= 4) {
-    if (ns == 2) HIT(LG__RT_KEYS, lg__h_keys, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "POST");
-    else if (ns == 3) HIT(LG__RT_KEY, lg__h_keys, LG__ROLE_OPERATOR, !strcmp(method, "GET") ? "GET" : "PATCH");
-    else if (IS(3, "rotate")) HIT(LG__RT_KEY_ROTATE, lg__h_keys, LG__ROLE_OPERATOR, "POST");
-    else return 0;
-    hit->allow = ns == 2 ? "GET, POST" : ns == 3 ? "GET, PATCH" : NULL;
-    return ns == 2 ? 1 : (rc = ID(2, "hash", false)) ? rc : 1;
-  }
-  if (ns == 2 && IS(1, "budgets")) {
-    HIT(LG__RT_BUDGET_LIST, lg__h_budget_list, LG__ROLE_OPERATOR, "GET");
-    return 1;
-  }
-  if (IS(1, "runs")) {
-    if (ns == 2) {
-      if (!strcmp(method, "GET")) HIT(LG__RT_RUN_LIST, lg__h_run_list, LG__ROLE_OPERATOR, "GET");
-      else HIT(LG__RT_RUN_CREATE, lg__h_run_create, LG__ROLE_AGENT, "POST");
-      hit->allow = "GET, POST";
-      return 1;
-    }
-    static const struct {
-      const char *suffix;
-      lg__route_t rt;
-      void (*fn)(lg__req_t *);
-      int role;
-      const char *method;
-    } subs[] = {
-        {"calls", LG__RT_CALLS, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"results", LG__RT_RESULTS, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"state", LG__RT_STATE, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"handoffs", LG__RT_HANDOFFS, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"model", LG__RT_MODEL, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"usage", LG__RT_USAGE, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"text", LG__RT_TEXT, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"user", LG__RT_USER, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"compaction", LG__RT_COMPACTION, lg__h_decide, LG__ROLE_AGENT, "POST"},
-        {"resume", LG__RT_RESUME, lg__h_decide, LG__ROLE_OPERATOR, "POST"},
-        {"cancel", LG__RT_RUN_CANCEL, lg__h_run_cancel, LG__ROLE_OPERATOR, "POST"},
-        {"trace", LG__RT_TRACE, lg__h_trace, LG__ROLE_AGENT, "GET"},
-        {"regression", LG__RT_REGRESSION, lg__h_regression, LG__ROLE_AGENT, "GET"},
-    };
-    if (ns == 3) {
-      HIT(LG__RT_RUN_GET, lg__h_run_get, LG__ROLE_AGENT, "GET");
-    } else if (ns == 4) {
-      size_t i = 0;
-      for (; i < sizeof subs / sizeof subs[0]; i++)
-        if (len[3] == strlen(subs[i].suffix) && !memcmp(seg[3], subs[i].suffix, len[3])) break;
-      if (i == sizeof subs / sizeof subs[0]) return 0;
-      HIT(subs[i].rt, subs[i].fn, subs[i].role, subs[i].method);
-    } else {
-      return 0;
-    }
-    return (rc = ID(2, "run_id", false)) ? rc : 1;
-  }
-  if (IS(1, "groups") && ns == 4 && IS(3, "cancel")) {
+  int rc = route_console(rq, p, n, hit);
+  if (rc) return rc;
+  path_t path, *pt = &path;
+  if (!split_path(p, n, pt)) return 0;
+  if (route_top(pt, hit)) return 1;
+  if (pt->n < 2 || !IS(0, "v1")) return 0;
+  if ((rc = route_keys(rq, pt, method, hit))) return rc;
+  if (IS(1, "runs")) return route_runs(rq, pt, method, hit);
+  if (IS(1, "operations")) return route_operations(rq, pt, hit);
+  if (IS(1, "groups") && pt->n == 4 && IS(3, "cancel")) {
     HIT(LG__RT_GROUP_CANCEL, lg__h_group_cancel, LG__ROLE_OPERATOR, "POST");
-    return (rc = ID(2, "group", false)) ? rc : 1;
-  }
-  if (IS(1, "operations")) {
-    if (ns == 3 && IS(2, "claim")) {
-      HIT(LG__RT_OP_CLAIM, lg__h_op_claim, LG__ROLE_AGENT, "POST");
-      return 1;
-    }
-    if (ns == 3) {
-      HIT(LG__RT_OP_GET, lg__h_op_get, LG__ROLE_AGENT, "GET");
-    } else if (ns == 4 && IS(3, "commit")) {
-      HIT(LG__RT_OP_COMMIT, lg__h_op_commit, LG__ROLE_AGENT, "POST");
-    } else if (ns == 4 && IS(3, "fail")) {
-      HIT(LG__RT_OP_FAIL, lg__h_op_fail, LG__ROLE_AGENT, "POST");
-    } else {
-      return 0;
-    }
-    return (rc = ID(2, "key", true)) ? rc : 1;
+    WITH_ID(2, "group", false);
   }
   /* The shared budgets (the spend gate). Roles: PUT is operator; GET,
    * reserve and settle are agent. */
-  if (IS(1, "budgets") && ns == 3) {
-    HIT(LG__RT_BUDGETS, lg__h_budgets, !strcmp(method, "PUT") ? LG__ROLE_OPERATOR : LG__ROLE_AGENT,
-        method);
-    return (rc = ID(2, "scope", true)) ? rc : 1;
+  if (IS(1, "budgets") && pt->n == 2) {
+    HIT(LG__RT_BUDGET_LIST, lg__h_budget_list, LG__ROLE_OPERATOR, "GET");
+    return 1;
   }
-#undef ID
-#undef HIT
-#undef IS
+  if (IS(1, "budgets") && pt->n == 3) {
+    HIT(LG__RT_BUDGETS, lg__h_budgets,
+        !strcmp(method, "PUT") ? LG__ROLE_OPERATOR : LG__ROLE_AGENT, method);
+    WITH_ID(2, "scope", true);
+  }
   return 0;
 }
+#undef WITH_ID
+#undef HIT
+#undef IS
 
 int lg__http_probe(const char *target, size_t n, const char *method, char **id, char **body,
                    size_t *body_len) {
