@@ -164,83 +164,95 @@ void lg__store_unlock(lg_store_t *s) { pthread_mutex_unlock(&s->mu); }
 /* Defined in ledger.c: the methods behind lg_store_ledger(). */
 extern const lg_ledger_methods_t lg__store_ledger_methods;
 
-lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
-                          lg_error_t *err) {
-  if (!url) {
-    lg__err(err, LG_EINVAL, "url", -1, "no store URL given");
-    return NULL;
+/* The URL's scheme names the backend: the rows over which driver. */
+typedef struct scheme {
+  const char *prefix;         /* the URL starts with it */
+  int keep;                   /* the backend sees the prefix too */
+  const char *scheme;
+  const lg__driver_t *drv;
+} scheme_t;
+
+static const scheme_t schemes[] = {
+    {"memory:", 0, "memory", &lg__driver_sqlite_memory},
+    {"sqlite:", 0, "sqlite", &lg__driver_sqlite},
+    {"postgres://", 1, "postgres", &lg__driver_pg},
+    {"postgresql://", 1, "postgres", &lg__driver_pg},
+    {"postgres:", 0, "postgres", &lg__driver_pg},
+};
+
+static const scheme_t *find_scheme(const char *url, lg_error_t *err) {
+  for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+    if (!strncmp(url, schemes[i].prefix, strlen(schemes[i].prefix))) return &schemes[i];
+  lg__err(err, LG_EINVAL, "url", -1,
+          "unknown store URL \"%s\": use memory:, sqlite:PATH or postgres:CONNINFO", url);
+  return NULL;
+}
+
+/* durability=full|relaxed: a parameter of the URL for every backend
+ * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
+ * postgres:host=... durability=relaxed), taken out before the backend
+ * sees the rest (libpq would refuse an unknown key). *arg is left, or
+ * pointed at *argbuf (new) without the parameter; *durability is set when
+ * the URL says. */
+static int take_durability(const char **arg, char **argbuf, int *durability, lg_error_t *err) {
+  if (!strstr(*arg, "durability=")) return 0;
+  if (!(*argbuf = lg__strdup(*arg)))
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
+  char *buf = *argbuf, *d = buf, *hit = NULL;
+  while ((d = strstr(d, "durability="))) {
+    if (d == buf || d[-1] == '?' || d[-1] == '&' || d[-1] == ' ') hit = d;
+    d += 11;
   }
-  /* The URL's scheme names the backend: the rows over which driver. */
-  static const struct {
-    const char *prefix;         /* the URL starts with it */
-    int keep;                   /* the backend sees the prefix too */
-    const char *scheme;
-    const lg__driver_t *drv;
-  } schemes[] = {
-      {"memory:", 0, "memory", &lg__driver_sqlite_memory},
-      {"sqlite:", 0, "sqlite", &lg__driver_sqlite},
-      {"postgres://", 1, "postgres", &lg__driver_pg},
-      {"postgresql://", 1, "postgres", &lg__driver_pg},
-      {"postgres:", 0, "postgres", &lg__driver_pg},
-  };
-  size_t which = 0, nschemes = sizeof schemes / sizeof schemes[0];
-  while (which < nschemes && strncmp(url, schemes[which].prefix, strlen(schemes[which].prefix)))
-    which++;
-  if (which == nschemes) {
-    lg__err(err, LG_EINVAL, "url", -1,
-            "unknown store URL \"%s\": use memory:, sqlite:PATH or postgres:CONNINFO",
-            url);
-    return NULL;
-  }
-  const char *arg = url + (schemes[which].keep ? 0 : strlen(schemes[which].prefix));
-  /* durability=full|relaxed: a parameter of the URL for every backend
-   * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
-   * postgres:host=... durability=relaxed), taken out before the backend
-   * sees the rest (libpq would refuse an unknown key). */
-  int durability = opts ? opts->durability : LG_STORE_DURABLE;
-  char *argbuf = NULL;
-  if (strstr(arg, "durability=")) {
-    if (!(argbuf = lg__strdup(arg))) {
-      lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
-      return NULL;
-    }
-    char *d = argbuf, *hit = NULL;
-    while ((d = strstr(d, "durability="))) {
-      if (d == argbuf || d[-1] == '?' || d[-1] == '&' || d[-1] == ' ') hit = d;
-      d += 11;
-    }
-    if (hit) {
-      char *v = hit + 11, *end = v + strcspn(v, "& ");
-      size_t vl = (size_t)(end - v);
-      if (vl == 4 && !memcmp(v, "full", 4)) durability = LG_STORE_DURABLE;
-      else if (vl == 7 && !memcmp(v, "relaxed", 7)) durability = LG_STORE_RELAXED;
-      else {
-        lg__err(err, LG_EINVAL, "url", -1,
-                "durability=%.*s: expected durability=full or durability=relaxed", (int)vl, v);
-        lg__free(argbuf);
-        return NULL;
-      }
-      /* Cut "durability=V" with one separator: "?d&x" -> "?x", "a&d" -> "a",
-       * "?d" -> "", "h d" -> "h". */
-      char *from = hit, *to = end;
-      if (*to == '&' || *to == ' ') to++;
-      else if (from > argbuf && (from[-1] == '&' || from[-1] == ' ' || from[-1] == '?')) from--;
-      memmove(from, to, strlen(to) + 1);
-      arg = argbuf;
-    }
-  }
-  lg_store_t *s = lg__calloc(1, sizeof *s);
-  if (!s) goto fail_oom;
-  s->name = redact(url);
-  if (!s->name) goto fail_oom;
-  s->drv = schemes[which].drv;
-  s->scheme = schemes[which].scheme;
+  if (!hit) return 0;
+  char *v = hit + 11, *end = v + strcspn(v, "& ");
+  size_t vl = (size_t)(end - v);
+  if (vl == 4 && !memcmp(v, "full", 4)) *durability = LG_STORE_DURABLE;
+  else if (vl == 7 && !memcmp(v, "relaxed", 7)) *durability = LG_STORE_RELAXED;
+  else
+    return lg__err(err, LG_EINVAL, "url", -1,
+                   "durability=%.*s: expected durability=full or durability=relaxed", (int)vl, v);
+  /* Cut "durability=V" with one separator: "?d&x" -> "?x", "a&d" -> "a",
+   * "?d" -> "", "h d" -> "h". */
+  char *from = hit, *to = end;
+  if (*to == '&' || *to == ' ') to++;
+  else if (from > buf && (from[-1] == '&' || from[-1] == ' ' || from[-1] == '?')) from--;
+  memmove(from, to, strlen(to) + 1);
+  *arg = buf;
+  return 0;
+}
+
+/* The options with their defaults filled in. */
+static void fill_options(lg_store_t *s, const lg_store_options_t *opts, int durability) {
   if (opts) s->opts = *opts;
   if (s->opts.retention_ms <= 0) s->opts.retention_ms = LG_STORE_DEFAULT_RETENTION_MS;
   if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
   if (s->opts.busy_timeout_ms == 0) s->opts.busy_timeout_ms = LG_STORE_DEFAULT_BUSY_TIMEOUT_MS;
   if (s->opts.busy_timeout_ms < 0) s->opts.busy_timeout_ms = 0;
   s->opts.durability = durability == LG_STORE_RELAXED ? LG_STORE_RELAXED : LG_STORE_DURABLE;
+}
+
+lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
+                          lg_error_t *err) {
+  if (!url) {
+    lg__err(err, LG_EINVAL, "url", -1, "no store URL given");
+    return NULL;
+  }
+  const scheme_t *sc = find_scheme(url, err);
+  if (!sc) return NULL;
+  const char *arg = url + (sc->keep ? 0 : strlen(sc->prefix));
+  int durability = opts ? opts->durability : LG_STORE_DURABLE;
+  char *argbuf = NULL;
+  if (take_durability(&arg, &argbuf, &durability, err)) {
+    lg__free(argbuf);
+    return NULL;
+  }
+  lg_store_t *s = lg__calloc(1, sizeof *s);
+  if (!s) goto fail_oom;
+  s->name = redact(url);
+  if (!s->name) goto fail_oom;
+  s->drv = sc->drv;
+  s->scheme = sc->scheme;
+  fill_options(s, opts, durability);
   pthread_mutexattr_t ma;
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
