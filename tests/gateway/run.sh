@@ -35,17 +35,21 @@ d=$(agent BASE_URL="$FAKE/v1" MODEL=loop-write STEP_CAP=12) || fail "agent (dire
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "direct: $d"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "direct: $d"
 
+# An agent the gateway stopped: the failing write ran twice at most, and the
+# agent ended with the final message.
+stopped() { # LABEL JSON
+  [ "$(echo "$2" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "$1: $2"
+  [ "$(echo "$2" | get 'd["ended"]')" = final ] || fail "$1: $2"
+}
+
 for stream in 0 1; do
   note "through the gateway (stream=$stream): the write runs twice at most, the agent ends"
   g=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write STREAM=$stream) || fail "agent (gateway, stream=$stream)"
-  w=$(echo "$g" | get 'd["executions"]["write_record"]')
-  [ "$w" -le 2 ] || fail "gateway stream=$stream: the write ran $w times: $g"
-  [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "gateway stream=$stream: $g"
+  stopped "gateway stream=$stream" "$g"
 
   note "a model that never gives up (stream=$stream): re-asks, then the stop's final message"
   s=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn STREAM=$stream) || fail "agent (stubborn, stream=$stream)"
-  [ "$(echo "$s" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "stubborn: $s"
-  [ "$(echo "$s" | get 'd["ended"]')" = final ] || fail "stubborn: $s"
+  stopped "stubborn" "$s"
   echo "$s" | get 'd["final"]' | grep -qi "stop\|same\|again" || fail "stubborn: the final message: $s"
 done
 run=$(echo "$g" | get 'd["seen"][0]["run"] if d["seen"] else ""')
@@ -90,8 +94,7 @@ for stream in 0 1; do
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "anthropic direct: $d"
   for m in loop-write stubborn; do
     g=$(env BASE_URL="$gw_URL" MODEL=$m STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic gateway $m"
-    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "anthropic $m: $g"
-    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "anthropic $m: $g"
+    stopped "anthropic $m" "$g"
   done
   a=$(env BASE_URL="$FAKE" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
   b=$(env BASE_URL="$gw_URL" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
@@ -106,8 +109,7 @@ for stream in 0 1; do
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "responses direct: $d"
   for m in loop-write stubborn; do
     g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses gateway $m"
-    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "responses $m: $g"
-    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "responses $m: $g"
+    stopped "responses $m" "$g"
     [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "responses: several runs: $g"
   done
   b=$(env BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses finish"
@@ -120,8 +122,7 @@ d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-ai-sdk.mjs") || f
 for stream in 0 1; do
   for m in loop-write stubborn; do
     g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-ai-sdk.mjs") || fail "ai gateway $m"
-    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "ai $m stream=$stream: $g"
-    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "ai $m stream=$stream: $g"
+    stopped "ai $m stream=$stream" "$g"
   done
 done
 a=$(env BASE_URL="$FAKE/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
@@ -134,8 +135,7 @@ d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs
 for stream in 0 1; do
   for m in loop-write stubborn; do
     g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents gateway $m"
-    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "agents $m stream=$stream: $g"
-    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "agents $m stream=$stream: $g"
+    stopped "agents $m stream=$stream" "$g"
   done
 done
 b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
@@ -149,8 +149,7 @@ for stream in 0 1; do
   [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "langgraph direct stream=$stream: $d"
   for m in loop-write stubborn; do
     g=$(lg BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream) || fail "langgraph gateway $m stream=$stream"
-    [ "$(echo "$g" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "langgraph $m stream=$stream: $g"
-    [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "langgraph $m stream=$stream: $g"
+    stopped "langgraph $m stream=$stream" "$g"
     [ "$(echo "$g" | get 'd["outside"]')" = "[]" ] || fail "langgraph fetched from outside the machine: $g"
     [ "$stream" = 0 ] || [ "$(echo "$g" | get 'int(d["chunks"] > 0)')" = 1 ] || fail "langgraph $m: no streamed chunk: $g"
   done
