@@ -43,6 +43,11 @@ WATCHDOG=$!
 
 fail() {
   echo "FAIL: $*" >&2
+  # What the servers said (a sanitizer's report, a crash): the folder goes.
+  local e
+  for e in "$TMP"/*.err; do
+    [ -s "$e" ] && { echo "---- ${e##*/} (last lines) ----"; tail -n 40 "$e"; } >&2
+  done
   exit 1
 }
 
