@@ -162,7 +162,12 @@ static void drop(lg__acceptor_t *a, lg__conn_t *k) {
   pthread_mutex_lock(&a->srv->conn_mu);
   lg__conn_forget_locked(a->srv, k);
   pthread_mutex_unlock(&a->srv->conn_mu);
-  close(k->fd); /* leaves the epoll set with it */
+  /* Out of the epoll set first: close(2) removes a descriptor only when no
+   * other refers to its socket, and a child the embedding process forks
+   * (popen, posix_spawn) holds a copy until it execs; the set would go on
+   * reporting events for k after it is freed. */
+  if (k->in_epoll) epoll_ctl(a->ep, EPOLL_CTL_DEL, k->fd, NULL);
+  close(k->fd);
   lg__free(k);
 }
 
