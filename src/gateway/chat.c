@@ -570,13 +570,78 @@ static json_t *build_body(chat_t *c) {
   return b;
 }
 
-/* The upstream body as text: *len its length. NULL when out of memory. */
-static char *body_text(chat_t *c, size_t *len) {
+/* Whether client message m is sent with a steer message (client_message
+ * would change it). */
+static int steered(chat_t *c, json_t *m) {
+  if (result_steer(c, m)) return 1;
+  const char *role = sget(m, "role");
+  if (!is_anthropic(c) || !role || strcmp(role, "user")) return 0;
+  json_t *blocks = json_object_get(m, "content");
+  for (size_t k = 0; k < json_array_size(blocks); k++) {
+    json_t *bl = json_array_get(blocks, k);
+    const char *ty = sget(bl, "type"), *tid = sget(bl, "tool_use_id");
+    if (ty && !strcmp(ty, "tool_result") && tid && sget(c->r->steer, tid)) return 1;
+  }
+  return 0;
+}
+
+/* Whether build_body would give the client's body back as it is: nothing
+ * restored, no steer message, no cascade, the client's model, no re-ask,
+ * the usage chunk already asked for, nothing filled in by a key. Then the
+ * client's bytes are what the upstream gets (no parse-and-dump round
+ * trip, which also rewrites numbers, escapes and white space). */
+static int body_unchanged(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer)
+    return 0;
+  const char *model = call_model(c), *asked = sget(c->root, "model");
+  if (model && (!asked || strcmp(model, asked))) return 0;
+  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage) return 0;
+  if (json_is_array(json_object_get(c->root, "tools"))) {
+    unsigned offer = c->estimate ? r->policy->offer : r->offer;
+    if (offer || (!c->estimate && r->hide_left > 0 && r->hide_tool)) return 0;
+  }
+  for (size_t i = 0; json_object_size(r->steer) && i < c->n; i++)
+    if (steered(c, json_array_get(c->messages, i))) return 0;
+  return 1;
+}
+
+/* The upstream body as text: *len its length; *raw (may be NULL) set when
+ * it is the client's bytes. NULL when out of memory. */
+static char *body_text(chat_t *c, size_t *len, int *raw) {
+  if (raw) *raw = 0;
+  if (body_unchanged(c)) {
+    char *t = lg__malloc(c->j->body_len + 1);
+    if (t) {
+      memcpy(t, c->j->body, c->j->body_len);
+      t[c->j->body_len] = 0;
+      *len = c->j->body_len;
+      if (raw) *raw = 1;
+    }
+    return t;
+  }
   json_t *body = build_body(c);
   char *t = body ? lg__json_text(body, len) : NULL;
   json_decref(body);
   return t;
 }
+
+/* The reals of a JSON value, for the worst case of a body not parsed and
+ * dumped (jansson writes a real in at most 24 bytes: "0.7" becomes
+ * "0.69999999999999996"). */
+static size_t count_reals(json_t *v) {
+  size_t n = json_is_real(v);
+  if (json_is_array(v))
+    for (size_t i = 0; i < json_array_size(v); i++) n += count_reals(json_array_get(v, i));
+  const char *k;
+  json_t *x;
+  if (json_is_object(v)) json_object_foreach(v, k, x) n += count_reals(x);
+  return n;
+}
+
+/* Bytes a hidden tool can add to a body once it is dumped: tool use
+ * turned off when no tool is left (',"tool_choice":{"type":"none"}'). */
+#define HIDE_SLACK 32
 
 /* ---- final answers ---- */
 
@@ -1054,12 +1119,21 @@ static void end_api_stream(chat_t *c);
 static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
   memset(mo, 0, sizeof *mo);
   c->estimate = 1;
-  char *t = body_text(c, blen);
+  int raw = 0;
+  char *t = body_text(c, blen, &raw);
   c->estimate = 0;
   if (t) {
-    *mo = model_event(c, *blen);
+    /* The body sent may be the client's bytes (larger than a dump of the
+     * estimate when the client's JSON has white space), or, when the
+     * decision hides a tool, a dump of the client's body (its reals
+     * longer, tool use turned off): the worst case covers both. */
+    size_t worst = *blen;
+    if (worst < c->j->body_len) worst = c->j->body_len;
+    if (c->r->policy->hide_turns > 0 && json_is_array(json_object_get(c->root, "tools")))
+      worst += HIDE_SLACK + (raw ? 21 * count_reals(c->root) : 0);
+    *mo = model_event(c, worst);
     lg__free(t);
-    t = mo->error || mo->stop ? NULL : body_text(c, blen);
+    t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL);
   }
   if (!t && !mo->error && !mo->stop) {
     lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
@@ -1214,7 +1288,7 @@ static int plain_exchange(chat_t *c, int ask) {
 static void final_round(chat_t *c) {
   c->final_round = 1;
   size_t blen = 0;
-  char *btext = body_text(c, &blen);
+  char *btext = body_text(c, &blen, NULL);
   if (!btext) return;
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, NULL);
@@ -1636,6 +1710,14 @@ static void feed_new(chat_t *c) {
   c->r->fed = c->n;
 }
 
+/* The key's checks (keys.c); a max_tokens it filled in changes the body. */
+static int keys_model(chat_t *c) {
+  size_t members = json_object_size(c->root);
+  int rc = lg__gw_keys_model(c->cx, c->r->id, c->root, c->model, c->ui, c->j->body_len);
+  if (json_object_size(c->root) != members) c->root_changed = 1;
+  return rc;
+}
+
 static void chat_free(chat_t *c) {
   json_decref(c->root);
   json_decref(c->tcalls);
@@ -1670,7 +1752,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     feed_new(&c);
     if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
     if (c.stop_text) answer_final(&c, NULL);
-    else if (lg__gw_keys_model(cx, c.r->id, c.root, c.model, c.ui, j->body_len)) {
+    else if (keys_model(&c)) {
       /* refused by the key (keys.c): answered */
     } else run_calls(&c);
     keep_for_retry(&c, h);

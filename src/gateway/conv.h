@@ -40,6 +40,7 @@ typedef struct chat {
   char *esc_model;            /* this model call's cascade.escalate model, or NULL */
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
+  int root_changed;           /* root is no longer the client's body (keys.c filled in max_tokens) */
   lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
   size_t text_fed;            /* bytes of text already given to the step */
   int cut;                    /* a text loop cut the stream: 1 observe, 2 stop */

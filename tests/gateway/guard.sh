@@ -142,6 +142,28 @@ done
 out=$(guard BASE_URL="$g_URL/v1" MODEL=yielding) || fail "no final round: $out"
 echo "$out" | get 'd["final"]' | grep -q "I give up" && fail "final round without gateway.final_round: $out"
 
+note "a body the guard does not change reaches the upstream byte for byte (each API); a changed one is rewritten"
+# White space, key order, 0.7 and a \u escape: all of it would change in a
+# parse-and-dump round trip.
+printf '{ "model" : "finish",\n  "temperature": 0.7, "messages": [ {"content": "caf\\u00e9 \\/ x", "role": "user"} ],\n  "tools": [ {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}} ] }\n' >"$TMP/raw-chat.json"
+printf '{ "max_tokens" : 100, "model": "finish", "messages": [ {"role": "user", "content": "caf\\u00e9"} ],\n  "tools": [ {"name": "lookup", "input_schema": {"type": "object"}} ], "temperature": 0.7 }' >"$TMP/raw-messages.json"
+printf '{ "model": "finish",\n "input": [ {"role": "user", "content": "caf\\u00e9"} ], "tools": [ {"type": "function", "name": "lookup", "parameters": {"type": "object"}} ], "top_p": 0.9 }' >"$TMP/raw-responses.json"
+printf '{ "model": "finish", "stream": true,\n  "messages": [ {"role": "user", "content": "caf\\u00e9"} ] }' >"$TMP/raw-stream.json"
+sent_raw() { # API FILE RUN: the request, then the body the upstream got last
+  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: $3" \
+    --data-binary @"$2" "$g_URL/v1/$1" || fail "unchanged body ($1): the request failed"
+  curl -sf "$FAKE/stats" | get 'd["raw"][-1]'
+}
+for api in chat/completions messages responses; do
+  f="$TMP/raw-${api%%/*}.json"
+  [ "$(sent_raw "$api" "$f" "raw-${api%%/*}")" = "$(cat "$f")" ] ||
+    fail "unchanged body ($api): the upstream got $(curl -sf "$FAKE/stats" | get 'd["raw"][-1]'), not $(cat "$f")"
+done
+got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)
+[ "$got" != "$(cat "$TMP/raw-stream.json")" ] || fail "a stream without include_usage reached the upstream unchanged"
+[ "$(echo "$got" | get 'd["stream_options"]["include_usage"], d["messages"][0]["content"]')" = '[true, "caf\u00e9"]' ] ||
+  fail "a stream without include_usage: the upstream got $got"
+
 note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
   -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
