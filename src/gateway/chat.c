@@ -297,9 +297,20 @@ static void plain_result(const char *text, int is_error, lg_result_t *res, char 
   res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
 }
 
-/* A tool message as a result event. Unknown calls (not the gateway's)
- * are skipped. */
+/* A tool message as a result event, decided with the request's other
+ * results (flush_results). Unknown calls (not the gateway's) are
+ * skipped: the step refuses them and nothing changes. */
 static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
+  lg__gw_fed_t *f = &c->fed;
+  if (f->n == f->cap) {
+    size_t cap = f->cap ? f->cap * 2 : 32;
+    lg__step_t *st = lg__realloc(f->st, cap * sizeof *st);
+    if (st) f->st = st;
+    struct lg__gw_fed_keep *k = st ? lg__realloc(f->keep, cap * sizeof *k) : NULL;
+    if (k) f->keep = k;
+    if (!st || !k) return; /* out of memory: not decided, as a failed step */
+    f->cap = cap;
+  }
   char *text = content_text(msg);
   if (!text) return;
   lg_event_t ev;
@@ -315,15 +326,36 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   }
   if (!sj || !structured_result(sj, &ev.u.result, &value)) plain_result(text, is_error, &ev.u.result, &value);
   ev.u.result.value = value;
-  lg__step_t st;
-  json_t *a;
-  if (!step_event(c, &ev, &st, &a) && st.action == LG_ACT_STOP)
-    note_stop(c, &st, a, "I stopped this run: the loop guard ended it.", NULL, call_id);
-  json_decref(a);
-  lg__step_clear(&st);
-  lg__free(value);
-  lg__free(text);
-  json_decref(sj);
+  /* the event borrows value and sj's strings until the batch is decided */
+  lg__step_init(&f->st[f->n], &ev, now_ms(c->cx));
+  f->keep[f->n].text = text;
+  f->keep[f->n].value = value;
+  f->keep[f->n].sj = sj;
+  f->keep[f->n].call_id = call_id;
+  f->n++;
+}
+
+/* The results fed so far, decided in one transaction (the step's batch:
+ * the same decisions and trace as one step each), and what they mean. */
+static void flush_results(chat_t *c) {
+  lg__gw_fed_t *f = &c->fed;
+  if (!f->n) return;
+  lg__step_batch_t b = {f->st, f->n};
+  lg_error_t e = {0};
+  lg__gw_step_batch(c->cx, c->r->id, &b, &e);
+  for (size_t i = 0; i < f->n; i++) {
+    lg__step_t *st = &f->st[i];
+    if (st->decided && st->action == LG_ACT_STOP) {
+      json_t *a = answer_json(st);
+      note_stop(c, st, a, "I stopped this run: the loop guard ended it.", NULL, f->keep[i].call_id);
+      json_decref(a);
+    }
+    lg__step_clear(st);
+    lg__free(f->keep[i].value);
+    lg__free(f->keep[i].text);
+    json_decref(f->keep[i].sj);
+  }
+  f->n = 0;
 }
 
 /* A stop decided by the gateway itself: its re-asks ran out with every
@@ -1680,6 +1712,7 @@ static int is_user_message(const chat_t *c, json_t *m) {
 static void feed_message(chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
   if (is_user_message(c, m)) {
+    flush_results(c); /* in order: the results before it first */
     if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
     return;
   }
@@ -1707,6 +1740,7 @@ static void feed_message(chat_t *c, json_t *m) {
 static void feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   for (size_t i = c->prev_id ? 0 : c->r->fed; i < c->n; i++) feed_message(c, json_array_get(c->messages, i));
+  flush_results(c);
   c->r->fed = c->n;
 }
 
@@ -1719,6 +1753,8 @@ static int keys_model(chat_t *c) {
 }
 
 static void chat_free(chat_t *c) {
+  lg__free(c->fed.st);
+  lg__free(c->fed.keep);
   json_decref(c->root);
   json_decref(c->tcalls);
   json_decref(c->last_chunk);

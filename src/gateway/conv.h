@@ -20,6 +20,18 @@ static inline const char *sget(const json_t *o, const char *k) {
 
 static inline int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
 
+/* The tool results of a request, fed and not yet decided: their steps
+ * (one batch) and what their events borrow. */
+typedef struct lg__gw_fed {
+  lg__step_t *st;
+  struct lg__gw_fed_keep {
+    char *text, *value;       /* the result's content, its value (owned) */
+    json_t *sj;               /* its structured form, or NULL (owned) */
+    const char *call_id;      /* borrowed from the request */
+  } *keep;
+  size_t n, cap;
+} lg__gw_fed_t;
+
 typedef struct chat {
   int api;                    /* LG__GW_API_OPENAI (chat), _ANTHROPIC (messages) */
   lg__gw_ctx_t *cx;
@@ -41,6 +53,7 @@ typedef struct chat {
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
   int root_changed;           /* root is no longer the client's body (keys.c filled in max_tokens) */
+  lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
   size_t text_fed;            /* bytes of text already given to the step */
   int cut;                    /* a text loop cut the stream: 1 observe, 2 stop */
