@@ -297,6 +297,16 @@ static void plain_result(const char *text, int is_error, lg_result_t *res, char 
   res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
 }
 
+/* Whether a tool's answer can be the structured result contract: a JSON
+ * object with a "status" member. Its text then starts with '{' and holds
+ * "status" as written, unless a \u escape spells it: without either, it
+ * is not parsed at all (most answers are plain text or objects without a
+ * status). */
+static int may_be_structured(const char *t) {
+  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+  return *t == '{' && (strstr(t, "\"status\"") || strstr(t, "\\u"));
+}
+
 /* A tool message as a result event, decided with the request's other
  * results (flush_results). Unknown calls (not the gateway's) are
  * skipped: the step refuses them and nothing changes. */
@@ -318,11 +328,14 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   ev.type = LG_EV_RESULT;
   ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
   char *value = NULL;
-  lg__json_begin();
-  json_t *sj = json_loads(text, 0, NULL);
-  if (lg__json_oom() || !json_is_object(sj)) {
-    json_decref(sj);
-    sj = NULL;
+  json_t *sj = NULL;
+  if (may_be_structured(text)) {
+    lg__json_begin();
+    sj = json_loads(text, 0, NULL);
+    if (lg__json_oom() || !json_is_object(sj)) {
+      json_decref(sj);
+      sj = NULL;
+    }
   }
   if (!sj || !structured_result(sj, &ev.u.result, &value)) plain_result(text, is_error, &ev.u.result, &value);
   ev.u.result.value = value;
@@ -658,17 +671,29 @@ static char *body_text(chat_t *c, size_t *len, int *raw) {
   return t;
 }
 
-/* The reals of a JSON value, for the worst case of a body not parsed and
- * dumped (jansson writes a real in at most 24 bytes: "0.7" becomes
- * "0.69999999999999996"). */
-static size_t count_reals(json_t *v) {
-  size_t n = json_is_real(v);
-  if (json_is_array(v))
-    for (size_t i = 0; i < json_array_size(v); i++) n += count_reals(json_array_get(v, i));
-  const char *k;
-  json_t *x;
-  if (json_is_object(v)) json_object_foreach(v, k, x) n += count_reals(x);
-  return n;
+/* The real numbers of a JSON text (numbers with a fraction or an
+ * exponent), for the worst case of a body sent as the client's bytes:
+ * dumped again, jansson writes a real in up to 24 bytes ("0.7" becomes
+ * "0.69999999999999996"). Read from the bytes: the text was parsed, so
+ * it is valid JSON, and a number is a run of [-+.0-9eE] outside strings. */
+static size_t count_reals(const char *s, size_t n) {
+  size_t reals = 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (ch == '"') { /* a string: to its closing quote */
+      for (i++; i < n && s[i] != '"'; i++)
+        if (s[i] == '\\') i++;
+    } else if (ch == '-' || (ch >= '0' && ch <= '9')) {
+      int real = 0;
+      for (; i < n && (s[i] == '-' || s[i] == '+' || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
+                       (s[i] >= '0' && s[i] <= '9'));
+           i++)
+        real |= s[i] == '.' || s[i] == 'e' || s[i] == 'E';
+      reals += real;
+      i--;
+    }
+  }
+  return reals;
 }
 
 /* Bytes a hidden tool can add to a body once it is dumped: tool use
@@ -1162,7 +1187,7 @@ static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
     size_t worst = *blen;
     if (worst < c->j->body_len) worst = c->j->body_len;
     if (c->r->policy->hide_turns > 0 && json_is_array(json_object_get(c->root, "tools")))
-      worst += HIDE_SLACK + (raw ? 21 * count_reals(c->root) : 0);
+      worst += HIDE_SLACK + (raw ? 21 * count_reals(c->j->body, c->j->body_len) : 0);
     *mo = model_event(c, worst);
     lg__free(t);
     t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL);

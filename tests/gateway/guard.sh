@@ -164,6 +164,22 @@ got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)
 [ "$(echo "$got" | get 'd["stream_options"]["include_usage"], d["messages"][0]["content"]')" = '[true, "caf\u00e9"]' ] ||
   fail "a stream without include_usage: the upstream got $got"
 
+note "tool results as the structured result contract, a status spelled with an escape too; others as plain text"
+turn1='{"model":"finish","messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]}'
+for k in 1 2 3; do
+  id=$(curl -sf -H 'content-type: application/json' -H "X-Loopguard-Run: structured-$k" -d "$turn1" "$g_URL/v1/chat/completions" |
+    get 'd["choices"][0]["message"]["tool_calls"][0]["id"]') || fail "structured $k: the first turn"
+  case $k in
+    1) content='{\"status\":\"fatal\",\"progress_version\":3,\"value\":{\"error\":\"gone\"}}' want='"status":"fatal","progress_version":3' ;;
+    2) content='{\"st\\u0061tus\":\"permission_denied\",\"value\":\"no\"}' want='"status":"permission_denied"' ;;
+    3) content='{\"state\":\"fatal\",\"statuses\":1}' want='"status":"progress","value":"{\"state\"' ;;
+  esac
+  body="{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"$id\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"$id\",\"content\":\"$content\"}]}"
+  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: structured-$k" -d "$body" "$g_URL/v1/chat/completions" || fail "structured $k: the second turn"
+  curl -sf "$g_URL/v1/runs/structured-$k/trace" | grep '"type":"result"' | grep -qF "$want" ||
+    fail "structured $k: no result with $want in $(curl -sf "$g_URL/v1/runs/structured-$k/trace")"
+done
+
 note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
   -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
