@@ -471,13 +471,25 @@ static json_t *client_message(chat_t *c, size_t i) {
   return out;
 }
 
+/* Responses: the previous_response_id of the request when it names an
+ * answer the gateway made itself (a stop, a stream it cut), which no
+ * upstream knows: what own_response() kept of it ({prev, items}), else
+ * NULL. A re-ask continues an upstream response. */
+static json_t *own_prev(const chat_t *c) {
+  if (!is_responses(c) || c->reask_prev || !c->prev_id) return NULL;
+  return json_object_get(c->r->own, c->prev_id);
+}
+
 /* The conversation the upstream sees: the client's, with the refused
- * calls restored in place and the steer messages said. */
+ * calls restored in place and the steer messages said; after an answer
+ * of the gateway's own, what the upstream did not see of it first. */
 static json_t *build_messages(chat_t *c) {
   lg__gw_run_t *r = c->r;
   json_t *msgs = json_array();
   if (!msgs) return NULL;
   size_t k = 0;
+  json_t *own = own_prev(c);
+  if (own) json_array_extend(msgs, json_object_get(own, "items"));
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
   if (is_responses(c) && prev) {
     /* The upstream keeps the conversation: the refused calls of the
@@ -597,8 +609,13 @@ static json_t *build_body(chat_t *c) {
     return NULL;
   }
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
+  json_t *own = own_prev(c);
   if (is_responses(c) && prev && c->reask_prev)
     json_object_set_new(b, "previous_response_id", json_string(c->reask_prev));
+  else if (own && sget(own, "prev")) /* never an id of the gateway's own */
+    json_object_set_new(b, "previous_response_id", json_incref(json_object_get(own, "prev")));
+  else if (own)
+    json_object_del(b, "previous_response_id");
   json_object_set_new(b, is_responses(c) ? "input" : "messages", msgs);
   const char *model = call_model(c);
   if (model) json_object_set_new(b, "model", json_string(model));
@@ -637,7 +654,8 @@ static int steered(chat_t *c, json_t *m) {
  * trip, which also rewrites numbers, escapes and white space). */
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer)
+  if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
+      own_prev(c))
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
   if (model && (!asked || strcmp(model, asked))) return 0;
@@ -701,6 +719,40 @@ static size_t count_reals(const char *s, size_t n) {
 #define HIDE_SLACK 32
 
 /* ---- final answers ---- */
+
+#define OWN_KEPT 8 /* answers of the gateway's own a run remembers */
+
+/* Responses: an id for an answer the gateway makes itself, "resp_lg..."
+ * (OpenAI's ids are "resp_" and hex digits), into buf. */
+void lg__gwc_own_id(chat_t *c, char *buf, size_t size) {
+  static _Atomic unsigned seq;
+  snprintf(buf, size, "resp_lg%lld%04d%u", (long long)now_ms(c->cx),
+           (int)(lg__hash_str(c->r->id) % 10000), atomic_fetch_add(&seq, 1) % 1000);
+}
+
+/* Responses: the answer `id` was made by the gateway (text: what it says,
+ * or NULL). No upstream has it, so a request that continues from it
+ * (previous_response_id) is sent as continuing from where this request
+ * did (its previous upstream response, or none), with this request's
+ * input and the answer said again before its own input. */
+void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
+  lg__gw_run_t *r = c->r;
+  if (!is_responses(c) || !id || !r) return;
+  json_t *own = own_prev(c);
+  const char *prev = c->reask_prev ? c->reask_prev : own ? sget(own, "prev") : c->prev_id;
+  json_t *items = build_messages(c);
+  if (!items) return;
+  if (text && *text)
+    json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message", "role",
+                                           "assistant", "content", "type", "output_text", "text", text));
+  json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", items);
+  if (!e) return;
+  while (json_object_size(r->own) >= OWN_KEPT) { /* the oldest goes */
+    void *it = json_object_iter(r->own);
+    json_object_del(r->own, json_object_iter_key(it));
+  }
+  json_object_set_new(r->own, id, e);
+}
 
 /* The client's stream starts (the HTTP side answers 200, text/event-stream). */
 void lg__gwc_begin_stream(chat_t *c) {

@@ -113,6 +113,11 @@ void lg__gwc_register_key(chat_t *c, json_t *msg);
 /* The streamed text not yet given to the step: 0 go on, 1 a text loop
  * observed, 2 the run stopped (cut the stream). */
 int lg__gwc_feed_text(chat_t *c, int at_end);
+/* Responses: an id for an answer the gateway makes itself; that answer
+ * (its text, or NULL) remembered, so that a request continuing from it
+ * never sends the id upstream. */
+void lg__gwc_own_id(chat_t *c, char *buf, size_t size);
+void lg__gwc_own_response(chat_t *c, const char *id, const char *text);
 /* One event of the upstream's stream parsed (new), counted, and the
  * client's stream begun; NULL when it is not a JSON object (dropped). */
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n);

@@ -603,8 +603,9 @@ static void evict_over(lg__gw_t *gw) {
 
 static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol) {
   lg__gw_run_t *r = lg__calloc(1, sizeof *r);
-  if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object())) {
+  if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object()) || !(r->own = json_object())) {
     if (r) lg__free(r->id);
+    if (r) json_decref(r->steer);
     lg__free(r);
     return NULL;
   }
@@ -676,6 +677,7 @@ static void run_free(lg__gw_run_t *r) {
   }
   lg__free(r->rs);
   json_decref(r->steer);
+  json_decref(r->own);
   lg__free(r->final_text);
   lg__free(r->hide_tool);
   lg__free(r->esc_model);

@@ -122,6 +122,9 @@ typedef struct lg__gw_run {
   lg__gw_restore_t *rs;
   size_t nrs, caprs;
   json_t *steer;              /* call_id -> steer message (object) */
+  json_t *own;                /* Responses: the ids of answers the gateway made itself ->
+                                 {prev: the upstream response to continue from, or null,
+                                  items: the input to say again} (chat.c, own_response) */
   char *final_text;           /* the stop's message, once stopped */
   char *hide_tool;            /* hidden for hide_left more model calls */
   int hide_left;

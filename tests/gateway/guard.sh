@@ -180,6 +180,25 @@ for k in 1 2 3; do
     fail "structured $k: no result with $want in $(curl -sf "$g_URL/v1/runs/structured-$k/trace")"
 done
 
+note "Responses: continuing from an answer the gateway made itself never sends its id upstream (stream false and true)"
+for st in false true; do
+  curl -sf -o "$TMP/own1.txt" -H 'content-type: application/json' -H 'X-Loopguard-Policy: chant' \
+    -d "{\"model\":\"chant\",\"stream\":$st,\"input\":[{\"role\":\"user\",\"content\":\"any news?\"}]}" "$g_URL/v1/responses" ||
+    fail "own id ($st): the first request"
+  if [ $st = true ]; then # the id of the stream's response.completed
+    own=$(python3 -c 'import json,sys; print([json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")][-1]["response"]["id"])' "$TMP/own1.txt")
+  else own=$(get 'd["id"]' <"$TMP/own1.txt"); fi
+  case $own in resp_lg*) ;; *) fail "own id ($st): the stop's answer has id '$own': $(head -c 600 "$TMP/own1.txt")" ;; esac
+  code=$(curl -s -o "$TMP/own2.txt" -w '%{http_code}' -H 'content-type: application/json' \
+    -d "{\"model\":\"finish\",\"previous_response_id\":\"$own\",\"input\":[{\"role\":\"user\",\"content\":\"something else, then\"}]}" "$g_URL/v1/responses")
+  [ "$code" = 200 ] || fail "own id ($st): continuing from $own answered $code: $(cat "$TMP/own2.txt")"
+  up=$(curl -sf "$FAKE/stats" | get 'd["raw"][-1]')
+  echo "$up" | grep -q "$own" && fail "own id ($st): the upstream got the gateway's own id: $up"
+  [ "$(echo "$up" | get '[i.get("role") for i in d["input"]], "previous_response_id" in d')" = '[["user", "assistant", "user"], false]' ] ||
+    fail "own id ($st): the upstream did not get the conversation again: $up"
+  echo "$up" | get 'd["input"][1]["content"][0]["text"]' | grep -q "repeating" || fail "own id ($st): not the stop's answer: $up"
+done
+
 note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
   -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
