@@ -129,7 +129,7 @@ static bool valid_id(const char *s) {
 static json_t *answer_json(const lg__step_t *st) {
   if (!st->answer.data) return NULL;
   lg__json_begin();
-  json_t *a = json_loadb(st->answer.data, st->answer.len, 0, NULL);
+  json_t *a = lg__json_load(st->answer.data, st->answer.len, NULL);
   if (lg__json_oom()) {
     json_decref(a);
     return NULL;
@@ -331,7 +331,7 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   json_t *sj = NULL;
   if (may_be_structured(text)) {
     lg__json_begin();
-    sj = json_loads(text, 0, NULL);
+    sj = lg__json_load(text, strlen(text), NULL);
     if (lg__json_oom() || !json_is_object(sj)) {
       json_decref(sj);
       sj = NULL;
@@ -1286,7 +1286,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
  * object), or NULL when it has none. */
 static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
   lg__json_begin();
-  json_t *resp = json_loadb(raw->data ? raw->data : "", raw->len, 0, NULL);
+  json_t *resp = lg__json_load(raw->data ? raw->data : "", raw->len, NULL);
   if (lg__json_oom()) {
     json_decref(resp);
     resp = NULL;
@@ -1421,7 +1421,7 @@ static void final_round(chat_t *c) {
 
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n) {
   lg__json_begin();
-  json_t *o = json_loadb(data, n, 0, NULL);
+  json_t *o = lg__json_load(data, n, NULL);
   if (lg__json_oom() || !json_is_object(o)) {
     json_decref(o);
     return NULL;
@@ -1668,7 +1668,7 @@ static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
   lg__json_begin();
   json_error_t je;
-  c->root = json_loadb(j->body, j->body_len, 0, &je);
+  c->root = lg__json_load(j->body, j->body_len, &je);
   if (lg__json_oom()) {
     json_decref(c->root);
     c->root = NULL;
