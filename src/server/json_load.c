@@ -18,6 +18,8 @@
  */
 #include "server.h"
 
+#include "../util/utf8.h"
+
 #include <errno.h>
 #include <locale.h>
 #include <math.h>
@@ -34,44 +36,14 @@ static inline void ws(fparse_t *f) {
   while (f->p < f->end && (*f->p == ' ' || *f->p == '\n' || *f->p == '\r' || *f->p == '\t')) f->p++;
 }
 
-/* Bytes that end a run of plain string characters: '"', '\\', controls
- * and every byte of a multi-byte UTF-8 sequence. */
-static const unsigned char special[256] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-
-/* The length of the valid UTF-8 sequence at p (jansson's rules: no
- * overlong form, no surrogate, nothing past U+10FFFF), or 0. */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
-  unsigned char c = p[0];
-  size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-  if (!n || (size_t)(end - p) < n) return 0;
-  for (size_t i = 1; i < n; i++)
-    if ((p[i] & 0xC0) != 0x80) return 0;
-  if (c == 0xE0 && p[1] < 0xA0) return 0; /* overlong */
-  if (c == 0xED && p[1] > 0x9F) return 0; /* a surrogate */
-  if (c == 0xF0 && p[1] < 0x90) return 0; /* overlong */
-  if (c == 0xF4 && p[1] > 0x8F) return 0; /* past U+10FFFF */
-  return n;
-}
-
+/* The four hex digits of a \u escape at p. */
 static int hex4(const unsigned char *p, const unsigned char *end, unsigned *out) {
   if (end - p < 4) return -1;
   unsigned v = 0;
   for (int i = 0; i < 4; i++) {
-    unsigned char c = p[i];
-    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0')
-                 : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
-                 : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10)
-                                        : 16u;
-    if (d > 15) return -1;
-    v = v * 16 + d;
+    int d = lg__hexval(p[i]);
+    if (d < 0) return -1;
+    v = v * 16 + (unsigned)d;
   }
   *out = v;
   return 0;
@@ -79,15 +51,7 @@ static int hex4(const unsigned char *p, const unsigned char *end, unsigned *out)
 
 static void put_cp(lg__buf_t *b, unsigned cp) {
   char u[4];
-  size_t n;
-  if (cp < 0x80) u[0] = (char)cp, n = 1;
-  else if (cp < 0x800) u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F)), n = 2;
-  else if (cp < 0x10000)
-    u[0] = (char)(0xE0 | (cp >> 12)), u[1] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[2] = (char)(0x80 | (cp & 0x3F)), n = 3;
-  else
-    u[0] = (char)(0xF0 | (cp >> 18)), u[1] = (char)(0x80 | ((cp >> 12) & 0x3F)),
-    u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[3] = (char)(0x80 | (cp & 0x3F)), n = 4;
-  lg__buf_append(b, u, n);
+  lg__buf_append(b, u, lg__utf8_put(cp, u));
 }
 
 /* A string after its opening quote: *s, *len its decoded bytes (the input
@@ -98,7 +62,7 @@ static int str(fparse_t *f, const char **s, size_t *len) {
   f->tmp.len = 0;
   for (;;) {
     const unsigned char *q = f->p;
-    while (q < f->end && !special[*q]) q++;
+    while (q < f->end && !lg__str_special[*q]) q++;
     if (esc) lg__buf_append(&f->tmp, f->p, (size_t)(q - f->p));
     f->p = q;
     if (q >= f->end) return -1;
@@ -106,7 +70,7 @@ static int str(fparse_t *f, const char **s, size_t *len) {
     if (c == '"') break;
     if (c < 0x20) return -1;
     if (c >= 0x80) {
-      size_t n = utf8_seq(q, f->end);
+      size_t n = lg__utf8_len(q, (size_t)(f->end - q)); /* jansson's rules too */
       if (!n) return -1;
       if (esc) lg__buf_append(&f->tmp, q, n);
       f->p += n;
@@ -199,6 +163,22 @@ static json_t *num(fparse_t *f) {
 
 static json_t *value(fparse_t *f, int depth);
 
+/* After a member or an element: 1 a ',' (another follows), 0 the closing
+ * bracket, -1 anything else. */
+static int after_item(fparse_t *f, char close) {
+  ws(f);
+  if (f->p < f->end && *f->p == ',') {
+    f->p++;
+    ws(f);
+    return 1;
+  }
+  if (f->p < f->end && *f->p == (unsigned char)close) {
+    f->p++;
+    return 0;
+  }
+  return -1;
+}
+
 static json_t *object(fparse_t *f, int depth) {
   json_t *o = json_object();
   if (!o) return NULL;
@@ -236,18 +216,9 @@ static json_t *object(fparse_t *f, int depth) {
     }
     int bad = !v || json_object_setn_new_nocheck(o, k, kl, v);
     lg__free(kcopy);
-    if (bad) break;
-    ws(f);
-    if (f->p < f->end && *f->p == ',') {
-      f->p++;
-      ws(f);
-      continue;
-    }
-    if (f->p < f->end && *f->p == '}') {
-      f->p++;
-      return o;
-    }
-    break;
+    int next = bad ? -1 : after_item(f, '}');
+    if (next == 0) return o;
+    if (next < 0) break;
   }
   json_decref(o);
   return NULL;
@@ -263,18 +234,9 @@ static json_t *array(fparse_t *f, int depth) {
   }
   for (;;) {
     json_t *v = value(f, depth + 1);
-    if (!v || json_array_append_new(a, v)) break;
-    ws(f);
-    if (f->p < f->end && *f->p == ',') {
-      f->p++;
-      ws(f);
-      continue;
-    }
-    if (f->p < f->end && *f->p == ']') {
-      f->p++;
-      return a;
-    }
-    break;
+    int next = !v || json_array_append_new(a, v) ? -1 : after_item(f, ']');
+    if (next == 0) return a;
+    if (next < 0) break;
   }
   json_decref(a);
   return NULL;
