@@ -740,7 +740,9 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   if (!is_responses(c) || !id || !r) return;
   json_t *own = own_prev(c);
   const char *prev = c->reask_prev ? c->reask_prev : own ? sget(own, "prev") : c->prev_id;
+  size_t steer_at = r->text_steer_at; /* build_messages places a pending text steer: not here */
   json_t *items = build_messages(c);
+  r->text_steer_at = steer_at;
   if (!items) return;
   if (text && *text)
     json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message", "role",
