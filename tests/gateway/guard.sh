@@ -158,6 +158,9 @@ for api in chat/completions messages responses; do
   f="$TMP/raw-${api%%/*}.json"
   [ "$(sent_raw "$api" "$f" "raw-${api%%/*}")" = "$(cat "$f")" ] ||
     fail "unchanged body ($api): the upstream got $(curl -sf "$FAKE/stats" | get 'd["raw"][-1]'), not $(cat "$f")"
+  # the model call's worst case covers the bytes sent, white space and all
+  worst=$(curl -sf "$g_URL/v1/runs/raw-${api%%/*}/trace" | grep '"type":"model"' | get 'd["input_tokens"]')
+  [ "$worst" -ge "$(wc -c <"$f")" ] || fail "unchanged body ($api): a worst case of $worst for $(wc -c <"$f") bytes"
 done
 got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)
 [ "$got" != "$(cat "$TMP/raw-stream.json")" ] || fail "a stream without include_usage reached the upstream unchanged"
