@@ -129,7 +129,7 @@ static bool valid_id(const char *s) {
 static json_t *answer_json(const lg__step_t *st) {
   if (!st->answer.data) return NULL;
   lg__json_begin();
-  json_t *a = lg__json_load(st->answer.data, st->answer.len, NULL);
+  json_t *a = lg__json_load(st->answer.data, st->answer.len, NULL, NULL);
   if (lg__json_oom()) {
     json_decref(a);
     return NULL;
@@ -331,7 +331,7 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   json_t *sj = NULL;
   if (may_be_structured(text)) {
     lg__json_begin();
-    sj = lg__json_load(text, strlen(text), NULL);
+    sj = lg__json_load(text, strlen(text), NULL, NULL);
     if (lg__json_oom() || !json_is_object(sj)) {
       json_decref(sj);
       sj = NULL;
@@ -689,33 +689,10 @@ static char *body_text(chat_t *c, size_t *len, int *raw) {
   return t;
 }
 
-/* The real numbers of a JSON text (numbers with a fraction or an
- * exponent), for the worst case of a body sent as the client's bytes:
- * dumped again, jansson writes a real in up to 24 bytes ("0.7" becomes
- * "0.69999999999999996"). Read from the bytes: the text was parsed, so
- * it is valid JSON, and a number is a run of [-+.0-9eE] outside strings. */
-static size_t count_reals(const char *s, size_t n) {
-  size_t reals = 0;
-  for (size_t i = 0; i < n; i++) {
-    char ch = s[i];
-    if (ch == '"') { /* a string: to its closing quote */
-      for (i++; i < n && s[i] != '"'; i++)
-        if (s[i] == '\\') i++;
-    } else if (ch == '-' || (ch >= '0' && ch <= '9')) {
-      int real = 0;
-      for (; i < n && (s[i] == '-' || s[i] == '+' || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
-                       (s[i] >= '0' && s[i] <= '9'));
-           i++)
-        real |= s[i] == '.' || s[i] == 'e' || s[i] == 'E';
-      reals += real;
-      i--;
-    }
-  }
-  return reals;
-}
-
 /* Bytes a hidden tool can add to a body once it is dumped: tool use
- * turned off when no tool is left (',"tool_choice":{"type":"none"}'). */
+ * turned off when no tool is left (',"tool_choice":{"type":"none"}').
+ * And each real of a body sent as the client's bytes can grow by 21
+ * (jansson writes "0.7" as "0.69999999999999996"). */
 #define HIDE_SLACK 32
 
 /* ---- final answers ---- */
@@ -1241,7 +1218,7 @@ static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
     size_t worst = *blen;
     if (worst < c->j->body_len) worst = c->j->body_len;
     if (c->r->policy->hide_turns > 0 && json_is_array(json_object_get(c->root, "tools")))
-      worst += HIDE_SLACK + (raw ? 21 * count_reals(c->j->body, c->j->body_len) : 0);
+      worst += HIDE_SLACK + (raw ? 21 * c->body_reals : 0);
     *mo = model_event(c, worst);
     lg__free(t);
     t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL);
@@ -1288,7 +1265,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
  * object), or NULL when it has none. */
 static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
   lg__json_begin();
-  json_t *resp = lg__json_load(raw->data ? raw->data : "", raw->len, NULL);
+  json_t *resp = lg__json_load(raw->data ? raw->data : "", raw->len, NULL, NULL);
   if (lg__json_oom()) {
     json_decref(resp);
     resp = NULL;
@@ -1423,7 +1400,7 @@ static void final_round(chat_t *c) {
 
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n) {
   lg__json_begin();
-  json_t *o = lg__json_load(data, n, NULL);
+  json_t *o = lg__json_load(data, n, NULL, NULL);
   if (lg__json_oom() || !json_is_object(o)) {
     json_decref(o);
     return NULL;
@@ -1670,7 +1647,7 @@ static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
   lg__json_begin();
   json_error_t je;
-  c->root = lg__json_load(j->body, j->body_len, &je);
+  c->root = lg__json_load(j->body, j->body_len, &je, &c->body_reals);
   if (lg__json_oom()) {
     json_decref(c->root);
     c->root = NULL;

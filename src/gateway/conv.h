@@ -53,6 +53,7 @@ typedef struct chat {
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
   int root_changed;           /* root is no longer the client's body (keys.c filled in max_tokens) */
+  size_t body_reals;          /* the real numbers of the client's body */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
   size_t text_fed;            /* bytes of text already given to the step */

@@ -30,6 +30,7 @@
 typedef struct fparse {
   const unsigned char *p, *end;
   lg__buf_t tmp; /* a string with escapes, decoded */
+  size_t reals;  /* real numbers read (a repeated key's replaced one too) */
 } fparse_t;
 
 static inline void ws(fparse_t *f) {
@@ -158,6 +159,7 @@ static json_t *num(fparse_t *f) {
   errno = 0;
   double d = strtod(buf, NULL);
   if ((d == HUGE_VAL || d == -HUGE_VAL) && errno == ERANGE) return NULL; /* jansson: overflow */
+  f->reals++;
   return json_real(d);
 }
 
@@ -266,8 +268,8 @@ static json_t *value(fparse_t *f, int depth) {
   }
 }
 
-json_t *lg__json_load_fast(const char *s, size_t n) {
-  fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}};
+json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals) {
+  fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}, 0};
   json_t *v = NULL;
   if (s) {
     ws(&f);
@@ -279,10 +281,24 @@ json_t *lg__json_load_fast(const char *s, size_t n) {
     }
   }
   lg__buf_free(&f.tmp);
+  if (v && reals) *reals = f.reals;
   return v;
 }
 
-json_t *lg__json_load(const char *s, size_t n, json_error_t *je) {
-  json_t *v = lg__json_load_fast(s, n);
-  return v ? v : json_loadb(s ? s : "", n, 0, je);
+/* The real numbers of a tree (a text jansson read). */
+static size_t reals_of(const json_t *v) {
+  size_t n = json_is_real(v);
+  for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++) n += reals_of(json_array_get(v, i));
+  const char *k;
+  json_t *x;
+  if (json_is_object(v)) json_object_foreach((json_t *)v, k, x) n += reals_of(x);
+  return n;
+}
+
+json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals) {
+  json_t *v = lg__json_load_fast(s, n, reals);
+  if (v) return v;
+  v = json_loadb(s ? s : "", n, 0, je);
+  if (v && reals) *reals = reals_of(v);
+  return v;
 }
