@@ -172,7 +172,16 @@ typedef struct lg__gw_job {
   _Atomic int s_gone;         /* the client went away */
   struct MHD_Connection *conn;
   _Atomic int refs;           /* the worker, the HTTP side, the stream */
-  int answered;               /* done() was called */
+  int answered;               /* the answer is made (the worker's side) */
+  int released;               /* handed to the HTTP side (done() called) */
+  /* What finish() reads, copied when the worker lets go: a stream is
+   * released at its start, and the worker goes on (its action may rise,
+   * an error may be written) while the HTTP thread builds the head. */
+  struct {
+    int status, retry_after;
+    const char *action;
+    char ctype[128], run_id[1100], reason[64];
+  } head;
   struct lg__gw_job *qnext;
   /* keys.c: the loopguard key the request came with, or NULL */
   struct lg__key_row *key;

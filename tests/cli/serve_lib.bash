@@ -46,7 +46,14 @@ fail() {
   # What the servers said (a sanitizer's report, a crash): the folder goes.
   local e
   for e in "$TMP"/*.err; do
-    [ -s "$e" ] && { echo "---- ${e##*/} (last lines) ----"; tail -n 40 "$e"; } >&2
+    [ -s "$e" ] || continue
+    if grep -q "ERROR: AddressSanitizer\|runtime error:" "$e"; then # the report, from its start
+      echo "---- ${e##*/} (the sanitizer's report) ----"
+      grep -m1 -A 80 "ERROR: AddressSanitizer\|runtime error:" "$e"
+    else
+      echo "---- ${e##*/} (last lines) ----"
+      tail -n 40 "$e"
+    fi >&2
   done
   exit 1
 }
