@@ -245,7 +245,7 @@ fr=$(echo "$final" | get 'round(d["reserved_usd"] * 1e6)')
 [ "$fr" = 0 ] || fail "reservations left open: $final"
 [ "$fs" = "$total" ] || fail "spent $fs micro-USD, the answered requests' usage says $total: $final"
 [ "$fs" -le "$LIMIT" ] || fail "spent $fs above the limit"
-cat "$TMP"/load.[0-9]* | grep -q '"402"' || fail "the limit never refused: the test did not reach it"
+grep -q '"402"' "$TMP"/load.[0-9]* || fail "the limit never refused: the test did not reach it"
 note "polled $(wc -l <"$TMP/poll") times, at most $max of $LIMIT micro-USD; $ok answered, spent $fs = their usage"
 
 if [ -n "${gw2_URL:-}" ]; then
