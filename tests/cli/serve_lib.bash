@@ -64,6 +64,9 @@ start_server() { # NAME ARGS...
   local name=$1
   shift
   local out="$TMP/$name.out"
+  # Emptied here, not by the redirection below: that runs in the child, and
+  # the loop could read a restarted server's old URL before it does.
+  : >"$out"
   "$LG_BIN" serve --listen 127.0.0.1:0 "$@" >"$out" 2>"$TMP/$name.err" &
   local pid=$!
   ALL_PIDS+=("$pid")
