@@ -140,9 +140,8 @@ static int check_key(lg__gw_ctx_t *cx) {
 static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   lg__gw_job_t *j = cx->j;
   const char *secret = xkey ? xkey : bearer_key(j->auth);
-  /* No loopguard key: with tokens, the router let only a valid token
-   * through (gateway-v1 asks for a key there; tests/gateway/guard.sh relies
-   * on an agent token, so it still passes: see docs/keys.md); with none
+  /* No loopguard key: with tokens the router already answered 401
+   * (gateway-v1: every gateway request needs a key); with none
    * (loopback), the client's own provider key goes upstream. */
   if (!secret) return 0;
   lg_error_t e = {0};
