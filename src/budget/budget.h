@@ -94,5 +94,22 @@ int lg__key_auth(lg_store_t *s, const char *secret, size_t n, struct lg__key_row
 int lg__key_rate(lg_store_t *s, const struct lg__key_row *r, int64_t now_ms,
                  int64_t *retry_after_s, lg_error_t *err);
 void lg__key_scope(const struct lg__key_row *r, char out[LG_BUDGET_SCOPE_MAX + 1]);
+/* key_byok: the key's own provider key for `upstream`, opened with the
+ * store's secret, in a new string *pk (NULL: none for that upstream);
+ * LG_EPERM naming the key when it is sealed and does not open (no secret,
+ * or another one). */
+int lg__key_byok(lg_store_t *s, const struct lg__key_row *r, const char *upstream, char **pk,
+                 lg_error_t *err);
+
+/* seal.c: a provider key at rest (AES-256-GCM). seal: "lgenc:v1:..." of
+ * plain, bound to the key's id and the upstream's name; open: the plain
+ * text again, LG_EPERM when the secret, the id, the upstream or a byte
+ * differs. key: the AES key (the store's key_secret). */
+#define LG__BYOK_SEALED "lgenc:v1:"
+int lg__byok_is_sealed(const char *v);
+int lg__byok_seal(const unsigned char key[32], const char *key_id, const char *upstream,
+                  const char *plain, char **out, lg_error_t *err);
+int lg__byok_open(const unsigned char key[32], const char *key_id, const char *upstream,
+                  const char *sealed, char **out, lg_error_t *err);
 
 #endif

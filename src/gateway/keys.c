@@ -80,21 +80,26 @@ static lg_store_t *store_of(lg__gw_ctx_t *cx, lg_error_t *e) {
 }
 
 /* Sends the request upstream with the key's own provider key for
- * upstream ui, when it has one. */
-static int use_byok(lg__gw_job_t *j, const lg__gw_upstream_t *up) {
+ * upstream `up`, when it has one (opened with the store's secret when it
+ * is sealed). 1 with the error answered (500 naming the key) when it
+ * cannot be had: never a sealed value sent upstream. */
+static int use_byok(lg__gw_ctx_t *cx, const lg__gw_upstream_t *up) {
+  lg__gw_job_t *j = cx->j;
   j->key_byok = 0;
+  if (j->provider_key) OPENSSL_cleanse(j->provider_key, strlen(j->provider_key));
   lg__free(j->provider_key);
   j->provider_key = NULL;
   if (!j->key->byok) return 0;
-  json_t *o = json_loads(j->key->byok, 0, NULL);
-  const char *pk = json_string_value(json_object_get(o, up->name));
-  int rc = 0;
-  if (pk) {
-    j->key_byok = 1;
-    if (!(j->provider_key = lg__strdup(pk))) rc = -1;
+  lg_error_t e = {0};
+  lg_store_t *s = store_of(cx, &e);
+  int rc = s ? lg__key_byok(s, j->key, up->name, &j->provider_key, &e) : LG_ESTORE;
+  if (rc) {
+    lg__gw_error(j, 500, "server_error", "byok_unavailable", "loopguard: %s",
+                 e.message[0] ? e.message : lg_strerror(rc));
+    return 1;
   }
-  json_decref(o);
-  return rc;
+  j->key_byok = j->provider_key != NULL;
+  return 0;
 }
 
 static int check_key(lg__gw_ctx_t *cx);
@@ -181,10 +186,8 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   j->key = row;
   lg__free(j->auth); /* never sent upstream */
   j->auth = NULL;
-  if (j->kind == LG__GW_PASS && use_byok(j, &lg__gw_cfg(cx->gw)->up[lg__gw_cfg(cx->gw)->def])) {
-    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+  if (j->kind == LG__GW_PASS && use_byok(cx, &lg__gw_cfg(cx->gw)->up[lg__gw_cfg(cx->gw)->def]))
     return 1;
-  }
   return 0;
 }
 
@@ -331,10 +334,7 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const 
                  "loopguard: this key may not use model \"%s\"", asked ? asked : "");
     return 1;
   }
-  if (use_byok(j, &lg__gw_cfg(cx->gw)->up[ui])) {
-    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
-    return 1;
-  }
+  if (use_byok(cx, &lg__gw_cfg(cx->gw)->up[ui])) return 1;
   lg_error_t e = {0};
   lg_store_t *s = store_of(cx, &e);
   int64_t now = lg__server_now(cx->srv);
