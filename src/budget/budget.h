@@ -14,6 +14,10 @@
 int lg__budget_run_scopes(lg_store_t *s, const char *run_id, char ***scopes, size_t *n,
                           lg_error_t *err);
 void lg__budget_strv_free(char **v);
+/* Adds `extra` (those not in it yet) to a vector of lg__budget_run_scopes
+ * (replaced by a new one); LG_EINVAL past LG_BUDGET_MAX_SCOPES. */
+int lg__budget_scopes_add(char ***scopes, size_t *n, const char *const *extra, size_t nextra,
+                          lg_error_t *err);
 
 /* lg_budget_reserve with the whole refusal, for the gate; `id` names the
  * reservation made (NULL: a random one). */
@@ -45,12 +49,14 @@ typedef struct lg__gate {
   lg_budget_reservation_t resv; /* the shared reservation made */
 } lg__gate_t;
 /* Before the engine: the worst case into m->cost_nusd (out->worst_nusd),
- * then, when the run has scopes, the shared reservation in a savepoint.
+ * then, when the run has scopes (its own, and `extra`: this call's own,
+ * a gateway key's), the shared reservation in a savepoint.
  * LG_BUDGET_REFUSED with out->refused and out->refusal (nothing held);
  * other errors as lg_budget_model. lg__gate_clear(g) always after. */
 int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
-                         lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg__gate_t *g,
-                         lg_budget_gate_t *out, lg_error_t *err);
+                         lg_model_call_t *m, const char *const *extra, size_t nextra,
+                         int64_t ttl_ms, int64_t now_ms, lg__gate_t *g, lg_budget_gate_t *out,
+                         lg_error_t *err);
 /* After the engine decided (rc its return): keeps the reservation when
  * the call was let through, else undoes it. Returns rc or a store error. */
 int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,

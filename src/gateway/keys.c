@@ -7,9 +7,11 @@
  * another replica is refused at once), its rate limit counted in the
  * key's row (lg__gw_keys_auth); the key itself never goes upstream. Before
  * a model request (lg__gw_keys_model) the key's models are checked, its
- * own provider key chosen for the upstream, and the run's budget scopes
- * set to the key's: key:ID, and workspace:NAME when the workspace has a
- * budget. The reservation of the worst case against those scopes and the
+ * own provider key chosen for the upstream, and the request's own budget
+ * scopes set to the key's: key:ID, and workspace:NAME when the workspace
+ * has a budget (the model event reserves on them beside the run's own
+ * scopes; the run's stored scopes are left alone, so that two keys on one
+ * run, even on two replicas at once, are each charged their own). The reservation of the worst case against those scopes and the
  * run's caps, all or nothing, and its settlement from the usage, are the
  * gateway's model and usage events through the decision step, as for any
  * run with scopes (src/budget/gate.c): nothing here reserves.
@@ -37,7 +39,13 @@
  * itself): the check must not let through what the step refuses. */
 #define INPUT_SLACK 512
 
+static void clear_scopes(lg__gw_job_t *j) {
+  for (size_t i = 0; i < j->nkey_scopes; i++) lg__free(j->key_scopes[i]);
+  j->nkey_scopes = 0;
+}
+
 void lg__gw_keys_clear(lg__gw_job_t *j) {
+  clear_scopes(j);
   if (!j->key) return;
   lg__key_row_clear(j->key);
   lg__free(j->key);
@@ -324,7 +332,7 @@ static void refuse(lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd, in
   }
 }
 
-int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const char *model,
+int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
                       size_t ui, size_t body_len) {
   lg__gw_job_t *j = cx->j;
   if (!j->key) return 0;
@@ -340,7 +348,11 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const 
   int64_t now = lg__server_now(cx->srv);
   scope_set_t ss;
   int rc = s ? key_scopes(s, j, now, &ss, &e) : LG_ESTORE;
-  if (!rc) rc = lg_budget_run_scopes_set(s, run_id, ss.v, ss.n, &e);
+  /* The request's own scopes, not the run's: two keys on one run (on one
+   * replica or two at once) are each charged their own. */
+  clear_scopes(j);
+  for (size_t i = 0; !rc && i < ss.n; i++)
+    if (!(j->key_scopes[j->nkey_scopes++] = lg__strdup(ss.v[i]))) rc = LG_ENOMEM;
   if (rc) {
     lg__gw_error(j, 500, "server_error", NULL, "loopguard could not set the key's budgets: %s",
                  e.message[0] ? e.message : lg_strerror(rc));

@@ -299,6 +299,37 @@ if [ -n "${gw2_URL:-}" ]; then
   op PATCH "/v1/keys/$(echo "$r" | get 'd["hash"]')" '{"disabled":true}' >/dev/null # on replica 1
   [ "$(chat_on "$gw2_URL" "$K10b")" = 401 ] || fail "disabled on replica 1, replica 2 still serves the key"
 
+  note "two keys on one run, on both replicas at once: each request is charged to its own key"
+  read -r KA HA < <(newkey '{"name":"run-a","limit_usd":5}')
+  read -r KB HB < <(newkey '{"name":"run-b","limit_usd":5}')
+  multi=() # each a body of its own: the same body again on a run is a retry, answered once
+  for i in $(seq 6); do
+    for kk in A:"$KA":"$gw_URL" B:"$KB":"$gw2_URL" A:"$KA":"$gw2_URL" B:"$KB":"$gw_URL"; do
+      IFS=: read -r who sec url <<<"$kk"
+      url=${kk#*:*:} # the URL has colons too
+      curl -s -o "$TMP/multi.$who.$i.${#multi[@]}" -H "Authorization: Bearer $sec" -H 'Content-Type: application/json' \
+        -H 'X-Loopguard-Run: two-keys-one-run' "$url/v1/chat/completions" \
+        -d "{\"model\":\"other\",\"max_tokens\":10,\"messages\":[{\"role\":\"user\",\"content\":\"hello $i.${#multi[@]}\"}]}" &
+      multi+=($!)
+    done
+  done
+  for p in "${multi[@]}"; do wait "$p"; done
+  for who in A B; do
+    sum=$(python3 - "$TMP" "$who" <<'PY'
+import glob, json, sys
+t = 0
+for f in glob.glob(f"{sys.argv[1]}/multi.{sys.argv[2]}.*"):
+    d = json.load(open(f))
+    u = d["usage"]  # every request answered, with its usage
+    t += u["prompt_tokens"] + 100 * u["completion_tokens"]
+print(t)
+PY
+    ) || fail "the two-keys requests of $who: $(cat "$TMP"/multi.$who.* | head -c 600)"
+    h=$([ "$who" = A ] && echo "$HA" || echo "$HB")
+    got=$(op GET "/v1/budgets/key:$h" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')
+    [ "$got" = "[$sum, 0]" ] || fail "key $who on the shared run: spent and reserved $got, its own answers cost $sum"
+  done
+
   note "a provider key sealed by replica 1 is opened by replica 2 (the same --secret-file)"
   n=$(curl -s "$FAKE/stats" | get 'len(d["auths"])')
   [ "$(chat_on "$gw2_URL" "$K7")" = 200 ] || fail "the byok key on replica 2"

@@ -421,9 +421,15 @@ static void test_keys_on_one_run(void **state) {
   new_key(&x, "{\"name\":\"b\",\"limit_usd\":1}", kb, hb);
   /* The run's own cap, 0.003: two answers (1010 each) fit, the worst case
    * of a third does not. */
+  /* The run has a shared budget of its own, team:shared, kept beside the
+   * keys' scopes. */
   ht_resp_t r;
+  assert_int_equal(ht_req(&x.c, "PUT", "/v1/budgets/team:shared", OP, "{\"limit_usd\":1,\"period\":\"none\"}", &r), 0);
+  if (r.status != 200) fail_msg("PUT /v1/budgets/team:shared -> %d %s", r.status, r.body);
+  ht_resp_clear(&r);
   assert_int_equal(ht_req(&x.c, "POST", "/v1/runs", OP,
-                          "{\"run_id\":\"shared-run\",\"policy\":{\"limits\":{\"max_cost_usd\":0.003}}}",
+                          "{\"run_id\":\"shared-run\",\"scopes\":[\"team:shared\"],"
+                          "\"policy\":{\"limits\":{\"max_cost_usd\":0.003}}}",
                           &r),
                    0);
   if (r.status != 201) fail_msg("POST /v1/runs -> %d %s", r.status, r.body);
@@ -436,6 +442,10 @@ static void test_keys_on_one_run(void **state) {
   ht_resp_clear(&r);
   assert_int_equal(key_micro(&x, ha, "usage_usd"), COST); /* b's answer is not a's */
   assert_int_equal(key_micro(&x, hb, "usage_usd"), COST);
+  assert_int_equal(ht_req(&x.c, "GET", "/v1/budgets/team:shared", OP, NULL, &r), 0);
+  if (llround(json_number_value(ht_get(&r, "spent_usd")) * 1e6) != 2 * COST)
+    fail_msg("the run's own scope was not charged beside the keys': %s", r.body);
+  ht_resp_clear(&r);
   /* The run has spent 2020 of 3000: the next worst case (about 1100:
    * the body as input, 10 output tokens)
    * does not fit, whichever key sends it. */
