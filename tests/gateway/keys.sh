@@ -326,6 +326,10 @@ print(t)
 PY
     ) || fail "the two-keys requests of $who: $(cat "$TMP"/multi.$who.* | head -c 600)"
     h=$([ "$who" = A ] && echo "$HA" || echo "$HB")
+    for i in $(seq 100); do # an answer is settled just after it is sent
+      [ "$(op GET "/v1/budgets/key:$h" | get 'd["reserved_usd"]')" = 0 ] && break
+      sleep 0.05
+    done
     got=$(op GET "/v1/budgets/key:$h" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')
     [ "$got" = "[$sum, 0]" ] || fail "key $who on the shared run: spent and reserved $got, its own answers cost $sum"
   done
@@ -343,6 +347,17 @@ crash_args=(--store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json"
   --reservation-ttl 2000 --secret-file "$TMP/secret")
 start_server crash "${crash_args[@]}" --log "$TMP/crash.log"
 cop() { curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' ${3:+-d "$3"} "$crash_URL$2"; }
+# settled URL: waits until the crashy key holds no reservation (an answer
+# is settled just after it is sent; a dead request's at its TTL, at most
+# 30 s), then prints [reserved, spent] in micro-USD as URL sees them
+settled() {
+  local i
+  for i in $(seq 150); do
+    [ "$(curl -s -H "Authorization: Bearer $OP" "$1/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
+    sleep 0.2
+  done
+  curl -s -H "Authorization: Bearer $OP" "$1/v1/budgets/key:$CH" | get '[round(d["reserved_usd"] * 1e6), round(d["spent_usd"] * 1e6)]'
+}
 ck=$(cop POST /v1/keys '{"name":"crashy","limit_usd":1}')
 CK=$(echo "$ck" | get 'd["key"]')
 CH=$(echo "$ck" | get 'd["hash"]')
@@ -364,27 +379,20 @@ if [ -n "${gw2_URL:-}" ]; then
   held=$(curl -s -H "Authorization: Bearer $OP" "$gw2_URL/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')
   [ "$held" = true ] || fail "the killed replica's reservation is not seen held on replica 2"
   charged=$(answered "$gw2_URL")
-  for i in $(seq 150); do # released by the TTL, read on the other replica (no restart)
-    [ "$(curl -s -H "Authorization: Bearer $OP" "$gw2_URL/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
-    sleep 0.2
-  done
-  cb=$(curl -s -H "Authorization: Bearer $OP" "$gw2_URL/v1/budgets/key:$CH")
-  [ "$(echo "$cb" | get '[d["reserved_usd"], round(d["spent_usd"] * 1e6)]')" = "[0, $charged]" ] ||
-    fail "after kill -9 and the TTL, replica 2 sees $cb; only its own answer ($charged micro-USD) is charged"
+  cb=$(settled "$gw2_URL") # released by the TTL, read on the other replica (no restart)
+  [ "$cb" = "[0, $charged]" ] ||
+    fail "after kill -9 and the TTL, replica 2 sees [reserved, spent] $cb; only its own answer ($charged micro-USD) is charged"
 fi
-start_server crash "${crash_args[@]}" --log "$TMP/crash2.log"
-for i in $(seq 150); do # the TTL is 2 s from the reservation: wait for it (at most 30 s)
-  [ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
-  sleep 0.2
-done
-cb=$(cop GET "/v1/budgets/key:$CH")
-[ "$(echo "$cb" | get '[d["reserved_usd"], round(d["spent_usd"] * 1e6)]')" = "[0, $charged]" ] || fail "after kill -9 and the TTL: $cb"
-charged=$((charged + $(answered "$crash_URL")))
-cb=$(cop GET "/v1/budgets/key:$CH")
+# Another name: the killed server's output file still names its old port.
+start_server crash2 "${crash_args[@]}" --log "$TMP/crash2.log"
+cb=$(settled "$crash2_URL")
+[ "$cb" = "[0, $charged]" ] || fail "after kill -9 and the TTL, [reserved, spent] $cb, not [0, $charged]"
+charged=$((charged + $(answered "$crash2_URL")))
+cb=$(settled "$crash2_URL")
 # nothing charged twice: the spend is the sum of the answered usages
-[ "$(echo "$cb" | get '[d["reserved_usd"], round(d["spent_usd"] * 1e6)]')" = "[0, $charged]" ] ||
-  fail "the key's spend is not the sum of its answered usages ($charged micro-USD): $cb"
-stop_server crash
+[ "$cb" = "[0, $charged]" ] ||
+  fail "the key's spend ([reserved, spent] $cb) is not the sum of its answered usages ($charged micro-USD)"
+stop_server crash2
 
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
