@@ -68,6 +68,8 @@ LOOPGUARD_SECRET_FILE="$TMP/secret" "$B" keys update "$H" --limit-usd 4 --json |
 echo short >"$TMP/bad-secret"
 "$B" keys create x --byok default=sk-x --secret-file "$TMP/bad-secret" 2>"$TMP/err"; [ $? = 1 ] &&
   grep -q "bad-secret" "$TMP/err" && grep -q "64 hex digits" "$TMP/err" || fail "a bad secret file: $(cat "$TMP/err")"
+timeout 10 "$B" serve --listen 127.0.0.1:0 --store memory: --secret-file "$TMP/bad-secret" >/dev/null 2>"$TMP/err"; [ $? = 1 ] &&
+  grep -q "bad-secret" "$TMP/err" || fail "serve with a bad secret file does not stop, naming it: $(cat "$TMP/err")"
 
 note "errors and usage"
 for sub in create list show update disable rotate; do
