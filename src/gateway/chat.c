@@ -718,6 +718,8 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   st.prices = pr;
   st.ttl_ms = lg__gw_keys_ttl(c->cx, c->ui); /* --reservation-ttl (keys.c) */
+  st.scopes = (const char *const *)c->j->key_scopes; /* a key's (keys.c) */
+  st.nscopes = c->j->nkey_scopes;
   lg_error_t e = {0};
   int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
   json_t *a = rc ? NULL : answer_json(&st);
@@ -1670,7 +1672,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     feed_new(&c);
     if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
     if (c.stop_text) answer_final(&c, NULL);
-    else if (lg__gw_keys_model(cx, c.r->id, c.root, c.model, c.ui, j->body_len)) {
+    else if (lg__gw_keys_model(cx, c.root, c.model, c.ui, j->body_len)) {
       /* refused by the key (keys.c): answered */
     } else run_calls(&c);
     keep_for_retry(&c, h);
