@@ -18,6 +18,7 @@
 #include "budget.h"
 #include "../store/store.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -30,12 +31,6 @@
 
 int lg__byok_is_sealed(const char *v) {
   return v && !strncmp(v, LG__BYOK_SEALED, sizeof LG__BYOK_SEALED - 1);
-}
-
-static int hexval(int c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                             : -1;
 }
 
 int lg_key_secret_load(const char *path, unsigned char secret[LG_KEY_SECRET_BYTES],
@@ -58,8 +53,9 @@ int lg_key_secret_load(const char *path, unsigned char secret[LG_KEY_SECRET_BYTE
     while (m && (buf[m - 1] == '\n' || buf[m - 1] == '\r' || buf[m - 1] == ' ')) m--;
     int ok = m == 2 * LG_KEY_SECRET_BYTES;
     for (size_t i = 0; ok && i < LG_KEY_SECRET_BYTES; i++) {
-      int hi = hexval(buf[2 * i]), lo = hexval(buf[2 * i + 1]);
-      if (hi < 0 || lo < 0) ok = 0;
+      /* the one hex table (util), upper case too */
+      int hi = lg__hex_value[tolower(buf[2 * i])], lo = lg__hex_value[tolower(buf[2 * i + 1])];
+      if (hi == 0xFF || lo == 0xFF) ok = 0;
       else secret[i] = (unsigned char)(hi << 4 | lo);
     }
     if (!ok) {
