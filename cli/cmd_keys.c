@@ -43,7 +43,10 @@ static const char *keys_usage =
   "  --include-byok B        true: spend on the key's own provider key counts too\n"      \
   "  --rate-limit N          requests a minute (none: no limit)\n"                        \
   "  --models M1,M2          the only models the key may use (none: any)\n"               \
-  "  --byok UPSTREAM=KEY     the key's own provider key for an upstream\n"
+  "  --byok UPSTREAM=KEY     the key's own provider key for an upstream\n"                 \
+  "  --secret-file FILE      the server's --secret-file: the provider key is stored\n"   \
+  "                          encrypted under it (default $LOOPGUARD_SECRET_FILE; none:\n" \
+  "                          in clear)\n"
 
 static const char *create_usage =
     "usage: loopguard keys create NAME [--limit-usd X] [--reset daily|weekly|monthly|none]\n"
@@ -269,7 +272,7 @@ static int finish(lg_store_t *s, int rc, const lg_error_t *err, char *out, const
 static int do_fields(int argc, char **argv, int update) {
   const char *usage = update ? update_usage : create_usage;
   fields_t x = {0};
-  const char *store = NULL, *json = NULL;
+  const char *store = NULL, *json = NULL, *secret_file = getenv("LOOPGUARD_SECRET_FILE");
   cli_flag_t flags[] = {{"--limit-usd", 1, &x.limit},
                         {"--reset", 1, &x.reset},
                         {"--workspace", 1, &x.workspace},
@@ -280,9 +283,10 @@ static int do_fields(int argc, char **argv, int update) {
                         {update ? "--enable" : NULL, 0, &x.enable},
                         {"--store", 1, &store},
                         {"--json", 0, &json},
+                        {"--secret-file", 1, &secret_file},
                         {NULL, 0, NULL}};
   if (!update) { /* no --enable: the list ends before it */
-    memmove(&flags[7], &flags[8], 3 * sizeof flags[0]);
+    memmove(&flags[7], &flags[8], 4 * sizeof flags[0]);
   }
   const char *pos[1];
   int npos, rc = cli_parse(argc, argv, flags, pos, 1,
@@ -295,12 +299,20 @@ static int do_fields(int argc, char **argv, int update) {
     free(b.p);
     return rc;
   }
+  lg_error_t err = {0};
+  unsigned char secret[LG_KEY_SECRET_BYTES];
+  if (secret_file && *secret_file && lg_key_secret_load(secret_file, secret, &err)) {
+    cli_error(&err);
+    free(b.p);
+    return 1;
+  }
   lg_store_t *s = cli_open_store(store);
   if (!s) {
     free(b.p);
     return 1;
   }
-  lg_error_t err = {0};
+  if (secret_file && *secret_file) lg_key_set_secret(s, secret);
+  memset(secret, 0, sizeof secret);
   char *out = NULL;
   rc = update ? lg_key_update(s, pos[0], b.p, b.len, cli_now_ms(), &out, &err)
               : lg_key_create(s, b.p, b.len, cli_now_ms(), &out, &err);

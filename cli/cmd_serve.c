@@ -58,6 +58,10 @@ static const char *serve_usage =
     "                       answers /v1/chat/completions and passes other /v1/ paths\n"
     "  --upstreams FILE     gateway-v1: upstreams and routes (JSON, docs/gateway.md)\n"
     "  --reservation-ttl MS gateway-v1: reservation of a model request that dies\n"
+    "  --secret-file FILE   32 random bytes or 64 hex digits (openssl rand -hex 32):\n"
+    "                       the keys' own provider keys (byok) are stored encrypted\n"
+    "                       under it; give every replica the same file [none:\n"
+    "                       stored in clear; also $LOOPGUARD_SECRET_FILE]\n"
     "  --trace-memory BYTES ignored, accepted for old scripts: traces are kept in\n"
     "                       the store with the decisions\n"
     "  -h, --help           this help\n"
@@ -94,7 +98,7 @@ int cmd_serve(int argc, char **argv) {
                                        "--policy", "--threads",  "--max-body", "--timeout",
                                        "--log",    "--trace-memory", "--durability",
                                        "--upstream", "--upstreams", "--reservation-ttl",
-                                       "--policies"};
+                                       "--policies", "--secret-file"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -150,6 +154,7 @@ int cmd_serve(int argc, char **argv) {
       o.reservation_ttl_ms = n;
       break;
     case 14: o.policies_dir = val; break;
+    case 15: o.secret_file = val; break;
     }
   }
   o.store_url = cli_store_url(store);
@@ -173,6 +178,8 @@ int cmd_serve(int argc, char **argv) {
   if (!o.reservation_ttl_ms && env_ttl && *env_ttl) o.reservation_ttl_ms = atoll(env_ttl);
   const char *env_tokens = getenv("LOOPGUARD_TOKENS");
   if (env_tokens && *env_tokens) o.tokens = env_tokens;
+  const char *env_secret = getenv("LOOPGUARD_SECRET_FILE");
+  if (!o.secret_file && env_secret && *env_secret) o.secret_file = env_secret;
 
   /* Block the signals before the server's threads exist, so that only
    * sigwait() below receives them. */

@@ -386,6 +386,18 @@ LG_EXPORT int lg_budget_run_scopes(lg_store_t *s, const char *run_id, char **jso
  * lg_key_self: the key of a secret (LG_EPERM: unknown, rotated or
  * disabled). Store errors as the budgets'. */
 #define LG_KEY_PREFIX "lgk-"
+/* A key's own provider keys (byok) at rest: with a secret set on the
+ * store handle, they are written sealed (AES-256-GCM) and opened when a
+ * request needs one; without, they are written as they are (docs/keys.md,
+ * "Provider keys at rest"). lg_key_secret_load reads a secret file: 32
+ * bytes, or 64 hex digits (a newline after them allowed); LG_EIO /
+ * LG_EINVAL naming the file. lg_key_set_secret gives the handle the
+ * secret (a copy of a key derived from it; NULL forgets it). */
+#define LG_KEY_SECRET_BYTES 32
+LG_EXPORT int lg_key_secret_load(const char *path, unsigned char secret[LG_KEY_SECRET_BYTES],
+                                 lg_error_t *err);
+LG_EXPORT void lg_key_set_secret(lg_store_t *s, const unsigned char secret[LG_KEY_SECRET_BYTES]);
+LG_EXPORT int lg_key_has_secret(const lg_store_t *s);
 LG_EXPORT int lg_key_create(lg_store_t *s, const char *json, size_t len, int64_t now_ms,
                             char **out, lg_error_t *err);
 LG_EXPORT int lg_key_update(lg_store_t *s, const char *ref, const char *json, size_t len,

@@ -66,6 +66,11 @@ typedef struct lg_server_options {
   const char *policies_dir;   /* --policies DIR: NAME.json files, the
                                  policies X-Loopguard-Policy: NAME names;
                                  or NULL */
+  const char *secret_file;    /* --secret-file FILE: 32 random bytes or 64
+                                 hex digits; the keys' own provider keys
+                                 (byok) are stored sealed under it (every
+                                 replica is given the same file). NULL:
+                                 stored in clear, said once in the log */
 } lg_server_options_t;
 
 /* Starts a server: opens the store (failing early when it cannot), loads

@@ -1060,6 +1060,36 @@ void lg__budget_strv_free(char **v) {
   lg__free(v);
 }
 
+int lg__budget_scopes_add(char ***scopes, size_t *n, const char *const *extra, size_t nextra,
+                          lg_error_t *err) {
+  if (!nextra) return 0;
+  lg__buf_t b = {0};
+  size_t k = 0;
+  for (size_t i = 0; i < *n + nextra; i++) {
+    const char *sc = i < *n ? (*scopes)[i] : extra[i - *n];
+    int dup = 0;
+    for (size_t j = 0; j < i && !dup; j++) dup = !strcmp(sc, j < *n ? (*scopes)[j] : extra[j - *n]);
+    if (dup) continue;
+    if (k++) lg__buf_putc(&b, '\n');
+    lg__buf_puts(&b, sc);
+  }
+  if (k > LG_BUDGET_MAX_SCOPES) {
+    lg__buf_free(&b);
+    return lg__err(err, LG_EINVAL, "scopes", -1, "more than %d budget scopes for one model call",
+                   LG_BUDGET_MAX_SCOPES);
+  }
+  char *list = lg__buf_steal(&b, NULL);
+  char **v = list ? lg__calloc(LG_BUDGET_MAX_SCOPES + 1, sizeof *v) : NULL;
+  if (!v) {
+    lg__free(list);
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  }
+  lg__budget_strv_free(*scopes);
+  *n = split(list, v, LG_BUDGET_MAX_SCOPES);
+  *scopes = v; /* v[0] is `list` */
+  return 0;
+}
+
 int lg__budget_run_scopes(lg_store_t *s, const char *run_id, char ***scopes, size_t *n,
                           lg_error_t *err) {
   *scopes = NULL;

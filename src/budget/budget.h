@@ -14,6 +14,10 @@
 int lg__budget_run_scopes(lg_store_t *s, const char *run_id, char ***scopes, size_t *n,
                           lg_error_t *err);
 void lg__budget_strv_free(char **v);
+/* Adds `extra` (those not in it yet) to a vector of lg__budget_run_scopes
+ * (replaced by a new one); LG_EINVAL past LG_BUDGET_MAX_SCOPES. */
+int lg__budget_scopes_add(char ***scopes, size_t *n, const char *const *extra, size_t nextra,
+                          lg_error_t *err);
 
 /* lg_budget_reserve with the whole refusal, for the gate; `id` names the
  * reservation made (NULL: a random one). */
@@ -45,12 +49,14 @@ typedef struct lg__gate {
   lg_budget_reservation_t resv; /* the shared reservation made */
 } lg__gate_t;
 /* Before the engine: the worst case into m->cost_nusd (out->worst_nusd),
- * then, when the run has scopes, the shared reservation in a savepoint.
+ * then, when the run has scopes (its own, and `extra`: this call's own,
+ * a gateway key's), the shared reservation in a savepoint.
  * LG_BUDGET_REFUSED with out->refused and out->refusal (nothing held);
  * other errors as lg_budget_model. lg__gate_clear(g) always after. */
 int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
-                         lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg__gate_t *g,
-                         lg_budget_gate_t *out, lg_error_t *err);
+                         lg_model_call_t *m, const char *const *extra, size_t nextra,
+                         int64_t ttl_ms, int64_t now_ms, lg__gate_t *g, lg_budget_gate_t *out,
+                         lg_error_t *err);
 /* After the engine decided (rc its return): keeps the reservation when
  * the call was let through, else undoes it. Returns rc or a store error. */
 int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,
@@ -94,5 +100,22 @@ int lg__key_auth(lg_store_t *s, const char *secret, size_t n, struct lg__key_row
 int lg__key_rate(lg_store_t *s, const struct lg__key_row *r, int64_t now_ms,
                  int64_t *retry_after_s, lg_error_t *err);
 void lg__key_scope(const struct lg__key_row *r, char out[LG_BUDGET_SCOPE_MAX + 1]);
+/* key_byok: the key's own provider key for `upstream`, opened with the
+ * store's secret, in a new string *pk (NULL: none for that upstream);
+ * LG_EPERM naming the key when it is sealed and does not open (no secret,
+ * or another one). */
+int lg__key_byok(lg_store_t *s, const struct lg__key_row *r, const char *upstream, char **pk,
+                 lg_error_t *err);
+
+/* seal.c: a provider key at rest (AES-256-GCM). seal: "lgenc:v1:..." of
+ * plain, bound to the key's id and the upstream's name; open: the plain
+ * text again, LG_EPERM when the secret, the id, the upstream or a byte
+ * differs. key: the AES key (the store's key_secret). */
+#define LG__BYOK_SEALED "lgenc:v1:"
+int lg__byok_is_sealed(const char *v);
+int lg__byok_seal(const unsigned char key[32], const char *key_id, const char *upstream,
+                  const char *plain, char **out, lg_error_t *err);
+int lg__byok_open(const unsigned char key[32], const char *key_id, const char *upstream,
+                  const char *sealed, char **out, lg_error_t *err);
 
 #endif

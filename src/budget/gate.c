@@ -37,14 +37,16 @@ void lg__gate_clear(lg__gate_t *g) {
 }
 
 int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
-                         lg_model_call_t *m, int64_t ttl_ms, int64_t now_ms, lg__gate_t *g,
-                         lg_budget_gate_t *out, lg_error_t *err) {
+                         lg_model_call_t *m, const char *const *extra, size_t nextra,
+                         int64_t ttl_ms, int64_t now_ms, lg__gate_t *g, lg_budget_gate_t *out,
+                         lg_error_t *err) {
   memset(g, 0, sizeof *g);
   memset(out, 0, sizeof *out);
   out->worst_nusd = -1;
   if (m->input_tokens < 0)
     return lg__err(err, LG_EINVAL, "input_tokens", -1, "input_tokens must not be negative");
   int rc = s ? lg__budget_run_scopes(s, lg_run_id(run), &g->scopes, &g->n, err) : 0;
+  if (!rc && s) rc = lg__budget_scopes_add(&g->scopes, &g->n, extra, nextra, err);
   if (rc) return rc;
 
   /* 1. The worst case. */
@@ -114,7 +116,7 @@ int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   if (lg_run_stopped(run)) return lg_run_model(run, m, d, err); /* the stop, again */
   lg__gate_t g;
   lg_model_call_t mm = *m;
-  int rc = lg__gate_model_begin(s, prices, run, &mm, ttl_ms, now_ms, &g, out, err);
+  int rc = lg__gate_model_begin(s, prices, run, &mm, NULL, 0, ttl_ms, now_ms, &g, out, err);
   if (rc == LG_BUDGET_REFUSED && !out->refusal.retry_after_s) {
     /* Refused by a limit: the run stops, as a budget event does. */
     lg_event_t ev = {.type = LG_EV_BUDGET, .t_ms = m->t_ms};

@@ -151,10 +151,13 @@ static int parse_fields(const char *json, size_t len, int create, lg__key_row_t 
       const char *u;
       json_t *pk;
       if (!json_is_object(v)) rc = bad(err, k, "expected an object {UPSTREAM: PROVIDER_KEY} or null");
-      json_object_foreach(v, u, pk) if (!rc && (!json_is_string(pk) || !json_string_length(pk))) {
+      json_object_foreach(v, u, pk) if (!rc && (!json_is_string(pk) || !json_string_length(pk) ||
+                                                 lg__byok_is_sealed(json_string_value(pk)))) {
         char f[LG_BUDGET_SCOPE_MAX];
         snprintf(f, sizeof f, "byok.%.200s", u);
-        rc = bad(err, f, "expected the provider key as a string");
+        rc = bad(err, f, json_is_string(pk) && json_string_length(pk)
+                             ? "a provider key may not start with \"" LG__BYOK_SEALED "\""
+                             : "expected the provider key as a string");
       }
       if (!rc) row->byok = dup_json(v);
     } else if (!strcmp(k, "disabled") && !create) {
@@ -191,6 +194,52 @@ static void put_str_or_null(lg__buf_t *b, const char *s) {
   else lg__buf_puts(b, "null");
 }
 
+/* How the key's provider keys are stored: "encrypted" when every one is
+ * sealed, "clear" when one is not, NULL when it has none. */
+static const char *byok_at_rest(const lg__key_row_t *r) {
+  json_t *o = r->byok ? json_loads(r->byok, 0, NULL) : NULL;
+  const char *u, *at = NULL;
+  json_t *v;
+  json_object_foreach(o, u, v) {
+    if (!lg__byok_is_sealed(json_string_value(v))) {
+      at = "clear";
+      break;
+    }
+    at = "encrypted";
+  }
+  json_decref(o);
+  return at;
+}
+
+/* Seals the key's provider keys still in clear, when the store has a
+ * secret (src/budget/seal.c); sealed ones are kept as they are. */
+static int seal_byok(lg_store_t *s, lg__key_row_t *r, lg_error_t *err) {
+  if (!s->has_key_secret || !r->byok) return 0;
+  json_t *o = json_loads(r->byok, 0, NULL);
+  if (!o) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  const char *u;
+  json_t *v;
+  int rc = 0;
+  json_object_foreach(o, u, v) {
+    const char *pk = json_string_value(v);
+    char *sealed = NULL;
+    if (rc || !pk || lg__byok_is_sealed(pk)) continue;
+    rc = lg__byok_seal(s->key_secret, r->id, u, pk, &sealed, err);
+    if (!rc && json_object_set_new(o, u, json_string(sealed)))
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    lg__free(sealed);
+  }
+  char *t = rc ? NULL : dup_json(o);
+  if (!rc && !t) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  if (!rc) {
+    OPENSSL_cleanse(r->byok, strlen(r->byok));
+    lg__free(r->byok);
+    r->byok = t;
+  }
+  json_decref(o);
+  return rc;
+}
+
 /* The key as the API shows it: never a provider key, only the upstreams
  * that have one. usage (may be NULL): usage_daily_usd and the others. */
 static void key_json(lg__buf_t *b, const lg__key_row_t *r, const lg_budget_t *bud,
@@ -225,7 +274,9 @@ static void key_json(lg__buf_t *b, const lg__key_row_t *r, const lg_budget_t *bu
     }
     json_decref(o);
   }
-  lg__buf_puts(b, "],\"scope\":");
+  lg__buf_puts(b, "],\"byok_at_rest\":");
+  put_str_or_null(b, byok_at_rest(r));
+  lg__buf_puts(b, ",\"scope\":");
   char sc[LG_BUDGET_SCOPE_MAX + 1];
   scope_of(r->id, sc);
   lg__buf_json_str(b, sc, strlen(sc));
@@ -355,6 +406,7 @@ int lg_key_create(lg_store_t *s, const char *json, size_t len, int64_t now_ms, c
     r.created_ms = r.updated_ms = now_ms;
     if (!r.id || !r.hash) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
+  if (!rc) rc = seal_byok(s, &r, err);
   /* The budget first: a key never exists without the scope it reserves on. */
   if (!rc) rc = sync_budget(s, &r, now_ms, err);
   if (!rc) rc = write_key(s, &r, 1, err);
@@ -370,6 +422,7 @@ int lg_key_update(lg_store_t *s, const char *ref, const char *json, size_t len, 
   lg__key_row_t r = {0};
   int rc = read_key(s, ref, &r, err);
   if (!rc) rc = parse_fields(json, len, 0, &r, err);
+  if (!rc) rc = seal_byok(s, &r, err);
   if (!rc) {
     r.updated_ms = now_ms;
     rc = sync_budget(s, &r, now_ms, err);
@@ -492,3 +545,30 @@ int lg__key_rate(lg_store_t *s, const lg__key_row_t *r, int64_t now_ms, int64_t 
 }
 
 void lg__key_scope(const lg__key_row_t *r, char out[LG_BUDGET_SCOPE_MAX + 1]) { scope_of(r->id, out); }
+
+int lg__key_byok(lg_store_t *s, const lg__key_row_t *r, const char *upstream, char **pk,
+                 lg_error_t *err) {
+  *pk = NULL;
+  json_t *o = r->byok ? json_loads(r->byok, 0, NULL) : NULL;
+  const char *v = json_string_value(json_object_get(o, upstream));
+  int rc = 0;
+  if (v && !lg__byok_is_sealed(v)) {
+    if (!(*pk = lg__strdup(v))) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (v && !s->has_key_secret) {
+    rc = lg__err(err, LG_EPERM, "byok", -1,
+                 "the provider key of loopguard key \"%.200s\" (%.12s...) for upstream \"%.100s\" "
+                 "is encrypted, and this server has no secret to open it (--secret-file, or "
+                 "LOOPGUARD_SECRET_FILE: the file the replica that wrote it was given)",
+                 r->name ? r->name : "", r->id, upstream);
+  } else if (v) {
+    rc = lg__byok_open(s->key_secret, r->id, upstream, v, pk, err);
+    if (rc == LG_EPERM)
+      lg__err(err, LG_EPERM, "byok", -1,
+              "the provider key of loopguard key \"%.200s\" (%.12s...) for upstream \"%.100s\" "
+              "does not open with this server's secret (--secret-file): another secret than the "
+              "one it was written with, or the row was altered",
+              r->name ? r->name : "", r->id, upstream);
+  }
+  json_decref(o);
+  return rc;
+}

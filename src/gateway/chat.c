@@ -871,6 +871,8 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   st.prices = pr;
   st.ttl_ms = lg__gw_keys_ttl(c->cx, c->ui); /* --reservation-ttl (keys.c) */
+  st.scopes = (const char *const *)c->j->key_scopes; /* a key's (keys.c) */
+  st.nscopes = c->j->nkey_scopes;
   lg_error_t e = {0};
   int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
   json_t *a = rc ? NULL : answer_json(&st);
@@ -1803,7 +1805,7 @@ static void feed_new(chat_t *c) {
 /* The key's checks (keys.c); a max_tokens it filled in changes the body. */
 static int keys_model(chat_t *c) {
   size_t members = json_object_size(c->root);
-  int rc = lg__gw_keys_model(c->cx, c->r->id, c->root, c->model, c->ui, c->j->body_len);
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len);
   if (json_object_size(c->root) != members) c->root_changed = 1;
   return rc;
 }

@@ -106,14 +106,32 @@ static void job_unref(lg__gw_job_t *j) {
   lg__free(j);
 }
 
-/* Tells the HTTP side the answer (or the stream) may start. Once. */
-static void job_done(lg__gw_job_t *j) {
-  if (j->answered) return;
-  j->answered = 1;
+/* Hands the answer to the HTTP side (resumes the connection; finish()
+ * builds the response there). Once. After it the worker touches nothing
+ * finish() reads: the head is a copy, and a whole answer (j->out) is
+ * released only when the worker is done with the job (worker_main), so
+ * that what follows the answer (the retry cache's copy of it, the run's
+ * unlock) never races the HTTP thread, which hands j->out to
+ * libmicrohttpd and frees it once sent. */
+static void release(lg__gw_job_t *j) {
+  if (j->released) return;
+  j->released = 1;
+  j->head.status = j->status;
+  j->head.retry_after = j->retry_after;
+  j->head.action = j->action;
+  memcpy(j->head.ctype, j->ctype, sizeof j->ctype);
+  memcpy(j->head.run_id, j->run_id, sizeof j->run_id);
+  memcpy(j->head.reason, j->reason, sizeof j->reason);
   j->job.done(&j->job);
 }
 
-void lg__gw_answer(lg__gw_job_t *j) { job_done(j); }
+/* The answer is made; a stream's starts at once, a whole one when the
+ * worker is done with the job. */
+void lg__gw_answer(lg__gw_job_t *j) {
+  if (j->answered) return;
+  j->answered = 1;
+  if (j->streaming) release(j);
+}
 
 /* Anthropic's error type for a status (its API's documented set). */
 static const char *anthropic_type(int status) {
@@ -226,7 +244,7 @@ void lg__gw_stream_start(lg__gw_job_t *j) {
   j->streaming = 1;
   j->status = 200;
   snprintf(j->ctype, sizeof j->ctype, "text/event-stream");
-  job_done(j);
+  lg__gw_answer(j);
 }
 
 int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n) {
@@ -247,14 +265,15 @@ void lg__gw_stream_end(lg__gw_job_t *j) {
 
 /* ---- the HTTP side ---- */
 
-static void add_headers(struct MHD_Response *r, lg__gw_job_t *j) {
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->ctype[0] ? j->ctype : "application/json");
-  if (j->run_id[0]) MHD_add_response_header(r, "X-Loopguard-Run", j->run_id);
-  if (j->action) MHD_add_response_header(r, "X-Loopguard-Action", j->action);
-  if (j->reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", j->reason);
-  if (j->retry_after > 0) {
+static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          j->head.ctype[0] ? j->head.ctype : "application/json");
+  if (j->head.run_id[0]) MHD_add_response_header(r, "X-Loopguard-Run", j->head.run_id);
+  if (j->head.action) MHD_add_response_header(r, "X-Loopguard-Action", j->head.action);
+  if (j->head.reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", j->head.reason);
+  if (j->head.retry_after > 0) {
     char ra[24];
-    snprintf(ra, sizeof ra, "%d", j->retry_after);
+    snprintf(ra, sizeof ra, "%d", j->head.retry_after);
     MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
   }
   if (j->streaming) MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -280,7 +299,7 @@ static void gw_finish(lg__req_t *rq) {
   if (r) {
     add_headers(r, j);
     rq->response = r;
-    rq->status = j->status ? j->status : 500;
+    rq->status = j->head.status ? j->head.status : 500;
   } else {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
     if (j->streaming) atomic_store(&j->s_gone, 1);
@@ -307,7 +326,8 @@ static void gw_submit(lg__req_t *rq) {
     lg__gw_error(j, 503, "server_error", "overloaded",
                  "loopguard gateway: too many requests waiting for an upstream; retry later");
     job_unref(j); /* the worker's, never taken */
-    job_done(j);
+    lg__gw_answer(j);
+    release(j);
   }
 }
 
@@ -473,6 +493,7 @@ static void *worker_main(void *arg) {
       lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
       lg__gw_answer(j);
     }
+    release(j); /* a whole answer goes now */
     if (j->streaming) lg__gw_stream_end(j);
     atomic_fetch_add(&gw->req[j->kind][j->upstream < GW_MAX_UP ? j->upstream : GW_MAX_UP - 1], 1);
     job_unref(j);

@@ -175,12 +175,24 @@ typedef struct lg__gw_job {
   _Atomic int s_gone;         /* the client went away */
   struct MHD_Connection *conn;
   _Atomic int refs;           /* the worker, the HTTP side, the stream */
-  int answered;               /* done() was called */
+  int answered;               /* the answer is made (the worker's side) */
+  int released;               /* handed to the HTTP side (done() called) */
+  /* What finish() reads, copied when the worker lets go: a stream is
+   * released at its start, and the worker goes on (its action may rise,
+   * an error may be written) while the HTTP thread builds the head. */
+  struct {
+    int status, retry_after;
+    const char *action;
+    char ctype[128], run_id[1100], reason[64];
+  } head;
   struct lg__gw_job *qnext;
   /* keys.c: the loopguard key the request came with, or NULL */
   struct lg__key_row *key;
   int key_byok;               /* sent upstream with the key's own provider key */
   char *provider_key;         /* ... which is this one (new), or NULL */
+  char *key_scopes[2];        /* the key's scopes with a budget (new): the
+                                 model call reserves on them beside the run's */
+  size_t nkey_scopes;
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
 } lg__gw_job_t;
 
@@ -245,12 +257,13 @@ void lg__gw_chat(lg__gw_ctx_t *cx);
  * tokens), counts its rate limit and keeps it in j->key; the key is never
  * forwarded. 0: go on; 1: an error was answered. */
 int lg__gw_keys_auth(lg__gw_ctx_t *cx);
-/* Before a model request of run_id with a key: the models it may use, its
- * provider key for upstream ui, max_tokens filled in (root) when absent
- * with the most the key's budgets afford, a 402 / 403 when nothing fits,
- * and the run's scopes set to the key's. 0: go on; 1: answered. */
-int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const char *model,
-                      size_t ui, size_t body_len);
+/* Before a model request with a key: the models it may use, its provider
+ * key for upstream ui, max_tokens filled in (root) when absent with the
+ * most the key's budgets afford, a 402 / 403 when nothing fits, and the
+ * key's scopes in j->key_scopes, which the request's model event reserves
+ * on beside the run's own. 0: go on; 1: answered. */
+int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model, size_t ui,
+                      size_t body_len);
 void lg__gw_keys_clear(lg__gw_job_t *j);
 /* How long a model request's reservation holds when it is never settled
  * (a crash): --reservation-ttl, else upstream ui's timeout plus a minute

@@ -7,9 +7,11 @@
  * another replica is refused at once), its rate limit counted in the
  * key's row (lg__gw_keys_auth); the key itself never goes upstream. Before
  * a model request (lg__gw_keys_model) the key's models are checked, its
- * own provider key chosen for the upstream, and the run's budget scopes
- * set to the key's: key:ID, and workspace:NAME when the workspace has a
- * budget. The reservation of the worst case against those scopes and the
+ * own provider key chosen for the upstream, and the request's own budget
+ * scopes set to the key's: key:ID, and workspace:NAME when the workspace
+ * has a budget (the model event reserves on them beside the run's own
+ * scopes; the run's stored scopes are left alone, so that two keys on one
+ * run, even on two replicas at once, are each charged their own). The reservation of the worst case against those scopes and the
  * run's caps, all or nothing, and its settlement from the usage, are the
  * gateway's model and usage events through the decision step, as for any
  * run with scopes (src/budget/gate.c): nothing here reserves.
@@ -37,7 +39,13 @@
  * itself): the check must not let through what the step refuses. */
 #define INPUT_SLACK 512
 
+static void clear_scopes(lg__gw_job_t *j) {
+  for (size_t i = 0; i < j->nkey_scopes; i++) lg__free(j->key_scopes[i]);
+  j->nkey_scopes = 0;
+}
+
 void lg__gw_keys_clear(lg__gw_job_t *j) {
+  clear_scopes(j);
   if (!j->key) return;
   lg__key_row_clear(j->key);
   lg__free(j->key);
@@ -80,21 +88,26 @@ static lg_store_t *store_of(lg__gw_ctx_t *cx, lg_error_t *e) {
 }
 
 /* Sends the request upstream with the key's own provider key for
- * upstream ui, when it has one. */
-static int use_byok(lg__gw_job_t *j, const lg__gw_upstream_t *up) {
+ * upstream `up`, when it has one (opened with the store's secret when it
+ * is sealed). 1 with the error answered (500 naming the key) when it
+ * cannot be had: never a sealed value sent upstream. */
+static int use_byok(lg__gw_ctx_t *cx, const lg__gw_upstream_t *up) {
+  lg__gw_job_t *j = cx->j;
   j->key_byok = 0;
+  if (j->provider_key) OPENSSL_cleanse(j->provider_key, strlen(j->provider_key));
   lg__free(j->provider_key);
   j->provider_key = NULL;
   if (!j->key->byok) return 0;
-  json_t *o = json_loads(j->key->byok, 0, NULL);
-  const char *pk = json_string_value(json_object_get(o, up->name));
-  int rc = 0;
-  if (pk) {
-    j->key_byok = 1;
-    if (!(j->provider_key = lg__strdup(pk))) rc = -1;
+  lg_error_t e = {0};
+  lg_store_t *s = store_of(cx, &e);
+  int rc = s ? lg__key_byok(s, j->key, up->name, &j->provider_key, &e) : LG_ESTORE;
+  if (rc) {
+    lg__gw_error(j, 500, "server_error", "byok_unavailable", "loopguard: %s",
+                 e.message[0] ? e.message : lg_strerror(rc));
+    return 1;
   }
-  json_decref(o);
-  return rc;
+  j->key_byok = j->provider_key != NULL;
+  return 0;
 }
 
 static int check_key(lg__gw_ctx_t *cx);
@@ -140,9 +153,8 @@ static int check_key(lg__gw_ctx_t *cx) {
 static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   lg__gw_job_t *j = cx->j;
   const char *secret = xkey ? xkey : bearer_key(j->auth);
-  /* No loopguard key: with tokens, the router let only a valid token
-   * through (gateway-v1 asks for a key there; tests/gateway/guard.sh relies
-   * on an agent token, so it still passes: see docs/keys.md); with none
+  /* No loopguard key: with tokens the router already answered 401
+   * (gateway-v1: every gateway request needs a key); with none
    * (loopback), the client's own provider key goes upstream. */
   if (!secret) return 0;
   lg_error_t e = {0};
@@ -182,10 +194,8 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   j->key = row;
   lg__free(j->auth); /* never sent upstream */
   j->auth = NULL;
-  if (j->kind == LG__GW_PASS && use_byok(j, &lg__gw_cfg(cx->gw)->up[lg__gw_cfg(cx->gw)->def])) {
-    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+  if (j->kind == LG__GW_PASS && use_byok(cx, &lg__gw_cfg(cx->gw)->up[lg__gw_cfg(cx->gw)->def]))
     return 1;
-  }
   return 0;
 }
 
@@ -322,7 +332,7 @@ static void refuse(lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd, in
   }
 }
 
-int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const char *model,
+int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
                       size_t ui, size_t body_len) {
   lg__gw_job_t *j = cx->j;
   if (!j->key) return 0;
@@ -332,16 +342,17 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, const char *run_id, json_t *root, const 
                  "loopguard: this key may not use model \"%s\"", asked ? asked : "");
     return 1;
   }
-  if (use_byok(j, &lg__gw_cfg(cx->gw)->up[ui])) {
-    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
-    return 1;
-  }
+  if (use_byok(cx, &lg__gw_cfg(cx->gw)->up[ui])) return 1;
   lg_error_t e = {0};
   lg_store_t *s = store_of(cx, &e);
   int64_t now = lg__server_now(cx->srv);
   scope_set_t ss;
   int rc = s ? key_scopes(s, j, now, &ss, &e) : LG_ESTORE;
-  if (!rc) rc = lg_budget_run_scopes_set(s, run_id, ss.v, ss.n, &e);
+  /* The request's own scopes, not the run's: two keys on one run (on one
+   * replica or two at once) are each charged their own. */
+  clear_scopes(j);
+  for (size_t i = 0; !rc && i < ss.n; i++)
+    if (!(j->key_scopes[j->nkey_scopes++] = lg__strdup(ss.v[i]))) rc = LG_ENOMEM;
   if (rc) {
     lg__gw_error(j, 500, "server_error", NULL, "loopguard could not set the key's budgets: %s",
                  e.message[0] ? e.message : lg_strerror(rc));

@@ -672,7 +672,15 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     /* A gateway request with a loopguard key (Bearer, or x-api-key as
      * Anthropic clients send it): the gateway checks the key. */
     bool keyed = lg__auth_key_secret(az) || (xk && !strncmp(xk, LG_KEY_PREFIX, 4));
-    role = hit.handler == lg__gw_handle && keyed ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
+    /* gateway-v1: with tokens, every gateway request needs a loopguard
+     * key; an agent or operator token is not a gateway credential. */
+    if (hit.handler == lg__gw_handle && !keyed)
+      FAIL(401, "invalid_api_key", NULL,
+           "this gateway needs a loopguard key: send Authorization: Bearer lgk-... (or "
+           "x-api-key: lgk-...)%s; an operator creates one with POST /v1/keys or `loopguard "
+           "keys create`",
+           lg__auth_role(&srv->auth, az) != LG__ROLE_NONE ? ", not a loopguard token" : "");
+    role = hit.handler == lg__gw_handle ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
     if (role == LG__ROLE_NONE)
       FAIL(401, "unauthorized", NULL,
            "a valid bearer token is required (Authorization: Bearer TOKEN)");

@@ -40,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <microhttpd.h>
+#include <openssl/crypto.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -142,7 +143,8 @@ lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err) {
     w->store = srv->spare;
     srv->spare = NULL;
     pthread_mutex_unlock(&srv->wlist_mu);
-    if (!w->store) w->store = lg_store_open(srv->o.store_url, NULL, err);
+    if (!w->store && (w->store = lg_store_open(srv->o.store_url, NULL, err)) && srv->has_secret)
+      lg_key_set_secret(w->store, srv->secret);
     if (!w->store) {
       lg_canon_free(w->canon);
       lg__free(w);
@@ -514,6 +516,7 @@ static lg_server_t *server_new(const lg_server_options_t *opts, lg_error_t *err)
   srv->o.upstreams = NULL; /* the gateway keeps its own copies */
   srv->o.nupstreams = 0;
   srv->o.upstreams_file = NULL;
+  srv->o.secret_file = NULL; /* read once by load_config, not kept */
   if (srv->o.max_body == 0) srv->o.max_body = LG_SERVER_DEFAULT_MAX_BODY;
   if (srv->o.timeout_s <= 0) srv->o.timeout_s = LG_SERVER_DEFAULT_TIMEOUT_S;
   pthread_mutex_init(&srv->wlist_mu, NULL);
@@ -556,6 +559,12 @@ static int load_config(lg_server_t *srv, const lg_server_options_t *opts, lg_err
   if (srv->o.tokens_file && lg__auth_load_file(&srv->auth, srv->o.tokens_file, err)) return -1;
   if (opts->tokens && lg__auth_load_spec(&srv->auth, opts->tokens, "LOOPGUARD_TOKENS", err))
     return -1;
+  /* The secret of provider keys at rest (src/budget/seal.c): only the
+   * secret is kept, not the file's name. */
+  if (opts->secret_file) {
+    if (lg_key_secret_load(opts->secret_file, srv->secret, err)) return -1;
+    srv->has_secret = 1;
+  }
   /* The default policy of new runs. */
   if (srv->o.policy_file) {
     srv->default_policy = lg_policy_load_file(srv->o.policy_file, err);
@@ -577,6 +586,7 @@ static int load_config(lg_server_t *srv, const lg_server_options_t *opts, lg_err
 static int open_store(lg_server_t *srv, lg_store_t **st, lg_error_t *err) {
   *st = lg_store_open(srv->o.store_url, NULL, err);
   if (!*st) return -1;
+  if (srv->has_secret) lg_key_set_secret(*st, srv->secret);
   /* SQLite: WAL checkpoints in a thread of their own (src/store/
    * checkpoint.c); without it (0, or another store) they stay in the
    * commits. */
@@ -692,8 +702,14 @@ static void log_start(lg_server_t *srv) {
     lg__buf_printf(&f, ",\"price_models\":%zu", pr ? lg_prices_count(pr) : 0);
     lg_prices_free(pr);
   }
+  lg__buf_printf(&f, ",\"byok_at_rest\":\"%s\"", srv->has_secret ? "encrypted" : "clear");
   if (!f.oom) lg__server_log(srv, "info", "start", f.data);
   lg__buf_free(&f);
+  if (!srv->has_secret)
+    lg__server_log(srv, "warn", "byok_in_clear",
+                   "\"message\":\"no --secret-file: the provider keys of loopguard keys (byok) "
+                   "are stored in clear in the store; give every replica the same secret file "
+                   "to store them encrypted\"");
 }
 
 lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
@@ -918,6 +934,7 @@ void lg_server_free(lg_server_t *srv) {
   lg__free((char *)srv->o.listen);
   lg__free((char *)srv->o.store_url);
   lg__free((char *)srv->o.tokens_file);
+  OPENSSL_cleanse(srv->secret, sizeof srv->secret);
   lg__free((char *)srv->o.policy_file);
   lg__free((char *)srv->o.prices_file);
   lg_price_book_free(srv->prices);

@@ -293,6 +293,8 @@ struct lg_server {
   int port;                   /* the port bound */
   int listen_fd;              /* the listening socket (the acceptor's) */
   lg__auth_t auth;            /* configured tokens; none: open */
+  unsigned char secret[32];   /* --secret-file (has_secret), for the stores */
+  int has_secret;
   char *store_name;           /* the store URL without password */
   const char *scheme;         /* "memory", "sqlite", "postgres" */
   lg_store_t *shared;         /* memory:, sqlite: the one handle all threads share */

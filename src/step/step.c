@@ -151,7 +151,8 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
   lg_budget_gate_t out;
   lg_model_call_t *m = &st->ev.u.model.m;
   m->t_ms = st->ev.t_ms;
-  int rc = lg__gate_model_begin(s, st->prices, run, m, st->ttl_ms, st->now_ms, &g, &out, err);
+  int rc = lg__gate_model_begin(s, st->prices, run, m, st->scopes, st->nscopes, st->ttl_ms,
+                                st->now_ms, &g, &out, err);
   if (rc == LG_BUDGET_REFUSED) {
     st->budget_refused = 1;
     st->refusal = out.refusal;

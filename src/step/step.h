@@ -38,6 +38,10 @@ typedef struct lg__step {
   lg_prices_t *prices;        /* model and usage events; may be NULL */
   int64_t ttl_ms;             /* a model event's shared reservation: how long
                                  it holds unsettled (0: the budgets' default) */
+  const char *const *scopes;  /* a model event's own budget scopes beside the
+                                 run's (a gateway key's: key:ID, workspace:W);
+                                 borrowed */
+  size_t nscopes;
   lg_canon_t *canon;          /* scratch of the deciding thread */
   lg__policy_fn policy;       /* may be NULL */
   void *policy_ud;

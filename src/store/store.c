@@ -10,6 +10,7 @@
 #include "driver.h"
 #include "store.h"
 
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -283,6 +284,7 @@ fail_oom:
 void lg_store_close(lg_store_t *s) {
   if (!s) return;
   lg__sql_close(s);
+  OPENSSL_cleanse(s->key_secret, sizeof s->key_secret);
   pthread_mutex_destroy(&s->mu);
   lg__free(s->name);
   lg__free(s);

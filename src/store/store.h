@@ -151,6 +151,9 @@ struct lg_store {
   int outer_kind;             /* LG__TXN_* of the outermost one */
   int in_with_run;            /* inside lg_store_with_run's callback */
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
+  unsigned char key_secret[32]; /* the AES key of provider keys at rest
+                                   (lg_key_set_secret, src/budget/seal.c) */
+  int has_key_secret;
 };
 
 /* The row functions (store_sql.c). Every one returns 0 or a negative LG_E*

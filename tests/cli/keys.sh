@@ -56,6 +56,21 @@ H2=$(echo "$r" | get 'd["hash"]')
 [ "$(self "$K2")" = 200 ] || fail "enabled again: $(cat "$TMP/self")"
 stop_server srv
 
+note "--secret-file: the provider key stored encrypted (no clear copy in the store file)"
+python3 -c 'import os; print(os.urandom(32).hex())' >"$TMP/secret"
+e=$("$B" keys create sealed --byok default=sk-sealed-provider-0001 --secret-file "$TMP/secret" --json) || fail "create --secret-file: $e"
+[ "$(echo "$e" | get 'd["byok_at_rest"]')" = encrypted ] || fail "create --secret-file: $e"
+[ "$("$B" keys show "$H" --json | get 'd["byok_at_rest"]')" = clear ] || fail "the key made without a secret is not said to be in clear"
+grep -qa sk-sealed-provider "$TMP"/keys.db* && fail "the store file holds the sealed provider key in clear"
+grep -qa sk-provider "$TMP"/keys.db* || fail "the check cannot see the store: the clear provider key is not found either"
+LOOPGUARD_SECRET_FILE="$TMP/secret" "$B" keys update "$H" --limit-usd 4 --json | grep -q '"byok_at_rest":"encrypted"' ||
+  fail "an update with LOOPGUARD_SECRET_FILE does not seal the clear provider key"
+echo short >"$TMP/bad-secret"
+"$B" keys create x --byok default=sk-x --secret-file "$TMP/bad-secret" 2>"$TMP/err"; [ $? = 1 ] &&
+  grep -q "bad-secret" "$TMP/err" && grep -q "64 hex digits" "$TMP/err" || fail "a bad secret file: $(cat "$TMP/err")"
+timeout 10 "$B" serve --listen 127.0.0.1:0 --store memory: --secret-file "$TMP/bad-secret" >/dev/null 2>"$TMP/err"; [ $? = 1 ] &&
+  grep -q "bad-secret" "$TMP/err" || fail "serve with a bad secret file does not stop, naming it: $(cat "$TMP/err")"
+
 note "errors and usage"
 for sub in create list show update disable rotate; do
   "$B" keys $sub --help | grep -q "usage: loopguard keys $sub" || fail "keys $sub --help"

@@ -46,7 +46,14 @@ fail() {
   # What the servers said (a sanitizer's report, a crash): the folder goes.
   local e
   for e in "$TMP"/*.err; do
-    [ -s "$e" ] && { echo "---- ${e##*/} (last lines) ----"; tail -n 40 "$e"; } >&2
+    [ -s "$e" ] || continue
+    if grep -q "ERROR: AddressSanitizer\|runtime error:" "$e"; then # the report, from its start
+      echo "---- ${e##*/} (the sanitizer's report) ----"
+      grep -m1 -A 80 "ERROR: AddressSanitizer\|runtime error:" "$e"
+    else
+      echo "---- ${e##*/} (last lines) ----"
+      tail -n 40 "$e"
+    fi >&2
   done
   exit 1
 }
@@ -57,6 +64,9 @@ start_server() { # NAME ARGS...
   local name=$1
   shift
   local out="$TMP/$name.out"
+  # Emptied here, not by the redirection below: that runs in the child, and
+  # the loop could read a restarted server's old URL before it does.
+  : >"$out"
   "$LG_BIN" serve --listen 127.0.0.1:0 "$@" >"$out" 2>"$TMP/$name.err" &
   local pid=$!
   ALL_PIDS+=("$pid")

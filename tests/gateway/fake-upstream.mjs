@@ -32,7 +32,7 @@
 import http from 'node:http';
 import fs from 'node:fs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0 };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [] };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 let callSeq = 0;
 
@@ -330,6 +330,9 @@ const server = http.createServer((req, res) => {
       if (stats.raw.length > 20) stats.raw.shift();
     }
     if (req.method === 'POST') {
+      // the credential each model request came with (a test checks which key went upstream)
+      stats.auths.push(req.headers.authorization || req.headers['x-api-key'] || null);
+      if (stats.auths.length > 50) stats.auths.shift();
       try { const j = JSON.parse(body); if (j.model) stats.models.push(j.model); if (stats.models.length > 200) stats.models.shift(); if (failing(res, j)) return; } catch { /* each route answers its own 400 */ }
     }
     if (req.method === 'GET' && req.url === '/stats') {

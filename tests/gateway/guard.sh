@@ -264,16 +264,42 @@ code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_c
 stop_server down
 [ "$down_RC" = 0 ] || fail "the down server exited $down_RC: $(tail -5 "$TMP/down.err")"
 
-note "a missing or wrong token: 401 in each API's shape"
-echo "agent gw-agent-token-0123456789" >"$TMP/tokens"
+note "with tokens, a gateway request needs a loopguard key: 401 in each API's shape otherwise"
+printf 'agent gw-agent-token-0123456789\noperator gw-operator-token-0123456789\n' >"$TMP/tokens"
 echo '{"upstreams":{"fake":{"base_url":"'"$FAKE"'/v1","api_key_env":"FAKE_KEY"}}}' >"$TMP/ups.json"
-FAKE_KEY=sk-upstream start_server auth --store memory: --upstreams "$TMP/ups.json" --tokens "$TMP/tokens"
-code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/chat/completions")
-[ "$code" = 401 ] && [ "$(get 'd["error"]["type"], d["error"]["code"]' <"$TMP/e.json")" = '["invalid_request_error", "unauthorized"]' ] || fail "401 chat: $code $(cat "$TMP/e.json")"
-code=$(curl -s -H "Content-Type: application/json" -H 'x-api-key: wrong' -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","max_tokens":5,"messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/messages")
-[ "$code" = 401 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "authentication_error"]' ] || fail "401 messages: $code $(cat "$TMP/e.json")"
-code=$(curl -s -H "Content-Type: application/json" -H 'Authorization: Bearer gw-agent-token-0123456789' -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$auth_URL/v1/chat/completions")
-[ "$code" = 200 ] || fail "the agent token: $code $(cat "$TMP/e.json")"
+echo '{"models":{"finish":{"input_usd_per_mtok":1,"output_usd_per_mtok":1}}}' >"$TMP/prices.json" # a key's spend is priced
+FAKE_KEY=sk-upstream start_server auth --store memory: --upstreams "$TMP/ups.json" --tokens "$TMP/tokens" --prices "$TMP/prices.json"
+# gw_call PATH AUTH-HEADER: a request to the gateway; the status, the body in $TMP/e.json
+gw_call() {
+  local body='{"model":"finish","max_tokens":5,"messages":[{"role":"user","content":"x"}]}'
+  [ "$1" = /v1/responses ] && body='{"model":"finish","max_output_tokens":5,"input":"x"}'
+  curl -s -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01' ${2:+-H "$2"} \
+    -o "$TMP/e.json" -w '%{http_code}' -d "$body" "$auth_URL$1"
+}
+needs_key() { # what the message of a 401 without a key says
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "needs a loopguard key: send Authorization: Bearer lgk-"
+}
+for cred in "" "Authorization: Bearer gw-agent-token-0123456789" "Authorization: Bearer gw-operator-token-0123456789" "Authorization: Bearer wrong-token-0123456789"; do
+  for path in /v1/chat/completions /v1/responses; do
+    code=$(gw_call $path "$cred")
+    [ "$code" = 401 ] && [ "$(get '[d["error"]["type"], d["error"]["code"]]' <"$TMP/e.json")" = '["invalid_request_error", "invalid_api_key"]' ] &&
+      needs_key || fail "401 $path with '${cred:-nothing}': $code $(cat "$TMP/e.json")"
+  done
+  code=$(gw_call /v1/messages "${cred/Authorization: Bearer/x-api-key:}")
+  [ "$code" = 401 ] && [ "$(get '[d["type"], d["error"]["type"]]' <"$TMP/e.json")" = '["error", "authentication_error"]' ] &&
+    needs_key || fail "401 messages with '${cred:-nothing}': $code $(cat "$TMP/e.json")"
+done
+gw_call /v1/chat/completions "Authorization: Bearer gw-agent-token-0123456789" >/dev/null
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "not a loopguard token" || fail "a token on the gateway: the message does not say it is not a key: $(cat "$TMP/e.json")"
+# The operator API still takes the operator token; a key made there works.
+key=$(curl -s -X POST -H 'Authorization: Bearer gw-operator-token-0123456789' -H 'Content-Type: application/json' \
+  -d '{"name":"guard"}' "$auth_URL/v1/keys" | get 'd["key"]') || fail "creating a key"
+for path in /v1/chat/completions /v1/responses; do
+  code=$(gw_call $path "Authorization: Bearer $key")
+  [ "$code" = 200 ] || fail "a loopguard key on $path: $code $(cat "$TMP/e.json")"
+done
+code=$(gw_call /v1/messages "x-api-key: $key")
+[ "$code" = 200 ] || fail "a loopguard key on /v1/messages: $code $(cat "$TMP/e.json")"
 stop_server auth
 [ "$auth_RC" = 0 ] || fail "the auth server exited $auth_RC: $(tail -5 "$TMP/auth.err")"
 

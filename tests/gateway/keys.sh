@@ -16,16 +16,22 @@
 #   "Workspace ... budget of $... exceeded", 429 in_flight_budget with
 #   Retry-After, 429 rate limit with Retry-After, 403 model_not_allowed;
 # - spend on the key's own provider key (byok) counts on its limit only
-#   with include_byok_in_limit;
+#   with include_byok_in_limit; the upstream gets that provider key, and
+#   the store (the SQLite files, a pg_dump) holds no clear copy of it
+#   (--secret-file);
 # - 32 concurrent agents (the real openai client) on one key with a small
 #   limit: spent + reserved never above the limit while they run (polled),
 #   and once every reservation settled, spent equals the sum of the
 #   answered requests' costs from their usage, to the micro-dollar;
 # - kill -9 of the server mid-request: its reservation is released after
-#   --reservation-ttl (not charged), and the key works after the restart.
+#   --reservation-ttl (not charged), the key works after the restart, and
+#   its spend is exactly the sum of the answered usages.
 # LG_TEST_STORE=postgres (under tests/pg/with-postgres.sh): the same on
-# PostgreSQL, with the load split over two replicas of one database, and a
-# key rotated or disabled on one replica refused at once on the other.
+# PostgreSQL, with the load split over two replicas of one database; a key
+# rotated or disabled on either replica refused at once on the other; a
+# provider key sealed by one replica opened by the other; and the kill -9
+# of one replica mid-request while the key keeps working on the other,
+# the killed one's reservation released there by the TTL, not charged.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients in $NODE_DIR, the fake upstream: FAKE
 
@@ -45,8 +51,10 @@ cat >"$TMP/prices.json" <<'JSON'
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
+# The secret of provider keys at rest: every replica is given the same file.
+python3 -c 'import os; print(os.urandom(32).hex())' >"$TMP/secret"
 start_server gw --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
-  --upstream "$FAKE/v1" --log "$TMP/gw.log"
+  --upstream "$FAKE/v1" --log "$TMP/gw.log" --secret-file "$TMP/secret"
 
 op() { # METHOD PATH [BODY]: the operator API, prints the body
   curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' \
@@ -195,9 +203,23 @@ read -r K7 H7 < <(newkey '{"name":"byok-off","limit_usd":5,"byok":{"default":"sk
 read -r K8 H8 < <(newkey '{"name":"byok-on","limit_usd":5,"byok":{"default":"sk-own"},"include_byok_in_limit":true}')
 chat "$K7" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "byok-off: $(st)"
 chat "$K8" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "byok-on: $(st)"
+[ "$(curl -s "$FAKE/stats" | get 'd["auths"][-2:] == ["Bearer sk-own"] * 2')" = true ] || fail "the upstream did not get the key's own provider key: $(curl -s "$FAKE/stats")"
 [ "$(spent "$H7")" = 0 ] || fail "byok spend counted without include_byok_in_limit: $(spent "$H7")"
 [ "$(python3 -c "print(float('$(spent "$H8")') > 0)")" = True ] || fail "byok spend not counted with include_byok_in_limit"
 op GET "/v1/keys/$H7" | grep -q sk-own && fail "a provider key shown by the API"
+[ "$(op GET "/v1/keys/$H7" | get 'd["byok_at_rest"]')" = encrypted ] || fail "byok_at_rest: $(op GET "/v1/keys/$H7")"
+# store_holds TEXT: whether the store's bytes hold TEXT (PostgreSQL: a dump)
+store_holds() {
+  if [ "${LG_TEST_STORE:-}" = postgres ]; then
+    "$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)/pg_dump" "${LG_PG_URL#postgres:}" >"$TMP/dump.sql" ||
+      fail "pg_dump"
+    grep -q "$1" "$TMP/dump.sql"
+  else
+    grep -qa "$1" "$TMP/keys.db"*
+  fi
+}
+store_holds sk-own && fail "the store holds the provider key in clear"
+store_holds byok-off || fail "store_holds cannot see the store (the key's name is in it)"
 
 note "32 concurrent agents on one key: never over the limit, spent = the sum of the usages"
 # 0.02 USD: about 19 answers (1000 + the input each); the worst case of one
@@ -207,7 +229,7 @@ LIMIT=20000
 URLS=("$gw_URL")
 if [ "${LG_TEST_STORE:-}" = postgres ]; then # a second replica on the same database
   start_server gw2 --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
-    --upstream "$FAKE/v1" --log "$TMP/gw2.log"
+    --upstream "$FAKE/v1" --log "$TMP/gw2.log" --secret-file "$TMP/secret"
   URLS+=("$gw2_URL")
 fi
 python3 - "$gw_URL/v1/budgets/key:$H9" "$OP" "$TMP/load.done" >"$TMP/poll" <<'PY' &
@@ -245,7 +267,7 @@ fr=$(echo "$final" | get 'round(d["reserved_usd"] * 1e6)')
 [ "$fr" = 0 ] || fail "reservations left open: $final"
 [ "$fs" = "$total" ] || fail "spent $fs micro-USD, the answered requests' usage says $total: $final"
 [ "$fs" -le "$LIMIT" ] || fail "spent $fs above the limit"
-cat "$TMP"/load.[0-9]* | grep -q '"402"' || fail "the limit never refused: the test did not reach it"
+grep -q '"402"' "$TMP"/load.[0-9]* || fail "the limit never refused: the test did not reach it"
 note "polled $(wc -l <"$TMP/poll") times, at most $max of $LIMIT micro-USD; $ok answered, spent $fs = their usage"
 
 if [ -n "${gw2_URL:-}" ]; then
@@ -260,32 +282,117 @@ if [ -n "${gw2_URL:-}" ]; then
     -d '{"disabled":true}' "$gw2_URL/v1/keys/$(echo "$r" | get 'd["hash"]')" >/dev/null
   b=$(chat "$K9b" "{\"model\":\"finish\",$MSG}")
   [ "$(st)" = 401 ] || fail "disabled on replica 2, replica 1 answered $(st): $b"
+  # chat_on URL KEY: a chat completion on a replica, prints its status
+  chat_on() {
+    curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $2" -H 'Content-Type: application/json' \
+      -d "{\"model\":\"finish\",$MSG}" "$1/v1/chat/completions"
+  }
+  note "the other direction: rotated on replica 2, refused on replica 1; disabled on replica 1, refused on replica 2"
+  k=$(curl -s -X POST -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' \
+    -d '{"name":"both-ways","limit_usd":1}' "$gw2_URL/v1/keys")
+  K10=$(echo "$k" | get 'd["key"]')
+  [ "$(chat_on "$gw_URL" "$K10")" = 200 ] && [ "$(chat_on "$gw2_URL" "$K10")" = 200 ] || fail "a new key on both replicas"
+  r=$(curl -s -X POST -H "Authorization: Bearer $OP" "$gw2_URL/v1/keys/$(echo "$k" | get 'd["hash"]')/rotate")
+  K10b=$(echo "$r" | get 'd["key"]')
+  [ "$(chat_on "$gw_URL" "$K10")" = 401 ] || fail "rotated on replica 2, the old secret still works on replica 1"
+  [ "$(chat_on "$gw_URL" "$K10b")" = 200 ] || fail "rotated on replica 2, the new secret fails on replica 1"
+  op PATCH "/v1/keys/$(echo "$r" | get 'd["hash"]')" '{"disabled":true}' >/dev/null # on replica 1
+  [ "$(chat_on "$gw2_URL" "$K10b")" = 401 ] || fail "disabled on replica 1, replica 2 still serves the key"
+
+  note "two keys on one run, on both replicas at once: each request is charged to its own key"
+  read -r KA HA < <(newkey '{"name":"run-a","limit_usd":5}')
+  read -r KB HB < <(newkey '{"name":"run-b","limit_usd":5}')
+  multi=() # each a body of its own: the same body again on a run is a retry, answered once
+  for i in $(seq 6); do
+    for kk in A:"$KA":"$gw_URL" B:"$KB":"$gw2_URL" A:"$KA":"$gw2_URL" B:"$KB":"$gw_URL"; do
+      IFS=: read -r who sec url <<<"$kk"
+      url=${kk#*:*:} # the URL has colons too
+      curl -s -o "$TMP/multi.$who.$i.${#multi[@]}" -H "Authorization: Bearer $sec" -H 'Content-Type: application/json' \
+        -H 'X-Loopguard-Run: two-keys-one-run' "$url/v1/chat/completions" \
+        -d "{\"model\":\"other\",\"max_tokens\":10,\"messages\":[{\"role\":\"user\",\"content\":\"hello $i.${#multi[@]}\"}]}" &
+      multi+=($!)
+    done
+  done
+  for p in "${multi[@]}"; do wait "$p"; done
+  for who in A B; do
+    sum=$(python3 - "$TMP" "$who" <<'PY'
+import glob, json, sys
+t = 0
+for f in glob.glob(f"{sys.argv[1]}/multi.{sys.argv[2]}.*"):
+    d = json.load(open(f))
+    u = d["usage"]  # every request answered, with its usage
+    t += u["prompt_tokens"] + 100 * u["completion_tokens"]
+print(t)
+PY
+    ) || fail "the two-keys requests of $who: $(cat "$TMP"/multi.$who.* | head -c 600)"
+    h=$([ "$who" = A ] && echo "$HA" || echo "$HB")
+    for i in $(seq 100); do # an answer is settled just after it is sent
+      [ "$(op GET "/v1/budgets/key:$h" | get 'd["reserved_usd"]')" = 0 ] && break
+      sleep 0.05
+    done
+    got=$(op GET "/v1/budgets/key:$h" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')
+    [ "$got" = "[$sum, 0]" ] || fail "key $who on the shared run: spent and reserved $got, its own answers cost $sum"
+  done
+
+  note "a provider key sealed by replica 1 is opened by replica 2 (the same --secret-file)"
+  n=$(curl -s "$FAKE/stats" | get 'len(d["auths"])')
+  [ "$(chat_on "$gw2_URL" "$K7")" = 200 ] || fail "the byok key on replica 2"
+  [ "$(curl -s "$FAKE/stats" | get 'd["auths"][-1]')" = "Bearer sk-own" ] || fail "replica 2 did not send the key's provider key"
 fi
 
 note "kill -9 mid-request: the reservation is released after --reservation-ttl, nothing is charged"
 CSTORE=$STORE
 [ "${LG_TEST_STORE:-}" = postgres ] || CSTORE="sqlite:$TMP/crash.db"
-start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
-  --upstream "$FAKE/v1" --log "$TMP/crash.log" --reservation-ttl 2000
+crash_args=(--store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" --upstream "$FAKE/v1"
+  --reservation-ttl 2000 --secret-file "$TMP/secret")
+start_server crash "${crash_args[@]}" --log "$TMP/crash.log"
 cop() { curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' ${3:+-d "$3"} "$crash_URL$2"; }
+# settled URL: waits until the crashy key holds no reservation (an answer
+# is settled just after it is sent; a dead request's at its TTL, at most
+# 30 s), then prints [reserved, spent] in micro-USD as URL sees them
+settled() {
+  local i
+  for i in $(seq 150); do
+    [ "$(curl -s -H "Authorization: Bearer $OP" "$1/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
+    sleep 0.2
+  done
+  curl -s -H "Authorization: Bearer $OP" "$1/v1/budgets/key:$CH" | get '[round(d["reserved_usd"] * 1e6), round(d["spent_usd"] * 1e6)]'
+}
 ck=$(cop POST /v1/keys '{"name":"crashy","limit_usd":1}')
 CK=$(echo "$ck" | get 'd["key"]')
 CH=$(echo "$ck" | get 'd["hash"]')
+# answered URL: a chat completion with the crashy key on a server; prints
+# the micro-USD its usage says (1 an input token, 100 an output token)
+answered() {
+  local b
+  b=$(curl -s -w '\n%{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"finish\",$MSG}" "$1/v1/chat/completions")
+  [ "${b##*$'\n'}" = 200 ] || fail "the key after the crash on $1: $b"
+  echo "${b%$'\n'*}" | get 'd["usage"]["prompt_tokens"] + 100 * d["usage"]["completion_tokens"]'
+}
 slow_held "$crash_URL" "$CK" "$CH"
 kill -9 "$crash_PID"
 wait "$SLOW" 2>/dev/null
-start_server crash --store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
-  --upstream "$FAKE/v1" --log "$TMP/crash2.log" --reservation-ttl 2000
-for i in $(seq 150); do # the TTL is 2 s from the reservation: wait for it (at most 30 s)
-  [ "$(cop GET "/v1/budgets/key:$CH" | get 'd["reserved_usd"]')" = 0 ] && break
-  sleep 0.2
-done
-cb=$(cop GET "/v1/budgets/key:$CH")
-[ "$(echo "$cb" | get '[d["reserved_usd"], d["spent_usd"]]')" = '[0, 0]' ] || fail "after kill -9 and the TTL: $cb"
-b=$(curl -s -w ' %{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
-  -d "{\"model\":\"finish\",$MSG}" "$crash_URL/v1/chat/completions")
-[ "${b##* }" = 200 ] || fail "the key after the crash: $b"
-stop_server crash
+charged=0
+if [ -n "${gw2_URL:-}" ]; then
+  note "two replicas: while the killed replica's reservation still holds, the key works on the other"
+  held=$(curl -s -H "Authorization: Bearer $OP" "$gw2_URL/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')
+  [ "$held" = true ] || fail "the killed replica's reservation is not seen held on replica 2"
+  charged=$(answered "$gw2_URL")
+  cb=$(settled "$gw2_URL") # released by the TTL, read on the other replica (no restart)
+  [ "$cb" = "[0, $charged]" ] ||
+    fail "after kill -9 and the TTL, replica 2 sees [reserved, spent] $cb; only its own answer ($charged micro-USD) is charged"
+fi
+# Another name: the killed server's output file still names its old port.
+start_server crash2 "${crash_args[@]}" --log "$TMP/crash2.log"
+cb=$(settled "$crash2_URL")
+[ "$cb" = "[0, $charged]" ] || fail "after kill -9 and the TTL, [reserved, spent] $cb, not [0, $charged]"
+charged=$((charged + $(answered "$crash2_URL")))
+cb=$(settled "$crash2_URL")
+# nothing charged twice: the spend is the sum of the answered usages
+[ "$cb" = "[0, $charged]" ] ||
+  fail "the key's spend ([reserved, spent] $cb) is not the sum of its answered usages ($charged micro-USD)"
+stop_server crash2
 
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"

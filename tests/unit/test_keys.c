@@ -15,7 +15,10 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "budget/budget.h"
 #include "loopguard.h"
@@ -173,11 +176,190 @@ static void test_field_errors(void **state) {
   lg_store_close(s);
 }
 
+
+/* ---- provider keys at rest (src/budget/seal.c) ---- */
+
+static const unsigned char SECRET_A[32] = "0123456789abcdef0123456789abcdef";
+static const unsigned char SECRET_B[32] = "fedcba9876543210fedcba9876543210";
+
+static void test_seal_open(void **state) {
+  (void)state;
+  lg_error_t e = {0};
+  unsigned char ka[32], kb[32];
+  memcpy(ka, SECRET_A, 32);
+  memcpy(kb, SECRET_B, 32);
+  char *sealed = NULL, *plain = NULL;
+  assert_int_equal(lg__byok_seal(ka, "id1", "openai", "sk-provider-1234", &sealed, &e), 0);
+  assert_true(lg__byok_is_sealed(sealed));
+  assert_null(strstr(sealed, "sk-provider"));
+  assert_int_equal(lg__byok_open(ka, "id1", "openai", sealed, &plain, &e), 0);
+  assert_string_equal(plain, "sk-provider-1234");
+  lg_free(plain);
+  /* Sealed twice: another nonce, another text. */
+  char *again = NULL;
+  assert_int_equal(lg__byok_seal(ka, "id1", "openai", "sk-provider-1234", &again, &e), 0);
+  assert_string_not_equal(again, sealed);
+  lg_free(again);
+  /* Another secret, key, upstream: none opens, none gives bytes. */
+  assert_int_equal(lg__byok_open(kb, "id1", "openai", sealed, &plain, &e), LG_EPERM);
+  assert_null(plain);
+  assert_int_equal(lg__byok_open(ka, "id2", "openai", sealed, &plain, &e), LG_EPERM);
+  assert_int_equal(lg__byok_open(ka, "id1", "anthropic", sealed, &plain, &e), LG_EPERM);
+  /* Every character of the ciphertext changed in turn: refused each time. */
+  size_t pre = strlen(LG__BYOK_SEALED), n = strlen(sealed);
+  for (size_t i = pre; i < n; i++) {
+    char *t = strdup(sealed);
+    if (t[i] == '=') {
+      free(t);
+      continue;
+    }
+    t[i] = t[i] == 'A' ? 'B' : 'A';
+    memset(&e, 0, sizeof e);
+    int rc = lg__byok_open(ka, "id1", "openai", t, &plain, &e);
+    if (rc != LG_EPERM) fail_msg("a change at %zu of %s opened (%d): %s", i, t, rc, plain);
+    assert_null(plain);
+    free(t);
+  }
+  assert_int_equal(lg__byok_open(ka, "id1", "openai", "lgenc:v1:AAAA", &plain, &e), LG_EPERM);
+  assert_int_equal(lg__byok_open(ka, "id1", "openai", "lgenc:v1:", &plain, &e), LG_EPERM);
+  lg_free(sealed);
+}
+
+static char *tmp_file(const void *data, size_t n) {
+  char *path = strdup("/tmp/lg_secret_XXXXXX");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, data, n), (ssize_t)n);
+  close(fd);
+  return path;
+}
+
+static void test_secret_file(void **state) {
+  (void)state;
+  lg_error_t e = {0};
+  unsigned char got[32];
+  char *raw = tmp_file(SECRET_A, 32);
+  assert_int_equal(lg_key_secret_load(raw, got, &e), 0);
+  assert_memory_equal(got, SECRET_A, 32);
+  const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF\n";
+  char *hx = tmp_file(hex, strlen(hex));
+  assert_int_equal(lg_key_secret_load(hx, got, &e), 0);
+  assert_int_equal(got[1], 0x11);
+  assert_int_equal(got[31], 0xff);
+  char *bad = tmp_file("short\n", 6);
+  assert_int_equal(lg_key_secret_load(bad, got, &e), LG_EINVAL);
+  assert_string_equal(e.source, bad); /* the error names the file */
+  assert_non_null(strstr(e.message, "32 random bytes or 64 hex digits"));
+  memset(&e, 0, sizeof e);
+  assert_int_equal(lg_key_secret_load("/nonexistent/secret", got, &e), LG_EIO);
+  assert_string_equal(e.source, "/nonexistent/secret");
+  unlink(raw), unlink(hx), unlink(bad);
+  free(raw), free(hx), free(bad);
+}
+
+/* A key written with a secret: its row holds no clear copy, another
+ * handle with the same secret opens it, another secret or none is a clear
+ * error naming the key; a key written without a secret is "clear". */
+static void test_byok_at_rest(void **state) {
+  (void)state;
+  char dir[] = "/tmp/lg_byok_XXXXXX", url[200], db[128];
+  assert_non_null(mkdtemp(dir));
+  snprintf(db, sizeof db, "%s/k.db", dir);
+  snprintf(url, sizeof url, "sqlite:%s", db);
+  lg_error_t e = {0};
+  lg_store_t *s = lg_store_open(url, NULL, &e);
+  assert_non_null(s);
+  lg_key_set_secret(s, SECRET_A);
+  assert_true(lg_key_has_secret(s));
+  char *out = NULL;
+  const char *body = "{\"name\":\"own\",\"byok\":{\"openai\":\"sk-provider-XYZ-0001\"}}";
+  json_t *k = MUST(lg_key_create(s, body, strlen(body), MON, &out, &e));
+  assert_string_equal(json_string_value(json_object_get(k, "byok_at_rest")), "encrypted");
+  char hash[80];
+  snprintf(hash, sizeof hash, "%s", json_string_value(json_object_get(k, "hash")));
+  json_decref(k);
+  /* An update that leaves byok alone keeps it sealed; rotation too. */
+  body = "{\"limit_usd\":3}";
+  k = MUST(lg_key_update(s, hash, body, strlen(body), MON, &out, &e));
+  assert_string_equal(json_string_value(json_object_get(k, "byok_at_rest")), "encrypted");
+  json_decref(k);
+  lg_store_close(s);
+
+  /* The store's bytes (the file and its WAL) hold no clear copy. */
+  const char *suffix[] = {"", "-wal"};
+  for (int i = 0; i < 2; i++) {
+    char f[160];
+    snprintf(f, sizeof f, "%s%s", db, suffix[i]);
+    FILE *fp = fopen(f, "rb");
+    if (!fp) continue;
+    static char buf[1 << 22];
+    size_t n = fread(buf, 1, sizeof buf, fp);
+    fclose(fp);
+    for (size_t j = 0; j + 12 <= n; j++)
+      if (!memcmp(buf + j, "sk-provider-", 12)) fail_msg("%s holds the provider key in clear", f);
+  }
+
+  /* Another handle (a replica) with the same secret reads it back. */
+  lg_store_t *r = lg_store_open(url, NULL, &e);
+  lg_key_set_secret(r, SECRET_A);
+  lg__key_row_t row;
+  memset(&row, 0, sizeof row);
+  k = MUST(lg_key_show(r, hash, MON, &out, &e));
+  const char *id = json_string_value(json_object_get(k, "id"));
+  char rid[80];
+  snprintf(rid, sizeof rid, "%s", id);
+  json_decref(k);
+  int found = 0;
+  assert_int_equal(lg__sql_key_read(r, rid, &row, &found, &e), 0);
+  assert_true(found);
+  assert_null(strstr(row.byok, "sk-provider"));
+  char *pk = NULL;
+  assert_int_equal(lg__key_byok(r, &row, "openai", &pk, &e), 0);
+  assert_string_equal(pk, "sk-provider-XYZ-0001");
+  lg_free(pk);
+  assert_int_equal(lg__key_byok(r, &row, "anthropic", &pk, &e), 0); /* none for it */
+  assert_null(pk);
+  /* Another secret: refused, naming the key and the upstream. */
+  lg_key_set_secret(r, SECRET_B);
+  memset(&e, 0, sizeof e);
+  assert_int_equal(lg__key_byok(r, &row, "openai", &pk, &e), LG_EPERM);
+  assert_null(pk);
+  assert_non_null(strstr(e.message, "\"own\""));
+  assert_non_null(strstr(e.message, "\"openai\""));
+  assert_non_null(strstr(e.message, "does not open"));
+  /* No secret: refused too, saying so. */
+  lg_key_set_secret(r, NULL);
+  memset(&e, 0, sizeof e);
+  assert_int_equal(lg__key_byok(r, &row, "openai", &pk, &e), LG_EPERM);
+  assert_non_null(strstr(e.message, "no secret"));
+  lg__key_row_clear(&row);
+  /* Written without a secret: in clear, and the key says so. */
+  body = "{\"name\":\"plain\",\"byok\":{\"openai\":\"sk-plain\"}}";
+  k = MUST(lg_key_create(r, body, strlen(body), MON, &out, &e));
+  assert_string_equal(json_string_value(json_object_get(k, "byok_at_rest")), "clear");
+  json_decref(k);
+  body = "{\"name\":\"none\"}";
+  k = MUST(lg_key_create(r, body, strlen(body), MON, &out, &e));
+  assert_true(json_is_null(json_object_get(k, "byok_at_rest")));
+  json_decref(k);
+  /* A provider key that looks sealed is refused at the door. */
+  body = "{\"name\":\"x\",\"byok\":{\"openai\":\"lgenc:v1:AAAA\"}}";
+  assert_int_equal(lg_key_create(r, body, strlen(body), MON, &out, &e), LG_EINVAL);
+  assert_string_equal(e.field, "byok.openai");
+  lg_store_close(r);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resets),
       cmocka_unit_test(test_rate_window),
       cmocka_unit_test(test_field_errors),
+      cmocka_unit_test(test_seal_open),
+      cmocka_unit_test(test_secret_file),
+      cmocka_unit_test(test_byok_at_rest),
   };
   return cmocka_run_group_tests_name("keys", tests, NULL, NULL);
 }
