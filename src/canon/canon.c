@@ -23,6 +23,8 @@
  */
 #include "canon.h"
 
+#include "../util/utf8.h"
+
 #include <math.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -111,65 +113,9 @@ static inline void skip_ws(parser_t *p) {
   p->i = i;
 }
 
-/* Bytes that end a plain run inside a string: controls, quote, backslash
- * and every non-ASCII byte. */
-static const uint8_t str_special[256] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-};
-
-static int hexval(unsigned char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  unsigned char b = s[0];
-  if (b < 0x80) return 1;
-  if (b < 0xC2) return 0;
-  if (b < 0xE0) return (n >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
-  if (b < 0xF0) {
-    if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
-    if (b == 0xE0 && s[1] < 0xA0) return 0; /* overlong */
-    if (b == 0xED && s[1] >= 0xA0) return 0; /* surrogate */
-    return 3;
-  }
-  if (b < 0xF5) {
-    if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 ||
-        (s[3] & 0xC0) != 0x80)
-      return 0;
-    if (b == 0xF0 && s[1] < 0x90) return 0; /* overlong */
-    if (b == 0xF4 && s[1] >= 0x90) return 0; /* past U+10FFFF */
-    return 4;
-  }
-  return 0;
-}
-
 static void put_utf8(lg_canon_t *c, uint32_t cp) {
-  if (cp < 0x80) {
-    put(c, (char)cp);
-  } else if (cp < 0x800) {
-    put(c, (char)(0xC0 | (cp >> 6)));
-    put(c, (char)(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    put(c, (char)(0xE0 | (cp >> 12)));
-    put(c, (char)(0x80 | ((cp >> 6) & 0x3F)));
-    put(c, (char)(0x80 | (cp & 0x3F)));
-  } else {
-    put(c, (char)(0xF0 | (cp >> 18)));
-    put(c, (char)(0x80 | ((cp >> 12) & 0x3F)));
-    put(c, (char)(0x80 | ((cp >> 6) & 0x3F)));
-    put(c, (char)(0x80 | (cp & 0x3F)));
-  }
+  char u[4];
+  putn(c, u, lg__utf8_put(cp, u));
 }
 
 /* Writes one code point (or lone surrogate) the way JSON.stringify does. */
@@ -197,7 +143,7 @@ static int read_u4(parser_t *p, uint32_t *out) {
   if (p->n - p->i < 4) return perr(p, LG_EPARSE, "truncated \\u escape");
   uint32_t v = 0;
   for (int k = 0; k < 4; k++) {
-    int h = hexval(p->s[p->i + (size_t)k]);
+    int h = lg__hexval(p->s[p->i + (size_t)k]);
     if (h < 0) return perr(p, LG_EPARSE, "bad hex digit in \\u escape");
     v = (v << 4) | (uint32_t)h;
   }
@@ -234,7 +180,7 @@ static int cv_string(parser_t *p, bool *plain) {
       i += 16;
     }
 #endif
-    while (i < n && !str_special[s[i]]) i++;
+    while (i < n && !lg__str_special[s[i]]) i++;
 #ifdef __SSE2__
   run_done:
 #endif
@@ -251,7 +197,7 @@ static int cv_string(parser_t *p, bool *plain) {
     pl = false;
     if (ch < 0x20) return perr(p, LG_EPARSE, "control character in string");
     if (ch >= 0x80) {
-      size_t l = utf8_len(p->s + p->i, p->n - p->i);
+      size_t l = lg__utf8_len(p->s + p->i, p->n - p->i);
       if (!l) return perr(p, LG_EUTF8, "invalid UTF-8");
       putn(c, p->s + p->i, l);
       p->i += l;
@@ -577,7 +523,7 @@ static int32_t next_unit(const unsigned char *s, size_t n, size_t *i,
     case 't': return '\t';
     case 'u': {
       int32_t v = 0;
-      for (int k = 0; k < 4; k++) v = (v << 4) | hexval(s[*i + (size_t)k]);
+      for (int k = 0; k < 4; k++) v = (v << 4) | lg__hexval(s[*i + (size_t)k]);
       *i += 4;
       return v;
     }
@@ -775,7 +721,7 @@ static int selected(parser_t *p, const member_t *m, const lg__keyfield_t **out) 
       return perr(p, LG_ENOMEM, "out of memory");
     const unsigned char *s = (const unsigned char *)f->name;
     for (size_t j = 0; j < f->name_len;) {
-      size_t l = utf8_len(s + j, f->name_len - j);
+      size_t l = lg__utf8_len(s + j, f->name_len - j);
       if (!l) break;
       uint32_t cp = s[j];
       if (l == 2) cp = ((uint32_t)(s[j] & 0x1F) << 6) | (s[j + 1] & 0x3F);

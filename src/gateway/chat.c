@@ -129,7 +129,7 @@ static bool valid_id(const char *s) {
 static json_t *answer_json(const lg__step_t *st) {
   if (!st->answer.data) return NULL;
   lg__json_begin();
-  json_t *a = json_loadb(st->answer.data, st->answer.len, 0, NULL);
+  json_t *a = lg__json_load(st->answer.data, st->answer.len, NULL, NULL);
   if (lg__json_oom()) {
     json_decref(a);
     return NULL;
@@ -297,9 +297,30 @@ static void plain_result(const char *text, int is_error, lg_result_t *res, char 
   res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
 }
 
-/* A tool message as a result event. Unknown calls (not the gateway's)
- * are skipped. */
+/* Whether a tool's answer can be the structured result contract: a JSON
+ * object with a "status" member. Its text then starts with '{' and holds
+ * "status" as written, unless a \u escape spells it: without either, it
+ * is not parsed at all (most answers are plain text or objects without a
+ * status). */
+static int may_be_structured(const char *t) {
+  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+  return *t == '{' && (strstr(t, "\"status\"") || strstr(t, "\\u"));
+}
+
+/* A tool message as a result event, decided with the request's other
+ * results (flush_results). Unknown calls (not the gateway's) are
+ * skipped: the step refuses them and nothing changes. */
 static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
+  lg__gw_fed_t *f = &c->fed;
+  if (f->n == f->cap) {
+    size_t cap = f->cap ? f->cap * 2 : 32;
+    lg__step_t *st = lg__realloc(f->st, cap * sizeof *st);
+    if (st) f->st = st;
+    struct lg__gw_fed_keep *k = st ? lg__realloc(f->keep, cap * sizeof *k) : NULL;
+    if (k) f->keep = k;
+    if (!st || !k) return; /* out of memory: not decided, as a failed step */
+    f->cap = cap;
+  }
   char *text = content_text(msg);
   if (!text) return;
   lg_event_t ev;
@@ -307,23 +328,47 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   ev.type = LG_EV_RESULT;
   ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
   char *value = NULL;
-  lg__json_begin();
-  json_t *sj = json_loads(text, 0, NULL);
-  if (lg__json_oom() || !json_is_object(sj)) {
-    json_decref(sj);
-    sj = NULL;
+  json_t *sj = NULL;
+  if (may_be_structured(text)) {
+    lg__json_begin();
+    sj = lg__json_load(text, strlen(text), NULL, NULL);
+    if (lg__json_oom() || !json_is_object(sj)) {
+      json_decref(sj);
+      sj = NULL;
+    }
   }
   if (!sj || !structured_result(sj, &ev.u.result, &value)) plain_result(text, is_error, &ev.u.result, &value);
   ev.u.result.value = value;
-  lg__step_t st;
-  json_t *a;
-  if (!step_event(c, &ev, &st, &a) && st.action == LG_ACT_STOP)
-    note_stop(c, &st, a, "I stopped this run: the loop guard ended it.", NULL, call_id);
-  json_decref(a);
-  lg__step_clear(&st);
-  lg__free(value);
-  lg__free(text);
-  json_decref(sj);
+  /* the event borrows value and sj's strings until the batch is decided */
+  lg__step_init(&f->st[f->n], &ev, now_ms(c->cx));
+  f->keep[f->n].text = text;
+  f->keep[f->n].value = value;
+  f->keep[f->n].sj = sj;
+  f->keep[f->n].call_id = call_id;
+  f->n++;
+}
+
+/* The results fed so far, decided in one transaction (the step's batch:
+ * the same decisions and trace as one step each), and what they mean. */
+static void flush_results(chat_t *c) {
+  lg__gw_fed_t *f = &c->fed;
+  if (!f->n) return;
+  lg__step_batch_t b = {f->st, f->n};
+  lg_error_t e = {0};
+  lg__gw_step_batch(c->cx, c->r->id, &b, &e);
+  for (size_t i = 0; i < f->n; i++) {
+    lg__step_t *st = &f->st[i];
+    if (st->decided && st->action == LG_ACT_STOP) {
+      json_t *a = answer_json(st);
+      note_stop(c, st, a, "I stopped this run: the loop guard ended it.", NULL, f->keep[i].call_id);
+      json_decref(a);
+    }
+    lg__step_clear(st);
+    lg__free(f->keep[i].value);
+    lg__free(f->keep[i].text);
+    json_decref(f->keep[i].sj);
+  }
+  f->n = 0;
 }
 
 /* A stop decided by the gateway itself: its re-asks ran out with every
@@ -426,13 +471,25 @@ static json_t *client_message(chat_t *c, size_t i) {
   return out;
 }
 
+/* Responses: the previous_response_id of the request when it names an
+ * answer the gateway made itself (a stop, a stream it cut), which no
+ * upstream knows: what own_response() kept of it ({prev, items}), else
+ * NULL. A re-ask continues an upstream response. */
+static json_t *own_prev(const chat_t *c) {
+  if (!is_responses(c) || c->reask_prev || !c->prev_id) return NULL;
+  return json_object_get(c->r->own, c->prev_id);
+}
+
 /* The conversation the upstream sees: the client's, with the refused
- * calls restored in place and the steer messages said. */
+ * calls restored in place and the steer messages said; after an answer
+ * of the gateway's own, what the upstream did not see of it first. */
 static json_t *build_messages(chat_t *c) {
   lg__gw_run_t *r = c->r;
   json_t *msgs = json_array();
   if (!msgs) return NULL;
   size_t k = 0;
+  json_t *own = own_prev(c);
+  if (own) json_array_extend(msgs, json_object_get(own, "items"));
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
   if (is_responses(c) && prev) {
     /* The upstream keeps the conversation: the refused calls of the
@@ -552,8 +609,13 @@ static json_t *build_body(chat_t *c) {
     return NULL;
   }
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
+  json_t *own = own_prev(c);
   if (is_responses(c) && prev && c->reask_prev)
     json_object_set_new(b, "previous_response_id", json_string(c->reask_prev));
+  else if (own && sget(own, "prev")) /* never an id of the gateway's own */
+    json_object_set_new(b, "previous_response_id", json_incref(json_object_get(own, "prev")));
+  else if (own)
+    json_object_del(b, "previous_response_id");
   json_object_set_new(b, is_responses(c) ? "input" : "messages", msgs);
   const char *model = call_model(c);
   if (model) json_object_set_new(b, "model", json_string(model));
@@ -570,15 +632,106 @@ static json_t *build_body(chat_t *c) {
   return b;
 }
 
-/* The upstream body as text: *len its length. NULL when out of memory. */
-static char *body_text(chat_t *c, size_t *len) {
+/* Whether client message m is sent with a steer message (client_message
+ * would change it). */
+static int steered(chat_t *c, json_t *m) {
+  if (result_steer(c, m)) return 1;
+  const char *role = sget(m, "role");
+  if (!is_anthropic(c) || !role || strcmp(role, "user")) return 0;
+  json_t *blocks = json_object_get(m, "content");
+  for (size_t k = 0; k < json_array_size(blocks); k++) {
+    json_t *bl = json_array_get(blocks, k);
+    const char *ty = sget(bl, "type"), *tid = sget(bl, "tool_use_id");
+    if (ty && !strcmp(ty, "tool_result") && tid && sget(c->r->steer, tid)) return 1;
+  }
+  return 0;
+}
+
+/* Whether build_body would give the client's body back as it is: nothing
+ * restored, no steer message, no cascade, the client's model, no re-ask,
+ * the usage chunk already asked for, nothing filled in by a key. Then the
+ * client's bytes are what the upstream gets (no parse-and-dump round
+ * trip, which also rewrites numbers, escapes and white space). */
+static int body_unchanged(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
+      own_prev(c))
+    return 0;
+  const char *model = call_model(c), *asked = sget(c->root, "model");
+  if (model && (!asked || strcmp(model, asked))) return 0;
+  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage) return 0;
+  if (json_is_array(json_object_get(c->root, "tools"))) {
+    unsigned offer = c->estimate ? r->policy->offer : r->offer;
+    if (offer || (!c->estimate && r->hide_left > 0 && r->hide_tool)) return 0;
+  }
+  for (size_t i = 0; json_object_size(r->steer) && i < c->n; i++)
+    if (steered(c, json_array_get(c->messages, i))) return 0;
+  return 1;
+}
+
+/* The upstream body as text: *len its length; *raw (may be NULL) set when
+ * it is the client's bytes. NULL when out of memory. */
+static char *body_text(chat_t *c, size_t *len, int *raw) {
+  if (raw) *raw = 0;
+  if (body_unchanged(c)) {
+    char *t = lg__malloc(c->j->body_len + 1);
+    if (t) {
+      memcpy(t, c->j->body, c->j->body_len);
+      t[c->j->body_len] = 0;
+      *len = c->j->body_len;
+      if (raw) *raw = 1;
+    }
+    return t;
+  }
   json_t *body = build_body(c);
   char *t = body ? lg__json_text(body, len) : NULL;
   json_decref(body);
   return t;
 }
 
+/* Bytes a hidden tool can add to a body once it is dumped: tool use
+ * turned off when no tool is left (',"tool_choice":{"type":"none"}').
+ * And each real of a body sent as the client's bytes can grow by 21
+ * (jansson writes "0.7" as "0.69999999999999996"). */
+#define HIDE_SLACK 32
+
 /* ---- final answers ---- */
+
+#define OWN_KEPT 8 /* answers of the gateway's own a run remembers */
+
+/* Responses: an id for an answer the gateway makes itself, "resp_lg..."
+ * (OpenAI's ids are "resp_" and hex digits), into buf. */
+void lg__gwc_own_id(chat_t *c, char *buf, size_t size) {
+  static _Atomic unsigned seq;
+  snprintf(buf, size, "resp_lg%lld%04d%u", (long long)now_ms(c->cx),
+           (int)(lg__hash_str(c->r->id) % 10000), atomic_fetch_add(&seq, 1) % 1000);
+}
+
+/* Responses: the answer `id` was made by the gateway (text: what it says,
+ * or NULL). No upstream has it, so a request that continues from it
+ * (previous_response_id) is sent as continuing from where this request
+ * did (its previous upstream response, or none), with this request's
+ * input and the answer said again before its own input. */
+void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
+  lg__gw_run_t *r = c->r;
+  if (!is_responses(c) || !id || !r) return;
+  json_t *own = own_prev(c);
+  const char *prev = c->reask_prev ? c->reask_prev : own ? sget(own, "prev") : c->prev_id;
+  size_t steer_at = r->text_steer_at; /* build_messages places a pending text steer: not here */
+  json_t *items = build_messages(c);
+  r->text_steer_at = steer_at;
+  if (!items) return;
+  if (text && *text)
+    json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message", "role",
+                                           "assistant", "content", "type", "output_text", "text", text));
+  json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", items);
+  if (!e) return;
+  while (json_object_size(r->own) >= OWN_KEPT) { /* the oldest goes */
+    void *it = json_object_iter(r->own);
+    json_object_del(r->own, json_object_iter_key(it));
+  }
+  json_object_set_new(r->own, id, e);
+}
 
 /* The client's stream starts (the HTTP side answers 200, text/event-stream). */
 void lg__gwc_begin_stream(chat_t *c) {
@@ -1056,12 +1209,21 @@ static void end_api_stream(chat_t *c);
 static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
   memset(mo, 0, sizeof *mo);
   c->estimate = 1;
-  char *t = body_text(c, blen);
+  int raw = 0;
+  char *t = body_text(c, blen, &raw);
   c->estimate = 0;
   if (t) {
-    *mo = model_event(c, *blen);
+    /* The body sent may be the client's bytes (larger than a dump of the
+     * estimate when the client's JSON has white space), or, when the
+     * decision hides a tool, a dump of the client's body (its reals
+     * longer, tool use turned off): the worst case covers both. */
+    size_t worst = *blen;
+    if (worst < c->j->body_len) worst = c->j->body_len;
+    if (c->r->policy->hide_turns > 0 && json_is_array(json_object_get(c->root, "tools")))
+      worst += HIDE_SLACK + (raw ? 21 * c->body_reals : 0);
+    *mo = model_event(c, worst);
     lg__free(t);
-    t = mo->error || mo->stop ? NULL : body_text(c, blen);
+    t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL);
   }
   if (!t && !mo->error && !mo->stop) {
     lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
@@ -1105,7 +1267,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
  * object), or NULL when it has none. */
 static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
   lg__json_begin();
-  json_t *resp = json_loadb(raw->data ? raw->data : "", raw->len, 0, NULL);
+  json_t *resp = lg__json_load(raw->data ? raw->data : "", raw->len, NULL, NULL);
   if (lg__json_oom()) {
     json_decref(resp);
     resp = NULL;
@@ -1216,7 +1378,7 @@ static int plain_exchange(chat_t *c, int ask) {
 static void final_round(chat_t *c) {
   c->final_round = 1;
   size_t blen = 0;
-  char *btext = body_text(c, &blen);
+  char *btext = body_text(c, &blen, NULL);
   if (!btext) return;
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, NULL);
@@ -1240,7 +1402,7 @@ static void final_round(chat_t *c) {
 
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n) {
   lg__json_begin();
-  json_t *o = json_loadb(data, n, 0, NULL);
+  json_t *o = lg__json_load(data, n, NULL, NULL);
   if (lg__json_oom() || !json_is_object(o)) {
     json_decref(o);
     return NULL;
@@ -1487,7 +1649,7 @@ static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
   lg__json_begin();
   json_error_t je;
-  c->root = json_loadb(j->body, j->body_len, 0, &je);
+  c->root = lg__json_load(j->body, j->body_len, &je, &c->body_reals);
   if (lg__json_oom()) {
     json_decref(c->root);
     c->root = NULL;
@@ -1608,6 +1770,7 @@ static int is_user_message(const chat_t *c, json_t *m) {
 static void feed_message(chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
   if (is_user_message(c, m)) {
+    flush_results(c); /* in order: the results before it first */
     if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
     return;
   }
@@ -1635,10 +1798,21 @@ static void feed_message(chat_t *c, json_t *m) {
 static void feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   for (size_t i = c->prev_id ? 0 : c->r->fed; i < c->n; i++) feed_message(c, json_array_get(c->messages, i));
+  flush_results(c);
   c->r->fed = c->n;
 }
 
+/* The key's checks (keys.c); a max_tokens it filled in changes the body. */
+static int keys_model(chat_t *c) {
+  size_t members = json_object_size(c->root);
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len);
+  if (json_object_size(c->root) != members) c->root_changed = 1;
+  return rc;
+}
+
 static void chat_free(chat_t *c) {
+  lg__free(c->fed.st);
+  lg__free(c->fed.keep);
   json_decref(c->root);
   json_decref(c->tcalls);
   json_decref(c->last_chunk);
@@ -1672,7 +1846,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     feed_new(&c);
     if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
     if (c.stop_text) answer_final(&c, NULL);
-    else if (lg__gw_keys_model(cx, c.root, c.model, c.ui, j->body_len)) {
+    else if (keys_model(&c)) {
       /* refused by the key (keys.c): answered */
     } else run_calls(&c);
     keep_for_retry(&c, h);

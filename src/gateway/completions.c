@@ -176,7 +176,7 @@ void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
   json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", kept);
   lg__gwc_register_key(c, m);
   json_decref(m);
-  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+  json_t *tmpl = c->last_chunk ? json_copy(c->last_chunk) : json_object(); /* shallow: only its top level changes */
   json_t *calls = json_array();
   for (size_t i = 0; i < json_array_size(kept); i++) {
     json_t *k = json_deep_copy(json_array_get(kept, i));
@@ -192,7 +192,7 @@ void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
 }
 
 void lg__gwo_end_stream(chat_t *c) {
-  json_t *tmpl = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+  json_t *tmpl = c->last_chunk ? json_copy(c->last_chunk) : json_object(); /* shallow: only its top level changes */
   const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
   json_object_set_new(tmpl, "choices",
                       json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", fin));
@@ -200,7 +200,7 @@ void lg__gwo_end_stream(chat_t *c) {
   stream_chunk_text(c, tmpl);
   json_decref(tmpl);
   if (c->client_usage && c->usage) {
-    json_t *u = c->last_chunk ? json_deep_copy(c->last_chunk) : json_object();
+    json_t *u = c->last_chunk ? json_copy(c->last_chunk) : json_object(); /* shallow: only its top level changes */
     json_object_set_new(u, "choices", json_array());
     json_object_set(u, "usage", c->usage);
     stream_chunk_text(c, u);

@@ -20,6 +20,18 @@ static inline const char *sget(const json_t *o, const char *k) {
 
 static inline int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
 
+/* The tool results of a request, fed and not yet decided: their steps
+ * (one batch) and what their events borrow. */
+typedef struct lg__gw_fed {
+  lg__step_t *st;
+  struct lg__gw_fed_keep {
+    char *text, *value;       /* the result's content, its value (owned) */
+    json_t *sj;               /* its structured form, or NULL (owned) */
+    const char *call_id;      /* borrowed from the request */
+  } *keep;
+  size_t n, cap;
+} lg__gw_fed_t;
+
 typedef struct chat {
   int api;                    /* LG__GW_API_OPENAI (chat), _ANTHROPIC (messages) */
   lg__gw_ctx_t *cx;
@@ -40,6 +52,9 @@ typedef struct chat {
   char *esc_model;            /* this model call's cascade.escalate model, or NULL */
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
+  int root_changed;           /* root is no longer the client's body (keys.c filled in max_tokens) */
+  size_t body_reals;          /* the real numbers of the client's body */
+  lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
   size_t text_fed;            /* bytes of text already given to the step */
   int cut;                    /* a text loop cut the stream: 1 observe, 2 stop */
@@ -99,6 +114,11 @@ void lg__gwc_register_key(chat_t *c, json_t *msg);
 /* The streamed text not yet given to the step: 0 go on, 1 a text loop
  * observed, 2 the run stopped (cut the stream). */
 int lg__gwc_feed_text(chat_t *c, int at_end);
+/* Responses: an id for an answer the gateway makes itself; that answer
+ * (its text, or NULL) remembered, so that a request continuing from it
+ * never sends the id upstream. */
+void lg__gwc_own_id(chat_t *c, char *buf, size_t size);
+void lg__gwc_own_response(chat_t *c, const char *id, const char *text);
 /* One event of the upstream's stream parsed (new), counted, and the
  * client's stream begun; NULL when it is not a JSON object (dropped). */
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n);

@@ -624,8 +624,9 @@ static void evict_over(lg__gw_t *gw) {
 
 static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol) {
   lg__gw_run_t *r = lg__calloc(1, sizeof *r);
-  if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object())) {
+  if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object()) || !(r->own = json_object())) {
     if (r) lg__free(r->id);
+    if (r) json_decref(r->steer);
     lg__free(r);
     return NULL;
   }
@@ -697,6 +698,7 @@ static void run_free(lg__gw_run_t *r) {
   }
   lg__free(r->rs);
   json_decref(r->steer);
+  json_decref(r->own);
   lg__free(r->final_text);
   lg__free(r->hide_tool);
   lg__free(r->esc_model);
@@ -724,45 +726,78 @@ static void wait_done(lg__job_t *jb) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* fn(ud) for run_id on the committer (the group commit), waited for; its
+ * rc, and its err into *err. canon: the committer's scratch, set first. */
+static int on_committer(lg_server_t *srv, const char *run_id, lg_store_run_fn fn, void *ud,
+                        lg_canon_t **canon, lg_error_t *err) {
+  wait_job_t w;
+  memset(&w, 0, sizeof w);
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  *canon = lg__batcher_canon(srv->batcher);
+  w.job.run_id = run_id;
+  w.job.fn = fn;
+  w.job.ud = ud;
+  w.job.done = wait_done;
+  lg__batcher_submit(srv->batcher, &w.job);
+  pthread_mutex_lock(&w.mu);
+  while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+  pthread_mutex_unlock(&w.mu);
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+  if (err) *err = w.job.err;
+  return w.job.rc;
+}
+
+/* What a decided step leaves in the metrics and the log. */
+static void note_step(lg_server_t *srv, const lg__step_t *st) {
+  lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
+  if (st->budget_refused) lg__metrics_budget_refusal(&srv->metrics, st->refusal.limit_source);
+  if (!st->was_stopped && st->ledger_outcome >= 0)
+    lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
+  if (!st->was_stopped && st->stopped_now) {
+    atomic_fetch_sub(&srv->metrics.runs_active, 1);
+    lg__server_log(srv, "info", "stop", st->stop_log.data);
+  }
+}
+
 int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err) {
   lg_server_t *srv = cx->srv;
   st->policy = server_policy;
   st->policy_ud = srv;
   int rc;
   if (srv->batcher) { /* one writer at a time: the group commit decides */
-    wait_job_t w;
-    memset(&w, 0, sizeof w);
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
-    st->canon = lg__batcher_canon(srv->batcher);
-    w.job.run_id = run_id;
-    w.job.fn = lg__step_locked;
-    w.job.ud = st;
-    w.job.done = wait_done;
-    lg__batcher_submit(srv->batcher, &w.job);
-    pthread_mutex_lock(&w.mu);
-    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    pthread_mutex_destroy(&w.mu);
-    pthread_cond_destroy(&w.cv);
-    rc = lg__step_finish(st, w.job.rc, &w.job.err);
-    if (rc && err) *err = w.job.err;
+    lg_error_t e = {0};
+    rc = lg__step_finish(st, on_committer(srv, run_id, lg__step_locked, st, &st->canon, &e), &e);
+    if (rc && err) *err = e;
   } else {
     lg__worker_t *wk = lg__server_worker(srv, err);
     if (!wk) return LG_ESTORE;
     st->canon = wk->canon;
     rc = lg__step_run(wk->store, run_id, st, err);
   }
-  if (!rc) {
-    lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
-    if (st->budget_refused) lg__metrics_budget_refusal(&srv->metrics, st->refusal.limit_source);
-    if (!st->was_stopped && st->ledger_outcome >= 0)
-      lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
-    if (!st->was_stopped && st->stopped_now) {
-      atomic_fetch_sub(&srv->metrics.runs_active, 1);
-      lg__server_log(srv, "info", "stop", st->stop_log.data);
-    }
+  if (!rc) note_step(srv, st);
+  return rc;
+}
+
+int lg__gw_step_batch(lg__gw_ctx_t *cx, const char *run_id, lg__step_batch_t *b, lg_error_t *err) {
+  lg_server_t *srv = cx->srv;
+  if (!b->n) return 0;
+  b->v[0].policy = server_policy;
+  b->v[0].policy_ud = srv;
+  int rc;
+  if (srv->batcher) {
+    lg_error_t e = {0};
+    rc = lg__step_batch_finish(b, on_committer(srv, run_id, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
+    if (rc && err) *err = e;
+  } else {
+    lg__worker_t *wk = lg__server_worker(srv, err);
+    if (!wk) return LG_ESTORE;
+    b->v[0].canon = wk->canon;
+    rc = lg__step_batch_run(wk->store, run_id, b, err);
   }
+  for (size_t i = 0; !rc && i < b->n; i++)
+    if (b->v[i].decided) note_step(srv, &b->v[i]);
   return rc;
 }
 

@@ -122,6 +122,9 @@ typedef struct lg__gw_run {
   lg__gw_restore_t *rs;
   size_t nrs, caprs;
   json_t *steer;              /* call_id -> steer message (object) */
+  json_t *own;                /* Responses: the ids of answers the gateway made itself ->
+                                 {prev: the upstream response to continue from, or null,
+                                  items: the input to say again} (chat.c, own_response) */
   char *final_text;           /* the stop's message, once stopped */
   char *hide_tool;            /* hidden for hide_left more model calls */
   int hide_left;
@@ -216,6 +219,10 @@ const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name)
 /* One event through the decision step, synchronously. 0 when decided;
  * *answer (new, json) is the decision object. */
 int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err);
+/* Several events of one run through the decision step in one
+ * transaction (lg__step_batch_t, step.h), synchronously. 0 when the batch
+ * ran: each step says whether it decided. */
+int lg__gw_step_batch(lg__gw_ctx_t *cx, const char *run_id, lg__step_batch_t *b, lg_error_t *err);
 /* Answers the job now (status, body), for a non-stream answer. */
 void lg__gw_answer(lg__gw_job_t *j);
 /* The stream of a job: starts it (the HTTP side answers 200 with an SSE

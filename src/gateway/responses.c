@@ -15,7 +15,8 @@ static void r_final_stream(chat_t *c, const char *text, json_t *resp);
 void lg__gwr_final(chat_t *c, const char *text, const char *model) {
   char id[64], mid[64];
   int64_t t = now_ms(c->cx);
-  snprintf(id, sizeof id, "resp_lg%lld%04d", (long long)t, (int)(lg__hash_str(c->r->id) % 10000));
+  lg__gwc_own_id(c, id, sizeof id);
+  lg__gwc_own_response(c, id, text);
   snprintf(mid, sizeof mid, "msg_lg%lld", (long long)t);
   json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}],"
                         " s:n, s:n, s:{s:i, s:i, s:i}}",
@@ -165,11 +166,17 @@ void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused) {
  * with what the upstream completed, or an empty incomplete response. */
 void lg__gwr_end_stream(chat_t *c) {
   json_t *item = r_close_open(c);
+  char id[64];
+  if (!c->r_done) { /* an answer of the gateway's own: the client may continue from it */
+    lg__gwc_own_id(c, id, sizeof id);
+    lg__gwc_own_response(c, id, item && c->text.data ? c->text.data : NULL);
+  }
   json_t *resp = c->r_done ? json_incref(c->r_done)
-                 : item    ? json_pack("{s:s, s:s, s:s, s:s?, s:[O]}", "id", "resp_lg_cut", "object", "response",
+                 : item    ? json_pack("{s:s, s:s, s:s, s:s?, s:[O]}", "id", id, "object", "response",
                             "status", "completed", "model", c->model, "output", item)
-                           : json_pack("{s:s, s:s, s:s, s:[]}", "id", "resp_lg_incomplete", "object",
+                           : json_pack("{s:s, s:s, s:s, s:[]}", "id", id, "object",
                                        "response", "status", "incomplete", "output");
+  if (!c->r_done && resp) lg__gwc_register_key(c, resp);
   json_decref(item);
   lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
 }

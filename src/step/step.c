@@ -222,12 +222,11 @@ static void note_ledger(lg__step_t *st, const lg_decision_t *d) {
   else if (d->reason == LG_R_UNKNOWN_OUTCOME) st->ledger_outcome = LG_CLAIM_UNKNOWN_OUTCOME;
 }
 
-/* Saves the run and its trace line in the transaction. */
-static int save(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_run_t *run,
-                const lg_decision_t *d, lg_error_t *err) {
+/* Saves the run and its trace lines (lines, len) in the transaction. */
+static int save_run(lg_store_t *s, const lg_run_record_t *rec, lg_run_t *run, int64_t now_ms,
+                    const char *lines, size_t len, lg_error_t *err) {
   char *state = NULL, *env = NULL;
   size_t state_len = 0;
-  lg__buf_t line = {0};
   /* The stored envelope is the terminal one: written when the run stops.
    * While it is active the state says everything (GET /v1/runs/{id} and
    * `loopguard runs show` rebuild the envelope from it), and the row stays
@@ -235,7 +234,6 @@ static int save(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_ru
   int stopped = lg_run_stopped(run);
   int rc = lg_run_save(run, &state, &state_len);
   if (!rc && stopped && !(env = lg_run_envelope_json(run))) rc = LG_ENOMEM;
-  if (!rc) rc = lg__trace_write(&line, &st->ev, d);
   if (!rc) {
     lg_run_record_t r2 = *rec;
     r2.stopped = stopped;
@@ -243,13 +241,28 @@ static int save(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_ru
     r2.state = state;
     r2.state_len = state_len;
     r2.envelope_json = env;
-    r2.updated_ms = st->now_ms;
-    rc = lg__store_run_put_events(s, &r2, line.data, line.len, err);
+    r2.updated_ms = now_ms;
+    rc = lg__store_run_put_events(s, &r2, lines, len, err);
   } else {
     rc = lg__err(err, rc, NULL, -1, "out of memory");
   }
   lg__free(state);
   lg__free(env);
+  return rc;
+}
+
+/* Saves the run and the event's trace line in the transaction; with
+ * lines (a batch), only appends the line there: the batch saves once. */
+static int save(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_run_t *run,
+                const lg_decision_t *d, lg__buf_t *lines, lg_error_t *err) {
+  if (lines) {
+    int rc = lg__trace_write(lines, &st->ev, d);
+    return rc || lines->oom ? lg__err(err, LG_ENOMEM, NULL, -1, "out of memory") : 0;
+  }
+  lg__buf_t line = {0};
+  int rc = lg__trace_write(&line, &st->ev, d);
+  if (rc || line.oom) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  else rc = save_run(s, rec, run, st->now_ms, line.data, line.len, err);
   lg__buf_free(&line);
   return rc;
 }
@@ -292,13 +305,14 @@ static void place_event(lg__step_t *st, const lg_run_record_t *rec, const lg_run
  * unless the run had stopped before and stays so; the stop's log fields)
  * and the answer. */
 static int record(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_run_t *run,
-                  const lg_decision_t *d, const char *budget_meta, lg_error_t *err) {
+                  const lg_decision_t *d, const char *budget_meta, lg__buf_t *lines,
+                  lg_error_t *err) {
   st->decided = 1;
   st->action = d->action;
   st->reason = d->reason;
   note_ledger(st, d);
   if (!st->was_stopped || (st->ev.type == LG_EV_RESUME && !lg_run_stopped(run))) {
-    int rc = save(st, s, rec, run, d, err);
+    int rc = save(st, s, rec, run, d, lines, err);
     if (rc) return fail(st, LG__STEP_STORE, rc);
     st->stopped_now = lg_run_stopped(run) && !st->was_stopped;
     if (st->stopped_now) stop_fields(st, rec->run_id, d);
@@ -309,35 +323,47 @@ static int record(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_
   return 0;
 }
 
-int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
-  lg__step_t *st = ud;
-  lg_error_t e = {0}, *err = &e;
+/* Steps 2 to 7 for one event on the loaded run: placed, the deny rules
+ * (unless *deny_checked: a batch checks them once), decided, recorded
+ * (lines: a batch's trace lines, or NULL: saved now). *why holds a deny
+ * rule's reason (the cancel's), to free after. */
+static int step_on(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg_run_t *run,
+                   int *deny_checked, char **why, lg__buf_t *lines, lg_error_t *err) {
   st->called = 1;
-  char *why = NULL, *budget_meta = NULL;
+  char *budget_meta = NULL;
   int rc = 0;
-  lg_ledger_t *ledger = NULL;
-  lg_run_t *run = NULL;
-  if ((rc = load_run(st, s, rec, &run, &ledger, err))) goto out;
   place_event(st, rec, run);
   st->was_stopped = lg_run_stopped(run);
-  if (!st->was_stopped && st->ev.type != LG_EV_CANCEL && (rc = check_deny(st, s, rec, &why, err))) {
-    rc = fail(st, LG__STEP_STORE, rc);
-    goto out;
+  if (!st->was_stopped && st->ev.type != LG_EV_CANCEL && !*deny_checked) {
+    *deny_checked = lines != NULL;
+    if ((rc = check_deny(st, s, rec, why, err))) return fail(st, LG__STEP_STORE, rc);
   }
   lg_decision_t d;
   memset(&d, 0, sizeof d);
   if ((rc = decide(st, s, run, &d, &budget_meta, err))) {
     if (!st->fail) rc = engine_error(st, rc);
-    goto out;
+  } else {
+    rc = record(st, s, rec, run, &d, budget_meta, lines, err);
   }
-  rc = record(st, s, rec, run, &d, budget_meta, err);
-out:
+  lg__free(budget_meta);
+  return rc;
+}
+
+int lg__step_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  lg__step_t *st = ud;
+  lg_error_t e = {0}, *err = &e;
+  st->called = 1;
+  char *why = NULL;
+  int rc = 0, deny_checked = 0;
+  lg_ledger_t *ledger = NULL;
+  lg_run_t *run = NULL;
+  if (!(rc = load_run(st, s, rec, &run, &ledger, err)))
+    rc = step_on(st, s, rec, run, &deny_checked, &why, NULL, err);
   if (rc) st->err = e;
   if (st->denied) st->ev.u.cancel.reason = NULL; /* freed below */
   lg_run_free(run);
   lg_ledger_free(ledger);
   lg__free(why);
-  lg__free(budget_meta);
   return rc;
 }
 
@@ -354,6 +380,98 @@ int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err) {
   } else {
     st->fail = LG__STEP_STORE;
   }
+  return rc;
+}
+
+/* ---- several events of one run ---- */
+
+/* The events a batch takes: those whose only store write is the run's
+ * row and trace (and a result's ledger outcome, made after the checks
+ * that can refuse it). A call's claim and a model call's or usage's
+ * budgets are written before the engine decides: they take a step each. */
+static int batchable(lg_event_type_t t) {
+  return t != LG_EV_CALL && t != LG_EV_MODEL && t != LG_EV_USAGE && t != LG_EV_BUDGET;
+}
+
+/* A batch that failed as a whole: no step decided, each says why. */
+static void unwind(lg__step_batch_t *b, int rc, const lg_error_t *e) {
+  for (size_t i = 0; i < b->n; i++) {
+    lg__step_t *st = &b->v[i];
+    lg__step_clear(st);
+    st->decided = st->stopped_now = st->was_stopped = st->denied = 0;
+    st->ledger_outcome = -1;
+    st->fail = LG__STEP_STORE;
+    st->err = *e;
+    if (!st->err.code) st->err.code = rc;
+  }
+}
+
+int lg__step_batch_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  lg__step_batch_t *b = ud;
+  lg_error_t e = {0};
+  if (!b->n) return 0;
+  lg__step_t *first = &b->v[0];
+  for (size_t i = 0; i < b->n; i++) b->v[i].called = 1;
+  for (size_t i = 0; i < b->n; i++)
+    if (!batchable(b->v[i].ev.type)) {
+      lg__err(&e, LG_EINVAL, NULL, -1, "a %s event takes a decision step of its own",
+              lg_event_type_name(b->v[i].ev.type));
+      unwind(b, LG_EINVAL, &e);
+      return LG_EINVAL;
+    }
+  char *why = NULL;
+  int rc = 0, deny_checked = 0, denied_at = -1;
+  lg_ledger_t *ledger = NULL;
+  lg_run_t *run = NULL;
+  lg__buf_t lines = {0};
+  if (!(rc = load_run(first, s, rec, &run, &ledger, &e))) {
+    for (size_t i = 0; i < b->n && !rc; i++) {
+      lg__step_t *st = &b->v[i];
+      st->policy = first->policy;
+      st->policy_ud = first->policy_ud;
+      if (!st->canon) st->canon = first->canon;
+      lg_error_t ei = {0};
+      int src = step_on(st, s, rec, run, &deny_checked, &why, &lines, &ei);
+      if (st->denied) denied_at = (int)i;
+      if (!src) continue;
+      st->err = ei;
+      /* The event did not fit the run (the engine changed nothing): as in
+       * a step of its own, it alone fails. Anything else fails them all. */
+      if (st->fail == LG__STEP_STORE) {
+        rc = src;
+        e = ei;
+      }
+    }
+    if (!rc && lines.len) rc = save_run(s, rec, run, first->now_ms, lines.data, lines.len, &e);
+  }
+  if (denied_at >= 0) b->v[denied_at].ev.u.cancel.reason = NULL; /* freed below */
+  if (rc) unwind(b, rc, &e);
+  lg__buf_free(&lines);
+  lg_run_free(run);
+  lg_ledger_free(ledger);
+  lg__free(why);
+  return rc;
+}
+
+int lg__step_batch_run(lg_store_t *s, const char *run_id, lg__step_batch_t *b, lg_error_t *err) {
+  return lg__step_batch_finish(b, lg_store_with_run(s, run_id, lg__step_batch_locked, b, err), err);
+}
+
+int lg__step_batch_finish(lg__step_batch_t *b, int rc, lg_error_t *err) {
+  if (!rc || !b->n) return rc;
+  lg_error_t e = {0};
+  if (err) e = *err;
+  if (!b->v[0].called) { /* not found, or the transaction did not open */
+    for (size_t i = 0; i < b->n; i++) {
+      b->v[i].fail = rc == LG_ENOTFOUND ? LG__STEP_NO_RUN : LG__STEP_STORE;
+      b->v[i].err = e;
+    }
+    return rc;
+  }
+  int decided = 0;
+  for (size_t i = 0; i < b->n; i++) decided |= b->v[i].decided;
+  if (decided) unwind(b, rc, &e); /* the commit failed: nothing was written */
+  else if (err) *err = b->v[0].err;
   return rc;
 }
 

@@ -81,6 +81,33 @@ int lg__step_run(lg_store_t *s, const char *run_id, lg__step_t *st, lg_error_t *
  * group commit's way): sets st->fail for a failure outside the step and
  * the detail of one inside it into *err. Returns rc. */
 int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err);
+/* Several events of one run in one transaction: the run loaded once,
+ * each event placed, checked and decided in order as lg__step_locked would
+ * (each step its own outcome: an event that does not fit the run fails
+ * alone, the engine having changed nothing, and the others go on), each
+ * decision's trace line appended, the run saved once. Once an event stops
+ * the run the later ones change nothing and get the stop, as steps of
+ * their own would. So the decisions and the trace are those of the steps
+ * one by one. The deny rules are read once, for the first event that
+ * needs them: the batch is one transaction, as if its events came at
+ * once. Call, model, usage and budget events write the store before the
+ * engine decides (a claim, a reservation): they take a step of their own
+ * (LG_EINVAL). A store failure fails every step (fail STORE) and writes
+ * nothing. The steps' policy and canon are the first's. */
+typedef struct lg__step_batch {
+  lg__step_t *v;              /* the steps, in order, each lg__step_init'ed */
+  size_t n;
+} lg__step_batch_t;
+
+/* The batch as an lg_store_run_fn (ud: the lg__step_batch_t). */
+int lg__step_batch_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec);
+/* The batch in a transaction of its own. 0 when the batch ran (each step
+ * says whether it decided); else every step's fail says why. */
+int lg__step_batch_run(lg_store_t *s, const char *run_id, lg__step_batch_t *b, lg_error_t *err);
+/* After lg_store_with_run(..., lg__step_batch_locked, b, err) returned rc:
+ * each step's fail for a failure outside the batch (NO_RUN, STORE). */
+int lg__step_batch_finish(lg__step_batch_t *b, int rc, lg_error_t *err);
+
 /* The kill switch for one run: its deny rule, durable first, then a
  * cancel event through the step when the run is stored. LG_ENOTFOUND
  * (st->fail NO_RUN) when it is not: the rule waits for it. */

@@ -6,7 +6,8 @@
 // POST /v1/messages (Anthropic, JSON and SSE), and checks every request for what a real provider rejects: a tool call
 // without its result, a result without its call, a message between a
 // call and its result. Such a request is answered 400 as OpenAI answers
-// it and counted in GET /stats, so a test can fail on it.
+// it and counted in GET /stats, so a test can fail on it. GET /stats also
+// lists the last request bodies of the three APIs as they came (raw).
 //
 // The model is scripted by the request's `model`:
 //   loop-write  always asks to write the same record (the tool fails), in
@@ -31,7 +32,7 @@
 import http from 'node:http';
 import fs from 'node:fs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], models: [], aborted: 0, auths: [] };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [] };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 let callSeq = 0;
 
@@ -324,6 +325,10 @@ const server = http.createServer((req, res) => {
   res.on('close', () => { if (!res.writableEnded) stats.aborted++; });
   req.on('end', () => {
     stats.requests++;
+    if (req.method === 'POST' && /^\/v1\/(chat\/completions|messages|responses)$/.test(req.url)) {
+      stats.raw.push(body); // the bytes as they came, for the tests of an unchanged body
+      if (stats.raw.length > 20) stats.raw.shift();
+    }
     if (req.method === 'POST') {
       // the credential each model request came with (a test checks which key went upstream)
       stats.auths.push(req.headers.authorization || req.headers['x-api-key'] || null);
@@ -335,7 +340,7 @@ const server = http.createServer((req, res) => {
       return res.end(JSON.stringify(stats));
     }
     if (req.method === 'POST' && req.url === '/reset') {
-      stats.violations = []; stats.chat = 0; stats.bodies = []; stats.models = []; stats.aborted = 0;
+      stats.violations = []; stats.chat = 0; stats.bodies = []; stats.raw = []; stats.models = []; stats.aborted = 0;
       res.writeHead(200); return res.end('{}');
     }
     if (req.method === 'GET' && req.url === '/v1/models') {

@@ -142,6 +142,66 @@ done
 out=$(guard BASE_URL="$g_URL/v1" MODEL=yielding) || fail "no final round: $out"
 echo "$out" | get 'd["final"]' | grep -q "I give up" && fail "final round without gateway.final_round: $out"
 
+note "a body the guard does not change reaches the upstream byte for byte (each API); a changed one is rewritten"
+# White space, key order, 0.7 and a \u escape: all of it would change in a
+# parse-and-dump round trip.
+printf '{ "model" : "finish",\n  "temperature": 0.7, "messages": [ {"content": "caf\\u00e9 \\/ x", "role": "user"} ],\n  "tools": [ {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}} ] }\n' >"$TMP/raw-chat.json"
+printf '{ "max_tokens" : 100, "model": "finish", "messages": [ {"role": "user", "content": "caf\\u00e9"} ],\n  "tools": [ {"name": "lookup", "input_schema": {"type": "object"}} ], "temperature": 0.7 }' >"$TMP/raw-messages.json"
+printf '{ "model": "finish",\n "input": [ {"role": "user", "content": "caf\\u00e9"} ], "tools": [ {"type": "function", "name": "lookup", "parameters": {"type": "object"}} ], "top_p": 0.9 }' >"$TMP/raw-responses.json"
+printf '{ "model": "finish", "stream": true,\n  "messages": [ {"role": "user", "content": "caf\\u00e9"} ] }' >"$TMP/raw-stream.json"
+sent_raw() { # API FILE RUN: the request, then the body the upstream got last
+  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: $3" \
+    --data-binary @"$2" "$g_URL/v1/$1" || fail "unchanged body ($1): the request failed"
+  curl -sf "$FAKE/stats" | get 'd["raw"][-1]'
+}
+for api in chat/completions messages responses; do
+  f="$TMP/raw-${api%%/*}.json"
+  [ "$(sent_raw "$api" "$f" "raw-${api%%/*}")" = "$(cat "$f")" ] ||
+    fail "unchanged body ($api): the upstream got $(curl -sf "$FAKE/stats" | get 'd["raw"][-1]'), not $(cat "$f")"
+  # the model call's worst case covers the bytes sent, white space and all
+  worst=$(curl -sf "$g_URL/v1/runs/raw-${api%%/*}/trace" | grep '"type":"model"' | get 'd["input_tokens"]')
+  [ "$worst" -ge "$(wc -c <"$f")" ] || fail "unchanged body ($api): a worst case of $worst for $(wc -c <"$f") bytes"
+done
+got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)
+[ "$got" != "$(cat "$TMP/raw-stream.json")" ] || fail "a stream without include_usage reached the upstream unchanged"
+[ "$(echo "$got" | get 'd["stream_options"]["include_usage"], d["messages"][0]["content"]')" = '[true, "caf\u00e9"]' ] ||
+  fail "a stream without include_usage: the upstream got $got"
+
+note "tool results as the structured result contract, a status spelled with an escape too; others as plain text"
+turn1='{"model":"finish","messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]}'
+for k in 1 2 3; do
+  id=$(curl -sf -H 'content-type: application/json' -H "X-Loopguard-Run: structured-$k" -d "$turn1" "$g_URL/v1/chat/completions" |
+    get 'd["choices"][0]["message"]["tool_calls"][0]["id"]') || fail "structured $k: the first turn"
+  case $k in
+    1) content='{\"status\":\"fatal\",\"progress_version\":3,\"value\":{\"error\":\"gone\"}}' want='"status":"fatal","progress_version":3' ;;
+    2) content='{\"st\\u0061tus\":\"permission_denied\",\"value\":\"no\"}' want='"status":"permission_denied"' ;;
+    3) content='{\"state\":\"fatal\",\"statuses\":1}' want='"status":"progress","value":"{\"state\"' ;;
+  esac
+  body="{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"$id\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"$id\",\"content\":\"$content\"}]}"
+  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: structured-$k" -d "$body" "$g_URL/v1/chat/completions" || fail "structured $k: the second turn"
+  curl -sf "$g_URL/v1/runs/structured-$k/trace" | grep '"type":"result"' | grep -qF "$want" ||
+    fail "structured $k: no result with $want in $(curl -sf "$g_URL/v1/runs/structured-$k/trace")"
+done
+
+note "Responses: continuing from an answer the gateway made itself never sends its id upstream (stream false and true)"
+for st in false true; do
+  curl -sf -o "$TMP/own1.txt" -H 'content-type: application/json' -H 'X-Loopguard-Policy: chant' \
+    -d "{\"model\":\"chant\",\"stream\":$st,\"input\":[{\"role\":\"user\",\"content\":\"any news?\"}]}" "$g_URL/v1/responses" ||
+    fail "own id ($st): the first request"
+  if [ $st = true ]; then # the id of the stream's response.completed
+    own=$(python3 -c 'import json,sys; print([json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")][-1]["response"]["id"])' "$TMP/own1.txt")
+  else own=$(get 'd["id"]' <"$TMP/own1.txt"); fi
+  case $own in resp_lg*) ;; *) fail "own id ($st): the stop's answer has id '$own': $(head -c 600 "$TMP/own1.txt")" ;; esac
+  code=$(curl -s -o "$TMP/own2.txt" -w '%{http_code}' -H 'content-type: application/json' \
+    -d "{\"model\":\"finish\",\"previous_response_id\":\"$own\",\"input\":[{\"role\":\"user\",\"content\":\"something else, then\"}]}" "$g_URL/v1/responses")
+  [ "$code" = 200 ] || fail "own id ($st): continuing from $own answered $code: $(cat "$TMP/own2.txt")"
+  up=$(curl -sf "$FAKE/stats" | get 'd["raw"][-1]')
+  echo "$up" | grep -q "$own" && fail "own id ($st): the upstream got the gateway's own id: $up"
+  [ "$(echo "$up" | get '[i.get("role") for i in d["input"]], "previous_response_id" in d')" = '[["user", "assistant", "user"], false]' ] ||
+    fail "own id ($st): the upstream did not get the conversation again: $up"
+  echo "$up" | get 'd["input"][1]["content"][0]["text"]' | grep -q "repeating" || fail "own id ($st): not the stop's answer: $up"
+done
+
 note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
   -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")

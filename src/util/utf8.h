@@ -1,0 +1,71 @@
+/*
+ * utf8.h — what the two JSON readers (the canonicaliser, src/canon/, and
+ * the gateway's lg__json_load, src/server/json_load.c) share about JSON
+ * strings: the bytes that end a plain run, hex digits of \u escapes, and
+ * UTF-8 checked (no overlong form, no surrogate, nothing past U+10FFFF)
+ * and written. Inline: both read strings a byte at a time.
+ */
+#ifndef LG_UTF8_H
+#define LG_UTF8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes that end a plain run inside a JSON string: controls, quote,
+ * backslash and every non-ASCII byte (util.c). */
+extern const uint8_t lg__str_special[256];
+
+/* The value of a hex digit of either case, or -1. */
+static inline int lg__hexval(unsigned char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
+static inline size_t lg__utf8_len(const unsigned char *s, size_t n) {
+  unsigned char b = s[0];
+  if (b < 0x80) return 1;
+  if (b < 0xC2) return 0;
+  if (b < 0xE0) return (n >= 2 && (s[1] & 0xC0) == 0x80) ? 2 : 0;
+  if (b < 0xF0) {
+    if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
+    if (b == 0xE0 && s[1] < 0xA0) return 0; /* overlong */
+    if (b == 0xED && s[1] >= 0xA0) return 0; /* surrogate */
+    return 3;
+  }
+  if (b < 0xF5) {
+    if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80) return 0;
+    if (b == 0xF0 && s[1] < 0x90) return 0; /* overlong */
+    if (b == 0xF4 && s[1] >= 0x90) return 0; /* past U+10FFFF */
+    return 4;
+  }
+  return 0;
+}
+
+/* Code point cp as UTF-8 into out; its length (1 to 4). */
+static inline size_t lg__utf8_put(uint32_t cp, char out[4]) {
+  if (cp < 0x80) {
+    out[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (char)(0xE0 | (cp >> 12));
+    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = (char)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = (char)(0xF0 | (cp >> 18));
+  out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+  out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+  out[3] = (char)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+#endif
