@@ -1,0 +1,66 @@
+/*
+ * fuzz_json_load.c — libFuzzer target for lg__json_load
+ * (src/server/json_load.c), the gateway's JSON reader: it reads the
+ * client's request body and the upstream's answers, bytes from the
+ * network on both sides, and stands in for jansson's json_loadb.
+ *
+ * The input is given without a terminating NUL (a read past the end is
+ * ASan's). Invariants beyond "no crash, no sanitizer report", against
+ * json_loadb(data, size, 0) on the same bytes:
+ *   - one accepts exactly when the other does;
+ *   - an accepted text gives equal trees, member order included (the
+ *     compact dumps are the same bytes);
+ *   - a refused text gives jansson's own error text, line and column;
+ *   - the reals it counts are never fewer than the tree holds.
+ */
+#include "server/server.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void check(bool ok, const char *what, const uint8_t *data, size_t size) {
+  if (ok) return;
+  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
+  fwrite(data, 1, size, stderr);
+  fputc('\n', stderr);
+  abort();
+}
+
+static size_t count_reals(const json_t *v) {
+  size_t n = json_is_real(v);
+  for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++)
+    n += count_reals(json_array_get(v, i));
+  const char *k;
+  json_t *x;
+  if (json_is_object(v)) json_object_foreach((json_t *)v, k, x) n += count_reals(x);
+  return n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const char *s = (const char *)data;
+  json_error_t ours, theirs;
+  size_t reals = 0;
+  json_t *a = lg__json_load(s, size, &ours, &reals);
+  json_t *b = json_loadb(s, size, 0, &theirs);
+  check((a == NULL) == (b == NULL), "accepts exactly what json_loadb accepts", data, size);
+  if (a && b) {
+    char *da = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *db = json_dumps(b, JSON_COMPACT | JSON_ENCODE_ANY);
+    check(da && db && !strcmp(da, db), "the same tree as json_loadb (member order too)", data, size);
+    free(da);
+    free(db);
+    check(json_equal(a, b), "json_equal to json_loadb's tree", data, size);
+    check(reals >= count_reals(a), "counts every real the tree holds", data, size);
+  } else if (!a && !b) {
+    check(!strcmp(ours.text, theirs.text) && ours.line == theirs.line &&
+              ours.column == theirs.column && ours.position == theirs.position,
+          "json_loadb's own error", data, size);
+  }
+  json_decref(a);
+  json_decref(b);
+  return 0;
+}
