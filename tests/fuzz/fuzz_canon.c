@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
+
 static lg_canon_t *C;
 static lg_policy_t *P;
 
@@ -40,14 +42,6 @@ static const char POLICY[] =
     "\"s\":{\"loop_key\":{\"a\":[\"strip_prefix:INV-\",\"upper\"],\"b\":[\"strip_prefix:\\u00e9\"]}},"
     "\"l\":{\"loop_key\":[\"a\",\"z\"]},"
     "\"off\":{\"loop_key\":false}}}";
-
-static void check(bool ok, const char *what, const uint8_t *data, size_t size) {
-  if (ok) return;
-  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
-  fwrite(data, 1, size, stderr);
-  fputc('\n', stderr);
-  abort();
-}
 
 static char *dup_bytes(const char *s, size_t n) {
   char *d = malloc(n + 1);

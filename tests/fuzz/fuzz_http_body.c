@@ -23,15 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static lg_canon_t *C;
+#include "fuzz_check.h"
 
-static void check(bool ok, const char *what, const uint8_t *data, size_t size) {
-  if (ok) return;
-  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
-  fwrite(data, 1, size, stderr);
-  fputc('\n', stderr);
-  abort();
-}
+static lg_canon_t *C;
 
 static void printable(const json_t *v, const uint8_t *data, size_t size) {
   if (!v) return;

@@ -22,13 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void check(int ok, const char *what, const uint8_t *data, size_t size) {
-  if (ok) return;
-  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
-  fwrite(data, 1, size, stderr);
-  fputc('\n', stderr);
-  abort();
-}
+#include "fuzz_check.h"
 
 /* The request line of a head that passed: METHOD SP TARGET SP HTTP/1.D. */
 static void check_passed(const char *p, size_t hl, const uint8_t *data, size_t size) {

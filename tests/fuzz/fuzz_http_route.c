@@ -20,13 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
-static void check(int ok, const char *what, const uint8_t *data, size_t size) {
-  if (ok) return;
-  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
-  fwrite(data, 1, size, stderr);
-  fputc('\n', stderr);
-  abort();
-}
+#include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const char *methods[] = {"GET", "POST", "PUT", "DELETE"};

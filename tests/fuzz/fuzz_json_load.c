@@ -22,13 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void check(bool ok, const char *what, const uint8_t *data, size_t size) {
-  if (ok) return;
-  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
-  fwrite(data, 1, size, stderr);
-  fputc('\n', stderr);
-  abort();
-}
+#include "fuzz_check.h"
 
 static size_t count_reals(const json_t *v) {
   size_t n = json_is_real(v);

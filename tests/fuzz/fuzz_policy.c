@@ -18,20 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
+
 static lg_canon_t *C;
 
 static const char ARGS[] =
     "{\"q\":\"  Hello   World \",\"invoice_id\":\"INV-22\\u00e991\",\"id\":\"inv-7\","
     "\"customer_id\":12345678901234567890,\"n\":[1,{\"b\":2,\"a\":\" x \"}],"
     "\"caf\\u00e9\":\"\\ud800 \\t\",\"\":\"\",\"a\":\"A\",\"b\":\"b\",\"f\":null}";
-
-static void check(bool ok, const char *what, const uint8_t *data, size_t size) {
-  if (ok) return;
-  fprintf(stderr, "invariant violated: %s\ninput (%zu bytes): ", what, size);
-  fwrite(data, 1, size, stderr);
-  fputc('\n', stderr);
-  abort();
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!C && !(C = lg_canon_new())) abort();
