@@ -71,7 +71,7 @@ void lg__gw_keys_refusal(lg__gw_job_t *j, const lg_budget_refusal_t *r, const ch
 }
 
 static void unauthorized(lg__gw_job_t *j, const char *why) {
-  lg__gw_error(j, 401, "authentication_error", "invalid_api_key", "loopguard: %s", why);
+  lg__gw_error(j, 401, "invalid_request_error", "invalid_api_key", "loopguard: %s", why);
 }
 
 /* The secret of "Bearer lgk-...", or NULL. */

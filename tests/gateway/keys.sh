@@ -96,6 +96,9 @@ note "with tokens, an unknown loopguard key is 401 (no token needed beside it)"
 b=$(chat lgk-notakeyatall0000000000000000000000000 "{\"model\":\"finish\",$MSG}")
 [ "$(st)" = 401 ] || fail "an unknown key: $(st) $b"
 echo "$b" | get 'd["error"]["message"]' | grep -q unknown || fail "unknown key message: $b"
+# OpenAI's own 401: type invalid_request_error, code invalid_api_key (as the router's)
+[ "$(echo "$b" | get '[d["error"]["type"], d["error"]["code"]]')" = '["invalid_request_error", "invalid_api_key"]' ] ||
+  fail "an unknown key, not OpenAI's 401 shape: $b"
 
 note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
 read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
