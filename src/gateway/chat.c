@@ -41,6 +41,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#define USAGE_TRIES 5 /* a usage step that finds the store busy */
+
 #define RETRY_WINDOW_MS 60000
 
 /* ---- small helpers ---- */
@@ -911,14 +913,37 @@ static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size
      * reservation), else from the price table, else the worst case */
     ev.u.usage.cost_nusd = lg__gw_keys_usage_cost(usage);
   }
-  lg__step_t st;
-  lg__step_init(&st, &ev, now_ms(c->cx));
+  /* The step settles the request's reservation: an answer the upstream
+   * completed must be charged. A store that is busy (a lock not had in
+   * time, a deadlock or serialization victim on PostgreSQL: two replicas
+   * on one run) rolled the step back whole, so it is tried again; what
+   * still fails is logged (the reservation then goes at its TTL). */
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
-  st.prices = pr;
+  int rc = 0;
   lg_error_t e = {0};
-  lg__gw_step(c->cx, c->r->id, &st, &e);
+  for (int attempt = 0; attempt < USAGE_TRIES; attempt++) {
+    if (attempt) {
+      struct timespec ts = {0, (long)(5 << attempt) * 1000000L}; /* 10, 20, 40, 80 ms */
+      nanosleep(&ts, NULL);
+    }
+    lg__step_t st;
+    lg__step_init(&st, &ev, now_ms(c->cx));
+    st.prices = pr;
+    memset(&e, 0, sizeof e);
+    rc = lg__gw_step(c->cx, c->r->id, &st, &e);
+    lg__step_clear(&st);
+    if (rc != LG_EBUSY) break;
+  }
   lg_prices_free(pr);
-  lg__step_clear(&st);
+  if (rc) {
+    lg__buf_t f = {0};
+    lg__buf_puts(&f, "\"run_id\":");
+    lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
+    lg__buf_printf(&f, ",\"reservation\":%lld,\"code\":%d,\"message\":", (long long)resv, rc);
+    lg__buf_json_str(&f, e.message, strlen(e.message));
+    if (!f.oom) lg__server_log(c->cx->srv, "warn", "usage_not_settled", f.data);
+    lg__buf_free(&f);
+  }
 }
 
 /* ---- deciding a response's tool calls ---- */

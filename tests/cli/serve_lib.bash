@@ -55,6 +55,12 @@ fail() {
       tail -n 40 "$e"
     fi >&2
   done
+  # and what they logged as warnings or errors (--log files)
+  for e in "$TMP"/*.log; do
+    [ -s "$e" ] && grep -q '"level":"\(warn\|error\)"' "$e" || continue
+    echo "---- ${e##*/} (warnings and errors) ----"
+    grep '"level":"\(warn\|error\)"' "$e" | tail -n 20
+  done >&2
   exit 1
 }
 
