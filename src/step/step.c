@@ -202,6 +202,19 @@ static int decide_usage(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
 
 static int decide(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decision_t *d,
                   char **budget_meta, lg_error_t *err) {
+  if (st->was_stopped && st->ev.type == LG_EV_USAGE) {
+    /* A model call that was in flight when its run stopped (a cancel,
+     * another replica's request of the run): its usage is money spent, so
+     * the shared budgets settle it as they would have; the stop stands,
+     * and the engine, its counters and the trace take nothing after it. */
+    int64_t seq = 0, actual = 0;
+    int rc = lg__gate_usage(s, st->prices, run, st->ev.u.usage.reservation,
+                            st->ev.u.usage.input_tokens, st->ev.u.usage.output_tokens,
+                            st->ev.u.usage.cost_nusd, st->now_ms, &seq, &actual, err);
+    if (rc && rc != LG_ENOTFOUND) return rc; /* not found: nothing held, nothing to settle */
+    if (err) memset(err, 0, sizeof *err);
+    st->actual_nusd = actual;
+  }
   if (st->was_stopped && st->ev.type != LG_EV_RESUME) /* the stop, again */
     return lg__run_apply(run, st->canon, &st->ev, false, d, err);
   switch (st->ev.type) {
