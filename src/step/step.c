@@ -187,13 +187,23 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
   return rc;
 }
 
-/* A usage: the actual cost, settled with the shared budgets first. */
+/* A usage: the actual cost, settled with the shared budgets first. Also
+ * for a run that has stopped since its model call left (a cancel, another
+ * request of the run, another replica): that money was spent all the
+ * same, so the shared budgets settle it; the stop stands, and the run's
+ * counters and trace take nothing after it. */
 static int decide_usage(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decision_t *d,
                         lg_error_t *err) {
   int64_t seq = 0, actual = 0;
   int rc = lg__gate_usage(s, st->prices, run, st->ev.u.usage.reservation,
                           st->ev.u.usage.input_tokens, st->ev.u.usage.output_tokens,
                           st->ev.u.usage.cost_nusd, st->now_ms, &seq, &actual, err);
+  if (st->was_stopped) {
+    if (rc && rc != LG_ENOTFOUND) return rc; /* not found: nothing held, nothing to settle */
+    if (err) memset(err, 0, sizeof *err);
+    st->actual_nusd = actual;
+    return lg__run_apply(run, st->canon, &st->ev, false, d, err); /* the stop, again */
+  }
   if (rc) return rc;
   st->actual_nusd = actual;
   st->ev.u.usage.cost_nusd = actual; /* what the engine and the trace count */
@@ -202,21 +212,8 @@ static int decide_usage(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
 
 static int decide(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decision_t *d,
                   char **budget_meta, lg_error_t *err) {
-  if (st->was_stopped && st->ev.type == LG_EV_USAGE) {
-    /* A model call that was in flight when its run stopped (a cancel,
-     * another replica's request of the run): its usage is money spent, so
-     * the shared budgets settle it as they would have; the stop stands,
-     * and the engine, its counters and the trace take nothing after it. */
-    int64_t seq = 0, actual = 0;
-    int rc = lg__gate_usage(s, st->prices, run, st->ev.u.usage.reservation,
-                            st->ev.u.usage.input_tokens, st->ev.u.usage.output_tokens,
-                            st->ev.u.usage.cost_nusd, st->now_ms, &seq, &actual, err);
-    if (rc && rc != LG_ENOTFOUND) return rc; /* not found: nothing held, nothing to settle */
-    if (err) memset(err, 0, sizeof *err);
-    st->actual_nusd = actual;
-  }
-  if (st->was_stopped && st->ev.type != LG_EV_RESUME) /* the stop, again */
-    return lg__run_apply(run, st->canon, &st->ev, false, d, err);
+  if (st->was_stopped && st->ev.type != LG_EV_RESUME && st->ev.type != LG_EV_USAGE)
+    return lg__run_apply(run, st->canon, &st->ev, false, d, err); /* the stop, again */
   switch (st->ev.type) {
   case LG_EV_MODEL: return decide_model(st, s, run, d, budget_meta, err);
   case LG_EV_USAGE: return decide_usage(st, s, run, d, err);
