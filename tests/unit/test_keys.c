@@ -213,7 +213,12 @@ static void test_seal_open(void **state) {
       free(t);
       continue;
     }
-    t[i] = t[i] == 'A' ? 'B' : 'A';
+    /* The top bit of the character's six: always a bit of the bytes (the
+     * last character's low bits may be padding, which decodes the same). */
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char *at = strchr(b64, t[i]);
+    assert_non_null(at);
+    t[i] = b64[(at - b64) ^ 0x20];
     memset(&e, 0, sizeof e);
     int rc = lg__byok_open(ka, "id1", "openai", t, &plain, &e);
     if (rc != LG_EPERM) fail_msg("a change at %zu of %s opened (%d): %s", i, t, rc, plain);
