@@ -86,6 +86,10 @@ extern const char lg__hex_digits[17];
 extern const uint8_t lg__hex_value[256];
 /* n bytes as 2n lowercase hex digits and a NUL into out[2n + 1]. */
 void lg__hex(const void *bytes, size_t n, char *out);
+/* The n bytes of 2n lowercase hex digits (no NUL needed): for digits
+ * already known good (a fingerprint the library made or checked); any
+ * other byte gives an unspecified value, not an error. */
+void lg__unhex(const char *hex, size_t n, void *bytes);
 /* n random bytes from the kernel (getrandom): the one source of ids,
  * tokens and reservation names. 0, or LG_EIO when there is none. */
 int lg__random(void *bytes, size_t n);

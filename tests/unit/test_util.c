@@ -152,6 +152,25 @@ static void test_hex_and_random_ids(void **state) {
   assert_string_equal(h, "00017f80abff");
   lg__hex(b, 0, h);
   assert_string_equal(h, "");
+  /* Every byte value, at lengths and offsets around the 16 bytes the
+   * conversion takes at a time (the rest one by one), and back. */
+  unsigned char all[259], back[260];
+  char ah[2 * 259 + 1];
+  for (int k = 0; k < 259; k++) all[k] = (unsigned char)(k * 7 + 3);
+  for (size_t n = 0; n <= sizeof all; n += n < 40 ? 1 : 37) {
+    for (size_t off = 0; off < 3 && off + n <= sizeof all; off++) {
+      lg__hex(all + off, n, ah);
+      assert_int_equal(strlen(ah), 2 * n);
+      for (size_t k = 0; k < n; k++) {
+        assert_int_equal(ah[2 * k], lg__hex_digits[all[off + k] >> 4]);
+        assert_int_equal(ah[2 * k + 1], lg__hex_digits[all[off + k] & 15]);
+      }
+      memset(back, 0xAA, sizeof back);
+      lg__unhex(ah, n, back);
+      assert_memory_equal(back, all + off, n);
+      assert_int_equal(back[n], 0xAA); /* nothing written past n bytes */
+    }
+  }
   /* The digits' values, and 0xFF for every other byte. */
   for (int ch = 0; ch < 256; ch++) {
     const char *at = ch ? strchr(lg__hex_digits, ch) : NULL;
