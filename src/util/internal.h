@@ -48,6 +48,11 @@ int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n);
 int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
 /* Appends ,"key":"value" (value escaped) when value is not NULL. */
 int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
+/* Appends ,"key": (key a plain name, not escaped). */
+int lg__buf_json_key(lg__buf_t *b, const char *key);
+/* Appends v in decimal, as printf's %lld (without printf: the trace line
+ * and the decision are written on every decision). */
+int lg__buf_i64(lg__buf_t *b, int64_t v);
 /* Appends a nano-USD amount as a JSON number of USD ("0.000042"): the
  * text of lg_usd_format (usd.c). */
 int lg__buf_usd(lg__buf_t *b, int64_t nusd);

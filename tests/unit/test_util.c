@@ -144,6 +144,29 @@ static void test_usd_format(void **state) {
   assert_string_equal(lg_usd_format(INT64_MIN, t), "-9223372036.854775808");
 }
 
+/* lg__buf_i64 writes what printf's %lld does, lg__buf_json_key ,"k": */
+static void test_buf_numbers_and_keys(void **state) {
+  (void)state;
+  const int64_t v[] = {0, 1, -1, 9, 10, -10, 99, 100, 1234567890123LL, -987654321,
+                       INT64_MAX, INT64_MIN, INT64_MIN + 1, (int64_t)UINT32_MAX};
+  lg__buf_t b = {0};
+  char want[64];
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    b.len = 0;
+    assert_int_equal(lg__buf_i64(&b, v[i]), 0);
+    snprintf(want, sizeof want, "%lld", (long long)v[i]);
+    assert_string_equal(b.data, want);
+  }
+  b.len = 0;
+  lg__buf_putc(&b, '{');
+  lg__buf_json_key(&b, "t_ms");
+  lg__buf_i64(&b, 42);
+  lg__buf_json_kv(&b, "tool", "a\"b");
+  lg__buf_json_kv(&b, "none", NULL);
+  assert_string_equal(b.data, "{,\"t_ms\":42,\"tool\":\"a\\\"b\"");
+  lg__buf_free(&b);
+}
+
 static void test_hex_and_random_ids(void **state) {
   (void)state;
   const unsigned char b[] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff};
@@ -196,6 +219,7 @@ int main(void) {
       cmocka_unit_test(test_front_ends_round_alike),
       cmocka_unit_test(test_usd_format),
       cmocka_unit_test(test_hex_and_random_ids),
+      cmocka_unit_test(test_buf_numbers_and_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
