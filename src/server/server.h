@@ -233,6 +233,11 @@ char *lg__json_text(const json_t *v, size_t *len);
  * to jansson (for tests). */
 json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals);
 json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals);
+/* The same as json_loadb(s, n, flags, je), flags 0 or
+ * JSON_REJECT_DUPLICATES (the sidecar's bodies). */
+json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
+                            size_t *reals);
+json_t *lg__json_load_fast_flags(const char *s, size_t n, size_t flags, size_t *reals);
 
 #include "../budget/budget.h" /* the refusal and the JSON answers of budgets */
 #include "../store/group.h"
