@@ -12,7 +12,8 @@
  *   - an accepted text gives equal trees, member order included (the
  *     compact dumps are the same bytes);
  *   - a refused text gives jansson's own error text, line and column;
- *   - the reals it counts are never fewer than the tree holds.
+ *   - the reals it counts are never fewer than the tree holds;
+ *   - lg__json_text (body.c) writes the tree as json_dumps does.
  */
 #include "server/server.h"
 
@@ -51,6 +52,13 @@ static void one(const uint8_t *data, size_t size, size_t flags) {
     free(db);
     check(json_equal(a, b), "json_equal to json_loadb's tree", data, size);
     check(reals >= count_reals(a), "counts every real the tree holds", data, size);
+    size_t tl = 0;
+    char *t = lg__json_text(b, &tl); /* body.c's writer: what json_dumps writes */
+    char *d = json_dumps(b, JSON_COMPACT | JSON_ENCODE_ANY);
+    check(t && d && !strcmp(t, d) && tl == strlen(d), "lg__json_text writes json_dumps's bytes",
+          data, size);
+    lg__free(t);
+    free(d);
   } else if (!a && !b) {
     check(!strcmp(ours.text, theirs.text) && ours.line == theirs.line &&
               ours.column == theirs.column && ours.position == theirs.position,
