@@ -296,9 +296,12 @@ static size_t reals_of(const json_t *v) {
 }
 
 json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals) {
+  lg__json_region_begin(); /* the tree in chunks (util.c): freed a thousand values at a time */
   json_t *v = lg__json_load_fast(s, n, reals);
-  if (v) return v;
-  v = json_loadb(s ? s : "", n, 0, je);
-  if (v && reals) *reals = reals_of(v);
+  if (!v) {
+    v = json_loadb(s ? s : "", n, 0, je);
+    if (v && reals) *reals = reals_of(v);
+  }
+  lg__json_region_end();
   return v;
 }

@@ -10,6 +10,8 @@
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
@@ -34,13 +36,145 @@ void lg_set_allocator(lg_malloc_fn m, lg_realloc_fn r, lg_free_fn f) {
  * wrong content. Its hooks therefore note every failure in a per-thread
  * flag, and every parse checks the flag and discards its result. */
 static _Thread_local bool g_json_oom;
+
+/* ---- the region: trees read by lg__json_load in chunks, not a malloc a value ----
+ *
+ * The gateway reads a request of a few KB into a tree of about a thousand
+ * jansson allocations, and frees them all when the request is answered:
+ * malloc and free were a quarter of its instructions. Inside
+ * lg__json_region_begin/end a thread's jansson allocations come from a
+ * chunk of its own instead (a bump of a pointer), and a free is one
+ * atomic decrement of the chunk's count of live allocations. A chunk goes
+ * back to the pool once the thread has moved on from it and its last
+ * allocation is freed, by any thread — so a value kept past the request
+ * stays valid, only keeping its chunk. Allocations are told apart by
+ * address: every chunk lies in one reserved span, anything else came
+ * from g_malloc. */
+#define JR_CHUNK ((size_t)128 * 1024) /* a chunk's size and alignment */
+#define JR_CHUNKS 2048                /* the span: 256 MB of address space, reserved, not used */
+#define JR_BIG (JR_CHUNK / 16)        /* larger allocations: g_malloc */
+#define JR_BIAS ((long)1 << 40)       /* a chunk's count while its thread still allocates in it */
+#define JR_KEEP 16                    /* released chunks kept resident at most */
+
+typedef struct jr_chunk {
+  _Atomic long live;     /* JR_BIAS - allocations + frees while open; live allocations once closed */
+  long allocs;           /* made in it (its thread's only) */
+  size_t used;           /* bytes handed out, this header included */
+  struct jr_chunk *next; /* the pool's list */
+} jr_chunk_t;
+#define JR_HEAD ((sizeof(jr_chunk_t) + 15) & ~(size_t)15)
+
+static char *jr_span;                /* JR_CHUNKS chunks, JR_CHUNK-aligned; NULL: no region */
+static size_t jr_fresh;              /* chunks of the span never used yet */
+static jr_chunk_t *jr_pool;          /* released chunks, to use again */
+static size_t jr_pooled;
+static _Atomic size_t jr_in_use;     /* chunks taken and not yet released */
+static pthread_mutex_t jr_mu = PTHREAD_MUTEX_INITIALIZER;
+#if defined(__SANITIZE_ADDRESS__)
+static _Atomic int jr_enabled = 0;   /* under ASan, a malloc per value, so that it checks each */
+#else
+static _Atomic int jr_enabled = 1;
+#endif
+static _Thread_local int jr_depth;   /* inside lg__json_region_begin */
+static _Thread_local jr_chunk_t *jr_cur; /* this thread's open chunk */
+
+static void jr_span_reserve(void) {
+  void *m = mmap(NULL, JR_CHUNKS * JR_CHUNK + JR_CHUNK, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return; /* no region: every allocation is g_malloc's */
+  uintptr_t a = ((uintptr_t)m + JR_CHUNK - 1) & ~(uintptr_t)(JR_CHUNK - 1);
+  jr_span = (char *)a;
+}
+
+static inline int jr_owns(const void *p) {
+  return jr_span && (uintptr_t)p - (uintptr_t)jr_span < (uintptr_t)JR_CHUNKS * JR_CHUNK;
+}
+
+static void jr_release(jr_chunk_t *c) {
+  atomic_fetch_sub(&jr_in_use, 1);
+  pthread_mutex_lock(&jr_mu);
+  if (jr_pooled >= JR_KEEP) /* its pages go back to the kernel; the address stays the span's */
+    madvise(c, JR_CHUNK, MADV_DONTNEED);
+  else
+    jr_pooled++;
+  c->next = jr_pool;
+  jr_pool = c;
+  pthread_mutex_unlock(&jr_mu);
+}
+
+static jr_chunk_t *jr_take(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, jr_span_reserve);
+  if (!jr_span) return NULL;
+  pthread_mutex_lock(&jr_mu);
+  jr_chunk_t *c = jr_pool;
+  if (c) {
+    jr_pool = c->next;
+    if (jr_pooled) jr_pooled--;
+  } else if (jr_fresh < JR_CHUNKS) {
+    c = (jr_chunk_t *)(jr_span + jr_fresh++ * JR_CHUNK);
+  }
+  pthread_mutex_unlock(&jr_mu);
+  if (!c) return NULL; /* the span is full: g_malloc until a chunk comes back */
+  atomic_store(&c->live, JR_BIAS);
+  c->allocs = 0;
+  c->used = JR_HEAD;
+  atomic_fetch_add(&jr_in_use, 1);
+  return c;
+}
+
+/* The thread leaves its chunk: from now on the count is of live allocations. */
+static void jr_close(jr_chunk_t *c) {
+  long drop = JR_BIAS - c->allocs;
+  if (atomic_fetch_sub(&c->live, drop) == drop) jr_release(c);
+}
+
+static void *jr_alloc(size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  if (n > JR_BIG) return NULL;
+  jr_chunk_t *c = jr_cur;
+  if (!c || c->used + n > JR_CHUNK) {
+    if (c) jr_close(c);
+    if (!(jr_cur = c = jr_take())) return NULL;
+  }
+  void *p = (char *)c + c->used;
+  c->used += n;
+  c->allocs++;
+  return p;
+}
+
+void lg__json_region_begin(void) {
+  lg__json_begin();
+  if (atomic_load_explicit(&jr_enabled, memory_order_relaxed)) jr_depth++;
+}
+
+void lg__json_region_end(void) {
+  if (jr_depth) jr_depth--;
+}
+
+void lg__json_region_thread_end(void) {
+  if (jr_cur) jr_close(jr_cur);
+  jr_cur = NULL;
+}
+
+void lg__json_region_enable(int on) { atomic_store(&jr_enabled, on); }
+
+size_t lg__json_region_chunks(void) { return atomic_load(&jr_in_use); }
+
 static void *json_hook_malloc(size_t n) {
-  void *p = g_malloc(n ? n : 1);
+  void *p = jr_depth ? jr_alloc(n ? n : 1) : NULL;
+  if (!p) p = g_malloc(n ? n : 1);
   if (!p) g_json_oom = true;
   return p;
 }
 static void json_hook_free(void *p) {
-  if (p) g_free(p);
+  if (!p) return;
+  if (jr_owns(p)) {
+    jr_chunk_t *c = (jr_chunk_t *)((uintptr_t)p & ~(uintptr_t)(JR_CHUNK - 1));
+    if (atomic_fetch_sub(&c->live, 1) == 1) jr_release(c);
+    return;
+  }
+  g_free(p);
 }
 static void json_hooks_install(void) { json_set_alloc_funcs(json_hook_malloc, json_hook_free); }
 
