@@ -303,35 +303,47 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...) {
   return 0;
 }
 
+/* Bytes lg__buf_json_str escapes: controls, the quote and the backslash
+ * (UTF-8 goes through as it is). */
+static const uint8_t json_escaped[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    ['"'] = 1, ['\\'] = 1};
+
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
-  const char *hex = lg__hex_digits;
-  if (lg__buf_reserve(b, n + 2)) return LG_ENOMEM;
-  b->data[b->len++] = '"';
-  size_t run = 0; /* start of the pending run of plain bytes */
+  /* Written in place: room for the quotes and a few escapes first, more
+   * only when escapes use it up (6 bytes at most for one). */
+  if (lg__buf_reserve(b, n + n / 8 + 8)) return LG_ENOMEM;
+  char *o = b->data + b->len;
+  *o++ = '"';
   for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch >= 0x20 && ch != '"' && ch != '\\') continue;
-    if (lg__buf_append(b, s + run, i - run)) return LG_ENOMEM;
-    char esc[7] = {'\\', 0, 0, 0, 0, 0, 0};
-    size_t el = 2;
-    switch (ch) {
-    case '"': esc[1] = '"'; break;
-    case '\\': esc[1] = '\\'; break;
-    case '\b': esc[1] = 'b'; break;
-    case '\f': esc[1] = 'f'; break;
-    case '\n': esc[1] = 'n'; break;
-    case '\r': esc[1] = 'r'; break;
-    case '\t': esc[1] = 't'; break;
-    default:
-      esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
-      esc[4] = hex[ch >> 4]; esc[5] = hex[ch & 15];
-      el = 6;
+    if ((size_t)(b->data + b->cap - o) < 8) { /* 6 for this byte, the quote, the NUL */
+      b->len = (size_t)(o - b->data);
+      if (lg__buf_reserve(b, (n - i) + (n - i) / 8 + 8)) return LG_ENOMEM;
+      o = b->data + b->len;
     }
-    if (lg__buf_append(b, esc, el)) return LG_ENOMEM;
-    run = i + 1;
+    unsigned char ch = (unsigned char)s[i];
+    if (!json_escaped[ch]) {
+      *o++ = (char)ch;
+      continue;
+    }
+    *o++ = '\\';
+    switch (ch) {
+    case '"': *o++ = '"'; break;
+    case '\\': *o++ = '\\'; break;
+    case '\b': *o++ = 'b'; break;
+    case '\f': *o++ = 'f'; break;
+    case '\n': *o++ = 'n'; break;
+    case '\r': *o++ = 'r'; break;
+    case '\t': *o++ = 't'; break;
+    default:
+      *o++ = 'u', *o++ = '0', *o++ = '0';
+      *o++ = lg__hex_digits[ch >> 4], *o++ = lg__hex_digits[ch & 15];
+    }
   }
-  if (lg__buf_append(b, s + run, n - run)) return LG_ENOMEM;
-  return lg__buf_putc(b, '"');
+  *o++ = '"';
+  *o = 0;
+  b->len = (size_t)(o - b->data);
+  return 0;
 }
 
 void lg__buf_free(lg__buf_t *b) {
