@@ -64,7 +64,8 @@ typedef struct jr_chunk {
 } jr_chunk_t;
 #define JR_HEAD ((sizeof(jr_chunk_t) + 15) & ~(size_t)15)
 
-static char *jr_span;                /* JR_CHUNKS chunks, JR_CHUNK-aligned; NULL: no region */
+static _Atomic(char *) jr_span;      /* JR_CHUNKS chunks, JR_CHUNK-aligned; NULL: no region.
+                                        Atomic: every free reads it, set once by the first region */
 static size_t jr_fresh;              /* chunks of the span never used yet */
 static jr_chunk_t *jr_pool;          /* released chunks, to use again */
 static size_t jr_pooled;
@@ -83,11 +84,12 @@ static void jr_span_reserve(void) {
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return; /* no region: every allocation is g_malloc's */
   uintptr_t a = ((uintptr_t)m + JR_CHUNK - 1) & ~(uintptr_t)(JR_CHUNK - 1);
-  jr_span = (char *)a;
+  atomic_store(&jr_span, (char *)a);
 }
 
 static inline int jr_owns(const void *p) {
-  return jr_span && (uintptr_t)p - (uintptr_t)jr_span < (uintptr_t)JR_CHUNKS * JR_CHUNK;
+  char *span = atomic_load_explicit(&jr_span, memory_order_relaxed);
+  return span && (uintptr_t)p - (uintptr_t)span < (uintptr_t)JR_CHUNKS * JR_CHUNK;
 }
 
 static void jr_release(jr_chunk_t *c) {
@@ -105,14 +107,15 @@ static void jr_release(jr_chunk_t *c) {
 static jr_chunk_t *jr_take(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, jr_span_reserve);
-  if (!jr_span) return NULL;
+  char *span = atomic_load(&jr_span);
+  if (!span) return NULL;
   pthread_mutex_lock(&jr_mu);
   jr_chunk_t *c = jr_pool;
   if (c) {
     jr_pool = c->next;
     if (jr_pooled) jr_pooled--;
   } else if (jr_fresh < JR_CHUNKS) {
-    c = (jr_chunk_t *)(jr_span + jr_fresh++ * JR_CHUNK);
+    c = (jr_chunk_t *)(span + jr_fresh++ * JR_CHUNK);
   }
   pthread_mutex_unlock(&jr_mu);
   if (!c) return NULL; /* the span is full: g_malloc until a chunk comes back */
