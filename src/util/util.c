@@ -71,7 +71,12 @@ static jr_chunk_t *jr_pool;          /* released chunks, to use again */
 static size_t jr_pooled;
 static _Atomic size_t jr_in_use;     /* chunks taken and not yet released */
 static pthread_mutex_t jr_mu = PTHREAD_MUTEX_INITIALIZER;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang's way to say it */
+#define JR_UNDER_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(JR_UNDER_ASAN)
 static _Atomic int jr_enabled = 0;   /* under ASan, a malloc per value, so that it checks each */
 #else
 static _Atomic int jr_enabled = 1;
