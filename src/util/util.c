@@ -8,6 +8,7 @@
 #include "utf8.h"
 
 #include <errno.h>
+#include <math.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -352,6 +353,74 @@ int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
   *o = 0;
   b->len = (size_t)(o - b->data);
   return 0;
+}
+
+static int buf_json_real(lg__buf_t *b, double d) {
+  char t[40];
+  int n = snprintf(t, sizeof t, "%.17g", d);
+  if (n <= 0 || (size_t)n >= sizeof t - 2 || !isfinite(d)) return LG_EINVAL; /* as json_dumps */
+  for (char *p = t; *p; p++)
+    if (*p == ',') *p = '.'; /* a locale's decimal comma */
+  if (!strchr(t, '.') && !strchr(t, 'e')) { /* else it would read back as an integer */
+    memcpy(t + n, ".0", 3);
+    n += 2;
+  }
+  char *e = strchr(t, 'e');
+  if (e) { /* e+20 -> e20, e-05 -> e-5 */
+    char *start = e + 1, *end = start + 1;
+    if (*start == '-') start++;
+    while (*end == '0') end++;
+    if (end != start) {
+      memmove(start, end, (size_t)(t + n - end) + 1);
+      n -= (int)(end - start);
+    }
+  }
+  return lg__buf_append(b, t, (size_t)n);
+}
+
+static int buf_json_string(lg__buf_t *b, const char *s, size_t n) {
+  for (size_t i = 0; i < n;) { /* json_dumps refuses a string that is not UTF-8 */
+    if ((unsigned char)s[i] < 0x80) {
+      i++;
+      continue;
+    }
+    size_t k = lg__utf8_len((const unsigned char *)s + i, n - i);
+    if (!k) return LG_EINVAL;
+    i += k;
+  }
+  return lg__buf_json_str(b, s, n);
+}
+
+int lg__buf_json(lg__buf_t *b, const json_t *v) {
+  int rc = 0;
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: {
+    const char *k;
+    json_t *x;
+    char sep = '{';
+    json_object_foreach((json_t *)v, k, x) {
+      if ((rc = lg__buf_putc(b, sep)) || (rc = buf_json_string(b, k, strlen(k))) ||
+          (rc = lg__buf_putc(b, ':')) || (rc = lg__buf_json(b, x)))
+        return rc;
+      sep = ',';
+    }
+    return sep == '{' ? lg__buf_puts(b, "{}") : lg__buf_putc(b, '}');
+  }
+  case JSON_ARRAY: {
+    size_t n = json_array_size(v);
+    if (!n) return lg__buf_puts(b, "[]");
+    for (size_t i = 0; i < n; i++)
+      if ((rc = lg__buf_putc(b, i ? ',' : '[')) || (rc = lg__buf_json(b, json_array_get(v, i)))) return rc;
+    return lg__buf_putc(b, ']');
+  }
+  case JSON_STRING: return buf_json_string(b, json_string_value(v), json_string_length(v));
+  case JSON_INTEGER: return lg__buf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+  case JSON_REAL: return buf_json_real(b, json_real_value(v));
+  case JSON_TRUE: return lg__buf_puts(b, "true");
+  case JSON_FALSE: return lg__buf_puts(b, "false");
+  case JSON_NULL: return lg__buf_puts(b, "null");
+  }
+  return LG_EINVAL;
 }
 
 void lg__buf_free(lg__buf_t *b) {

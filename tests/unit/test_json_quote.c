@@ -5,7 +5,11 @@
  * strings of every length up to 3,000 bytes (through the buffer's growth,
  * appended to what the buffer holds), and strings of escapes only (six
  * bytes out for one in). The bytes must not move: replay compares trace
- * lines byte for byte.
+ * lines byte for byte. And lg__buf_json, the writer of whole values
+ * (lg__json_text), against json_dumps(JSON_COMPACT | JSON_ENCODE_ANY) on
+ * the values where a writer can go wrong: reals of every form, the
+ * integers' ends, UTF-8, empty containers, member order, a string that is
+ * not UTF-8 (refused by both).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "util/internal.h"
 
@@ -91,11 +97,51 @@ static void test_escapes_only(void **state) {
   check(s, sizeof s, "prefix");
 }
 
+static void same_as_dumps(json_t *v) {
+  char *want = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  assert_non_null(want);
+  lg__buf_t got = {0};
+  assert_int_equal(lg__buf_json(&got, v), 0);
+  assert_string_equal(got.data, want);
+  free(want);
+  lg__buf_free(&got);
+  json_decref(v);
+}
+
+static void test_values_as_jansson(void **state) {
+  (void)state;
+  const double reals[] = {0.1, 7.0, -7.0, 1e20, 1e21, 1e-5, 1.5e-7, -0.0, 123456789012345678.0,
+                          1.5e300, 5e-324, 2.2250738585072014e-308, 0.30000000000000004, 100.0, 3.0e-10};
+  for (size_t i = 0; i < sizeof reals / sizeof *reals; i++) same_as_dumps(json_real(reals[i]));
+  same_as_dumps(json_integer(INT64_MAX));
+  same_as_dumps(json_integer(INT64_MIN));
+  same_as_dumps(json_integer(0));
+  same_as_dumps(json_string("h\u00e9llo \u65e5\u672c \U0001F600 \"q\" \\ \n\t/"));
+  same_as_dumps(json_true());
+  same_as_dumps(json_null());
+  same_as_dumps(json_loads("{\"z\":1,\"a\":[],\"m\":{},\"k\":[1,2.5,{\"x\":[null,false,true]}],\"\u00e9\":\"v\"}", 0, NULL));
+  same_as_dumps(json_loads("[[],[[]],{},{\"\":\"\"}]", 0, NULL));
+  /* a control character: the same escape, in lowercase hex */
+  lg__buf_t b = {0};
+  json_t *c = json_string("\x1f");
+  assert_int_equal(lg__buf_json(&b, c), 0);
+  assert_string_equal(b.data, "\"\\u001f\"");
+  json_decref(c);
+  lg__buf_free(&b);
+  /* not UTF-8: refused, as json_dumps refuses it */
+  json_t *bad = json_stringn_nocheck("\xff\xfe", 2);
+  assert_null(json_dumps(bad, JSON_COMPACT | JSON_ENCODE_ANY));
+  assert_int_equal(lg__buf_json(&b, bad), LG_EINVAL);
+  json_decref(bad);
+  lg__buf_free(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_byte),
       cmocka_unit_test(test_random_strings),
       cmocka_unit_test(test_escapes_only),
+      cmocka_unit_test(test_values_as_jansson),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
