@@ -8,22 +8,34 @@
 #              bench/gateway/package-lock.json) -> the same
 #
 # Bodies: Chat Completions conversations with tool calls and their results
-# of 1 KB and 8 KB (body.py), stream false and true. Each loopguard request
-# has a run of its own (agent.lua), so the gateway reads every result as
-# new and decides the answer's tool call (execute) every time.
+# of 1 KB and 8 KB (body.py), stream false and true, in two modes
+# (agent.lua):
+#   fresh   every request a run of its own: the gateway reads all 26 tool
+#           results of the 8 KB conversation as new, creates a run and
+#           decides the answer's tool call (execute), every time: the
+#           worst case;
+#   steady  (8 KB) each connection an agent loop: a run of LG_GW_TURNS (10)
+#           requests, each the conversation so far plus the call the
+#           previous answer asked for and its result (the body grows by a
+#           turn, 230 bytes), so the gateway reads one new result a
+#           request, as with a real agent; the fake upstream asks for a new
+#           call each turn (upstream.c).
+# The bars are read on both.
 # Figures, one JSON line each (and a line for a person): p50/p99 at one
 # connection and the added latency (the gateway's minus direct's, from
 # this run); the most requests per second over a few connection counts;
 # loopguard's and Portkey's resident memory (VmHWM, VmRSS).
 #
 # Environment: LG_BENCH_QUICK=1 (2 s runs), LG_GW_SECONDS (5), LG_GW_CONNS
-# ("8 32"), LG_GW_NODE_DIR (where Portkey is installed; BUILD_DIR/bench-gateway-node).
+# ("8 32"; steady: LG_GW_STEADY_CONNS, "8"), LG_GW_MODES ("fresh steady"),
+# LG_GW_TURNS (10), LG_GW_NODE_DIR (where Portkey is installed; BUILD_DIR/bench-gateway-node).
 # Exit status 1 only when our own part could not run; Portkey that cannot be
 # installed or started is SKIPPED, with the reason.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, start_upstream
 CONNS=${LG_GW_CONNS:-8 32}
+MODES=${LG_GW_MODES:-fresh steady}
 NODE_DIR=${LG_GW_NODE_DIR:-$BUILD/bench-gateway-node}
 
 # The bars (issue 13, "Done when").
@@ -140,10 +152,12 @@ LAST_RPS= LAST_P50= LAST_P99= LAST_N=
 wrk_ms() { # "52.00us" / "1.20ms" / "1.00s" -> ms
   awk -v s="$1" 'BEGIN { v = s + 0; if (s ~ /us$/) v /= 1000; else if (s ~ /ms$/) v += 0; else if (s ~ /s$/) v *= 1000; printf "%.4f", v }'
 }
+MODE=fresh
 run_wrk() { # URL BODYFILE CONNS [HEADERS...] -> LAST_*; 1 on failure or non-2xx
-  local url=$1 body=$2 c=$3
+  local url=$1 body=$2 c=$3 th=1
   shift 3
-  LG_BODY=$body wrk -t1 -c"$c" -d"${SECONDS_PER}s" --latency -s "$HERE/agent.lua" "$@" "$url/v1/chat/completions" \
+  [[ $MODE == steady ]] && th=$c # an agent a connection: a Lua state (a wrk thread) each
+  LG_GW_MODE=$MODE LG_BODY=$body wrk -t"$th" -c"$c" -d"${SECONDS_PER}s" --latency -s "$HERE/agent.lua" "$@" "$url/v1/chat/completions" \
     >"$WORK/wrk.out" 2>&1 || { note "wrk failed: $(tail -n 3 "$WORK/wrk.out")"; return 1; }
   LAST_RPS=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$WORK/wrk.out")
   LAST_P50=$(wrk_ms "$(awk '$1 == "50%" { print $2 }' "$WORK/wrk.out")")
@@ -167,8 +181,10 @@ lg_requests=0
 declare -A P50 P99 RPS
 bad=0
 note "gateway: wrk -t1, ${SECONDS_PER} s a run, keep-alive over loopback; loopguard $LG_URL, upstream $UP${PK_URL:+, portkey $PK_URL}"
-for size in 1024 8192; do
+for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; else echo "$m:1024 $m:8192"; fi; done); do
+  MODE=${spec%%:*} size=${spec#*:}
   kb=$((size / 1024))k
+  [[ $MODE == fresh ]] || kb="$kb/$MODE"
   for st in 0 1; do
     body=$WORK/body-$size-$st.json
     for t in "${targets[@]}"; do
@@ -185,7 +201,11 @@ for size in 1024 8192; do
       fi
       [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       best=0 best_c=
-      for c in $CONNS; do
+      conns=$CONNS
+      # steady: a wrk thread an agent (its Lua state is the loop's), which costs
+      # wrk itself more CPU (direct's figure shows how much): 8 agents at most
+      [[ $MODE == steady ]] && conns=${LG_GW_STEADY_CONNS:-8}
+      for c in $conns; do
         if run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
           if ((LAST_RPS > best)); then best=$LAST_RPS best_c=$c; fi
         else
@@ -199,10 +219,10 @@ for size in 1024 8192; do
         added50=$(calcf "%.4f" "${P50[$t]} - ${P50[direct]}")
         added99=$(calcf "%.4f" "${P99[$t]} - ${P99[direct]}")
       fi
-      emit "$(printf '{"bench":"gateway","figure":"%s","body_bytes":%d,"stream":%s,"seconds":%d,"c1_p50_ms":%s,"c1_p99_ms":%s,"c1_rps":%s,"added_p50_ms":%s,"added_p99_ms":%s,"max_rps":%d,"max_rps_conns":%s}\n' \
+      emit "$(printf '{"bench":"gateway","figure":"%s","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"seconds":%d,"c1_p50_ms":%s,"c1_p99_ms":%s,"c1_rps":%s,"added_p50_ms":%s,"added_p99_ms":%s,"max_rps":%d,"max_rps_conns":%s}\n' \
         "$t" "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$SECONDS_PER" "${P50[$t]:-null}" "${P99[$t]:-null}" \
         "${st_rps1:-null}" "$added50" "$added99" "$best" "${best_c:-null}")"
-      printf '%-9s %-3s stream=%d  1 conn: p50 %8s ms  p99 %8s ms%s   most: %7s req/s (-c%s)\n' "$t" "$kb" "$st" \
+      printf '%-9s %-9s stream=%d  1 conn: p50 %8s ms  p99 %8s ms%s   most: %7s req/s (-c%s)\n' "$t" "$kb" "$st" \
         "${P50[$t]:--}" "${P99[$t]:--}" "$([[ $added50 != null ]] && echo "  (added p50 $added50, p99 $added99)")" "$best" "${best_c:--}"
     done
     # the comparison of this body, against the bars
@@ -227,7 +247,7 @@ for size in 1024 8192; do
     else
       sx=SKIPPED
     fi
-    emit "$(printf '{"bench":"gateway","figure":"compare","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s"}\n' \
+    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s"}\n' \
       "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$a50" "$pk50" $BAR_ADDED_P50_MS "$s50" "$a99" "$pk99" $BAR_ADDED_P99_MS "$s99" \
       "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx")"
   done
@@ -250,7 +270,7 @@ start_lg LG2 "sqlite:$WORK/mem.db?durability=relaxed"
 sq_start=null sq_hwm=null sq_runs=0 sq_per_run=null sm=FAILED
 if [[ -n $LG2_URL ]]; then
   sq_start=$(mem_kb "$LG2_PID" VmRSS)
-  SECONDS_PER=$((SECONDS_PER * 2)) run_wrk "$LG2_URL" "$WORK/body-8192-0.json" 8 || bad=1
+  MODE=fresh SECONDS_PER=$((SECONDS_PER * 2)) run_wrk "$LG2_URL" "$WORK/body-8192-0.json" 8 || bad=1
   sq_runs=${LAST_N:-0}
   sq_hwm=$(mem_kb "$LG2_PID" VmHWM)
   sq_per_run=$(calcf "%.0f" "(${sq_hwm:-0} - ${sq_start:-0}) * 1024 / ($sq_runs > 0 ? $sq_runs : 1)")
@@ -267,14 +287,16 @@ emit "$(printf '{"bench":"gateway","figure":"memory","loopguard_vmhwm_kb":%s,"lo
 # ---- the table
 note ""
 note "gateway against the bars (ms added to direct's, from this run; requests/s; resident memory):"
-row() { printf '  %-40s %10s %10s %8s %8s  %s\n' "$@"; }
+row() { printf '  %-52s %10s %10s %8s %8s  %s\n' "$@"; }
 row "" loopguard portkey "lg/pk" bar status
 pk() { [[ $1 == null ]] && echo - || echo "$1"; }
-for size in 1024 8192; do
+for spec in fresh:1024 fresh:8192 steady:8192; do
+  m=${spec%%:*} size=${spec#*:}
   for st in false true; do
-    l=$(grep "\"figure\":\"compare\",\"body_bytes\":$size,\"stream\":$st," "$RES")
+    l=$(grep "\"figure\":\"compare\",\"mode\":\"$m\",\"body_bytes\":$size,\"stream\":$st," "$RES")
     [[ -n $l ]] || continue
     lab="$((size / 1024)) KB, stream $st"
+    [[ $m == steady ]] && lab="$lab, agent loop"
     b50="< $BAR_ADDED_P50_MS" b99="< $BAR_ADDED_P99_MS"
     ((size == 8192)) || { b50=; b99=; }
     row "$lab: added p50 (1 conn)" "$(jf loopguard_added_p50_ms <<<"$l")" "$(pk "$(jf portkey_added_p50_ms <<<"$l")")" "" "$b50" "$(jf status_p50 <<<"$l")"

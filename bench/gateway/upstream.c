@@ -11,6 +11,12 @@
  * encoding as providers send it. Anything else (a GET) is 404 in
  * OpenAI's error shape.
  *
+ * A body with "user":"bench-steady" (an OpenAI field, forwarded as it is)
+ * is a turn of an agent loop (agent.lua's steady mode): the call asked
+ * for is then the conversation's next, id call_s<N> on record_id N, N the
+ * tool results the body holds, so that each turn asks for a new call and
+ * the next turn's body carries it with its result.
+ *
  * Usage: gw_bench_upstream PORTFILE   listens on 127.0.0.1, a free port,
  *        written to PORTFILE; runs until SIGTERM / SIGINT.
  */
@@ -29,6 +35,8 @@
 #include <unistd.h>
 
 #define MAX_REQ (4 << 20) /* the largest request kept: 4 MB */
+/* In a body: a turn of the steady benchmark (bench/gateway/agent.lua, LG_GW_MODE=steady) */
+#define STEADY "\"user\":\"bench-steady\""
 
 typedef struct {
   int fd;
@@ -64,42 +72,45 @@ static char *xasprintf(size_t *len, const char *fmt, ...) {
   return s;
 }
 
-#define CALL_ARGS "{\\\"record_id\\\":7,\\\"value\\\":\\\"A\\\"}"
+#define CALL_ARGS "{\\\"record_id\\\":%ld,\\\"value\\\":\\\"A\\\"}"
 
-static void build_answers(void) {
-  size_t blen;
-  char *body = xasprintf(&blen,
-                         "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":1764547200,"
-                         "\"model\":\"bench\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
-                         "\"content\":null,\"refusal\":null,\"tool_calls\":[{\"id\":\"call_bench\",\"type\":"
-                         "\"function\",\"function\":{\"name\":\"write_record\",\"arguments\":\"" CALL_ARGS
-                         "\"}}]},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}],\"usage\":{"
-                         "\"prompt_tokens\":2048,\"completion_tokens\":18,\"total_tokens\":2066},"
-                         "\"system_fingerprint\":\"fp_bench\"}");
-  plain = xasprintf(&plain_len,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                    "Connection: keep-alive\r\n\r\n%s",
-                    blen, body);
-  free(body);
-
+/* The answer asking for one tool call, id call_id and record_id rec (its
+ * arguments), whole or as an SSE stream, with its HTTP head. */
+static char *answer(int stream, const char *call_id, long rec, size_t *len) {
+  if (!stream) {
+    size_t blen;
+    char *body = xasprintf(&blen,
+                           "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"created\":1764547200,"
+                           "\"model\":\"bench\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                           "\"content\":null,\"refusal\":null,\"tool_calls\":[{\"id\":\"%s\",\"type\":"
+                           "\"function\",\"function\":{\"name\":\"write_record\",\"arguments\":\"" CALL_ARGS
+                           "\"}}]},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}],\"usage\":{"
+                           "\"prompt_tokens\":2048,\"completion_tokens\":18,\"total_tokens\":2066},"
+                           "\"system_fingerprint\":\"fp_bench\"}",
+                           call_id, rec);
+    char *r = xasprintf(len,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                        "Connection: keep-alive\r\n\r\n%s",
+                        blen, body);
+    free(body);
+    return r;
+  }
   const char *base = "\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":1764547200,"
                      "\"model\":\"bench\",\"system_fingerprint\":\"fp_bench\"";
-  const char *events[6];
   char *ev[6];
-  size_t evlen;
-  ev[0] = xasprintf(&evlen, "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null},"
+  size_t evlen[6];
+  ev[0] = xasprintf(&evlen[0], "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null},"
                     "\"logprobs\":null,\"finish_reason\":null}]}\n\n", base);
-  ev[1] = xasprintf(&evlen, "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":"
-                    "\"call_bench\",\"type\":\"function\",\"function\":{\"name\":\"write_record\",\"arguments\":"
-                    "\"\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n", base);
-  ev[2] = xasprintf(&evlen, "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
-                    "{\"arguments\":\"" CALL_ARGS "\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n", base);
-  ev[3] = xasprintf(&evlen, "data: {%s,\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":"
+  ev[1] = xasprintf(&evlen[1], "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":"
+                    "\"%s\",\"type\":\"function\",\"function\":{\"name\":\"write_record\",\"arguments\":"
+                    "\"\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n", base, call_id);
+  ev[2] = xasprintf(&evlen[2], "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
+                    "{\"arguments\":\"" CALL_ARGS "\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n", base, rec);
+  ev[3] = xasprintf(&evlen[3], "data: {%s,\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":"
                     "\"tool_calls\"}]}\n\n", base);
-  ev[4] = xasprintf(&evlen, "data: {%s,\"choices\":[],\"usage\":{\"prompt_tokens\":2048,\"completion_tokens\":18,"
+  ev[4] = xasprintf(&evlen[4], "data: {%s,\"choices\":[],\"usage\":{\"prompt_tokens\":2048,\"completion_tokens\":18,"
                     "\"total_tokens\":2066}}\n\n", base);
-  ev[5] = xasprintf(&evlen, "data: [DONE]\n\n");
-  for (int i = 0; i < 6; i++) events[i] = ev[i];
+  ev[5] = xasprintf(&evlen[5], "data: [DONE]\n\n");
   /* One HTTP chunk per event, as a provider flushes them. */
   size_t cap = 4096, n = 0;
   char *s = malloc(cap);
@@ -108,15 +119,19 @@ static void build_answers(void) {
                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
                        "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n");
   for (int i = 0; i < 6; i++) {
-    size_t l = strlen(events[i]);
-    n += (size_t)snprintf(s + n, cap - n, "%zx\r\n%s\r\n", l, events[i]);
+    n += (size_t)snprintf(s + n, cap - n, "%zx\r\n%s\r\n", evlen[i], ev[i]);
     if (n >= cap) die("the stream answer does not fit");
     free(ev[i]);
   }
   n += (size_t)snprintf(s + n, cap - n, "0\r\n\r\n");
   if (n >= cap) die("the stream answer does not fit");
-  streamed = s;
-  streamed_len = n;
+  *len = n;
+  return s;
+}
+
+static void build_answers(void) {
+  plain = answer(0, "call_bench", 7, &plain_len);
+  streamed = answer(1, "call_bench", 7, &streamed_len);
   const char *nf = "{\"error\":{\"message\":\"Unknown request URL.\",\"type\":\"invalid_request_error\","
                    "\"param\":null,\"code\":\"unknown_url\"}}";
   notfound = xasprintf(&notfound_len,
@@ -196,7 +211,20 @@ static int conn_serve(int ep, conn_t *c) {
           break;
         }
       }
-      rc = stream ? conn_send(ep, c, streamed, streamed_len) : conn_send(ep, c, plain, plain_len);
+      if (memmem(b, body, STEADY, sizeof STEADY - 1)) {
+        /* an agent loop's turn: the next call is the conversation's next one,
+         * call_s<N> on record N, N the tool results it holds */
+        long n = 0;
+        for (const char *q = b; (q = memmem(q, (size_t)(b + body - q), "\"tool_call_id\"", 14)); q += 14) n++;
+        char id[32];
+        snprintf(id, sizeof id, "call_s%06ld", n);
+        size_t alen;
+        char *ans = answer(stream, id, n, &alen);
+        rc = conn_send(ep, c, ans, alen);
+        free(ans);
+      } else {
+        rc = stream ? conn_send(ep, c, streamed, streamed_len) : conn_send(ep, c, plain, plain_len);
+      }
     } else {
       rc = conn_send(ep, c, notfound, notfound_len);
     }

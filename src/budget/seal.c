@@ -16,9 +16,9 @@
  * "byok_at_rest": "clear"); a sealed value cannot be opened then.
  */
 #include "budget.h"
+#include "../util/utf8.h"
 #include "../store/store.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -53,9 +53,8 @@ int lg_key_secret_load(const char *path, unsigned char secret[LG_KEY_SECRET_BYTE
     while (m && (buf[m - 1] == '\n' || buf[m - 1] == '\r' || buf[m - 1] == ' ')) m--;
     int ok = m == 2 * LG_KEY_SECRET_BYTES;
     for (size_t i = 0; ok && i < LG_KEY_SECRET_BYTES; i++) {
-      /* the one hex table (util), upper case too */
-      int hi = lg__hex_value[tolower(buf[2 * i])], lo = lg__hex_value[tolower(buf[2 * i + 1])];
-      if (hi == 0xFF || lo == 0xFF) ok = 0;
+      int hi = lg__hexval((unsigned char)buf[2 * i]), lo = lg__hexval((unsigned char)buf[2 * i + 1]);
+      if (hi < 0 || lo < 0) ok = 0;
       else secret[i] = (unsigned char)(hi << 4 | lo);
     }
     if (!ok) {

@@ -726,7 +726,8 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   if (text && *text)
     json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message", "role",
                                            "assistant", "content", "type", "output_text", "text", text));
-  json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", items);
+  json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", json_deep_copy(items)); /* as restore() */
+  json_decref(items);
   if (!e) return;
   while (json_object_size(r->own) >= OWN_KEPT) { /* the oldest goes */
     void *it = json_object_iter(r->own);
@@ -1130,12 +1131,13 @@ static void restore(chat_t *c, json_t *items) {
       r->caprs = cap;
     }
   }
-  if (r->nrs == r->caprs) {
-    json_decref(items);
-    return;
-  }
+  /* a copy of its own: the items hold parts of the request and the answer,
+   * whose chunks (lg__json_region_begin) must not stay for the run's life */
+  json_t *kept = r->nrs < r->caprs ? json_deep_copy(items) : NULL;
+  json_decref(items);
+  if (!kept) return;
   r->rs[r->nrs].anchor = c->n;
-  r->rs[r->nrs].items = items;
+  r->rs[r->nrs].items = kept;
   r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
   r->nrs++;
 }

@@ -64,7 +64,8 @@ struct lg__gw {
   pthread_t th[GW_WORKERS];
   int nth;
   pthread_mutex_t qmu;        /* guards the queue, running */
-  pthread_cond_t qcv;
+  pthread_cond_t qcv;         /* a job queued, or quit: wakes one worker */
+  pthread_cond_t idle_cv;     /* a worker done with a job: wakes lg__gw_stop */
   lg__gw_job_t *qhead, *qtail;
   size_t qlen;
   int running;                /* jobs a worker holds */
@@ -499,10 +500,11 @@ static void *worker_main(void *arg) {
     job_unref(j);
     pthread_mutex_lock(&gw->qmu);
     gw->running--;
-    pthread_cond_broadcast(&gw->qcv);
+    pthread_cond_broadcast(&gw->idle_cv); /* not qcv: that would wake every idle worker */
     pthread_mutex_unlock(&gw->qmu);
   }
   if (cx.curl) curl_easy_cleanup(cx.curl);
+  lg__json_region_thread_end();
   return NULL;
 }
 
@@ -711,42 +713,15 @@ static void run_free(lg__gw_run_t *r) {
 
 /* ---- the step ---- */
 
-typedef struct wait_job {
-  lg__job_t job;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int done;
-} wait_job_t;
-
-static void wait_done(lg__job_t *jb) {
-  wait_job_t *w = (wait_job_t *)jb;
-  pthread_mutex_lock(&w->mu);
-  w->done = 1;
-  pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
-}
-
-/* fn(ud) for run_id on the committer (the group commit), waited for; its
- * rc, and its err into *err. canon: the committer's scratch, set first. */
+/* fn(ud) for run_id through the group commit, waited for; its rc, and
+ * its err into *err. canon: the committer's scratch, set first. */
 static int on_committer(lg_server_t *srv, const char *run_id, lg_store_run_fn fn, void *ud,
                         lg_canon_t **canon, lg_error_t *err) {
-  wait_job_t w;
-  memset(&w, 0, sizeof w);
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
+  lg__job_t j = {.run_id = run_id, .fn = fn, .ud = ud};
   *canon = lg__batcher_canon(srv->batcher);
-  w.job.run_id = run_id;
-  w.job.fn = fn;
-  w.job.ud = ud;
-  w.job.done = wait_done;
-  lg__batcher_submit(srv->batcher, &w.job);
-  pthread_mutex_lock(&w.mu);
-  while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-  pthread_mutex_unlock(&w.mu);
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
-  if (err) *err = w.job.err;
-  return w.job.rc;
+  lg__batcher_run(srv->batcher, &j);
+  if (err) *err = j.err;
+  return j.rc;
 }
 
 /* What a decided step leaves in the metrics and the log. */
@@ -864,6 +839,10 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
     lg__buf_printf(b, "loopguard_gateway_upstream_seconds_count{upstream=\"%s\"} %llu\n",
                    gw->cfg.up[u].name, (unsigned long long)cum);
   }
+  lg__buf_printf(b, "# HELP loopguard_gateway_json_chunks Chunks of 128 KB holding JSON the gateway read "
+                    "(requests, answers) and has not freed: one a busy worker; more are values kept past "
+                    "their request.\n# TYPE loopguard_gateway_json_chunks gauge\nloopguard_gateway_json_chunks %zu\n",
+                 lg__json_region_chunks());
   static const char *an[4] = {"block", "replay", "stop", "observe"};
   lg__buf_puts(b, "# HELP loopguard_gateway_interventions_total Calls and responses the gateway changed, by action and reason.\n"
                   "# TYPE loopguard_gateway_interventions_total counter\n");
@@ -905,6 +884,7 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   curl_global_init(CURL_GLOBAL_DEFAULT);
   pthread_mutex_init(&gw->qmu, NULL);
   pthread_cond_init(&gw->qcv, NULL);
+  pthread_cond_init(&gw->idle_cv, NULL);
   pthread_mutex_init(&gw->tmu, NULL);
   for (int i = 0; i < GW_WORKERS; i++) {
     if (pthread_create(&gw->th[i], NULL, worker_main, gw)) break;
@@ -922,7 +902,7 @@ void lg__gw_stop(lg__gw_t *gw) {
   if (!gw) return;
   atomic_store(&gw->stop, 1);
   pthread_mutex_lock(&gw->qmu);
-  while (gw->running || gw->qhead) pthread_cond_wait(&gw->qcv, &gw->qmu);
+  while (gw->running || gw->qhead) pthread_cond_wait(&gw->idle_cv, &gw->qmu);
   pthread_mutex_unlock(&gw->qmu);
 }
 
@@ -939,6 +919,7 @@ void lg__gw_free(lg__gw_t *gw) {
   lg__gw_config_clear(&gw->cfg);
   pthread_mutex_destroy(&gw->qmu);
   pthread_cond_destroy(&gw->qcv);
+  pthread_cond_destroy(&gw->idle_cv);
   pthread_mutex_destroy(&gw->tmu);
   lg__free(gw);
 }

@@ -21,8 +21,6 @@
  */
 #include "server.h"
 
-#include "../util/utf8.h"
-
 #include <math.h>
 #include <stdio.h>
 
@@ -527,88 +525,15 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
   return 0;
 }
 
-/* jansson's compact dump of a string: '"', '\\' and the controls escaped
- * as dump.c escapes them (\u00XX in capitals), the rest as it is. -1 for
- * bytes that are not UTF-8 (json_dumps refuses them). */
-static int text_str(lg__buf_t *b, const char *s, size_t n) {
-  static const char caps[] = "0123456789ABCDEF";
-  lg__buf_putc(b, '"');
-  size_t i = 0, run = 0;
-  while (i < n) {
-    unsigned char c = (unsigned char)s[i];
-    if (c >= 0x80) {
-      size_t k = lg__utf8_len((const unsigned char *)s + i, n - i);
-      if (!k) return -1;
-      i += k;
-      continue;
-    }
-    if (c >= 0x20 && c != '"' && c != '\\') {
-      i++;
-      continue;
-    }
-    lg__buf_append(b, s + run, i - run);
-    char e[6] = {'\\', 'u', '0', '0', caps[c >> 4], caps[c & 15]};
-    const char *two = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
-                    : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
-    lg__buf_append(b, two ? two : e, two ? 2 : 6);
-    run = ++i;
-  }
-  lg__buf_append(b, s + run, n - run);
-  return lg__buf_putc(b, '"');
-}
-
-/* v as json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) writes it: 0, or -1
- * for what is left to json_dumps itself (a real, for its %.17g and the
- * way it trims it; a string it would refuse; a nesting past 2048). */
-static int text_of(lg__buf_t *b, const json_t *v, int depth) {
-  if (depth > 2048) return -1;
-  switch (json_typeof(v)) {
-  case JSON_OBJECT: {
-    lg__buf_putc(b, '{');
-    int first = 1;
-    for (void *it = json_object_iter((json_t *)v); it; it = json_object_iter_next((json_t *)v, it)) {
-      if (!first) lg__buf_putc(b, ',');
-      first = 0;
-      if (text_str(b, json_object_iter_key(it), json_object_iter_key_len(it))) return -1;
-      lg__buf_putc(b, ':');
-      if (text_of(b, json_object_iter_value(it), depth + 1)) return -1;
-    }
-    return lg__buf_putc(b, '}');
-  }
-  case JSON_ARRAY:
-    lg__buf_putc(b, '[');
-    for (size_t i = 0; i < json_array_size(v); i++) {
-      if (i) lg__buf_putc(b, ',');
-      if (text_of(b, json_array_get(v, i), depth + 1)) return -1;
-    }
-    return lg__buf_putc(b, ']');
-  case JSON_STRING: return text_str(b, json_string_value(v), json_string_length(v));
-  case JSON_INTEGER: return lg__buf_i64(b, (int64_t)json_integer_value(v));
-  case JSON_TRUE: return lg__buf_puts(b, "true");
-  case JSON_FALSE: return lg__buf_puts(b, "false");
-  case JSON_NULL: return lg__buf_puts(b, "null");
-  default: return -1; /* JSON_REAL */
-  }
-}
-
 char *lg__json_text(const json_t *v, size_t *len) {
-  /* Written here, byte for byte what jansson writes (test_json_load
-   * compares them on every tree it reads): jansson's callback per token
-   * and its copy at the end were 5,000 instructions of a decision. */
+  /* json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY)'s text (values as well
+   * as documents), written by lg__buf_json: jansson's writer took about
+   * 100 instructions a byte, through a callback a character. */
   lg__buf_t b = {0};
-  if (v && !text_of(&b, v, 0) && !b.oom) {
-    size_t n;
-    char *s = lg__buf_steal(&b, &n);
-    if (s) {
-      if (len) *len = n;
-      return s;
-    }
+  if (!v || lg__buf_json(&b, v)) {
+    lg__buf_free(&b);
+    if (len) *len = 0;
+    return NULL;
   }
-  lg__buf_free(&b);
-  /* JSON_ENCODE_ANY: values (strings, numbers) as well as documents. The
-   * text comes from jansson's allocator, which is the library's
-   * (lg_set_allocator hooks both), so lg__free releases it. */
-  char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-  if (len) *len = s ? strlen(s) : 0;
-  return s;
+  return lg__buf_steal(&b, len);
 }

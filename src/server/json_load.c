@@ -53,69 +53,73 @@ static int hex4(const unsigned char *p, const unsigned char *end, unsigned *out)
   return 0;
 }
 
-static void put_cp(lg__buf_t *b, unsigned cp) {
-  char u[4];
-  lg__buf_append(b, u, lg__utf8_put(cp, u));
-}
-
 /* A string after its opening quote: *s, *len its decoded bytes (the input
- * itself when it has no escape, else f->tmp). 0, or -1: not taken. */
+ * itself when it has no escape, else f->tmp). 0, or -1: not taken.
+ * Decoded bytes are never more than the text they come from (an escape
+ * of 2, 6 or 12 bytes gives 1 to 4), so at the first escape f->tmp gets
+ * room for the rest of the input and the bytes are written in place. */
 static int str(fparse_t *f, const char **s, size_t *len) {
-  const unsigned char *start = f->p;
-  int esc = 0;
-  f->tmp.len = 0;
+  const unsigned char *start = f->p, *p = start, *end = f->end;
+  char *o = NULL; /* from the first escape: where the decoded bytes go */
   for (;;) {
-    const unsigned char *q = f->p;
-    while (q < f->end && !lg__str_special[*q]) q++;
-    if (esc) lg__buf_append(&f->tmp, f->p, (size_t)(q - f->p));
-    f->p = q;
-    if (q >= f->end) return -1;
+    const unsigned char *q = p;
+    while (q < end && !lg__str_special[*q]) q++;
+    if (o) {
+      memcpy(o, p, (size_t)(q - p));
+      o += q - p;
+    }
+    p = q;
+    if (q >= end) return -1;
     unsigned char c = *q;
     if (c == '"') break;
     if (c < 0x20) return -1;
     if (c >= 0x80) {
-      size_t n = lg__utf8_len(q, (size_t)(f->end - q)); /* jansson's rules too */
+      size_t n = lg__utf8_len(q, (size_t)(end - q)); /* jansson's rules too */
       if (!n) return -1;
-      if (esc) lg__buf_append(&f->tmp, q, n);
-      f->p += n;
+      if (o) {
+        memcpy(o, q, n);
+        o += n;
+      }
+      p += n;
       continue;
     }
     /* a backslash */
-    if (!esc) {
-      esc = 1;
-      lg__buf_append(&f->tmp, start, (size_t)(q - start));
+    if (!o) {
+      f->tmp.len = 0;
+      if (lg__buf_reserve(&f->tmp, (size_t)(end - start))) return -1;
+      o = f->tmp.data;
+      memcpy(o, start, (size_t)(q - start));
+      o += q - start;
     }
-    if (f->end - q < 2) return -1;
+    if (end - q < 2) return -1;
     unsigned char e = q[1];
-    f->p = q + 2;
-    const char *one = e == '"' ? "\"" : e == '\\' ? "\\" : e == '/' ? "/" : e == 'b' ? "\b"
-                      : e == 'f' ? "\f" : e == 'n' ? "\n" : e == 'r' ? "\r" : e == 't' ? "\t" : NULL;
+    p = q + 2;
+    char one = e == '"' ? '"' : e == '\\' ? '\\' : e == '/' ? '/' : e == 'b' ? '\b'
+               : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : 0;
     if (one) {
-      lg__buf_putc(&f->tmp, *one);
+      *o++ = one;
       continue;
     }
     unsigned cp, lo;
-    if (e != 'u' || hex4(f->p, f->end, &cp) || !cp) return -1; /* \u0000: jansson refuses it */
-    f->p += 4;
+    if (e != 'u' || hex4(p, end, &cp) || !cp) return -1; /* \u0000: jansson refuses it */
+    p += 4;
     if (cp >= 0xDC00 && cp <= 0xDFFF) return -1;
     if (cp >= 0xD800 && cp <= 0xDBFF) { /* a pair */
-      if (f->end - f->p < 6 || f->p[0] != '\\' || f->p[1] != 'u' || hex4(f->p + 2, f->end, &lo) ||
-          lo < 0xDC00 || lo > 0xDFFF)
+      if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, end, &lo) || lo < 0xDC00 || lo > 0xDFFF)
         return -1;
-      f->p += 6;
+      p += 6;
       cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
     }
-    put_cp(&f->tmp, cp);
+    o += lg__utf8_put(cp, o);
   }
-  if (esc) {
-    if (f->tmp.oom) return -1;
-    *s = f->tmp.data ? f->tmp.data : "";
-    *len = f->tmp.len;
+  if (o) {
+    *s = f->tmp.data;
+    *len = f->tmp.len = (size_t)(o - f->tmp.data);
   } else {
     *s = (const char *)start;
-    *len = (size_t)(f->p - start);
+    *len = (size_t)(p - start);
   }
-  f->p++; /* the closing quote */
+  f->p = p + 1; /* the closing quote */
   return 0;
 }
 
@@ -311,10 +315,13 @@ json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals) {
 
 json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
                             size_t *reals) {
+  lg__json_region_begin(); /* the tree in chunks (util.c): freed a thousand values at a time */
   json_t *v = lg__json_load_fast_flags(s, n, flags, reals);
-  if (v) return v;
-  v = json_loadb(s ? s : "", n, flags, je);
-  if (v && reals) *reals = reals_of(v);
+  if (!v) {
+    v = json_loadb(s ? s : "", n, flags, je);
+    if (v && reals) *reals = reals_of(v);
+  }
+  lg__json_region_end();
   return v;
 }
 

@@ -52,6 +52,8 @@ struct lg__batcher {
   size_t max_batch;       /* decisions per transaction at most */
   lg_canon_t *canon;      /* the committer's scratch for fingerprints */
   int joined;             /* the committer has exited */
+  int running;            /* batches being run now (the committer's, and
+                             lg__batcher_run's on their callers' threads) */
   _Atomic uint64_t batches, jobs; /* for tests and benchmarks */
 };
 
@@ -91,7 +93,7 @@ static void run_batch(lg__batcher_t *b, lg__job_t *first) {
   for (lg__job_t *j = first, *next; j; j = next) {
     next = j->next; /* done() may free the job */
     j->next = NULL;
-    j->done(j);
+    if (j->done) j->done(j);
   }
 }
 
@@ -112,9 +114,11 @@ static void *committer(void *arg) {
     b->head = last->next;
     if (!b->head) b->tail = NULL;
     last->next = NULL;
+    b->running++;
     pthread_mutex_unlock(&b->mu);
     run_batch(b, first);
     pthread_mutex_lock(&b->mu);
+    b->running--;
   }
   pthread_mutex_unlock(&b->mu);
   return NULL;
@@ -154,6 +158,55 @@ void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j) {
   b->tail = j;
   pthread_cond_signal(&b->cv);
   pthread_mutex_unlock(&b->mu);
+}
+
+/* What lg__batcher_run's caller waits on while its job is queued. */
+typedef struct waiter {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+} waiter_t;
+
+static void waiter_done(lg__job_t *j) {
+  waiter_t *w = j->owner;
+  pthread_mutex_lock(&w->mu);
+  w->done = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void lg__batcher_run(lg__batcher_t *b, lg__job_t *j) {
+  j->next = NULL;
+  j->done = NULL;
+  pthread_mutex_lock(&b->mu);
+  if (b->stop || (!b->head && !b->running)) {
+    /* Nothing to share a commit with: run it here, without a hand-over. */
+    b->running++;
+    pthread_mutex_unlock(&b->mu);
+    run_batch(b, j);
+    pthread_mutex_lock(&b->mu);
+    b->running--;
+    if (b->head) pthread_cond_signal(&b->cv); /* queued meanwhile */
+    pthread_mutex_unlock(&b->mu);
+    return;
+  }
+  waiter_t w = {.done = 0};
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  j->owner = &w;
+  j->done = waiter_done;
+  if (b->tail) b->tail->next = j;
+  else b->head = j;
+  b->tail = j;
+  pthread_cond_signal(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  pthread_mutex_lock(&w.mu);
+  while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+  pthread_mutex_unlock(&w.mu);
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+  j->owner = NULL;
+  j->done = NULL;
 }
 
 void lg__batcher_stop(lg__batcher_t *b) {

@@ -51,6 +51,13 @@ lg__batcher_t *lg__batcher_new(lg_store_t *s, size_t max_batch);
  * (a decision under its own savepoint), and commits once before any
  * done() is called: nothing is answered before it is stored. */
 void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j);
+/* Runs job j and returns once its batch is committed (j->rc and j->err
+ * set; j->done and j->owner are the batcher's): for a caller that waits
+ * anyway (a gateway worker). When the committer is idle and no job waits,
+ * the batch of j alone is run on the calling thread — no hand-over to the
+ * committer and back, two thread wake-ups a step fewer — else j is queued
+ * and shares the next batch's commit, as a submitted job would. */
+void lg__batcher_run(lg__batcher_t *b, lg__job_t *j);
 /* Decides every job queued and stops the committer; jobs submitted after
  * it are decided on the submitting thread. Before the HTTP daemon stops:
  * no connection may stay parked (libmicrohttpd aborts on that). */

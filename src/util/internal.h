@@ -46,6 +46,14 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...)
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n);
 /* The same for a NUL-terminated string, or null when s is NULL. */
 int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
+/* Appends jansson value v as compact JSON text, what json_dumps(v,
+ * JSON_COMPACT | JSON_ENCODE_ANY) writes (members in their order, reals
+ * as jansson writes them: %.17g, ".0" when it would read as an integer,
+ * no '+' or leading zero in the exponent), except that control
+ * characters are escaped in lowercase hex (\u001f). LG_EINVAL for a string
+ * that is not UTF-8, which json_dumps refuses too; LG_ENOMEM. */
+struct json_t;
+int lg__buf_json(lg__buf_t *b, const struct json_t *v);
 /* Appends ,"key":"value" (value escaped) when value is not NULL. */
 int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
 /* Appends ,"key": (key a plain name, not escaped). */
@@ -70,6 +78,22 @@ char *lg__buf_steal(lg__buf_t *b, size_t *len);
  * then be discarded as LG_ENOMEM whatever jansson said. */
 void lg__json_begin(void);
 bool lg__json_oom(void);
+/* Between these, this thread's jansson allocations of up to 8 KB come
+ * from a chunk of its own rather than a malloc each (util.c, "the
+ * region"): for the gateway's reader of network bytes (lg__json_load),
+ * whose trees are made and freed a thousand values at a time. begin
+ * calls lg__json_begin. A value made inside stays valid until freed, on
+ * any thread, as any jansson value; one kept long keeps its 128 KB chunk
+ * from going back, so what a run keeps is copied out (json_deep_copy
+ * outside the region). Off under ASan, so that it checks every value. */
+void lg__json_region_begin(void);
+void lg__json_region_end(void);
+/* A thread that used the region and ends (or idles long) gives its chunk up. */
+void lg__json_region_thread_end(void);
+/* For tests: the region on or off (default: on, off under ASan), and the
+ * chunks taken and not yet back. */
+void lg__json_region_enable(int on);
+size_t lg__json_region_chunks(void);
 
 /* ---- money (usd.c) ---- */
 #define LG__USD_NANO 9  /* decimals of nano-dollars: the engine's unit */

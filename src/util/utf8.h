@@ -15,12 +15,12 @@
  * backslash and every non-ASCII byte (util.c). */
 extern const uint8_t lg__str_special[256];
 
-/* The value of a hex digit of either case, or -1. */
+/* The value of a hex digit of either case, or -1: the one hex table
+ * (lg__hex_value, ids.c, lowercase only) with A-F folded first. */
+extern const uint8_t lg__hex_value[256];
 static inline int lg__hexval(unsigned char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
+  uint8_t v = lg__hex_value[(unsigned)(ch - 'A') < 6u ? ch | 0x20 : ch];
+  return v == 0xFF ? -1 : v;
 }
 
 /* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */

@@ -8,8 +8,11 @@
 #include "utf8.h"
 
 #include <errno.h>
+#include <math.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
@@ -34,13 +37,153 @@ void lg_set_allocator(lg_malloc_fn m, lg_realloc_fn r, lg_free_fn f) {
  * wrong content. Its hooks therefore note every failure in a per-thread
  * flag, and every parse checks the flag and discards its result. */
 static _Thread_local bool g_json_oom;
+
+/* ---- the region: trees read by lg__json_load in chunks, not a malloc a value ----
+ *
+ * The gateway reads a request of a few KB into a tree of about a thousand
+ * jansson allocations, and frees them all when the request is answered:
+ * malloc and free were a quarter of its instructions. Inside
+ * lg__json_region_begin/end a thread's jansson allocations come from a
+ * chunk of its own instead (a bump of a pointer), and a free is one
+ * atomic decrement of the chunk's count of live allocations. A chunk goes
+ * back to the pool once the thread has moved on from it and its last
+ * allocation is freed, by any thread — so a value kept past the request
+ * stays valid, only keeping its chunk. Allocations are told apart by
+ * address: every chunk lies in one reserved span, anything else came
+ * from g_malloc. */
+#define JR_CHUNK ((size_t)128 * 1024) /* a chunk's size and alignment */
+#define JR_CHUNKS 2048                /* the span: 256 MB of address space, reserved, not used */
+#define JR_BIG (JR_CHUNK / 16)        /* larger allocations: g_malloc */
+#define JR_BIAS ((long)1 << 40)       /* a chunk's count while its thread still allocates in it */
+#define JR_KEEP 16                    /* released chunks kept resident at most */
+
+typedef struct jr_chunk {
+  _Atomic long live;     /* JR_BIAS - allocations + frees while open; live allocations once closed */
+  long allocs;           /* made in it (its thread's only) */
+  size_t used;           /* bytes handed out, this header included */
+  struct jr_chunk *next; /* the pool's list */
+} jr_chunk_t;
+#define JR_HEAD ((sizeof(jr_chunk_t) + 15) & ~(size_t)15)
+
+static _Atomic(char *) jr_span;      /* JR_CHUNKS chunks, JR_CHUNK-aligned; NULL: no region.
+                                        Atomic: every free reads it, set once by the first region */
+static size_t jr_fresh;              /* chunks of the span never used yet */
+static jr_chunk_t *jr_pool;          /* released chunks, to use again */
+static size_t jr_pooled;
+static _Atomic size_t jr_in_use;     /* chunks taken and not yet released */
+static pthread_mutex_t jr_mu = PTHREAD_MUTEX_INITIALIZER;
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang's way to say it */
+#define JR_UNDER_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(JR_UNDER_ASAN)
+static _Atomic int jr_enabled = 0;   /* under ASan, a malloc per value, so that it checks each */
+#else
+static _Atomic int jr_enabled = 1;
+#endif
+static _Thread_local int jr_depth;   /* inside lg__json_region_begin */
+static _Thread_local jr_chunk_t *jr_cur; /* this thread's open chunk */
+
+static void jr_span_reserve(void) {
+  void *m = mmap(NULL, JR_CHUNKS * JR_CHUNK + JR_CHUNK, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return; /* no region: every allocation is g_malloc's */
+  uintptr_t a = ((uintptr_t)m + JR_CHUNK - 1) & ~(uintptr_t)(JR_CHUNK - 1);
+  atomic_store(&jr_span, (char *)a);
+}
+
+static inline int jr_owns(const void *p) {
+  char *span = atomic_load_explicit(&jr_span, memory_order_relaxed);
+  return span && (uintptr_t)p - (uintptr_t)span < (uintptr_t)JR_CHUNKS * JR_CHUNK;
+}
+
+static void jr_release(jr_chunk_t *c) {
+  atomic_fetch_sub(&jr_in_use, 1);
+  pthread_mutex_lock(&jr_mu);
+  if (jr_pooled >= JR_KEEP) /* its pages go back to the kernel; the address stays the span's */
+    madvise(c, JR_CHUNK, MADV_DONTNEED);
+  else
+    jr_pooled++;
+  c->next = jr_pool;
+  jr_pool = c;
+  pthread_mutex_unlock(&jr_mu);
+}
+
+static jr_chunk_t *jr_take(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, jr_span_reserve);
+  char *span = atomic_load(&jr_span);
+  if (!span) return NULL;
+  pthread_mutex_lock(&jr_mu);
+  jr_chunk_t *c = jr_pool;
+  if (c) {
+    jr_pool = c->next;
+    if (jr_pooled) jr_pooled--;
+  } else if (jr_fresh < JR_CHUNKS) {
+    c = (jr_chunk_t *)(span + jr_fresh++ * JR_CHUNK);
+  }
+  pthread_mutex_unlock(&jr_mu);
+  if (!c) return NULL; /* the span is full: g_malloc until a chunk comes back */
+  atomic_store(&c->live, JR_BIAS);
+  c->allocs = 0;
+  c->used = JR_HEAD;
+  atomic_fetch_add(&jr_in_use, 1);
+  return c;
+}
+
+/* The thread leaves its chunk: from now on the count is of live allocations. */
+static void jr_close(jr_chunk_t *c) {
+  long drop = JR_BIAS - c->allocs;
+  if (atomic_fetch_sub(&c->live, drop) == drop) jr_release(c);
+}
+
+static void *jr_alloc(size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  if (n > JR_BIG) return NULL;
+  jr_chunk_t *c = jr_cur;
+  if (!c || c->used + n > JR_CHUNK) {
+    if (c) jr_close(c);
+    if (!(jr_cur = c = jr_take())) return NULL;
+  }
+  void *p = (char *)c + c->used;
+  c->used += n;
+  c->allocs++;
+  return p;
+}
+
+void lg__json_region_begin(void) {
+  lg__json_begin();
+  if (atomic_load_explicit(&jr_enabled, memory_order_relaxed)) jr_depth++;
+}
+
+void lg__json_region_end(void) {
+  if (jr_depth) jr_depth--;
+}
+
+void lg__json_region_thread_end(void) {
+  if (jr_cur) jr_close(jr_cur);
+  jr_cur = NULL;
+}
+
+void lg__json_region_enable(int on) { atomic_store(&jr_enabled, on); }
+
+size_t lg__json_region_chunks(void) { return atomic_load(&jr_in_use); }
+
 static void *json_hook_malloc(size_t n) {
-  void *p = g_malloc(n ? n : 1);
+  void *p = jr_depth ? jr_alloc(n ? n : 1) : NULL;
+  if (!p) p = g_malloc(n ? n : 1);
   if (!p) g_json_oom = true;
   return p;
 }
 static void json_hook_free(void *p) {
-  if (p) g_free(p);
+  if (!p) return;
+  if (jr_owns(p)) {
+    jr_chunk_t *c = (jr_chunk_t *)((uintptr_t)p & ~(uintptr_t)(JR_CHUNK - 1));
+    if (atomic_fetch_sub(&c->live, 1) == 1) jr_release(c);
+    return;
+  }
+  g_free(p);
 }
 static void json_hooks_install(void) { json_set_alloc_funcs(json_hook_malloc, json_hook_free); }
 
@@ -169,35 +312,115 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...) {
   return 0;
 }
 
+/* Bytes lg__buf_json_str escapes: controls, the quote and the backslash
+ * (UTF-8 goes through as it is). */
+static const uint8_t json_escaped[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    ['"'] = 1, ['\\'] = 1};
+
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
-  const char *hex = lg__hex_digits;
-  if (lg__buf_reserve(b, n + 2)) return LG_ENOMEM;
-  b->data[b->len++] = '"';
-  size_t run = 0; /* start of the pending run of plain bytes */
+  /* Written in place: room for the quotes and a few escapes first, more
+   * only when escapes use it up (6 bytes at most for one). */
+  if (lg__buf_reserve(b, n + n / 8 + 8)) return LG_ENOMEM;
+  char *o = b->data + b->len;
+  *o++ = '"';
   for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch >= 0x20 && ch != '"' && ch != '\\') continue;
-    if (lg__buf_append(b, s + run, i - run)) return LG_ENOMEM;
-    char esc[7] = {'\\', 0, 0, 0, 0, 0, 0};
-    size_t el = 2;
-    switch (ch) {
-    case '"': esc[1] = '"'; break;
-    case '\\': esc[1] = '\\'; break;
-    case '\b': esc[1] = 'b'; break;
-    case '\f': esc[1] = 'f'; break;
-    case '\n': esc[1] = 'n'; break;
-    case '\r': esc[1] = 'r'; break;
-    case '\t': esc[1] = 't'; break;
-    default:
-      esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
-      esc[4] = hex[ch >> 4]; esc[5] = hex[ch & 15];
-      el = 6;
+    if ((size_t)(b->data + b->cap - o) < 8) { /* 6 for this byte, the quote, the NUL */
+      b->len = (size_t)(o - b->data);
+      if (lg__buf_reserve(b, (n - i) + (n - i) / 8 + 8)) return LG_ENOMEM;
+      o = b->data + b->len;
     }
-    if (lg__buf_append(b, esc, el)) return LG_ENOMEM;
-    run = i + 1;
+    unsigned char ch = (unsigned char)s[i];
+    if (!json_escaped[ch]) {
+      *o++ = (char)ch;
+      continue;
+    }
+    *o++ = '\\';
+    switch (ch) {
+    case '"': *o++ = '"'; break;
+    case '\\': *o++ = '\\'; break;
+    case '\b': *o++ = 'b'; break;
+    case '\f': *o++ = 'f'; break;
+    case '\n': *o++ = 'n'; break;
+    case '\r': *o++ = 'r'; break;
+    case '\t': *o++ = 't'; break;
+    default:
+      *o++ = 'u', *o++ = '0', *o++ = '0';
+      *o++ = lg__hex_digits[ch >> 4], *o++ = lg__hex_digits[ch & 15];
+    }
   }
-  if (lg__buf_append(b, s + run, n - run)) return LG_ENOMEM;
-  return lg__buf_putc(b, '"');
+  *o++ = '"';
+  *o = 0;
+  b->len = (size_t)(o - b->data);
+  return 0;
+}
+
+static int buf_json_real(lg__buf_t *b, double d) {
+  char t[40];
+  int n = snprintf(t, sizeof t, "%.17g", d);
+  if (n <= 0 || (size_t)n >= sizeof t - 2 || !isfinite(d)) return LG_EINVAL; /* as json_dumps */
+  for (char *p = t; *p; p++)
+    if (*p == ',') *p = '.'; /* a locale's decimal comma */
+  if (!strchr(t, '.') && !strchr(t, 'e')) { /* else it would read back as an integer */
+    memcpy(t + n, ".0", 3);
+    n += 2;
+  }
+  char *e = strchr(t, 'e');
+  if (e) { /* e+20 -> e20, e-05 -> e-5 */
+    char *start = e + 1, *end = start + 1;
+    if (*start == '-') start++;
+    while (*end == '0') end++;
+    if (end != start) {
+      memmove(start, end, (size_t)(t + n - end) + 1);
+      n -= (int)(end - start);
+    }
+  }
+  return lg__buf_append(b, t, (size_t)n);
+}
+
+static int buf_json_string(lg__buf_t *b, const char *s, size_t n) {
+  for (size_t i = 0; i < n;) { /* json_dumps refuses a string that is not UTF-8 */
+    if ((unsigned char)s[i] < 0x80) {
+      i++;
+      continue;
+    }
+    size_t k = lg__utf8_len((const unsigned char *)s + i, n - i);
+    if (!k) return LG_EINVAL;
+    i += k;
+  }
+  return lg__buf_json_str(b, s, n);
+}
+
+int lg__buf_json(lg__buf_t *b, const json_t *v) {
+  int rc = 0;
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: {
+    const char *k;
+    json_t *x;
+    char sep = '{';
+    json_object_foreach((json_t *)v, k, x) {
+      if ((rc = lg__buf_putc(b, sep)) || (rc = buf_json_string(b, k, strlen(k))) ||
+          (rc = lg__buf_putc(b, ':')) || (rc = lg__buf_json(b, x)))
+        return rc;
+      sep = ',';
+    }
+    return sep == '{' ? lg__buf_puts(b, "{}") : lg__buf_putc(b, '}');
+  }
+  case JSON_ARRAY: {
+    size_t n = json_array_size(v);
+    if (!n) return lg__buf_puts(b, "[]");
+    for (size_t i = 0; i < n; i++)
+      if ((rc = lg__buf_putc(b, i ? ',' : '[')) || (rc = lg__buf_json(b, json_array_get(v, i)))) return rc;
+    return lg__buf_putc(b, ']');
+  }
+  case JSON_STRING: return buf_json_string(b, json_string_value(v), json_string_length(v));
+  case JSON_INTEGER: return lg__buf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+  case JSON_REAL: return buf_json_real(b, json_real_value(v));
+  case JSON_TRUE: return lg__buf_puts(b, "true");
+  case JSON_FALSE: return lg__buf_puts(b, "false");
+  case JSON_NULL: return lg__buf_puts(b, "null");
+  }
+  return LG_EINVAL;
 }
 
 void lg__buf_free(lg__buf_t *b) {

@@ -31,18 +31,6 @@ static size_t count_reals(const json_t *v) {
   return n;
 }
 
-/* lg__json_text (body.c) writes what json_dumps(COMPACT | ENCODE_ANY)
- * writes: the sidecar's trace lines hold it. */
-static void text_agrees(const json_t *v) {
-  size_t n = 0;
-  char *ours = lg__json_text(v, &n);
-  char *theirs = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-  if (!ours || !theirs || strcmp(ours, theirs) || n != strlen(theirs))
-    fail_msg("lg__json_text: %s\njson_dumps:   %s", ours ? ours : "(null)", theirs ? theirs : "(null)");
-  lg__free(ours);
-  free(theirs);
-}
-
 /* 1 when the fast reader took s (and then it agrees with json_loadb),
  * with jansson's flags 0 or JSON_REJECT_DUPLICATES (the sidecar's). */
 static int agree_flags(const char *s, size_t n, size_t flags) {
@@ -50,7 +38,6 @@ static int agree_flags(const char *s, size_t n, size_t flags) {
   json_t *f = flags ? lg__json_load_fast_flags(s, n, flags, &rf) : lg__json_load_fast(s, n, &rf);
   json_error_t je, jl;
   json_t *j = json_loadb(s, n, flags, &je);
-  if (j) text_agrees(j);
   if (f) {
     if (!j) fail_msg("taken, but jansson refuses it (%s): %.*s", je.text, (int)n, s);
     char *a = dump(f), *b = dump(j);
@@ -196,34 +183,6 @@ static void mutations(void **state) {
   assert_true(took > 1000); /* the mutations are not all refused */
 }
 
-/* The texts written out: every control character, quote and backslash,
- * DEL and UTF-8 in keys and values, scalars, the integer extremes, empty
- * and nested containers, and reals (json_dumps's own). */
-static void texts(void **state) {
-  (void)state;
-  json_t *o = json_object();
-  char all[40];
-  for (int c = 0; c < 32; c++) all[c] = (char)(c + 1 < 32 ? c + 1 : 0x7f);
-  memcpy(all + 32, "\"\\/\xc3\xa9\xe2\x82\xac", 8);
-  json_object_set_new(o, "k\"\\\n\x01\x1f\xf0\x9f\x98\x80", json_stringn(all, 40));
-  json_object_set_new(o, "", json_string(""));
-  json_object_set_new(o, "min", json_integer(INT64_MIN));
-  json_object_set_new(o, "max", json_integer(INT64_MAX));
-  json_object_set_new(o, "z", json_integer(0));
-  json_object_set_new(o, "t", json_pack("[bbn{}[]{s:[{}]}]", 1, 0, "x"));
-  json_object_set_new(o, "b", json_string("\b\f\n\r\t"));
-  text_agrees(o);
-  json_t *scalars[] = {json_string("s\x02"), json_integer(-7), json_true(), json_null(),
-                       json_real(0.1), json_real(1e300), json_pack("[f]", 2.0)};
-  for (size_t i = 0; i < sizeof scalars / sizeof *scalars; i++) {
-    text_agrees(scalars[i]);
-    json_decref(scalars[i]);
-  }
-  json_object_set_new(o, "r", json_real(-1.5e-7)); /* a real anywhere: json_dumps writes it all */
-  text_agrees(o);
-  json_decref(o);
-}
-
 static char *slurp_body(const char *size, const char *stream) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "python3 '%s/bench/gateway/body.py' %s %s", getenv("LG_SOURCE_DIR"), size, stream);
@@ -250,7 +209,6 @@ static void bench_bodies(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(cases),
-      cmocka_unit_test(texts),
       cmocka_unit_test(reals),
       cmocka_unit_test(mutations),
       cmocka_unit_test(bench_bodies),

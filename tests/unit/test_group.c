@@ -1,0 +1,212 @@
+/*
+ * test_group.c — the group commit's waited-for run (lg__batcher_run,
+ * src/store/group.c), which the gateway's workers use for every step:
+ *
+ * - on an idle committer, the job runs on the caller's own thread (no
+ *   hand-over, which cost a gateway request two thread wake-ups a step)
+ *   and its result comes back;
+ * - while the committer is busy, the job is queued and runs on the
+ *   committer, in its next batch, after the batch in progress;
+ * - many threads running and submitting jobs at once never run two
+ *   batches at the same time (a counter bumped without a lock of its own
+ *   loses nothing) and every job is run exactly once.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/group.h"
+#include "store/store.h"
+
+static lg_store_t *open_store(void) {
+  lg_error_t e;
+  memset(&e, 0, sizeof e);
+  lg_store_t *s = lg_store_open("memory:", NULL, &e);
+  assert_non_null(s);
+  return s;
+}
+
+/* ---- where a job runs ---- */
+
+typedef struct where {
+  pthread_t th;   /* the thread that ran it */
+  int ran;        /* times run */
+  sem_t *hold;    /* not NULL: wait for it first (keeps the committer busy) */
+  sem_t *started; /* not NULL: posted on start */
+  int rc;         /* returned */
+} where_t;
+
+static int where_write(void *ud, lg_store_t *s, lg_error_t *err) {
+  (void)s;
+  where_t *w = ud;
+  if (w->started) sem_post(w->started);
+  if (w->hold) sem_wait(w->hold);
+  w->th = pthread_self();
+  w->ran++;
+  if (w->rc) return lg__err(err, w->rc, "test", -1, "the job's own error");
+  return 0;
+}
+
+static void noop_done(lg__job_t *j) { (void)j; }
+
+static void test_idle_runs_on_the_caller(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  lg__batcher_t *b = lg__batcher_new(s, 0);
+  assert_non_null(b);
+  where_t w = {0};
+  lg__job_t j = {.write = where_write, .ud = &w};
+  lg__batcher_run(b, &j);
+  assert_int_equal(j.rc, 0);
+  assert_int_equal(w.ran, 1);
+  assert_true(pthread_equal(w.th, pthread_self()));
+  /* an error of the job comes back with its detail */
+  where_t w2 = {.rc = LG_EINVAL};
+  lg__job_t j2 = {.write = where_write, .ud = &w2};
+  lg__batcher_run(b, &j2);
+  assert_int_equal(j2.rc, LG_EINVAL);
+  assert_non_null(strstr(j2.err.message, "the job's own error"));
+  uint64_t batches, jobs;
+  lg__batcher_stats(b, &batches, &jobs);
+  assert_int_equal(batches, 2);
+  assert_int_equal(jobs, 2);
+  lg__batcher_free(b);
+  lg_store_close(s);
+}
+
+typedef struct runner {
+  lg__batcher_t *b;
+  lg__job_t *j;
+  atomic_int returned;
+} runner_t;
+
+static void *run_thread(void *arg) {
+  runner_t *r = arg;
+  lg__batcher_run(r->b, r->j);
+  atomic_store(&r->returned, 1);
+  return NULL;
+}
+
+static void test_busy_queues_behind_the_batch(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  lg__batcher_t *b = lg__batcher_new(s, 0);
+  assert_non_null(b);
+  sem_t hold, started;
+  sem_init(&hold, 0, 0);
+  sem_init(&started, 0, 0);
+  where_t first = {.hold = &hold, .started = &started};
+  lg__job_t j1 = {.write = where_write, .ud = &first, .done = noop_done};
+  lg__batcher_submit(b, &j1);
+  sem_wait(&started); /* the committer is inside j1's batch */
+
+  where_t second = {0};
+  lg__job_t j2 = {.write = where_write, .ud = &second};
+  runner_t r = {.b = b, .j = &j2};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, run_thread, &r), 0);
+  usleep(50 * 1000);
+  assert_int_equal(second.ran, 0); /* waits: not run beside the batch */
+  assert_int_equal(atomic_load(&r.returned), 0);
+  sem_post(&hold);
+  pthread_join(th, NULL);
+  assert_int_equal(first.ran, 1);
+  assert_int_equal(second.ran, 1);
+  assert_int_equal(j2.rc, 0);
+  /* queued, so the committer ran it, not the waiting thread */
+  assert_true(pthread_equal(second.th, first.th));
+  assert_false(pthread_equal(second.th, th));
+  lg__batcher_free(b);
+  lg_store_close(s);
+  sem_destroy(&hold);
+  sem_destroy(&started);
+}
+
+/* ---- many at once ---- */
+
+enum { THREADS = 4, EACH = 400 };
+
+static long counter; /* bumped by jobs only: the batches' exclusion guards it */
+
+static int bump_write(void *ud, lg_store_t *s, lg_error_t *err) {
+  (void)s;
+  (void)err;
+  long v = counter;
+  if (((uintptr_t)ud & 7) == 0) sched_yield(); /* widen the window */
+  counter = v + 1;
+  return 0;
+}
+
+static atomic_int submitted_done;
+static void count_done(lg__job_t *j) {
+  (void)j;
+  atomic_fetch_add(&submitted_done, 1);
+}
+
+typedef struct hammer {
+  lg__batcher_t *b;
+  int submit; /* 1: lg__batcher_submit (as the HTTP thread), else run */
+  lg__job_t jobs[EACH];
+} hammer_t;
+
+static void *hammer_thread(void *arg) {
+  hammer_t *h = arg;
+  for (int i = 0; i < EACH; i++) {
+    lg__job_t *j = &h->jobs[i];
+    memset(j, 0, sizeof *j);
+    j->write = bump_write;
+    j->ud = (void *)(uintptr_t)i;
+    if (h->submit) {
+      j->done = count_done;
+      lg__batcher_submit(h->b, j);
+    } else {
+      lg__batcher_run(h->b, j);
+      assert_int_equal(j->rc, 0);
+    }
+  }
+  return NULL;
+}
+
+static void test_many_threads(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  lg__batcher_t *b = lg__batcher_new(s, 0);
+  assert_non_null(b);
+  counter = 0;
+  atomic_store(&submitted_done, 0);
+  static hammer_t h[THREADS];
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    h[i].b = b;
+    h[i].submit = i == 0;
+    assert_int_equal(pthread_create(&th[i], NULL, hammer_thread, &h[i]), 0);
+  }
+  for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+  lg__batcher_stop(b); /* the submitted ones are all decided by now */
+  assert_int_equal(atomic_load(&submitted_done), EACH);
+  assert_int_equal(counter, THREADS * EACH);
+  uint64_t batches, jobs;
+  lg__batcher_stats(b, &batches, &jobs);
+  assert_int_equal(jobs, THREADS * EACH);
+  assert_true(batches <= jobs);
+  lg__batcher_free(b);
+  lg_store_close(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_idle_runs_on_the_caller),
+      cmocka_unit_test(test_busy_queues_behind_the_batch),
+      cmocka_unit_test(test_many_threads),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
