@@ -414,7 +414,7 @@ int lg__buf_json(lg__buf_t *b, const json_t *v) {
     return lg__buf_putc(b, ']');
   }
   case JSON_STRING: return buf_json_string(b, json_string_value(v), json_string_length(v));
-  case JSON_INTEGER: return lg__buf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+  case JSON_INTEGER: return lg__buf_i64(b, (int64_t)json_integer_value(v)); /* %lld's digits */
   case JSON_REAL: return buf_json_real(b, json_real_value(v));
   case JSON_TRUE: return lg__buf_puts(b, "true");
   case JSON_FALSE: return lg__buf_puts(b, "false");
