@@ -321,8 +321,7 @@ static void save_one(wr_t *w, const lg_run_t *run, const char *base, const field
   case K_FPHEX: put_str(w, p, strnlen(p, LG_FP_HEX - 1)); break;
   case K_FP32: { /* the format keeps the 32 bytes, not their hex */
     uint8_t fp[32];
-    for (int k = 0; k < 32; k++)
-      fp[k] = (uint8_t)(lg__hex_value[(uint8_t)p[2 * k]] << 4 | lg__hex_value[(uint8_t)p[2 * k + 1]]);
+    lg__unhex(p, 32, fp); /* the engine's own fingerprints: lowercase hex */
     put_bytes(w, fp, 32);
     break;
   }

@@ -34,6 +34,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <time.h>
 
 /* One request in flight. Made by the URI log callback, when the request
@@ -534,15 +535,22 @@ static int is_json_type(const char *ct) {
   return !*ct || *ct == ';';
 }
 
-/* The size of the request head MHD has kept (line and headers). */
+/* What the request head holds, counted as the screen counts a first head
+ * (screen.c): its bytes (line and headers) with the Cookie header's value
+ * twice, and its fields (header lines, cookies, query parameters). */
 typedef struct head_size {
-  size_t n;
+  size_t n, fields;
+  int cookie;
 } head_size_t;
 static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const char *key,
                                        const char *value) {
-  (void)kind;
   head_size_t *hs = cls;
-  hs->n += strlen(key) + (value ? strlen(value) : 0) + 4;
+  hs->fields++;
+  if (kind == MHD_HEADER_KIND) {
+    size_t v = value ? strlen(value) : 0;
+    hs->n += strlen(key) + v + 4;
+    if (!strcasecmp(key, "Cookie")) hs->n += v + 1, hs->cookie = 1;
+  }
   return MHD_YES;
 }
 
@@ -635,11 +643,19 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   if (hr->raw_len > LG__MAX_URI)
     FAIL(414, "uri_too_long", "path", "the request target is %zu bytes; the limit is %d",
          hr->raw_len, LG__MAX_URI);
-  head_size_t hs = {hr->raw_len + strlen(method) + 12};
-  MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_size, &hs);
+  /* "METHOD SP TARGET SP HTTP/1.1 CRLF", each "Name: value CRLF", the empty line */
+  head_size_t hs = {strlen(method) + 1 + hr->raw_len + 11 + 2, 0, 0};
+  MHD_get_connection_values(c, MHD_HEADER_KIND | MHD_COOKIE_KIND | MHD_GET_ARGUMENT_KIND,
+                            add_header_size, &hs);
   if (hs.n > LG__MAX_HEAD)
-    FAIL(431, "headers_too_large", "headers", "the request head is %zu bytes; the limit is %d",
-         hs.n, LG__MAX_HEAD);
+    FAIL(431, "headers_too_large", "headers",
+         "the request head is %zu bytes%s; the limit is %d", hs.n,
+         hs.cookie ? " (its Cookie header counts twice)" : "", LG__MAX_HEAD);
+  if (hs.fields > LG__MAX_FIELDS)
+    FAIL(431, "headers_too_large", "headers",
+         "the request head has %zu fields (header lines, cookies and query parameters); the "
+         "limit is %d",
+         hs.fields, LG__MAX_FIELDS);
   if (!srv->auth.n && open_mode_checks(srv, rq, c)) {
     hr->errored = 1;
     return;

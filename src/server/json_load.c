@@ -15,6 +15,8 @@
  * surrogate, invalid UTF-8, a nesting over MAX_DEPTH, a locale whose
  * decimal point is not '.', out of memory — and the text goes to
  * json_loadb, so every error (and its line and column) is jansson's.
+ * With JSON_REJECT_DUPLICATES (the sidecar's bodies), a repeated key is
+ * one of those: jansson refuses it in its own words.
  */
 #include "server.h"
 
@@ -31,6 +33,7 @@ typedef struct fparse {
   const unsigned char *p, *end;
   lg__buf_t tmp; /* a string with escapes, decoded */
   size_t reals;  /* real numbers read (a repeated key's replaced one too) */
+  int nodup;     /* JSON_REJECT_DUPLICATES: a repeated key is not taken */
 } fparse_t;
 
 static inline void ws(fparse_t *f) {
@@ -220,7 +223,13 @@ static json_t *object(fparse_t *f, int depth) {
       ws(f);
       v = value(f, depth + 1);
     }
-    int bad = !v || json_object_setn_new_nocheck(o, k, kl, v);
+    int bad = !v;
+    if (!bad && f->nodup && json_object_getn(o, k, kl)) { /* jansson's error */
+      json_decref(v);
+      bad = 1;
+    } else if (!bad) {
+      bad = json_object_setn_new_nocheck(o, k, kl, v) != 0; /* takes v, even failing */
+    }
     lg__free(kcopy);
     int next = bad ? -1 : after_item(f, '}');
     if (next == 0) return o;
@@ -272,8 +281,9 @@ static json_t *value(fparse_t *f, int depth) {
   }
 }
 
-json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals) {
-  fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}, 0};
+json_t *lg__json_load_fast_flags(const char *s, size_t n, size_t flags, size_t *reals) {
+  fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}, 0,
+                (flags & JSON_REJECT_DUPLICATES) != 0};
   json_t *v = NULL;
   if (s) {
     ws(&f);
@@ -299,13 +309,22 @@ static size_t reals_of(const json_t *v) {
   return n;
 }
 
-json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals) {
+json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals) {
+  return lg__json_load_fast_flags(s, n, 0, reals);
+}
+
+json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
+                            size_t *reals) {
   lg__json_region_begin(); /* the tree in chunks (util.c): freed a thousand values at a time */
-  json_t *v = lg__json_load_fast(s, n, reals);
+  json_t *v = lg__json_load_fast_flags(s, n, flags, reals);
   if (!v) {
-    v = json_loadb(s ? s : "", n, 0, je);
+    v = json_loadb(s ? s : "", n, flags, je);
     if (v && reals) *reals = reals_of(v);
   }
   lg__json_region_end();
   return v;
+}
+
+json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals) {
+  return lg__json_load_flags(s, n, 0, je, reals);
 }

@@ -24,7 +24,10 @@
  * lines of a token, a colon at once, and a value without control
  * characters other than tab; lines ending in CRLF or a bare LF; empty
  * lines before the request line skipped; the whole head at most
- * LG__MAX_HEAD bytes. Content-Length is digits only, and several of them
+ * LG__MAX_HEAD bytes with the Cookie header's value counted twice, and at
+ * most LG__MAX_FIELDS header lines, cookies and query parameters (what
+ * libmicrohttpd keeps in its LG__MHD_POOL: past it, it would answer in
+ * HTML). Content-Length is digits only, and several of them
  * must agree; Transfer-Encoding is chunked alone, once, not beside a
  * Content-Length and not in HTTP/1.0; Host at most once. Line folding,
  * whitespace before a colon, NUL and bare CR are refused (request
@@ -69,6 +72,9 @@ typedef struct scan {
   int minor;            /* HTTP/1.minor */
   int n_cl, n_te, n_host;
   unsigned long long cl;/* the Content-Length */
+  int query;            /* a '?' is in the target */
+  size_t fields;        /* header lines, cookies and query parameters so far */
+  size_t extra;         /* bytes counted beside the head's: Cookie values */
 } scan_t;
 
 static int refuse(lg__screen_t *out, int status, const char *type, const char *field,
@@ -87,6 +93,23 @@ static int refuse(lg__screen_t *out, int status, const char *type, const char *f
 
 /* At most 40 bytes of [s, s+n) for a message (escaped by lg__req_error). */
 #define SNIP(s, n) (int)((n) > 40 ? 40 : (n)), (s)
+
+static int too_large(const scan_t *s, lg__screen_t *out) {
+  return refuse(out, 431, "headers_too_large", "headers",
+                "the request head is over %d bytes%s; the limit is %d", LG__MAX_HEAD,
+                s->extra ? " (its Cookie header counts twice)" : "", LG__MAX_HEAD);
+}
+
+/* n more fields (header lines, cookies, query parameters). */
+static int add_fields(scan_t *s, size_t n, lg__screen_t *out) {
+  s->fields += n;
+  if (s->fields > LG__MAX_FIELDS)
+    return refuse(out, 431, "headers_too_large", "headers",
+                  "the request head has over %d fields (header lines, cookies and query "
+                  "parameters); the limit is %d",
+                  LG__MAX_FIELDS, LG__MAX_FIELDS);
+  return 0;
+}
 
 static int bad_line(lg__screen_t *out, const char *what) {
   return refuse(out, 400, "invalid_request", "request_line",
@@ -125,7 +148,13 @@ static void trim(const char **v, size_t *n) {
 /* A header line is complete: its value [v, v+n), untrimmed. */
 static int end_field(scan_t *s, const char *v, size_t n, lg__screen_t *out) {
   trim(&v, &n);
-  if (NAME_IS(s, "Content-Length")) {
+  if (add_fields(s, 1, out)) return -1;
+  if (NAME_IS(s, "Cookie")) { /* libmicrohttpd copies the value and splits it at ';' and ',' */
+    size_t k = 1;
+    for (size_t i = 0; i < n; i++) k += v[i] == ';' || v[i] == ',';
+    s->extra += n + 1;
+    if (add_fields(s, k, out)) return -1;
+  } else if (NAME_IS(s, "Content-Length")) {
     unsigned long long x = 0;
     int over = 0;
     if (!n)
@@ -201,6 +230,10 @@ static int line_byte(scan_t *s, scan_state_t *st, size_t i, unsigned char c, lg_
       return refuse(out, 414, "uri_too_long", "path",
                     "the request target is over %d bytes; the limit is %d", LG__MAX_URI,
                     LG__MAX_URI);
+    } else if (c == '?' || (c == '&' && s->query)) { /* libmicrohttpd keeps each parameter */
+      if (c == '?' && s->query) return 0;
+      s->query = 1;
+      return add_fields(s, 1, out);
     }
     return 0;
   default: /* S_VERSION */
@@ -272,10 +305,7 @@ int lg__screen_head(const char *p, size_t n, lg__screen_t *out) {
   scan_state_t st = S_LEAD;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)p[i];
-    if (i >= LG__MAX_HEAD)
-      return refuse(out, 431, "headers_too_large", "headers",
-                    "the request head is over %d bytes; the limit is %d", LG__MAX_HEAD,
-                    LG__MAX_HEAD);
+    if (i + s.extra >= LG__MAX_HEAD) return too_large(&s, out);
     int rc = 0;
     switch (st) {
     case S_LEAD:

@@ -233,6 +233,11 @@ char *lg__json_text(const json_t *v, size_t *len);
  * to jansson (for tests). */
 json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals);
 json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals);
+/* The same as json_loadb(s, n, flags, je), flags 0 or
+ * JSON_REJECT_DUPLICATES (the sidecar's bodies). */
+json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
+                            size_t *reals);
+json_t *lg__json_load_fast_flags(const char *s, size_t n, size_t flags, size_t *reals);
 
 #include "../budget/budget.h" /* the refusal and the JSON answers of budgets */
 #include "../store/group.h"
@@ -365,15 +370,22 @@ typedef enum lg__phase {
   LG__PH_BUSY       /* handled, parked, or its answer being sent: never cut */
 } lg__phase_t;
 
-/* libmicrohttpd's memory a connection (its read buffer): a request target
- * or head too large for it is answered in JSON (414, 431) before
- * libmicrohttpd would in HTML: by the screen for a connection's first
- * head, by http.c for the later ones. */
-#define LG__MHD_POOL (32 * 1024)
+/* libmicrohttpd's memory a connection (its read buffer, and the parts of
+ * the head it keeps there): a request head too large for it is answered in
+ * JSON (414, 431) before libmicrohttpd would in HTML: by the screen for a
+ * connection's first head, by http.c for the later ones. 0.9.75 zeroes the
+ * whole pool after every request (MHD_pool_reset), so its size is a cost
+ * per request: 16 KiB, not more (docs/internals/performance.md). */
+#define LG__MHD_POOL (16 * 1024)
 /* Longest request target answered (a longer one is 414); longest request
- * head (line and headers, 431). Both under LG__MHD_POOL. */
-#define LG__MAX_URI 8192
-#define LG__MAX_HEAD 16384
+ * head (line and headers, 431), in which the Cookie header's value counts
+ * twice (libmicrohttpd keeps a copy of it); most fields of a head (header
+ * lines, cookies and query parameters: libmicrohttpd keeps 64 bytes for
+ * each; 431). The worst head within all three, 8 KiB + 100 x 64 bytes,
+ * leaves libmicrohttpd 1.75 KiB of LG__MHD_POOL for the answer's head. */
+#define LG__MAX_URI 4096
+#define LG__MAX_HEAD 8192
+#define LG__MAX_FIELDS 100
 /* After an error answered before the body was read, the rest is read and
  * dropped for at most this long and this much before the connection is
  * closed, so that a client that sends it all before reading (Python's

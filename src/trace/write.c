@@ -17,23 +17,21 @@
 #include "../event/event.h"
 #include "trace.h"
 
-static void str(lg__buf_t *b, const char *k, const char *v) {
-  if (!v) return;
-  lg__buf_printf(b, ",\"%s\":", k);
-  lg__buf_json_str(b, v, strlen(v));
-}
+/* Every line is written on the server's decision path: no printf. */
+static void str(lg__buf_t *b, const char *k, const char *v) { lg__buf_json_kv(b, k, v); }
 
 static void num(lg__buf_t *b, const char *k, int64_t v) {
-  lg__buf_printf(b, ",\"%s\":%lld", k, (long long)v);
+  lg__buf_json_key(b, k);
+  lg__buf_i64(b, v);
 }
 
 static void usd(lg__buf_t *b, const char *k, int64_t nusd) {
-  lg__buf_printf(b, ",\"%s\":", k);
+  lg__buf_json_key(b, k);
   lg__buf_usd(b, nusd);
 }
 
 static void json(lg__buf_t *b, const char *k, const char *v, size_t len) {
-  lg__buf_printf(b, ",\"%s\":", k);
+  lg__buf_json_key(b, k);
   lg__buf_append(b, v, len);
 }
 
@@ -53,7 +51,8 @@ static void result_line(lg__buf_t *b, const lg_result_t *r, const lg_decision_t 
   if (r->status != LG_STATUS_INVALID) str(b, "status", lg_status_name(r->status));
   if (r->has_progress_version) num(b, "progress_version", r->progress_version);
   if (r->side_effect_committed)
-    lg__buf_printf(b, ",\"side_effect_committed\":%s", r->side_effect_committed > 0 ? "true" : "false");
+    lg__buf_puts(b, r->side_effect_committed > 0 ? ",\"side_effect_committed\":true"
+                                                 : ",\"side_effect_committed\":false");
   if (r->retry_after_ms > 0) num(b, "retry_after_ms", r->retry_after_ms);
   if (r->value_kind != LG_VALUE_ABSENT && r->value)
     json(b, "value", r->value, r->value_len ? r->value_len : strlen(r->value));
@@ -73,7 +72,9 @@ static void model_line(lg__buf_t *b, const lg_event_t *ev, const lg_decision_t *
 }
 
 int lg__trace_write(lg__buf_t *b, const lg_event_t *ev, const lg_decision_t *d) {
-  lg__buf_printf(b, "{\"type\":\"%s\"", lg_event_type_name(ev->type));
+  lg__buf_puts(b, "{\"type\":\"");
+  lg__buf_puts(b, lg_event_type_name(ev->type));
+  lg__buf_putc(b, '"');
   switch (ev->type) {
   case LG_EV_CALL: call_line(b, &ev->u.call, d); break;
   case LG_EV_RESULT: result_line(b, &ev->u.result, d); break;
@@ -114,7 +115,8 @@ int lg__trace_write(lg__buf_t *b, const lg_event_t *ev, const lg_decision_t *d) 
     break;
   default: return LG_EINVAL;
   }
-  lg__buf_printf(b, ",\"t_ms\":%lld}\n", (long long)ev->t_ms);
+  num(b, "t_ms", ev->t_ms);
+  lg__buf_puts(b, "}\n");
   return b->oom ? LG_ENOMEM : 0;
 }
 

@@ -56,6 +56,11 @@ struct json_t;
 int lg__buf_json(lg__buf_t *b, const struct json_t *v);
 /* Appends ,"key":"value" (value escaped) when value is not NULL. */
 int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
+/* Appends ,"key": (key a plain name, not escaped). */
+int lg__buf_json_key(lg__buf_t *b, const char *key);
+/* Appends v in decimal, as printf's %lld (without printf: the trace line
+ * and the decision are written on every decision). */
+int lg__buf_i64(lg__buf_t *b, int64_t v);
 /* Appends a nano-USD amount as a JSON number of USD ("0.000042"): the
  * text of lg_usd_format (usd.c). */
 int lg__buf_usd(lg__buf_t *b, int64_t nusd);
@@ -110,6 +115,10 @@ extern const char lg__hex_digits[17];
 extern const uint8_t lg__hex_value[256];
 /* n bytes as 2n lowercase hex digits and a NUL into out[2n + 1]. */
 void lg__hex(const void *bytes, size_t n, char *out);
+/* The n bytes of 2n lowercase hex digits (no NUL needed): for digits
+ * already known good (a fingerprint the library made or checked); any
+ * other byte gives an unspecified value, not an error. */
+void lg__unhex(const char *hex, size_t n, void *bytes);
 /* n random bytes from the kernel (getrandom): the one source of ids,
  * tokens and reservation names. 0, or LG_EIO when there is none. */
 int lg__random(void *bytes, size_t n);

@@ -414,7 +414,7 @@ int lg__buf_json(lg__buf_t *b, const json_t *v) {
     return lg__buf_putc(b, ']');
   }
   case JSON_STRING: return buf_json_string(b, json_string_value(v), json_string_length(v));
-  case JSON_INTEGER: return lg__buf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+  case JSON_INTEGER: return lg__buf_i64(b, (int64_t)json_integer_value(v)); /* %lld's digits */
   case JSON_REAL: return buf_json_real(b, json_real_value(v));
   case JSON_TRUE: return lg__buf_puts(b, "true");
   case JSON_FALSE: return lg__buf_puts(b, "false");
@@ -449,8 +449,34 @@ int lg__buf_json_str_or_null(lg__buf_t *b, const char *s) {
 
 int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value) {
   if (!value) return 0;
-  lg__buf_printf(b, ",\"%s\":", key);
+  lg__buf_json_key(b, key);
   return lg__buf_json_str(b, value, strlen(value));
+}
+
+int lg__buf_json_key(lg__buf_t *b, const char *key) {
+  size_t n = strlen(key);
+  if (lg__buf_reserve(b, n + 4)) return LG_ENOMEM;
+  char *p = b->data + b->len;
+  p[0] = ',';
+  p[1] = '"';
+  memcpy(p + 2, key, n);
+  p[n + 2] = '"';
+  p[n + 3] = ':';
+  b->len += n + 4;
+  b->data[b->len] = 0;
+  return 0;
+}
+
+int lg__buf_i64(lg__buf_t *b, int64_t v) {
+  char tmp[20]; /* 2^63 has 19 digits */
+  size_t k = sizeof tmp;
+  uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  do {
+    tmp[--k] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0 && lg__buf_putc(b, '-')) return LG_ENOMEM;
+  return lg__buf_append(b, tmp + k, sizeof tmp - k);
 }
 
 char *lg_json_quote(const char *s, size_t len) {

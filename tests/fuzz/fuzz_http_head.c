@@ -9,7 +9,8 @@
  *   - LG__SCREEN_MORE only while the bytes are within LG__MAX_HEAD;
  *   - a head that passes is at most LG__MAX_HEAD bytes, ends with an empty
  *     line, holds no NUL, and its request line is METHOD SP TARGET SP
- *     HTTP/1.D with a target of at most LG__MAX_URI bytes;
+ *     HTTP/1.D with a target of at most LG__MAX_URI bytes, and it has at
+ *     most LG__MAX_FIELDS header lines;
  *   - a refusal has a status of the contract (400, 413, 414, 431, 505) and
  *     its answer is one status line, application/json, and a strict JSON
  *     body in the documented shape with that code.
@@ -46,6 +47,12 @@ static void check_passed(const char *p, size_t hl, const uint8_t *data, size_t s
   size_t vl = ll - (size_t)(sp2 + 1 - line);
   check(vl == 8 && !memcmp(sp2 + 1, "HTTP/1.", 7) && sp2[8] >= '0' && sp2[8] <= '9',
         "HTTP/1.D", data, size);
+  size_t lines = 0; /* header lines: each line after the request line but the empty one */
+  for (const char *q = eol + 1; q < p + hl && *q != '\r' && *q != '\n'; lines++) {
+    const char *e = memchr(q, '\n', (size_t)(p + hl - q));
+    q = e ? e + 1 : p + hl;
+  }
+  check(lines <= LG__MAX_FIELDS, "at most LG__MAX_FIELDS header lines", data, size);
 }
 
 static void check_refused(const lg__screen_t *s, const uint8_t *data, size_t size) {

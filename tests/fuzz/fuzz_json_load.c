@@ -6,7 +6,8 @@
  *
  * The input is given without a terminating NUL (a read past the end is
  * ASan's). Invariants beyond "no crash, no sanitizer report", against
- * json_loadb(data, size, 0) on the same bytes:
+ * json_loadb(data, size, flags) on the same bytes, with flags 0 (the
+ * gateway's) and JSON_REJECT_DUPLICATES (the sidecar's bodies):
  *   - one accepts exactly when the other does;
  *   - an accepted text gives equal trees, member order included (the
  *     compact dumps are the same bytes);
@@ -47,12 +48,13 @@ static void upper_escapes(char *t) {
   }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+static void one(const uint8_t *data, size_t size, size_t flags) {
   const char *s = (const char *)data;
   json_error_t ours, theirs;
   size_t reals = 0;
-  json_t *a = lg__json_load(s, size, &ours, &reals);
-  json_t *b = json_loadb(s, size, 0, &theirs);
+  json_t *a = flags ? lg__json_load_flags(s, size, flags, &ours, &reals)
+                    : lg__json_load(s, size, &ours, &reals);
+  json_t *b = json_loadb(s, size, flags, &theirs);
   check((a == NULL) == (b == NULL), "accepts exactly what json_loadb accepts", data, size);
   if (a && b) {
     char *da = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
@@ -73,5 +75,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   json_decref(a);
   json_decref(b);
+}
+
+/* Both ways the server reads: the gateway's (flags 0) and the sidecar's
+ * bodies (JSON_REJECT_DUPLICATES). */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  one(data, size, 0);
+  one(data, size, JSON_REJECT_DUPLICATES);
   return 0;
 }

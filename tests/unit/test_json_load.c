@@ -31,12 +31,13 @@ static size_t count_reals(const json_t *v) {
   return n;
 }
 
-/* 1 when the fast reader took s (and then it agrees with json_loadb). */
-static int agree(const char *s, size_t n) {
+/* 1 when the fast reader took s (and then it agrees with json_loadb),
+ * with jansson's flags 0 or JSON_REJECT_DUPLICATES (the sidecar's). */
+static int agree_flags(const char *s, size_t n, size_t flags) {
   size_t rf = 0, rl = 0;
-  json_t *f = lg__json_load_fast(s, n, &rf);
-  json_error_t je;
-  json_t *j = json_loadb(s, n, 0, &je);
+  json_t *f = flags ? lg__json_load_fast_flags(s, n, flags, &rf) : lg__json_load_fast(s, n, &rf);
+  json_error_t je, jl;
+  json_t *j = json_loadb(s, n, flags, &je);
   if (f) {
     if (!j) fail_msg("taken, but jansson refuses it (%s): %.*s", je.text, (int)n, s);
     char *a = dump(f), *b = dump(j);
@@ -44,10 +45,15 @@ static int agree(const char *s, size_t n) {
     free(a);
     free(b);
   }
-  /* what the gateway calls: json_loadb's answer either way */
-  json_t *l = lg__json_load(s, n, &je, &rl);
+  /* what the gateway and the sidecar call: json_loadb's answer either
+   * way, its error too */
+  json_t *l = flags ? lg__json_load_flags(s, n, flags, &jl, &rl) : lg__json_load(s, n, &jl, &rl);
   assert_int_equal(l != NULL, j != NULL);
   if (l && j) assert_true(json_equal(l, j));
+  if (!l && !j) {
+    assert_string_equal(jl.text, je.text);
+    assert_int_equal(jl.position, je.position);
+  }
   /* the reals read: never fewer than jansson's tree holds (more when a
    * repeated key replaced one) */
   if (f) assert_true(rf >= count_reals(j));
@@ -56,6 +62,13 @@ static int agree(const char *s, size_t n) {
   json_decref(f);
   json_decref(j);
   return f != NULL;
+}
+
+/* agree_flags with both flags (json_loadb's answer either way); 1 when
+ * the fast reader took s without them. */
+static int agree(const char *s, size_t n) {
+  agree_flags(s, n, JSON_REJECT_DUPLICATES);
+  return agree_flags(s, n, 0);
 }
 
 static const char *taken[] = {
@@ -90,6 +103,23 @@ static void cases(void **state) {
     if (!agree(taken[i], strlen(taken[i]))) fail_msg("not taken: %s", taken[i]);
   for (size_t i = 0; i < sizeof left / sizeof *left; i++)
     if (agree(left[i], strlen(left[i]))) fail_msg("taken: %s", left[i]);
+  /* JSON_REJECT_DUPLICATES: a repeated key, at any depth, however it is
+   * spelled, is left to jansson, which refuses it in its own words; the
+   * same texts are taken without the flag. */
+  static const char *dups[] = {
+      "{\"a\":1,\"a\":1}", "{\"k\\u0041y\":1,\"kAy\":2}", "[{\"x\":{\"y\":[1,{\"z\":0,\"z\":0}]}}]",
+      "{\"a\":{},\"b\":[],\"a\":\"s\"}"};
+  for (size_t i = 0; i < sizeof dups / sizeof *dups; i++) {
+    if (agree_flags(dups[i], strlen(dups[i]), JSON_REJECT_DUPLICATES))
+      fail_msg("taken with a repeated key: %s", dups[i]);
+    if (!agree_flags(dups[i], strlen(dups[i]), 0)) fail_msg("not taken: %s", dups[i]);
+    json_error_t je;
+    json_t *v = lg__json_load_flags(dups[i], strlen(dups[i]), JSON_REJECT_DUPLICATES, &je, NULL);
+    assert_null(v);
+    assert_non_null(strstr(je.text, "duplicate"));
+  }
+  const char *nested = "{\"a\":1,\"b\":{\"a\":2}}"; /* the same key in two objects */
+  assert_int_equal(agree_flags(nested, strlen(nested), JSON_REJECT_DUPLICATES), 1);
   /* a NUL byte inside the buffer */
   assert_int_equal(agree("[\"a\0b\"]", 7), 0);
   /* deeper than the fast reader goes: jansson's */

@@ -26,6 +26,10 @@
  *                          until it execs): the acceptor never sees the
  *                          freed connection again (a use after free in
  *                          clean runs; ASan shows it here every time).
+ *   test_head_limits       a head at LG__MAX_HEAD bytes / LG__MAX_FIELDS
+ *                          fields served, one more the JSON 431, on a first
+ *                          and on a later head; a later head of 9-15 KiB
+ *                          the JSON 431 on a kept connection
  *   test_screen            what libmicrohttpd answered itself in HTML (a
  *                          Content-Length of -1, over 2^64 or "1, 2", a
  *                          40 KiB header line or target, HTTP/2.0, no
@@ -550,6 +554,136 @@ static void test_own_answers(void **state) {
   lg_server_free(t);
 }
 
+/* A GET /healthz head of exactly `len` bytes: `nq` query parameters,
+ * Host, `nlines` more header lines (the last one padded to the length),
+ * and a Cookie header of `ncookies` pairs when ncookies > 0. NULL when the
+ * parts do not fit in len. */
+static char *head_of(size_t len, int nq, int nlines, int ncookies) {
+  char *q = malloc(len + 1);
+  size_t k = (size_t)sprintf(q, "GET /healthz");
+  for (int i = 0; i < nq; i++) k += (size_t)sprintf(q + k, "%c%d", i ? '&' : '?', i % 10);
+  k += (size_t)sprintf(q + k, " HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+  if (ncookies > 0) {
+    k += (size_t)sprintf(q + k, "Cookie: ");
+    for (int i = 0; i < ncookies; i++) k += (size_t)sprintf(q + k, "%sc=%d", i ? "; " : "", i % 10);
+    k += (size_t)sprintf(q + k, "\r\n");
+  }
+  for (int i = 0; i < nlines; i++) {
+    size_t left = len - k - 2; /* what is left for this line and the next ones */
+    size_t line = i + 1 < nlines ? 12 : left;
+    if (k + 12 + 2 > len || line < 12) {
+      free(q);
+      return NULL;
+    }
+    k += (size_t)sprintf(q + k, "X-F%03d: ", i % 1000);
+    memset(q + k, 'v', line - 10);
+    k += line - 10;
+    k += (size_t)sprintf(q + k, "\r\n");
+  }
+  k += (size_t)sprintf(q + k, "\r\n");
+  if (k != len) fail_msg("head_of(%zu): %zu bytes", len, k);
+  q[k] = 0;
+  return q;
+}
+
+/* Sends head on a connection that has served a request already (so that
+ * libmicrohttpd reads it, not the acceptor's screen) and returns the
+ * answer in r; fd_kept: the connection still serves after it. */
+static void later_head(const char *head, ht_resp_t *r, int *kept) {
+  ht_conn_t c;
+  ht_open(&c, PORT);
+  assert_int_equal(ht_req(&c, "GET", "/healthz", NULL, NULL, r), 0);
+  assert_int_equal(r->status, 200);
+  ht_resp_clear(r);
+  if (ht_send_all(c.fd, head, strlen(head)) || ht_read(&c, r)) {
+    r->status = 0;
+    *kept = 0;
+  } else {
+    ht_resp_t n;
+    *kept = c.fd >= 0 && !ht_send_all(c.fd, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 43) &&
+            !ht_read(&c, &n) && n.status == 200;
+    if (*kept) ht_resp_clear(&n);
+  }
+  ht_close(&c);
+}
+
+/* The head limits (LG__MAX_HEAD bytes, the Cookie value counted twice;
+ * LG__MAX_FIELDS header lines, cookies and query parameters), on a
+ * connection's first head (the screen) and on a later one (http.c): at the
+ * limit the request is served, past it the JSON 431; and a later head
+ * between the limit and LG__MHD_POOL is the JSON 431 too, the connection
+ * kept. */
+static void test_head_limits(void **state) {
+  (void)state;
+  const int L = LG__MAX_HEAD, F = LG__MAX_FIELDS;
+  static const struct {
+    int over;
+    size_t len;
+    int nq, nlines, ncookies;
+  } cases[] = {
+      /* bytes: one long header line, and forty lines */
+      {0, L, 0, 1, 0}, {1, L + 1, 0, 1, 0}, {0, L, 0, 40, 0}, {1, L + 1, 0, 40, 0},
+      /* fields: Host and header lines; with query parameters; with cookies
+       * (the Cookie line is a field too) */
+      {0, 2000, 0, F - 1, 0}, {1, 2000, 0, F, 0},
+      {0, 2000, F / 2, F / 2 - 1, 0}, {1, 2000, F / 2 + 1, F / 2 - 1, 0},
+      {0, 2000, 0, 1, F - 3}, {1, 2000, 0, 1, F - 2},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t len = cases[i].len;
+    char *h = head_of(len, cases[i].nq, cases[i].nlines, cases[i].ncookies);
+    if (!h) fail_msg("case %zu does not fit", i);
+    ht_resp_t r;
+    raw(h, len, &r);
+    if (cases[i].over && r.status != 431) fail_msg("case %zu, first head: %d", i, r.status);
+    if (cases[i].over) expect_shape(&r, 431, "headers");
+    else if (r.status != 200) fail_msg("case %zu, first head: %d %s", i, r.status, r.body);
+    ht_resp_clear(&r);
+    int kept;
+    later_head(h, &r, &kept);
+    if (cases[i].over && r.status != 431) fail_msg("case %zu, later head: %d", i, r.status);
+    if (cases[i].over) expect_shape(&r, 431, "headers");
+    else if (r.status != 200) fail_msg("case %zu, later head: %d %s", i, r.status, r.body);
+    if (!kept) fail_msg("case %zu: the connection closed after a later head", i);
+    ht_resp_clear(&r);
+    free(h);
+  }
+  /* A Cookie counts twice: a head of L - 2000 bytes whose cookie is 2000
+   * bytes is over; a head of L bytes without one is not (above). */
+  char *h = head_of((size_t)L - 2000, 0, 2, 0);
+  char *c = malloc((size_t)L + 64);
+  int n = sprintf(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: a=");
+  memset(c + n, 'x', 2000);
+  sprintf(c + n + 2000, "\r\n%s", strstr(h, "\r\nX-F") + 2);
+  ht_resp_t r;
+  raw(c, strlen(c), &r);
+  expect_shape(&r, 431, "headers");
+  if (!strstr(r.body, "Cookie")) fail_msg("the 431 does not name the Cookie: %s", r.body);
+  ht_resp_clear(&r);
+  int kept;
+  later_head(c, &r, &kept);
+  expect_shape(&r, 431, "headers");
+  ht_resp_clear(&r);
+  free(c);
+  free(h);
+  /* A later head of 9 to 15 KiB: libmicrohttpd holds it, http.c answers
+   * the JSON 431 and the connection goes on; 16 KiB and more:
+   * libmicrohttpd's own 431 (HTML), the connection closed. */
+  for (size_t len = 9 * 1024; len <= 15 * 1024; len += 3 * 1024) {
+    h = head_of(len, 0, 1, 0);
+    later_head(h, &r, &kept);
+    expect_shape(&r, 431, "headers");
+    if (!kept) fail_msg("%zu bytes: the connection closed after the JSON 431", len);
+    ht_resp_clear(&r);
+    free(h);
+  }
+  h = head_of(LG__MHD_POOL + 1000, 0, 1, 0);
+  later_head(h, &r, &kept);
+  assert_int_equal(r.status, 431);
+  ht_resp_clear(&r);
+  free(h);
+}
+
 /* Sends req whole on a new connection (even when the server has answered
  * meanwhile), then reads until the server closes: the answer must be one
  * status line, application/json, and the error shape with `status` and
@@ -776,7 +910,7 @@ int main(void) {
       cmocka_unit_test(test_integer_ranges), cmocka_unit_test(test_open_mode),
       cmocka_unit_test(test_bytes),          cmocka_unit_test(test_nesting),
       cmocka_unit_test(test_own_answers),    cmocka_unit_test(test_forked_child),
-      cmocka_unit_test(test_screen),
+      cmocka_unit_test(test_screen),         cmocka_unit_test(test_head_limits),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

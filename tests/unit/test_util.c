@@ -144,6 +144,29 @@ static void test_usd_format(void **state) {
   assert_string_equal(lg_usd_format(INT64_MIN, t), "-9223372036.854775808");
 }
 
+/* lg__buf_i64 writes what printf's %lld does, lg__buf_json_key ,"k": */
+static void test_buf_numbers_and_keys(void **state) {
+  (void)state;
+  const int64_t v[] = {0, 1, -1, 9, 10, -10, 99, 100, 1234567890123LL, -987654321,
+                       INT64_MAX, INT64_MIN, INT64_MIN + 1, (int64_t)UINT32_MAX};
+  lg__buf_t b = {0};
+  char want[64];
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    b.len = 0;
+    assert_int_equal(lg__buf_i64(&b, v[i]), 0);
+    snprintf(want, sizeof want, "%lld", (long long)v[i]);
+    assert_string_equal(b.data, want);
+  }
+  b.len = 0;
+  lg__buf_putc(&b, '{');
+  lg__buf_json_key(&b, "t_ms");
+  lg__buf_i64(&b, 42);
+  lg__buf_json_kv(&b, "tool", "a\"b");
+  lg__buf_json_kv(&b, "none", NULL);
+  assert_string_equal(b.data, "{,\"t_ms\":42,\"tool\":\"a\\\"b\"");
+  lg__buf_free(&b);
+}
+
 static void test_hex_and_random_ids(void **state) {
   (void)state;
   const unsigned char b[] = {0x00, 0x01, 0x7f, 0x80, 0xab, 0xff};
@@ -152,6 +175,25 @@ static void test_hex_and_random_ids(void **state) {
   assert_string_equal(h, "00017f80abff");
   lg__hex(b, 0, h);
   assert_string_equal(h, "");
+  /* Every byte value, at lengths and offsets around the 16 bytes the
+   * conversion takes at a time (the rest one by one), and back. */
+  unsigned char all[259], back[260];
+  char ah[2 * 259 + 1];
+  for (int k = 0; k < 259; k++) all[k] = (unsigned char)(k * 7 + 3);
+  for (size_t n = 0; n <= sizeof all; n += n < 40 ? 1 : 37) {
+    for (size_t off = 0; off < 3 && off + n <= sizeof all; off++) {
+      lg__hex(all + off, n, ah);
+      assert_int_equal(strlen(ah), 2 * n);
+      for (size_t k = 0; k < n; k++) {
+        assert_int_equal(ah[2 * k], lg__hex_digits[all[off + k] >> 4]);
+        assert_int_equal(ah[2 * k + 1], lg__hex_digits[all[off + k] & 15]);
+      }
+      memset(back, 0xAA, sizeof back);
+      lg__unhex(ah, n, back);
+      assert_memory_equal(back, all + off, n);
+      assert_int_equal(back[n], 0xAA); /* nothing written past n bytes */
+    }
+  }
   /* The digits' values, and 0xFF for every other byte. */
   for (int ch = 0; ch < 256; ch++) {
     const char *at = ch ? strchr(lg__hex_digits, ch) : NULL;
@@ -177,6 +219,7 @@ int main(void) {
       cmocka_unit_test(test_front_ends_round_alike),
       cmocka_unit_test(test_usd_format),
       cmocka_unit_test(test_hex_and_random_ids),
+      cmocka_unit_test(test_buf_numbers_and_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
