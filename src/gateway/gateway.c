@@ -839,9 +839,9 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
     lg__buf_printf(b, "loopguard_gateway_upstream_seconds_count{upstream=\"%s\"} %llu\n",
                    gw->cfg.up[u].name, (unsigned long long)cum);
   }
-  lg__buf_printf(b, "# HELP loopguard_gateway_json_chunks Chunks of 128 KB holding JSON the gateway read "
-                    "(requests, answers) and has not freed: one a busy worker; more are values kept past "
-                    "their request.\n# TYPE loopguard_gateway_json_chunks gauge\nloopguard_gateway_json_chunks %zu\n",
+  lg__buf_printf(b, "# HELP loopguard_gateway_json_chunks Chunks of 128 KB holding JSON the server read "
+                    "(gateway requests and answers, sidecar bodies) and has not freed: one open a thread "
+                    "that reads JSON; more are values kept past their request.\n# TYPE loopguard_gateway_json_chunks gauge\nloopguard_gateway_json_chunks %zu\n",
                  lg__json_region_chunks());
   static const char *an[4] = {"block", "replay", "stop", "observe"};
   lg__buf_puts(b, "# HELP loopguard_gateway_interventions_total Calls and responses the gateway changed, by action and reason.\n"

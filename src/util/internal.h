@@ -49,9 +49,9 @@ int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
 /* Appends jansson value v as compact JSON text, what json_dumps(v,
  * JSON_COMPACT | JSON_ENCODE_ANY) writes (members in their order, reals
  * as jansson writes them: %.17g, ".0" when it would read as an integer,
- * no '+' or leading zero in the exponent), except that control
- * characters are escaped in lowercase hex (\u001f). LG_EINVAL for a string
- * that is not UTF-8, which json_dumps refuses too; LG_ENOMEM. */
+ * no '+' or leading zero in the exponent, control characters as \u001F
+ * in capitals): the same bytes. LG_EINVAL for a string that is not
+ * UTF-8, which json_dumps refuses too; LG_ENOMEM. */
 struct json_t;
 int lg__buf_json(lg__buf_t *b, const struct json_t *v);
 /* Appends ,"key":"value" (value escaped) when value is not NULL. */

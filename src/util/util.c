@@ -318,7 +318,9 @@ static const uint8_t json_escaped[256] = {
     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
     ['"'] = 1, ['\\'] = 1};
 
-int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
+/* s as a JSON string, the controls' \u00XX escapes in the digits hex
+ * (the trace's lowercase, or jansson's capitals). */
+static int buf_json_str(lg__buf_t *b, const char *s, size_t n, const char *hex) {
   /* Written in place: room for the quotes and a few escapes first, more
    * only when escapes use it up (6 bytes at most for one). */
   if (lg__buf_reserve(b, n + n / 8 + 8)) return LG_ENOMEM;
@@ -346,7 +348,7 @@ int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
     case '\t': *o++ = 't'; break;
     default:
       *o++ = 'u', *o++ = '0', *o++ = '0';
-      *o++ = lg__hex_digits[ch >> 4], *o++ = lg__hex_digits[ch & 15];
+      *o++ = hex[ch >> 4], *o++ = hex[ch & 15];
     }
   }
   *o++ = '"';
@@ -354,6 +356,8 @@ int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) {
   b->len = (size_t)(o - b->data);
   return 0;
 }
+
+int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n) { return buf_json_str(b, s, n, lg__hex_digits); }
 
 static int buf_json_real(lg__buf_t *b, double d) {
   char t[40];
@@ -388,7 +392,7 @@ static int buf_json_string(lg__buf_t *b, const char *s, size_t n) {
     if (!k) return LG_EINVAL;
     i += k;
   }
-  return lg__buf_json_str(b, s, n);
+  return buf_json_str(b, s, n, "0123456789ABCDEF"); /* jansson's capitals: its bytes exactly */
 }
 
 int lg__buf_json(lg__buf_t *b, const json_t *v) {
