@@ -130,7 +130,6 @@ static bool valid_id(const char *s) {
 /* The decision object of a step (new reference), or NULL. */
 static json_t *answer_json(const lg__step_t *st) {
   if (!st->answer.data) return NULL;
-  lg__json_begin();
   json_t *a = lg__json_load(st->answer.data, st->answer.len, NULL, NULL);
   if (lg__json_oom()) {
     json_decref(a);
@@ -332,7 +331,6 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   char *value = NULL;
   json_t *sj = NULL;
   if (may_be_structured(text)) {
-    lg__json_begin();
     sj = lg__json_load(text, strlen(text), NULL, NULL);
     if (lg__json_oom() || !json_is_object(sj)) {
       json_decref(sj);
@@ -1293,7 +1291,6 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
  * the tool calls (a chat choice's message, the Messages or Responses
  * object), or NULL when it has none. */
 static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
-  lg__json_begin();
   json_t *resp = lg__json_load(raw->data ? raw->data : "", raw->len, NULL, NULL);
   if (lg__json_oom()) {
     json_decref(resp);
@@ -1428,7 +1425,6 @@ static void final_round(chat_t *c) {
 
 
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n) {
-  lg__json_begin();
   json_t *o = lg__json_load(data, n, NULL, NULL);
   if (lg__json_oom() || !json_is_object(o)) {
     json_decref(o);
@@ -1674,7 +1670,6 @@ static void run_calls(chat_t *c) {
 /* The request's body parsed and checked. 0, or an error answered into j. */
 static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
-  lg__json_begin();
   json_error_t je;
   c->root = lg__json_load(j->body, j->body_len, &je, &c->body_reals);
   if (lg__json_oom()) {

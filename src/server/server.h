@@ -228,7 +228,8 @@ char *lg__json_text(const json_t *v, size_t *len);
 /* json_loadb(s, n, 0, je), the same tree, read faster (json_load.c); an
  * error is always json_loadb's. *reals (may be NULL): the real numbers
  * read, never fewer than the tree holds (a repeated key's replaced value
- * counts too). Between lg__json_begin / lg__json_oom as any parse.
+ * counts too). It calls lg__json_begin itself (its trees in the region,
+ * util.c): lg__json_oom() after it says whether an allocation failed.
  * lg__json_load_fast: the fast reader alone, NULL for anything it leaves
  * to jansson (for tests). */
 json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals);

@@ -145,6 +145,14 @@ fail_canon:
   return NULL;
 }
 
+/* Appends j to the queue and wakes the committer (b->mu held). */
+static void enqueue(lg__batcher_t *b, lg__job_t *j) {
+  if (b->tail) b->tail->next = j;
+  else b->head = j;
+  b->tail = j;
+  pthread_cond_signal(&b->cv);
+}
+
 void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j) {
   j->next = NULL;
   pthread_mutex_lock(&b->mu);
@@ -153,10 +161,7 @@ void lg__batcher_submit(lg__batcher_t *b, lg__job_t *j) {
     run_batch(b, j);
     return;
   }
-  if (b->tail) b->tail->next = j;
-  else b->head = j;
-  b->tail = j;
-  pthread_cond_signal(&b->cv);
+  enqueue(b, j);
   pthread_mutex_unlock(&b->mu);
 }
 
@@ -195,10 +200,7 @@ void lg__batcher_run(lg__batcher_t *b, lg__job_t *j) {
   pthread_cond_init(&w.cv, NULL);
   j->owner = &w;
   j->done = waiter_done;
-  if (b->tail) b->tail->next = j;
-  else b->head = j;
-  b->tail = j;
-  pthread_cond_signal(&b->cv);
+  enqueue(b, j);
   pthread_mutex_unlock(&b->mu);
   pthread_mutex_lock(&w.mu);
   while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
