@@ -22,6 +22,7 @@
 #include "budget.h"
 
 #include "../engine/engine.h"
+#include "../store/store.h" /* lg__store_fault_at */
 
 #include <stdio.h>
 
@@ -93,6 +94,7 @@ int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t
                        lg_budget_gate_t *out, lg_error_t *err) {
   if (!g->sp_open) return rc;
   g->sp_open = 0;
+  if (!rc) rc = lg__store_fault_at(s, "gate.after_engine", err);
   if (!rc && d->action == LG_ACT_EXECUTE && d->reservation != g->run_seq)
     rc = lg__budget_set_run_seq(s, g->resv.id, d->reservation, err);
   if (rc || d->action != LG_ACT_EXECUTE) {

@@ -144,6 +144,15 @@ static int check_deny(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec,
   return 0;
 }
 
+/* The event to the engine (step 5), as replay applies it; st->applied
+ * when the engine took it (a failure after that is not the event's alone:
+ * the run in memory has changed). */
+static int apply(lg__step_t *st, lg_run_t *run, lg_decision_t *d, lg_error_t *err) {
+  int rc = lg__run_apply(run, st->canon, &st->ev, false, d, err);
+  if (!rc) st->applied = 1;
+  return rc;
+}
+
 /* A model call: the worst case and the shared budgets around the engine. */
 static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decision_t *d,
                         char **budget_meta, lg_error_t *err) {
@@ -171,7 +180,7 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
     st->ev.u.budget.requested_nusd = out.worst_nusd;
     lg__gate_clear(&g);
     if (!*budget_meta) return fail(st, LG__STEP_STORE, LG_ENOMEM);
-    return lg__run_apply(run, st->canon, &st->ev, false, d, err);
+    return apply(st, run, d, err);
   }
   if (rc == LG_ENOTFOUND || (rc == LG_EINVAL && err && !strcmp(err->field, "max_tokens"))) {
     lg__gate_clear(&g);
@@ -181,7 +190,7 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
     lg__gate_clear(&g);
     return rc;
   }
-  rc = lg__run_apply(run, st->canon, &st->ev, false, d, err);
+  rc = apply(st, run, d, err);
   rc = lg__gate_model_end(s, &g, rc, d, &out, err);
   lg__gate_clear(&g);
   return rc;
@@ -202,22 +211,22 @@ static int decide_usage(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
     if (rc && rc != LG_ENOTFOUND) return rc; /* not found: nothing held, nothing to settle */
     if (err) memset(err, 0, sizeof *err);
     st->actual_nusd = actual;
-    return lg__run_apply(run, st->canon, &st->ev, false, d, err); /* the stop, again */
+    return apply(st, run, d, err); /* the stop, again */
   }
   if (rc) return rc;
   st->actual_nusd = actual;
   st->ev.u.usage.cost_nusd = actual; /* what the engine and the trace count */
-  return lg__run_apply(run, st->canon, &st->ev, false, d, err);
+  return apply(st, run, d, err);
 }
 
 static int decide(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decision_t *d,
                   char **budget_meta, lg_error_t *err) {
   if (st->was_stopped && st->ev.type != LG_EV_RESUME && st->ev.type != LG_EV_USAGE)
-    return lg__run_apply(run, st->canon, &st->ev, false, d, err); /* the stop, again */
+    return apply(st, run, d, err); /* the stop, again */
   switch (st->ev.type) {
   case LG_EV_MODEL: return decide_model(st, s, run, d, budget_meta, err);
   case LG_EV_USAGE: return decide_usage(st, s, run, d, err);
-  default: return lg__run_apply(run, st->canon, &st->ev, false, d, err);
+  default: return apply(st, run, d, err);
   }
 }
 
@@ -395,14 +404,6 @@ int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err) {
 
 /* ---- several events of one run ---- */
 
-/* The events a batch takes: those whose only store write is the run's
- * row and trace (and a result's ledger outcome, made after the checks
- * that can refuse it). A call's claim and a model call's or usage's
- * budgets are written before the engine decides: they take a step each. */
-static int batchable(lg_event_type_t t) {
-  return t != LG_EV_CALL && t != LG_EV_MODEL && t != LG_EV_USAGE && t != LG_EV_BUDGET;
-}
-
 /* A batch that failed as a whole: no step decided, each says why. */
 static void unwind(lg__step_batch_t *b, int rc, const lg_error_t *e) {
   for (size_t i = 0; i < b->n; i++) {
@@ -422,13 +423,6 @@ int lg__step_batch_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
   if (!b->n) return 0;
   lg__step_t *first = &b->v[0];
   for (size_t i = 0; i < b->n; i++) b->v[i].called = 1;
-  for (size_t i = 0; i < b->n; i++)
-    if (!batchable(b->v[i].ev.type)) {
-      lg__err(&e, LG_EINVAL, NULL, -1, "a %s event takes a decision step of its own",
-              lg_event_type_name(b->v[i].ev.type));
-      unwind(b, LG_EINVAL, &e);
-      return LG_EINVAL;
-    }
   char *why = NULL;
   int rc = 0, deny_checked = 0, denied_at = -1;
   lg_ledger_t *ledger = NULL;
@@ -445,9 +439,12 @@ int lg__step_batch_locked(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
       if (st->denied) denied_at = (int)i;
       if (!src) continue;
       st->err = ei;
-      /* The event did not fit the run (the engine changed nothing): as in
-       * a step of its own, it alone fails. Anything else fails them all. */
-      if (st->fail == LG__STEP_STORE) {
+      /* The event did not fit the run (the engine changed nothing, and a
+       * claim, reservation or settlement made for it went with the
+       * savepoint its layer made it in): as in a step of its own, it alone
+       * fails. A store failure, or one after the engine took the event
+       * (the run in memory has changed), fails them all. */
+      if (st->fail == LG__STEP_STORE || st->applied) {
         rc = src;
         e = ei;
       }

@@ -50,6 +50,8 @@ typedef struct lg__step {
   /* out */
   lg__step_fail_t fail;       /* why it did not decide, when it returned != 0 */
   int decided;                /* the event reached the run */
+  int applied;                /* the engine took it (a failure after that
+                                 fails a batch whole) */
   int was_stopped;            /* the run had stopped before */
   int stopped_now;            /* this event stopped it */
   int denied;                 /* a deny rule stopped it (a cancel in the trace) */
@@ -90,10 +92,12 @@ int lg__step_finish(lg__step_t *st, int rc, lg_error_t *err);
  * their own would. So the decisions and the trace are those of the steps
  * one by one. The deny rules are read once, for the first event that
  * needs them: the batch is one transaction, as if its events came at
- * once. Call, model, usage and budget events write the store before the
- * engine decides (a claim, a reservation): they take a step of their own
- * (LG_EINVAL). A store failure fails every step (fail STORE) and writes
- * nothing. The steps' policy and canon are the first's. */
+ * once. Call, model and usage events write the store before the engine
+ * decides (a claim, a reservation, a settlement), each in a savepoint of
+ * its layer's that is undone when the event fails. A store failure, or a
+ * failure after the engine took an event, fails every step (fail STORE)
+ * and writes nothing. The steps' policy and canon are the first's;
+ * their prices, budget scopes and reservation TTL their own. */
 typedef struct lg__step_batch {
   lg__step_t *v;              /* the steps, in order, each lg__step_init'ed */
   size_t n;
