@@ -154,11 +154,108 @@ static void note_stop(chat_t *c, const lg__step_t *st, json_t *a, const char *fa
   }
 }
 
-/* One event through the step; *a (may be NULL) the decision object. */
+/* ---- the usage, with the steps after it ---- */
+
+/* The pending usage settled in a step of its own: a store that is busy (a
+ * lock not had in time, a deadlock or serialization victim on PostgreSQL:
+ * two replicas on one run) rolled the step back whole, so it is tried
+ * again. */
+/* A step made again for its event as made (ev), its inputs kept. */
+static void restep(chat_t *c, lg__step_t *st, const lg_event_t *ev) {
+  lg__step_t in = *st;
+  lg__step_clear(st);
+  lg__step_init(st, ev, now_ms(c->cx));
+  st->prices = in.prices;
+  st->ttl_ms = in.ttl_ms;
+  st->scopes = in.scopes;
+  st->nscopes = in.nscopes;
+  st->auto_turn = in.auto_turn;
+}
+
+static int settle_alone(chat_t *c, lg_error_t *e) {
+  int rc = 0;
+  for (int attempt = 0; attempt < USAGE_TRIES; attempt++) {
+    if (attempt) {
+      struct timespec ts = {0, (long)(5 << attempt) * 1000000L}; /* 10, 20, 40, 80 ms */
+      nanosleep(&ts, NULL);
+    }
+    restep(c, &c->use, &c->use_ev);
+    memset(e, 0, sizeof *e);
+    rc = lg__gw_step(c->cx, c->r->id, &c->use, e);
+    if (rc != LG_EBUSY) break;
+  }
+  return rc;
+}
+
+/* The pending usage done with (rc: its step's): what still failed is
+ * logged (the reservation then goes at its TTL). */
+static void usage_done(chat_t *c, int rc, const lg_error_t *e) {
+  if (rc) {
+    lg__buf_t f = {0};
+    lg__buf_puts(&f, "\"run_id\":");
+    lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
+    lg__buf_printf(&f, ",\"reservation\":%lld,\"code\":%d,\"message\":",
+                   (long long)c->use_ev.u.usage.reservation, rc);
+    lg__buf_json_str(&f, e->message, strlen(e->message));
+    if (!f.oom) lg__server_log(c->cx->srv, "warn", "usage_not_settled", f.data);
+    lg__buf_free(&f);
+  }
+  lg_prices_free(c->use.prices);
+  lg__step_clear(&c->use);
+  c->use_pending = 0;
+}
+
+/* The pending usage, when no step comes after it. */
+static void settle_usage(chat_t *c) {
+  if (!c->use_pending) return;
+  lg_error_t e = {0};
+  usage_done(c, settle_alone(c, &e), &e);
+}
+
+/* The steps v[0..n) (of the events evs, kept as they were), decided after
+ * the pending usage in one transaction (the step's batch: the same
+ * decisions and trace as one step each). rcs[i]: what lg__gw_step would
+ * have answered for v[i]. A batch that failed whole (a busy store) is
+ * decided again a step at a time, the usage first with its tries. */
+static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t n, int *rcs) {
+  lg_error_t e = {0};
+  size_t k = c->use_pending ? 1 : 0;
+  lg__step_t one[2], *all = k + n <= 2 ? one : lg__malloc((k + n) * sizeof *all);
+  if (!k || !all) { /* no usage (or no memory): the steps alone */
+    settle_usage(c);
+    for (size_t i = 0; i < n; i++) {
+      rcs[i] = lg__gw_step(c->cx, c->r->id, &v[i], &e);
+      memset(&e, 0, sizeof e);
+    }
+    return;
+  }
+  all[0] = c->use;
+  memcpy(all + 1, v, n * sizeof *v);
+  lg__step_batch_t b = {all, n + 1};
+  int rc = lg__gw_step_batch(c->cx, c->r->id, &b, &e);
+  c->use = all[0];
+  memcpy(v, all + 1, n * sizeof *v);
+  if (all != one) lg__free(all);
+  if (rc) {
+    settle_usage(c);
+    for (size_t i = 0; i < n; i++) {
+      restep(c, &v[i], &evs[i]);
+      memset(&e, 0, sizeof e);
+      rcs[i] = lg__gw_step(c->cx, c->r->id, &v[i], &e);
+    }
+    return;
+  }
+  usage_done(c, c->use.decided ? 0 : c->use.err.code ? c->use.err.code : LG_ECONFLICT, &c->use.err);
+  for (size_t i = 0; i < n; i++)
+    rcs[i] = v[i].decided ? 0 : v[i].err.code ? v[i].err.code : LG_ECONFLICT;
+}
+
+/* One event through the step (after the pending usage); *a (may be
+ * NULL) the decision object. */
 static int step_event(chat_t *c, lg_event_t *ev, lg__step_t *st, json_t **a) {
   lg__step_init(st, ev, now_ms(c->cx));
-  lg_error_t e = {0};
-  int rc = lg__gw_step(c->cx, c->r->id, st, &e);
+  int rc;
+  decide_steps(c, st, ev, 1, &rc);
   *a = rc ? NULL : answer_json(st);
   return rc;
 }
@@ -311,17 +408,22 @@ static int may_be_structured(const char *t) {
 /* A tool message as a result event, decided with the request's other
  * results (flush_results). Unknown calls (not the gateway's) are
  * skipped: the step refuses them and nothing changes. */
+/* Room in f for one more step. 0 when out of memory. */
+static int fed_room(lg__gw_fed_t *f) {
+  if (f->n < f->cap) return 1;
+  size_t cap = f->cap ? f->cap * 2 : 32;
+  lg__step_t *st = lg__realloc(f->st, cap * sizeof *st);
+  if (st) f->st = st;
+  struct lg__gw_fed_keep *k = st ? lg__realloc(f->keep, cap * sizeof *k) : NULL;
+  if (k) f->keep = k;
+  if (!st || !k) return 0;
+  f->cap = cap;
+  return 1;
+}
+
 static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
   lg__gw_fed_t *f = &c->fed;
-  if (f->n == f->cap) {
-    size_t cap = f->cap ? f->cap * 2 : 32;
-    lg__step_t *st = lg__realloc(f->st, cap * sizeof *st);
-    if (st) f->st = st;
-    struct lg__gw_fed_keep *k = st ? lg__realloc(f->keep, cap * sizeof *k) : NULL;
-    if (k) f->keep = k;
-    if (!st || !k) return; /* out of memory: not decided, as a failed step */
-    f->cap = cap;
-  }
+  if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */
   char *text = content_text(msg);
   if (!text) return;
   lg_event_t ev;
@@ -348,15 +450,28 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   f->n++;
 }
 
-/* The results fed so far, decided in one transaction (the step's batch:
- * the same decisions and trace as one step each), and what they mean. */
-static void flush_results(chat_t *c) {
+/* The results fed so far and then `next` (NULL: none), decided in one
+ * transaction (the step's batch: the same decisions and trace as one step
+ * each), and what the results mean. The results wait for the request's
+ * next step, its model call's, so that a request takes one transaction
+ * before its model call leaves. Returns what lg__gw_step would for next:
+ * 0 when it decided, else its failure (why in *e). */
+static int flush_results_then(chat_t *c, lg__step_t *next, lg_error_t *e) {
   lg__gw_fed_t *f = &c->fed;
-  if (!f->n) return;
-  lg__step_batch_t b = {f->st, f->n};
-  lg_error_t e = {0};
-  lg__gw_step_batch(c->cx, c->r->id, &b, &e);
-  for (size_t i = 0; i < f->n; i++) {
+  if (!f->n || (next && !fed_room(f))) {
+    if (f->n) flush_results_then(c, NULL, e); /* out of memory: one at a time */
+    return next ? lg__gw_step(c->cx, c->r->id, next, e) : 0;
+  }
+  size_t n = f->n;
+  if (next) f->st[n] = *next;
+  lg__step_batch_t b = {f->st, n + (next != NULL)};
+  int rc = lg__gw_step_batch(c->cx, c->r->id, &b, e);
+  if (next) {
+    *next = f->st[n];
+    if (!rc && !next->decided) rc = next->err.code ? next->err.code : LG_ECONFLICT;
+    if (rc) *e = next->err;
+  }
+  for (size_t i = 0; i < n; i++) {
     lg__step_t *st = &f->st[i];
     if (st->decided && st->action == LG_ACT_STOP) {
       json_t *a = answer_json(st);
@@ -369,6 +484,12 @@ static void flush_results(chat_t *c) {
     json_decref(f->keep[i].sj);
   }
   f->n = 0;
+  return rc;
+}
+
+static void flush_results(chat_t *c) {
+  lg_error_t e = {0};
+  flush_results_then(c, NULL, &e);
 }
 
 /* A stop decided by the gateway itself: its re-asks ran out with every
@@ -875,7 +996,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   st.scopes = (const char *const *)c->j->key_scopes; /* a key's (keys.c) */
   st.nscopes = c->j->nkey_scopes;
   lg_error_t e = {0};
-  int rc = lg__gw_step(c->cx, c->r->id, &st, &e);
+  int rc = flush_results_then(c, &st, &e); /* with the request's results */
   json_t *a = rc ? NULL : answer_json(&st);
   if (rc || st.budget_refused) {
     mo.error = 1;
@@ -913,36 +1034,13 @@ static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size
     ev.u.usage.cost_nusd = lg__gw_keys_usage_cost(usage);
   }
   /* The step settles the request's reservation: an answer the upstream
-   * completed must be charged. A store that is busy (a lock not had in
-   * time, a deadlock or serialization victim on PostgreSQL: two replicas
-   * on one run) rolled the step back whole, so it is tried again; what
-   * still fails is logged (the reservation then goes at its TTL). */
-  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
-  int rc = 0;
-  lg_error_t e = {0};
-  for (int attempt = 0; attempt < USAGE_TRIES; attempt++) {
-    if (attempt) {
-      struct timespec ts = {0, (long)(5 << attempt) * 1000000L}; /* 10, 20, 40, 80 ms */
-      nanosleep(&ts, NULL);
-    }
-    lg__step_t st;
-    lg__step_init(&st, &ev, now_ms(c->cx));
-    st.prices = pr;
-    memset(&e, 0, sizeof e);
-    rc = lg__gw_step(c->cx, c->r->id, &st, &e);
-    lg__step_clear(&st);
-    if (rc != LG_EBUSY) break;
-  }
-  lg_prices_free(pr);
-  if (rc) {
-    lg__buf_t f = {0};
-    lg__buf_puts(&f, "\"run_id\":");
-    lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
-    lg__buf_printf(&f, ",\"reservation\":%lld,\"code\":%d,\"message\":", (long long)resv, rc);
-    lg__buf_json_str(&f, e.message, strlen(e.message));
-    if (!f.oom) lg__server_log(c->cx->srv, "warn", "usage_not_settled", f.data);
-    lg__buf_free(&f);
-  }
+   * completed must be charged. It is decided with the step after it (the
+   * answer's text or calls), or alone (settle_usage) when none comes. */
+  settle_usage(c);
+  c->use_ev = ev;
+  lg__step_init(&c->use, &ev, now_ms(c->cx));
+  c->use.prices = lg_price_book_get(c->cx->srv->prices);
+  c->use_pending = 1;
 }
 
 /* ---- deciding a response's tool calls ---- */
@@ -1045,41 +1143,43 @@ static void offered_stop_text(chat_t *c, const call_parts_t *p, lg_reason_t reas
   json_decref(o);
 }
 
-/* One call through the step, and what it means for the client. */
-static void decide_call(chat_t *c, calls_out_t *co, json_t *tc) {
-  call_parts_t p = call_parts(c, tc);
+/* A call's event: the step's view of the parts p. */
+static lg_event_t call_event(const chat_t *c, const call_parts_t *p) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_CALL;
-  ev.u.call.tool = p.name ? p.name : "";
-  ev.u.call.args = p.args && *p.args ? p.args : "{}";
+  ev.u.call.tool = p->name ? p->name : "";
+  ev.u.call.args = p->args && *p->args ? p->args : "{}";
   ev.u.call.args_len = strlen(ev.u.call.args);
   ev.u.call.turn = c->r->turn;
-  ev.u.call.call_id = p.id;
+  ev.u.call.call_id = p->id;
   ev.u.call.agent = c->j->hdr_agent;
-  lg__step_t st;
-  json_t *a = NULL;
-  int rc = p.name ? step_event(c, &ev, &st, &a) : -1;
+  return ev;
+}
+
+/* What a call's step (rc: its answer, -1 when the call has no name) means
+ * for the client. */
+static void call_outcome(chat_t *c, calls_out_t *co, json_t *tc, const call_parts_t *p, int rc,
+                         const lg__step_t *st) {
+  json_t *a = rc ? NULL : answer_json(st);
   const char *reason = a ? sget(a, "reason") : NULL, *msg = a ? sget(a, "message") : NULL;
-  if (rc || st.action == LG_ACT_EXECUTE) { /* undecidable (malformed): the client's to see */
+  if (rc || st->action == LG_ACT_EXECUTE) { /* undecidable (malformed): the client's to see */
     json_array_append(co->kept, tc);
-    if (!rc && msg && p.id) {
-      json_object_set_new(c->r->steer, p.id, json_string(msg));
+    if (!rc && msg && p->id) {
+      json_object_set_new(c->r->steer, p->id, json_string(msg));
       raise_action(c->j, "observe", "same_call_repeat");
-      lg__gw_note_intervention(c->cx, c->r->id, "observe", reason, p.name, p.id);
+      lg__gw_note_intervention(c->cx, c->r->id, "observe", reason, p->name, p->id);
     } else {
       raise_action(c->j, "execute", NULL);
     }
-  } else if (st.action == LG_ACT_BLOCK || st.action == LG_ACT_REPLAY) {
-    refuse_call(c, co, tc, &p, a, st.action == LG_ACT_REPLAY);
+  } else if (st->action == LG_ACT_BLOCK || st->action == LG_ACT_REPLAY) {
+    refuse_call(c, co, tc, p, a, st->action == LG_ACT_REPLAY);
   } else { /* stop */
     co->stop = 1;
-    if (st.stopped_now) offered_stop_text(c, &p, st.reason);
-    note_stop(c, &st, a, "I stopped: the loop guard ended this run.", p.name, p.id);
+    if (st->stopped_now) offered_stop_text(c, p, st->reason);
+    note_stop(c, st, a, "I stopped: the loop guard ended this run.", p->name, p->id);
   }
   json_decref(a);
-  if (p.name) lg__step_clear(&st);
-  lg__free(p.owned);
 }
 
 /* The refused calls as items of the upstream's conversation (new): an
@@ -1144,7 +1244,36 @@ static void restore(chat_t *c, json_t *items) {
  * with text `content` (may be NULL). */
 static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
   calls_out_t co = {json_array(), 0, 0, json_array(), json_array()};
-  for (size_t i = 0; i < json_array_size(tcs) && !co.stop; i++) decide_call(c, &co, json_array_get(tcs, i));
+  size_t n = json_array_size(tcs), m = 0;
+  call_parts_t *p = lg__calloc(n ? n : 1, sizeof *p);
+  lg_event_t *ev = lg__calloc(n ? n : 1, sizeof *ev);
+  lg__step_t *st = lg__calloc(n ? n : 1, sizeof *st);
+  int *rc = lg__calloc(n ? n : 1, sizeof *rc);
+  size_t *at = lg__calloc(n ? n : 1, sizeof *at);
+  if (!p || !ev || !st || !rc || !at) { /* out of memory: undecided, the client's to see */
+    for (size_t i = 0; i < n; i++) json_array_append(co.kept, json_array_get(tcs, i));
+    n = 0;
+  }
+  /* the calls with a name, in one transaction with the usage before them */
+  for (size_t i = 0; i < n; i++) {
+    p[i] = call_parts(c, json_array_get(tcs, i));
+    if (!p[i].name) continue;
+    ev[m] = call_event(c, &p[i]);
+    lg__step_init(&st[m], &ev[m], now_ms(c->cx));
+    at[i] = ++m;
+  }
+  if (m) decide_steps(c, st, ev, m, rc);
+  /* in order, up to a stop (the calls after it got the stop again) */
+  for (size_t i = 0; i < n && !co.stop; i++)
+    call_outcome(c, &co, json_array_get(tcs, i), &p[i], at[i] ? rc[at[i] - 1] : -1,
+                 at[i] ? &st[at[i] - 1] : NULL);
+  for (size_t i = 0; i < m; i++) lg__step_clear(&st[i]);
+  for (size_t i = 0; i < n; i++) lg__free(p[i].owned);
+  lg__free(p);
+  lg__free(ev);
+  lg__free(st);
+  lg__free(rc);
+  lg__free(at);
   if (co.refused && !co.stop) restore(c, restored_items(c, &co, content));
   json_decref(co.rest_calls);
   json_decref(co.rest_results);
@@ -1390,6 +1519,7 @@ static int plain_exchange(chat_t *c, int ask) {
     usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
     done = plain_decide(c, resp, msg, &x.body_out, ask);
   }
+  settle_usage(c); /* when no step came after it */
   json_decref(resp);
   lg__gw_http_clear(&x);
   return done;
@@ -1653,6 +1783,7 @@ static int stream_exchange(chat_t *c, int ask) {
                    "upstream %s answered 200 with a stream that holds no event of its API", x.up->name);
     lg__gw_answer(j);
   }
+  settle_usage(c); /* when no step came after it */
   lg__gw_http_clear(&x);
   return done;
 }
@@ -1820,8 +1951,7 @@ static void feed_message(chat_t *c, json_t *m) {
 static void feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   for (size_t i = c->prev_id ? 0 : c->r->fed; i < c->n; i++) feed_message(c, json_array_get(c->messages, i));
-  flush_results(c);
-  c->r->fed = c->n;
+  c->r->fed = c->n; /* the last results wait for the model call (flush_results_then) */
 }
 
 /* The key's checks (keys.c); a max_tokens it filled in changes the body. */
@@ -1866,11 +1996,17 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   uint64_t h = lg__hash_str(j->body);
   if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h)) {
     feed_new(&c);
+    /* What comes before the model call and reads the results' decisions
+     * (a stop, a stopped run's last text) or the store (a key's checks):
+     * the results first, as they came. */
+    if (c.stop_text || c.r->final_text || j->key) flush_results(&c);
     if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
     if (c.stop_text) answer_final(&c, NULL);
     else if (keys_model(&c)) {
       /* refused by the key (keys.c): answered */
     } else run_calls(&c);
+    flush_results(&c); /* when no model call took them (an error before it) */
+    settle_usage(&c);
     keep_for_retry(&c, h);
   }
   if (!j->action && j->run_id[0]) j->action = "pass";

@@ -55,6 +55,9 @@ typedef struct chat {
   int root_changed;           /* root is no longer the client's body (keys.c filled in max_tokens) */
   size_t body_reals;          /* the real numbers of the client's body */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
+  lg__step_t use;             /* the answer's usage, decided with the step(s) */
+  lg_event_t use_ev;          /*   after it (decide_steps), when use_pending; */
+  int use_pending;            /*   its event as made */
   lg_reason_t stop_reason;    /* a stop decided in this request (LG_R_NONE: none) */
   size_t text_fed;            /* bytes of text already given to the step */
   int cut;                    /* a text loop cut the stream: 1 observe, 2 stop */
