@@ -556,9 +556,8 @@ int lg__step_create(lg_store_t *s, const lg_run_t *run, const char *policy_json,
   lg__store_lock(s);
   rc = lg__store_begin(s, LG__TXN_RUN, err);
   if (!rc) {
-    rc = lg_store_run_create(s, &rec, err);
+    rc = lg__store_run_create_ev(s, &rec, line.data, line.len, err);
     if (!rc && nscopes) rc = lg_budget_run_scopes_set(s, rec.run_id, scopes, nscopes, err);
-    if (!rc) rc = lg__store_events_append(s, rec.run_id, line.data, line.len, err);
     int erc = lg__store_end(s, rc == 0, rc ? NULL : err);
     if (!rc) rc = erc;
   }

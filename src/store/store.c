@@ -344,13 +344,18 @@ static int check_record(const lg_run_record_t *rec, lg_error_t *err) {
 }
 
 int lg_store_run_create(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err) {
+  return lg__store_run_create_ev(s, rec, NULL, 0, err);
+}
+
+int lg__store_run_create_ev(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                            size_t len, lg_error_t *err) {
   int rc = check_record(rec, err);
   if (rc) return rc;
   lg__store_lock(s);
   int inserted = 0;
   rc = lg__store_begin(s, LG__TXN_RUN, err);
   if (!rc) {
-    rc = lg__sql_run_insert(s, rec, &inserted, err);
+    rc = lg__sql_run_insert(s, rec, lines, len, &inserted, err);
     if (!rc && !inserted)
       rc = lg__err(err, LG_ECONFLICT, "run_id", -1, "run \"%s\" is already stored",
                    rec->run_id);
@@ -380,15 +385,13 @@ int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const ch
     rc = with_lines ? lg__sql_run_update_ev(s, rec, lines, len, &updated, err)
                     : lg__sql_run_update(s, rec, &updated, err);
     if (!rc && !updated) {
-      rc = lg__sql_run_insert(s, rec, &inserted, err);
+      rc = lg__sql_run_insert(s, rec, lines, len, &inserted, err); /* with its lines */
       /* Inserted by someone else in between: only possible without the
        * run's lock, so say so rather than overwrite blindly. */
       if (!rc && !inserted)
         rc = lg__err(err, LG_EBUSY, "run_id", -1,
                      "run \"%s\" was created concurrently; try again", rec->run_id);
-      with_lines = 0; /* the lines still to append */
     }
-    if (!rc && len && !with_lines) rc = lg__store_events_append(s, rec->run_id, lines, len, err);
     int erc = own ? lg__store_end(s, rc == 0, err) : 0;
     if (!rc) rc = erc;
   }

@@ -196,13 +196,14 @@ int lg__sql_op_settle(lg_store_t *s, const char *key, int state, const char *res
                       int *changed, lg_error_t *err);
 
 /* Runs. run_read as op_read (lock: FOR UPDATE). run_insert as
- * op_insert. run_update replaces an existing run's fields except
+ * op_insert, with the run's first trace lines (len 0: none) when it
+ * inserted. run_update replaces an existing run's fields except
  * created_ms (*updated 0 when there is none). run_list calls cb newest
  * first without policy_json and state. */
 int lg__sql_run_read(lg_store_t *s, const char *run_id, int lock,
                      lg_run_record_t *rec, int *found, lg_error_t *err);
-int lg__sql_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
-                       lg_error_t *err);
+int lg__sql_run_insert(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                       size_t len, int *inserted, lg_error_t *err);
 int lg__sql_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
                        lg_error_t *err);
 int lg__sql_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb,
@@ -349,6 +350,10 @@ static inline int lg__store_fault_at(lg_store_t *s, const char *point, lg_error_
   return rc ? lg__err(err, rc, NULL, -1, "injected fault at %s", point) : 0;
 }
 
+/* lg_store_run_create with the run's first trace lines (len 0: none),
+ * written with its row. */
+int lg__store_run_create_ev(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                            size_t len, lg_error_t *err);
 /* A run's trace-v1 lines (store.c, over ev_append and ev_read): append
  * inside the transaction that writes the decision they record; read
  * appends them to *out. */

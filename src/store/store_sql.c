@@ -40,6 +40,7 @@ enum {
   Q_RUN_READ,
   Q_RUN_READ_LOCK,
   Q_RUN_INSERT,
+  Q_RUN_INSERT_EV,
   Q_RUN_UPDATE,
   Q_RUN_TOUCH,
   Q_RUN_LIST,
@@ -156,6 +157,11 @@ static const query_t queries[Q__N] = {
     [Q_RUN_READ_LOCK] = {.sql = "SELECT " RUN_COLS " FROM lg_runs WHERE run_id = ?1{FOR UPDATE}"},
     [Q_RUN_INSERT] = {.sql = "INSERT INTO lg_runs (" RUN_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
                       " ON CONFLICT (run_id) DO NOTHING"},
+    /* Q_RUN_INSERT with the run's first trace lines in its tail (SQLite):
+     * the row is written once. */
+    [Q_RUN_INSERT_EV] = {.by = {[SQ] = "INSERT INTO lg_runs (" RUN_COLS ", trace_tail)"
+                                       " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                                       " ON CONFLICT (run_id) DO NOTHING"}},
     /* PostgreSQL must know the type of every parameter: ?8 (created_ms,
      * which an UPDATE keeps) is named for that. */
     [Q_RUN_UPDATE] = {.by = {[SQ] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
@@ -789,17 +795,20 @@ static void bind_run(lg_store_t *s, lg__stmt_t *st, const lg_run_record_t *r) {
   DRV->bind_i64(st, 9, r->updated_ms);
 }
 
-int lg__sql_run_insert(lg_store_t *s, const lg_run_record_t *rec, int *inserted,
-                        lg_error_t *err) {
+int lg__sql_run_insert(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
+                       size_t len, int *inserted, lg_error_t *err) {
   int64_t changes = 0;
   *inserted = 0;
-  lg__stmt_t *st = stmt(s, Q_RUN_INSERT, err);
+  int tail = len && DRV->dialect->trace_tail;
+  lg__stmt_t *st = stmt(s, tail ? Q_RUN_INSERT_EV : Q_RUN_INSERT, err);
   if (!st) return LG_ESTORE;
   bind_run(s, st, rec);
+  if (tail) DRV->bind_text(st, 10, lines, len);
   int rc = run(s, st, &changes, err);
   *inserted = !rc && changes > 0;
   if (*inserted) cache_put(s, rec);
   else cache_drop(s, rec->run_id);
+  if (!rc && *inserted && len && !tail) rc = lg__sql_ev_append(s, rec->run_id, lines, len, err);
   return rc;
 }
 
