@@ -34,8 +34,14 @@
 #include "../tests/unit/test_server_http.h"
 #include "bench_serve.h"
 
+static pid_t lg_pid, up_pid;
+
+/* Also when the server did not start: the fake upstream must not stay
+ * behind (it holds the caller's stdout open). */
 static void die(const char *what) {
   fprintf(stderr, "gateway_ir: %s\n", what);
+  if (lg_pid > 0) kill(lg_pid, SIGTERM);
+  if (up_pid > 0) kill(up_pid, SIGTERM);
   exit(1);
 }
 
@@ -120,7 +126,6 @@ static int read_answer(int fd, int *status, char *head, size_t cap) {
   }
 }
 
-static pid_t lg_pid, up_pid;
 static char dir[] = "/tmp/gateway_ir.XXXXXX";
 
 static void control(const char *what) {

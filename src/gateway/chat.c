@@ -237,6 +237,13 @@ static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t
   memcpy(v, all + 1, n * sizeof *v);
   if (all != one) lg__free(all);
   if (rc) {
+    lg__buf_t f = {0};
+    lg__buf_puts(&f, "\"run_id\":");
+    lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
+    lg__buf_printf(&f, ",\"steps\":%zu,\"code\":%d,\"message\":", n + 1, rc);
+    lg__buf_json_str(&f, e.message, strlen(e.message));
+    if (!f.oom) lg__server_log(c->cx->srv, "warn", "batch_retried", f.data);
+    lg__buf_free(&f);
     settle_usage(c);
     for (size_t i = 0; i < n; i++) {
       restep(c, &v[i], &evs[i]);

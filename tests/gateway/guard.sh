@@ -15,7 +15,10 @@
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
 #     cut off by the upstream, an upstream that is down; a client that
 #     hangs up aborts the upstream request; the server keeps serving;
-#   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS.
+#   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS;
+#   - a SQLite store whose write lock another process holds when an answer
+#     arrives: its usage and text decided again a step at a time, nothing
+#     lost.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 
@@ -313,6 +316,34 @@ e=$(env MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1" node "$HERE/conversation.mjs"
 [ "$(echo "$e" | get 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "within the bound, a run was evicted: $e"
 stop_server lru
 [ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
+
+note "a store busy when the answer comes (another process holds its write lock past the busy timeout): decided again a step at a time, nothing lost"
+start_server busy --store "sqlite:$TMP/busy.db" --upstream "$FAKE/v1" --log "$TMP/busy.log"
+# The "slow" model answers after 3 s; the lock is taken at 1 s (after the
+# model call's transaction) and held to 9.5 s: the answer's batch (usage,
+# text) waits the busy timeout (5 s) in vain, and the step at a time that
+# follows gets the lock when it goes.
+curl -s --max-time 40 -H 'Content-Type: application/json' -H 'X-Loopguard-Run: busy-1' -o "$TMP/busy.json" \
+  -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$busy_URL/v1/chat/completions" &
+cpid=$!
+sleep 1
+python3 -c '
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+c.execute("BEGIN IMMEDIATE")
+time.sleep(8.5)
+c.execute("ROLLBACK")' "$TMP/busy.db" || fail "could not hold the store's lock"
+wait "$cpid" || fail "busy: the request failed"
+get 'd["choices"][0]["message"]["content"]' <"$TMP/busy.json" | grep -q '^Hello from the fake upstream' || fail "busy: $(cat "$TMP/busy.json")"
+grep -q '"batch_retried"' "$TMP/busy.log" || fail "busy: the batch did not fail, nothing was tested: $(cat "$TMP/busy.log")"
+grep -q '"usage_not_settled"' "$TMP/busy.log" && fail "busy: the usage was lost: $(cat "$TMP/busy.log")"
+curl -sf "$busy_URL/v1/runs/busy-1/trace" >"$TMP/busy.jsonl" || fail "busy: no trace"
+for t in model usage text; do
+  grep -q "\"type\":\"$t\"" "$TMP/busy.jsonl" || fail "busy: no $t line in the trace: $(cat "$TMP/busy.jsonl")"
+done
+"$LG_BIN" replay --json "$TMP/busy.jsonl" >"$TMP/busy.replay" || fail "busy: replay"
+stop_server busy
+[ "$busy_RC" = 0 ] || fail "the busy server exited $busy_RC: $(tail -5 "$TMP/busy.err")"
 
 note "the upstream never saw a conversation a provider rejects"
 v=$(stats 'd["violations"]')
