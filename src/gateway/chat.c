@@ -187,19 +187,26 @@ static int settle_alone(chat_t *c, lg_error_t *e) {
   return rc;
 }
 
+/* A warning that the store was in the way: the run, `what` (name and an
+ * integer), the store's code and message (docs/gateway.md, "Metrics and
+ * logs"). */
+static void store_warning(chat_t *c, const char *event, const char *what, long long v, int rc,
+                          const lg_error_t *e) {
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"run_id\":");
+  lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
+  lg__buf_printf(&f, ",\"%s\":%lld,\"code\":%d,\"message\":", what, v, rc);
+  lg__buf_json_str(&f, e->message, strlen(e->message));
+  if (!f.oom) lg__server_log(c->cx->srv, "warn", event, f.data);
+  lg__buf_free(&f);
+}
+
 /* The pending usage done with (rc: its step's): what still failed is
  * logged (the reservation then goes at its TTL). */
 static void usage_done(chat_t *c, int rc, const lg_error_t *e) {
-  if (rc) {
-    lg__buf_t f = {0};
-    lg__buf_puts(&f, "\"run_id\":");
-    lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
-    lg__buf_printf(&f, ",\"reservation\":%lld,\"code\":%d,\"message\":",
-                   (long long)c->use_ev.u.usage.reservation, rc);
-    lg__buf_json_str(&f, e->message, strlen(e->message));
-    if (!f.oom) lg__server_log(c->cx->srv, "warn", "usage_not_settled", f.data);
-    lg__buf_free(&f);
-  }
+  if (rc)
+    store_warning(c, "usage_not_settled", "reservation", (long long)c->use_ev.u.usage.reservation,
+                  rc, e);
   lg_prices_free(c->use.prices);
   lg__step_clear(&c->use);
   c->use_pending = 0;
@@ -237,13 +244,7 @@ static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t
   memcpy(v, all + 1, n * sizeof *v);
   if (all != one) lg__free(all);
   if (rc) {
-    lg__buf_t f = {0};
-    lg__buf_puts(&f, "\"run_id\":");
-    lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
-    lg__buf_printf(&f, ",\"steps\":%zu,\"code\":%d,\"message\":", n + 1, rc);
-    lg__buf_json_str(&f, e.message, strlen(e.message));
-    if (!f.oom) lg__server_log(c->cx->srv, "warn", "batch_retried", f.data);
-    lg__buf_free(&f);
+    store_warning(c, "batch_retried", "steps", (long long)(n + 1), rc, &e);
     settle_usage(c);
     for (size_t i = 0; i < n; i++) {
       restep(c, &v[i], &evs[i]);
