@@ -26,9 +26,6 @@
 #include "../util/utf8.h"
 
 #include <math.h>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 /* SHA256_Init/Update/Final are deprecated in OpenSSL 3 in favour of EVP,
  * but they run the same SHA-NI code without EVP's dispatch: 40 ns less per
  * fingerprint, which is a sixth of the per-call budget. */
@@ -163,27 +160,7 @@ static int cv_string(parser_t *p, bool *plain) {
     size_t start = p->i, i = p->i, n = p->n;
     const unsigned char *s = p->s;
     /* The common case: a run of printable ASCII that needs no change. */
-#ifdef __SSE2__
-    /* Sixteen bytes at a time: a byte is special when it is below 0x20 or
-     * above 0x7F (both below 0x20 as signed bytes), a quote or a
-     * backslash. */
-    const __m128i sp = _mm_set1_epi8(0x20), qu = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
-    while (i + 16 <= n) {
-      __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-      __m128i hit = _mm_or_si128(_mm_cmplt_epi8(x, sp),
-                                 _mm_or_si128(_mm_cmpeq_epi8(x, qu), _mm_cmpeq_epi8(x, bs)));
-      unsigned mask = (unsigned)_mm_movemask_epi8(hit);
-      if (mask) {
-        i += (size_t)__builtin_ctz(mask);
-        goto run_done;
-      }
-      i += 16;
-    }
-#endif
-    while (i < n && !lg__str_special[s[i]]) i++;
-#ifdef __SSE2__
-  run_done:
-#endif
+    i = lg__str_plain_end(s, i, n);
     p->i = i;
     putn(c, s + start, i - start);
     if (p->i >= p->n) return perr(p, LG_EPARSE, "unterminated string");

@@ -62,8 +62,7 @@ static int str(fparse_t *f, const char **s, size_t *len) {
   const unsigned char *start = f->p, *p = start, *end = f->end;
   char *o = NULL; /* from the first escape: where the decoded bytes go */
   for (;;) {
-    const unsigned char *q = p;
-    while (q < end && !lg__str_special[*q]) q++;
+    const unsigned char *q = start + lg__str_plain_end(start, (size_t)(p - start), (size_t)(end - start));
     if (o) {
       memcpy(o, p, (size_t)(q - p));
       o += q - p;

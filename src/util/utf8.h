@@ -3,17 +3,41 @@
  * the gateway's lg__json_load, src/server/json_load.c) share about JSON
  * strings: the bytes that end a plain run, hex digits of \u escapes, and
  * UTF-8 checked (no overlong form, no surrogate, nothing past U+10FFFF)
- * and written. Inline: both read strings a byte at a time.
+ * and written. Inline: both read strings a byte at a time, plain runs
+ * sixteen at a time.
  */
 #ifndef LG_UTF8_H
 #define LG_UTF8_H
 
 #include <stddef.h>
 #include <stdint.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* Bytes that end a plain run inside a JSON string: controls, quote,
  * backslash and every non-ASCII byte (util.c). */
 extern const uint8_t lg__str_special[256];
+
+/* The end of the plain run of s[i..n): the index of its first special
+ * byte (lg__str_special), or n. Sixteen bytes at a time where SSE2 is: a
+ * byte is special when it is below 0x20 or above 0x7F (both below 0x20 as
+ * signed bytes), a quote or a backslash. */
+static inline size_t lg__str_plain_end(const unsigned char *s, size_t i, size_t n) {
+#ifdef __SSE2__
+  const __m128i sp = _mm_set1_epi8(0x20), qu = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+  while (i + 16 <= n) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+    __m128i hit = _mm_or_si128(_mm_cmplt_epi8(x, sp),
+                               _mm_or_si128(_mm_cmpeq_epi8(x, qu), _mm_cmpeq_epi8(x, bs)));
+    unsigned mask = (unsigned)_mm_movemask_epi8(hit);
+    if (mask) return i + (size_t)__builtin_ctz(mask);
+    i += 16;
+  }
+#endif
+  while (i < n && !lg__str_special[s[i]]) i++;
+  return i;
+}
 
 /* The value of a hex digit of either case, or -1: the one hex table
  * (lg__hex_value, ids.c, lowercase only) with A-F folded first. */
