@@ -447,6 +447,10 @@ static void *loop_main(void *arg) {
     MHD_UNSIGNED_LONG_LONG to = 0;
     int ms = 1000;
     if (MHD_get_timeout(l->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
+    /* More to do at once (a request read in several steps): MHD again,
+     * not a wait that would return at once (two system calls a turn). A
+     * wake-up left unread makes the next wait return, which reads it. */
+    if (ms == 0) continue;
     struct epoll_event got[4];
     int n = ep >= 0 ? epoll_wait(ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
     for (int i = 0; i < n; i++)
