@@ -156,10 +156,6 @@ static void note_stop(chat_t *c, const lg__step_t *st, json_t *a, const char *fa
 
 /* ---- the usage, with the steps after it ---- */
 
-/* The pending usage settled in a step of its own: a store that is busy (a
- * lock not had in time, a deadlock or serialization victim on PostgreSQL:
- * two replicas on one run) rolled the step back whole, so it is tried
- * again. */
 /* A step made again for its event as made (ev), its inputs kept. */
 static void restep(chat_t *c, lg__step_t *st, const lg_event_t *ev) {
   lg__step_t in = *st;
@@ -172,6 +168,10 @@ static void restep(chat_t *c, lg__step_t *st, const lg_event_t *ev) {
   st->auto_turn = in.auto_turn;
 }
 
+/* The pending usage settled in a step of its own: a store that is busy (a
+ * lock not had in time, a deadlock or serialization victim on PostgreSQL:
+ * two replicas on one run) rolled the step back whole, so it is tried
+ * again. */
 static int settle_alone(chat_t *c, lg_error_t *e) {
   int rc = 0;
   for (int attempt = 0; attempt < USAGE_TRIES; attempt++) {
@@ -413,9 +413,6 @@ static int may_be_structured(const char *t) {
   return *t == '{' && (strstr(t, "\"status\"") || strstr(t, "\\u"));
 }
 
-/* A tool message as a result event, decided with the request's other
- * results (flush_results). Unknown calls (not the gateway's) are
- * skipped: the step refuses them and nothing changes. */
 /* Room in f for one more step. 0 when out of memory. */
 static int fed_room(lg__gw_fed_t *f) {
   if (f->n < f->cap) return 1;
@@ -429,6 +426,9 @@ static int fed_room(lg__gw_fed_t *f) {
   return 1;
 }
 
+/* A tool message as a result event, decided with the request's other
+ * results (flush_results_then). Unknown calls (not the gateway's) are
+ * skipped: the step refuses them and nothing changes. */
 static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
   lg__gw_fed_t *f = &c->fed;
   if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */

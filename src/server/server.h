@@ -21,7 +21,8 @@
  *
  * A run's trace-v1 lines (GET /v1/runs/{id}/trace) are rows of the store,
  * written in the transaction of the decision they record
- * (lg__store_events_append), so every replica and every restart sees them.
+ * (lg__store_run_put_events, lg__store_run_create_ev), so every replica
+ * and every restart sees them.
  *
  * Names are lg__ (internal). Nothing here is part of the public API; the
  * public part is the SERVER-API block of loopguard.h.
