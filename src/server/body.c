@@ -462,7 +462,7 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
     if (!root) return lg__err(err, LG_ENOMEM, "body", -1, "out of memory");
   } else {
     json_error_t je;
-    root = lg__json_load_flags( /* which calls lg__json_begin */text, len, JSON_REJECT_DUPLICATES, &je, NULL);
+    root = lg__json_load_flags(text, len, JSON_REJECT_DUPLICATES, &je, NULL); /* begins itself */
     if (lg__json_oom()) { /* see util.c: jansson may misreport it */
       json_decref(root);
       return lg__err(err, LG_ENOMEM, "body", -1, "out of memory");

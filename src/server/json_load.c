@@ -62,7 +62,7 @@ static int str(fparse_t *f, const char **s, size_t *len) {
   const unsigned char *start = f->p, *p = start, *end = f->end;
   char *o = NULL; /* from the first escape: where the decoded bytes go */
   for (;;) {
-    const unsigned char *q = start + lg__str_plain_end(start, (size_t)(p - start), (size_t)(end - start));
+    const unsigned char *q = p + lg__str_plain_end(p, 0, (size_t)(end - p));
     if (o) {
       memcpy(o, p, (size_t)(q - p));
       o += q - p;
@@ -280,7 +280,7 @@ static json_t *value(fparse_t *f, int depth) {
   }
 }
 
-json_t *lg__json_load_fast_flags(const char *s, size_t n, size_t flags, size_t *reals) {
+json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals) {
   fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}, 0,
                 (flags & JSON_REJECT_DUPLICATES) != 0};
   json_t *v = NULL;
@@ -308,14 +308,10 @@ static size_t reals_of(const json_t *v) {
   return n;
 }
 
-json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals) {
-  return lg__json_load_fast_flags(s, n, 0, reals);
-}
-
 json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
                             size_t *reals) {
   lg__json_region_begin(); /* the tree in chunks (util.c): freed a thousand values at a time */
-  json_t *v = lg__json_load_fast_flags(s, n, flags, reals);
+  json_t *v = lg__json_load_fast(s, n, flags, reals);
   if (!v) {
     v = json_loadb(s ? s : "", n, flags, je);
     if (v && reals) *reals = reals_of(v);

@@ -226,20 +226,18 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
 void lg__body_clear(lg__body_t *b);
 /* Compact JSON text of v (new; lg__free). NULL on out-of-memory. */
 char *lg__json_text(const json_t *v, size_t *len);
-/* json_loadb(s, n, 0, je), the same tree, read faster (json_load.c); an
- * error is always json_loadb's. *reals (may be NULL): the real numbers
- * read, never fewer than the tree holds (a repeated key's replaced value
- * counts too). It calls lg__json_begin itself (its trees in the region,
- * util.c): lg__json_oom() after it says whether an allocation failed.
- * lg__json_load_fast: the fast reader alone, NULL for anything it leaves
- * to jansson (for tests). */
-json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals);
-json_t *lg__json_load_fast(const char *s, size_t n, size_t *reals);
-/* The same as json_loadb(s, n, flags, je), flags 0 or
- * JSON_REJECT_DUPLICATES (the sidecar's bodies). */
+/* json_loadb(s, n, flags, je) (flags 0, or JSON_REJECT_DUPLICATES for the
+ * sidecar's bodies), the same tree, read faster (json_load.c); an error is
+ * always json_loadb's. *reals (may be NULL): the real numbers read, never
+ * fewer than the tree holds (a repeated key's replaced value counts too).
+ * It calls lg__json_begin itself (its trees in the region, util.c):
+ * lg__json_oom() after it says whether an allocation failed.
+ * lg__json_load: with flags 0. lg__json_load_fast: the fast reader alone,
+ * NULL for anything it leaves to jansson (for tests). */
 json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
                             size_t *reals);
-json_t *lg__json_load_fast_flags(const char *s, size_t n, size_t flags, size_t *reals);
+json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals);
+json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals);
 
 #include "../budget/budget.h" /* the refusal and the JSON answers of budgets */
 #include "../store/group.h"

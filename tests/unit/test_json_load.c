@@ -35,7 +35,7 @@ static size_t count_reals(const json_t *v) {
  * with jansson's flags 0 or JSON_REJECT_DUPLICATES (the sidecar's). */
 static int agree_flags(const char *s, size_t n, size_t flags) {
   size_t rf = 0, rl = 0;
-  json_t *f = flags ? lg__json_load_fast_flags(s, n, flags, &rf) : lg__json_load_fast(s, n, &rf);
+  json_t *f = lg__json_load_fast(s, n, flags, &rf);
   json_error_t je, jl;
   json_t *j = json_loadb(s, n, flags, &je);
   if (f) {
