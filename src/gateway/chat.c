@@ -156,6 +156,12 @@ static void note_stop(chat_t *c, const lg__step_t *st, json_t *a, const char *fa
 
 /* ---- the usage, with the steps after it ---- */
 
+/* What lg__gw_step would have answered for a step of a batch that ran: 0
+ * when it decided, else its own failure's code. */
+static int step_rc(const lg__step_t *st) {
+  return st->decided ? 0 : st->err.code ? st->err.code : LG_ECONFLICT;
+}
+
 /* A step made again for its event as made (ev), its inputs kept. */
 static void restep(chat_t *c, lg__step_t *st, const lg_event_t *ev) {
   lg__step_t in = *st;
@@ -253,9 +259,8 @@ static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t
     }
     return;
   }
-  usage_done(c, c->use.decided ? 0 : c->use.err.code ? c->use.err.code : LG_ECONFLICT, &c->use.err);
-  for (size_t i = 0; i < n; i++)
-    rcs[i] = v[i].decided ? 0 : v[i].err.code ? v[i].err.code : LG_ECONFLICT;
+  usage_done(c, step_rc(&c->use), &c->use.err);
+  for (size_t i = 0; i < n; i++) rcs[i] = step_rc(&v[i]);
 }
 
 /* One event through the step (after the pending usage); *a (may be
@@ -476,7 +481,7 @@ static int flush_results_then(chat_t *c, lg__step_t *next, lg_error_t *e) {
   int rc = lg__gw_step_batch(c->cx, c->r->id, &b, e);
   if (next) {
     *next = f->st[n];
-    if (!rc && !next->decided) rc = next->err.code ? next->err.code : LG_ECONFLICT;
+    if (!rc) rc = step_rc(next);
     if (rc) *e = next->err;
   }
   for (size_t i = 0; i < n; i++) {
