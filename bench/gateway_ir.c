@@ -18,11 +18,16 @@
  * execute, a stream up to its [DONE]), else the figure would measure an
  * error path: exit 1.
  *
+ * --steady measures agent.lua's steady mode instead (8 KB bodies): runs
+ * of TURNS (10) requests, each the conversation so far plus the call the
+ * previous answer asked for and its result, so the gateway reads one new
+ * result a request, as with a real agent loop.
+ *
  * The dumps stay in --out.1 .. --out.4 (8k false, 8k true, 1k false,
  * 1k true) for callgrind_annotate.
  *
  * Usage: gateway_ir [--requests N] [--out FILE] [--bin LOOPGUARD]
- *                   [--only 8k|1k] [--no-valgrind]
+ *                   [--only 8k|1k] [--steady] [--no-valgrind]
  * Defaults: 200 requests a body, FILE = ./callgrind.gateway.out, LOOPGUARD
  * = this build's binary (--bin: another build's, for an A/B).
  * --no-valgrind prints the server's CPU time per request instead (/proc).
@@ -150,21 +155,58 @@ static void fail(const char *what) {
 
 static long run_seq; /* X-Loopguard-Run: gwir-N, a new run each request */
 
+/* --steady: agent.lua's steady mode. The body says "user":"bench-steady"
+ * (the fake upstream then asks for call_s<N>, N the results it holds);
+ * a run is TURNS requests, each with one turn more than the last. */
+#define TURNS 10
+#define TURN                                                                                      \
+  ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_s%06d\",\"type\":"      \
+  "\"function\",\"function\":{\"name\":\"write_record\",\"arguments\":\"{\\\"record_id\\\":%d,"      \
+  "\\\"value\\\":\\\"A\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_s%06d\",\"content\":"  \
+  "\"{\\\"ok\\\":true,\\\"record_id\\\":%d}\"}"
+static int steady;
+static int turn;           /* of the run, 0 .. TURNS-1 */
+static char steady_b[1 << 16]; /* the body of this turn */
+
+/* The body of the next steady request, from the benchmark's body b. */
+static int steady_body(const char *b, size_t blen, const char **out, size_t *olen) {
+  const char *at = strstr(b, "],\"tools\":");
+  if (b[0] != '{' || !at) return -1;
+  int base = 0;
+  for (const char *q = b; (q = strstr(q, "\"tool_call_id\"")); q++) base++;
+  size_t cap = sizeof steady_b, n = (size_t)snprintf(steady_b, cap, "{\"user\":\"bench-steady\",%.*s",
+                                                      (int)(at - b - 1), b + 1);
+  for (int t = 0; t < turn && n < cap; t++)
+    n += (size_t)snprintf(steady_b + n, cap - n, TURN, base + t, base + t, base + t, base + t);
+  if (n + blen - (size_t)(at - b) >= cap) return -1;
+  memcpy(steady_b + n, at, blen - (size_t)(at - b));
+  *out = steady_b;
+  *olen = n + blen - (size_t)(at - b);
+  return 0;
+}
+
 /* One request of body b on c; 0 when answered 200 with the call executed. */
 static int one(ht_conn_t *c, const char *body, size_t blen, int stream) {
   char head[512];
-  int hn = snprintf(head, sizeof head,
-                    "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
-                    "X-Loopguard-Run: gwir-%ld\r\nContent-Length: %zu\r\n\r\n",
-                    ++run_seq, blen);
+  if (steady && steady_body(body, blen, &body, &blen)) return -1;
+  int hn = steady ? snprintf(head, sizeof head,
+                             "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+                             "X-Loopguard-Run: gwir-s%ld\r\nContent-Length: %zu\r\n\r\n",
+                             run_seq, blen)
+                  : snprintf(head, sizeof head,
+                             "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+                             "X-Loopguard-Run: gwir-%ld\r\nContent-Length: %zu\r\n\r\n",
+                             ++run_seq, blen);
   if (ht_send_all(c->fd, head, (size_t)hn) || ht_send_all(c->fd, body, blen)) return -1;
   int status = 0;
   char ah[8192];
   if (read_answer(c->fd, &status, ah, sizeof ah)) return -1;
+  if (steady && ++turn == TURNS) turn = 0, run_seq++;
   /* the upstream's call let through; a whole answer says execute (a
    * stream's headers leave before its call is decided) */
-  if (status != 200 || !strstr(body_in, "call_bench")) return -1;
+  if (status != 200 || !strstr(body_in, steady ? "call_s" : "call_bench")) return -1;
   if (stream) return strstr(body_in, "data: [DONE]") ? 0 : -1;
   return ht_find(ah, "\r\nX-Loopguard-Action: execute\r\n") ? 0 : -1;
 }
@@ -191,13 +233,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--bin") && i + 1 < argc) bin = argv[++i];
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--no-valgrind")) valgrind = 0;
+    else if (!strcmp(argv[i], "--steady")) steady = 1;
     else {
       fprintf(stderr, "usage: gateway_ir [--requests N] [--out FILE] [--bin LOOPGUARD] "
-                      "[--only 8k|1k] [--no-valgrind]\n");
+                      "[--only 8k|1k] [--steady] [--no-valgrind]\n");
       return 2;
     }
   }
   if (requests < 1) return 2;
+  if (steady) only = "8k";
   signal(SIGPIPE, SIG_IGN);
   if (!mkdtemp(dir)) die("mkdtemp");
   char absout[4096];
@@ -251,8 +295,9 @@ int main(int argc, char **argv) {
   ht_open(&c, sv.port);
   if (c.fd < 0) fail("connect");
   int dumps = 0;
-  printf("gateway: %s per request, %ld requests a body, one connection, "
-         "a new X-Loopguard-Run each\n", valgrind ? "instructions" : "server CPU", requests);
+  printf("gateway: %s per request, %ld requests a body, one connection, %s\n",
+         valgrind ? "instructions" : "server CPU", requests,
+         steady ? "agent loops of 10 requests (steady)" : "a new X-Loopguard-Run each");
   for (int i = 0; i < 4; i++) {
     if (only && strcmp(only, bodies[i].name)) continue;
     for (int w = 0; w < 5; w++)
@@ -263,9 +308,9 @@ int main(int argc, char **argv) {
       if (one(&c, body[i], blen[i], bodies[i].stream)) fail("a request was not answered 200 / execute");
     double cpu = valgrind ? 0 : cpu_s(lg_pid) - cpu0;
     if (!valgrind) {
-      printf("{\"bench\":\"gateway_ir\",\"body\":\"%s\",\"stream\":%s,\"requests\":%ld,"
-             "\"server_cpu_us_per_request\":%.1f}\n",
-             bodies[i].name, bodies[i].stream ? "true" : "false", requests, cpu * 1e6 / (double)requests);
+      printf("{\"bench\":\"gateway_ir\",\"body\":\"%s\",\"mode\":\"%s\",\"stream\":%s,"
+             "\"requests\":%ld,\"server_cpu_us_per_request\":%.1f}\n",
+             bodies[i].name, steady ? "steady" : "fresh", bodies[i].stream ? "true" : "false", requests, cpu * 1e6 / (double)requests);
       printf("gateway %s stream=%d: %.1f us of CPU per request (no valgrind)\n", bodies[i].name,
              bodies[i].stream, cpu * 1e6 / (double)requests);
       continue;
@@ -273,9 +318,9 @@ int main(int argc, char **argv) {
     control("-d");
     unsigned long long ir = dump_total(absout, ++dumps);
     if (!ir) fail("no totals in the callgrind dump");
-    printf("{\"bench\":\"gateway_ir\",\"body\":\"%s\",\"stream\":%s,\"requests\":%ld,\"ir\":%llu,"
-           "\"ir_per_request\":%.0f,\"dump\":\"%s.%d\"}\n",
-           bodies[i].name, bodies[i].stream ? "true" : "false", requests, ir,
+    printf("{\"bench\":\"gateway_ir\",\"body\":\"%s\",\"mode\":\"%s\",\"stream\":%s,"
+           "\"requests\":%ld,\"ir\":%llu,\"ir_per_request\":%.0f,\"dump\":\"%s.%d\"}\n",
+           bodies[i].name, steady ? "steady" : "fresh", bodies[i].stream ? "true" : "false", requests, ir,
            (double)ir / (double)requests, out, dumps);
     printf("gateway %s stream=%d: %.0f instructions per request\n", bodies[i].name, bodies[i].stream,
            (double)ir / (double)requests);

@@ -77,10 +77,28 @@ static void raise_action(lg__gw_job_t *j, const char *a, const char *reason) {
   }
 }
 
+/* Client message i (borrowed), built when first read; NULL out of range
+ * or out of memory (then c->lazy_oom). */
+json_t *lg__gwc_msg(chat_t *c, size_t i) {
+  json_t *m = lg__json_lazy_get(&c->lazy, c->messages, i);
+  if (!m && i < json_array_size(c->messages)) c->lazy_oom = 1;
+  return m;
+}
+
+/* The string member k of client message i, PEEK_ROLE or PEEK_TYPE (as
+ * sget gives it), without building the message when its check kept it. */
+enum { PEEK_ROLE, PEEK_TYPE };
+static const char *const peek_keys[2] = {"role", "type"};
+static const char *msg_str(chat_t *c, size_t i, int k) {
+  const char *v;
+  if (!lg__json_lazy_peek(&c->lazy, c->messages, i, k, &v)) return v;
+  return sget(lg__gwc_msg(c, i), peek_keys[k]);
+}
+
 /* The key of a conversation's start: messages[0..a] with a the first
  * assistant message (extra, when not NULL, stands in for messages[a]). */
-static char *conv_key(json_t *messages, size_t a, json_t *extra) {
-  json_t *am = extra ? extra : json_array_get(messages, a);
+static char *conv_key(chat_t *c, size_t a, json_t *extra) {
+  json_t *am = extra ? extra : lg__gwc_msg(c, a);
   json_t *tcs = json_object_get(am, "tool_calls");
   const char *id = sget(json_array_get(tcs, 0), "id");
   if (!id) id = sget(am, "call_id"); /* a Responses function_call item */
@@ -97,7 +115,7 @@ static char *conv_key(json_t *messages, size_t a, json_t *extra) {
   }
   lg__buf_t h = {0};
   for (size_t i = 0; i <= a; i++) {
-    json_t *m = i == a ? am : json_array_get(messages, i);
+    json_t *m = i == a ? am : lg__gwc_msg(c, i);
     char *t = content_text(m);
     lg__buf_puts(&h, sget(m, "role") ? sget(m, "role") : "");
     lg__buf_putc(&h, '\n');
@@ -110,10 +128,9 @@ static char *conv_key(json_t *messages, size_t a, json_t *extra) {
   return lg__buf_steal(&b, NULL);
 }
 
-static long first_assistant(json_t *messages) {
-  for (size_t i = 0; i < json_array_size(messages); i++) {
-    const char *role = sget(json_array_get(messages, i), "role");
-    const char *ty = sget(json_array_get(messages, i), "type");
+static long first_assistant(chat_t *c) {
+  for (size_t i = 0; i < c->n; i++) {
+    const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
     if ((role && !strcmp(role, "assistant")) || (ty && !strcmp(ty, "function_call"))) return (long)i;
   }
   return -1;
@@ -586,7 +603,7 @@ static json_t *anthropic_steered(chat_t *c, json_t *m) {
 
 /* Client message i as the upstream gets it (new reference). */
 static json_t *client_message(chat_t *c, size_t i) {
-  json_t *m = json_array_get(c->messages, i);
+  json_t *m = lg__gwc_msg(c, i);
   const char *role = sget(m, "role");
   const char *steer = result_steer(c, m);
   json_t *out;
@@ -735,6 +752,7 @@ static const char *call_model(const chat_t *c) {
 }
 
 static json_t *build_body(chat_t *c) {
+  if (lg__json_lazy_all(&c->lazy, c->messages)) return NULL; /* the copy shares them */
   json_t *b = json_copy(c->root); /* shallow: the client's members shared */
   json_t *msgs = b ? build_messages(c) : NULL;
   if (!b || !msgs) {
@@ -799,7 +817,7 @@ static int body_unchanged(chat_t *c) {
     if (offer || (!c->estimate && r->hide_left > 0 && r->hide_tool)) return 0;
   }
   for (size_t i = 0; json_object_size(r->steer) && i < c->n; i++)
-    if (steered(c, json_array_get(c->messages, i))) return 0;
+    if (steered(c, lg__gwc_msg(c, i))) return 0;
   return 1;
 }
 
@@ -1329,8 +1347,8 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
     }
     msg = first;
   }
-  if (c->j->hdr_run || first_assistant(c->messages) >= 0 || !msg) return;
-  char *k = conv_key(c->messages, c->n, msg);
+  if (c->j->hdr_run || first_assistant(c) >= 0 || !msg) return;
+  char *k = conv_key(c, c->n, msg);
   if (k) lg__gw_key_put(c->cx->gw, k, c->r);
   lg__free(k);
 }
@@ -1815,7 +1833,10 @@ static void run_calls(chat_t *c) {
 static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
   json_error_t je;
-  c->root = lg__json_load(j->body, j->body_len, &je, &c->body_reals);
+  c->lazy.peek[PEEK_ROLE] = peek_keys[PEEK_ROLE];
+  c->lazy.peek[PEEK_TYPE] = peek_keys[PEEK_TYPE];
+  c->root = lg__json_load_lazy(j->body, j->body_len, is_responses(c) ? "input" : "messages", &c->lazy,
+                               &je, &c->body_reals);
   if (lg__json_oom()) {
     json_decref(c->root);
     c->root = NULL;
@@ -1868,13 +1889,18 @@ static int parse_request(chat_t *c) {
 static int find_run(chat_t *c) {
   lg__gw_job_t *j = c->j;
   char *key = NULL;
-  long a = first_assistant(c->messages);
+  long a = first_assistant(c);
   if (!j->hdr_run && c->prev_id) {
     lg__buf_t kb = {0};
     lg__buf_printf(&kb, "resp:%s", c->prev_id);
     key = lg__buf_steal(&kb, NULL);
   } else if (!j->hdr_run && a >= 0) {
-    key = conv_key(c->messages, (size_t)a, NULL);
+    key = conv_key(c, (size_t)a, NULL);
+  }
+  if (c->lazy_oom) {
+    lg__free(key);
+    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+    return -1;
   }
   lg_error_t e = {0};
   c->r = lg__gw_run_get(c->cx, j->hdr_run, key, lg__gw_policy_named(c->cx->gw, j->hdr_policy), &e);
@@ -1932,6 +1958,14 @@ static int is_user_message(const chat_t *c, json_t *m) {
   return 0;
 }
 
+/* Whether client message i may be an event: the person's, a tool's
+ * result. An assistant's or a system's message is never built to feed. */
+static int may_feed(chat_t *c, size_t i) {
+  const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
+  return (role && (!strcmp(role, "user") || !strcmp(role, "tool"))) ||
+         (ty && !strcmp(ty, "function_call_output"));
+}
+
 /* One new client message as events: its tool results, or a user event. */
 static void feed_message(chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
@@ -1961,10 +1995,18 @@ static void feed_message(chat_t *c, json_t *m) {
 
 /* What is new since the run's last request, as events. A Responses
  * request with previous_response_id holds only what is new. */
-static void feed_new(chat_t *c) {
+static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
-  for (size_t i = c->prev_id ? 0 : c->r->fed; i < c->n; i++) feed_message(c, json_array_get(c->messages, i));
+  size_t from = c->prev_id ? 0 : c->r->fed;
+  for (size_t i = from; i < c->n; i++) /* all built before any is fed: none or all */
+    if (may_feed(c, i) && !lg__gwc_msg(c, i)) {
+      lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
+      return -1;
+    }
+  for (size_t i = from; i < c->n; i++)
+    if (may_feed(c, i)) feed_message(c, lg__gwc_msg(c, i));
   c->r->fed = c->n; /* the last results wait for the model call (flush_results_then) */
+  return 0;
 }
 
 /* The key's checks (keys.c); a max_tokens it filled in changes the body. */
@@ -1976,6 +2018,7 @@ static int keys_model(chat_t *c) {
 }
 
 static void chat_free(chat_t *c) {
+  lg__json_lazy_free(&c->lazy);
   lg__free(c->fed.st);
   lg__free(c->fed.keep);
   json_decref(c->root);
@@ -2007,8 +2050,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;
   uint64_t h = lg__hash_str(j->body);
-  if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h)) {
-    feed_new(&c);
+  if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h) && !feed_new(&c)) {
     /* What comes before the model call and reads the results' decisions
      * (a stop, a stopped run's last text) or the store (a key's checks):
      * the results first, as they came. */

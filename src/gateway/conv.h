@@ -37,7 +37,9 @@ typedef struct chat {
   lg__gw_ctx_t *cx;
   lg__gw_job_t *j;
   lg__gw_run_t *r;
-  json_t *root, *messages;
+  json_t *root, *messages;    /* messages (input): read with lg__gwc_msg */
+  lg__json_lazy_t lazy;       /*   each built when first read (json_load.c) */
+  int lazy_oom;               /*   one could not be built: out of memory */
   size_t n;                   /* client messages */
   const char *model;          /* as sent upstream */
   int stream;                 /* the client asked for a stream */
@@ -90,6 +92,9 @@ typedef struct chat {
   json_t *a_msg;              /* message_start's message (a template) */
   int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
 } chat_t;
+
+/* Client message i (borrowed): built when first read (chat.c). */
+json_t *lg__gwc_msg(chat_t *c, size_t i);
 
 #define API_RESPONSES 2 /* c->api: OpenAI Responses */
 static inline int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }

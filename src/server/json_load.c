@@ -17,6 +17,15 @@
  * json_loadb, so every error (and its line and column) is jansson's.
  * With JSON_REJECT_DUPLICATES (the sidecar's bodies), a repeated key is
  * one of those: jansson refuses it in its own words.
+ *
+ * lg__json_load_lazy reads one member of the top object, an array, by
+ * the same grammar without building it (f->skip): its elements are
+ * placeholders, each built when first read (lg__json_lazy_get). The
+ * gateway reads a conversation's messages this way: an agent loop's
+ * request carries the whole conversation, of which the gateway reads the
+ * few messages new since the last request (docs/internals/performance.md).
+ * Every check is made on the whole text before the tree is given: an
+ * element that is read later was already taken by the same code.
  */
 #include "server.h"
 
@@ -34,10 +43,18 @@ typedef struct fparse {
   lg__buf_t tmp; /* a string with escapes, decoded */
   size_t reals;  /* real numbers read (a repeated key's replaced one too) */
   int nodup;     /* JSON_REJECT_DUPLICATES: a repeated key is not taken */
+  int skip;      /* checked, not built: a value is json_null() */
+  const char *lazy;  /* the top object's member read lazily, or NULL */
+  lg__json_lazy_t *lz;
+  struct lg__json_span *cur; /* the lazy element being checked: its peeks */
+  int peek_depth;            /*   at this depth */
+  size_t peek_len[2];        /*   lz->peek's lengths (0: none) */
+  int esc;                   /* the last string had an escape */
 } fparse_t;
 
 static inline void ws(fparse_t *f) {
-  while (f->p < f->end && (*f->p == ' ' || *f->p == '\n' || *f->p == '\r' || *f->p == '\t')) f->p++;
+  while (f->p < f->end && *f->p <= ' ' && (*f->p == ' ' || *f->p == '\n' || *f->p == '\r' || *f->p == '\t'))
+    f->p++;
 }
 
 /* The four hex digits of a \u escape at p. */
@@ -57,10 +74,12 @@ static int hex4(const unsigned char *p, const unsigned char *end, unsigned *out)
  * itself when it has no escape, else f->tmp). 0, or -1: not taken.
  * Decoded bytes are never more than the text they come from (an escape
  * of 2, 6 or 12 bytes gives 1 to 4), so at the first escape f->tmp gets
- * room for the rest of the input and the bytes are written in place. */
+ * room for the rest of the input and the bytes are written in place.
+ * With f->skip, escapes are checked, not decoded (*s is the text). */
 static int str(fparse_t *f, const char **s, size_t *len) {
   const unsigned char *start = f->p, *p = start, *end = f->end;
   char *o = NULL; /* from the first escape: where the decoded bytes go */
+  f->esc = 0;
   for (;;) {
     const unsigned char *q = p + lg__str_plain_end(p, 0, (size_t)(end - p));
     if (o) {
@@ -83,7 +102,8 @@ static int str(fparse_t *f, const char **s, size_t *len) {
       continue;
     }
     /* a backslash */
-    if (!o) {
+    f->esc = 1;
+    if (!o && !f->skip) {
       f->tmp.len = 0;
       if (lg__buf_reserve(&f->tmp, (size_t)(end - start))) return -1;
       o = f->tmp.data;
@@ -96,7 +116,7 @@ static int str(fparse_t *f, const char **s, size_t *len) {
     char one = e == '"' ? '"' : e == '\\' ? '\\' : e == '/' ? '/' : e == 'b' ? '\b'
                : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : 0;
     if (one) {
-      *o++ = one;
+      if (o) *o++ = one;
       continue;
     }
     unsigned cp, lo;
@@ -109,7 +129,7 @@ static int str(fparse_t *f, const char **s, size_t *len) {
       p += 6;
       cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
     }
-    o += lg__utf8_put(cp, o);
+    if (o) o += lg__utf8_put(cp, o);
   }
   if (o) {
     *s = f->tmp.data;
@@ -156,7 +176,7 @@ static json_t *num(fparse_t *f) {
     if (n - (size_t)neg > 18) return NULL; /* may not fit: jansson decides */
     json_int_t v = 0;
     for (const unsigned char *q = start + neg; q < f->p; q++) v = v * 10 + (*q - '0');
-    return json_integer(neg ? -v : v);
+    return f->skip ? json_null() : json_integer(neg ? -v : v);
   }
   char buf[64];
   if (n >= sizeof buf || localeconv()->decimal_point[0] != '.') return NULL;
@@ -166,7 +186,7 @@ static json_t *num(fparse_t *f) {
   double d = strtod(buf, NULL);
   if ((d == HUGE_VAL || d == -HUGE_VAL) && errno == ERANGE) return NULL; /* jansson: overflow */
   f->reals++;
-  return json_real(d);
+  return f->skip ? json_null() : json_real(d);
 }
 
 static json_t *value(fparse_t *f, int depth);
@@ -187,8 +207,40 @@ static int after_item(fparse_t *f, char close) {
   return -1;
 }
 
+static json_t *lazy_array(fparse_t *f, int depth);
+
+/* A member of the lazy element being checked, key k (kesc: spelled with
+ * an escape): the value of a peeked key, its text from v to f->p (f->esc:
+ * a string's escape). */
+static void peek_member(fparse_t *f, const char *k, size_t kl, int kesc, const unsigned char *v) {
+  struct lg__json_span *sp = f->cur;
+  for (int i = 0; i < 2; i++) {
+    if (!f->peek_len[i]) continue;
+    if (kesc) { /* its decoded name is not known here */
+      sp->state[i] = 2;
+      continue;
+    }
+    if (sp->state[i] == 2 || f->peek_len[i] != kl || memcmp(f->lz->peek[i], k, kl)) continue;
+    size_t n = (size_t)(f->p - v) - 2;
+    if (*v != '"') {
+      sp->state[i] = 0; /* not a string: as none (a repeat's last value is the one) */
+    } else if (n < sizeof sp->val[i] && !f->esc) {
+      memcpy(sp->val[i], v + 1, n);
+      sp->val[i][n] = 0;
+      sp->state[i] = 1;
+    } else {
+      sp->state[i] = 2;
+    }
+  }
+}
+
+/* Whether key k is the top object's lazy member. */
+static int lazy_key(const fparse_t *f, int depth, const char *k, size_t kl) {
+  return f->lazy && depth == 1 && strlen(f->lazy) == kl && !memcmp(f->lazy, k, kl);
+}
+
 static json_t *object(fparse_t *f, int depth) {
-  json_t *o = json_object();
+  json_t *o = f->skip ? json_null() : json_object();
   if (!o) return NULL;
   ws(f);
   if (f->p < f->end && *f->p == '}') {
@@ -201,10 +253,11 @@ static json_t *object(fparse_t *f, int depth) {
     if (f->p >= f->end || *f->p != '"') break;
     f->p++;
     if (str(f, &k, &kl)) break;
+    int kesc = f->esc;
     /* the key is copied by jansson; a decoded one lives in tmp, which the
      * value reuses: keep it aside */
     char kbuf[128], *kcopy = NULL;
-    if (k == f->tmp.data) {
+    if (k == f->tmp.data && !f->skip) {
       if (kl < sizeof kbuf) {
         memcpy(kbuf, k, kl);
         k = kbuf;
@@ -220,10 +273,24 @@ static json_t *object(fparse_t *f, int depth) {
     if (f->p < f->end && *f->p == ':') {
       f->p++;
       ws(f);
-      v = value(f, depth + 1);
+      if (f->skip && depth == f->peek_depth) {
+        const unsigned char *at = f->p;
+        if ((v = value(f, depth + 1)) && (kesc || kl == f->peek_len[0] || kl == f->peek_len[1]))
+          peek_member(f, k, kl, kesc, at);
+      } else if (!lazy_key(f, depth, k, kl)) {
+        v = value(f, depth + 1);
+      } else if (f->p < f->end && *f->p == '[') {
+        f->p++;
+        v = lazy_array(f, depth + 1);
+      } else { /* not an array: an ordinary member (a repeat replaces the array) */
+        f->lz->arr = NULL;
+        v = value(f, depth + 1);
+      }
     }
     int bad = !v;
-    if (!bad && f->nodup && json_object_getn(o, k, kl)) { /* jansson's error */
+    if (f->skip) {
+      /* nothing kept */
+    } else if (!bad && f->nodup && json_object_getn(o, k, kl)) { /* jansson's error */
       json_decref(v);
       bad = 1;
     } else if (!bad) {
@@ -239,7 +306,7 @@ static json_t *object(fparse_t *f, int depth) {
 }
 
 static json_t *array(fparse_t *f, int depth) {
-  json_t *a = json_array();
+  json_t *a = f->skip ? json_null() : json_array();
   if (!a) return NULL;
   ws(f);
   if (f->p < f->end && *f->p == ']') {
@@ -248,8 +315,54 @@ static json_t *array(fparse_t *f, int depth) {
   }
   for (;;) {
     json_t *v = value(f, depth + 1);
-    int next = !v || json_array_append_new(a, v) ? -1 : after_item(f, ']');
+    int next = !v || (!f->skip && json_array_append_new(a, v)) ? -1 : after_item(f, ']');
     if (next == 0) return a;
+    if (next < 0) break;
+  }
+  json_decref(a);
+  return NULL;
+}
+
+/* The lazy member's array, after its '[': each element checked, not
+ * built; a placeholder (json_null()) in its place, its text in f->lz. */
+static json_t *lazy_array(fparse_t *f, int depth) {
+  lg__json_lazy_t *lz = f->lz;
+  json_t *a = json_array();
+  if (!a) return NULL;
+  lz->arr = NULL;
+  lz->n = 0;
+  ws(f);
+  if (f->p < f->end && *f->p == ']') {
+    f->p++;
+    lz->arr = a;
+    return a;
+  }
+  for (;;) {
+    if (lz->n == lz->cap) {
+      size_t cap = lz->cap ? lz->cap * 2 : 64;
+      void *span = lg__realloc(lz->span, cap * sizeof *lz->span);
+      if (!span) break;
+      lz->span = span;
+      lz->cap = cap;
+    }
+    const unsigned char *at = f->p;
+    f->cur = &lz->span[lz->n];
+    memset(f->cur->state, 0, sizeof f->cur->state);
+    f->peek_depth = depth + 1;
+    for (int k = 0; k < 2; k++) f->peek_len[k] = lz->peek[k] ? strlen(lz->peek[k]) : 0;
+    f->skip = 1;
+    json_t *v = value(f, depth + 1);
+    f->skip = 0;
+    f->peek_depth = 0;
+    if (!v || json_array_append_new(a, json_null())) break;
+    lz->span[lz->n].off = (size_t)(at - (const unsigned char *)lz->text);
+    lz->span[lz->n].len = (size_t)(f->p - at);
+    lz->n++;
+    int next = after_item(f, ']');
+    if (next == 0) {
+      lz->arr = a;
+      return a;
+    }
     if (next < 0) break;
   }
   json_decref(a);
@@ -271,7 +384,7 @@ static json_t *value(fparse_t *f, int depth) {
     f->p++;
     const char *s;
     size_t n;
-    return str(f, &s, &n) ? NULL : json_stringn_nocheck(s, n);
+    return str(f, &s, &n) ? NULL : f->skip ? json_null() : json_stringn_nocheck(s, n);
   }
   case 't': return literal(f, "true", 4, json_true());
   case 'f': return literal(f, "false", 5, json_false());
@@ -280,13 +393,15 @@ static json_t *value(fparse_t *f, int depth) {
   }
 }
 
-json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals) {
+/* The value of s (an object or an array, or with any, any value). */
+static json_t *load_fast(const char *s, size_t n, size_t flags, size_t *reals, int any, const char *lazy,
+                         lg__json_lazy_t *lz) {
   fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}, 0,
-                (flags & JSON_REJECT_DUPLICATES) != 0};
+                (flags & JSON_REJECT_DUPLICATES) != 0, 0, lazy, lz, NULL, 0, {0, 0}, 0};
   json_t *v = NULL;
   if (s) {
     ws(&f);
-    if (f.p < f.end && (*f.p == '{' || *f.p == '[')) v = value(&f, 1);
+    if (f.p < f.end && (any || *f.p == '{' || *f.p == '[')) v = value(&f, 1);
     ws(&f);
     if (v && f.p != f.end) { /* something after the value */
       json_decref(v);
@@ -296,6 +411,10 @@ json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals)
   lg__buf_free(&f.tmp);
   if (v && reals) *reals = f.reals;
   return v;
+}
+
+json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals) {
+  return load_fast(s, n, flags, reals, 0, NULL, NULL);
 }
 
 /* The real numbers of a tree (a text jansson read). */
@@ -308,11 +427,14 @@ static size_t reals_of(const json_t *v) {
   return n;
 }
 
-json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
-                            size_t *reals) {
+/* The fast reader, else jansson's; a lazy member's placeholders are in
+ * the tree only when the fast reader took the text. */
+static json_t *load(const char *s, size_t n, size_t flags, json_error_t *je, size_t *reals,
+                    const char *lazy, lg__json_lazy_t *lz) {
   lg__json_region_begin(); /* the tree in chunks (util.c): freed a thousand values at a time */
-  json_t *v = lg__json_load_fast(s, n, flags, reals);
+  json_t *v = load_fast(s, n, flags, reals, 0, lazy, lz);
   if (!v) {
+    if (lz) lz->arr = NULL;
     v = json_loadb(s ? s : "", n, flags, je);
     if (v && reals) *reals = reals_of(v);
   }
@@ -320,6 +442,52 @@ json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t 
   return v;
 }
 
+json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t *je,
+                            size_t *reals) {
+  return load(s, n, flags, je, reals, NULL, NULL);
+}
+
 json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals) {
-  return lg__json_load_flags(s, n, 0, je, reals);
+  return load(s, n, 0, je, reals, NULL, NULL);
+}
+
+json_t *lg__json_load_lazy(const char *s, size_t n, const char *member, lg__json_lazy_t *lz,
+                           json_error_t *je, size_t *reals) {
+  lz->text = s;
+  lz->arr = NULL;
+  lz->n = 0;
+  json_t *v = load(s, n, 0, je, reals, member, lz);
+  if (!v || json_object_get(v, member) != lz->arr) lz->arr = NULL; /* a later repeat replaced it */
+  return v;
+}
+
+json_t *lg__json_lazy_get(lg__json_lazy_t *lz, json_t *arr, size_t i) {
+  json_t *v = json_array_get(arr, i);
+  if (!v || arr != lz->arr || i >= lz->n || lz->span[i].len == 0) return v;
+  lg__json_region_begin();
+  v = load_fast(lz->text + lz->span[i].off, lz->span[i].len, 0, NULL, 1, NULL, NULL);
+  lg__json_region_end();
+  if (!v || json_array_set_new(arr, i, v)) return NULL; /* out of memory: it was checked */
+  lz->span[i].len = 0; /* built */
+  return v;
+}
+
+int lg__json_lazy_peek(const lg__json_lazy_t *lz, const json_t *arr, size_t i, int k, const char **out) {
+  if (!arr || arr != lz->arr || i >= lz->n || k < 0 || k > 1 || !lz->peek[k] || lz->span[i].state[k] == 2)
+    return -1;
+  *out = lz->span[i].state[k] == 1 ? lz->span[i].val[k] : NULL;
+  return 0;
+}
+
+int lg__json_lazy_all(lg__json_lazy_t *lz, json_t *arr) {
+  for (size_t i = 0; i < json_array_size(arr); i++)
+    if (!lg__json_lazy_get(lz, arr, i)) return -1;
+  return 0;
+}
+
+void lg__json_lazy_free(lg__json_lazy_t *lz) {
+  lg__free(lz->span);
+  lz->span = NULL;
+  lz->arr = NULL;
+  lz->n = lz->cap = 0;
 }

@@ -238,6 +238,38 @@ json_t *lg__json_load_flags(const char *s, size_t n, size_t flags, json_error_t 
                             size_t *reals);
 json_t *lg__json_load(const char *s, size_t n, json_error_t *je, size_t *reals);
 json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals);
+/* lg__json_load, except that the top object's `member`, when it is an
+ * array, is checked but not built: lz->arr is that array, its elements
+ * placeholders until lg__json_lazy_get reads them (the text s must stay
+ * until then). lz->arr is NULL when the member is not an array or
+ * jansson read the text (then the tree is whole). lg__json_lazy_get:
+ * element i of arr (built on its first read when arr is lz->arr), NULL
+ * when out of range or out of memory. lg__json_lazy_all: every element
+ * built (before arr is copied or written out); -1 out of memory.
+ * lz->peek (set before the load, NULL for none): two member names whose
+ * string values each element keeps as it is checked, so that what an
+ * element is can be known without building it: lg__json_lazy_peek gives
+ * element i's member peek[k] as json_string_value(json_object_get(e,
+ * peek[k])) would (NULL: none, or not a string), 0; or -1 when the
+ * element must be built to know (a key or value with an escape, a value
+ * over 23 bytes, arr not lz->arr). */
+typedef struct lg__json_lazy {
+  const char *peek[2];
+  json_t *arr;
+  const char *text;
+  struct lg__json_span {
+    size_t off, len;        /* len 0: built */
+    unsigned char state[2]; /* peek[k]: 0 none, 1 in val[k], 2 not known */
+    char val[2][24];
+  } *span;
+  size_t n, cap;
+} lg__json_lazy_t;
+json_t *lg__json_load_lazy(const char *s, size_t n, const char *member, lg__json_lazy_t *lz,
+                           json_error_t *je, size_t *reals);
+json_t *lg__json_lazy_get(lg__json_lazy_t *lz, json_t *arr, size_t i);
+int lg__json_lazy_peek(const lg__json_lazy_t *lz, const json_t *arr, size_t i, int k, const char **out);
+int lg__json_lazy_all(lg__json_lazy_t *lz, json_t *arr);
+void lg__json_lazy_free(lg__json_lazy_t *lz);
 
 #include "../budget/budget.h" /* the refusal and the JSON answers of budgets */
 #include "../store/group.h"

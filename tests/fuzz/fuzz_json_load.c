@@ -14,7 +14,9 @@
  *   - a refused text gives jansson's own error text, line and column;
  *   - the reals it counts are never fewer than the tree holds;
  *   - lg__json_text, the library's own writer, writes the bytes
- *     json_dumps writes.
+ *     json_dumps writes;
+ *   - lg__json_load_lazy (the gateway's conversation) agrees too, for
+ *     members "messages" and "a" (../unit/lazy_check.h).
  */
 #include "server/server.h"
 
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../unit/lazy_check.h"
 #include "fuzz_check.h"
 
 static size_t count_reals(const json_t *v) {
@@ -61,6 +64,11 @@ static void one(const uint8_t *data, size_t size, size_t flags) {
               ours.column == theirs.column && ours.position == theirs.position,
           "json_loadb's own error", data, size);
   }
+  if (!flags)
+    for (int k = 0; k < 2; k++) {
+      const char *bad = lazy_disagrees(s, size, k ? "messages" : "a", b);
+      check(!bad, bad ? bad : "", data, size);
+    }
   json_decref(a);
   json_decref(b);
 }

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "server/server.h"
+#include "lazy_check.h"
 
 static char *dump(const json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY); }
 
@@ -58,6 +59,11 @@ static int agree_flags(const char *s, size_t n, size_t flags) {
    * repeated key replaced one) */
   if (f) assert_true(rf >= count_reals(j));
   if (l) assert_true(rl >= count_reals(j));
+  /* the gateway's lazy read of a member (its conversation): the same */
+  for (int k = 0; !flags && k < 2; k++) {
+    const char *bad = lazy_disagrees(s, n, k ? "messages" : "a", j);
+    if (bad) fail_msg("lazy \"%s\": %s: %.*s", k ? "messages" : "a", bad, (int)n, s);
+  }
   json_decref(l);
   json_decref(f);
   json_decref(j);
@@ -84,6 +90,14 @@ static const char *taken[] = {
     "{\"long key with escape \\u00e9 ........................................................"
     "...........................................................................\":true}",
     "[\"\",\"\\u0001\",\"\\uffff\",\"\xef\xbf\xbf\"]",
+    /* the gateway's conversations, read lazily (lazy_check.h) */
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"tool\","
+    "\"type\":7,\"content\":\"{\\\"a\\\":1}\"},null,[1,{\"role\":\"x\"}],\"s\",{}],\"a\":[{\"role\":1}]}",
+    "{\"messages\":[{\"role\":\"tool\",\"ro\\u006ce\":\"user\"},{\"role\":\"a\\\"b\"},"
+    "{\"role\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\",\"type\":\"t\",\"type\":\"u\"}]}",
+    "{\"messages\":[{\"role\":\"user\"}],\"messages\":\"now a string\"}",
+    "{\"messages\":\"a string\",\"messages\":[{\"role\":\"assistant\",\"role\":null}]}",
+    "{\"messages\":[],\"a\":[],\"b\":{\"messages\":[{\"role\":\"deeper\"}]}}",
 };
 
 /* What the fast reader must leave to jansson (which may take it or not). */
