@@ -242,6 +242,21 @@ static void settle_usage(chat_t *c) {
   usage_done(c, settle_alone(c, &e), &e);
 }
 
+/* After a batch the store failed whole (a busy store): its steps v[0..n)
+ * decided again one at a time from their events as made (evs), in order.
+ * rcs[i] (rcs may be NULL): what lg__gw_step answered for v[i]; the last
+ * one's is returned, its failure in *e. */
+static int steps_alone(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t n, int *rcs, lg_error_t *e) {
+  int rc = 0;
+  for (size_t i = 0; i < n; i++) {
+    restep(c, &v[i], &evs[i]);
+    memset(e, 0, sizeof *e);
+    rc = lg__gw_step(c->cx, c->r->id, &v[i], e);
+    if (rcs) rcs[i] = rc;
+  }
+  return rc;
+}
+
 /* The steps v[0..n) (of the events evs, kept as they were), decided after
  * the pending usage in one transaction (the step's batch: the same
  * decisions and trace as one step each). rcs[i]: what lg__gw_step would
@@ -269,11 +284,7 @@ static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t
   if (rc) {
     store_warning(c, "batch_retried", "steps", (long long)(n + 1), rc, &e);
     settle_usage(c);
-    for (size_t i = 0; i < n; i++) {
-      restep(c, &v[i], &evs[i]);
-      memset(&e, 0, sizeof e);
-      rcs[i] = lg__gw_step(c->cx, c->r->id, &v[i], &e);
-    }
+    steps_alone(c, v, evs, n, rcs, &e);
     return;
   }
   usage_done(c, step_rc(&c->use), &c->use.err);
@@ -439,11 +450,13 @@ static int may_be_structured(const char *t) {
 static int fed_room(lg__gw_fed_t *f) {
   if (f->n < f->cap) return 1;
   size_t cap = f->cap ? f->cap * 2 : 32;
-  lg__step_t *st = lg__realloc(f->st, cap * sizeof *st);
+  lg__step_t *st = lg__realloc(f->st, (cap + 1) * sizeof *st);
   if (st) f->st = st;
-  struct lg__gw_fed_keep *k = st ? lg__realloc(f->keep, cap * sizeof *k) : NULL;
+  lg_event_t *ev = st ? lg__realloc(f->ev, (cap + 1) * sizeof *ev) : NULL;
+  if (ev) f->ev = ev;
+  struct lg__gw_fed_keep *k = ev ? lg__realloc(f->keep, cap * sizeof *k) : NULL;
   if (k) f->keep = k;
-  if (!st || !k) return 0;
+  if (!st || !ev || !k) return 0;
   f->cap = cap;
   return 1;
 }
@@ -473,6 +486,7 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
   ev.u.result.value = value;
   /* the event borrows value and sj's strings until the batch is decided */
   lg__step_init(&f->st[f->n], &ev, now_ms(c->cx));
+  f->ev[f->n] = ev;
   f->keep[f->n].text = text;
   f->keep[f->n].value = value;
   f->keep[f->n].sj = sj;
@@ -488,19 +502,23 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
  * 0 when it decided, else its failure (why in *e). */
 static int flush_results_then(chat_t *c, lg__step_t *next, lg_error_t *e) {
   lg__gw_fed_t *f = &c->fed;
-  if (!f->n || (next && !fed_room(f))) {
-    if (f->n) flush_results_then(c, NULL, e); /* out of memory: one at a time */
-    return next ? lg__gw_step(c->cx, c->r->id, next, e) : 0;
-  }
-  size_t n = f->n;
-  if (next) f->st[n] = *next;
-  lg__step_batch_t b = {f->st, n + (next != NULL)};
-  int rc = lg__gw_step_batch(c->cx, c->r->id, &b, e);
+  if (!f->n) return next ? lg__gw_step(c->cx, c->r->id, next, e) : 0;
+  size_t n = f->n, all = n + (next != NULL);
   if (next) {
-    *next = f->st[n];
-    if (!rc) rc = step_rc(next);
-    if (rc) *e = next->err;
+    f->st[n] = *next; /* st and ev have room for it (fed_room) */
+    f->ev[n] = next->ev;
   }
+  lg__step_batch_t b = {f->st, all};
+  int rc = lg__gw_step_batch(c->cx, c->r->id, &b, e);
+  if (rc) { /* failed whole (a busy store): nothing of it stayed; a step at a time */
+    store_warning(c, "batch_retried", "steps", (long long)all, rc, e);
+    rc = steps_alone(c, f->st, f->ev, all, NULL, e);
+    if (!next) rc = 0;
+  } else if (next) {
+    rc = step_rc(&f->st[n]);
+    if (rc) *e = f->st[n].err;
+  }
+  if (next) *next = f->st[n];
   for (size_t i = 0; i < n; i++) {
     lg__step_t *st = &f->st[i];
     if (st->decided && st->action == LG_ACT_STOP) {
@@ -2020,6 +2038,7 @@ static int keys_model(chat_t *c) {
 static void chat_free(chat_t *c) {
   lg__json_lazy_free(&c->lazy);
   lg__free(c->fed.st);
+  lg__free(c->fed.ev);
   lg__free(c->fed.keep);
   json_decref(c->root);
   json_decref(c->tcalls);

@@ -21,9 +21,12 @@ static inline const char *sget(const json_t *o, const char *k) {
 static inline int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
 
 /* The tool results of a request, fed and not yet decided: their steps
- * (one batch) and what their events borrow. */
+ * (one batch), their events as made (to decide them again one at a time
+ * when the store fails the batch whole) and what their events borrow.
+ * st and ev have room for one more: the step the results go before. */
 typedef struct lg__gw_fed {
   lg__step_t *st;
+  lg_event_t *ev;
   struct lg__gw_fed_keep {
     char *text, *value;       /* the result's content, its value (owned) */
     json_t *sj;               /* its structured form, or NULL (owned) */

@@ -342,6 +342,35 @@ for t in model usage text; do
   grep -q "\"type\":\"$t\"" "$TMP/busy.jsonl" || fail "busy: no $t line in the trace: $(cat "$TMP/busy.jsonl")"
 done
 "$LG_BIN" replay --json "$TMP/busy.jsonl" >"$TMP/busy.replay" || fail "busy: replay"
+
+note "a store busy when a tool result comes (the results and the model call fail as one transaction): decided again a step at a time, the result kept"
+turn1='{"model":"finish","messages":[{"role":"user","content":"look c-1 up"}]}'
+id=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: busy-2' -d "$turn1" "$busy_URL/v1/chat/completions" |
+  get 'd["choices"][0]["message"]["tool_calls"][0]["id"]') || fail "busy-2: the first turn"
+# The lock is held 6.5 s: the batch of the second turn (its result, the
+# model call) waits the busy timeout (5 s) in vain; the step at a time that
+# follows gets the lock when it goes.
+python3 -c '
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+c.execute("BEGIN IMMEDIATE")
+time.sleep(6.5)
+c.execute("ROLLBACK")' "$TMP/busy.db" &
+lpid=$!
+sleep 0.5
+body="{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"$id\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{\\\"customer_id\\\":\\\"c-1\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"$id\",\"content\":\"Customer 1, gold\"}]}"
+code=$(curl -s --max-time 40 -o "$TMP/busy2.json" -w '%{http_code}' -H 'content-type: application/json' \
+  -H 'X-Loopguard-Run: busy-2' -d "$body" "$busy_URL/v1/chat/completions")
+wait "$lpid" || fail "could not hold the store's lock"
+[ "$code" = 200 ] || fail "busy-2: the second turn answered $code: $(cat "$TMP/busy2.json")"
+get 'd["choices"][0]["message"]["content"]' <"$TMP/busy2.json" | grep -q '^Done: Customer 1, gold' || fail "busy-2: $(cat "$TMP/busy2.json")"
+grep '"batch_retried"' "$TMP/busy.log" | grep -q '"run_id":"busy-2"' ||
+  fail "busy-2: the batch did not fail, nothing was tested: $(cat "$TMP/busy.log")"
+curl -sf "$busy_URL/v1/runs/busy-2/trace" >"$TMP/busy2.jsonl" || fail "busy-2: no trace"
+grep '"type":"result"' "$TMP/busy2.jsonl" | grep -q "\"call_id\":\"$id\"" ||
+  fail "busy-2: the result was lost: $(cat "$TMP/busy2.jsonl")"
+[ "$(grep -c '"type":"model"' "$TMP/busy2.jsonl")" = 2 ] || fail "busy-2: not two model calls: $(cat "$TMP/busy2.jsonl")"
+"$LG_BIN" replay --json "$TMP/busy2.jsonl" >"$TMP/busy2.replay" || fail "busy-2: replay"
 stop_server busy
 [ "$busy_RC" = 0 ] || fail "the busy server exited $busy_RC: $(tail -5 "$TMP/busy.err")"
 
