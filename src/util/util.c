@@ -514,15 +514,58 @@ const char *lg_err_name(int code) {
   return "LG_E?";
 }
 
+/* s into out[cap] from at, as snprintf would truncate it; the new end. */
+static size_t put_trunc(char *out, size_t cap, size_t at, const char *s, size_t n) {
+  if (at + 1 < cap) {
+    size_t room = cap - 1 - at;
+    memcpy(out + at, s, n < room ? n : room);
+  }
+  return at + n;
+}
+
+/* vsnprintf(out, cap, fmt, ap) for a format whose only directives are
+ * %s and %% (most error messages), without printf's machinery: an
+ * error is made for every refused event, so it is on hot paths (a
+ * gateway request's tool results of calls it never saw). */
+static void err_format(char *out, size_t cap, const char *fmt, va_list ap) {
+  for (const char *p = fmt; (p = strchr(p, '%')); p += 2)
+    if (p[1] != 's' && p[1] != '%') {
+      vsnprintf(out, cap, fmt, ap);
+      return;
+    }
+  size_t at = 0;
+  for (const char *p = fmt;;) {
+    const char *q = strchr(p, '%');
+    if (!q) {
+      at = put_trunc(out, cap, at, p, strlen(p));
+      break;
+    }
+    at = put_trunc(out, cap, at, p, (size_t)(q - p));
+    if (q[1] == '%') {
+      at = put_trunc(out, cap, at, "%", 1);
+    } else {
+      const char *a = va_arg(ap, const char *);
+      if (!a) a = "(null)"; /* as glibc writes it */
+      at = put_trunc(out, cap, at, a, strlen(a));
+    }
+    p = q + 2;
+  }
+  out[at < cap ? at : cap - 1] = 0;
+}
+
 int lg__err(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) {
   if (!err) return code;
   err->code = code;
   err->offset = offset;
-  snprintf(err->field, sizeof err->field, "%s", field ? field : "");
+  const char *f = field ? field : "";
+  size_t fl = strlen(f);
+  if (fl >= sizeof err->field) fl = sizeof err->field - 1;
+  memcpy(err->field, f, fl);
+  err->field[fl] = 0;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(err->message, sizeof err->message, fmt, ap);
+  err_format(err->message, sizeof err->message, fmt, ap);
   va_end(ap);
   return code;
 }

@@ -3,7 +3,8 @@
  * one USD conversion and its rounding rule at the boundaries, the one
  * USD formatter, the one hex encoder and the one source of random ids;
  * and that the front ends that read amounts (budgets, policies, traces)
- * all round the same way.
+ * all round the same way; and that an error's message and field are what
+ * snprintf would write, without printf for %s formats.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -212,8 +213,50 @@ static void test_hex_and_random_ids(void **state) {
   assert_non_null(strstr(err.message, "a test id"));
 }
 
+/* snprintf's text, truncation and all (vsnprintf: no truncation warning,
+ * which is what is tested). */
+static void want_of(char *out, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(out, cap, fmt, ap);
+  va_end(ap);
+}
+static const char *or_empty(const char *s) { return s ? s : ""; }
+
+/* lg__err against snprintf with the same format and arguments. */
+#define SAME_AS_SNPRINTF(fld, ...)                                                            \
+  do {                                                                                      \
+    lg_error_t e_;                                                                          \
+    char want_[sizeof e_.message];                                                          \
+    memset(&e_, 'x', sizeof e_);                                                            \
+    assert_int_equal(lg__err(&e_, LG_EINVAL, fld, 3, __VA_ARGS__), LG_EINVAL);           \
+    want_of(want_, sizeof want_, __VA_ARGS__);                                              \
+    assert_string_equal(e_.message, want_);                                                 \
+    want_of(want_, sizeof e_.field, "%s", or_empty(fld));                                   \
+    assert_string_equal(e_.field, want_);                                                   \
+    assert_int_equal(e_.code, LG_EINVAL);                                                   \
+    assert_int_equal(e_.offset, 3);                                                         \
+  } while (0)
+
+static void test_err_messages(void **state) {
+  (void)state;
+  char big[1000];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  SAME_AS_SNPRINTF("call_id", "no executed call \"%s\" is waiting for a result", "call_1");
+  SAME_AS_SNPRINTF(NULL, "no executed call is waiting for a result%s", "");
+  SAME_AS_SNPRINTF("", "plain text, no directive");
+  SAME_AS_SNPRINTF("f", "100%% sure: %s and %s", "one", "two");
+  SAME_AS_SNPRINTF("f", "%s", big);                    /* truncated as snprintf truncates */
+  SAME_AS_SNPRINTF(big, "%s%s%s", big + 500, "b", big); /* the field too */
+  SAME_AS_SNPRINTF("f", "%d of %s", 7, "ten");          /* other directives: printf's */
+  SAME_AS_SNPRINTF("f", "%.3s|%5s", "abcdef", "x");
+  assert_int_equal(lg__err(NULL, LG_ENOMEM, NULL, -1, "%s", "no error to fill"), LG_ENOMEM);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_err_messages),
       cmocka_unit_test(test_usd_to_micro_boundaries),
       cmocka_unit_test(test_usd_to_nano_boundaries),
       cmocka_unit_test(test_front_ends_round_alike),
