@@ -42,6 +42,7 @@ typedef struct chat {
   lg__gw_run_t *r;
   json_t *root, *messages;    /* messages (input): read with lg__gwc_msg */
   lg__json_lazy_t lazy;       /*   each built when first read (json_load.c) */
+  lg__json_prefix_t *prefix;  /*   the run's last request's, read before (lg__gw_prefix_take) */
   int lazy_oom;               /*   one could not be built: out of memory */
   size_t n;                   /* client messages */
   const char *model;          /* as sent upstream */

@@ -55,6 +55,9 @@ typedef lg__gw_key_t key_ent_t;
 /* At most this many runs are kept in memory (LOOPGUARD_GATEWAY_MAX_RUNS);
  * past it, the least recently used run that no request holds is evicted. */
 #define GW_MAX_RUNS_DEFAULT 10000
+/* At most this many bytes of the runs' last conversations are kept to
+ * read the next request faster (LOOPGUARD_GATEWAY_PREFIX_BYTES). */
+#define GW_PREFIX_BYTES_DEFAULT ((size_t)32 << 20)
 
 #define GW_MAX_UP 16
 
@@ -76,6 +79,7 @@ struct lg__gw {
   key_ent_t *keys[GW_BUCKETS];
   lg__gw_run_t *lru_head, *lru_tail; /* most recently used first */
   size_t nruns, max_runs;
+  size_t prefix_bytes, prefix_max;   /* the runs' prefixes (lg__gw_prefix_put) */
   lg__gw_policies_t policies; /* --policies DIR */
   /* metrics */
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
@@ -612,6 +616,7 @@ static void evict(lg__gw_t *gw, lg__gw_run_t *r) {
     lg__free(e);
   }
   r->keys = NULL;
+  gw->prefix_bytes -= lg__json_prefix_size(r->prefix);
   gw->nruns--;
   run_free(r);
 }
@@ -622,6 +627,38 @@ static void evict_over(lg__gw_t *gw) {
     p = r->lru_prev;
     if (!r->busy) evict(gw, r);
   }
+}
+
+/* Under tmu. */
+static lg__gw_run_t *run_by_id(lg__gw_t *gw, const char *id) {
+  lg__gw_run_t *r = gw->runs[bucket(id)];
+  while (r && strcmp(r->id, id)) r = r->next;
+  return r;
+}
+
+struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id) {
+  pthread_mutex_lock(&gw->tmu);
+  lg__gw_run_t *r = run_by_id(gw, id);
+  lg__json_prefix_t *p = r ? r->prefix : NULL;
+  if (p) {
+    r->prefix = NULL;
+    gw->prefix_bytes -= lg__json_prefix_size(p);
+  }
+  pthread_mutex_unlock(&gw->tmu);
+  return p;
+}
+
+void lg__gw_prefix_put(lg__gw_t *gw, lg__gw_run_t *r, struct lg__json_prefix *p) {
+  if (!p) return;
+  size_t n = lg__json_prefix_size(p);
+  pthread_mutex_lock(&gw->tmu);
+  if (!r->prefix && gw->prefix_bytes + n <= gw->prefix_max) { /* else another request's is there */
+    r->prefix = p;
+    gw->prefix_bytes += n;
+    p = NULL;
+  }
+  pthread_mutex_unlock(&gw->tmu);
+  lg__json_prefix_free(p);
 }
 
 static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol) {
@@ -655,9 +692,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
     }
     id = fresh;
   }
-  if (!r)
-    for (r = gw->runs[bucket(id)]; r; r = r->next)
-      if (!strcmp(r->id, id)) break;
+  if (!r) r = run_by_id(gw, id);
   int created = 0;
   if (!r) {
     if (!(r = run_alloc(id, pol))) {
@@ -694,6 +729,7 @@ void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r) {
 
 static void run_free(lg__gw_run_t *r) {
   lg__free(r->id);
+  lg__json_prefix_free(r->prefix);
   for (size_t i = 0; i < r->nrs; i++) {
     json_decref(r->rs[i].items);
     lg__free(r->rs[i].resp_id);
@@ -876,6 +912,8 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   if (!rc) rc = lg__gw_policies_load(&gw->policies, opts->policies_dir, err);
   const char *mr = getenv("LOOPGUARD_GATEWAY_MAX_RUNS");
   gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
+  const char *pb = getenv("LOOPGUARD_GATEWAY_PREFIX_BYTES");
+  gw->prefix_max = pb && *pb && atoll(pb) >= 0 ? (size_t)atoll(pb) : GW_PREFIX_BYTES_DEFAULT;
   if (rc) {
     lg__gw_config_clear(&gw->cfg);
     lg__free(gw);

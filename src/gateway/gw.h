@@ -144,6 +144,7 @@ typedef struct lg__gw_run {
   struct lg__gw_run *lru_prev, *lru_next; /* most recently used first */
   int busy;                   /* requests holding it: never evicted then */
   lg__gw_key_t *keys;         /* the conversation keys that name it */
+  struct lg__json_prefix *prefix; /* its last request's conversation, as read (json_load.c) */
 } lg__gw_run_t;
 
 /* One gateway request, from the HTTP thread to a worker and back. */
@@ -212,6 +213,12 @@ _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
                              const lg__gw_policy_t *policy, lg_error_t *err);
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
+/* The conversation of run id's last request as read (the prefix of a
+ * lazy read, json_load.c), taken out of the run: NULL when none. put:
+ * kept as run r's, within the bound on all runs' (the server's
+ * LOOPGUARD_GATEWAY_PREFIX_BYTES, 32 MiB; 0 turns it off), else freed. */
+struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id);
+void lg__gw_prefix_put(lg__gw_t *gw, lg__gw_run_t *r, struct lg__json_prefix *p);
 /* Remembers key -> r (the start of a conversation). */
 void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */

@@ -323,6 +323,44 @@ static json_t *array(fparse_t *f, int depth) {
   return NULL;
 }
 
+/* Room in lz for n elements. */
+static int lazy_room(lg__json_lazy_t *lz, size_t n) {
+  if (n <= lz->cap) return 0;
+  size_t cap = lz->cap ? lz->cap : 64;
+  while (cap < n) cap *= 2;
+  void *span = lg__realloc(lz->span, cap * sizeof *lz->span);
+  if (!span) return -1;
+  lz->span = span;
+  lz->cap = cap;
+  return 0;
+}
+
+/* The elements of lz->prefix taken into a, when the text starts with its
+ * bytes and this array begins where its did: 1 taken (f->p after them),
+ * 0 not, -1 out of memory. */
+static int lazy_reuse(fparse_t *f, json_t *a) {
+  lg__json_lazy_t *lz = f->lz;
+  const lg__json_prefix_t *pre = lz->prefix;
+  if (!pre || !pre->n || pre->at != lz->at || (size_t)(f->end - (const unsigned char *)lz->text) < pre->len ||
+      memcmp(lz->text, pre->text, pre->len))
+    return 0;
+  if (lazy_room(lz, pre->n)) return -1;
+  for (size_t i = 0; i < pre->n; i++)
+    if (json_array_append_new(a, json_null())) return -1;
+  memcpy(lz->span, pre->span, pre->n * sizeof *lz->span);
+  int same[2];
+  for (int k = 0; k < 2; k++) same[k] = lz->peek[k] && !strcmp(lz->peek[k], pre->peek[k]);
+  for (size_t i = 0; i < pre->n; i++) {
+    lz->span[i].built = 0;
+    for (int k = 0; k < 2; k++)
+      if (!same[k]) lz->span[i].state[k] = 2; /* peeked for another name: build to know */
+  }
+  lz->n = lz->reused = pre->n;
+  f->reals += pre->reals;
+  f->p = (const unsigned char *)lz->text + pre->len;
+  return 1;
+}
+
 /* The lazy member's array, after its '[': each element checked, not
  * built; a placeholder (json_null()) in its place, its text in f->lz. */
 static json_t *lazy_array(fparse_t *f, int depth) {
@@ -330,23 +368,26 @@ static json_t *lazy_array(fparse_t *f, int depth) {
   json_t *a = json_array();
   if (!a) return NULL;
   lz->arr = NULL;
-  lz->n = 0;
-  ws(f);
-  if (f->p < f->end && *f->p == ']') {
-    f->p++;
-    lz->arr = a;
-    return a;
-  }
-  for (;;) {
-    if (lz->n == lz->cap) {
-      size_t cap = lz->cap ? lz->cap * 2 : 64;
-      void *span = lg__realloc(lz->span, cap * sizeof *lz->span);
-      if (!span) break;
-      lz->span = span;
-      lz->cap = cap;
+  lz->n = lz->reused = 0;
+  lz->at = (size_t)(f->p - (const unsigned char *)lz->text);
+  size_t reals0 = f->reals;
+  int next = lazy_reuse(f, a);
+  if (next > 0) {
+    next = after_item(f, ']');
+  } else if (!next) {
+    ws(f);
+    if (f->p < f->end && *f->p == ']') {
+      f->p++;
+      next = 0;
+    } else {
+      next = 1;
     }
+  }
+  while (next == 1) {
+    if (lazy_room(lz, lz->n + 1)) break;
     const unsigned char *at = f->p;
     f->cur = &lz->span[lz->n];
+    f->cur->built = 0;
     memset(f->cur->state, 0, sizeof f->cur->state);
     f->peek_depth = depth + 1;
     for (int k = 0; k < 2; k++) f->peek_len[k] = lz->peek[k] ? strlen(lz->peek[k]) : 0;
@@ -358,12 +399,12 @@ static json_t *lazy_array(fparse_t *f, int depth) {
     lz->span[lz->n].off = (size_t)(at - (const unsigned char *)lz->text);
     lz->span[lz->n].len = (size_t)(f->p - at);
     lz->n++;
-    int next = after_item(f, ']');
-    if (next == 0) {
-      lz->arr = a;
-      return a;
-    }
-    if (next < 0) break;
+    next = after_item(f, ']');
+  }
+  if (next == 0) {
+    lz->reals = f->reals - reals0;
+    lz->arr = a;
+    return a;
   }
   json_decref(a);
   return NULL;
@@ -434,7 +475,7 @@ static json_t *load(const char *s, size_t n, size_t flags, json_error_t *je, siz
   lg__json_region_begin(); /* the tree in chunks (util.c): freed a thousand values at a time */
   json_t *v = load_fast(s, n, flags, reals, 0, lazy, lz);
   if (!v) {
-    if (lz) lz->arr = NULL;
+    if (lz) lz->arr = NULL, lz->reused = 0; /* jansson's tree: whole */
     v = json_loadb(s ? s : "", n, flags, je);
     if (v && reals) *reals = reals_of(v);
   }
@@ -455,20 +496,20 @@ json_t *lg__json_load_lazy(const char *s, size_t n, const char *member, lg__json
                            json_error_t *je, size_t *reals) {
   lz->text = s;
   lz->arr = NULL;
-  lz->n = 0;
+  lz->n = lz->reused = 0;
   json_t *v = load(s, n, 0, je, reals, member, lz);
-  if (!v || json_object_get(v, member) != lz->arr) lz->arr = NULL; /* a later repeat replaced it */
+  if (!v || json_object_get(v, member) != lz->arr) lz->arr = NULL, lz->reused = 0; /* a repeat replaced it */
   return v;
 }
 
 json_t *lg__json_lazy_get(lg__json_lazy_t *lz, json_t *arr, size_t i) {
   json_t *v = json_array_get(arr, i);
-  if (!v || arr != lz->arr || i >= lz->n || lz->span[i].len == 0) return v;
+  if (!v || arr != lz->arr || i >= lz->n || lz->span[i].built) return v;
   lg__json_region_begin();
   v = load_fast(lz->text + lz->span[i].off, lz->span[i].len, 0, NULL, 1, NULL, NULL);
   lg__json_region_end();
   if (!v || json_array_set_new(arr, i, v)) return NULL; /* out of memory: it was checked */
-  lz->span[i].len = 0; /* built */
+  lz->span[i].built = 1;
   return v;
 }
 
@@ -485,9 +526,43 @@ int lg__json_lazy_all(lg__json_lazy_t *lz, json_t *arr) {
   return 0;
 }
 
+lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz) {
+  if (!lz->arr || !lz->n) return NULL;
+  const struct lg__json_span *last = &lz->span[lz->n - 1];
+  lg__json_prefix_t *p = lg__calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->len = last->off + last->len;
+  p->at = lz->at;
+  p->reals = lz->reals;
+  p->n = lz->n;
+  p->text = lg__malloc(p->len);
+  p->span = lg__malloc(lz->n * sizeof *p->span);
+  if (!p->text || !p->span) {
+    lg__json_prefix_free(p);
+    return NULL;
+  }
+  memcpy(p->text, lz->text, p->len);
+  memcpy(p->span, lz->span, lz->n * sizeof *p->span);
+  for (int k = 0; k < 2; k++)
+    if (lz->peek[k] && strlen(lz->peek[k]) < sizeof p->peek[k]) strcpy(p->peek[k], lz->peek[k]);
+    else for (size_t i = 0; i < p->n; i++) p->span[i].state[k] = 2; /* not kept: not known */
+  return p;
+}
+
+size_t lg__json_prefix_size(const lg__json_prefix_t *p) {
+  return p ? sizeof *p + p->len + p->n * sizeof *p->span : 0;
+}
+
+void lg__json_prefix_free(lg__json_prefix_t *p) {
+  if (!p) return;
+  lg__free(p->text);
+  lg__free(p->span);
+  lg__free(p);
+}
+
 void lg__json_lazy_free(lg__json_lazy_t *lz) {
   lg__free(lz->span);
   lz->span = NULL;
   lz->arr = NULL;
-  lz->n = lz->cap = 0;
+  lz->n = lz->cap = lz->reused = 0;
 }

@@ -252,18 +252,44 @@ json_t *lg__json_load_fast(const char *s, size_t n, size_t flags, size_t *reals)
  * element i's member peek[k] as json_string_value(json_object_get(e,
  * peek[k])) would (NULL: none, or not a string), 0; or -1 when the
  * element must be built to know (a key or value with an escape, a value
- * over 23 bytes, arr not lz->arr). */
+ * over 23 bytes, arr not lz->arr).
+ *
+ * lz->prefix (may be NULL): a text read before (lg__json_prefix_of),
+ * e.g. the same agent's last request. When the text read now starts
+ * with its bytes, up to the end of its array's last element, those
+ * elements are not checked again: their spans (and peeks) are taken as
+ * they were (lz->reused says how many). The same bytes are the same
+ * elements, so the tree and every check are as without it. */
+typedef struct lg__json_prefix lg__json_prefix_t;
 typedef struct lg__json_lazy {
   const char *peek[2];
+  const lg__json_prefix_t *prefix;
   json_t *arr;
   const char *text;
   struct lg__json_span {
-    size_t off, len;        /* len 0: built */
+    size_t off, len;
+    unsigned char built;    /* the element is in arr */
     unsigned char state[2]; /* peek[k]: 0 none, 1 in val[k], 2 not known */
     char val[2][24];
   } *span;
   size_t n, cap;
+  size_t at;                /* the array's text begins here (after its '[') */
+  size_t reals;             /* the real numbers of its elements */
+  size_t reused;            /* elements taken from prefix */
 } lg__json_lazy_t;
+/* The text of a lazy read up to its array's last element, with what was
+ * learnt of its elements, to be given as a later read's prefix (new:
+ * lg__json_prefix_free). NULL when there is none (no lazy array, no
+ * element) or out of memory. lg__json_prefix_size: the bytes it holds. */
+struct lg__json_prefix {
+  char *text;
+  size_t len, at, reals, n;
+  struct lg__json_span *span;
+  char peek[2][24]; /* the names its peeks are of ("": none); others: not known */
+};
+lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz);
+size_t lg__json_prefix_size(const lg__json_prefix_t *p);
+void lg__json_prefix_free(lg__json_prefix_t *p);
 json_t *lg__json_load_lazy(const char *s, size_t n, const char *member, lg__json_lazy_t *lz,
                            json_error_t *je, size_t *reals);
 json_t *lg__json_lazy_get(lg__json_lazy_t *lz, json_t *arr, size_t i);

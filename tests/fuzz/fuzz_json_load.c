@@ -16,7 +16,9 @@
  *   - lg__json_text, the library's own writer, writes the bytes
  *     json_dumps writes;
  *   - lg__json_load_lazy (the gateway's conversation) agrees too, for
- *     members "messages" and "a" (../unit/lazy_check.h).
+ *     members "messages" and "a" (../unit/lazy_check.h), alone, with its
+ *     own read as the prefix, and with that prefix on the text with a
+ *     byte changed.
  */
 #include "server/server.h"
 
@@ -66,7 +68,24 @@ static void one(const uint8_t *data, size_t size, size_t flags) {
   }
   if (!flags)
     for (int k = 0; k < 2; k++) {
-      const char *bad = lazy_disagrees(s, size, k ? "messages" : "a", b);
+      /* read lazily; again with that read as the prefix; and, with it, the
+       * text with one byte changed (a prefix that no longer matches) */
+      const char *member = k ? "messages" : "a";
+      lg__json_prefix_t *pre = NULL;
+      const char *bad = lazy_disagrees_after(s, size, member, b, NULL, &pre);
+      if (!bad) bad = lazy_disagrees_after(s, size, member, b, pre, NULL);
+      if (!bad && size) {
+        char *t = malloc(size);
+        if (t) {
+          memcpy(t, s, size);
+          t[(size_t)(uint8_t)s[0] * size / 256] ^= 0x01;
+          json_t *bt = json_loadb(t, size, 0, NULL);
+          bad = lazy_disagrees_after(t, size, member, bt, pre, NULL);
+          json_decref(bt);
+          free(t);
+        }
+      }
+      lg__json_prefix_free(pre);
       check(!bad, bad ? bad : "", data, size);
     }
   json_decref(a);

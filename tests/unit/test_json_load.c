@@ -60,8 +60,11 @@ static int agree_flags(const char *s, size_t n, size_t flags) {
   if (f) assert_true(rf >= count_reals(j));
   if (l) assert_true(rl >= count_reals(j));
   /* the gateway's lazy read of a member (its conversation): the same */
-  for (int k = 0; !flags && k < 2; k++) {
-    const char *bad = lazy_disagrees(s, n, k ? "messages" : "a", j);
+  for (int k = 0; !flags && k < 2; k++) { /* and again with its own read as the prefix */
+    lg__json_prefix_t *pre = NULL;
+    const char *bad = lazy_disagrees_after(s, n, k ? "messages" : "a", j, NULL, &pre);
+    if (!bad) bad = lazy_disagrees_after(s, n, k ? "messages" : "a", j, pre, NULL);
+    lg__json_prefix_free(pre);
     if (bad) fail_msg("lazy \"%s\": %s: %.*s", k ? "messages" : "a", bad, (int)n, s);
   }
   json_decref(l);
@@ -151,6 +154,57 @@ static uint64_t next(void) {
   return rng;
 }
 
+/* A conversation read after the one before it: the elements of the first
+ * are taken, not checked again, only when the text starts with its bytes;
+ * the tree is jansson's either way, the reals counted too. */
+static void prefix_reuse(void **state) {
+  (void)state;
+  const char *first = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                      "{\"role\":\"assistant\",\"x\":0.5}],\"stream\":false}";
+  const char *next[] = {
+      /* the conversation so far and one message more: two taken */
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+      "{\"role\":\"assistant\",\"x\":0.5},{\"role\":\"tool\",\"y\":1.5}],\"stream\":true}",
+      /* the same */
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+      "{\"role\":\"assistant\",\"x\":0.5}],\"stream\":false}",
+      /* an edit inside the prefix: none taken */
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"ho\"},"
+      "{\"role\":\"assistant\",\"x\":0.5},{\"role\":\"tool\"}]}",
+      /* the prefix, then garbage: refused as jansson refuses it */
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+      "{\"role\":\"assistant\",\"x\":0.5},{\"role\":\"tool\",}]}",
+      /* the prefix cut short */
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+  };
+  static const size_t taken_n[] = {2, 2, 0, 0, 0};
+  lg__json_lazy_t lz;
+  memset(&lz, 0, sizeof lz);
+  json_t *v = lg__json_load_lazy(first, strlen(first), "messages", &lz, NULL, NULL);
+  assert_non_null(lz.arr);
+  lg__json_prefix_t *pre = lg__json_prefix_of(&lz);
+  assert_non_null(pre);
+  assert_int_equal(pre->n, 2);
+  assert_int_equal(pre->reals, 1);
+  json_decref(v);
+  lg__json_lazy_free(&lz);
+  for (size_t i = 0; i < sizeof next / sizeof *next; i++) {
+    json_t *j = json_loadb(next[i], strlen(next[i]), 0, NULL);
+    const char *bad = lazy_disagrees_after(next[i], strlen(next[i]), "messages", j, pre, NULL);
+    if (bad) fail_msg("%s: %s", bad, next[i]);
+    memset(&lz, 0, sizeof lz);
+    lz.prefix = pre;
+    size_t r = 0;
+    v = lg__json_load_lazy(next[i], strlen(next[i]), "messages", &lz, NULL, &r);
+    assert_int_equal(lz.reused, taken_n[i]);
+    if (v) assert_int_equal(r, count_reals(j));
+    json_decref(v);
+    json_decref(j);
+    lg__json_lazy_free(&lz);
+  }
+  lg__json_prefix_free(pre);
+}
+
 static void reals(void **state) {
   (void)state;
   const char *t = "{\"a\":[0.7,1,-2e3,\"1.5\",{\"b\":1E-2}],\"c\":true}";
@@ -193,6 +247,18 @@ static void mutations(void **state) {
       }
     }
     took += (size_t)agree(buf, n);
+    /* an agent's next request: the seed read before, its prefix given */
+    for (int k = 0; k < 2; k++) {
+      const char *member = k ? "messages" : "a";
+      lg__json_prefix_t *pre = NULL;
+      json_t *js = json_loadb(seed, strlen(seed), 0, NULL), *jb = json_loadb(buf, n, 0, NULL);
+      const char *bad = lazy_disagrees_after(seed, strlen(seed), member, js, NULL, &pre);
+      if (!bad) bad = lazy_disagrees_after(buf, n, member, jb, pre, NULL);
+      if (bad) fail_msg("lazy \"%s\" after %s: %s: %.*s", member, seed, bad, (int)n, buf);
+      lg__json_prefix_free(pre);
+      json_decref(js);
+      json_decref(jb);
+    }
   }
   assert_true(took > 1000); /* the mutations are not all refused */
 }
@@ -224,6 +290,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(cases),
       cmocka_unit_test(reals),
+      cmocka_unit_test(prefix_reuse),
       cmocka_unit_test(mutations),
       cmocka_unit_test(bench_bodies),
   };
