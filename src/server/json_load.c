@@ -371,6 +371,7 @@ static json_t *lazy_array(fparse_t *f, int depth) {
   lz->n = lz->reused = 0;
   lz->at = (size_t)(f->p - (const unsigned char *)lz->text);
   size_t reals0 = f->reals;
+  for (int k = 0; k < 2; k++) f->peek_len[k] = lz->peek[k] ? strlen(lz->peek[k]) : 0;
   int next = lazy_reuse(f, a);
   if (next > 0) {
     next = after_item(f, ']');
@@ -390,7 +391,6 @@ static json_t *lazy_array(fparse_t *f, int depth) {
     f->cur->built = 0;
     memset(f->cur->state, 0, sizeof f->cur->state);
     f->peek_depth = depth + 1;
-    for (int k = 0; k < 2; k++) f->peek_len[k] = lz->peek[k] ? strlen(lz->peek[k]) : 0;
     f->skip = 1;
     json_t *v = value(f, depth + 1);
     f->skip = 0;
