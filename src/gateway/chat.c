@@ -2088,7 +2088,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   if (!j->action && j->run_id[0]) j->action = "pass";
   /* this conversation as read, for the run's next request (its header
    * names the run before the body is read) */
-  if (c.r && j->hdr_run && c.lazy.arr) lg__gw_prefix_put(cx->gw, c.r, lg__json_prefix_of(&c.lazy));
+  if (c.r && j->hdr_run && c.lazy.arr) lg__gw_prefix_keep(cx->gw, c.r, &c.lazy);
   if (c.r) lg__gw_run_unlock(cx->gw, c.r);
   if (!j->answered && !c.streamed) lg__gw_answer(j);
   chat_free(&c);

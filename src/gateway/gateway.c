@@ -57,7 +57,7 @@ typedef lg__gw_key_t key_ent_t;
 #define GW_MAX_RUNS_DEFAULT 10000
 /* At most this many bytes of the runs' last conversations are kept to
  * read the next request faster (LOOPGUARD_GATEWAY_PREFIX_BYTES). */
-#define GW_PREFIX_BYTES_DEFAULT ((size_t)32 << 20)
+#define GW_PREFIX_BYTES_DEFAULT ((size_t)16 << 20)
 
 #define GW_MAX_UP 16
 
@@ -648,7 +648,13 @@ struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id) {
   return p;
 }
 
-void lg__gw_prefix_put(lg__gw_t *gw, lg__gw_run_t *r, struct lg__json_prefix *p) {
+void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz) {
+  pthread_mutex_lock(&gw->tmu);
+  size_t room = gw->prefix_max - gw->prefix_bytes; /* prefix_bytes never passes prefix_max */
+  int skip = r->requests++ == 0 || r->prefix; /* the first request, or another's kept */
+  if (r->requests > 2) r->requests = 2;
+  pthread_mutex_unlock(&gw->tmu);
+  lg__json_prefix_t *p = skip ? NULL : lg__json_prefix_of(lz, room);
   if (!p) return;
   size_t n = lg__json_prefix_size(p);
   pthread_mutex_lock(&gw->tmu);

@@ -145,6 +145,7 @@ typedef struct lg__gw_run {
   int busy;                   /* requests holding it: never evicted then */
   lg__gw_key_t *keys;         /* the conversation keys that name it */
   struct lg__json_prefix *prefix; /* its last request's conversation, as read (json_load.c) */
+  unsigned requests;          /* requests read (lg__gw_prefix_keep): 0, 1, 2 at most */
 } lg__gw_run_t;
 
 /* One gateway request, from the HTTP thread to a worker and back. */
@@ -214,11 +215,12 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
                              const lg__gw_policy_t *policy, lg_error_t *err);
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
 /* The conversation of run id's last request as read (the prefix of a
- * lazy read, json_load.c), taken out of the run: NULL when none. put:
- * kept as run r's, within the bound on all runs' (the server's
- * LOOPGUARD_GATEWAY_PREFIX_BYTES, 32 MiB; 0 turns it off), else freed. */
+ * lazy read, json_load.c), taken out of the run: NULL when none. keep:
+ * lz's kept as run r's, from the run's second request on (a run of one
+ * request costs nothing) and within the bound on all runs' (the server's
+ * LOOPGUARD_GATEWAY_PREFIX_BYTES, 16 MiB; 0 turns it off). */
 struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id);
-void lg__gw_prefix_put(lg__gw_t *gw, lg__gw_run_t *r, struct lg__json_prefix *p);
+void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz);
 /* Remembers key -> r (the start of a conversation). */
 void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */

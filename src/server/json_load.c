@@ -526,9 +526,10 @@ int lg__json_lazy_all(lg__json_lazy_t *lz, json_t *arr) {
   return 0;
 }
 
-lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz) {
+lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz, size_t max) {
   if (!lz->arr || !lz->n) return NULL;
   const struct lg__json_span *last = &lz->span[lz->n - 1];
+  if (sizeof(lg__json_prefix_t) + last->off + last->len + lz->n * sizeof *lz->span > max) return NULL;
   lg__json_prefix_t *p = lg__calloc(1, sizeof *p);
   if (!p) return NULL;
   p->len = last->off + last->len;

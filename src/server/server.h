@@ -280,14 +280,15 @@ typedef struct lg__json_lazy {
 /* The text of a lazy read up to its array's last element, with what was
  * learnt of its elements, to be given as a later read's prefix (new:
  * lg__json_prefix_free). NULL when there is none (no lazy array, no
- * element) or out of memory. lg__json_prefix_size: the bytes it holds. */
+ * element), when it would hold more than max bytes, or out of memory.
+ * lg__json_prefix_size: the bytes it holds. */
 struct lg__json_prefix {
   char *text;
   size_t len, at, reals, n;
   struct lg__json_span *span;
   char peek[2][24]; /* the names its peeks are of ("": none); others: not known */
 };
-lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz);
+lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz, size_t max);
 size_t lg__json_prefix_size(const lg__json_prefix_t *p);
 void lg__json_prefix_free(lg__json_prefix_t *p);
 json_t *lg__json_load_lazy(const char *s, size_t n, const char *member, lg__json_lazy_t *lz,

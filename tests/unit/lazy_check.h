@@ -36,7 +36,7 @@ static inline const char *lazy_disagrees_after(const char *s, size_t n, const ch
   if (!bad && pre && v && lz.arr && pre->n && n >= pre->len && !memcmp(s, pre->text, pre->len) &&
       lz.at == pre->at && lz.reused != pre->n)
     bad = "a prefix the text starts with is taken";
-  if (next) *next = bad ? NULL : lg__json_prefix_of(&lz);
+  if (next) *next = bad ? NULL : lg__json_prefix_of(&lz, SIZE_MAX);
   json_t *arr = json_object_get(v, member), *want = json_object_get(j, member);
   if (!bad && lz.arr && arr != lz.arr) bad = "lz->arr is the tree's member";
   for (size_t i = 0; !bad && lz.arr && i < json_array_size(arr); i++)

@@ -182,8 +182,10 @@ static void prefix_reuse(void **state) {
   memset(&lz, 0, sizeof lz);
   json_t *v = lg__json_load_lazy(first, strlen(first), "messages", &lz, NULL, NULL);
   assert_non_null(lz.arr);
-  lg__json_prefix_t *pre = lg__json_prefix_of(&lz);
+  assert_null(lg__json_prefix_of(&lz, strlen(first))); /* more than it may hold */
+  lg__json_prefix_t *pre = lg__json_prefix_of(&lz, SIZE_MAX);
   assert_non_null(pre);
+  assert_true(lg__json_prefix_size(pre) > strlen(first) - 20);
   assert_int_equal(pre->n, 2);
   assert_int_equal(pre->reals, 1);
   json_decref(v);
