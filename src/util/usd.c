@@ -13,7 +13,7 @@
  * turn a written half micro-dollar into 0; instead the amount is printed
  * back as the shortest decimal that reads as the same double (15
  * significant digits hold every decimal a person or a JSON encoder
- * writes with that many; 17 hold any double) and rounded in decimal. An
+ * writes with that many, 16 most, 17 any double) and rounded in decimal. An
  * amount far enough from a half of a unit takes a shortcut that gives
  * the same answer.
  */
@@ -34,10 +34,14 @@ int lg__usd_to_units(double usd, int decimals, int64_t *out) {
     *out = (int64_t)llround(x);
     return 0;
   }
-  /* d.ddd...e±x: the shortest of 15 or 17 significant digits that reads
-   * back as usd. */
+  /* d.ddd...e±x: the shortest of 15, 16 or 17 significant digits that
+   * reads back as usd. Without 16, an amount written with 16 (as
+   * lg_usd_format writes 7696436.900718926) went to 17 digits of its
+   * double's error, and a half up on the noise could move it a unit: a
+   * policy printed and read again no longer printed the same. */
   char t[40];
   snprintf(t, sizeof t, "%.14e", usd);
+  if (strtod(t, NULL) != usd) snprintf(t, sizeof t, "%.15e", usd);
   if (strtod(t, NULL) != usd) snprintf(t, sizeof t, "%.16e", usd);
   char digits[24];
   int n = 0;

@@ -145,6 +145,31 @@ static void test_usd_format(void **state) {
   assert_string_equal(lg_usd_format(INT64_MIN, t), "-9223372036.854775808");
 }
 
+/* An amount read, written and read again is the same nano-dollars: what a
+ * policy prints reads back to a policy that prints the same (fuzz_policy
+ * found 7696436.90071892547409925 moving by one when the shortest
+ * decimal was looked for in 15 and 17 digits only). Up to 1e9 USD. */
+static void test_usd_round_trip(void **state) {
+  (void)state;
+  const double seen[] = {7696436.90071892547409925, 9000000.0000000013, 0.1, 1e9, 123456.123456789};
+  uint64_t r = 0x9E3779B97F4A7C15ULL;
+  char t[LG_USD_TEXT_MAX];
+  for (int i = 0; i < 200000; i++) {
+    double usd;
+    if (i < (int)(sizeof seen / sizeof *seen)) {
+      usd = seen[i];
+    } else { /* 1e-9 .. 1e9, every magnitude alike */
+      r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+      usd = pow(10.0, (double)(r % 18000) / 1000.0 - 9.0);
+    }
+    int64_t n = -1, n2 = -1;
+    assert_int_equal(lg__usd_to_units(usd, 9, &n), 0);
+    lg_usd_format(n, t);
+    assert_int_equal(lg__usd_to_units(strtod(t, NULL), 9, &n2), 0);
+    if (n2 != n) fail_msg("%.17g: %lld nano-dollars, written %s, read back as %lld", usd, (long long)n, t, (long long)n2);
+  }
+}
+
 /* lg__buf_i64 writes what printf's %lld does, lg__buf_json_key ,"k": */
 static void test_buf_numbers_and_keys(void **state) {
   (void)state;
@@ -261,6 +286,7 @@ int main(void) {
       cmocka_unit_test(test_usd_to_nano_boundaries),
       cmocka_unit_test(test_front_ends_round_alike),
       cmocka_unit_test(test_usd_format),
+      cmocka_unit_test(test_usd_round_trip),
       cmocka_unit_test(test_hex_and_random_ids),
       cmocka_unit_test(test_buf_numbers_and_keys),
   };
