@@ -79,7 +79,7 @@ static void raise_action(lg__gw_job_t *j, const char *a, const char *reason) {
 
 /* Client message i (borrowed), built when first read; NULL out of range
  * or out of memory (then c->lazy_oom). */
-json_t *lg__gwc_msg(chat_t *c, size_t i) {
+static json_t *client_msg(chat_t *c, size_t i) {
   json_t *m = lg__json_lazy_get(&c->lazy, c->messages, i);
   if (!m && i < json_array_size(c->messages)) c->lazy_oom = 1;
   return m;
@@ -92,13 +92,13 @@ static const char *const peek_keys[2] = {"role", "type"};
 static const char *msg_str(chat_t *c, size_t i, int k) {
   const char *v;
   if (!lg__json_lazy_peek(&c->lazy, c->messages, i, k, &v)) return v;
-  return sget(lg__gwc_msg(c, i), peek_keys[k]);
+  return sget(client_msg(c, i), peek_keys[k]);
 }
 
 /* The key of a conversation's start: messages[0..a] with a the first
  * assistant message (extra, when not NULL, stands in for messages[a]). */
 static char *conv_key(chat_t *c, size_t a, json_t *extra) {
-  json_t *am = extra ? extra : lg__gwc_msg(c, a);
+  json_t *am = extra ? extra : client_msg(c, a);
   json_t *tcs = json_object_get(am, "tool_calls");
   const char *id = sget(json_array_get(tcs, 0), "id");
   if (!id) id = sget(am, "call_id"); /* a Responses function_call item */
@@ -115,7 +115,7 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
   }
   lg__buf_t h = {0};
   for (size_t i = 0; i <= a; i++) {
-    json_t *m = i == a ? am : lg__gwc_msg(c, i);
+    json_t *m = i == a ? am : client_msg(c, i);
     char *t = content_text(m);
     lg__buf_puts(&h, sget(m, "role") ? sget(m, "role") : "");
     lg__buf_putc(&h, '\n');
@@ -621,7 +621,7 @@ static json_t *anthropic_steered(chat_t *c, json_t *m) {
 
 /* Client message i as the upstream gets it (new reference). */
 static json_t *client_message(chat_t *c, size_t i) {
-  json_t *m = lg__gwc_msg(c, i);
+  json_t *m = client_msg(c, i);
   const char *role = sget(m, "role");
   const char *steer = result_steer(c, m);
   json_t *out;
@@ -835,7 +835,7 @@ static int body_unchanged(chat_t *c) {
     if (offer || (!c->estimate && r->hide_left > 0 && r->hide_tool)) return 0;
   }
   for (size_t i = 0; json_object_size(r->steer) && i < c->n; i++)
-    if (steered(c, lg__gwc_msg(c, i))) return 0;
+    if (steered(c, client_msg(c, i))) return 0;
   return 1;
 }
 
@@ -2018,12 +2018,12 @@ static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   size_t from = c->prev_id ? 0 : c->r->fed;
   for (size_t i = from; i < c->n; i++) /* all built before any is fed: none or all */
-    if (may_feed(c, i) && !lg__gwc_msg(c, i)) {
+    if (may_feed(c, i) && !client_msg(c, i)) {
       lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
       return -1;
     }
   for (size_t i = from; i < c->n; i++)
-    if (may_feed(c, i)) feed_message(c, lg__gwc_msg(c, i));
+    if (may_feed(c, i)) feed_message(c, client_msg(c, i));
   c->r->fed = c->n; /* the last results wait for the model call (flush_results_then) */
   return 0;
 }

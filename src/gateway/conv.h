@@ -40,7 +40,7 @@ typedef struct chat {
   lg__gw_ctx_t *cx;
   lg__gw_job_t *j;
   lg__gw_run_t *r;
-  json_t *root, *messages;    /* messages (input): read with lg__gwc_msg */
+  json_t *root, *messages;    /* messages (input): read with chat.c's client_msg */
   lg__json_lazy_t lazy;       /*   each built when first read (json_load.c) */
   lg__json_prefix_t *prefix;  /*   the run's last request's, read before (lg__gw_prefix_take) */
   int lazy_oom;               /*   one could not be built: out of memory */
@@ -96,9 +96,6 @@ typedef struct chat {
   json_t *a_msg;              /* message_start's message (a template) */
   int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
 } chat_t;
-
-/* Client message i (borrowed): built when first read (chat.c). */
-json_t *lg__gwc_msg(chat_t *c, size_t i);
 
 #define API_RESPONSES 2 /* c->api: OpenAI Responses */
 static inline int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }

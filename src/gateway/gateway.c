@@ -79,7 +79,7 @@ struct lg__gw {
   key_ent_t *keys[GW_BUCKETS];
   lg__gw_run_t *lru_head, *lru_tail; /* most recently used first */
   size_t nruns, max_runs;
-  size_t prefix_bytes, prefix_max;   /* the runs' prefixes (lg__gw_prefix_put) */
+  size_t prefix_bytes, prefix_max;   /* the runs' prefixes (lg__gw_prefix_keep) */
   lg__gw_policies_t policies; /* --policies DIR */
   /* metrics */
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
@@ -651,8 +651,8 @@ struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id) {
 void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz) {
   pthread_mutex_lock(&gw->tmu);
   size_t room = gw->prefix_max - gw->prefix_bytes; /* prefix_bytes never passes prefix_max */
-  int skip = r->requests++ == 0 || r->prefix; /* the first request, or another's kept */
-  if (r->requests > 2) r->requests = 2;
+  int skip = !r->seen || r->prefix; /* its first request, or another's kept */
+  r->seen = 1;
   pthread_mutex_unlock(&gw->tmu);
   lg__json_prefix_t *p = skip ? NULL : lg__json_prefix_of(lz, room);
   if (!p) return;

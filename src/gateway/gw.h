@@ -145,7 +145,7 @@ typedef struct lg__gw_run {
   int busy;                   /* requests holding it: never evicted then */
   lg__gw_key_t *keys;         /* the conversation keys that name it */
   struct lg__json_prefix *prefix; /* its last request's conversation, as read (json_load.c) */
-  unsigned requests;          /* requests read (lg__gw_prefix_keep): 0, 1, 2 at most */
+  int seen;                   /* a request of it was read before (lg__gw_prefix_keep) */
 } lg__gw_run_t;
 
 /* One gateway request, from the HTTP thread to a worker and back. */

@@ -221,7 +221,7 @@ static void peek_member(fparse_t *f, const char *k, size_t kl, int kesc, const u
       continue;
     }
     if (sp->state[i] == 2 || f->peek_len[i] != kl || memcmp(f->lz->peek[i], k, kl)) continue;
-    size_t n = (size_t)(f->p - v) - 2;
+    size_t n = *v == '"' ? (size_t)(f->p - v) - 2 : 0; /* a string's, without its quotes */
     if (*v != '"') {
       sp->state[i] = 0; /* not a string: as none (a repeat's last value is the one) */
     } else if (n < sizeof sp->val[i] && !f->esc) {
