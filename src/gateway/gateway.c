@@ -324,9 +324,11 @@ static void gw_submit(lg__req_t *rq) {
     else gw->qhead = j;
     gw->qtail = j;
     gw->qlen++;
-    pthread_cond_signal(&gw->qcv);
   }
   pthread_mutex_unlock(&gw->qmu);
+  /* After the unlock: a worker woken under the lock would wait at once for
+   * the mutex, two more system calls and a switch a request. */
+  if (!full) pthread_cond_signal(&gw->qcv);
   if (full) {
     lg__gw_error(j, 503, "server_error", "overloaded",
                  "loopguard gateway: too many requests waiting for an upstream; retry later");
