@@ -29,7 +29,7 @@ DEPS := gcc make cmake pkg-config clang libclang-rt-14-dev \
         libjansson-dev libssl-dev libsqlite3-dev libpq-dev postgresql \
         libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev python3 curl \
         chromium prometheus nodejs
-BENCH_DEPS := wrk nodejs python3
+BENCH_DEPS := wrk nodejs python3 socat
 
 .PHONY: all deps bench-deps build build-asan build-fuzz run test test-unit \
         test-asan test-fuzz bench install clean help

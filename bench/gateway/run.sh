@@ -6,6 +6,9 @@
 #   loopguard  wrk -> loopguard serve --upstream (store memory:) -> the same
 #   portkey    wrk -> Portkey's gateway (@portkey-ai/gateway, pinned in
 #              bench/gateway/package-lock.json) -> the same
+#   relay      wrk -> Debian's socat, forwarding the bytes (no HTTP) -> the
+#              same: what one more hop over loopback costs on this machine,
+#              the floor under any gateway's added latency
 #
 # Bodies: Chat Completions conversations with tool calls and their results
 # of 1 KB and 8 KB (body.py), stream false and true, in two modes
@@ -115,6 +118,28 @@ fi
 PK_HDR=(-H "x-portkey-provider: openai" -H "x-portkey-custom-host: $UP/v1")
 [[ -n $PK_WHY ]] && note "portkey: SKIPPED: $PK_WHY (ours still run)"
 
+# ---- the relay (the floor: one more hop, no work)
+RL_URL= RL_WHY=
+if ! command -v socat >/dev/null; then
+  RL_WHY="socat is not installed (make bench-deps)"
+else
+  for try in 1 2 3; do # the free port can be taken before socat binds it
+    port=$(free_port)
+    # nodelay both ways, or Nagle's algorithm holds a body's last segment
+    # for the peer's delayed ACK (40 ms a request)
+    socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork,nodelay,backlog=128" \
+      "TCP:127.0.0.1:${UP##*:},nodelay" 2>"$WORK/rl.err" &
+    RL_PID=$!
+    PIDS+=("$RL_PID")
+    if wait_url "http://127.0.0.1:$port/" 5 && kill -0 "$RL_PID" 2>/dev/null; then
+      RL_URL="http://127.0.0.1:$port" RL_WHY=
+      break
+    fi
+    RL_WHY="socat did not start: $(tail -c 300 "$WORK/rl.err" | tr '\n' ' ')"
+  done
+fi
+[[ -n $RL_WHY ]] && note "relay: SKIPPED: $RL_WHY (ours still run)"
+
 # ---- bodies, and a check that each target answers them as it should
 for size in 1024 8192; do
   for st in 0 1; do python3 "$HERE/body.py" $size $st >"$WORK/body-$size-$st.json" || exit 1; done
@@ -140,6 +165,11 @@ check() { # TARGET URL STREAM [HEADERS...]: one request; the answer must carry t
 for st in 0 1; do
   check direct "$UP" $st || exit 1
   check loopguard "$LG_URL" $st || exit 1
+  if [[ -n $RL_URL ]] && ! check relay "$RL_URL" $st; then
+    RL_WHY="socat did not forward the benchmark's request as the upstream answers it"
+    note "relay: SKIPPED: $RL_WHY"
+    RL_URL=
+  fi
   if [[ -n $PK_URL ]] && ! check portkey "$PK_URL" $st "${PK_HDR[@]}"; then
     PK_WHY="Portkey did not answer the benchmark's request as the upstream does"
     note "portkey: SKIPPED: $PK_WHY"
@@ -173,14 +203,16 @@ run_wrk() { # URL BODYFILE CONNS [HEADERS...] -> LAST_*; 1 on failure or non-2xx
   fi
   [[ -n $LAST_RPS && -n $LAST_P50 ]]
 }
-targets=(direct loopguard)
+targets=(direct)
+[[ -n $RL_URL ]] && targets+=(relay)
+targets+=(loopguard)
 [[ -n $PK_URL ]] && targets+=(portkey)
-url_of() { case $1 in direct) echo "$UP" ;; loopguard) echo "$LG_URL" ;; portkey) echo "$PK_URL" ;; esac; }
+url_of() { case $1 in direct) echo "$UP" ;; relay) echo "$RL_URL" ;; loopguard) echo "$LG_URL" ;; portkey) echo "$PK_URL" ;; esac; }
 hdr_of() { [[ $1 == portkey ]] && printf '%s\n' "${PK_HDR[@]}"; }
 lg_requests=0
 declare -A P50 P99 RPS
 bad=0
-note "gateway: wrk -t1, ${SECONDS_PER} s a run, keep-alive over loopback; loopguard $LG_URL, upstream $UP${PK_URL:+, portkey $PK_URL}"
+note "gateway: wrk -t1, ${SECONDS_PER} s a run, keep-alive over loopback; loopguard $LG_URL, upstream $UP${RL_URL:+, relay $RL_URL}${PK_URL:+, portkey $PK_URL}"
 for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; else echo "$m:1024 $m:8192"; fi; done); do
   MODE=${spec%%:*} size=${spec#*:}
   kb=$((size / 1024))k
@@ -206,7 +238,7 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
         st_rps1=$LAST_RPS
       else
         P50[$t]= P99[$t]= st_rps1=
-        [[ $t == portkey ]] || bad=1 # the peer's errors are its figure's, not a failure of ours
+        [[ $t == portkey || $t == relay ]] || bad=1 # the references' errors are their figures', not a failure of ours
       fi
       [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       best=0 best_c=
@@ -218,7 +250,7 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
         if run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
           if ((LAST_RPS > best)); then best=$LAST_RPS best_c=$c; fi
         else
-          [[ $t == portkey ]] || bad=1
+          [[ $t == portkey || $t == relay ]] || bad=1
         fi
         [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       done
@@ -245,6 +277,12 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     awk -v v="${P99[direct]:-0}" -v b=$BAR_ADDED_P99_MS 'BEGIN { exit !(v > b) }' && s99=NOISY
     ((size == 8192)) || { s50=info s99=info; }
     [[ -n ${P50[loopguard]} && -n ${P50[direct]} ]] || { s50=FAILED s99=FAILED a50=null a99=null; }
+    rl50=null rl99=null rlrps=null
+    if [[ -n $RL_URL && -n ${P50[relay]:-} && -n ${P50[direct]:-} ]]; then
+      rl50=$(calcf "%.4f" "${P50[relay]} - ${P50[direct]}")
+      rl99=$(calcf "%.4f" "${P99[relay]} - ${P99[direct]}")
+      rlrps=${RPS[relay]:-null}
+    fi
     pk50=null pk99=null ratio=null
     if [[ -n $PK_URL && -n ${P50[portkey]:-} ]]; then
       pk50=$(calcf "%.4f" "${P50[portkey]} - ${P50[direct]:-0}")
@@ -256,9 +294,9 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     else
       sx=SKIPPED
     fi
-    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s"}\n' \
+    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s","relay_added_p50_ms":%s,"relay_added_p99_ms":%s,"relay_max_rps":%s}\n' \
       "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$a50" "$pk50" $BAR_ADDED_P50_MS "$s50" "$a99" "$pk99" $BAR_ADDED_P99_MS "$s99" \
-      "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx")"
+      "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx" "$rl50" "$rl99" "$rlrps")"
   done
 done
 
@@ -297,8 +335,8 @@ emit "$(printf '{"bench":"gateway","figure":"memory","loopguard_vmhwm_kb":%s,"lo
 # ---- the table
 note ""
 note "gateway against the bars (ms added to direct's, from this run; requests/s; resident memory):"
-row() { printf '  %-52s %10s %10s %8s %8s  %s\n' "$@"; }
-row "" loopguard portkey "lg/pk" bar status
+row() { printf '  %-52s %10s %10s %8s %8s  %-10s %s\n' "$@"; }
+row "" loopguard portkey "lg/pk" bar status relay
 pk() { [[ $1 == null ]] && echo - || echo "$1"; }
 for spec in fresh:1024 fresh:8192 steady:8192; do
   m=${spec%%:*} size=${spec#*:}
@@ -309,9 +347,9 @@ for spec in fresh:1024 fresh:8192 steady:8192; do
     [[ $m == steady ]] && lab="$lab, agent loop"
     b50="< $BAR_ADDED_P50_MS" b99="< $BAR_ADDED_P99_MS"
     ((size == 8192)) || { b50=; b99=; }
-    row "$lab: added p50 (1 conn)" "$(jf loopguard_added_p50_ms <<<"$l")" "$(pk "$(jf portkey_added_p50_ms <<<"$l")")" "" "$b50" "$(jf status_p50 <<<"$l")"
-    row "$lab: added p99 (1 conn)" "$(jf loopguard_added_p99_ms <<<"$l")" "$(pk "$(jf portkey_added_p99_ms <<<"$l")")" "" "$b99" "$(jf status_p99 <<<"$l")"
-    row "$lab: most requests/s" "$(jf loopguard_max_rps <<<"$l")" "$(pk "$(jf portkey_max_rps <<<"$l")")" "$(pk "$(jf ratio_rps <<<"$l")")x" ">= ${BAR_X_PORTKEY}x" "$(jf status_rps <<<"$l")"
+    row "$lab: added p50 (1 conn)" "$(jf loopguard_added_p50_ms <<<"$l")" "$(pk "$(jf portkey_added_p50_ms <<<"$l")")" "" "$b50" "$(jf status_p50 <<<"$l")" "$(pk "$(jf relay_added_p50_ms <<<"$l")")"
+    row "$lab: added p99 (1 conn)" "$(jf loopguard_added_p99_ms <<<"$l")" "$(pk "$(jf portkey_added_p99_ms <<<"$l")")" "" "$b99" "$(jf status_p99 <<<"$l")" "$(pk "$(jf relay_added_p99_ms <<<"$l")")"
+    row "$lab: most requests/s" "$(jf loopguard_max_rps <<<"$l")" "$(pk "$(jf portkey_max_rps <<<"$l")")" "$(pk "$(jf ratio_rps <<<"$l")")x" ">= ${BAR_X_PORTKEY}x" "$(jf status_rps <<<"$l")" "$(pk "$(jf relay_max_rps <<<"$l")")"
   done
 done
 l=$(grep '"figure":"memory"' "$RES")
@@ -319,5 +357,7 @@ mb() { [[ $1 == null || -z $1 ]] && echo - || calcf "%.1f" "$1 / 1024"; }
 row "resident memory, VmHWM (MB)" "$(mb "$(jf loopguard_vmhwm_kb <<<"$l")")" "$(mb "$(jf portkey_vmhwm_kb <<<"$l")")" "$(pk "$(jf ratio_hwm <<<"$l")")x" "< $BAR_RSS_MB" "$(jf status <<<"$l")"
 note "  (loopguard on sqlite: $(mb "$sq_start") MB at the start, $(mb "$sq_hwm") MB after $sq_runs requests of 8 KB, each a run: $sq_per_run bytes a run, kept by the gateway until the server restarts;"
 note "   on memory: (every run and trace in memory, by design; a server a body) $(mb "$lg_hwm") MB after the last body's $lg_requests runs, $per_run bytes a run; Portkey after all of its requests)"
+note "  (relay: socat forwarding the bytes between wrk and the upstream, no HTTP: what a hop costs here, under any gateway's added latency)"
 [[ -n $PK_WHY ]] && note "  portkey: SKIPPED: $PK_WHY"
+[[ -n $RL_WHY ]] && note "  relay: SKIPPED: $RL_WHY"
 exit $bad
