@@ -1851,7 +1851,8 @@ static void run_calls(chat_t *c) {
 static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
   json_error_t je;
-  if (j->hdr_run) c->lazy.prefix = c->prefix = lg__gw_prefix_take(c->cx->gw, j->hdr_run);
+  c->lazy.prefix = c->prefix = j->hdr_run ? lg__gw_prefix_take(c->cx->gw, j->hdr_run)
+                                          : lg__gw_prefix_find(c->cx->gw, j->body, j->body_len);
   c->lazy.peek[PEEK_ROLE] = peek_keys[PEEK_ROLE];
   c->lazy.peek[PEEK_TYPE] = peek_keys[PEEK_TYPE];
   c->root = lg__json_load_lazy(j->body, j->body_len, is_responses(c) ? "input" : "messages", &c->lazy,
@@ -2086,9 +2087,10 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     keep_for_retry(&c, h);
   }
   if (!j->action && j->run_id[0]) j->action = "pass";
-  /* this conversation as read, for the run's next request (its header
-   * names the run before the body is read) */
-  if (c.r && j->hdr_run && c.lazy.arr) lg__gw_prefix_keep(cx->gw, c.r, &c.lazy);
+  /* this conversation as read, for the run's next request (found by its
+   * header, else by its first bytes) */
+  if (c.lazy.arr) lg__gw_prefix_count(cx->gw, &c.lazy);
+  if (c.r && c.lazy.arr) lg__gw_prefix_keep(cx->gw, c.r, &c.lazy);
   if (c.r) lg__gw_run_unlock(cx->gw, c.r);
   if (!j->answered && !c.streamed) lg__gw_answer(j);
   chat_free(&c);

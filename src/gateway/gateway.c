@@ -58,6 +58,11 @@ typedef lg__gw_key_t key_ent_t;
 /* At most this many bytes of the runs' last conversations are kept to
  * read the next request faster (LOOPGUARD_GATEWAY_PREFIX_BYTES). */
 #define GW_PREFIX_BYTES_DEFAULT ((size_t)16 << 20)
+/* A request without X-Loopguard-Run finds a kept conversation by the hash
+ * of its first this many bytes (a shorter one is not found that way). */
+#define GW_PREFIX_HEAD 2048
+/* Kept conversations with the same first bytes looked at, newest first. */
+#define GW_PREFIX_TRIES 8
 
 #define GW_MAX_UP 16
 
@@ -80,6 +85,8 @@ struct lg__gw {
   lg__gw_run_t *lru_head, *lru_tail; /* most recently used first */
   size_t nruns, max_runs;
   size_t prefix_bytes, prefix_max;   /* the runs' prefixes (lg__gw_prefix_keep) */
+  lg__gw_run_t *heads[GW_BUCKETS];   /* runs by their prefix's first bytes (lg__gw_prefix_find) */
+  _Atomic uint64_t msgs_read[2];     /* conversation elements checked, taken from a prefix */
   lg__gw_policies_t policies; /* --policies DIR */
   /* metrics */
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
@@ -602,6 +609,7 @@ static void id_link(lg__gw_t *gw, lg__gw_run_t *r) {
 }
 
 static void run_free(lg__gw_run_t *r);
+static lg__json_prefix_t *prefix_detach(lg__gw_t *gw, lg__gw_run_t *r);
 
 /* Takes r and its keys out of the tables, and frees it. Under tmu. */
 static void evict(lg__gw_t *gw, lg__gw_run_t *r) {
@@ -618,9 +626,39 @@ static void evict(lg__gw_t *gw, lg__gw_run_t *r) {
     lg__free(e);
   }
   r->keys = NULL;
-  gw->prefix_bytes -= lg__json_prefix_size(r->prefix);
+  lg__json_prefix_free(prefix_detach(gw, r));
   gw->nruns--;
   run_free(r);
+}
+
+/* ---- kept conversations (json_load.c's prefixes) ---- */
+
+/* r's prefix, taken out of it and of the heads' table. Under tmu. */
+static lg__json_prefix_t *prefix_detach(lg__gw_t *gw, lg__gw_run_t *r) {
+  lg__json_prefix_t *p = r->prefix;
+  if (!p) return NULL;
+  if (p->len >= GW_PREFIX_HEAD)
+    for (lg__gw_run_t **pp = &gw->heads[r->head & (GW_BUCKETS - 1)]; *pp; pp = &(*pp)->hnext)
+      if (*pp == r) {
+        *pp = r->hnext;
+        break;
+      }
+  r->hnext = NULL;
+  r->prefix = NULL;
+  gw->prefix_bytes -= lg__json_prefix_size(p);
+  return p;
+}
+
+/* p kept as r's (r has none). Under tmu. */
+static void prefix_attach(lg__gw_t *gw, lg__gw_run_t *r, lg__json_prefix_t *p) {
+  r->prefix = p;
+  gw->prefix_bytes += lg__json_prefix_size(p);
+  if (p->len >= GW_PREFIX_HEAD) {
+    r->head = lg__hash_bytes(p->text, GW_PREFIX_HEAD);
+    lg__gw_run_t **b = &gw->heads[r->head & (GW_BUCKETS - 1)];
+    r->hnext = *b; /* newest first */
+    *b = r;
+  }
 }
 
 /* Past the bound: the least recently used runs no request holds go. */
@@ -641,13 +679,32 @@ static lg__gw_run_t *run_by_id(lg__gw_t *gw, const char *id) {
 struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id) {
   pthread_mutex_lock(&gw->tmu);
   lg__gw_run_t *r = run_by_id(gw, id);
-  lg__json_prefix_t *p = r ? r->prefix : NULL;
-  if (p) {
-    r->prefix = NULL;
-    gw->prefix_bytes -= lg__json_prefix_size(p);
+  lg__json_prefix_t *p = r ? prefix_detach(gw, r) : NULL;
+  pthread_mutex_unlock(&gw->tmu);
+  return p;
+}
+
+struct lg__json_prefix *lg__gw_prefix_find(lg__gw_t *gw, const char *body, size_t n) {
+  if (n < GW_PREFIX_HEAD) return NULL;
+  uint64_t h = lg__hash_bytes(body, GW_PREFIX_HEAD);
+  lg__json_prefix_t *p = NULL;
+  pthread_mutex_lock(&gw->tmu);
+  int tries = 0;
+  for (lg__gw_run_t *r = gw->heads[h & (GW_BUCKETS - 1)]; r && tries < GW_PREFIX_TRIES; r = r->hnext) {
+    if (r->head != h) continue;
+    tries++;
+    if (lg__json_prefix_starts(r->prefix, body, n)) {
+      p = prefix_detach(gw, r);
+      break;
+    }
   }
   pthread_mutex_unlock(&gw->tmu);
   return p;
+}
+
+void lg__gw_prefix_count(lg__gw_t *gw, const lg__json_lazy_t *lz) {
+  atomic_fetch_add(&gw->msgs_read[0], lz->n - lz->reused);
+  atomic_fetch_add(&gw->msgs_read[1], lz->reused);
 }
 
 void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz) {
@@ -661,8 +718,7 @@ void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz
   size_t n = lg__json_prefix_size(p);
   pthread_mutex_lock(&gw->tmu);
   if (!r->prefix && gw->prefix_bytes + n <= gw->prefix_max) { /* else another request's is there */
-    r->prefix = p;
-    gw->prefix_bytes += n;
+    prefix_attach(gw, r, p);
     p = NULL;
   }
   pthread_mutex_unlock(&gw->tmu);
@@ -887,6 +943,13 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
                     "(gateway requests and answers, sidecar bodies) and has not freed: one open a thread "
                     "that reads JSON; more are values kept past their request.\n# TYPE loopguard_gateway_json_chunks gauge\nloopguard_gateway_json_chunks %zu\n",
                  lg__json_region_chunks());
+  lg__buf_printf(b, "# HELP loopguard_gateway_messages_read_total The messages (Responses: input items) of "
+                    "gateway requests, by how they were read: checked, or taken as they were from the "
+                    "same bytes of the run's last request.\n# TYPE loopguard_gateway_messages_read_total counter\n"
+                    "loopguard_gateway_messages_read_total{how=\"checked\"} %llu\n"
+                    "loopguard_gateway_messages_read_total{how=\"reused\"} %llu\n",
+                 (unsigned long long)atomic_load(&gw->msgs_read[0]),
+                 (unsigned long long)atomic_load(&gw->msgs_read[1]));
   static const char *an[4] = {"block", "replay", "stop", "observe"};
   lg__buf_puts(b, "# HELP loopguard_gateway_interventions_total Calls and responses the gateway changed, by action and reason.\n"
                   "# TYPE loopguard_gateway_interventions_total counter\n");

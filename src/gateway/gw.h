@@ -145,6 +145,8 @@ typedef struct lg__gw_run {
   int busy;                   /* requests holding it: never evicted then */
   lg__gw_key_t *keys;         /* the conversation keys that name it */
   struct lg__json_prefix *prefix; /* its last request's conversation, as read (json_load.c) */
+  uint64_t head;              /* the hash of prefix's first GW_PREFIX_HEAD bytes */
+  struct lg__gw_run *hnext;   /* the heads' chain (gateway.c) */
   int seen;                   /* a request of it was read before (lg__gw_prefix_keep) */
 } lg__gw_run_t;
 
@@ -220,6 +222,13 @@ void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
  * request costs nothing) and within the bound on all runs' (the server's
  * LOOPGUARD_GATEWAY_PREFIX_BYTES, 16 MiB; 0 turns it off). */
 struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id);
+/* A request without a run's name: the kept conversation its body begins
+ * with, found by the hash of its first 2 KiB and taken out of its run
+ * (the run the body then names may be another: the same bytes read the
+ * same). NULL when none. */
+struct lg__json_prefix *lg__gw_prefix_find(lg__gw_t *gw, const char *body, size_t n);
+/* Counts lz's elements, checked and reused, for the metrics. */
+void lg__gw_prefix_count(lg__gw_t *gw, const lg__json_lazy_t *lz);
 void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz);
 /* Remembers key -> r (the start of a conversation). */
 void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);

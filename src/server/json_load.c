@@ -341,8 +341,8 @@ static int lazy_room(lg__json_lazy_t *lz, size_t n) {
 static int lazy_reuse(fparse_t *f, json_t *a) {
   lg__json_lazy_t *lz = f->lz;
   const lg__json_prefix_t *pre = lz->prefix;
-  if (!pre || !pre->n || pre->at != lz->at || (size_t)(f->end - (const unsigned char *)lz->text) < pre->len ||
-      memcmp(lz->text, pre->text, pre->len))
+  if (!pre || pre->at != lz->at ||
+      !lg__json_prefix_starts(pre, lz->text, (size_t)(f->end - (const unsigned char *)lz->text)))
     return 0;
   if (lazy_room(lz, pre->n)) return -1;
   for (size_t i = 0; i < pre->n; i++)
@@ -548,6 +548,10 @@ lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz, size_t max) {
     if (lz->peek[k] && strlen(lz->peek[k]) < sizeof p->peek[k]) strcpy(p->peek[k], lz->peek[k]);
     else for (size_t i = 0; i < p->n; i++) p->span[i].state[k] = 2; /* not kept: not known */
   return p;
+}
+
+int lg__json_prefix_starts(const lg__json_prefix_t *p, const char *s, size_t n) {
+  return p && p->n && n >= p->len && !memcmp(s, p->text, p->len);
 }
 
 size_t lg__json_prefix_size(const lg__json_prefix_t *p) {

@@ -290,6 +290,9 @@ struct lg__json_prefix {
 };
 lg__json_prefix_t *lg__json_prefix_of(const lg__json_lazy_t *lz, size_t max);
 size_t lg__json_prefix_size(const lg__json_prefix_t *p);
+/* Whether the n bytes at s begin with p's text (then p may serve their
+ * read; lg__json_load_lazy also checks that the array begins where it did). */
+int lg__json_prefix_starts(const lg__json_prefix_t *p, const char *s, size_t n);
 void lg__json_prefix_free(lg__json_prefix_t *p);
 json_t *lg__json_load_lazy(const char *s, size_t n, const char *member, lg__json_lazy_t *lz,
                            json_error_t *je, size_t *reals);

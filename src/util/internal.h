@@ -26,6 +26,7 @@ char *lg__strndup(const char *s, size_t n);
  * bits mixed: tables may index by the low ones). Not stable across
  * versions: never store it. */
 uint64_t lg__hash_str(const char *s);
+uint64_t lg__hash_bytes(const void *p, size_t n); /* lg__hash_str(s) is lg__hash_bytes(s, strlen(s)) */
 
 /* A growable byte buffer. `data` is NUL-terminated whenever len < cap. */
 typedef struct lg__buf {

@@ -220,8 +220,11 @@ char *lg__strdup(const char *s) { return s ? lg__strndup(s, strlen(s)) : NULL; }
 
 /* FNV-1a's step over 8-byte words, then the final mix of MurmurHash3:
  * a server decision hashes a run id and a policy of a few hundred bytes. */
-uint64_t lg__hash_str(const char *s) {
-  size_t n = strlen(s), i = 0;
+uint64_t lg__hash_str(const char *s) { return lg__hash_bytes(s, strlen(s)); }
+
+uint64_t lg__hash_bytes(const void *p, size_t n) {
+  const char *s = p;
+  size_t i = 0;
   uint64_t h = 1469598103934665603ull ^ n, w;
   for (; i + 8 <= n; i += 8) {
     w = lg__load64((const uint8_t *)s + i);

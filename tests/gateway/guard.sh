@@ -374,6 +374,57 @@ grep '"type":"result"' "$TMP/busy2.jsonl" | grep -q "\"call_id\":\"$id\"" ||
 stop_server busy
 [ "$busy_RC" = 0 ] || fail "the busy server exited $busy_RC: $(tail -5 "$TMP/busy.err")"
 
+note "a run without X-Loopguard-Run: its next request reads only its new messages, found by its first bytes"
+metric() { curl -sf "$g_URL/metrics" | awk -v k="loopguard_gateway_messages_read_total{how=\"$1\"}" '$1 == k { print $2 }'; }
+# a system prompt long enough (over 2 KiB) for the conversation to be found by its start
+python3 - "$TMP/derived" <<'PY'
+import json, sys
+sysmsg = {"role": "system", "content": "You look customers up. " + "Be brief and exact. " * 120}
+user = {"role": "user", "content": "look c-1 up"}
+tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+def body(msgs):  # the messages first, written the same way each time, as an SDK does
+    return '{"model":"finish","messages":[' + ",".join(json.dumps(m, separators=(",", ":")) for m in msgs) + \
+           '],"tools":' + json.dumps(tools, separators=(",", ":")) + "}"
+open(sys.argv[1] + "-1.json", "w").write(body([sysmsg, user]))
+open(sys.argv[1] + ".msgs", "w").write(json.dumps([sysmsg, user]))
+PY
+curl -sf -D "$TMP/derived-1.h" -o "$TMP/derived-1.out" -H 'content-type: application/json' --data-binary @"$TMP/derived-1.json" \
+  "$g_URL/v1/chat/completions" || fail "derived: the first turn"
+drun=$(tr -d '\r' <"$TMP/derived-1.h" | awk -F': ' 'tolower($1) == "x-loopguard-run" { print $2 }')
+[ -n "$drun" ] || fail "derived: no X-Loopguard-Run in the answer: $(cat "$TMP/derived-1.h")"
+python3 - "$TMP/derived" <<'PY'
+import json, sys
+base = sys.argv[1]
+msgs = json.load(open(base + ".msgs"))
+tc = json.load(open(base + "-1.out"))["choices"][0]["message"]["tool_calls"][0]
+turn2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [tc]},
+                {"role": "tool", "tool_call_id": tc["id"], "content": "Customer 1, gold"}]
+turn3 = turn2 + [{"role": "assistant", "content": "Done: Customer 1, gold"}, {"role": "user", "content": "and c-2?"}]
+tools = '[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]'
+for k, m in ((2, turn2), (3, turn3)):
+    open("%s-%d.json" % (base, k), "w").write('{"model":"finish","messages":[' +
+        ",".join(json.dumps(x, separators=(",", ":")) for x in m) + '],"tools":' + tools + "}")
+PY
+for k in 2 3; do
+  reused0=$(metric reused) checked0=$(metric checked)
+  curl -sf -D "$TMP/derived-$k.h" -o "$TMP/derived-$k.out" -H 'content-type: application/json' \
+    --data-binary @"$TMP/derived-$k.json" "$g_URL/v1/chat/completions" || fail "derived: turn $k"
+  r=$(tr -d '\r' <"$TMP/derived-$k.h" | awk -F': ' 'tolower($1) == "x-loopguard-run" { print $2 }')
+  [ "$r" = "$drun" ] || fail "derived: turn $k went to run '$r', not $drun"
+  get 'd["choices"][0]["message"]["content"]' <"$TMP/derived-$k.out" | grep -q '^Done: Customer 1, gold' ||
+    fail "derived: turn $k answered $(cat "$TMP/derived-$k.out")"
+  reused=$(($(metric reused) - reused0)) checked=$(($(metric checked) - checked0))
+  # turn 2 reads its 4 messages (nothing kept from a run's first request);
+  # turn 3 takes those 4 as turn 2 read them and checks its 2 new ones
+  if [ $k = 2 ]; then want="0 4"; else want="4 2"; fi
+  [ "$reused $checked" = "$want" ] || fail "derived: turn $k reused $reused and checked $checked messages, not $want"
+done
+curl -sf "$g_URL/v1/runs/$drun/trace" >"$TMP/derived.jsonl" || fail "derived: no trace"
+grep '"type":"result"' "$TMP/derived.jsonl" | grep -q '"call_id":"'"$(get 'd["choices"][0]["message"]["tool_calls"][0]["id"]' <"$TMP/derived-1.out")"'"' ||
+  fail "derived: the result is not in the trace: $(cat "$TMP/derived.jsonl")"
+grep -q '"type":"user"' "$TMP/derived.jsonl" || fail "derived: turn 3's message is not a user event: $(cat "$TMP/derived.jsonl")"
+"$LG_BIN" replay --json "$TMP/derived.jsonl" >/dev/null || fail "derived: the trace does not replay"
+
 note "the upstream never saw a conversation a provider rejects"
 v=$(stats 'd["violations"]')
 [ "$v" = "[]" ] || fail "violations: $v"
