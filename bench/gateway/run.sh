@@ -31,7 +31,10 @@
 #
 # Environment: LG_BENCH_QUICK=1 (2 s runs), LG_GW_SECONDS (5), LG_GW_CONNS
 # ("8 32"; steady: LG_GW_STEADY_CONNS, "8"), LG_GW_MODES ("fresh steady"),
-# LG_GW_TURNS (10), LG_GW_NODE_DIR (where Portkey is installed; BUILD_DIR/bench-gateway-node).
+# LG_GW_TURNS (10), LG_GW_NODE_DIR (where Portkey is installed; BUILD_DIR/bench-gateway-node),
+# LG_GW_ROUNDS (3) and LG_GW_C1_SECONDS (half of LG_GW_SECONDS, rounded up):
+# the one-connection runs of each target, taken in turn, whose medians are
+# the p50, p99 and requests/s at one connection.
 # Exit status 1 only when our own part could not run; Portkey that cannot be
 # installed or started is SKIPPED, with the reason.
 set -u -o pipefail
@@ -210,9 +213,12 @@ targets+=(loopguard)
 url_of() { case $1 in direct) echo "$UP" ;; relay) echo "$RL_URL" ;; loopguard) echo "$LG_URL" ;; portkey) echo "$PK_URL" ;; esac; }
 hdr_of() { [[ $1 == portkey ]] && printf '%s\n' "${PK_HDR[@]}"; }
 lg_requests=0
-declare -A P50 P99 RPS
+declare -A P50 P99 RPS L50 L99 LRPS FAILS
+ROUNDS=${LG_GW_ROUNDS:-3}
+C1_SECS=${LG_GW_C1_SECONDS:-$(((SECONDS_PER + 1) / 2))}
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 bad=0
-note "gateway: wrk -t1, ${SECONDS_PER} s a run, keep-alive over loopback; loopguard $LG_URL, upstream $UP${RL_URL:+, relay $RL_URL}${PK_URL:+, portkey $PK_URL}"
+note "gateway: wrk -t1, keep-alive over loopback; 1 connection: the median of $ROUNDS runs of ${C1_SECS} s a target, in turn; the most requests/s: ${SECONDS_PER} s a run; loopguard $LG_URL, upstream $UP${RL_URL:+, relay $RL_URL}${PK_URL:+, portkey $PK_URL}"
 for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; else echo "$m:1024 $m:8192"; fi; done); do
   MODE=${spec%%:*} size=${spec#*:}
   kb=$((size / 1024))k
@@ -228,19 +234,35 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
   fi
   for st in 0 1; do
     body=$WORK/body-$size-$st.json
-    for t in "${targets[@]}"; do
+    for t in "${targets[@]}"; do # warm up (Portkey's JIT, loopguard's connection to the upstream)
       mapfile -t h < <(hdr_of "$t")
-      # warm up (Portkey's JIT, loopguard's connection to the upstream)
       SECONDS_PER=1 run_wrk "$(url_of "$t")" "$body" 4 "${h[@]}" >/dev/null
       [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
-      if run_wrk "$(url_of "$t")" "$body" 1 "${h[@]}"; then
-        P50[$t]=$LAST_P50 P99[$t]=$LAST_P99
-        st_rps1=$LAST_RPS
+      L50[$t]= L99[$t]= LRPS[$t]= FAILS[$t]=0
+    done
+    # One connection: ROUNDS short runs of each target in turn, the median
+    # of each figure, so that a target's latency and direct's it is read
+    # against come from the same minutes of a machine whose speed moves.
+    for ((round = 0; round < ROUNDS; round++)); do
+      for t in "${targets[@]}"; do
+        mapfile -t h < <(hdr_of "$t")
+        if SECONDS_PER=$C1_SECS run_wrk "$(url_of "$t")" "$body" 1 "${h[@]}"; then
+          L50[$t]+="$LAST_P50 " L99[$t]+="$LAST_P99 " LRPS[$t]+="$LAST_RPS "
+        else
+          FAILS[$t]=1
+        fi
+        [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
+      done
+    done
+    for t in "${targets[@]}"; do
+      mapfile -t h < <(hdr_of "$t")
+      if ((FAILS[$t] == 0)); then
+        P50[$t]=$(median ${L50[$t]}) P99[$t]=$(median ${L99[$t]})
+        st_rps1=$(median ${LRPS[$t]})
       else
         P50[$t]= P99[$t]= st_rps1=
         [[ $t == portkey || $t == relay ]] || bad=1 # the references' errors are their figures', not a failure of ours
       fi
-      [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       best=0 best_c=
       conns=$CONNS
       # steady: a wrk thread an agent (its Lua state is the loop's), which costs
@@ -260,8 +282,8 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
         added50=$(calcf "%.4f" "${P50[$t]} - ${P50[direct]}")
         added99=$(calcf "%.4f" "${P99[$t]} - ${P99[direct]}")
       fi
-      emit "$(printf '{"bench":"gateway","figure":"%s","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"seconds":%d,"c1_p50_ms":%s,"c1_p99_ms":%s,"c1_rps":%s,"added_p50_ms":%s,"added_p99_ms":%s,"max_rps":%d,"max_rps_conns":%s}\n' \
-        "$t" "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$SECONDS_PER" "${P50[$t]:-null}" "${P99[$t]:-null}" \
+      emit "$(printf '{"bench":"gateway","figure":"%s","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"seconds":%d,"c1_runs":%d,"c1_seconds":%d,"c1_p50_ms":%s,"c1_p99_ms":%s,"c1_rps":%s,"added_p50_ms":%s,"added_p99_ms":%s,"max_rps":%d,"max_rps_conns":%s}\n' \
+        "$t" "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$SECONDS_PER" "$ROUNDS" "$C1_SECS" "${P50[$t]:-null}" "${P99[$t]:-null}" \
         "${st_rps1:-null}" "$added50" "$added99" "$best" "${best_c:-null}")"
       printf '%-9s %-9s stream=%d  1 conn: p50 %8s ms  p99 %8s ms%s   most: %7s req/s (-c%s)\n' "$t" "$kb" "$st" \
         "${P50[$t]:--}" "${P99[$t]:--}" "$([[ $added50 != null ]] && echo "  (added p50 $added50, p99 $added99)")" "$best" "${best_c:--}"
