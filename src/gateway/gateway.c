@@ -779,6 +779,9 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
       lg__gw_run_unlock(gw, r);
       return NULL;
     }
+    /* A conversation with a start the gateway does not know (begun before
+     * a restart, or evicted): its next requests find this run by it. */
+    if (key) lg__gw_key_put(gw, key, r);
   }
   return r;
 }

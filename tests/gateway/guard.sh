@@ -425,6 +425,38 @@ grep '"type":"result"' "$TMP/derived.jsonl" | grep -q '"call_id":"'"$(get 'd["ch
 grep -q '"type":"user"' "$TMP/derived.jsonl" || fail "derived: turn 3's message is not a user event: $(cat "$TMP/derived.jsonl")"
 "$LG_BIN" replay --json "$TMP/derived.jsonl" >/dev/null || fail "derived: the trace does not replay"
 
+note "a conversation begun before a restart, without X-Loopguard-Run: one new run from then on, and its loop stopped"
+# As after a restart (or an eviction): the conversation's start is one the
+# gateway never answered. Each turn of it must land on the same run, or a
+# looping agent would get a fresh run, and a fresh count, every request.
+python3 - "$g_URL" <<'PY' || fail "a conversation begun before a restart"
+import json, sys, urllib.request
+url = sys.argv[1] + "/v1/chat/completions"
+tools = [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}]
+msgs = [{"role": "user", "content": "write record 7 (begun before the restart)"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_before_restart", "type": "function",
+         "function": {"name": "write_record", "arguments": "{\"record_id\":7,\"value\":\"A\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_before_restart", "content": "error: the storage is read-only"}]
+runs, actions = set(), []
+for turn in range(8):
+    req = urllib.request.Request(url, json.dumps({"model": "stubborn", "messages": msgs, "tools": tools}).encode(),
+                                 {"content-type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        runs.add(r.headers["X-Loopguard-Run"])
+        actions.append(r.headers["X-Loopguard-Action"])
+        m = json.load(r)["choices"][0]["message"]
+    if not m.get("tool_calls"):
+        break
+    msgs.append({"role": "assistant", "content": m.get("content"), "tool_calls": m["tool_calls"]})
+    for tc in m["tool_calls"]:
+        msgs.append({"role": "tool", "tool_call_id": tc["id"], "content": "error: the storage is read-only"})
+print("runs %s, actions %s" % (sorted(runs), actions))
+if len(runs) != 1:
+    sys.exit("its turns went to %d runs" % len(runs))
+if not ({"block", "stop"} & set(actions)):
+    sys.exit("the loop was not stopped: %s" % actions)
+PY
+
 note "the upstream never saw a conversation a provider rejects"
 v=$(stats 'd["violations"]')
 [ "$v" = "[]" ] || fail "violations: $v"
