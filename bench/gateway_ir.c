@@ -21,13 +21,15 @@
  * --steady measures agent.lua's steady mode instead (8 KB bodies): runs
  * of TURNS (10) requests, each the conversation so far plus the call the
  * previous answer asked for and its result, so the gateway reads one new
- * result a request, as with a real agent loop.
+ * result a request, as with a real agent loop. --derived: the same loops
+ * without X-Loopguard-Run, as most SDK agents send them (the run derived
+ * from the conversation's first tool call, whose id is made a run's own).
  *
  * The dumps stay in --out.1 .. --out.4 (8k false, 8k true, 1k false,
  * 1k true) for callgrind_annotate.
  *
  * Usage: gateway_ir [--requests N] [--out FILE] [--bin LOOPGUARD]
- *                   [--only 8k|1k] [--steady] [--no-valgrind]
+ *                   [--only 8k|1k] [--steady] [--derived] [--no-valgrind]
  * Defaults: 200 requests a body, FILE = ./callgrind.gateway.out, LOOPGUARD
  * = this build's binary (--bin: another build's, for an A/B).
  * --no-valgrind prints the server's CPU time per request instead (/proc).
@@ -164,7 +166,7 @@ static long run_seq; /* X-Loopguard-Run: gwir-N, a new run each request */
   "\"function\",\"function\":{\"name\":\"write_record\",\"arguments\":\"{\\\"record_id\\\":%d,"      \
   "\\\"value\\\":\\\"A\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_s%06d\",\"content\":"  \
   "\"{\\\"ok\\\":true,\\\"record_id\\\":%d}\"}"
-static int steady;
+static int steady, derived;
 static int turn;           /* of the run, 0 .. TURNS-1 */
 static char steady_b[1 << 16]; /* the body of this turn */
 
@@ -182,6 +184,12 @@ static int steady_body(const char *b, size_t blen, const char **out, size_t *ole
   memcpy(steady_b + n, at, blen - (size_t)(at - b));
   *out = steady_b;
   *olen = n + blen - (size_t)(at - b);
+  steady_b[*olen] = 0;
+  if (derived) { /* the first call's id, the run's own: same length, so the body's size stays */
+    char id[16];
+    snprintf(id, sizeof id, "c%010ld", run_seq % 10000000000L);
+    for (char *q = steady_b; (q = strstr(q, "call_000000")); q += 11) memcpy(q, id, 11);
+  }
   return 0;
 }
 
@@ -189,7 +197,12 @@ static int steady_body(const char *b, size_t blen, const char **out, size_t *ole
 static int one(ht_conn_t *c, const char *body, size_t blen, int stream) {
   char head[512];
   if (steady && steady_body(body, blen, &body, &blen)) return -1;
-  int hn = steady ? snprintf(head, sizeof head,
+  int hn = derived  ? snprintf(head, sizeof head,
+                               "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+                               "Content-Length: %zu\r\n\r\n",
+                               blen)
+           : steady ? snprintf(head, sizeof head,
                              "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                              "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
                              "X-Loopguard-Run: gwir-s%ld\r\nContent-Length: %zu\r\n\r\n",
@@ -234,9 +247,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--no-valgrind")) valgrind = 0;
     else if (!strcmp(argv[i], "--steady")) steady = 1;
+    else if (!strcmp(argv[i], "--derived")) steady = derived = 1;
     else {
       fprintf(stderr, "usage: gateway_ir [--requests N] [--out FILE] [--bin LOOPGUARD] "
-                      "[--only 8k|1k] [--steady] [--no-valgrind]\n");
+                      "[--only 8k|1k] [--steady] [--derived] [--no-valgrind]\n");
       return 2;
     }
   }
@@ -297,7 +311,7 @@ int main(int argc, char **argv) {
   int dumps = 0;
   printf("gateway: %s per request, %ld requests a body, one connection, %s\n",
          valgrind ? "instructions" : "server CPU", requests,
-         steady ? "agent loops of 10 requests (steady)" : "a new X-Loopguard-Run each");
+         derived ? "agent loops of 10 requests without X-Loopguard-Run (derived)" : steady ? "agent loops of 10 requests (steady)" : "a new X-Loopguard-Run each");
   for (int i = 0; i < 4; i++) {
     if (only && strcmp(only, bodies[i].name)) continue;
     for (int w = 0; w < 5; w++)
@@ -310,7 +324,7 @@ int main(int argc, char **argv) {
     if (!valgrind) {
       printf("{\"bench\":\"gateway_ir\",\"body\":\"%s\",\"mode\":\"%s\",\"stream\":%s,"
              "\"requests\":%ld,\"server_cpu_us_per_request\":%.1f}\n",
-             bodies[i].name, steady ? "steady" : "fresh", bodies[i].stream ? "true" : "false", requests, cpu * 1e6 / (double)requests);
+             bodies[i].name, derived ? "derived" : steady ? "steady" : "fresh", bodies[i].stream ? "true" : "false", requests, cpu * 1e6 / (double)requests);
       printf("gateway %s stream=%d: %.1f us of CPU per request (no valgrind)\n", bodies[i].name,
              bodies[i].stream, cpu * 1e6 / (double)requests);
       continue;
@@ -320,7 +334,7 @@ int main(int argc, char **argv) {
     if (!ir) fail("no totals in the callgrind dump");
     printf("{\"bench\":\"gateway_ir\",\"body\":\"%s\",\"mode\":\"%s\",\"stream\":%s,"
            "\"requests\":%ld,\"ir\":%llu,\"ir_per_request\":%.0f,\"dump\":\"%s.%d\"}\n",
-           bodies[i].name, steady ? "steady" : "fresh", bodies[i].stream ? "true" : "false", requests, ir,
+           bodies[i].name, derived ? "derived" : steady ? "steady" : "fresh", bodies[i].stream ? "true" : "false", requests, ir,
            (double)ir / (double)requests, out, dumps);
     printf("gateway %s stream=%d: %.0f instructions per request\n", bodies[i].name, bodies[i].stream,
            (double)ir / (double)requests);
