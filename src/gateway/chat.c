@@ -2089,8 +2089,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   if (!j->action && j->run_id[0]) j->action = "pass";
   /* this conversation as read, for the run's next request (found by its
    * header, else by its first bytes) */
-  if (c.lazy.arr) lg__gw_prefix_count(cx->gw, &c.lazy);
-  if (c.r && c.lazy.arr) lg__gw_prefix_keep(cx->gw, c.r, &c.lazy);
+  lg__gw_prefix_keep(cx->gw, c.r, &c.lazy);
   if (c.r) lg__gw_run_unlock(cx->gw, c.r);
   if (!j->answered && !c.streamed) lg__gw_answer(j);
   chat_free(&c);

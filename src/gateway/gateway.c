@@ -633,11 +633,14 @@ static void evict(lg__gw_t *gw, lg__gw_run_t *r) {
 
 /* ---- kept conversations (json_load.c's prefixes) ---- */
 
+/* Whether p is in the heads' table (long enough to be found by its start). */
+static int headed(const lg__json_prefix_t *p) { return p->len >= GW_PREFIX_HEAD; }
+
 /* r's prefix, taken out of it and of the heads' table. Under tmu. */
 static lg__json_prefix_t *prefix_detach(lg__gw_t *gw, lg__gw_run_t *r) {
   lg__json_prefix_t *p = r->prefix;
   if (!p) return NULL;
-  if (p->len >= GW_PREFIX_HEAD)
+  if (headed(p))
     for (lg__gw_run_t **pp = &gw->heads[r->head & (GW_BUCKETS - 1)]; *pp; pp = &(*pp)->hnext)
       if (*pp == r) {
         *pp = r->hnext;
@@ -653,7 +656,7 @@ static lg__json_prefix_t *prefix_detach(lg__gw_t *gw, lg__gw_run_t *r) {
 static void prefix_attach(lg__gw_t *gw, lg__gw_run_t *r, lg__json_prefix_t *p) {
   r->prefix = p;
   gw->prefix_bytes += lg__json_prefix_size(p);
-  if (p->len >= GW_PREFIX_HEAD) {
+  if (headed(p)) {
     r->head = lg__hash_bytes(p->text, GW_PREFIX_HEAD);
     lg__gw_run_t **b = &gw->heads[r->head & (GW_BUCKETS - 1)];
     r->hnext = *b; /* newest first */
@@ -702,12 +705,11 @@ struct lg__json_prefix *lg__gw_prefix_find(lg__gw_t *gw, const char *body, size_
   return p;
 }
 
-void lg__gw_prefix_count(lg__gw_t *gw, const lg__json_lazy_t *lz) {
+void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz) {
+  if (!lz->arr) return; /* the body was not read */
   atomic_fetch_add(&gw->msgs_read[0], lz->n - lz->reused);
   atomic_fetch_add(&gw->msgs_read[1], lz->reused);
-}
-
-void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz) {
+  if (!r) return;
   pthread_mutex_lock(&gw->tmu);
   size_t room = gw->prefix_max - gw->prefix_bytes; /* prefix_bytes never passes prefix_max */
   int skip = !r->seen || r->prefix; /* its first request, or another's kept */

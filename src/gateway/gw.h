@@ -217,18 +217,19 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
                              const lg__gw_policy_t *policy, lg_error_t *err);
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
 /* The conversation of run id's last request as read (the prefix of a
- * lazy read, json_load.c), taken out of the run: NULL when none. keep:
- * lz's kept as run r's, from the run's second request on (a run of one
- * request costs nothing) and within the bound on all runs' (the server's
- * LOOPGUARD_GATEWAY_PREFIX_BYTES, 16 MiB; 0 turns it off). */
+ * lazy read, json_load.c), taken out of the run: NULL when none. */
 struct lg__json_prefix *lg__gw_prefix_take(lg__gw_t *gw, const char *id);
 /* A request without a run's name: the kept conversation its body begins
  * with, found by the hash of its first 2 KiB and taken out of its run
  * (the run the body then names may be another: the same bytes read the
  * same). NULL when none. */
 struct lg__json_prefix *lg__gw_prefix_find(lg__gw_t *gw, const char *body, size_t n);
-/* Counts lz's elements, checked and reused, for the metrics. */
-void lg__gw_prefix_count(lg__gw_t *gw, const lg__json_lazy_t *lz);
+/* A request's conversation as read (lz; nothing when its body was not):
+ * its messages counted, checked and reused, for the metrics, and kept as
+ * run r's (r not NULL) for its next request, from the run's second request
+ * on (a run of one request costs nothing) and within the bound on all
+ * runs' (the server's LOOPGUARD_GATEWAY_PREFIX_BYTES, 16 MiB; 0 turns it
+ * off). */
 void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz);
 /* Remembers key -> r (the start of a conversation). */
 void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
