@@ -240,16 +240,16 @@ static void stream_free(void *cls) {
   job_unref(j);
 }
 
-/* Resumes the parked stream and wakes its event loop (server.h: every
- * resume is followed by a wake, or the connection waits for the loop's next
- * timeout, a second). */
-static void wake(lg__gw_job_t *j) {
-  if (j->s_waiting) {
-    j->s_waiting = 0;
-    lg__loop_t *l = lg__conn_loop(j->conn); /* before: once resumed, conn may go */
-    MHD_resume_connection(j->conn);
-    if (l) lg__loop_wake(l);
-  }
+/* Resumes the parked stream, under smu. Returns its event loop, to be
+ * woken once smu is released (server.h: every resume is followed by a
+ * wake, or the connection waits for the loop's next timeout, a second),
+ * or NULL when the stream was not parked. */
+static lg__loop_t *resume_stream(lg__gw_job_t *j) {
+  if (!j->s_waiting) return NULL;
+  j->s_waiting = 0;
+  lg__loop_t *l = lg__conn_loop(j->conn); /* before: once resumed, conn may go */
+  MHD_resume_connection(j->conn);
+  return l;
 }
 
 void lg__gw_stream_start(lg__gw_job_t *j) {
@@ -263,16 +263,20 @@ int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n) {
   if (atomic_load(&j->s_gone)) return -1;
   pthread_mutex_lock(&j->smu);
   int rc = lg__buf_append(&j->sbuf, p, n);
-  wake(j);
+  lg__loop_t *l = resume_stream(j);
   pthread_mutex_unlock(&j->smu);
+  if (l) lg__loop_wake(l);
   return rc ? -1 : 0;
 }
 
+/* From worker_main, which holds no lock then: the stream's end is sent
+ * from this thread when its loop is idle (lg__loop_serve). */
 void lg__gw_stream_end(lg__gw_job_t *j) {
   pthread_mutex_lock(&j->smu);
   j->s_end = 1;
-  wake(j);
+  lg__loop_t *l = resume_stream(j);
   pthread_mutex_unlock(&j->smu);
+  if (l) lg__loop_serve(l);
 }
 
 /* ---- the HTTP side ---- */
@@ -319,9 +323,17 @@ static void gw_finish(lg__req_t *rq) {
   job_unref(j); /* the HTTP side's */
 }
 
+/* Set while a worker of this gateway sends its answer itself
+ * (worker_main, lg__loop_serve): a request read then is queued without
+ * waking another worker, since this one takes the queue's next job as
+ * soon as it is done. Once: a second request wakes a worker as usual. */
+static _Thread_local lg__gw_t *tl_claim;
+
 static void gw_submit(lg__req_t *rq) {
   lg__gw_job_t *j = (lg__gw_job_t *)rq->job;
   lg__gw_t *gw = j->gw;
+  int claimed = tl_claim == gw;
+  if (claimed) tl_claim = NULL;
   j->conn = rq->conn;
   pthread_mutex_lock(&gw->qmu);
   int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
@@ -335,7 +347,7 @@ static void gw_submit(lg__req_t *rq) {
   pthread_mutex_unlock(&gw->qmu);
   /* After the unlock: a worker woken under the lock would wait at once for
    * the mutex, two more system calls and a switch a request. */
-  if (!full) pthread_cond_signal(&gw->qcv);
+  if (!full && !claimed) pthread_cond_signal(&gw->qcv);
   if (full) {
     lg__gw_error(j, 503, "server_error", "overloaded",
                  "loopguard gateway: too many requests waiting for an upstream; retry later");
@@ -507,8 +519,15 @@ static void *worker_main(void *arg) {
       lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
       lg__gw_answer(j);
     }
-    release(j); /* a whole answer goes now */
+    /* A whole answer goes now, or a stream's end: sent from this thread
+     * when the connection's loop is idle (lg__loop_serve), since the
+     * worker holds no lock here; a request read meanwhile is this
+     * worker's next job (tl_claim). */
+    j->job.may_serve = 1;
+    tl_claim = gw;
+    release(j);
     if (j->streaming) lg__gw_stream_end(j);
+    tl_claim = NULL;
     atomic_fetch_add(&gw->req[j->kind][j->upstream < GW_MAX_UP ? j->upstream : GW_MAX_UP - 1], 1);
     job_unref(j);
     pthread_mutex_lock(&gw->qmu);

@@ -554,12 +554,17 @@ static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const
   return MHD_YES;
 }
 
-/* Called by the committer: the connection may go on. */
+/* Called by the committer (or a gateway worker): the connection may go on.
+ * Nothing of j or c is read once c is resumed: a thread running the loop
+ * (its own, or a gateway worker in lg__loop_serve) may answer it and free
+ * the job at once. */
 static void job_done(lg__job_t *j) {
   struct MHD_Connection *c = j->owner;
-  lg__loop_t *l = lg__conn_loop(c); /* before: once resumed, c may go */
+  lg__loop_t *l = lg__conn_loop(c);
+  int serve = j->may_serve;
   MHD_resume_connection(c);
-  if (l) lg__loop_wake(l);
+  if (serve) lg__loop_serve(l);
+  else if (l) lg__loop_wake(l);
 }
 
 /* ---- answering ---- */

@@ -431,6 +431,39 @@ void lg__loop_wake(lg__loop_t *l) {
   (void)w; /* a full counter is a pending wake-up already */
 }
 
+/* One turn of the loop's daemon, under run_mu: what it has to do now is
+ * done. Returns how long it may wait before its next turn (ms; 0: more to
+ * do at once). */
+static int run_daemon(lg__loop_t *l) {
+  MHD_run(l->mhd);
+  MHD_UNSIGNED_LONG_LONG to = 0;
+  int ms = 1000;
+  if (MHD_get_timeout(l->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
+  return ms;
+}
+
+void lg__loop_serve(lg__loop_t *l) {
+  if (!l) return;
+  /* The loop's thread holds run_mu while it runs the daemon, and may have
+   * passed this connection's resume already: then it is woken, as always.
+   * Otherwise it sleeps in epoll_wait and the daemon is ours for a turn;
+   * it needs no wake-up unless more is left to do at once (a connection
+   * that becomes readable or writable later wakes its epoll descriptor).
+   * An answered keep-alive connection counts as readable until a read
+   * finds nothing, so a few turns are taken here, as the loop would; what
+   * is still left after them (a pipelined request read, not yet answered:
+   * its readiness was taken from the epoll descriptor already) is the
+   * loop's, woken for it. */
+  if (l->efd >= 0 && l->run_mu_ok && !pthread_mutex_trylock(&l->run_mu)) {
+    int ms = 0;
+    for (int turn = 0; turn < 4 && !ms && !atomic_load(&l->srv->loop_stop) && l->mhd; turn++)
+      ms = run_daemon(l);
+    pthread_mutex_unlock(&l->run_mu);
+    if (ms > 0) return;
+  }
+  lg__loop_wake(l);
+}
+
 static void *loop_main(void *arg) {
   lg__loop_t *l = arg;
   lg_server_t *srv = l->srv;
@@ -442,11 +475,10 @@ static void *loop_main(void *arg) {
   ev.data.u32 = 2;
   if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, l->efd, &ev);
   while (!atomic_load(&srv->loop_stop)) {
+    pthread_mutex_lock(&l->run_mu);
     lg__loop_add_queued(l);
-    MHD_run(l->mhd);
-    MHD_UNSIGNED_LONG_LONG to = 0;
-    int ms = 1000;
-    if (MHD_get_timeout(l->mhd, &to) == MHD_YES) ms = to < 1000 ? (int)to : 1000;
+    int ms = run_daemon(l);
+    pthread_mutex_unlock(&l->run_mu);
     /* More to do at once (a request read in several steps): MHD again,
      * not a wait that would return at once (two system calls a turn). A
      * wake-up left unread makes the next wait return, which reads it. */
@@ -667,6 +699,7 @@ static int start_daemons(lg_server_t *srv, lg_error_t *err) {
     l->srv = srv;
     l->efd = -1;
     l->q_mu_ok = !pthread_mutex_init(&l->q_mu, NULL);
+    l->run_mu_ok = !pthread_mutex_init(&l->run_mu, NULL);
     srv->nloops = i + 1;
     if (srv->epoll_loop && (l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
       return lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
@@ -831,6 +864,8 @@ static void stop_loops(lg_server_t *srv) {
     l->efd = -1;
     if (l->q_mu_ok) pthread_mutex_destroy(&l->q_mu);
     l->q_mu_ok = 0;
+    if (l->run_mu_ok) pthread_mutex_destroy(&l->run_mu);
+    l->run_mu_ok = 0;
   }
   pthread_mutex_lock(&srv->conn_mu);
   while (srv->conns) {

@@ -348,6 +348,9 @@ typedef struct lg__loop {
   pthread_mutex_t q_mu;       /* guards queue */
   int q_mu_ok;                /* q_mu initialised */
   lg__conn_t *queue;          /* handed over, not yet added (epoll mode) */
+  pthread_mutex_t run_mu;     /* held by the thread that runs the daemon now
+                                 (loop_main, or lg__loop_serve) */
+  int run_mu_ok;              /* run_mu initialised */
 } lg__loop_t;
 
 typedef struct lg__acceptor lg__acceptor_t; /* accept.c */
@@ -531,6 +534,13 @@ int lg__screen_answer(const lg__screen_t *s, lg__buf_t *out);
  * served at once. Must be read before resuming (lg__conn_loop). */
 lg__loop_t *lg__conn_loop(struct MHD_Connection *c);
 void lg__loop_wake(lg__loop_t *l);
+/* The same, but when no other thread runs the loop's daemon at this moment
+ * the caller runs it itself, so the resumed connection's answer leaves
+ * from this thread at once instead of after the loop's thread wakes (a
+ * wake-up across cores costs tens of microseconds on a VM). Only from a
+ * thread that holds no lock a request handler may take (a gateway worker
+ * between jobs): the handlers of other connections may run in it. */
+void lg__loop_serve(lg__loop_t *l);
 
 /* Sets the phase of connection c (from the libmicrohttpd threads). */
 void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);

@@ -32,6 +32,9 @@ typedef struct lg__job {
   void (*done)(struct lg__job *j); /* called by the committer once the
                                  batch is committed (or failed) */
   void *owner;                /* for done(): the connection to resume */
+  int may_serve;              /* set by done()'s caller: it holds no lock a
+                                 request handler takes, so done() may serve
+                                 the connection on it (lg__loop_serve) */
   struct lg__job *next;       /* queue link */
 } lg__job_t;
 

@@ -22,6 +22,15 @@
  * be released all the same (it leaked before; now the decision is counted
  * and freed when its connection closes).
  *
+ * And the gateway (test_gateway_mixed): gateway workers send their own
+ * answers when the connection's loop is idle (lg__loop_serve, server.c),
+ * so the daemon is run by whichever thread gets to it first and the
+ * handlers of other connections run on a worker. 64 connections mix
+ * whole answers, streams and sidecar calls on one daemon, against the
+ * benchmark's fake upstream (gw_bench_upstream); a wake-up lost between
+ * those threads is a second of silence, as above, and every stream must
+ * reach its [DONE].
+ *
  * And a shutdown whose drain times out while a decision waits for the
  * store (another connection holds SQLite's write lock): the server must
  * decide it before stopping the HTTP daemon, which aborts the process
@@ -35,6 +44,8 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <sqlite3.h>
 #include <time.h>
 
@@ -48,8 +59,9 @@ typedef struct agent {
   int fd;
   char run[32];
   int step;          /* calls made on this run */
-  int awaiting;      /* 1 call, 2 result */
-  char in[8192];     /* the answer being read */
+  int awaiting;      /* 1 call, 2 result, 3 a gateway answer */
+  int gateway;       /* 0: sidecar calls; 1: whole gateway answers; 2: streams */
+  char in[16384];    /* the answer being read */
   size_t have;
 } agent_t;
 
@@ -91,22 +103,45 @@ static void next_result(agent_t *a) {
   send_req(a, path, body);
 }
 
+/* A gateway request on a run of its own (the fake upstream asks for a
+ * tool call every time: the gateway executes it). */
+static void next_chat(agent_t *a) {
+  char req[1024];
+  const char *body = a->gateway == 2
+                         ? "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}"
+                         : "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}";
+  int n = snprintf(req, sizeof req,
+                   "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                   "application/json\r\nAuthorization: Bearer sk-test\r\nX-Loopguard-Run: %s-%d\r\n"
+                   "Content-Length: %zu\r\n\r\n%s",
+                   a->run, a->step++, strlen(body), body);
+  a->awaiting = 3;
+  a->have = 0;
+  if (ht_send_all(a->fd, req, (size_t)n)) fail_msg("%s: the connection was lost sending", a->run);
+}
+
 /* A whole answer in a->in: its status, else 0 while more is to come. */
 static int answer_in(agent_t *a) {
   a->in[a->have] = 0;
   const char *end = strstr(a->in, "\r\n\r\n");
   if (!end) return 0;
-  const char *cl = ht_find(a->in, "\r\nContent-Length:");
-  size_t len = cl ? strtoul(cl + 17, NULL, 10) : 0;
-  if ((size_t)(end + 4 - a->in) + len > a->have) return 0;
+  if (ht_find(a->in, "\r\nTransfer-Encoding: chunked")) { /* a stream: to its last chunk */
+    if (a->have < 5 || memcmp(a->in + a->have - 5, "0\r\n\r\n", 5)) return 0;
+    if (!strstr(end, "data: [DONE]")) fail_msg("%s: a stream ended without [DONE]: %s", a->run, end);
+  } else {
+    const char *cl = ht_find(a->in, "\r\nContent-Length:");
+    size_t len = cl ? strtoul(cl + 17, NULL, 10) : 0;
+    if ((size_t)(end + 4 - a->in) + len > a->have) return 0;
+  }
   int status = 0;
   if (sscanf(a->in, "HTTP/1.%*d %d", &status) != 1) fail_msg("%s: not HTTP: %.80s", a->run, a->in);
   if (status != 200) fail_msg("%s: answered %d: %s", a->run, status, end + 4);
   return status;
 }
 
-/* A server on url, on a free loopback port, logging into TMP. */
-static lg_server_t *start_server(const char *url) {
+/* A server on url, on a free loopback port, logging into TMP; its
+ * gateway's upstream at upstream (NULL: none). */
+static lg_server_t *start_server_up(const char *url, const char *upstream) {
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
   char log[300];
@@ -114,6 +149,8 @@ static lg_server_t *start_server(const char *url) {
   o.listen = "127.0.0.1:0";
   o.store_url = url;
   o.log_path = log;
+  o.upstreams = &upstream;
+  o.nupstreams = upstream != NULL;
   lg_error_t err;
   memset(&err, 0, sizeof err);
   lg_server_t *s = lg_server_start(&o, &err);
@@ -121,17 +158,25 @@ static lg_server_t *start_server(const char *url) {
   return s;
 }
 
-static void run_load(const char *url, double seconds) {
-  lg_server_t *s = start_server(url);
+static lg_server_t *start_server(const char *url) { return start_server_up(url, NULL); }
+
+/* conns connections; with an upstream, connection i speaks to the gateway
+ * when i % 4 is 1 (whole answers) or 2 (streams), else to the sidecar. */
+static void run_load_up(const char *url, const char *upstream, int conns, double seconds) {
+  lg_server_t *s = start_server_up(url, upstream);
   int port = lg_server_port(s);
 
   /* The runs, one per connection, with no step cap. */
   ht_conn_t c;
   ht_open(&c, port);
-  for (int i = 0; i < CONNS; i++) {
+  for (int i = 0; i < conns; i++) {
     agent_t *a = &A[i];
     memset(a, 0, sizeof *a);
     snprintf(a->run, sizeof a->run, "live-%d", i);
+    if (upstream && (i % 4 == 1 || i % 4 == 2)) {
+      a->gateway = i % 4;
+      continue;
+    }
     char body[256];
     snprintf(body, sizeof body,
              "{\"run_id\":\"%s\",\"policy\":{\"limits\":{\"max_steps\":null,\"max_wall_ms\":null}}}",
@@ -144,26 +189,28 @@ static void run_load(const char *url, double seconds) {
   ht_close(&c);
 
   struct pollfd pfd[CONNS];
-  for (int i = 0; i < CONNS; i++) {
+  for (int i = 0; i < conns; i++) {
     A[i].fd = ht_dial(port);
     assert_true(A[i].fd >= 0);
     pfd[i].fd = A[i].fd;
     pfd[i].events = POLLIN;
-    next_call(&A[i]);
+    if (A[i].gateway) next_chat(&A[i]);
+    else next_call(&A[i]);
   }
   double t0 = now_ms(), last = t0, worst = 0;
   long answers = 0;
+  long gw_answers = 0;
   while (now_ms() - t0 < seconds * 1000) {
-    int n = poll(pfd, CONNS, 100);
+    int n = poll(pfd, (nfds_t)conns, 100);
     double t = now_ms();
     if (n <= 0) {
       if (t - last > SILENCE_MS)
         fail_msg("the server answered nothing for %.0f ms with %d requests waiting (%ld answers "
                  "before)",
-                 t - last, CONNS, answers);
+                 t - last, conns, answers);
       continue;
     }
-    for (int i = 0; i < CONNS; i++) {
+    for (int i = 0; i < conns; i++) {
       if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       agent_t *a = &A[i];
       ssize_t got = recv(a->fd, a->in + a->have, sizeof a->in - 1 - a->have, 0);
@@ -173,19 +220,29 @@ static void run_load(const char *url, double seconds) {
       if (t - last > worst) worst = t - last;
       last = t;
       answers++;
+      if (a->gateway) {
+        if (!strstr(a->in, "call_bench")) fail_msg("%s: the upstream's call is not in: %s", a->run, a->in);
+        gw_answers++;
+        next_chat(a);
+        continue;
+      }
       int executed = strstr(a->in, "\"action\":\"execute\"") != NULL;
       if (a->awaiting == 1 && executed) next_result(a);
       else next_call(a);
     }
     if (t - last > SILENCE_MS)
-      fail_msg("the server answered nothing for %.0f ms with %d requests waiting", t - last, CONNS);
+      fail_msg("the server answered nothing for %.0f ms with %d requests waiting", t - last, conns);
   }
-  print_message("%s: %ld answers in %.1f s over %d connections; longest silence %.1f ms\n", url,
-                answers, seconds, CONNS, worst);
-  assert_true(answers > CONNS);
-  for (int i = 0; i < CONNS; i++) close(A[i].fd);
+  print_message("%s: %ld answers (%ld of the gateway) in %.1f s over %d connections; longest "
+                "silence %.1f ms\n",
+                url, answers, gw_answers, seconds, conns, worst);
+  assert_true(answers > conns);
+  if (upstream) assert_true(gw_answers > conns / 2);
+  for (int i = 0; i < conns; i++) close(A[i].fd);
   lg_server_free(s);
 }
+
+static void run_load(const char *url, double seconds) { run_load_up(url, NULL, CONNS, seconds); }
 
 static double seconds(void) {
   const char *e = getenv("LG_LIVENESS_SECONDS");
@@ -202,6 +259,112 @@ static void test_sqlite(void **state) {
   char url[400];
   snprintf(url, sizeof url, "sqlite:%s/live.db", TMP);
   run_load(url, seconds());
+}
+
+/* How many whole answers (with a Content-Length) buf begins with. */
+static int whole_answers(const char *buf, size_t n) {
+  int k = 0;
+  size_t at = 0;
+  for (;;) {
+    const char *end = ht_find(buf + at, "\r\n\r\n");
+    if (!end) return k;
+    const char *cl = ht_find(buf + at, "\r\nContent-Length:");
+    if (!cl || cl > end) return k;
+    size_t stop = (size_t)(end + 4 - buf) + strtoul(cl + 17, NULL, 10);
+    if (stop > n) return k;
+    k++;
+    at = stop;
+  }
+}
+
+/* Two gateway requests sent at once on a quiet connection (pipelined): the
+ * second is read while the first answer is sent, perhaps by a worker
+ * serving the loop itself, and must be answered without waiting for the
+ * loop's timeout (a second): that wait is a wake-up lost. */
+static void pipelined(int port) {
+  const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}";
+  int fd = ht_dial(port);
+  assert_true(fd >= 0);
+  double worst = 0;
+  for (int i = 0; i < 20; i++) {
+    char req[1600];
+    int n = 0;
+    for (int k = 0; k < 2; k++)
+      n += snprintf(req + n, sizeof req - (size_t)n,
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                    "application/json\r\nX-Loopguard-Run: pipe-%d-%d\r\nContent-Length: %zu\r\n\r\n%s",
+                    i, k, strlen(body), body);
+    double t0 = now_ms();
+    assert_int_equal(ht_send_all(fd, req, (size_t)n), 0);
+    static char in[16384];
+    size_t have = 0;
+    while (whole_answers(in, have) < 2) {
+      struct pollfd p = {fd, POLLIN, 0};
+      if (poll(&p, 1, 5000) <= 0) fail_msg("pipelined pair %d: no answer in 5 s", i);
+      ssize_t got = recv(fd, in + have, sizeof in - 1 - have, 0);
+      if (got <= 0) fail_msg("pipelined pair %d: the connection was lost", i);
+      have += (size_t)got;
+      in[have] = 0;
+    }
+    double t = now_ms() - t0;
+    if (t > worst) worst = t;
+    if (!strstr(in, "call_bench") || strncmp(in, "HTTP/1.1 200", 12))
+      fail_msg("pipelined pair %d: %.200s", i, in);
+    if (t > 500) fail_msg("pipelined pair %d took %.0f ms: a wake-up was lost", i, t);
+  }
+  print_message("pipelined: 20 pairs, the slowest in %.1f ms\n", worst);
+  close(fd);
+}
+
+/* The benchmark's fake upstream (bench/gateway/upstream.c), started by
+ * the test and stopped by its teardown, also when the test fails. Its
+ * output goes nowhere: a child that holds the test's stdout would keep
+ * ctest waiting after the test is gone. */
+static pid_t up = -1;
+
+static int stop_upstream(void **state) {
+  (void)state;
+  if (up > 0) {
+    kill(up, SIGTERM);
+    waitpid(up, NULL, 0);
+  }
+  up = -1;
+  return 0;
+}
+
+static void test_gateway_mixed(void **state) {
+  (void)state;
+  char portfile[300];
+  snprintf(portfile, sizeof portfile, "%s/up.port", TMP);
+  unlink(portfile);
+  up = fork();
+  assert_true(up >= 0);
+  if (up == 0) {
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, 1);
+      dup2(null, 2);
+    }
+    execl(LG_UPSTREAM_PATH, LG_UPSTREAM_PATH, portfile, (char *)NULL);
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 200 && !port; i++) {
+    FILE *f = fopen(portfile, "r");
+    if (!f || fscanf(f, "%d", &port) != 1) port = 0;
+    if (f) fclose(f);
+    if (!port) {
+      struct timespec nap = {0, 20 * 1000000L};
+      nanosleep(&nap, NULL);
+    }
+  }
+  if (!port) fail_msg("the fake upstream %s did not start", LG_UPSTREAM_PATH);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", port);
+  run_load_up("memory:", url, 64, seconds());
+  lg_server_t *srv = start_server_up("memory:", url);
+  pipelined(lg_server_port(srv));
+  lg_server_free(srv);
 }
 
 typedef struct locker {
@@ -275,6 +438,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_memory),
       cmocka_unit_test(test_sqlite),
+      cmocka_unit_test_teardown(test_gateway_mixed, stop_upstream),
       cmocka_unit_test(test_shutdown_while_parked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
