@@ -18,6 +18,11 @@
  * execute, a stream up to its [DONE]), else the figure would measure an
  * error path: exit 1.
  *
+ * --key: every request with a loopguard key whose limit never refuses
+ * (the server gets --prices; the key is made through POST /v1/keys), as
+ * bench/gateway/keys.sh times it: the key read, the worst case reserved
+ * against its budget, max_tokens filled in, the usage settled.
+ *
  * --steady measures agent.lua's steady mode instead (8 KB bodies): runs
  * of TURNS (10) requests, each the conversation so far plus the call the
  * previous answer asked for and its result, so the gateway reads one new
@@ -29,7 +34,7 @@
  * 1k true) for callgrind_annotate.
  *
  * Usage: gateway_ir [--requests N] [--out FILE] [--bin LOOPGUARD]
- *                   [--only 8k|1k] [--steady] [--derived] [--no-valgrind]
+ *                   [--only 8k|1k] [--steady] [--derived] [--key] [--no-valgrind]
  * Defaults: 200 requests a body, FILE = ./callgrind.gateway.out, LOOPGUARD
  * = this build's binary (--bin: another build's, for an A/B).
  * --no-valgrind prints the server's CPU time per request instead (/proc).
@@ -167,6 +172,7 @@ static long run_seq; /* X-Loopguard-Run: gwir-N, a new run each request */
   "\\\"value\\\":\\\"A\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_s%06d\",\"content\":"  \
   "\"{\\\"ok\\\":true,\\\"record_id\\\":%d}\"}"
 static int steady, derived;
+static char auth[128] = "sk-bench"; /* the client's key (--key: a loopguard key) */
 static int turn;           /* of the run, 0 .. TURNS-1 */
 static char steady_b[1 << 16]; /* the body of this turn */
 
@@ -199,19 +205,19 @@ static int one(ht_conn_t *c, const char *body, size_t blen, int stream) {
   if (steady && steady_body(body, blen, &body, &blen)) return -1;
   int hn = derived  ? snprintf(head, sizeof head,
                                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                               "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+                               "Content-Type: application/json\r\nAuthorization: Bearer %s\r\n"
                                "Content-Length: %zu\r\n\r\n",
-                               blen)
+                               auth, blen)
            : steady ? snprintf(head, sizeof head,
                              "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                             "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+                             "Content-Type: application/json\r\nAuthorization: Bearer %s\r\n"
                              "X-Loopguard-Run: gwir-s%ld\r\nContent-Length: %zu\r\n\r\n",
-                             run_seq, blen)
+                             auth, run_seq, blen)
                   : snprintf(head, sizeof head,
                              "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                             "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+                             "Content-Type: application/json\r\nAuthorization: Bearer %s\r\n"
                              "X-Loopguard-Run: gwir-%ld\r\nContent-Length: %zu\r\n\r\n",
-                             ++run_seq, blen);
+                             auth, ++run_seq, blen);
   if (ht_send_all(c->fd, head, (size_t)hn) || ht_send_all(c->fd, body, blen)) return -1;
   int status = 0;
   char ah[8192];
@@ -238,7 +244,7 @@ static unsigned long long dump_total(const char *out, int k) {
 
 int main(int argc, char **argv) {
   long requests = 200;
-  int valgrind = 1;
+  int valgrind = 1, key = 0;
   const char *out = "callgrind.gateway.out", *only = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--requests") && i + 1 < argc) requests = atol(argv[++i]);
@@ -248,9 +254,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--no-valgrind")) valgrind = 0;
     else if (!strcmp(argv[i], "--steady")) steady = 1;
     else if (!strcmp(argv[i], "--derived")) steady = derived = 1;
+    else if (!strcmp(argv[i], "--key")) key = 1;
     else {
       fprintf(stderr, "usage: gateway_ir [--requests N] [--out FILE] [--bin LOOPGUARD] "
-                      "[--only 8k|1k] [--steady] [--derived] [--no-valgrind]\n");
+                      "[--only 8k|1k] [--steady] [--derived] [--key] [--no-valgrind]\n");
       return 2;
     }
   }
@@ -296,22 +303,41 @@ int main(int argc, char **argv) {
   }
   if (!up_port) fail("the fake upstream did not start");
 
-  char cmd[6000];
+  char cmd[6000], prices[600] = "";
+  if (key) { /* keys.sh's price table: the benchmark's model */
+    char path[450];
+    snprintf(path, sizeof path, "%s/prices.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs("{\"models\":{\"bench\":{\"input_usd_per_mtok\":1,\"output_usd_per_mtok\":2,"
+                    "\"max_output_tokens\":1000}}}\n", f) < 0 || fclose(f))
+      fail("cannot write the price table");
+    snprintf(prices, sizeof prices, " --prices '%s'", path);
+  }
   snprintf(cmd, sizeof cmd,
-           "exec %s%s%s%s '%s' serve --listen 127.0.0.1:0 --store memory: "
+           "exec %s%s%s '%s' serve --listen 127.0.0.1:0 --store memory:%s "
            "--upstream http://127.0.0.1:%d/v1 --log /dev/null",
            valgrind ? "valgrind --tool=callgrind --callgrind-out-file='" : "", valgrind ? absout : "",
-           valgrind ? "' 2>/dev/null" : "", "", bin, up_port);
+           valgrind ? "' 2>/dev/null" : "", bin, prices, up_port);
   server_t sv = serve_spawn(cmd);
   lg_pid = sv.pid;
 
   ht_conn_t c;
   ht_open(&c, sv.port);
   if (c.fd < 0) fail("connect");
+  if (key) {
+    ht_resp_t r;
+    const char *k = NULL;
+    if (ht_req(&c, "POST", "/v1/keys", NULL, "{\"name\":\"bench\",\"limit_usd\":1000000}", &r) ||
+        r.status != 201 || !(k = ht_find(r.body, "\"key\":\"")))
+      fail("POST /v1/keys did not make a key");
+    snprintf(auth, sizeof auth, "%.*s", (int)strcspn(k + 7, "\""), k + 7);
+    ht_resp_clear(&r);
+  }
   int dumps = 0;
-  printf("gateway: %s per request, %ld requests a body, one connection, %s\n",
+  printf("gateway: %s per request, %ld requests a body, one connection, %s%s\n",
          valgrind ? "instructions" : "server CPU", requests,
-         derived ? "agent loops of 10 requests without X-Loopguard-Run (derived)" : steady ? "agent loops of 10 requests (steady)" : "a new X-Loopguard-Run each");
+         derived ? "agent loops of 10 requests without X-Loopguard-Run (derived)" : steady ? "agent loops of 10 requests (steady)" : "a new X-Loopguard-Run each",
+         key ? ", with a loopguard key" : "");
   for (int i = 0; i < 4; i++) {
     if (only && strcmp(only, bodies[i].name)) continue;
     for (int w = 0; w < 5; w++)

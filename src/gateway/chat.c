@@ -819,9 +819,10 @@ static int steered(chat_t *c, json_t *m) {
 
 /* Whether build_body would give the client's body back as it is: nothing
  * restored, no steer message, no cascade, the client's model, no re-ask,
- * the usage chunk already asked for, nothing filled in by a key. Then the
- * client's bytes are what the upstream gets (no parse-and-dump round
- * trip, which also rewrites numbers, escapes and white space). */
+ * the usage chunk already asked for, nothing changed in the top object but
+ * a key's max_tokens. Then the client's bytes are what the upstream gets
+ * (client_bytes: no parse-and-dump round trip, which also rewrites
+ * numbers, escapes and white space). */
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
@@ -829,7 +830,9 @@ static int body_unchanged(chat_t *c) {
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
   if (model && (!asked || strcmp(model, asked))) return 0;
-  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage) return 0;
+  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage &&
+      json_object_get(c->root, "stream_options")) /* absent: client_bytes asks for the usage */
+    return 0;
   if (json_is_array(json_object_get(c->root, "tools"))) {
     unsigned offer = c->estimate ? r->policy->offer : r->offer;
     if (offer || (!c->estimate && r->hide_left > 0 && r->hide_tool)) return 0;
@@ -839,18 +842,48 @@ static int body_unchanged(chat_t *c) {
   return 1;
 }
 
+/* The client's bytes, with what build_body would add to the top object
+ * and the client's body has none of written first in it ("{" then the
+ * members, a comma, and the rest of the object): the member keys.c added
+ * (c->root_added, an integer max_tokens), and a stream's request for the
+ * usage chunk (which settles its cost) when the client sent no
+ * stream_options. A key's request or a stream then costs no parse and dump
+ * of the whole conversation. NULL when out of memory. */
+static char *client_bytes(chat_t *c, size_t *len) {
+  const char *b = c->j->body;
+  size_t n = c->j->body_len, at = 0;
+  char head[160] = "";
+  int hl = 0;
+  if (c->root_added)
+    hl = snprintf(head, sizeof head, "\"%s\":%lld,", c->root_added,
+                  (long long)json_integer_value(json_object_get(c->root, c->root_added)));
+  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage && !c->final_round)
+    hl += snprintf(head + hl, sizeof head - (size_t)hl, "\"stream_options\":{\"include_usage\":true},");
+  if (hl) {
+    while (at < n && b[at] != '{') at++; /* the top object (the body was read as one) */
+    at++;
+    size_t k = at;
+    while (k < n && (b[k] == ' ' || b[k] == '\t' || b[k] == '\r' || b[k] == '\n')) k++;
+    if (k < n && b[k] == '}') head[--hl] = 0; /* an empty object: no comma */
+  }
+  char *t = lg__malloc(n + (size_t)hl + 1);
+  if (!t) return NULL;
+  memcpy(t, b, at);
+  memcpy(t + at, head, (size_t)hl);
+  memcpy(t + at + hl, b + at, n - at);
+  *len = n + (size_t)hl;
+  t[*len] = 0;
+  return t;
+}
+
 /* The upstream body as text: *len its length; *raw (may be NULL) set when
- * it is the client's bytes. NULL when out of memory. */
+ * it is the client's bytes (with a key's max_tokens, client_bytes). NULL
+ * when out of memory. */
 static char *body_text(chat_t *c, size_t *len, int *raw) {
   if (raw) *raw = 0;
   if (body_unchanged(c)) {
-    char *t = lg__malloc(c->j->body_len + 1);
-    if (t) {
-      memcpy(t, c->j->body, c->j->body_len);
-      t[c->j->body_len] = 0;
-      *len = c->j->body_len;
-      if (raw) *raw = 1;
-    }
+    char *t = client_bytes(c, len);
+    if (t && raw) *raw = 1;
     return t;
   }
   json_t *body = build_body(c);
@@ -2029,11 +2062,16 @@ static int feed_new(chat_t *c) {
   return 0;
 }
 
-/* The key's checks (keys.c); a max_tokens it filled in changes the body. */
+/* The key's checks (keys.c); a max_tokens it filled in is written in
+ * front of the client's bytes (body_text), or changes the body. */
 static int keys_model(chat_t *c) {
   size_t members = json_object_size(c->root);
-  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len);
-  if (json_object_size(c->root) != members) c->root_changed = 1;
+  const char *added = NULL;
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len, &added);
+  if (added && !c->root_added && json_object_size(c->root) == members + 1)
+    c->root_added = added;
+  else if (json_object_size(c->root) != members)
+    c->root_changed = 1;
   return rc;
 }
 

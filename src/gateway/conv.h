@@ -58,7 +58,9 @@ typedef struct chat {
   char *esc_model;            /* this model call's cascade.escalate model, or NULL */
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
-  int root_changed;           /* root is no longer the client's body (keys.c filled in max_tokens) */
+  int root_changed;           /* root is no longer the client's body */
+  const char *root_added;     /* a member keys.c added to root (max_tokens), else NULL: sent as
+                                 the client's bytes with it written in front (body_text) */
   size_t body_reals;          /* the real numbers of the client's body */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg__step_t use;             /* the answer's usage, decided with the step(s) */

@@ -333,8 +333,9 @@ static void refuse(lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd, in
 }
 
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
-                      size_t ui, size_t body_len) {
+                      size_t ui, size_t body_len, const char **added) {
   lg__gw_job_t *j = cx->j;
+  *added = NULL;
   if (!j->key) return 0;
   const char *asked = json_string_value(json_object_get(root, "model"));
   if (!model_allowed(j->key, asked) && !model_allowed(j->key, model)) {
@@ -377,7 +378,8 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
   }
   /* The bound the reservation priced goes upstream, so that the answer
    * cannot be longer than what was reserved. */
-  if (!done && asked_max < 0 && want >= 0) json_object_set_new(root, field, json_integer(want));
+  if (!done && asked_max < 0 && want >= 0 && !json_object_set_new(root, field, json_integer(want)))
+    *added = field;
   lg_prices_free(p);
   return done;
 }

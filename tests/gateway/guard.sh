@@ -165,8 +165,16 @@ for api in chat/completions messages responses; do
   worst=$(curl -sf "$g_URL/v1/runs/raw-${api%%/*}/trace" | grep '"type":"model"' | get 'd["input_tokens"]')
   [ "$worst" -ge "$(wc -c <"$f")" ] || fail "unchanged body ($api): a worst case of $worst for $(wc -c <"$f") bytes"
 done
+# A stream without stream_options: the usage chunk (which settles the cost)
+# asked for in front of the client's bytes, the rest as they came.
 got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)
-[ "$got" != "$(cat "$TMP/raw-stream.json")" ] || fail "a stream without include_usage reached the upstream unchanged"
+raw=$(cat "$TMP/raw-stream.json")
+[ "$got" = "{\"stream_options\":{\"include_usage\":true},${raw#\{}" ] ||
+  fail "a stream without stream_options: the upstream got $got"
+# With stream_options that do not ask for it: the body is rewritten.
+printf '{ "model": "finish", "stream": true, "stream_options": {},\n  "messages": [ {"role": "user", "content": "caf\\u00e9"} ] }' >"$TMP/raw-stream2.json"
+got=$(sent_raw chat/completions "$TMP/raw-stream2.json" raw-stream2)
+[ "$got" != "$(cat "$TMP/raw-stream2.json")" ] || fail "a stream without include_usage reached the upstream unchanged"
 [ "$(echo "$got" | get 'd["stream_options"]["include_usage"], d["messages"][0]["content"]')" = '[true, "caf\u00e9"]' ] ||
   fail "a stream without include_usage: the upstream got $got"
 

@@ -107,6 +107,14 @@ b=$(chat "$K1" "{\"model\":\"finish\",$MSG}")
 up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
 [ "$(echo "$up" | get 'd.get("max_tokens")')" = 50 ] || fail "max_tokens upstream: $up"
 curl -s "$FAKE/stats" | grep -q "$K1" && fail "the lgk- secret reached the upstream"
+# The client's bytes go upstream as they came, the key's max_tokens written
+# first in the top object: no parse and dump of the conversation, which
+# would rewrite 0.7 as 0.69999999999999996 and drop the white space.
+raw='{ "model": "finish",  "temperature": 0.7, "messages": [ {"role": "user", "content": "caf\u00e9"} ] }'
+b=$(chat "$K1" "$raw")
+[ "$(st)" = 200 ] || fail "a key's request with white space: $(st) $b"
+up=$(curl -s "$FAKE/stats" | get 'd["raw"][-1]')
+[ "$up" = "{\"max_tokens\":50,${raw#\{}" ] || fail "the upstream did not get the client's bytes and max_tokens: $up"
 s=$(spent "$H1")
 [ "$(python3 -c "print(float('$s') > 0)")" = True ] || fail "no spend on the key: $s"
 self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
