@@ -817,12 +817,18 @@ static int steered(chat_t *c, json_t *m) {
   return 0;
 }
 
-/* Whether build_body would give the client's body back as it is: nothing
- * restored, no steer message, no cascade, the client's model, no re-ask,
- * the usage chunk already asked for, nothing changed in the top object but
- * a key's max_tokens. Then the client's bytes are what the upstream gets
- * (client_bytes: no parse-and-dump round trip, which also rewrites
- * numbers, escapes and white space). */
+/* An OpenAI stream whose client did not ask for the usage chunk: the
+ * gateway asks for it (its usage settles the call's cost). */
+static int usage_unasked(const chat_t *c) {
+  return c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage;
+}
+
+/* Whether build_body would give the client's body back as it is, but for
+ * members it adds in front (client_bytes): nothing restored, no steer
+ * message, no cascade, the client's model, no re-ask, no stream_options
+ * to change, nothing changed in the top object but a key's max_tokens.
+ * Then the client's bytes are what the upstream gets (no parse-and-dump
+ * round trip, which also rewrites numbers, escapes and white space). */
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
@@ -830,9 +836,7 @@ static int body_unchanged(chat_t *c) {
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
   if (model && (!asked || strcmp(model, asked))) return 0;
-  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage &&
-      json_object_get(c->root, "stream_options")) /* absent: client_bytes asks for the usage */
-    return 0;
+  if (usage_unasked(c) && json_object_get(c->root, "stream_options")) return 0;
   if (json_is_array(json_object_get(c->root, "tools"))) {
     unsigned offer = c->estimate ? r->policy->offer : r->offer;
     if (offer || (!c->estimate && r->hide_left > 0 && r->hide_tool)) return 0;
@@ -857,7 +861,7 @@ static char *client_bytes(chat_t *c, size_t *len) {
   if (c->root_added)
     hl = snprintf(head, sizeof head, "\"%s\":%lld,", c->root_added,
                   (long long)json_integer_value(json_object_get(c->root, c->root_added)));
-  if (c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage && !c->final_round)
+  if (usage_unasked(c))
     hl += snprintf(head + hl, sizeof head - (size_t)hl, "\"stream_options\":{\"include_usage\":true},");
   if (hl) {
     while (at < n && b[at] != '{') at++; /* the top object (the body was read as one) */
@@ -877,8 +881,7 @@ static char *client_bytes(chat_t *c, size_t *len) {
 }
 
 /* The upstream body as text: *len its length; *raw (may be NULL) set when
- * it is the client's bytes (with a key's max_tokens, client_bytes). NULL
- * when out of memory. */
+ * it is the client's bytes (client_bytes). NULL when out of memory. */
 static char *body_text(chat_t *c, size_t *len, int *raw) {
   if (raw) *raw = 0;
   if (body_unchanged(c)) {
