@@ -425,7 +425,14 @@ void lg__gw_handle(lg__req_t *rq) {
   j->kind = gw_kind(rq->id, rq->method);
   j->method = lg__strdup(rq->method);
   j->path = lg__strdup(rq->id + 3); /* after "/v1" */
-  j->body = lg__malloc(rq->body_len + 1);
+  /* The body the HTTP layer read becomes the job's (a copy only when it
+   * holds none: an empty body). */
+  size_t blen = 0;
+  j->body = rq->body_buf && rq->body_buf->data ? lg__buf_steal(rq->body_buf, &blen) : NULL;
+  if (!j->body && (j->body = lg__malloc(rq->body_len + 1))) {
+    memcpy(j->body, rq->body, rq->body_len);
+    j->body[rq->body_len] = 0;
+  }
   hdr_ctx_t h = {j, 0};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
   if (!j->method || !j->path || !j->body || h.oom) {
@@ -434,8 +441,6 @@ void lg__gw_handle(lg__req_t *rq) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
     return;
   }
-  memcpy(j->body, rq->body, rq->body_len);
-  j->body[rq->body_len] = 0;
   j->body_len = rq->body_len;
   rq->job = &j->job;
   rq->submit = gw_submit;

@@ -760,6 +760,10 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
       unsigned long long n = strtoull(cl, NULL, 10);
+      /* Room for the declared body at once, not grown piece by piece (a
+       * realloc a doubling); a large one still grows as it arrives, so a
+       * Content-Length alone never holds memory. */
+      if (n <= srv->o.max_body && n <= LG__BODY_PREALLOC) lg__buf_reserve(&hr->body, (size_t)n);
       if (n > srv->o.max_body) {
         if (!hr->errored || rq->status != 401)
           lg__req_error(rq, 413, "payload_too_large", "body",
@@ -806,6 +810,7 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
   if (!hr->errored && hr->handler) {
     rq->body = hr->body.data ? hr->body.data : "";
     rq->body_len = hr->body.len;
+    rq->body_buf = &hr->body;
     hr->handler(rq);
     if (rq->job) {
       /* Park the connection first, then hand the job over: the job may

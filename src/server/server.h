@@ -457,6 +457,8 @@ typedef enum lg__phase {
  * http.client, requests) reads the answer rather than a reset. */
 #define LG__DRAIN_NS 2000000000ull
 #define LG__DRAIN_BYTES (8u << 20)
+/* A body whose Content-Length is at most this gets its room at once. */
+#define LG__BODY_PREALLOC (64u << 10)
 
 /* Who holds a connection (lg__conn_t.owner). */
 typedef enum lg__owner {
@@ -580,6 +582,8 @@ typedef struct lg__req {
   char *id_buf;            /* owns id */
   const char *body;        /* the request body (may be empty) */
   size_t body_len;
+  lg__buf_t *body_buf;     /* what holds it: a handler that keeps the body
+                              past its return takes it (lg__buf_steal) */
   /* the answer */
   int status;              /* HTTP status */
   lg__buf_t out;           /* body of the answer */
