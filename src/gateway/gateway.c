@@ -427,9 +427,10 @@ void lg__gw_handle(lg__req_t *rq) {
   j->path = lg__strdup(rq->id + 3); /* after "/v1" */
   /* The body the HTTP layer read becomes the job's (a copy only when it
    * holds none: an empty body). */
-  size_t blen = 0;
-  j->body = rq->body_buf && rq->body_buf->data ? lg__buf_steal(rq->body_buf, &blen) : NULL;
-  if (!j->body && (j->body = lg__malloc(rq->body_len + 1))) {
+  lg__buf_t *bb = rq->body_buf;
+  if (bb && bb->data && !bb->oom) {
+    j->body = lg__buf_steal(bb, NULL);
+  } else if ((j->body = lg__malloc(rq->body_len + 1))) {
     memcpy(j->body, rq->body, rq->body_len);
     j->body[rq->body_len] = 0;
   }
