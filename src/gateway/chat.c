@@ -769,6 +769,12 @@ static const char *call_model(const chat_t *c) {
   return esc;
 }
 
+/* An OpenAI stream whose client did not ask for the usage chunk: the
+ * gateway asks for it (its usage settles the call's cost). */
+static int usage_unasked(const chat_t *c) {
+  return c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage;
+}
+
 static json_t *build_body(chat_t *c) {
   if (lg__json_lazy_all(&c->lazy, c->messages)) return NULL; /* the copy shares them */
   json_t *b = json_copy(c->root); /* shallow: the client's members shared */
@@ -793,7 +799,7 @@ static json_t *build_body(chat_t *c) {
   if (c->final_round) { /* asked whole, whatever the client's stream */
     json_object_del(b, "stream");
     json_object_del(b, "stream_options");
-  } else if (c->stream && c->api == LG__GW_API_OPENAI) { /* usage settles the cost: asked for always */
+  } else if (usage_unasked(c)) {
     json_t *so = json_object_get(b, "stream_options");
     json_t *so2 = json_is_object(so) ? json_copy(so) : json_object();
     json_object_set_new(so2, "include_usage", json_true());
@@ -817,12 +823,6 @@ static int steered(chat_t *c, json_t *m) {
   return 0;
 }
 
-/* An OpenAI stream whose client did not ask for the usage chunk: the
- * gateway asks for it (its usage settles the call's cost). */
-static int usage_unasked(const chat_t *c) {
-  return c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage;
-}
-
 /* Whether build_body would give the client's body back as it is, but for
  * members it adds in front (client_bytes): nothing restored, no steer
  * message, no cascade, the client's model, no re-ask, no stream_options
@@ -831,7 +831,7 @@ static int usage_unasked(const chat_t *c) {
  * round trip, which also rewrites numbers, escapes and white space). */
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  if (c->root_changed || c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
+  if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
       own_prev(c))
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
@@ -2066,15 +2066,11 @@ static int feed_new(chat_t *c) {
 }
 
 /* The key's checks (keys.c); a max_tokens it filled in is written in
- * front of the client's bytes (body_text), or changes the body. */
+ * front of the client's bytes (client_bytes). */
 static int keys_model(chat_t *c) {
-  size_t members = json_object_size(c->root);
   const char *added = NULL;
   int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len, &added);
-  if (added && !c->root_added && json_object_size(c->root) == members + 1)
-    c->root_added = added;
-  else if (json_object_size(c->root) != members)
-    c->root_changed = 1;
+  if (added) c->root_added = added;
   return rc;
 }
 

@@ -58,9 +58,8 @@ typedef struct chat {
   char *esc_model;            /* this model call's cascade.escalate model, or NULL */
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
-  int root_changed;           /* root is no longer the client's body */
-  const char *root_added;     /* a member keys.c added to root (max_tokens), else NULL: sent as
-                                 the client's bytes with it written in front (body_text) */
+  const char *root_added;     /* the member keys.c added to root (max_tokens), else NULL: sent
+                                 in front of the client's bytes (client_bytes) */
   size_t body_reals;          /* the real numbers of the client's body */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg__step_t use;             /* the answer's usage, decided with the step(s) */

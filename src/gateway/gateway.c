@@ -2,8 +2,9 @@
  * gateway.c — the life of the gateway and of each of its requests.
  *
  * A gateway request is read whole by the HTTP layer (http.c: the body and
- * its limit), then handed here: lg__gw_handle copies what the worker needs
- * (the body, the headers to forward, X-Loopguard-*), and parks the
+ * its limit), then handed here: lg__gw_handle takes the body's buffer and
+ * copies what else the worker needs (the headers to forward,
+ * X-Loopguard-*), and parks the
  * connection with the job (rq->submit). A fixed pool of worker threads
  * takes jobs from a queue: that bounds the upstream requests in flight,
  * and keeps libmicrohttpd's threads free while an upstream thinks. The
@@ -425,15 +426,7 @@ void lg__gw_handle(lg__req_t *rq) {
   j->kind = gw_kind(rq->id, rq->method);
   j->method = lg__strdup(rq->method);
   j->path = lg__strdup(rq->id + 3); /* after "/v1" */
-  /* The body the HTTP layer read becomes the job's (a copy only when it
-   * holds none: an empty body). */
-  lg__buf_t *bb = rq->body_buf;
-  if (bb && bb->data && !bb->oom) {
-    j->body = lg__buf_steal(bb, NULL);
-  } else if ((j->body = lg__malloc(rq->body_len + 1))) {
-    memcpy(j->body, rq->body, rq->body_len);
-    j->body[rq->body_len] = 0;
-  }
+  j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
   hdr_ctx_t h = {j, 0};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
   if (!j->method || !j->path || !j->body || h.oom) {

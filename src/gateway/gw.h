@@ -279,7 +279,8 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx);
 /* Before a model request with a key: the models it may use, its provider
  * key for upstream ui, max_tokens filled in (root) when absent with the
  * most the key's budgets afford (*added: the member's name, a static
- * string; NULL when nothing was added), a 402 / 403 when nothing fits, and
+ * string; NULL when nothing was added; root is changed in no other way),
+ * a 402 / 403 when nothing fits, and
  * the key's scopes in j->key_scopes, which the request's model event
  * reserves on beside the run's own. 0: go on; 1: answered. */
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model, size_t ui,

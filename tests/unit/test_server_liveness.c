@@ -74,15 +74,23 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static void send_req(agent_t *a, const char *path, const char *body) {
+/* A POST of body to path into req, with more header lines (each ending
+ * in CRLF) before Content-Length; its length. */
+static int format_req(char *req, size_t cap, const char *path, const char *more, const char *body) {
+  return snprintf(req, cap,
+                  "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  "%sContent-Length: %zu\r\n\r\n%s",
+                  path, more, strlen(body), body);
+}
+
+static void send_req_more(agent_t *a, const char *path, const char *more, const char *body) {
   char req[1024];
-  int n = snprintf(req, sizeof req,
-                   "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                   "Content-Length: %zu\r\n\r\n%s",
-                   path, strlen(body), body);
+  int n = format_req(req, sizeof req, path, more, body);
   if (ht_send_all(a->fd, req, (size_t)n)) fail_msg("%s: the connection was lost sending", a->run);
   a->have = 0;
 }
+
+static void send_req(agent_t *a, const char *path, const char *body) { send_req_more(a, path, "", body); }
 
 static void next_call(agent_t *a) {
   char path[128], body[256];
@@ -103,21 +111,19 @@ static void next_result(agent_t *a) {
   send_req(a, path, body);
 }
 
+/* A gateway chat request's body, streamed or not. */
+static const char *chat_body(int stream) {
+  return stream ? "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}"
+                : "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}";
+}
+
 /* A gateway request on a run of its own (the fake upstream asks for a
  * tool call every time: the gateway executes it). */
 static void next_chat(agent_t *a) {
-  char req[1024];
-  const char *body = a->gateway == 2
-                         ? "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}"
-                         : "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}";
-  int n = snprintf(req, sizeof req,
-                   "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                   "application/json\r\nAuthorization: Bearer sk-test\r\nX-Loopguard-Run: %s-%d\r\n"
-                   "Content-Length: %zu\r\n\r\n%s",
-                   a->run, a->step++, strlen(body), body);
+  char more[128];
+  snprintf(more, sizeof more, "X-Loopguard-Run: %s-%d\r\n", a->run, a->step++);
   a->awaiting = 3;
-  a->have = 0;
-  if (ht_send_all(a->fd, req, (size_t)n)) fail_msg("%s: the connection was lost sending", a->run);
+  send_req_more(a, "/v1/chat/completions", more, chat_body(a->gateway == 2));
 }
 
 /* A whole answer in a->in: its status, else 0 while more is to come. */
@@ -282,18 +288,17 @@ static int whole_answers(const char *buf, size_t n) {
  * serving the loop itself, and must be answered without waiting for the
  * loop's timeout (a second): that wait is a wake-up lost. */
 static void pipelined(int port) {
-  const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}";
   int fd = ht_dial(port);
   assert_true(fd >= 0);
   double worst = 0;
   for (int i = 0; i < 20; i++) {
     char req[1600];
     int n = 0;
-    for (int k = 0; k < 2; k++)
-      n += snprintf(req + n, sizeof req - (size_t)n,
-                    "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                    "application/json\r\nX-Loopguard-Run: pipe-%d-%d\r\nContent-Length: %zu\r\n\r\n%s",
-                    i, k, strlen(body), body);
+    for (int k = 0; k < 2; k++) {
+      char more[64];
+      snprintf(more, sizeof more, "X-Loopguard-Run: pipe-%d-%d\r\n", i, k);
+      n += format_req(req + n, sizeof req - (size_t)n, "/v1/chat/completions", more, chat_body(0));
+    }
     double t0 = now_ms();
     assert_int_equal(ht_send_all(fd, req, (size_t)n), 0);
     static char in[16384];
