@@ -15,6 +15,7 @@ if cmp -s "$HERE/package-lock.json" "$NODE_DIR/package-lock.json" &&
   exit 0
 fi
 mkdir -p "$NODE_DIR" || exit 1
+NODE_DIR=$(cd "$NODE_DIR" && pwd) # absolute: npm ci runs in it, and its log is written from there
 cp "$HERE/package.json" "$HERE/package-lock.json" "$NODE_DIR/" || exit 1
 log=$NODE_DIR/npm-ci.log
 if ! (cd "$NODE_DIR" && npm ci --no-audit --no-fund >"$log" 2>&1); then
