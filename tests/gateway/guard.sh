@@ -357,15 +357,18 @@ id=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: busy-2' -
   get 'd["choices"][0]["message"]["tool_calls"][0]["id"]') || fail "busy-2: the first turn"
 # The lock is held 6.5 s: the batch of the second turn (its result, the
 # model call) waits the busy timeout (5 s) in vain; the step at a time that
-# follows gets the lock when it goes.
+# follows gets the lock when it goes. The request leaves once the lock is
+# held (busy2.locked), however long python takes to start on a busy machine.
 python3 -c '
 import sqlite3, sys, time
 c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
 c.execute("BEGIN IMMEDIATE")
+open(sys.argv[2], "w").close()
 time.sleep(6.5)
-c.execute("ROLLBACK")' "$TMP/busy.db" &
+c.execute("ROLLBACK")' "$TMP/busy.db" "$TMP/busy2.locked" &
 lpid=$!
-sleep 0.5
+for _ in $(seq 200); do [ -e "$TMP/busy2.locked" ] && break; sleep 0.05; done
+[ -e "$TMP/busy2.locked" ] || fail "busy-2: the store's lock was not taken in 10 s"
 body="{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"$id\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{\\\"customer_id\\\":\\\"c-1\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"$id\",\"content\":\"Customer 1, gold\"}]}"
 code=$(curl -s --max-time 40 -o "$TMP/busy2.json" -w '%{http_code}' -H 'content-type: application/json' \
   -H 'X-Loopguard-Run: busy-2' -d "$body" "$busy_URL/v1/chat/completions")
