@@ -1494,7 +1494,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->on_data = on_data;
   x->gone = on_data ? &j->s_gone : NULL;
   x->ud = c;
-  int rc = lg__gw_http_do(c->cx->curl, x);
+  int rc = lg__gw_http_do(c->cx->curl, c->cx->multi, x);
   lg__gw_note_upstream(c->cx->gw, c->ui, x->ns);
   return rc;
 }

@@ -34,6 +34,9 @@
 #include <time.h>
 
 #define GW_WORKERS 8
+/* Loops whose lead may wait for a worker at once (server.c has at most 32
+ * loops, and a loop posts its lead once). */
+#define GW_LEADS 32
 #define GW_QUEUE_MAX 1024
 #define GW_BUCKETS 4096
 #define GW_HIST 12
@@ -77,7 +80,12 @@ struct lg__gw {
   pthread_cond_t idle_cv;     /* a worker done with a job: wakes lg__gw_stop */
   lg__gw_job_t *qhead, *qtail;
   size_t qlen;
-  int running;                /* jobs a worker holds */
+  int running;                /* jobs a worker (or a loop's leader) holds */
+  int idle;                   /* workers waiting for a job */
+  lg__loop_t *leads[GW_LEADS];/* loops whose lead was posted (lg__gw_lead_post) */
+  int nleads;
+  pthread_key_t ctx_key;      /* the context of a loop's thread that runs a job */
+  int ctx_key_ok;
   _Atomic int stop;           /* shutting down: abort upstream exchanges */
   int quit;                   /* workers exit */
   pthread_mutex_t tmu;        /* guards the tables */
@@ -330,12 +338,34 @@ static void gw_finish(lg__req_t *rq) {
  * soon as it is done. Once: a second request wakes a worker as usual. */
 static _Thread_local lg__gw_t *tl_claim;
 
+/* Leaders and followers (server.h). The request this thread read as its
+ * loop's leader and keeps, to run once its turn of the daemon is over
+ * (lg__gw_run_mine); tl_busy while it runs one, up to its answer: a
+ * request read in a turn taken meanwhile goes to a worker. */
+static _Thread_local lg__gw_job_t *tl_mine;
+static _Thread_local int tl_busy;
+/* This thread's context when it is a worker (worker_main). */
+static _Thread_local lg__gw_ctx_t *tl_cx;
+
+/* 1 when j is kept by this thread (counted as running, so that
+ * lg__gw_stop waits for it). */
+static int keep_mine(lg__gw_t *gw, lg__gw_job_t *j) {
+  if (tl_mine || tl_busy || !lg__loop_leads()) return 0;
+  pthread_mutex_lock(&gw->qmu);
+  int ok = !gw->quit && !atomic_load(&gw->stop);
+  if (ok) gw->running++;
+  pthread_mutex_unlock(&gw->qmu);
+  if (ok) tl_mine = j;
+  return ok;
+}
+
 static void gw_submit(lg__req_t *rq) {
   lg__gw_job_t *j = (lg__gw_job_t *)rq->job;
   lg__gw_t *gw = j->gw;
   int claimed = tl_claim == gw;
   if (claimed) tl_claim = NULL;
   j->conn = rq->conn;
+  if (!claimed && keep_mine(gw, j)) return;
   pthread_mutex_lock(&gw->qmu);
   int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
   if (!full) {
@@ -476,7 +506,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.client_auth = j->auth;
   x.provider_key = j->provider_key;
   x.stop = &cx->gw->stop;
-  int rc = lg__gw_http_do(cx->curl, &x);
+  int rc = lg__gw_http_do(cx->curl, cx->multi, &x);
   lg__gw_note_upstream(cx->gw, ui, x.ns);
   if (rc) lg__gw_upstream_failed(j, &x);
   else lg__gw_upstream_answer(j, &x);
@@ -484,12 +514,110 @@ static void passthrough(lg__gw_ctx_t *cx) {
   lg__gw_answer(j);
 }
 
+/* Runs job j, counted in gw->running, on this thread (a worker, or a
+ * loop's leader that kept it): the upstream exchange, the answer sent
+ * (from this thread when no thread runs the loop), then the count. */
+static void run_job(lg__gw_ctx_t *cx, lg__gw_job_t *j) {
+  lg__gw_t *gw = cx->gw;
+  cx->j = j;
+  tl_busy = 1;
+  if (!cx->curl) {
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: libcurl did not start");
+    lg__gw_answer(j);
+  } else if (atomic_load(&gw->stop)) {
+    lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
+    lg__gw_answer(j);
+  } else if (lg__gw_keys_auth(cx)) {
+    /* a key refused: answered */
+  } else if (j->kind == LG__GW_PASS) {
+    passthrough(cx);
+  } else {
+    lg__gw_chat(cx);
+  }
+  if (!j->answered) { /* never left without an answer */
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
+    lg__gw_answer(j);
+  }
+  /* A whole answer goes now, or a stream's end: sent from this thread
+   * when the connection's loop is idle (lg__loop_serve), since the
+   * thread holds no lock here; a request read meanwhile is this thread's
+   * next job: a worker's from the queue (tl_claim), a leader's its own
+   * (keep_mine). */
+  j->job.may_serve = 1;
+  tl_busy = 0;
+  if (tl_cx == cx && !lg__loop_leads()) tl_claim = gw;
+  release(j);
+  if (j->streaming) lg__gw_stream_end(j);
+  tl_claim = NULL;
+  atomic_fetch_add(&gw->req[j->kind][j->upstream < GW_MAX_UP ? j->upstream : GW_MAX_UP - 1], 1);
+  job_unref(j);
+  cx->j = NULL;
+  pthread_mutex_lock(&gw->qmu);
+  gw->running--;
+  pthread_cond_broadcast(&gw->idle_cv); /* not qcv: that would wake every idle worker */
+  pthread_mutex_unlock(&gw->qmu);
+}
+
+int lg__gw_lead_post(lg__gw_t *gw, lg__loop_t *l) {
+  if (!gw) return 0;
+  pthread_mutex_lock(&gw->qmu);
+  /* Only to a worker that takes it at once: one idle beyond the jobs and
+   * leads already waiting for one. */
+  int ok = !gw->quit && !atomic_load(&gw->stop) && gw->nleads < GW_LEADS &&
+           (size_t)gw->idle > gw->qlen + (size_t)gw->nleads;
+  if (ok) gw->leads[gw->nleads++] = l;
+  pthread_mutex_unlock(&gw->qmu);
+  if (ok) pthread_cond_signal(&gw->qcv);
+  return ok;
+}
+
+static void ctx_free(void *p) {
+  lg__gw_ctx_t *cx = p;
+  if (cx->multi) curl_multi_cleanup(cx->multi);
+  if (cx->curl) curl_easy_cleanup(cx->curl);
+  lg__free(cx);
+  lg__json_region_thread_end();
+}
+
+int lg__gw_run_mine(lg__gw_t *gw) {
+  lg__gw_job_t *j = tl_mine;
+  if (!gw || !j) return 0;
+  tl_mine = NULL;
+  lg__gw_ctx_t *cx = tl_cx;
+  if (!cx && gw->ctx_key_ok && !(cx = pthread_getspecific(gw->ctx_key)) &&
+      (cx = lg__calloc(1, sizeof *cx))) { /* a loop's own thread: a context kept until it exits */
+    cx->gw = gw;
+    cx->srv = gw->srv;
+    cx->curl = curl_easy_init();
+    cx->multi = curl_multi_init();
+    if (pthread_setspecific(gw->ctx_key, cx)) {
+      ctx_free(cx);
+      cx = NULL;
+    }
+  }
+  lg__gw_ctx_t none = {gw, gw->srv, NULL, NULL, NULL}; /* out of memory: answered 500 */
+  run_job(cx ? cx : &none, j);
+  return 1;
+}
+
 static void *worker_main(void *arg) {
   lg__gw_t *gw = arg;
-  lg__gw_ctx_t cx = {gw, gw->srv, curl_easy_init(), NULL};
+  lg__gw_ctx_t cx = {gw, gw->srv, curl_easy_init(), NULL, curl_multi_init()};
+  tl_cx = &cx;
   for (;;) {
     pthread_mutex_lock(&gw->qmu);
-    while (!gw->qhead && !gw->quit) pthread_cond_wait(&gw->qcv, &gw->qmu);
+    gw->idle++;
+    while (!gw->qhead && !gw->nleads && !gw->quit) pthread_cond_wait(&gw->qcv, &gw->qmu);
+    gw->idle--;
+    if (gw->nleads) { /* a loop to lead: first, or its requests wait */
+      lg__loop_t *l = gw->leads[0];
+      memmove(gw->leads, gw->leads + 1, (size_t)--gw->nleads * sizeof *gw->leads);
+      atomic_fetch_add(&l->helpers, 1); /* under qmu: lg__gw_stop waits for the lead taken */
+      pthread_cond_broadcast(&gw->idle_cv);
+      pthread_mutex_unlock(&gw->qmu);
+      lg__loop_lead_for(l);
+      continue;
+    }
     lg__gw_job_t *j = gw->qhead;
     if (!j) {
       pthread_mutex_unlock(&gw->qmu);
@@ -500,40 +628,10 @@ static void *worker_main(void *arg) {
     gw->qlen--;
     gw->running++;
     pthread_mutex_unlock(&gw->qmu);
-    cx.j = j;
-    if (!cx.curl) {
-      lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: libcurl did not start");
-      lg__gw_answer(j);
-    } else if (atomic_load(&gw->stop)) {
-      lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
-      lg__gw_answer(j);
-    } else if (lg__gw_keys_auth(&cx)) {
-      /* a key refused: answered */
-    } else if (j->kind == LG__GW_PASS) {
-      passthrough(&cx);
-    } else {
-      lg__gw_chat(&cx);
-    }
-    if (!j->answered) { /* never left without an answer */
-      lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: no answer was made");
-      lg__gw_answer(j);
-    }
-    /* A whole answer goes now, or a stream's end: sent from this thread
-     * when the connection's loop is idle (lg__loop_serve), since the
-     * worker holds no lock here; a request read meanwhile is this
-     * worker's next job (tl_claim). */
-    j->job.may_serve = 1;
-    tl_claim = gw;
-    release(j);
-    if (j->streaming) lg__gw_stream_end(j);
-    tl_claim = NULL;
-    atomic_fetch_add(&gw->req[j->kind][j->upstream < GW_MAX_UP ? j->upstream : GW_MAX_UP - 1], 1);
-    job_unref(j);
-    pthread_mutex_lock(&gw->qmu);
-    gw->running--;
-    pthread_cond_broadcast(&gw->idle_cv); /* not qcv: that would wake every idle worker */
-    pthread_mutex_unlock(&gw->qmu);
+    run_job(&cx, j);
   }
+  tl_cx = NULL;
+  if (cx.multi) curl_multi_cleanup(cx.multi);
   if (cx.curl) curl_easy_cleanup(cx.curl);
   lg__json_region_thread_end();
   return NULL;
@@ -792,7 +890,10 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   lru_front(gw, r);
   evict_over(gw);
   pthread_mutex_unlock(&gw->tmu);
-  pthread_mutex_lock(&r->mu);
+  if (pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */
+    lg__will_block();
+    pthread_mutex_lock(&r->mu);
+  }
   if (created) {
     int rc = create_run(cx, r->id, pol, pol_json, err);
     if (rc) {
@@ -1018,6 +1119,7 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   pthread_cond_init(&gw->qcv, NULL);
   pthread_cond_init(&gw->idle_cv, NULL);
   pthread_mutex_init(&gw->tmu, NULL);
+  gw->ctx_key_ok = !pthread_key_create(&gw->ctx_key, ctx_free);
   for (int i = 0; i < GW_WORKERS; i++) {
     if (pthread_create(&gw->th[i], NULL, worker_main, gw)) break;
     gw->nth++;
@@ -1034,7 +1136,8 @@ void lg__gw_stop(lg__gw_t *gw) {
   if (!gw) return;
   atomic_store(&gw->stop, 1);
   pthread_mutex_lock(&gw->qmu);
-  while (gw->running || gw->qhead) pthread_cond_wait(&gw->idle_cv, &gw->qmu);
+  /* (a posted lead taken too: stop_loops then waits for its worker) */
+  while (gw->running || gw->qhead || gw->nleads) pthread_cond_wait(&gw->idle_cv, &gw->qmu);
   pthread_mutex_unlock(&gw->qmu);
 }
 
@@ -1053,5 +1156,6 @@ void lg__gw_free(lg__gw_t *gw) {
   pthread_cond_destroy(&gw->qcv);
   pthread_cond_destroy(&gw->idle_cv);
   pthread_mutex_destroy(&gw->tmu);
+  if (gw->ctx_key_ok) pthread_key_delete(gw->ctx_key); /* the loops' threads are gone */
   lg__free(gw);
 }

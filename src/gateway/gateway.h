@@ -43,6 +43,14 @@ void lg__gw_stop(lg__gw_t *gw);
  * on them then) and frees. NULL: no-op. */
 void lg__gw_free(lg__gw_t *gw);
 
+/* Leaders and followers (server.h). lg__gw_lead_post hands the lead of
+ * loop l to an idle worker, which leads it (lg__loop_lead_for): 1 when a
+ * worker was idle to take it at once, 0 otherwise (or gw NULL, or
+ * stopping). lg__gw_run_mine runs, on a loop's leader between its turns,
+ * the request it kept (gw_submit): 1 when there was one. */
+int lg__gw_lead_post(lg__gw_t *gw, lg__loop_t *l);
+int lg__gw_run_mine(lg__gw_t *gw);
+
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */
 int lg__gw_claims(const lg__gw_t *gw, const char *url);

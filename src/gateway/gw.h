@@ -73,8 +73,11 @@ typedef struct lg__gw_http {
   uint64_t ns;                /* how long it took */
 } lg__gw_http_t;
 
-/* Performs x on the thread's reused handle h. 0, or LG_EIO (cc says). */
-int lg__gw_http_do(CURL *h, lg__gw_http_t *x);
+/* Performs x on the thread's reused handle h, through its multi handle m
+ * (NULL: curl_easy_perform). While the thread leads a server loop
+ * (server.h, lg__loop_wait_fd) it waits on the loop too, and takes its
+ * turns meanwhile. 0, or LG_EIO (cc says). */
+int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x);
 void lg__gw_http_clear(lg__gw_http_t *x);
 /* "name (host:port)" of an upstream for messages, into buf. */
 const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t size);
@@ -206,6 +209,7 @@ typedef struct lg__gw_ctx {
   lg_server_t *srv;
   CURL *curl;
   lg__gw_job_t *j;
+  CURLM *multi;               /* curl's transfers go through it (NULL: none) */
 } lg__gw_ctx_t;
 
 const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw);

@@ -291,7 +291,32 @@ static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, cu
   return stopped(x);
 }
 
-int lg__gw_http_do(CURL *h, lg__gw_http_t *x) {
+/* curl_easy_perform's transfer, through m: the same loop, and, while
+ * this thread leads a server loop, a wait on that loop too, whose turns
+ * are taken meanwhile (its other connections go on while the upstream
+ * thinks). */
+static CURLcode perform(CURL *h, CURLM *m) {
+  if (!m || curl_multi_add_handle(m, h) != CURLM_OK) return curl_easy_perform(h);
+  CURLcode cc = CURLE_OK;
+  CURLMcode mc;
+  int running = 1;
+  while ((mc = curl_multi_perform(m, &running)) == CURLM_OK && running) {
+    struct curl_waitfd w = {lg__loop_wait_fd(), CURL_WAIT_POLLIN, 0};
+    int ready = 0;
+    if ((mc = curl_multi_wait(m, &w, w.fd >= 0, 1000, &ready)) != CURLM_OK) break;
+    /* the loop's work, or a quiet moment: its timers (idle connections) */
+    if (w.fd >= 0 && (w.revents || !ready)) lg__loop_turn();
+  }
+  if (mc != CURLM_OK) cc = mc == CURLM_OUT_OF_MEMORY ? CURLE_OUT_OF_MEMORY : CURLE_RECV_ERROR;
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(m, &left)))
+    if (msg->msg == CURLMSG_DONE && msg->easy_handle == h) cc = msg->data.result;
+  curl_multi_remove_handle(m, h);
+  return cc;
+}
+
+int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   lg__buf_t url = {0};
   lg__buf_puts(&url, x->up->base_url);
   lg__buf_puts(&url, x->path);
@@ -336,7 +361,7 @@ int lg__gw_http_do(CURL *h, lg__gw_http_t *x) {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
   x->errbuf[0] = 0;
   uint64_t t0 = mono_ns();
-  x->cc = curl_easy_perform(h);
+  x->cc = perform(h, m);
   x->ns = mono_ns() - t0;
   long st = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);

@@ -52,6 +52,12 @@
 #include <time.h>
 #include <unistd.h>
 
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) && errno == EINTR) {
+  }
+}
+
 /* ---- the clock ---- */
 
 int64_t lg__server_now(const lg_server_t *srv) {
@@ -422,7 +428,27 @@ lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
  * eventfd that lg__loop_wake writes after every MHD_resume_connection of
  * one of its connections (and after every connection queued), for at most
  * the daemon's next timeout. A wake-up between MHD_run and the wait leaves
- * the eventfd readable, so none is lost. */
+ * the eventfd readable, so none is lost.
+ *
+ * Leaders and followers. One thread at a time leads a loop: waits on its
+ * epoll descriptor and runs its daemon; at first that is the loop's own
+ * thread (loop_main). Handing a gateway request to a gateway worker is a
+ * wake-up across cores before any work (on this VM that hand-over, the
+ * worker's start on a cold core included, doubled a request's CPU time at
+ * one connection). So the leader keeps one request it reads (gateway.c,
+ * keep_mine) and runs it between its turns (lg__gw_run_mine), still the
+ * leader: while it waits for the request's upstream it waits on ep too
+ * (lg__loop_wait_fd, in libcurl's multi wait) and takes a turn when the
+ * loop has work (lg__loop_turn), so the loop's other connections go on
+ * (the requests it reads meanwhile go to the workers) and a client's
+ * hang-up is seen at once. Before a wait that may be long and is not the
+ * upstream's (lg__will_block: SQLite's busy wait, a committer busy past
+ * 2 ms, another request of the same run in flight) it passes the lead:
+ * to the loop's own thread if that waits for it, else to an idle gateway
+ * worker (lg__gw_lead_post; only one that takes it at once), which leads
+ * until it passes the lead on in turn; the thread that passed it finishes
+ * its request and then waits to be given the lead back (the loop's own
+ * thread) or goes back to the workers. */
 
 void lg__loop_wake(lg__loop_t *l) {
   if (!l || l->efd < 0) return;
@@ -444,7 +470,7 @@ static int run_daemon(lg__loop_t *l) {
 
 void lg__loop_serve(lg__loop_t *l) {
   if (!l) return;
-  /* The loop's thread holds run_mu while it runs the daemon, and may have
+  /* The loop's leader holds run_mu while it runs the daemon, and may have
    * passed this connection's resume already: then it is woken, as always.
    * Otherwise it sleeps in epoll_wait and the daemon is ours for a turn;
    * it needs no wake-up unless more is left to do at once (a connection
@@ -464,35 +490,108 @@ void lg__loop_serve(lg__loop_t *l) {
   lg__loop_wake(l);
 }
 
-static void *loop_main(void *arg) {
-  lg__loop_t *l = arg;
+static _Thread_local lg__loop_t *tl_leading; /* the loop this thread leads now */
+static _Thread_local int tl_passed;          /* ... and it passed the lead on */
+
+int lg__loop_leads(void) { return tl_leading && !tl_passed; }
+
+int lg__loop_pass_lead(void) {
+  lg__loop_t *l = tl_leading;
+  if (!l || tl_passed) return 0;
+  int home = 0;
+  pthread_mutex_lock(&l->lead_mu);
+  if (l->home_waiting) { /* the loop's own thread takes it back */
+    l->home_waiting = 0;
+    l->home_lead = home = 1;
+  }
+  pthread_mutex_unlock(&l->lead_mu);
+  if (home) pthread_cond_signal(&l->lead_cv);
+  tl_passed = home || lg__gw_lead_post(l->srv->gw, l);
+  return tl_passed;
+}
+
+/* The leader is about to wait for something that may take long (the
+ * store): the lead goes to a thread that can take it. */
+static void pass_before_block(void) { (void)lg__loop_pass_lead(); }
+
+/* Its eventfd read: the wake-ups so far are taken. */
+static void drain_wake(lg__loop_t *l) {
+  uint64_t v;
+  ssize_t r = read(l->efd, &v, sizeof v);
+  (void)r;
+}
+
+int lg__loop_wait_fd(void) { return lg__loop_leads() ? tl_leading->ep : -1; }
+
+void lg__loop_turn(void) {
+  if (!lg__loop_leads()) return;
+  lg__loop_t *l = tl_leading;
+  drain_wake(l); /* before the turn: a wake-up during it stays readable */
+  pthread_mutex_lock(&l->run_mu);
+  if (!atomic_load(&l->srv->loop_stop) && l->mhd) {
+    lg__loop_add_queued(l);
+    for (int turn = 0; turn < 4 && !run_daemon(l); turn++) {
+    }
+  }
+  pthread_mutex_unlock(&l->run_mu);
+}
+
+/* Leads l until the loops stop or this thread passed the lead on. Between
+ * its turns it runs the gateway request it kept (lg__gw_run_mine). Returns
+ * 1 when the lead was passed. */
+static int lead(lg__loop_t *l) {
   lg_server_t *srv = l->srv;
-  int ep = epoll_create1(EPOLL_CLOEXEC);
-  const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->mhd, MHD_DAEMON_INFO_EPOLL_FD);
-  struct epoll_event ev = {.events = EPOLLIN};
-  ev.data.u32 = 1;
-  if (ep >= 0 && di) epoll_ctl(ep, EPOLL_CTL_ADD, di->epoll_fd, &ev);
-  ev.data.u32 = 2;
-  if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_ADD, l->efd, &ev);
-  while (!atomic_load(&srv->loop_stop)) {
+  tl_leading = l;
+  tl_passed = 0;
+  lg__set_block_hook(pass_before_block);
+  for (;;) {
     pthread_mutex_lock(&l->run_mu);
+    if (atomic_load(&srv->loop_stop) || !l->mhd) { /* (stop_loops clears mhd under run_mu) */
+      pthread_mutex_unlock(&l->run_mu);
+      break;
+    }
     lg__loop_add_queued(l);
     int ms = run_daemon(l);
     pthread_mutex_unlock(&l->run_mu);
+    if (lg__gw_run_mine(srv->gw)) ms = 0; /* what came meanwhile is looked at now */
+    if (tl_passed) break;
     /* More to do at once (a request read in several steps): MHD again,
      * not a wait that would return at once (two system calls a turn). A
      * wake-up left unread makes the next wait return, which reads it. */
     if (ms == 0) continue;
     struct epoll_event got[4];
-    int n = ep >= 0 ? epoll_wait(ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
+    int n = l->ep >= 0 ? epoll_wait(l->ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
     for (int i = 0; i < n; i++)
-      if (got[i].data.u32 == 2) {
-        uint64_t v;
-        ssize_t r = read(l->efd, &v, sizeof v);
-        (void)r;
-      }
+      if (got[i].data.u32 == 2) drain_wake(l);
   }
-  if (ep >= 0) close(ep);
+  lg__set_block_hook(NULL);
+  tl_leading = NULL;
+  return tl_passed;
+}
+
+/* The lead back to the loop's own thread. */
+static void lead_home(lg__loop_t *l) {
+  pthread_mutex_lock(&l->lead_mu);
+  l->home_lead = 1;
+  pthread_mutex_unlock(&l->lead_mu);
+  pthread_cond_signal(&l->lead_cv);
+}
+
+void lg__loop_lead_for(lg__loop_t *l) {
+  if (!lead(l)) lead_home(l); /* the loops stop: the loop's own thread ends it */
+  atomic_fetch_sub(&l->helpers, 1);
+}
+
+static void *loop_main(void *arg) {
+  lg__loop_t *l = arg;
+  lg_server_t *srv = l->srv;
+  while (lead(l)) { /* passed: back when a helper passes it home, or at the stop */
+    pthread_mutex_lock(&l->lead_mu);
+    l->home_waiting = !l->home_lead;
+    while (!l->home_lead && !atomic_load(&srv->loop_stop)) pthread_cond_wait(&l->lead_cv, &l->lead_mu);
+    l->home_waiting = l->home_lead = 0;
+    pthread_mutex_unlock(&l->lead_mu);
+  }
   return NULL;
 }
 
@@ -698,9 +797,16 @@ static int start_daemons(lg_server_t *srv, lg_error_t *err) {
     lg__loop_t *l = &srv->loops[i];
     l->srv = srv;
     l->efd = -1;
+    l->ep = -1;
     l->q_mu_ok = !pthread_mutex_init(&l->q_mu, NULL);
     l->run_mu_ok = !pthread_mutex_init(&l->run_mu, NULL);
+    if (!pthread_mutex_init(&l->lead_mu, NULL)) {
+      if (!pthread_cond_init(&l->lead_cv, NULL)) l->lead_ok = 1;
+      else pthread_mutex_destroy(&l->lead_mu);
+    }
     srv->nloops = i + 1;
+    if (!l->q_mu_ok || !l->run_mu_ok || !l->lead_ok)
+      return lg__err(err, LG_ENOMEM, NULL, -1, "cannot make a loop's locks");
     if (srv->epoll_loop && (l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
       return lg__err(err, LG_EIO, NULL, -1, "eventfd: %s", strerror(errno));
     l->mhd = MHD_start_daemon(
@@ -711,6 +817,16 @@ static int start_daemons(lg_server_t *srv, lg_error_t *err) {
         MHD_OPTION_NOTIFY_CONNECTION, notify_conn, srv, MHD_OPTION_END);
     if (!l->mhd)
       return lg__err(err, LG_EIO, "listen", -1, "libmicrohttpd could not start on %s", srv->url);
+    if (srv->epoll_loop) { /* where the leader waits: the daemon's descriptor, the eventfd */
+      const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+      struct epoll_event ev = {.events = EPOLLIN};
+      if (!di || (l->ep = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        return lg__err(err, LG_EIO, NULL, -1, "epoll: %s", strerror(errno));
+      ev.data.u32 = 1;
+      epoll_ctl(l->ep, EPOLL_CTL_ADD, di->epoll_fd, &ev);
+      ev.data.u32 = 2;
+      epoll_ctl(l->ep, EPOLL_CTL_ADD, l->efd, &ev);
+    }
   }
   for (int i = 0; srv->epoll_loop && i < n; i++) {
     if (pthread_create(&srv->loops[i].th, NULL, loop_main, &srv->loops[i]))
@@ -836,36 +952,51 @@ void lg__server_count_active(lg_server_t *srv, lg_store_t *st) {
 
 /* ---- stop ---- */
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) && errno == EINTR) {
-  }
-}
-
 /* Stops the daemons: the loops' threads first (MHD_stop_daemon then runs
  * on this one), then the daemons, which close their connections. What is
  * left in the table then (queued for a loop and never added, or closed by
  * libmicrohttpd before it started) is closed and freed here. */
 static void stop_loops(lg_server_t *srv) {
   atomic_store(&srv->loop_stop, 1);
-  for (int i = 0; i < srv->nloops; i++)
-    if (srv->loops[i].started) {
-      lg__loop_wake(&srv->loops[i]);
-      pthread_join(srv->loops[i].th, NULL);
-      srv->loops[i].started = 0;
-    }
   for (int i = 0; i < srv->nloops; i++) {
     lg__loop_t *l = &srv->loops[i];
-    if (l->mhd) MHD_stop_daemon(l->mhd);
-    l->mhd = NULL;
+    if (l->started) {
+      lg__loop_wake(l); /* its leader, waiting on ep */
+      pthread_mutex_lock(&l->lead_mu); /* its own thread, waiting for the lead (it reads */
+      pthread_cond_broadcast(&l->lead_cv); /* loop_stop under lead_mu: no wake-up lost) */
+      pthread_mutex_unlock(&l->lead_mu);
+      pthread_join(l->th, NULL);
+      l->started = 0;
+    }
+    /* A gateway worker that leads it leaves after its turn. */
+    while (atomic_load(&l->helpers) > 0) {
+      lg__loop_wake(l);
+      sleep_ms(1);
+    }
+  }
+  for (int i = 0; i < srv->nloops; i++) {
+    lg__loop_t *l = &srv->loops[i];
+    if (l->mhd) {
+      if (l->run_mu_ok) pthread_mutex_lock(&l->run_mu); /* no turn of lg__loop_serve's */
+      MHD_stop_daemon(l->mhd);
+      l->mhd = NULL;
+      if (l->run_mu_ok) pthread_mutex_unlock(&l->run_mu);
+    }
     for (lg__conn_t *k = l->queue; k; k = k->hnext) close(k->fd); /* never libmicrohttpd's */
     l->queue = NULL;
+    if (l->ep >= 0) close(l->ep);
+    l->ep = -1;
     if (l->efd >= 0) close(l->efd);
     l->efd = -1;
     if (l->q_mu_ok) pthread_mutex_destroy(&l->q_mu);
     l->q_mu_ok = 0;
     if (l->run_mu_ok) pthread_mutex_destroy(&l->run_mu);
     l->run_mu_ok = 0;
+    if (l->lead_ok) {
+      pthread_mutex_destroy(&l->lead_mu);
+      pthread_cond_destroy(&l->lead_cv);
+    }
+    l->lead_ok = 0;
   }
   pthread_mutex_lock(&srv->conn_mu);
   while (srv->conns) {

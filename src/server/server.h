@@ -349,8 +349,19 @@ typedef struct lg__loop {
   int q_mu_ok;                /* q_mu initialised */
   lg__conn_t *queue;          /* handed over, not yet added (epoll mode) */
   pthread_mutex_t run_mu;     /* held by the thread that runs the daemon now
-                                 (loop_main, or lg__loop_serve) */
+                                 (its leader, or lg__loop_serve) */
   int run_mu_ok;              /* run_mu initialised */
+  int ep;                     /* epoll of the daemon's descriptor and efd:
+                                 where its leader waits (-1: none) */
+  /* Leaders and followers (server.c, "the event loops"): the thread that
+   * leads the loop waits on ep and runs the daemon; the loop's own thread
+   * (th), or a gateway worker the lead was passed to. */
+  pthread_mutex_t lead_mu;    /* guards home_waiting, home_lead */
+  pthread_cond_t lead_cv;     /* the lead given back to th */
+  int lead_ok;                /* lead_mu, lead_cv initialised */
+  int home_waiting;           /* th waits for the lead */
+  int home_lead;              /* ... and the lead is its own again */
+  _Atomic int helpers;        /* other threads in lead() now */
 } lg__loop_t;
 
 typedef struct lg__acceptor lg__acceptor_t; /* accept.c */
@@ -543,6 +554,33 @@ void lg__loop_wake(lg__loop_t *l);
  * thread that holds no lock a request handler may take (a gateway worker
  * between jobs): the handlers of other connections may run in it. */
 void lg__loop_serve(lg__loop_t *l);
+/* Leaders and followers (server.c, "the event loops"). The thread that
+ * leads a loop waits on its epoll descriptor and runs its daemon; it may
+ * keep one gateway request it read and answer it itself, between its
+ * turns, instead of handing it to a worker across cores (gateway.c,
+ * keep_mine and lg__gw_run_mine). While it waits for that request's
+ * upstream it waits on the loop too (lg__loop_wait_fd) and takes a turn
+ * when the loop has work (lg__loop_turn). Before a wait that may be long
+ * (lg__will_block: a store lock another process holds, a busy committer)
+ * it passes the lead (lg__loop_pass_lead) to the loop's own thread if that
+ * waits for it, or else to an idle gateway worker (lg__gw_lead_post),
+ * which leads with lg__loop_lead_for. */
+/* 1 when this thread leads a loop now and has not passed the lead. */
+int lg__loop_leads(void);
+/* Passes this thread's lead on. 1 when passed (or passed already), 0 when
+ * this thread leads no loop or no thread could take the lead now. */
+int lg__loop_pass_lead(void);
+/* The leader's loop descriptor to wait on beside its own (readable: call
+ * lg__loop_turn), or -1 when this thread does not lead. */
+int lg__loop_wait_fd(void);
+/* A turn of the daemon of the loop this thread leads (no-op otherwise),
+ * from a thread that holds no lock a request handler may take. */
+void lg__loop_turn(void);
+/* A gateway worker leads l (its lead was posted, and the worker counted
+ * itself in l->helpers when it took it) until it passes the lead on or
+ * the loops stop (the lead then goes back to l's own thread). Leaves
+ * l->helpers one less. */
+void lg__loop_lead_for(lg__loop_t *l);
 
 /* Sets the phase of connection c (from the libmicrohttpd threads). */
 void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);

@@ -208,6 +208,21 @@ static int use_wal(lg_store_t *s, lg_error_t *err) {
   }
 }
 
+/* SQLite's own wait for a lock (sqlite3_busy_timeout's: the same steps,
+ * the same total, ud the timeout in ms), which first tells the thread that
+ * it blocks (lg__will_block: a server's loop leader passes its lead on). */
+static int on_busy(void *ud, int count) {
+  static const unsigned char step[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100};
+  static const unsigned char before[] = {0, 1, 3, 8, 18, 33, 53, 78, 103, 128, 178, 228};
+  const int n = (int)sizeof step, timeout = *(const int *)ud;
+  int delay = count < n ? step[count] : step[n - 1];
+  int prior = count < n ? before[count] : before[n - 1] + step[n - 1] * (count - (n - 1));
+  if (prior + delay > timeout && (delay = timeout - prior) <= 0) return 0;
+  if (count == 0) lg__will_block();
+  sqlite3_sleep(delay);
+  return 1;
+}
+
 static int open_conn(lg_store_t *s, const char *path, int memory, lg_error_t *err) {
   if (!memory && (!path || !*path))
     return lg__err(err, LG_EINVAL, "url", -1, "sqlite: needs a file name (sqlite:PATH)");
@@ -241,7 +256,7 @@ static int open_conn(lg_store_t *s, const char *path, int memory, lg_error_t *er
     goto fail;
   }
   sqlite3_extended_result_codes(c->db, 1);
-  sqlite3_busy_timeout(c->db, s->opts.busy_timeout_ms);
+  sqlite3_busy_handler(c->db, on_busy, &s->opts.busy_timeout_ms);
   if (!memory && (rc = use_wal(s, err))) goto fail;
   if ((rc = set_sync(s, 2, err))) goto fail;
   return 0;
@@ -448,7 +463,7 @@ static int d_reader(lg_store_t *s, int on, lg_error_t *err) {
       return LG_ESTORE;
     }
     sqlite3_extended_result_codes(c->rdb, 1);
-    sqlite3_busy_timeout(c->rdb, s->opts.busy_timeout_ms);
+    sqlite3_busy_handler(c->rdb, on_busy, &s->opts.busy_timeout_ms);
   }
   tl_reader = c;
   return 0;

@@ -37,8 +37,10 @@
 #include "group.h"
 #include "store.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include <sys/prctl.h>
 
@@ -203,6 +205,19 @@ void lg__batcher_run(lg__batcher_t *b, lg__job_t *j) {
   enqueue(b, j);
   pthread_mutex_unlock(&b->mu);
   pthread_mutex_lock(&w.mu);
+  /* A commit of others first: usually a moment. Past 2 ms the store may be
+   * held (another process's lock): the caller is told it blocks. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += 2 * 1000 * 1000;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  while (!w.done && pthread_cond_timedwait(&w.cv, &w.mu, &until) != ETIMEDOUT) {
+  }
+  if (!w.done) {
+    pthread_mutex_unlock(&w.mu);
+    lg__will_block();
+    pthread_mutex_lock(&w.mu);
+  }
   while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
   pthread_mutex_unlock(&w.mu);
   pthread_mutex_destroy(&w.mu);

@@ -89,6 +89,13 @@ bool lg__json_oom(void);
  * outside the region). Off under ASan, so that it checks every value. */
 void lg__json_region_begin(void);
 void lg__json_region_end(void);
+/* A thread about to wait for something that may take long (a lock of the
+ * store another process holds, a busy committer): lg__will_block runs the
+ * hook this thread set (the server's loop leader passes its loop's lead
+ * on, so that the loop's other connections are served meanwhile), if any.
+ * The hook is per thread; NULL unsets it. */
+void lg__will_block(void);
+void lg__set_block_hook(void (*fn)(void));
 /* A thread that used the region and ends (or idles long) gives its chunk up. */
 void lg__json_region_thread_end(void);
 /* For tests: the region on or off (default: on, off under ASan), and the

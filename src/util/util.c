@@ -195,6 +195,12 @@ void lg__json_begin(void) {
 
 bool lg__json_oom(void) { return g_json_oom; }
 
+static _Thread_local void (*tl_block_hook)(void);
+void lg__set_block_hook(void (*fn)(void)) { tl_block_hook = fn; }
+void lg__will_block(void) {
+  if (tl_block_hook) tl_block_hook();
+}
+
 void *lg__malloc(size_t n) { return g_malloc(n ? n : 1); }
 void *lg__calloc(size_t n, size_t size) {
   if (size && n > SIZE_MAX / size) return NULL;

@@ -326,7 +326,9 @@ stop_server lru
 [ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
 
 note "a store busy when the answer comes (another process holds its write lock past the busy timeout): decided again a step at a time, nothing lost"
-start_server busy --store "sqlite:$TMP/busy.db" --upstream "$FAKE/v1" --log "$TMP/busy.log"
+# One daemon (--threads 1): the health checks below share the gateway
+# request's loop.
+start_server busy --store "sqlite:$TMP/busy.db" --upstream "$FAKE/v1" --log "$TMP/busy.log" --threads 1
 # The "slow" model answers after 3 s; the lock is taken at 1 s (after the
 # model call's transaction) and held to 9.5 s: the answer's batch (usage,
 # text) waits the busy timeout (5 s) in vain, and the step at a time that
@@ -370,8 +372,19 @@ lpid=$!
 for _ in $(seq 200); do [ -e "$TMP/busy2.locked" ] && break; sleep 0.05; done
 [ -e "$TMP/busy2.locked" ] || fail "busy-2: the store's lock was not taken in 10 s"
 body="{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"$id\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{\\\"customer_id\\\":\\\"c-1\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"$id\",\"content\":\"Customer 1, gold\"}]}"
-code=$(curl -s --max-time 40 -o "$TMP/busy2.json" -w '%{http_code}' -H 'content-type: application/json' \
-  -H 'X-Loopguard-Run: busy-2' -d "$body" "$busy_URL/v1/chat/completions")
+curl -s --max-time 40 -o "$TMP/busy2.json" -w '%{http_code}' -H 'content-type: application/json' \
+  -H 'X-Loopguard-Run: busy-2' -d "$body" "$busy_URL/v1/chat/completions" >"$TMP/busy2.code" &
+cpid=$!
+# The thread that read the request (the loop's leader) waits for the lock
+# in the store: it passes the loop on first, so the loop's other
+# connections are answered meanwhile (503: the store cannot take a write).
+sleep 1
+r=$(curl -s -o "$TMP/busy2.health" -w '%{http_code} %{time_total}' --max-time 10 "$busy_URL/healthz")
+[ "${r%% *}" = 503 ] || fail "busy-2: healthz while the store is locked: $r $(cat "$TMP/busy2.health")"
+awk -v s="${r#* }" 'BEGIN { exit !(s < 1) }' ||
+  fail "busy-2: healthz waited ${r#* } s behind a gateway request's wait for the store"
+wait "$cpid"
+code=$(cat "$TMP/busy2.code")
 wait "$lpid" || fail "could not hold the store's lock"
 [ "$code" = 200 ] || fail "busy-2: the second turn answered $code: $(cat "$TMP/busy2.json")"
 get 'd["choices"][0]["message"]["content"]' <"$TMP/busy2.json" | grep -q '^Done: Customer 1, gold' || fail "busy-2: $(cat "$TMP/busy2.json")"
@@ -384,6 +397,28 @@ grep '"type":"result"' "$TMP/busy2.jsonl" | grep -q "\"call_id\":\"$id\"" ||
 "$LG_BIN" replay --json "$TMP/busy2.jsonl" >"$TMP/busy2.replay" || fail "busy-2: replay"
 stop_server busy
 [ "$busy_RC" = 0 ] || fail "the busy server exited $busy_RC: $(tail -5 "$TMP/busy.err")"
+
+note "a slow upstream: the thread that read the request waits for it on the loop too, and serves the loop's other connections meanwhile"
+start_server lead --store memory: --upstream "$FAKE/v1" --log "$TMP/lead.log" --threads 1
+curl -s --max-time 20 -o "$TMP/lead-slow.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+  -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$lead_URL/v1/chat/completions" >"$TMP/lead-slow.code" &
+cpid=$!
+sleep 0.5
+for probe in healthz gateway metrics; do
+  case $probe in
+  healthz) r=$(curl -s -o "$TMP/lead.out" -w '%{http_code} %{time_total}' --max-time 10 "$lead_URL/healthz") ;;
+  metrics) r=$(curl -s -o "$TMP/lead.out" -w '%{http_code} %{time_total}' --max-time 10 "$lead_URL/metrics") ;;
+  gateway) r=$(curl -s -o "$TMP/lead.out" -w '%{http_code} %{time_total}' --max-time 10 -H 'Content-Type: application/json' \
+    -d '{"model":"m","messages":[{"role":"user","content":"Say hello."}]}' "$lead_URL/v1/chat/completions") ;;
+  esac
+  [ "${r%% *}" = 200 ] || fail "lead: $probe while a slow upstream is awaited: $r $(head -c 300 "$TMP/lead.out")"
+  awk -v s="${r#* }" 'BEGIN { exit !(s < 1) }' || fail "lead: $probe waited ${r#* } s behind a slow upstream"
+done
+kill -0 "$cpid" 2>/dev/null || fail "lead: the slow request was answered before the checks: nothing was tested"
+wait "$cpid"
+[ "$(cat "$TMP/lead-slow.code")" = 200 ] || fail "lead: the slow request: $(cat "$TMP/lead-slow.code") $(cat "$TMP/lead-slow.json")"
+stop_server lead
+[ "$lead_RC" = 0 ] || fail "the lead server exited $lead_RC: $(tail -5 "$TMP/lead.err")"
 
 note "a run without X-Loopguard-Run: its next request reads only its new messages, found by its first bytes"
 metric() { curl -sf "$g_URL/metrics" | awk -v k="loopguard_gateway_messages_read_total{how=\"$1\"}" '$1 == k { print $2 }'; }
