@@ -86,7 +86,6 @@ static int number(const char *flag, const char *v, long long min, long long max,
   return 0;
 }
 
-
 /* glibc gives the top of a thread's heap back to the kernel as soon as
  * more than the trim threshold is free there (madvise), and a request's
  * allocations fault the pages in again right after: each give-back is a
