@@ -60,7 +60,14 @@ ts = [threading.Thread(target=agent, args=(i,)) for i in range(6)]
 [t.start() for t in ts]; [t.join() for t in ts]
 EOF
 load=$!
-sleep 1.5
+# The kill comes once the load is going (more than 50 answers, however
+# slow the machine: a sanitizer build beside other tests took more than
+# the 1.5 s this waited before), and a moment later, in mid-flight.
+for _ in $(seq 600); do
+  [ "$(wc -l <"$TMP/acked.jsonl" 2>/dev/null || echo 0)" -gt 50 ] && break
+  sleep 0.05
+done
+sleep 0.3
 kill -9 "$A_PID"
 wait "$load"
 wait "$A_PID" 2>/dev/null
