@@ -344,13 +344,16 @@ static _Thread_local lg__gw_t *tl_claim;
  * request read in a turn taken meanwhile goes to a worker. */
 static _Thread_local lg__gw_job_t *tl_mine;
 static _Thread_local int tl_busy;
-/* This thread's context when it is a worker (worker_main). */
+/* This thread's context when it is a worker (worker_main); NULL on a
+ * loop's own thread. */
 static _Thread_local lg__gw_ctx_t *tl_cx;
+
+int lg__gw_holds_mine(void) { return tl_mine || tl_busy; }
 
 /* 1 when j is kept by this thread (counted as running, so that
  * lg__gw_stop waits for it). */
 static int keep_mine(lg__gw_t *gw, lg__gw_job_t *j) {
-  if (tl_mine || tl_busy || !lg__loop_leads()) return 0;
+  if (lg__gw_holds_mine() || !lg__loop_leads()) return 0;
   pthread_mutex_lock(&gw->qmu);
   int ok = !gw->quit && !atomic_load(&gw->stop);
   if (ok) gw->running++;
@@ -545,7 +548,7 @@ static void run_job(lg__gw_ctx_t *cx, lg__gw_job_t *j) {
    * (keep_mine). */
   j->job.may_serve = 1;
   tl_busy = 0;
-  if (tl_cx == cx && !lg__loop_leads()) tl_claim = gw;
+  if (tl_cx && !lg__loop_leads()) tl_claim = gw; /* a worker that does not lead */
   release(j);
   if (j->streaming) lg__gw_stream_end(j);
   tl_claim = NULL;

@@ -50,6 +50,8 @@ void lg__gw_free(lg__gw_t *gw);
  * the request it kept (gw_submit): 1 when there was one. */
 int lg__gw_lead_post(lg__gw_t *gw, lg__loop_t *l);
 int lg__gw_run_mine(lg__gw_t *gw);
+/* 1 while this thread keeps a request it has not answered yet. */
+int lg__gw_holds_mine(void);
 
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */

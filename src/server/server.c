@@ -445,10 +445,11 @@ lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
  * upstream's (lg__will_block: SQLite's busy wait, a committer busy past
  * 2 ms, another request of the same run in flight) it passes the lead:
  * to the loop's own thread if that waits for it, else to an idle gateway
- * worker (lg__gw_lead_post; only one that takes it at once), which leads
- * until it passes the lead on in turn; the thread that passed it finishes
- * its request and then waits to be given the lead back (the loop's own
- * thread) or goes back to the workers. */
+ * worker (lg__gw_lead_post; only one that takes it at once). The thread
+ * that passed it finishes its request and then waits to be given the lead
+ * back (the loop's own thread) or goes back to the workers; a worker that
+ * leads gives the lead back home once the loop's own thread waits and the
+ * worker holds no request, so the pool is whole again. */
 
 void lg__loop_wake(lg__loop_t *l) {
   if (!l || l->efd < 0) return;
@@ -468,6 +469,19 @@ static int run_daemon(lg__loop_t *l) {
   return ms;
 }
 
+/* Under run_mu, by whichever thread runs the daemon now: the connections
+ * queued for it added, then up to `turns` turns while it has more to do
+ * at once. Returns how long it may wait before its next turn (ms; 0: more
+ * to do at once), or -1 when the loops stop (stop_loops clears mhd under
+ * run_mu). */
+static int turns_locked(lg__loop_t *l, int turns) {
+  if (atomic_load(&l->srv->loop_stop) || !l->mhd) return -1;
+  lg__loop_add_queued(l);
+  int ms = 0;
+  for (int t = 0; t < turns && !ms; t++) ms = run_daemon(l);
+  return ms;
+}
+
 void lg__loop_serve(lg__loop_t *l) {
   if (!l) return;
   /* The loop's leader holds run_mu while it runs the daemon, and may have
@@ -481,9 +495,7 @@ void lg__loop_serve(lg__loop_t *l) {
    * its readiness was taken from the epoll descriptor already) is the
    * loop's, woken for it. */
   if (l->efd >= 0 && l->run_mu_ok && !pthread_mutex_trylock(&l->run_mu)) {
-    int ms = 0;
-    for (int turn = 0; turn < 4 && !ms && !atomic_load(&l->srv->loop_stop) && l->mhd; turn++)
-      ms = run_daemon(l);
+    int ms = turns_locked(l, 4);
     pthread_mutex_unlock(&l->run_mu);
     if (ms > 0) return;
   }
@@ -495,24 +507,26 @@ static _Thread_local int tl_passed;          /* ... and it passed the lead on */
 
 int lg__loop_leads(void) { return tl_leading && !tl_passed; }
 
-int lg__loop_pass_lead(void) {
-  lg__loop_t *l = tl_leading;
-  if (!l || tl_passed) return 0;
-  int home = 0;
+/* The lead to the loop's own thread, when that waits for it: 1. */
+static int give_home(lg__loop_t *l) {
   pthread_mutex_lock(&l->lead_mu);
-  if (l->home_waiting) { /* the loop's own thread takes it back */
+  int home = l->home_waiting;
+  if (home) {
     l->home_waiting = 0;
-    l->home_lead = home = 1;
+    l->home_lead = 1;
   }
   pthread_mutex_unlock(&l->lead_mu);
   if (home) pthread_cond_signal(&l->lead_cv);
-  tl_passed = home || lg__gw_lead_post(l->srv->gw, l);
-  return tl_passed;
+  return home;
 }
 
 /* The leader is about to wait for something that may take long (the
- * store): the lead goes to a thread that can take it. */
-static void pass_before_block(void) { (void)lg__loop_pass_lead(); }
+ * store): the lead goes to the loop's own thread if it waits for it, else
+ * to an idle gateway worker; with neither, this thread keeps it. */
+static void pass_before_block(void) {
+  lg__loop_t *l = tl_leading;
+  if (l && !tl_passed) tl_passed = give_home(l) || lg__gw_lead_post(l->srv->gw, l);
+}
 
 /* Its eventfd read: the wake-ups so far are taken. */
 static void drain_wake(lg__loop_t *l) {
@@ -528,32 +542,27 @@ void lg__loop_turn(void) {
   lg__loop_t *l = tl_leading;
   drain_wake(l); /* before the turn: a wake-up during it stays readable */
   pthread_mutex_lock(&l->run_mu);
-  if (!atomic_load(&l->srv->loop_stop) && l->mhd) {
-    lg__loop_add_queued(l);
-    for (int turn = 0; turn < 4 && !run_daemon(l); turn++) {
-    }
-  }
+  turns_locked(l, 4);
   pthread_mutex_unlock(&l->run_mu);
 }
 
 /* Leads l until the loops stop or this thread passed the lead on. Between
- * its turns it runs the gateway request it kept (lg__gw_run_mine). Returns
- * 1 when the lead was passed. */
-static int lead(lg__loop_t *l) {
+ * its turns it runs the gateway request it kept (lg__gw_run_mine). A
+ * gateway worker (not home) gives the lead back to the loop's own thread
+ * as soon as that waits for it and the worker holds no request: the
+ * worker goes back to the pool. Returns 1 when the lead was passed. */
+static int lead(lg__loop_t *l, int home) {
   lg_server_t *srv = l->srv;
   tl_leading = l;
   tl_passed = 0;
   lg__set_block_hook(pass_before_block);
   for (;;) {
     pthread_mutex_lock(&l->run_mu);
-    if (atomic_load(&srv->loop_stop) || !l->mhd) { /* (stop_loops clears mhd under run_mu) */
-      pthread_mutex_unlock(&l->run_mu);
-      break;
-    }
-    lg__loop_add_queued(l);
-    int ms = run_daemon(l);
+    int ms = turns_locked(l, 1);
     pthread_mutex_unlock(&l->run_mu);
+    if (ms < 0) break;
     if (lg__gw_run_mine(srv->gw)) ms = 0; /* what came meanwhile is looked at now */
+    if (!tl_passed && !home && !lg__gw_holds_mine() && give_home(l)) tl_passed = 1;
     if (tl_passed) break;
     /* More to do at once (a request read in several steps): MHD again,
      * not a wait that would return at once (two system calls a turn). A
@@ -578,16 +587,19 @@ static void lead_home(lg__loop_t *l) {
 }
 
 void lg__loop_lead_for(lg__loop_t *l) {
-  if (!lead(l)) lead_home(l); /* the loops stop: the loop's own thread ends it */
+  if (!lead(l, 0)) lead_home(l); /* the loops stop: the loop's own thread ends it */
   atomic_fetch_sub(&l->helpers, 1);
 }
 
 static void *loop_main(void *arg) {
   lg__loop_t *l = arg;
   lg_server_t *srv = l->srv;
-  while (lead(l)) { /* passed: back when a helper passes it home, or at the stop */
+  while (lead(l, 1)) { /* passed: back when the worker that leads gives it home, or at the stop */
     pthread_mutex_lock(&l->lead_mu);
     l->home_waiting = !l->home_lead;
+    pthread_mutex_unlock(&l->lead_mu);
+    lg__loop_wake(l); /* the worker that leads sees it between two waits */
+    pthread_mutex_lock(&l->lead_mu);
     while (!l->home_lead && !atomic_load(&srv->loop_stop)) pthread_cond_wait(&l->lead_cv, &l->lead_mu);
     l->home_waiting = l->home_lead = 0;
     pthread_mutex_unlock(&l->lead_mu);

@@ -520,7 +520,8 @@ void lg__ipcount_free(lg__ipcount_t *t);
  * already (or out of memory). Under conn_mu. */
 int lg__ipcount_add(lg__ipcount_t *t, const struct sockaddr_storage *addr, unsigned limit);
 void lg__ipcount_del(lg__ipcount_t *t, const struct sockaddr_storage *addr);
-/* A loop (epoll mode) adds the connections queued for it (its thread). */
+/* A loop (epoll mode) adds the connections queued for it (the thread that
+ * runs its daemon, under run_mu). */
 void lg__loop_add_queued(lg__loop_t *l);
 
 /* screen.c: the first head of a connection. */
@@ -562,14 +563,11 @@ void lg__loop_serve(lg__loop_t *l);
  * upstream it waits on the loop too (lg__loop_wait_fd) and takes a turn
  * when the loop has work (lg__loop_turn). Before a wait that may be long
  * (lg__will_block: a store lock another process holds, a busy committer)
- * it passes the lead (lg__loop_pass_lead) to the loop's own thread if that
- * waits for it, or else to an idle gateway worker (lg__gw_lead_post),
- * which leads with lg__loop_lead_for. */
+ * it passes the lead to the loop's own thread if that waits for it, or
+ * else to an idle gateway worker (lg__gw_lead_post), which leads with
+ * lg__loop_lead_for until it can give the lead back. */
 /* 1 when this thread leads a loop now and has not passed the lead. */
 int lg__loop_leads(void);
-/* Passes this thread's lead on. 1 when passed (or passed already), 0 when
- * this thread leads no loop or no thread could take the lead now. */
-int lg__loop_pass_lead(void);
 /* The leader's loop descriptor to wait on beside its own (readable: call
  * lg__loop_turn), or -1 when this thread does not lead. */
 int lg__loop_wait_fd(void);
@@ -577,9 +575,11 @@ int lg__loop_wait_fd(void);
  * from a thread that holds no lock a request handler may take. */
 void lg__loop_turn(void);
 /* A gateway worker leads l (its lead was posted, and the worker counted
- * itself in l->helpers when it took it) until it passes the lead on or
- * the loops stop (the lead then goes back to l's own thread). Leaves
- * l->helpers one less. */
+ * itself in l->helpers when it took it) until it gives the lead back to
+ * l's own thread (once that waits for it and the worker holds no
+ * request), passes it on before a long wait of its own, or the loops
+ * stop (the lead then goes back to l's own thread). Leaves l->helpers one
+ * less. */
 void lg__loop_lead_for(lg__loop_t *l);
 
 /* Sets the phase of connection c (from the libmicrohttpd threads). */
