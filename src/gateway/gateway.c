@@ -33,7 +33,18 @@
 #include <strings.h>
 #include <time.h>
 
+/* The gateway's workers: GW_WORKERS start with the server; when a request
+ * has waited GW_GROW_MS in the queue with no worker idle (every worker
+ * holds a request, most often waiting for its upstream, which thinks for
+ * seconds), one more starts, up to LOOPGUARD_GATEWAY_WORKERS: the default
+ * is GW_WORKERS_MAX with a store all threads share (memory:, sqlite:),
+ * GW_WORKERS_MAX_PG with PostgreSQL, where each worker opens a connection
+ * of its own. A worker started stays until the server stops. */
 #define GW_WORKERS 8
+#define GW_WORKERS_MAX 256
+#define GW_WORKERS_MAX_PG 32
+#define GW_WORKERS_LIMIT 4096
+#define GW_GROW_MS 50
 /* Loops whose lead may wait for a worker at once (server.c has at most 32
  * loops, and a loop posts its lead once). */
 #define GW_LEADS 32
@@ -73,8 +84,11 @@ typedef lg__gw_key_t key_ent_t;
 struct lg__gw {
   lg_server_t *srv;
   lg__gw_config_t cfg;
-  pthread_t th[GW_WORKERS];
-  int nth;
+  pthread_t *th;               /* max_th of them; the first nth started */
+  int nth, max_th;
+  pthread_t grower;           /* starts workers when requests wait (grow_main) */
+  int grower_ok;
+  pthread_cond_t grow_cv;     /* a request queued with no worker idle, or quit */
   pthread_mutex_t qmu;        /* guards the queue, running */
   pthread_cond_t qcv;         /* a job queued, or quit: wakes one worker */
   pthread_cond_t idle_cv;     /* a worker done with a job: wakes lg__gw_stop */
@@ -371,7 +385,10 @@ static void gw_submit(lg__req_t *rq) {
   if (!claimed && keep_mine(gw, j)) return;
   pthread_mutex_lock(&gw->qmu);
   int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
+  int grow = 0;
   if (!full) {
+    j->queued_ns = lg__gw_mono_ns();
+    grow = gw->idle <= (int)gw->qlen + gw->nleads && gw->nth < gw->max_th;
     j->qnext = NULL;
     if (gw->qtail) gw->qtail->qnext = j;
     else gw->qhead = j;
@@ -382,6 +399,7 @@ static void gw_submit(lg__req_t *rq) {
   /* After the unlock: a worker woken under the lock would wait at once for
    * the mutex, two more system calls and a switch a request. */
   if (!full && !claimed) pthread_cond_signal(&gw->qcv);
+  if (grow) pthread_cond_signal(&gw->grow_cv);
   if (full) {
     lg__gw_error(j, 503, "server_error", "overloaded",
                  "loopguard gateway: too many requests waiting for an upstream; retry later");
@@ -607,9 +625,11 @@ static void *worker_main(void *arg) {
   lg__gw_t *gw = arg;
   lg__gw_ctx_t cx = {gw, gw->srv, curl_easy_init(), NULL, curl_multi_init()};
   tl_cx = &cx;
+  int counted = 1; /* start_worker counted this worker idle */
   for (;;) {
     pthread_mutex_lock(&gw->qmu);
-    gw->idle++;
+    if (!counted) gw->idle++;
+    counted = 0;
     while (!gw->qhead && !gw->nleads && !gw->quit) pthread_cond_wait(&gw->qcv, &gw->qmu);
     gw->idle--;
     if (gw->nleads) { /* a loop to lead: first, or its requests wait */
@@ -637,6 +657,38 @@ static void *worker_main(void *arg) {
   if (cx.multi) curl_multi_cleanup(cx.multi);
   if (cx.curl) curl_easy_cleanup(cx.curl);
   lg__json_region_thread_end();
+  return NULL;
+}
+
+/* Starts one more worker, counted idle at once (it takes the oldest job or
+ * lead when it runs). With qmu held. */
+static int start_worker(lg__gw_t *gw) {
+  if (gw->nth >= gw->max_th || pthread_create(&gw->th[gw->nth], NULL, worker_main, gw)) return -1;
+  gw->nth++;
+  gw->idle++;
+  return 0;
+}
+
+/* The pool's growth: when the oldest queued request has waited GW_GROW_MS
+ * and fewer workers are idle than requests and leads wait for one, one
+ * more worker starts, and again until there are enough. */
+static void *grow_main(void *arg) {
+  lg__gw_t *gw = arg;
+  pthread_mutex_lock(&gw->qmu);
+  while (!gw->quit) {
+    if (gw->qhead && gw->nth < gw->max_th && gw->idle < (int)gw->qlen + gw->nleads) {
+      uint64_t due = gw->qhead->queued_ns + (uint64_t)GW_GROW_MS * 1000000u;
+      if (lg__gw_mono_ns() >= due) {
+        if (start_worker(gw)) gw->max_th = gw->nth; /* no more threads here: grow no further */
+        continue;
+      }
+      struct timespec until = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
+      pthread_cond_timedwait(&gw->grow_cv, &gw->qmu, &until);
+    } else {
+      pthread_cond_wait(&gw->grow_cv, &gw->qmu);
+    }
+  }
+  pthread_mutex_unlock(&gw->qmu);
   return NULL;
 }
 
@@ -1041,6 +1093,20 @@ void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *
 
 void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
   size_t nup = gw->cfg.nup < GW_MAX_UP ? gw->cfg.nup : GW_MAX_UP;
+  pthread_mutex_lock(&gw->qmu);
+  int nth = gw->nth, idle = gw->idle, max_th = gw->max_th;
+  size_t qlen = gw->qlen;
+  pthread_mutex_unlock(&gw->qmu);
+  lg__buf_printf(b, "# HELP loopguard_gateway_workers The gateway's worker threads, busy (a request each, most "
+                    "often waiting for its upstream) and idle; the pool grows when requests wait.\n"
+                    "# TYPE loopguard_gateway_workers gauge\n"
+                    "loopguard_gateway_workers{state=\"busy\"} %d\nloopguard_gateway_workers{state=\"idle\"} %d\n"
+                    "# HELP loopguard_gateway_workers_max The most worker threads the pool may start "
+                    "(LOOPGUARD_GATEWAY_WORKERS).\n# TYPE loopguard_gateway_workers_max gauge\n"
+                    "loopguard_gateway_workers_max %d\n"
+                    "# HELP loopguard_gateway_queued Gateway requests waiting for a worker.\n"
+                    "# TYPE loopguard_gateway_queued gauge\nloopguard_gateway_queued %zu\n",
+                 nth - idle, idle, max_th, qlen);
   lg__buf_puts(b, "# HELP loopguard_gateway_requests_total Gateway requests by route and upstream.\n"
                   "# TYPE loopguard_gateway_requests_total counter\n");
   for (int k = 0; k < LG__GW__KINDS; k++)
@@ -1112,6 +1178,19 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
   const char *pb = getenv("LOOPGUARD_GATEWAY_PREFIX_BYTES");
   gw->prefix_max = pb && *pb && atoll(pb) >= 0 ? (size_t)atoll(pb) : GW_PREFIX_BYTES_DEFAULT;
+  const char *wn = getenv("LOOPGUARD_GATEWAY_WORKERS");
+  gw->max_th = srv->shared ? GW_WORKERS_MAX : GW_WORKERS_MAX_PG;
+  if (!rc && wn && *wn) {
+    char *end;
+    long v = strtol(wn, &end, 10);
+    if (*end || v < 1 || v > GW_WORKERS_LIMIT)
+      rc = lg__err(err, LG_EINVAL, "LOOPGUARD_GATEWAY_WORKERS", -1,
+                   "must be a whole number of threads from 1 to %d, not \"%s\"", GW_WORKERS_LIMIT, wn);
+    else
+      gw->max_th = (int)v;
+  }
+  if (!rc && !(gw->th = lg__calloc((size_t)gw->max_th, sizeof *gw->th)))
+    rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   if (rc) {
     lg__gw_config_clear(&gw->cfg);
     lg__free(gw);
@@ -1122,12 +1201,18 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   pthread_cond_init(&gw->qcv, NULL);
   pthread_cond_init(&gw->idle_cv, NULL);
   pthread_mutex_init(&gw->tmu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* grow_main's deadlines are lg__gw_mono_ns() */
+  pthread_cond_init(&gw->grow_cv, &ca);
+  pthread_condattr_destroy(&ca);
   gw->ctx_key_ok = !pthread_key_create(&gw->ctx_key, ctx_free);
-  for (int i = 0; i < GW_WORKERS; i++) {
-    if (pthread_create(&gw->th[i], NULL, worker_main, gw)) break;
-    gw->nth++;
-  }
-  if (!gw->nth) {
+  pthread_mutex_lock(&gw->qmu);
+  for (int i = 0; i < GW_WORKERS && i < gw->max_th; i++)
+    if (start_worker(gw)) break;
+  pthread_mutex_unlock(&gw->qmu);
+  gw->grower_ok = gw->nth && !pthread_create(&gw->grower, NULL, grow_main, gw);
+  if (!gw->grower_ok) {
     lg__gw_free(gw);
     return lg__err(err, LG_ENOMEM, NULL, -1, "cannot start the gateway's threads");
   }
@@ -1150,14 +1235,18 @@ void lg__gw_free(lg__gw_t *gw) {
   pthread_mutex_lock(&gw->qmu);
   gw->quit = 1;
   pthread_cond_broadcast(&gw->qcv);
+  pthread_cond_broadcast(&gw->grow_cv);
   pthread_mutex_unlock(&gw->qmu);
+  if (gw->grower_ok) pthread_join(gw->grower, NULL); /* first: no worker starts after it */
   for (int i = 0; i < gw->nth; i++) pthread_join(gw->th[i], NULL);
+  lg__free(gw->th);
   while (gw->lru_head) evict(gw, gw->lru_head);
   lg__gw_policies_clear(&gw->policies);
   lg__gw_config_clear(&gw->cfg);
   pthread_mutex_destroy(&gw->qmu);
   pthread_cond_destroy(&gw->qcv);
   pthread_cond_destroy(&gw->idle_cv);
+  pthread_cond_destroy(&gw->grow_cv);
   pthread_mutex_destroy(&gw->tmu);
   if (gw->ctx_key_ok) pthread_key_delete(gw->ctx_key); /* the loops' threads are gone */
   lg__free(gw);

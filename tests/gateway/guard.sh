@@ -420,6 +420,33 @@ wait "$cpid"
 stop_server lead
 [ "$lead_RC" = 0 ] || fail "the lead server exited $lead_RC: $(tail -5 "$TMP/lead.err")"
 
+note "many slow upstream requests at once: the worker pool grows past its first eight, up to LOOPGUARD_GATEWAY_WORKERS, so none waits for another's upstream"
+# 20 requests to a model that answers after 3 s: with the first eight
+# workers (and the loop's leader) alone, three rounds, 9 s; grown, one.
+LOOPGUARD_GATEWAY_WORKERS=20 start_server pool --store memory: --upstream "$FAKE/v1" --log "$TMP/pool.log" --threads 1
+t0=$(date +%s.%N)
+pids=()
+for i in $(seq 20); do
+  curl -s --max-time 30 -o "$TMP/pool-$i.json" -w '%{http_code}' -H 'Content-Type: application/json' -H "X-Loopguard-Run: pool-$i" \
+    -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$pool_URL/v1/chat/completions" >"$TMP/pool-$i.code" &
+  pids+=($!)
+done
+wait "${pids[@]}"
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+for i in $(seq 20); do
+  [ "$(cat "$TMP/pool-$i.code")" = 200 ] || fail "pool: request $i: $(cat "$TMP/pool-$i.code") $(head -c 300 "$TMP/pool-$i.json")"
+done
+awk -v s="$secs" 'BEGIN { exit !(s < 6) }' || fail "pool: 20 requests of 3 s at once took $secs s: they waited for each other"
+curl -sf "$pool_URL/metrics" >"$TMP/pool.metrics" || fail "pool: no metrics"
+started=$(awk '$1 ~ /^loopguard_gateway_workers\{/ { n += $2 } END { print n + 0 }' "$TMP/pool.metrics")
+grep -qx 'loopguard_gateway_workers_max 20' "$TMP/pool.metrics" || fail "pool: workers_max: $(grep workers "$TMP/pool.metrics")"
+[ "$started" -ge 19 ] && [ "$started" -le 20 ] || fail "pool: $started workers started for 20 requests at once (the cap is 20)"
+stop_server pool
+[ "$pool_RC" = 0 ] || fail "the pool server exited $pool_RC: $(tail -5 "$TMP/pool.err")"
+out=$(LOOPGUARD_GATEWAY_WORKERS=lots "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
+  fail "LOOPGUARD_GATEWAY_WORKERS=lots was taken: $out"
+echo "$out" | grep -q 'LOOPGUARD_GATEWAY_WORKERS.*"lots"' || fail "LOOPGUARD_GATEWAY_WORKERS=lots: $out"
+
 note "a run without X-Loopguard-Run: its next request reads only its new messages, found by its first bytes"
 metric() { curl -sf "$g_URL/metrics" | awk -v k="loopguard_gateway_messages_read_total{how=\"$1\"}" '$1 == k { print $2 }'; }
 # a system prompt long enough (over 2 KiB) for the conversation to be found by its start
