@@ -70,6 +70,11 @@ static const char *serve_usage =
     "                       the store with the decisions\n"
     "  -h, --help           this help\n"
     "\n"
+    "Environment for the gateway: LOOPGUARD_GATEWAY_WORKERS, the most worker\n"
+    "threads waiting for upstreams at once (8 start; more when requests wait)\n"
+    "[256; postgres: 32]; LOOPGUARD_GATEWAY_MAX_RUNS, the runs kept in memory\n"
+    "[10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB] (docs/gateway.md).\n"
+    "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
     "SIGHUP reopens the log and reloads --prices. Exit status: 0 success, 1 an error, 2 bad usage.\n";
 

@@ -14,6 +14,7 @@ done
 grep -q "127.0.0.1:8787" <<<"$help" || fail "--help lacks the default listen address"
 grep -q "sqlite:loopguard.db" <<<"$help" || fail "--help lacks the default store"
 grep -q "1048576" <<<"$help" || fail "--help lacks the default body limit"
+grep -q "LOOPGUARD_GATEWAY_WORKERS" <<<"$help" || fail "--help does not name the gateway's variables"
 
 note "bad usage exits 2"
 rc=0; "$LG_BIN" serve --no-such-flag >/dev/null 2>&1 || rc=$?
