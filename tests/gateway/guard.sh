@@ -18,7 +18,10 @@
 #   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS;
 #   - a SQLite store whose write lock another process holds when an answer
 #     arrives: its usage and text decided again a step at a time, nothing
-#     lost.
+#     lost;
+#   - a slow upstream awaited on the loop (health, metrics and another
+#     request answered meanwhile), and 20 slow requests at once answered
+#     together: the worker pool grows, up to LOOPGUARD_GATEWAY_WORKERS.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 
