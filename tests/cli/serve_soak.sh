@@ -8,7 +8,8 @@
 # on purpose, others make progress), then a new run. Every answer must be
 # a 2xx. The server's resident memory is sampled every half second; after
 # the first quarter (warm-up: caches fill, threads start), it may not grow
-# by more than 16 MiB or 25% (traces are rows of the store, not memory).
+# by more than 16 MiB or 25% (traces are rows of the store, not memory);
+# under ASan, after the first half, 32 MiB or 50% (below).
 . "$(dirname "$0")/serve_lib.bash"
 # Under ASan, freed memory waits in a quarantine of 256 MiB before it is
 # reused, so the server's resident memory climbs for as long as that fills:
@@ -91,16 +92,28 @@ fi
 curl -sf "$A_URL/healthz" >/dev/null || fail "the server stopped answering"
 kill "$sampler" 2>/dev/null
 wait "$sampler" 2>/dev/null
-python3 - "$TMP/rss" <<'EOF' || fail "memory grew"
+# Under ASan the allocator keeps what it took, in separate regions a size
+# class each, and at ASan's speed on a CI machine its caches were still
+# filling past the first quarter (CI: 66.7 MiB after the warm-up, 87.8 at
+# the peak, flat to the end, LeakSanitizer silent at the server's exit):
+# there the warm-up is the first half and the margin 32 MiB or 50%. The
+# plain build, where the figure is the server's own, keeps the bar.
+asan=0
+ldd "$LG_BIN" 2>/dev/null | grep -q libasan && asan=1
+python3 - "$TMP/rss" "$asan" <<'EOF' || fail "memory grew"
 import sys
 s = [int(x) for x in open(sys.argv[1]) if x.strip()]
+asan = sys.argv[2] == "1"
 if len(s) < 8:
     print("too few samples: %s" % s); sys.exit(1)
-warm = s[len(s) // 4]
-peak = max(s[len(s) // 4:])
+at = len(s) // 2 if asan else len(s) // 4
+warm = s[at]
+peak = max(s[at:])
 end = s[-1]
-print("rss: start %d KiB, after warm-up %d KiB, peak %d KiB, end %d KiB" % (s[0], warm, peak, end))
-if peak - warm > max(16 * 1024, warm // 4):
+allowed = max(32 * 1024, warm // 2) if asan else max(16 * 1024, warm // 4)
+print("rss: start %d KiB, after warm-up %d KiB, peak %d KiB, end %d KiB (%s: at most %d KiB more)"
+      % (s[0], warm, peak, end, "ASan" if asan else "plain build", allowed))
+if peak - warm > allowed:
     print("resident memory grew by %d KiB after warm-up" % (peak - warm)); sys.exit(1)
 EOF
 stop_server A
