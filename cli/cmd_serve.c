@@ -72,7 +72,7 @@ static const char *serve_usage =
     "\n"
     "Environment for the gateway: LOOPGUARD_GATEWAY_WORKERS, the most worker\n"
     "threads waiting for upstreams at once (8 start; more when requests wait)\n"
-    "[256; postgres: 32]; LOOPGUARD_GATEWAY_MAX_RUNS, the runs kept in memory\n"
+    "[256; postgres: 16]; LOOPGUARD_GATEWAY_MAX_RUNS, the runs kept in memory\n"
     "[10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB] (docs/gateway.md).\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"

@@ -42,7 +42,7 @@
  * of its own. A worker started stays until the server stops. */
 #define GW_WORKERS 8
 #define GW_WORKERS_MAX 256
-#define GW_WORKERS_MAX_PG 32
+#define GW_WORKERS_MAX_PG 16
 #define GW_WORKERS_LIMIT 4096
 #define GW_GROW_MS 50
 /* Loops whose lead may wait for a worker at once (server.c has at most 32
