@@ -360,8 +360,10 @@ fi
 note "kill -9 mid-request: the reservation is released after --reservation-ttl, nothing is charged"
 CSTORE=$STORE
 [ "${LG_TEST_STORE:-}" = postgres ] || CSTORE="sqlite:$TMP/crash.db"
+# A TTL long enough for the checks between the kill and the replica's
+# read (curl and python on a loaded CI machine): 2 s ran out there once.
 crash_args=(--store "$CSTORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" --upstream "$FAKE/v1"
-  --reservation-ttl 2000 --secret-file "$TMP/secret")
+  --reservation-ttl 6000 --secret-file "$TMP/secret")
 start_server crash "${crash_args[@]}" --log "$TMP/crash.log"
 cop() { curl -s -X "$1" -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' ${3:+-d "$3"} "$crash_URL$2"; }
 # settled URL: waits until the crashy key holds no reservation (an answer
