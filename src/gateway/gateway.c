@@ -376,6 +376,12 @@ static int keep_mine(lg__gw_t *gw, lg__gw_job_t *j) {
   return ok;
 }
 
+/* Fewer workers idle than requests and leads wait for, and room for more
+ * (grow_main starts them once the oldest has waited). With qmu held. */
+static int short_of_workers(const lg__gw_t *gw) {
+  return gw->qhead && gw->nth < gw->max_th && gw->idle < (int)gw->qlen + gw->nleads;
+}
+
 static void gw_submit(lg__req_t *rq) {
   lg__gw_job_t *j = (lg__gw_job_t *)rq->job;
   lg__gw_t *gw = j->gw;
@@ -385,16 +391,15 @@ static void gw_submit(lg__req_t *rq) {
   if (!claimed && keep_mine(gw, j)) return;
   pthread_mutex_lock(&gw->qmu);
   int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
-  int grow = 0;
   if (!full) {
-    j->queued_ns = lg__gw_mono_ns();
-    grow = gw->idle <= (int)gw->qlen + gw->nleads && gw->nth < gw->max_th;
+    j->queued_ns = lg__mono_ns();
     j->qnext = NULL;
     if (gw->qtail) gw->qtail->qnext = j;
     else gw->qhead = j;
     gw->qtail = j;
     gw->qlen++;
   }
+  int grow = !full && short_of_workers(gw);
   pthread_mutex_unlock(&gw->qmu);
   /* After the unlock: a worker woken under the lock would wait at once for
    * the mutex, two more system calls and a switch a request. */
@@ -676,9 +681,9 @@ static void *grow_main(void *arg) {
   lg__gw_t *gw = arg;
   pthread_mutex_lock(&gw->qmu);
   while (!gw->quit) {
-    if (gw->qhead && gw->nth < gw->max_th && gw->idle < (int)gw->qlen + gw->nleads) {
+    if (short_of_workers(gw)) {
       uint64_t due = gw->qhead->queued_ns + (uint64_t)GW_GROW_MS * 1000000u;
-      if (lg__gw_mono_ns() >= due) {
+      if (lg__mono_ns() >= due) {
         if (start_worker(gw)) gw->max_th = gw->nth; /* no more threads here: grow no further */
         continue;
       }
@@ -1203,7 +1208,7 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   pthread_mutex_init(&gw->tmu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* grow_main's deadlines are lg__gw_mono_ns() */
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* grow_main's deadlines are lg__mono_ns() */
   pthread_cond_init(&gw->grow_cv, &ca);
   pthread_condattr_destroy(&ca);
   gw->ctx_key_ok = !pthread_key_create(&gw->ctx_key, ctx_free);

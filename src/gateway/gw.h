@@ -79,7 +79,6 @@ typedef struct lg__gw_http {
  * turns meanwhile. 0, or LG_EIO (cc says). */
 int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x);
 void lg__gw_http_clear(lg__gw_http_t *x);
-uint64_t lg__gw_mono_ns(void); /* CLOCK_MONOTONIC, in nanoseconds */
 /* "name (host:port)" of an upstream for messages, into buf. */
 const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t size);
 
@@ -194,7 +193,7 @@ typedef struct lg__gw_job {
     char ctype[128], run_id[1100], reason[64];
   } head;
   struct lg__gw_job *qnext;
-  uint64_t queued_ns;         /* when it joined the queue (lg__gw_mono_ns) */
+  uint64_t queued_ns;         /* when it joined the queue (lg__mono_ns) */
   /* keys.c: the loopguard key the request came with, or NULL */
   struct lg__key_row *key;
   int key_byok;               /* sent upstream with the key's own provider key */

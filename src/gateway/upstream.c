@@ -17,13 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <time.h>
-
-uint64_t lg__gw_mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 #define DEFAULT_TIMEOUT_MS 600000
 
@@ -360,9 +353,9 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   if (strcmp(x->method, "GET") && strcmp(x->method, "POST"))
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
   x->errbuf[0] = 0;
-  uint64_t t0 = lg__gw_mono_ns();
+  uint64_t t0 = lg__mono_ns();
   x->cc = perform(h, m);
-  x->ns = lg__gw_mono_ns() - t0;
+  x->ns = lg__mono_ns() - t0;
   long st = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
   if (st) x->status = st;

@@ -597,9 +597,7 @@ static void *loop_main(void *arg) {
   while (lead(l, 1)) { /* passed: back when the worker that leads gives it home, or at the stop */
     pthread_mutex_lock(&l->lead_mu);
     l->home_waiting = !l->home_lead;
-    pthread_mutex_unlock(&l->lead_mu);
-    lg__loop_wake(l); /* the worker that leads sees it between two waits */
-    pthread_mutex_lock(&l->lead_mu);
+    if (l->home_waiting) lg__loop_wake(l); /* the worker that leads sees it between two waits */
     while (!l->home_lead && !atomic_load(&srv->loop_stop)) pthread_cond_wait(&l->lead_cv, &l->lead_mu);
     l->home_waiting = l->home_lead = 0;
     pthread_mutex_unlock(&l->lead_mu);
