@@ -33,6 +33,8 @@
 #include <strings.h>
 #include <time.h>
 
+#include <sys/prctl.h>
+
 /* The gateway's workers: GW_WORKERS start with the server; when a request
  * has waited GW_GROW_MS in the queue with no worker idle (every worker
  * holds a request, most often waiting for its upstream, which thinks for
@@ -628,6 +630,7 @@ int lg__gw_run_mine(lg__gw_t *gw) {
 
 static void *worker_main(void *arg) {
   lg__gw_t *gw = arg;
+  prctl(PR_SET_NAME, "lg-gateway", 0, 0, 0); /* for top -H and perf */
   lg__gw_ctx_t cx = {gw, gw->srv, curl_easy_init(), NULL, curl_multi_init()};
   tl_cx = &cx;
   int counted = 1; /* start_worker counted this worker idle */
@@ -679,6 +682,7 @@ static int start_worker(lg__gw_t *gw) {
  * more worker starts, and again until there are enough. */
 static void *grow_main(void *arg) {
   lg__gw_t *gw = arg;
+  prctl(PR_SET_NAME, "lg-gw-grow", 0, 0, 0);
   pthread_mutex_lock(&gw->qmu);
   while (!gw->quit) {
     if (short_of_workers(gw)) {

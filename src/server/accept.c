@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -391,6 +392,7 @@ static void accept_some(lg__acceptor_t *a) {
 
 static void *acceptor_main(void *arg) {
   lg__acceptor_t *a = arg;
+  prctl(PR_SET_NAME, "lg-accept", 0, 0, 0); /* for top -H and perf */
   struct epoll_event got[64];
   while (!atomic_load(&a->stop)) {
     int ms = -1;

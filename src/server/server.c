@@ -48,6 +48,7 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -594,6 +595,7 @@ void lg__loop_lead_for(lg__loop_t *l) {
 static void *loop_main(void *arg) {
   lg__loop_t *l = arg;
   lg_server_t *srv = l->srv;
+  prctl(PR_SET_NAME, "lg-http", 0, 0, 0); /* for top -H and perf */
   while (lead(l, 1)) { /* passed: back when the worker that leads gives it home, or at the stop */
     pthread_mutex_lock(&l->lead_mu);
     l->home_waiting = !l->home_lead;
@@ -607,6 +609,7 @@ static void *loop_main(void *arg) {
 
 static void *reaper_main(void *arg) {
   lg_server_t *srv = arg;
+  prctl(PR_SET_NAME, "lg-reaper", 0, 0, 0);
   uint64_t limit = (uint64_t)srv->o.timeout_s * 1000000000u;
   while (!atomic_load(&srv->reaper_stop)) {
     struct timespec ts = {0, 100 * 1000000L};

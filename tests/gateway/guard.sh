@@ -41,6 +41,12 @@ echo '{"limits":{"max_model_calls":3}}' >"$TMP/policies/cap3.json"
 echo 'not a policy' >"$TMP/policies/README.txt" # not NAME.json: skipped
 start_server g --store memory: --upstream "$FAKE/v1" --log "$TMP/g.log" --policies "$TMP/policies"
 
+note "the server's threads carry their names (docs/server.md, \"Signals and life\")"
+names=$(cat /proc/"$g_PID"/task/*/comm | sort -u | tr '\n' ' ')
+for t in lg-http lg-commit lg-gateway lg-gw-grow lg-reaper; do
+  [[ " $names" == *" $t "* ]] || fail "no thread named $t: $names"
+done
+
 note "a text loop in a stream (each API): cut, the stop as the final answer, the upstream aborted"
 for api in chat messages responses; do
   before=$(stats 'd["aborted"]')
