@@ -35,19 +35,11 @@
 #include <signal.h>
 
 #include "replay_check.h"
+#include "sanitized.h"
 
 /* Under a sanitizer, on a loaded machine, a request costs three to five
  * times as much: a quarter of the runs keeps the file under 30 s there. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SLOW 4
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SLOW 4
-#endif
-#endif
-#ifndef SLOW
-#define SLOW 1
-#endif
+#define SLOW LG_TEST_SLOW
 
 static char TMP[256];
 static char PRICES[300];
