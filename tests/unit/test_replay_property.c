@@ -35,11 +35,8 @@
 #include <signal.h>
 
 #include "replay_check.h"
-#include "sanitized.h"
+#include "sanitized.h" /* a quarter of the runs under ASan: under 30 s there */
 
-/* Under a sanitizer, on a loaded machine, a request costs three to five
- * times as much: a quarter of the runs keeps the file under 30 s there. */
-#define SLOW LG_TEST_SLOW
 
 static char TMP[256];
 static char PRICES[300];
@@ -718,8 +715,8 @@ static void test_property(void **state) {
   const char *v = getenv("LG_PROP_VERBOSE");
   uint64_t seed = s && *s ? strtoull(s, NULL, 10) : 20261201ULL;
   int runs = n && *n ? atoi(n)
-             : !strcmp(BACKEND, "memory") ? 2000 / SLOW
-             : !strcmp(BACKEND, "sqlite") ? 600 / SLOW
+             : !strcmp(BACKEND, "memory") ? 2000 / LG_TEST_SLOW
+             : !strcmp(BACKEND, "sqlite") ? 600 / LG_TEST_SLOW
                                           : 400;
   ht_conn_t c, cb;
   ht_open(&c, PORT);

@@ -95,12 +95,12 @@ static size_t server_conns(lg_server_t *s) {
 /* Opens n connections from 127.0.0.<first..first+hosts-1>, each sending
  * `start` (a request head begun, or a whole request for idle ones, whose
  * answers are then read), waiting for the server to accept them all, or
- * to hold `most` connections (0: no such bound) when it cannot hold them
- * all (past its soft limit it closes one for each it accepts). */
-static int *open_many(lg_server_t *s, int n, int first, int hosts, const char *start, long most) {
+ * to hold its soft limit of them when it cannot hold them all (past it
+ * the server closes one for each it accepts). */
+static int *open_many(lg_server_t *s, int n, int first, int hosts, const char *start) {
   int *fds = calloc((size_t)n, sizeof *fds);
   long base = (long)server_conns(s), want = base + n;
-  if (most && want > most) want = most;
+  if (want > (long)s->conn_soft) want = (long)s->conn_soft;
   for (int i = 0; i < n; i++) {
     fds[i] = dial_from(lg_server_port(s), first + i % hosts);
     if (fds[i] < 0) fail_msg("connection %d: %s", i, strerror(errno));
@@ -200,7 +200,7 @@ static void test_lockout(void **state) {
   (void)state;
   lg_server_t *s = start(30);
   int n = 4200;
-  int *slow = open_many(s, n, 2, 16, SLOW_HEAD, 0);
+  int *slow = open_many(s, n, 2, 16, SLOW_HEAD);
   int open_now = 0;
   for (int i = 0; i < n; i++) open_now += !closed_by_server(slow[i]);
   ht_conn_t c;
@@ -227,8 +227,8 @@ static void test_loop_cost(void **state) {
   healthy_p50(&c, 200, &seq, NULL, 0); /* warm up */
   double base = healthy_p50(&c, 1000, &seq, NULL, 0);
   int nslow = 4000, nidle = 2000;
-  int *slow = open_many(s, nslow, 2, 8, SLOW_HEAD, 0);
-  int *idle = open_many(s, nidle, 10, 8, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 0);
+  int *slow = open_many(s, nslow, 2, 8, SLOW_HEAD);
+  int *idle = open_many(s, nidle, 10, 8, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   size_t conns = server_conns(s);
   /* The machine is shared: a neighbour's burst can double one round, so
    * up to three rounds, the best kept (poll() mode was 100x, every round). */
@@ -280,7 +280,7 @@ static void test_evict_and_per_ip(void **state) {
   /* More than the whole limit (256), so that some must be evicted however
    * many of the first address's are still open (75 an address here, under
    * its cap). */
-  int *more = open_many(s, 300, 21, 4, SLOW_HEAD, (long)s->conn_soft);
+  int *more = open_many(s, 300, 21, 4, SLOW_HEAD);
   ht_conn_t c;
   ht_open(&c, lg_server_port(s));
   ht_resp_t r;
