@@ -33,7 +33,14 @@
 #include <strings.h>
 #include <time.h>
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
+
+#include "../util/fiber.h"
 
 /* The gateway's workers: GW_WORKERS start with the server; when a request
  * has waited GW_GROW_MS in the queue with no worker idle (every worker
@@ -113,6 +120,7 @@ struct lg__gw {
   lg__gw_run_t *heads[GW_BUCKETS];   /* runs by their prefix's first bytes (lg__gw_prefix_find) */
   _Atomic uint64_t msgs_read[2];     /* conversation elements checked, taken from a prefix */
   lg__gw_policies_t policies; /* --policies DIR */
+  int fibers;                 /* a leader runs its requests on fibers (LOOPGUARD_GATEWAY_FIBERS) */
   /* metrics */
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
   _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
@@ -354,28 +362,96 @@ static void gw_finish(lg__req_t *rq) {
  * soon as it is done. Once: a second request wakes a worker as usual. */
 static _Thread_local lg__gw_t *tl_claim;
 
-/* Leaders and followers (server.h). The request this thread read as its
- * loop's leader and keeps, to run once its turn of the daemon is over
- * (lg__gw_run_mine); tl_busy while it runs one, up to its answer: a
- * request read in a turn taken meanwhile goes to a worker. */
-static _Thread_local lg__gw_job_t *tl_mine;
+/* Leaders and followers (server.h). The requests this thread read as its
+ * loop's leader and keeps (gw_submit), to run once its turn of the
+ * daemon is over (lg__gw_run_mine): each on a fiber of its own (below),
+ * or, without fibers, one at a time, run whole. tl_busy counts the
+ * requests it runs now and has not answered yet. */
 static _Thread_local int tl_busy;
 /* This thread's context when it is a worker (worker_main); NULL on a
  * loop's own thread. */
 static _Thread_local lg__gw_ctx_t *tl_cx;
 
-int lg__gw_holds_mine(void) { return tl_mine || tl_busy; }
+/* ---- fibers ----
+ *
+ * A loop's leader runs every gateway request it reads on a fiber of its
+ * own (util/fiber.h), between its turns of the daemon. A fiber stops only
+ * to wait: for its upstream (libcurl's sockets in the leader's epoll, its
+ * timer a deadline: upstream.c, perform_fiber) or for another request of
+ * its run (lg__gw_run_get). So one thread takes many requests in turn, on
+ * the core it runs on, with no hand-over to a worker and no wake-up of
+ * another thread: the requests it reads while its fibers wait are its
+ * own. The workers take what a leader does not keep: more than
+ * GW_FIBERS at once, or the requests read by a thread that does not lead.
+ * A wait that may be long and is not the upstream's (a store lock another
+ * process holds) still blocks the thread, which passes the lead first
+ * (server.c) and then finishes its fibers, without leading
+ * (lg__gw_fibers_end). A fiber is resumed only by its thread: the store's
+ * reader and the JSON region are per thread.
+ * LOOPGUARD_GATEWAY_FIBERS=0 turns fibers off (one request kept at a
+ * time, run whole, as before them). */
+#define GW_FIBERS 64
+#define GW_FIBERS_POOL 16   /* fibers kept for the next requests */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GW_FIBER_STACK ((size_t)8 << 20) /* reserved, not resident: a page once touched */
+#else
+#define GW_FIBER_STACK ((size_t)2 << 20)
+#endif
+#define GW_FIBER_MAX_WAIT_NS 1000000000ull /* a waiting fiber looks at the stop and the client */
+
+typedef struct gw_fib {
+  lg__fiber_t *f;
+  lg__gw_ctx_t cx;            /* its own libcurl handles: a connection each to reuse */
+  lg__gw_job_t *j;
+  lg__gw_wait_t *w;           /* what it waits for, or NULL */
+  uint64_t wait_until;        /* ... at the latest (lg__mono_ns) */
+  int ready;                  /* its wait is over: resume it */
+  struct gw_fib *next;        /* the active list, or the pool */
+  struct gw_sched *sched;     /* its thread's */
+  struct gw_fib *rnext;       /* the thread's woken list (park_wake) */
+} gw_fib_t;
+
+/* A thread's requests: those it kept and has not started, its fibers. */
+typedef struct gw_sched {
+  int ep;                     /* the leader's epoll (lg__gw_fibers_begin); -1: no fibers */
+  lg__gw_job_t *kept, *kept_tail;
+  int nkept;
+  gw_fib_t *active;
+  int nactive;
+  gw_fib_t *pool;
+  int npool;
+  gw_fib_t *cur;              /* the fiber running now */
+  /* Fibers parked on another thread's work (the store's committer, or a
+   * batch another thread runs: store/group.c) are woken from that
+   * thread: put on `woken`, and the eventfd written when this thread
+   * sleeps (or is about to) in its epoll. */
+  _Atomic(gw_fib_t *) woken;
+  _Atomic int sleeping;
+  _Atomic int waking;         /* wakers between their push and their write */
+  int wfd;                    /* eventfd in ep (data: &wsock), -1: none */
+  lg__gw_sock_t wsock;
+} gw_sched_t;
+static _Thread_local gw_sched_t tl_sched = {.ep = -1, .wfd = -1};
+
+int lg__gw_holds_mine(void) { return tl_sched.kept || tl_sched.nactive || tl_busy; }
 
 /* 1 when j is kept by this thread (counted as running, so that
  * lg__gw_stop waits for it). */
 static int keep_mine(lg__gw_t *gw, lg__gw_job_t *j) {
-  if (lg__gw_holds_mine() || !lg__loop_leads()) return 0;
+  if (!lg__loop_leads()) return 0;
+  gw_sched_t *s = &tl_sched;
+  if (s->ep < 0 ? lg__gw_holds_mine() : s->nkept + s->nactive >= GW_FIBERS) return 0;
   pthread_mutex_lock(&gw->qmu);
   int ok = !gw->quit && !atomic_load(&gw->stop);
   if (ok) gw->running++;
   pthread_mutex_unlock(&gw->qmu);
-  if (ok) tl_mine = j;
-  return ok;
+  if (!ok) return 0;
+  j->qnext = NULL;
+  if (s->kept_tail) s->kept_tail->qnext = j;
+  else s->kept = j;
+  s->kept_tail = j;
+  s->nkept++;
+  return 1;
 }
 
 /* Fewer workers idle than requests and leads wait for, and room for more
@@ -548,7 +624,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
 static void run_job(lg__gw_ctx_t *cx, lg__gw_job_t *j) {
   lg__gw_t *gw = cx->gw;
   cx->j = j;
-  tl_busy = 1;
+  tl_busy++;
   if (!cx->curl) {
     lg__gw_error(j, 500, "server_error", NULL, "loopguard gateway: libcurl did not start");
     lg__gw_answer(j);
@@ -572,7 +648,7 @@ static void run_job(lg__gw_ctx_t *cx, lg__gw_job_t *j) {
    * next job: a worker's from the queue (tl_claim), a leader's its own
    * (keep_mine). */
   j->job.may_serve = 1;
-  tl_busy = 0;
+  tl_busy--;
   if (tl_cx && !lg__loop_leads()) tl_claim = gw; /* a worker that does not lead */
   release(j);
   if (j->streaming) lg__gw_stream_end(j);
@@ -607,13 +683,11 @@ static void ctx_free(void *p) {
   lg__json_region_thread_end();
 }
 
-int lg__gw_run_mine(lg__gw_t *gw) {
-  lg__gw_job_t *j = tl_mine;
-  if (!gw || !j) return 0;
-  tl_mine = NULL;
-  lg__gw_ctx_t *cx = tl_cx;
-  if (!cx && gw->ctx_key_ok && !(cx = pthread_getspecific(gw->ctx_key)) &&
-      (cx = lg__calloc(1, sizeof *cx))) { /* a loop's own thread: a context kept until it exits */
+/* A loop's own thread's context, kept until the thread exits (gw->ctx_key). */
+static lg__gw_ctx_t *home_ctx(lg__gw_t *gw) {
+  lg__gw_ctx_t *cx = NULL;
+  if (gw->ctx_key_ok && !(cx = pthread_getspecific(gw->ctx_key)) &&
+      (cx = lg__calloc(1, sizeof *cx))) {
     cx->gw = gw;
     cx->srv = gw->srv;
     cx->curl = curl_easy_init();
@@ -623,9 +697,249 @@ int lg__gw_run_mine(lg__gw_t *gw) {
       cx = NULL;
     }
   }
+  return cx;
+}
+
+static lg__gw_job_t *next_kept(gw_sched_t *s) {
+  lg__gw_job_t *j = s->kept;
+  if (!j) return NULL;
+  if (!(s->kept = j->qnext)) s->kept_tail = NULL;
+  s->nkept--;
+  j->qnext = NULL;
+  return j;
+}
+
+static void fib_main(void *arg) {
+  gw_fib_t *fb = arg;
+  run_job(&fb->cx, fb->j);
+}
+
+static void fib_free(gw_fib_t *fb) {
+  if (fb->cx.multi) curl_multi_cleanup(fb->cx.multi);
+  if (fb->cx.curl) curl_easy_cleanup(fb->cx.curl);
+  lg__fiber_free(fb->f);
+  lg__free(fb);
+}
+
+static gw_fib_t *fib_get(lg__gw_t *gw, gw_sched_t *s) {
+  gw_fib_t *fb = s->pool;
+  if (fb) {
+    s->pool = fb->next;
+    s->npool--;
+  } else if ((fb = lg__calloc(1, sizeof *fb))) {
+    fb->f = lg__fiber_new(GW_FIBER_STACK);
+    fb->cx.curl = curl_easy_init();
+    fb->cx.multi = curl_multi_init();
+    if (!fb->f || !fb->cx.curl || !fb->cx.multi) {
+      fib_free(fb);
+      return NULL;
+    }
+  }
+  if (!fb) return NULL;
+  fb->cx.gw = gw;
+  fb->cx.srv = gw->srv;
+  fb->sched = s;
+  fb->next = s->active;
+  s->active = fb;
+  s->nactive++;
+  return fb;
+}
+
+/* Runs fb until it waits or is done; a fiber done goes back to the pool. */
+static void fib_run(gw_sched_t *s, gw_fib_t *fb, int start) {
+  fb->ready = 0;
+  gw_fib_t *outer = s->cur;
+  s->cur = fb;
+  int more = start ? lg__fiber_start(fb->f, fib_main, fb) : lg__fiber_resume(fb->f);
+  s->cur = outer;
+  if (more) return;
+  gw_fib_t **pp = &s->active;
+  while (*pp != fb) pp = &(*pp)->next;
+  *pp = fb->next;
+  s->nactive--;
+  fb->j = NULL;
+  fb->w = NULL;
+  if (s->npool < GW_FIBERS_POOL) {
+    fb->next = s->pool;
+    s->pool = fb;
+    s->npool++;
+  } else {
+    fib_free(fb);
+  }
+}
+
+/* lg__park for the store's batches (store/group.c): a fiber waits for a
+ * batch another thread runs without stopping its own thread. */
+static void *park_self(void) {
+  return tl_sched.wfd >= 0 && lg__fiber_self() ? tl_sched.cur : NULL;
+}
+static void park_wait(void *who) {
+  (void)who;
+  lg__fiber_yield(); /* resumed once woken: never before (no wait, not ready) */
+}
+static void park_wake(void *who) {
+  gw_fib_t *fb = who;
+  gw_sched_t *s = fb->sched;
+  atomic_fetch_add(&s->waking, 1); /* lg__gw_fibers_end keeps wfd open until 0 */
+  gw_fib_t *head = atomic_load(&s->woken);
+  do fb->rnext = head;
+  while (!atomic_compare_exchange_weak(&s->woken, &head, fb));
+  if (atomic_load(&s->sleeping)) {
+    uint64_t one = 1;
+    ssize_t w = write(s->wfd, &one, sizeof one);
+    (void)w; /* a full counter is a wake-up pending already */
+  }
+  atomic_fetch_sub(&s->waking, 1);
+}
+static const lg__park_t gw_park = {park_self, park_wait, park_wake};
+
+/* The fibers whose wait is over resumed, the kept requests started:
+ * 1 when anything ran. */
+static int fibers_run(lg__gw_t *gw, gw_sched_t *s) {
+  int ran = 0;
+  uint64_t now = 0;
+  atomic_store(&s->sleeping, 0);
+  for (gw_fib_t *fb = atomic_exchange(&s->woken, NULL); fb; fb = fb->rnext) fb->ready = 1;
+  for (gw_fib_t *fb = s->active; fb; fb = fb->next) /* first which: a fiber run may wait again */
+    if (!fb->ready && fb->w) {
+      if (!now) now = lg__mono_ns();
+      uint64_t due = fb->w->due_ns && fb->w->due_ns < fb->wait_until ? fb->w->due_ns : fb->wait_until;
+      if (now >= due || atomic_load(&gw->stop)) fb->ready = 1;
+    }
+  for (int again = 1; again;) { /* a fiber done leaves the list: walk it again */
+    again = 0;
+    for (gw_fib_t *fb = s->active; fb; fb = fb->next)
+      if (fb->ready) {
+        fib_run(s, fb, 0);
+        ran = again = 1;
+        break;
+      }
+  }
+  lg__gw_job_t *j;
+  while ((j = next_kept(s))) {
+    ran = 1;
+    gw_fib_t *fb = fib_get(gw, s);
+    if (fb) {
+      fb->j = j;
+      fib_run(s, fb, 1);
+    } else { /* no memory for a fiber: the request runs whole, here */
+      lg__gw_ctx_t *cx = tl_cx ? tl_cx : home_ctx(gw);
+      lg__gw_ctx_t none = {gw, gw->srv, NULL, NULL, NULL}; /* answered 500 */
+      run_job(cx ? cx : &none, j);
+    }
+  }
+  return ran;
+}
+
+int lg__gw_run_mine(lg__gw_t *gw) {
+  gw_sched_t *s = &tl_sched;
+  if (!gw) return 0;
+  if (s->ep >= 0) return fibers_run(gw, s);
+  lg__gw_job_t *j = next_kept(s); /* without fibers: one, run whole */
+  if (!j) return 0;
+  lg__gw_ctx_t *cx = tl_cx ? tl_cx : home_ctx(gw);
   lg__gw_ctx_t none = {gw, gw->srv, NULL, NULL, NULL}; /* out of memory: answered 500 */
   run_job(cx ? cx : &none, j);
   return 1;
+}
+
+void lg__gw_fibers_begin(lg__gw_t *gw, int ep) {
+  gw_sched_t *s = &tl_sched;
+  s->ep = -1;
+  if (!gw || !gw->fibers || ep < 0) return;
+  if ((s->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) return;
+  s->wsock.fd = s->wfd;
+  s->wsock.w = NULL;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->wsock};
+  if (epoll_ctl(ep, EPOLL_CTL_ADD, s->wfd, &ev)) {
+    close(s->wfd);
+    s->wfd = -1;
+    return;
+  }
+  s->ep = ep;
+  lg__set_park(&gw_park);
+}
+
+/* Before the thread's wait: how long it may last for the fibers (0: no
+ * wait, one is woken already); from here to its next run of them, a
+ * fiber woken from another thread writes the eventfd. */
+int lg__gw_fibers_due_ms(void) {
+  gw_sched_t *s = &tl_sched;
+  if (s->wfd >= 0) {
+    atomic_store(&s->sleeping, 1);
+    if (atomic_load(&s->woken)) return 0;
+  }
+  uint64_t first = UINT64_MAX, now = lg__mono_ns();
+  for (gw_fib_t *fb = s->active; fb; fb = fb->next) {
+    if (fb->ready || s->kept) return 0;
+    if (!fb->w) continue;
+    uint64_t due = fb->w->due_ns && fb->w->due_ns < fb->wait_until ? fb->w->due_ns : fb->wait_until;
+    if (due < first) first = due;
+  }
+  if (s->kept) return 0;
+  if (first == UINT64_MAX) return -1;
+  return first <= now ? 0 : (int)((first - now + 999999) / 1000000);
+}
+
+void lg__gw_fiber_event(void *ptr, uint32_t events) {
+  lg__gw_sock_t *k = ptr;
+  if (!k->w) { /* the eventfd of park_wake: the woken list is read at the next run */
+    uint64_t v;
+    ssize_t r = read(k->fd, &v, sizeof v);
+    (void)r;
+    return;
+  }
+  k->ev |= events;
+  if (k->w && k->w->fib) ((gw_fib_t *)k->w->fib)->ready = 1;
+}
+
+void lg__gw_fibers_end(lg__gw_t *gw) {
+  gw_sched_t *s = &tl_sched;
+  if (s->ep >= 0) {
+    while (gw && (s->nactive || s->kept)) { /* finished here, without the loop */
+      fibers_run(gw, s);
+      if (!s->nactive) continue;
+      int ms = lg__gw_fibers_due_ms();
+      struct epoll_event got[16];
+      int n = epoll_wait(s->ep, got, 16, ms < 0 || ms > 1000 ? 1000 : ms);
+      for (int i = 0; i < n; i++)
+        if (got[i].data.u64 > 2) lg__gw_fiber_event(got[i].data.ptr, got[i].events);
+    }
+  }
+  while (s->pool) {
+    gw_fib_t *fb = s->pool;
+    s->pool = fb->next;
+    fib_free(fb);
+  }
+  s->npool = 0;
+  s->ep = -1;
+  lg__set_park(NULL);
+  if (s->wfd >= 0) {
+    while (atomic_load(&s->waking)) sched_yield(); /* a waker's write still to come */
+    close(s->wfd);
+    s->wfd = -1;
+  }
+}
+
+int lg__gw_fiber_ep(void) {
+  return tl_sched.cur && lg__fiber_self() ? tl_sched.ep : -1;
+}
+
+void lg__gw_fiber_wait(lg__gw_wait_t *w) {
+  gw_fib_t *fb = tl_sched.cur;
+  if (!fb) return;
+  w->fib = fb;
+  fb->w = w;
+  fb->wait_until = lg__mono_ns() + GW_FIBER_MAX_WAIT_NS;
+  lg__fiber_yield();
+  fb->w = NULL;
+  w->fib = NULL;
+}
+
+void lg__gw_fiber_sleep(int ms) {
+  lg__gw_wait_t w = {0};
+  w.due_ns = lg__mono_ns() + (uint64_t)ms * 1000000u;
+  lg__gw_fiber_wait(&w);
 }
 
 static void *worker_main(void *arg) {
@@ -739,16 +1053,40 @@ static lg_policy_t *server_policy(void *ud, const char *json, lg_error_t *err) {
 }
 
 /* Stores a new run (the step's run creation); an existing one is fine. */
+typedef struct create_ctx {
+  lg_run_t *run;
+  const char *pol_json;
+  int64_t now_ms;
+  int same;
+} create_ctx_t;
+
+static int create_write(void *ud, lg_store_t *s, lg_error_t *err) {
+  create_ctx_t *c = ud;
+  return lg__step_create(s, c->run, c->pol_json, NULL, NULL, 0, c->now_ms, &c->same, err);
+}
+
+/* The run's row, with its first trace line: a write of the store's
+ * batches where there are batches (sqlite:, memory:), as every other
+ * write of the gateway, so that it waits for another thread's batch
+ * without blocking its own (lg__park), and never for the store's lock. */
 static int create_run(lg__gw_ctx_t *cx, const char *id, lg_policy_t *pol, const char *pol_json,
                       lg_error_t *err) {
   lg_server_t *srv = cx->srv;
   lg__worker_t *w = lg__server_worker(srv, err);
   if (!w) return err && err->code ? err->code : LG_ESTORE;
-  lg_run_t *run = lg_run_new(id, cx->j->hdr_group, pol, NULL, NULL, err);
-  if (!run) return err && err->code ? err->code : LG_ENOMEM;
-  int same = 0;
-  int rc = lg__step_create(w->store, run, pol_json, NULL, NULL, 0, lg__server_now(srv), &same, err);
-  lg_run_free(run);
+  create_ctx_t c = {lg_run_new(id, cx->j->hdr_group, pol, NULL, NULL, err), pol_json,
+                    lg__server_now(srv), 0};
+  if (!c.run) return err && err->code ? err->code : LG_ENOMEM;
+  int rc;
+  if (srv->batcher) {
+    lg__job_t j = {.write = create_write, .ud = &c};
+    lg__batcher_run(srv->batcher, &j);
+    rc = j.rc;
+    if (rc && err) *err = j.err;
+  } else {
+    rc = create_write(&c, w->store, err);
+  }
+  lg_run_free(c.run);
   if (rc == LG_ECONFLICT) return 0; /* there already: a run named by its header */
   if (!rc) atomic_fetch_add(&srv->metrics.runs_active, 1);
   return rc;
@@ -955,8 +1293,12 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   evict_over(gw);
   pthread_mutex_unlock(&gw->tmu);
   if (pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */
-    lg__will_block();
-    pthread_mutex_lock(&r->mu);
+    if (lg__gw_fiber_ep() >= 0) { /* its holder may be a fiber of this thread */
+      while (pthread_mutex_trylock(&r->mu)) lg__gw_fiber_sleep(1);
+    } else {
+      lg__will_block();
+      pthread_mutex_lock(&r->mu);
+    }
   }
   if (created) {
     int rc = create_run(cx, r->id, pol, pol_json, err);
@@ -1187,6 +1529,8 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
   const char *pb = getenv("LOOPGUARD_GATEWAY_PREFIX_BYTES");
   gw->prefix_max = pb && *pb && atoll(pb) >= 0 ? (size_t)atoll(pb) : GW_PREFIX_BYTES_DEFAULT;
+  const char *fe = getenv("LOOPGUARD_GATEWAY_FIBERS");
+  gw->fibers = !(fe && !strcmp(fe, "0"));
   const char *wn = getenv("LOOPGUARD_GATEWAY_WORKERS");
   gw->max_th = srv->shared ? GW_WORKERS_MAX : GW_WORKERS_MAX_PG;
   if (!rc && wn && *wn) {

@@ -52,6 +52,15 @@ int lg__gw_lead_post(lg__gw_t *gw, lg__loop_t *l);
 int lg__gw_run_mine(lg__gw_t *gw);
 /* 1 while this thread keeps a request it has not answered yet. */
 int lg__gw_holds_mine(void);
+/* The fibers of a thread that leads a loop (gateway.c, "fibers"):
+ * begin as it starts to lead, with the epoll it waits on (-1: no fibers);
+ * due_ms is how long its wait may last for them (-1: no limit); every
+ * event of that epoll that is not the loop's goes to fiber_event; end,
+ * once it leads no more, finishes its fibers there and frees them. */
+void lg__gw_fibers_begin(lg__gw_t *gw, int ep);
+int lg__gw_fibers_due_ms(void);
+void lg__gw_fiber_event(void *ptr, uint32_t events);
+void lg__gw_fibers_end(lg__gw_t *gw);
 
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */

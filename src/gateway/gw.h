@@ -73,6 +73,32 @@ typedef struct lg__gw_http {
   uint64_t ns;                /* how long it took */
 } lg__gw_http_t;
 
+/* A gateway fiber's wait for its upstream (gateway.c, "fibers";
+ * upstream.c, perform_fiber): the sockets libcurl watches, in the
+ * leader's epoll (each event's data is its lg__gw_sock_t), and libcurl's
+ * timer. */
+typedef struct lg__gw_sock {
+  struct lg__gw_wait *w;
+  int fd;                     /* -1: a free slot */
+  uint32_t ev;                /* epoll events seen, not yet given to libcurl */
+} lg__gw_sock_t;
+typedef struct lg__gw_wait {
+  lg__gw_sock_t socks[4];
+  int ep;                     /* the epoll they are in */
+  CURLM *m;
+  uint64_t due_ns;            /* libcurl's timer (lg__mono_ns), 0: none */
+  void *fib;                  /* the fiber waiting (gateway.c's) */
+} lg__gw_wait_t;
+/* The epoll for this fiber's sockets, or -1 when the caller runs on no
+ * gateway fiber (a worker: it waits itself). */
+int lg__gw_fiber_ep(void);
+/* Stops the fiber until one of w's sockets has an event, w's timer is
+ * due, or a second has passed (the stop and a client's hang-up are
+ * looked at then). */
+void lg__gw_fiber_wait(lg__gw_wait_t *w);
+/* Stops the fiber for ms milliseconds. */
+void lg__gw_fiber_sleep(int ms);
+
 /* Performs x on the thread's reused handle h, through its multi handle m
  * (NULL: curl_easy_perform). While the thread leads a server loop
  * (server.h, lg__loop_wait_fd) it waits on the loop too, and takes its

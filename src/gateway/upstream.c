@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <strings.h>
 
+#include <sys/epoll.h>
+
 #define DEFAULT_TIMEOUT_MS 600000
 
 /* ---- configuration ---- */
@@ -284,11 +286,109 @@ static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, cu
   return stopped(x);
 }
 
+/* libcurl's sockets of a fiber's transfer in the leader's epoll. */
+static int on_sock(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp) {
+  (void)e;
+  lg__gw_wait_t *w = userp;
+  lg__gw_sock_t *k = socketp;
+  if (!w) return 0; /* between two transfers (the handle's cleanup) */
+  if (what == CURL_POLL_REMOVE) {
+    if (k) {
+      epoll_ctl(w->ep, EPOLL_CTL_DEL, fd, NULL);
+      k->fd = -1;
+      k->ev = 0;
+      curl_multi_assign(w->m, fd, NULL);
+    }
+    return 0;
+  }
+  struct epoll_event ev = {.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) |
+                                     (what & CURL_POLL_OUT ? EPOLLOUT : 0u)};
+  if (k) {
+    ev.data.ptr = k;
+    return epoll_ctl(w->ep, EPOLL_CTL_MOD, fd, &ev) ? -1 : 0;
+  }
+  for (size_t i = 0; i < LG__ARRAY_LEN(w->socks) && !k; i++)
+    if (w->socks[i].fd < 0) k = &w->socks[i];
+  if (!k) return -1; /* more sockets than a transfer opens */
+  k->w = w;
+  k->fd = fd;
+  k->ev = 0;
+  ev.data.ptr = k;
+  if (epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &ev)) {
+    k->fd = -1;
+    return -1;
+  }
+  curl_multi_assign(w->m, fd, k);
+  return 0;
+}
+
+static int on_timer(CURLM *m, long ms, void *userp) {
+  (void)m;
+  lg__gw_wait_t *w = userp;
+  if (w) w->due_ns = ms < 0 ? 0 : lg__mono_ns() + (uint64_t)ms * 1000000u;
+  return 0;
+}
+
+/* A transfer on a gateway fiber: libcurl driven by its sockets' events
+ * (curl_multi_socket_action), the fiber stopped between them while its
+ * thread goes on with the loop and the other fibers. */
+static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, const lg__gw_http_t *x) {
+  lg__gw_wait_t w = {.ep = ep, .m = m};
+  for (size_t i = 0; i < LG__ARRAY_LEN(w.socks); i++) w.socks[i].fd = -1;
+  curl_multi_setopt(m, CURLMOPT_SOCKETFUNCTION, on_sock);
+  curl_multi_setopt(m, CURLMOPT_SOCKETDATA, &w);
+  curl_multi_setopt(m, CURLMOPT_TIMERFUNCTION, on_timer);
+  curl_multi_setopt(m, CURLMOPT_TIMERDATA, &w);
+  CURLcode cc = CURLE_OK;
+  CURLMcode mc = curl_multi_add_handle(m, h);
+  int running = 1;
+  if (mc == CURLM_OK) mc = curl_multi_socket_action(m, CURL_SOCKET_TIMEOUT, 0, &running);
+  while (mc == CURLM_OK && running) {
+    if (stopped(x)) {
+      cc = CURLE_ABORTED_BY_CALLBACK;
+      break;
+    }
+    lg__gw_fiber_wait(&w);
+    int acted = 0;
+    for (size_t i = 0; i < LG__ARRAY_LEN(w.socks) && mc == CURLM_OK; i++) {
+      uint32_t ev = w.socks[i].ev;
+      int fd = w.socks[i].fd;
+      if (!ev || fd < 0) continue;
+      w.socks[i].ev = 0;
+      int mask = (ev & EPOLLIN ? CURL_CSELECT_IN : 0) | (ev & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                 (ev & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+      mc = curl_multi_socket_action(m, fd, mask, &running);
+      acted = 1;
+    }
+    /* A socket's action runs the timers due too (libcurl's multi_socket):
+     * the timeout's own only when no socket woke the fiber (without the
+     * socket's bits libcurl would poll it to know). */
+    if (mc == CURLM_OK && running && !acted)
+      mc = curl_multi_socket_action(m, CURL_SOCKET_TIMEOUT, 0, &running);
+  }
+  if (mc != CURLM_OK) cc = mc == CURLM_OUT_OF_MEMORY ? CURLE_OUT_OF_MEMORY : CURLE_RECV_ERROR;
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(m, &left)))
+    if (msg->msg == CURLMSG_DONE && msg->easy_handle == h && cc == CURLE_OK) cc = msg->data.result;
+  curl_multi_remove_handle(m, h);
+  for (size_t i = 0; i < LG__ARRAY_LEN(w.socks); i++) /* what libcurl did not take back */
+    if (w.socks[i].fd >= 0) {
+      epoll_ctl(ep, EPOLL_CTL_DEL, w.socks[i].fd, NULL);
+      curl_multi_assign(m, w.socks[i].fd, NULL);
+    }
+  curl_multi_setopt(m, CURLMOPT_SOCKETDATA, NULL);
+  curl_multi_setopt(m, CURLMOPT_TIMERDATA, NULL);
+  return cc;
+}
+
 /* curl_easy_perform's transfer, through m: the same loop, and, while
  * this thread leads a server loop, a wait on that loop too, whose turns
  * are taken meanwhile (its other connections go on while the upstream
  * thinks). */
-static CURLcode perform(CURL *h, CURLM *m) {
+static CURLcode perform(CURL *h, CURLM *m, const lg__gw_http_t *x) {
+  int ep = m ? lg__gw_fiber_ep() : -1;
+  if (ep >= 0) return perform_fiber(h, m, ep, x);
   if (!m || curl_multi_add_handle(m, h) != CURLM_OK) return curl_easy_perform(h);
   CURLcode cc = CURLE_OK;
   CURLMcode mc;
@@ -354,7 +454,7 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
   x->errbuf[0] = 0;
   uint64_t t0 = lg__mono_ns();
-  x->cc = perform(h, m);
+  x->cc = perform(h, m, x);
   x->ns = lg__mono_ns() - t0;
   long st = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);

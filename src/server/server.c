@@ -436,18 +436,20 @@ lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
  * thread (loop_main). Handing a gateway request to a gateway worker is a
  * wake-up across cores before any work (on this VM that hand-over, the
  * worker's start on a cold core included, doubled a request's CPU time at
- * one connection). So the leader keeps one request it reads (gateway.c,
- * keep_mine) and runs it between its turns (lg__gw_run_mine), still the
- * leader: while it waits for the request's upstream it waits on ep too
- * (lg__loop_wait_fd, in libcurl's multi wait) and takes a turn when the
- * loop has work (lg__loop_turn), so the loop's other connections go on
- * (the requests it reads meanwhile go to the workers) and a client's
- * hang-up is seen at once. Before a wait that may be long and is not the
+ * one connection). So the leader keeps the requests it reads (gateway.c,
+ * keep_mine) and runs each on a fiber of its own between its turns
+ * (lg__gw_run_mine), still the leader: a fiber stops while its upstream
+ * thinks (its sockets are in the epoll the leader waits on: leader_ep),
+ * and the loop's other connections and the other fibers go on. (With
+ * LOOPGUARD_GATEWAY_FIBERS=0 it keeps one at a time, and while it waits
+ * for that one's upstream it waits on ep too, lg__loop_wait_fd in
+ * libcurl's multi wait, and takes a turn when the loop has work,
+ * lg__loop_turn; the requests it reads meanwhile go to the workers.) Before a wait that may be long and is not the
  * upstream's (lg__will_block: SQLite's busy wait, a committer busy past
  * 2 ms, another request of the same run in flight) it passes the lead:
  * to the loop's own thread if that waits for it, else to an idle gateway
  * worker (lg__gw_lead_post; only one that takes it at once). The thread
- * that passed it finishes its request and then waits to be given the lead
+ * that passed it finishes its requests and then waits to be given the lead
  * back (the loop's own thread) or goes back to the workers; a worker that
  * leads gives the lead back home once the loop's own thread waits and the
  * worker holds no request, so the pool is whole again. */
@@ -547,8 +549,29 @@ void lg__loop_turn(void) {
   pthread_mutex_unlock(&l->run_mu);
 }
 
+/* The epoll a leader waits on (lead): the loop's two descriptors (data
+ * 1: the daemon's, 2: the eventfd) and its gateway fibers' sockets (data:
+ * their lg__gw_sock_t). A thread's own, so that the leader after it never
+ * sees the sockets of fibers it cannot resume. -1: none (the loop's ep
+ * then, without fibers). */
+static int leader_ep(lg__loop_t *l) {
+  if (l->ep < 0 || !l->srv->gw) return -1;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) return -1;
+  struct epoll_event ev = {.events = EPOLLIN};
+  ev.data.u64 = 1;
+  int bad = epoll_ctl(ep, EPOLL_CTL_ADD, l->mhd_ep, &ev);
+  ev.data.u64 = 2;
+  bad = bad || epoll_ctl(ep, EPOLL_CTL_ADD, l->efd, &ev);
+  if (bad) {
+    close(ep);
+    return -1;
+  }
+  return ep;
+}
+
 /* Leads l until the loops stop or this thread passed the lead on. Between
- * its turns it runs the gateway request it kept (lg__gw_run_mine). A
+ * its turns it runs the gateway requests it kept (lg__gw_run_mine). A
  * gateway worker (not home) gives the lead back to the loop's own thread
  * as soon as that waits for it and the worker holds no request: the
  * worker goes back to the pool. Returns 1 when the lead was passed. */
@@ -557,11 +580,22 @@ static int lead(lg__loop_t *l, int home) {
   tl_leading = l;
   tl_passed = 0;
   lg__set_block_hook(pass_before_block);
+  int ep = leader_ep(l);
+  lg__gw_fibers_begin(srv->gw, ep);
+  int turn = 1, ms = 0;
+  uint64_t due = 0; /* the daemon's next timeout (lg__mono_ns) */
   for (;;) {
-    pthread_mutex_lock(&l->run_mu);
-    int ms = turns_locked(l, 1);
-    pthread_mutex_unlock(&l->run_mu);
-    if (ms < 0) break;
+    if (turn) {
+      pthread_mutex_lock(&l->run_mu);
+      ms = turns_locked(l, 1);
+      pthread_mutex_unlock(&l->run_mu);
+      if (ms < 0) break;
+      due = lg__mono_ns() + (uint64_t)ms * 1000000u;
+    } else { /* no turn since the last: what is left of its wait */
+      uint64_t now = lg__mono_ns();
+      ms = now >= due ? 0 : (int)((due - now + 999999) / 1000000);
+    }
+    turn = 1;
     if (lg__gw_run_mine(srv->gw)) ms = 0; /* what came meanwhile is looked at now */
     if (!tl_passed && !home && !lg__gw_holds_mine() && give_home(l)) tl_passed = 1;
     if (tl_passed) break;
@@ -569,13 +603,28 @@ static int lead(lg__loop_t *l, int home) {
      * not a wait that would return at once (two system calls a turn). A
      * wake-up left unread makes the next wait return, which reads it. */
     if (ms == 0) continue;
-    struct epoll_event got[4];
-    int n = l->ep >= 0 ? epoll_wait(l->ep, got, 4, ms) : poll(NULL, 0, ms < 10 ? ms : 10);
-    for (int i = 0; i < n; i++)
-      if (got[i].data.u32 == 2) drain_wake(l);
+    int fms = ep >= 0 ? lg__gw_fibers_due_ms() : -1;
+    int wait = fms >= 0 && fms < ms ? fms : ms;
+    struct epoll_event got[16];
+    int n = epoll_wait(ep >= 0 ? ep : l->ep, got, 16, wait);
+    /* Only fibers' sockets, or a fiber's timer: the daemon has nothing
+     * new, no turn for it (a system call or two saved). */
+    turn = n <= 0 && wait == ms;
+    for (int i = 0; i < n; i++) {
+      uint64_t d = ep >= 0 ? got[i].data.u64 : got[i].data.u32;
+      if (d == 2) drain_wake(l);
+      if (d <= 2) turn = 1;
+      else lg__gw_fiber_event(got[i].data.ptr, got[i].events);
+    }
   }
   lg__set_block_hook(NULL);
   tl_leading = NULL;
+  if (ep >= 0) { /* the loop's to the next leader; the fibers left are finished here */
+    epoll_ctl(ep, EPOLL_CTL_DEL, l->mhd_ep, NULL);
+    epoll_ctl(ep, EPOLL_CTL_DEL, l->efd, NULL);
+  }
+  lg__gw_fibers_end(srv->gw);
+  if (ep >= 0) close(ep);
   return tl_passed;
 }
 
@@ -811,6 +860,7 @@ static int start_daemons(lg_server_t *srv, lg_error_t *err) {
     l->srv = srv;
     l->efd = -1;
     l->ep = -1;
+    l->mhd_ep = -1;
     l->q_mu_ok = !pthread_mutex_init(&l->q_mu, NULL);
     l->run_mu_ok = !pthread_mutex_init(&l->run_mu, NULL);
     if (!pthread_mutex_init(&l->lead_mu, NULL)) {
@@ -835,6 +885,7 @@ static int start_daemons(lg_server_t *srv, lg_error_t *err) {
       struct epoll_event ev = {.events = EPOLLIN};
       if (!di || (l->ep = epoll_create1(EPOLL_CLOEXEC)) < 0)
         return lg__err(err, LG_EIO, NULL, -1, "epoll: %s", strerror(errno));
+      l->mhd_ep = di->epoll_fd;
       ev.data.u32 = 1;
       epoll_ctl(l->ep, EPOLL_CTL_ADD, di->epoll_fd, &ev);
       ev.data.u32 = 2;

@@ -351,8 +351,9 @@ typedef struct lg__loop {
   pthread_mutex_t run_mu;     /* held by the thread that runs the daemon now
                                  (its leader, or lg__loop_serve) */
   int run_mu_ok;              /* run_mu initialised */
-  int ep;                     /* epoll of the daemon's descriptor and efd:
-                                 where its leader waits (-1: none) */
+  int ep;                     /* epoll of the daemon's descriptor and efd
+                                 (-1: none) */
+  int mhd_ep;                 /* the daemon's own epoll descriptor */
   /* Leaders and followers (server.c, "the event loops"): the thread that
    * leads the loop waits on ep and runs the daemon; the loop's own thread
    * (th), or a gateway worker the lead was passed to. */

@@ -99,6 +99,21 @@ static void run_batch(lg__batcher_t *b, lg__job_t *first) {
   }
 }
 
+/* Up to max_batch jobs off the queue, in arrival order (b->mu held, the
+ * queue not empty). */
+static lg__job_t *take(lg__batcher_t *b) {
+  lg__job_t *first = b->head, *last = first;
+  size_t n = 1;
+  while (last->next && n < b->max_batch) {
+    last = last->next;
+    n++;
+  }
+  b->head = last->next;
+  if (!b->head) b->tail = NULL;
+  last->next = NULL;
+  return first;
+}
+
 static void *committer(void *arg) {
   lg__batcher_t *b = arg;
   prctl(PR_SET_NAME, "lg-commit", 0, 0, 0); /* for top -H and perf */
@@ -106,16 +121,7 @@ static void *committer(void *arg) {
   for (;;) {
     while (!b->head && !b->stop) pthread_cond_wait(&b->cv, &b->mu);
     if (!b->head && b->stop) break;
-    /* Take up to max_batch jobs, in arrival order. */
-    lg__job_t *first = b->head, *last = first;
-    size_t n = 1;
-    while (last->next && n < b->max_batch) {
-      last = last->next;
-      n++;
-    }
-    b->head = last->next;
-    if (!b->head) b->tail = NULL;
-    last->next = NULL;
+    lg__job_t *first = take(b);
     b->running++;
     pthread_mutex_unlock(&b->mu);
     run_batch(b, first);
@@ -182,6 +188,17 @@ static void waiter_done(lg__job_t *j) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* What a parked caller (lg__park) waits on. */
+typedef struct parked {
+  const lg__park_t *pk;
+  void *who;
+} parked_t;
+
+static void parked_done(lg__job_t *j) {
+  parked_t *p = j->owner;
+  p->pk->wake(p->who); /* the last use of p: its caller may go on at once */
+}
+
 void lg__batcher_run(lg__batcher_t *b, lg__job_t *j) {
   j->next = NULL;
   j->done = NULL;
@@ -192,9 +209,35 @@ void lg__batcher_run(lg__batcher_t *b, lg__job_t *j) {
     pthread_mutex_unlock(&b->mu);
     run_batch(b, j);
     pthread_mutex_lock(&b->mu);
+    /* Queued meanwhile: run here too, in batches, a hand-over to the
+     * committer and back the fewer each; past a few rounds (other threads
+     * keep queueing) the rest is the committer's, so that this caller
+     * gets back to its own work. */
+    for (int round = 0; b->head && round < 4; round++) {
+      lg__job_t *more = take(b);
+      pthread_mutex_unlock(&b->mu);
+      run_batch(b, more);
+      pthread_mutex_lock(&b->mu);
+    }
     b->running--;
-    if (b->head) pthread_cond_signal(&b->cv); /* queued meanwhile */
+    if (b->head) pthread_cond_signal(&b->cv);
     pthread_mutex_unlock(&b->mu);
+    return;
+  }
+  const lg__park_t *pk = lg__park();
+  void *who = pk ? pk->self() : NULL;
+  if (who) { /* a caller with other work: it waits without blocking its thread */
+    parked_t p = {pk, who};
+    j->owner = &p;
+    j->done = parked_done;
+    if (b->tail) b->tail->next = j;
+    else b->head = j;
+    b->tail = j;
+    if (!b->running) pthread_cond_signal(&b->cv); /* else the batch running takes it next */
+    pthread_mutex_unlock(&b->mu);
+    pk->wait(who);
+    j->owner = NULL;
+    j->done = NULL;
     return;
   }
   waiter_t w = {.done = 0};

@@ -96,6 +96,18 @@ void lg__json_region_end(void);
  * The hook is per thread; NULL unsets it. */
 void lg__will_block(void);
 void lg__set_block_hook(void (*fn)(void));
+/* A caller that can do other work while a job of its waits for another
+ * thread (a gateway fiber: gateway.c): self() names what waits (NULL:
+ * the caller blocks as usual), wait() stops it until wake() — from any
+ * thread — says the job is done. Per thread, as the block hook; NULL
+ * unsets it. lg__park() is this thread's, or NULL. */
+typedef struct lg__park {
+  void *(*self)(void);
+  void (*wait)(void *who);
+  void (*wake)(void *who);
+} lg__park_t;
+void lg__set_park(const lg__park_t *p);
+const lg__park_t *lg__park(void);
 /* A thread that used the region and ends (or idles long) gives its chunk up. */
 void lg__json_region_thread_end(void);
 /* For tests: the region on or off (default: on, off under ASan), and the

@@ -201,6 +201,10 @@ void lg__will_block(void) {
   if (tl_block_hook) tl_block_hook();
 }
 
+static _Thread_local const lg__park_t *tl_park;
+void lg__set_park(const lg__park_t *p) { tl_park = p; }
+const lg__park_t *lg__park(void) { return tl_park; }
+
 void *lg__malloc(size_t n) { return g_malloc(n ? n : 1); }
 void *lg__calloc(size_t n, size_t size) {
   if (size && n > SIZE_MAX / size) return NULL;

@@ -429,26 +429,44 @@ wait "$cpid"
 stop_server lead
 [ "$lead_RC" = 0 ] || fail "the lead server exited $lead_RC: $(tail -5 "$TMP/lead.err")"
 
-note "many slow upstream requests at once: the worker pool grows past its first eight, up to LOOPGUARD_GATEWAY_WORKERS, so none waits for another's upstream"
-# 20 requests to a model that answers after 3 s: with the first eight
-# workers (and the loop's leader) alone, three rounds, 9 s; grown, one.
-LOOPGUARD_GATEWAY_WORKERS=20 start_server pool --store memory: --upstream "$FAKE/v1" --log "$TMP/pool.log" --threads 1
-t0=$(date +%s.%N)
-pids=()
-for i in $(seq 20); do
-  curl -s --max-time 30 -o "$TMP/pool-$i.json" -w '%{http_code}' -H 'Content-Type: application/json' -H "X-Loopguard-Run: pool-$i" \
-    -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$pool_URL/v1/chat/completions" >"$TMP/pool-$i.code" &
-  pids+=($!)
-done
-wait "${pids[@]}"
-secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-for i in $(seq 20); do
-  [ "$(cat "$TMP/pool-$i.code")" = 200 ] || fail "pool: request $i: $(cat "$TMP/pool-$i.code") $(head -c 300 "$TMP/pool-$i.json")"
-done
-awk -v s="$secs" 'BEGIN { exit !(s < 6) }' || fail "pool: 20 requests of 3 s at once took $secs s: they waited for each other"
-curl -sf "$pool_URL/metrics" >"$TMP/pool.metrics" || fail "pool: no metrics"
-started=$(awk '$1 ~ /^loopguard_gateway_workers\{/ { n += $2 } END { print n + 0 }' "$TMP/pool.metrics")
-grep -qx 'loopguard_gateway_workers_max 20' "$TMP/pool.metrics" || fail "pool: workers_max: $(grep workers "$TMP/pool.metrics")"
+# N requests at once to a model that answers after 3 s (run N, name):
+# sets secs to how long they all took, and started to the workers the
+# server has started then; each must be answered 200.
+slow_at_once() {
+  local n=$1 name=$2 i t0 pids=()
+  t0=$(date +%s.%N)
+  for i in $(seq "$n"); do
+    curl -s --max-time 30 -o "$TMP/$name-$i.json" -w '%{http_code}' -H 'Content-Type: application/json' -H "X-Loopguard-Run: $name-$i" \
+      -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "${!3}/v1/chat/completions" >"$TMP/$name-$i.code" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+  for i in $(seq "$n"); do
+    [ "$(cat "$TMP/$name-$i.code")" = 200 ] || fail "$name: request $i: $(cat "$TMP/$name-$i.code") $(head -c 300 "$TMP/$name-$i.json")"
+  done
+  awk -v s="$secs" 'BEGIN { exit !(s < 6) }' || fail "$name: $n requests of 3 s at once took $secs s: they waited for each other"
+  curl -sf "${!3}/metrics" >"$TMP/$name.metrics" || fail "$name: no metrics"
+  started=$(awk '$1 ~ /^loopguard_gateway_workers\{/ { n += $2 } END { print n + 0 }' "$TMP/$name.metrics")
+  grep -qx 'loopguard_gateway_workers_max 20' "$TMP/$name.metrics" || fail "$name: workers_max: $(grep workers "$TMP/$name.metrics")"
+}
+
+note "many slow upstream requests at once: the loop's leader holds each on a fiber of its own (no worker needed), and those past its 64 go to the workers"
+# 20 at once: all on the leader's fibers, the eight first workers idle.
+LOOPGUARD_GATEWAY_WORKERS=20 start_server fib --store memory: --upstream "$FAKE/v1" --log "$TMP/fib.log" --threads 1
+slow_at_once 20 fib fib_URL
+[ "$started" = 8 ] || fail "fib: $started workers started for 20 requests at once: the leader's fibers should hold them all"
+# 80 at once: 64 on fibers, 16 to the workers, which grow from 8 to 16.
+slow_at_once 80 fib80 fib_URL
+[ "$started" -ge 16 ] && [ "$started" -le 20 ] || fail "fib80: $started workers started for the 16 requests past the leader's 64 fibers"
+stop_server fib
+[ "$fib_RC" = 0 ] || fail "the fib server exited $fib_RC: $(tail -5 "$TMP/fib.err")"
+
+note "the same without fibers (LOOPGUARD_GATEWAY_FIBERS=0): the worker pool grows past its first eight, up to LOOPGUARD_GATEWAY_WORKERS, so none waits for another's upstream"
+# 20 at once: with the first eight workers (and the loop's leader)
+# alone, three rounds, 9 s; grown, one.
+LOOPGUARD_GATEWAY_FIBERS=0 LOOPGUARD_GATEWAY_WORKERS=20 start_server pool --store memory: --upstream "$FAKE/v1" --log "$TMP/pool.log" --threads 1
+slow_at_once 20 pool pool_URL
 [ "$started" -ge 19 ] && [ "$started" -le 20 ] || fail "pool: $started workers started for 20 requests at once (the cap is 20)"
 stop_server pool
 [ "$pool_RC" = 0 ] || fail "the pool server exited $pool_RC: $(tail -5 "$TMP/pool.err")"

@@ -7,9 +7,14 @@
  *   and its result comes back;
  * - while the committer is busy, the job is queued and runs on the
  *   committer, in its next batch, after the batch in progress;
- * - many threads running and submitting jobs at once never run two
- *   batches at the same time (a counter bumped without a lock of its own
- *   loses nothing) and every job is run exactly once.
+ * - a caller that parks (lg__park: a gateway fiber, which has other
+ *   work) while another thread runs a batch on its own thread is not
+ *   handed to the committer: that thread runs the parked job too, once
+ *   its own batch is committed, and wakes the caller from there;
+ * - many threads running and submitting jobs at once, parked callers
+ *   among them, never run two batches at the same time (a counter bumped
+ *   without a lock of its own loses nothing) and every job is run exactly
+ *   once.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +31,7 @@
 
 #include "store/group.h"
 #include "store/store.h"
+#include "util/internal.h"
 
 static lg_store_t *open_store(void) {
   lg_error_t e;
@@ -131,6 +137,103 @@ static void test_busy_queues_behind_the_batch(void **state) {
   sem_destroy(&started);
 }
 
+/* ---- parked callers ---- */
+
+/* A park whose "fiber" is the calling thread itself, stopped on a
+ * semaphore: what the store sees of a gateway fiber. */
+typedef struct sem_parked {
+  sem_t sem;
+  atomic_int waits, wakes;
+  pthread_t waker;
+} sem_parked_t;
+static _Thread_local sem_parked_t *tl_parked;
+static void *sp_self(void) { return tl_parked; }
+static void sp_wait(void *who) {
+  sem_parked_t *p = who;
+  atomic_fetch_add(&p->waits, 1);
+  sem_wait(&p->sem);
+}
+static void sp_wake(void *who) {
+  sem_parked_t *p = who;
+  p->waker = pthread_self();
+  atomic_fetch_add(&p->wakes, 1);
+  sem_post(&p->sem);
+}
+static const lg__park_t sem_park = {sp_self, sp_wait, sp_wake};
+
+typedef struct inline_runner {
+  lg__batcher_t *b;
+  lg__job_t *j;
+  pthread_t th;
+} inline_runner_t;
+static void *inline_thread(void *arg) {
+  inline_runner_t *r = arg;
+  r->th = pthread_self();
+  lg__batcher_run(r->b, r->j);
+  return NULL;
+}
+typedef struct parked_runner {
+  lg__batcher_t *b;
+  lg__job_t *j;
+  sem_parked_t p;
+} parked_runner_t;
+static void *parked_thread(void *arg) {
+  parked_runner_t *r = arg;
+  tl_parked = &r->p;
+  lg__set_park(&sem_park);
+  lg__batcher_run(r->b, r->j);
+  lg__set_park(NULL);
+  return NULL;
+}
+
+static void test_parked_runs_on_the_batch_thread(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  lg__batcher_t *b = lg__batcher_new(s, 0);
+  assert_non_null(b);
+  sem_t hold, started;
+  sem_init(&hold, 0, 0);
+  sem_init(&started, 0, 0);
+  /* A thread runs its own batch (the committer idle), and holds it. */
+  where_t first = {.hold = &hold, .started = &started};
+  lg__job_t j1 = {.write = where_write, .ud = &first};
+  inline_runner_t a = {.b = b, .j = &j1};
+  pthread_t ta, tb;
+  assert_int_equal(pthread_create(&ta, NULL, inline_thread, &a), 0);
+  sem_wait(&started);
+  /* A caller that parks: queued behind it, not run, not blocked on a lock. */
+  where_t second = {0};
+  lg__job_t j2 = {.write = where_write, .ud = &second};
+  parked_runner_t pr = {.b = b, .j = &j2};
+  sem_init(&pr.p.sem, 0, 0);
+  assert_int_equal(pthread_create(&tb, NULL, parked_thread, &pr), 0);
+  for (int i = 0; i < 2000 && !atomic_load(&pr.p.waits); i++) usleep(1000);
+  assert_int_equal(atomic_load(&pr.p.waits), 1); /* it parked */
+  usleep(20 * 1000);
+  assert_int_equal(second.ran, 0);
+  assert_int_equal(atomic_load(&pr.p.wakes), 0);
+  sem_post(&hold);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  assert_int_equal(first.ran, 1);
+  assert_int_equal(second.ran, 1);
+  assert_int_equal(j1.rc, 0);
+  assert_int_equal(j2.rc, 0);
+  /* run by the thread that held the batch, which woke the caller */
+  assert_true(pthread_equal(second.th, a.th));
+  assert_true(pthread_equal(pr.p.waker, a.th));
+  assert_int_equal(atomic_load(&pr.p.wakes), 1);
+  uint64_t batches, jobs;
+  lg__batcher_stats(b, &batches, &jobs);
+  assert_int_equal(batches, 2);
+  assert_int_equal(jobs, 2);
+  lg__batcher_free(b);
+  lg_store_close(s);
+  sem_destroy(&hold);
+  sem_destroy(&started);
+  sem_destroy(&pr.p.sem);
+}
+
 /* ---- many at once ---- */
 
 enum { THREADS = 4, EACH = 400 };
@@ -155,11 +258,17 @@ static void count_done(lg__job_t *j) {
 typedef struct hammer {
   lg__batcher_t *b;
   int submit; /* 1: lg__batcher_submit (as the HTTP thread), else run */
+  int park;   /* run, parking while another thread's batch runs */
+  sem_parked_t p;
   lg__job_t jobs[EACH];
 } hammer_t;
 
 static void *hammer_thread(void *arg) {
   hammer_t *h = arg;
+  if (h->park) {
+    tl_parked = &h->p;
+    lg__set_park(&sem_park);
+  }
   for (int i = 0; i < EACH; i++) {
     lg__job_t *j = &h->jobs[i];
     memset(j, 0, sizeof *j);
@@ -188,9 +297,15 @@ static void test_many_threads(void **state) {
   for (int i = 0; i < THREADS; i++) {
     h[i].b = b;
     h[i].submit = i == 0;
+    h[i].park = i >= 2;
+    sem_init(&h[i].p.sem, 0, 0);
     assert_int_equal(pthread_create(&th[i], NULL, hammer_thread, &h[i]), 0);
   }
   for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+  for (int i = 2; i < THREADS; i++) { /* each park was woken once, no more */
+    assert_int_equal(atomic_load(&h[i].p.waits), atomic_load(&h[i].p.wakes));
+    sem_destroy(&h[i].p.sem);
+  }
   lg__batcher_stop(b); /* the submitted ones are all decided by now */
   assert_int_equal(atomic_load(&submitted_done), EACH);
   assert_int_equal(counter, THREADS * EACH);
@@ -206,6 +321,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_idle_runs_on_the_caller),
       cmocka_unit_test(test_busy_queues_behind_the_batch),
+      cmocka_unit_test(test_parked_runs_on_the_batch_thread),
       cmocka_unit_test(test_many_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
