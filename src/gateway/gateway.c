@@ -298,7 +298,7 @@ int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n) {
   int rc = lg__buf_append(&j->sbuf, p, n);
   lg__loop_t *l = resume_stream(j);
   pthread_mutex_unlock(&j->smu);
-  if (l) lg__loop_wake(l);
+  if (l && !lg__loop_turns_next(l)) lg__loop_wake(l);
   return rc ? -1 : 0;
 }
 
@@ -309,7 +309,7 @@ void lg__gw_stream_end(lg__gw_job_t *j) {
   j->s_end = 1;
   lg__loop_t *l = resume_stream(j);
   pthread_mutex_unlock(&j->smu);
-  if (l) lg__loop_serve(l);
+  if (l && !lg__loop_turns_next(l)) lg__loop_serve(l);
 }
 
 /* ---- the HTTP side ---- */

@@ -563,6 +563,7 @@ static void job_done(lg__job_t *j) {
   lg__loop_t *l = lg__conn_loop(c);
   int serve = j->may_serve;
   MHD_resume_connection(c);
+  if (lg__loop_turns_next(l)) return;
   if (serve) lg__loop_serve(l);
   else if (l) lg__loop_wake(l);
 }

@@ -510,6 +510,11 @@ static _Thread_local int tl_passed;          /* ... and it passed the lead on */
 
 int lg__loop_leads(void) { return tl_leading && !tl_passed; }
 
+/* Set while the leader runs its gateway requests between two turns: the
+ * turn after them serves every connection resumed meanwhile. */
+static _Thread_local int tl_between;
+int lg__loop_turns_next(const lg__loop_t *l) { return tl_between && l && tl_leading == l && !tl_passed; }
+
 /* The lead to the loop's own thread, when that waits for it: 1. */
 static int give_home(lg__loop_t *l) {
   pthread_mutex_lock(&l->lead_mu);
@@ -596,7 +601,9 @@ static int lead(lg__loop_t *l, int home) {
       ms = now >= due ? 0 : (int)((due - now + 999999) / 1000000);
     }
     turn = 1;
+    tl_between = 1;
     if (lg__gw_run_mine(srv->gw)) ms = 0; /* what came meanwhile is looked at now */
+    tl_between = 0;
     if (!tl_passed && !home && !lg__gw_holds_mine() && give_home(l)) tl_passed = 1;
     if (tl_passed) break;
     /* More to do at once (a request read in several steps): MHD again,

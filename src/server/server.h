@@ -569,6 +569,10 @@ void lg__loop_serve(lg__loop_t *l);
  * lg__loop_lead_for until it can give the lead back. */
 /* 1 when this thread leads a loop now and has not passed the lead. */
 int lg__loop_leads(void);
+/* 1 when the calling thread leads l and takes a turn of it before its
+ * next wait (it runs its gateway requests between two turns): a
+ * connection it resumes needs no wake-up, nor a turn of its own. */
+int lg__loop_turns_next(const lg__loop_t *l);
 /* The leader's loop descriptor to wait on beside its own (readable: call
  * lg__loop_turn), or -1 when this thread does not lead. */
 int lg__loop_wait_fd(void);
