@@ -380,6 +380,7 @@ struct lg_server {
   char *store_name;           /* the store URL without password */
   const char *scheme;         /* "memory", "sqlite", "postgres" */
   lg_store_t *shared;         /* memory:, sqlite: the one handle all threads share */
+  int gateway_on;             /* --upstream or --upstreams given */
   pthread_key_t wkey;         /* the thread's lg__worker_t */
   pthread_mutex_t wlist_mu;   /* guards workers and spare */
   lg__worker_t *workers;      /* every worker made */
