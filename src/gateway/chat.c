@@ -204,7 +204,7 @@ static int settle_alone(chat_t *c, lg_error_t *e) {
     }
     restep(c, &c->use, &c->use_ev);
     memset(e, 0, sizeof *e);
-    rc = lg__gw_step(c->cx, c->r->id, &c->use, e);
+    rc = lg__gw_step(c->cx, c->r, &c->use, e);
     if (rc != LG_EBUSY) break;
   }
   return rc;
@@ -251,7 +251,7 @@ static int steps_alone(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t n
   for (size_t i = 0; i < n; i++) {
     restep(c, &v[i], &evs[i]);
     memset(e, 0, sizeof *e);
-    rc = lg__gw_step(c->cx, c->r->id, &v[i], e);
+    rc = lg__gw_step(c->cx, c->r, &v[i], e);
     if (rcs) rcs[i] = rc;
   }
   return rc;
@@ -269,7 +269,7 @@ static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t
   if (!k || !all) { /* no usage (or no memory): the steps alone */
     settle_usage(c);
     for (size_t i = 0; i < n; i++) {
-      rcs[i] = lg__gw_step(c->cx, c->r->id, &v[i], &e);
+      rcs[i] = lg__gw_step(c->cx, c->r, &v[i], &e);
       memset(&e, 0, sizeof e);
     }
     return;
@@ -277,7 +277,7 @@ static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t
   all[0] = c->use;
   memcpy(all + 1, v, n * sizeof *v);
   lg__step_batch_t b = {all, n + 1};
-  int rc = lg__gw_step_batch(c->cx, c->r->id, &b, &e);
+  int rc = lg__gw_step_batch(c->cx, c->r, &b, &e);
   c->use = all[0];
   memcpy(v, all + 1, n * sizeof *v);
   if (all != one) lg__free(all);
@@ -502,14 +502,14 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
  * 0 when it decided, else its failure (why in *e). */
 static int flush_results_then(chat_t *c, lg__step_t *next, lg_error_t *e) {
   lg__gw_fed_t *f = &c->fed;
-  if (!f->n) return next ? lg__gw_step(c->cx, c->r->id, next, e) : 0;
+  if (!f->n) return next ? lg__gw_step(c->cx, c->r, next, e) : 0;
   size_t n = f->n, all = n + (next != NULL);
   if (next) {
     f->st[n] = *next; /* st and ev have room for it (fed_room) */
     f->ev[n] = next->ev;
   }
   lg__step_batch_t b = {f->st, all};
-  int rc = lg__gw_step_batch(c->cx, c->r->id, &b, e);
+  int rc = lg__gw_step_batch(c->cx, c->r, &b, e);
   if (rc) { /* failed whole (a busy store): nothing of it stayed; a step at a time */
     store_warning(c, "batch_retried", "steps", (long long)all, rc, e);
     rc = steps_alone(c, f->st, f->ev, all, NULL, e);

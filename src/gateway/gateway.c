@@ -1065,10 +1065,9 @@ static int create_write(void *ud, lg_store_t *s, lg_error_t *err) {
   return lg__step_create(s, c->run, c->pol_json, NULL, NULL, 0, c->now_ms, &c->same, err);
 }
 
-/* The run's row, with its first trace line: a write of the store's
- * batches where there are batches (sqlite:, memory:), as every other
- * write of the gateway, so that it waits for another thread's batch
- * without blocking its own (lg__park), and never for the store's lock. */
+/* The run's row, with its first trace line, at once (postgres:, whose
+ * writes are not batched; sqlite: and memory: write it with the run's
+ * first step: on_committer). */
 static int create_run(lg__gw_ctx_t *cx, const char *id, lg_policy_t *pol, const char *pol_json,
                       lg_error_t *err) {
   lg_server_t *srv = cx->srv;
@@ -1077,15 +1076,7 @@ static int create_run(lg__gw_ctx_t *cx, const char *id, lg_policy_t *pol, const 
   create_ctx_t c = {lg_run_new(id, cx->j->hdr_group, pol, NULL, NULL, err), pol_json,
                     lg__server_now(srv), 0};
   if (!c.run) return err && err->code ? err->code : LG_ENOMEM;
-  int rc;
-  if (srv->batcher) {
-    lg__job_t j = {.write = create_write, .ud = &c};
-    lg__batcher_run(srv->batcher, &j);
-    rc = j.rc;
-    if (rc && err) *err = j.err;
-  } else {
-    rc = create_write(&c, w->store, err);
-  }
+  int rc = create_write(&c, w->store, err);
   lg_run_free(c.run);
   if (rc == LG_ECONFLICT) return 0; /* there already: a run named by its header */
   if (!rc) atomic_fetch_add(&srv->metrics.runs_active, 1);
@@ -1301,7 +1292,16 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
     }
   }
   if (created) {
-    int rc = create_run(cx, r->id, pol, pol_json, err);
+    int rc = 0;
+    if (cx->srv->batcher) { /* written with its first step (on_committer) */
+      r->unborn = 1;
+      r->birth_policy = lg__strdup(pol_json);
+      if (cx->j->hdr_group && !(r->birth_group = lg__strdup(cx->j->hdr_group))) rc = LG_ENOMEM;
+      if (!r->birth_policy) rc = LG_ENOMEM;
+      if (rc) lg__err(err, rc, NULL, -1, "out of memory");
+    } else {
+      rc = create_run(cx, r->id, pol, pol_json, err);
+    }
     if (rc) {
       lg__gw_run_unlock(gw, r);
       return NULL;
@@ -1323,6 +1323,8 @@ void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r) {
 
 static void run_free(lg__gw_run_t *r) {
   lg__free(r->id);
+  lg__free(r->birth_group);
+  lg__free(r->birth_policy);
   lg__json_prefix_free(r->prefix);
   for (size_t i = 0; i < r->nrs; i++) {
     json_decref(r->rs[i].items);
@@ -1343,14 +1345,57 @@ static void run_free(lg__gw_run_t *r) {
 
 /* ---- the step ---- */
 
-/* fn(ud) for run_id through the group commit, waited for; its rc, and
- * its err into *err. canon: the committer's scratch, set first. */
-static int on_committer(lg_server_t *srv, const char *run_id, lg_store_run_fn fn, void *ud,
+/* A run's first step with its creation: one job, one transaction. */
+typedef struct born {
+  create_ctx_t c;
+  const char *run_id;
+  lg_store_run_fn fn;
+  void *ud;
+  int created, existed;
+} born_t;
+
+static int born_write(void *ud, lg_store_t *s, lg_error_t *err) {
+  born_t *b = ud;
+  int rc = create_write(&b->c, s, err);
+  if (rc == LG_ECONFLICT) { /* there already: named by its header, or written by a job that failed after */
+    b->existed = 1;
+    memset(err, 0, sizeof *err);
+  } else if (rc) {
+    return rc;
+  } else {
+    b->created = 1;
+  }
+  return lg_store_with_run(s, b->run_id, b->fn, b->ud, err);
+}
+
+/* fn(ud) for run r through the group commit, waited for; its rc, and its
+ * err into *err. canon: the committer's scratch, set first. A run not yet
+ * in the store (r->unborn) is written first, in the same job: a fresh
+ * run's request pays two transactions, not three. */
+static int on_committer(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
                         lg_canon_t **canon, lg_error_t *err) {
-  lg__job_t j = {.run_id = run_id, .fn = fn, .ud = ud};
   *canon = lg__batcher_canon(srv->batcher);
+  if (!r->unborn) {
+    lg__job_t j = {.run_id = r->id, .fn = fn, .ud = ud};
+    lg__batcher_run(srv->batcher, &j);
+    if (err) *err = j.err;
+    return j.rc;
+  }
+  born_t b = {{lg_run_new(r->id, r->birth_group, r->policy, NULL, NULL, err), r->birth_policy,
+               lg__server_now(srv), 0},
+              r->id, fn, ud, 0, 0};
+  if (!b.c.run) return err && err->code ? err->code : LG_ENOMEM;
+  lg__job_t j = {.write = born_write, .ud = &b};
   lg__batcher_run(srv->batcher, &j);
+  lg_run_free(b.c.run);
   if (err) *err = j.err;
+  if (!j.rc) { /* stored: the run and the step, committed */
+    r->unborn = 0;
+    /* counted once: when written here, or by a job that failed after */
+    if (b.created || (b.existed && r->birth_tried)) atomic_fetch_add(&srv->metrics.runs_active, 1);
+  } else if (b.created) {
+    r->birth_tried = 1; /* written, unless the commit failed: the next job says */
+  }
   return j.rc;
 }
 
@@ -1366,26 +1411,26 @@ static void note_step(lg_server_t *srv, const lg__step_t *st) {
   }
 }
 
-int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err) {
+int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *err) {
   lg_server_t *srv = cx->srv;
   st->policy = server_policy;
   st->policy_ud = srv;
   int rc;
   if (srv->batcher) { /* one writer at a time: the group commit decides */
     lg_error_t e = {0};
-    rc = lg__step_finish(st, on_committer(srv, run_id, lg__step_locked, st, &st->canon, &e), &e);
+    rc = lg__step_finish(st, on_committer(srv, r, lg__step_locked, st, &st->canon, &e), &e);
     if (rc && err) *err = e;
   } else {
     lg__worker_t *wk = lg__server_worker(srv, err);
     if (!wk) return LG_ESTORE;
     st->canon = wk->canon;
-    rc = lg__step_run(wk->store, run_id, st, err);
+    rc = lg__step_run(wk->store, r->id, st, err);
   }
   if (!rc) note_step(srv, st);
   return rc;
 }
 
-int lg__gw_step_batch(lg__gw_ctx_t *cx, const char *run_id, lg__step_batch_t *b, lg_error_t *err) {
+int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg_error_t *err) {
   lg_server_t *srv = cx->srv;
   if (!b->n) return 0;
   b->v[0].policy = server_policy;
@@ -1393,13 +1438,13 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, const char *run_id, lg__step_batch_t *b,
   int rc;
   if (srv->batcher) {
     lg_error_t e = {0};
-    rc = lg__step_batch_finish(b, on_committer(srv, run_id, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
+    rc = lg__step_batch_finish(b, on_committer(srv, r, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
     if (rc && err) *err = e;
   } else {
     lg__worker_t *wk = lg__server_worker(srv, err);
     if (!wk) return LG_ESTORE;
     b->v[0].canon = wk->canon;
-    rc = lg__step_batch_run(wk->store, run_id, b, err);
+    rc = lg__step_batch_run(wk->store, r->id, b, err);
   }
   for (size_t i = 0; !rc && i < b->n; i++)
     if (b->v[i].decided) note_step(srv, &b->v[i]);

@@ -172,6 +172,13 @@ typedef struct lg__gw_run {
   /* gateway.c's bookkeeping, under its table lock */
   struct lg__gw_run *lru_prev, *lru_next; /* most recently used first */
   int busy;                   /* requests holding it: never evicted then */
+  /* Created in memory and not yet in the store (sqlite:, memory:): its
+   * first step's job writes it first, in the same transaction
+   * (gateway.c, on_committer). What the row is made with: */
+  int unborn;
+  char *birth_group;          /* X-Loopguard-Group of its first request, or NULL */
+  char *birth_policy;         /* the policy's JSON */
+  int birth_tried;            /* a job that wrote it failed: it may be stored */
   lg__gw_key_t *keys;         /* the conversation keys that name it */
   struct lg__json_prefix *prefix; /* its last request's conversation, as read (json_load.c) */
   uint64_t head;              /* the hash of prefix's first GW_PREFIX_HEAD bytes */
@@ -268,11 +275,11 @@ void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name);
 /* One event through the decision step, synchronously. 0 when decided;
  * *answer (new, json) is the decision object. */
-int lg__gw_step(lg__gw_ctx_t *cx, const char *run_id, lg__step_t *st, lg_error_t *err);
+int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *err);
 /* Several events of one run through the decision step in one
  * transaction (lg__step_batch_t, step.h), synchronously. 0 when the batch
  * ran: each step says whether it decided. */
-int lg__gw_step_batch(lg__gw_ctx_t *cx, const char *run_id, lg__step_batch_t *b, lg_error_t *err);
+int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg_error_t *err);
 /* Answers the job now (status, body), for a non-stream answer. */
 void lg__gw_answer(lg__gw_job_t *j);
 /* The stream of a job: starts it (the HTTP side answers 200 with an SSE
