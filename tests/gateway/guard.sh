@@ -459,6 +459,20 @@ slow_at_once 20 fib fib_URL
 # 80 at once: 64 on fibers, 16 to the workers, which grow from 8 to 16.
 slow_at_once 80 fib80 fib_URL
 [ "$started" -ge 16 ] && [ "$started" -le 20 ] || fail "fib80: $started workers started for the 16 requests past the leader's 64 fibers"
+note "a fresh run is written with its first step: its request makes two transactions (the person's message with the model call; the usage with the answer), not three"
+batches() { curl -sf "$fib_URL/metrics" | awk '$1 == "loopguard_commit_batches_total" { print $2 }'; }
+b0=$(batches)
+for i in 1 2 3 4 5; do
+  code=$(curl -s -o "$TMP/born-$i.json" -w '%{http_code}' -H 'Content-Type: application/json' -H "X-Loopguard-Run: born-$i" \
+    -d '{"model":"m","messages":[{"role":"user","content":"Say hello."}]}' "$fib_URL/v1/chat/completions")
+  [ "$code" = 200 ] || fail "born: request $i: $code $(head -c 300 "$TMP/born-$i.json")"
+done
+b1=$(batches)
+[ "$((b1 - b0))" = 10 ] || fail "born: 5 fresh runs' requests made $((b1 - b0)) transactions, not 10"
+for i in 1 5; do # each in the store, its trace from the creation on
+  curl -sf "$fib_URL/v1/runs/born-$i/trace" >"$TMP/born-$i.trace" || fail "born: run born-$i is not in the store"
+  grep -v "^#" "$TMP/born-$i.trace" | head -n 1 | grep -q '"type":"run"' || fail "born: born-$i's trace does not start with its run: $(head -c 200 "$TMP/born-$i.trace")"
+done
 stop_server fib
 [ "$fib_RC" = 0 ] || fail "the fib server exited $fib_RC: $(tail -5 "$TMP/fib.err")"
 
