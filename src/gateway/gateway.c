@@ -649,7 +649,9 @@ static void run_job(lg__gw_ctx_t *cx, lg__gw_job_t *j) {
    * (keep_mine). */
   j->job.may_serve = 1;
   tl_busy--;
-  if (tl_cx && !lg__loop_leads()) tl_claim = gw; /* a worker that does not lead */
+  /* a worker that does not lead (nor finishes fibers: it takes no job
+   * from the queue until they are done) */
+  if (tl_cx && !lg__loop_leads() && !lg__fiber_self()) tl_claim = gw;
   release(j);
   if (j->streaming) lg__gw_stream_end(j);
   tl_claim = NULL;

@@ -444,9 +444,11 @@ lg__loop_t *lg__conn_loop(struct MHD_Connection *c) {
  * LOOPGUARD_GATEWAY_FIBERS=0 it keeps one at a time, and while it waits
  * for that one's upstream it waits on ep too, lg__loop_wait_fd in
  * libcurl's multi wait, and takes a turn when the loop has work,
- * lg__loop_turn; the requests it reads meanwhile go to the workers.) Before a wait that may be long and is not the
- * upstream's (lg__will_block: SQLite's busy wait, a committer busy past
- * 2 ms, another request of the same run in flight) it passes the lead:
+ * lg__loop_turn; the requests it reads meanwhile go to the workers.)
+ * Before a wait that may be long and is not the upstream's, and that a
+ * fiber cannot wait for without its thread (lg__will_block: SQLite's busy
+ * wait; without fibers also a committer busy past 2 ms and another request
+ * of the same run in flight), it passes the lead:
  * to the loop's own thread if that waits for it, else to an idle gateway
  * worker (lg__gw_lead_post; only one that takes it at once). The thread
  * that passed it finishes its requests and then waits to be given the lead
