@@ -770,6 +770,20 @@ static void fib_run(gw_sched_t *s, gw_fib_t *fb, int start) {
   }
 }
 
+/* When fb's wait ends at the latest: libcurl's timer, or its bound. */
+static uint64_t fib_due(const gw_fib_t *fb) {
+  uint64_t t = fb->w->due_ns;
+  return t && t < fb->wait_until ? t : fb->wait_until;
+}
+
+/* Runs j whole on this thread, without a fiber: the worker's context, or
+ * the loop's own thread's; with neither (no memory), answered 500. */
+static void run_whole(lg__gw_t *gw, lg__gw_job_t *j) {
+  lg__gw_ctx_t *cx = tl_cx ? tl_cx : home_ctx(gw);
+  lg__gw_ctx_t none = {gw, gw->srv, NULL, NULL, NULL};
+  run_job(cx ? cx : &none, j);
+}
+
 /* lg__park for the store's batches (store/group.c): a fiber waits for a
  * batch another thread runs without stopping its own thread. */
 static void *park_self(void) {
@@ -805,8 +819,7 @@ static int fibers_run(lg__gw_t *gw, gw_sched_t *s) {
   for (gw_fib_t *fb = s->active; fb; fb = fb->next) /* first which: a fiber run may wait again */
     if (!fb->ready && fb->w) {
       if (!now) now = lg__mono_ns();
-      uint64_t due = fb->w->due_ns && fb->w->due_ns < fb->wait_until ? fb->w->due_ns : fb->wait_until;
-      if (now >= due || atomic_load(&gw->stop)) fb->ready = 1;
+      if (now >= fib_due(fb) || atomic_load(&gw->stop)) fb->ready = 1;
     }
   for (int again = 1; again;) { /* a fiber done leaves the list: walk it again */
     again = 0;
@@ -824,10 +837,8 @@ static int fibers_run(lg__gw_t *gw, gw_sched_t *s) {
     if (fb) {
       fb->j = j;
       fib_run(s, fb, 1);
-    } else { /* no memory for a fiber: the request runs whole, here */
-      lg__gw_ctx_t *cx = tl_cx ? tl_cx : home_ctx(gw);
-      lg__gw_ctx_t none = {gw, gw->srv, NULL, NULL, NULL}; /* answered 500 */
-      run_job(cx ? cx : &none, j);
+    } else { /* no memory for a fiber */
+      run_whole(gw, j);
     }
   }
   return ran;
@@ -839,9 +850,7 @@ int lg__gw_run_mine(lg__gw_t *gw) {
   if (s->ep >= 0) return fibers_run(gw, s);
   lg__gw_job_t *j = next_kept(s); /* without fibers: one, run whole */
   if (!j) return 0;
-  lg__gw_ctx_t *cx = tl_cx ? tl_cx : home_ctx(gw);
-  lg__gw_ctx_t none = {gw, gw->srv, NULL, NULL, NULL}; /* out of memory: answered 500 */
-  run_job(cx ? cx : &none, j);
+  run_whole(gw, j);
   return 1;
 }
 
@@ -871,14 +880,12 @@ int lg__gw_fibers_due_ms(void) {
     atomic_store(&s->sleeping, 1);
     if (atomic_load(&s->woken)) return 0;
   }
+  if (s->kept) return 0;
   uint64_t first = UINT64_MAX, now = lg__mono_ns();
   for (gw_fib_t *fb = s->active; fb; fb = fb->next) {
-    if (fb->ready || s->kept) return 0;
-    if (!fb->w) continue;
-    uint64_t due = fb->w->due_ns && fb->w->due_ns < fb->wait_until ? fb->w->due_ns : fb->wait_until;
-    if (due < first) first = due;
+    if (fb->ready) return 0;
+    if (fb->w && fib_due(fb) < first) first = fib_due(fb);
   }
-  if (s->kept) return 0;
   if (first == UINT64_MAX) return -1;
   return first <= now ? 0 : (int)((first - now + 999999) / 1000000);
 }
@@ -892,7 +899,7 @@ void lg__gw_fiber_event(void *ptr, uint32_t events) {
     return;
   }
   k->ev |= events;
-  if (k->w && k->w->fib) ((gw_fib_t *)k->w->fib)->ready = 1;
+  if (k->w->fib) ((gw_fib_t *)k->w->fib)->ready = 1;
 }
 
 void lg__gw_fibers_end(lg__gw_t *gw) {

@@ -89,15 +89,46 @@ static void test_idle_runs_on_the_caller(void **state) {
   lg_store_close(s);
 }
 
+/* A park whose "fiber" is the calling thread itself, stopped on a
+ * semaphore: what the store sees of a gateway fiber. */
+typedef struct sem_parked {
+  sem_t sem;
+  atomic_int waits, wakes;
+  pthread_t waker;
+} sem_parked_t;
+static _Thread_local sem_parked_t *tl_parked;
+static void *sp_self(void) { return tl_parked; }
+static void sp_wait(void *who) {
+  sem_parked_t *p = who;
+  atomic_fetch_add(&p->waits, 1);
+  sem_wait(&p->sem);
+}
+static void sp_wake(void *who) {
+  sem_parked_t *p = who;
+  p->waker = pthread_self();
+  atomic_fetch_add(&p->wakes, 1);
+  sem_post(&p->sem);
+}
+static const lg__park_t sem_park = {sp_self, sp_wait, sp_wake};
+
+/* A thread that runs one job (parking, with park set). */
 typedef struct runner {
   lg__batcher_t *b;
   lg__job_t *j;
+  sem_parked_t *park;
+  pthread_t th;
   atomic_int returned;
 } runner_t;
 
 static void *run_thread(void *arg) {
   runner_t *r = arg;
+  r->th = pthread_self();
+  if (r->park) {
+    tl_parked = r->park;
+    lg__set_park(&sem_park);
+  }
   lg__batcher_run(r->b, r->j);
+  lg__set_park(NULL);
   atomic_store(&r->returned, 1);
   return NULL;
 }
@@ -139,53 +170,6 @@ static void test_busy_queues_behind_the_batch(void **state) {
 
 /* ---- parked callers ---- */
 
-/* A park whose "fiber" is the calling thread itself, stopped on a
- * semaphore: what the store sees of a gateway fiber. */
-typedef struct sem_parked {
-  sem_t sem;
-  atomic_int waits, wakes;
-  pthread_t waker;
-} sem_parked_t;
-static _Thread_local sem_parked_t *tl_parked;
-static void *sp_self(void) { return tl_parked; }
-static void sp_wait(void *who) {
-  sem_parked_t *p = who;
-  atomic_fetch_add(&p->waits, 1);
-  sem_wait(&p->sem);
-}
-static void sp_wake(void *who) {
-  sem_parked_t *p = who;
-  p->waker = pthread_self();
-  atomic_fetch_add(&p->wakes, 1);
-  sem_post(&p->sem);
-}
-static const lg__park_t sem_park = {sp_self, sp_wait, sp_wake};
-
-typedef struct inline_runner {
-  lg__batcher_t *b;
-  lg__job_t *j;
-  pthread_t th;
-} inline_runner_t;
-static void *inline_thread(void *arg) {
-  inline_runner_t *r = arg;
-  r->th = pthread_self();
-  lg__batcher_run(r->b, r->j);
-  return NULL;
-}
-typedef struct parked_runner {
-  lg__batcher_t *b;
-  lg__job_t *j;
-  sem_parked_t p;
-} parked_runner_t;
-static void *parked_thread(void *arg) {
-  parked_runner_t *r = arg;
-  tl_parked = &r->p;
-  lg__set_park(&sem_park);
-  lg__batcher_run(r->b, r->j);
-  lg__set_park(NULL);
-  return NULL;
-}
-
 static void test_parked_runs_on_the_batch_thread(void **state) {
   (void)state;
   lg_store_t *s = open_store();
@@ -209,21 +193,22 @@ static void test_parked_runs_on_the_batch_thread(void **state) {
   /* A thread runs its own batch (the committer idle), and holds it. */
   where_t first = {.hold = &hold, .started = &started};
   lg__job_t j1 = {.write = where_write, .ud = &first};
-  inline_runner_t a = {.b = b, .j = &j1};
+  runner_t a = {.b = b, .j = &j1};
   pthread_t ta, tb;
-  assert_int_equal(pthread_create(&ta, NULL, inline_thread, &a), 0);
+  assert_int_equal(pthread_create(&ta, NULL, run_thread, &a), 0);
   sem_wait(&started);
   /* A caller that parks: queued behind it, not run, not blocked on a lock. */
   where_t second = {0};
   lg__job_t j2 = {.write = where_write, .ud = &second};
-  parked_runner_t pr = {.b = b, .j = &j2};
-  sem_init(&pr.p.sem, 0, 0);
-  assert_int_equal(pthread_create(&tb, NULL, parked_thread, &pr), 0);
-  for (int i = 0; i < 2000 && !atomic_load(&pr.p.waits); i++) usleep(1000);
-  assert_int_equal(atomic_load(&pr.p.waits), 1); /* it parked */
+  sem_parked_t pk = {0};
+  sem_init(&pk.sem, 0, 0);
+  runner_t pr = {.b = b, .j = &j2, .park = &pk};
+  assert_int_equal(pthread_create(&tb, NULL, run_thread, &pr), 0);
+  for (int i = 0; i < 2000 && !atomic_load(&pk.waits); i++) usleep(1000);
+  assert_int_equal(atomic_load(&pk.waits), 1); /* it parked */
   usleep(20 * 1000);
   assert_int_equal(second.ran, 0);
-  assert_int_equal(atomic_load(&pr.p.wakes), 0);
+  assert_int_equal(atomic_load(&pk.wakes), 0);
   sem_post(&hold);
   pthread_join(ta, NULL);
   pthread_join(tb, NULL);
@@ -233,8 +218,8 @@ static void test_parked_runs_on_the_batch_thread(void **state) {
   assert_int_equal(j2.rc, 0);
   /* run by the thread that held the batch, which woke the caller */
   assert_true(pthread_equal(second.th, a.th));
-  assert_true(pthread_equal(pr.p.waker, a.th));
-  assert_int_equal(atomic_load(&pr.p.wakes), 1);
+  assert_true(pthread_equal(pk.waker, a.th));
+  assert_int_equal(atomic_load(&pk.wakes), 1);
   uint64_t batches, jobs;
   lg__batcher_stats(b, &batches, &jobs);
   assert_int_equal(batches, 3); /* the committer's, the holder's, the parked one run by it */
@@ -243,7 +228,7 @@ static void test_parked_runs_on_the_batch_thread(void **state) {
   lg_store_close(s);
   sem_destroy(&hold);
   sem_destroy(&started);
-  sem_destroy(&pr.p.sem);
+  sem_destroy(&pk.sem);
 }
 
 /* ---- many at once ---- */
