@@ -97,7 +97,7 @@ note "$n operations answered"
 
 note "GET /v1/budgets lists the budgets"
 curl -s -XPUT "$api_URL/v1/budgets/workspace:acme" -H 'Content-Type: application/json' -d '{"limit_usd":2.5,"period":"monthly"}' >/dev/null
-got=$(curl -s "$api_URL/v1/budgets" | jq_py '[(b["scope"], b["limit_usd"], b["period"]) for b in d["budgets"] if b["scope"] != "key:" + __import__("os").environ["KEY_HASH"]]')
+got=$(curl -s "$api_URL/v1/budgets" | jq_py '[(b["scope"], b["limit_usd"], b["period"]) for b in d["budgets"] if b["scope"] != "key:'"$KEY_HASH"'"]')
 [ "$got" = '[["key:alice", 1, "daily"], ["workspace:acme", 2.5, "monthly"]]' ] || fail "GET /v1/budgets: $got"
 stop_server api
 start_server empty --store memory:
