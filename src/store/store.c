@@ -189,42 +189,66 @@ static const scheme_t *find_scheme(const char *url, lg_error_t *err) {
   return NULL;
 }
 
-/* durability=full|relaxed: a parameter of the URL for every backend
- * (sqlite:PATH?durability=relaxed, postgres://...?durability=relaxed,
- * postgres:host=... durability=relaxed), taken out before the backend
- * sees the rest (libpq would refuse an unknown key). *arg is left, or
- * pointed at *argbuf (new) without the parameter; *durability is set when
- * the URL says. */
-static int take_durability(const char **arg, char **argbuf, int *durability, lg_error_t *err) {
-  if (!strstr(*arg, "durability=")) return 0;
-  if (!(*argbuf = lg__strdup(*arg)))
-    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store");
-  char *buf = *argbuf, *d = buf, *hit = NULL;
-  while ((d = strstr(d, "durability="))) {
-    if (d == buf || d[-1] == '?' || d[-1] == '&' || d[-1] == ' ') hit = d;
-    d += 11;
-  }
+/* A parameter of the store URL for every backend, NAME=VALUE
+ * (sqlite:PATH?NAME=V, postgres://...?a=b&NAME=V, postgres:host=h NAME=V),
+ * taken out before the backend sees the rest (libpq would refuse an
+ * unknown key). Returns 1 with VALUE in val (cut to valsz - 1 bytes) and
+ * *arg pointed at *argbuf (made on the first parameter taken) without
+ * the parameter and one separator ("?n&x" -> "?x", "a&n" -> "a",
+ * "?n" -> "", "h n" -> "h"); 0 when the URL has none; -1 out of memory. */
+static int take_param(const char **arg, char **argbuf, const char *name, char *val,
+                      size_t valsz) {
+  size_t nl = strlen(name);
+  const char *hit = NULL;
+  for (const char *d = *arg; (d = strstr(d, name)); d += nl)
+    if (d[nl] == '=' && (d == *arg || d[-1] == '?' || d[-1] == '&' || d[-1] == ' ')) hit = d;
   if (!hit) return 0;
-  char *v = hit + 11, *end = v + strcspn(v, "& ");
-  size_t vl = (size_t)(end - v);
-  if (vl == 4 && !memcmp(v, "full", 4)) *durability = LG_STORE_DURABLE;
-  else if (vl == 7 && !memcmp(v, "relaxed", 7)) *durability = LG_STORE_RELAXED;
-  else
-    return lg__err(err, LG_EINVAL, "url", -1,
-                   "durability=%.*s: expected durability=full or durability=relaxed", (int)vl, v);
-  /* Cut "durability=V" with one separator: "?d&x" -> "?x", "a&d" -> "a",
-   * "?d" -> "", "h d" -> "h". */
-  char *from = hit, *to = end;
+  size_t off = (size_t)(hit - *arg);
+  if (!*argbuf) {
+    if (!(*argbuf = lg__strdup(*arg))) return -1;
+    *arg = *argbuf;
+  }
+  char *buf = *argbuf, *from = buf + off, *v = from + nl + 1, *to = v + strcspn(v, "& ");
+  size_t vl = (size_t)(to - v) < valsz ? (size_t)(to - v) : valsz - 1;
+  memcpy(val, v, vl);
+  val[vl] = 0;
   if (*to == '&' || *to == ' ') to++;
   else if (from > buf && (from[-1] == '&' || from[-1] == ' ' || from[-1] == '?')) from--;
   memmove(from, to, strlen(to) + 1);
-  *arg = buf;
-  return 0;
+  return 1;
+}
+
+/* The URL's parameters: durability=full|relaxed (*durability set) and
+ * busy_timeout_ms=N (*busy_ms: N, or -1 for 0: do not wait). */
+static int take_params(const char **arg, char **argbuf, int *durability, int *busy_ms,
+                       lg_error_t *err) {
+  char v[32];
+  int rc = take_param(arg, argbuf, "durability", v, sizeof v);
+  if (rc == 1) {
+    if (!strcmp(v, "full")) *durability = LG_STORE_DURABLE;
+    else if (!strcmp(v, "relaxed")) *durability = LG_STORE_RELAXED;
+    else
+      return lg__err(err, LG_EINVAL, "url", -1,
+                     "durability=%s: expected durability=full or durability=relaxed", v);
+  }
+  if (rc >= 0) rc = take_param(arg, argbuf, "busy_timeout_ms", v, sizeof v);
+  if (rc == 1) {
+    char *end;
+    long ms = strtol(v, &end, 10);
+    if (!*v || *end || *v == '-' || *v == '+' || ms > 3600000)
+      return lg__err(err, LG_EINVAL, "url", -1,
+                     "busy_timeout_ms=%s: expected milliseconds from 0 (do not wait) to 3600000",
+                     v);
+    *busy_ms = ms ? (int)ms : -1;
+  }
+  return rc < 0 ? lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store") : 0;
 }
 
 /* The options with their defaults filled in. */
-static void fill_options(lg_store_t *s, const lg_store_options_t *opts, int durability) {
+static void fill_options(lg_store_t *s, const lg_store_options_t *opts, int durability,
+                         int busy_ms) {
   if (opts) s->opts = *opts;
+  if (busy_ms) s->opts.busy_timeout_ms = busy_ms;
   if (s->opts.retention_ms <= 0) s->opts.retention_ms = LG_STORE_DEFAULT_RETENTION_MS;
   if (s->opts.lease_ms <= 0) s->opts.lease_ms = LG_STORE_DEFAULT_LEASE_MS;
   if (s->opts.busy_timeout_ms == 0) s->opts.busy_timeout_ms = LG_STORE_DEFAULT_BUSY_TIMEOUT_MS;
@@ -242,8 +266,9 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (!sc) return NULL;
   const char *arg = url + (sc->keep ? 0 : strlen(sc->prefix));
   int durability = opts ? opts->durability : LG_STORE_DURABLE;
+  int busy_ms = 0; /* the URL's busy_timeout_ms, if it has one */
   char *argbuf = NULL;
-  if (take_durability(&arg, &argbuf, &durability, err)) {
+  if (take_params(&arg, &argbuf, &durability, &busy_ms, err)) {
     lg__free(argbuf);
     return NULL;
   }
@@ -253,7 +278,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (!s->name) goto fail_oom;
   s->drv = sc->drv;
   s->scheme = sc->scheme;
-  fill_options(s, opts, durability);
+  fill_options(s, opts, durability, busy_ms);
   pthread_mutexattr_t ma;
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);

@@ -335,23 +335,40 @@ stop_server lru
 [ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
 
 note "a store busy when the answer comes (another process holds its write lock past the busy timeout): decided again a step at a time, nothing lost"
+# hold_lock DB LOCKED RUN [GO]: holds the store's write lock from another
+# process, touches LOCKED once it has it, and lets it go once the log
+# says RUN's batch failed (it waited the busy timeout in vain; the steps
+# one at a time wait again) and GO exists, when given: the lock is held
+# for what it must see, not for a guess at how long that takes.
+hold_lock() {
+  python3 -c '
+import os, sqlite3, sys, time
+db, locked, log, run = sys.argv[1:5]
+go = sys.argv[5] if len(sys.argv) > 5 else None
+c = sqlite3.connect(db, isolation_level=None, timeout=10)
+c.execute("BEGIN IMMEDIATE")
+open(locked, "w").close()
+end = time.monotonic() + 60
+def failed():
+    with open(log) as f:
+        return any("\"batch_retried\"" in l and "\"run_id\":\"%s\"" % run in l for l in f)
+while not (failed() and (go is None or os.path.exists(go))):
+    if time.monotonic() > end:
+        sys.exit("the batch of %s never failed" % run)
+    time.sleep(0.02)
+c.execute("ROLLBACK")' "$@"
+}
 # One daemon (--threads 1): the health checks below share the gateway
-# request's loop.
-start_server busy --store "sqlite:$TMP/busy.db" --upstream "$FAKE/v1" --log "$TMP/busy.log" --threads 1
+# request's loop. A lock is waited for 2 s (the URL's busy_timeout_ms).
+start_server busy --store "sqlite:$TMP/busy.db?busy_timeout_ms=2000" --upstream "$FAKE/v1" --log "$TMP/busy.log" --threads 1
 # The "slow" model answers after 3 s; the lock is taken at 1 s (after the
-# model call's transaction) and held to 9.5 s: the answer's batch (usage,
-# text) waits the busy timeout (5 s) in vain, and the step at a time that
-# follows gets the lock when it goes.
+# model call's transaction) and held until the answer's batch (usage,
+# text) has waited in vain; the step at a time that follows gets it.
 curl -s --max-time 40 -H 'Content-Type: application/json' -H 'X-Loopguard-Run: busy-1' -o "$TMP/busy.json" \
   -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$busy_URL/v1/chat/completions" &
 cpid=$!
 sleep 1
-python3 -c '
-import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-c.execute("BEGIN IMMEDIATE")
-time.sleep(8.5)
-c.execute("ROLLBACK")' "$TMP/busy.db" || fail "could not hold the store's lock"
+hold_lock "$TMP/busy.db" "$TMP/busy1.locked" "$TMP/busy.log" busy-1 || fail "could not hold the store's lock"
 wait "$cpid" || fail "busy: the request failed"
 get 'd["choices"][0]["message"]["content"]' <"$TMP/busy.json" | grep -q '^Hello from the fake upstream' || fail "busy: $(cat "$TMP/busy.json")"
 grep -q '"batch_retried"' "$TMP/busy.log" || fail "busy: the batch did not fail, nothing was tested: $(cat "$TMP/busy.log")"
@@ -366,17 +383,12 @@ note "a store busy when a tool result comes (the results and the model call fail
 turn1='{"model":"finish","messages":[{"role":"user","content":"look c-1 up"}]}'
 id=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: busy-2' -d "$turn1" "$busy_URL/v1/chat/completions" |
   get 'd["choices"][0]["message"]["tool_calls"][0]["id"]') || fail "busy-2: the first turn"
-# The lock is held 6.5 s: the batch of the second turn (its result, the
-# model call) waits the busy timeout (5 s) in vain; the step at a time that
-# follows gets the lock when it goes. The request leaves once the lock is
-# held (busy2.locked), however long python takes to start on a busy machine.
-python3 -c '
-import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-c.execute("BEGIN IMMEDIATE")
-open(sys.argv[2], "w").close()
-time.sleep(6.5)
-c.execute("ROLLBACK")' "$TMP/busy.db" "$TMP/busy2.locked" &
+# The lock is held until the batch of the second turn (its result, the
+# model call) has waited the busy timeout in vain and the health check
+# below is done; the step at a time that follows gets it. The request
+# leaves once the lock is held (busy2.locked), however long python takes
+# to start on a busy machine.
+hold_lock "$TMP/busy.db" "$TMP/busy2.locked" "$TMP/busy.log" busy-2 "$TMP/busy2.go" &
 lpid=$!
 for _ in $(seq 200); do [ -e "$TMP/busy2.locked" ] && break; sleep 0.05; done
 [ -e "$TMP/busy2.locked" ] || fail "busy-2: the store's lock was not taken in 10 s"
@@ -387,8 +399,9 @@ cpid=$!
 # The thread that read the request (the loop's leader) waits for the lock
 # in the store: it passes the loop on first, so the loop's other
 # connections are answered meanwhile (503: the store cannot take a write).
-sleep 1
+sleep 0.5
 r=$(curl -s -o "$TMP/busy2.health" -w '%{http_code} %{time_total}' --max-time 10 "$busy_URL/healthz")
+touch "$TMP/busy2.go"
 [ "${r%% *}" = 503 ] || fail "busy-2: healthz while the store is locked: $r $(cat "$TMP/busy2.health")"
 awk -v s="${r#* }" 'BEGIN { exit !(s < 1) }' ||
   fail "busy-2: healthz waited ${r#* } s behind a gateway request's wait for the store"

@@ -1011,6 +1011,40 @@ static void test_sqlite_durability(void **state) {
   lg_store_close(lgt_open("memory:?durability=relaxed", NULL));
 }
 
+/* busy_timeout_ms=N in the URL, on every backend: the option it
+ * overrides, 0 for do not wait, taken out with durability= beside it
+ * (libpq would refuse the key), and a bad value named. */
+static void test_url_busy_timeout(void **state) {
+  (void)state;
+  char url[1200];
+  const char *sep = !strcmp(lgt_backend, "postgres") && !strstr(lgt_url, "://") ? " " : "?";
+  lg_store_options_t o = {.busy_timeout_ms = 9000};
+  snprintf(url, sizeof url, "%s%sbusy_timeout_ms=250", lgt_url, sep);
+  lg_store_t *r = lgt_open(url, &o);
+  assert_int_equal(r->opts.busy_timeout_ms, 250);
+  save_new_run(r, "busy-url", NULL, T0); /* the backend took the rest */
+  lg_store_close(r);
+  snprintf(url, sizeof url, "%s%sdurability=relaxed%sbusy_timeout_ms=0", lgt_url, sep,
+           *sep == '?' ? "&" : " ");
+  r = lgt_open(url, &o);
+  assert_int_equal(r->opts.busy_timeout_ms, 0); /* do not wait */
+  assert_int_equal(r->opts.durability, LG_STORE_RELAXED);
+  save_new_run(r, "busy-url2", NULL, T0);
+  lg_store_close(r);
+  r = lgt_open(lgt_url, &o); /* without the parameter: the option */
+  assert_int_equal(r->opts.busy_timeout_ms, 9000);
+  lg_store_close(r);
+  static const char *bad[] = {"abc", "", "-5", "10s", "99999999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    lg_error_t err = {0};
+    snprintf(url, sizeof url, "%s%sbusy_timeout_ms=%s", lgt_url, sep, bad[i]);
+    assert_null(lg_store_open(url, NULL, &err));
+    assert_int_equal(err.code, LG_EINVAL);
+    assert_non_null(strstr(err.message, "busy_timeout_ms="));
+    assert_non_null(strstr(err.message, "milliseconds"));
+  }
+}
+
 /* Reads do not wait for writes (SQLite): another process holds the
  * file's write lock and a thread of ours waits for it inside a
  * transaction, holding the handle; reads through the same handle answer
@@ -1469,6 +1503,7 @@ int main(void) {
       T(test_cancel_group),
       T(test_deny_in_transaction),
       T(test_sqlite_durability),
+      T(test_url_busy_timeout),
       T(test_reads_do_not_wait),
       T(test_cache_bounded),
       T(test_events),
