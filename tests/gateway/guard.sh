@@ -28,7 +28,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstrea
 get() { jq_py "$1"; }
 stats() { curl -sf "$FAKE/stats" | get "$1"; }
 guard() { # ENV... : runs agent-guard.mjs, prints its JSON
-  env "$@" node "$HERE/agent-guard.mjs"
+  client agent-guard.mjs "$@"
 }
 base_of() { [ "$1" = messages ] && echo "$g_URL" || echo "$g_URL/v1"; }
 
@@ -86,7 +86,7 @@ for api in chat messages responses; do
 done
 
 note "a new user message after a loop's stop: the run resumes, a new episode, and its trace replays to that"
-e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" node "$HERE/conversation.mjs") || fail "episode: $e"
+e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1") || fail "episode: $e"
 [ "$(echo "$e" | get 'd["first"]["action"]')" = stop ] || fail "episode: $e"
 [ "$(echo "$e" | get 'd["first"]["run"] == d["second"]["run"]')" = true ] || fail "episode: another run: $e"
 [ "$(echo "$e" | get 'd["second"]["action"]')" = pass ] || fail "episode: $e"
@@ -98,7 +98,7 @@ grep -q '"type":"resume"' "$TMP/episode.jsonl" && grep -q '"type":"user"' "$TMP/
 "$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $r1"
 [ "$(tail -n 1 "$TMP/episode.replay" | get 'd["terminal_reason"]')" = null ] || fail "episode replay: $(tail -n 1 "$TMP/episode.replay")"
 note "a new user message after a cap's stop: still stopped (caps carry on across episodes)"
-e=$(env MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Policy":"cap3","X-Loopguard-Run":"capped"}' node "$HERE/conversation.mjs") || fail "capped episode: $e"
+e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Policy":"cap3","X-Loopguard-Run":"capped"}') || fail "capped episode: $e"
 [ "$(echo "$e" | get 'd["second"]["run"]')" = capped ] && [ "$(echo "$e" | get 'd["second"]["action"]')" = stop ] || fail "capped episode: $e"
 [ "$(echo "$e" | get 'd["second"]["text"] == d["first"]["text"]')" = true ] || fail "capped episode: $e"
 [ "$(curl -sf "$g_URL/v1/runs/capped" | get 'd["terminal_reason"]')" = model_call_cap ] || fail "capped: not a cap"
@@ -325,11 +325,11 @@ stop_server auth
 
 note "runs past LOOPGUARD_GATEWAY_MAX_RUNS are evicted: an evicted conversation goes on as a new run"
 LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store memory: --upstream "$FAKE/v1"
-e=$(env MODE=evict OTHERS=3 BASE_URL="$lru_URL/v1" node "$HERE/conversation.mjs") || fail "evict: $e"
+e=$(client conversation.mjs MODE=evict OTHERS=3 BASE_URL="$lru_URL/v1") || fail "evict: $e"
 [ "$(echo "$e" | get 'd["a1"]["calls"]')" = 1 ] || fail "evict: $e"
 echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
 [ "$(echo "$e" | get 'd["a1"]["run"] != d["a2"]["run"]')" = true ] || fail "evict: A was not evicted (same run): $e"
-e=$(env MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1" node "$HERE/conversation.mjs") || fail "evict: $e"
+e=$(client conversation.mjs MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1") || fail "evict: $e"
 [ "$(echo "$e" | get 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "within the bound, a run was evicted: $e"
 stop_server lru
 [ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"

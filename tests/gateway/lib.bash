@@ -35,3 +35,30 @@ ALL_PIDS+=($!)
 for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
 [ -s "$TMP/fake.port" ] || fail "the fake upstream did not start"
 FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
+
+# The clients' host (host.mjs: the SDKs loaded once a test, not once a run).
+node "$HERE/host.mjs" "$TMP/host.port" 2>"$TMP/host.err" &
+ALL_PIDS+=($!)
+# client SCRIPT [NAME=VALUE...]: runs the client SCRIPT (agent-guard.mjs,
+# ...) with those variables in its environment, as `env NAME=VALUE...
+# node $HERE/SCRIPT` would: what it prints to stdout and to stderr, and
+# its exit status. In the host once it is up; else a node of its own.
+client() {
+  local script=$1 port= fd rc out err
+  shift
+  [ -s "$TMP/host.port" ] && read -r port <"$TMP/host.port"
+  if [ -n "$port" ] && { exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
+    printf '%s\0' "$script" "$@" >&"$fd"
+    printf '\0' >&"$fd"
+    IFS= read -r rc <&"$fd"
+    IFS= read -r -d '' out <&"$fd"
+    IFS= read -r -d '' err <&"$fd"
+    exec {fd}<&-
+    printf '%s' "$out"
+    printf '%s' "$err" >&2
+    [ -n "$rc" ] || echo "client $script: the host did not answer (its stderr: $(tail -n 5 "$TMP/host.err"))" >&2
+    [ "$rc" = 0 ]
+    return
+  fi
+  env "$@" node "$HERE/$script"
+}

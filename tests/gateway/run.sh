@@ -26,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstrea
 echo '{"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw-policy.json"
 start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log" --policy "$TMP/gw-policy.json"
 agent() { # ENV... : runs the agent, prints its JSON
-  env "$@" node "$HERE/agent-openai.mjs"
+  client agent-openai.mjs "$@"
 }
 get() { jq_py "$1"; }
 
@@ -90,14 +90,14 @@ curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving after 
 
 for stream in 0 1; do
   note "Anthropic Messages (stream=$stream), @anthropic-ai/sdk: directly, through the gateway"
-  d=$(env BASE_URL="$FAKE" MODEL=loop-write STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic direct"
+  d=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=loop-write STREAM=$stream) || fail "anthropic direct"
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "anthropic direct: $d"
   for m in loop-write stubborn; do
-    g=$(env BASE_URL="$gw_URL" MODEL=$m STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic gateway $m"
+    g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=$m STREAM=$stream) || fail "anthropic gateway $m"
     stopped "anthropic $m" "$g"
   done
-  a=$(env BASE_URL="$FAKE" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
-  b=$(env BASE_URL="$gw_URL" MODEL=finish STREAM=$stream node "$HERE/agent-anthropic.mjs") || fail "anthropic finish"
+  a=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=finish STREAM=$stream) || fail "anthropic finish"
+  b=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
 done
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$gw_URL/v1/messages")
@@ -105,31 +105,33 @@ code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_c
 
 for stream in 0 1; do
   note "OpenAI Responses (previous_response_id, stream=$stream): directly, through the gateway"
-  d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses direct"
+  d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream) || fail "responses direct"
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "responses direct: $d"
   for m in loop-write stubborn; do
-    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses gateway $m"
+    g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream) || fail "responses gateway $m"
     stopped "responses $m" "$g"
     [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "responses: several runs: $g"
   done
-  b=$(env BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream node "$HERE/agent-responses.mjs") || fail "responses finish"
+  b=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream) || fail "responses finish"
   [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 done
 
 note "the Vercel AI SDK's own loop (ai generateText / streamText, @ai-sdk/openai-compatible)"
-d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-ai-sdk.mjs") || fail "ai direct"
+d=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=loop-write) || fail "ai direct"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai direct: $d"
 for stream in 0 1; do
   for m in loop-write stubborn; do
-    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-ai-sdk.mjs") || fail "ai gateway $m"
+    g=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream) || fail "ai gateway $m"
     stopped "ai $m stream=$stream" "$g"
   done
 done
-a=$(env BASE_URL="$FAKE/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
-b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-ai-sdk.mjs") || fail "ai finish"
+a=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=finish) || fail "ai finish"
+b=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=finish) || fail "ai finish"
 [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "ai finish: $a vs $b"
 
 note "the OpenAI Agents SDK's own loop (Runner, maxTurns; Responses API, stateless)"
+# A node of its own each run, not the host: the SDK keeps the model of the
+# first run's default client (setDefaultOpenAIClient) for the runs after.
 d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents direct"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "agents direct: $d"
 for stream in 0 1; do
@@ -142,7 +144,7 @@ b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
 note "LangGraph's own loop (createReactAgent, recursionLimit; @langchain/openai ChatOpenAI)"
-lg() { env "$@" node "$HERE/agent-langgraph.mjs" 2>"$TMP/langgraph.err" || { cat "$TMP/langgraph.err" >&2; return 1; }; }
+lg() { client agent-langgraph.mjs "$@" 2>"$TMP/langgraph.err" || { cat "$TMP/langgraph.err" >&2; return 1; }; }
 for stream in 0 1; do
   d=$(lg BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream STEP_CAP=12) || fail "langgraph direct stream=$stream"
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "langgraph direct stream=$stream: $d"
