@@ -43,6 +43,8 @@ ALL_PIDS+=($!)
 # ...) with those variables in its environment, as `env NAME=VALUE...
 # node $HERE/SCRIPT` would: what it prints to stdout and to stderr, and
 # its exit status. In the host once it is up; else a node of its own.
+# The host runs one client at a time: clients that must run at once (a
+# load) start nodes of their own.
 client() {
   local script=$1 port= fd rc out err
   shift
