@@ -368,7 +368,7 @@ curl -s --max-time 40 -H 'Content-Type: application/json' -H 'X-Loopguard-Run: b
   -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$busy_URL/v1/chat/completions" &
 cpid=$!
 sleep 1
-hold_lock "$TMP/busy.db" "$TMP/busy1.locked" "$TMP/busy.log" busy-1 || fail "could not hold the store's lock"
+hold_lock "$TMP/busy.db" "$TMP/busy1.locked" "$TMP/busy.log" busy-1 || fail "busy: the lock's holder failed (above: the lock not taken, or the batch never failed)"
 wait "$cpid" || fail "busy: the request failed"
 get 'd["choices"][0]["message"]["content"]' <"$TMP/busy.json" | grep -q '^Hello from the fake upstream' || fail "busy: $(cat "$TMP/busy.json")"
 grep -q '"batch_retried"' "$TMP/busy.log" || fail "busy: the batch did not fail, nothing was tested: $(cat "$TMP/busy.log")"
@@ -407,7 +407,7 @@ awk -v s="${r#* }" 'BEGIN { exit !(s < 1) }' ||
   fail "busy-2: healthz waited ${r#* } s behind a gateway request's wait for the store"
 wait "$cpid"
 code=$(cat "$TMP/busy2.code")
-wait "$lpid" || fail "could not hold the store's lock"
+wait "$lpid" || fail "busy-2: the lock's holder failed (above: the lock not taken, or the batch never failed)"
 [ "$code" = 200 ] || fail "busy-2: the second turn answered $code: $(cat "$TMP/busy2.json")"
 get 'd["choices"][0]["message"]["content"]' <"$TMP/busy2.json" | grep -q '^Done: Customer 1, gold' || fail "busy-2: $(cat "$TMP/busy2.json")"
 grep '"batch_retried"' "$TMP/busy.log" | grep -q '"run_id":"busy-2"' ||
