@@ -377,7 +377,11 @@ static void test_big_bodies(void **state) {
   assert_int_equal(r.status, 201);
   ht_resp_clear(&r);
   free(body);
-  /* Chunked, without a length, past the limit: cut off. */
+  /* Chunked, without a length, past the limit and on past the drain's
+   * bound (LG__DRAIN_BYTES, 8 MiB; 400 chunks of 64 KiB are 25 MiB, more
+   * than that and both sockets' buffers): the server drops what it reads,
+   * then closes the connection, so a send fails; it is not held to the
+   * connection's timeout (the client never ends its body). */
   ht_conn_t c;
   ht_open(&c, PORT);
   const char head[] = "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -388,12 +392,8 @@ static void test_big_bodies(void **state) {
   chunk[n] = ' ';
   memcpy(chunk + n + 65536, "\r\n", 2);
   int closed = 0;
-  for (int i = 0; i < 40 && !closed; i++)
+  for (int i = 0; i < 400 && !closed; i++)
     closed = ht_send_all(c.fd, chunk, (size_t)n + 65538) != 0;
-  if (!closed) {
-    closed = ht_read(&c, &r) != 0 || r.status == 413;
-    ht_resp_clear(&r);
-  }
   assert_true(closed);
   ht_close(&c);
   /* Still serving. */
