@@ -1569,10 +1569,14 @@ void lg__gw_banner(lg__gw_t *gw, lg__buf_t *b) {
 
 /* ---- life ---- */
 
+int lg__gw_wanted(const lg_server_options_t *opts) {
+  return opts->nupstreams || (opts->upstreams_file && *opts->upstreams_file);
+}
+
 int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out,
                lg_error_t *err) {
   *out = NULL;
-  if (!opts->nupstreams && !(opts->upstreams_file && *opts->upstreams_file)) return 0;
+  if (!lg__gw_wanted(opts)) return 0;
   lg__gw_t *gw = lg__calloc(1, sizeof *gw);
   if (!gw) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   gw->srv = srv;

@@ -30,6 +30,9 @@
 
 typedef struct lg__gw lg__gw_t;
 
+/* 1 when opts ask for the gateway (--upstream or --upstreams): the one
+ * rule lg__gw_new and the server's choice of threads both follow. */
+int lg__gw_wanted(const lg_server_options_t *opts);
 /* Starts the gateway of srv when opts name upstreams (copied): parses them,
  * starts the worker threads. *out is NULL (and 0 returned) when no
  * upstream is configured. Errors name the flag or the file's field. */

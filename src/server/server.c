@@ -951,7 +951,7 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
   lg_server_t *srv = server_new(opts, err);
   if (!srv) return NULL;
   lg_store_t *st = NULL;
-  srv->gateway_on = opts->nupstreams || (opts->upstreams_file && *opts->upstreams_file);
+  srv->gateway_on = lg__gw_wanted(opts);
   if (load_config(srv, opts, err) || open_store(srv, &st, err)) goto fail;
   /* The gateway (gateway-v1), when upstreams are given. */
   if (lg__gw_new(srv, opts, &srv->gw, err)) goto fail;
