@@ -1074,24 +1074,6 @@ static int create_write(void *ud, lg_store_t *s, lg_error_t *err) {
   return lg__step_create(s, c->run, c->pol_json, NULL, NULL, 0, c->now_ms, &c->same, err);
 }
 
-/* The run's row, with its first trace line, at once (postgres:, whose
- * writes are not batched; sqlite: and memory: write it with the run's
- * first step: on_committer). */
-static int create_run(lg__gw_ctx_t *cx, const char *id, lg_policy_t *pol, const char *pol_json,
-                      lg_error_t *err) {
-  lg_server_t *srv = cx->srv;
-  lg__worker_t *w = lg__server_worker(srv, err);
-  if (!w) return err && err->code ? err->code : LG_ESTORE;
-  create_ctx_t c = {lg_run_new(id, cx->j->hdr_group, pol, NULL, NULL, err), pol_json,
-                    lg__server_now(srv), 0};
-  if (!c.run) return err && err->code ? err->code : LG_ENOMEM;
-  int rc = create_write(&c, w->store, err);
-  lg_run_free(c.run);
-  if (rc == LG_ECONFLICT) return 0; /* there already: a run named by its header */
-  if (!rc) atomic_fetch_add(&srv->metrics.runs_active, 1);
-  return rc;
-}
-
 /* ---- the table of runs: by id, in LRU order ---- */
 
 static void lru_unlink(lg__gw_t *gw, lg__gw_run_t *r) {
@@ -1300,18 +1282,14 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
       pthread_mutex_lock(&r->mu);
     }
   }
-  if (created) {
+  if (created) { /* stored with its first step (on_store) */
     int rc = 0;
-    if (cx->srv->batcher) { /* written with its first step (on_committer) */
-      r->unborn = 1;
-      r->birth_policy = lg__strdup(pol_json);
-      if (cx->j->hdr_group && !(r->birth_group = lg__strdup(cx->j->hdr_group))) rc = LG_ENOMEM;
-      if (!r->birth_policy) rc = LG_ENOMEM;
-      if (rc) lg__err(err, rc, NULL, -1, "out of memory");
-    } else {
-      rc = create_run(cx, r->id, pol, pol_json, err);
-    }
+    r->unborn = 1;
+    r->birth_policy = lg__strdup(pol_json);
+    if (cx->j->hdr_group && !(r->birth_group = lg__strdup(cx->j->hdr_group))) rc = LG_ENOMEM;
+    if (!r->birth_policy) rc = LG_ENOMEM;
     if (rc) {
+      lg__err(err, rc, NULL, -1, "out of memory");
       lg__gw_run_unlock(gw, r);
       return NULL;
     }
@@ -1377,27 +1355,39 @@ static int born_write(void *ud, lg_store_t *s, lg_error_t *err) {
   return lg_store_with_run(s, b->run_id, b->fn, b->ud, err);
 }
 
-/* fn(ud) for run r through the group commit, waited for; its rc, and its
- * err into *err. canon: the committer's scratch, set first. A run not yet
- * in the store (r->unborn) is written first, in the same job: a fresh
- * run's request pays two transactions, not three. */
-static int on_committer(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
-                        lg_canon_t **canon, lg_error_t *err) {
-  *canon = lg__batcher_canon(srv->batcher);
-  if (!r->unborn) {
-    lg__job_t j = {.run_id = r->id, .fn = fn, .ud = ud};
-    lg__batcher_run(srv->batcher, &j);
-    if (err) *err = j.err;
-    return j.rc;
+/* fn(ud) for run r in one transaction: through the group commit
+ * (sqlite:, memory:), waited for, or on this thread's connection
+ * (postgres:); its rc, and its err into *err. canon: the scratch of the
+ * thread that runs it, set first. A run not yet in the store (r->unborn)
+ * is written first, in the same job: a fresh run's request pays two
+ * transactions, not three (postgres: its row is a transaction of its own
+ * before the step's, as lg__step_create makes it). */
+static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
+                    lg_canon_t **canon, lg_error_t *err) {
+  lg_store_t *s = NULL; /* without a group commit: this thread's */
+  if (srv->batcher) {
+    *canon = lg__batcher_canon(srv->batcher);
+  } else {
+    lg__worker_t *wk = lg__server_worker(srv, err);
+    if (!wk) return LG_ESTORE;
+    *canon = wk->canon;
+    s = wk->store;
   }
-  born_t b = {{lg_run_new(r->id, r->birth_group, r->policy, NULL, NULL, err), r->birth_policy,
-               lg__server_now(srv), 0},
-              r->id, fn, ud, 0, 0};
-  if (!b.c.run) return err && err->code ? err->code : LG_ENOMEM;
-  lg__job_t j = {.write = born_write, .ud = &b};
-  lg__batcher_run(srv->batcher, &j);
-  lg_run_free(b.c.run);
+  born_t b = {{NULL, r->birth_policy, lg__server_now(srv), 0}, r->id, fn, ud, 0, 0};
+  lg__job_t j = {.run_id = r->id, .fn = fn, .ud = ud};
+  if (r->unborn) {
+    if (!(b.c.run = lg_run_new(r->id, r->birth_group, r->policy, NULL, NULL, err)))
+      return err && err->code ? err->code : LG_ENOMEM;
+    j = (lg__job_t){.write = born_write, .ud = &b};
+  }
+  if (s) {
+    j.rc = r->unborn ? born_write(&b, s, &j.err) : lg_store_with_run(s, r->id, fn, ud, &j.err);
+  } else {
+    lg__batcher_run(srv->batcher, &j);
+  }
   if (err) *err = j.err;
+  if (!r->unborn) return j.rc;
+  lg_run_free(b.c.run);
   if (!j.rc) { /* stored: the run and the step, committed */
     r->unborn = 0;
     /* counted once: when written here, or by a job that failed after */
@@ -1424,17 +1414,9 @@ int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *e
   lg_server_t *srv = cx->srv;
   st->policy = server_policy;
   st->policy_ud = srv;
-  int rc;
-  if (srv->batcher) { /* one writer at a time: the group commit decides */
-    lg_error_t e = {0};
-    rc = lg__step_finish(st, on_committer(srv, r, lg__step_locked, st, &st->canon, &e), &e);
-    if (rc && err) *err = e;
-  } else {
-    lg__worker_t *wk = lg__server_worker(srv, err);
-    if (!wk) return LG_ESTORE;
-    st->canon = wk->canon;
-    rc = lg__step_run(wk->store, r->id, st, err);
-  }
+  lg_error_t e = {0};
+  int rc = lg__step_finish(st, on_store(srv, r, lg__step_locked, st, &st->canon, &e), &e);
+  if (rc && err) *err = e;
   if (!rc) note_step(srv, st);
   return rc;
 }
@@ -1444,17 +1426,9 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg
   if (!b->n) return 0;
   b->v[0].policy = server_policy;
   b->v[0].policy_ud = srv;
-  int rc;
-  if (srv->batcher) {
-    lg_error_t e = {0};
-    rc = lg__step_batch_finish(b, on_committer(srv, r, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
-    if (rc && err) *err = e;
-  } else {
-    lg__worker_t *wk = lg__server_worker(srv, err);
-    if (!wk) return LG_ESTORE;
-    b->v[0].canon = wk->canon;
-    rc = lg__step_batch_run(wk->store, r->id, b, err);
-  }
+  lg_error_t e = {0};
+  int rc = lg__step_batch_finish(b, on_store(srv, r, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
+  if (rc && err) *err = e;
   for (size_t i = 0; !rc && i < b->n; i++)
     if (b->v[i].decided) note_step(srv, &b->v[i]);
   return rc;

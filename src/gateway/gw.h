@@ -172,9 +172,8 @@ typedef struct lg__gw_run {
   /* gateway.c's bookkeeping, under its table lock */
   struct lg__gw_run *lru_prev, *lru_next; /* most recently used first */
   int busy;                   /* requests holding it: never evicted then */
-  /* Created in memory and not yet in the store (sqlite:, memory:): its
-   * first step's job writes it first, in the same transaction
-   * (gateway.c, on_committer). What the row is made with: */
+  /* Created in memory and not yet in the store: its first step's job
+   * writes it first (gateway.c, on_store). What the row is made with: */
   int unborn;
   char *birth_group;          /* X-Loopguard-Group of its first request, or NULL */
   char *birth_policy;         /* the policy's JSON */
