@@ -7,9 +7,10 @@ one answers each over a loopback connection in a millisecond or two.
 It prints its port on its first line, then for each connection reads
 EXPR, a newline, the JSON document, a NUL byte; evaluates EXPR with the
 document bound to `d` (json and sys importable as in `python3 -c`), and
-answers "0" and a newline, then what `print` would write: the value as
-JSON, a string as itself; or "1", a newline and the traceback when the
-document is not JSON or EXPR fails. It exits with its parent's script
+answers as serve_lib.bash's ask_helper reads: "0" and a newline, what
+`print` would write (the value as JSON, a string as itself) and a NUL;
+or "1", a newline, a NUL and the traceback when the document is not
+JSON or EXPR fails. It exits with its parent's script
 (killed by serve_lib.bash's cleanup).
 """
 import json
@@ -31,9 +32,9 @@ def answer(conn):
         try:
             d = json.loads(doc)
             r = eval("(" + expr.decode() + ")", {"json": json, "sys": sys, "d": d})
-            out = b"0\n" + ((r if isinstance(r, str) else json.dumps(r)) + "\n").encode()
+            out = b"0\n" + ((r if isinstance(r, str) else json.dumps(r)) + "\n").encode() + b"\0"
         except Exception:  # what `python3 -c` would have printed, and its failure
-            out = b"1\n" + traceback.format_exc().encode()
+            out = b"1\n\0" + traceback.format_exc().encode()
         conn.sendall(out)
 
 

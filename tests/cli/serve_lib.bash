@@ -103,25 +103,41 @@ stop_server() { # NAME
   printf -v "${1}_RC" '%s' "$rc"
 }
 
-# jq_py's evaluator: one python for the whole script (jq_py.py says why),
-# asked over loopback; a call before it is up, or after it died, starts a
-# python of its own as before.
+# ask_helper PORTFILE SEND [ARGS...]: one request to a helper process of
+# this script that listens on loopback (its port in PORTFILE): SEND ARGS
+# writes the request to stdout, the helper answers its exit status and a
+# newline, stdout, a NUL, stderr; printed as they came, the status
+# returned (1 when it did not answer). 2 when the helper is not up (or
+# died): nothing was sent, the caller runs the work itself. No process a
+# call: read, not cat (the answers are small).
+ask_helper() {
+  local port= fd rc out err
+  [ -s "$1" ] && read -r port <"$1"
+  [ -n "$port" ] && { exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null || return 2
+  "${@:2}" >&"$fd"
+  IFS= read -r rc <&"$fd"
+  IFS= read -r -d '' out <&"$fd"
+  IFS= read -r -d '' err <&"$fd"
+  exec {fd}<&-
+  printf '%s' "$out"
+  printf '%s' "$err" >&2
+  [ -n "$rc" ] || echo "${1##*/}: the helper did not answer: ${*:2}" >&2
+  [ "$rc" = 0 ] || return 1
+}
+
+# jq_py's evaluator: one python for the whole script (jq_py.py says why);
+# a call before it is up, or after it died, starts a python of its own.
 python3 "$LG_SOURCE_DIR/tests/cli/jq_py.py" >"$TMP/jq_py.port" 2>"$TMP/jq_py.err" </dev/null &
 ALL_PIDS+=("$!")
+jq_py_send() { # EXPR, then the document on stdin, then a NUL
+  local doc
+  IFS= read -r -d '' doc
+  printf '%s\n%s\0' "$1" "$doc"
+}
 jq_py() { # EXPR over the JSON document on stdin, bound to d
-  local port= fd rc doc out
-  [ -s "$TMP/jq_py.port" ] && read -r port <"$TMP/jq_py.port"
-  if [ -n "$port" ] && { exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
-    # read, not cat: no process a call (the documents are small)
-    IFS= read -r -d '' doc
-    printf '%s\n%s\0' "$1" "$doc" >&"$fd"
-    IFS= read -r rc <&"$fd"
-    IFS= read -r -d '' out <&"$fd"
-    exec {fd}<&-
-    [ "$rc" = 0 ] && { printf '%s' "$out"; return 0; }
-    echo "${out:-jq_py: the evaluator did not answer: $1}" >&2
-    return 1
-  fi
+  ask_helper "$TMP/jq_py.port" jq_py_send "$1"
+  local rc=$?
+  [ $rc = 2 ] || return $rc
   python3 -c "import json,sys; d=json.load(sys.stdin); r=($1); print(json.dumps(r) if not isinstance(r,str) else r)"
 }
 

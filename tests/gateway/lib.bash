@@ -45,22 +45,15 @@ ALL_PIDS+=($!)
 # its exit status. In the host once it is up; else a node of its own.
 # The host runs one client at a time: clients that must run at once (a
 # load) start nodes of their own.
+client_send() { # SCRIPT NAME=VALUE...: each ended by a NUL, then one more
+  printf '%s\0' "$@"
+  printf '\0'
+}
 client() {
-  local script=$1 port= fd rc out err
+  ask_helper "$TMP/host.port" client_send "$@"
+  local rc=$?
+  [ $rc = 2 ] || return $rc
+  local script=$1
   shift
-  [ -s "$TMP/host.port" ] && read -r port <"$TMP/host.port"
-  if [ -n "$port" ] && { exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
-    printf '%s\0' "$script" "$@" >&"$fd"
-    printf '\0' >&"$fd"
-    IFS= read -r rc <&"$fd"
-    IFS= read -r -d '' out <&"$fd"
-    IFS= read -r -d '' err <&"$fd"
-    exec {fd}<&-
-    printf '%s' "$out"
-    printf '%s' "$err" >&2
-    [ -n "$rc" ] || echo "client $script: the host did not answer (its stderr: $(tail -n 5 "$TMP/host.err"))" >&2
-    [ "$rc" = 0 ]
-    return
-  fi
   env "$@" node "$HERE/$script"
 }
