@@ -1373,11 +1373,13 @@ static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void 
     *canon = wk->canon;
     s = wk->store;
   }
-  born_t b = {{NULL, r->birth_policy, lg__server_now(srv), 0}, r->id, fn, ud, 0, 0};
+  born_t b = {.run_id = NULL}; /* filled for a run not yet stored */
   lg__job_t j = {.run_id = r->id, .fn = fn, .ud = ud};
   if (r->unborn) {
-    if (!(b.c.run = lg_run_new(r->id, r->birth_group, r->policy, NULL, NULL, err)))
-      return err && err->code ? err->code : LG_ENOMEM;
+    b = (born_t){{lg_run_new(r->id, r->birth_group, r->policy, NULL, NULL, err), r->birth_policy,
+                  lg__server_now(srv), 0},
+                 r->id, fn, ud, 0, 0};
+    if (!b.c.run) return err && err->code ? err->code : LG_ENOMEM;
     j = (lg__job_t){.write = born_write, .ud = &b};
   }
   if (s) {
