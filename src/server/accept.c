@@ -337,7 +337,7 @@ static lg__conn_t *admit(lg_server_t *srv, int fd, const struct sockaddr_storage
     if (srv->conns) srv->conns->prev = k;
     srv->conns = k;
     srv->nconns++;
-    if (srv->nconns > srv->conn_soft) {
+    if (srv->nconns - srv->ncut > srv->conn_soft) {
       /* Make room: the oldest connection that holds nothing the server
        * has begun goes: idle between requests, or its first head not in
        * yet (a slow head is no request yet; cutting it loses nothing). */
@@ -360,9 +360,23 @@ static lg__conn_t *admit(lg_server_t *srv, int fd, const struct sockaddr_storage
   return k;
 }
 
-static void accept_some(lg__acceptor_t *a) {
+/* 1 when the table is at its hard limit with cut connections still in it:
+ * they are on their way out (this loop, or their daemon, closes them on
+ * the hang-up their cut raised), so the next client waits in the backlog
+ * for their room rather than be refused. */
+static int full_of_cut(lg_server_t *srv) {
+  pthread_mutex_lock(&srv->conn_mu);
+  int full = srv->nconns >= srv->conn_limit && srv->ncut > 0;
+  pthread_mutex_unlock(&srv->conn_mu);
+  return full;
+}
+
+/* Accepts what the backlog holds (up to 256 a turn); 1 when it stopped
+ * because the table is full of connections on their way out. */
+static int accept_some(lg__acceptor_t *a) {
   lg_server_t *srv = a->srv;
   for (int i = 0; i < 256; i++) {
+    if (full_of_cut(srv)) return 1;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -372,7 +386,7 @@ static void accept_some(lg__acceptor_t *a) {
         struct timespec ts = {0, 10 * 1000000L}; /* out of descriptors: let some close */
         nanosleep(&ts, NULL);
       }
-      return;
+      return 0;
     }
     lg__conn_t *k = admit(srv, fd, &ss, sl);
     if (!k) { /* over a limit: refused */
@@ -388,6 +402,7 @@ static void accept_some(lg__acceptor_t *a) {
     }
     k->in_epoll = 1;
   }
+  return 0;
 }
 
 static void *acceptor_main(void *arg) {
@@ -400,11 +415,11 @@ static void *acceptor_main(void *arg) {
       uint64_t now = lg__mono_ns(), until = a->drain_head->drain_until;
       ms = until > now ? (int)((until - now) / 1000000u) + 1 : 0;
     }
-    int n = epoll_wait(a->ep, got, 64, ms);
+    int n = epoll_wait(a->ep, got, 64, ms), waiting = 0;
     for (int i = 0; i < n; i++) {
       void *p = got[i].data.ptr;
       if (p == &listen_tag) {
-        accept_some(a);
+        waiting = accept_some(a);
       } else if (p == &wake_tag) {
         uint64_t v;
         ssize_t r = read(a->efd, &v, sizeof v);
@@ -417,6 +432,13 @@ static void *acceptor_main(void *arg) {
     }
     uint64_t now = lg__mono_ns();
     while (a->drain_head && a->drain_head->drain_until <= now) drop(a, a->drain_head);
+    /* Still full of cut connections that are not this loop's to close:
+     * their daemons close them in a moment. The listening socket stays
+     * readable, so wait that moment rather than spin on it. */
+    if (waiting && full_of_cut(a->srv)) {
+      struct timespec ts = {0, 1000000L};
+      nanosleep(&ts, NULL);
+    }
   }
   /* Stopping: no more connections; a held one whose head is in is served
    * (its answer says Connection: close), the others are closed. */

@@ -330,7 +330,10 @@ out:
  * reserve), a new connection cuts the oldest idle one (accept.c), so a
  * health check or a new client always gets in while slow or idle sockets
  * hold the rest; the per-address limit keeps one address from taking them
- * all. The socket is shut down under conn_mu, and a connection leaves the
+ * all. A cut connection stays in the table until it is closed (by its
+ * loop, a moment later), so the soft limit counts the connections not cut
+ * (nconns - ncut), and at the hard limit, with cut ones on their way out,
+ * the acceptor waits for them rather than refuse the next client. The socket is shut down under conn_mu, and a connection leaves the
  * table (NOTIFY_CLOSED, or the acceptor's close) before its descriptor is
  * closed, so a descriptor is never shut down after it was reused. A
  * connection handed over and not yet started by libmicrohttpd (mc NULL)
@@ -345,6 +348,7 @@ uint64_t lg__mono_ns(void) {
 void lg__conn_cut_locked(lg__conn_t *k) {
   if (k->cut || k->fd < 0) return;
   k->cut = 1;
+  k->srv->ncut++;
   shutdown(k->fd, SHUT_RDWR);
 }
 
@@ -357,6 +361,7 @@ void lg__conn_forget_locked(lg_server_t *srv, lg__conn_t *k) {
   if (k->next) k->next->prev = k->prev;
   k->prev = k->next = NULL;
   srv->nconns--;
+  if (k->cut) srv->ncut--;
   lg__ipcount_del(srv->ipc, &k->addr);
   if (k->fd >= 0 && (size_t)k->fd < srv->nbyfd && srv->byfd[k->fd] == k) srv->byfd[k->fd] = NULL;
   if (k->loop) atomic_fetch_sub(&k->loop->nconns, 1);

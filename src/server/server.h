@@ -398,9 +398,10 @@ struct lg_server {
   pthread_mutex_t log_mu;     /* guards log */
   FILE *log;                  /* the log (stderr or log_path) */
   int log_owned;              /* log was opened here */
-  pthread_mutex_t conn_mu;    /* guards conns, nconns, byfd, ipc */
+  pthread_mutex_t conn_mu;    /* guards conns, nconns, ncut, byfd, ipc */
   lg__conn_t *conns;          /* every open connection, newest first */
   size_t nconns;              /* how many */
+  size_t ncut;                /* of them, cut (shut down) and not closed yet */
   lg__conn_t **byfd;          /* conns by descriptor (nbyfd slots) */
   size_t nbyfd;
   lg__ipcount_t *ipc;         /* connections per client address */

@@ -15,8 +15,9 @@
  *                           event loop's cost must not grow with the number
  *                           of sockets: poll() mode made it 9x slower).
  *   test_evict_and_per_ip   past the soft limit a new connection evicts the
- *                           oldest idle one; one address may not hold more
- *                           than its share.
+ *                           oldest idle one, even in a burst taken in one
+ *                           turn; one address may not hold more than its
+ *                           share.
  *
  * The slow and idle connections come from 127.0.0.2 ... 127.0.0.17 (all of
  * 127/8 is loopback on Linux), each address under the per-address limit,
@@ -291,9 +292,33 @@ static void test_evict_and_per_ip(void **state) {
   printf("connections on the server: %zu (limit 256), evicted %llu\n", server_conns(s),
          (unsigned long long)atomic_load(&s->metrics.conn_cut[1]));
   assert_true(atomic_load(&s->metrics.conn_cut[1]) > 0);
+  /* A burst while the table is full: the acceptor takes the whole burst
+   * from the backlog in one turn, each past the soft limit cutting an old
+   * one whose close it has not seen yet. A new client last in the burst
+   * still gets in (it was refused at the hard limit while the ones on
+   * their way out were still counted). The table's lock, held while the
+   * burst queues, makes it one turn. */
+  int nburst = 100, *burst = calloc((size_t)nburst, sizeof *burst);
+  pthread_mutex_lock(&s->conn_mu);
+  for (int i = 0; i < nburst; i++) {
+    burst[i] = dial_from(lg_server_port(s), 25 + i % 4);
+    send(burst[i], SLOW_HEAD, strlen(SLOW_HEAD), MSG_NOSIGNAL);
+  }
+  ht_open(&c, lg_server_port(s));
+  pthread_mutex_unlock(&s->conn_mu);
+  /* On that connection (ht_req would dial again when it is refused). */
+  static const char hz[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  int rc = c.fd < 0 || ht_send_all(c.fd, hz, strlen(hz)) || ht_read(&c, &r);
+  int status = rc ? -1 : r.status;
+  if (!rc) ht_resp_clear(&r);
+  ht_close(&c);
+  printf("a client behind a burst of %d: %d; connections on the server: %zu, evicted %llu\n",
+         nburst, status, server_conns(s), (unsigned long long)atomic_load(&s->metrics.conn_cut[1]));
+  close_many(burst, nburst);
   close_many(one, 230);
   close_many(more, 300);
   lg_server_free(s);
+  assert_int_equal(status, 200);
 }
 
 int main(void) {
@@ -303,8 +328,12 @@ int main(void) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur < 13000) {
-    printf("skipped: RLIMIT_NOFILE %llu is under 13000\n", (unsigned long long)rl.rlim_cur);
-    return 0;
+    /* Counted as skipped (77), not passed; in CI a failure. */
+    const char *ci = getenv("CI");
+    int in_ci = ci && !strcmp(ci, "true");
+    printf("%s: RLIMIT_NOFILE %llu is under the 13000 descriptors these tests open\n",
+           in_ci ? "FAILED (CI=true)" : "SKIP", (unsigned long long)rl.rlim_cur);
+    return in_ci ? 1 : 77;
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trickle_is_cut),
