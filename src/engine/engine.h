@@ -207,6 +207,11 @@ struct lg_run {
  * by the library itself and is not checked again. */
 int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool trusted_fp,
                    lg_decision_t *d, lg_error_t *err);
+/* Whether the run can take a result now: it has stopped (every event
+ * gets the stop) or an executed call waits for one. When not,
+ * lg_run_after refuses every result (LG_ENOTFOUND) whatever it holds, so
+ * a front end may leave a result's value unread (the step's fill). */
+bool lg__run_awaits_result(const lg_run_t *run);
 /* Tool index for `name`, adding it; -1 on out-of-memory. */
 int lg__run_tool(lg_run_t *run, const char *name);
 /* Appends LG_ALT_* bits as a JSON array of their names, in bit order

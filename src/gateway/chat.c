@@ -189,6 +189,8 @@ static void restep(chat_t *c, lg__step_t *st, const lg_event_t *ev) {
   st->scopes = in.scopes;
   st->nscopes = in.nscopes;
   st->auto_turn = in.auto_turn;
+  st->fill = in.fill;
+  st->fill_ud = in.fill_ud;
 }
 
 /* The pending usage settled in a step of its own: a store that is busy (a
@@ -461,18 +463,12 @@ static int fed_room(lg__gw_fed_t *f) {
   return 1;
 }
 
-/* A tool message as a result event, decided with the request's other
- * results (flush_results_then). Unknown calls (not the gateway's) are
- * skipped: the step refuses them and nothing changes. */
-static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
-  lg__gw_fed_t *f = &c->fed;
-  if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */
+/* A tool's answer (msg: its "content"; is_error: the tool said it
+ * failed) as a result into res, what res borrows into k (text, value,
+ * sj; owned). 0, or LG_ENOMEM. */
+static int read_result(json_t *msg, int is_error, lg_result_t *res, struct lg__gw_fed_keep *k) {
   char *text = content_text(msg);
-  if (!text) return;
-  lg_event_t ev;
-  memset(&ev, 0, sizeof ev);
-  ev.type = LG_EV_RESULT;
-  ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
+  if (!text) return LG_ENOMEM;
   char *value = NULL;
   json_t *sj = NULL;
   if (may_be_structured(text)) {
@@ -482,16 +478,82 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
       sj = NULL;
     }
   }
-  if (!sj || !structured_result(sj, &ev.u.result, &value)) plain_result(text, is_error, &ev.u.result, &value);
-  ev.u.result.value = value;
+  if (!sj || !structured_result(sj, res, &value)) plain_result(text, is_error, res, &value);
+  res->value = value;
+  k->text = text;
+  k->value = value;
+  k->sj = sj;
+  return 0;
+}
+
+/* A tool message as a result event, decided with the request's other
+ * results (flush_results_then). Unknown calls (not the gateway's) are
+ * skipped: the step refuses them and nothing changes. */
+static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
+  lg__gw_fed_t *f = &c->fed;
+  if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */
+  struct lg__gw_fed_keep *k = &f->keep[f->n];
+  memset(k, 0, sizeof *k);
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESULT;
+  ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
+  if (read_result(msg, is_error, &ev.u.result, k)) return;
   /* the event borrows value and sj's strings until the batch is decided */
   lg__step_init(&f->st[f->n], &ev, now_ms(c->cx));
   f->ev[f->n] = ev;
-  f->keep[f->n].text = text;
-  f->keep[f->n].value = value;
-  f->keep[f->n].sj = sj;
-  f->keep[f->n].call_id = call_id;
+  k->call_id = call_id;
   f->n++;
+}
+
+/* Fills a result read late (lg__step_t's fill): its message built and
+ * read, once (a batch decided again a step at a time reads it again). */
+static int fill_result(lg__step_t *st, void *ud) {
+  struct lg__gw_fed_keep *k = ud;
+  chat_t *c = k->c;
+  if (!k->filled) {
+    json_t *m = client_msg(c, k->msg), *tmp = NULL;
+    if (m && is_responses(c)) /* a function_call_output: its output is the content */
+      tmp = json_pack("{s:O?}", "content", json_object_get(m, "output"));
+    const char *call_id = sget(m, is_responses(c) ? "call_id" : "tool_call_id");
+    int rc = !m || (is_responses(c) && !tmp) ? LG_ENOMEM : read_result(tmp ? tmp : m, 0, &k->res, k);
+    json_decref(tmp);
+    if (rc) {
+      k->oom = 1;
+      return rc;
+    }
+    k->res.call_id = k->call_id = call_id;
+    k->filled = 1;
+  }
+  st->ev.u.result = k->res;
+  return 0;
+}
+
+/* A tool message as a result event read late: only when the step finds
+ * the run waiting for a result (fill_result). A fresh run's conversation
+ * (an agent's history, none of its calls the gateway's) is not built. */
+static void feed_later(chat_t *c, size_t i) {
+  lg__gw_fed_t *f = &c->fed;
+  if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */
+  struct lg__gw_fed_keep *k = &f->keep[f->n];
+  memset(k, 0, sizeof *k);
+  k->c = c;
+  k->msg = i;
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESULT;
+  lg__step_init(&f->st[f->n], &ev, now_ms(c->cx));
+  f->st[f->n].fill = fill_result; /* fill_ud: when the steps stay put (flush_results_then) */
+  f->ev[f->n] = ev;
+  f->n++;
+}
+
+/* The first of the first n results read late that could not be read (out
+ * of memory), or NULL. */
+static const struct lg__gw_fed_keep *unread(const lg__gw_fed_t *f, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (f->keep[i].oom) return &f->keep[i];
+  return NULL;
 }
 
 /* The results fed so far and then `next` (NULL: none), decided in one
@@ -499,7 +561,10 @@ static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_erro
  * each), and what the results mean. The results wait for the request's
  * next step, its model call's, so that a request takes one transaction
  * before its model call leaves. Returns what lg__gw_step would for next:
- * 0 when it decided, else its failure (why in *e). */
+ * 0 when it decided, else its failure (why in *e). A result read late
+ * that could not be (out of memory) fails the batch whole, and so the
+ * request (LG_ENOMEM, nothing of it stayed); the conversation is read
+ * again from that result with the run's next request. */
 static int flush_results_then(chat_t *c, lg__step_t *next, lg_error_t *e) {
   lg__gw_fed_t *f = &c->fed;
   if (!f->n) return next ? lg__gw_step(c->cx, c->r, next, e) : 0;
@@ -508,15 +573,25 @@ static int flush_results_then(chat_t *c, lg__step_t *next, lg_error_t *e) {
     f->st[n] = *next; /* st and ev have room for it (fed_room) */
     f->ev[n] = next->ev;
   }
+  for (size_t i = 0; i < n; i++)
+    if (f->st[i].fill) f->st[i].fill_ud = &f->keep[i];
   lg__step_batch_t b = {f->st, all};
   int rc = lg__gw_step_batch(c->cx, c->r, &b, e);
-  if (rc) { /* failed whole (a busy store): nothing of it stayed; a step at a time */
+  if (rc && unread(f, n)) { /* nothing of the batch stayed: the request fails */
+    lg__err(e, LG_ENOMEM, NULL, -1, "out of memory");
+    rc = LG_ENOMEM;
+  } else if (rc) { /* failed whole (a busy store): nothing of it stayed; a step at a time */
     store_warning(c, "batch_retried", "steps", (long long)all, rc, e);
     rc = steps_alone(c, f->st, f->ev, all, NULL, e);
     if (!next) rc = 0;
   } else if (next) {
     rc = step_rc(&f->st[n]);
     if (rc) *e = f->st[n].err;
+  }
+  const struct lg__gw_fed_keep *k = unread(f, n);
+  if (k) { /* the conversation is read again from it with the next request */
+    f->oom = 1;
+    if (c->r->fed > k->msg) c->r->fed = k->msg;
   }
   if (next) *next = f->st[n];
   for (size_t i = 0; i < n; i++) {
@@ -2022,23 +2097,30 @@ static int may_feed(chat_t *c, size_t i) {
          (ty && !strcmp(ty, "function_call_output"));
 }
 
+/* Whether client message i is one tool result read late (feed_later):
+ * OpenAI chat's "tool" message, or a Responses function_call_output, as
+ * feed_message would take it. Anthropic's results are blocks of a user
+ * message, read with it. */
+static int read_late(chat_t *c, size_t i) {
+  if (is_anthropic(c)) return 0;
+  if (is_responses(c)) {
+    const char *ty = msg_str(c, i, PEEK_TYPE);
+    return ty && !strcmp(ty, "function_call_output");
+  }
+  const char *role = msg_str(c, i, PEEK_ROLE);
+  return role && !strcmp(role, "tool");
+}
+
 /* One new client message as events: its tool results, or a user event. */
 static void feed_message(chat_t *c, json_t *m) {
-  const char *role = sget(m, "role"), *ty = sget(m, "type");
+  const char *role = sget(m, "role");
   if (is_user_message(c, m)) {
     flush_results(c); /* in order: the results before it first */
     if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
     return;
   }
-  if (is_responses(c)) {
-    if (ty && !strcmp(ty, "function_call_output")) {
-      json_t *tmp = json_pack("{s:O?}", "content", json_object_get(m, "output"));
-      feed_result(c, sget(m, "call_id"), tmp, 0);
-      json_decref(tmp);
-    }
-  } else if (!is_anthropic(c)) {
-    if (role && !strcmp(role, "tool")) feed_result(c, sget(m, "tool_call_id"), m, 0);
-  } else if (role && !strcmp(role, "user")) {
+  /* OpenAI's results (a message or an item each) are read late (read_late) */
+  if (is_anthropic(c) && role && !strcmp(role, "user")) {
     json_t *blocks = json_object_get(m, "content");
     for (size_t k = 0; k < json_array_size(blocks); k++) {
       json_t *bl = json_array_get(blocks, k);
@@ -2055,13 +2137,18 @@ static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   size_t from = c->prev_id ? 0 : c->r->fed;
   for (size_t i = from; i < c->n; i++) /* all built before any is fed: none or all */
-    if (may_feed(c, i) && !client_msg(c, i)) {
+    if (may_feed(c, i) && !read_late(c, i) && !client_msg(c, i)) {
       lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
       return -1;
     }
-  for (size_t i = from; i < c->n; i++)
-    if (may_feed(c, i)) feed_message(c, client_msg(c, i));
-  c->r->fed = c->n; /* the last results wait for the model call (flush_results_then) */
+  for (size_t i = from; i < c->n; i++) {
+    if (!may_feed(c, i)) continue;
+    if (read_late(c, i)) feed_later(c, i);
+    else feed_message(c, client_msg(c, i));
+  }
+  /* the last results wait for the model call (flush_results_then); one
+   * that could not be read (out of memory) is read again next time */
+  if (!c->fed.oom) c->r->fed = c->n;
   return 0;
 }
 

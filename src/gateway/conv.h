@@ -23,7 +23,10 @@ static inline int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv);
 /* The tool results of a request, fed and not yet decided: their steps
  * (one batch), their events as made (to decide them again one at a time
  * when the store fails the batch whole) and what their events borrow.
- * st and ev have room for one more: the step the results go before. */
+ * st and ev have room for one more: the step the results go before.
+ * A result read late (chat.c, feed_later) is its message's index until
+ * the step finds the run waiting for a result and fills it (fill_result,
+ * on the deciding thread, while the request waits for its step). */
 typedef struct lg__gw_fed {
   lg__step_t *st;
   lg_event_t *ev;
@@ -31,8 +34,14 @@ typedef struct lg__gw_fed {
     char *text, *value;       /* the result's content, its value (owned) */
     json_t *sj;               /* its structured form, or NULL (owned) */
     const char *call_id;      /* borrowed from the request */
+    struct chat *c;           /* read late: the request, */
+    size_t msg;               /*   its message, */
+    lg_result_t res;          /*   the result once read (filled), */
+    int filled, oom;          /*   or out of memory reading it */
   } *keep;
   size_t n, cap;
+  int oom;                    /* a result read late could not be (out of memory):
+                                 the conversation is read again from it */
 } lg__gw_fed_t;
 
 typedef struct chat {

@@ -357,6 +357,10 @@ static int step_on(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, lg
     *deny_checked = lines != NULL;
     if ((rc = check_deny(st, s, rec, why, err))) return fail(st, LG__STEP_STORE, rc);
   }
+  if (st->fill && st->ev.type == LG_EV_RESULT && lg__run_awaits_result(run) &&
+      (rc = st->fill(st, st->fill_ud)))
+    return fail(st, LG__STEP_STORE,
+                lg__err(err, rc, NULL, -1, "the result could not be read: %s", lg_strerror(rc)));
   lg_decision_t d;
   memset(&d, 0, sizeof d);
   if ((rc = decide(st, s, run, &d, &budget_meta, err))) {

@@ -47,6 +47,16 @@ typedef struct lg__step {
   void *policy_ud;
   int auto_turn;              /* a call that named no turn: it gets a turn
                                  of its own (the run's calls so far + 1) */
+  int (*fill)(struct lg__step *st, void *ud); /* a result read late (NULL: the
+                                 event is whole): called on the deciding
+                                 thread, once the event is placed and only
+                                 when the run can take a result
+                                 (lg__run_awaits_result; else it is refused
+                                 whatever it holds), to fill ev.u.result
+                                 from the front end's own text. 0, or an
+                                 error: the step fails as the store's would
+                                 (a batch whole) */
+  void *fill_ud;
   /* out */
   lg__step_fail_t fail;       /* why it did not decide, when it returned != 0 */
   int decided;                /* the event reached the run */

@@ -6,7 +6,8 @@
 //                 user message after a stop starts a new episode
 //   MODE=evict    conversation A asks for a tool call, then OTHERS other
 //                 conversations start, then A goes on with its result
-//                 (A's run was evicted from the gateway's memory meanwhile)
+//                 (A's run was evicted from the gateway's memory meanwhile;
+//                 A_RUN: A's requests name their run by X-Loopguard-Run)
 //   BASE_URL, HEADERS (JSON: extra request headers)
 // Prints one JSON object: the run (X-Loopguard-Run) and answer of each step.
 const base = process.env.BASE_URL;
@@ -16,8 +17,9 @@ const tools = [
   { type: 'function', function: { name: 'lookup', parameters: { type: 'object' } } },
 ];
 
-async function ask(model, messages) {
-  const r = await fetch(base + '/chat/completions', { method: 'POST', headers, body: JSON.stringify({ model, messages, tools }) });
+async function ask(model, messages, run) {
+  const h = run ? { ...headers, 'x-loopguard-run': run } : headers;
+  const r = await fetch(base + '/chat/completions', { method: 'POST', headers: h, body: JSON.stringify({ model, messages, tools }) });
   const body = await r.json();
   if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${JSON.stringify(body)}`);
   const msg = body.choices[0].message;
@@ -38,9 +40,9 @@ if (process.env.MODE === 'episode') {
   out.second = await ask(process.env.MODEL2, conv);
 } else {
   const a = start();
-  out.a1 = await ask('finish', a);
+  out.a1 = await ask('finish', a, process.env.A_RUN);
   out.others = [];
   for (let i = 0; i < Number(process.env.OTHERS || 3); i++) out.others.push((await ask('finish', start())).run);
-  out.a2 = await ask('finish', a);
+  out.a2 = await ask('finish', a, process.env.A_RUN);
 }
 console.log(JSON.stringify(out));

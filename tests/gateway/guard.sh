@@ -331,6 +331,14 @@ echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fai
 [ "$(echo "$e" | get 'd["a1"]["run"] != d["a2"]["run"]')" = true ] || fail "evict: A was not evicted (same run): $e"
 e=$(client conversation.mjs MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1") || fail "evict: $e"
 [ "$(echo "$e" | get 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "within the bound, a run was evicted: $e"
+# A named run evicted: its next request finds it in the store, its call
+# out, and the result of that call (read only when the run waits for one)
+# is decided: in its trace, and the conversation goes on.
+e=$(client conversation.mjs MODE=evict OTHERS=3 A_RUN=named-evicted BASE_URL="$lru_URL/v1") || fail "evict named: $e"
+[ "$(echo "$e" | get '[d["a1"]["run"], d["a2"]["run"]]')" = '["named-evicted", "named-evicted"]' ] || fail "evict named: $e"
+echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict named: the conversation did not go on: $e"
+curl -sf "$lru_URL/v1/runs/named-evicted/trace" | grep '"type":"result"' | grep -q '"status":"progress"' ||
+  fail "evict named: the result after the eviction is not in the trace: $(curl -sf "$lru_URL/v1/runs/named-evicted/trace")"
 stop_server lru
 [ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
 

@@ -15,7 +15,9 @@
  * reserve a key's budget or fail alone (its in-flight cap, no price), a
  * usage that settles and one whose settlement fails alone — where the
  * budgets must also agree; a failure after the engine took an event and
- * a store failure in the middle of a batch (nothing written).
+ * a store failure in the middle of a batch (nothing written); results
+ * read late (the step's fill): only when the run waits for one, and then
+ * as the whole event.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -463,6 +465,98 @@ static void store_failure(void **state) {
   lg_store_close(s);
 }
 
+/* A result read late (lg__step_t's fill, as the gateway reads a tool
+ * message of the conversation): filled with the whole event here. */
+static int fills, fill_rc;
+static int fill_from(lg__step_t *st, void *ud) {
+  fills++;
+  if (fill_rc) return fill_rc;
+  st->ev.u.result = ((const lg_event_t *)ud)->u.result;
+  return 0;
+}
+
+static void init_late(lg__step_t *st, const lg_event_t *whole, int64_t now, const char *id) {
+  lg_event_t ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = LG_EV_RESULT; /* nothing of the result yet, not even its call */
+  init_on(st, &ev, now, id);
+  st->fill = fill_from;
+  st->fill_ud = (void *)whole;
+}
+
+/* Read only when the run waits for a result (a run with no call out
+ * refuses every result: it is never read), and then decided as the whole
+ * event is, one step each: the same outcomes and trace. A fill that fails
+ * fails the batch whole: nothing written, and the batch again is whole. */
+static void results_read_late(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  create(s, "run-A", "{}");
+  create(s, "run-B", "{}");
+  lg_error_t e = {0};
+  lg_event_t early[] = {result_ev("c1", LG_STATUS_PROGRESS), result_ev("c2", LG_STATUS_PROGRESS)};
+  lg__step_t st[4];
+  fills = 0;
+  for (int i = 0; i < 2; i++) init_late(&st[i], &early[i], T0 + 5, "run-B");
+  lg__step_batch_t b = {st, 2};
+  assert_int_equal(lg__step_batch_run(s, "run-B", &b, &e), 0);
+  assert_int_equal(fills, 0); /* no call out: not read */
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(st[i].decided, 0);
+    assert_int_equal(st[i].fail, LG__STEP_CONFLICT);
+    lg__step_clear(&st[i]);
+  }
+  three_calls(s, "run-A", "run-B", T0 + 10);
+  lg_event_t evs[] = {result_ev("c1", LG_STATUS_PROGRESS), result_ev("ghost", LG_STATUS_PROGRESS),
+                      result_ev("c2", LG_STATUS_RETRYABLE), result_ev("c3", LG_STATUS_PROGRESS)};
+  lg__step_t one[4];
+  for (int i = 0; i < 4; i++) {
+    init_on(&one[i], &evs[i], T0 + 20, "run-A");
+    int rc = lg__step_run(s, "run-A", &one[i], &e);
+    assert_int_equal(rc != 0, i == 1); /* the ghost's call was never made */
+    init_late(&st[i], &evs[i], T0 + 20, "run-B");
+  }
+  /* first with a fill that fails (out of memory): nothing stays */
+  char *before = events_of(s, "run-B");
+  fills = 0;
+  fill_rc = LG_ENOMEM;
+  b.n = 4;
+  assert_int_equal(lg__step_batch_run(s, "run-B", &b, &e), LG_ENOMEM);
+  fill_rc = 0;
+  assert_int_equal(fills, 1);
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(st[i].decided, 0);
+    assert_int_equal(st[i].fail, LG__STEP_STORE);
+    lg__step_clear(&st[i]);
+    init_late(&st[i], &evs[i], T0 + 20, "run-B");
+  }
+  char *after = events_of(s, "run-B");
+  assert_string_equal(before, after);
+  free(before);
+  free(after);
+  fills = 0;
+  assert_int_equal(lg__step_batch_run(s, "run-B", &b, &e), 0);
+  assert_int_equal(fills, 4); /* a call was out before each: every one read */
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(one[i].decided, st[i].decided);
+    assert_int_equal(one[i].fail, st[i].fail);
+    assert_int_equal(one[i].action, st[i].action);
+    assert_int_equal(one[i].reason, st[i].reason);
+    char *xa = as_a(&one[i].answer), *ya = as_a(&st[i].answer);
+    assert_string_equal(xa, ya);
+    free(xa);
+    free(ya);
+    lg__step_clear(&one[i]);
+    lg__step_clear(&st[i]);
+  }
+  char *ta = mask(events_of(s, "run-A")), *tb = mask(events_of(s, "run-B"));
+  assert_string_equal(ta, tb);
+  assert_non_null(strstr(tb, "\"c3\""));
+  free(ta);
+  free(tb);
+  lg_store_close(s);
+}
+
 int main(void) {
   canon = lg_canon_new();
   const char *pj = "{\"models\": {\"m\": {\"input_usd_per_mtok\": 1000, \"output_usd_per_mtok\": 2000}}}";
@@ -476,6 +570,7 @@ int main(void) {
       cmocka_unit_test(store_writes),
       cmocka_unit_test(failed_after_the_engine),
       cmocka_unit_test(store_failure),
+      cmocka_unit_test(results_read_late),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   lg_canon_free(canon);
