@@ -2089,26 +2089,19 @@ static int is_user_message(const chat_t *c, json_t *m) {
   return 0;
 }
 
-/* Whether client message i may be an event: the person's, a tool's
- * result. An assistant's or a system's message is never built to feed. */
-static int may_feed(chat_t *c, size_t i) {
+/* What client message i is to feed_new, from its role and type alone:
+ * nothing (an assistant's or a system's message, never built to feed);
+ * one tool result read late (feed_later: OpenAI chat's "tool" message, a
+ * Responses function_call_output, as feed_message would take it); or a
+ * message to build and feed (the person's; Anthropic's tool results,
+ * blocks of a user message). */
+enum { FEED_NOT, FEED_LATE, FEED_BUILT };
+static int feed_kind(chat_t *c, size_t i) {
   const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
-  return (role && (!strcmp(role, "user") || !strcmp(role, "tool"))) ||
-         (ty && !strcmp(ty, "function_call_output"));
-}
-
-/* Whether client message i is one tool result read late (feed_later):
- * OpenAI chat's "tool" message, or a Responses function_call_output, as
- * feed_message would take it. Anthropic's results are blocks of a user
- * message, read with it. */
-static int read_late(chat_t *c, size_t i) {
-  if (is_anthropic(c)) return 0;
-  if (is_responses(c)) {
-    const char *ty = msg_str(c, i, PEEK_TYPE);
-    return ty && !strcmp(ty, "function_call_output");
-  }
-  const char *role = msg_str(c, i, PEEK_ROLE);
-  return role && !strcmp(role, "tool");
+  int tool = role && !strcmp(role, "tool"), output = ty && !strcmp(ty, "function_call_output");
+  if (!tool && !output && !(role && !strcmp(role, "user"))) return FEED_NOT;
+  if (!is_anthropic(c) && (is_responses(c) ? output : tool)) return FEED_LATE;
+  return FEED_BUILT;
 }
 
 /* One new client message as events: its tool results, or a user event. */
@@ -2119,7 +2112,7 @@ static void feed_message(chat_t *c, json_t *m) {
     if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
     return;
   }
-  /* OpenAI's results (a message or an item each) are read late (read_late) */
+  /* OpenAI's results (a message or an item each) are read late (feed_kind) */
   if (is_anthropic(c) && role && !strcmp(role, "user")) {
     json_t *blocks = json_object_get(m, "content");
     for (size_t k = 0; k < json_array_size(blocks); k++) {
@@ -2137,14 +2130,14 @@ static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   size_t from = c->prev_id ? 0 : c->r->fed;
   for (size_t i = from; i < c->n; i++) /* all built before any is fed: none or all */
-    if (may_feed(c, i) && !read_late(c, i) && !client_msg(c, i)) {
+    if (feed_kind(c, i) == FEED_BUILT && !client_msg(c, i)) {
       lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
       return -1;
     }
   for (size_t i = from; i < c->n; i++) {
-    if (!may_feed(c, i)) continue;
-    if (read_late(c, i)) feed_later(c, i);
-    else feed_message(c, client_msg(c, i));
+    int kind = feed_kind(c, i);
+    if (kind == FEED_LATE) feed_later(c, i);
+    else if (kind == FEED_BUILT) feed_message(c, client_msg(c, i));
   }
   /* the last results wait for the model call (flush_results_then); one
    * that could not be read (out of memory) is read again next time */
