@@ -136,8 +136,14 @@ struct lg__acceptor {
   _Atomic int stop;
   lg__conn_t *held;           /* screening, in no order */
   lg__conn_t *drain_head, *drain_tail; /* answered, by drain_until */
+  uint64_t cut_wait_ns;       /* since when it waits for cut ones to close (0: not) */
   char buf[LG__MAX_HEAD + 1]; /* what a peek sees */
 };
+
+/* How long new clients wait in the backlog for cut connections to close
+ * (accept_some): a cut connection whose daemon has parked its request
+ * closes only when the request ends; past this, refused as before. */
+#define CUT_WAIT_NS (100 * 1000000ull)
 
 static char listen_tag, wake_tag; /* epoll data of the two descriptors */
 
@@ -363,12 +369,19 @@ static lg__conn_t *admit(lg_server_t *srv, int fd, const struct sockaddr_storage
 /* 1 when the table is at its hard limit with cut connections still in it:
  * they are on their way out (this loop, or their daemon, closes them on
  * the hang-up their cut raised), so the next client waits in the backlog
- * for their room rather than be refused. */
-static int full_of_cut(lg_server_t *srv) {
+ * for their room rather than be refused, for up to CUT_WAIT_NS. */
+static int full_of_cut(lg__acceptor_t *a) {
+  lg_server_t *srv = a->srv;
   pthread_mutex_lock(&srv->conn_mu);
   int full = srv->nconns >= srv->conn_limit && srv->ncut > 0;
   pthread_mutex_unlock(&srv->conn_mu);
-  return full;
+  if (!full) {
+    a->cut_wait_ns = 0;
+    return 0;
+  }
+  uint64_t now = lg__mono_ns();
+  if (!a->cut_wait_ns) a->cut_wait_ns = now;
+  return now - a->cut_wait_ns < CUT_WAIT_NS;
 }
 
 /* Accepts what the backlog holds (up to 256 a turn); 1 when it stopped
@@ -376,7 +389,7 @@ static int full_of_cut(lg_server_t *srv) {
 static int accept_some(lg__acceptor_t *a) {
   lg_server_t *srv = a->srv;
   for (int i = 0; i < 256; i++) {
-    if (full_of_cut(srv)) return 1;
+    if (full_of_cut(a)) return 1;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -435,7 +448,7 @@ static void *acceptor_main(void *arg) {
     /* Still full of cut connections that are not this loop's to close:
      * their daemons close them in a moment. The listening socket stays
      * readable, so wait that moment rather than spin on it. */
-    if (waiting && full_of_cut(a->srv)) {
+    if (waiting && full_of_cut(a)) {
       struct timespec ts = {0, 1000000L};
       nanosleep(&ts, NULL);
     }

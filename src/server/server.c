@@ -333,7 +333,8 @@ out:
  * all. A cut connection stays in the table until it is closed (by its
  * loop, a moment later), so the soft limit counts the connections not cut
  * (nconns - ncut), and at the hard limit, with cut ones on their way out,
- * the acceptor waits for them rather than refuse the next client. The socket is shut down under conn_mu, and a connection leaves the
+ * the acceptor waits for them (100 ms at most) rather than refuse the next
+ * client. The socket is shut down under conn_mu, and a connection leaves the
  * table (NOTIFY_CLOSED, or the acceptor's close) before its descriptor is
  * closed, so a descriptor is never shut down after it was reused. A
  * connection handed over and not yet started by libmicrohttpd (mc NULL)
