@@ -486,37 +486,26 @@ static int read_result(json_t *msg, int is_error, lg_result_t *res, struct lg__g
   return 0;
 }
 
-/* A tool message as a result event, decided with the request's other
- * results (flush_results_then). Unknown calls (not the gateway's) are
- * skipped: the step refuses them and nothing changes. */
-static void feed_result(chat_t *c, const char *call_id, json_t *msg, int is_error) {
-  lg__gw_fed_t *f = &c->fed;
-  if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */
-  struct lg__gw_fed_keep *k = &f->keep[f->n];
-  memset(k, 0, sizeof *k);
-  lg_event_t ev;
-  memset(&ev, 0, sizeof ev);
-  ev.type = LG_EV_RESULT;
-  ev.u.result.call_id = call_id; /* side_effect_committed 0: not said */
-  if (read_result(msg, is_error, &ev.u.result, k)) return;
-  /* the event borrows value and sj's strings until the batch is decided */
-  lg__step_init(&f->st[f->n], &ev, now_ms(c->cx));
-  f->ev[f->n] = ev;
-  k->call_id = call_id;
-  f->n++;
-}
-
 /* Fills a result read late (lg__step_t's fill): its message built and
  * read, once (a batch decided again a step at a time reads it again). */
 static int fill_result(lg__step_t *st, void *ud) {
   struct lg__gw_fed_keep *k = ud;
   chat_t *c = k->c;
   if (!k->filled) {
-    json_t *m = client_msg(c, k->msg), *tmp = NULL;
-    if (m && is_responses(c)) /* a function_call_output: its output is the content */
-      tmp = json_pack("{s:O?}", "content", json_object_get(m, "output"));
-    const char *call_id = sget(m, is_responses(c) ? "call_id" : "tool_call_id");
-    int rc = !m || (is_responses(c) && !tmp) ? LG_ENOMEM : read_result(tmp ? tmp : m, 0, &k->res, k);
+    json_t *m = client_msg(c, k->msg), *tmp = NULL, *src = m;
+    const char *call_id;
+    int is_error = 0;
+    if (is_anthropic(c)) { /* a tool_result block of a user message */
+      src = json_array_get(json_object_get(m, "content"), k->block);
+      call_id = sget(src, "tool_use_id");
+      is_error = json_is_true(json_object_get(src, "is_error"));
+    } else if (is_responses(c)) { /* a function_call_output: its output is the content */
+      src = tmp = m ? json_pack("{s:O?}", "content", json_object_get(m, "output")) : NULL;
+      call_id = sget(m, "call_id");
+    } else {
+      call_id = sget(m, "tool_call_id");
+    }
+    int rc = !src ? LG_ENOMEM : read_result(src, is_error, &k->res, k);
     json_decref(tmp);
     if (rc) {
       k->oom = 1;
@@ -529,16 +518,20 @@ static int fill_result(lg__step_t *st, void *ud) {
   return 0;
 }
 
-/* A tool message as a result event read late: only when the step finds
- * the run waiting for a result (fill_result). A fresh run's conversation
- * (an agent's history, none of its calls the gateway's) is not built. */
-static void feed_later(chat_t *c, size_t i) {
+/* A tool result as a result event, decided with the request's other
+ * results (flush_results_then), and read late: only when the step finds
+ * the run waiting for a result (fill_result). Unknown calls (not the
+ * gateway's: an agent's history in a fresh run) are refused by the step
+ * without being read, and nothing changes. Client message i, or its
+ * content block `block` (Anthropic's tool_result blocks). */
+static void feed_later(chat_t *c, size_t i, size_t block) {
   lg__gw_fed_t *f = &c->fed;
   if (!fed_room(f)) return; /* out of memory: not decided, as a failed step */
   struct lg__gw_fed_keep *k = &f->keep[f->n];
   memset(k, 0, sizeof *k);
   k->c = c;
   k->msg = i;
+  k->block = block;
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_RESULT;
@@ -2105,21 +2098,20 @@ static int feed_kind(chat_t *c, size_t i) {
 }
 
 /* One new client message as events: its tool results, or a user event. */
-static void feed_message(chat_t *c, json_t *m) {
+static void feed_message(chat_t *c, size_t i, json_t *m) {
   const char *role = sget(m, "role");
   if (is_user_message(c, m)) {
     flush_results(c); /* in order: the results before it first */
     if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
     return;
   }
-  /* OpenAI's results (a message or an item each) are read late (feed_kind) */
+  /* Anthropic's results: the tool_result blocks of a user message
+   * (OpenAI's, a message or an item each, are fed by feed_new) */
   if (is_anthropic(c) && role && !strcmp(role, "user")) {
     json_t *blocks = json_object_get(m, "content");
     for (size_t k = 0; k < json_array_size(blocks); k++) {
-      json_t *bl = json_array_get(blocks, k);
-      const char *bt = sget(bl, "type");
-      if (bt && !strcmp(bt, "tool_result"))
-        feed_result(c, sget(bl, "tool_use_id"), bl, json_is_true(json_object_get(bl, "is_error")));
+      const char *bt = sget(json_array_get(blocks, k), "type");
+      if (bt && !strcmp(bt, "tool_result")) feed_later(c, i, k);
     }
   }
 }
@@ -2136,8 +2128,8 @@ static int feed_new(chat_t *c) {
     }
   for (size_t i = from; i < c->n; i++) {
     int kind = feed_kind(c, i);
-    if (kind == FEED_LATE) feed_later(c, i);
-    else if (kind == FEED_BUILT) feed_message(c, client_msg(c, i));
+    if (kind == FEED_LATE) feed_later(c, i, 0);
+    else if (kind == FEED_BUILT) feed_message(c, i, client_msg(c, i));
   }
   /* the last results wait for the model call (flush_results_then); one
    * that could not be read (out of memory) is read again next time */

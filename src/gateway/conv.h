@@ -35,7 +35,7 @@ typedef struct lg__gw_fed {
     json_t *sj;               /* its structured form, or NULL (owned) */
     const char *call_id;      /* borrowed from the request */
     struct chat *c;           /* read late: the request, */
-    size_t msg;               /*   its message, */
+    size_t msg, block;        /*   its message (and block: Anthropic's), */
     lg_result_t res;          /*   the result once read (filled), */
     int filled, oom;          /*   or out of memory reading it */
   } *keep;

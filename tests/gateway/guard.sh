@@ -203,6 +203,24 @@ for k in 1 2 3; do
     fail "structured $k: no result with $want in $(curl -sf "$g_URL/v1/runs/structured-$k/trace")"
 done
 
+note "tool results read late on every API: an Anthropic tool_result block's is_error (retryable), a Responses function_call_output's status"
+# The result of the call the run waits for is read when decided (the
+# step's fill), from a block of the user message, or an input item.
+a1='{"model":"finish","max_tokens":64,"messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"name":"lookup","input_schema":{"type":"object"}}]}'
+id=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: late-messages' -d "$a1" "$g_URL/v1/messages" |
+  get '[b["id"] for b in d["content"] if b["type"] == "tool_use"][0]') || fail "late messages: the first turn"
+a2="{\"model\":\"finish\",\"max_tokens\":64,\"tools\":[{\"name\":\"lookup\",\"input_schema\":{\"type\":\"object\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"$id\",\"name\":\"lookup\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"$id\",\"is_error\":true,\"content\":\"Error: the directory is down.\"}]}]}"
+curl -sf -o /dev/null -H 'content-type: application/json' -H 'X-Loopguard-Run: late-messages' -d "$a2" "$g_URL/v1/messages" || fail "late messages: the second turn"
+curl -sf "$g_URL/v1/runs/late-messages/trace" | grep '"type":"result"' | grep -qF '"status":"retryable","value":"Error: the directory is down."' ||
+  fail "late messages: no retryable result in $(curl -sf "$g_URL/v1/runs/late-messages/trace")"
+r1='{"model":"finish","input":[{"role":"user","content":"look c-1 up"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object"}}]}'
+cid=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: late-responses' -d "$r1" "$g_URL/v1/responses" |
+  get '[o["call_id"] for o in d["output"] if o["type"] == "function_call"][0]') || fail "late responses: the first turn"
+r2="{\"model\":\"finish\",\"tools\":[{\"type\":\"function\",\"name\":\"lookup\",\"parameters\":{\"type\":\"object\"}}],\"input\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"type\":\"function_call\",\"call_id\":\"$cid\",\"name\":\"lookup\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":\"$cid\",\"output\":\"{\\\"status\\\":\\\"fatal\\\",\\\"value\\\":\\\"gone\\\"}\"}]}"
+curl -sf -o /dev/null -H 'content-type: application/json' -H 'X-Loopguard-Run: late-responses' -d "$r2" "$g_URL/v1/responses" || fail "late responses: the second turn"
+curl -sf "$g_URL/v1/runs/late-responses/trace" | grep '"type":"result"' | grep -qF '"status":"fatal"' ||
+  fail "late responses: no fatal result in $(curl -sf "$g_URL/v1/runs/late-responses/trace")"
+
 note "Responses: continuing from an answer the gateway made itself never sends its id upstream (stream false and true)"
 for st in false true; do
   curl -sf -o "$TMP/own1.txt" -H 'content-type: application/json' -H 'X-Loopguard-Policy: chant' \
