@@ -187,39 +187,46 @@ got=$(sent_raw chat/completions "$TMP/raw-stream2.json" raw-stream2)
 [ "$(echo "$got" | get 'd["stream_options"]["include_usage"], d["messages"][0]["content"]')" = '[true, "caf\u00e9"]' ] ||
   fail "a stream without include_usage: the upstream got $got"
 
+# result_in_trace RUN API FIRST IDEXPR SECOND WANT: run RUN's first turn
+# on /v1/API (FIRST), the call id its answer asks for (IDEXPR, a get
+# expression), then SECOND with @ID@ that id, the call and its result;
+# the run's trace must hold a result with WANT.
+result_in_trace() {
+  local run=$1 api=$2 id
+  id=$(curl -sf -H 'content-type: application/json' -H "X-Loopguard-Run: $run" -d "$3" "$g_URL/v1/$api" | get "$4") ||
+    fail "$run: the first turn"
+  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: $run" -d "${5//@ID@/$id}" "$g_URL/v1/$api" ||
+    fail "$run: the second turn"
+  curl -sf "$g_URL/v1/runs/$run/trace" | grep '"type":"result"' | grep -qF "$6" ||
+    fail "$run: no result with $6 in $(curl -sf "$g_URL/v1/runs/$run/trace")"
+}
+
 note "tool results as the structured result contract, a status spelled with an escape too; others as plain text"
 turn1='{"model":"finish","messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]}'
 for k in 1 2 3; do
-  id=$(curl -sf -H 'content-type: application/json' -H "X-Loopguard-Run: structured-$k" -d "$turn1" "$g_URL/v1/chat/completions" |
-    get 'd["choices"][0]["message"]["tool_calls"][0]["id"]') || fail "structured $k: the first turn"
   case $k in
     1) content='{\"status\":\"fatal\",\"progress_version\":3,\"value\":{\"error\":\"gone\"}}' want='"status":"fatal","progress_version":3' ;;
     2) content='{\"st\\u0061tus\":\"permission_denied\",\"value\":\"no\"}' want='"status":"permission_denied"' ;;
     3) content='{\"state\":\"fatal\",\"statuses\":1}' want='"status":"progress","value":"{\"state\"' ;;
   esac
-  body="{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"$id\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"$id\",\"content\":\"$content\"}]}"
-  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: structured-$k" -d "$body" "$g_URL/v1/chat/completions" || fail "structured $k: the second turn"
-  curl -sf "$g_URL/v1/runs/structured-$k/trace" | grep '"type":"result"' | grep -qF "$want" ||
-    fail "structured $k: no result with $want in $(curl -sf "$g_URL/v1/runs/structured-$k/trace")"
+  result_in_trace structured-$k chat/completions "$turn1" 'd["choices"][0]["message"]["tool_calls"][0]["id"]' \
+    "{\"model\":\"finish\",\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"@ID@\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"@ID@\",\"content\":\"$content\"}]}" \
+    "$want"
 done
 
-note "tool results read late on every API: an Anthropic tool_result block's is_error (retryable), a Responses function_call_output's status"
-# The result of the call the run waits for is read when decided (the
-# step's fill), from a block of the user message, or an input item.
-a1='{"model":"finish","max_tokens":64,"messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"name":"lookup","input_schema":{"type":"object"}}]}'
-id=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: late-messages' -d "$a1" "$g_URL/v1/messages" |
-  get '[b["id"] for b in d["content"] if b["type"] == "tool_use"][0]') || fail "late messages: the first turn"
-a2="{\"model\":\"finish\",\"max_tokens\":64,\"tools\":[{\"name\":\"lookup\",\"input_schema\":{\"type\":\"object\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"$id\",\"name\":\"lookup\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"$id\",\"is_error\":true,\"content\":\"Error: the directory is down.\"}]}]}"
-curl -sf -o /dev/null -H 'content-type: application/json' -H 'X-Loopguard-Run: late-messages' -d "$a2" "$g_URL/v1/messages" || fail "late messages: the second turn"
-curl -sf "$g_URL/v1/runs/late-messages/trace" | grep '"type":"result"' | grep -qF '"status":"retryable","value":"Error: the directory is down."' ||
-  fail "late messages: no retryable result in $(curl -sf "$g_URL/v1/runs/late-messages/trace")"
-r1='{"model":"finish","input":[{"role":"user","content":"look c-1 up"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object"}}]}'
-cid=$(curl -sf -H 'content-type: application/json' -H 'X-Loopguard-Run: late-responses' -d "$r1" "$g_URL/v1/responses" |
-  get '[o["call_id"] for o in d["output"] if o["type"] == "function_call"][0]') || fail "late responses: the first turn"
-r2="{\"model\":\"finish\",\"tools\":[{\"type\":\"function\",\"name\":\"lookup\",\"parameters\":{\"type\":\"object\"}}],\"input\":[{\"role\":\"user\",\"content\":\"look c-1 up\"},{\"type\":\"function_call\",\"call_id\":\"$cid\",\"name\":\"lookup\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":\"$cid\",\"output\":\"{\\\"status\\\":\\\"fatal\\\",\\\"value\\\":\\\"gone\\\"}\"}]}"
-curl -sf -o /dev/null -H 'content-type: application/json' -H 'X-Loopguard-Run: late-responses' -d "$r2" "$g_URL/v1/responses" || fail "late responses: the second turn"
-curl -sf "$g_URL/v1/runs/late-responses/trace" | grep '"type":"result"' | grep -qF '"status":"fatal"' ||
-  fail "late responses: no fatal result in $(curl -sf "$g_URL/v1/runs/late-responses/trace")"
+note "tool results on the other APIs: an Anthropic tool_result block's is_error (retryable), a Responses function_call_output's status"
+# Read when the step decides them (its fill): a block of the user
+# message, an input item.
+result_in_trace late-messages messages \
+  '{"model":"finish","max_tokens":64,"messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"name":"lookup","input_schema":{"type":"object"}}]}' \
+  '[b["id"] for b in d["content"] if b["type"] == "tool_use"][0]' \
+  '{"model":"finish","max_tokens":64,"tools":[{"name":"lookup","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"look c-1 up"},{"role":"assistant","content":[{"type":"tool_use","id":"@ID@","name":"lookup","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"@ID@","is_error":true,"content":"Error: the directory is down."}]}]}' \
+  '"status":"retryable","value":"Error: the directory is down."'
+result_in_trace late-responses responses \
+  '{"model":"finish","input":[{"role":"user","content":"look c-1 up"}],"tools":[{"type":"function","name":"lookup","parameters":{"type":"object"}}]}' \
+  '[o["call_id"] for o in d["output"] if o["type"] == "function_call"][0]' \
+  '{"model":"finish","tools":[{"type":"function","name":"lookup","parameters":{"type":"object"}}],"input":[{"role":"user","content":"look c-1 up"},{"type":"function_call","call_id":"@ID@","name":"lookup","arguments":"{}"},{"type":"function_call_output","call_id":"@ID@","output":"{\"status\":\"fatal\",\"value\":\"gone\"}"}]}' \
+  '"status":"fatal"'
 
 note "Responses: continuing from an answer the gateway made itself never sends its id upstream (stream false and true)"
 for st in false true; do
