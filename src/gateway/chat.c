@@ -48,9 +48,8 @@
 /* ---- small helpers ---- */
 
 
-/* The text of a message's content: a string, or the text parts. New. */
-static char *content_text(const json_t *msg) {
-  json_t *c = json_object_get(msg, "content");
+/* The text of a content value: a string, or the text parts. New. */
+static char *text_of(const json_t *c) {
   if (json_is_string(c)) return lg__strdup(json_string_value(c));
   lg__buf_t b = {0};
   lg__buf_puts(&b, "");
@@ -60,6 +59,9 @@ static char *content_text(const json_t *msg) {
   }
   return lg__buf_steal(&b, NULL);
 }
+
+/* The text of a message's (or a block's) "content". New. */
+static char *content_text(const json_t *msg) { return text_of(json_object_get(msg, "content")); }
 
 static const char *order[] = {"pass", "execute", "observe", "replay", "block", "stop"};
 
@@ -463,11 +465,12 @@ static int fed_room(lg__gw_fed_t *f) {
   return 1;
 }
 
-/* A tool's answer (msg: its "content"; is_error: the tool said it
- * failed) as a result into res, what res borrows into k (text, value,
- * sj; owned). 0, or LG_ENOMEM. */
-static int read_result(json_t *msg, int is_error, lg_result_t *res, struct lg__gw_fed_keep *k) {
-  char *text = content_text(msg);
+/* A tool's answer (content: a string or text parts; is_error: the tool
+ * said it failed) as a result into res, what res borrows into k (text,
+ * value, sj; owned). 0, or LG_ENOMEM. */
+static int read_result(const json_t *content, int is_error, lg_result_t *res,
+                       struct lg__gw_fed_keep *k) {
+  char *text = text_of(content);
   if (!text) return LG_ENOMEM;
   char *value = NULL;
   json_t *sj = NULL;
@@ -492,21 +495,22 @@ static int fill_result(lg__step_t *st, void *ud) {
   struct lg__gw_fed_keep *k = ud;
   chat_t *c = k->c;
   if (!k->filled) {
-    json_t *m = client_msg(c, k->msg), *tmp = NULL, *src = m;
+    json_t *m = client_msg(c, k->msg), *content;
     const char *call_id;
     int is_error = 0;
     if (is_anthropic(c)) { /* a tool_result block of a user message */
-      src = json_array_get(json_object_get(m, "content"), k->block);
-      call_id = sget(src, "tool_use_id");
-      is_error = json_is_true(json_object_get(src, "is_error"));
-    } else if (is_responses(c)) { /* a function_call_output: its output is the content */
-      src = tmp = m ? json_pack("{s:O?}", "content", json_object_get(m, "output")) : NULL;
+      json_t *bl = json_array_get(json_object_get(m, "content"), k->block);
+      content = json_object_get(bl, "content");
+      call_id = sget(bl, "tool_use_id");
+      is_error = json_is_true(json_object_get(bl, "is_error"));
+    } else if (is_responses(c)) { /* a function_call_output */
+      content = json_object_get(m, "output");
       call_id = sget(m, "call_id");
     } else {
+      content = json_object_get(m, "content");
       call_id = sget(m, "tool_call_id");
     }
-    int rc = !src ? LG_ENOMEM : read_result(src, is_error, &k->res, k);
-    json_decref(tmp);
+    int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
     if (rc) {
       k->oom = 1;
       return rc;
