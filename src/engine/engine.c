@@ -968,6 +968,7 @@ static int after_guards(lg_run_t *run, const lg__pending_t *pc, const lg_result_
   return 0;
 }
 
+/* lg_run_after's first two tests: the stop, then a call waiting. */
 bool lg__run_awaits_result(const lg_run_t *run) { return run->stopped || run->npending > 0; }
 
 int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_error_t *err) {
@@ -982,8 +983,8 @@ int lg_run_after(lg_run_t *run, const lg_result_t *res, lg_decision_t *d, lg_err
     stopped_decision(run, d);
     return 0;
   }
-  int pi = lg__run_awaits_result(run) ? run->npending - 1 : -1;
-  if (res->call_id && pi >= 0) {
+  int pi = run->npending - 1; /* none: refused (lg__run_awaits_result) */
+  if (res->call_id) {
     for (pi = run->npending - 1; pi >= 0; pi--)
       if (!strcmp(run->pending[pi].call_id, res->call_id)) break;
   }
