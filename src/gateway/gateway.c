@@ -1338,11 +1338,17 @@ typedef struct born {
   const char *run_id;
   lg_store_run_fn fn;
   void *ud;
+  int once; /* the row written once, by the step (SQLite's stores) */
   int created, existed;
 } born_t;
 
 static int born_write(void *ud, lg_store_t *s, lg_error_t *err) {
   born_t *b = ud;
+  if (b->once) {
+    int rc = lg__step_with_new(s, b->c.run, b->c.pol_json, b->c.now_ms, b->fn, b->ud, &b->created, err);
+    b->existed = !rc && !b->created;
+    return rc;
+  }
   int rc = create_write(&b->c, s, err);
   if (rc == LG_ECONFLICT) { /* there already: named by its header, or written by a job that failed after */
     b->existed = 1;
@@ -1378,7 +1384,7 @@ static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void 
   if (r->unborn) {
     b = (born_t){{lg_run_new(r->id, r->birth_group, r->policy, NULL, NULL, err), r->birth_policy,
                   lg__server_now(srv), 0},
-                 r->id, fn, ud, 0, 0};
+                 r->id, fn, ud, srv->batcher != NULL, 0, 0};
     if (!b.c.run) return err && err->code ? err->code : LG_ENOMEM;
     j = (lg__job_t){.write = born_write, .ud = &b};
   }

@@ -539,23 +539,30 @@ static int same_run(lg_store_t *s, const lg_run_t *run, const char *policy_json,
   return 0;
 }
 
+/* A new run's record (its state in *state) and its creation's trace line
+ * (*line): 0, or LG_ENOMEM with err filled; *state and *line to free
+ * either way. No envelope while the run is active (see save()). */
+static int born_record(const lg_run_t *run, const char *policy_json, const int64_t *checkpoint,
+                       int64_t now_ms, lg_run_record_t *rec, char **state, lg__buf_t *line,
+                       lg_error_t *err) {
+  size_t state_len = 0;
+  int rc = lg_run_save(run, state, &state_len);
+  if (!rc) rc = lg__trace_write_run(line, lg_run_id(run), lg_run_group(run), checkpoint, policy_json);
+  if (rc) return lg__err(err, rc, NULL, -1, "out of memory");
+  *rec = (lg_run_record_t){(char *)lg_run_id(run), (char *)lg_run_group(run), 0, NULL,
+                           (char *)policy_json, *state, state_len, NULL, now_ms, now_ms};
+  return 0;
+}
+
 int lg__step_create(lg_store_t *s, const lg_run_t *run, const char *policy_json,
                     const int64_t *checkpoint, const char *const *scopes, size_t nscopes,
                     int64_t now_ms, int *same, lg_error_t *err) {
   if (same) *same = 0;
   char *state = NULL;
-  size_t state_len = 0;
   lg__buf_t line = {0};
-  int rc = lg_run_save(run, &state, &state_len);
-  if (!rc) rc = lg__trace_write_run(&line, lg_run_id(run), lg_run_group(run), checkpoint, policy_json);
-  if (rc) {
-    lg__free(state);
-    lg__buf_free(&line);
-    return lg__err(err, rc, NULL, -1, "out of memory");
-  }
-  /* No envelope while the run is active (see save()). */
-  lg_run_record_t rec = {(char *)lg_run_id(run), (char *)lg_run_group(run), 0, NULL,
-                         (char *)policy_json, state, state_len, NULL, now_ms, now_ms};
+  lg_run_record_t rec;
+  int rc = born_record(run, policy_json, checkpoint, now_ms, &rec, &state, &line, err);
+  if (rc) goto out;
   /* The run, its scopes and its first trace line: all or nothing. */
   lg__store_lock(s);
   rc = lg__store_begin(s, LG__TXN_RUN, err);
@@ -566,12 +573,31 @@ int lg__step_create(lg_store_t *s, const lg_run_t *run, const char *policy_json,
     if (!rc) rc = erc;
   }
   lg__store_unlock(s);
-  lg__free(state);
-  lg__buf_free(&line);
   if (rc == LG_ECONFLICT && same) {
     int src = same_run(s, run, policy_json, checkpoint, same, NULL);
     if (src) *same = 0;
   }
+out:
+  lg__free(state);
+  lg__buf_free(&line);
+  return rc;
+}
+
+int lg__step_with_new(lg_store_t *s, const lg_run_t *run, const char *policy_json, int64_t now_ms,
+                      lg_store_run_fn fn, void *ud, int *created, lg_error_t *err) {
+  char *state = NULL;
+  lg__buf_t line = {0};
+  lg_run_record_t rec;
+  lg__store_born_t born = {.rec = &rec};
+  int rc = born_record(run, policy_json, NULL, now_ms, &rec, &state, &line, err);
+  if (!rc) {
+    born.lines = line.data;
+    born.len = line.len;
+    rc = lg__store_with_run_born(s, &born, fn, ud, err);
+  }
+  *created = !rc && born.created;
+  lg__free(state);
+  lg__buf_free(&line);
   return rc;
 }
 

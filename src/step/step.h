@@ -140,6 +140,13 @@ int lg__step_create(lg_store_t *s, const lg_run_t *run, const char *policy_json,
                     const int64_t *checkpoint, const char *const *scopes, size_t nscopes,
                     int64_t now_ms, int *same, lg_error_t *err);
 
+/* fn(ud) on `run` in one transaction (lg_store_with_run), storing it
+ * first when it is not stored yet: its row written once, with its first
+ * save (lg__store_with_run_born: SQLite's stores only; PostgreSQL's create
+ * with lg__step_create). *created: 1 when this call stored it. */
+int lg__step_with_new(lg_store_t *s, const lg_run_t *run, const char *policy_json, int64_t now_ms,
+                      lg_store_run_fn fn, void *ud, int *created, lg_error_t *err);
+
 /* Cancels every active run of `group` after writing the group's deny
  * rule; on_run (may be NULL) hears of each run stopped, with its step. */
 int lg__step_cancel_group(lg_store_t *s, const char *group, const char *reason, int64_t now_ms,

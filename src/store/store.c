@@ -395,6 +395,31 @@ int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err)
   return lg__store_run_put_events(s, rec, NULL, 0, err);
 }
 
+/* The row of the run s->born stands for (lg__store_with_run_born), with
+ * its creation's lines before lines: an INSERT, not an UPDATE of the row
+ * written a moment before. */
+static int born_insert(lg_store_t *s, const lg_run_record_t *rec, const char *lines, size_t len,
+                       lg_error_t *err) {
+  lg__store_born_t *b = s->born;
+  lg__buf_t all = {0};
+  const char *v = b->lines;
+  size_t n = b->len;
+  if (len) {
+    if (lg__buf_append(&all, b->lines, b->len) || lg__buf_append(&all, lines, len))
+      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+    v = all.data;
+    n = all.len;
+  }
+  int inserted = 0;
+  int rc = lg__sql_run_insert(s, rec, v, n, &inserted, err);
+  lg__buf_free(&all);
+  /* the transaction holds the write lock since the read that found none */
+  if (!rc && !inserted)
+    rc = lg__err(err, LG_ESTORE, "run_id", -1, "run \"%s\" was stored by another writer", rec->run_id);
+  if (!rc) s->born = NULL;
+  return rc;
+}
+
 int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
                              size_t len, lg_error_t *err) {
   int rc = check_record(rec, err);
@@ -404,7 +429,9 @@ int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const ch
    * statement is atomic, and a failure fails the enclosing transaction. */
   int own = s->depth == 0;
   rc = own ? lg__store_begin(s, LG__TXN_RUN, err) : 0;
-  if (!rc) {
+  if (!rc && s->born && !strcmp(s->born->rec->run_id, rec->run_id)) {
+    rc = born_insert(s, rec, lines, len, err); /* its row, written once (never own) */
+  } else if (!rc) {
     int updated = 0, inserted = 0;
     int with_lines = len != 0;
     rc = with_lines ? lg__sql_run_update_ev(s, rec, lines, len, &updated, err)
@@ -452,8 +479,8 @@ int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb c
   return rc < 0 ? where(s, rc, err) : rc;
 }
 
-int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, void *ud,
-                      lg_error_t *err) {
+static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, lg_store_run_fn fn,
+                    void *ud, lg_error_t *err) {
   int rc = check_id("run_id", run_id, 1024, err);
   if (rc) return rc;
   lg__store_lock(s);
@@ -467,13 +494,18 @@ int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, voi
   lg_run_record_t rec = {0};
   int found = 0;
   rc = lg__sql_run_read(s, run_id, 1, &rec, &found, err);
-  if (!rc && !found)
+  if (!rc && !found && !born)
     rc = lg__err(err, LG_ENOTFOUND, "run_id", -1, "no run \"%s\" in the store", run_id);
   if (!rc) {
+    if (!found) s->born = born; /* its first save inserts the row */
+    if (born) born->created = !found;
     s->in_with_run = 1;
-    rc = fn(ud, s, &rec);
+    rc = fn(ud, s, found ? &rec : born->rec);
     s->in_with_run = 0;
     if (rc && err && !err->code) lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
+    if (!rc && s->born) rc = born_insert(s, born->rec, NULL, 0, err); /* fn saved nothing */
+    s->born = NULL;
+    if (rc && born) born->created = 0; /* undone below */
     if (!rc) rc = lg__store_fault_at(s, "with_run.before_commit", err);
   }
   lg_run_record_clear(&rec);
@@ -482,6 +514,17 @@ int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, voi
 out:
   lg__store_unlock(s);
   return where(s, rc, err);
+}
+
+int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, void *ud,
+                      lg_error_t *err) {
+  return with_run(s, run_id, NULL, fn, ud, err);
+}
+
+int lg__store_with_run_born(lg_store_t *s, lg__store_born_t *born, lg_store_run_fn fn, void *ud,
+                            lg_error_t *err) {
+  int rc = check_record(born->rec, err);
+  return rc ? rc : with_run(s, born->rec->run_id, born, fn, ud, err);
 }
 
 /* ---- trace lines ---- */

@@ -150,6 +150,7 @@ struct lg_store {
   int depth;                  /* open transactions and savepoints */
   int outer_kind;             /* LG__TXN_* of the outermost one */
   int in_with_run;            /* inside lg_store_with_run's callback */
+  struct lg__store_born *born; /* the run lg__store_with_run_born has not written yet */
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
   unsigned char key_secret[32]; /* the AES key of provider keys at rest
                                    (lg_key_set_secret, src/budget/seal.c) */
@@ -349,6 +350,23 @@ static inline int lg__store_fault_at(lg_store_t *s, const char *point, lg_error_
   int rc = s->fault ? s->fault(s->fault_ud, s, point) : 0;
   return rc ? lg__err(err, rc, NULL, -1, "injected fault at %s", point) : 0;
 }
+
+/* lg_store_with_run for a run that may not be stored yet: when it is not,
+ * fn sees born->rec (its record in memory), and the row is written once,
+ * with born's lines (its creation's) before the first save's, by that save
+ * (lg__store_run_put_events) or after fn when fn saved nothing; nothing
+ * when fn fails. born->created says which. The write lock the transaction
+ * holds from its read on (SQLite's) keeps another writer from storing the
+ * run in between; on a store without it (PostgreSQL), create the row
+ * first (lg__step_create). */
+typedef struct lg__store_born {
+  const lg_run_record_t *rec;
+  const char *lines;
+  size_t len;
+  int created;
+} lg__store_born_t;
+int lg__store_with_run_born(lg_store_t *s, lg__store_born_t *born, lg_store_run_fn fn, void *ud,
+                            lg_error_t *err);
 
 /* lg_store_run_create with the run's first trace lines (len 0: none),
  * written with its row. */

@@ -1261,6 +1261,92 @@ static void test_events(void **state) {
   assert_int_equal(lg__store_events_append(s, "", "x\n", 2, &err), LG_EINVAL);
 }
 
+/* A run not stored yet, taken by lg__store_with_run_born (the gateway's
+ * fresh runs): fn sees the record in memory, and the row is written once,
+ * by fn's first save, with the creation's lines before the save's; after
+ * fn when it saved nothing; not at all when fn fails. A run already
+ * stored is taken as stored, the creation's lines not written. */
+typedef struct born_ctx {
+  int saves;        /* lg__store_run_put_events calls, each with line */
+  int fail_with;    /* then return this */
+  int64_t created;  /* what fn saw */
+} born_ctx_t;
+
+static int born_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  born_ctx_t *x = ud;
+  x->created = rec->created_ms;
+  for (int i = 0; i < x->saves; i++) {
+    lg_run_record_t r = *rec;
+    char env[32], line[64];
+    snprintf(env, sizeof env, "[%d]", i + 1);
+    snprintf(line, sizeof line, "{\"type\":\"call\",\"save\":%d}\n", i + 1);
+    r.envelope_json = env;
+    r.updated_ms = rec->updated_ms + i + 1;
+    int rc = lg__store_run_put_events(s, &r, line, strlen(line), NULL);
+    if (rc) return rc;
+  }
+  return x->fail_with;
+}
+
+static int born_run(lg_store_t *s, const char *id, born_ctx_t *x, int *created) {
+  lg_run_record_t r = rec_of(id, "g", 0, T0);
+  lg__store_born_t b = {.rec = &r, .lines = "{\"type\":\"run\"}\n", .len = 15, .created = -1};
+  lg_error_t err = {0};
+  int rc = lg__store_with_run_born(s, &b, born_fn, x, &err);
+  *created = b.created;
+  return rc;
+}
+
+static void test_with_run_born(void **state) {
+  lg_store_t *s = *state;
+  lg_run_record_t got;
+  int created;
+  /* fn fails after its save: no row, no line */
+  born_ctx_t x = {.saves = 1, .fail_with = LG_ECONFLICT};
+  assert_int_equal(born_run(s, "b-fail", &x, &created), LG_ECONFLICT);
+  assert_int_equal(created, 0);
+  assert_int_equal(x.created, T0);
+  assert_int_equal(lg_store_run_get(s, "b-fail", &got, NULL), LG_ENOTFOUND);
+  expect_lines(s, "b-fail", "");
+  /* fn saves nothing: the row as given, its creation's lines */
+  x = (born_ctx_t){0};
+  assert_int_equal(born_run(s, "b-none", &x, &created), 0);
+  assert_int_equal(created, 1);
+  assert_int_equal(lg_store_run_get(s, "b-none", &got, NULL), 0);
+  assert_string_equal(got.group, "g");
+  assert_int_equal(got.updated_ms, T0);
+  assert_string_equal(got.envelope_json, "{\"run_id\":\"x\"}");
+  lg_run_record_clear(&got);
+  expect_lines(s, "b-none", "{\"type\":\"run\"}\n");
+  /* fn saves twice: inserted by the first, updated by the second */
+  x = (born_ctx_t){.saves = 2};
+  assert_int_equal(born_run(s, "b-two", &x, &created), 0);
+  assert_int_equal(created, 1);
+  assert_int_equal(lg_store_run_get(s, "b-two", &got, NULL), 0);
+  assert_string_equal(got.envelope_json, "[2]");
+  assert_int_equal(got.created_ms, T0);
+  assert_int_equal(got.updated_ms, T0 + 2);
+  lg_run_record_clear(&got);
+  expect_lines(s, "b-two", "{\"type\":\"run\"}\n{\"type\":\"call\",\"save\":1}\n"
+                           "{\"type\":\"call\",\"save\":2}\n");
+  /* stored already: fn sees the stored row; the creation is not written again */
+  x = (born_ctx_t){.saves = 1};
+  assert_int_equal(born_run(s, "b-two", &x, &created), 0);
+  assert_int_equal(created, 0);
+  assert_int_equal(x.created, T0);
+  assert_int_equal(lg_store_run_get(s, "b-two", &got, NULL), 0);
+  assert_string_equal(got.envelope_json, "[1]");
+  assert_int_equal(got.updated_ms, T0 + 3);
+  lg_run_record_clear(&got);
+  expect_lines(s, "b-two", "{\"type\":\"run\"}\n{\"type\":\"call\",\"save\":1}\n"
+                           "{\"type\":\"call\",\"save\":2}\n{\"type\":\"call\",\"save\":1}\n");
+  /* the failed one's id is free: a later creation stores it */
+  x = (born_ctx_t){.saves = 1};
+  assert_int_equal(born_run(s, "b-fail", &x, &created), 0);
+  assert_int_equal(created, 1);
+  expect_lines(s, "b-fail", "{\"type\":\"run\"}\n{\"type\":\"call\",\"save\":1}\n");
+}
+
 static void test_restart(void **state) {
   if (!durable()) skip(); /* memory: has no "after a restart" */
   lg_store_t *s = *state;
@@ -1507,6 +1593,7 @@ int main(void) {
       T(test_reads_do_not_wait),
       T(test_cache_bounded),
       T(test_events),
+      T(test_with_run_born),
       T(test_keys),
       /* The durable backends only (memory: skips them). */
       T(test_restart),
