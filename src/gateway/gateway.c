@@ -1386,7 +1386,7 @@ static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void 
                   lg__server_now(srv), 0},
                  r->id, fn, ud, srv->batcher != NULL, 0, 0};
     if (!b.c.run) return err && err->code ? err->code : LG_ENOMEM;
-    j = (lg__job_t){.write = born_write, .ud = &b};
+    j = (lg__job_t){.write = born_write, .ud = &b, .whole = 1};
   }
   if (s) {
     j.rc = r->unborn ? born_write(&b, s, &j.err) : lg_store_with_run(s, r->id, fn, ud, &j.err);

@@ -11,7 +11,8 @@
  * connection and goes on serving others) and hands a job to the committer
  * thread here, which takes every job waiting, opens one transaction, runs
  * each job — a decision through lg_store_with_run(), a savepoint per
- * decision, so a decision that fails is undone alone — commits once, and
+ * decision, so a decision that fails is undone alone (a batch of one
+ * decision needs none: it is undone with the batch) — commits once, and
  * only then marks the jobs done and wakes their connections. Nothing is
  * answered before the commit that stores it, so the durability contract
  * is the same as one transaction per decision; only the cost of the
@@ -71,6 +72,11 @@ static void run_batch(lg__batcher_t *b, lg__job_t *first) {
   memset(&e, 0, sizeof e);
   lg__store_lock(s);
   int rc = lg__store_begin(s, LG__TXN_RUN, &e);
+  /* A job alone, whole: the batch's transaction is its own, undone with it
+   * (its first lg_store_with_run opens no savepoint: store.c, with_run). A
+   * savepoint costs two statements, and every page the job changes is
+   * copied into its journal. */
+  int alone = !first->next && (first->run_id || first->whole);
   size_t n = 0;
   for (lg__job_t *j = first; j; j = j->next, n++) {
     if (rc) {
@@ -78,9 +84,13 @@ static void run_batch(lg__batcher_t *b, lg__job_t *first) {
       j->err = e;
       continue;
     }
+    s->alone = alone;
     lg__job_run(s, j);
+    s->alone = 0;
   }
-  if (!rc) {
+  if (!rc && alone && first->rc) {
+    lg__store_end(s, 0, NULL); /* its failure: nothing of it stays */
+  } else if (!rc) {
     int crc = lg__store_end(s, 1, &e);
     if (crc) /* nothing of the batch is stored: every decision fails */
       for (lg__job_t *j = first; j; j = j->next)

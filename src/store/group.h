@@ -25,6 +25,11 @@ typedef struct lg__job {
    * result (0, or an LG_E... code with *err filled). */
   int (*write)(void *ud, lg_store_t *s, lg_error_t *err);
   void *ud;                   /* fn's or write's argument */
+  int whole;                  /* write: it fails whenever a store call of
+                                 it fails (never goes on after one), so a
+                                 batch of it alone is undone whole when it
+                                 fails and its calls need no savepoint of
+                                 their own (a decision, run_id, always) */
   int rc;                     /* out: lg_store_with_run's or write's result;
                                  when that was 0, the commit's error (then
                                  nothing of the batch was stored) */

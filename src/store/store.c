@@ -489,7 +489,10 @@ static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, l
     return lg__err(err, LG_ESTATE, NULL, -1,
                    "lg_store_with_run called from inside another one");
   }
-  rc = lg__store_begin(s, LG__TXN_RUN, err);
+  /* the batch's transaction is the job's own when it runs alone (group.c) */
+  int own = !(s->alone && s->depth == 1);
+  s->alone = 0;
+  rc = own ? lg__store_begin(s, LG__TXN_RUN, err) : 0;
   if (rc) goto out;
   lg_run_record_t rec = {0};
   int found = 0;
@@ -509,7 +512,7 @@ static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, l
     if (!rc) rc = lg__store_fault_at(s, "with_run.before_commit", err);
   }
   lg_run_record_clear(&rec);
-  int erc = lg__store_end(s, rc == 0, err);
+  int erc = own ? lg__store_end(s, rc == 0, err) : 0;
   if (!rc) rc = erc;
 out:
   lg__store_unlock(s);

@@ -151,6 +151,8 @@ struct lg_store {
   int outer_kind;             /* LG__TXN_* of the outermost one */
   int in_with_run;            /* inside lg_store_with_run's callback */
   struct lg__store_born *born; /* the run lg__store_with_run_born has not written yet */
+  int alone;                  /* the batch's only job runs (group.c): its
+                                 first lg_store_with_run needs no savepoint */
   lg_ledger_t ledger;         /* what lg_store_ledger() hands out */
   unsigned char key_secret[32]; /* the AES key of provider keys at rest
                                    (lg_key_set_secret, src/budget/seal.c) */

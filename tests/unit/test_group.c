@@ -26,6 +26,7 @@
 #include <sched.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -314,12 +315,102 @@ static void test_many_threads(void **state) {
   lg_store_close(s);
 }
 
+/* ---- a job alone: the batch's transaction is its own ---- */
+
+/* fn: the run's envelope set to env, then fail_with. */
+typedef struct env_put {
+  const char *env;
+  int fail_with;
+} env_put_t;
+
+static int env_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  env_put_t *p = ud;
+  lg_run_record_t r = *rec;
+  r.envelope_json = (char *)p->env;
+  int rc = lg_store_run_put(s, &r, NULL);
+  return rc ? rc : p->fail_with;
+}
+
+static void expect_env(lg_store_t *s, const char *id, const char *want) {
+  lg_run_record_t got;
+  assert_int_equal(lg_store_run_get(s, id, &got, NULL), 0);
+  assert_string_equal(got.envelope_json, want);
+  lg_run_record_clear(&got);
+}
+
+/* A write of two store calls, not whole: the first run's envelope set,
+ * then a decision for the second that fails, which it lets go. */
+typedef struct lenient {
+  env_put_t put;
+  int inner_rc;
+} lenient_t;
+
+static int lenient_write(void *ud, lg_store_t *s, lg_error_t *err) {
+  lenient_t *l = ud;
+  lg_run_record_t r;
+  int rc = lg_store_run_get(s, "one", &r, err);
+  if (rc) return rc;
+  free(r.envelope_json);
+  r.envelope_json = lg__strdup("[\"kept\"]");
+  rc = lg_store_run_put(s, &r, err);
+  lg_run_record_clear(&r);
+  if (rc) return rc;
+  l->inner_rc = lg_store_with_run(s, "two", env_fn, &l->put, NULL);
+  return 0;
+}
+
+static int whole_write(void *ud, lg_store_t *s, lg_error_t *err) {
+  return lg_store_with_run(s, "one", env_fn, ud, err);
+}
+
+static void test_alone_undone_whole(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  for (int i = 0; i < 2; i++) {
+    lg_run_record_t r = {.run_id = (char *)(i ? "two" : "one"), .envelope_json = (char *)"[0]",
+                         .created_ms = 1, .updated_ms = 1};
+    assert_int_equal(lg_store_run_create(s, &r, NULL), 0);
+  }
+  lg__batcher_t *b = lg__batcher_new(s, 0);
+  assert_non_null(b);
+  /* a decision alone that fails after its write: the write is undone */
+  env_put_t p = {"[1]", LG_ECONFLICT};
+  lg__job_t j = {.run_id = "one", .fn = env_fn, .ud = &p};
+  lg__batcher_run(b, &j);
+  assert_int_equal(j.rc, LG_ECONFLICT);
+  expect_env(s, "one", "[0]");
+  /* and one that does not: kept */
+  p.fail_with = 0;
+  j = (lg__job_t){.run_id = "one", .fn = env_fn, .ud = &p};
+  lg__batcher_run(b, &j);
+  assert_int_equal(j.rc, 0);
+  expect_env(s, "one", "[1]");
+  /* a whole write that fails: undone */
+  env_put_t p2 = {"[2]", LG_EINVAL};
+  j = (lg__job_t){.write = whole_write, .ud = &p2, .whole = 1};
+  lg__batcher_run(b, &j);
+  assert_int_equal(j.rc, LG_EINVAL);
+  expect_env(s, "one", "[1]");
+  /* a write that is not whole goes on after a decision of it fails: that
+   * decision is undone alone, the write's other call kept */
+  lenient_t l = {.put = {"[\"lost\"]", LG_ECONFLICT}};
+  j = (lg__job_t){.write = lenient_write, .ud = &l};
+  lg__batcher_run(b, &j);
+  assert_int_equal(j.rc, 0);
+  assert_int_equal(l.inner_rc, LG_ECONFLICT);
+  expect_env(s, "one", "[\"kept\"]");
+  expect_env(s, "two", "[0]");
+  lg__batcher_free(b);
+  lg_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_idle_runs_on_the_caller),
       cmocka_unit_test(test_busy_queues_behind_the_batch),
       cmocka_unit_test(test_parked_runs_on_the_batch_thread),
       cmocka_unit_test(test_many_threads),
+      cmocka_unit_test(test_alone_undone_whole),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
