@@ -1,6 +1,7 @@
 -- agent.lua — the load of the gateway benchmark, for wrk (bench/gateway/run.sh).
 --
--- Every request is POST /v1/chat/completions with the body of the file
+-- Every request is POST /v1/chat/completions ($LG_PATH: another path, as
+-- the benchmark's passthrough target sends) with the body of the file
 -- $LG_BODY (a conversation with tool calls and their results). Headers
 -- given with wrk -H (Portkey's x-portkey-*) are kept. Two modes
 -- ($LG_GW_MODE):

@@ -9,6 +9,10 @@
 #   relay      wrk -> Debian's socat, forwarding the bytes (no HTTP) -> the
 #              same: what one more hop over loopback costs on this machine,
 #              the floor under any gateway's added latency
+#   passthrough  wrk -> the same loopguard, on a path it passes through
+#              unread (/v1/embeddings; the fake upstream answers any POST):
+#              what loopguard's HTTP server and libcurl cost without the
+#              guard, the floor under loopguard's own added latency
 #
 # Bodies: Chat Completions conversations with tool calls and their results
 # of 1 KB and 8 KB (body.py), stream false and true, in two modes
@@ -186,11 +190,12 @@ wrk_ms() { # "52.00us" / "1.20ms" / "1.00s" -> ms
   awk -v s="$1" 'BEGIN { v = s + 0; if (s ~ /us$/) v /= 1000; else if (s ~ /ms$/) v += 0; else if (s ~ /s$/) v *= 1000; printf "%.4f", v }'
 }
 MODE=fresh
-run_wrk() { # URL BODYFILE CONNS [HEADERS...] -> LAST_*; 1 on failure or non-2xx
+run_wrk() { # URL BODYFILE CONNS [HEADERS...] -> LAST_*; 1 on failure or non-2xx (LG_PATH: the path)
   local url=$1 body=$2 c=$3 th=1
   shift 3
   [[ $MODE == steady ]] && th=$c # an agent a connection: a Lua state (a wrk thread) each
-  LG_GW_MODE=$MODE LG_BODY=$body wrk -t"$th" -c"$c" -d"${SECONDS_PER}s" --latency -s "$HERE/agent.lua" "$@" "$url/v1/chat/completions" \
+  local path=${LG_PATH:-/v1/chat/completions} # agent.lua's requests' path
+  LG_PATH=$path LG_GW_MODE=$MODE LG_BODY=$body wrk -t"$th" -c"$c" -d"${SECONDS_PER}s" --latency -s "$HERE/agent.lua" "$@" "$url$path" \
     >"$WORK/wrk.out" 2>&1 || { note "wrk failed: $(tail -n 3 "$WORK/wrk.out")"; return 1; }
   LAST_RPS=$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$WORK/wrk.out")
   LAST_P50=$(wrk_ms "$(awk '$1 == "50%" { print $2 }' "$WORK/wrk.out")")
@@ -208,9 +213,10 @@ run_wrk() { # URL BODYFILE CONNS [HEADERS...] -> LAST_*; 1 on failure or non-2xx
 }
 targets=(direct)
 [[ -n $RL_URL ]] && targets+=(relay)
-targets+=(loopguard)
+targets+=(loopguard passthrough)
 [[ -n $PK_URL ]] && targets+=(portkey)
-url_of() { case $1 in direct) echo "$UP" ;; relay) echo "$RL_URL" ;; loopguard) echo "$LG_URL" ;; portkey) echo "$PK_URL" ;; esac; }
+url_of() { case $1 in direct) echo "$UP" ;; relay) echo "$RL_URL" ;; loopguard | passthrough) echo "$LG_URL" ;; portkey) echo "$PK_URL" ;; esac; }
+path_of() { [[ $1 == passthrough ]] && echo /v1/embeddings || echo /v1/chat/completions; }
 hdr_of() { [[ $1 == portkey ]] && printf '%s\n' "${PK_HDR[@]}"; }
 lg_requests=0
 declare -A P50 P99 RPS L50 L99 LRPS FAILS
@@ -236,7 +242,7 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     body=$WORK/body-$size-$st.json
     for t in "${targets[@]}"; do # warm up (Portkey's JIT, loopguard's connection to the upstream)
       mapfile -t h < <(hdr_of "$t")
-      SECONDS_PER=1 run_wrk "$(url_of "$t")" "$body" 4 "${h[@]}" >/dev/null
+      LG_PATH=$(path_of "$t") SECONDS_PER=1 run_wrk "$(url_of "$t")" "$body" 4 "${h[@]}" >/dev/null
       [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       L50[$t]= L99[$t]= LRPS[$t]= FAILS[$t]=0
     done
@@ -246,7 +252,7 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     for ((round = 0; round < ROUNDS; round++)); do
       for t in "${targets[@]}"; do
         mapfile -t h < <(hdr_of "$t")
-        if SECONDS_PER=$C1_SECS run_wrk "$(url_of "$t")" "$body" 1 "${h[@]}"; then
+        if LG_PATH=$(path_of "$t") SECONDS_PER=$C1_SECS run_wrk "$(url_of "$t")" "$body" 1 "${h[@]}"; then
           L50[$t]+="$LAST_P50 " L99[$t]+="$LAST_P99 " LRPS[$t]+="$LAST_RPS "
         else
           FAILS[$t]=1
@@ -269,7 +275,7 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
       # wrk itself more CPU (direct's figure shows how much): 8 agents at most
       [[ $MODE == steady ]] && conns=${LG_GW_STEADY_CONNS:-8}
       for c in $conns; do
-        if run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
+        if LG_PATH=$(path_of "$t") run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
           if ((LAST_RPS > best)); then best=$LAST_RPS best_c=$c; fi
         else
           [[ $t == portkey || $t == relay ]] || bad=1
@@ -305,6 +311,12 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
       rl99=$(calcf "%.4f" "${P99[relay]} - ${P99[direct]}")
       rlrps=${RPS[relay]:-null}
     fi
+    pt50=null pt99=null ptrps=null
+    if [[ -n ${P50[passthrough]:-} && -n ${P50[direct]:-} ]]; then
+      pt50=$(calcf "%.4f" "${P50[passthrough]} - ${P50[direct]}")
+      pt99=$(calcf "%.4f" "${P99[passthrough]} - ${P99[direct]}")
+      ptrps=${RPS[passthrough]:-null}
+    fi
     pk50=null pk99=null ratio=null
     if [[ -n $PK_URL && -n ${P50[portkey]:-} ]]; then
       pk50=$(calcf "%.4f" "${P50[portkey]} - ${P50[direct]:-0}")
@@ -316,9 +328,9 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     else
       sx=SKIPPED
     fi
-    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s","relay_added_p50_ms":%s,"relay_added_p99_ms":%s,"relay_max_rps":%s}\n' \
+    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s","relay_added_p50_ms":%s,"relay_added_p99_ms":%s,"relay_max_rps":%s,"passthrough_added_p50_ms":%s,"passthrough_added_p99_ms":%s,"passthrough_max_rps":%s}\n' \
       "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$a50" "$pk50" $BAR_ADDED_P50_MS "$s50" "$a99" "$pk99" $BAR_ADDED_P99_MS "$s99" \
-      "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx" "$rl50" "$rl99" "$rlrps")"
+      "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx" "$rl50" "$rl99" "$rlrps" "$pt50" "$pt99" "$ptrps")"
   done
 done
 
@@ -357,8 +369,8 @@ emit "$(printf '{"bench":"gateway","figure":"memory","loopguard_vmhwm_kb":%s,"lo
 # ---- the table
 note ""
 note "gateway against the bars (ms added to direct's, from this run; requests/s; resident memory):"
-row() { printf '  %-52s %10s %10s %8s %8s  %-10s %s\n' "$@"; }
-row "" loopguard portkey "lg/pk" bar status relay
+row() { printf '  %-52s %10s %10s %8s %8s  %-10s %11s %8s\n' "$@"; }
+row "" loopguard portkey "lg/pk" bar status passthrough relay
 pk() { [[ $1 == null ]] && echo - || echo "$1"; }
 for spec in fresh:1024 fresh:8192 steady:8192; do
   m=${spec%%:*} size=${spec#*:}
@@ -369,9 +381,9 @@ for spec in fresh:1024 fresh:8192 steady:8192; do
     [[ $m == steady ]] && lab="$lab, agent loop"
     b50="< $BAR_ADDED_P50_MS" b99="< $BAR_ADDED_P99_MS"
     ((size == 8192)) || { b50=; b99=; }
-    row "$lab: added p50 (1 conn)" "$(jf loopguard_added_p50_ms <<<"$l")" "$(pk "$(jf portkey_added_p50_ms <<<"$l")")" "" "$b50" "$(jf status_p50 <<<"$l")" "$(pk "$(jf relay_added_p50_ms <<<"$l")")"
-    row "$lab: added p99 (1 conn)" "$(jf loopguard_added_p99_ms <<<"$l")" "$(pk "$(jf portkey_added_p99_ms <<<"$l")")" "" "$b99" "$(jf status_p99 <<<"$l")" "$(pk "$(jf relay_added_p99_ms <<<"$l")")"
-    row "$lab: most requests/s" "$(jf loopguard_max_rps <<<"$l")" "$(pk "$(jf portkey_max_rps <<<"$l")")" "$(pk "$(jf ratio_rps <<<"$l")")x" ">= ${BAR_X_PORTKEY}x" "$(jf status_rps <<<"$l")" "$(pk "$(jf relay_max_rps <<<"$l")")"
+    row "$lab: added p50 (1 conn)" "$(jf loopguard_added_p50_ms <<<"$l")" "$(pk "$(jf portkey_added_p50_ms <<<"$l")")" "" "$b50" "$(jf status_p50 <<<"$l")" "$(pk "$(jf passthrough_added_p50_ms <<<"$l")")" "$(pk "$(jf relay_added_p50_ms <<<"$l")")"
+    row "$lab: added p99 (1 conn)" "$(jf loopguard_added_p99_ms <<<"$l")" "$(pk "$(jf portkey_added_p99_ms <<<"$l")")" "" "$b99" "$(jf status_p99 <<<"$l")" "$(pk "$(jf passthrough_added_p99_ms <<<"$l")")" "$(pk "$(jf relay_added_p99_ms <<<"$l")")"
+    row "$lab: most requests/s" "$(jf loopguard_max_rps <<<"$l")" "$(pk "$(jf portkey_max_rps <<<"$l")")" "$(pk "$(jf ratio_rps <<<"$l")")x" ">= ${BAR_X_PORTKEY}x" "$(jf status_rps <<<"$l")" "$(pk "$(jf passthrough_max_rps <<<"$l")")" "$(pk "$(jf relay_max_rps <<<"$l")")"
   done
 done
 l=$(grep '"figure":"memory"' "$RES")
@@ -379,6 +391,7 @@ mb() { [[ $1 == null || -z $1 ]] && echo - || calcf "%.1f" "$1 / 1024"; }
 row "resident memory, VmHWM (MB)" "$(mb "$(jf loopguard_vmhwm_kb <<<"$l")")" "$(mb "$(jf portkey_vmhwm_kb <<<"$l")")" "$(pk "$(jf ratio_hwm <<<"$l")")x" "< $BAR_RSS_MB" "$(jf status <<<"$l")"
 note "  (loopguard on sqlite: $(mb "$sq_start") MB at the start, $(mb "$sq_hwm") MB after $sq_runs requests of 8 KB, each a run: $sq_per_run bytes a run, kept by the gateway until the server restarts;"
 note "   on memory: (every run and trace in memory, by design; a server a body) $(mb "$lg_hwm") MB after the last body's $lg_requests runs, $per_run bytes a run; Portkey after all of its requests)"
+note "  (passthrough: the same loopguard on a path it forwards unread, no guard: what its HTTP server and libcurl cost, under its added latency)"
 note "  (relay: socat forwarding the bytes between wrk and the upstream, no HTTP: what a hop costs here, under any gateway's added latency)"
 [[ -n $PK_WHY ]] && note "  portkey: SKIPPED: $PK_WHY"
 [[ -n $RL_WHY ]] && note "  relay: SKIPPED: $RL_WHY"
