@@ -1299,52 +1299,49 @@ static int born_run(lg_store_t *s, const char *id, born_ctx_t *x, int *created) 
 
 static void test_with_run_born(void **state) {
   lg_store_t *s = *state;
-  lg_run_record_t got;
-  int created;
-  /* fn fails after its save: no row, no line */
-  born_ctx_t x = {.saves = 1, .fail_with = LG_ECONFLICT};
-  assert_int_equal(born_run(s, "b-fail", &x, &created), LG_ECONFLICT);
-  assert_int_equal(created, 0);
-  assert_int_equal(x.created, T0);
-  assert_int_equal(lg_store_run_get(s, "b-fail", &got, NULL), LG_ENOTFOUND);
-  expect_lines(s, "b-fail", "");
-  /* fn saves nothing: the row as given, its creation's lines */
-  x = (born_ctx_t){0};
-  assert_int_equal(born_run(s, "b-none", &x, &created), 0);
-  assert_int_equal(created, 1);
-  assert_int_equal(lg_store_run_get(s, "b-none", &got, NULL), 0);
-  assert_string_equal(got.group, "g");
-  assert_int_equal(got.updated_ms, T0);
-  assert_string_equal(got.envelope_json, "{\"run_id\":\"x\"}");
-  lg_run_record_clear(&got);
-  expect_lines(s, "b-none", "{\"type\":\"run\"}\n");
-  /* fn saves twice: inserted by the first, updated by the second */
-  x = (born_ctx_t){.saves = 2};
-  assert_int_equal(born_run(s, "b-two", &x, &created), 0);
-  assert_int_equal(created, 1);
-  assert_int_equal(lg_store_run_get(s, "b-two", &got, NULL), 0);
-  assert_string_equal(got.envelope_json, "[2]");
-  assert_int_equal(got.created_ms, T0);
-  assert_int_equal(got.updated_ms, T0 + 2);
-  lg_run_record_clear(&got);
-  expect_lines(s, "b-two", "{\"type\":\"run\"}\n{\"type\":\"call\",\"save\":1}\n"
-                           "{\"type\":\"call\",\"save\":2}\n");
-  /* stored already: fn sees the stored row; the creation is not written again */
-  x = (born_ctx_t){.saves = 1};
-  assert_int_equal(born_run(s, "b-two", &x, &created), 0);
-  assert_int_equal(created, 0);
-  assert_int_equal(x.created, T0);
-  assert_int_equal(lg_store_run_get(s, "b-two", &got, NULL), 0);
-  assert_string_equal(got.envelope_json, "[1]");
-  assert_int_equal(got.updated_ms, T0 + 3);
-  lg_run_record_clear(&got);
-  expect_lines(s, "b-two", "{\"type\":\"run\"}\n{\"type\":\"call\",\"save\":1}\n"
-                           "{\"type\":\"call\",\"save\":2}\n{\"type\":\"call\",\"save\":1}\n");
-  /* the failed one's id is free: a later creation stores it */
-  x = (born_ctx_t){.saves = 1};
-  assert_int_equal(born_run(s, "b-fail", &x, &created), 0);
-  assert_int_equal(created, 1);
-  expect_lines(s, "b-fail", "{\"type\":\"run\"}\n{\"type\":\"call\",\"save\":1}\n");
+  static const char RUN[] = "{\"type\":\"run\"}\n", S1[] = "{\"type\":\"call\",\"save\":1}\n",
+                    S2[] = "{\"type\":\"call\",\"save\":2}\n";
+  char two[128], again[256], fail2[128];
+  snprintf(two, sizeof two, "%s%s%s", RUN, S1, S2);
+  snprintf(again, sizeof again, "%s%s", two, S1);
+  snprintf(fail2, sizeof fail2, "%s%s", RUN, S1);
+  const struct {
+    const char *id, *what;
+    int saves, fail_with, created; /* fn's saves and result; stored by this call */
+    const char *env;               /* the row's envelope after (NULL: no row) */
+    int64_t updated;
+    const char *lines;             /* the run's trace after */
+  } steps[] = {
+      {"b-fail", "fn fails after its save: no row, no line", 1, LG_ECONFLICT, 0, NULL, 0, ""},
+      {"b-none", "fn saves nothing: the row as given, its creation's lines", 0, 0, 1,
+       "{\"run_id\":\"x\"}", T0, RUN},
+      {"b-two", "fn saves twice: inserted by the first, updated by the second", 2, 0, 1, "[2]", T0 + 2,
+       two},
+      {"b-two", "stored already: fn sees the stored row, the creation not written again", 1, 0, 0,
+       "[1]", T0 + 3, again},
+      {"b-fail", "the failed one's id is free: a later creation stores it", 1, 0, 1, "[1]", T0 + 1,
+       fail2},
+  };
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    print_message("  %s\n", steps[i].what);
+    born_ctx_t x = {.saves = steps[i].saves, .fail_with = steps[i].fail_with};
+    int created;
+    assert_int_equal(born_run(s, steps[i].id, &x, &created), steps[i].fail_with);
+    assert_int_equal(created, steps[i].created);
+    assert_int_equal(x.created, T0); /* the record fn saw: given, or stored with T0 */
+    lg_run_record_t got;
+    if (!steps[i].env) {
+      assert_int_equal(lg_store_run_get(s, steps[i].id, &got, NULL), LG_ENOTFOUND);
+    } else {
+      assert_int_equal(lg_store_run_get(s, steps[i].id, &got, NULL), 0);
+      assert_string_equal(got.group, "g");
+      assert_string_equal(got.envelope_json, steps[i].env);
+      assert_int_equal(got.created_ms, T0);
+      assert_int_equal(got.updated_ms, steps[i].updated);
+      lg_run_record_clear(&got);
+    }
+    expect_lines(s, steps[i].id, steps[i].lines);
+  }
 }
 
 /* SQLite's stores make SQLite count nothing (driver_sqlite.c,
