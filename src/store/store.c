@@ -508,8 +508,8 @@ static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, l
     if (rc && err && !err->code) lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
     if (!rc && s->born) rc = born_insert(s, born->rec, NULL, 0, err); /* fn saved nothing */
     s->born = NULL;
-    if (rc && born) born->created = 0; /* undone below */
     if (!rc) rc = lg__store_fault_at(s, "with_run.before_commit", err);
+    if (rc && born) born->created = 0; /* undone: below, or with the batch */
   }
   lg_run_record_clear(&rec);
   int erc = own ? lg__store_end(s, rc == 0, err) : 0;
