@@ -1288,6 +1288,12 @@ static int born_fn(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
   return x->fail_with;
 }
 
+static int fail_before_commit(void *ud, lg_store_t *s, const char *point) {
+  (void)ud;
+  (void)s;
+  return strcmp(point, "with_run.before_commit") ? 0 : LG_EIO;
+}
+
 static int born_run(lg_store_t *s, const char *id, born_ctx_t *x, int *created) {
   lg_run_record_t r = rec_of(id, "g", 0, T0);
   lg__store_born_t b = {.rec = &r, .lines = "{\"type\":\"run\"}\n", .len = 15, .created = -1};
@@ -1308,25 +1314,29 @@ static void test_with_run_born(void **state) {
   const struct {
     const char *id, *what;
     int saves, fail_with, created; /* fn's saves and result; stored by this call */
+    int fault;                     /* the store fails before the commit (LG_EIO) */
     const char *env;               /* the row's envelope after (NULL: no row) */
     int64_t updated;
     const char *lines;             /* the run's trace after */
   } steps[] = {
-      {"b-fail", "fn fails after its save: no row, no line", 1, LG_ECONFLICT, 0, NULL, 0, ""},
-      {"b-none", "fn saves nothing: the row as given, its creation's lines", 0, 0, 1,
+      {"b-fail", "fn fails after its save: no row, no line", 1, LG_ECONFLICT, 0, 0, NULL, 0, ""},
+      {"b-fault", "the store fails after fn's save: no row, no line", 1, LG_EIO, 0, 1, NULL, 0, ""},
+      {"b-none", "fn saves nothing: the row as given, its creation's lines", 0, 0, 1, 0,
        "{\"run_id\":\"x\"}", T0, RUN},
-      {"b-two", "fn saves twice: inserted by the first, updated by the second", 2, 0, 1, "[2]", T0 + 2,
-       two},
-      {"b-two", "stored already: fn sees the stored row, the creation not written again", 1, 0, 0,
+      {"b-two", "fn saves twice: inserted by the first, updated by the second", 2, 0, 1, 0, "[2]",
+       T0 + 2, two},
+      {"b-two", "stored already: fn sees the stored row, the creation not written again", 1, 0, 0, 0,
        "[1]", T0 + 3, again},
-      {"b-fail", "the failed one's id is free: a later creation stores it", 1, 0, 1, "[1]", T0 + 1,
+      {"b-fail", "the failed one's id is free: a later creation stores it", 1, 0, 1, 0, "[1]", T0 + 1,
        fail2},
   };
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
     print_message("  %s\n", steps[i].what);
-    born_ctx_t x = {.saves = steps[i].saves, .fail_with = steps[i].fail_with};
+    born_ctx_t x = {.saves = steps[i].saves, .fail_with = steps[i].fault ? 0 : steps[i].fail_with};
     int created;
+    lg__store_set_fault(s, steps[i].fault ? fail_before_commit : NULL, NULL);
     assert_int_equal(born_run(s, steps[i].id, &x, &created), steps[i].fail_with);
+    lg__store_set_fault(s, NULL, NULL);
     assert_int_equal(created, steps[i].created);
     assert_int_equal(x.created, T0); /* the record fn saw: given, or stored with T0 */
     lg_run_record_t got;
