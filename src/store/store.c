@@ -395,31 +395,6 @@ int lg_store_run_put(lg_store_t *s, const lg_run_record_t *rec, lg_error_t *err)
   return lg__store_run_put_events(s, rec, NULL, 0, err);
 }
 
-/* The row of the run s->born stands for (lg__store_with_run_born), with
- * its creation's lines before lines: an INSERT, not an UPDATE of the row
- * written a moment before. */
-static int born_insert(lg_store_t *s, const lg_run_record_t *rec, const char *lines, size_t len,
-                       lg_error_t *err) {
-  lg__store_born_t *b = s->born;
-  lg__buf_t all = {0};
-  const char *v = b->lines;
-  size_t n = b->len;
-  if (len) {
-    if (lg__buf_append(&all, b->lines, b->len) || lg__buf_append(&all, lines, len))
-      return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-    v = all.data;
-    n = all.len;
-  }
-  int inserted = 0;
-  int rc = lg__sql_run_insert(s, rec, v, n, &inserted, err);
-  lg__buf_free(&all);
-  /* the transaction holds the write lock since the read that found none */
-  if (!rc && !inserted)
-    rc = lg__err(err, LG_ESTORE, "run_id", -1, "run \"%s\" was stored by another writer", rec->run_id);
-  if (!rc) s->born = NULL;
-  return rc;
-}
-
 int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const char *lines,
                              size_t len, lg_error_t *err) {
   int rc = check_record(rec, err);
@@ -429,13 +404,24 @@ int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const ch
    * statement is atomic, and a failure fails the enclosing transaction. */
   int own = s->depth == 0;
   rc = own ? lg__store_begin(s, LG__TXN_RUN, err) : 0;
-  if (!rc && s->born && !strcmp(s->born->rec->run_id, rec->run_id)) {
-    rc = born_insert(s, rec, lines, len, err); /* its row, written once (never own) */
-  } else if (!rc) {
+  if (!rc) {
     int updated = 0, inserted = 0;
-    int with_lines = len != 0;
-    rc = with_lines ? lg__sql_run_update_ev(s, rec, lines, len, &updated, err)
-                    : lg__sql_run_update(s, rec, &updated, err);
+    /* A run lg__store_with_run_born has not written yet: no row to
+     * update; inserted once below, its creation's lines first. */
+    lg__store_born_t *born = s->born && !strcmp(s->born->rec->run_id, rec->run_id) ? s->born : NULL;
+    lg__buf_t all = {0};
+    if (born && len) {
+      if (lg__buf_append(&all, born->lines, born->len) || lg__buf_append(&all, lines, len))
+        rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+      lines = all.data;
+      len = all.len;
+    } else if (born) {
+      lines = born->lines;
+      len = born->len;
+    } else {
+      rc = len ? lg__sql_run_update_ev(s, rec, lines, len, &updated, err)
+               : lg__sql_run_update(s, rec, &updated, err);
+    }
     if (!rc && !updated) {
       rc = lg__sql_run_insert(s, rec, lines, len, &inserted, err); /* with its lines */
       /* Inserted by someone else in between: only possible without the
@@ -443,7 +429,9 @@ int lg__store_run_put_events(lg_store_t *s, const lg_run_record_t *rec, const ch
       if (!rc && !inserted)
         rc = lg__err(err, LG_EBUSY, "run_id", -1,
                      "run \"%s\" was created concurrently; try again", rec->run_id);
+      if (!rc && born) s->born = NULL;
     }
+    lg__buf_free(&all);
     int erc = own ? lg__store_end(s, rc == 0, err) : 0;
     if (!rc) rc = erc;
   }
@@ -506,7 +494,7 @@ static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, l
     rc = fn(ud, s, found ? &rec : born->rec);
     s->in_with_run = 0;
     if (rc && err && !err->code) lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
-    if (!rc && s->born) rc = born_insert(s, born->rec, NULL, 0, err); /* fn saved nothing */
+    if (!rc && s->born) rc = lg__store_run_put_events(s, born->rec, NULL, 0, err); /* fn saved nothing */
     s->born = NULL;
     if (!rc) rc = lg__store_fault_at(s, "with_run.before_commit", err);
     if (rc && born) born->created = 0; /* undone: below, or with the batch */
