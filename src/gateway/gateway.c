@@ -334,7 +334,22 @@ static void gw_finish(lg__req_t *rq) {
   rq->job = NULL;
   if (!j) return;
   struct MHD_Response *r = NULL;
+  /* A stream whose last byte is written already (an upstream that sent
+   * its whole answer at once, a held tool call, a stop) goes as one body
+   * of known length: one send with its head, where the chunked reader
+   * takes three (the head, the data, the last chunk) and a suspend and a
+   * resume of the connection. The events are the same bytes. */
+  char *whole = NULL;
+  size_t whole_len = 0;
   if (j->streaming) {
+    pthread_mutex_lock(&j->smu);
+    if (j->s_end && !j->soff && !j->sbuf.oom) whole = lg__buf_steal(&j->sbuf, &whole_len);
+    pthread_mutex_unlock(&j->smu);
+  }
+  if (whole) {
+    r = MHD_create_response_from_buffer_with_free_callback(whole_len, whole, lg__free);
+    if (!r) lg__free(whole);
+  } else if (j->streaming) {
     atomic_fetch_add(&j->refs, 1); /* the stream's */
     r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, j, stream_free);
     if (!r) job_unref(j);

@@ -83,6 +83,23 @@ t=$(BASE_URL="$gw_URL/v1" node "$HERE/stream-timing.mjs") || fail "stream timing
 [ "$(echo "$t" | get 'int(d["first_ms"] < d["total_ms"] - 500)')" = 1 ] || fail "the text was held back: $t"
 [ "$(echo "$t" | get 'int(d["max_gap_ms"] < 750)')" = 1 ] || fail "a delta waited for the event loop's timeout (drip sends one every 250 ms): $t"
 
+note "stream framing: chunked while the answer comes, one body of known length once it is all in hand"
+hdr=(-H "Content-Type: application/json")
+curl -s -N -D "$TMP/drip.h" -o /dev/null "${hdr[@]}" -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
+  "$gw_URL/v1/chat/completions" || fail "drip stream"
+grep -qi '^transfer-encoding: *chunked' "$TMP/drip.h" || fail "a stream still coming was not chunked: $(cat "$TMP/drip.h")"
+curl -sf -o /dev/null "${hdr[@]}" -H "X-Loopguard-Run: framing-1" -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' \
+  "$gw_URL/v1/chat/completions" || fail "framing: the run's first request"
+curl -sf -o /dev/null "${hdr[@]}" -d '{}' "$gw_URL/v1/runs/framing-1/cancel" || fail "framing: cancel"
+curl -s -D "$TMP/whole.h" -o "$TMP/whole.sse" "${hdr[@]}" -H "X-Loopguard-Run: framing-1" \
+  -d '{"model":"finish","stream":true,"messages":[{"role":"user","content":"x"}]}' "$gw_URL/v1/chat/completions" || fail "framing: stream"
+grep -qi '^content-type: *text/event-stream' "$TMP/whole.h" || fail "framing: not an event stream: $(cat "$TMP/whole.h")"
+grep -qi '^transfer-encoding' "$TMP/whole.h" && fail "framing: a stream all in hand was chunked: $(cat "$TMP/whole.h")"
+len=$(tr -d '\r' <"$TMP/whole.h" | awk -F': *' 'tolower($1)=="content-length" {print $2}')
+[ "$len" = "$(wc -c <"$TMP/whole.sse")" ] || fail "framing: Content-Length $len, body $(wc -c <"$TMP/whole.sse") bytes"
+[ "$(tail -c 14 "$TMP/whole.sse")" = "$(printf 'data: [DONE]\n\n')" ] || fail "framing: the stream's end: $(cat "$TMP/whole.sse")"
+grep -q '"finish_reason":"stop"' "$TMP/whole.sse" || fail "framing: no final chunk: $(cat "$TMP/whole.sse")"
+
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$gw_URL/v1/chat/completions" >/dev/null 2>&1
