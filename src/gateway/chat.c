@@ -1573,12 +1573,12 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
 
 /* ---- the exchange, non-stream ---- */
 
-/* The upstream's answer parsed (NULL: not JSON), *msg the part that holds
+/* The upstream's answer parsed (NULL: not a JSON object), *msg the part that holds
  * the tool calls (a chat choice's message, the Messages or Responses
  * object), or NULL when it has none. */
 static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
   json_t *resp = lg__json_load(raw->data ? raw->data : "", raw->len, NULL, NULL);
-  if (lg__json_oom()) {
+  if (lg__json_oom() || !json_is_object(resp)) { /* an array is no answer of any API */
     json_decref(resp);
     resp = NULL;
   }
@@ -1669,7 +1669,7 @@ static int plain_exchange(chat_t *c, int ask) {
     else if (x.status != 200) lg__gw_upstream_answer(j, &x); /* the provider's error, as sent */
     else if (!resp)
       lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
-                   "upstream %s answered 200 with a body that is not JSON", x.up->name);
+                   "upstream %s answered 200 with a body that is not a JSON object", x.up->name);
     if (rc || x.status != 200 || !resp) lg__gw_answer(j);
     else answer_json_obj(c, NULL, &x.body_out, 0); /* not ours to judge: as it is */
   } else {
@@ -1751,23 +1751,35 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
       }
     }
     if (!sep) break;
-    /* The data lines of the event. */
-    const char *ev = d;
-    size_t evn = end;
-    const char *dl = NULL;
-    size_t dn = 0;
+    /* The event's data: its data lines joined by "\n", each without
+     * "data:" and the one space after it (the SSE rule, which the
+     * client's reader follows too: an event of two data lines is judged
+     * as the client will read it). One line is read in place. */
+    const char *ev = d, *dl = NULL;
+    size_t evn = end, dn = 0;
+    lg__buf_t joined = {0};
+    int lines = 0;
     for (size_t i = 0; i < evn;) {
       size_t k = i;
       while (k < evn && ev[k] != '\n') k++;
       size_t ll = k - i;
       if (ll && ev[i + ll - 1] == '\r') ll--;
       if (ll >= 5 && !memcmp(ev + i, "data:", 5)) {
-        dl = ev + i + 5;
-        dn = ll - 5;
-        while (dn && *dl == ' ') dl++, dn--;
+        const char *v = ev + i + 5;
+        size_t vn = ll - 5;
+        if (vn && *v == ' ') v++, vn--;
+        if (lines == 1) lg__buf_append(&joined, dl, dn); /* a second line: joined from here */
+        if (lines) {
+          lg__buf_putc(&joined, '\n');
+          lg__buf_append(&joined, v, vn);
+        } else {
+          dl = v, dn = vn;
+        }
+        lines++;
       }
       i = k + 1;
     }
+    if (lines > 1) dl = joined.oom ? NULL : joined.data, dn = joined.len;
     int stop = 0;
     if (dl) {
       lg__buf_t raw = {0};
@@ -1775,6 +1787,7 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
       stop = on_event(c, dl, dn, raw.data, raw.len);
       lg__buf_free(&raw);
     }
+    lg__buf_free(&joined);
     memmove(d, d + end + sep, len - end - sep);
     c->line.len = len - end - sep;
     if (stop) return 1; /* abort the upstream's stream */

@@ -81,15 +81,22 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
   lg__free(t);
 }
 
+/* The most tool calls one streamed answer holds: a delta's index past it
+ * (or below 0) is not the API's, and is dropped, as an event that is not
+ * JSON is: the held calls are an array indexed by it. */
+#define MAX_STREAM_CALLS 256
+
 /* Chat Completions: a chunk's tool call deltas added to the held calls
  * (by their index), until the stream ends. */
 static void hold_call_deltas(chat_t *c, json_t *tcd) {
   for (size_t i = 0; i < json_array_size(tcd); i++) {
     json_t *d = json_array_get(tcd, i);
     json_int_t idx = json_integer_value(json_object_get(d, "index"));
+    if (idx < 0 || idx >= MAX_STREAM_CALLS) continue;
     while ((json_int_t)json_array_size(c->tcalls) <= idx)
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
-                                                 "function", "function", "name", "", "arguments", ""));
+      if (json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type", "function",
+                                                     "function", "name", "", "arguments", "")))
+        break; /* out of memory: the delta is lost, the loop is not endless */
     json_t *acc = json_array_get(c->tcalls, (size_t)idx);
     json_t *afn = json_object_get(acc, "function");
     if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));

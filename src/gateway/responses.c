@@ -44,8 +44,8 @@ char *lg__gwr_output_text(json_t *resp) {
   for (size_t i = 0; i < json_array_size(items); i++) {
     json_t *ct = json_object_get(json_array_get(items, i), "content");
     for (size_t k = 0; k < json_array_size(ct); k++) {
-      const char *ty = sget(json_array_get(ct, k), "type");
-      if (ty && !strcmp(ty, "output_text")) lg__buf_puts(&b, sget(json_array_get(ct, k), "text"));
+      const char *ty = sget(json_array_get(ct, k), "type"), *tx = sget(json_array_get(ct, k), "text");
+      if (ty && tx && !strcmp(ty, "output_text")) lg__buf_puts(&b, tx); /* a text not a string: none */
     }
   }
   return lg__buf_steal(&b, NULL);

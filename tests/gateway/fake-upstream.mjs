@@ -26,13 +26,25 @@
 //               asks the person (finalize: the same with finalize_partial)
 //   yielding    the same as stubborn while it may call tools; with tool use
 //               turned off (tool_choice "none", no tools) it gives up in text
+//   odd-answer  Responses: a completed answer whose output_text's text is
+//               a number; Chat Completions: a JSON array; its stream: an event of two data
+//               lines (not JSON once joined, as SSE joins them), a tool
+//               call delta at index 2^53, then text
+//   mutant-SEED asks to write the record, in an answer mutated by SEED
+//               (mutate-lib.mjs): a value of another type, a member gone or
+//               doubled, bytes cut or changed, in the JSON body or in the
+//               stream's events (tests/gateway/mutate.sh)
+// A request whose members have the wrong types (a mutated one) is answered
+// 400 in its API's error shape, as a provider answers it, and counted in
+// GET /stats as malformed (not as a violation: the client sent it so).
 // A model name may carry a suffix after the script's name ("stubborn-strong"):
 // the script is the same, and GET /stats lists the models asked for.
 // Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
 import http from 'node:http';
 import fs from 'node:fs';
+import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [] };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 let callSeq = 0;
 
@@ -81,6 +93,7 @@ function script(req) {
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
   if (model.startsWith('chant')) return { text: CHANT };
+  if (model.startsWith('mutant')) return { calls: [{ name: 'write_record', args: writeVariant() }], text: 'Let me write it.' };
   if (model.startsWith('drip-long')) return { text: Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ') };
   if (model.startsWith('ask') || model.startsWith('finalize')) {
     const way = model.startsWith('ask') ? 'ask_human' : 'finalize_partial';
@@ -298,6 +311,28 @@ function replyResponses(res, req) {
 // The scripts that fail the same way on every API: true when answered.
 function failing(res, j) {
   const model = j.model || '';
+  if (model.startsWith('odd-answer')) { // answers no provider should send; each must reach the client readable
+    if (res.req.url.endsWith('/responses')) { // a text that is not a string
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ id: 'resp_odd', object: 'response', created_at: 0, status: 'completed', model, output: [{ type: 'message', id: 'msg_odd', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 7, annotations: [] }] }], usage: { input_tokens: 1, output_tokens: 1, total_tokens: 2 } }));
+      return true;
+    }
+    if (res.req.url.endsWith('/chat/completions') && !j.stream) { // JSON, not an object
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('[{"id":"chatcmpl-odd","choices":[]}]');
+      return true;
+    }
+    if (res.req.url.endsWith('/chat/completions') && j.stream) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const ch = (delta, fin = null) => JSON.stringify({ id: 'chatcmpl-odd', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: fin }] });
+      res.write('data: ' + ch({ role: 'assistant', content: '' }) + '\n\n');
+      res.write('data: <not json>\ndata: ' + ch({ content: 'hidden ' }) + '\n\n'); // one event of two data lines: not JSON
+      res.write('data: ' + ch({ tool_calls: [{ index: 2 ** 53, id: 'call_far', type: 'function', function: { name: 'lookup', arguments: '{}' } }] }) + '\n\n');
+      res.write('data: ' + ch({ content: 'Hi there.' }) + '\n\n');
+      res.end('data: ' + ch({}, 'stop') + '\n\ndata: [DONE]\n\n');
+      return true;
+    }
+  }
   if (model.startsWith('garbage-stream')) {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end('data: <html>oops</html>\n\ndata: not json either\n\n');
@@ -319,11 +354,45 @@ function failing(res, j) {
   return false;
 }
 
+// The answer of a mutant-SEED model mutated as it is written: a JSON body
+// whole, a stream's events one by one (some of them), at times its bytes.
+// Its errors (400) are a provider's, as they are.
+function mutating(res, seed) {
+  const r = rng(seed);
+  const write = res.write.bind(res), end = res.end.bind(res);
+  const mut = (chunk) => {
+    if (typeof chunk !== 'string' || !chunk || res.statusCode !== 200) return chunk; /* its errors as a provider's */
+    if (r() < 0.08) return mutateText(chunk, r);
+    if (/^(data|event): /.test(chunk))
+      return chunk.replace(/^data: (.*)$/m, (line, d) => {
+        if (d === '[DONE]' || r() > 0.3) return line;
+        try { return 'data: ' + JSON.stringify(mutateValue(JSON.parse(d), r)); } catch { return line; }
+      });
+    try { return JSON.stringify(mutateValue(JSON.parse(chunk), r)); } catch { return chunk; }
+  };
+  res.write = (c, ...a) => write(mut(c), ...a);
+  res.end = (c, ...a) => end(mut(c), ...a);
+}
+
+function malformed(res, url, err) {
+  stats.malformed++;
+  if (res.headersSent) return res.destroy();
+  const msg = `Invalid request: ${String(err && err.message || err).slice(0, 200)}`;
+  res.writeHead(400, { 'content-type': 'application/json' });
+  res.end(JSON.stringify(url.endsWith('/messages') ? { type: 'error', error: { type: 'invalid_request_error', message: msg } }
+    : { error: { message: msg, type: 'invalid_request_error', param: null, code: null } }));
+}
+
 const server = http.createServer((req, res) => {
   let body = '';
   req.on('data', (d) => (body += d));
   res.on('close', () => { if (!res.writableEnded) stats.aborted++; });
   req.on('end', () => {
+    try { route(req, res, body); } catch (e) { malformed(res, req.url, e); }
+  });
+});
+
+function route(req, res, body) {
     stats.requests++;
     if (req.method === 'POST' && /^\/v1\/(chat\/completions|messages|responses)$/.test(req.url)) {
       stats.raw.push(body); // the bytes as they came, for the tests of an unchanged body
@@ -333,7 +402,15 @@ const server = http.createServer((req, res) => {
       // the credential each model request came with (a test checks which key went upstream)
       stats.auths.push(req.headers.authorization || req.headers['x-api-key'] || null);
       if (stats.auths.length > 50) stats.auths.shift();
-      try { const j = JSON.parse(body); if (j.model) stats.models.push(j.model); if (stats.models.length > 200) stats.models.shift(); if (failing(res, j)) return; } catch { /* each route answers its own 400 */ }
+      let j = null;
+      try { j = JSON.parse(body); } catch { /* each route answers its own 400 */ }
+      if (j && typeof j === 'object') {
+        if (j.model) stats.models.push(j.model);
+        if (stats.models.length > 200) stats.models.shift();
+        if (typeof j.model !== 'string' && j.model !== undefined) throw new Error('model: expected a string');
+        if ((j.model || '').startsWith('mutant-')) mutating(res, Number(j.model.slice(7)) || 1);
+        if (failing(res, j)) return;
+      }
     }
     if (req.method === 'GET' && req.url === '/stats') {
       res.writeHead(200, { 'content-type': 'application/json' });
@@ -388,8 +465,7 @@ const server = http.createServer((req, res) => {
     }
     res.writeHead(404, { 'content-type': 'application/json' });
     res.end(JSON.stringify({ error: { message: `Unknown request URL: ${req.method} ${req.url}`, type: 'invalid_request_error', param: null, code: 'unknown_url' } }));
-  });
-});
+}
 server.listen(0, '127.0.0.1', () => {
   fs.writeFileSync(process.argv[2], String(server.address().port));
 });

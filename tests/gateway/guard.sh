@@ -283,6 +283,32 @@ for api in chat messages; do
   else [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "api_error"]' ] || fail "garbage stream messages: $(cat "$TMP/e.json")"; fi
 done
 
+note "odd answers of the upstream: read as the client reads them, the server keeps serving"
+code=$(curl -s --max-time 10 -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
+  -d '{"model":"odd-answer","input":"x"}' "$g_URL/v1/responses")
+[ "$code" = 200 ] && [ "$(get 'd["id"]' <"$TMP/e.json")" = resp_odd ] || fail "odd responses answer: $code $(cat "$TMP/e.json")"
+code=$(curl -s --max-time 10 -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
+  -d '{"model":"odd-answer","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+[ "$code" = 502 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = upstream_bad_response ] || fail "a JSON array for an answer: $code $(cat "$TMP/e.json")"
+curl -s -N --max-time 10 -H "Content-Type: application/json" \
+  -d '{"model":"odd-answer","stream":true,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"lookup"}}]}' \
+  "$g_URL/v1/chat/completions" >"$TMP/odd.sse" || fail "odd stream: curl $?"
+python3 - "$TMP/odd.sse" <<'PY' || fail "odd stream: $(cat "$TMP/odd.sse")"
+import json, sys
+text, events = "", 0
+for block in open(sys.argv[1]).read().split("\n\n"):
+    data = "\n".join(l[6:] if l.startswith("data: ") else l[5:] for l in block.split("\n") if l.startswith("data:"))
+    if not block.strip() or data == "[DONE]":
+        continue
+    ev = json.loads(data)  # every event the client gets is JSON, read as SSE joins its lines
+    events += 1
+    for ch in ev.get("choices", []):
+        assert not ch["delta"].get("tool_calls"), "a call at index 2^53 was passed on"
+        text += ch["delta"].get("content") or ""
+assert text == "Hi there.", text
+PY
+curl -sf "$g_URL/healthz" >/dev/null || fail "the server stopped serving after the odd answers"
+
 note "an upstream stream cut off mid-way: the client's stream ends on an error event of its API"
 curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$g_URL/v1/chat/completions" >"$TMP/cut.sse"
