@@ -8,7 +8,9 @@
 # (its JSON body, or some of its stream's events, or their bytes) is
 # mutated too. Asserts: every answer is one the client can read (200 with
 # JSON or a stream of JSON events, or an error in the route's API shape,
-# never a 500); the server is alive and answers a plain request normally
+# never a 500); the trace of each of the twelve runs that half the
+# requests share replays to the envelope the server keeps for it (the
+# same decisions, counters and stop); the server is alive and answers a plain request normally
 # afterwards; it stops cleanly (under the ASan build: no sanitizer report,
 # no leak). The fake's provider checks are not asserted here: the client
 # itself sends conversations a provider rejects, and the gateway passes
@@ -31,6 +33,27 @@ for seed in ${MUTATE_SEEDS:-1 2 3 4}; do
   # not all refused: the guard and the answers were reached
   [ "$(echo "$out" | get 'int(d["by_status"].get("200", 0) >= 50)')" = 1 ] || fail "too few answers of 200: $out"
   curl -sf "$FAKE/stats" | get 'd["malformed"]' >/dev/null || fail "the fake upstream died"
+
+  # Half the requests share twelve runs: each run's trace, whatever odd
+  # history it holds, replays to the envelope the server keeps.
+  runs=0
+  for k in $(seq 0 11); do
+    curl -sf -o "$TMP/run.json" "$gw_URL/v1/runs/mut-$seed-$k" || continue
+    curl -sf -o "$TMP/run.jsonl" "$gw_URL/v1/runs/mut-$seed-$k/trace" || fail "trace of mut-$seed-$k"
+    "$LG_BIN" replay --json "$TMP/run.jsonl" >"$TMP/replay.out" || fail "replay of mut-$seed-$k: $(tail -n 3 "$TMP/replay.out")"
+    tail -n 1 "$TMP/replay.out" >"$TMP/replay.sum"
+    python3 - "$TMP/run.json" "$TMP/replay.sum" <<'PY' || fail "mut-$seed-$k: its trace replays to another envelope"
+import json, sys
+kept, replayed = json.load(open(sys.argv[1]))["envelope"], json.load(open(sys.argv[2]))["envelope"]
+if kept != replayed:
+    for k in sorted(set(kept) | set(replayed)):
+        if kept.get(k) != replayed.get(k):
+            print(f"  {k}: kept {json.dumps(kept.get(k))[:300]}\n  {k}: replay {json.dumps(replayed.get(k))[:300]}")
+    sys.exit(1)
+PY
+    runs=$((runs + 1))
+  done
+  [ "$runs" -ge 6 ] || fail "only $runs of the twelve shared runs exist"
 done
 
 note "afterwards: alive, and a plain request is answered as before"
