@@ -6,7 +6,7 @@
 # other types, members gone or doubled, odd strings and numbers, bytes cut
 # or changed; 40% go to the fake upstream's mutant-SEED model, whose answer
 # (its JSON body, or some of its stream's events, or their bytes) is
-# mutated too. Asserts: every answer is one the client can read (200 with
+# mutated too; on the embedded memory: store and on a SQLite file. Asserts: every answer is one the client can read (200 with
 # JSON or a stream of JSON events, or an error in the route's API shape,
 # never a 500); the trace of each of the twelve runs that half the
 # requests share replays to the envelope the server keeps for it (the
@@ -19,30 +19,33 @@ set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # HERE, FAKE, client
 get() { jq_py "$1"; }
 
-start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log"
+# mutate_seeds NAME SEED...: each seed's requests to server NAME, then the
+# traces of the runs they share replayed.
+mutate_seeds() {
+  local name=$1 seed k runs out rc
+  shift
+  local url_var="${name}_URL"
+  local url=${!url_var}
+  for seed in "$@"; do
+    note "${MUTATE_N:-600} mutated requests (seed $seed, $name): every answer readable, no 500"
+    out=$(BASE_URL="$url" N="${MUTATE_N:-600}" SEED="$seed" node "$HERE/mutate.mjs")
+    rc=$?
+    echo "$out" | get 'd["by_status"]'
+    [ $rc = 0 ] || fail "answers a client cannot read: $(echo "$out" | get '"\n".join(d["bad"][:5])')"
+    [ "$(echo "$out" | get 'd["sent"]')" = "${MUTATE_N:-600}" ] || fail "not every request was answered: $out"
+    # not all refused: the guard and the answers were reached
+    [ "$(echo "$out" | get 'int(d["by_status"].get("200", 0) >= 50)')" = 1 ] || fail "too few answers of 200: $out"
+    curl -sf "$FAKE/stats" | get 'd["malformed"]' >/dev/null || fail "the fake upstream died"
 
-# MUTATE_SEEDS ("1 2 3 4") and MUTATE_N (600 a seed) choose the requests:
-# another seed is another set (docs/testing.md: a sweep of seeds).
-for seed in ${MUTATE_SEEDS:-1 2 3 4}; do
-  note "${MUTATE_N:-600} mutated requests (seed $seed): every answer readable, no 500"
-  out=$(BASE_URL="$gw_URL" N="${MUTATE_N:-600}" SEED="$seed" node "$HERE/mutate.mjs")
-  rc=$?
-  echo "$out" | get 'd["by_status"]'
-  [ $rc = 0 ] || fail "answers a client cannot read: $(echo "$out" | get '"\n".join(d["bad"][:5])')"
-  [ "$(echo "$out" | get 'd["sent"]')" = "${MUTATE_N:-600}" ] || fail "not every request was answered: $out"
-  # not all refused: the guard and the answers were reached
-  [ "$(echo "$out" | get 'int(d["by_status"].get("200", 0) >= 50)')" = 1 ] || fail "too few answers of 200: $out"
-  curl -sf "$FAKE/stats" | get 'd["malformed"]' >/dev/null || fail "the fake upstream died"
-
-  # Half the requests share twelve runs: each run's trace, whatever odd
-  # history it holds, replays to the envelope the server keeps.
-  runs=0
-  for k in $(seq 0 11); do
-    curl -sf -o "$TMP/run.json" "$gw_URL/v1/runs/mut-$seed-$k" || continue
-    curl -sf -o "$TMP/run.jsonl" "$gw_URL/v1/runs/mut-$seed-$k/trace" || fail "trace of mut-$seed-$k"
-    "$LG_BIN" replay --json "$TMP/run.jsonl" >"$TMP/replay.out" || fail "replay of mut-$seed-$k: $(tail -n 3 "$TMP/replay.out")"
-    tail -n 1 "$TMP/replay.out" >"$TMP/replay.sum"
-    python3 - "$TMP/run.json" "$TMP/replay.sum" <<'PY' || fail "mut-$seed-$k: its trace replays to another envelope"
+    # Half the requests share twelve runs: each run's trace, whatever odd
+    # history it holds, replays to the envelope the server keeps.
+    runs=0
+    for k in $(seq 0 11); do
+      curl -sf -o "$TMP/run.json" "$url/v1/runs/mut-$seed-$k" || continue
+      curl -sf -o "$TMP/run.jsonl" "$url/v1/runs/mut-$seed-$k/trace" || fail "trace of mut-$seed-$k"
+      "$LG_BIN" replay --json "$TMP/run.jsonl" >"$TMP/replay.out" || fail "replay of mut-$seed-$k: $(tail -n 3 "$TMP/replay.out")"
+      tail -n 1 "$TMP/replay.out" >"$TMP/replay.sum"
+      python3 - "$TMP/run.json" "$TMP/replay.sum" <<'PY' || fail "mut-$seed-$k ($name): its trace replays to another envelope"
 import json, sys
 kept, replayed = json.load(open(sys.argv[1]))["envelope"], json.load(open(sys.argv[2]))["envelope"]
 if kept != replayed:
@@ -51,10 +54,20 @@ if kept != replayed:
             print(f"  {k}: kept {json.dumps(kept.get(k))[:300]}\n  {k}: replay {json.dumps(replayed.get(k))[:300]}")
     sys.exit(1)
 PY
-    runs=$((runs + 1))
+      runs=$((runs + 1))
+    done
+    [ "$runs" -ge 6 ] || fail "only $runs of the twelve shared runs exist"
   done
-  [ "$runs" -ge 6 ] || fail "only $runs of the twelve shared runs exist"
-done
+}
+
+# MUTATE_SEEDS ("1 2 3 4"; on SQLite MUTATE_SQLITE_SEEDS, "5") and
+# MUTATE_N (600 a seed) choose the requests: another seed is another set
+# (docs/testing.md: a sweep of seeds).
+start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log"
+mutate_seeds gw ${MUTATE_SEEDS:-1 2 3 4}
+# The same on a SQLite file: a run born, read back and saved on disk.
+start_server gs --store "sqlite:$TMP/mutate.db" --upstream "$FAKE/v1" --log "$TMP/gs.log"
+mutate_seeds gs ${MUTATE_SQLITE_SEEDS:-5}
 
 note "afterwards: alive, and a plain request is answered as before"
 curl -sf "$gw_URL/healthz" >/dev/null || fail "healthz after the mutations"
@@ -64,6 +77,7 @@ a=$(curl -sf -H "Content-Type: application/json" -d '{"model":"finish","messages
 
 note "a clean stop"
 stop_server gw
-[ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
+stop_server gs
+[ "$gw_RC" = 0 ] && [ "$gs_RC" = 0 ] || fail "a server exited $gw_RC / $gs_RC"
 ! grep -q "ERROR: AddressSanitizer\|runtime error:\|LeakSanitizer" "$TMP"/*.err || fail "a sanitizer's report"
 echo "PASS"
