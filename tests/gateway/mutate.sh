@@ -6,7 +6,8 @@
 # other types, members gone or doubled, odd strings and numbers, bytes cut
 # or changed; 40% go to the fake upstream's mutant-SEED model, whose answer
 # (its JSON body, or some of its stream's events, or their bytes) is
-# mutated too; on the embedded memory: store and on a SQLite file. Asserts: every answer is one the client can read (200 with
+# mutated too; on the embedded memory: store and on a SQLite file (or
+# PostgreSQL: pg_gateway_mutate). Asserts: every answer is one the client can read (200 with
 # JSON or a stream of JSON events, or an error in the route's API shape,
 # never a 500); the trace of each of the twelve runs that half the
 # requests share replays to the envelope the server keeps for it (the
@@ -65,8 +66,15 @@ PY
 # (docs/testing.md: a sweep of seeds).
 start_server gw --store memory: --upstream "$FAKE/v1" --log "$TMP/gw.log"
 mutate_seeds gw ${MUTATE_SEEDS:-1 2 3 4}
-# The same on a SQLite file: a run born, read back and saved on disk.
-start_server gs --store "sqlite:$TMP/mutate.db" --upstream "$FAKE/v1" --log "$TMP/gs.log"
+# The same on a SQLite file (LG_TEST_STORE=postgres, under
+# tests/pg/with-postgres.sh: on PostgreSQL): a run born, read back and
+# saved by a real store.
+STORE2="sqlite:$TMP/mutate.db"
+if [ "${LG_TEST_STORE:-}" = postgres ]; then
+  [ -n "${LG_PG_URL:-}" ] || { echo "SKIP: no LG_PG_URL (run under tests/pg/with-postgres.sh)"; exit 77; }
+  STORE2=$LG_PG_URL
+fi
+start_server gs --store "$STORE2" --upstream "$FAKE/v1" --log "$TMP/gs.log"
 mutate_seeds gs ${MUTATE_SQLITE_SEEDS:-5}
 
 note "afterwards: alive, and a plain request is answered as before"
