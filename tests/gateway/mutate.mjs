@@ -6,7 +6,8 @@
 // other types, members gone or doubled, its bytes cut or changed), to a
 // model of the fake upstream (one that loops, one that finishes, or
 // mutant-SEED, whose answer is mutated too). Some requests share a run
-// (X-Loopguard-Run), so a run's state meets odd histories. Eight at once.
+// (X-Loopguard-Run), so a run's state meets odd histories; one in ten
+// hangs up after 0 to 30 ms (counted as "hangup"). Eight at once.
 //
 // Every answer must be one the client can read: 200 with a JSON object or
 // an event stream whose events are JSON (or [DONE]), or an error status
@@ -108,13 +109,22 @@ async function one(i) {
   const headers = { 'content-type': 'application/json', authorization: 'Bearer sk-test' };
   if (route.api === 'anthropic') headers['anthropic-version'] = '2023-06-01';
   if (r() < 0.5) headers['x-loopguard-run'] = `mut-${SEED}-${Math.floor(r() * 12)}`; // shared runs
+  // One request in ten hangs up after 0 to 30 ms: before its answer, or
+  // in the middle of its stream.
+  const hangup = r() < 0.1 ? Math.floor(r() * 30) : -1;
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(new Error('no answer in 20 s')), 20000);
+  if (hangup >= 0) setTimeout(() => ac.abort(new Error('hang-up')), hangup);
   const t0 = Date.now();
   let res, text;
   try {
-    res = await fetch(BASE + route.path, { method: 'POST', headers, body, signal: AbortSignal.timeout(20000) });
+    res = await fetch(BASE + route.path, { method: 'POST', headers, body, signal: ac.signal });
     text = await res.text();
   } catch (e) {
+    if (hangup >= 0 && ac.signal.reason && ac.signal.reason.message === 'hang-up') return { i, status: 'hangup' };
     return { i, status: 0, bad: `request ${i} (seed ${SEED}): ${e && e.message}` };
+  } finally {
+    clearTimeout(timer);
   }
   const why = judge(route, res.status, res.headers.get('content-type') || '', text);
   return { i, status: res.status, ms: Date.now() - t0, bad: why && `request ${i} (seed ${SEED}, ${route.path}, stream ${stream}, model ${model}): ${why}\n  body: ${Buffer.from(body).toString().slice(0, 400)}` };

@@ -6,7 +6,7 @@
 # other types, members gone or doubled, odd strings and numbers, bytes cut
 # or changed; 40% go to the fake upstream's mutant-SEED model, whose answer
 # (its JSON body, or some of its stream's events, or their bytes) is
-# mutated too; on the embedded memory: store and on a SQLite file (or
+# mutated too, and one request in ten hangs up after 0 to 30 ms; on the embedded memory: store and on a SQLite file (or
 # PostgreSQL: pg_gateway_mutate). Asserts: every answer is one the client can read (200 with
 # JSON or a stream of JSON events, or an error in the route's API shape,
 # never a 500); the trace of each of the twelve runs that half the
