@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # mutate.sh — the gateway under mutated conversations and mutated answers.
 #
-# mutate.mjs sends 600 requests a seed (the three APIs, stream false and true),
-# each a valid conversation with tool calls mutated by a seed: values of
-# other types, members gone or doubled, odd strings and numbers, bytes cut
-# or changed; 40% go to the fake upstream's mutant-SEED model, whose answer
-# (its JSON body, or some of its stream's events, or their bytes) is
-# mutated too, and one request in ten hangs up after 0 to 30 ms; on the embedded memory: store and on a SQLite file (or
-# PostgreSQL: pg_gateway_mutate). Asserts: every answer is one the client can read (200 with
-# JSON or a stream of JSON events, or an error in the route's API shape,
-# never a 500); the trace of each of the twelve runs that half the
-# requests share replays to the envelope the server keeps for it (the
-# same decisions, counters and stop); the server is alive and answers a plain request normally
-# afterwards; it stops cleanly (under the ASan build: no sanitizer report,
+# mutate.mjs sends 600 requests a seed (the three APIs, stream false and
+# true), each a valid conversation with tool calls mutated by a seed:
+# values of other types, members gone or doubled, odd strings and numbers,
+# bytes cut or changed. 40% go to the fake upstream's mutant-SEED model,
+# whose answer (its JSON body, or some of its stream's events, or their
+# bytes) is mutated too; one request in ten hangs up after 0 to 30 ms. On
+# the embedded memory: store, then on a SQLite file (PostgreSQL under
+# pg_gateway_mutate).
+#
+# Asserts: every answer is one the client can read (200 with JSON or a
+# stream of JSON events, or an error in the route's API shape, never a
+# 500); the trace of each of the twelve runs that half the requests share
+# replays to the envelope the server keeps for it (the same decisions,
+# counters and stop); the server answers a plain request normally
+# afterwards and stops cleanly (under the ASan build: no sanitizer report,
 # no leak). The fake's provider checks are not asserted here: the client
 # itself sends conversations a provider rejects, and the gateway passes
-# them on as they are (its 400 comes back).
+# them on as they are (the provider's 400 comes back).
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # HERE, FAKE, client
 get() { jq_py "$1"; }
