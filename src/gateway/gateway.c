@@ -335,7 +335,7 @@ static void gw_finish(lg__req_t *rq) {
   if (!j) return;
   struct MHD_Response *r = NULL;
   /* A stream whose last byte is written already (an upstream that sent
-   * its whole answer at once, a held tool call, a stop) goes as one body
+   * its whole answer at once, a stop's final message) goes as one body
    * of known length: one send with its head, where the chunked reader
    * takes three (the head, the data, the last chunk) and a suspend and a
    * resume of the connection. The events are the same bytes. */
