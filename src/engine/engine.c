@@ -839,14 +839,9 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
   /* trace-v1: a call's args is an object. The trace reader and the
    * sidecar's body check refuse anything else before it comes here; a
    * gateway call's arguments are a model's text, any JSON (or none). */
-  if (call->args) {
-    size_t i = 0;
-    while (i < call->args_len && (call->args[i] == ' ' || call->args[i] == '\t' || call->args[i] == '\n' ||
-                                  call->args[i] == '\r'))
-      i++;
-    if (i == call->args_len || call->args[i] != '{')
-      return lg__err(err, LG_EINVAL, "args", -1, "args: expected an object");
-  }
+  size_t a0 = call->args ? lg__json_ws_end(call->args, 0, call->args_len) : 0;
+  if (call->args && (a0 == call->args_len || call->args[a0] != '{'))
+    return lg__err(err, LG_EINVAL, "args", -1, "args: expected an object");
   bctx_t x;
   x.call = call;
   int rc = before_fingerprint(run, canon, &x, trusted_fp, err);

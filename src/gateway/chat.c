@@ -938,8 +938,7 @@ static char *client_bytes(chat_t *c, size_t *len) {
   if (hl) {
     while (at < n && b[at] != '{') at++; /* the top object (the body was read as one) */
     at++;
-    size_t k = at;
-    while (k < n && (b[k] == ' ' || b[k] == '\t' || b[k] == '\r' || b[k] == '\n')) k++;
+    size_t k = lg__json_ws_end(b, at, n);
     if (k < n && b[k] == '}') head[--hl] = 0; /* an empty object: no comma */
   }
   char *t = lg__malloc(n + (size_t)hl + 1);

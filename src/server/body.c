@@ -454,8 +454,7 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
                    lg_error_t *err) {
   body_init(out);
   if ((unsigned)kind >= LG__B__COUNT) return lg__err(err, LG_EINVAL, NULL, -1, "unknown body kind");
-  size_t a = 0;
-  while (a < len && (text[a] == ' ' || text[a] == '\t' || text[a] == '\r' || text[a] == '\n')) a++;
+  size_t a = lg__json_ws_end(text, 0, len);
   json_t *root;
   if (a == len) {
     root = json_object(); /* an empty body is {} */

@@ -531,9 +531,8 @@ static lg_value_kind_t value_kind(const json_t *v) {
   if (json_is_null(v)) return LG_VALUE_NULL;
   if (json_is_string(v)) { /* blank: white space only */
     const char *t = json_string_value(v);
-    size_t n = json_string_length(v), k = 0;
-    while (k < n && (t[k] == ' ' || t[k] == '\t' || t[k] == '\n' || t[k] == '\r')) k++;
-    if (k == n) return LG_VALUE_BLANK;
+    size_t n = json_string_length(v);
+    if (lg__json_ws_end(t, 0, n) == n) return LG_VALUE_BLANK;
   }
   return LG_VALUE_PRESENT;
 }

@@ -167,6 +167,13 @@ static inline uint64_t lg__load64(const uint8_t *p) {
   return v;
 }
 
+/* The index of the first byte of s[i..n) that is not JSON white space
+ * (RFC 8259: space, tab, LF, CR), or n. */
+static inline size_t lg__json_ws_end(const char *s, size_t i, size_t n) {
+  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+  return i;
+}
+
 #define LG__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif
