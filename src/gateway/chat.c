@@ -1728,43 +1728,53 @@ static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size
   return lg__gwo_on_event(c, data, n, raw, rawn);
 }
 
+/* Where the first event of d[0..len) ends: the offset of its blank line,
+ * *sep the blank line's length ("\n\n" 2, "\r\n\r\n" 4); *sep 0: no whole
+ * event yet. Found from the line ends, which an event's JSON never holds
+ * but at its own end. */
+static size_t event_end(const char *d, size_t len, size_t *sep) {
+  *sep = 0;
+  for (const char *q = d; (q = memchr(q, '\n', len - (size_t)(q - d))); q++) {
+    size_t i = (size_t)(q - d);
+    if (i + 1 < len && d[i + 1] == '\n') {
+      *sep = 2;
+      return i;
+    }
+    if (i >= 1 && i + 2 < len && d[i - 1] == '\r' && d[i + 1] == '\r' && d[i + 2] == '\n') {
+      *sep = 4;
+      return i - 1;
+    }
+  }
+  return 0;
+}
+
 static int on_stream_data(void *ud, const char *p, size_t n) {
   chat_t *c = ud;
   if (atomic_load(&c->j->s_gone)) return 1; /* the client went away: stop reading */
   lg__buf_append(&c->line, p, n);
-  /* Events end with a blank line. */
-  for (;;) {
-    char *d = c->line.data;
-    size_t len = c->line.len;
-    size_t end = 0, sep = 0;
-    for (size_t i = 0; i + 1 < len; i++) {
-      if (d[i] == '\n' && d[i + 1] == '\n') {
-        end = i;
-        sep = 2;
-        break;
-      }
-      if (i + 3 < len && d[i] == '\r' && d[i + 1] == '\n' && d[i + 2] == '\r' && d[i + 3] == '\n') {
-        end = i;
-        sep = 4;
-        break;
-      }
-    }
+  /* Events end with a blank line; each whole one is read where it lies,
+   * the rest kept for the next bytes. */
+  size_t off = 0;
+  int stop = 0;
+  while (!stop && off < c->line.len) {
+    const char *d = c->line.data + off;
+    size_t sep, end = event_end(d, c->line.len - off, &sep);
     if (!sep) break;
     /* The event's data: its data lines joined by "\n", each without
      * "data:" and the one space after it (the SSE rule, which the
      * client's reader follows too: an event of two data lines is judged
      * as the client will read it). One line is read in place. */
-    const char *ev = d, *dl = NULL;
-    size_t evn = end, dn = 0;
+    const char *dl = NULL;
+    size_t dn = 0;
     lg__buf_t joined = {0};
     int lines = 0;
-    for (size_t i = 0; i < evn;) {
-      size_t k = i;
-      while (k < evn && ev[k] != '\n') k++;
+    for (size_t i = 0; i < end;) {
+      const char *nl = memchr(d + i, '\n', end - i);
+      size_t k = nl ? (size_t)(nl - d) : end;
       size_t ll = k - i;
-      if (ll && ev[i + ll - 1] == '\r') ll--;
-      if (ll >= 5 && !memcmp(ev + i, "data:", 5)) {
-        const char *v = ev + i + 5;
+      if (ll && d[i + ll - 1] == '\r') ll--;
+      if (ll >= 5 && !memcmp(d + i, "data:", 5)) {
+        const char *v = d + i + 5;
         size_t vn = ll - 5;
         if (vn && *v == ' ') v++, vn--;
         if (lines == 1) lg__buf_append(&joined, dl, dn); /* a second line: joined from here */
@@ -1779,19 +1789,15 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
       i = k + 1;
     }
     if (lines > 1) dl = joined.oom ? NULL : joined.data, dn = joined.len;
-    int stop = 0;
-    if (dl) {
-      lg__buf_t raw = {0};
-      lg__buf_append(&raw, d, end + sep);
-      stop = on_event(c, dl, dn, raw.data, raw.len);
-      lg__buf_free(&raw);
-    }
+    if (dl) stop = on_event(c, dl, dn, d, end + sep); /* (c->line is not changed meanwhile) */
     lg__buf_free(&joined);
-    memmove(d, d + end + sep, len - end - sep);
-    c->line.len = len - end - sep;
-    if (stop) return 1; /* abort the upstream's stream */
+    off += end + sep;
   }
-  return 0;
+  if (off) {
+    memmove(c->line.data, c->line.data + off, c->line.len - off);
+    c->line.len -= off;
+  }
+  return stop; /* 1: abort the upstream's stream */
 }
 
 

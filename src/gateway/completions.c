@@ -86,6 +86,18 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
  * JSON is: the held calls are an array indexed by it. */
 #define MAX_STREAM_CALLS 256
 
+/* A held call's string member k with more text appended (a delta's). */
+static void append_str(json_t *o, const char *k, const char *more) {
+  json_t *v = json_object_get(o, k);
+  size_t have = json_string_length(v), add = strlen(more);
+  char *t = lg__malloc(have + add + 1);
+  if (!t) return; /* out of memory: the delta is lost */
+  memcpy(t, json_string_value(v) ? json_string_value(v) : "", have);
+  memcpy(t + have, more, add + 1);
+  json_object_set_new(o, k, json_stringn_nocheck(t, have + add));
+  lg__free(t);
+}
+
 /* Chat Completions: a chunk's tool call deltas added to the held calls
  * (by their index), until the stream ends. */
 static void hold_call_deltas(chat_t *c, json_t *tcd) {
@@ -99,21 +111,11 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
         break; /* out of memory: the delta is lost, the loop is not endless */
     json_t *acc = json_array_get(c->tcalls, (size_t)idx);
     json_t *afn = json_object_get(acc, "function");
-    if (sget(d, "id")) json_object_set_new(acc, "id", json_string(sget(d, "id")));
+    if (sget(d, "id")) json_object_set(acc, "id", json_object_get(d, "id"));
     json_t *dfn = json_object_get(d, "function");
     const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
-    if (nm) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "name"), nm);
-      json_object_set_new(afn, "name", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
-    if (ar) {
-      lg__buf_t b = {0};
-      lg__buf_printf(&b, "%s%s", sget(afn, "arguments"), ar);
-      json_object_set_new(afn, "arguments", json_string(b.data ? b.data : ""));
-      lg__buf_free(&b);
-    }
+    if (nm) append_str(afn, "name", nm);
+    if (ar) append_str(afn, "arguments", ar);
   }
 }
 
@@ -177,41 +179,53 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
   return 0;
 }
 
+/* One chunk of ours to the client, "data: {...}": the upstream's last
+ * chunk (its id, model, created, and what the gateway does not know, in
+ * their order) with our `choices` and `usage` (NULL: none) in their
+ * places, written without a copy of the chunk. Nothing when it cannot be
+ * written (out of memory). */
+static void send_chunk(chat_t *c, const char *choices, const char *usage) {
+  static const char *const keys[2] = {"choices", "usage"};
+  const char *vals[2] = {choices, usage};
+  lg__buf_t b = {0};
+  if (!lg__buf_puts(&b, "data: ") && !lg__buf_json_with(&b, c->last_chunk, keys, vals, 2) &&
+      !lg__buf_puts(&b, "\n\n") && !b.oom)
+    lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+}
+
 /* After the upstream's stream ended: the held calls decided and emitted. */
 /* Chat Completions: the kept calls as one chunk, renumbered from 0. */
 void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
   json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", kept);
   lg__gwc_register_key(c, m);
   json_decref(m);
-  json_t *tmpl = c->last_chunk ? json_copy(c->last_chunk) : json_object(); /* shallow: only its top level changes */
-  json_t *calls = json_array();
-  for (size_t i = 0; i < json_array_size(kept); i++) {
-    json_t *k = json_deep_copy(json_array_get(kept, i));
-    json_object_set_new(k, "index", json_integer((json_int_t)i));
-    json_array_append_new(calls, k);
+  static const char *const index_key[1] = {"index"};
+  lg__buf_t ch = {0};
+  int rc = lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{\"tool_calls\":[");
+  for (size_t i = 0; !rc && i < json_array_size(kept); i++) {
+    char ix[24];
+    snprintf(ix, sizeof ix, "%zu", i);
+    const char *vals[1] = {ix};
+    rc = (i && lg__buf_putc(&ch, ',')) || lg__buf_json_with(&ch, json_array_get(kept, i), index_key, vals, 1);
   }
-  json_t *choices = json_pack("[{s:i, s:{s:o}, s:n}]", "index", 0, "delta", "tool_calls", calls,
-                              "finish_reason");
-  json_object_set_new(tmpl, "choices", choices);
-  json_object_del(tmpl, "usage");
-  stream_chunk_text(c, tmpl);
-  json_decref(tmpl);
+  if (!rc && !lg__buf_puts(&ch, "]},\"finish_reason\":null}]") && !ch.oom) send_chunk(c, ch.data, NULL);
+  lg__buf_free(&ch);
 }
 
 void lg__gwo_end_stream(chat_t *c) {
-  json_t *tmpl = c->last_chunk ? json_copy(c->last_chunk) : json_object(); /* shallow: only its top level changes */
   const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
-  json_object_set_new(tmpl, "choices",
-                      json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", fin));
-  json_object_del(tmpl, "usage");
-  stream_chunk_text(c, tmpl);
-  json_decref(tmpl);
+  json_t *fj = json_string(fin);
+  lg__buf_t ch = {0};
+  if (fj && !lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{},\"finish_reason\":") && !lg__buf_json(&ch, fj) &&
+      !lg__buf_puts(&ch, "}]") && !ch.oom)
+    send_chunk(c, ch.data, NULL);
+  lg__buf_free(&ch);
+  json_decref(fj);
   if (c->client_usage && c->usage) {
-    json_t *u = c->last_chunk ? json_copy(c->last_chunk) : json_object(); /* shallow: only its top level changes */
-    json_object_set_new(u, "choices", json_array());
-    json_object_set(u, "usage", c->usage);
-    stream_chunk_text(c, u);
-    json_decref(u);
+    char *u = lg__json_text(c->usage, NULL);
+    if (u) send_chunk(c, "[]", u);
+    lg__free(u);
   }
   lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
 }

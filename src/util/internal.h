@@ -55,6 +55,14 @@ int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
  * UTF-8, which json_dumps refuses too; LG_ENOMEM. */
 struct json_t;
 int lg__buf_json(lg__buf_t *b, const struct json_t *v);
+/* Object o as lg__buf_json writes it, but for the n (at most 32) members
+ * named in keys, written as the JSON texts vals[i]: in that member's
+ * place, or after o's own members when o has none; a NULL text leaves the
+ * member out. The bytes a copy of o changed by json_object_set_new and
+ * json_object_del would print, without the copy. o NULL: no members of
+ * its own. */
+int lg__buf_json_with(lg__buf_t *b, const struct json_t *o, const char *const *keys,
+                      const char *const *vals, size_t n);
 /* Appends ,"key":"value" (value escaped) when value is not NULL. */
 int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value);
 /* Appends ,"key": (key a plain name, not escaped). */

@@ -408,21 +408,41 @@ static int buf_json_string(lg__buf_t *b, const char *s, size_t n) {
   return buf_json_str(b, s, n, "0123456789ABCDEF"); /* jansson's capitals: its bytes exactly */
 }
 
+/* One member of an object: the separator (then ','), the key, the value
+ * (x, or the JSON text val when x is NULL). */
+static int buf_json_member(lg__buf_t *b, char *sep, const char *k, const json_t *x, const char *val) {
+  int rc;
+  if ((rc = lg__buf_putc(b, *sep)) || (rc = buf_json_string(b, k, strlen(k))) ||
+      (rc = lg__buf_putc(b, ':')) || (rc = x ? lg__buf_json(b, x) : lg__buf_puts(b, val)))
+    return rc;
+  *sep = ',';
+  return 0;
+}
+
+int lg__buf_json_with(lg__buf_t *b, const json_t *o, const char *const *keys, const char *const *vals,
+                      size_t n) {
+  if (n > 32) return LG_EINVAL;
+  uint32_t seen = 0;
+  char sep = '{';
+  const char *k;
+  json_t *x;
+  int rc;
+  json_object_foreach((json_t *)o, k, x) {
+    size_t i = 0;
+    while (i < n && strcmp(k, keys[i])) i++;
+    if (i < n) seen |= 1u << i;
+    if (i < n && !vals[i]) continue;
+    if ((rc = buf_json_member(b, &sep, k, i < n ? NULL : x, i < n ? vals[i] : NULL))) return rc;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!(seen >> i & 1) && vals[i] && (rc = buf_json_member(b, &sep, keys[i], NULL, vals[i]))) return rc;
+  return sep == '{' ? lg__buf_puts(b, "{}") : lg__buf_putc(b, '}');
+}
+
 int lg__buf_json(lg__buf_t *b, const json_t *v) {
   int rc = 0;
   switch (json_typeof(v)) {
-  case JSON_OBJECT: {
-    const char *k;
-    json_t *x;
-    char sep = '{';
-    json_object_foreach((json_t *)v, k, x) {
-      if ((rc = lg__buf_putc(b, sep)) || (rc = buf_json_string(b, k, strlen(k))) ||
-          (rc = lg__buf_putc(b, ':')) || (rc = lg__buf_json(b, x)))
-        return rc;
-      sep = ',';
-    }
-    return sep == '{' ? lg__buf_puts(b, "{}") : lg__buf_putc(b, '}');
-  }
+  case JSON_OBJECT: return lg__buf_json_with(b, v, NULL, NULL, 0);
   case JSON_ARRAY: {
     size_t n = json_array_size(v);
     if (!n) return lg__buf_puts(b, "[]");

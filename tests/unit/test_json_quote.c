@@ -9,7 +9,10 @@
  * (lg__json_text), against json_dumps(JSON_COMPACT | JSON_ENCODE_ANY) on
  * the values where a writer can go wrong: reals of every form, the
  * integers' ends, UTF-8, empty containers, member order, a string that is
- * not UTF-8 (refused by both).
+ * not UTF-8 (refused by both). And lg__buf_json_with (an object with some
+ * members ours, the gateway's stream chunks) against json_dumps of a copy
+ * of the object changed by json_object_set_new and json_object_del, as
+ * its comment promises.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -138,12 +141,68 @@ static void test_values_as_jansson(void **state) {
   lg__buf_free(&b);
 }
 
+/* lg__buf_json_with(o, keys, vals) against json_dumps of a shallow copy
+ * of o with each key set to its value (json_object_set_new, in the order
+ * of keys) or, for a NULL value, deleted. */
+static void same_as_changed_copy(const char *obj, const char *const *keys, const char *const *vals, size_t n) {
+  json_t *o = obj ? json_loads(obj, 0, NULL) : NULL;
+  assert_true(!obj || o);
+  json_t *cp = o ? json_copy(o) : json_object();
+  for (size_t i = 0; i < n; i++)
+    if (vals[i]) json_object_set_new(cp, keys[i], json_loads(vals[i], JSON_DECODE_ANY, NULL));
+    else json_object_del(cp, keys[i]);
+  char *want = json_dumps(cp, JSON_COMPACT);
+  lg__buf_t got = {0};
+  lg__buf_puts(&got, "data: ");
+  assert_int_equal(lg__buf_json_with(&got, o, keys, vals, n), 0);
+  assert_string_equal(got.data + 6, want);
+  free(want);
+  lg__buf_free(&got);
+  json_decref(cp);
+  json_decref(o);
+}
+
+static void test_object_with_members_of_ours(void **state) {
+  (void)state;
+  const char *chunk = "{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0}],"
+                      "\"model\":\"m\",\"usage\":{\"total_tokens\":3},\"x_\\u00e9\":[1.5,null]}";
+  const char *const cu[2] = {"choices", "usage"};
+  const char *const replaced[2] = {"[{\"index\":0,\"delta\":{}}]", NULL}; /* in place; usage out */
+  same_as_changed_copy(chunk, cu, replaced, 2);
+  const char *const both[2] = {"[]", "{\"prompt_tokens\":1}"};
+  same_as_changed_copy(chunk, cu, both, 2);
+  /* members the object lacks: after its own, in the order of keys */
+  same_as_changed_copy("{\"id\":\"c1\",\"model\":\"m\"}", cu, both, 2);
+  same_as_changed_copy("{\"id\":\"c1\"}", cu, replaced, 2);
+  /* no object: only ours; nothing at all: {} */
+  same_as_changed_copy(NULL, cu, both, 2);
+  const char *const none[2] = {NULL, NULL};
+  same_as_changed_copy(NULL, cu, none, 2);
+  same_as_changed_copy("{\"usage\":1}", cu, none, 2);
+  /* a call renumbered: index in its place, or last */
+  const char *const ix[1] = {"index"}, *const two[1] = {"2"};
+  same_as_changed_copy("{\"id\":\"a\",\"index\":7,\"function\":{\"name\":\"f\"}}", ix, two, 1);
+  same_as_changed_copy("{\"id\":\"a\",\"type\":\"function\"}", ix, two, 1);
+  /* no keys of ours: lg__buf_json itself */
+  same_as_changed_copy(chunk, NULL, NULL, 0);
+  /* a value of the object's that cannot be written fails the whole */
+  json_t *bad = json_object();
+  json_object_set_new(bad, "s", json_stringn_nocheck("\xff", 1));
+  lg__buf_t b = {0};
+  assert_int_equal(lg__buf_json_with(&b, bad, cu, both, 2), LG_EINVAL);
+  const char *many[33] = {0};
+  assert_int_equal(lg__buf_json_with(&b, NULL, many, many, 33), LG_EINVAL); /* over 32 keys */
+  lg__buf_free(&b);
+  json_decref(bad);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_byte),
       cmocka_unit_test(test_random_strings),
       cmocka_unit_test(test_escapes_only),
       cmocka_unit_test(test_values_as_jansson),
+      cmocka_unit_test(test_object_with_members_of_ours),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
