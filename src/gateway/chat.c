@@ -1728,71 +1728,22 @@ static int on_event(chat_t *c, const char *data, size_t n, const char *raw, size
   return lg__gwo_on_event(c, data, n, raw, rawn);
 }
 
-/* Where the first event of d[0..len) ends: the offset of its blank line,
- * *sep the blank line's length ("\n\n" 2, "\r\n\r\n" 4); *sep 0: no whole
- * event yet. Found from the line ends, which an event's JSON never holds
- * but at its own end. */
-static size_t event_end(const char *d, size_t len, size_t *sep) {
-  *sep = 0;
-  for (const char *q = d; (q = memchr(q, '\n', len - (size_t)(q - d))); q++) {
-    size_t i = (size_t)(q - d);
-    if (i + 1 < len && d[i + 1] == '\n') {
-      *sep = 2;
-      return i;
-    }
-    if (i >= 1 && i + 2 < len && d[i - 1] == '\r' && d[i + 1] == '\r' && d[i + 2] == '\n') {
-      *sep = 4;
-      return i - 1;
-    }
-  }
-  return 0;
-}
-
 static int on_stream_data(void *ud, const char *p, size_t n) {
   chat_t *c = ud;
   if (atomic_load(&c->j->s_gone)) return 1; /* the client went away: stop reading */
   lg__buf_append(&c->line, p, n);
-  /* Events end with a blank line; each whole one is read where it lies,
-   * the rest kept for the next bytes. */
+  if (!c->line.data) return 0; /* nothing yet (or no memory for it) */
+  /* Each whole event is read where it lies (sse.c); the rest is kept for
+   * the next bytes. c->line does not change while an event is read. */
   size_t off = 0;
   int stop = 0;
-  while (!stop && off < c->line.len) {
-    const char *d = c->line.data + off;
-    size_t sep, end = event_end(d, c->line.len - off, &sep);
-    if (!sep) break;
-    /* The event's data: its data lines joined by "\n", each without
-     * "data:" and the one space after it (the SSE rule, which the
-     * client's reader follows too: an event of two data lines is judged
-     * as the client will read it). One line is read in place. */
-    const char *dl = NULL;
-    size_t dn = 0;
-    lg__buf_t joined = {0};
-    int lines = 0;
-    for (size_t i = 0; i < end;) {
-      const char *nl = memchr(d + i, '\n', end - i);
-      size_t k = nl ? (size_t)(nl - d) : end;
-      size_t ll = k - i;
-      if (ll && d[i + ll - 1] == '\r') ll--;
-      if (ll >= 5 && !memcmp(d + i, "data:", 5)) {
-        const char *v = d + i + 5;
-        size_t vn = ll - 5;
-        if (vn && *v == ' ') v++, vn--;
-        if (lines == 1) lg__buf_append(&joined, dl, dn); /* a second line: joined from here */
-        if (lines) {
-          lg__buf_putc(&joined, '\n');
-          lg__buf_append(&joined, v, vn);
-        } else {
-          dl = v, dn = vn;
-        }
-        lines++;
-      }
-      i = k + 1;
-    }
-    if (lines > 1) dl = joined.oom ? NULL : joined.data, dn = joined.len;
-    if (dl) stop = on_event(c, dl, dn, d, end + sep); /* (c->line is not changed meanwhile) */
-    lg__buf_free(&joined);
-    off += end + sep;
+  lg__sse_event_t ev;
+  lg__buf_t joined = {0};
+  while (!stop && lg__sse_next(c->line.data + off, c->line.len - off, &ev, &joined)) {
+    if (ev.data) stop = on_event(c, ev.data, ev.data_len, c->line.data + off, ev.used);
+    off += ev.used;
   }
+  lg__buf_free(&joined);
   if (off) {
     memmove(c->line.data, c->line.data + off, c->line.len - off);
     c->line.len -= off;

@@ -10,6 +10,22 @@
 
 #include <curl/curl.h>
 
+/* ---- sse.c ---- */
+
+/* One event of an SSE stream: `used` its bytes, its blank line included;
+ * `data` its data lines joined by "\n" (without "data:" and the one space
+ * after it), NULL when it has none (or joining them ran out of memory). */
+typedef struct lg__sse_event {
+  size_t used;
+  const char *data;
+  size_t data_len;
+} lg__sse_event_t;
+
+/* The first whole event of d[0..len): 1 and *ev, or 0 when no event is
+ * whole yet. Its data points into d when it is one line, else into
+ * *joined (reused from event to event; the caller frees it). */
+int lg__sse_next(const char *d, size_t len, lg__sse_event_t *ev, lg__buf_t *joined);
+
 /* ---- upstream.c ---- */
 
 enum { LG__GW_API_OPENAI = 0, LG__GW_API_ANTHROPIC = 1 };
