@@ -86,7 +86,8 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
  * JSON is: the held calls are an array indexed by it. */
 #define MAX_STREAM_CALLS 256
 
-/* A held call's string member k with more text appended (a delta's). */
+/* A held call's name with more of it appended (a delta's: names are
+ * short; arguments go to lg__gwc_held_args). */
 static void append_str(json_t *o, const char *k, const char *more) {
   json_t *v = json_object_get(o, k);
   size_t have = json_string_length(v), add = strlen(more);
@@ -115,7 +116,7 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
     json_t *dfn = json_object_get(d, "function");
     const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
     if (nm) append_str(afn, "name", nm);
-    if (ar) append_str(afn, "arguments", ar);
+    if (ar) lg__gwc_held_args(c, (size_t)idx, ar, strlen(ar));
   }
 }
 

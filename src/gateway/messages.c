@@ -118,12 +118,7 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     if (m <= -1 && m > -1000000) {
       json_t *tu = json_array_get(c->tcalls, (size_t)(-1 - m));
       const char *pj = sget(d, "partial_json");
-      if (tu && pj) {
-        lg__buf_t b = {0};
-        lg__buf_printf(&b, "%s%s", sget(tu, "_args"), pj);
-        json_object_set_new(tu, "_args", json_string(b.data ? b.data : ""));
-        lg__buf_free(&b);
-      }
+      if (tu && pj) lg__gwc_held_args(c, (size_t)(-1 - m), pj, strlen(pj));
     } else if (m >= 0) {
       const char *tx = sget(d, "text");
       if (tx) lg__buf_puts(&c->text, tx);

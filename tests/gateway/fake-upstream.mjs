@@ -30,6 +30,10 @@
 //               a number; Chat Completions: a JSON array; its stream: an event of two data
 //               lines (not JSON once joined, as SSE joins them), a tool
 //               call delta at index 2^53, then text
+//   big-write   asks to write a file of 120 KB (quotes, backslashes, é, 日本,
+//               new lines) whose arguments stream in 7-character deltas, all
+//               sent at once: some 18,000 of them (Chat Completions and
+//               Messages)
 //   mutant-SEED asks to write the record, in an answer mutated by SEED
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
@@ -46,6 +50,7 @@ import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
 const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
+const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0;
 
 function check(messages) {
@@ -93,6 +98,7 @@ function script(req) {
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
   if (model.startsWith('chant')) return { text: CHANT };
+  if (model.startsWith('big-write')) return { calls: [{ name: 'write_file', args: JSON.stringify({ path: 'notes.txt', content: BIG }) }], pieces: 7 };
   if (model.startsWith('mutant')) return { calls: [{ name: 'write_record', args: writeVariant() }], text: 'Let me write it.' };
   if (model.startsWith('drip-long')) return { text: Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ') };
   if (model.startsWith('ask') || model.startsWith('finalize')) {
@@ -123,6 +129,15 @@ function usageOf(req, out) {
   return u;
 }
 
+// A call's arguments as its deltas: in two halves, or in pieces of n
+// UTF-16 units (never a character cut: BIG has no surrogate pairs).
+function pieces(a, n) {
+  if (!n) return [a.slice(0, a.length >> 1), a.slice(a.length >> 1)];
+  const out = [];
+  for (let i = 0; i < a.length; i += n) out.push(a.slice(i, i + n));
+  return out;
+}
+
 function reply(res, req) {
   const plan = script(req);
   const id = 'chatcmpl-fake' + (++stats.chat);
@@ -146,13 +161,13 @@ function reply(res, req) {
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
   calls.forEach((c, i) => {
     steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null }]));
-    const a = c.function.arguments, h = a.length >> 1;
-    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: a.slice(0, h) } }] }, logprobs: null, finish_reason: null }]));
-    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: a.slice(h) } }] }, logprobs: null, finish_reason: null }]));
+    for (const part of pieces(c.function.arguments, plan.pieces))
+      steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: part } }] }, logprobs: null, finish_reason: null }]));
   });
   steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: finish }]));
   if (req.stream_options && req.stream_options.include_usage) steps.push(() => send([], { usage }));
   steps.push(() => res.end('data: [DONE]\n\n'));
+  if (plan.pieces) { for (const step of steps) step(); return; } // all at once
   const delay = (req.model || '').startsWith('drip') ? 250 : Number(process.env.FAKE_CHUNK_MS || 5);
   let k = 0;
   const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, delay); } };
@@ -217,14 +232,14 @@ function replyAnthropic(res, req) {
       for (const w of b.text.match(/\S+\s*/g)) steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'text_delta', text: w } }));
     } else {
       steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'tool_use', id: b.id, name: b.name, input: {} } }));
-      const a = b._raw, h = a.length >> 1;
-      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: a.slice(0, h) } }));
-      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: a.slice(h) } }));
+      for (const part of pieces(b._raw, plan.pieces))
+        steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: part } }));
     }
     steps.push(() => ev('content_block_stop', { index: i }));
   });
   steps.push(() => ev('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: usage.output_tokens } }));
   steps.push(() => { ev('message_stop', {}); res.end(); });
+  if (plan.pieces) { for (const step of steps) step(); return; } // all at once
   let k = 0;
   const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, 5); } };
   tick();
