@@ -17,7 +17,7 @@
 # after the key gate. Exit 1 only when it could not run.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/lib.bash" # BUILD, LG, WORK, PIDS, note, calcf
+source "$HERE/lib.bash" # BUILD, LG, WORK, PIDS, note, calcf, serve_url
 N=${LG_BIG_DELTAS:-60000}
 RUNS=${LG_BIG_RUNS:-3}
 [[ ${LG_BENCH_QUICK:-0} == 1 ]] && RUNS=${LG_BIG_RUNS:-1}
@@ -28,16 +28,7 @@ PIDS+=($!)
 for _ in $(seq 200); do [[ -s $WORK/up.port ]] && break; sleep 0.05; done
 [[ -s $WORK/up.port ]] || { note "big arguments: FAILED: the fake upstream did not start: $(cat "$WORK/up.err")"; exit 1; }
 UP="http://127.0.0.1:$(cat "$WORK/up.port")"
-"$LG" serve --listen 127.0.0.1:0 --store memory: --upstream "$UP/v1" --log "$WORK/lg.log" \
-  >"$WORK/lg.out" 2>"$WORK/lg.err" &
-PIDS+=($!)
-URL=
-for _ in $(seq 200); do
-  URL=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/lg.out" 2>/dev/null | head -n 1)
-  [[ -n $URL ]] && break
-  sleep 0.05
-done
-[[ -n $URL ]] || { note "big arguments: FAILED: loopguard did not start: $(head -c 300 "$WORK/lg.err")"; exit 1; }
+serve_url "big arguments"
 
 # one TARGET_URL PATH BODY RUN: one answer; its wall time in ms, or "" when
 # it did not come whole (the call's 300 KB of arguments not all there)

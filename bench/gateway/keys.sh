@@ -16,23 +16,14 @@
 # (2 s runs), LG_GW_SECONDS (5). Exit 1 only when it could not run.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, start_upstream
+source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, start_upstream, serve_url
 command -v wrk >/dev/null || { note "key gate: SKIPPED: wrk is not installed (make bench-deps)"; exit 0; }
 [[ -x $UP_BIN && -x $LG ]] || { note "key gate: FAILED: $UP_BIN or $LG is missing (build first)"; exit 1; }
 
 start_upstream "key gate"
 # 1 USD a million input tokens, 2 output: a request's worst case is about a cent.
 echo '{"models":{"bench":{"input_usd_per_mtok":1,"output_usd_per_mtok":2,"max_output_tokens":1000}}}' >"$WORK/prices.json"
-"$LG" serve --listen 127.0.0.1:0 --store memory: --prices "$WORK/prices.json" --upstream "$UP/v1" \
-  --log "$WORK/lg.log" >"$WORK/lg.out" 2>"$WORK/lg.err" &
-PIDS+=($!)
-URL=
-for _ in $(seq 200); do
-  URL=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/lg.out" 2>/dev/null | head -n 1)
-  [[ -n $URL ]] && break
-  sleep 0.05
-done
-[[ -n $URL ]] || { note "key gate: FAILED: loopguard did not start: $(head -c 300 "$WORK/lg.err")"; exit 1; }
+serve_url "key gate" --prices "$WORK/prices.json"
 KEY=$(curl -s -XPOST "$URL/v1/keys" -H 'Content-Type: application/json' \
   -d '{"name":"bench","limit_usd":1000000}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])') ||
   { note "key gate: FAILED: no key"; exit 1; }
