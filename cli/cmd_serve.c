@@ -76,8 +76,10 @@ static const char *serve_usage =
     "once on fibers (LOOPGUARD_GATEWAY_FIBERS=0: one); LOOPGUARD_GATEWAY_WORKERS,\n"
     "the most worker threads for the requests past those (8 start; more when\n"
     "requests wait) [256; postgres: 16]; LOOPGUARD_GATEWAY_MAX_RUNS, the runs\n"
-    "kept in memory [10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB]\n"
-    "(docs/gateway.md).\n"
+    "kept in memory [10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB];\n"
+    "LOOPGUARD_GATEWAY_ANSWER_BYTES, the most of an upstream's answer held at\n"
+    "once on a guarded route (the answer, or one stream event): past it, 502\n"
+    "[64 MiB] (docs/gateway.md).\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
     "SIGHUP reopens the log and reloads --prices. Exit status: 0 success, 1 an error, 2 bad usage.\n";

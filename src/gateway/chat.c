@@ -1565,6 +1565,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->on_data = on_data;
   x->gone = on_data ? &j->s_gone : NULL;
   x->ud = c;
+  x->max_bytes = lg__gw_answer_max(c->cx->gw); /* a whole answer, or one event (on_stream_data) */
   int rc = lg__gw_http_do(c->cx->curl, c->cx->multi, x);
   lg__gw_note_upstream(c->cx->gw, c->ui, x->ns);
   return rc;
@@ -1748,6 +1749,7 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
     memmove(c->line.data, c->line.data + off, c->line.len - off);
     c->line.len -= off;
   }
+  if (!stop && c->line.len > lg__gw_answer_max(c->cx->gw)) return LG__GW_OVER; /* an event without end */
   return stop; /* 1: abort the upstream's stream */
 }
 
@@ -1860,11 +1862,14 @@ static int stream_finish(chat_t *c, int ask) {
  * out, garbage): an error event in the API's shape ends it, so the
  * client's SDK reports the failure rather than a short answer. */
 static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
-  char lab[300], msg[700];
+  char lab[300], msg[700], over[120];
   lg__gw_upstream_label(x->up, lab, sizeof lab);
+  snprintf(over, sizeof over, "sent an event over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES)", x->max_bytes);
   snprintf(msg, sizeof msg, "upstream %s: %s", lab,
-           rc ? (x->cc == CURLE_OPERATION_TIMEDOUT ? "timed out in the middle of the stream" : x->errbuf)
-              : "the stream ended before its last event");
+           !rc                                ? "the stream ended before its last event"
+           : x->over                          ? over
+           : x->cc == CURLE_OPERATION_TIMEDOUT ? "timed out in the middle of the stream"
+                                              : x->errbuf);
   lg__buf_t b = {0}, e = {0};
   int status = rc && x->cc == CURLE_OPERATION_TIMEDOUT ? 504 : 502;
   if (is_responses(c)) {

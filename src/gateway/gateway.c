@@ -82,6 +82,12 @@ typedef lg__gw_key_t key_ent_t;
 /* At most this many bytes of the runs' last conversations are kept to
  * read the next request faster (LOOPGUARD_GATEWAY_PREFIX_BYTES). */
 #define GW_PREFIX_BYTES_DEFAULT ((size_t)16 << 20)
+/* The most a guarded route holds of an upstream's answer at once: the
+ * whole answer when it is not streamed, one event of a stream
+ * (LOOPGUARD_GATEWAY_ANSWER_BYTES). A model's answer is a few hundred KB
+ * at most; an upstream that sends more is broken, and the server's
+ * memory is every client's. */
+#define GW_ANSWER_BYTES_DEFAULT ((size_t)64 << 20)
 /* A request without X-Loopguard-Run finds a kept conversation by the hash
  * of its first this many bytes (a shorter one is not found that way). */
 #define GW_PREFIX_HEAD 2048
@@ -117,6 +123,7 @@ struct lg__gw {
   lg__gw_run_t *lru_head, *lru_tail; /* most recently used first */
   size_t nruns, max_runs;
   size_t prefix_bytes, prefix_max;   /* the runs' prefixes (lg__gw_prefix_keep) */
+  size_t answer_max;                 /* GW_ANSWER_BYTES_DEFAULT, or the environment's */
   lg__gw_run_t *heads[GW_BUCKETS];   /* runs by their prefix's first bytes (lg__gw_prefix_find) */
   _Atomic uint64_t msgs_read[2];     /* conversation elements checked, taken from a prefix */
   lg__gw_policies_t policies; /* --policies DIR */
@@ -130,6 +137,7 @@ struct lg__gw {
 
 const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw) { return &gw->cfg; }
 _Atomic int *lg__gw_stopflag(lg__gw_t *gw) { return &gw->stop; }
+size_t lg__gw_answer_max(const lg__gw_t *gw) { return gw->answer_max; }
 
 /* ---- jobs ---- */
 
@@ -595,7 +603,11 @@ void lg__gw_handle(lg__req_t *rq) {
 void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x) {
   char lab[300];
   lg__gw_upstream_label(x->up, lab, sizeof lab);
-  if (x->cc == CURLE_OPERATION_TIMEDOUT)
+  if (x->over)
+    lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
+                 "upstream %s sent %s over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES); its answer is dropped",
+                 lab, x->on_data ? "a stream event" : "an answer", x->max_bytes);
+  else if (x->cc == CURLE_OPERATION_TIMEDOUT)
     lg__gw_error(j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab,
                  x->errbuf);
   else
@@ -1584,6 +1596,17 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
   const char *pb = getenv("LOOPGUARD_GATEWAY_PREFIX_BYTES");
   gw->prefix_max = pb && *pb && atoll(pb) >= 0 ? (size_t)atoll(pb) : GW_PREFIX_BYTES_DEFAULT;
+  const char *ab = getenv("LOOPGUARD_GATEWAY_ANSWER_BYTES");
+  gw->answer_max = GW_ANSWER_BYTES_DEFAULT;
+  if (!rc && ab && *ab) {
+    char *end;
+    long long v = strtoll(ab, &end, 10);
+    if (*end || v < 1024)
+      rc = lg__err(err, LG_EINVAL, "LOOPGUARD_GATEWAY_ANSWER_BYTES", -1,
+                   "must be a whole number of bytes, at least 1024, not \"%s\"", ab);
+    else
+      gw->answer_max = (size_t)v;
+  }
   const char *fe = getenv("LOOPGUARD_GATEWAY_FIBERS");
   gw->fibers = !(fe && !strcmp(fe, "0"));
   const char *wn = getenv("LOOPGUARD_GATEWAY_WORKERS");

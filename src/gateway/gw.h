@@ -75,9 +75,12 @@ typedef struct lg__gw_http {
   const char *provider_key;   /* a loopguard key's own provider key for this
                                  upstream (keys.c): sent instead of the
                                  upstream's, or NULL */
-  /* streaming: each piece of a 2xx body as it arrives (non-zero: abort) */
+  /* streaming: each piece of a 2xx body as it arrives (non-zero: abort;
+   * LG__GW_OVER: abort, the answer is past max_bytes) */
   int (*on_data)(void *ud, const char *p, size_t n);
   void *ud;
+  size_t max_bytes;           /* a body held whole past this many bytes (0: no bound)
+                                 is aborted, and `over` set */
   _Atomic int *stop;          /* non-zero: abort (shutdown) */
   _Atomic int *gone;          /* non-zero: abort (the client went away); may be NULL */
   /* out */
@@ -87,7 +90,10 @@ typedef struct lg__gw_http {
   CURLcode cc;
   char errbuf[CURL_ERROR_SIZE];
   uint64_t ns;                /* how long it took */
+  int over;                   /* aborted: the answer was past max_bytes */
 } lg__gw_http_t;
+
+#define LG__GW_OVER 2 /* on_data's answer: the answer is past its bound */
 
 /* A gateway fiber's wait for its upstream (gateway.c, "fibers";
  * upstream.c, perform_fiber): the sockets libcurl watches, in the
@@ -262,6 +268,7 @@ typedef struct lg__gw_ctx {
 } lg__gw_ctx_t;
 
 const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw);
+size_t lg__gw_answer_max(const lg__gw_t *gw); /* LOOPGUARD_GATEWAY_ANSWER_BYTES */
 _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 /* The run of a request: by its header, else derived (key); created
  * (stored, through the step's run creation, with `policy`: NULL for the

@@ -255,8 +255,15 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   lg__gw_http_t *x = ud;
   size_t n = size * nmemb;
   if (stopped(x)) return 0;
-  if (x->on_data && x->status >= 200 && x->status < 300)
-    return x->on_data(x->ud, p, n) ? 0 : n;
+  if (x->on_data && x->status >= 200 && x->status < 300) {
+    int r = x->on_data(x->ud, p, n);
+    if (r == LG__GW_OVER) x->over = 1;
+    return r ? 0 : n;
+  }
+  if (x->max_bytes && x->body_out.len + n > x->max_bytes) { /* a broken upstream: memory is not its */
+    x->over = 1;
+    return 0;
+  }
   return lg__buf_append(&x->body_out, p, n) ? 0 : n;
 }
 

@@ -34,6 +34,8 @@
 //               new lines) whose arguments stream in 7-character deltas, all
 //               sent at once: some 18,000 of them (Chat Completions and
 //               Messages)
+//   flood       answers 200 with 2 MiB: a JSON answer, or a stream whose
+//               second event never ends (Chat Completions)
 //   mutant-SEED asks to write the record, in an answer mutated by SEED
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
@@ -139,6 +141,18 @@ function pieces(a, n) {
 }
 
 function reply(res, req) {
+  if ((req.model || '').startsWith('flood')) { // past the gateway's bound (guard.sh sets 1 MiB)
+    const pad = 'x'.repeat(2 << 20);
+    if (!req.stream) {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify({ id: 'chatcmpl-flood', object: 'chat.completion', created: 1, model: req.model, choices: [], pad }));
+    }
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    res.write('data: ' + JSON.stringify({ id: 'chatcmpl-flood', object: 'chat.completion.chunk', created: 1, model: req.model,
+      choices: [{ index: 0, delta: { role: 'assistant', content: 'Hi' }, logprobs: null, finish_reason: null }] }) + '\n\n');
+    res.write('data: {"pad":"');
+    return res.end(pad); // no end to the event: a broken upstream
+  }
   const plan = script(req);
   const id = 'chatcmpl-fake' + (++stats.chat);
   const created = Math.floor(Date.now() / 1000);

@@ -13,7 +13,8 @@
 #     fields in the sidecar's decisions; gateway.final_round;
 #   - X-Loopguard-Policy (--policies DIR), an unknown name a 400;
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
-#     cut off by the upstream, an upstream that is down; a client that
+#     cut off by the upstream, an upstream that is down, an answer past
+#     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event); a client that
 #     hangs up aborts the upstream request; the server keeps serving;
 #   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS;
 #   - a SQLite store whose write lock another process holds when an answer
@@ -405,6 +406,26 @@ code=$(gw_call /v1/messages "x-api-key: $key")
 [ "$code" = 200 ] || fail "a loopguard key on /v1/messages: $code $(cat "$TMP/e.json")"
 stop_server auth
 [ "$auth_RC" = 0 ] || fail "the auth server exited $auth_RC: $(tail -5 "$TMP/auth.err")"
+
+note "an upstream answer past LOOPGUARD_GATEWAY_ANSWER_BYTES: dropped, a 502 in the API's shape, the server keeps serving"
+out=$(LOOPGUARD_GATEWAY_ANSWER_BYTES=1k "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
+  fail "LOOPGUARD_GATEWAY_ANSWER_BYTES=1k was taken: $out"
+echo "$out" | grep -q 'LOOPGUARD_GATEWAY_ANSWER_BYTES.*"1k"' || fail "LOOPGUARD_GATEWAY_ANSWER_BYTES=1k: $out"
+LOOPGUARD_GATEWAY_ANSWER_BYTES=1048576 start_server flood --store memory: --upstream "$FAKE/v1"
+code=$(curl -s --max-time 20 -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
+  -d '{"model":"flood","messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions")
+[ "$code" = 502 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = upstream_bad_response ] &&
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q 'an answer over 1048576 bytes' ||
+  fail "flood: $code $(head -c 300 "$TMP/e.json")"
+# streamed: the text came first, so the client's stream ends on an error event
+curl -s -N --max-time 20 -H "Content-Type: application/json" \
+  -d '{"model":"flood","stream":true,"messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions" >"$TMP/flood.sse"
+grep -q '"content":"Hi"' "$TMP/flood.sse" && tail -n 2 "$TMP/flood.sse" | head -n 1 | sed 's/^data: //' |
+  get 'd["error"]["message"]' | grep -q 'an event over 1048576 bytes' || fail "flood stream: $(head -c 600 "$TMP/flood.sse")"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json" \
+  -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "after the floods, a request answered $code"
+stop_server flood
 
 note "runs past LOOPGUARD_GATEWAY_MAX_RUNS are evicted: an evicted conversation goes on as a new run"
 LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store memory: --upstream "$FAKE/v1"
