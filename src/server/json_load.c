@@ -53,8 +53,7 @@ typedef struct fparse {
 } fparse_t;
 
 static inline void ws(fparse_t *f) {
-  while (f->p < f->end && *f->p <= ' ' && (*f->p == ' ' || *f->p == '\n' || *f->p == '\r' || *f->p == '\t'))
-    f->p++;
+  while (f->p < f->end && lg__json_ws((char)*f->p)) f->p++;
 }
 
 /* The four hex digits of a \u escape at p. */

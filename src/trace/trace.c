@@ -143,7 +143,6 @@ static int rerr(reader_t *r, int code, int field, long off, const char *fmt, con
   return code;
 }
 
-static bool ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n'; }
 
 /* The end of the value at i (not validated: the canonicaliser does that). */
 static int value_end(reader_t *r, size_t i, size_t *end) {
@@ -185,7 +184,7 @@ static int value_end(reader_t *r, size_t i, size_t *end) {
     return rerr(r, LG_EPARSE, -1, (long)n, "unterminated object or array%s", NULL);
   }
   size_t j = i;
-  while (j < n && !ws(s[j]) && s[j] != ',' && s[j] != '}' && s[j] != ']') j++;
+  while (j < n && !lg__json_ws(s[j]) && s[j] != ',' && s[j] != '}' && s[j] != ']') j++;
   if (j == i) return rerr(r, LG_EPARSE, -1, (long)i, "expected a value%s", NULL);
   *end = j;
   return 0;
@@ -218,27 +217,27 @@ static int scan_line(reader_t *r) {
   r->strs.len = 0;
   r->fmask = 0;
   r->has_fp = false;
-  while (i < n && ws(s[i])) i++;
+  i = lg__json_ws_end(s, i, n);
   if (i >= n || s[i] != '{')
     return rerr(r, LG_ETRACE, -1, (long)i, "an event is a JSON object%s", NULL);
   i++;
-  while (i < n && ws(s[i])) i++;
+  i = lg__json_ws_end(s, i, n);
   if (i < n && s[i] == '}') {
     i++;
     goto tail;
   }
   for (;;) {
-    while (i < n && ws(s[i])) i++;
+    i = lg__json_ws_end(s, i, n);
     if (i >= n || s[i] != '"') return rerr(r, LG_EPARSE, -1, (long)i, "expected a string key%s", NULL);
     size_t ks = i + 1, ke;
     if (value_end(r, i, &ke)) return r->err ? r->err->code : LG_EPARSE;
     size_t klen = ke - ks - 1;
     bool plain = memchr(s + ks, '\\', klen) == NULL;
     i = ke;
-    while (i < n && ws(s[i])) i++;
+    i = lg__json_ws_end(s, i, n);
     if (i >= n || s[i] != ':') return rerr(r, LG_EPARSE, -1, (long)i, "expected ':' after a key%s", NULL);
     i++;
-    while (i < n && ws(s[i])) i++;
+    i = lg__json_ws_end(s, i, n);
     int fid = plain ? field_id(s + ks, klen) : -1;
     size_t vs = i, ve;
     /* A result's value is only found here; the deciding side validates it
@@ -286,7 +285,7 @@ static int scan_line(reader_t *r) {
       r->fmask |= 1u << fid;
     }
     i = ve;
-    while (i < n && ws(s[i])) i++;
+    i = lg__json_ws_end(s, i, n);
     if (i < n && s[i] == ',') {
       i++;
       continue;
@@ -298,7 +297,7 @@ static int scan_line(reader_t *r) {
     return rerr(r, LG_EPARSE, -1, (long)i, "expected ',' or '}'%s", NULL);
   }
 tail:
-  while (i < n && ws(s[i])) i++;
+  i = lg__json_ws_end(s, i, n);
   if (i != n) return rerr(r, LG_EPARSE, -1, (long)i, "unexpected data after the event object%s", NULL);
   return 0;
 }
@@ -1110,7 +1109,7 @@ static bool next_line(const char *buf, size_t len, size_t *pos, long *line, cons
     (*line)++;
     *pos = end + 1;
     size_t a = start;
-    while (a < end && ws(buf[a])) a++;
+    a = lg__json_ws_end(buf, a, end);
     if (a < end && buf[a] != '#') {
       *s = buf + start;
       *n = end - start;
