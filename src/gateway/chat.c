@@ -1758,42 +1758,45 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
 
 /* ---- the end of a streamed answer, any API ---- */
 
-int lg__gwc_held_args(chat_t *c, size_t i, const char *s, size_t n) {
-  if (i >= c->n_held_args) {
-    lg__buf_t *v = lg__realloc(c->held_args, (i + 1) * sizeof *v);
+int lg__gwc_held(chat_t *c, size_t i, int part, const char *s, size_t n) {
+  if (i >= c->n_held) {
+    lg__buf_t(*v)[2] = lg__realloc(c->held, (i + 1) * sizeof *v);
     if (!v) return LG_ENOMEM;
-    memset(v + c->n_held_args, 0, (i + 1 - c->n_held_args) * sizeof *v);
-    c->held_args = v;
-    c->n_held_args = i + 1;
+    memset(v + c->n_held, 0, (i + 1 - c->n_held) * sizeof *v);
+    c->held = v;
+    c->n_held = i + 1;
   }
-  return lg__buf_append(&c->held_args[i], s, n);
+  return lg__buf_append(&c->held[i][part], s, n);
 }
 
-static void held_args_free(chat_t *c) {
-  for (size_t i = 0; i < c->n_held_args; i++) lg__buf_free(&c->held_args[i]);
-  lg__free(c->held_args);
-  c->held_args = NULL;
-  c->n_held_args = 0;
+static void held_free(chat_t *c) {
+  for (size_t i = 0; i < c->n_held; i++) lg__buf_free(&c->held[i][0]), lg__buf_free(&c->held[i][1]);
+  lg__free(c->held);
+  c->held = NULL;
+  c->n_held = 0;
 }
 
-/* The held calls' arguments, as they came, into the calls (Chat
- * Completions: function.arguments; Messages: _args), the buffers freed.
- * Arguments that ran out of memory stay empty. */
-static void held_args_into_calls(chat_t *c) {
-  for (size_t i = 0; i < c->n_held_args; i++) {
-    lg__buf_t *b = &c->held_args[i];
+/* The held calls' arguments and names, as they came, into the calls (Chat
+ * Completions: function.arguments and .name; Messages: _args), the
+ * buffers freed. A part that ran out of memory stays empty. */
+static void held_into_calls(chat_t *c) {
+  static const char *const chat_keys[2] = {"arguments", "name"};
+  for (size_t i = 0; i < c->n_held; i++) {
     json_t *tc = json_array_get(c->tcalls, i);
     json_t *o = is_anthropic(c) ? tc : json_object_get(tc, "function");
-    if (o && b->len && !b->oom) /* JSON strings' text joined: UTF-8 still, but checked */
-      json_object_set_new(o, is_anthropic(c) ? "_args" : "arguments", json_stringn(b->data, b->len));
+    for (int part = 0; part < 2; part++) {
+      lg__buf_t *b = &c->held[i][part];
+      if (o && b->len && !b->oom) /* JSON strings' text joined: UTF-8 still, but checked */
+        json_object_set_new(o, is_anthropic(c) ? "_args" : chat_keys[part], json_stringn(b->data, b->len));
+    }
   }
-  held_args_free(c);
+  held_free(c);
 }
 
 /* The held calls of the stream (new reference). */
 static json_t *held_calls(chat_t *c) {
   if (is_responses(c)) return c->r_done ? lg__gwr_function_calls(c->r_done) : json_array();
-  held_args_into_calls(c);
+  held_into_calls(c);
   return json_incref(c->tcalls);
 }
 
@@ -1890,7 +1893,7 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
 static void stream_reset(chat_t *c) {
   json_decref(c->tcalls);
   c->tcalls = json_array();
-  held_args_free(c);
+  held_free(c);
   json_decref(c->a_map);
   c->a_map = json_object();
   lg__free(c->finish);
@@ -2166,7 +2169,7 @@ static void chat_free(chat_t *c) {
   lg__free(c->fed.keep);
   json_decref(c->root);
   json_decref(c->tcalls);
-  held_args_free(c);
+  held_free(c);
   json_decref(c->last_chunk);
   json_decref(c->usage);
   json_decref(c->a_map);

@@ -86,19 +86,6 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
  * JSON is: the held calls are an array indexed by it. */
 #define MAX_STREAM_CALLS 256
 
-/* A held call's name with more of it appended (a delta's: names are
- * short; arguments go to lg__gwc_held_args). */
-static void append_str(json_t *o, const char *k, const char *more) {
-  json_t *v = json_object_get(o, k);
-  size_t have = json_string_length(v), add = strlen(more);
-  char *t = lg__malloc(have + add + 1);
-  if (!t) return; /* out of memory: the delta is lost */
-  memcpy(t, json_string_value(v) ? json_string_value(v) : "", have);
-  memcpy(t + have, more, add + 1);
-  json_object_set_new(o, k, json_stringn_nocheck(t, have + add));
-  lg__free(t);
-}
-
 /* Chat Completions: a chunk's tool call deltas added to the held calls
  * (by their index), until the stream ends. */
 static void hold_call_deltas(chat_t *c, json_t *tcd) {
@@ -111,12 +98,11 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
                                                      "function", "name", "", "arguments", "")))
         break; /* out of memory: the delta is lost, the loop is not endless */
     json_t *acc = json_array_get(c->tcalls, (size_t)idx);
-    json_t *afn = json_object_get(acc, "function");
     if (sget(d, "id")) json_object_set(acc, "id", json_object_get(d, "id"));
     json_t *dfn = json_object_get(d, "function");
     const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
-    if (nm) append_str(afn, "name", nm);
-    if (ar) lg__gwc_held_args(c, (size_t)idx, ar, strlen(ar));
+    if (nm) lg__gwc_held(c, (size_t)idx, LG__HELD_NAME, nm, strlen(nm));
+    if (ar) lg__gwc_held(c, (size_t)idx, LG__HELD_ARGS, ar, strlen(ar));
   }
 }
 

@@ -85,8 +85,8 @@ typedef struct chat {
   /* streaming: the response being read */
   lg__buf_t line;             /* a partial SSE line */
   json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
-  lg__buf_t *held_args;       /* their arguments as the deltas come, by the same index */
-  size_t n_held_args;         /*   (into tcalls when the stream ends: lg__gwc_held_args) */
+  lg__buf_t (*held)[2];       /* their arguments and names as the deltas come, by the */
+  size_t n_held;              /*   same index (into tcalls at the stream's end: lg__gwc_held) */
   json_t *last_chunk;         /* a chunk as a template for ours */
   json_t *usage;              /* the usage chunk's usage */
   int saw_done;
@@ -135,10 +135,12 @@ void lg__gwc_register_key(chat_t *c, json_t *msg);
 /* The streamed text not yet given to the step: 0 go on, 1 a text loop
  * observed, 2 the run stopped (cut the stream). */
 int lg__gwc_feed_text(chat_t *c, int at_end);
-/* Appends a streamed delta of held call i's arguments: kept in a buffer,
- * so that arguments that come in thousands of deltas (a file a tool is to
- * write) are copied once, not once a delta. 0, or LG_ENOMEM. */
-int lg__gwc_held_args(chat_t *c, size_t i, const char *s, size_t n);
+/* Appends a streamed delta of held call i's arguments (LG__HELD_ARGS) or
+ * name (LG__HELD_NAME, Chat Completions): kept in a buffer, so that
+ * arguments that come in thousands of deltas (a file a tool is to write)
+ * are copied once, not once a delta. 0, or LG_ENOMEM. */
+enum { LG__HELD_ARGS = 0, LG__HELD_NAME = 1 };
+int lg__gwc_held(chat_t *c, size_t i, int part, const char *s, size_t n);
 /* Responses: an id for an answer the gateway makes itself; that answer
  * (its text, or NULL) remembered, so that a request continuing from it
  * never sends the id upstream. */

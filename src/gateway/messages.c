@@ -118,7 +118,7 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     if (m <= -1 && m > -1000000) {
       json_t *tu = json_array_get(c->tcalls, (size_t)(-1 - m));
       const char *pj = sget(d, "partial_json");
-      if (tu && pj) lg__gwc_held_args(c, (size_t)(-1 - m), pj, strlen(pj));
+      if (tu && pj) lg__gwc_held(c, (size_t)(-1 - m), LG__HELD_ARGS, pj, strlen(pj));
     } else if (m >= 0) {
       const char *tx = sget(d, "text");
       if (tx) lg__buf_puts(&c->text, tx);
