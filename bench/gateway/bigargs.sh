@@ -17,7 +17,7 @@
 # after the key gate. Exit 1 only when it could not run.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/lib.bash" # BUILD, LG, WORK, PIDS, note, calcf, serve_url
+source "$HERE/lib.bash" # BUILD, LG, WORK, PIDS, note, calcf, median, serve_url
 N=${LG_BIG_DELTAS:-60000}
 RUNS=${LG_BIG_RUNS:-3}
 [[ ${LG_BENCH_QUICK:-0} == 1 ]] && RUNS=${LG_BIG_RUNS:-1}
@@ -39,7 +39,6 @@ one() {
   [[ $(grep -o abcde "$out" | wc -l) -ge $N ]] || return 0
   calcf "%.1f" "$t * 1000"
 }
-median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 
 note "big arguments: one streamed tool call of $((N * 5 / 1000)) KB in $N deltas, median of $RUNS answers"
 rc=0
@@ -56,8 +55,8 @@ for route in chat messages; do
     d+=("$(one "$UP" "$path" "$body" "d$route$r")")
     l+=("$(one "$URL" "$path" "$body" "l$route$r")")
   done
-  dm=$(printf '%s\n' "${d[@]}" | grep . | median)
-  lm=$(printf '%s\n' "${l[@]}" | grep . | median)
+  dm=$(median "${d[@]}")
+  lm=$(median "${l[@]}")
   if [[ -z $dm || -z $lm ]]; then
     note "big arguments ($route): FAILED: an answer did not come whole (direct: ${d[*]}; loopguard: ${l[*]})"
     rc=1

@@ -2,7 +2,7 @@
 # keys.sh), sourced with the benchmark's arguments (BUILD_DIR): BUILD, LG
 # (the loopguard binary), UP_BIN (the fake upstream), SECONDS_PER (a run's
 # seconds: LG_GW_SECONDS, 5, or 2 with LG_BENCH_QUICK=1), a scratch folder
-# $WORK removed at exit with every process in PIDS, note, calcf,
+# $WORK removed at exit with every process in PIDS, note, calcf, median,
 # start_upstream (the fake upstream, $UP its URL) and serve_url (loopguard
 # in front of it, $URL).
 BUILD=$(cd "${1:?usage: $(basename "$0") BUILD_DIR}" && pwd) || exit 2
@@ -21,6 +21,7 @@ cleanup() {
 trap cleanup EXIT
 note() { printf '%s\n' "$*"; }
 calcf() { awk "BEGIN { printf \"$1\", $2 }" </dev/null; }
+median() { printf '%s\n' "$@" | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; } # of the non-empty arguments
 start_upstream() { # NAME: the fake upstream -> $UP
   "$UP_BIN" "$WORK/up.port" 2>"$WORK/up.err" &
   PIDS+=($!)

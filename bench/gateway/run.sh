@@ -43,7 +43,7 @@
 # installed or started is SKIPPED, with the reason.
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, start_upstream
+source "$HERE/lib.bash" # BUILD, LG, UP_BIN, SECONDS_PER, WORK, PIDS, note, calcf, median, start_upstream
 CONNS=${LG_GW_CONNS:-8 32}
 MODES=${LG_GW_MODES:-fresh steady}
 NODE_DIR=${LG_GW_NODE_DIR:-$BUILD/bench-gateway-node}
@@ -222,7 +222,6 @@ lg_requests=0
 declare -A P50 P99 RPS L50 L99 LRPS FAILS
 ROUNDS=${LG_GW_ROUNDS:-3}
 C1_SECS=${LG_GW_C1_SECONDS:-$(((SECONDS_PER + 1) / 2))}
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 bad=0
 note "gateway: wrk -t1, keep-alive over loopback; 1 connection: the median of $ROUNDS runs of ${C1_SECS} s a target, in turn; the most requests/s: ${SECONDS_PER} s a run; loopguard $LG_URL, upstream $UP${RL_URL:+, relay $RL_URL}${PK_URL:+, portkey $PK_URL}"
 for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; else echo "$m:1024 $m:8192"; fi; done); do
