@@ -1014,7 +1014,7 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
 /* The client's stream starts (the HTTP side answers 200, text/event-stream). */
 void lg__gwc_begin_stream(chat_t *c) {
   if (c->streamed) return;
-  lg__gw_stream_start(c->j);
+  lg__gw_stream_start(c->j, 200, "text/event-stream");
   c->streamed = 1;
 }
 
@@ -1564,6 +1564,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->stop = lg__gw_stopflag(c->cx->gw);
   x->on_data = on_data;
   x->gone = on_data ? &j->s_gone : NULL;
+  x->stream = on_data ? j : NULL;
   x->ud = c;
   x->max_bytes = lg__gw_answer_max(c->cx->gw); /* a whole answer, or one event (on_stream_data) */
   int rc = lg__gw_http_do(c->cx->curl, c->cx->multi, x);

@@ -265,8 +265,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
   }
   if (j->s_end) {
+    int cut = j->s_cut;
     pthread_mutex_unlock(&j->smu);
-    return MHD_CONTENT_READER_END_OF_STREAM;
+    return cut ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
   }
   /* Nothing yet: wait without spinning; the writer resumes us. */
   j->s_waiting = 1;
@@ -293,10 +294,10 @@ static lg__loop_t *resume_stream(lg__gw_job_t *j) {
   return l;
 }
 
-void lg__gw_stream_start(lg__gw_job_t *j) {
+void lg__gw_stream_start(lg__gw_job_t *j, int status, const char *ctype) {
   j->streaming = 1;
-  j->status = 200;
-  snprintf(j->ctype, sizeof j->ctype, "text/event-stream");
+  j->status = status;
+  snprintf(j->ctype, sizeof j->ctype, "%s", ctype);
   lg__gw_answer(j);
 }
 
@@ -308,6 +309,19 @@ int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n) {
   pthread_mutex_unlock(&j->smu);
   if (l && !lg__loop_turns_next(l)) lg__loop_wake(l);
   return rc ? -1 : 0;
+}
+
+size_t lg__gw_stream_backlog(lg__gw_job_t *j) {
+  pthread_mutex_lock(&j->smu);
+  size_t n = j->sbuf.len - j->soff;
+  pthread_mutex_unlock(&j->smu);
+  return n;
+}
+
+void lg__gw_stream_cut(lg__gw_job_t *j) {
+  pthread_mutex_lock(&j->smu);
+  j->s_cut = 1;
+  pthread_mutex_unlock(&j->smu);
 }
 
 /* From worker_main, which holds no lock then: the stream's end is sent
@@ -333,7 +347,8 @@ static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
     snprintf(ra, sizeof ra, "%d", j->head.retry_after);
     MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
   }
-  if (j->streaming) MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  if (j->streaming && !strncmp(j->head.ctype, "text/event-stream", 17))
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 }
 
 /* On the HTTP thread, once the worker answered (or the client is gone). */
@@ -351,7 +366,7 @@ static void gw_finish(lg__req_t *rq) {
   size_t whole_len = 0;
   if (j->streaming) {
     pthread_mutex_lock(&j->smu);
-    if (j->s_end && !j->soff && !j->sbuf.oom) whole = lg__buf_steal(&j->sbuf, &whole_len);
+    if (j->s_end && !j->s_cut && !j->soff && !j->sbuf.oom) whole = lg__buf_steal(&j->sbuf, &whole_len);
     pthread_mutex_unlock(&j->smu);
   }
   if (whole) {
@@ -606,7 +621,8 @@ void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x) {
   if (x->over)
     lg__gw_error(j, 502, "upstream_error", "upstream_bad_response",
                  "upstream %s sent %s over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES); its answer is dropped",
-                 lab, x->on_data ? "a stream event" : "an answer", x->max_bytes);
+                 lab, x->on_data && x->status >= 200 && x->status < 300 ? "a stream event" : "an answer",
+                 x->max_bytes);
   else if (x->cc == CURLE_OPERATION_TIMEDOUT)
     lg__gw_error(j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab,
                  x->errbuf);
@@ -623,6 +639,19 @@ void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x) {
   x->body_out = t;
 }
 
+/* A passed-through answer's bytes, on to the client as they come: the
+ * first starts the stream with the upstream's status and type. */
+static int pass_data(void *ud, const char *p, size_t n) {
+  lg__gw_http_t *x = ud;
+  lg__gw_job_t *j = x->stream;
+  if (!j->streaming)
+    lg__gw_stream_start(j, (int)x->status, x->ctype[0] ? x->ctype : "application/json");
+  return lg__gw_stream_write(j, p, n);
+}
+
+/* A path the gateway does not guard: forwarded, its 2xx answer streamed
+ * back as it arrives (a download, a legacy completion's events); any
+ * other answer, whole, as the upstream sent it. */
 static void passthrough(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
   size_t ui = lg__gw_cfg(cx->gw)->def;
@@ -637,10 +666,20 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.client_auth = j->auth;
   x.provider_key = j->provider_key;
   x.stop = &cx->gw->stop;
+  x.gone = &j->s_gone;
+  x.on_data = pass_data;
+  x.ud = &x;
+  x.stream = j;
+  x.max_bytes = cx->gw->answer_max; /* an error answer, held whole */
   int rc = lg__gw_http_do(cx->curl, cx->multi, &x);
   lg__gw_note_upstream(cx->gw, ui, x.ns);
-  if (rc) lg__gw_upstream_failed(j, &x);
-  else lg__gw_upstream_answer(j, &x);
+  if (j->streaming) {
+    if (rc) lg__gw_stream_cut(j); /* begun: the client sees it cut, not ended */
+  } else if (rc) {
+    lg__gw_upstream_failed(j, &x);
+  } else {
+    lg__gw_upstream_answer(j, &x);
+  }
   lg__gw_http_clear(&x);
   lg__gw_answer(j);
 }

@@ -83,6 +83,12 @@ typedef struct lg__gw_http {
                                  is aborted, and `over` set */
   _Atomic int *stop;          /* non-zero: abort (shutdown) */
   _Atomic int *gone;          /* non-zero: abort (the client went away); may be NULL */
+  struct lg__gw_job *stream;  /* the job whose client stream on_data feeds, or NULL:
+                                 the transfer pauses while that client has more
+                                 than LG__GW_STREAM_HIGH bytes unread (gateway.c,
+                                 "streams"), so a slow reader holds the upstream
+                                 back, not the gateway's memory */
+  int paused;                 /* (upstream.c) paused for the stream's client */
   /* out */
   long status;                /* 0 when no answer */
   lg__buf_t body_out;         /* the body (all of it when not streamed) */
@@ -233,6 +239,7 @@ typedef struct lg__gw_job {
   size_t soff;                /* read up to here */
   int s_end;                  /* the worker wrote the last byte */
   int s_waiting;              /* the reader suspended the connection */
+  int s_cut;                  /* broken mid-way: ends without its last chunk */
   _Atomic int s_gone;         /* the client went away */
   struct MHD_Connection *conn;
   _Atomic int refs;           /* the worker, the HTTP side, the stream */
@@ -304,11 +311,19 @@ int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *e
 int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg_error_t *err);
 /* Answers the job now (status, body), for a non-stream answer. */
 void lg__gw_answer(lg__gw_job_t *j);
-/* The stream of a job: starts it (the HTTP side answers 200 with an SSE
- * response); write appends and wakes the reader; end closes it. */
-void lg__gw_stream_start(lg__gw_job_t *j);
+/* The stream of a job: starts it (the HTTP side answers status, ctype,
+ * as the bytes come: an SSE stream is 200 text/event-stream); write
+ * appends and wakes the reader; backlog is what its client has not read
+ * yet; cut marks it broken (an upstream that failed mid-way: it ends
+ * without its last chunk, so the client sees it cut); end closes it. */
+void lg__gw_stream_start(lg__gw_job_t *j, int status, const char *ctype);
 int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n);
+size_t lg__gw_stream_backlog(lg__gw_job_t *j);
+void lg__gw_stream_cut(lg__gw_job_t *j);
 void lg__gw_stream_end(lg__gw_job_t *j);
+/* A transfer feeding a stream pauses past HIGH unread bytes, goes on at LOW. */
+#define LG__GW_STREAM_HIGH ((size_t)1 << 20)
+#define LG__GW_STREAM_LOW ((size_t)256 << 10)
 /* Metrics and the intervention log. */
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns);
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,

@@ -256,6 +256,12 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   size_t n = size * nmemb;
   if (stopped(x)) return 0;
   if (x->on_data && x->status >= 200 && x->status < 300) {
+    /* its client has not read the last megabyte: libcurl keeps this piece
+     * and reads no more until unpaused (unpause) */
+    if (x->stream && lg__gw_stream_backlog(x->stream) > LG__GW_STREAM_HIGH) {
+      x->paused = 1;
+      return CURL_WRITEFUNC_PAUSE;
+    }
     int r = x->on_data(x->ud, p, n);
     if (r == LG__GW_OVER) x->over = 1;
     return r ? 0 : n;
@@ -336,10 +342,21 @@ static int on_timer(CURLM *m, long ms, void *userp) {
   return 0;
 }
 
+/* A transfer paused for its stream's client (on_body) goes on once the
+ * client has read down to LOW, or is gone (the abort is then libcurl's
+ * next callback's). 1 when it went on. */
+static int unpause(CURL *h, lg__gw_http_t *x) {
+  if (!x->paused || (!stopped(x) && lg__gw_stream_backlog(x->stream) > LG__GW_STREAM_LOW)) return 0;
+  x->paused = 0;
+  curl_easy_pause(h, CURLPAUSE_CONT); /* hands on the piece it kept, at once */
+  return 1;
+}
+#define PAUSED_POLL_MS 2 /* how often a paused transfer looks at its client */
+
 /* A transfer on a gateway fiber: libcurl driven by its sockets' events
  * (curl_multi_socket_action), the fiber stopped between them while its
  * thread goes on with the loop and the other fibers. */
-static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, const lg__gw_http_t *x) {
+static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, lg__gw_http_t *x) {
   lg__gw_wait_t w = {.ep = ep, .m = m};
   for (size_t i = 0; i < LG__ARRAY_LEN(w.socks); i++) w.socks[i].fd = -1;
   curl_multi_setopt(m, CURLMOPT_SOCKETFUNCTION, on_sock);
@@ -355,7 +372,15 @@ static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, const lg__gw_http_t *x)
       cc = CURLE_ABORTED_BY_CALLBACK;
       break;
     }
-    lg__gw_fiber_wait(&w);
+    if (x->paused) { /* no socket of its own to wait for: a look at the client soon */
+      uint64_t due = w.due_ns, soon = lg__mono_ns() + PAUSED_POLL_MS * 1000000u;
+      if (!due || due > soon) w.due_ns = soon;
+      lg__gw_fiber_wait(&w);
+      w.due_ns = due; /* libcurl's own timer, unless it set another meanwhile */
+      unpause(h, x);
+    } else {
+      lg__gw_fiber_wait(&w);
+    }
     int acted = 0;
     for (size_t i = 0; i < LG__ARRAY_LEN(w.socks) && mc == CURLM_OK; i++) {
       uint32_t ev = w.socks[i].ev;
@@ -393,17 +418,22 @@ static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, const lg__gw_http_t *x)
  * this thread leads a server loop, a wait on that loop too, whose turns
  * are taken meanwhile (its other connections go on while the upstream
  * thinks). */
-static CURLcode perform(CURL *h, CURLM *m, const lg__gw_http_t *x) {
+static CURLcode perform(CURL *h, CURLM *m, lg__gw_http_t *x) {
   int ep = m ? lg__gw_fiber_ep() : -1;
   if (ep >= 0) return perform_fiber(h, m, ep, x);
-  if (!m || curl_multi_add_handle(m, h) != CURLM_OK) return curl_easy_perform(h);
+  if (!m || curl_multi_add_handle(m, h) != CURLM_OK) {
+    x->stream = NULL; /* curl_easy_perform's loop does not unpause: no pause */
+    return curl_easy_perform(h);
+  }
   CURLcode cc = CURLE_OK;
   CURLMcode mc;
   int running = 1;
   while ((mc = curl_multi_perform(m, &running)) == CURLM_OK && running) {
     struct curl_waitfd w = {lg__loop_wait_fd(), CURL_WAIT_POLLIN, 0};
     int ready = 0;
-    if ((mc = curl_multi_wait(m, &w, w.fd >= 0, 1000, &ready)) != CURLM_OK) break;
+    if ((mc = curl_multi_wait(m, &w, w.fd >= 0, x->paused ? PAUSED_POLL_MS : 1000, &ready)) != CURLM_OK)
+      break;
+    unpause(h, x);
     /* the loop's work, or a quiet moment: its timers (idle connections) */
     if (w.fd >= 0 && (w.revents || !ready)) lg__loop_turn();
   }

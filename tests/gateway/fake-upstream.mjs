@@ -36,10 +36,17 @@
 //               Messages)
 //   flood       answers 200 with 2 MiB: a JSON answer, or a stream whose
 //               second event never ends (Chat Completions)
+//   (POST /v1/completions, the legacy API the gateway passes through
+//   unguarded: its text is the prompt echoed; "drip" streams it a word every
+//   250 ms, as Chat Completions does)
 //   mutant-SEED asks to write the record, in an answer mutated by SEED
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// GET /v1/files/file-big-N/content answers N bytes (a 16-byte line
+// counted in hex, over and over), written as fast as the client takes
+// them; file-cut-N drops the connection half-way. GET /stats counts the
+// answers whose client left before their end (aborted).
 // A request whose members have the wrong types (a mutated one) is answered
 // 400 in its API's error shape, as a provider answers it, and counted in
 // GET /stats as malformed (not as a violation: the client sent it so).
@@ -186,6 +193,49 @@ function reply(res, req) {
   let k = 0;
   const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, delay); } };
   tick();
+}
+
+// ---- the legacy Completions API, and a download (passthrough) ----
+
+function replyLegacy(res, req) {
+  const text = ` ${String(req.prompt || '')}`;
+  const base = { id: 'cmpl-fake', object: 'text_completion', created: 1, model: req.model };
+  if (!req.stream) {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ ...base, choices: [{ text, index: 0, logprobs: null, finish_reason: 'stop' }],
+      usage: { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6 } }));
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  const words = text.match(/\s*\S+/g) || [];
+  const delay = (req.model || '').startsWith('drip') ? 250 : 5;
+  let k = 0;
+  const tick = () => {
+    if (res.destroyed) return;
+    if (k < words.length) {
+      res.write('data: ' + JSON.stringify({ ...base, choices: [{ text: words[k++], index: 0, logprobs: null, finish_reason: null }] }) + '\n\n');
+      return setTimeout(tick, delay);
+    }
+    res.write('data: ' + JSON.stringify({ ...base, choices: [{ text: '', index: 0, logprobs: null, finish_reason: 'stop' }] }) + '\n\n');
+    res.end('data: [DONE]\n\n');
+  };
+  tick();
+}
+
+function download(res, n, cut) { // cut: the connection dropped half-way
+  res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(n) });
+  let sent = 0;
+  const more = () => {
+    while (sent < n && !res.destroyed) {
+      const len = Math.min(1 << 16, n - sent);
+      const block = Buffer.alloc(len); // its own: a written buffer is held until sent
+      for (let o = 0; o < len; o += 16) block.write((sent + o).toString(16).padStart(15, '0') + '\n', o, 'latin1');
+      sent += len;
+      if (cut && sent > n / 2) return res.destroy();
+      if (!res.write(block)) return res.once('drain', more);
+    }
+    if (sent >= n) res.end();
+  };
+  more();
 }
 
 // ---- Anthropic Messages ----
@@ -449,6 +499,13 @@ function route(req, res, body) {
       stats.violations = []; stats.chat = 0; stats.bodies = []; stats.raw = []; stats.models = []; stats.aborted = 0;
       res.writeHead(200); return res.end('{}');
     }
+    if (req.method === 'POST' && req.url === '/v1/completions') {
+      let j;
+      try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
+      return replyLegacy(res, j);
+    }
+    const file = req.method === 'GET' && /^\/v1\/files\/file-(big|cut)-(\d+)\/content$/.exec(req.url);
+    if (file) return download(res, Number(file[2]), file[1] === 'cut');
     if (req.method === 'GET' && req.url === '/v1/models') {
       res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });
       return res.end(JSON.stringify({ object: 'list', data: [{ id: 'finish', object: 'model', created: 0, owned_by: 'fake' }] }));

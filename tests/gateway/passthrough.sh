@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# passthrough.sh — the paths the gateway forwards unguarded (gateway-v1,
+# "Routes": any other /v1/ path), end to end: a 2xx answer reaches the
+# client as the upstream sends it, not held until its end; a slow client
+# holds the upstream back, not the gateway's memory; a client that hangs up
+# aborts the upstream request; an upstream that breaks mid-way reaches the
+# client as a cut answer, never as a whole one; an error answer goes whole,
+# as the upstream sent it.
+# Clients: the real `openai` package (legacy Completions, stream and not),
+# curl, and a slow reader of our own (slow-reader.py).
+set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
+get() { jq_py "$1"; }
+stats() { curl -sf "$FAKE/stats" | get "$1"; }
+start_server p --store memory: --upstream "$FAKE/v1" --log "$TMP/p.log"
+kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
+
+note "legacy Completions (openai): a stream's events as they come, a whole answer as sent"
+out=$(BASE_URL="$p_URL/v1" node "$HERE/passthrough-stream.mjs") || fail "passthrough-stream.mjs: $out"
+direct=$(BASE_URL="$FAKE/v1" node "$HERE/passthrough-stream.mjs") || fail "passthrough-stream.mjs (direct): $direct"
+[ "$(echo "$out" | get 'd["text"]')" = " one two three four five six" ] || fail "stream text: $out"
+[ "$(echo "$out" | get 'd["whole"]')" = "$(echo "$direct" | get 'd["whole"]')" ] || fail "whole answer: $out vs $direct"
+# drip sends a word every 250 ms: held to its end, the first would come at the end
+[ "$(echo "$out" | get 'int(d["first_ms"] < d["total_ms"] - 700)')" = 1 ] || fail "the stream was held back: $out"
+curl -s -N -D "$TMP/drip.h" -o "$TMP/drip.sse" -H 'Content-Type: application/json' \
+  -d '{"model":"drip","prompt":"a b c","stream":true}' "$p_URL/v1/completions" || fail "drip"
+grep -qi '^content-type: *text/event-stream' "$TMP/drip.h" || fail "the stream's type: $(cat "$TMP/drip.h")"
+grep -qi '^transfer-encoding: *chunked' "$TMP/drip.h" || fail "a stream still coming was not chunked: $(cat "$TMP/drip.h")"
+[ "$(tail -c 14 "$TMP/drip.sse")" = "$(printf 'data: [DONE]\n\n')" ] || fail "the stream's end: $(cat "$TMP/drip.sse")"
+
+note "an answer all in hand: one body of known length, its type and status the upstream's"
+curl -s -D "$TMP/models.h" -o "$TMP/models.json" "$p_URL/v1/models" || fail "models"
+cmp -s "$TMP/models.json" <(curl -s "$FAKE/v1/models") || fail "models: not the upstream's bytes"
+grep -qi '^content-length:' "$TMP/models.h" || fail "models: no Content-Length: $(cat "$TMP/models.h")"
+grep -qi '^content-type: *application/json' "$TMP/models.h" || fail "models: $(cat "$TMP/models.h")"
+grep -qi '^cache-control' "$TMP/models.h" && fail "models: a stream's Cache-Control on a JSON answer: $(cat "$TMP/models.h")"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$p_URL/v1/nothing/here")
+[ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "an error answer: $code $(cat "$TMP/e.json")"
+
+note "a 64 MiB download: every byte, in order, without the gateway holding it"
+big=/v1/files/file-big-67108864/content
+hwm0=$(kb "$p_PID" VmHWM)
+curl -sf "$p_URL$big" | sha256sum >"$TMP/g.sum" || fail "download"
+curl -sf "$FAKE$big" | sha256sum >"$TMP/d.sum" || fail "download (direct)"
+cmp -s "$TMP/g.sum" "$TMP/d.sum" || fail "download: not the upstream's bytes"
+hwm1=$(kb "$p_PID" VmHWM)
+# held whole, it cost its 64 MiB (and a copy) at once
+((hwm1 - hwm0 < 24 * 1024)) || fail "download: the gateway's peak memory grew by $(((hwm1 - hwm0) / 1024)) MiB"
+
+# slow_reader NAME: a client that stops reading, on server NAME
+slow_reader() {
+  local url_var="${1}_URL" pid_var="${1}_PID" r
+  r=$(python3 "$HERE_SRC/slow-reader.py" "${!url_var}$big" "${!pid_var}" 2) || fail "slow reader: $r"
+  [ "$(echo "$r" | get 'int(d["status"] == 200 and d["bytes"] == 67108864 and d["complete"] and d["content_ok"])')" = 1 ] ||
+    fail "slow reader ($1): the download was not whole: $r"
+  ((($(echo "$r" | get 'd["stall_peak_kb"] - d["rss0_kb"]')) < 24 * 1024)) || fail "slow reader ($1): memory grew while it did not read: $r"
+  [ "$(echo "$r" | get 'int(d["stall_cpu_s"] < 0.5)')" = 1 ] || fail "slow reader ($1): the gateway spun while its client did not read: $r"
+}
+note "a client that stops reading: the upstream waits, the gateway's memory stays, no CPU burnt"
+slow_reader p
+note "the same on the gateway's worker threads (LOOPGUARD_GATEWAY_FIBERS=0)"
+LOOPGUARD_GATEWAY_FIBERS=0 start_server w --store memory: --upstream "$FAKE/v1"
+slow_reader w
+stop_server w
+[ "$w_RC" = 0 ] || fail "the server without fibers exited $w_RC: $(tail -5 "$TMP/w.err")"
+
+note "a client that hangs up mid-download: the upstream request is aborted, the server keeps serving"
+before=$(stats 'd["aborted"]')
+curl -s --max-time 1 --limit-rate 1M -o /dev/null "$p_URL$big"
+for i in $(seq 50); do [ "$(stats 'd["aborted"]')" -gt "$before" ] && break; sleep 0.1; done
+[ "$(stats 'd["aborted"]')" -gt "$before" ] || fail "hang-up: the upstream request went on"
+curl -sf "$p_URL/healthz" >/dev/null || fail "the server stopped serving after a hang-up"
+
+note "an upstream that breaks mid-download: the client sees the answer cut, not ended"
+rc=0
+curl -s -o "$TMP/cut.bin" "$p_URL/v1/files/file-cut-4194304/content" || rc=$?
+((rc != 0)) || fail "a download cut upstream ended as whole ($(wc -c <"$TMP/cut.bin") bytes)"
+curl -sf "$p_URL/healthz" >/dev/null || fail "the server stopped serving after a cut upstream"
+
+stop_server p
+[ "$p_RC" = 0 ] || fail "the server exited $p_RC: $(tail -5 "$TMP/p.err")"
+echo "PASS"
