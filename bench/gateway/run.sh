@@ -38,7 +38,9 @@
 # LG_GW_TURNS (10), LG_GW_NODE_DIR (where Portkey is installed; BUILD_DIR/bench-gateway-node),
 # LG_GW_ROUNDS (3) and LG_GW_C1_SECONDS (half of LG_GW_SECONDS, rounded up):
 # the one-connection runs of each target, taken in turn, whose medians are
-# the p50, p99 and requests/s at one connection.
+# the p50, p99 and requests/s at one connection; LG_GW_RPS_ROUNDS (3): the
+# rounds of runs at LG_GW_CONNS, each target in turn, whose medians are the
+# most requests/s and the ratio to Portkey.
 # Exit status 1 only when our own part could not run; Portkey that cannot be
 # installed or started is SKIPPED, with the reason.
 set -u -o pipefail
@@ -221,9 +223,10 @@ hdr_of() { [[ $1 == portkey ]] && printf '%s\n' "${PK_HDR[@]}"; }
 lg_requests=0
 declare -A P50 P99 RPS L50 L99 LRPS FAILS
 ROUNDS=${LG_GW_ROUNDS:-3}
+RPS_ROUNDS=${LG_GW_RPS_ROUNDS:-3}
 C1_SECS=${LG_GW_C1_SECONDS:-$(((SECONDS_PER + 1) / 2))}
 bad=0
-note "gateway: wrk -t1, keep-alive over loopback; 1 connection: the median of $ROUNDS runs of ${C1_SECS} s a target, in turn; the most requests/s: ${SECONDS_PER} s a run; loopguard $LG_URL, upstream $UP${RL_URL:+, relay $RL_URL}${PK_URL:+, portkey $PK_URL}"
+note "gateway: wrk -t1, keep-alive over loopback; 1 connection: the median of $ROUNDS runs of ${C1_SECS} s a target, in turn; the most requests/s: the median of $RPS_ROUNDS rounds of ${SECONDS_PER} s runs at -c${CONNS// /, -c}, each target in turn; loopguard $LG_URL, upstream $UP${RL_URL:+, relay $RL_URL}${PK_URL:+, portkey $PK_URL}"
 for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; else echo "$m:1024 $m:8192"; fi; done); do
   MODE=${spec%%:*} size=${spec#*:}
   kb=$((size / 1024))k
@@ -259,8 +262,32 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
         [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
       done
     done
+    # The most requests a second: RPS_ROUNDS rounds, each every target in
+    # turn at each connection count; a target's figure in a round is its
+    # best count's, its figure the median of its rounds', and the ratio to
+    # Portkey the median of the rounds' ratios: each a ratio of two runs
+    # minutes apart, so a minute in which the VM slows weighs on both.
+    conns=$CONNS
+    # steady: a wrk thread an agent (its Lua state is the loop's), which costs
+    # wrk itself more CPU (direct's figure shows how much): 8 agents at most
+    [[ $MODE == steady ]] && conns=${LG_GW_STEADY_CONNS:-8}
+    declare -A RR=() RC=() # target -> its rounds' best rps / the counts they came at
+    for ((round = 0; round < RPS_ROUNDS; round++)); do
+      for t in "${targets[@]}"; do
+        mapfile -t h < <(hdr_of "$t")
+        best=0 best_c=
+        for c in $conns; do
+          if LG_PATH=$(path_of "$t") run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
+            if ((LAST_RPS > best)); then best=$LAST_RPS best_c=$c; fi
+          else
+            [[ $t == portkey || $t == relay ]] || bad=1
+          fi
+          [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
+        done
+        RR[$t]+="$best " RC[$t]+="${best_c:-null} "
+      done
+    done
     for t in "${targets[@]}"; do
-      mapfile -t h < <(hdr_of "$t")
       if ((FAILS[$t] == 0)); then
         P50[$t]=$(median ${L50[$t]}) P99[$t]=$(median ${L99[$t]})
         st_rps1=$(median ${LRPS[$t]})
@@ -268,30 +295,18 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
         P50[$t]= P99[$t]= st_rps1=
         [[ $t == portkey || $t == relay ]] || bad=1 # the references' errors are their figures', not a failure of ours
       fi
-      best=0 best_c=
-      conns=$CONNS
-      # steady: a wrk thread an agent (its Lua state is the loop's), which costs
-      # wrk itself more CPU (direct's figure shows how much): 8 agents at most
-      [[ $MODE == steady ]] && conns=${LG_GW_STEADY_CONNS:-8}
-      for c in $conns; do
-        if LG_PATH=$(path_of "$t") run_wrk "$(url_of "$t")" "$body" "$c" "${h[@]}"; then
-          if ((LAST_RPS > best)); then best=$LAST_RPS best_c=$c; fi
-        else
-          [[ $t == portkey || $t == relay ]] || bad=1
-        fi
-        [[ $t == loopguard ]] && lg_requests=$((lg_requests + ${LAST_N:-0}))
-      done
-      RPS[$t]=$best
+      RPS[$t]=$(median ${RR[$t]})
+      rounds_json="[$(echo ${RR[$t]} | tr ' ' ',')]" conns_json="[$(echo ${RC[$t]} | tr ' ' ',')]"
       added50=null added99=null
       if [[ $t != direct && -n ${P50[$t]} && -n ${P50[direct]} ]]; then
         added50=$(calcf "%.4f" "${P50[$t]} - ${P50[direct]}")
         added99=$(calcf "%.4f" "${P99[$t]} - ${P99[direct]}")
       fi
-      emit "$(printf '{"bench":"gateway","figure":"%s","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"seconds":%d,"c1_runs":%d,"c1_seconds":%d,"c1_p50_ms":%s,"c1_p99_ms":%s,"c1_rps":%s,"added_p50_ms":%s,"added_p99_ms":%s,"max_rps":%d,"max_rps_conns":%s}\n' \
+      emit "$(printf '{"bench":"gateway","figure":"%s","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"seconds":%d,"c1_runs":%d,"c1_seconds":%d,"c1_p50_ms":%s,"c1_p99_ms":%s,"c1_rps":%s,"added_p50_ms":%s,"added_p99_ms":%s,"max_rps":%d,"max_rps_rounds":%s,"max_rps_conns":%s}\n' \
         "$t" "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$SECONDS_PER" "$ROUNDS" "$C1_SECS" "${P50[$t]:-null}" "${P99[$t]:-null}" \
-        "${st_rps1:-null}" "$added50" "$added99" "$best" "${best_c:-null}")"
-      printf '%-9s %-9s stream=%d  1 conn: p50 %8s ms  p99 %8s ms%s   most: %7s req/s (-c%s)\n' "$t" "$kb" "$st" \
-        "${P50[$t]:--}" "${P99[$t]:--}" "$([[ $added50 != null ]] && echo "  (added p50 $added50, p99 $added99)")" "$best" "${best_c:--}"
+        "${st_rps1:-null}" "$added50" "$added99" "${RPS[$t]:-0}" "$rounds_json" "$conns_json")"
+      printf '%-9s %-9s stream=%d  1 conn: p50 %8s ms  p99 %8s ms%s   most: %7s req/s (rounds: %s)\n' "$t" "$kb" "$st" \
+        "${P50[$t]:--}" "${P99[$t]:--}" "$([[ $added50 != null ]] && echo "  (added p50 $added50, p99 $added99)")" "${RPS[$t]:-0}" "$(echo ${RR[$t]})"
     done
     # the comparison of this body, against the bars
     s50=ok s99=ok sx=ok
@@ -321,7 +336,12 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
       pk50=$(calcf "%.4f" "${P50[portkey]} - ${P50[direct]:-0}")
       pk99=$(calcf "%.4f" "${P99[portkey]} - ${P99[direct]:-0}")
       if ((${RPS[portkey]:-0} > 0)); then
-        ratio=$(calcf "%.2f" "${RPS[loopguard]:-0} / ${RPS[portkey]}")
+        # the median of the rounds' ratios (a round whose Portkey served nothing has none)
+        lr=(${RR[loopguard]}) pr=(${RR[portkey]}) ratios=
+        for ((i = 0; i < ${#pr[@]}; i++)); do
+          ((pr[i] > 0)) && ratios+="$(calcf "%.4f" "${lr[i]:-0} / ${pr[i]}") "
+        done
+        ratio=$(calcf "%.2f" "$(median $ratios)")
         awk -v v="$ratio" -v b=$BAR_X_PORTKEY 'BEGIN { exit !(v >= b) }' || sx="BELOW BAR"
       fi
     else
