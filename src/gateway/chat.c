@@ -1565,6 +1565,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->on_data = on_data;
   x->gone = on_data ? &j->s_gone : NULL;
   x->stream = on_data ? j : NULL;
+  x->hdrs = &j->up_hdrs;
   x->ud = c;
   x->max_bytes = lg__gw_answer_max(c->cx->gw); /* a whole answer, or one event (on_stream_data) */
   int rc = lg__gw_http_do(c->cx->curl, c->cx->multi, x);

@@ -155,6 +155,8 @@ static void job_unref(lg__gw_job_t *j) {
   curl_slist_free_all(j->fwd);
   lg__buf_free(&j->out);
   lg__buf_free(&j->sbuf);
+  lg__buf_free(&j->up_hdrs);
+  lg__buf_free(&j->head.up_hdrs);
   pthread_mutex_destroy(&j->smu);
   lg__free(j);
 }
@@ -175,6 +177,8 @@ static void release(lg__gw_job_t *j) {
   memcpy(j->head.ctype, j->ctype, sizeof j->ctype);
   memcpy(j->head.run_id, j->run_id, sizeof j->run_id);
   memcpy(j->head.reason, j->reason, sizeof j->reason);
+  j->head.up_hdrs = j->up_hdrs; /* the HTTP side's now: a re-ask's exchange writes anew */
+  memset(&j->up_hdrs, 0, sizeof j->up_hdrs);
   j->job.done(&j->job);
 }
 
@@ -339,6 +343,17 @@ void lg__gw_stream_end(lg__gw_job_t *j) {
 static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                           j->head.ctype[0] ? j->head.ctype : "application/json");
+  /* the upstream's own (its request id, rate limits, a 429's Retry-After),
+   * but where the gateway says its own */
+  int cache = 0;
+  const lg__buf_t *h = &j->head.up_hdrs;
+  for (size_t i = 0; !h->oom && i < h->len;) {
+    const char *k = h->data + i, *v = k + strlen(k) + 1;
+    i = (size_t)(v + strlen(v) + 1 - h->data);
+    if (j->head.retry_after > 0 && !strcasecmp(k, MHD_HTTP_HEADER_RETRY_AFTER)) continue;
+    cache |= !strcasecmp(k, MHD_HTTP_HEADER_CACHE_CONTROL);
+    MHD_add_response_header(r, k, v);
+  }
   if (j->head.run_id[0]) MHD_add_response_header(r, "X-Loopguard-Run", j->head.run_id);
   if (j->head.action) MHD_add_response_header(r, "X-Loopguard-Action", j->head.action);
   if (j->head.reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", j->head.reason);
@@ -347,7 +362,7 @@ static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
     snprintf(ra, sizeof ra, "%d", j->head.retry_after);
     MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
   }
-  if (j->streaming && !strncmp(j->head.ctype, "text/event-stream", 17))
+  if (j->streaming && !cache && !strncmp(j->head.ctype, "text/event-stream", 17))
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 }
 
@@ -670,6 +685,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.on_data = pass_data;
   x.ud = &x;
   x.stream = j;
+  x.hdrs = &j->up_hdrs;
   x.max_bytes = cx->gw->answer_max; /* an error answer, held whole */
   int rc = lg__gw_http_do(cx->curl, cx->multi, &x);
   lg__gw_note_upstream(cx->gw, ui, x.ns);

@@ -89,6 +89,9 @@ typedef struct lg__gw_http {
                                  "streams"), so a slow reader holds the upstream
                                  back, not the gateway's memory */
   int paused;                 /* (upstream.c) paused for the stream's client */
+  lg__buf_t *hdrs;            /* where the answer's end-to-end headers go (the
+                                 job's up_hdrs), or NULL: "name\0value\0" each,
+                                 the last response's (not a 100's) */
   /* out */
   long status;                /* 0 when no answer */
   lg__buf_t body_out;         /* the body (all of it when not streamed) */
@@ -232,6 +235,8 @@ typedef struct lg__gw_job {
   const char *action;         /* X-Loopguard-Action, or NULL */
   char reason[64];            /* X-Loopguard-Reason, or "" */
   size_t upstream;            /* for metrics */
+  lg__buf_t up_hdrs;          /* the last upstream answer's end-to-end headers
+                                 (lg__gw_http_t.hdrs), passed on with the answer */
   /* streaming (chat.c): the client reads what the worker writes */
   int streaming;              /* the answer is a stream */
   pthread_mutex_t smu;
@@ -252,6 +257,7 @@ typedef struct lg__gw_job {
     int status, retry_after;
     const char *action;
     char ctype[128], run_id[1100], reason[64];
+    lg__buf_t up_hdrs;
   } head;
   struct lg__gw_job *qnext;
   uint64_t queued_ns;         /* when it joined the queue (lg__mono_ns) */

@@ -273,9 +273,43 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   return lg__buf_append(&x->body_out, p, n) ? 0 : n;
 }
 
+/* 1 for a header the gateway does not pass on: hop-by-hop (RFC 9110
+ * 7.6.1), the framing and encoding of the upstream's bytes (libcurl
+ * decodes them; the server frames its own), what the server writes
+ * itself (Date, Content-Type), the upstream's Server and cookies (of
+ * another origin), and X-Loopguard-* (the gateway's own). */
+static int not_passed(const char *k, size_t kl) {
+  static const char *const drop[] = {"connection", "keep-alive", "proxy-connection",
+                                     "transfer-encoding", "te", "trailer", "upgrade",
+                                     "proxy-authenticate", "content-length", "content-encoding",
+                                     "content-type", "date", "server", "set-cookie"};
+  if (kl >= 12 && !strncasecmp(k, "x-loopguard-", 12)) return 1;
+  for (size_t i = 0; i < LG__ARRAY_LEN(drop); i++)
+    if (strlen(drop[i]) == kl && !strncasecmp(k, drop[i], kl)) return 1;
+  return 0;
+}
+
+/* One header line ("Name: value\r\n") into x->hdrs, unless not passed on. */
+static void keep_header(lg__gw_http_t *x, const char *p, size_t n) {
+  const char *colon = memchr(p, ':', n);
+  if (!colon || p[0] == ' ' || p[0] == '\t') return; /* not a field (or an obsolete fold) */
+  size_t kl = (size_t)(colon - p);
+  const char *v = colon + 1;
+  size_t vl = n - kl - 1;
+  while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
+  while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
+  if (!kl || not_passed(p, kl) || memchr(v, '\r', vl) || memchr(v, '\n', vl) || memchr(v, 0, vl)) return;
+  lg__buf_append(x->hdrs, p, kl);
+  lg__buf_putc(x->hdrs, 0);
+  lg__buf_append(x->hdrs, v, vl);
+  lg__buf_putc(x->hdrs, 0);
+}
+
 static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
   lg__gw_http_t *x = ud;
   size_t n = size * nmemb;
+  if (x->hdrs && n >= 5 && !strncmp(p, "HTTP/", 5)) x->hdrs->len = 0; /* a response's first line */
+  else if (x->hdrs && n > 2) keep_header(x, p, n);
   if (n > 13 && !strncasecmp(p, "content-type:", 13)) {
     const char *v = p + 13;
     size_t vl = n - 13;

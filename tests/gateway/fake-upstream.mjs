@@ -17,6 +17,7 @@
 //   finish      looks a customer up once, then answers "Done: ..."
 //   drip        streams its text a word every 250 ms (drip-long: 40 words)
 //   slow        answers after 3 s
+//   busy        429 with Retry-After: 7 and the API's rate-limit error
 //   garbage     answers 200 with a body that is not JSON
 //   garbage-stream  answers 200 text/event-stream with events that are not JSON
 //   cutoff      streams a few words of text, then drops the connection
@@ -60,7 +61,7 @@ import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
-let callSeq = 0;
+let callSeq = 0, requestSeq = 0;
 
 function check(messages) {
   const open = new Map(); // call id -> answered
@@ -412,6 +413,13 @@ function failing(res, j) {
       return true;
     }
   }
+  if (model.startsWith('busy')) { // rate limited, as OpenAI and Anthropic answer it
+    res.writeHead(429, { 'content-type': 'application/json', 'retry-after': '7' });
+    res.end(JSON.stringify(res.req.url.endsWith('/messages')
+      ? { type: 'error', error: { type: 'rate_limit_error', message: 'Number of requests has exceeded your rate limit.' } }
+      : { error: { message: 'Rate limit reached for requests', type: 'requests', param: null, code: 'rate_limit_exceeded' } }));
+    return true;
+  }
   if (model.startsWith('garbage-stream')) {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end('data: <html>oops</html>\n\ndata: not json either\n\n');
@@ -466,6 +474,14 @@ const server = http.createServer((req, res) => {
   let body = '';
   req.on('data', (d) => (body += d));
   res.on('close', () => { if (!res.writableEnded) stats.aborted++; });
+  // what a provider sends with every answer: a client reads its request id
+  // and its rate limits (the gateway passes them on); the server and its
+  // cookie are the provider's own (the gateway does not)
+  res.setHeader('x-request-id', `req_fake_${++requestSeq}`);
+  res.setHeader('x-ratelimit-remaining-requests', '4999');
+  res.setHeader('server', 'fake-upstream');
+  res.setHeader('set-cookie', 'provider_session=abc; Path=/; HttpOnly');
+  res.setHeader('x-loopguard-action', 'forged'); // the gateway's own header is its own
   req.on('end', () => {
     try { route(req, res, body); } catch (e) { malformed(res, req.url, e); }
   });

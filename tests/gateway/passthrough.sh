@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# passthrough.sh — the paths the gateway forwards unguarded (gateway-v1,
-# "Routes": any other /v1/ path), end to end: a 2xx answer reaches the
+# passthrough.sh — what the gateway passes through: the upstream's response
+# headers (its request id, rate limits, a 429's Retry-After), and the paths
+# it forwards unguarded (gateway-v1, "Routes": any other /v1/ path), end to
+# end: a 2xx answer reaches the
 # client as the upstream sends it, not held until its end; a slow client
 # holds the upstream back, not the gateway's memory; a client that hangs up
 # aborts the upstream request; an upstream that breaks mid-way reaches the
@@ -20,6 +22,9 @@ out=$(BASE_URL="$p_URL/v1" node "$HERE/passthrough-stream.mjs") || fail "passthr
 direct=$(BASE_URL="$FAKE/v1" node "$HERE/passthrough-stream.mjs") || fail "passthrough-stream.mjs (direct): $direct"
 [ "$(echo "$out" | get 'd["text"]')" = " one two three four five six" ] || fail "stream text: $out"
 [ "$(echo "$out" | get 'd["whole"]')" = "$(echo "$direct" | get 'd["whole"]')" ] || fail "whole answer: $out vs $direct"
+for k in whole_request_id chat_request_id; do
+  echo "$out" | get "d['$k'] or ''" | grep -q '^req_fake_' || fail "the SDK read no upstream request id ($k): $out"
+done
 # drip sends a word every 250 ms: held to its end, the first would come at the end
 [ "$(echo "$out" | get 'int(d["first_ms"] < d["total_ms"] - 700)')" = 1 ] || fail "the stream was held back: $out"
 curl -s -N -D "$TMP/drip.h" -o "$TMP/drip.sse" -H 'Content-Type: application/json' \
@@ -36,6 +41,25 @@ grep -qi '^content-type: *application/json' "$TMP/models.h" || fail "models: $(c
 grep -qi '^cache-control' "$TMP/models.h" && fail "models: a stream's Cache-Control on a JSON answer: $(cat "$TMP/models.h")"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$p_URL/v1/nothing/here")
 [ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "an error answer: $code $(cat "$TMP/e.json")"
+
+note "the upstream's headers: its request id and rate limits passed on, its framing, server and cookies not"
+# has H NAME [VALUE]: header NAME (with VALUE) in the head file H, once
+has() { [ "$(tr -d '\r' <"$1" | grep -ci "^$2:${3:+ *$3\$}")" = 1 ]; }
+hdr=(-H 'Content-Type: application/json')
+msg='"messages":[{"role":"user","content":"x"}]'
+curl -s -D "$TMP/h1" -o /dev/null "${hdr[@]}" -d "{\"model\":\"finish\",$msg}" "$p_URL/v1/chat/completions"
+curl -s -N -D "$TMP/h2" -o /dev/null "${hdr[@]}" -d "{\"model\":\"finish\",\"stream\":true,$msg}" "$p_URL/v1/chat/completions"
+curl -s -D "$TMP/h3" -o /dev/null "$p_URL/v1/models"
+for h in "$TMP/h1" "$TMP/h2" "$TMP/h3"; do
+  has "$h" x-request-id && has "$h" x-ratelimit-remaining-requests 4999 && has "$h" content-type &&
+    ! grep -qi '^server: *fake\|^set-cookie\|^content-encoding\|forged' "$h" || fail "headers: $(cat "$h")"
+done
+has "$TMP/h1" x-loopguard-run && has "$TMP/h1" x-loopguard-action || fail "headers: the gateway's own were lost: $(cat "$TMP/h1")"
+has "$TMP/h2" cache-control || fail "a stream's Cache-Control, once: $(cat "$TMP/h2")"
+code=$(curl -s -D "$TMP/h4" -o "$TMP/e.json" -w '%{http_code}' "${hdr[@]}" -H 'anthropic-version: 2023-06-01' \
+  -d "{\"model\":\"busy\",\"max_tokens\":5,$msg}" "$p_URL/v1/messages")
+[ "$code" = 429 ] && has "$TMP/h4" retry-after 7 && [ "$(get 'd["error"]["type"]' <"$TMP/e.json")" = rate_limit_error ] ||
+  fail "an upstream's 429: $code $(cat "$TMP/h4" "$TMP/e.json")"
 
 note "a 64 MiB download: every byte, in order, without the gateway holding it"
 big=/v1/files/file-big-67108864/content
