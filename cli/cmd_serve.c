@@ -77,9 +77,8 @@ static const char *serve_usage =
     "the most worker threads for the requests past those (8 start; more when\n"
     "requests wait) [256; postgres: 16]; LOOPGUARD_GATEWAY_MAX_RUNS, the runs\n"
     "kept in memory [10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB];\n"
-    "LOOPGUARD_GATEWAY_ANSWER_BYTES, the most of an upstream's answer held at\n"
-    "once on a guarded route (the answer, or one stream event): past it, 502\n"
-    "[64 MiB] (docs/gateway.md).\n"
+    "LOOPGUARD_GATEWAY_ANSWER_BYTES, the most a guarded route holds of an\n"
+    "upstream answer (whole, an event, a stream's text and calls) [64 MiB].\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
     "SIGHUP reopens the log and reloads --prices. Exit status: 0 success, 1 an error, 2 bad usage.\n";

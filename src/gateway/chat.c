@@ -1751,7 +1751,11 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
     memmove(c->line.data, c->line.data + off, c->line.len - off);
     c->line.len -= off;
   }
-  if (!stop && c->line.len > lg__gw_answer_max(c->cx->gw)) return LG__GW_OVER; /* an event without end */
+  size_t max = lg__gw_answer_max(c->cx->gw);
+  if (!stop && c->line.len > max) return LG__GW_OVER; /* an event without end */
+  /* what the stream keeps to decide at its end: a stream of valid events
+   * without end holds as much as one answer */
+  if (!stop && c->text.len + c->held_bytes > max) return c->over_held = 1, LG__GW_OVER;
   return stop; /* 1: abort the upstream's stream */
 }
 
@@ -1768,6 +1772,7 @@ int lg__gwc_held(chat_t *c, size_t i, int part, const char *s, size_t n) {
     c->held = v;
     c->n_held = i + 1;
   }
+  c->held_bytes += n;
   return lg__buf_append(&c->held[i][part], s, n);
 }
 
@@ -1869,7 +1874,8 @@ static int stream_finish(chat_t *c, int ask) {
 static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
   char lab[300], msg[700], over[120];
   lg__gw_upstream_label(x->up, lab, sizeof lab);
-  snprintf(over, sizeof over, "sent an event over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES)", x->max_bytes);
+  snprintf(over, sizeof over, "sent %s over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES)",
+           c->over_held ? "text and tool calls" : "an event", x->max_bytes);
   snprintf(msg, sizeof msg, "upstream %s: %s", lab,
            !rc                                ? "the stream ended before its last event"
            : x->over                          ? over

@@ -87,6 +87,8 @@ typedef struct chat {
   json_t *tcalls;             /* held tool calls by index: [{id,name,args}] */
   lg__buf_t (*held)[2];       /* their arguments and names as the deltas come, by the */
   size_t n_held;              /*   same index (into tcalls at the stream's end: lg__gwc_held) */
+  size_t held_bytes;          /*   their bytes, all told */
+  int over_held;              /* the text and held calls went past the answer's bound */
   json_t *last_chunk;         /* a chunk as a template for ours */
   json_t *usage;              /* the usage chunk's usage */
   int saw_done;

@@ -83,8 +83,8 @@ typedef lg__gw_key_t key_ent_t;
  * read the next request faster (LOOPGUARD_GATEWAY_PREFIX_BYTES). */
 #define GW_PREFIX_BYTES_DEFAULT ((size_t)16 << 20)
 /* The most a guarded route holds of an upstream's answer at once: the
- * whole answer when it is not streamed, one event of a stream
- * (LOOPGUARD_GATEWAY_ANSWER_BYTES). A model's answer is a few hundred KB
+ * whole answer when it is not streamed, one event of a stream, a stream's
+ * text and tool calls (LOOPGUARD_GATEWAY_ANSWER_BYTES). A model's answer is a few hundred KB
  * at most; an upstream that sends more is broken, and the server's
  * memory is every client's. */
 #define GW_ANSWER_BYTES_DEFAULT ((size_t)64 << 20)

@@ -36,7 +36,8 @@
 //               sent at once: some 18,000 of them (Chat Completions and
 //               Messages)
 //   flood       answers 200 with 2 MiB: a JSON answer, or a stream whose
-//               second event never ends (Chat Completions)
+//               second event never ends (Chat Completions); flood-text and
+//               flood-args stream 2 MiB of valid text or call-argument deltas
 //   (POST /v1/completions, the legacy API the gateway passes through
 //   unguarded: its text is the prompt echoed; "drip" streams it a word every
 //   250 ms, as Chat Completions does)
@@ -149,6 +150,23 @@ function pieces(a, n) {
 }
 
 function reply(res, req) {
+  if (/^flood-(text|args)/.test(req.model || '') && req.stream) { // valid deltas, 2 MiB of them
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const args = req.model.startsWith('flood-args');
+    const chunk = (delta) => 'data: ' + JSON.stringify({ id: 'chatcmpl-flood', object: 'chat.completion.chunk', created: 1,
+      model: req.model, choices: [{ index: 0, delta, logprobs: null, finish_reason: null }] }) + '\n\n';
+    if (args) res.write(chunk({ role: 'assistant', tool_calls: [{ index: 0, id: 'call_flood', type: 'function', function: { name: 'write_file', arguments: '' } }] }));
+    let sent = 0;
+    const more = () => { // numbers, none repeated: no text loop for the guard to cut
+      while (sent < (2 << 20) && !res.destroyed) {
+        const part = Array.from({ length: 400 }, (_, i) => (sent + i).toString(36)).join(' ') + ' ';
+        sent += part.length;
+        if (!res.write(chunk(args ? { tool_calls: [{ index: 0, function: { arguments: part } }] } : { content: part }))) return res.once('drain', more);
+      }
+      if (!res.destroyed) res.end(chunk({}) + 'data: [DONE]\n\n');
+    };
+    return more();
+  }
   if ((req.model || '').startsWith('flood')) { // past the gateway's bound (guard.sh sets 1 MiB)
     const pad = 'x'.repeat(2 << 20);
     if (!req.stream) {

@@ -422,6 +422,13 @@ curl -s -N --max-time 20 -H "Content-Type: application/json" \
   -d '{"model":"flood","stream":true,"messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions" >"$TMP/flood.sse"
 grep -q '"content":"Hi"' "$TMP/flood.sse" && tail -n 2 "$TMP/flood.sse" | head -n 1 | sed 's/^data: //' |
   get 'd["error"]["message"]' | grep -q 'an event over 1048576 bytes' || fail "flood stream: $(head -c 600 "$TMP/flood.sse")"
+# valid events without end: the text and the calls the stream keeps to decide at its end are bound too
+for m in flood-text flood-args; do
+  curl -s -N --max-time 20 -H "Content-Type: application/json" \
+    -d '{"model":"'$m'","stream":true,"messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions" >"$TMP/flood.sse"
+  tail -n 2 "$TMP/flood.sse" | head -n 1 | sed 's/^data: //' | get 'd["error"]["message"]' |
+    grep -q 'text and tool calls over 1048576 bytes' || fail "$m: $(tail -c 600 "$TMP/flood.sse")"
+done
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json" \
   -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions")
 [ "$code" = 200 ] || fail "after the floods, a request answered $code"
