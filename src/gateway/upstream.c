@@ -521,7 +521,9 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, x->body);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)x->body_len);
   }
-  if (strcmp(x->method, "GET") && strcmp(x->method, "POST"))
+  if (!strcmp(x->method, "HEAD")) /* an answer without a body: libcurl waits for none */
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  else if (strcmp(x->method, "GET") && strcmp(x->method, "POST"))
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
   x->errbuf[0] = 0;
   uint64_t t0 = lg__mono_ns();

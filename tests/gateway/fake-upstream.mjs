@@ -45,7 +45,7 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
-// GET /v1/files/file-big-N/content answers N bytes (a 16-byte line
+// GET (HEAD) /v1/files/file-big-N/content answers N bytes (a 16-byte line
 // counted in hex, over and over), written as fast as the client takes
 // them; file-cut-N drops the connection half-way. GET /stats counts the
 // answers whose client left before their end (aborted).
@@ -242,6 +242,7 @@ function replyLegacy(res, req) {
 
 function download(res, n, cut) { // cut: the connection dropped half-way
   res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(n) });
+  if (res.req.method === 'HEAD') return res.end();
   let sent = 0;
   const more = () => {
     while (sent < n && !res.destroyed) {
@@ -538,7 +539,7 @@ function route(req, res, body) {
       try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
       return replyLegacy(res, j);
     }
-    const file = req.method === 'GET' && /^\/v1\/files\/file-(big|cut)-(\d+)\/content$/.exec(req.url);
+    const file = (req.method === 'GET' || req.method === 'HEAD') && /^\/v1\/files\/file-(big|cut)-(\d+)\/content$/.exec(req.url);
     if (file) return download(res, Number(file[2]), file[1] === 'cut');
     if (req.method === 'GET' && req.url === '/v1/models') {
       res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });

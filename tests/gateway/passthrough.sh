@@ -16,6 +16,8 @@ get() { jq_py "$1"; }
 stats() { curl -sf "$FAKE/stats" | get "$1"; }
 start_server p --store memory: --upstream "$FAKE/v1" --log "$TMP/p.log"
 kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
+# has H NAME [VALUE]: header NAME (with VALUE) in the head file H, once
+has() { [ "$(tr -d '\r' <"$1" | grep -ci "^$2:${3:+ *$3\$}")" = 1 ]; }
 
 note "legacy Completions (openai): a stream's events as they come, a whole answer as sent"
 out=$(BASE_URL="$p_URL/v1" node "$HERE/passthrough-stream.mjs") || fail "passthrough-stream.mjs: $out"
@@ -39,12 +41,12 @@ cmp -s "$TMP/models.json" <(curl -s "$FAKE/v1/models") || fail "models: not the 
 grep -qi '^content-length:' "$TMP/models.h" || fail "models: no Content-Length: $(cat "$TMP/models.h")"
 grep -qi '^content-type: *application/json' "$TMP/models.h" || fail "models: $(cat "$TMP/models.h")"
 grep -qi '^cache-control' "$TMP/models.h" && fail "models: a stream's Cache-Control on a JSON answer: $(cat "$TMP/models.h")"
+code=$(curl -s -I --max-time 5 -o "$TMP/head.h" -w '%{http_code}' "$p_URL/v1/files/file-big-4096/content")
+[ "$code" = 200 ] && has "$TMP/head.h" x-request-id || fail "HEAD: $code $(cat "$TMP/head.h") (a HEAD waited for a body)"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$p_URL/v1/nothing/here")
 [ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "an error answer: $code $(cat "$TMP/e.json")"
 
 note "the upstream's headers: its request id and rate limits passed on, its framing, server and cookies not"
-# has H NAME [VALUE]: header NAME (with VALUE) in the head file H, once
-has() { [ "$(tr -d '\r' <"$1" | grep -ci "^$2:${3:+ *$3\$}")" = 1 ]; }
 hdr=(-H 'Content-Type: application/json')
 msg='"messages":[{"role":"user","content":"x"}]'
 curl -s -D "$TMP/h1" -o /dev/null "${hdr[@]}" -d "{\"model\":\"finish\",$msg}" "$p_URL/v1/chat/completions"
