@@ -84,9 +84,9 @@ typedef lg__gw_key_t key_ent_t;
 #define GW_PREFIX_BYTES_DEFAULT ((size_t)16 << 20)
 /* The most a guarded route holds of an upstream's answer at once: the
  * whole answer when it is not streamed, one event of a stream, a stream's
- * text and tool calls (LOOPGUARD_GATEWAY_ANSWER_BYTES). A model's answer is a few hundred KB
- * at most; an upstream that sends more is broken, and the server's
- * memory is every client's. */
+ * text and tool calls (LOOPGUARD_GATEWAY_ANSWER_BYTES). A model's answer
+ * is a few hundred KB at most; an upstream that sends more is broken, and
+ * the server's memory is every client's. */
 #define GW_ANSWER_BYTES_DEFAULT ((size_t)64 << 20)
 /* A request without X-Loopguard-Run finds a kept conversation by the hash
  * of its first this many bytes (a shorter one is not found that way). */

@@ -88,7 +88,8 @@ typedef struct lg__gw_http {
                                  than LG__GW_STREAM_HIGH bytes unread (gateway.c,
                                  "streams"), so a slow reader holds the upstream
                                  back, not the gateway's memory */
-  int paused;                 /* (upstream.c) paused for the stream's client */
+  int pausable;               /* (upstream.c) driven by a loop that unpauses it */
+  int paused;                 /*   paused for the stream's client */
   lg__buf_t *hdrs;            /* where the answer's end-to-end headers go (the
                                  job's up_hdrs), or NULL: "name\0value\0" each,
                                  the last response's (not a 100's) */

@@ -258,7 +258,7 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
   if (x->on_data && x->status >= 200 && x->status < 300) {
     /* its client has not read the last megabyte: libcurl keeps this piece
      * and reads no more until unpaused (unpause) */
-    if (x->stream && lg__gw_stream_backlog(x->stream) > LG__GW_STREAM_HIGH) {
+    if (x->pausable && x->stream && lg__gw_stream_backlog(x->stream) > LG__GW_STREAM_HIGH) {
       x->paused = 1;
       return CURL_WRITEFUNC_PAUSE;
     }
@@ -393,6 +393,7 @@ static int unpause(CURL *h, lg__gw_http_t *x) {
 static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, lg__gw_http_t *x) {
   lg__gw_wait_t w = {.ep = ep, .m = m};
   for (size_t i = 0; i < LG__ARRAY_LEN(w.socks); i++) w.socks[i].fd = -1;
+  x->pausable = 1;
   curl_multi_setopt(m, CURLMOPT_SOCKETFUNCTION, on_sock);
   curl_multi_setopt(m, CURLMOPT_SOCKETDATA, &w);
   curl_multi_setopt(m, CURLMOPT_TIMERFUNCTION, on_timer);
@@ -410,7 +411,7 @@ static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, lg__gw_http_t *x) {
       uint64_t due = w.due_ns, soon = lg__mono_ns() + PAUSED_POLL_MS * 1000000u;
       if (!due || due > soon) w.due_ns = soon;
       lg__gw_fiber_wait(&w);
-      w.due_ns = due; /* libcurl's own timer, unless it set another meanwhile */
+      w.due_ns = due; /* libcurl's own timer back (no call of libcurl ran meanwhile) */
       unpause(h, x);
     } else {
       lg__gw_fiber_wait(&w);
@@ -455,10 +456,8 @@ static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, lg__gw_http_t *x) {
 static CURLcode perform(CURL *h, CURLM *m, lg__gw_http_t *x) {
   int ep = m ? lg__gw_fiber_ep() : -1;
   if (ep >= 0) return perform_fiber(h, m, ep, x);
-  if (!m || curl_multi_add_handle(m, h) != CURLM_OK) {
-    x->stream = NULL; /* curl_easy_perform's loop does not unpause: no pause */
-    return curl_easy_perform(h);
-  }
+  if (!m || curl_multi_add_handle(m, h) != CURLM_OK) return curl_easy_perform(h); /* not pausable */
+  x->pausable = 1;
   CURLcode cc = CURLE_OK;
   CURLMcode mc;
   int running = 1;
