@@ -273,6 +273,7 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     [[ $MODE == steady ]] && conns=${LG_GW_STEADY_CONNS:-8}
     declare -A RR=() RC=() # target -> its rounds' best rps / the counts they came at
     for ((round = 0; round < RPS_ROUNDS; round++)); do
+      note "  $kb stream=$st: the most requests/s, round $((round + 1)) of $RPS_ROUNDS (${#targets[@]} targets at -c${conns// /, -c}, ${SECONDS_PER} s each)"
       for t in "${targets[@]}"; do
         mapfile -t h < <(hdr_of "$t")
         best=0 best_c=
