@@ -202,13 +202,11 @@ void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
 
 void lg__gwo_end_stream(chat_t *c) {
   const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
-  json_t *fj = json_string(fin);
   lg__buf_t ch = {0};
-  if (fj && !lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{},\"finish_reason\":") && !lg__buf_json(&ch, fj) &&
-      !lg__buf_puts(&ch, "}]") && !ch.oom)
+  if (!lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{},\"finish_reason\":") &&
+      !lg__buf_json_str(&ch, fin, strlen(fin)) && !lg__buf_puts(&ch, "}]") && !ch.oom)
     send_chunk(c, ch.data, NULL);
   lg__buf_free(&ch);
-  json_decref(fj);
   if (c->client_usage && c->usage) {
     char *u = lg__json_text(c->usage, NULL);
     if (u) send_chunk(c, "[]", u);
