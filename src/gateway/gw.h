@@ -105,6 +105,13 @@ typedef struct lg__gw_http {
 
 #define LG__GW_OVER 2 /* on_data's answer: the answer is past its bound */
 
+/* One header line of an upstream's answer ("Name: value\r\n", as libcurl
+ * hands it) appended to out as "name\0value\0" when the gateway passes it
+ * on to its client (upstream.c says which it does not): 1 when kept, 0
+ * when not (not a field, a name that is not a token, a value with a CR,
+ * LF or NUL). */
+int lg__gw_header_keep(lg__buf_t *out, const char *line, size_t n);
+
 /* A gateway fiber's wait for its upstream (gateway.c, "fibers";
  * upstream.c, perform_fiber): the sockets libcurl watches, in the
  * leader's epoll (each event's data is its lg__gw_sock_t), and libcurl's

@@ -289,27 +289,35 @@ static int not_passed(const char *k, size_t kl) {
   return 0;
 }
 
-/* One header line ("Name: value\r\n") into x->hdrs, unless not passed on. */
-static void keep_header(lg__gw_http_t *x, const char *p, size_t n) {
+/* A field name's byte (RFC 9110 5.1, a token). */
+static int tchar(unsigned char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+         (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+int lg__gw_header_keep(lg__buf_t *out, const char *p, size_t n) {
   const char *colon = memchr(p, ':', n);
-  if (!colon || p[0] == ' ' || p[0] == '\t') return; /* not a field (or an obsolete fold) */
+  if (!colon || colon == p) return 0; /* not a field (an obsolete fold starts with white space) */
   size_t kl = (size_t)(colon - p);
+  for (size_t i = 0; i < kl; i++)
+    if (!tchar((unsigned char)p[i])) return 0;
   const char *v = colon + 1;
   size_t vl = n - kl - 1;
   while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
   while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
-  if (!kl || not_passed(p, kl) || memchr(v, '\r', vl) || memchr(v, '\n', vl) || memchr(v, 0, vl)) return;
-  lg__buf_append(x->hdrs, p, kl);
-  lg__buf_putc(x->hdrs, 0);
-  lg__buf_append(x->hdrs, v, vl);
-  lg__buf_putc(x->hdrs, 0);
+  if (not_passed(p, kl) || memchr(v, '\r', vl) || memchr(v, '\n', vl) || memchr(v, 0, vl)) return 0;
+  lg__buf_append(out, p, kl);
+  lg__buf_putc(out, 0);
+  lg__buf_append(out, v, vl);
+  lg__buf_putc(out, 0);
+  return 1;
 }
 
 static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
   lg__gw_http_t *x = ud;
   size_t n = size * nmemb;
   if (x->hdrs && n >= 5 && !strncmp(p, "HTTP/", 5)) x->hdrs->len = 0; /* a response's first line */
-  else if (x->hdrs && n > 2) keep_header(x, p, n);
+  else if (x->hdrs && n > 2) lg__gw_header_keep(x->hdrs, p, n);
   if (n > 13 && !strncasecmp(p, "content-type:", 13)) {
     const char *v = p + 13;
     size_t vl = n - 13;
