@@ -295,42 +295,60 @@ static int tchar(unsigned char ch) {
          (ch && strchr("!#$%&'*+-.^_`|~", ch));
 }
 
-int lg__gw_header_keep(lg__buf_t *out, const char *p, size_t n) {
+/* A header line ("Name: value\r\n", as libcurl hands it) as a field: its
+ * name's length (a token before the first ':') and its value without the
+ * blanks around it and the line's end. 0 when it is not a field (an
+ * obsolete fold starts with white space). */
+static int header_field(const char *p, size_t n, size_t *kl, const char **v, size_t *vl) {
   const char *colon = memchr(p, ':', n);
-  if (!colon || colon == p) return 0; /* not a field (an obsolete fold starts with white space) */
-  size_t kl = (size_t)(colon - p);
-  for (size_t i = 0; i < kl; i++)
+  if (!colon || colon == p) return 0;
+  *kl = (size_t)(colon - p);
+  for (size_t i = 0; i < *kl; i++)
     if (!tchar((unsigned char)p[i])) return 0;
-  const char *v = colon + 1;
-  size_t vl = n - kl - 1;
-  while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
-  while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
-  if (not_passed(p, kl) || memchr(v, '\r', vl) || memchr(v, '\n', vl) || memchr(v, 0, vl)) return 0;
-  lg__buf_append(out, p, kl);
+  const char *b = colon + 1, *e = p + n;
+  while (b < e && (*b == ' ' || *b == '\t')) b++;
+  while (e > b && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' ' || e[-1] == '\t')) e--;
+  *v = b;
+  *vl = (size_t)(e - b);
+  return 1;
+}
+
+/* Field k: v into out as "k\0v\0", unless the gateway does not pass it
+ * on, or its value would not stay on one line. */
+static int keep_field(lg__buf_t *out, const char *k, size_t kl, const char *v, size_t vl) {
+  if (not_passed(k, kl) || memchr(v, '\r', vl) || memchr(v, '\n', vl) || memchr(v, 0, vl)) return 0;
+  lg__buf_append(out, k, kl);
   lg__buf_putc(out, 0);
   lg__buf_append(out, v, vl);
   lg__buf_putc(out, 0);
   return 1;
 }
 
+int lg__gw_header_keep(lg__buf_t *out, const char *p, size_t n) {
+  size_t kl, vl;
+  const char *v;
+  return header_field(p, n, &kl, &v, &vl) && keep_field(out, p, kl, v, vl);
+}
+
 static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
   lg__gw_http_t *x = ud;
-  size_t n = size * nmemb;
-  if (x->hdrs && n >= 5 && !strncmp(p, "HTTP/", 5)) x->hdrs->len = 0; /* a response's first line */
-  else if (x->hdrs && n > 2) lg__gw_header_keep(x->hdrs, p, n);
-  if (n > 13 && !strncasecmp(p, "content-type:", 13)) {
-    const char *v = p + 13;
-    size_t vl = n - 13;
-    while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
-    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ')) vl--;
-    if (vl >= sizeof x->ctype) vl = sizeof x->ctype - 1;
-    memcpy(x->ctype, v, vl);
-    x->ctype[vl] = 0;
-  } else if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
-    /* the status line: "HTTP/1.1 200 OK" (a 100 Continue comes first at times) */
+  size_t n = size * nmemb, kl, vl;
+  const char *v;
+  if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
+    /* a response's status line: "HTTP/1.1 200 OK" (a 100 Continue comes
+     * first at times, its headers then not the answer's) */
     const char *sp = memchr(p, ' ', n);
     long st = sp ? strtol(sp + 1, NULL, 10) : 0;
     if (st >= 200) x->status = st;
+    if (x->hdrs) x->hdrs->len = 0;
+  } else if (header_field(p, n, &kl, &v, &vl)) {
+    if (kl == 12 && !strncasecmp(p, "content-type", 12)) {
+      if (vl >= sizeof x->ctype) vl = sizeof x->ctype - 1;
+      memcpy(x->ctype, v, vl);
+      x->ctype[vl] = 0;
+    } else if (x->hdrs) {
+      keep_field(x->hdrs, p, kl, v, vl);
+    }
   }
   return n;
 }
@@ -415,15 +433,12 @@ static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, lg__gw_http_t *x) {
       cc = CURLE_ABORTED_BY_CALLBACK;
       break;
     }
-    if (x->paused) { /* no socket of its own to wait for: a look at the client soon */
-      uint64_t due = w.due_ns, soon = lg__mono_ns() + PAUSED_POLL_MS * 1000000u;
-      if (!due || due > soon) w.due_ns = soon;
-      lg__gw_fiber_wait(&w);
-      w.due_ns = due; /* libcurl's own timer back (no call of libcurl ran meanwhile) */
-      unpause(h, x);
-    } else {
-      lg__gw_fiber_wait(&w);
-    }
+    /* paused: no socket of its own to wait for, a look at the client soon */
+    uint64_t due = w.due_ns, soon = x->paused ? lg__mono_ns() + PAUSED_POLL_MS * 1000000u : 0;
+    if (soon && (!due || due > soon)) w.due_ns = soon;
+    lg__gw_fiber_wait(&w);
+    w.due_ns = due; /* libcurl's own timer back (no call of libcurl ran meanwhile) */
+    unpause(h, x);
     int acted = 0;
     for (size_t i = 0; i < LG__ARRAY_LEN(w.socks) && mc == CURLM_OK; i++) {
       uint32_t ev = w.socks[i].ev;

@@ -143,7 +143,6 @@ static int rerr(reader_t *r, int code, int field, long off, const char *fmt, con
   return code;
 }
 
-
 /* The end of the value at i (not validated: the canonicaliser does that). */
 static int value_end(reader_t *r, size_t i, size_t *end) {
   const char *s = r->s;
