@@ -55,6 +55,8 @@ static const char *serve_usage =
     "                       one, as a thread of its own commits (with --upstream:\n"
     "                       one per core); postgres: four per core, at most 32]\n"
     "  --max-body BYTES     largest request body; larger is 413 [1048576]\n"
+    "  --gateway-max-body BYTES  the same on the gateway's routes (a model request\n"
+    "                       with its images, an upload passed through) [67108864]\n"
     "  --timeout SECONDS    cut off connections idle this long, and bodies not\n"
     "                       received in this time [30]\n"
     "  --log FILE           structured log, one JSON object a line; SIGHUP reopens\n"
@@ -70,7 +72,9 @@ static const char *serve_usage =
     "                       stored in clear; also $LOOPGUARD_SECRET_FILE]\n"
     "  --trace-memory BYTES ignored, accepted for old scripts: traces are kept in\n"
     "                       the store with the decisions\n"
-    "  -h, --help           this help\n"
+    "  -h, --help           this help\n";
+
+static const char *serve_notes =
     "\n"
     "Environment for the gateway: each loop's thread runs up to 64 requests at\n"
     "once on fibers (LOOPGUARD_GATEWAY_FIBERS=0: one); LOOPGUARD_GATEWAY_WORKERS,\n"
@@ -127,13 +131,14 @@ int cmd_serve(int argc, char **argv) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       fputs(serve_usage, stdout);
+      fputs(serve_notes, stdout);
       return 0;
     }
     static const char *with_value[] = {"--listen", "--store",    "--tokens",  "--prices",
                                        "--policy", "--threads",  "--max-body", "--timeout",
                                        "--log",    "--trace-memory", "--durability",
                                        "--upstream", "--upstreams", "--reservation-ttl",
-                                       "--policies", "--secret-file"};
+                                       "--policies", "--secret-file", "--gateway-max-body"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -190,6 +195,10 @@ int cmd_serve(int argc, char **argv) {
       break;
     case 14: o.policies_dir = val; break;
     case 15: o.secret_file = val; break;
+    case 16:
+      if (number(a, val, 1024, 1LL << 34, &n)) return 2;
+      o.gateway_max_body = (size_t)n;
+      break;
     }
   }
   o.store_url = cli_store_url(store);

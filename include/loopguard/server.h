@@ -26,6 +26,7 @@ typedef struct lg_server lg_server_t;
 
 #define LG_SERVER_DEFAULT_LISTEN "127.0.0.1:8787"
 #define LG_SERVER_DEFAULT_MAX_BODY (1024 * 1024) /* bytes */
+#define LG_SERVER_DEFAULT_GATEWAY_MAX_BODY (64u * 1024 * 1024) /* bytes */
 #define LG_SERVER_DEFAULT_TIMEOUT_S 30
 #define LG_SERVER_DEFAULT_TRACE_MEMORY (256u * 1024 * 1024) /* not used */
 
@@ -71,6 +72,10 @@ typedef struct lg_server_options {
                                  (byok) are stored sealed under it (every
                                  replica is given the same file). NULL:
                                  stored in clear, said once in the log */
+  size_t gateway_max_body;    /* the gateway's routes (a model request with
+                                 its images, an upload passed through):
+                                 larger bodies are 413; 0: 64 MiB. The
+                                 server's own API keeps max_body */
 } lg_server_options_t;
 
 /* Starts a server: opens the store (failing early when it cannot), loads

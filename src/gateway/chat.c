@@ -924,8 +924,10 @@ static int body_unchanged(chat_t *c) {
  * (c->root_added, an integer max_tokens), and a stream's request for the
  * usage chunk (which settles its cost) when the client sent no
  * stream_options. A key's request or a stream then costs no parse and dump
- * of the whole conversation. NULL when out of memory. */
-static char *client_bytes(chat_t *c, size_t *len) {
+ * of the whole conversation. With nothing to add, the job's own buffer
+ * (*own NULL: not copied, which for a body of 30 MB of images was a tenth
+ * of a second); else a copy, *own. NULL when out of memory. */
+static const char *client_bytes(chat_t *c, size_t *len, char **own) {
   const char *b = c->j->body;
   size_t n = c->j->body_len, at = 0;
   char head[160] = "";
@@ -941,6 +943,11 @@ static char *client_bytes(chat_t *c, size_t *len) {
     size_t k = lg__json_ws_end(b, at, n);
     if (k < n && b[k] == '}') head[--hl] = 0; /* an empty object: no comma */
   }
+  *own = NULL;
+  if (!hl) {
+    *len = n;
+    return b;
+  }
   char *t = lg__malloc(n + (size_t)hl + 1);
   if (!t) return NULL;
   memcpy(t, b, at);
@@ -948,22 +955,23 @@ static char *client_bytes(chat_t *c, size_t *len) {
   memcpy(t + at + hl, b + at, n - at);
   *len = n + (size_t)hl;
   t[*len] = 0;
-  return t;
+  return *own = t;
 }
 
 /* The upstream body as text: *len its length; *raw (may be NULL) set when
- * it is the client's bytes (client_bytes). NULL when out of memory. */
-static char *body_text(chat_t *c, size_t *len, int *raw) {
+ * it is the client's bytes (client_bytes); *own what the caller frees
+ * (NULL: the text is the job's body). NULL when out of memory. */
+static const char *body_text(chat_t *c, size_t *len, int *raw, char **own) {
   if (raw) *raw = 0;
   if (body_unchanged(c)) {
-    char *t = client_bytes(c, len);
+    const char *t = client_bytes(c, len, own);
     if (t && raw) *raw = 1;
     return t;
   }
   json_t *body = build_body(c);
   char *t = body ? lg__json_text(body, len) : NULL;
   json_decref(body);
-  return t;
+  return *own = t;
 }
 
 /* Bytes a hidden tool can add to a body once it is dumped: tool use
@@ -1515,12 +1523,15 @@ static void end_api_stream(chat_t *c);
 /* The model call's body: its worst case decided first (the body with
  * nothing hidden, every offered tool and the longer model name, which the
  * body sent never exceeds), then the body as the decision says. NULL when
- * the call is not made (mo says why: an error, or a stop), answered. */
-static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
+ * the call is not made (mo says why: an error, or a stop), answered.
+ * *own: what the caller frees (body_text). */
+static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char **own) {
   memset(mo, 0, sizeof *mo);
+  *own = NULL;
   c->estimate = 1;
   int raw = 0;
-  char *t = body_text(c, blen, &raw);
+  char *first = NULL;
+  const char *t = body_text(c, blen, &raw, &first);
   c->estimate = 0;
   if (t) {
     /* The body sent may be the client's bytes (larger than a dump of the
@@ -1532,8 +1543,8 @@ static char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo) {
     if (c->r->policy->hide_turns > 0 && json_is_array(json_object_get(c->root, "tools")))
       worst += HIDE_SLACK + (raw ? 21 * c->body_reals : 0);
     *mo = model_event(c, worst);
-    lg__free(t);
-    t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL);
+    lg__free(first);
+    t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL, own);
   }
   if (!t && !mo->error && !mo->stop) {
     lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
@@ -1556,6 +1567,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->up = &lg__gw_cfg(c->cx->gw)->up[c->ui];
   x->method = "POST";
   x->path = api_path(c);
+  x->query = j->query;
   x->body = body;
   x->body_len = len;
   x->headers = j->fwd;
@@ -1657,11 +1669,12 @@ static int plain_exchange(chat_t *c, int ask) {
   lg__gw_job_t *j = c->j;
   size_t blen = 0;
   model_out_t mo;
-  char *btext = prepare_call(c, &blen, &mo);
+  char *own;
+  const char *btext = prepare_call(c, &blen, &mo, &own);
   if (!btext) return 1;
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, NULL);
-  lg__free(btext);
+  lg__free(own);
   json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
   c->cur_resp_id = sget(resp, "id");
   int done = 1;
@@ -1691,11 +1704,12 @@ static int plain_exchange(chat_t *c, int ask) {
 static void final_round(chat_t *c) {
   c->final_round = 1;
   size_t blen = 0;
-  char *btext = body_text(c, &blen, NULL);
+  char *own = NULL;
+  const char *btext = body_text(c, &blen, NULL, &own);
   if (!btext) return;
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, NULL);
-  lg__free(btext);
+  lg__free(own);
   json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
   json_t *tcs = msg ? answer_calls(c, msg) : NULL;
   char *text = msg && !json_array_size(tcs) ? answer_text(c, msg) : NULL;
@@ -1929,12 +1943,13 @@ static int stream_exchange(chat_t *c, int ask) {
   lg__gw_job_t *j = c->j;
   size_t blen = 0;
   model_out_t mo;
-  char *btext = prepare_call(c, &blen, &mo);
+  char *own;
+  const char *btext = prepare_call(c, &blen, &mo, &own);
   if (!btext) return 1;
   stream_reset(c);
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, on_stream_data);
-  lg__free(btext);
+  lg__free(own);
   int done = 1;
   if (c->cut) { /* a text loop: the upstream's stream was aborted */
     json_t *u = cut_usage(c, blen);

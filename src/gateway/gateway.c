@@ -28,6 +28,7 @@
  */
 #include "gw.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -145,7 +146,9 @@ static void job_unref(lg__gw_job_t *j) {
   if (atomic_fetch_sub(&j->refs, 1) != 1) return;
   lg__free(j->method);
   lg__free(j->path);
+  lg__free(j->query);
   lg__free(j->body);
+  lg__free(j->body_type);
   lg__free(j->auth);
   lg__free(j->hdr_run);
   lg__free(j->hdr_group);
@@ -562,6 +565,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   else if (!strcasecmp(k, "X-Loopguard-Group")) slot = &j->hdr_group;
   else if (!strcasecmp(k, "X-Loopguard-Agent")) slot = &j->hdr_agent;
   else if (!strcasecmp(k, "X-Loopguard-Policy")) slot = &j->hdr_policy;
+  else if (!strcasecmp(k, "Content-Type") && j->kind == LG__GW_PASS) slot = &j->body_type;
   if (slot) {
     lg__free(*slot);
     if (!(*slot = lg__strdup(v))) h->oom = 1;
@@ -588,6 +592,8 @@ static int gw_kind(const char *url, const char *method) {
   return LG__GW_PASS;
 }
 
+int lg__gw_guards(const char *url, const char *method) { return gw_kind(url, method) != LG__GW_PASS; }
+
 int lg__gw_claims(const lg__gw_t *gw, const char *url) {
   (void)gw;
   static const char *own[] = {"/v1/runs", "/v1/groups", "/v1/operations", "/v1/budgets",
@@ -600,8 +606,29 @@ int lg__gw_claims(const lg__gw_t *gw, const char *url) {
   return 1;
 }
 
+/* The query of a request target, to go on upstream as the client sent
+ * it: a byte a URL may not hold as it is (a space cannot be here, the
+ * screen refuses it; a non-ASCII byte, a quote, a brace, ...) is
+ * percent-encoded, so that libcurl takes the URL; the rest is unchanged. */
+static char *query_of(const char *q) {
+  static const char ok[] = "-._~!$&'()*+,;=:@/?%";
+  lg__buf_t b = {0};
+  for (const unsigned char *p = (const unsigned char *)q; *p; p++) {
+    if ((*p < 0x80 && isalnum(*p)) || (*p && strchr(ok, *p)))
+      lg__buf_append(&b, (const char *)p, 1);
+    else
+      lg__buf_printf(&b, "%%%02X", *p);
+  }
+  if (b.oom || !b.data) {
+    lg__buf_free(&b);
+    return NULL;
+  }
+  return lg__buf_steal(&b, NULL);
+}
+
 void lg__gw_handle(lg__req_t *rq) {
   lg__gw_t *gw = rq->srv->gw;
+  int h_oom = 0;
   lg__gw_job_t *j = lg__calloc(1, sizeof *j);
   if (!j) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
@@ -613,8 +640,9 @@ void lg__gw_handle(lg__req_t *rq) {
   j->kind = gw_kind(rq->id, rq->method);
   j->method = lg__strdup(rq->method);
   j->path = lg__strdup(rq->id + 3); /* after "/v1" */
+  if (rq->query && !(j->query = query_of(rq->query))) h_oom = 1;
   j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
-  hdr_ctx_t h = {j, 0};
+  hdr_ctx_t h = {j, h_oom};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
   if (!j->method || !j->path || !j->body || h.oom) {
     atomic_store(&j->refs, 1);
@@ -675,8 +703,10 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.up = &cx->gw->cfg.up[ui];
   x.method = j->method;
   x.path = j->path;
+  x.query = j->query;
   x.body = j->body_len || !strcmp(j->method, "POST") ? j->body : NULL;
   x.body_len = j->body_len;
+  x.body_type = j->body_type;
   x.headers = j->fwd;
   x.client_auth = j->auth;
   x.provider_key = j->provider_key;

@@ -68,6 +68,9 @@ void lg__gw_fibers_end(lg__gw_t *gw);
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */
 int lg__gw_claims(const lg__gw_t *gw, const char *url);
+/* 1 when `method` `url` is one of the routes the gateway guards (a model
+ * request it reads); 0: passed through as it is. */
+int lg__gw_guards(const char *url, const char *method);
 /* The error shape of a gateway url: 1 OpenAI's, 2 Anthropic's
  * (/v1/messages). */
 int lg__gw_error_api(const char *url);

@@ -53,7 +53,23 @@ typedef struct http_req {
   int parked;          /* suspended, waiting for its job */
   int draining;        /* a body over the limit is read and dropped, then 413 */
   uint64_t dropped;    /* bytes dropped so far */
+  size_t max_body;     /* this route's limit: --max-body, or the gateway's */
+  int gw_route;        /* a gateway route: its limit is --gateway-max-body */
 } http_req_t;
+
+/* The 413 of a body over the request's limit, naming the flag that sets it. */
+static void too_large(lg_server_t *srv, http_req_t *hr, unsigned long long n) {
+  (void)srv;
+  const char *flag = hr->gw_route ? "--gateway-max-body" : "--max-body";
+  if (n)
+    lg__req_error(&hr->rq, 413, "payload_too_large", "body",
+                  "the body is %llu bytes; the limit is %zu bytes (loopguard serve %s)", n,
+                  hr->max_body, flag);
+  else
+    lg__req_error(&hr->rq, 413, "payload_too_large", "body",
+                  "the body is over the limit of %zu bytes (loopguard serve %s)", hr->max_body,
+                  flag);
+}
 
 /* JSON string of text that may not be UTF-8 (a path, a header): invalid
  * bytes become U+FFFD, so every body the server writes is valid JSON. */
@@ -645,6 +661,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     hr->errored = 1;                                                                               \
     return;                                                                                        \
   } while (0)
+  hr->max_body = srv->o.max_body;
   if (!hr->raw_uri) FAIL(500, "internal", NULL, "out of memory");
   if (hr->raw_len > LG__MAX_URI)
     FAIL(414, "uri_too_long", "path", "the request target is %zu bytes; the limit is %d",
@@ -678,6 +695,9 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
       lg__free(rq->id_buf);
       rq->id_buf = url;
       rq->api_errors = lg__gw_error_api(url);
+      rq->query = q;
+      hr->gw_route = 1;
+      hr->max_body = srv->o.gateway_max_body;
       hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
       found = 1;
     } else {
@@ -727,7 +747,9 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   }
   if (srv->auth.n && hit.role != LG__ROLE_NONE && (int)role < hit.role)
     FAIL(403, "forbidden", NULL, "%s %.*s needs the operator role", method, (int)plen, path);
-  if (has_body(c) &&
+  /* JSON bodies only, but for a path the gateway passes through: an
+   * upload (multipart/form-data) goes on with its own type. */
+  if (has_body(c) && !(hr->gw_route && !lg__gw_guards(rq->id, method)) &&
       !is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
     FAIL(415, "unsupported_media_type", "Content-Type",
          "Content-Type: a request body must be application/json");
@@ -764,11 +786,9 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       /* Room for the declared body at once, not grown piece by piece (a
        * realloc a doubling); a large one still grows as it arrives, so a
        * Content-Length alone never holds memory. */
-      if (n <= srv->o.max_body && n <= LG__BODY_PREALLOC) lg__buf_reserve(&hr->body, (size_t)n);
-      if (n > srv->o.max_body) {
-        if (!hr->errored || rq->status != 401)
-          lg__req_error(rq, 413, "payload_too_large", "body",
-                        "the body is %llu bytes; the limit is %zu bytes", n, srv->o.max_body);
+      if (n <= hr->max_body && n <= LG__BODY_PREALLOC) lg__buf_reserve(&hr->body, (size_t)n);
+      if (n > hr->max_body) {
+        if (!hr->errored || rq->status != 401) too_large(srv, hr, n);
         hr->errored = 1;
         hr->handler = NULL;
         const char *ex = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
@@ -787,9 +807,8 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       if (hr->dropped > LG__DRAIN_BYTES || lg__mono_ns() - hr->t0_ns > LG__DRAIN_NS) return MHD_NO;
       return MHD_YES;
     }
-    if (hr->body.len + n > srv->o.max_body) { /* chunked, grown past the limit */
-      lg__req_error(&hr->rq, 413, "payload_too_large", "body",
-                    "the body is over the limit of %zu bytes", srv->o.max_body);
+    if (hr->body.len + n > hr->max_body) { /* chunked, grown past the limit */
+      too_large(srv, hr, 0);
       hr->errored = 1;
       hr->handler = NULL;
       hr->dropped = hr->body.len + n;

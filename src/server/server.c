@@ -730,6 +730,7 @@ static lg_server_t *server_new(const lg_server_options_t *opts, lg_error_t *err)
   srv->o.upstreams_file = NULL;
   srv->o.secret_file = NULL; /* read once by load_config, not kept */
   if (srv->o.max_body == 0) srv->o.max_body = LG_SERVER_DEFAULT_MAX_BODY;
+  if (srv->o.gateway_max_body == 0) srv->o.gateway_max_body = LG_SERVER_DEFAULT_GATEWAY_MAX_BODY;
   if (srv->o.timeout_s <= 0) srv->o.timeout_s = LG_SERVER_DEFAULT_TIMEOUT_S;
   pthread_mutex_init(&srv->wlist_mu, NULL);
   pthread_mutex_init(&srv->pol_mu, NULL);
@@ -932,6 +933,7 @@ static void log_start(lg_server_t *srv) {
   lg__buf_json_str(&f, srv->policy_source, strlen(srv->policy_source));
   lg__buf_printf(&f, ",\"threads\":%d,\"max_body\":%zu,\"timeout_s\":%d,\"connection_limit\":%u",
                  srv->o.threads, srv->o.max_body, srv->o.timeout_s, srv->conn_limit);
+  if (srv->gw) lg__buf_printf(&f, ",\"gateway_max_body\":%zu", srv->o.gateway_max_body);
   if (srv->o.prices_file) {
     lg__buf_puts(&f, ",\"prices\":");
     lg__buf_json_str(&f, srv->o.prices_file, strlen(srv->o.prices_file));
@@ -997,8 +999,9 @@ char *lg_server_banner(const lg_server_t *srv) {
   } else {
     lg__buf_puts(&b, "  prices:  none (model calls need cost_usd when a cap or budget applies)\n");
   }
-  lg__buf_printf(&b, "  threads: %d, max body %zu bytes, timeout %d s\n", srv->o.threads,
-                 srv->o.max_body, srv->o.timeout_s);
+  lg__buf_printf(&b, "  threads: %d, max body %zu bytes", srv->o.threads, srv->o.max_body);
+  if (srv->gw) lg__buf_printf(&b, " (gateway routes %zu)", srv->o.gateway_max_body);
+  lg__buf_printf(&b, ", timeout %d s\n", srv->o.timeout_s);
   lg__buf_printf(&b, "  console: %s/ (the operator's web console%s)\n", srv->url,
                  srv->auth.n ? "; it asks for an operator token" : "");
   if (srv->gw) {

@@ -625,6 +625,8 @@ typedef struct lg__req {
   const char *method;      /* "GET", "POST", ... */
   const char *id;          /* run id, group or operation key from the path */
   char *id_buf;            /* owns id */
+  const char *query;       /* the target's query as sent, from its '?'; or
+                              NULL (the gateway forwards it) */
   const char *body;        /* the request body (may be empty) */
   size_t body_len;
   lg__buf_t *body_buf;     /* what holds it: a handler that keeps the body

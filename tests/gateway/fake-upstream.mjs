@@ -45,6 +45,11 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// POST /v1/files takes an upload as OpenAI does (multipart/form-data with a
+// `purpose` and a `file` part; anything else is its 400) and answers the
+// file object, with the sha256 of the bytes it got beside it; GET /v1/files
+// lists the uploads a page at a time (limit, after: a cursor as OpenAI's),
+// GET /v1/files/file-up-N/content gives an upload's bytes back.
 // GET (HEAD) /v1/files/file-big-N/content answers N bytes (a 16-byte line
 // counted in hex, over and over), written as fast as the client takes
 // them; file-cut-N drops the connection half-way. GET /stats counts the
@@ -57,6 +62,7 @@
 // Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
 import http from 'node:http';
 import fs from 'node:fs';
+import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
 const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0 };
@@ -489,9 +495,74 @@ function malformed(res, url, err) {
     : { error: { message: msg, type: 'invalid_request_error', param: null, code: null } }));
 }
 
+const uploads = []; // POST /v1/files: {id, bytes, filename, purpose, created_at, sha256, data}
+
+function openaiError(res, status, message, param = null) {
+  res.writeHead(status, { 'content-type': 'application/json' });
+  res.end(JSON.stringify({ error: { message, type: 'invalid_request_error', param, code: null } }));
+  return true;
+}
+
+// The parts of a multipart/form-data body (RFC 7578): [{name, filename, data}], or a string: what is wrong.
+function multipart(type, buf) {
+  const m = /^multipart\/form-data\s*;.*boundary=(?:"([^"]+)"|([^;\s]+))/i.exec(type || '');
+  if (!m) return `Invalid Content-Type header (${type || 'none'}), expected multipart/form-data`;
+  const delim = Buffer.from(`--${m[1] || m[2]}`);
+  const parts = [];
+  let at = buf.indexOf(delim);
+  if (at < 0) return 'the multipart body has no boundary line';
+  for (;;) {
+    at += delim.length;
+    if (buf.slice(at, at + 2).toString() === '--') return parts; // the closing delimiter
+    const headEnd = buf.indexOf('\r\n\r\n', at);
+    const next = buf.indexOf(Buffer.concat([Buffer.from('\r\n'), delim]), headEnd);
+    if (headEnd < 0 || next < 0) return 'the multipart body ends inside a part';
+    const head = buf.slice(at, headEnd).toString();
+    const disp = /content-disposition:\s*form-data;([^\r\n]*)/i.exec(head);
+    if (!disp) return 'a part without Content-Disposition: form-data';
+    const name = /\bname="([^"]*)"/.exec(disp[1]), file = /\bfilename="([^"]*)"/.exec(disp[1]);
+    parts.push({ name: name && name[1], filename: file && file[1], data: buf.slice(headEnd + 4, next) });
+    at = next + 2;
+  }
+}
+
+function files(req, res, buf) {
+  const u = new URL(req.url, 'http://x');
+  if (req.method === 'POST' && u.pathname === '/v1/files') {
+    const parts = multipart(req.headers['content-type'], buf);
+    if (typeof parts === 'string') return openaiError(res, 400, parts);
+    const purpose = parts.find((p) => p.name === 'purpose'), file = parts.find((p) => p.name === 'file');
+    if (!purpose) return openaiError(res, 400, "Missing required parameter: 'purpose'.", 'purpose');
+    if (!file || file.filename == null) return openaiError(res, 400, "Missing required parameter: 'file'.", 'file');
+    const f = { id: `file-up-${uploads.length + 1}`, object: 'file', bytes: file.data.length,
+      created_at: 1700000000 + uploads.length, filename: file.filename, purpose: purpose.data.toString(),
+      sha256: crypto.createHash('sha256').update(file.data).digest('hex') };
+    uploads.push({ ...f, data: file.data });
+    res.writeHead(200, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify(f)), true;
+  }
+  if (req.method === 'GET' && u.pathname === '/v1/files') {
+    const limit = Number(u.searchParams.get('limit') || 10000), after = u.searchParams.get('after');
+    const from = after ? uploads.findIndex((f) => f.id === after) + 1 : 0;
+    if (after && from === 0) return openaiError(res, 400, `No such file: '${after}'`, 'after');
+    const page = uploads.slice(from, from + limit).map(({ data, ...f }) => f);
+    res.writeHead(200, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ object: 'list', data: page, first_id: page.length ? page[0].id : null,
+      last_id: page.length ? page[page.length - 1].id : null, has_more: from + limit < uploads.length })), true;
+  }
+  const got = req.method === 'GET' && /^\/v1\/files\/(file-up-\d+)\/content$/.exec(u.pathname);
+  const f = got && uploads.find((x) => x.id === got[1]);
+  if (f) {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(f.data.length) });
+    return res.end(f.data), true;
+  }
+  return false;
+}
+
 const server = http.createServer((req, res) => {
   let body = '';
-  req.on('data', (d) => (body += d));
+  const chunks = [];
+  req.on('data', (d) => chunks.push(d));
   res.on('close', () => { if (!res.writableEnded) stats.aborted++; });
   // what a provider sends with every answer: a client reads its request id
   // and its rate limits (the gateway passes them on); the server and its
@@ -502,7 +573,9 @@ const server = http.createServer((req, res) => {
   res.setHeader('set-cookie', 'provider_session=abc; Path=/; HttpOnly');
   res.setHeader('x-loopguard-action', 'forged'); // the gateway's own header is its own
   req.on('end', () => {
-    try { route(req, res, body); } catch (e) { malformed(res, req.url, e); }
+    const buf = Buffer.concat(chunks);
+    body = buf.toString();
+    try { if (!files(req, res, buf)) route(req, res, body); } catch (e) { malformed(res, req.url, e); }
   });
 });
 

@@ -214,7 +214,7 @@ echo '{"limits":{"max_model_calls":2}}' >"$TMP/cap.json"
 cat >"$TMP/ups.json" <<JSON
 {"upstreams": {"fake": {"base_url": "$FAKE/v1", "api": "openai", "timeout_ms": 1000}}, "default": "fake"}
 JSON
-start_server cap --store memory: --upstreams "$TMP/ups.json" --policy "$TMP/cap.json"
+start_server cap --store memory: --upstreams "$TMP/ups.json" --policy "$TMP/cap.json" --gateway-max-body 1048576
 before=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
 c=$(agent BASE_URL="$cap_URL/v1" MODEL=stubborn) || fail "agent (cap)"
 after=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
@@ -226,10 +226,11 @@ note "an upstream that times out: 504 in OpenAI's shape"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
 [ "$code" = 504 ] && grep -q fake "$TMP/e.json" || fail "slow: $code $(cat "$TMP/e.json")"
 
-note "a body over the limit: 413 with an error message; the server keeps serving"
+note "a body over the limit (--gateway-max-body 1 MiB), sent chunked: 413 with an error message; the server keeps serving"
 head -c 1100000 /dev/zero | tr '\0' a >"$TMP/big.txt"
-code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$cap_URL/v1/chat/completions")
-[ "$code" = 413 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q limit || fail "too big: $code $(cat "$TMP/e.json")"
+code=$(curl -s -H "Content-Type: application/json" -H 'Transfer-Encoding: chunked' -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$cap_URL/v1/chat/completions")
+[ "$code" = 413 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q 'limit of 1048576 bytes (loopguard serve --gateway-max-body)' ||
+  fail "too big: $code $(cat "$TMP/e.json")"
 curl -sf "$cap_URL/healthz" >/dev/null || fail "the server stopped serving after a 413"
 
 note "an upstreams file with a mistake: the start fails, naming the field"
