@@ -369,6 +369,11 @@ static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 }
 
+static ssize_t head_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)cls, (void)pos, (void)buf, (void)max;
+  return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
 /* On the HTTP thread, once the worker answered (or the client is gone). */
 static void gw_finish(lg__req_t *rq) {
   lg__gw_job_t *j = (lg__gw_job_t *)rq->job;
@@ -394,6 +399,10 @@ static void gw_finish(lg__req_t *rq) {
     atomic_fetch_add(&j->refs, 1); /* the stream's */
     r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, j, stream_free);
     if (!r) job_unref(j);
+  } else if (j->head_known && !j->out.len) {
+    /* a HEAD passed through: the upstream's Content-Length, no body (the
+     * reader is never called for a HEAD) */
+    r = MHD_create_response_from_callback(j->head_len, 4096, head_read, NULL, NULL);
   } else {
     size_t len = j->out.len;
     char *body = lg__buf_steal(&j->out, NULL);
@@ -725,6 +734,10 @@ static void passthrough(lg__gw_ctx_t *cx) {
     lg__gw_upstream_failed(j, &x);
   } else {
     lg__gw_upstream_answer(j, &x);
+    if (x.head_len >= 0) { /* a HEAD: the length a GET would get */
+      j->head_known = 1;
+      j->head_len = (uint64_t)x.head_len;
+    }
   }
   lg__gw_http_clear(&x);
   lg__gw_answer(j);

@@ -99,6 +99,7 @@ typedef struct lg__gw_http {
   long status;                /* 0 when no answer */
   lg__buf_t body_out;         /* the body (all of it when not streamed) */
   char ctype[128];            /* Content-Type of the answer */
+  curl_off_t head_len;        /* a HEAD's answer: its Content-Length, or -1 */
   CURLcode cc;
   char errbuf[CURL_ERROR_SIZE];
   uint64_t ns;                /* how long it took */
@@ -282,6 +283,8 @@ typedef struct lg__gw_job {
                                  model call reserves on them beside the run's */
   size_t nkey_scopes;
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
+  int head_known;             /* a passed-through HEAD: the length of the body */
+  uint64_t head_len;          /*   a GET would get (its Content-Length) */
 } lg__gw_job_t;
 
 /* The worker's context for one job. */

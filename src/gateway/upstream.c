@@ -564,6 +564,9 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   long st = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
   if (st) x->status = st;
+  x->head_len = -1;
+  if (!strcmp(x->method, "HEAD"))
+    curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &x->head_len);
   curl_slist_free_all(hd);
   lg__buf_free(&url);
   if (x->cc != CURLE_OK && !x->errbuf[0])

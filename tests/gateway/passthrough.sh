@@ -42,7 +42,8 @@ grep -qi '^content-length:' "$TMP/models.h" || fail "models: no Content-Length: 
 grep -qi '^content-type: *application/json' "$TMP/models.h" || fail "models: $(cat "$TMP/models.h")"
 grep -qi '^cache-control' "$TMP/models.h" && fail "models: a stream's Cache-Control on a JSON answer: $(cat "$TMP/models.h")"
 code=$(curl -s -I --max-time 5 -o "$TMP/head.h" -w '%{http_code}' "$p_URL/v1/files/file-big-4096/content")
-[ "$code" = 200 ] && has "$TMP/head.h" x-request-id || fail "HEAD: $code $(cat "$TMP/head.h") (a HEAD waited for a body)"
+[ "$code" = 200 ] && has "$TMP/head.h" x-request-id && has "$TMP/head.h" content-length 4096 ||
+  fail "HEAD: $code $(cat "$TMP/head.h") (a HEAD waited for a body, or said a length of its own)"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$p_URL/v1/nothing/here")
 [ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "an error answer: $code $(cat "$TMP/e.json")"
 
