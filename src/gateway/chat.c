@@ -2123,24 +2123,33 @@ static int is_user_message(const chat_t *c, json_t *m) {
 /* What client message i is to feed_new, from its role and type alone:
  * nothing (an assistant's or a system's message, never built to feed);
  * one tool result read late (feed_later: OpenAI chat's "tool" message, a
- * Responses function_call_output, as feed_message would take it); or a
- * message to build and feed (the person's; Anthropic's tool results,
- * blocks of a user message). */
-enum { FEED_NOT, FEED_LATE, FEED_BUILT };
+ * Responses function_call_output, as feed_message would take it); the
+ * person's message on the OpenAI APIs (is_user_message says so from its
+ * role and type: its content, images and all, is not built); or a
+ * message to build and feed (Anthropic's user messages, whose blocks may
+ * be tool results). */
+enum { FEED_NOT, FEED_LATE, FEED_USER, FEED_BUILT };
 static int feed_kind(chat_t *c, size_t i) {
   const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
   int tool = role && !strcmp(role, "tool"), output = ty && !strcmp(ty, "function_call_output");
-  if (!tool && !output && !(role && !strcmp(role, "user"))) return FEED_NOT;
+  int user = role && !strcmp(role, "user");
+  if (!tool && !output && !user) return FEED_NOT;
   if (!is_anthropic(c) && (is_responses(c) ? output : tool)) return FEED_LATE;
+  if (!is_anthropic(c) && user && (!ty || !strcmp(ty, "message"))) return FEED_USER;
   return FEED_BUILT;
+}
+
+/* The person's new message: a `user` event. */
+static void feed_user(chat_t *c) {
+  flush_results(c); /* in order: the results before it first */
+  if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
 }
 
 /* One new client message as events: its tool results, or a user event. */
 static void feed_message(chat_t *c, size_t i, json_t *m) {
   const char *role = sget(m, "role");
   if (is_user_message(c, m)) {
-    flush_results(c); /* in order: the results before it first */
-    if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
+    feed_user(c);
     return;
   }
   /* Anthropic's results: the tool_result blocks of a user message
@@ -2167,6 +2176,7 @@ static int feed_new(chat_t *c) {
   for (size_t i = from; i < c->n; i++) {
     int kind = feed_kind(c, i);
     if (kind == FEED_LATE) feed_later(c, i, 0);
+    else if (kind == FEED_USER) feed_user(c);
     else if (kind == FEED_BUILT) feed_message(c, i, client_msg(c, i));
   }
   /* the last results wait for the model call (flush_results_then); one

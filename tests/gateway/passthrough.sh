@@ -76,6 +76,16 @@ grep -q 'GET /v1/nothing/here?after=file-1&limit=2&q=%C3%A9&x=%7B%7D"' "$TMP/q.j
 printf 'GET /v1/nothing/here?q=\xc3\xa9"{} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' |
   python3 -c "import socket,sys; s=socket.create_connection(('127.0.0.1', int(sys.argv[1]))); s.sendall(sys.stdin.buffer.read()); print(s.makefile('rb').read().decode('utf-8','replace'))" "${p_URL##*:}" >"$TMP/raw.txt"
 grep -q 'GET /v1/nothing/here?q=%C3%A9%22%7B%7D"' "$TMP/raw.txt" || fail "a raw query: $(cat "$TMP/raw.txt")"
+# a 24 MB image: held once (the body), not copied for the upstream nor built as the person's message
+python3 -c "import json; print(json.dumps({'model': 'finish', 'messages': [{'role': 'user', 'content': [
+  {'type': 'text', 'text': 'and this one?'},
+  {'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,' + 'QUJD' * 6000000}}]}]}))" >"$TMP/img.json"
+hwm0=$(kb "$p_PID" VmHWM)
+code=$(curl -s -o "$TMP/img.out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/img.json" "$p_URL/v1/chat/completions")
+hwm1=$(kb "$p_PID" VmHWM)
+[ "$code" = 200 ] || fail "a 24 MB image: $code $(head -c 300 "$TMP/img.out")"
+((hwm1 - hwm0 < 40 * 1024)) || fail "a 24 MB image: the gateway's peak memory grew by $(((hwm1 - hwm0) / 1024)) MiB (copies of the body)"
+curl -sf -X POST "$FAKE/reset" >/dev/null # its /stats would carry the image's body from now on
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: text/plain' -d x "$p_URL/v1/chat/completions")
 [ "$code" = 415 ] && grep -q unsupported_media_type "$TMP/e.json" || fail "a guarded route's body must be JSON: $code $(cat "$TMP/e.json")"
 
