@@ -580,8 +580,11 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
     if (!(*slot = lg__strdup(v))) h->oom = 1;
     return MHD_YES;
   }
+  /* a passed-through body's encoding goes with it (a guarded route's
+   * body is never encoded: http.c refuses it) */
   if (!strcasecmp(k, "x-api-key") || !strncasecmp(k, "anthropic-", 10) ||
-      !strncasecmp(k, "openai-", 7) || !strcasecmp(k, "accept")) {
+      !strncasecmp(k, "openai-", 7) || !strcasecmp(k, "accept") ||
+      (j->kind == LG__GW_PASS && !strcasecmp(k, "Content-Encoding"))) {
     lg__buf_t b = {0};
     lg__buf_printf(&b, "%s: %s", k, v);
     struct curl_slist *t = b.oom ? NULL : curl_slist_append(j->fwd, b.data);

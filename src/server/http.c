@@ -747,12 +747,27 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   }
   if (srv->auth.n && hit.role != LG__ROLE_NONE && (int)role < hit.role)
     FAIL(403, "forbidden", NULL, "%s %.*s needs the operator role", method, (int)plen, path);
-  /* JSON bodies only, but for a path the gateway passes through: an
-   * upload (multipart/form-data) goes on with its own type. */
-  if (has_body(c) && !(hr->gw_route && !lg__gw_guards(rq->id, method)) &&
-      !is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
-    FAIL(415, "unsupported_media_type", "Content-Type",
-         "Content-Type: a request body must be application/json");
+  /* JSON bodies only, as they are, but for a path the gateway passes
+   * through: an upload (multipart/form-data) goes on with its own type
+   * (and encoding). A gzip body read as JSON would be "not a JSON
+   * object": said for what it is instead. In the open mode, a body of
+   * another type also needs the client's credential header, as every SDK
+   * sends it: a web page can post a form to loopback without asking, but
+   * not with an Authorization or x-api-key header (security.md). */
+  bool pass = hr->gw_route && !lg__gw_guards(rq->id, method);
+  bool keyed = srv->auth.n || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") ||
+               MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+  if (has_body(c) && !(pass && keyed)) {
+    if (!is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
+      FAIL(415, "unsupported_media_type", "Content-Type", "%s",
+           pass ? "Content-Type: a request body must be application/json, or come with the "
+                  "client's Authorization (or x-api-key) header to be passed through as it is"
+                : "Content-Type: a request body must be application/json");
+    const char *ce = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    if (ce && strcasecmp(ce, "identity"))
+      FAIL(415, "unsupported_media_type", "Content-Encoding",
+           "Content-Encoding: %.40s: a request body must be sent as it is (not encoded)", ce);
+  }
   hr->handler = hit.handler;
 #undef FAIL
 }

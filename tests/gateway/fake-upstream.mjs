@@ -529,6 +529,7 @@ function multipart(type, buf) {
 function files(req, res, buf) {
   const u = new URL(req.url, 'http://x');
   if (req.method === 'POST' && u.pathname === '/v1/files') {
+    stats.upload_requests = (stats.upload_requests || 0) + 1;
     const parts = multipart(req.headers['content-type'], buf);
     if (typeof parts === 'string') return openaiError(res, 400, parts);
     const purpose = parts.find((p) => p.name === 'purpose'), file = parts.find((p) => p.name === 'file');
@@ -581,6 +582,8 @@ const server = http.createServer((req, res) => {
 
 function route(req, res, body) {
     stats.requests++;
+    // the headers of the last request (a passed-through one's type and encoding, for a test)
+    if (!/^\/(stats|reset)$/.test(req.url)) stats.last_headers = req.headers;
     if (req.method === 'POST' && /^\/v1\/(chat\/completions|messages|responses)$/.test(req.url)) {
       stats.raw.push(body); // the bytes as they came, for the tests of an unchanged body
       if (stats.raw.length > 20) stats.raw.shift();

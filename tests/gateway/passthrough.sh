@@ -88,15 +88,31 @@ hwm1=$(kb "$p_PID" VmHWM)
 curl -sf -X POST "$FAKE/reset" >/dev/null # its /stats would carry the image's body from now on
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: text/plain' -d x "$p_URL/v1/chat/completions")
 [ "$code" = 415 ] && grep -q unsupported_media_type "$TMP/e.json" || fail "a guarded route's body must be JSON: $code $(cat "$TMP/e.json")"
+printf '{"model":"finish"}' | gzip >"$TMP/x.gz"
+sdk=(-H 'Authorization: Bearer sk-test') # what every SDK sends
+curl -s -o /dev/null "${sdk[@]}" -H 'Content-Type: application/octet-stream' -H 'Content-Encoding: gzip' --data-binary @"$TMP/x.gz" "$p_URL/v1/nothing/here"
+[ "$(stats '[d["last_headers"].get("content-encoding"), d["last_headers"].get("content-type")]')" = '["gzip", "application/octet-stream"]' ] ||
+  fail "a passed-through body's type and encoding: $(stats 'd["last_headers"]')"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: application/json' -H 'Content-Encoding: gzip' --data-binary @"$TMP/x.gz" "$p_URL/v1/chat/completions")
+[ "$code" = 415 ] && [ "$(get 'd["error"]["param"]' <"$TMP/e.json")" = Content-Encoding ] ||
+  fail "an encoded body on a guarded route: $code $(cat "$TMP/e.json")"
+# the open mode: what a web page can post to loopback without asking (a form, no credential) is not passed on
+echo hello >"$TMP/page.txt"
+before=$(stats 'd.get("upload_requests", 0)')
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Origin: null' -F purpose=assistants -F "file=@$TMP/page.txt" "$p_URL/v1/files")
+[ "$code" = 403 ] || fail "a form posted from a page (Origin: null): $code $(cat "$TMP/e.json")"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -F purpose=assistants -F "file=@$TMP/page.txt" "$p_URL/v1/files")
+[ "$code" = 415 ] && grep -q 'Authorization' "$TMP/e.json" || fail "a form without a credential header (open mode): $code $(cat "$TMP/e.json")"
+[ "$(stats 'd.get("upload_requests", 0)')" = "$before" ] || fail "a refused form reached the upstream"
 
 note "the gateway's body limit: --gateway-max-body on its routes, --max-body on the server's own"
 start_server lim --store memory: --upstream "$FAKE/v1" --gateway-max-body 2097152
 head -c 2200000 /dev/zero | tr '\0' a >"$TMP/blob"
-code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -F purpose=assistants -F "file=@$TMP/blob" "$lim_URL/v1/files")
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -F purpose=assistants -F "file=@$TMP/blob" "${sdk[@]}" "$lim_URL/v1/files")
 [ "$code" = 413 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = payload_too_large ] &&
   grep -q -- '--gateway-max-body' "$TMP/e.json" || fail "an upload over --gateway-max-body: $code $(cat "$TMP/e.json")"
 head -c 1500000 /dev/zero | tr '\0' a >"$TMP/blob"
-code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -F purpose=assistants -F "file=@$TMP/blob" "$lim_URL/v1/files")
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -F purpose=assistants -F "file=@$TMP/blob" "${sdk[@]}" "$lim_URL/v1/files")
 [ "$code" = 200 ] && [ "$(get 'd["bytes"]' <"$TMP/e.json")" = 1500000 ] || fail "an upload under it: $code $(cat "$TMP/e.json")"
 python3 -c "import json; print(json.dumps({'run_id': 'big', 'pad': 'a' * 1100000}))" >"$TMP/run.json"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/run.json" "$lim_URL/v1/runs")
