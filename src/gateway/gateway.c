@@ -580,6 +580,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
     if (!(*slot = lg__strdup(v))) h->oom = 1;
     return MHD_YES;
   }
+  if (!strcasecmp(k, "anthropic-version")) j->anthropic_client = 1;
   /* a passed-through body's encoding goes with it (a guarded route's
    * body is never encoded: http.c refuses it) */
   if (!strcasecmp(k, "x-api-key") || !strncasecmp(k, "anthropic-", 10) ||
@@ -707,9 +708,13 @@ static int pass_data(void *ud, const char *p, size_t n) {
 /* A path the gateway does not guard: forwarded, its 2xx answer streamed
  * back as it arrives (a download, a legacy completion's events); any
  * other answer, whole, as the upstream sent it. */
+size_t lg__gw_pass_upstream(const lg__gw_t *gw, const lg__gw_job_t *j) {
+  return lg__gw_config_pick(lg__gw_cfg(gw), NULL, j->anthropic_client, NULL);
+}
+
 static void passthrough(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
-  size_t ui = lg__gw_cfg(cx->gw)->def;
+  size_t ui = lg__gw_pass_upstream(cx->gw, j);
   j->upstream = ui;
   lg__gw_http_t x = {0};
   x.up = &cx->gw->cfg.up[ui];

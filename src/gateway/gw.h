@@ -283,6 +283,8 @@ typedef struct lg__gw_job {
                                  model call reserves on them beside the run's */
   size_t nkey_scopes;
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
+  int anthropic_client;       /* it came with anthropic-version (an Anthropic
+                                 SDK's): passed through to the Anthropic upstream */
   int head_known;             /* a passed-through HEAD: the length of the body */
   uint64_t head_len;          /*   a GET would get (its Content-Length) */
 } lg__gw_job_t;
@@ -297,6 +299,10 @@ typedef struct lg__gw_ctx {
 } lg__gw_ctx_t;
 
 const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw);
+/* The upstream a passed-through request goes to: with anthropic-version
+ * (an Anthropic SDK's: its models, count_tokens, files), the first
+ * Anthropic upstream, as /v1/messages; else the default. */
+size_t lg__gw_pass_upstream(const lg__gw_t *gw, const lg__gw_job_t *j);
 size_t lg__gw_answer_max(const lg__gw_t *gw); /* LOOPGUARD_GATEWAY_ANSWER_BYTES */
 _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 /* The run of a request: by its header, else derived (key); created

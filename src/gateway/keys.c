@@ -194,7 +194,7 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   j->key = row;
   lg__free(j->auth); /* never sent upstream */
   j->auth = NULL;
-  if (j->kind == LG__GW_PASS && use_byok(cx, &lg__gw_cfg(cx->gw)->up[lg__gw_cfg(cx->gw)->def]))
+  if (j->kind == LG__GW_PASS && use_byok(cx, &lg__gw_cfg(cx->gw)->up[lg__gw_pass_upstream(cx->gw, j)]))
     return 1;
   return 0;
 }

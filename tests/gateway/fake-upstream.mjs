@@ -583,7 +583,7 @@ const server = http.createServer((req, res) => {
 function route(req, res, body) {
     stats.requests++;
     // the headers of the last request (a passed-through one's type and encoding, for a test)
-    if (!/^\/(stats|reset)$/.test(req.url)) stats.last_headers = req.headers;
+    if (!/^\/(stats|reset)$/.test(req.url)) [stats.last_headers, stats.last_url] = [req.headers, req.url];
     if (req.method === 'POST' && /^\/v1\/(chat\/completions|messages|responses)$/.test(req.url)) {
       stats.raw.push(body); // the bytes as they came, for the tests of an unchanged body
       if (stats.raw.length > 20) stats.raw.shift();

@@ -84,7 +84,13 @@ hwm0=$(kb "$p_PID" VmHWM)
 code=$(curl -s -o "$TMP/img.out" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/img.json" "$p_URL/v1/chat/completions")
 hwm1=$(kb "$p_PID" VmHWM)
 [ "$code" = 200 ] || fail "a 24 MB image: $code $(head -c 300 "$TMP/img.out")"
-((hwm1 - hwm0 < 40 * 1024)) || fail "a 24 MB image: the gateway's peak memory grew by $(((hwm1 - hwm0) / 1024)) MiB (copies of the body)"
+# (the release build's bound: ASan's allocator keeps freed blocks in quarantine, and a
+# body grown by doubling is copied whole at each step there, where glibc moves its pages)
+if ldd "$LG_BIN" 2>/dev/null | grep -q libasan; then
+  note "under ASan: a 24 MB image's peak growth $(((hwm1 - hwm0) / 1024)) MiB, not held to the bound"
+else
+  ((hwm1 - hwm0 < 40 * 1024)) || fail "a 24 MB image: the gateway's peak memory grew by $(((hwm1 - hwm0) / 1024)) MiB (copies of the body)"
+fi
 curl -sf -X POST "$FAKE/reset" >/dev/null # its /stats would carry the image's body from now on
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: text/plain' -d x "$p_URL/v1/chat/completions")
 [ "$code" = 415 ] && grep -q unsupported_media_type "$TMP/e.json" || fail "a guarded route's body must be JSON: $code $(cat "$TMP/e.json")"
@@ -120,6 +126,23 @@ code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: application/
 grep -q 'gateway routes 2097152' "$TMP/lim.out" || fail "the banner: $(cat "$TMP/lim.out")"
 stop_server lim
 [ "$lim_RC" = 0 ] || fail "the server with --gateway-max-body exited $lim_RC: $(tail -5 "$TMP/lim.err")"
+
+note "two upstreams: an Anthropic SDK's passed-through request (anthropic-version) goes to the Anthropic one"
+node "$HERE/fake-upstream.mjs" "$TMP/fake2.port" &
+ALL_PIDS+=($!)
+for i in $(seq 100); do [ -s "$TMP/fake2.port" ] && break; sleep 0.05; done
+FAKE2="http://127.0.0.1:$(cat "$TMP/fake2.port")"
+cat >"$TMP/two.json" <<JSON
+{"upstreams": {"gpt": {"base_url": "$FAKE/v1", "api": "openai"},
+               "claude": {"base_url": "$FAKE2/v1", "api": "anthropic"}}, "default": "gpt"}
+JSON
+start_server two --store memory: --upstreams "$TMP/two.json"
+curl -s -o /dev/null -H 'anthropic-version: 2023-06-01' "$two_URL/v1/models?probe=claude"
+curl -s -o /dev/null "$two_URL/v1/models?probe=gpt"
+[ "$(curl -sf "$FAKE2/stats" | get 'd["last_url"]')" = "/v1/models?probe=claude" ] &&
+  [ "$(stats 'd["last_url"]')" = "/v1/models?probe=gpt" ] ||
+  fail "passthrough by API: claude got $(curl -sf "$FAKE2/stats" | get 'd["last_url"]'), gpt $(stats 'd["last_url"]')"
+stop_server two
 
 note "a 64 MiB download: every byte, in order, without the gateway holding it"
 big=/v1/files/file-big-67108864/content
