@@ -2122,21 +2122,19 @@ static int is_user_message(const chat_t *c, json_t *m) {
 
 /* What client message i is to feed_new, from its role and type alone:
  * nothing (an assistant's or a system's message, never built to feed);
- * one tool result read late (feed_later: OpenAI chat's "tool" message, a
- * Responses function_call_output, as feed_message would take it); the
- * person's message on the OpenAI APIs (is_user_message says so from its
- * role and type: its content, images and all, is not built); or a
- * message to build and feed (Anthropic's user messages, whose blocks may
- * be tool results). */
+ * on the OpenAI APIs, one tool result read late (feed_later: chat's
+ * "tool" message, a Responses function_call_output) or the person's
+ * message (is_user_message says so from its role and type: its content,
+ * images and all, is not built); on Anthropic's, a user message to build
+ * and feed (feed_message: its blocks may be tool results). */
 enum { FEED_NOT, FEED_LATE, FEED_USER, FEED_BUILT };
 static int feed_kind(chat_t *c, size_t i) {
   const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
-  int tool = role && !strcmp(role, "tool"), output = ty && !strcmp(ty, "function_call_output");
   int user = role && !strcmp(role, "user");
-  if (!tool && !output && !user) return FEED_NOT;
-  if (!is_anthropic(c) && (is_responses(c) ? output : tool)) return FEED_LATE;
-  if (!is_anthropic(c) && user && (!ty || !strcmp(ty, "message"))) return FEED_USER;
-  return FEED_BUILT;
+  if (is_anthropic(c)) return user ? FEED_BUILT : FEED_NOT;
+  if (is_responses(c) ? ty && !strcmp(ty, "function_call_output") : role && !strcmp(role, "tool"))
+    return FEED_LATE;
+  return user && (!ty || !strcmp(ty, "message")) ? FEED_USER : FEED_NOT;
 }
 
 /* The person's new message: a `user` event. */
@@ -2168,7 +2166,7 @@ static void feed_message(chat_t *c, size_t i, json_t *m) {
 static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   size_t from = c->prev_id ? 0 : c->r->fed;
-  for (size_t i = from; i < c->n; i++) /* all built before any is fed: none or all */
+  for (size_t i = from; is_anthropic(c) && i < c->n; i++) /* all built before any is fed: none or all */
     if (feed_kind(c, i) == FEED_BUILT && !client_msg(c, i)) {
       lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
       return -1;
