@@ -926,7 +926,9 @@ static int body_unchanged(chat_t *c) {
  * stream_options. A key's request or a stream then costs no parse and dump
  * of the whole conversation. With nothing to add, the job's own buffer
  * (*own NULL: not copied, which for a body of 30 MB of images was a tenth
- * of a second); else a copy, *own. NULL when out of memory. */
+ * of a second), and so for the worst case's estimate, of which only the
+ * length is read (prepare_call); else a copy, *own. NULL when out of
+ * memory. */
 static const char *client_bytes(chat_t *c, size_t *len, char **own) {
   const char *b = c->j->body;
   size_t n = c->j->body_len, at = 0;
@@ -944,8 +946,8 @@ static const char *client_bytes(chat_t *c, size_t *len, char **own) {
     if (k < n && b[k] == '}') head[--hl] = 0; /* an empty object: no comma */
   }
   *own = NULL;
-  if (!hl) {
-    *len = n;
+  if (!hl || c->estimate) {
+    *len = n + (size_t)hl;
     return b;
   }
   char *t = lg__malloc(n + (size_t)hl + 1);

@@ -148,7 +148,6 @@ static void job_unref(lg__gw_job_t *j) {
   lg__free(j->path);
   lg__free(j->query);
   lg__free(j->body);
-  lg__free(j->body_type);
   lg__free(j->auth);
   lg__free(j->hdr_run);
   lg__free(j->hdr_group);
@@ -574,18 +573,17 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   else if (!strcasecmp(k, "X-Loopguard-Group")) slot = &j->hdr_group;
   else if (!strcasecmp(k, "X-Loopguard-Agent")) slot = &j->hdr_agent;
   else if (!strcasecmp(k, "X-Loopguard-Policy")) slot = &j->hdr_policy;
-  else if (!strcasecmp(k, "Content-Type") && j->kind == LG__GW_PASS) slot = &j->body_type;
   if (slot) {
     lg__free(*slot);
     if (!(*slot = lg__strdup(v))) h->oom = 1;
     return MHD_YES;
   }
   if (!strcasecmp(k, "anthropic-version")) j->anthropic_client = 1;
-  /* a passed-through body's encoding goes with it (a guarded route's
-   * body is never encoded: http.c refuses it) */
+  /* a passed-through body's type (an upload's multipart boundary) and
+   * encoding go with it; a guarded route's body is the gateway's JSON */
   if (!strcasecmp(k, "x-api-key") || !strncasecmp(k, "anthropic-", 10) ||
       !strncasecmp(k, "openai-", 7) || !strcasecmp(k, "accept") ||
-      (j->kind == LG__GW_PASS && !strcasecmp(k, "Content-Encoding"))) {
+      (j->kind == LG__GW_PASS && (!strcasecmp(k, "Content-Type") || !strcasecmp(k, "Content-Encoding")))) {
     lg__buf_t b = {0};
     lg__buf_printf(&b, "%s: %s", k, v);
     struct curl_slist *t = b.oom ? NULL : curl_slist_append(j->fwd, b.data);
@@ -627,7 +625,7 @@ static char *query_of(const char *q) {
   static const char ok[] = "-._~!$&'()*+,;=:@/?%";
   lg__buf_t b = {0};
   for (const unsigned char *p = (const unsigned char *)q; *p; p++) {
-    if ((*p < 0x80 && isalnum(*p)) || (*p && strchr(ok, *p)))
+    if ((*p < 0x80 && isalnum(*p)) || strchr(ok, *p))
       lg__buf_append(&b, (const char *)p, 1);
     else
       lg__buf_printf(&b, "%%%02X", *p);
@@ -641,7 +639,6 @@ static char *query_of(const char *q) {
 
 void lg__gw_handle(lg__req_t *rq) {
   lg__gw_t *gw = rq->srv->gw;
-  int h_oom = 0;
   lg__gw_job_t *j = lg__calloc(1, sizeof *j);
   if (!j) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
@@ -653,9 +650,8 @@ void lg__gw_handle(lg__req_t *rq) {
   j->kind = gw_kind(rq->id, rq->method);
   j->method = lg__strdup(rq->method);
   j->path = lg__strdup(rq->id + 3); /* after "/v1" */
-  if (rq->query && !(j->query = query_of(rq->query))) h_oom = 1;
   j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
-  hdr_ctx_t h = {j, h_oom};
+  hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query))};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
   if (!j->method || !j->path || !j->body || h.oom) {
     atomic_store(&j->refs, 1);
@@ -723,7 +719,6 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.query = j->query;
   x.body = j->body_len || !strcmp(j->method, "POST") ? j->body : NULL;
   x.body_len = j->body_len;
-  x.body_type = j->body_type;
   x.headers = j->fwd;
   x.client_auth = j->auth;
   x.provider_key = j->provider_key;

@@ -71,7 +71,6 @@ typedef struct lg__gw_http {
   const char *query;          /* "?..." after the path, or NULL */
   const char *body;           /* may be NULL */
   size_t body_len;
-  const char *body_type;      /* its Content-Type; NULL: application/json */
   struct curl_slist *headers; /* borrowed: the client's forwarded headers */
   const char *client_auth;    /* Authorization of the client, or NULL */
   const char *provider_key;   /* a loopguard key's own provider key for this
@@ -236,8 +235,6 @@ typedef struct lg__gw_job {
   char *query;                /* the client's query from its '?', sent on; or NULL */
   char *body;
   size_t body_len;
-  char *body_type;            /* the client's Content-Type: a passed-through
-                                 body (an upload) goes on with it */
   struct curl_slist *fwd;     /* the client's headers sent upstream */
   char *auth;                 /* the client's Authorization */
   char *hdr_run, *hdr_group, *hdr_agent, *hdr_policy;

@@ -509,8 +509,11 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   if (x->query) lg__buf_puts(&url, x->query);
   if (url.oom) return LG_ENOMEM;
   struct curl_slist *hd = NULL, *t;
-  for (const struct curl_slist *s = x->headers; s; s = s->next)
+  int typed = 0; /* a passed-through body's own Content-Type is among them */
+  for (const struct curl_slist *s = x->headers; s; s = s->next) {
+    typed |= !strncasecmp(s->data, "Content-Type:", 13);
     if ((t = curl_slist_append(hd, s->data))) hd = t;
+  }
   char auth[1200];
   const char *key = x->provider_key ? x->provider_key : x->up->api_key;
   if (key) {
@@ -521,16 +524,7 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
     snprintf(auth, sizeof auth, "Authorization: %s", x->client_auth);
     if ((t = curl_slist_append(hd, auth))) hd = t;
   }
-  if (x->body) {
-    const char *ct = "Content-Type: application/json";
-    lg__buf_t cb = {0};
-    if (x->body_type) { /* a passed-through upload's own (its multipart boundary) */
-      lg__buf_printf(&cb, "Content-Type: %s", x->body_type);
-      ct = cb.oom ? NULL : cb.data;
-    }
-    if (ct && (t = curl_slist_append(hd, ct))) hd = t;
-    lg__buf_free(&cb);
-  }
+  if (x->body && !typed && (t = curl_slist_append(hd, "Content-Type: application/json"))) hd = t;
   if ((t = curl_slist_append(hd, "Expect:"))) hd = t; /* no 100-continue round trip */
   curl_easy_reset(h);
   curl_easy_setopt(h, CURLOPT_URL, url.data);

@@ -53,22 +53,22 @@ typedef struct http_req {
   int parked;          /* suspended, waiting for its job */
   int draining;        /* a body over the limit is read and dropped, then 413 */
   uint64_t dropped;    /* bytes dropped so far */
-  size_t max_body;     /* this route's limit: --max-body, or the gateway's */
   int gw_route;        /* a gateway route: its limit is --gateway-max-body */
 } http_req_t;
 
-/* The 413 of a body over the request's limit, naming the flag that sets it. */
-static void too_large(lg_server_t *srv, http_req_t *hr, unsigned long long n) {
-  (void)srv;
-  const char *flag = hr->gw_route ? "--gateway-max-body" : "--max-body";
-  if (n)
-    lg__req_error(&hr->rq, 413, "payload_too_large", "body",
-                  "the body is %llu bytes; the limit is %zu bytes (loopguard serve %s)", n,
-                  hr->max_body, flag);
-  else
-    lg__req_error(&hr->rq, 413, "payload_too_large", "body",
-                  "the body is over the limit of %zu bytes (loopguard serve %s)", hr->max_body,
-                  flag);
+/* The request's body limit: --max-body, or --gateway-max-body on the
+ * gateway's routes. */
+static size_t body_limit(const lg_server_t *srv, const http_req_t *hr) {
+  return hr->gw_route ? srv->o.gateway_max_body : srv->o.max_body;
+}
+
+/* The 413 of a body over the request's limit (n: its declared length, 0
+ * when chunked), naming the flag that sets it. */
+static void too_large(const lg_server_t *srv, http_req_t *hr, unsigned long long n) {
+  char len[48] = "over the limit of";
+  if (n) snprintf(len, sizeof len, "%llu bytes; the limit is", n);
+  lg__req_error(&hr->rq, 413, "payload_too_large", "body", "the body is %s %zu bytes (loopguard serve %s)",
+                len, body_limit(srv, hr), hr->gw_route ? "--gateway-max-body" : "--max-body");
 }
 
 /* JSON string of text that may not be UTF-8 (a path, a header): invalid
@@ -661,7 +661,6 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     hr->errored = 1;                                                                               \
     return;                                                                                        \
   } while (0)
-  hr->max_body = srv->o.max_body;
   if (!hr->raw_uri) FAIL(500, "internal", NULL, "out of memory");
   if (hr->raw_len > LG__MAX_URI)
     FAIL(414, "uri_too_long", "path", "the request target is %zu bytes; the limit is %d",
@@ -697,7 +696,6 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
       rq->api_errors = lg__gw_error_api(url);
       rq->query = q;
       hr->gw_route = 1;
-      hr->max_body = srv->o.gateway_max_body;
       hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
       found = 1;
     } else {
@@ -754,10 +752,10 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
    * another type also needs the client's credential header, as every SDK
    * sends it: a web page can post a form to loopback without asking, but
    * not with an Authorization or x-api-key header (security.md). */
-  bool pass = hr->gw_route && !lg__gw_guards(rq->id, method);
-  bool keyed = srv->auth.n || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") ||
-               MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-  if (has_body(c) && !(pass && keyed)) {
+  bool body = has_body(c), pass = body && hr->gw_route && !lg__gw_guards(rq->id, method);
+  bool as_is = pass && (srv->auth.n || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") ||
+                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"));
+  if (body && !as_is) {
     if (!is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
       FAIL(415, "unsupported_media_type", "Content-Type", "%s",
            pass ? "Content-Type: a request body must be application/json, or come with the "
@@ -801,8 +799,9 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       /* Room for the declared body at once, not grown piece by piece (a
        * realloc a doubling); a large one still grows as it arrives, so a
        * Content-Length alone never holds memory. */
-      if (n <= hr->max_body && n <= LG__BODY_PREALLOC) lg__buf_reserve(&hr->body, (size_t)n);
-      if (n > hr->max_body) {
+      size_t limit = body_limit(srv, hr);
+      if (n <= limit && n <= LG__BODY_PREALLOC) lg__buf_reserve(&hr->body, (size_t)n);
+      if (n > limit) {
         if (!hr->errored || rq->status != 401) too_large(srv, hr, n);
         hr->errored = 1;
         hr->handler = NULL;
@@ -822,7 +821,7 @@ enum MHD_Result lg__http_access(void *cls, struct MHD_Connection *c, const char 
       if (hr->dropped > LG__DRAIN_BYTES || lg__mono_ns() - hr->t0_ns > LG__DRAIN_NS) return MHD_NO;
       return MHD_YES;
     }
-    if (hr->body.len + n > hr->max_body) { /* chunked, grown past the limit */
+    if (hr->body.len + n > body_limit(srv, hr)) { /* chunked, grown past the limit */
       too_large(srv, hr, 0);
       hr->errored = 1;
       hr->handler = NULL;
