@@ -1359,6 +1359,10 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content) {
     json_array_extend(items, co->rest_results);
   } else if (is_anthropic(c)) {
     json_t *blocks = json_array();
+    /* no call left for the client: this turn is the answer's, and its
+     * thinking goes first (a provider with thinking on refuses the last
+     * tool use's assistant turn without it) */
+    if (!json_array_size(co->kept)) json_array_extend(blocks, c->reasoning);
     if (with_text) json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", content));
     for (size_t i = 0; i < json_array_size(co->rest_calls); i++) {
       json_t *tu = json_deep_copy(json_array_get(co->rest_calls, i));
@@ -1640,6 +1644,10 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
     lg__free(text);
     return 1;
   }
+  if (is_anthropic(c)) {
+    json_decref(c->reasoning);
+    c->reasoning = lg__gwm_thinking(msg);
+  }
   calls_out_t co = decide_calls(c, tcs, text);
   lg__free(text);
   json_decref(tcs);
@@ -1884,21 +1892,38 @@ static int stream_finish(chat_t *c, int ask) {
   return done;
 }
 
+/* An upstream's answer other than 200, in words: its status and the
+ * provider's own message (error.message, in either API's shape), else
+ * the start of its body. */
+static void refused_text(const lg__gw_http_t *x, char *out, size_t size) {
+  const lg__buf_t *b = &x->body_out;
+  lg__json_begin();
+  json_t *e = b->len ? json_loadb(b->data, b->len, 0, NULL) : NULL;
+  const char *m = sget(json_object_get(e, "error"), "message");
+  if (m) snprintf(out, size, "answered %ld: %s", x->status, m);
+  else snprintf(out, size, "answered %ld: %.*s", x->status, (int)(b->len < 200 ? b->len : 200), b->len ? b->data : "");
+  json_decref(e);
+}
+
 /* The upstream's stream failed after the client's began (cut off, timed
  * out, garbage): an error event in the API's shape ends it, so the
  * client's SDK reports the failure rather than a short answer. */
 static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
-  char lab[300], msg[700], over[120];
+  char lab[300], msg[900], over[120], refused[500];
   lg__gw_upstream_label(x->up, lab, sizeof lab);
   snprintf(over, sizeof over, "sent %s over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES)",
            c->over_held ? "text and tool calls" : "an event", x->max_bytes);
+  refused_text(x, refused, sizeof refused);
   snprintf(msg, sizeof msg, "upstream %s: %s", lab,
-           !rc                                ? "the stream ended before its last event"
-           : x->over                          ? over
+           !rc && x->status != 200             ? refused
+           : !rc                               ? "the stream ended before its last event"
+           : x->over                           ? over
            : x->cc == CURLE_OPERATION_TIMEDOUT ? "timed out in the middle of the stream"
-                                              : x->errbuf);
+                                               : x->errbuf);
   lg__buf_t b = {0}, e = {0};
-  int status = rc && x->cc == CURLE_OPERATION_TIMEDOUT ? 504 : 502;
+  int status = !rc && x->status >= 400 && x->status < 600 ? (int)x->status
+               : rc && x->cc == CURLE_OPERATION_TIMEDOUT  ? 504
+                                                          : 502;
   if (is_responses(c)) {
     json_t *ev = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "upstream_error",
                            "message", msg, "param");
@@ -1932,6 +1957,10 @@ static void stream_reset(chat_t *c) {
   c->text_fed = 0;
   c->line.len = 0;
   c->events = 0;
+  json_decref(c->reasoning);
+  c->reasoning = NULL;
+  c->think_at = -1;
+  c->held_bytes = 0;
 }
 
 /* The usage of a stream cut by the gateway: what the upstream had sent, at
@@ -2214,6 +2243,9 @@ static void chat_free(chat_t *c) {
   lg__free(c->esc_model);
   lg__buf_free(&c->line);
   lg__buf_free(&c->text);
+  json_decref(c->reasoning);
+  lg__buf_free(&c->think[0]);
+  lg__buf_free(&c->think[1]);
   lg__free(c->finish);
   lg__free(c->new_key);
   lg__free(c->stop_text);
@@ -2226,6 +2258,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   c.cx = cx;
   c.j = j;
   c.a_open = c.r_open = -1;
+  c.think_at = -1;
   c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;

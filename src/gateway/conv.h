@@ -109,6 +109,12 @@ typedef struct chat {
   json_t *a_map;              /* upstream block index -> client index, or -1 - tool index */
   json_t *a_msg;              /* message_start's message (a template) */
   int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
+  /* What of an answer goes back with its calls when the guard leaves none
+   * for the client (restored_items): Messages' thinking blocks, which the
+   * provider wants first in the assistant turn of the last tool use. */
+  json_t *reasoning;          /* the answer's thinking blocks, in order (NULL: none) */
+  json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
+  lg__buf_t think[2];         /*   its text and its signature as the deltas come */
 } chat_t;
 
 #define API_RESPONSES 2 /* c->api: OpenAI Responses */
@@ -180,6 +186,8 @@ void lg__gwm_end_stream(chat_t *c);
 /* A message's tool_use blocks (new); msg without the refused ones. */
 json_t *lg__gwm_tool_uses(json_t *msg);
 void lg__gwm_keep_blocks(json_t *msg, json_t *kept);
+/* A message's thinking and redacted_thinking blocks, in order (new). */
+json_t *lg__gwm_thinking(json_t *msg);
 
 /* ---- responses.c: OpenAI Responses ---- */
 

@@ -76,6 +76,35 @@ void lg__gwm_final(chat_t *c, const char *text, const char *model) {
 
 
 
+/* A thinking block of the upstream's stream begins (forwarded as it
+ * comes, and kept: restored_items may need it). */
+static void think_start(chat_t *c, json_t *cb, json_int_t idx) {
+  if (!c->reasoning) c->reasoning = json_array();
+  json_array_append_new(c->reasoning, json_deep_copy(cb));
+  c->think_at = idx;
+  c->think[0].len = c->think[1].len = 0;
+}
+
+/* A delta of the open thinking block; its stop fills the kept block in. */
+static void think_delta(chat_t *c, const char *type, json_t *d) {
+  static const char *const keys[2] = {"thinking", "signature"};
+  json_t *bl = json_array_get(c->reasoning, json_array_size(c->reasoning) - 1);
+  if (!strcmp(type, "content_block_stop")) {
+    for (int i = 0; i < 2; i++)
+      if (c->think[i].len && !c->think[i].oom)
+        json_object_set_new(bl, keys[i], json_stringn(c->think[i].data, c->think[i].len));
+    c->think_at = -1;
+    return;
+  }
+  const char *dt = sget(d, "type");
+  int i = !dt ? -1 : !strcmp(dt, "thinking_delta") ? 0 : !strcmp(dt, "signature_delta") ? 1 : -1;
+  const char *part = i < 0 ? NULL : sget(d, keys[i]);
+  if (!part) return;
+  size_t n = strlen(part);
+  c->held_bytes += n; /* within the answer's bound, as held calls are */
+  lg__buf_append(&c->think[i], part, n);
+}
+
 static void a_forward(chat_t *c, const char *type, json_t *ch, int index) {
   json_t *cp = json_copy(ch);
   if (index >= 0) json_object_set_new(cp, "index", json_integer(index));
@@ -107,6 +136,8 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
                                                  sget(cb, "name") ? sget(cb, "name") : "", "_args", ""));
       json_object_set_new(c->a_map, k, json_integer(-1 - t));
     } else {
+      if (ty && (!strcmp(ty, "thinking") || !strcmp(ty, "redacted_thinking")))
+        think_start(c, cb, idx);
       int ci = c->a_index++;
       json_object_set_new(c->a_map, k, json_integer(ci));
       a_forward(c, type, ch, ci);
@@ -120,6 +151,7 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
       const char *pj = sget(d, "partial_json");
       if (tu && pj) lg__gwc_held(c, (size_t)(-1 - m), LG__HELD_ARGS, pj, strlen(pj));
     } else if (m >= 0) {
+      if (c->think_at == idx) think_delta(c, type, d);
       const char *tx = sget(d, "text");
       if (tx) lg__buf_puts(&c->text, tx);
       if (tx && (c->cut = lg__gwc_feed_text(c, 0))) { /* a text loop: cut here */
@@ -185,3 +217,12 @@ void lg__gwm_end_stream(chat_t *c) {
 }
 json_t *lg__gwm_tool_uses(json_t *msg) { return lg__gwc_items_of_type(msg, "content", "tool_use"); }
 void lg__gwm_keep_blocks(json_t *msg, json_t *kept) { lg__gwc_keep_only(msg, "content", "tool_use", kept); }
+json_t *lg__gwm_thinking(json_t *msg) {
+  json_t *out = json_array(), *blocks = json_object_get(msg, "content");
+  for (size_t i = 0; i < json_array_size(blocks); i++) {
+    const char *ty = sget(json_array_get(blocks, i), "type");
+    if (ty && (!strcmp(ty, "thinking") || !strcmp(ty, "redacted_thinking")))
+      json_array_append(out, json_array_get(blocks, i));
+  }
+  return out;
+}

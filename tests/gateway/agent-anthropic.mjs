@@ -1,12 +1,14 @@
 // agent-anthropic.mjs — the same agent loop as agent-openai.mjs on the real
 // `@anthropic-ai/sdk` package (Messages API, tool_use / tool_result).
-//   BASE_URL (without /v1), MODEL, STREAM=1 (messages.stream().finalMessage()), STEP_CAP
+//   BASE_URL (without /v1), MODEL, STREAM=1 (messages.stream().finalMessage()), STEP_CAP,
+//   THINKING=1 (extended thinking: each answer's thinking block goes back with its tool_use)
 import Anthropic from '@anthropic-ai/sdk';
 
 const client = new Anthropic({ baseURL: process.env.BASE_URL, apiKey: 'sk-ant-test', maxRetries: 0, timeout: 20000 });
 const model = process.env.MODEL || 'loop-write';
 const stream = process.env.STREAM === '1';
 const cap = Number(process.env.STEP_CAP || 12);
+const thinking = process.env.THINKING === '1' ? { type: 'enabled', budget_tokens: 1024 } : undefined;
 const tools = [
   { name: 'write_record', description: 'Write a record.', input_schema: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { name: 'lookup', description: 'Look a customer up.', input_schema: { type: 'object', properties: { customer_id: { type: 'string' } } } },
@@ -23,7 +25,7 @@ let steps = 0, ended = 'step_cap', final = null;
 while (steps < cap) {
   steps++;
   let msg;
-  const req = { model, max_tokens: 1024, system: 'You are a careful agent.', messages, tools };
+  const req = { model, max_tokens: thinking ? 2048 : 1024, system: 'You are a careful agent.', messages, tools, ...(thinking && { thinking }) };
   if (stream) {
     msg = await client.messages.stream(req).finalMessage();
   } else {

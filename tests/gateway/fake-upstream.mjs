@@ -14,6 +14,8 @@
 //               variants: key order, 7 vs 7.0, white space, case; with tools
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
+//   picky       as stubborn, but a conversation with three tool results or
+//               more is refused: 400 invalid_request_error, in the API's shape
 //   finish      looks a customer up once, then answers "Done: ..."
 //   drip        streams its text a word every 250 ms (drip-long: 40 words)
 //   slow        answers after 3 s
@@ -45,6 +47,8 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// Messages with `thinking: {type: "enabled"}` start each answer with a
+// signed thinking block (streamed as thinking_delta and signature_delta).
 // POST /v1/files takes an upload as OpenAI does (multipart/form-data with a
 // `purpose` and a `file` part; anything else is its 400) and answers the
 // file object, with the sha256 of the bytes it got beside it; GET /v1/files
@@ -128,7 +132,9 @@ function script(req) {
     if (toolsOff) return { text: 'I give up: the storage is read-only, so record 7 cannot be written.' };
     return { calls: [{ name: 'write_record', args: writeVariant() }] };
   }
-  if (model.startsWith('stubborn')) // never gives up, whatever it is told
+  if (model.startsWith('picky') && msgs.filter((m) => m.role === 'tool').length >= 3)
+    return { refuse: 'picky: this conversation holds three tool results, more than this model takes' };
+  if (model.startsWith('stubborn') || model.startsWith('picky')) // never gives up, whatever it is told
     return { calls: [{ name: 'write_record', args: variants[msgs.filter((m) => m.role === 'tool').length % variants.length] }] };
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');
@@ -186,6 +192,7 @@ function reply(res, req) {
     return res.end(pad); // no end to the event: a broken upstream
   }
   const plan = script(req);
+  if (plan.refuse) return openaiError(res, 400, plan.refuse, 'messages');
   const id = 'chatcmpl-fake' + (++stats.chat);
   const created = Math.floor(Date.now() / 1000);
   const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
@@ -289,6 +296,37 @@ function checkAnthropic(messages) {
   return null;
 }
 
+// Extended thinking (`thinking: {type: "enabled"}`): the answer starts with
+// a thinking block whose signature only this server makes, and a request is
+// refused as Anthropic refuses it when a thinking block comes back changed,
+// when tool use is forced, or when the assistant message of the last
+// tool_use / tool_result exchange does not start with its thinking block.
+const SIGNING = crypto.randomBytes(16);
+const signThinking = (text) => crypto.createHmac('sha256', SIGNING).update(text).digest('base64');
+function checkThinking(req) {
+  const msgs = req.messages || [];
+  for (let i = 0; i < msgs.length; i++) {
+    if (msgs[i].role !== 'assistant' || !Array.isArray(msgs[i].content)) continue;
+    for (let k = 0; k < msgs[i].content.length; k++) {
+      const b = msgs[i].content[k];
+      if (b.type === 'thinking' && (typeof b.signature !== 'string' || b.signature !== signThinking(String(b.thinking))))
+        return `messages.${i}.content.${k}: Invalid \`signature\` in \`thinking\` block`;
+    }
+  }
+  if (!req.thinking || req.thinking.type !== 'enabled') return null;
+  const choice = req.tool_choice && req.tool_choice.type;
+  if (choice === 'any' || choice === 'tool') return 'Thinking may not be enabled when tool_choice forces tool use.';
+  const last = msgs[msgs.length - 1];
+  const answers = last && last.role === 'user' && Array.isArray(last.content) && last.content.some((b) => b.type === 'tool_result');
+  const asked = msgs[msgs.length - 2];
+  if (answers && asked && asked.role === 'assistant') {
+    const first = Array.isArray(asked.content) ? asked.content[0] : { type: 'text' };
+    if (!first || (first.type !== 'thinking' && first.type !== 'redacted_thinking'))
+      return `messages.${msgs.length - 2}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`${first ? first.type : 'nothing'}\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block (preceeding the lastmost set of \`tool_use\` and \`tool_result\` blocks).`;
+  }
+  return null;
+}
+
 function scriptAnthropic(req) {
   const msgs = (req.messages || []).map((m) => {
     if (m.role !== 'user' || !Array.isArray(m.content)) return [m];
@@ -301,8 +339,16 @@ function scriptAnthropic(req) {
 
 function replyAnthropic(res, req) {
   const plan = scriptAnthropic(req);
+  if (plan.refuse) {
+    res.writeHead(400, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', message: plan.refuse } }));
+  }
   const id = 'msg_fake' + (++stats.chat);
   const content = [];
+  if (req.thinking && req.thinking.type === 'enabled') {
+    const thought = `Thinking about request ${id}: ${(plan.calls || []).map((c) => c.name).join(', ') || 'an answer'}.`;
+    content.push({ type: 'thinking', thinking: thought, signature: signThinking(thought) });
+  }
   if (plan.text) content.push({ type: 'text', text: plan.text });
   for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args) , _raw: c.args });
   const stop = (plan.calls || []).length ? 'tool_use' : 'end_turn';
@@ -317,7 +363,11 @@ function replyAnthropic(res, req) {
   steps.push(() => ev('message_start', { message: { id, type: 'message', role: 'assistant', model: req.model, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: usage.input_tokens, output_tokens: 1 } } }));
   steps.push(() => ev('ping', {}));
   content.forEach((b, i) => {
-    if (b.type === 'text') {
+    if (b.type === 'thinking') {
+      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'thinking', thinking: '', signature: '' } }));
+      for (const w of b.thinking.match(/\S+\s*/g)) steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'thinking_delta', thinking: w } }));
+      steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'signature_delta', signature: b.signature } }));
+    } else if (b.type === 'text') {
       steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'text', text: '' } }));
       for (const w of b.text.match(/\S+\s*/g)) steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'text_delta', text: w } }));
     } else {
@@ -376,6 +426,7 @@ function replyResponses(res, req) {
   const msgs = conv.filter((it) => it.type === 'function_call_output').map((it) => ({ role: 'tool', content: it.output }));
   const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
   const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
+  if (plan.refuse) return openaiError(res, 400, plan.refuse, 'input');
   const id = 'resp_fake' + (++respSeq);
   const output = [];
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
@@ -652,7 +703,7 @@ function route(req, res, body) {
       }
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
-      const v = checkAnthropic(j.messages || []);
+      const v = checkAnthropic(j.messages || []) || checkThinking(j);
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });

@@ -28,7 +28,7 @@ let runs = 0, queue = Promise.resolve(), current = null;
 // A rejection nobody handled: `node CLIENT` would exit 1 with it; here it
 // fails the run it happened in (or is noted, between runs).
 process.on('unhandledRejection', (e) => {
-  const text = `unhandled rejection: ${(e && e.stack) || e}\n`;
+  const text = `unhandled rejection: ${(e && e.stack) || format(e)}\n`;
   if (current) {
     current.rc = 1;
     current.err.push(text);
@@ -47,7 +47,7 @@ async function runOne(script, vars) {
     await import(`${pathToFileURL(path.join(dir, script)).href}?run=${++runs}`);
   } catch (e) {
     run.rc = 1;
-    run.err.push(`${(e && e.stack) || e}\n`);
+    run.err.push(`${(e && e.stack) || format(e)}\n`); // a thrown event object too, as node prints it
   }
   // A rejection of the run's last moment surfaces after a turn of the loop.
   await new Promise((resolve) => setImmediate(resolve));

@@ -4,7 +4,8 @@
 # real `openai` npm package, through the gateway and directly.
 #
 # Clients: openai (chat.completions stream false/true, responses.create and .stream with
-# previous_response_id), @anthropic-ai/sdk (messages, stream false/true)
+# previous_response_id), @anthropic-ai/sdk (messages, stream false/true, with
+# extended thinking and without)
 # the Vercel AI SDK (ai + @ai-sdk/openai-compatible) and the OpenAI Agents SDK
 # (@openai/agents) and LangGraph (@langchain/langgraph createReactAgent on
 # @langchain/openai), each with its own tool loop.
@@ -113,9 +114,28 @@ for stream in 0 1; do
     g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=$m STREAM=$stream) || fail "anthropic gateway $m"
     stopped "anthropic $m" "$g"
   done
+  # Extended thinking: the provider wants the last tool use's assistant
+  # turn to start with its (signed, unchanged) thinking block, so a turn
+  # the gateway restores after a block carries the answer's thinking.
+  d=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=loop-write STREAM=$stream THINKING=1) || fail "anthropic thinking direct"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "anthropic thinking direct: $d"
+  for m in loop-write stubborn; do
+    g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=$m STREAM=$stream THINKING=1) || fail "anthropic thinking gateway $m: $g"
+    stopped "anthropic thinking $m" "$g"
+  done
   a=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   b=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
+done
+# A re-ask the upstream refuses after the client's stream began (picky
+# takes no third tool result, and the re-ask after the block carries it):
+# the stream ends on an error event that says what the upstream answered.
+for api in agent-openai.mjs:/v1 agent-anthropic.mjs: agent-responses.mjs:/v1; do
+  out=$(client "${api%%:*}" BASE_URL="$gw_URL${api#*:}" MODEL=picky STREAM=1 2>&1) && fail "picky ${api%%:*}: no error: $out"
+  case $out in
+  *"answered 400: picky: this conversation holds three tool results"*) ;;
+  *) fail "picky ${api%%:*}: the stream's error does not say what the upstream answered: $out" ;;
+  esac
 done
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$gw_URL/v1/messages")
 [ "$code" = 400 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "anthropic malformed: $code $(cat "$TMP/e.json")"
