@@ -117,6 +117,10 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
   }
   lg__buf_t h = {0};
   for (size_t i = 0; i <= a; i++) {
+    /* an item of no role before the first answer (a Responses reasoning
+     * item) is not counted: the key made from the answer itself, when it
+     * came (lg__gwc_register_key), had not seen it */
+    if (i < a && !msg_str(c, i, PEEK_ROLE)) continue;
     json_t *m = i == a ? am : client_msg(c, i);
     char *t = content_text(m);
     lg__buf_puts(&h, sget(m, "role") ? sget(m, "role") : "");
@@ -130,10 +134,30 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
   return lg__buf_steal(&b, NULL);
 }
 
+static int is_type(chat_t *c, size_t i, const char *type) {
+  const char *ty = msg_str(c, i, PEEK_TYPE);
+  return ty && !strcmp(ty, type);
+}
+
+static int is_role(chat_t *c, size_t i, const char *role) {
+  const char *r = msg_str(c, i, PEEK_ROLE);
+  return r && !strcmp(r, role);
+}
+
+/* The client message that names the conversation: its first assistant
+ * message; on Responses, whose answer comes as items one by one
+ * (reasoning, message, function_call), the first call of that answer
+ * when it has one (a call's id is unique, the text often is not), as
+ * lg__gwc_register_key picks it. -1: none. */
 static long first_assistant(chat_t *c) {
   for (size_t i = 0; i < c->n; i++) {
-    const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
-    if ((role && !strcmp(role, "assistant")) || (ty && !strcmp(ty, "function_call"))) return (long)i;
+    if (is_type(c, i, "function_call")) return (long)i;
+    if (!is_role(c, i, "assistant")) continue;
+    for (size_t k = i + 1; is_responses(c) && k < c->n; k++) {
+      if (is_type(c, k, "function_call")) return (long)k;
+      if (!is_role(c, k, "assistant") && !is_type(c, k, "reasoning")) break;
+    }
+    return (long)i;
   }
   return -1;
 }
@@ -1355,7 +1379,21 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content) {
   json_t *items = json_array();
   int with_text = !json_array_size(co->kept) && content && *content;
   if (is_responses(c)) {
-    json_array_extend(items, co->rest_calls);
+    /* no call left for the client: the answer's reasoning items go first,
+     * as the provider made them (it binds its calls to them); with calls
+     * left, the client has those items, before which the restored calls
+     * go: without their ids, they are bound to nothing */
+    if (!json_array_size(co->kept)) json_array_extend(items, c->reasoning);
+    for (size_t i = 0; i < json_array_size(co->rest_calls); i++) {
+      json_t *fc = json_array_get(co->rest_calls, i);
+      if (json_array_size(co->kept) && json_object_get(fc, "id")) {
+        fc = json_copy(fc);
+        json_object_del(fc, "id");
+        json_array_append_new(items, fc);
+      } else {
+        json_array_append(items, fc);
+      }
+    }
     json_array_extend(items, co->rest_results);
   } else if (is_anthropic(c)) {
     json_t *blocks = json_array();
@@ -1475,16 +1513,18 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
     lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
     if (b.data) lg__gw_key_put(c->cx->gw, b.data, c->r);
     lg__buf_free(&b);
-    /* A stateless client sends the output back as items: the first call
-     * or message of it is what its next request starts with. */
+    /* A stateless client sends the output back as items: its first call
+     * (else its first message) is what first_assistant finds in its next
+     * request. */
     json_t *items = json_object_get(msg, "output");
-    json_t *first = NULL;
+    json_t *first = NULL, *said = NULL;
     for (size_t i = 0; !first && i < json_array_size(items); i++) {
       json_t *it = json_array_get(items, i);
       const char *ty = sget(it, "type"), *role = sget(it, "role");
-      if ((ty && !strcmp(ty, "function_call")) || (role && !strcmp(role, "assistant"))) first = it;
+      if (ty && !strcmp(ty, "function_call")) first = it;
+      else if (!said && role && !strcmp(role, "assistant")) said = it;
     }
-    msg = first;
+    msg = first ? first : said;
   }
   if (c->j->hdr_run || first_assistant(c) >= 0 || !msg) return;
   char *k = conv_key(c, c->n, msg);
@@ -1644,10 +1684,10 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
     lg__free(text);
     return 1;
   }
-  if (is_anthropic(c)) {
-    json_decref(c->reasoning);
-    c->reasoning = lg__gwm_thinking(msg);
-  }
+  json_decref(c->reasoning);
+  c->reasoning = is_anthropic(c)   ? lg__gwm_thinking(msg)
+                 : is_responses(c) ? lg__gwc_items_of_type(msg, "output", "reasoning")
+                                   : NULL;
   calls_out_t co = decide_calls(c, tcs, text);
   lg__free(text);
   json_decref(tcs);
@@ -1866,6 +1906,10 @@ static int stream_finish(chat_t *c, int ask) {
     if (tx != 1) raise_action(c->j, "pass", NULL);
     register_text(c);
     return 1;
+  }
+  if (is_responses(c)) { /* Messages' thinking blocks were kept as they streamed */
+    json_decref(c->reasoning);
+    c->reasoning = lg__gwc_items_of_type(c->r_done, "output", "reasoning");
   }
   calls_out_t co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
   json_decref(tcs);

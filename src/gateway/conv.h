@@ -111,8 +111,9 @@ typedef struct chat {
   int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
   /* What of an answer goes back with its calls when the guard leaves none
    * for the client (restored_items): Messages' thinking blocks, which the
-   * provider wants first in the assistant turn of the last tool use. */
-  json_t *reasoning;          /* the answer's thinking blocks, in order (NULL: none) */
+   * provider wants first in the assistant turn of the last tool use;
+   * Responses' reasoning items, to which it binds the calls after them. */
+  json_t *reasoning;          /* the answer's thinking blocks / reasoning items, in order (NULL: none) */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come */
 } chat_t;

@@ -2,7 +2,8 @@
 // maxTurns) on the Responses API, through a default OpenAI client whose
 // base URL is the gateway's or the fake upstream's. Tracing is off: no
 // export to the internet.
-//   BASE_URL, MODEL, STREAM=1 (run(..., {stream: true})), STEP_CAP
+//   BASE_URL, MODEL, STREAM=1 (run(..., {stream: true})), STEP_CAP,
+//   REASONING=1 (modelSettings.reasoning: each answer starts with a reasoning item)
 import OpenAI from 'openai';
 import { Agent, run, tool, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
@@ -15,6 +16,7 @@ const agent = new Agent({
   name: 'writer',
   instructions: 'You are a careful agent.',
   model: process.env.MODEL || 'loop-write',
+  ...(process.env.REASONING === '1' && { modelSettings: { reasoning: { effort: 'low' } } }),
   tools: [
     tool({ name: 'write_record', description: 'Write a record.', parameters: z.object({ record_id: z.number(), value: z.string() }),
            execute: async () => { executions.write_record++; return 'Error: the storage is read-only; the record was not written.'; } }),

@@ -14,6 +14,9 @@
 //               variants: key order, 7 vs 7.0, white space, case; with tools
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
+//   pair        asks for two calls an answer, the failing write and a lookup
+//               of another customer each time (the guard keeps one, refuses
+//               the other); with the write hidden it gives up in text
 //   picky       as stubborn, but a conversation with three tool results or
 //               more is refused: 400 invalid_request_error, in the API's shape
 //   finish      looks a customer up once, then answers "Done: ..."
@@ -47,6 +50,9 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// Responses with `reasoning` start each answer with a reasoning item, and
+// refuse a function_call of that answer without the item before it, or the
+// item without one of its answer's after it (OpenAI's 400s).
 // Messages with `thinking: {type: "enabled"}` start each answer with a
 // signed thinking block (streamed as thinking_delta and signature_delta).
 // POST /v1/files takes an upload as OpenAI does (multipart/form-data with a
@@ -131,6 +137,11 @@ function script(req) {
   if (model.startsWith('yielding')) {
     if (toolsOff) return { text: 'I give up: the storage is read-only, so record 7 cannot be written.' };
     return { calls: [{ name: 'write_record', args: writeVariant() }] };
+  }
+  if (model.startsWith('pair')) { // two calls an answer: the failing write, and a lookup never the same
+    if (toolsOff || !names.includes('write_record')) return { text: 'I could not write the record; the storage keeps failing.' };
+    const n = msgs.filter((m) => m.role === 'tool').length;
+    return { calls: [{ name: 'write_record', args: writeVariant() }, { name: 'lookup', args: JSON.stringify({ customer_id: `c-${n}` }) }] };
   }
   if (model.startsWith('picky') && msgs.filter((m) => m.role === 'tool').length >= 3)
     return { refuse: 'picky: this conversation holds three tool results, more than this model takes' };
@@ -406,6 +417,29 @@ function checkResponses(items) {
   return null;
 }
 
+// Reasoning items (a request with `reasoning`): each answer starts with
+// one, and the items it made are bound to it as OpenAI binds them. A
+// function_call the server made after a reasoning item may come back only
+// after that item, and a reasoning item only followed by an item of its
+// own answer; else the request is refused with OpenAI's words.
+const reasoningOf = new Map(); // function_call id -> its reasoning item's id
+const followersOf = new Map(); // reasoning item id -> the ids of the items after it
+function checkReasoning(items) {
+  const seen = new Set();
+  for (let i = 0; i < items.length; i++) {
+    const it = items[i];
+    if (it.type === 'function_call' && it.id && reasoningOf.has(it.id) && !seen.has(reasoningOf.get(it.id)))
+      return `Item '${it.id}' of type 'function_call' was provided without its required 'reasoning' item: '${reasoningOf.get(it.id)}'.`;
+    if (it.type === 'reasoning' && it.id && followersOf.has(it.id)) {
+      const next = items[i + 1];
+      if (!next || !next.id || !followersOf.get(it.id).includes(next.id))
+        return `Item '${it.id}' of type 'reasoning' was provided without its required following item.`;
+    }
+    if (it.id) seen.add(it.id);
+  }
+  return null;
+}
+
 function replyResponses(res, req) {
   let conv = [];
   if (req.previous_response_id) {
@@ -417,7 +451,7 @@ function replyResponses(res, req) {
   }
   const input = typeof req.input === 'string' ? [{ role: 'user', content: req.input }] : req.input || [];
   conv.push(...input);
-  const v = checkResponses(conv);
+  const v = checkResponses(conv) || checkReasoning(conv);
   if (v) {
     stats.violations.push(v);
     res.writeHead(400, { 'content-type': 'application/json' });
@@ -429,8 +463,13 @@ function replyResponses(res, req) {
   if (plan.refuse) return openaiError(res, 400, plan.refuse, 'input');
   const id = 'resp_fake' + (++respSeq);
   const output = [];
+  if (req.reasoning) output.push({ type: 'reasoning', id: 'rs_f' + respSeq, summary: [] });
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
   for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: 'completed' });
+  if (req.reasoning) {
+    followersOf.set(output[0].id, output.slice(1).map((it) => it.id));
+    for (const it of output) if (it.type === 'function_call') reasoningOf.set(it.id, output[0].id);
+  }
   stored.set(id, conv.concat(output));
   const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null };
   if (req.stream) {
@@ -448,6 +487,8 @@ function replyResponses(res, req) {
         for (const w of text.match(/\S+\s*/g)) steps.push(() => ev('response.output_text.delta', { item_id: it.id, output_index: i, content_index: 0, delta: w }));
         steps.push(() => ev('response.output_text.done', { item_id: it.id, output_index: i, content_index: 0, text }));
         steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
+      } else if (it.type === 'reasoning') {
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: it }));
       } else {
         steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, arguments: '', status: 'in_progress' } }));
         steps.push(() => ev('response.function_call_arguments.delta', { item_id: it.id, output_index: i, delta: it.arguments }));

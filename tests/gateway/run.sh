@@ -171,10 +171,23 @@ note "the OpenAI Agents SDK's own loop (Runner, maxTurns; Responses API, statele
 # first run's default client (setDefaultOpenAIClient) for the runs after.
 d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents direct"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "agents direct: $d"
-for stream in 0 1; do
-  for m in loop-write stubborn; do
-    g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents gateway $m"
-    stopped "agents $m stream=$stream" "$g"
+# With reasoning (REASONING=1) each answer starts with a reasoning item,
+# to which the fake binds the answer's calls as OpenAI does: a re-ask must
+# send it before the call it restores. The SDK names no run: the gateway
+# finds each session's run from its first answer, one run a session (an
+# answer's text said again by the next session is not its run). pair's
+# answers hold two calls, of which the guard keeps the lookup and refuses
+# the write: the refused call goes back without its id, bound to nothing.
+nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
+for reasoning in 0 1; do
+  for stream in 0 1; do
+    for m in loop-write stubborn loop-write pair; do
+      n0=$(nruns)
+      g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream REASONING=$reasoning node "$HERE/agent-openai-agents.mjs" 2>"$TMP/agents.err") ||
+        fail "agents gateway $m reasoning=$reasoning stream=$stream: $g $(cat "$TMP/agents.err")"
+      stopped "agents $m reasoning=$reasoning stream=$stream" "$g"
+      [ "$(($(nruns) - n0))" = 1 ] || fail "agents $m reasoning=$reasoning stream=$stream: $(($(nruns) - n0)) runs for one session"
+    done
   done
 done
 b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
