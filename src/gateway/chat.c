@@ -1416,9 +1416,13 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content) {
     json_array_append_new(items, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
     json_array_append_new(items, json_pack("{s:s, s:O}", "role", "user", "content", co->rest_results));
   } else {
-    json_array_append_new(items, json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
+    /* the answer's reasoning_content (DeepSeek's, Moonshot's thinking):
+     * with thinking on, they refuse an assistant message with tool calls
+     * without it, whether or not the client got calls of that answer */
+    json_array_append_new(items, json_pack("{s:s, s:o, s:O, s:O*}", "role", "assistant", "content",
                                            with_text ? json_string(content) : json_null(),
-                                           "tool_calls", co->rest_calls));
+                                           "tool_calls", co->rest_calls, "reasoning_content",
+                                           json_is_string(c->reasoning) ? c->reasoning : NULL));
     json_array_extend(items, co->rest_results);
   }
   return items;
@@ -1665,6 +1669,25 @@ static json_t *answer_calls(chat_t *c, json_t *msg) {
   return json_is_array(t) ? json_incref(t) : json_array();
 }
 
+/* c->reasoning, what of the answer goes back with a call restored from it
+ * (restored_items): of msg, the whole answer's message, or with msg NULL
+ * of the stream just read (whose Messages thinking blocks were kept as
+ * they came, and Chat Completions reasoning_content in c->think[0]). */
+static void answer_reasoning(chat_t *c, json_t *msg) {
+  if (!msg && is_anthropic(c)) return;
+  json_decref(c->reasoning);
+  if (is_anthropic(c)) {
+    c->reasoning = lg__gwm_thinking(msg);
+  } else if (is_responses(c)) {
+    c->reasoning = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", "reasoning");
+  } else if (msg) {
+    json_t *t = json_object_get(msg, "reasoning_content");
+    c->reasoning = json_is_string(t) ? json_incref(t) : NULL;
+  } else {
+    c->reasoning = c->think[0].len && !c->think[0].oom ? json_stringn(c->think[0].data, c->think[0].len) : NULL;
+  }
+}
+
 /* Decides a whole answer: 1 answered, 0 ask again (nothing left for the
  * client and re-asks left). */
 static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *raw, int ask) {
@@ -1684,10 +1707,7 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
     lg__free(text);
     return 1;
   }
-  json_decref(c->reasoning);
-  c->reasoning = is_anthropic(c)   ? lg__gwm_thinking(msg)
-                 : is_responses(c) ? lg__gwc_items_of_type(msg, "output", "reasoning")
-                                   : NULL;
+  answer_reasoning(c, msg);
   calls_out_t co = decide_calls(c, tcs, text);
   lg__free(text);
   json_decref(tcs);
@@ -1907,10 +1927,7 @@ static int stream_finish(chat_t *c, int ask) {
     register_text(c);
     return 1;
   }
-  if (is_responses(c)) { /* Messages' thinking blocks were kept as they streamed */
-    json_decref(c->reasoning);
-    c->reasoning = lg__gwc_items_of_type(c->r_done, "output", "reasoning");
-  }
+  answer_reasoning(c, NULL);
   calls_out_t co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
   json_decref(tcs);
   int done = 1;
@@ -2004,6 +2021,7 @@ static void stream_reset(chat_t *c) {
   json_decref(c->reasoning);
   c->reasoning = NULL;
   c->think_at = -1;
+  c->think[0].len = c->think[1].len = 0;
   c->held_bytes = 0;
 }
 

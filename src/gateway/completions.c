@@ -144,6 +144,12 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     c->finish = lg__strdup(fin);
   }
   if (json_is_array(tcd)) hold_call_deltas(c, tcd);
+  const char *thought = sget(delta, "reasoning_content"); /* kept: restored_items may need it */
+  if (thought) {
+    size_t n = strlen(thought);
+    c->held_bytes += n; /* within the answer's bound, as held calls are */
+    lg__buf_append(&c->think[0], thought, n);
+  }
   const char *content = sget(delta, "content");
   if (content) lg__buf_puts(&c->text, content);
   if (content && (c->cut = lg__gwc_feed_text(c, 0))) { /* a text loop: cut here */

@@ -112,10 +112,12 @@ typedef struct chat {
   /* What of an answer goes back with its calls when the guard leaves none
    * for the client (restored_items): Messages' thinking blocks, which the
    * provider wants first in the assistant turn of the last tool use;
-   * Responses' reasoning items, to which it binds the calls after them. */
+   * Responses' reasoning items, to which it binds the calls after them;
+   * Chat Completions' reasoning_content (a string). */
   json_t *reasoning;          /* the answer's thinking blocks / reasoning items, in order (NULL: none) */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
-  lg__buf_t think[2];         /*   its text and its signature as the deltas come */
+  lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
+                                   Completions: [0] the reasoning_content) */
 } chat_t;
 
 #define API_RESPONSES 2 /* c->api: OpenAI Responses */

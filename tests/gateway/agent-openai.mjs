@@ -6,6 +6,8 @@
 //   MODEL     the fake upstream's script ("loop-write", "finish")
 //   STREAM    1: chat.completions.stream() (the SDK's own accumulator)
 //   STEP_CAP  the agent's cap on model calls [12]
+//   THINKING  1: `thinking: {type: "enabled"}` (DeepSeek's, Moonshot's): each
+//             answer's reasoning_content goes back with its tool calls
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer text, the X-Loopguard-* headers seen (non-stream).
 import OpenAI from 'openai';
@@ -14,6 +16,7 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-clie
 const model = process.env.MODEL || 'loop-write';
 const stream = process.env.STREAM === '1';
 const cap = Number(process.env.STEP_CAP || 12);
+const thinking = process.env.THINKING === '1' ? { thinking: { type: 'enabled' } } : {};
 
 const tools = [
   { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
@@ -38,17 +41,17 @@ while (steps < cap) {
   steps++;
   let msg;
   if (stream) {
-    const s = client.chat.completions.stream({ model, messages, tools, stream_options: { include_usage: true } });
+    const s = client.chat.completions.stream({ model, messages, tools, stream_options: { include_usage: true }, ...thinking });
     const done = await s.finalChatCompletion();
     msg = done.choices[0].message;
     if (done.choices[0].finish_reason === null) throw new Error('no finish_reason');
   } else {
-    const { data, response } = await client.chat.completions.create({ model, messages, tools }).withResponse();
+    const { data, response } = await client.chat.completions.create({ model, messages, tools, ...thinking }).withResponse();
     seen.push({ run: response.headers.get('x-loopguard-run'), action: response.headers.get('x-loopguard-action'), reason: response.headers.get('x-loopguard-reason') });
     msg = data.choices[0].message;
   }
   const calls = msg.tool_calls || [];
-  messages.push({ role: 'assistant', content: msg.content ?? null, ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })) } : {}) });
+  messages.push({ role: 'assistant', content: msg.content ?? null, ...(typeof msg.reasoning_content === 'string' && { reasoning_content: msg.reasoning_content }), ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })) } : {}) });
   if (!calls.length) { ended = 'final'; final = msg.content; break; }
   for (const c of calls) messages.push({ role: 'tool', tool_call_id: c.id, content: runTool(c.function.name, c.function.arguments) });
 }

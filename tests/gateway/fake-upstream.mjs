@@ -50,6 +50,9 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// Chat Completions with `thinking: {type: "enabled"}` give each answer a
+// reasoning_content (a stream: in one delta), and refuse an assistant
+// message with tool calls that does not carry its own back.
 // Responses with `reasoning` start each answer with a reasoning item, and
 // refuse a function_call of that answer without the item before it, or the
 // item without one of its answer's after it (OpenAI's 400s).
@@ -111,6 +114,17 @@ const variants = [
   '{"record_id":7e0,"value":"A"}',
   '{"record_id":7,"value":" a "}', // the same to a policy that says value: lower, trim
 ];
+
+// Chat Completions with thinking on: every assistant message with tool
+// calls must carry its reasoning_content back (Moonshot's and DeepSeek's 400).
+function checkReasoningContent(req) {
+  if (!req.thinking || req.thinking.type !== 'enabled') return null;
+  const msgs = req.messages || [];
+  for (let i = 0; i < msgs.length; i++)
+    if (msgs[i].role === 'assistant' && Array.isArray(msgs[i].tool_calls) && msgs[i].tool_calls.length && typeof msgs[i].reasoning_content !== 'string')
+      return `thinking is enabled but reasoning_content is missing in assistant tool call message at index ${i}`;
+  return null;
+}
 
 function script(req) {
   const model = req.model || '';
@@ -209,8 +223,11 @@ function reply(res, req) {
   const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
   const finish = calls.length ? 'tool_calls' : 'stop';
   const usage = usageOf(req);
+  // thinking on (DeepSeek's and Moonshot's `thinking`): the answer's reasoning_content
+  const thought = req.thinking && req.thinking.type === 'enabled' ? `Thinking about ${id}: ${calls.map((c) => c.function.name).join(', ') || 'an answer'}.` : null;
   if (!req.stream) {
     const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
+    if (thought) message.reasoning_content = thought;
     if (calls.length) message.tool_calls = calls;
     const body = { id, object: 'chat.completion', created, model: req.model, choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage, system_fingerprint: 'fp_fake' };
     res.writeHead(200, { 'content-type': 'application/json' });
@@ -222,6 +239,7 @@ function reply(res, req) {
   const send = (choices, extra) => res.write('data: ' + JSON.stringify({ ...base, choices, ...extra }) + '\n\n');
   send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
   const steps = [];
+  if (thought) steps.push(() => send([{ index: 0, delta: { reasoning_content: thought }, logprobs: null, finish_reason: null }]));
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
   calls.forEach((c, i) => {
     steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null }]));
@@ -721,7 +739,7 @@ function route(req, res, body) {
       }
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
-      const v = check(j.messages || []);
+      const v = check(j.messages || []) || checkReasoningContent(j);
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });

@@ -48,6 +48,12 @@ for stream in 0 1; do
   g=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write STREAM=$stream) || fail "agent (gateway, stream=$stream)"
   stopped "gateway stream=$stream" "$g"
 
+  note "with thinking on (reasoning_content, stream=$stream): a restored call carries its answer's"
+  for m in loop-write stubborn pair; do
+    t=$(agent BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream THINKING=1) || fail "agent (thinking, $m, stream=$stream): $t"
+    stopped "thinking $m stream=$stream" "$t"
+  done
+
   note "a model that never gives up (stream=$stream): re-asks, then the stop's final message"
   s=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn STREAM=$stream) || fail "agent (stubborn, stream=$stream)"
   stopped "stubborn" "$s"
