@@ -1175,12 +1175,15 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   ev.u.model.m.model = c->r->esc_left > 0 && c->r->esc_model ? c->r->esc_model : c->base_model;
   ev.u.model.m.turn = c->r->turn + 1;
   ev.u.model.m.input_tokens = (int64_t)body_len;
-  ev.u.model.m.max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
+  int64_t mx = json_is_integer(mt) ? json_integer_value(mt) : -1, n = lg__gw_choices(c->j, c->root);
+  if (n > 1 && mx < 0) mx = lg__gw_output_cap(pr, ev.u.model.m.model, (int64_t)body_len);
+  if (n > 1 && mx >= 0) mx = lg__gw_times(mx, n); /* every answer that long */
+  ev.u.model.m.max_tokens = mx;
   ev.u.model.m.output_tokens = -1;
   ev.u.model.m.cost_nusd = -1;
   lg__step_t st;
   lg__step_init(&st, &ev, now_ms(c->cx));
-  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   st.prices = pr;
   st.ttl_ms = lg__gw_keys_ttl(c->cx, c->ui); /* --reservation-ttl (keys.c) */
   st.scopes = (const char *const *)c->j->key_scopes; /* a key's (keys.c) */

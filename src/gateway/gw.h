@@ -386,6 +386,18 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx);
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model, size_t ui,
                       size_t body_len, const char **added);
 void lg__gw_keys_clear(lg__gw_job_t *j);
+/* The answers a model request asks for: Chat Completions' `n` (an
+ * integer of 2 and more; the provider takes at most 128), else 1. Each
+ * may be as long as the request's max tokens, so the worst case counts
+ * them all. */
+int64_t lg__gw_choices(const lg__gw_job_t *j, json_t *root);
+/* a * b (b > 0), or INT64_MAX when it does not fit: a worst case past
+ * every bound, refused as such (LG_ERANGE). */
+static inline int64_t lg__gw_times(int64_t a, int64_t b) { return a > INT64_MAX / b ? INT64_MAX : a * b; }
+/* The output tokens a model call of `model` may give when the request
+ * says no max tokens: the price table's max_output_tokens for it, else
+ * its default_max_tokens; -1 when it bounds neither. */
+int64_t lg__gw_output_cap(const lg_prices_t *p, const char *model, int64_t input);
 /* How long a model request's reservation holds when it is never settled
  * (a crash): --reservation-ttl, else upstream ui's timeout plus a minute
  * (gateway-v1), at most LG_BUDGET_MAX_TTL_MS. */

@@ -255,9 +255,14 @@ static int64_t affordable(const lg_prices_t *p, const char *model, int64_t input
   return lo;
 }
 
+int64_t lg__gw_choices(const lg__gw_job_t *j, json_t *root) {
+  json_t *n = j->kind == LG__GW_CHAT ? json_object_get(root, "n") : NULL;
+  return json_is_integer(n) && json_integer_value(n) > 1 ? json_integer_value(n) : 1;
+}
+
 /* The model's own output cap: the price table's max_output_tokens, else
  * what the table bounds an output by (its default_max_tokens); -1 none. */
-static int64_t model_cap(const lg_prices_t *p, const char *model, int64_t input) {
+int64_t lg__gw_output_cap(const lg_prices_t *p, const char *model, int64_t input) {
   lg_price_t pr;
   if (lg_prices_lookup(p, model, &pr, NULL)) return -1;
   if (pr.max_output_tokens >= 0) return pr.max_output_tokens;
@@ -362,13 +367,14 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
   lg_prices_t *p = lg_price_book_get(cx->srv->prices);
   int64_t input = (int64_t)body_len + INPUT_SLACK, asked_max = -1;
   const char *field = max_field(j, root, &asked_max);
-  int64_t cap = model_cap(p, model, input);
-  int64_t want = asked_max >= 0 ? asked_max : cap;
+  int64_t cap = lg__gw_output_cap(p, model, input), n = lg__gw_choices(j, root);
+  int64_t want = asked_max >= 0 ? asked_max : cap; /* an answer's; n of them */
   int done = 0;
   for (size_t i = 0; i < ss.n && want >= 0 && !done; i++) {
     int64_t room = lg_budget_micro_to_nusd(lg_budget_remaining(&ss.b[i])), worst = 0;
-    if (lg_prices_worst_case(p, model, input, want, &worst, NULL) || worst <= room) continue;
-    int64_t fits = affordable(p, model, input, want, room);
+    if (lg_prices_worst_case(p, model, input, lg__gw_times(want, n), &worst, NULL) || worst <= room) continue;
+    int64_t fits = affordable(p, model, input, lg__gw_times(want, n), room);
+    if (fits > 0) fits /= n; /* an answer's share */
     if (asked_max < 0 && fits > 0) {
       want = fits; /* no max_tokens asked: the most that fits */
       continue;

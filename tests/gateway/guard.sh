@@ -175,6 +175,14 @@ for api in chat/completions messages responses; do
   worst=$(curl -sf "$g_URL/v1/runs/raw-${api%%/*}/trace" | grep '"type":"model"' | get 'd["input_tokens"]')
   [ "$worst" -ge "$(wc -c <"$f")" ] || fail "unchanged body ($api): a worst case of $worst for $(wc -c <"$f") bytes"
 done
+# Chat Completions' n: n answers, each up to max_tokens, in the worst case
+for n in 1 3; do
+  curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: choices-$n" \
+    -d "{\"model\":\"finish\",\"n\":$n,\"max_tokens\":100,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}" \
+    "$g_URL/v1/chat/completions" || fail "n=$n: the request failed"
+  worst=$(curl -sf "$g_URL/v1/runs/choices-$n/trace" | grep '"type":"model"' | get 'd["max_tokens"]')
+  [ "$worst" = $((100 * n)) ] || fail "n=$n, max_tokens 100: the worst case's max_tokens is $worst"
+done
 # A stream without stream_options: the usage chunk (which settles the cost)
 # asked for in front of the client's bytes, the rest as they came.
 got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)

@@ -176,6 +176,15 @@ echo "$b" | get 'd["error"]["message"]' | grep -q "max_tokens of $fit" || fail "
 b=$(chat "$K2" "{\"model\":\"finish\",\"max_tokens\":$fit,$MSG}")
 [ "$(st)" = 200 ] || fail "with max_tokens=$fit: $(st) $b"
 
+note "n answers (Chat Completions' n) are n worst cases: max_affordable_tokens is an answer's share"
+read -r K2n H2n < <(newkey '{"name":"tight-n","limit_usd":0.003}')
+b=$(chat "$K2n" "{\"model\":\"finish\",\"n\":2,\"max_tokens\":$fit,$MSG}")
+[ "$(st)" = 402 ] || fail "n=2 with the max_tokens that fits one answer: $(st) $b"
+fit2=$(echo "$b" | get 'd["error"]["metadata"]["max_affordable_tokens"]')
+[ "$fit2" -gt 0 ] && [ "$((2 * fit2))" -le "$fit" ] || fail "n=2: max_affordable_tokens $fit2 (one answer's: $fit): $b"
+b=$(chat "$K2n" "{\"model\":\"finish\",\"n\":2,\"max_tokens\":$fit2,$MSG}")
+[ "$(st)" = 200 ] || fail "n=2 with max_tokens=$fit2: $(st) $b"
+
 note "403 workspace_budget, with the workspace's limit in the message"
 op PUT /v1/budgets/workspace:acme '{"limit_usd":0.001,"period":"monthly"}' >/dev/null
 read -r K3 H3 < <(newkey '{"name":"acme-agent","limit_usd":5,"workspace":"acme"}')
