@@ -745,6 +745,16 @@ static json_t *own_prev(const chat_t *c) {
   return json_object_get(c->r->own, c->prev_id);
 }
 
+/* The answers (function_call_output items) among restored items, added
+ * to msgs: for an upstream that keeps the conversation, calls and all. */
+static void append_answers(json_t *msgs, json_t *items) {
+  for (size_t t = 0; t < json_array_size(items); t++) {
+    json_t *it = json_array_get(items, t);
+    const char *ty = sget(it, "type");
+    if (ty && !strcmp(ty, "function_call_output")) json_array_append(msgs, it);
+  }
+}
+
 /* The conversation the upstream sees: the client's, with the refused
  * calls restored in place and the steer messages said; after an answer
  * of the gateway's own, what the upstream did not see of it first. */
@@ -755,21 +765,24 @@ static json_t *build_messages(chat_t *c) {
   size_t k = 0;
   json_t *own = own_prev(c);
   if (own) json_array_extend(msgs, json_object_get(own, "items"));
+  if (r->text_steer && r->text_steer_at == SIZE_MAX && c->n) r->text_steer_at = c->n - 1;
+  if (c->conv_id) {
+    /* The upstream's conversation holds every call it made: the refused
+     * ones are answered once, first, then what the client sent (a re-ask:
+     * nothing more, the conversation has it). */
+    for (size_t q = 0; q < r->nrs; q++)
+      if (!r->rs[q].conv_sent) append_answers(msgs, r->rs[q].items);
+    for (size_t i = 0; !c->reask_prev && i < c->n; i++) json_array_append_new(msgs, client_message(c, i));
+    return msgs;
+  }
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
   if (is_responses(c) && prev) {
     /* The upstream keeps the conversation: the refused calls of the
      * response continued are answered first, then what the client sent. */
-    for (size_t q = 0; q < r->nrs; q++) {
-      if (!r->rs[q].resp_id || strcmp(r->rs[q].resp_id, prev)) continue;
-      for (size_t t = 0; t < json_array_size(r->rs[q].items); t++) {
-        json_t *it = json_array_get(r->rs[q].items, t);
-        const char *ty = sget(it, "type");
-        if (ty && !strcmp(ty, "function_call_output")) json_array_append(msgs, it);
-      }
-    }
+    for (size_t q = 0; q < r->nrs; q++)
+      if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, prev)) append_answers(msgs, r->rs[q].items);
     k = r->nrs; /* nothing else restored */
   }
-  if (r->text_steer && r->text_steer_at == SIZE_MAX && c->n) r->text_steer_at = c->n - 1;
   for (size_t i = 0; i <= c->n; i++) {
     for (; k < r->nrs && r->rs[k].anchor <= i; k++)
       if (!r->rs[k].resp_id || !prev) json_array_extend(msgs, r->rs[k].items);
@@ -882,7 +895,7 @@ static json_t *build_body(chat_t *c) {
   }
   const char *prev = c->reask_prev ? c->reask_prev : c->prev_id;
   json_t *own = own_prev(c);
-  if (is_responses(c) && prev && c->reask_prev)
+  if (is_responses(c) && prev && c->reask_prev && !c->conv_id) /* a conversation goes on by itself */
     json_object_set_new(b, "previous_response_id", json_string(c->reask_prev));
   else if (own && sget(own, "prev")) /* never an id of the gateway's own */
     json_object_set_new(b, "previous_response_id", json_incref(json_object_get(own, "prev")));
@@ -1452,7 +1465,28 @@ static void restore(chat_t *c, json_t *items) {
   r->rs[r->nrs].anchor = c->n;
   r->rs[r->nrs].items = kept;
   r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
+  r->rs[r->nrs].conv_sent = 0;
   r->nrs++;
+}
+
+/* Calls of an answer in a conversation that nothing will answer (the run
+ * stopped on them, or on the answer's text): the upstream's conversation
+ * holds them, so the next request answers them with the stop's message. */
+static void conv_unanswered(chat_t *c, json_t *tcs) {
+  if (!c->conv_id || !json_array_size(tcs)) return;
+  json_t *items = json_array();
+  const char *why = c->stop_text ? c->stop_text : "The loop guard stopped this run; the call was not made.";
+  for (size_t i = 0; i < json_array_size(tcs); i++) {
+    const char *id = sget(json_array_get(tcs, i), "call_id");
+    if (id) json_array_append_new(items, json_pack("{s:s, s:s, s:s}", "type", "function_call_output", "call_id", id, "output", why));
+  }
+  restore(c, items);
+}
+
+/* A conversation's upstream answered: the answers build_messages gave it
+ * are in its conversation now (those restored from this answer, not yet). */
+static void conv_delivered(chat_t *c) {
+  for (size_t q = 0; c->conv_id && q < c->r->nrs; q++) c->r->rs[q].conv_sent = 1;
 }
 
 /* Decides the calls `tcs` (array of tool call objects) of one response
@@ -1490,6 +1524,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
   lg__free(rc);
   lg__free(at);
   if (co.refused && !co.stop) restore(c, restored_items(c, &co, content));
+  if (co.stop) conv_unanswered(c, tcs);
   json_decref(co.rest_calls);
   json_decref(co.rest_results);
   co.rest_calls = co.rest_results = NULL;
@@ -1699,6 +1734,11 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
   json_t *tcs = tx == 2 ? NULL : answer_calls(c, msg);
   if (tx == 2) { /* a text loop stopped the run: the stop replaces it */
     lg__free(text);
+    if (c->conv_id) {
+      json_t *calls = answer_calls(c, msg);
+      conv_unanswered(c, calls);
+      json_decref(calls);
+    }
     answer_final(c, resp);
     return 1;
   }
@@ -1724,7 +1764,7 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
     lg__gwc_register_key(c, msg);
     answer_json_obj(c, resp, raw, co.refused > 0);
   } else if (ask < c->max_reasks) { /* nothing left for the client: ask again */
-    if (is_responses(c) && (c->prev_id || c->reask_prev) && sget(resp, "id")) {
+    if (is_responses(c) && (c->prev_id || c->conv_id || c->reask_prev) && sget(resp, "id")) {
       lg__free(c->reask_prev); /* the upstream keeps the conversation: continue it */
       c->reask_prev = lg__strdup(sget(resp, "id"));
     }
@@ -1748,6 +1788,7 @@ static int plain_exchange(chat_t *c, int ask) {
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, NULL);
   lg__free(own);
+  if (x.status == 200) conv_delivered(c);
   json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
   c->cur_resp_id = sget(resp, "id");
   int done = 1;
@@ -1920,6 +1961,11 @@ static int stream_finish(chat_t *c, int ask) {
   if (is_responses(c)) c->cur_resp_id = sget(c->r_done, "id");
   int tx = lg__gwc_feed_text(c, 1);
   if (tx == 2) {
+    if (c->conv_id) {
+      json_t *calls = held_calls(c);
+      conv_unanswered(c, calls);
+      json_decref(calls);
+    }
     answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     return 2;
   }
@@ -1942,7 +1988,7 @@ static int stream_finish(chat_t *c, int ask) {
     else if (is_responses(c)) lg__gwr_emit_kept(c, co.kept, co.refused);
     else lg__gwo_emit_kept(c, co.kept);
   } else if (ask < c->max_reasks) {
-    if (is_responses(c) && (c->prev_id || c->reask_prev)) {
+    if (is_responses(c) && (c->prev_id || c->conv_id || c->reask_prev)) {
       lg__free(c->reask_prev);
       c->reask_prev = lg__strdup(sget(c->r_done, "id"));
     }
@@ -2046,6 +2092,7 @@ static int stream_exchange(chat_t *c, int ask) {
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, on_stream_data);
   lg__free(own);
+  if (x.status == 200) conv_delivered(c);
   int done = 1;
   if (c->cut) { /* a text loop: the upstream's stream was aborted */
     json_t *u = cut_usage(c, blen);
@@ -2130,6 +2177,10 @@ static int parse_request(chat_t *c) {
     return -1;
   }
   c->prev_id = is_responses(c) ? sget(c->root, "previous_response_id") : NULL;
+  if (is_responses(c)) { /* a conversation's id, or {id} */
+    json_t *cv = json_object_get(c->root, "conversation");
+    c->conv_id = json_is_string(cv) ? json_string_value(cv) : sget(cv, "id");
+  }
   c->n = json_array_size(c->messages);
   c->stream = json_is_true(json_object_get(c->root, "stream"));
   c->client_usage = json_is_true(json_object_get(json_object_get(c->root, "stream_options"), "include_usage"));
@@ -2148,7 +2199,11 @@ static int find_run(chat_t *c) {
   lg__gw_job_t *j = c->j;
   char *key = NULL;
   long a = first_assistant(c);
-  if (!j->hdr_run && c->prev_id) {
+  if (!j->hdr_run && c->conv_id) { /* the conversation is the run's, from its first request */
+    lg__buf_t kb = {0};
+    lg__buf_printf(&kb, "conv:%s", c->conv_id);
+    key = lg__buf_steal(&kb, NULL);
+  } else if (!j->hdr_run && c->prev_id) {
     lg__buf_t kb = {0};
     lg__buf_printf(&kb, "resp:%s", c->prev_id);
     key = lg__buf_steal(&kb, NULL);
@@ -2162,6 +2217,7 @@ static int find_run(chat_t *c) {
   }
   lg_error_t e = {0};
   c->r = lg__gw_run_get(c->cx, j->hdr_run, key, lg__gw_policy_named(c->cx->gw, j->hdr_policy), &e);
+  if (c->r && key && c->conv_id) lg__gw_key_put(c->cx->gw, key, c->r);
   lg__free(key);
   if (!c->r) {
     lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",
@@ -2258,10 +2314,11 @@ static void feed_message(chat_t *c, size_t i, json_t *m) {
 }
 
 /* What is new since the run's last request, as events. A Responses
- * request with previous_response_id holds only what is new. */
+ * request with previous_response_id or a conversation holds only what is
+ * new. */
 static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
-  size_t from = c->prev_id ? 0 : c->r->fed;
+  size_t from = c->prev_id || c->conv_id ? 0 : c->r->fed;
   for (size_t i = from; is_anthropic(c) && i < c->n; i++) /* all built before any is fed: none or all */
     if (feed_kind(c, i) == FEED_BUILT && !client_msg(c, i)) {
       lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");

@@ -96,6 +96,8 @@ typedef struct chat {
   char *finish;               /* the finish_reason held back */
   /* Responses */
   const char *prev_id;        /* previous_response_id of the request */
+  const char *conv_id;        /* its conversation (Conversations API: the upstream keeps the
+                                 conversation, the input holds what is new), or NULL */
   const char *cur_resp_id;    /* the id of the response being decided */
   char *reask_prev;           /* a re-ask continues this response */
   json_t *input_wrap;         /* input given as a string, as a message */

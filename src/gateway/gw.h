@@ -178,6 +178,8 @@ typedef struct lg__gw_restore {
   size_t anchor;
   json_t *items;      /* array of messages (a reference) */
   char *resp_id;      /* Responses: the response they belong to, or NULL */
+  int conv_sent;      /* Responses in a conversation: its answers are in the upstream's
+                         conversation (sent once: chat.c, build_messages) */
 } lg__gw_restore_t;
 
 typedef struct lg__gw_key lg__gw_key_t;

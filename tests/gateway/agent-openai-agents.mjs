@@ -3,14 +3,20 @@
 // base URL is the gateway's or the fake upstream's. Tracing is off: no
 // export to the internet.
 //   BASE_URL, MODEL, STREAM=1 (run(..., {stream: true})), STEP_CAP,
-//   REASONING=1 (modelSettings.reasoning: each answer starts with a reasoning item)
+//   REASONING=1 (modelSettings.reasoning: each answer starts with a reasoning item),
+//   CONVERSATION=1 (a conversation made first, POST /v1/conversations, and the
+//   run given its conversationId: the server keeps the conversation),
+//   AGAIN=1 (with CONVERSATION: after the run, the person asks again in the
+//   same conversation; `again` is that run's final output)
 import OpenAI from 'openai';
 import { Agent, run, tool, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
 
 setTracingDisabled(true);
 setOpenAIAPI('responses');
-setDefaultOpenAIClient(new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', maxRetries: 0 }));
+const openai = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', maxRetries: 0 });
+setDefaultOpenAIClient(openai);
+const conversationId = process.env.CONVERSATION === '1' ? (await openai.conversations.create({})).id : undefined;
 const executions = { write_record: 0, lookup: 0 };
 const agent = new Agent({
   name: 'writer',
@@ -27,11 +33,16 @@ const agent = new Agent({
 let ended = 'final', final = null;
 try {
   const stream = process.env.STREAM === '1';
-  const r = await run(agent, 'Write record 7 with value A.', { maxTurns: Number(process.env.STEP_CAP || 12), ...(stream ? { stream: true } : {}) });
+  const r = await run(agent, 'Write record 7 with value A.', { maxTurns: Number(process.env.STEP_CAP || 12), ...(stream ? { stream: true } : {}), ...(conversationId && { conversationId }) });
   if (stream) await r.completed;
   final = r.finalOutput;
 } catch (e) {
   if (e instanceof MaxTurnsExceededError) ended = 'step_cap';
   else throw e;
 }
-console.log(JSON.stringify({ executions, ended, final }));
+let again;
+if (process.env.AGAIN === '1' && conversationId) {
+  const r = await run(agent, 'Then look customer c-1 up instead.', { maxTurns: 4, conversationId });
+  again = r.finalOutput;
+}
+console.log(JSON.stringify({ executions, ended, final, ...(again !== undefined && { again }) }));

@@ -50,6 +50,8 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// POST /v1/conversations makes a conversation; a response with
+// `conversation` continues it and adds its input and output to it.
 // Chat Completions with `thinking: {type: "enabled"}` give each answer a
 // reasoning_content (a stream: in one delta), and refuse an assistant
 // message with tool calls that does not carry its own back.
@@ -458,8 +460,27 @@ function checkReasoning(items) {
   return null;
 }
 
+// Conversations (POST /v1/conversations): a response created with
+// `conversation` reads its items and appends its input and output to them,
+// as OpenAI's Conversations API does; with previous_response_id too it is
+// refused, as OpenAI refuses it.
+const conversations = new Map(); // id -> items
+let convSeq = 0;
+function createConversation(res, j) {
+  const id = 'conv_fake' + (++convSeq);
+  conversations.set(id, Array.isArray(j && j.items) ? j.items.slice() : []);
+  res.writeHead(200, { 'content-type': 'application/json' });
+  res.end(JSON.stringify({ id, object: 'conversation', created_at: Math.floor(Date.now() / 1000), metadata: {} }));
+}
+
 function replyResponses(res, req) {
   let conv = [];
+  const convId = typeof req.conversation === 'string' ? req.conversation : req.conversation && req.conversation.id;
+  if (req.conversation !== undefined && req.conversation !== null) {
+    if (req.previous_response_id) return openaiError(res, 400, "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' or 'conversation'.", 'conversation');
+    if (!conversations.has(convId)) return openaiError(res, 404, `Conversation with id '${convId}' not found.`, 'conversation');
+    conv = conversations.get(convId).slice();
+  }
   if (req.previous_response_id) {
     if (!stored.has(req.previous_response_id)) {
       res.writeHead(400, { 'content-type': 'application/json' });
@@ -489,6 +510,7 @@ function replyResponses(res, req) {
     for (const it of output) if (it.type === 'function_call') reasoningOf.set(it.id, output[0].id);
   }
   stored.set(id, conv.concat(output));
+  if (convId && conversations.has(convId)) conversations.set(convId, conv.concat(output));
   const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null };
   if (req.stream) {
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
@@ -719,6 +741,11 @@ function route(req, res, body) {
     if (req.method === 'POST' && req.url === '/reset') {
       stats.violations = []; stats.chat = 0; stats.bodies = []; stats.raw = []; stats.models = []; stats.aborted = 0;
       res.writeHead(200); return res.end('{}');
+    }
+    if (req.method === 'POST' && req.url === '/v1/conversations') {
+      let j = {};
+      try { j = body ? JSON.parse(body) : {}; } catch { return openaiError(res, 400, 'We could not parse the JSON body of your request.'); }
+      return createConversation(res, j);
     }
     if (req.method === 'POST' && req.url === '/v1/completions') {
       let j;

@@ -184,18 +184,39 @@ d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs
 # answer's text said again by the next session is not its run). pair's
 # answers hold two calls, of which the guard keeps the lookup and refuses
 # the write: the refused call goes back without its id, bound to nothing.
+# With CONVERSATION=1 the SDK runs in a conversation the upstream keeps
+# (POST /v1/conversations, then `conversation` on each request, which holds
+# only what is new): the conversation names the run, and a refused call is
+# answered once in it.
 nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
+agents() { # NAME=VALUE...: the SDK through the gateway with them: stopped, one run for the session
+  local n0 g
+  n0=$(nruns)
+  g=$(env BASE_URL="$gw_URL/v1" "$@" node "$HERE/agent-openai-agents.mjs" 2>"$TMP/agents.err") ||
+    fail "agents gateway $*: $g $(cat "$TMP/agents.err")"
+  stopped "agents $*" "$g"
+  [ "$(($(nruns) - n0))" = 1 ] || fail "agents $*: $(($(nruns) - n0)) runs for one session"
+}
 for reasoning in 0 1; do
   for stream in 0 1; do
     for m in loop-write stubborn loop-write pair; do
-      n0=$(nruns)
-      g=$(env BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream REASONING=$reasoning node "$HERE/agent-openai-agents.mjs" 2>"$TMP/agents.err") ||
-        fail "agents gateway $m reasoning=$reasoning stream=$stream: $g $(cat "$TMP/agents.err")"
-      stopped "agents $m reasoning=$reasoning stream=$stream" "$g"
-      [ "$(($(nruns) - n0))" = 1 ] || fail "agents $m reasoning=$reasoning stream=$stream: $(($(nruns) - n0)) runs for one session"
+      agents MODEL=$m STREAM=$stream REASONING=$reasoning
+    done
+    for m in loop-write stubborn pair; do
+      [ $reasoning = 1 ] && agents MODEL=$m STREAM=$stream REASONING=1 CONVERSATION=1
     done
   done
 done
+# A run stopped on a call in a conversation (this policy stops at the third
+# same call): the call is in the upstream's conversation, so when the person
+# asks again there, the next request answers it (else: "No tool output
+# found").
+echo '{"repeat":{"observe":2,"block":3,"stop":3},"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw3-policy.json"
+start_server gw3 --store memory: --upstream "$FAKE/v1" --log "$TMP/gw3.log" --policy "$TMP/gw3-policy.json"
+g=$(env BASE_URL="$gw3_URL/v1" MODEL=stubborn CONVERSATION=1 AGAIN=1 node "$HERE/agent-openai-agents.mjs" 2>"$TMP/agents.err") ||
+  fail "agents in a conversation, asked again after a stop: $g $(cat "$TMP/agents.err")"
+echo "$g" | get 'd["again"]' | grep -q "3 times" || fail "asked again after the stop: $g"
+grep -q '"event":"stop".*"on":"call"' "$TMP/gw3.log" || fail "the run did not stop on a call: $(cat "$TMP/gw3.log")"
 b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
