@@ -101,6 +101,12 @@ static const char *msg_str(chat_t *c, size_t i, int k) {
  * assistant message (extra, when not NULL, stands in for messages[a]). */
 static char *conv_key(chat_t *c, size_t a, json_t *extra) {
   json_t *am = extra ? extra : client_msg(c, a);
+  const char *ty = sget(am, "type");
+  lg__buf_t b = {0};
+  if (ty && !strcmp(ty, "item_reference") && sget(am, "id")) { /* an answer's item, by its id */
+    lg__buf_printf(&b, "item:%s", sget(am, "id"));
+    return lg__buf_steal(&b, NULL);
+  }
   json_t *tcs = json_object_get(am, "tool_calls");
   const char *id = sget(json_array_get(tcs, 0), "id");
   if (!id) id = sget(am, "call_id"); /* a Responses function_call item */
@@ -109,7 +115,6 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
     const char *ty = sget(json_array_get(blocks, i), "type");
     if (ty && !strcmp(ty, "tool_use")) id = sget(json_array_get(blocks, i), "id");
   }
-  lg__buf_t b = {0};
   if (id) {
     lg__buf_puts(&b, "tc:");
     lg__buf_puts(&b, id);
@@ -148,10 +153,12 @@ static int is_role(chat_t *c, size_t i, const char *role) {
  * message; on Responses, whose answer comes as items one by one
  * (reasoning, message, function_call), the first call of that answer
  * when it has one (a call's id is unique, the text often is not), as
- * lg__gwc_register_key picks it. -1: none. */
+ * lg__gwc_register_key picks it, or an item_reference (a client that
+ * sends the answer's items back by their ids: the AI SDK with `store`).
+ * -1: none. */
 static long first_assistant(chat_t *c) {
   for (size_t i = 0; i < c->n; i++) {
-    if (is_type(c, i, "function_call")) return (long)i;
+    if (is_type(c, i, "function_call") || is_type(c, i, "item_reference")) return (long)i;
     if (!is_role(c, i, "assistant")) continue;
     for (size_t k = i + 1; is_responses(c) && k < c->n; k++) {
       if (is_type(c, k, "function_call")) return (long)k;
@@ -1550,25 +1557,32 @@ static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int c
 }
 
 void lg__gwc_register_key(chat_t *c, json_t *msg) {
+  int start = !c->j->hdr_run && first_assistant(c) < 0; /* the conversation's first answer */
   if (is_responses(c) && sget(msg, "id")) { /* previous_response_id finds the run */
     lg__buf_t b = {0};
     lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
-    if (b.data) lg__gw_key_put(c->cx->gw, b.data, c->r);
-    lg__buf_free(&b);
+    if (b.data && !b.oom) lg__gw_key_put(c->cx->gw, b.data, c->r);
     /* A stateless client sends the output back as items: its first call
      * (else its first message) is what first_assistant finds in its next
-     * request. */
+     * request; or as references to them (item:ID), any of which may come
+     * first. */
     json_t *items = json_object_get(msg, "output");
     json_t *first = NULL, *said = NULL;
-    for (size_t i = 0; !first && i < json_array_size(items); i++) {
+    for (size_t i = 0; i < json_array_size(items); i++) {
       json_t *it = json_array_get(items, i);
       const char *ty = sget(it, "type"), *role = sget(it, "role");
-      if (ty && !strcmp(ty, "function_call")) first = it;
+      if (!first && ty && !strcmp(ty, "function_call")) first = it;
       else if (!said && role && !strcmp(role, "assistant")) said = it;
+      if (start && sget(it, "id")) {
+        b.len = 0;
+        lg__buf_printf(&b, "item:%s", sget(it, "id"));
+        if (b.data && !b.oom) lg__gw_key_put(c->cx->gw, b.data, c->r);
+      }
     }
+    lg__buf_free(&b);
     msg = first ? first : said;
   }
-  if (c->j->hdr_run || first_assistant(c) >= 0 || !msg) return;
+  if (!start || !msg) return;
   char *k = conv_key(c, c->n, msg);
   if (k) lg__gw_key_put(c->cx->gw, k, c->r);
   lg__free(k);

@@ -1,12 +1,17 @@
 // agent-ai-sdk.mjs — the Vercel AI SDK's own agent loop (`ai` generateText
 // with tools and a step cap) on @ai-sdk/openai-compatible: the SDK runs
 // the tools and asks again until the model answers without a tool call.
-//   BASE_URL, MODEL, STREAM=1 (streamText), STEP_CAP
+//   BASE_URL, MODEL, STREAM=1 (streamText), STEP_CAP,
+//   PROVIDER=openai (@ai-sdk/openai on the Responses API, `store` on as by
+//   default: its earlier answers go back as item_reference items)
 import { generateText, streamText, tool, stepCountIs } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
+import { createOpenAI } from '@ai-sdk/openai';
 import { z } from 'zod';
 
-const provider = createOpenAICompatible({ name: 'fake', baseURL: process.env.BASE_URL, apiKey: 'sk-test', includeUsage: true });
+const provider = process.env.PROVIDER === 'openai'
+  ? createOpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test' }).responses
+  : createOpenAICompatible({ name: 'fake', baseURL: process.env.BASE_URL, apiKey: 'sk-test', includeUsage: true });
 const cap = Number(process.env.STEP_CAP || 12);
 const executions = { write_record: 0, lookup: 0 };
 const tools = {

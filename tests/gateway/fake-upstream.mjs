@@ -50,6 +50,9 @@
 //               (mutate-lib.mjs): a value of another type, a member gone or
 //               doubled, bytes cut or changed, in the JSON body or in the
 //               stream's events (tests/gateway/mutate.sh)
+// An input item {type: "item_reference", id} stands for the output item of
+// that id (404 when no answer made one), as the AI SDK's openai provider
+// sends its earlier answers with `store` on.
 // POST /v1/conversations makes a conversation; a response with
 // `conversation` continues it and adds its input and output to it.
 // Chat Completions with `thinking: {type: "enabled"}` give each answer a
@@ -465,6 +468,7 @@ function checkReasoning(items) {
 // as OpenAI's Conversations API does; with previous_response_id too it is
 // refused, as OpenAI refuses it.
 const conversations = new Map(); // id -> items
+const itemsById = new Map(); // an output item's id -> the item (what an item_reference names)
 let convSeq = 0;
 function createConversation(res, j) {
   const id = 'conv_fake' + (++convSeq);
@@ -488,7 +492,10 @@ function replyResponses(res, req) {
     }
     conv = stored.get(req.previous_response_id).slice();
   }
-  const input = typeof req.input === 'string' ? [{ role: 'user', content: req.input }] : req.input || [];
+  let input = typeof req.input === 'string' ? [{ role: 'user', content: req.input }] : req.input || [];
+  const missing = input.find((it) => it && it.type === 'item_reference' && !itemsById.has(it.id));
+  if (missing) return openaiError(res, 404, `Item with id '${missing.id}' not found.`, 'input');
+  input = input.map((it) => (it && it.type === 'item_reference' ? itemsById.get(it.id) : it));
   conv.push(...input);
   const v = checkResponses(conv) || checkReasoning(conv);
   if (v) {
@@ -510,6 +517,7 @@ function replyResponses(res, req) {
     for (const it of output) if (it.type === 'function_call') reasoningOf.set(it.id, output[0].id);
   }
   stored.set(id, conv.concat(output));
+  for (const it of output) itemsById.set(it.id, it);
   if (convId && conversations.has(convId)) conversations.set(convId, conv.concat(output));
   const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null };
   if (req.stream) {

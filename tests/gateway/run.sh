@@ -6,7 +6,8 @@
 # Clients: openai (chat.completions stream false/true, responses.create and .stream with
 # previous_response_id), @anthropic-ai/sdk (messages, stream false/true, with
 # extended thinking and without)
-# the Vercel AI SDK (ai + @ai-sdk/openai-compatible) and the OpenAI Agents SDK
+# the Vercel AI SDK (ai + @ai-sdk/openai-compatible, and @ai-sdk/openai's Responses
+# with item references) and the OpenAI Agents SDK
 # (@openai/agents) and LangGraph (@langchain/langgraph createReactAgent on
 # @langchain/openai), each with its own tool loop.
 # Asserts: directly, the looping agent writes the failing record until its
@@ -159,13 +160,24 @@ for stream in 0 1; do
   [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 done
 
-note "the Vercel AI SDK's own loop (ai generateText / streamText, @ai-sdk/openai-compatible)"
+nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
+note "the Vercel AI SDK's own loop (ai generateText / streamText, @ai-sdk/openai-compatible; @ai-sdk/openai's Responses)"
 d=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=loop-write) || fail "ai direct"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai direct: $d"
+d=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=loop-write PROVIDER=openai) || fail "ai direct (openai)"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai direct (openai): $d"
 for stream in 0 1; do
   for m in loop-write stubborn; do
     g=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream) || fail "ai gateway $m"
     stopped "ai $m stream=$stream" "$g"
+  done
+  # @ai-sdk/openai sends its earlier answers back as item_reference items
+  # (`store` on): the first answer's items name the run, one a session
+  for m in loop-write stubborn pair; do
+    n0=$(nruns)
+    g=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream PROVIDER=openai) || fail "ai (openai) gateway $m"
+    stopped "ai (openai) $m stream=$stream" "$g"
+    [ "$(($(nruns) - n0))" = 1 ] || fail "ai (openai) $m stream=$stream: $(($(nruns) - n0)) runs for one session"
   done
 done
 a=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=finish) || fail "ai finish"
@@ -188,7 +200,6 @@ d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs
 # (POST /v1/conversations, then `conversation` on each request, which holds
 # only what is new): the conversation names the run, and a refused call is
 # answered once in it.
-nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
 agents() { # NAME=VALUE...: the SDK through the gateway with them: stopped, one run for the session
   local n0 g
   n0=$(nruns)
