@@ -2231,7 +2231,6 @@ static int find_run(chat_t *c) {
   }
   lg_error_t e = {0};
   c->r = lg__gw_run_get(c->cx, j->hdr_run, key, lg__gw_policy_named(c->cx->gw, j->hdr_policy), &e);
-  if (c->r && key && c->conv_id) lg__gw_key_put(c->cx->gw, key, c->r);
   lg__free(key);
   if (!c->r) {
     lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",

@@ -1157,16 +1157,35 @@ static void *grow_main(void *arg) {
 static size_t bucket(const char *s) { return lg__hash_str(s) & (GW_BUCKETS - 1); }
 
 
-static lg__gw_run_t *key_get(lg__gw_t *gw, const char *key) {
+static key_ent_t *key_find(lg__gw_t *gw, const char *key) {
   for (key_ent_t *e = gw->keys[bucket(key)]; e; e = e->next)
-    if (!strcmp(e->key, key)) return e->run;
+    if (!strcmp(e->key, key)) return e;
   return NULL;
+}
+
+static lg__gw_run_t *key_get(lg__gw_t *gw, const char *key) {
+  key_ent_t *e = key_find(gw, key);
+  return e ? e->run : NULL;
 }
 
 void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
   pthread_mutex_lock(&gw->tmu);
-  if (!key_get(gw, key)) {
-    key_ent_t *e = lg__calloc(1, sizeof *e);
+  key_ent_t *e = key_find(gw, key);
+  if (e && e->run != r) {
+    /* A start another conversation had too (a hash of the same messages:
+     * the same prompt and the same first answer, yesterday's job or the
+     * last chat's greeting): the key goes to the latest, whose answer the
+     * client continues from; the earlier run keeps its other keys. */
+    for (key_ent_t **pp = &e->run->keys; *pp; pp = &(*pp)->rnext)
+      if (*pp == e) {
+        *pp = e->rnext;
+        break;
+      }
+    e->run = r;
+    e->rnext = r->keys;
+    r->keys = e;
+  } else if (!e) {
+    e = lg__calloc(1, sizeof *e);
     if (e && (e->key = lg__strdup(key))) {
       size_t b = bucket(key);
       e->run = r;

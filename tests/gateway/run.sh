@@ -108,6 +108,18 @@ len=$(tr -d '\r' <"$TMP/whole.h" | awk -F': *' 'tolower($1)=="content-length" {p
 [ "$(tail -c 14 "$TMP/whole.sse")" = "$(printf 'data: [DONE]\n\n')" ] || fail "framing: the stream's end: $(cat "$TMP/whole.sse")"
 grep -q '"finish_reason":"stop"' "$TMP/whole.sse" || fail "framing: no final chunk: $(cat "$TMP/whole.sse")"
 
+note "two sessions with the same start (a greeting, no tool call: a hash names them): the second is its own run"
+hdr_run() { # BODY: the X-Loopguard-Run of the answer to it
+  curl -s -o /dev/null -D - -H "Content-Type: application/json" -d "$1" "$gw_URL/v1/chat/completions" |
+    tr -d '\r' | awk -F': ' 'tolower($1)=="x-loopguard-run"{print $2}'
+}
+first='{"model":"greet","messages":[{"role":"user","content":"hi"}]}'
+second='{"model":"greet","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Hello from the fake upstream."},{"role":"user","content":"and again"}]}'
+a1=$(hdr_run "$first") && a2=$(hdr_run "$second")
+[ -n "$a1" ] && [ "$a1" = "$a2" ] || fail "session A: $a1 then $a2"
+b1=$(hdr_run "$first") && b2=$(hdr_run "$second")
+[ -n "$b1" ] && [ "$b1" != "$a1" ] && [ "$b1" = "$b2" ] || fail "session B went on in session A's run: A $a1, B $b1 then $b2"
+
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$gw_URL/v1/chat/completions" >/dev/null 2>&1
