@@ -1,7 +1,8 @@
 // agent-anthropic.mjs — the same agent loop as agent-openai.mjs on the real
 // `@anthropic-ai/sdk` package (Messages API, tool_use / tool_result).
 //   BASE_URL (without /v1), MODEL, STREAM=1 (messages.stream().finalMessage()), STEP_CAP,
-//   THINKING=1 (extended thinking: each answer's thinking block goes back with its tool_use)
+//   THINKING=1 (extended thinking: each answer's thinking block goes back with its tool_use),
+//   BETA=1 (client.beta.messages: POST /v1/messages?beta=true, as Claude Code sends)
 import Anthropic from '@anthropic-ai/sdk';
 
 const client = new Anthropic({ baseURL: process.env.BASE_URL, apiKey: 'sk-ant-test', maxRetries: 0, timeout: 20000 });
@@ -9,6 +10,7 @@ const model = process.env.MODEL || 'loop-write';
 const stream = process.env.STREAM === '1';
 const cap = Number(process.env.STEP_CAP || 12);
 const thinking = process.env.THINKING === '1' ? { type: 'enabled', budget_tokens: 1024 } : undefined;
+const api = process.env.BETA === '1' ? client.beta.messages : client.messages;
 const tools = [
   { name: 'write_record', description: 'Write a record.', input_schema: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { name: 'lookup', description: 'Look a customer up.', input_schema: { type: 'object', properties: { customer_id: { type: 'string' } } } },
@@ -27,9 +29,9 @@ while (steps < cap) {
   let msg;
   const req = { model, max_tokens: thinking ? 2048 : 1024, system: 'You are a careful agent.', messages, tools, ...(thinking && { thinking }) };
   if (stream) {
-    msg = await client.messages.stream(req).finalMessage();
+    msg = await api.stream(req).finalMessage();
   } else {
-    const { data, response } = await client.messages.create(req).withResponse();
+    const { data, response } = await api.create(req).withResponse();
     seen.push({ run: response.headers.get('x-loopguard-run'), action: response.headers.get('x-loopguard-action') });
     msg = data;
   }

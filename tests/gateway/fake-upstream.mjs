@@ -789,7 +789,7 @@ function route(req, res, body) {
       try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
       return replyResponses(res, j);
     }
-    if (req.method === 'POST' && req.url === '/v1/messages') {
+    if (req.method === 'POST' && (req.url === '/v1/messages' || req.url === '/v1/messages?beta=true')) { // the SDKs' beta path too
       let j;
       try { j = JSON.parse(body); } catch {
         res.writeHead(400, { 'content-type': 'application/json' });

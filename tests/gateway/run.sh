@@ -142,6 +142,9 @@ for stream in 0 1; do
     g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=$m STREAM=$stream THINKING=1) || fail "anthropic thinking gateway $m: $g"
     stopped "anthropic thinking $m" "$g"
   done
+  # the SDK's beta path (POST /v1/messages?beta=true, Claude Code's) is guarded too
+  g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write STREAM=$stream THINKING=1 BETA=1) || fail "anthropic beta gateway: $g"
+  stopped "anthropic beta" "$g"
   a=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   b=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
