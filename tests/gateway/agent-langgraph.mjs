@@ -6,6 +6,8 @@
 // throws, as a failing LangChain tool does; the ToolNode turns the error
 // into the tool message the model sees.
 //   BASE_URL, MODEL, STEP_CAP: the model calls the graph allows [12]
+//   RESPONSES=1: ChatOpenAI on the Responses API (useResponsesApi), the
+//   whole conversation sent as items each time
 //   STREAM=1: ChatOpenAI streaming: true, the graph run with
 //   agent.stream(streamMode ["messages", "values"]): the model's tokens
 //   arrive as the upstream streams them, usage from the usage chunk.
@@ -50,6 +52,7 @@ const llm = new ChatOpenAI({
   configuration: { baseURL: process.env.BASE_URL },
   streaming: stream,
   streamUsage: true,
+  ...(process.env.RESPONSES === '1' && { useResponsesApi: true }),
   maxRetries: 0,
   timeout: 20000,
 });

@@ -246,7 +246,7 @@ grep -q '"event":"stop".*"on":"call"' "$TMP/gw3.log" || fail "the run did not st
 b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
-note "LangGraph's own loop (createReactAgent, recursionLimit; @langchain/openai ChatOpenAI)"
+note "LangGraph's own loop (createReactAgent, recursionLimit; @langchain/openai ChatOpenAI, Chat Completions and Responses)"
 lg() { client agent-langgraph.mjs "$@" 2>"$TMP/langgraph.err" || { cat "$TMP/langgraph.err" >&2; return 1; }; }
 for stream in 0 1; do
   d=$(lg BASE_URL="$FAKE/v1" MODEL=loop-write STREAM=$stream STEP_CAP=12) || fail "langgraph direct stream=$stream"
@@ -262,6 +262,13 @@ for stream in 0 1; do
   b=$(lg BASE_URL="$gw_URL/v1" MODEL=finish STREAM=$stream) || fail "langgraph finish gateway"
   [ "$(echo "$b" | get 'd["ended"]')" = final ] && [ "$(echo "$b" | get 'd["executions"]["lookup"]')" = 1 ] || fail "langgraph finish: $b"
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "langgraph finish: $a vs $b"
+  # ChatOpenAI on the Responses API (useResponsesApi): the whole history as items
+  for m in loop-write pair; do
+    n0=$(nruns)
+    g=$(lg BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream RESPONSES=1) || fail "langgraph responses gateway $m stream=$stream"
+    stopped "langgraph responses $m stream=$stream" "$g"
+    [ "$(($(nruns) - n0))" = 1 ] || fail "langgraph responses $m stream=$stream: $(($(nruns) - n0)) runs for one session"
+  done
 done
 
 note "passthrough: GET /v1/models as the upstream sent it"
