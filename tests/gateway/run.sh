@@ -138,7 +138,7 @@ for stream in 0 1; do
   # the gateway restores after a block carries the answer's thinking.
   d=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=loop-write STREAM=$stream THINKING=1) || fail "anthropic thinking direct"
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "anthropic thinking direct: $d"
-  for m in loop-write stubborn; do
+  for m in loop-write stubborn pair; do
     g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=$m STREAM=$stream THINKING=1) || fail "anthropic thinking gateway $m: $g"
     stopped "anthropic thinking $m" "$g"
   done
