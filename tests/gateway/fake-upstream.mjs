@@ -14,6 +14,8 @@
 //               variants: key order, 7 vs 7.0, white space, case; with tools
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
+//   pingpong    calls its first tool named transfer_to_* (an Agents SDK
+//               handoff) every time: two agents handing the task back and forth
 //   pair        asks for two calls an answer, the failing write and a lookup
 //               of another customer each time (the guard keeps one, refuses
 //               the other); with the write hidden it gives up in text
@@ -156,6 +158,10 @@ function script(req) {
   if (model.startsWith('yielding')) {
     if (toolsOff) return { text: 'I give up: the storage is read-only, so record 7 cannot be written.' };
     return { calls: [{ name: 'write_record', args: writeVariant() }] };
+  }
+  if (model.startsWith('pingpong')) { // hands the task to the other agent, forever (a handoff tool, as the Agents SDK names them)
+    const handoff = names.find((n) => n && n.startsWith('transfer_to_'));
+    return handoff && !toolsOff ? { calls: [{ name: handoff, args: '{}' }] } : { text: 'Neither of us can finish this.' };
   }
   if (model.startsWith('pair')) { // two calls an answer: the failing write, and a lookup never the same
     if (toolsOff || !names.includes('write_record')) return { text: 'I could not write the record; the storage keeps failing.' };

@@ -8,8 +8,10 @@
 # extended thinking and without)
 # the Vercel AI SDK (ai + @ai-sdk/openai-compatible, and @ai-sdk/openai's Responses
 # with item references) and the OpenAI Agents SDK
-# (@openai/agents) and LangGraph (@langchain/langgraph createReactAgent on
-# @langchain/openai), each with its own tool loop.
+# (@openai/agents: stateless, with reasoning, in a conversation; two agents
+# that hand a task back and forth) and LangGraph (@langchain/langgraph
+# createReactAgent on @langchain/openai, Chat Completions and Responses),
+# each with its own tool loop.
 # Asserts: directly, the looping agent writes the failing record until its
 # own step cap; through the gateway the write runs twice at most and the
 # agent ends on a final message (stream false and true); an agent that does
@@ -233,6 +235,13 @@ for reasoning in 0 1; do
     done
   done
 done
+note "two agents handing a task back and forth (the Agents SDK's handoffs): the cycle guard ends it"
+d=$(env BASE_URL="$FAKE/v1" node "$HERE/agent-handoffs.mjs" 2>"$TMP/agents.err") || fail "handoffs direct: $(cat "$TMP/agents.err")"
+[ "$(echo "$d" | get 'd["ended"]')" = step_cap ] && [ "$(echo "$d" | get 'd["handoffs"]')" = 20 ] || fail "handoffs direct: $d"
+g=$(env BASE_URL="$gw_URL/v1" node "$HERE/agent-handoffs.mjs" 2>"$TMP/agents.err") || fail "handoffs gateway: $(cat "$TMP/agents.err")"
+[ "$(echo "$g" | get 'd["ended"]')" = final ] && [ "$(echo "$g" | get 'd["handoffs"]')" -le 4 ] || fail "handoffs gateway: $g"
+echo "$g" | get 'd["final"]' | grep -q "same 2 calls" || fail "handoffs gateway: not the cycle's stop: $g"
+
 # A run stopped on a call in a conversation (this policy stops at the third
 # same call): the call is in the upstream's conversation, so when the person
 # asks again there, the next request answers it (else: "No tool output
