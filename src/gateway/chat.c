@@ -36,6 +36,7 @@
 #include "conv.h"
 
 #include "../policy/policy.h"
+#include "../util/utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -2018,7 +2019,9 @@ static int stream_finish(chat_t *c, int ask) {
 
 /* An upstream's answer other than 200, in words: its status and the
  * provider's own message (error.message, in either API's shape), else
- * the start of its body. */
+ * the start of its body; cut to size, a byte that is not whole UTF-8 (a
+ * body's, or a sequence the cut split) or a control byte as '?', for the
+ * JSON it goes into. */
 static void refused_text(const lg__gw_http_t *x, char *out, size_t size) {
   const lg__buf_t *b = &x->body_out;
   lg__json_begin();
@@ -2027,6 +2030,11 @@ static void refused_text(const lg__gw_http_t *x, char *out, size_t size) {
   if (m) snprintf(out, size, "answered %ld: %s", x->status, m);
   else snprintf(out, size, "answered %ld: %.*s", x->status, (int)(b->len < 200 ? b->len : 200), b->len ? b->data : "");
   json_decref(e);
+  for (size_t i = 0, n = strlen(out); i < n;) {
+    size_t k = (unsigned char)out[i] < 0x80 ? 1 : lg__utf8_len((const unsigned char *)out + i, n - i);
+    if (!k || (unsigned char)out[i] < 0x20) out[i] = '?', k = 1;
+    i += k;
+  }
 }
 
 /* The upstream's stream failed after the client's began (cut off, timed

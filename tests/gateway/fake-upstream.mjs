@@ -21,6 +21,8 @@
 //               the other); with the write hidden it gives up in text
 //   picky       as stubborn, but a conversation with three tool results or
 //               more is refused: 400 invalid_request_error, in the API's shape
+//               (picky-html, Chat Completions: 400 with an HTML page, a byte
+//               in it not UTF-8, as a proxy in front of a provider answers)
 //   finish      looks a customer up once, then answers "Done: ..."
 //   drip        streams its text a word every 250 ms (drip-long: 40 words)
 //   slow        answers after 3 s
@@ -168,6 +170,8 @@ function script(req) {
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: writeVariant() }, { name: 'lookup', args: JSON.stringify({ customer_id: `c-${n}` }) }] };
   }
+  if (model.startsWith('picky-html') && msgs.filter((m) => m.role === 'tool').length >= 3)
+    return { refuse_raw: Buffer.from('<html>\n<h1>400 \xff\xfe Bad Request</h1> caf\u00e9</html>', 'latin1') };
   if (model.startsWith('picky') && msgs.filter((m) => m.role === 'tool').length >= 3)
     return { refuse: 'picky: this conversation holds three tool results, more than this model takes' };
   if (model.startsWith('stubborn') || model.startsWith('picky')) // never gives up, whatever it is told
@@ -229,6 +233,7 @@ function reply(res, req) {
   }
   const plan = script(req);
   if (plan.refuse) return openaiError(res, 400, plan.refuse, 'messages');
+  if (plan.refuse_raw) { res.writeHead(400, { 'content-type': 'text/html' }); return res.end(plan.refuse_raw); }
   const id = 'chatcmpl-fake' + (++stats.chat);
   const created = Math.floor(Date.now() / 1000);
   const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));

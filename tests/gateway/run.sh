@@ -161,6 +161,25 @@ for api in agent-openai.mjs:/v1 agent-anthropic.mjs: agent-responses.mjs:/v1; do
   *) fail "picky ${api%%:*}: the stream's error does not say what the upstream answered: $out" ;;
   esac
 done
+# The same with a refusal that is an HTML page with a byte not UTF-8: the
+# error event is still JSON a strict reader takes (Python's, from bytes).
+python3 - "$gw_URL" <<'PY' || fail "picky-html: the stream's error event is not strict JSON"
+import json, sys, urllib.request
+url = sys.argv[1] + "/v1/chat/completions"
+tools = [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}]
+msgs = [{"role": "user", "content": "Write record 7."}]
+def ask(stream):
+    body = json.dumps({"model": "picky-html", "stream": stream, "messages": msgs, "tools": tools}).encode()
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json", "X-Loopguard-Run": "picky-html"})
+    return urllib.request.urlopen(req).read()
+for i in range(2):  # executed, then observed: each answered with its call
+    call = json.loads(ask(False))["choices"][0]["message"]["tool_calls"][0]
+    msgs += [{"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": call["id"], "content": "Error: read-only."}]
+events = [line[6:] for line in ask(True).split(b"\n") if line.startswith(b"data: ") and line != b"data: [DONE]"]
+err = [json.loads(e.decode("utf-8")) for e in events if b'"error"' in e]  # strict: bytes must be UTF-8
+assert err and "answered 400: <html>" in err[-1]["error"]["message"], events[-3:]
+PY
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$gw_URL/v1/messages")
 [ "$code" = 400 ] && [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "anthropic malformed: $code $(cat "$TMP/e.json")"
 
