@@ -320,7 +320,8 @@ function download(res, n, cut) { // cut: the connection dropped half-way
 
 // What the Messages API rejects: roles must alternate starting with user;
 // every tool_use must be answered by a tool_result in the next user
-// message, and a tool_result must answer a tool_use of the message before.
+// message, those results first in it, and a tool_result must answer a
+// tool_use of the message before.
 function checkAnthropic(messages) {
   let prevUses = new Set();
   for (let i = 0; i < messages.length; i++) {
@@ -332,6 +333,9 @@ function checkAnthropic(messages) {
       const answered = new Set(blocks.filter((b) => b.type === 'tool_result').map((b) => b.tool_use_id));
       for (const id of answered) if (!prevUses.has(id)) return `messages.${i}.content: unexpected \`tool_use_id\` found in \`tool_result\` blocks: ${id}. Each \`tool_result\` block must have a corresponding \`tool_use\` block in the previous message.`;
       for (const id of prevUses) if (!answered.has(id)) return `messages.${i}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${id}`;
+      const lead = blocks.findIndex((b) => b.type !== 'tool_result');
+      if (prevUses.size && lead >= 0 && lead < prevUses.size)
+        return `messages.${i}: Did not find ${prevUses.size} \`tool_result\` block(s) at the beginning of this message. Messages following \`tool_use\` blocks must begin with a matching number of \`tool_result\` blocks.`;
       prevUses = new Set();
     } else {
       prevUses = new Set(blocks.filter((b) => b.type === 'tool_use').map((b) => b.id));
