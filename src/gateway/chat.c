@@ -2186,6 +2186,15 @@ static int parse_request(chat_t *c) {
                  is_responses(c) ? "input" : "messages");
     return -1;
   }
+  if (is_responses(c) && json_is_true(json_object_get(c->root, "background"))) {
+    /* its answer is polled for (GET /v1/responses/{id}, passed through):
+     * its calls would not be decided, nor its cost counted */
+    lg__gw_error(j, 400, "invalid_request_error", "unsupported_value",
+                 "background: loopguard does not guard a background response (its answer is polled "
+                 "for, so its tool calls could not be decided, nor its cost counted); send it "
+                 "without background, or to the provider's own URL");
+    return -1;
+  }
   if (j->hdr_run && !valid_id(j->hdr_run)) {
     lg__gw_error(j, 400, "invalid_request_error", "invalid_run",
                  "X-Loopguard-Run: expected a run id of printable characters without '/'");

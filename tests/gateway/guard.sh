@@ -270,6 +270,13 @@ if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" --
 fi
 grep -q "strict.json" "$TMP/badpol.out" && grep -q "repeat.block" "$TMP/badpol.out" || fail "bad --policies: $(cat "$TMP/badpol.out")"
 
+note "a background response (polled for, so never decided nor counted): 400 naming background, nothing sent upstream"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' \
+  -d '{"model":"loop-write","background":true,"input":"Write record 7."}' "$g_URL/v1/responses")
+[ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = unsupported_value ] || fail "background: $code $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "^background: " || fail "background: the message: $(cat "$TMP/e.json")"
+[ "$(stats 'int(any("background" in b for b in d["raw"]))')" = 0 ] || fail "background: the request went upstream"
+
 note "errors in each API's shape: a body over the limit (413, --gateway-max-body: 64 MiB)"
 # a sparse file: curl asks with Expect: 100-continue and the 413 comes before the body
 truncate -s $((64 * 1024 * 1024 + 1)) "$TMP/big.txt"
