@@ -1566,7 +1566,8 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
     /* A stateless client sends the output back as items: its first call
      * (else its first message) is what first_assistant finds in its next
      * request; or as references to them (item:ID), any of which may come
-     * first. */
+     * first: every answer's, so that a client that drops its history's
+     * start still finds its run by the first reference it keeps. */
     json_t *items = json_object_get(msg, "output");
     json_t *first = NULL, *said = NULL;
     for (size_t i = 0; i < json_array_size(items); i++) {
@@ -1574,7 +1575,7 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
       const char *ty = sget(it, "type"), *role = sget(it, "role");
       if (!first && ty && !strcmp(ty, "function_call")) first = it;
       else if (!said && role && !strcmp(role, "assistant")) said = it;
-      if (start && sget(it, "id")) {
+      if (!c->j->hdr_run && sget(it, "id")) {
         b.len = 0;
         lg__buf_printf(&b, "item:%s", sget(it, "id"));
         if (b.data && !b.oom) lg__gw_key_put(c->cx->gw, b.data, c->r);

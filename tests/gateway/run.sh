@@ -216,6 +216,23 @@ for stream in 0 1; do
     [ "$(($(nruns) - n0))" = 1 ] || fail "ai (openai) $m stream=$stream: $(($(nruns) - n0)) runs for one session"
   done
 done
+# A client of item references that drops its history's start (keeps only
+# the last exchange) still finds its run: every answer's items are keys.
+python3 - "$gw_URL" <<'PY' || fail "item references without the history's start: another run"
+import json, sys, urllib.request
+def ask(inp):
+    body = json.dumps({"model": "loop-write", "input": inp, "tools": [{"type": "function", "name": "write_record"}]}).encode()
+    r = urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v1/responses", body, {"Content-Type": "application/json"}))
+    return r.headers["X-Loopguard-Run"], json.loads(r.read())["output"]
+def refs_and_results(out):
+    return [{"type": "item_reference", "id": it["id"]} for it in out] + [
+        {"type": "function_call_output", "call_id": it["call_id"], "output": "Error: read-only."} for it in out if it["type"] == "function_call"]
+first = [{"role": "user", "content": "Write record 7."}]
+run1, out1 = ask(first)
+run2, out2 = ask(first + refs_and_results(out1))
+run3, _ = ask(refs_and_results(out2))  # the start dropped
+assert run1 == run2 == run3, (run1, run2, run3)
+PY
 a=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=finish) || fail "ai finish"
 b=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=finish) || fail "ai finish"
 [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "ai finish: $a vs $b"
