@@ -98,6 +98,28 @@ static const char *msg_str(chat_t *c, size_t i, int k) {
   return sget(client_msg(c, i), peek_keys[k]);
 }
 
+/* What tells a conversation's start apart besides its messages, for its
+ * hash: whom it is for (the request's user, safety_identifier and
+ * prompt_cache_key; Anthropic's metadata.user_id), and the system prompt
+ * an API keeps out of the messages (Anthropic's system, Responses'
+ * instructions). A client says these the same on every request of a
+ * conversation. */
+static void conv_context(chat_t *c, lg__buf_t *h) {
+  static const char *const who[] = {"user", "safety_identifier", "prompt_cache_key"};
+  for (size_t i = 0; i < LG__ARRAY_LEN(who); i++) {
+    const char *v = sget(c->root, who[i]);
+    lg__buf_puts(h, v ? v : "");
+    lg__buf_putc(h, '\n');
+  }
+  const char *uid = sget(json_object_get(c->root, "metadata"), "user_id");
+  lg__buf_puts(h, uid ? uid : "");
+  lg__buf_putc(h, '\n');
+  char *sys = text_of(json_object_get(c->root, is_anthropic(c) ? "system" : "instructions"));
+  if (sys) lg__buf_puts(h, sys);
+  lg__buf_putc(h, '\n');
+  lg__free(sys);
+}
+
 /* The key of a conversation's start: messages[0..a] with a the first
  * assistant message (extra, when not NULL, stands in for messages[a]). */
 static char *conv_key(chat_t *c, size_t a, json_t *extra) {
@@ -122,6 +144,7 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
     return lg__buf_steal(&b, NULL);
   }
   lg__buf_t h = {0};
+  conv_context(c, &h);
   for (size_t i = 0; i <= a; i++) {
     /* an item of no role before the first answer (a Responses reasoning
      * item) is not counted: the key made from the answer itself, when it

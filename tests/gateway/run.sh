@@ -110,7 +110,7 @@ len=$(tr -d '\r' <"$TMP/whole.h" | awk -F': *' 'tolower($1)=="content-length" {p
 [ "$(tail -c 14 "$TMP/whole.sse")" = "$(printf 'data: [DONE]\n\n')" ] || fail "framing: the stream's end: $(cat "$TMP/whole.sse")"
 grep -q '"finish_reason":"stop"' "$TMP/whole.sse" || fail "framing: no final chunk: $(cat "$TMP/whole.sse")"
 
-note "two sessions with the same start (a greeting, no tool call: a hash names them): the second is its own run"
+note "two sessions with the same start (a greeting, no tool call: a hash names them): the second is its own run; two people's are told apart"
 hdr_run() { # BODY: the X-Loopguard-Run of the answer to it
   curl -s -o /dev/null -D - -H "Content-Type: application/json" -d "$1" "$gw_URL/v1/chat/completions" |
     tr -d '\r' | awk -F': ' 'tolower($1)=="x-loopguard-run"{print $2}'
@@ -121,6 +121,10 @@ a1=$(hdr_run "$first") && a2=$(hdr_run "$second")
 [ -n "$a1" ] && [ "$a1" = "$a2" ] || fail "session A: $a1 then $a2"
 b1=$(hdr_run "$first") && b2=$(hdr_run "$second")
 [ -n "$b1" ] && [ "$b1" != "$a1" ] && [ "$b1" = "$b2" ] || fail "session B went on in session A's run: A $a1, B $b1 then $b2"
+# at the same time, for two people (the request's `user`): told apart
+u1=$(hdr_run "${first%\}},\"user\":\"ada\"}") && v1=$(hdr_run "${first%\}},\"user\":\"bob\"}")
+u2=$(hdr_run "${second%\}},\"user\":\"ada\"}") && v2=$(hdr_run "${second%\}},\"user\":\"bob\"}")
+[ -n "$u1" ] && [ "$u1" = "$u2" ] && [ "$v1" = "$v2" ] && [ "$u1" != "$v1" ] || fail "two people, one start: ada $u1 then $u2, bob $v1 then $v2"
 
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
