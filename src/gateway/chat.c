@@ -1419,10 +1419,32 @@ static void call_outcome(chat_t *c, calls_out_t *co, json_t *tc, const call_part
   json_decref(a);
 }
 
+/* c->reasoning, what of the answer goes back with a call restored from it:
+ * of msg, the whole answer's message, or with msg NULL of the stream just
+ * read (whose Messages thinking blocks were kept as they came, and Chat
+ * Completions reasoning_content in c->think[0]). Read only when a call
+ * is restored, not for every answer. */
+static void answer_reasoning(chat_t *c, json_t *msg) {
+  if (!msg && is_anthropic(c)) return;
+  json_decref(c->reasoning);
+  if (is_anthropic(c)) {
+    c->reasoning = lg__gwm_thinking(msg);
+  } else if (is_responses(c)) {
+    c->reasoning = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", "reasoning");
+  } else if (msg) {
+    json_t *t = json_object_get(msg, "reasoning_content");
+    c->reasoning = json_is_string(t) ? json_incref(t) : NULL;
+  } else {
+    c->reasoning = c->think[0].len && !c->think[0].oom ? json_stringn(c->think[0].data, c->think[0].len) : NULL;
+  }
+}
+
 /* The refused calls as items of the upstream's conversation (new): an
  * assistant turn with the calls (and the response's text, when no call
- * is left for the client to carry it), then their answers. */
-static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content) {
+ * is left for the client to carry it), then their answers; with what the
+ * provider binds to them of the answer msg (NULL: the stream just read). */
+static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content, json_t *msg) {
+  answer_reasoning(c, msg);
   json_t *items = json_array();
   int with_text = !json_array_size(co->kept) && content && *content;
   if (is_responses(c)) {
@@ -1521,8 +1543,9 @@ static void conv_delivered(chat_t *c) {
 }
 
 /* Decides the calls `tcs` (array of tool call objects) of one response
- * with text `content` (may be NULL). */
-static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
+ * with text `content` (may be NULL), the answer msg (NULL: the stream just
+ * read). */
+static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content, json_t *msg) {
   calls_out_t co = {json_array(), 0, 0, json_array(), json_array()};
   size_t n = json_array_size(tcs), m = 0;
   call_parts_t *p = lg__calloc(n ? n : 1, sizeof *p);
@@ -1554,7 +1577,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content) {
   lg__free(st);
   lg__free(rc);
   lg__free(at);
-  if (co.refused && !co.stop) restore(c, restored_items(c, &co, content));
+  if (co.refused && !co.stop) restore(c, restored_items(c, &co, content, msg));
   if (co.stop) conv_unanswered(c, tcs);
   json_decref(co.rest_calls);
   json_decref(co.rest_results);
@@ -1746,25 +1769,6 @@ static json_t *answer_calls(chat_t *c, json_t *msg) {
   return json_is_array(t) ? json_incref(t) : json_array();
 }
 
-/* c->reasoning, what of the answer goes back with a call restored from it
- * (restored_items): of msg, the whole answer's message, or with msg NULL
- * of the stream just read (whose Messages thinking blocks were kept as
- * they came, and Chat Completions reasoning_content in c->think[0]). */
-static void answer_reasoning(chat_t *c, json_t *msg) {
-  if (!msg && is_anthropic(c)) return;
-  json_decref(c->reasoning);
-  if (is_anthropic(c)) {
-    c->reasoning = lg__gwm_thinking(msg);
-  } else if (is_responses(c)) {
-    c->reasoning = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", "reasoning");
-  } else if (msg) {
-    json_t *t = json_object_get(msg, "reasoning_content");
-    c->reasoning = json_is_string(t) ? json_incref(t) : NULL;
-  } else {
-    c->reasoning = c->think[0].len && !c->think[0].oom ? json_stringn(c->think[0].data, c->think[0].len) : NULL;
-  }
-}
-
 /* Decides a whole answer: 1 answered, 0 ask again (nothing left for the
  * client and re-asks left). */
 static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *raw, int ask) {
@@ -1789,8 +1793,7 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
     lg__free(text);
     return 1;
   }
-  answer_reasoning(c, msg);
-  calls_out_t co = decide_calls(c, tcs, text);
+  calls_out_t co = decide_calls(c, tcs, text, msg);
   lg__free(text);
   json_decref(tcs);
   int done = 1;
@@ -2015,8 +2018,7 @@ static int stream_finish(chat_t *c, int ask) {
     register_text(c);
     return 1;
   }
-  answer_reasoning(c, NULL);
-  calls_out_t co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL);
+  calls_out_t co = decide_calls(c, tcs, c->text.len ? c->text.data : NULL, NULL);
   json_decref(tcs);
   int done = 1;
   if (co.stop) {
@@ -2069,7 +2071,7 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
   lg__gw_upstream_label(x->up, lab, sizeof lab);
   snprintf(over, sizeof over, "sent %s over %zu bytes (LOOPGUARD_GATEWAY_ANSWER_BYTES)",
            c->over_held ? "text and tool calls" : "an event", x->max_bytes);
-  refused_text(x, refused, sizeof refused);
+  if (!rc && x->status != 200) refused_text(x, refused, sizeof refused);
   snprintf(msg, sizeof msg, "upstream %s: %s", lab,
            !rc && x->status != 200             ? refused
            : !rc                               ? "the stream ended before its last event"
