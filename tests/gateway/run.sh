@@ -201,6 +201,16 @@ for stream in 0 1; do
 done
 
 nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
+# one_session LABEL CMD...: CMD runs one agent session through the gateway
+# (its JSON on stdout): it was stopped, and it was one new run
+one_session() {
+  local label=$1 n0 g
+  shift
+  n0=$(nruns)
+  g=$("$@" 2>"$TMP/session.err") || fail "$label: $g $(cat "$TMP/session.err")"
+  stopped "$label" "$g"
+  [ "$(($(nruns) - n0))" = 1 ] || fail "$label: $(($(nruns) - n0)) runs for one session"
+}
 note "the Vercel AI SDK's own loop (ai generateText / streamText, @ai-sdk/openai-compatible; @ai-sdk/openai's Responses)"
 d=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=loop-write) || fail "ai direct"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai direct: $d"
@@ -214,10 +224,7 @@ for stream in 0 1; do
   # @ai-sdk/openai sends its earlier answers back as item_reference items
   # (`store` on): the first answer's items name the run, one a session
   for m in loop-write stubborn pair; do
-    n0=$(nruns)
-    g=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream PROVIDER=openai) || fail "ai (openai) gateway $m"
-    stopped "ai (openai) $m stream=$stream" "$g"
-    [ "$(($(nruns) - n0))" = 1 ] || fail "ai (openai) $m stream=$stream: $(($(nruns) - n0)) runs for one session"
+    one_session "ai (openai) $m stream=$stream" client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream PROVIDER=openai
   done
 done
 # A client of item references that drops its history's start (keeps only
@@ -258,12 +265,7 @@ d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs
 # only what is new): the conversation names the run, and a refused call is
 # answered once in it.
 agents() { # NAME=VALUE...: the SDK through the gateway with them: stopped, one run for the session
-  local n0 g
-  n0=$(nruns)
-  g=$(env BASE_URL="$gw_URL/v1" "$@" node "$HERE/agent-openai-agents.mjs" 2>"$TMP/agents.err") ||
-    fail "agents gateway $*: $g $(cat "$TMP/agents.err")"
-  stopped "agents $*" "$g"
-  [ "$(($(nruns) - n0))" = 1 ] || fail "agents $*: $(($(nruns) - n0)) runs for one session"
+  one_session "agents $*" env BASE_URL="$gw_URL/v1" "$@" node "$HERE/agent-openai-agents.mjs"
 }
 for reasoning in 0 1; do
   for stream in 0 1; do
@@ -313,10 +315,7 @@ for stream in 0 1; do
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "langgraph finish: $a vs $b"
   # ChatOpenAI on the Responses API (useResponsesApi): the whole history as items
   for m in loop-write pair; do
-    n0=$(nruns)
-    g=$(lg BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream RESPONSES=1) || fail "langgraph responses gateway $m stream=$stream"
-    stopped "langgraph responses $m stream=$stream" "$g"
-    [ "$(($(nruns) - n0))" = 1 ] || fail "langgraph responses $m stream=$stream: $(($(nruns) - n0)) runs for one session"
+    one_session "langgraph responses $m stream=$stream" lg BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream RESPONSES=1
   done
 done
 
