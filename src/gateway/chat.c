@@ -1419,11 +1419,16 @@ static void call_outcome(chat_t *c, calls_out_t *co, json_t *tc, const call_part
   json_decref(a);
 }
 
+/* The reasoning members of a Chat Completions answer, as they go back in
+ * its assistant message: reasoning_content, reasoning (strings) and
+ * reasoning_details (an array). */
+static const char *const chat_reasoning_keys[3] = {"reasoning_content", "reasoning", "reasoning_details"};
+
 /* c->reasoning, what of the answer goes back with a call restored from it:
  * of msg, the whole answer's message, or with msg NULL of the stream just
  * read (whose Messages thinking blocks were kept as they came, and Chat
- * Completions reasoning_content in c->think[0]). Read only when a call
- * is restored, not for every answer. */
+ * Completions reasoning in c->think and c->details). Read only when a
+ * call is restored, not for every answer. */
 static void answer_reasoning(chat_t *c, json_t *msg) {
   if (!msg && is_anthropic(c)) return;
   json_decref(c->reasoning);
@@ -1431,11 +1436,20 @@ static void answer_reasoning(chat_t *c, json_t *msg) {
     c->reasoning = lg__gwm_thinking(msg);
   } else if (is_responses(c)) {
     c->reasoning = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", "reasoning");
-  } else if (msg) {
-    json_t *t = json_object_get(msg, "reasoning_content");
-    c->reasoning = json_is_string(t) ? json_incref(t) : NULL;
   } else {
-    c->reasoning = c->think[0].len && !c->think[0].oom ? json_stringn(c->think[0].data, c->think[0].len) : NULL;
+    c->reasoning = json_object();
+    for (int i = 0; i < 3; i++) {
+      json_t *v = NULL;
+      if (msg) {
+        v = json_incref(json_object_get(msg, chat_reasoning_keys[i]));
+      } else if (i < 2) {
+        if (c->think[i].len && !c->think[i].oom) v = json_stringn(c->think[i].data, c->think[i].len);
+      } else if (json_array_size(c->details)) {
+        v = json_incref(c->details);
+      }
+      if (i < 2 ? json_is_string(v) : json_is_array(v)) json_object_set(c->reasoning, chat_reasoning_keys[i], v);
+      json_decref(v);
+    }
   }
 }
 
@@ -1485,13 +1499,14 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content, j
     json_array_append_new(items, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
     json_array_append_new(items, json_pack("{s:s, s:O}", "role", "user", "content", co->rest_results));
   } else {
-    /* the answer's reasoning_content (DeepSeek's, Moonshot's thinking):
-     * with thinking on, they refuse an assistant message with tool calls
-     * without it, whether or not the client got calls of that answer */
-    json_array_append_new(items, json_pack("{s:s, s:o, s:O, s:O*}", "role", "assistant", "content",
-                                           with_text ? json_string(content) : json_null(),
-                                           "tool_calls", co->rest_calls, "reasoning_content",
-                                           json_is_string(c->reasoning) ? c->reasoning : NULL));
+    /* the answer's reasoning (DeepSeek's and Moonshot's reasoning_content,
+     * OpenRouter's reasoning_details): with thinking on, a provider
+     * refuses an assistant message with tool calls without it, whether or
+     * not the client got calls of that answer */
+    json_t *m = json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
+                          with_text ? json_string(content) : json_null(), "tool_calls", co->rest_calls);
+    json_object_update(m, c->reasoning);
+    json_array_append_new(items, m);
     json_array_extend(items, co->rest_results);
   }
   return items;
@@ -1542,6 +1557,39 @@ static void conv_delivered(chat_t *c) {
   for (size_t q = 0; c->conv_id && q < c->r->nrs; q++) c->r->rs[q].conv_sent = 1;
 }
 
+/* Gemini's OpenAI-compatible API signs an answer's first call (its
+ * extra_content.google.thought_signature) and refuses a step of the
+ * current turn whose first call carries none. An answer the guard splits
+ * (calls kept for the client, refused ones restored) is two steps: the
+ * one whose first call lost the answer's signature gets the value Google
+ * documents for calls it did not make, skip_thought_signature_validator.
+ * Nothing changes for an answer with no signature (any other provider). */
+static json_t *thought_signature(json_t *tc) {
+  return json_object_get(json_object_get(json_object_get(tc, "extra_content"), "google"), "thought_signature");
+}
+
+static void sign_first(json_t *calls) {
+  json_t *tc = json_array_get(calls, 0);
+  if (!tc || json_is_string(thought_signature(tc))) return;
+  json_t *cp = json_deep_copy(tc), *ec = json_object_get(cp, "extra_content"), *g;
+  if (!cp) return; /* out of memory: the step goes unsigned, the provider says so */
+  if (!json_is_object(ec)) json_object_set_new(cp, "extra_content", ec = json_object());
+  if (!json_is_object(g = json_object_get(ec, "google"))) json_object_set_new(ec, "google", g = json_object());
+  json_object_set_new(g, "thought_signature", json_string("skip_thought_signature_validator"));
+  json_array_set_new(calls, 0, cp);
+}
+
+static void sign_split(const chat_t *c, json_t *tcs, calls_out_t *co) {
+  if (is_responses(c) || is_anthropic(c) || !co->refused || !json_array_size(co->kept)) return;
+  for (size_t i = 0; i < json_array_size(tcs); i++) {
+    if (json_is_string(thought_signature(json_array_get(tcs, i)))) {
+      sign_first(co->kept);
+      sign_first(co->rest_calls);
+      return;
+    }
+  }
+}
+
 /* Decides the calls `tcs` (array of tool call objects) of one response
  * with text `content` (may be NULL), the answer msg (NULL: the stream just
  * read). */
@@ -1577,6 +1625,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content, jso
   lg__free(st);
   lg__free(rc);
   lg__free(at);
+  sign_split(c, tcs, &co);
   if (co.refused && !co.stop) restore(c, restored_items(c, &co, content, msg));
   if (co.stop) conv_unanswered(c, tcs);
   json_decref(co.rest_calls);
@@ -2100,6 +2149,8 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
 static void stream_reset(chat_t *c) {
   json_decref(c->tcalls);
   c->tcalls = json_array();
+  json_decref(c->details);
+  c->details = json_array();
   held_free(c);
   json_decref(c->a_map);
   c->a_map = json_object();
@@ -2409,6 +2460,7 @@ static void chat_free(chat_t *c) {
   lg__free(c->fed.keep);
   json_decref(c->root);
   json_decref(c->tcalls);
+  json_decref(c->details);
   held_free(c);
   json_decref(c->last_chunk);
   json_decref(c->usage);

@@ -87,7 +87,10 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
 #define MAX_STREAM_CALLS 256
 
 /* Chat Completions: a chunk's tool call deltas added to the held calls
- * (by their index), until the stream ends. */
+ * (by their index), until the stream ends. A delta's members other than
+ * the API's own (Gemini's extra_content, the thought signature it wants
+ * back with the call) are kept on the call as they last came, as the
+ * openai SDK's accumulator keeps them. */
 static void hold_call_deltas(chat_t *c, json_t *tcd) {
   for (size_t i = 0; i < json_array_size(tcd); i++) {
     json_t *d = json_array_get(tcd, i);
@@ -99,11 +102,79 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
         break; /* out of memory: the delta is lost, the loop is not endless */
     json_t *acc = json_array_get(c->tcalls, (size_t)idx);
     if (sget(d, "id")) json_object_set(acc, "id", json_object_get(d, "id"));
+    const char *k;
+    json_t *v;
+    json_object_foreach(d, k, v) {
+      if (strcmp(k, "index") && strcmp(k, "id") && strcmp(k, "type") && strcmp(k, "function"))
+        json_object_set(acc, k, v);
+    }
     json_t *dfn = json_object_get(d, "function");
     const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
     if (nm) lg__gwc_held(c, (size_t)idx, LG__HELD_NAME, nm, strlen(nm));
     if (ar) lg__gwc_held(c, (size_t)idx, LG__HELD_ARGS, ar, strlen(ar));
   }
+}
+
+/* Chat Completions: a delta's reasoning kept, in case a call of the answer
+ * is restored (restored_items): reasoning_content and reasoning joined,
+ * reasoning_details merged as OpenRouter streams them (a detail's pieces
+ * share its type and index: text, summary and data joined, the other
+ * members as they last came). Within the answer's bound, as held calls. */
+static void hold_reasoning(chat_t *c, json_t *delta) {
+  static const char *const joined[3] = {"text", "summary", "data"};
+  for (int i = 0; i < 2; i++) {
+    const char *t = sget(delta, i ? "reasoning" : "reasoning_content");
+    size_t n = t ? strlen(t) : 0;
+    c->held_bytes += n;
+    if (n) lg__buf_append(&c->think[i], t, n);
+  }
+  json_t *ds = json_object_get(delta, "reasoning_details");
+  for (size_t i = 0; i < json_array_size(ds); i++) {
+    json_t *d = json_array_get(ds, i), *acc = NULL;
+    if (!json_is_object(d)) continue;
+    const char *ty = sget(d, "type");
+    json_int_t ix = json_integer_value(json_object_get(d, "index"));
+    for (size_t k = 0; !acc && k < json_array_size(c->details); k++) {
+      json_t *e = json_array_get(c->details, k);
+      const char *ety = sget(e, "type");
+      if ((ty && ety ? !strcmp(ty, ety) : ty == ety) && json_integer_value(json_object_get(e, "index")) == ix)
+        acc = e;
+    }
+    if (!acc) {
+      if (json_array_size(c->details) < MAX_STREAM_CALLS) json_array_append_new(c->details, json_copy(d));
+      for (int j = 0; j < 3; j++) c->held_bytes += json_string_length(json_object_get(d, joined[j]));
+      continue;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(d, k, v) {
+      int j = 0;
+      while (j < 3 && strcmp(k, joined[j])) j++;
+      const char *had = j < 3 ? sget(acc, k) : NULL;
+      if (!had || !json_is_string(v)) {
+        json_object_set(acc, k, v);
+        continue;
+      }
+      lg__buf_t b = {0};
+      lg__buf_puts(&b, had);
+      lg__buf_append(&b, json_string_value(v), json_string_length(v));
+      c->held_bytes += json_string_length(v);
+      if (!b.oom && b.data) json_object_set_new(acc, k, json_stringn(b.data, b.len));
+      lg__buf_free(&b);
+    }
+  }
+}
+
+/* A chunk holding tool call deltas carries more for the client than them:
+ * text, or a member of the delta besides the role (reasoning). */
+static int more_than_calls(json_t *delta) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(delta, k, v) {
+    if (!strcmp(k, "content") ? json_string_length(v) > 0 : strcmp(k, "tool_calls") && strcmp(k, "role"))
+      return 1;
+  }
+  return 0;
 }
 
 int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, size_t rawn) {
@@ -144,12 +215,7 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     c->finish = lg__strdup(fin);
   }
   if (json_is_array(tcd)) hold_call_deltas(c, tcd);
-  const char *thought = sget(delta, "reasoning_content"); /* kept: restored_items may need it */
-  if (thought) {
-    size_t n = strlen(thought);
-    c->held_bytes += n; /* within the answer's bound, as held calls are */
-    lg__buf_append(&c->think[0], thought, n);
-  }
+  hold_reasoning(c, delta);
   const char *content = sget(delta, "content");
   if (content) lg__buf_puts(&c->text, content);
   if (content && (c->cut = lg__gwc_feed_text(c, 0))) { /* a text loop: cut here */
@@ -160,7 +226,7 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
    * the finish are held. */
   if (!json_is_array(tcd) && !fin) {
     lg__gw_stream_write(c->j, raw, rawn);
-  } else if (content && *content) {
+  } else if (more_than_calls(delta)) {
     json_t *cp = json_deep_copy(ch);
     json_t *cd = json_object_get(json_array_get(json_object_get(cp, "choices"), 0), "delta");
     json_object_del(cd, "tool_calls");

@@ -115,11 +115,16 @@ typedef struct chat {
    * for the client (restored_items): Messages' thinking blocks, which the
    * provider wants first in the assistant turn of the last tool use;
    * Responses' reasoning items, to which it binds the calls after them;
-   * Chat Completions' reasoning_content (a string). */
-  json_t *reasoning;          /* the answer's thinking blocks / reasoning items, in order (NULL: none) */
+   * Chat Completions' reasoning_content (DeepSeek's, Moonshot's),
+   * reasoning and reasoning_details (OpenRouter's: what it passes back to
+   * the provider as its thinking, signed). */
+  json_t *reasoning;          /* the answer's thinking blocks / reasoning items, in order; Chat
+                                 Completions: an object of those members (NULL: none) */
+  json_t *details;            /* Chat Completions stream: reasoning_details as they come, merged
+                                 by type and index */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
-                                   Completions: [0] the reasoning_content) */
+                                   Completions: reasoning_content, reasoning) */
 } chat_t;
 
 #define API_RESPONSES 2 /* c->api: OpenAI Responses */

@@ -4,17 +4,23 @@
 //
 //   BASE_URL  the API's base URL (the gateway's or the fake upstream's)
 //   MODEL     the fake upstream's script ("loop-write", "finish")
-//   STREAM    1: chat.completions.stream() (the SDK's own accumulator)
+//   STREAM    1: chat.completions.stream() (the SDK's own accumulator);
+//             raw: create({stream: true}), the chunks joined by the loop
+//             itself, as a hand-written client for OpenRouter does (its
+//             reasoning_details merged by type and index)
 //   STEP_CAP  the agent's cap on model calls [12]
 //   THINKING  1: `thinking: {type: "enabled"}` (DeepSeek's, Moonshot's): each
 //             answer's reasoning_content goes back with its tool calls
+// What the model binds to its calls goes back with them, as a client of
+// that provider keeps it: reasoning_content, reasoning and
+// reasoning_details, a call's extra_content (Gemini's thought signature).
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer text, the X-Loopguard-* headers seen (non-stream).
 import OpenAI from 'openai';
 
 const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
 const model = process.env.MODEL || 'loop-write';
-const stream = process.env.STREAM === '1';
+const stream = process.env.STREAM === '1', raw = process.env.STREAM === 'raw';
 const cap = Number(process.env.STEP_CAP || 12);
 const thinking = process.env.THINKING === '1' ? { thinking: { type: 'enabled' } } : {};
 
@@ -31,6 +37,37 @@ function runTool(name, args) {
   return 'unknown tool';
 }
 
+// One streamed answer, its chunks joined: the message as a JSON answer has it.
+async function rawStream(body) {
+  const msg = { role: 'assistant', content: null, tool_calls: [] };
+  let finish = null;
+  const details = [];
+  for await (const ch of await client.chat.completions.create({ ...body, stream: true })) {
+    const ci = ch.choices && ch.choices[0];
+    if (!ci) continue;
+    if (ci.finish_reason) finish = ci.finish_reason;
+    const d = ci.delta || {};
+    if (typeof d.content === 'string') msg.content = (msg.content || '') + d.content;
+    for (const k of ['reasoning', 'reasoning_content']) if (typeof d[k] === 'string') msg[k] = (msg[k] || '') + d[k];
+    for (const x of d.reasoning_details || []) {
+      const had = details.find((e) => e.type === x.type && e.index === x.index);
+      if (!had) { details.push({ ...x }); continue; }
+      for (const [k, v] of Object.entries(x)) had[k] = ['text', 'summary', 'data'].includes(k) && typeof had[k] === 'string' ? had[k] + v : v;
+    }
+    for (const { index, id, type, function: fn, ...rest } of d.tool_calls || []) {
+      const tc = (msg.tool_calls[index] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
+      Object.assign(tc, rest);
+      if (id) tc.id = id;
+      if (fn?.name) tc.function.name += fn.name;
+      if (fn?.arguments) tc.function.arguments += fn.arguments;
+    }
+  }
+  if (finish === null) throw new Error('no finish_reason');
+  if (details.length) msg.reasoning_details = details;
+  if (!msg.tool_calls.length) delete msg.tool_calls;
+  return msg;
+}
+
 const messages = [
   { role: 'system', content: 'You are a careful agent.' },
   { role: 'user', content: 'Write record 7 with value A.' },
@@ -40,7 +77,9 @@ let steps = 0, ended = 'step_cap', final = null;
 while (steps < cap) {
   steps++;
   let msg;
-  if (stream) {
+  if (raw) {
+    msg = await rawStream({ model, messages, tools, ...thinking });
+  } else if (stream) {
     const s = client.chat.completions.stream({ model, messages, tools, stream_options: { include_usage: true }, ...thinking });
     const done = await s.finalChatCompletion();
     msg = done.choices[0].message;
@@ -51,7 +90,10 @@ while (steps < cap) {
     msg = data.choices[0].message;
   }
   const calls = msg.tool_calls || [];
-  messages.push({ role: 'assistant', content: msg.content ?? null, ...(typeof msg.reasoning_content === 'string' && { reasoning_content: msg.reasoning_content }), ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })) } : {}) });
+  const back = { role: 'assistant', content: msg.content ?? null };
+  for (const k of ['reasoning_content', 'reasoning', 'reasoning_details']) if (msg[k] != null) back[k] = msg[k];
+  if (calls.length) back.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments }, ...(c.extra_content && { extra_content: c.extra_content }) }));
+  messages.push(back);
   if (!calls.length) { ended = 'final'; final = msg.content; break; }
   for (const c of calls) messages.push({ role: 'tool', tool_call_id: c.id, content: runTool(c.function.name, c.function.arguments) });
 }

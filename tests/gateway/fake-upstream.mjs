@@ -62,6 +62,19 @@
 // Chat Completions with `thinking: {type: "enabled"}` give each answer a
 // reasoning_content (a stream: in one delta), and refuse an assistant
 // message with tool calls that does not carry its own back.
+// A model named *-gemini* answers as Gemini's OpenAI-compatible API: an
+// answer's first call carries extra_content.google.thought_signature (a
+// stream: on the delta with the call's id), and a request is refused when a
+// step of the current turn (an assistant message with tool calls after the
+// last user message) has none on its first call, or one the fake did not
+// sign (Google's value for calls made elsewhere,
+// skip_thought_signature_validator, passes).
+// A model named *-openrouter* answers as OpenRouter does with a thinking
+// model: `reasoning` and `reasoning_details` (a signed reasoning.text; a
+// stream: in two pieces, the second in the chunk of the first call's
+// delta), and refuses an assistant message with tool calls that does not
+// carry them back whole (the provider behind it refuses a tool use turn
+// without its signed thinking).
 // Responses with `reasoning` start each answer with a reasoning item, and
 // refuse a function_call of that answer without the item before it, or the
 // item without one of its answer's after it (OpenAI's 400s).
@@ -132,6 +145,38 @@ function checkReasoningContent(req) {
   for (let i = 0; i < msgs.length; i++)
     if (msgs[i].role === 'assistant' && Array.isArray(msgs[i].tool_calls) && msgs[i].tool_calls.length && typeof msgs[i].reasoning_content !== 'string')
       return `thinking is enabled but reasoning_content is missing in assistant tool call message at index ${i}`;
+  return null;
+}
+
+const signOf = (what) => 'sig-' + crypto.createHash('sha256').update(what).digest('base64url').slice(0, 24);
+const SKIP_SIGNATURE = 'skip_thought_signature_validator';
+
+function checkThoughtSignatures(req) {
+  if (!/-gemini/.test(req.model || '')) return null;
+  const msgs = req.messages || [];
+  let i = msgs.length;
+  while (i > 0 && msgs[i - 1].role !== 'user') i--;
+  for (; i < msgs.length; i++) {
+    const tc = msgs[i].role === 'assistant' && Array.isArray(msgs[i].tool_calls) ? msgs[i].tool_calls[0] : null;
+    if (!tc) continue;
+    const sig = tc.extra_content?.google?.thought_signature;
+    if (sig === undefined)
+      return `Function call is missing a thought_signature in functionCall parts. This is required for tools to work correctly. Additional data, function call \`default_api:${tc.function?.name}\`, position ${i + 1}.`;
+    if (sig !== SKIP_SIGNATURE && sig !== signOf('gemini:' + tc.id)) return `Corrupted thought signature (messages[${i}]).`;
+  }
+  return null;
+}
+
+function checkReasoningDetails(req) {
+  if (!/-openrouter/.test(req.model || '')) return null;
+  const msgs = req.messages || [];
+  for (let i = 0; i < msgs.length; i++) {
+    const m = msgs[i];
+    if (m.role !== 'assistant' || !Array.isArray(m.tool_calls) || !m.tool_calls.length) continue;
+    const d = Array.isArray(m.reasoning_details) ? m.reasoning_details.find((x) => x && x.type === 'reasoning.text') : null;
+    if (!d || typeof d.text !== 'string' || d.signature !== signOf('thinking:' + d.text))
+      return `messages.${i}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`tool_use\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block`;
+  }
   return null;
 }
 
@@ -241,9 +286,13 @@ function reply(res, req) {
   const usage = usageOf(req);
   // thinking on (DeepSeek's and Moonshot's `thinking`): the answer's reasoning_content
   const thought = req.thinking && req.thinking.type === 'enabled' ? `Thinking about ${id}: ${calls.map((c) => c.function.name).join(', ') || 'an answer'}.` : null;
+  if (calls.length && /-gemini/.test(req.model)) calls[0].extra_content = { google: { thought_signature: signOf('gemini:' + calls[0].id) } };
+  const routed = /-openrouter/.test(req.model) ? `The record keeps failing; ${id} asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
+  const detail = (text, last) => ({ type: 'reasoning.text', text, ...(last && { signature: signOf('thinking:' + routed) }), format: 'anthropic-claude-v1', index: 0 });
   if (!req.stream) {
     const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
     if (thought) message.reasoning_content = thought;
+    if (routed) Object.assign(message, { reasoning: routed, reasoning_details: [detail(routed, true)] });
     if (calls.length) message.tool_calls = calls;
     const body = { id, object: 'chat.completion', created, model: req.model, choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage, system_fingerprint: 'fp_fake' };
     res.writeHead(200, { 'content-type': 'application/json' });
@@ -256,9 +305,14 @@ function reply(res, req) {
   send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
   const steps = [];
   if (thought) steps.push(() => send([{ index: 0, delta: { reasoning_content: thought }, logprobs: null, finish_reason: null }]));
+  const half = routed ? routed.length >> 1 : 0;
+  const secondHalf = routed ? { reasoning: routed.slice(half), reasoning_details: [detail(routed.slice(half), true)] } : {};
+  if (routed) steps.push(() => send([{ index: 0, delta: { reasoning: routed.slice(0, half), reasoning_details: [detail(routed.slice(0, half), false)] }, logprobs: null, finish_reason: null }]));
+  if (routed && !calls.length) steps.push(() => send([{ index: 0, delta: secondHalf, logprobs: null, finish_reason: null }]));
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
   calls.forEach((c, i) => {
-    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' } }] }, logprobs: null, finish_reason: null }]));
+    const extra = c.extra_content ? { extra_content: c.extra_content } : {};
+    steps.push(() => send([{ index: 0, delta: { ...(i === 0 && secondHalf), tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' }, ...extra }] }, logprobs: null, finish_reason: null }]));
     for (const part of pieces(c.function.arguments, plan.pieces))
       steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: part } }] }, logprobs: null, finish_reason: null }]));
   });
@@ -789,7 +843,7 @@ function route(req, res, body) {
       }
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
-      const v = check(j.messages || []) || checkReasoningContent(j);
+      const v = check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j);
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });

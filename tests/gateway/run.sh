@@ -62,6 +62,29 @@ for stream in 0 1; do
   stopped "stubborn" "$s"
   echo "$s" | get 'd["final"]' | grep -qi "stop\|same\|again" || fail "stubborn: the final message: $s"
 done
+# What a provider binds to its calls goes back with them, through the
+# gateway as directly: Gemini's thought signature on a call (extra_content,
+# in a stream's delta too), and on each half of an answer the guard splits;
+# OpenRouter's signed reasoning_details (a stream's pieces joined), also in
+# a chunk that holds a call's delta. Without them the provider refuses the
+# agent's next request, looping or not.
+note "Gemini's thought signatures, OpenRouter's reasoning_details: kept with their calls"
+for st in 1 raw; do
+  d=$(agent BASE_URL="$FAKE/v1" MODEL=stubborn-gemini STREAM=$st STEP_CAP=4) || fail "gemini direct stream=$st: $d"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 4 ] || fail "gemini direct stream=$st: $d"
+done
+d=$(agent BASE_URL="$FAKE/v1" MODEL=stubborn-openrouter STREAM=raw STEP_CAP=4) || fail "openrouter direct: $d"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 4 ] || fail "openrouter direct: $d"
+for via in gemini:0 gemini:1 gemini:raw openrouter:0 openrouter:raw; do
+  st=${via#*:}
+  f=$(agent BASE_URL="$gw_URL/v1" MODEL=finish-${via%:*} STREAM=$st) || fail "finish-${via%:*} stream=$st: $f"
+  [ "$(echo "$f" | get 'd["ended"] + str(d["executions"]["lookup"])')" = final1 ] || fail "finish-${via%:*} stream=$st: $f"
+  for m in stubborn pair; do
+    a=$(agent BASE_URL="$gw_URL/v1" MODEL=$m-${via%:*} STREAM=$st) || fail "$m-${via%:*} stream=$st: $a"
+    stopped "$m-${via%:*} stream=$st" "$a"
+  done
+done
+
 run=$(echo "$g" | get 'd["seen"][0]["run"] if d["seen"] else ""')
 g0=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write) || fail "agent"
 run=$(echo "$g0" | get 'd["seen"][0]["run"]')
