@@ -151,8 +151,9 @@ function checkReasoningContent(req) {
 const signOf = (what) => 'sig-' + crypto.createHash('sha256').update(what).digest('base64url').slice(0, 24);
 const SKIP_SIGNATURE = 'skip_thought_signature_validator';
 
+// (A mutant's history is the mutation test's, not checked: its answer is.)
 function checkThoughtSignatures(req) {
-  if (!/-gemini/.test(req.model || '')) return null;
+  if (!/-gemini/.test(req.model || '') || req.model.startsWith('mutant')) return null;
   const msgs = req.messages || [];
   let i = msgs.length;
   while (i > 0 && msgs[i - 1].role !== 'user') i--;
@@ -168,7 +169,7 @@ function checkThoughtSignatures(req) {
 }
 
 function checkReasoningDetails(req) {
-  if (!/-openrouter/.test(req.model || '')) return null;
+  if (!/-openrouter/.test(req.model || '') || req.model.startsWith('mutant')) return null;
   const msgs = req.messages || [];
   for (let i = 0; i < msgs.length; i++) {
     const m = msgs[i];
@@ -807,7 +808,7 @@ function route(req, res, body) {
         if (j.model) stats.models.push(j.model);
         if (stats.models.length > 200) stats.models.shift();
         if (typeof j.model !== 'string' && j.model !== undefined) throw new Error('model: expected a string');
-        if ((j.model || '').startsWith('mutant-')) mutating(res, Number(j.model.slice(7)) || 1);
+        if ((j.model || '').startsWith('mutant-')) mutating(res, parseInt(j.model.slice(7), 10) || 1);
         if (failing(res, j)) return;
       }
     }

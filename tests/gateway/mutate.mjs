@@ -99,7 +99,9 @@ async function one(i) {
   const route = ROUTES[i % ROUTES.length];
   const stream = r() < 0.5;
   const kind = r();
-  const model = kind < 0.4 ? `mutant-${SEED * 7919 + i}` : kind < 0.7 ? 'loop-write' : 'finish';
+  // a mutant answers as Gemini (signed calls) or OpenRouter (reasoning_details) one time in three each
+  const flavour = ['', '-gemini', '-openrouter'][Math.floor(i / 3) % 3];
+  const model = kind < 0.4 ? `mutant-${SEED * 7919 + i}${flavour}` : kind < 0.7 ? 'loop-write' : 'finish';
   const seed = route.seed(model, stream);
   let body;
   const how = r();
