@@ -86,6 +86,20 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
  * JSON is: the held calls are an array indexed by it. */
 #define MAX_STREAM_CALLS 256
 
+/* Where a tool call delta without an `index` goes (Gemini's
+ * OpenAI-compatible stream omits it, each call whole in a delta): a delta
+ * with an id no held call has starts a call; one with a held call's id
+ * goes to it; one without an id (a signature alone) to the last call. */
+static json_int_t unindexed_call(chat_t *c, const char *id) {
+  size_t n = json_array_size(c->tcalls);
+  if (!id || !*id) return n ? (json_int_t)n - 1 : 0;
+  for (size_t k = 0; k < n; k++) {
+    const char *had = sget(json_array_get(c->tcalls, k), "id");
+    if (had && !strcmp(had, id)) return (json_int_t)k;
+  }
+  return (json_int_t)n;
+}
+
 /* Chat Completions: a chunk's tool call deltas added to the held calls
  * (by their index), until the stream ends. A delta's members other than
  * the API's own (Gemini's extra_content, the thought signature it wants
@@ -93,8 +107,9 @@ static void stream_chunk_text(chat_t *c, json_t *chunk) {
  * openai SDK's accumulator keeps them. */
 static void hold_call_deltas(chat_t *c, json_t *tcd) {
   for (size_t i = 0; i < json_array_size(tcd); i++) {
-    json_t *d = json_array_get(tcd, i);
-    json_int_t idx = json_integer_value(json_object_get(d, "index"));
+    json_t *d = json_array_get(tcd, i), *jix = json_object_get(d, "index");
+    json_int_t idx = json_integer_value(jix);
+    if (!jix) idx = unindexed_call(c, sget(d, "id"));
     if (idx < 0 || idx >= MAX_STREAM_CALLS) continue;
     while ((json_int_t)json_array_size(c->tcalls) <= idx)
       if (json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type", "function",

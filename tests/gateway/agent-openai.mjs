@@ -6,8 +6,9 @@
 //   MODEL     the fake upstream's script ("loop-write", "finish")
 //   STREAM    1: chat.completions.stream() (the SDK's own accumulator);
 //             raw: create({stream: true}), the chunks joined by the loop
-//             itself, as a hand-written client for OpenRouter does (its
-//             reasoning_details merged by type and index)
+//             itself, as a hand-written client for OpenRouter and Gemini
+//             does (reasoning_details merged by type and index; a call
+//             delta without an index: a new id a new call, else the last)
 //   STEP_CAP  the agent's cap on model calls [12]
 //   THINKING  1: `thinking: {type: "enabled"}` (DeepSeek's, Moonshot's): each
 //             answer's reasoning_content goes back with its tool calls
@@ -55,7 +56,10 @@ async function rawStream(body) {
       for (const [k, v] of Object.entries(x)) had[k] = ['text', 'summary', 'data'].includes(k) && typeof had[k] === 'string' ? had[k] + v : v;
     }
     for (const { index, id, type, function: fn, ...rest } of d.tool_calls || []) {
-      const tc = (msg.tool_calls[index] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
+      // Gemini's deltas may come without an index: a new id is a new call, no id the last one
+      const n = msg.tool_calls.length;
+      const at = index ?? (!id ? Math.max(n - 1, 0) : (k => (k < 0 ? n : k))(msg.tool_calls.findIndex((t) => t.id === id)));
+      const tc = (msg.tool_calls[at] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
       Object.assign(tc, rest);
       if (id) tc.id = id;
       if (fn?.name) tc.function.name += fn.name;

@@ -69,6 +69,9 @@
 // last user message) has none on its first call, or one the fake did not
 // sign (Google's value for calls made elsewhere,
 // skip_thought_signature_validator, passes).
+// *-gemini-indexless* streams as Gemini's API may: each call whole in one
+// delta without an `index`, the first call's signature in a delta of its
+// own after it (no index, no id), and finish_reason "stop".
 // A model named *-openrouter* answers as OpenRouter does with a thinking
 // model: `reasoning` and `reasoning_details` (a signed reasoning.text; a
 // stream: in two pieces, the second in the chunk of the first call's
@@ -311,13 +314,18 @@ function reply(res, req) {
   if (routed) steps.push(() => send([{ index: 0, delta: { reasoning: routed.slice(0, half), reasoning_details: [detail(routed.slice(0, half), false)] }, logprobs: null, finish_reason: null }]));
   if (routed && !calls.length) steps.push(() => send([{ index: 0, delta: secondHalf, logprobs: null, finish_reason: null }]));
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
-  calls.forEach((c, i) => {
+  const indexless = /-indexless/.test(req.model);
+  if (indexless) calls.forEach((c, i) => {
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ id: c.id, type: 'function', function: c.function }] }, logprobs: null, finish_reason: null }]));
+    if (c.extra_content) steps.push(() => send([{ index: 0, delta: { tool_calls: [{ extra_content: c.extra_content }] }, logprobs: null, finish_reason: null }]));
+  });
+  else calls.forEach((c, i) => {
     const extra = c.extra_content ? { extra_content: c.extra_content } : {};
     steps.push(() => send([{ index: 0, delta: { ...(i === 0 && secondHalf), tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' }, ...extra }] }, logprobs: null, finish_reason: null }]));
     for (const part of pieces(c.function.arguments, plan.pieces))
       steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: part } }] }, logprobs: null, finish_reason: null }]));
   });
-  steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: finish }]));
+  steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: indexless ? 'stop' : finish }]));
   if (req.stream_options && req.stream_options.include_usage) steps.push(() => send([], { usage }));
   steps.push(() => res.end('data: [DONE]\n\n'));
   if (plan.pieces) { for (const step of steps) step(); return; } // all at once

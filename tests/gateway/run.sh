@@ -64,7 +64,8 @@ for stream in 0 1; do
 done
 # What a provider binds to its calls goes back with them, through the
 # gateway as directly: Gemini's thought signature on a call (extra_content,
-# in a stream's delta too), and on each half of an answer the guard splits;
+# in a stream's delta too, whose calls may come without an index: a new id
+# a new call), and on each half of an answer the guard splits;
 # OpenRouter's signed reasoning_details (a stream's pieces joined), also in
 # a chunk that holds a call's delta. Without them the provider refuses the
 # agent's next request, looping or not.
@@ -75,7 +76,7 @@ for st in 1 raw; do
 done
 d=$(agent BASE_URL="$FAKE/v1" MODEL=stubborn-openrouter STREAM=raw STEP_CAP=4) || fail "openrouter direct: $d"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 4 ] || fail "openrouter direct: $d"
-for via in gemini:0 gemini:1 gemini:raw openrouter:0 openrouter:raw; do
+for via in gemini:0 gemini:1 gemini:raw gemini-indexless:raw openrouter:0 openrouter:raw; do
   st=${via#*:}
   f=$(agent BASE_URL="$gw_URL/v1" MODEL=finish-${via%:*} STREAM=$st) || fail "finish-${via%:*} stream=$st: $f"
   [ "$(echo "$f" | get 'd["ended"] + str(d["executions"]["lookup"])')" = final1 ] || fail "finish-${via%:*} stream=$st: $f"
