@@ -129,11 +129,15 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     const char *ty = sget(cb, "type");
     char k[32];
     snprintf(k, sizeof k, "%lld", (long long)idx);
-    if (ty && !strcmp(ty, "tool_use")) { /* held until decided */
+    if (ty && !strcmp(ty, "tool_use")) { /* held until decided: its members as they came (its
+                                             caller too), its input from the deltas (_args) */
       int t = (int)json_array_size(c->tcalls);
-      json_array_append_new(c->tcalls, json_pack("{s:s, s:s, s:s, s:s}", "type", "tool_use", "id",
-                                                 sget(cb, "id") ? sget(cb, "id") : "", "name",
-                                                 sget(cb, "name") ? sget(cb, "name") : "", "_args", ""));
+      json_t *tu = json_copy(cb);
+      json_object_del(tu, "input");
+      if (!sget(tu, "id")) json_object_set_new(tu, "id", json_string(""));
+      if (!sget(tu, "name")) json_object_set_new(tu, "name", json_string(""));
+      json_object_set_new(tu, "_args", json_string(""));
+      json_array_append_new(c->tcalls, tu);
       json_object_set_new(c->a_map, k, json_integer(-1 - t));
     } else {
       if (ty && (!strcmp(ty, "thinking") || !strcmp(ty, "redacted_thinking")))
@@ -189,10 +193,11 @@ void lg__gwm_emit_kept(chat_t *c, json_t *kept) {
   for (size_t i = 0; i < json_array_size(kept); i++) {
     json_t *tu = json_array_get(kept, i);
     int ci = c->a_index++;
+    json_t *cb = json_copy(tu); /* as it came, its input to come as a delta */
+    json_object_del(cb, "_args");
+    json_object_set_new(cb, "input", json_object());
     a_event(c, "content_block_start",
-            json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type", "content_block_start", "index",
-                      ci, "content_block", "type", "tool_use", "id", sget(tu, "id"), "name",
-                      sget(tu, "name"), "input"));
+            json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", ci, "content_block", cb));
     a_event(c, "content_block_delta",
             json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", ci,
                       "delta", "type", "input_json_delta", "partial_json", sget(tu, "_args")));

@@ -3,6 +3,8 @@
 //   BASE_URL (without /v1), MODEL, STREAM=1 (messages.stream().finalMessage()), STEP_CAP,
 //   THINKING=1 (extended thinking: each answer's thinking block goes back with its tool_use),
 //   BETA=1 (client.beta.messages: POST /v1/messages?beta=true, as Claude Code sends)
+// Prints executions, steps, how it ended, the final text, the headers seen,
+// and `shapes`: each tool_use block as the SDK got it, but its id and input.
 import Anthropic from '@anthropic-ai/sdk';
 
 const client = new Anthropic({ baseURL: process.env.BASE_URL, apiKey: 'sk-ant-test', maxRetries: 0, timeout: 20000 });
@@ -22,7 +24,7 @@ function runTool(name) {
   return { content: JSON.stringify({ customer_id: 'c-1', name: 'Ada' }) };
 }
 const messages = [{ role: 'user', content: 'Write record 7 with value A.' }];
-const seen = [];
+const seen = [], shapes = []; // shapes: each tool_use block's members but its id and input
 let steps = 0, ended = 'step_cap', final = null;
 while (steps < cap) {
   steps++;
@@ -38,7 +40,8 @@ while (steps < cap) {
   if (!msg.stop_reason) throw new Error('no stop_reason');
   messages.push({ role: 'assistant', content: msg.content });
   const uses = msg.content.filter((b) => b.type === 'tool_use');
+  for (const { id, input, ...rest } of uses) shapes.push(JSON.stringify(rest, Object.keys(rest).sort()));
   if (!uses.length) { ended = 'final'; final = msg.content.filter((b) => b.type === 'text').map((b) => b.text).join(''); break; }
   messages.push({ role: 'user', content: uses.map((u) => ({ type: 'tool_result', tool_use_id: u.id, ...runTool(u.name, u.input) })) });
 }
-console.log(JSON.stringify({ executions, steps, ended, final, seen }));
+console.log(JSON.stringify({ executions, steps, ended, final, seen, shapes }));

@@ -462,7 +462,8 @@ function replyAnthropic(res, req) {
     content.push({ type: 'thinking', thinking: thought, signature: signThinking(thought) });
   }
   if (plan.text) content.push({ type: 'text', text: plan.text });
-  for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args) , _raw: c.args });
+  // caller: who made the call, as the API says since its programmatic tool calling (direct: the model)
+  for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args), caller: { type: 'direct' }, _raw: c.args });
   const stop = (plan.calls || []).length ? 'tool_use' : 'end_turn';
   const usage = { input_tokens: JSON.stringify(req.messages || []).length >> 2, output_tokens: 10 };
   if (!req.stream) {
@@ -483,7 +484,7 @@ function replyAnthropic(res, req) {
       steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'text', text: '' } }));
       for (const w of b.text.match(/\S+\s*/g)) steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'text_delta', text: w } }));
     } else {
-      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'tool_use', id: b.id, name: b.name, input: {} } }));
+      steps.push(() => ev('content_block_start', { index: i, content_block: { type: 'tool_use', id: b.id, name: b.name, input: {}, caller: b.caller } }));
       for (const part of pieces(b._raw, plan.pieces))
         steps.push(() => ev('content_block_delta', { index: i, delta: { type: 'input_json_delta', partial_json: part } }));
     }

@@ -178,6 +178,9 @@ for stream in 0 1; do
   a=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   b=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
+  # a tool_use block reaches the client with every member the API gave it (its caller)
+  [ "$(echo "$b" | get 'd["shapes"]')" = "$(echo "$a" | get 'd["shapes"]')" ] || fail "anthropic finish: tool_use blocks changed: $a vs $b"
+  echo "$b" | get 'd["shapes"][0]' | grep -q '"caller"' || fail "anthropic finish: no caller: $b"
 done
 # A re-ask the upstream refuses after the client's stream began (picky
 # takes no third tool result, and the re-ask after the block carries it):
