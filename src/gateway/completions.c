@@ -210,8 +210,22 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     json_decref(c->usage);
     c->usage = json_incref(u);
   }
-  json_t *choices = json_object_get(ch, "choices");
-  json_t *choice = json_array_get(choices, 0);
+  /* the first choice's delta (n of 2 and more: each chunk holds one
+   * choice, named by its index; another's passes as it came) */
+  json_t *choices = json_object_get(ch, "choices"), *choice = NULL;
+  size_t at;
+  for (at = 0; at < json_array_size(choices); at++) {
+    json_t *e = json_array_get(choices, at), *ix = json_object_get(e, "index");
+    if (!ix || (json_is_integer(ix) && !json_integer_value(ix))) {
+      choice = e;
+      break;
+    }
+  }
+  if (!choice && json_array_size(choices)) {
+    lg__gw_stream_write(c->j, raw, rawn);
+    json_decref(ch);
+    return 0;
+  }
   if (!choice) { /* the usage chunk: passed on only if the client asked */
     if (c->client_usage) {
       json_decref(c->last_chunk);
@@ -243,9 +257,9 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     lg__gw_stream_write(c->j, raw, rawn);
   } else if (more_than_calls(delta)) {
     json_t *cp = json_deep_copy(ch);
-    json_t *cd = json_object_get(json_array_get(json_object_get(cp, "choices"), 0), "delta");
-    json_object_del(cd, "tool_calls");
-    json_object_set_new(json_array_get(json_object_get(cp, "choices"), 0), "finish_reason", json_null());
+    json_t *cc = json_array_get(json_object_get(cp, "choices"), at);
+    json_object_del(json_object_get(cc, "delta"), "tool_calls");
+    json_object_set_new(cc, "finish_reason", json_null());
     stream_chunk_text(c, cp);
     json_decref(cp);
   }

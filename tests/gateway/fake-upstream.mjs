@@ -289,6 +289,13 @@ function reply(res, req) {
   const finish = calls.length ? 'tool_calls' : 'stop';
   const usage = usageOf(req);
   // thinking on (DeepSeek's and Moonshot's `thinking`): the answer's reasoning_content
+  // Chat Completions' n (up to 4): the other choices the same answer, their call ids their own
+  const others = (c) => Array.from({ length: Math.max(0, Math.min(4, Number(req.n) || 1) - 1) }, (_, k) => {
+    const o = JSON.parse(JSON.stringify(c));
+    o.index = k + 1;
+    for (const t of (o.message || o.delta || {}).tool_calls || []) if (t.id) t.id += `_c${k + 1}`;
+    return o;
+  });
   const thought = req.thinking && req.thinking.type === 'enabled' ? `Thinking about ${id}: ${calls.map((c) => c.function.name).join(', ') || 'an answer'}.` : null;
   if (calls.length && /-gemini/.test(req.model)) calls[0].extra_content = { google: { thought_signature: signOf('gemini:' + calls[0].id) } };
   const routed = /-openrouter/.test(req.model) ? `The record keeps failing; ${id} asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
@@ -298,14 +305,19 @@ function reply(res, req) {
     if (thought) message.reasoning_content = thought;
     if (routed) Object.assign(message, { reasoning: routed, reasoning_details: [detail(routed, true)] });
     if (calls.length) message.tool_calls = calls;
-    const body = { id, object: 'chat.completion', created, model: req.model, choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage, system_fingerprint: 'fp_fake' };
+    const first = { index: 0, message, logprobs: null, finish_reason: finish };
+    const body = { id, object: 'chat.completion', created, model: req.model, choices: [first, ...others(first)], usage, system_fingerprint: 'fp_fake' };
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(JSON.stringify(body));
     return;
   }
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
   const base = { id, object: 'chat.completion.chunk', created, model: req.model, system_fingerprint: 'fp_fake' };
-  const send = (choices, extra) => res.write('data: ' + JSON.stringify({ ...base, choices, ...extra }) + '\n\n');
+  // n of 2 and more: each choice's delta in a chunk of its own, as OpenAI streams them
+  const send = (choices, extra) => {
+    for (const cs of [choices, ...(choices.length === 1 ? others(choices[0]).map((o) => [o]) : [])])
+      res.write('data: ' + JSON.stringify({ ...base, choices: cs, ...extra }) + '\n\n');
+  };
   send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
   const steps = [];
   if (thought) steps.push(() => send([{ index: 0, delta: { reasoning_content: thought }, logprobs: null, finish_reason: null }]));

@@ -150,6 +150,34 @@ u1=$(hdr_run "${first%\}},\"user\":\"ada\"}") && v1=$(hdr_run "${first%\}},\"use
 u2=$(hdr_run "${second%\}},\"user\":\"ada\"}") && v2=$(hdr_run "${second%\}},\"user\":\"bob\"}")
 [ -n "$u1" ] && [ "$u1" = "$u2" ] && [ "$v1" = "$v2" ] && [ "$u1" != "$v1" ] || fail "two people, one start: ada $u1 then $u2, bob $v1 then $v2"
 
+note "n of 2: the first choice's calls decided, the other's as the upstream sent them, never mixed"
+cat >"$TMP/choices.py" <<'PY'
+import json, sys
+calls = {}  # (choice, call index) -> [id, name, arguments]
+text = sys.stdin.read()
+if text.lstrip().startswith('{'):
+    for c in json.loads(text)["choices"]:
+        for k, t in enumerate(c["message"].get("tool_calls") or []):
+            calls[(c["index"], k)] = [t["id"], t["function"]["name"], t["function"]["arguments"]]
+else:
+    for line in text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for c in json.loads(line[6:]).get("choices", []):
+            for t in c["delta"].get("tool_calls") or []:
+                e = calls.setdefault((c["index"], t["index"]), ["", "", ""])
+                e[0] = t.get("id") or e[0]
+                e[1] += t.get("function", {}).get("name") or ""
+                e[2] += t.get("function", {}).get("arguments") or ""
+print(json.dumps(sorted([k[0], k[1], e[0], e[1], json.loads(e[2])] for k, e in calls.items())))
+PY
+for stream in false true; do
+  out=$(curl -sf -H "Content-Type: application/json" "$gw_URL/v1/chat/completions" -d '{"model":"finish","n":2,"stream":'$stream',"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"Who is c-1?"}]}' |
+    python3 "$TMP/choices.py") || fail "n=2 stream=$stream: the calls do not parse"
+  echo "$out" | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(not ([c[:2] for c in d] == [[0, 0], [1, 0]] and all(c[3] == "lookup" and c[4] == {"customer_id": "c-1"} for c in d) and d[0][2] != d[1][2]))' ||
+    fail "n=2 stream=$stream: each choice one call of its own: $out"
+done
+
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$gw_URL/v1/chat/completions" >/dev/null 2>&1
