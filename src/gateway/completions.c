@@ -211,7 +211,9 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     c->usage = json_incref(u);
   }
   /* the first choice's delta (n of 2 and more: each chunk holds one
-   * choice, named by its index; another's passes as it came) */
+   * choice, named by its index; another's passes as it came, as does a
+   * chunk of no choice that is not the usage chunk: Azure's
+   * prompt_filter_results) */
   json_t *choices = json_object_get(ch, "choices"), *choice = NULL;
   size_t at;
   for (at = 0; at < json_array_size(choices); at++) {
@@ -221,7 +223,7 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
       break;
     }
   }
-  if (!choice && json_array_size(choices)) {
+  if (!choice && (json_array_size(choices) || !json_is_object(u))) {
     lg__gw_stream_write(c->j, raw, rawn);
     json_decref(ch);
     return 0;

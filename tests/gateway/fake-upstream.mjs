@@ -72,6 +72,8 @@
 // *-gemini-indexless* streams as Gemini's API may: each call whole in one
 // delta without an `index`, the first call's signature in a delta of its
 // own after it (no index, no id), and finish_reason "stop".
+// *-azure* streams Azure OpenAI's first chunk: no choice, its
+// prompt_filter_results.
 // A model named *-openrouter* answers as OpenRouter does with a thinking
 // model: `reasoning` and `reasoning_details` (a signed reasoning.text; a
 // stream: in two pieces, the second in the chunk of the first call's
@@ -318,6 +320,8 @@ function reply(res, req) {
     for (const cs of [choices, ...(choices.length === 1 ? others(choices[0]).map((o) => [o]) : [])])
       res.write('data: ' + JSON.stringify({ ...base, choices: cs, ...extra }) + '\n\n');
   };
+  if (/-azure/.test(req.model)) // Azure OpenAI's first chunk: no choice, the prompt's filter results
+    res.write('data: ' + JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: [{ prompt_index: 0, content_filter_results: { hate: { filtered: false, severity: 'safe' } } }] }) + '\n\n');
   send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
   const steps = [];
   if (thought) steps.push(() => send([{ index: 0, delta: { reasoning_content: thought }, logprobs: null, finish_reason: null }]));

@@ -178,6 +178,15 @@ for stream in false true; do
     fail "n=2 stream=$stream: each choice one call of its own: $out"
 done
 
+note "a chunk of no choice that is not the usage (Azure's prompt_filter_results) reaches the client"
+for st in 0 1; do # the client asked for the usage, or not (the gateway asks for it anyway)
+  opts=; [ $st = 1 ] && opts=',"stream_options":{"include_usage":true}'
+  curl -sf -H "Content-Type: application/json" "$gw_URL/v1/chat/completions" -o "$TMP/azure.sse" \
+    -d '{"model":"finish-azure","stream":true'"$opts"',"messages":[{"role":"user","content":"Hi"}]}' || fail "azure stream"
+  grep -q '"prompt_filter_results"' "$TMP/azure.sse" || fail "azure: the prompt's filter results were dropped: $(head -c 600 "$TMP/azure.sse")"
+  [ "$(grep -c '"usage":{' "$TMP/azure.sse")" = $st ] || fail "azure: the usage chunk (include_usage $st): $(cat "$TMP/azure.sse")"
+done
+
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$gw_URL/v1/chat/completions" >/dev/null 2>&1
