@@ -1265,6 +1265,15 @@ static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size
     ev.u.usage.cost_nusd = 0;
   } else {
     ev.u.usage.input_tokens = json_is_integer(pt) ? json_integer_value(pt) : (int64_t)body_len;
+    /* Anthropic counts the input read from and written to its prompt
+     * cache apart from input_tokens: input all the same, counted and
+     * priced as input (OpenAI's count holds its cached tokens) */
+    static const char *const cache_keys[2] = {"cache_creation_input_tokens", "cache_read_input_tokens"};
+    for (int i = 0; i < 2 && json_is_integer(pt); i++) {
+      json_int_t v = json_integer_value(json_object_get(usage, cache_keys[i]));
+      if (v > 0 && ev.u.usage.input_tokens >= 0 && ev.u.usage.input_tokens <= INT64_MAX - v)
+        ev.u.usage.input_tokens += v;
+    }
     ev.u.usage.output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
     /* usage.cost when the upstream reports one (USD; charged at most the
      * reservation), else from the price table, else the worst case */
@@ -2466,6 +2475,7 @@ static void chat_free(chat_t *c) {
   json_decref(c->usage);
   json_decref(c->a_map);
   json_decref(c->a_msg);
+  json_decref(c->a_delta);
   json_decref(c->input_wrap);
   json_decref(c->r_done);
   json_decref(c->r_open_item);

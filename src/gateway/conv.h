@@ -110,6 +110,7 @@ typedef struct chat {
   int a_index;                /* the client's next content block index */
   json_t *a_map;              /* upstream block index -> client index, or -1 - tool index */
   json_t *a_msg;              /* message_start's message (a template) */
+  json_t *a_delta;            /* the upstream's last message_delta (its members a template) */
   int64_t a_out_tokens;       /* message_delta's usage.output_tokens */
   /* What of an answer goes back with its calls when the guard leaves none
    * for the client (restored_items): Messages' thinking blocks, which the

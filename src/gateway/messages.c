@@ -40,11 +40,21 @@ static void a_close_open(chat_t *c) {
   c->a_open = -1;
 }
 
+/* The message's end: the upstream's last message_delta as it came (its
+ * stop_sequence, its usage's cache tokens, a code execution's container),
+ * with our stop_reason (its stop_sequence only when it is the upstream's)
+ * and the output tokens of every answer read. */
 static void a_message_end(chat_t *c, const char *stop_reason) {
   a_close_open(c);
-  a_event(c, "message_delta",
-          json_pack("{s:s, s:{s:s, s:n}, s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
-                    stop_reason, "stop_sequence", "usage", "output_tokens", (json_int_t)c->a_out_tokens));
+  json_t *d = json_object(), *u = json_object();
+  json_object_update(d, json_object_get(c->a_delta, "delta"));
+  json_object_update(u, json_object_get(c->a_delta, "usage"));
+  const char *had = sget(d, "stop_reason");
+  int same = had && !strcmp(had, stop_reason);
+  json_object_set_new(d, "stop_reason", json_string(stop_reason));
+  if (!same || !json_object_get(d, "stop_sequence")) json_object_set_new(d, "stop_sequence", json_null());
+  json_object_set_new(u, "output_tokens", json_integer((json_int_t)c->a_out_tokens));
+  a_event(c, "message_delta", json_pack("{s:s, s:o, s:o}", "type", "message_delta", "delta", d, "usage", u));
   a_event(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }
 
@@ -121,8 +131,10 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
   } else if (!strcmp(type, "message_start")) {
     json_t *m = json_object_get(ch, "message");
     if (!c->a_msg && json_is_object(m)) c->a_msg = json_incref(m);
-    json_decref(c->usage);
-    c->usage = json_pack("{s:O?}", "input_tokens", json_object_get(json_object_get(m, "usage"), "input_tokens"));
+    json_decref(c->usage); /* the answer's usage: input (and cache) tokens here, output to come */
+    json_t *mu = json_object_get(m, "usage");
+    c->usage = json_is_object(mu) ? json_copy(mu) : json_object();
+    json_object_del(c->usage, "output_tokens");
     a_message_start(c, c->model ? c->model : "");
   } else if (!strcmp(type, "content_block_start")) {
     json_t *cb = json_object_get(ch, "content_block");
@@ -166,16 +178,18 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
       if (!strcmp(type, "content_block_stop") && m == c->a_open) c->a_open = -1;
     }
   } else if (!strcmp(type, "message_delta")) {
+    json_decref(c->a_delta);
+    c->a_delta = json_incref(ch);
     const char *sr = sget(json_object_get(ch, "delta"), "stop_reason");
     if (sr) {
       lg__free(c->finish);
       c->finish = lg__strdup(sr);
     }
-    json_t *ot = json_object_get(json_object_get(ch, "usage"), "output_tokens");
-    if (json_is_integer(ot)) {
-      c->a_out_tokens += json_integer_value(ot);
-      if (c->usage) json_object_set(c->usage, "output_tokens", ot);
-    }
+    /* the message's usage so far (the API's newer ones restate its input
+     * and cache tokens here too) */
+    json_t *du = json_object_get(ch, "usage"), *ot = json_object_get(du, "output_tokens");
+    if (json_is_integer(ot)) c->a_out_tokens += json_integer_value(ot);
+    if (c->usage && json_is_object(du)) json_object_update(c->usage, du);
   } else if (!strcmp(type, "message_stop")) {
     c->saw_done = 1;
   } else { /* ping, error: as they came */

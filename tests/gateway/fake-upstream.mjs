@@ -477,14 +477,18 @@ function replyAnthropic(res, req) {
     const thought = `Thinking about request ${id}: ${(plan.calls || []).map((c) => c.name).join(', ') || 'an answer'}.`;
     content.push({ type: 'thinking', thinking: thought, signature: signThinking(thought) });
   }
+  // stop_sequences: a text answer ends before the first of them it holds
+  const seq = (req.stop_sequences || []).find((s) => typeof s === 'string' && s && plan.text && plan.text.includes(s));
+  if (seq) plan.text = plan.text.slice(0, plan.text.indexOf(seq));
   if (plan.text) content.push({ type: 'text', text: plan.text });
   // caller: who made the call, as the API says since its programmatic tool calling (direct: the model)
   for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args), caller: { type: 'direct' }, _raw: c.args });
-  const stop = (plan.calls || []).length ? 'tool_use' : 'end_turn';
-  const usage = { input_tokens: JSON.stringify(req.messages || []).length >> 2, output_tokens: 10 };
+  const stop = (plan.calls || []).length ? 'tool_use' : seq ? 'stop_sequence' : 'end_turn';
+  // as the API counts a request: its cache's part apart
+  const usage = { input_tokens: JSON.stringify(req.messages || []).length >> 2, cache_creation_input_tokens: 100, cache_read_input_tokens: 5000, output_tokens: 10 };
   if (!req.stream) {
     res.writeHead(200, { 'content-type': 'application/json' });
-    return res.end(JSON.stringify({ id, type: 'message', role: 'assistant', model: req.model, content: content.map(({ _raw, ...b }) => b), stop_reason: stop, stop_sequence: null, usage }));
+    return res.end(JSON.stringify({ id, type: 'message', role: 'assistant', model: req.model, content: content.map(({ _raw, ...b }) => b), stop_reason: stop, stop_sequence: seq || null, usage }));
   }
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
   const ev = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
@@ -506,7 +510,8 @@ function replyAnthropic(res, req) {
     }
     steps.push(() => ev('content_block_stop', { index: i }));
   });
-  steps.push(() => ev('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: usage.output_tokens } }));
+  // the message's usage so far, whole, as the API's last message_delta has it
+  steps.push(() => ev('message_delta', { delta: { stop_reason: stop, stop_sequence: seq || null }, usage }));
   steps.push(() => { ev('message_stop', {}); res.end(); });
   if (plan.pieces) { for (const step of steps) step(); return; } // all at once
   let k = 0;

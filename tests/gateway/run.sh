@@ -187,6 +187,27 @@ for st in 0 1; do # the client asked for the usage, or not (the gateway asks for
   [ "$(grep -c '"usage":{' "$TMP/azure.sse")" = $st ] || fail "azure: the usage chunk (include_usage $st): $(cat "$TMP/azure.sse")"
 done
 
+note "Anthropic: a stream's end as the API sent it (its stop_sequence, its usage's cache tokens)"
+body='{"model":"loop-write","max_tokens":64,"stream":true,"stop_sequences":["storage"],"messages":[{"role":"user","content":"Write record 7."}]}'
+for to in "$FAKE" "$gw_URL"; do
+  curl -sf -H "Content-Type: application/json" -H "anthropic-version: 2023-06-01" "$to/v1/messages" -d "$body" |
+    sed -n 's/^data: \(.*"message_delta".*\)$/\1/p' >"$TMP/end.$([ "$to" = "$FAKE" ] && echo direct || echo gw)"
+done
+python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); sys.exit(not (a == b and a["delta"]["stop_sequence"] == "storage"))' \
+  "$TMP/end.direct" "$TMP/end.gw" || fail "anthropic stream end: directly $(cat "$TMP/end.direct"), through the gateway $(cat "$TMP/end.gw")"
+
+note "Anthropic: the input its prompt cache read and wrote counts as input (the run's tokens and cost)"
+for st in false true; do
+  curl -sf -o /dev/null -H "Content-Type: application/json" -H "X-Loopguard-Run: cached-$st" "$gw_URL/v1/messages" \
+    -d '{"model":"finish","max_tokens":64,"stream":'$st',"messages":[{"role":"user","content":"Hi"}]}' || fail "cached stream=$st"
+  # the fake: input_tokens a quarter of the messages' JSON, 100 written to the cache, 5000 read from it
+  curl -sf "$gw_URL/v1/runs/cached-$st/trace" | python3 -c '
+import json, sys
+u = [e for e in (json.loads(l) for l in sys.stdin if l.strip() and not l.startswith("#")) if e.get("type") == "usage"]
+want = (len(json.dumps([{"role": "user", "content": "Hi"}], separators=(",", ":"))) >> 2) + 100 + 5000
+sys.exit(not (len(u) == 1 and u[0]["input_tokens"] == want))' || fail "cached stream=$st: $(curl -s "$gw_URL/v1/runs/cached-$st/trace")"
+done
+
 note "a client that hangs up mid-stream: the server keeps serving"
 curl -s -H "Content-Type: application/json" -N --max-time 0.4 -d '{"model":"drip","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$gw_URL/v1/chat/completions" >/dev/null 2>&1
