@@ -69,6 +69,11 @@ done
 # OpenRouter's signed reasoning_details (a stream's pieces joined), also in
 # a chunk that holds a call's delta. Without them the provider refuses the
 # agent's next request, looping or not.
+note "an answer that needs no guard reaches the SDK as the upstream gave it (each API, stream false and true)"
+f=$(client fidelity.mjs DIRECT="$FAKE" GATEWAY="$gw_URL" MODELS=finish,loop-write,pair,finish-gemini,finish-openrouter,finish-azure) ||
+  fail "fidelity: $f"
+[ "$(echo "$f" | get 'd["compared"]')" = 30 ] || fail "fidelity: $f"
+
 note "Gemini's thought signatures, OpenRouter's reasoning_details: kept with their calls"
 for st in 1 raw; do
   d=$(agent BASE_URL="$FAKE/v1" MODEL=stubborn-gemini STREAM=$st STEP_CAP=4) || fail "gemini direct stream=$st: $d"

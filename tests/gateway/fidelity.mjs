@@ -1,0 +1,133 @@
+// fidelity.mjs — an answer that needs no guard reaches the client as the
+// upstream gave it: the first answer of a conversation (one that asks for
+// a tool call, or says a text), asked directly of the fake upstream and
+// through the gateway, each API stream false and true, as the real SDKs
+// hand it to an agent (openai's chat.completions and responses,
+// @anthropic-ai/sdk's messages; a stream joined by the SDK's own
+// accumulator, and Chat Completions' by a hand-written loop too, as a
+// client of OpenRouter or Gemini joins it). The two are compared member
+// by member, but for what differs between any two answers of the fake
+// (ids, times).
+//   DIRECT, GATEWAY   the base URLs (without /v1)
+//   MODELS            the fake's models to ask (comma-separated)
+// Prints {"compared": N, "differences": [...]}; exits 1 (throws) on a difference.
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+
+const models = (process.env.MODELS || 'finish').split(',');
+const oa = (base) => new OpenAI({ baseURL: base + '/v1', apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
+const an = (base) => new Anthropic({ baseURL: base, apiKey: 'sk-ant-test', maxRetries: 0, timeout: 20000 });
+const fn = { type: 'object', properties: { customer_id: { type: 'string' } } };
+const chatTools = [{ type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: fn } }];
+const flatTools = [{ type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: fn }];
+const ask = 'Who is customer c-1?';
+
+// Chat Completions' chunks joined as a hand-written client does: each
+// member of a delta joined (strings) or kept as it last came; a call
+// delta by its index (or, without one, a new id a new call).
+async function rawChat(client, body) {
+  const msg = { role: 'assistant' }, calls = [];
+  let finish = null, usage = null;
+  for await (const ch of await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } })) {
+    if (ch.usage) usage = ch.usage;
+    for (const c of ch.choices || []) {
+      if (c.index !== 0) continue;
+      if (c.finish_reason) finish = c.finish_reason;
+      for (const [k, v] of Object.entries(c.delta || {})) {
+        if (k === 'tool_calls') {
+          for (const { index, id, type, function: f, ...rest } of v) {
+            const at = index ?? (!id ? Math.max(calls.length - 1, 0) : ((k) => (k < 0 ? calls.length : k))(calls.findIndex((t) => t.id === id)));
+            const tc = (calls[at] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
+            Object.assign(tc, rest);
+            if (id) tc.id = id;
+            if (f?.name) tc.function.name += f.name;
+            if (f?.arguments) tc.function.arguments += f.arguments;
+          }
+        } else if (k === 'reasoning_details') {
+          msg[k] ??= [];
+          for (const d of v) {
+            const had = msg[k].find((e) => e.type === d.type && e.index === d.index);
+            if (!had) msg[k].push({ ...d });
+            else for (const [dk, dv] of Object.entries(d)) had[dk] = ['text', 'summary', 'data'].includes(dk) && typeof had[dk] === 'string' ? had[dk] + dv : dv;
+          }
+        } else if (typeof v === 'string' && typeof msg[k] === 'string' && k !== 'role') {
+          msg[k] += v;
+        } else {
+          msg[k] = v;
+        }
+      }
+    }
+  }
+  if (calls.length) msg.tool_calls = calls;
+  return { message: msg, finish_reason: finish, usage };
+}
+
+const ways = {
+  'chat': async (base, model) => {
+    const r = await oa(base).chat.completions.create({ model, messages: [{ role: 'user', content: ask }], tools: chatTools });
+    return { message: r.choices[0].message, finish_reason: r.choices[0].finish_reason, usage: r.usage };
+  },
+  'chat stream': async (base, model) => {
+    const r = await oa(base).chat.completions.stream({ model, messages: [{ role: 'user', content: ask }], tools: chatTools, stream_options: { include_usage: true } }).finalChatCompletion();
+    return { message: r.choices[0].message, finish_reason: r.choices[0].finish_reason, usage: r.usage };
+  },
+  'chat raw stream': (base, model) => rawChat(oa(base), { model, messages: [{ role: 'user', content: ask }], tools: chatTools }),
+  'messages': async (base, model) => {
+    const r = await an(base).messages.create({ model, max_tokens: 256, messages: [{ role: 'user', content: ask }], tools: flatTools.map(({ name, description, parameters }) => ({ name, description, input_schema: parameters })) });
+    return { content: r.content, stop_reason: r.stop_reason, stop_sequence: r.stop_sequence, usage: r.usage };
+  },
+  'messages stream': async (base, model) => {
+    const r = await an(base).messages.stream({ model, max_tokens: 256, messages: [{ role: 'user', content: ask }], tools: flatTools.map(({ name, description, parameters }) => ({ name, description, input_schema: parameters })) }).finalMessage();
+    return { content: r.content, stop_reason: r.stop_reason, stop_sequence: r.stop_sequence, usage: r.usage };
+  },
+  'responses': async (base, model) => {
+    const r = await oa(base).responses.create({ model, input: ask, tools: flatTools });
+    return { output: r.output, status: r.status, usage: r.usage };
+  },
+  'responses stream': async (base, model) => {
+    const r = await oa(base).responses.stream({ model, input: ask, tools: flatTools }).finalResponse();
+    return { output: r.output, status: r.status, usage: r.usage };
+  },
+};
+
+// What differs between any two answers of the fake: ids, times, the
+// signatures made of them, the usage's count of the request (the gateway
+// asks for the usage in a stream), the text naming the answer.
+const VARYING = /^(id|call_id|created|created_at|signature|thought_signature)$/;
+function norm(v, key) {
+  if (Array.isArray(v)) return v.map((x) => norm(x));
+  if (v && typeof v === 'object') return Object.fromEntries(Object.keys(v).sort().map((k) => [k, norm(v[k], k)]));
+  if (typeof v === 'string' && key && VARYING.test(key)) return '<varies>';
+  if (typeof v === 'string') return v.replace(/(fake|call_|toolu_|fc_|rs_)\d\w*/g, '$1N');
+  return v;
+}
+function diff(a, b, path, out) {
+  if (JSON.stringify(a) === JSON.stringify(b)) return;
+  if (a && b && typeof a === 'object' && typeof b === 'object' && Array.isArray(a) === Array.isArray(b)) {
+    for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) diff(a[k], b[k], `${path}.${k}`, out);
+    return;
+  }
+  out.push(`${path}: directly ${JSON.stringify(a)}, through the gateway ${JSON.stringify(b)}`);
+}
+
+const differences = [];
+let compared = 0;
+for (const model of models) {
+  for (const [way, get] of Object.entries(ways)) {
+    if (/-(gemini|openrouter|azure)/.test(model) && !way.startsWith('chat')) continue; // Chat Completions' providers
+    let a, b;
+    try {
+      a = norm(await get(process.env.DIRECT, model));
+      b = norm(await get(process.env.GATEWAY, model));
+    } catch (e) {
+      differences.push(`${model} ${way}: ${e && e.message}`);
+      continue;
+    }
+    compared++;
+    const out = [];
+    diff(a, b, '', out);
+    for (const d of out) differences.push(`${model} ${way}${d}`);
+  }
+}
+console.log(JSON.stringify({ compared, differences }, null, 1));
+if (differences.length) throw new Error(`${differences.length} differences`); // exit status 1 (run alone or in host.mjs)
