@@ -7,7 +7,7 @@
 // accumulator, and Chat Completions' by a hand-written loop too, as a
 // client of OpenRouter or Gemini joins it). The two are compared member
 // by member, but for what differs between any two answers of the fake
-// (ids, times).
+// (ids, times); with each API's reasoning on, and off.
 //   DIRECT, GATEWAY   the base URLs (without /v1)
 //   MODELS            the fake's models to ask (comma-separated)
 // Prints {"compared": N, "differences": [...]}; exits 1 (throws) on a difference.
@@ -20,7 +20,10 @@ const an = (base) => new Anthropic({ baseURL: base, apiKey: 'sk-ant-test', maxRe
 const fn = { type: 'object', properties: { customer_id: { type: 'string' } } };
 const chatTools = [{ type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: fn } }];
 const flatTools = [{ type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: fn }];
+const anTools = flatTools.map(({ name, description, parameters }) => ({ name, description, input_schema: parameters }));
 const ask = 'Who is customer c-1?';
+// each API's reasoning turned on, as the fake knows it (DeepSeek's thinking, Claude's, OpenAI's)
+const THINKING = { chat: { thinking: { type: 'enabled' } }, messages: { thinking: { type: 'enabled', budget_tokens: 1024 } }, responses: { reasoning: { effort: 'low' } } };
 
 // Chat Completions' chunks joined as a hand-written client does: each
 // member of a delta joined (strings) or kept as it last came; a call
@@ -63,29 +66,29 @@ async function rawChat(client, body) {
 }
 
 const ways = {
-  'chat': async (base, model) => {
-    const r = await oa(base).chat.completions.create({ model, messages: [{ role: 'user', content: ask }], tools: chatTools });
+  'chat': async (base, model, think) => {
+    const r = await oa(base).chat.completions.create({ model, messages: [{ role: 'user', content: ask }], tools: chatTools, ...think.chat });
     return { message: r.choices[0].message, finish_reason: r.choices[0].finish_reason, usage: r.usage };
   },
-  'chat stream': async (base, model) => {
-    const r = await oa(base).chat.completions.stream({ model, messages: [{ role: 'user', content: ask }], tools: chatTools, stream_options: { include_usage: true } }).finalChatCompletion();
+  'chat stream': async (base, model, think) => {
+    const r = await oa(base).chat.completions.stream({ model, messages: [{ role: 'user', content: ask }], tools: chatTools, stream_options: { include_usage: true }, ...think.chat }).finalChatCompletion();
     return { message: r.choices[0].message, finish_reason: r.choices[0].finish_reason, usage: r.usage };
   },
-  'chat raw stream': (base, model) => rawChat(oa(base), { model, messages: [{ role: 'user', content: ask }], tools: chatTools }),
-  'messages': async (base, model) => {
-    const r = await an(base).messages.create({ model, max_tokens: 256, messages: [{ role: 'user', content: ask }], tools: flatTools.map(({ name, description, parameters }) => ({ name, description, input_schema: parameters })) });
+  'chat raw stream': (base, model, think) => rawChat(oa(base), { model, messages: [{ role: 'user', content: ask }], tools: chatTools, ...think.chat }),
+  'messages': async (base, model, think) => {
+    const r = await an(base).messages.create({ model, max_tokens: 2048, messages: [{ role: 'user', content: ask }], tools: anTools, ...think.messages });
     return { content: r.content, stop_reason: r.stop_reason, stop_sequence: r.stop_sequence, usage: r.usage };
   },
-  'messages stream': async (base, model) => {
-    const r = await an(base).messages.stream({ model, max_tokens: 256, messages: [{ role: 'user', content: ask }], tools: flatTools.map(({ name, description, parameters }) => ({ name, description, input_schema: parameters })) }).finalMessage();
+  'messages stream': async (base, model, think) => {
+    const r = await an(base).messages.stream({ model, max_tokens: 2048, messages: [{ role: 'user', content: ask }], tools: anTools, ...think.messages }).finalMessage();
     return { content: r.content, stop_reason: r.stop_reason, stop_sequence: r.stop_sequence, usage: r.usage };
   },
-  'responses': async (base, model) => {
-    const r = await oa(base).responses.create({ model, input: ask, tools: flatTools });
+  'responses': async (base, model, think) => {
+    const r = await oa(base).responses.create({ model, input: ask, tools: flatTools, ...think.responses });
     return { output: r.output, status: r.status, usage: r.usage };
   },
-  'responses stream': async (base, model) => {
-    const r = await oa(base).responses.stream({ model, input: ask, tools: flatTools }).finalResponse();
+  'responses stream': async (base, model, think) => {
+    const r = await oa(base).responses.stream({ model, input: ask, tools: flatTools, ...think.responses }).finalResponse();
     return { output: r.output, status: r.status, usage: r.usage };
   },
 };
@@ -114,19 +117,22 @@ const differences = [];
 let compared = 0;
 for (const model of models) {
   for (const [way, get] of Object.entries(ways)) {
-    if (/-(gemini|openrouter|azure)/.test(model) && !way.startsWith('chat')) continue; // Chat Completions' providers
-    let a, b;
-    try {
-      a = norm(await get(process.env.DIRECT, model));
-      b = norm(await get(process.env.GATEWAY, model));
-    } catch (e) {
-      differences.push(`${model} ${way}: ${e && e.message}`);
-      continue;
+    for (const think of [{ chat: {}, messages: {}, responses: {} }, THINKING]) {
+      if (/-(gemini|openrouter|azure)/.test(model) && (!way.startsWith('chat') || think === THINKING)) continue; // Chat Completions' providers
+      const name = `${model} ${way}${think === THINKING ? ' thinking' : ''}`;
+      let a, b;
+      try {
+        a = norm(await get(process.env.DIRECT, model, think));
+        b = norm(await get(process.env.GATEWAY, model, think));
+      } catch (e) {
+        differences.push(`${name}: ${e && e.message}`);
+        continue;
+      }
+      compared++;
+      const out = [];
+      diff(a, b, '', out);
+      for (const d of out) differences.push(`${name}${d}`);
     }
-    compared++;
-    const out = [];
-    diff(a, b, '', out);
-    for (const d of out) differences.push(`${model} ${way}${d}`);
   }
 }
 console.log(JSON.stringify({ compared, differences }, null, 1));

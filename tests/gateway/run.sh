@@ -72,7 +72,7 @@ done
 note "an answer that needs no guard reaches the SDK as the upstream gave it (each API, stream false and true)"
 f=$(client fidelity.mjs DIRECT="$FAKE" GATEWAY="$gw_URL" MODELS=finish,loop-write,pair,finish-gemini,finish-openrouter,finish-azure) ||
   fail "fidelity: $f"
-[ "$(echo "$f" | get 'd["compared"]')" = 30 ] || fail "fidelity: $f"
+[ "$(echo "$f" | get 'd["compared"]')" = 51 ] || fail "fidelity: $f"
 
 note "Gemini's thought signatures, OpenRouter's reasoning_details: kept with their calls"
 for st in 1 raw; do
