@@ -1454,7 +1454,7 @@ static void answer_reasoning(chat_t *c, json_t *msg) {
       } else if (i < 2) {
         if (c->think[i].len && !c->think[i].oom) v = json_stringn(c->think[i].data, c->think[i].len);
       } else if (json_array_size(c->details)) {
-        v = json_incref(c->details);
+        v = json_incref(lg__gwo_details(c));
       }
       if (i < 2 ? json_is_string(v) : json_is_array(v)) json_object_set(c->reasoning, chat_reasoning_keys[i], v);
       json_decref(v);
@@ -2158,7 +2158,7 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
 static void stream_reset(chat_t *c) {
   json_decref(c->tcalls);
   c->tcalls = json_array();
-  json_decref(c->details);
+  lg__gwo_details_clear(c);
   c->details = json_array();
   held_free(c);
   json_decref(c->a_map);
@@ -2469,7 +2469,7 @@ static void chat_free(chat_t *c) {
   lg__free(c->fed.keep);
   json_decref(c->root);
   json_decref(c->tcalls);
-  json_decref(c->details);
+  lg__gwo_details_clear(c);
   held_free(c);
   json_decref(c->last_chunk);
   json_decref(c->usage);

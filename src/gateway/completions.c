@@ -130,13 +130,23 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
   }
 }
 
+static const char *const joined[3] = {"text", "summary", "data"};
+
 /* Chat Completions: a delta's reasoning kept, in case a call of the answer
  * is restored (restored_items): reasoning_content and reasoning joined,
  * reasoning_details merged as OpenRouter streams them (a detail's pieces
  * share its type and index: text, summary and data joined, the other
- * members as they last came). Within the answer's bound, as held calls. */
+ * members as they last came). A detail's first piece is kept in
+ * c->details, the rest of its strings in c->dmore, joined once read
+ * (lg__gwo_details): a piece at a time, a long detail's joins would copy
+ * it over and over. Within the answer's bound, as held calls. */
+static int same_detail(json_t *a, json_t *b) {
+  const char *ta = sget(a, "type"), *tb = sget(b, "type");
+  return (ta && tb ? !strcmp(ta, tb) : ta == tb) &&
+         json_integer_value(json_object_get(a, "index")) == json_integer_value(json_object_get(b, "index"));
+}
+
 static void hold_reasoning(chat_t *c, json_t *delta) {
-  static const char *const joined[3] = {"text", "summary", "data"};
   for (int i = 0; i < 2; i++) {
     const char *t = sget(delta, i ? "reasoning" : "reasoning_content");
     size_t n = t ? strlen(t) : 0;
@@ -145,19 +155,18 @@ static void hold_reasoning(chat_t *c, json_t *delta) {
   }
   json_t *ds = json_object_get(delta, "reasoning_details");
   for (size_t i = 0; i < json_array_size(ds); i++) {
-    json_t *d = json_array_get(ds, i), *acc = NULL;
+    json_t *d = json_array_get(ds, i);
     if (!json_is_object(d)) continue;
-    const char *ty = sget(d, "type");
-    json_int_t ix = json_integer_value(json_object_get(d, "index"));
-    for (size_t k = 0; !acc && k < json_array_size(c->details); k++) {
-      json_t *e = json_array_get(c->details, k);
-      const char *ety = sget(e, "type");
-      if ((ty && ety ? !strcmp(ty, ety) : ty == ety) && json_integer_value(json_object_get(e, "index")) == ix)
-        acc = e;
-    }
+    size_t at = 0, n = json_array_size(c->details);
+    while (at < n && !same_detail(json_array_get(c->details, at), d)) at++;
+    json_t *acc = json_array_get(c->details, at); /* NULL: a new detail */
+    for (int j = 0; j < 3; j++) c->held_bytes += json_string_length(json_object_get(d, joined[j]));
     if (!acc) {
-      if (json_array_size(c->details) < MAX_STREAM_CALLS) json_array_append_new(c->details, json_copy(d));
-      for (int j = 0; j < 3; j++) c->held_bytes += json_string_length(json_object_get(d, joined[j]));
+      lg__buf_t(*more)[3] = n < MAX_STREAM_CALLS ? lg__realloc(c->dmore, (n + 1) * sizeof *more) : NULL;
+      if (!more) continue; /* past the bound, or out of memory: dropped */
+      c->dmore = more;
+      memset(more[n], 0, sizeof more[n]);
+      json_array_append_new(c->details, json_copy(d));
       continue;
     }
     const char *k;
@@ -165,19 +174,42 @@ static void hold_reasoning(chat_t *c, json_t *delta) {
     json_object_foreach(d, k, v) {
       int j = 0;
       while (j < 3 && strcmp(k, joined[j])) j++;
-      const char *had = j < 3 ? sget(acc, k) : NULL;
-      if (!had || !json_is_string(v)) {
+      if (j < 3 && json_is_string(v) && json_is_string(json_object_get(acc, k)))
+        lg__buf_append(&c->dmore[at][j], json_string_value(v), json_string_length(v));
+      else
         json_object_set(acc, k, v);
-        continue;
-      }
-      lg__buf_t b = {0};
-      lg__buf_puts(&b, had);
-      lg__buf_append(&b, json_string_value(v), json_string_length(v));
-      c->held_bytes += json_string_length(v);
-      if (!b.oom && b.data) json_object_set_new(acc, k, json_stringn(b.data, b.len));
-      lg__buf_free(&b);
     }
   }
+}
+
+json_t *lg__gwo_details(chat_t *c) {
+  for (size_t k = 0; k < json_array_size(c->details); k++) {
+    json_t *e = json_array_get(c->details, k);
+    for (int j = 0; j < 3; j++) {
+      lg__buf_t *b = &c->dmore[k][j];
+      if (!b->len) continue;
+      if (!b->oom) {
+        lg__buf_t all = {0};
+        const char *had = sget(e, joined[j]);
+        lg__buf_puts(&all, had ? had : "");
+        lg__buf_append(&all, b->data, b->len);
+        if (!all.oom && all.data) json_object_set_new(e, joined[j], json_stringn(all.data, all.len));
+        lg__buf_free(&all);
+      }
+      b->len = 0; /* joined once: read again, the same */
+      b->oom = 0;
+    }
+  }
+  return c->details;
+}
+
+void lg__gwo_details_clear(chat_t *c) {
+  for (size_t k = 0; k < json_array_size(c->details); k++)
+    for (int j = 0; j < 3; j++) lg__buf_free(&c->dmore[k][j]);
+  lg__free(c->dmore);
+  c->dmore = NULL;
+  json_decref(c->details);
+  c->details = NULL;
 }
 
 /* A chunk holding tool call deltas carries more for the client than them:

@@ -122,7 +122,9 @@ typedef struct chat {
   json_t *reasoning;          /* the answer's thinking blocks / reasoning items, in order; Chat
                                  Completions: an object of those members (NULL: none) */
   json_t *details;            /* Chat Completions stream: reasoning_details as they come, merged
-                                 by type and index */
+                                 by type and index (their first pieces), */
+  lg__buf_t (*dmore)[3];      /*   and the rest of their text, summary and data, by the same
+                                   index (joined by lg__gwo_details) */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
                                    Completions: reasoning_content, reasoning) */
@@ -187,6 +189,8 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
 /* The kept calls as one chunk; the stream's end (finish, usage, [DONE]). */
 void lg__gwo_emit_kept(chat_t *c, json_t *kept);
 void lg__gwo_end_stream(chat_t *c);
+json_t *lg__gwo_details(chat_t *c);     /* the stream's reasoning_details, joined (borrowed) */
+void lg__gwo_details_clear(chat_t *c);  /* freed, NULL */
 
 /* ---- messages.c: Anthropic Messages ---- */
 

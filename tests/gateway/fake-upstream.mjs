@@ -76,7 +76,7 @@
 // prompt_filter_results.
 // A model named *-openrouter* answers as OpenRouter does with a thinking
 // model: `reasoning` and `reasoning_details` (a signed reasoning.text; a
-// stream: in two pieces, the second in the chunk of the first call's
+// stream: in three pieces, the last in the chunk of the first call's
 // delta), and refuses an assistant message with tool calls that does not
 // carry them back whole (the provider behind it refuses a tool use turn
 // without its signed thinking).
@@ -300,7 +300,7 @@ function reply(res, req) {
   });
   const thought = req.thinking && req.thinking.type === 'enabled' ? `Thinking about ${id}: ${calls.map((c) => c.function.name).join(', ') || 'an answer'}.` : null;
   if (calls.length && /-gemini/.test(req.model)) calls[0].extra_content = { google: { thought_signature: signOf('gemini:' + calls[0].id) } };
-  const routed = /-openrouter/.test(req.model) ? `The record keeps failing; ${id} asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
+  const routed = /-openrouter/.test(req.model) ? `The record keeps failing; this answer asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
   const detail = (text, last) => ({ type: 'reasoning.text', text, ...(last && { signature: signOf('thinking:' + routed) }), format: 'anthropic-claude-v1', index: 0 });
   if (!req.stream) {
     const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
@@ -325,10 +325,12 @@ function reply(res, req) {
   send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
   const steps = [];
   if (thought) steps.push(() => send([{ index: 0, delta: { reasoning_content: thought }, logprobs: null, finish_reason: null }]));
-  const half = routed ? routed.length >> 1 : 0;
-  const secondHalf = routed ? { reasoning: routed.slice(half), reasoning_details: [detail(routed.slice(half), true)] } : {};
-  if (routed) steps.push(() => send([{ index: 0, delta: { reasoning: routed.slice(0, half), reasoning_details: [detail(routed.slice(0, half), false)] }, logprobs: null, finish_reason: null }]));
-  if (routed && !calls.length) steps.push(() => send([{ index: 0, delta: secondHalf, logprobs: null, finish_reason: null }]));
+  // the reasoning in three pieces: two chunks of their own, the last (signed) with the first call
+  const cut = routed ? [0, routed.length / 3 | 0, (2 * routed.length) / 3 | 0, routed.length] : [];
+  const piece = (p) => routed.slice(cut[p], cut[p + 1]);
+  const lastPiece = routed ? { reasoning: piece(2), reasoning_details: [detail(piece(2), true)] } : {};
+  if (routed) for (const p of [0, 1]) steps.push(() => send([{ index: 0, delta: { reasoning: piece(p), reasoning_details: [detail(piece(p), false)] }, logprobs: null, finish_reason: null }]));
+  if (routed && !calls.length) steps.push(() => send([{ index: 0, delta: lastPiece, logprobs: null, finish_reason: null }]));
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
   const indexless = /-indexless/.test(req.model);
   if (indexless) calls.forEach((c, i) => {
@@ -337,7 +339,7 @@ function reply(res, req) {
   });
   else calls.forEach((c, i) => {
     const extra = c.extra_content ? { extra_content: c.extra_content } : {};
-    steps.push(() => send([{ index: 0, delta: { ...(i === 0 && secondHalf), tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' }, ...extra }] }, logprobs: null, finish_reason: null }]));
+    steps.push(() => send([{ index: 0, delta: { ...(i === 0 && lastPiece), tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' }, ...extra }] }, logprobs: null, finish_reason: null }]));
     for (const part of pieces(c.function.arguments, plan.pieces))
       steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: part } }] }, logprobs: null, finish_reason: null }]));
   });
