@@ -72,6 +72,9 @@
 // *-gemini-indexless* streams as Gemini's API may: each call whole in one
 // delta without an `index`, the first call's signature in a delta of its
 // own after it (no index, no id), and finish_reason "stop".
+// *-groq* answers with `reasoning` (its reasoning models' field, in
+// pieces when streamed) and refuses an assistant message that carries a
+// reasoning_content (a member it does not know).
 // *-azure* streams Azure OpenAI's first chunk: no choice, its
 // prompt_filter_results.
 // A model named *-openrouter* answers as OpenRouter does with a thinking
@@ -183,6 +186,17 @@ function checkReasoningDetails(req) {
     if (!d || typeof d.text !== 'string' || d.signature !== signOf('thinking:' + d.text))
       return `messages.${i}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`tool_use\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block`;
   }
+  return null;
+}
+
+// Groq: its reasoning models answer with `reasoning`, and a member it
+// does not know in a message is refused (reasoning_content, which it never sends).
+function checkGroq(req) {
+  if (!/-groq/.test(req.model || '') || req.model.startsWith('mutant')) return null;
+  const msgs = req.messages || [];
+  for (let i = 0; i < msgs.length; i++)
+    if (msgs[i].role === 'assistant' && 'reasoning_content' in msgs[i])
+      return `'messages.${i}' : for 'role:assistant' the following must be satisfied[('messages.${i}' : property 'reasoning_content' is unsupported)]`;
   return null;
 }
 
@@ -300,12 +314,13 @@ function reply(res, req) {
   });
   const thought = req.thinking && req.thinking.type === 'enabled' ? `Thinking about ${id}: ${calls.map((c) => c.function.name).join(', ') || 'an answer'}.` : null;
   if (calls.length && /-gemini/.test(req.model)) calls[0].extra_content = { google: { thought_signature: signOf('gemini:' + calls[0].id) } };
-  const routed = /-openrouter/.test(req.model) ? `The record keeps failing; this answer asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
+  const routed = /-(openrouter|groq)/.test(req.model) ? `The record keeps failing; this answer asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
+  const groq = /-groq/.test(req.model);
   const detail = (text, last) => ({ type: 'reasoning.text', text, ...(last && { signature: signOf('thinking:' + routed) }), format: 'anthropic-claude-v1', index: 0 });
   if (!req.stream) {
     const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
     if (thought) message.reasoning_content = thought;
-    if (routed) Object.assign(message, { reasoning: routed, reasoning_details: [detail(routed, true)] });
+    if (routed) Object.assign(message, { reasoning: routed, ...(!groq && { reasoning_details: [detail(routed, true)] }) });
     if (calls.length) message.tool_calls = calls;
     const first = { index: 0, message, logprobs: null, finish_reason: finish };
     const body = { id, object: 'chat.completion', created, model: req.model, choices: [first, ...others(first)], usage, system_fingerprint: 'fp_fake' };
@@ -328,8 +343,8 @@ function reply(res, req) {
   // the reasoning in three pieces: two chunks of their own, the last (signed) with the first call
   const cut = routed ? [0, routed.length / 3 | 0, (2 * routed.length) / 3 | 0, routed.length] : [];
   const piece = (p) => routed.slice(cut[p], cut[p + 1]);
-  const lastPiece = routed ? { reasoning: piece(2), reasoning_details: [detail(piece(2), true)] } : {};
-  if (routed) for (const p of [0, 1]) steps.push(() => send([{ index: 0, delta: { reasoning: piece(p), reasoning_details: [detail(piece(p), false)] }, logprobs: null, finish_reason: null }]));
+  const lastPiece = routed ? { reasoning: piece(2), ...(!groq && { reasoning_details: [detail(piece(2), true)] }) } : {};
+  if (routed) for (const p of [0, 1]) steps.push(() => send([{ index: 0, delta: { reasoning: piece(p), ...(!groq && { reasoning_details: [detail(piece(p), false)] }) }, logprobs: null, finish_reason: null }]));
   if (routed && !calls.length) steps.push(() => send([{ index: 0, delta: lastPiece, logprobs: null, finish_reason: null }]));
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
   const indexless = /-indexless/.test(req.model);
@@ -876,7 +891,7 @@ function route(req, res, body) {
       }
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
-      const v = check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j);
+      const v = check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j) || checkGroq(j);
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });

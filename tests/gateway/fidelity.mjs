@@ -118,7 +118,7 @@ let compared = 0;
 for (const model of models) {
   for (const [way, get] of Object.entries(ways)) {
     for (const think of [{ chat: {}, messages: {}, responses: {} }, THINKING]) {
-      if (/-(gemini|openrouter|azure)/.test(model) && (!way.startsWith('chat') || think === THINKING)) continue; // Chat Completions' providers
+      if (/-(gemini|openrouter|groq|azure)/.test(model) && (!way.startsWith('chat') || think === THINKING)) continue; // Chat Completions' providers
       const name = `${model} ${way}${think === THINKING ? ' thinking' : ''}`;
       let a, b;
       try {

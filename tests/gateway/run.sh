@@ -68,11 +68,12 @@ done
 # a new call), and on each half of an answer the guard splits;
 # OpenRouter's signed reasoning_details (a stream's pieces joined), also in
 # a chunk that holds a call's delta. Without them the provider refuses the
-# agent's next request, looping or not.
+# agent's next request, looping or not. And nothing the answer did not
+# have: Groq refuses a reasoning_content, which it never sends.
 note "an answer that needs no guard reaches the SDK as the upstream gave it (each API, stream false and true)"
-f=$(client fidelity.mjs DIRECT="$FAKE" GATEWAY="$gw_URL" MODELS=finish,loop-write,pair,finish-gemini,finish-openrouter,finish-azure) ||
+f=$(client fidelity.mjs DIRECT="$FAKE" GATEWAY="$gw_URL" MODELS=finish,loop-write,pair,finish-gemini,finish-openrouter,finish-groq,finish-azure) ||
   fail "fidelity: $f"
-[ "$(echo "$f" | get 'd["compared"]')" = 51 ] || fail "fidelity: $f"
+[ "$(echo "$f" | get 'd["compared"]')" = 54 ] || fail "fidelity: $f"
 
 note "Gemini's thought signatures, OpenRouter's reasoning_details: kept with their calls"
 for st in 1 raw; do
@@ -81,7 +82,7 @@ for st in 1 raw; do
 done
 d=$(agent BASE_URL="$FAKE/v1" MODEL=stubborn-openrouter STREAM=raw STEP_CAP=4) || fail "openrouter direct: $d"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 4 ] || fail "openrouter direct: $d"
-for via in gemini:0 gemini:1 gemini:raw gemini-indexless:raw openrouter:0 openrouter:raw; do
+for via in gemini:0 gemini:1 gemini:raw gemini-indexless:raw openrouter:0 openrouter:raw groq:0 groq:raw; do
   st=${via#*:}
   f=$(agent BASE_URL="$gw_URL/v1" MODEL=finish-${via%:*} STREAM=$st) || fail "finish-${via%:*} stream=$st: $f"
   [ "$(echo "$f" | get 'd["ended"] + str(d["executions"]["lookup"])')" = final1 ] || fail "finish-${via%:*} stream=$st: $f"
