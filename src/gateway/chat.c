@@ -912,7 +912,22 @@ static const char *call_model(const chat_t *c) {
 /* An OpenAI stream whose client did not ask for the usage chunk: the
  * gateway asks for it (its usage settles the call's cost). */
 static int usage_unasked(const chat_t *c) {
-  return c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage;
+  return c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage &&
+         !atomic_load(&lg__gw_cfg(c->cx->gw)->up[c->ui].no_stream_options);
+}
+
+/* Whether the upstream refused the stream_options the gateway added to
+ * the client's stream (Mistral answers 422, "Extra inputs are not
+ * permitted", and sends the usage at a stream's end unasked): a 400 or
+ * 422 whose body names the member. The upstream is then asked without
+ * it, from now on. */
+static int refused_stream_options(const chat_t *c, const lg__gw_http_t *x) {
+  static const char word[] = "stream_options";
+  const lg__buf_t *b = &x->body_out;
+  if (!usage_unasked(c) || (x->status != 400 && x->status != 422) || b->oom) return 0;
+  for (size_t i = 0; i + sizeof word - 1 <= b->len; i++)
+    if (!memcmp(b->data + i, word, sizeof word - 1)) return 1;
+  return 0;
 }
 
 static json_t *build_body(chat_t *c) {
@@ -2182,10 +2197,12 @@ static void stream_reset(chat_t *c) {
   c->held_bytes = 0;
 }
 
-/* The usage of a stream cut by the gateway: what the upstream had sent, at
- * most (a token is at least a byte). New. */
+/* The usage of a stream cut by the gateway, or that came without one:
+ * what the upstream had sent, at most (a token is at least a byte: the
+ * request's bytes, the answer's text and held calls and reasoning). New. */
 static json_t *cut_usage(chat_t *c, size_t blen) {
-  return json_pack("{s:I, s:I}", "input_tokens", (json_int_t)blen, "output_tokens", (json_int_t)c->text.len);
+  return json_pack("{s:I, s:I}", "input_tokens", (json_int_t)blen, "output_tokens",
+                   (json_int_t)(c->text.len + c->held_bytes));
 }
 
 /* One model call, streamed: 1 the stream is answered, 0 ask again. */
@@ -2209,13 +2226,21 @@ static int stream_exchange(chat_t *c, int ask) {
     if (c->cut == 2) answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     else end_api_stream(c);
   } else if (!rc && x.status == 200 && (c->saw_done || (c->api == LG__GW_API_OPENAI && c->finish))) {
-    usage_event(c, mo.reservation, c->usage, 0, blen);
+    json_t *u = c->usage ? json_incref(c->usage) : cut_usage(c, blen); /* none sent: at most */
+    usage_event(c, mo.reservation, u, 0, blen);
+    json_decref(u);
     lg__gwc_begin_stream(c);
     done = stream_finish(c, ask);
     if (done == 1) end_api_stream(c);
   } else if (c->streamed) { /* the upstream failed mid-stream */
     usage_event(c, mo.reservation, NULL, 1, blen);
     if (!atomic_load(&j->s_gone) && !c->saw_error) stream_error(c, &x, rc);
+  } else if (!rc && refused_stream_options(c, &x)) { /* asked again at once, without it */
+    usage_event(c, mo.reservation, NULL, 1, blen);
+    settle_usage(c);
+    lg__gw_http_clear(&x);
+    lg__gw_learn_no_stream_options(c->cx, c->ui);
+    return stream_exchange(c, ask);
   } else { /* nothing was sent to the client: an error of its API */
     usage_event(c, mo.reservation, NULL, 1, blen);
     if (rc) lg__gw_upstream_failed(j, &x);

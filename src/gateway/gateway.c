@@ -1599,6 +1599,18 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns) {
   atomic_fetch_add(&gw->up_sum_ns[up], ns);
 }
 
+void lg__gw_learn_no_stream_options(lg__gw_ctx_t *cx, size_t ui) {
+  if (ui >= cx->gw->cfg.nup || atomic_exchange(&cx->gw->cfg.up[ui].no_stream_options, 1)) return;
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"upstream\":");
+  lg__buf_json_str(&f, cx->gw->cfg.up[ui].name, strlen(cx->gw->cfg.up[ui].name));
+  lg__buf_puts(&f, ",\"message\":\"the upstream refused stream_options (asked for a stream's usage): "
+                   "its streams are asked without it from now on, their usage read if it sends one, "
+                   "else counted from their bytes\"");
+  if (!f.oom) lg__server_log(cx->srv, "info", "upstream_refuses_stream_options", f.data);
+  lg__buf_free(&f);
+}
+
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
                               const char *reason, const char *tool, const char *call_id) {
   int a = !strcmp(action, "block") ? 0 : !strcmp(action, "replay") ? 1 : !strcmp(action, "stop") ? 2 : 3;

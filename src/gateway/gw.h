@@ -36,6 +36,8 @@ typedef struct lg__gw_upstream {
   int api;            /* LG__GW_API_* */
   char *api_key;      /* read from api_key_env at start, or NULL: the client's */
   int64_t timeout_ms; /* the whole upstream request */
+  _Atomic int no_stream_options; /* learnt: it refused the stream_options the gateway
+                                    adds to a Chat Completions stream (Mistral's 422) */
 } lg__gw_upstream_t;
 
 typedef struct lg__gw_route {
@@ -353,6 +355,9 @@ void lg__gw_stream_end(lg__gw_job_t *j);
 #define LG__GW_STREAM_LOW ((size_t)256 << 10)
 /* Metrics and the intervention log. */
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns);
+/* Upstream ui refused the stream_options the gateway adds: not sent to it
+ * again (its no_stream_options), said once in the log. */
+void lg__gw_learn_no_stream_options(lg__gw_ctx_t *cx, size_t ui);
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
                               const char *reason, const char *tool, const char *call_id);
 /* An error body in the API's shape into b: OpenAI's {"error": {message,

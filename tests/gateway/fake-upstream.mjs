@@ -75,6 +75,10 @@
 // *-groq* answers with `reasoning` (its reasoning models' field, in
 // pieces when streamed) and refuses an assistant message that carries a
 // reasoning_content (a member it does not know).
+// *-mistral* answers as Mistral's API: a request with stream_options is
+// refused (422, "Extra inputs are not permitted"; counted in GET /stats
+// as stream_options_refused), a stream's last chunk carries the usage.
+// *-nousage* never sends a stream's usage, asked or not.
 // *-azure* streams Azure OpenAI's first chunk: no choice, its
 // prompt_filter_results.
 // A model named *-openrouter* answers as OpenRouter does with a thinking
@@ -108,7 +112,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0 };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -358,8 +362,9 @@ function reply(res, req) {
     for (const part of pieces(c.function.arguments, plan.pieces))
       steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: part } }] }, logprobs: null, finish_reason: null }]));
   });
-  steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: indexless ? 'stop' : finish }]));
-  if (req.stream_options && req.stream_options.include_usage) steps.push(() => send([], { usage }));
+  const mistral = /-mistral/.test(req.model); // its usage in the last chunk, unasked
+  steps.push(() => send([{ index: 0, delta: {}, logprobs: null, finish_reason: indexless ? 'stop' : finish }], mistral ? { usage } : undefined));
+  if (req.stream_options && req.stream_options.include_usage && !/-nousage/.test(req.model)) steps.push(() => send([], { usage }));
   steps.push(() => res.end('data: [DONE]\n\n'));
   if (plan.pieces) { for (const step of steps) step(); return; } // all at once
   const delay = (req.model || '').startsWith('drip') ? 250 : Number(process.env.FAKE_CHUNK_MS || 5);
@@ -896,6 +901,11 @@ function route(req, res, body) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });
         return res.end(JSON.stringify({ error: { message: "Invalid parameter: " + v, type: 'invalid_request_error', param: 'messages', code: null } }));
+      }
+      if (/-mistral/.test(j.model || '') && 'stream_options' in j) { // Mistral's API: no such member
+        stats.stream_options_refused++;
+        res.writeHead(422, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ object: 'error', message: { detail: [{ type: 'extra_forbidden', loc: ['body', 'stream_options'], msg: 'Extra inputs are not permitted', input: j.stream_options }] }, type: 'invalid_request_error', param: null, code: null }));
       }
       if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
       if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }

@@ -70,6 +70,27 @@ done
 # a chunk that holds a call's delta. Without them the provider refuses the
 # agent's next request, looping or not. And nothing the answer did not
 # have: Groq refuses a reasoning_content, which it never sends.
+note "Mistral refuses stream_options: asked again without, once for the upstream, the usage read from the stream"
+d=$(agent BASE_URL="$FAKE/v1" MODEL=stubborn-mistral STREAM=raw STEP_CAP=4) || fail "mistral direct: $d"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 4 ] || fail "mistral direct: $d"
+f=$(agent BASE_URL="$gw_URL/v1" MODEL=finish-mistral STREAM=raw) || fail "finish-mistral: $f"
+[ "$(echo "$f" | get 'd["ended"] + str(d["executions"]["lookup"])')" = final1 ] || fail "finish-mistral: $f"
+a=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn-mistral STREAM=raw) || fail "stubborn-mistral: $a"
+stopped "stubborn-mistral" "$a"
+[ "$(curl -sf "$FAKE/stats" | get 'd["stream_options_refused"]')" = 1 ] || fail "mistral: the gateway did not learn at once: $(curl -s "$FAKE/stats" | get 'd["stream_options_refused"]')"
+grep -q '"upstream_refuses_stream_options"' "$TMP/gw.log" || fail "mistral: not in the log"
+curl -sf -o /dev/null -H "Content-Type: application/json" -H "X-Loopguard-Run: mistral-usage" "$gw_URL/v1/chat/completions" \
+  -d '{"model":"finish-mistral","stream":true,"messages":[{"role":"user","content":"Hi"}]}' || fail "mistral usage stream"
+curl -sf "$gw_URL/v1/runs/mistral-usage/trace" | grep -q '"type":"usage".*"output_tokens":10,' ||
+  fail "mistral: the stream's own usage was not read: $(curl -s "$gw_URL/v1/runs/mistral-usage/trace")"
+
+# an upstream that sends no usage: the answer's bytes count, at most (a
+# token is at least a byte): here its one call, "lookup" and its 21 bytes
+curl -sf -o /dev/null -H "Content-Type: application/json" -H "X-Loopguard-Run: no-usage" "$gw_URL/v1/chat/completions" \
+  -d '{"model":"finish-nousage","stream":true,"messages":[{"role":"user","content":"Hi"}]}' || fail "no-usage stream"
+curl -sf "$gw_URL/v1/runs/no-usage/trace" | grep -q '"type":"usage".*"output_tokens":27,' ||
+  fail "no usage sent: the answer's bytes not counted: $(curl -s "$gw_URL/v1/runs/no-usage/trace")"
+
 note "an answer that needs no guard reaches the SDK as the upstream gave it (each API, stream false and true)"
 f=$(client fidelity.mjs DIRECT="$FAKE" GATEWAY="$gw_URL" MODELS=finish,loop-write,pair,finish-gemini,finish-openrouter,finish-groq,finish-azure) ||
   fail "fidelity: $f"
