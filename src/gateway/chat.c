@@ -913,20 +913,37 @@ static const char *call_model(const chat_t *c) {
  * gateway asks for it (its usage settles the call's cost). */
 static int usage_unasked(const chat_t *c) {
   return c->stream && c->api == LG__GW_API_OPENAI && !c->client_usage &&
-         !atomic_load(&lg__gw_cfg(c->cx->gw)->up[c->ui].no_stream_options);
+         !lg__gw_learnt(c->cx, c->ui, LG__GW_LEARNT_NO_STREAM_OPTIONS, NULL);
 }
 
-/* Whether the upstream refused the stream_options the gateway added to
- * the client's stream (Mistral answers 422, "Extra inputs are not
- * permitted", and sends the usage at a stream's end unasked): a 400 or
- * 422 whose body names the member. The upstream is then asked without
- * it, from now on. */
-static int refused_stream_options(const chat_t *c, const lg__gw_http_t *x) {
-  static const char word[] = "stream_options";
-  const lg__buf_t *b = &x->body_out;
-  if (!usage_unasked(c) || (x->status != 400 && x->status != 422) || b->oom) return 0;
-  for (size_t i = 0; i + sizeof word - 1 <= b->len; i++)
-    if (!memcmp(b->data + i, word, sizeof word - 1)) return 1;
+static int mentions(const lg__buf_t *b, const char *word) {
+  size_t n = strlen(word);
+  for (size_t i = 0; !b->oom && i + n <= b->len; i++)
+    if (!memcmp(b->data + i, word, n)) return 1;
+  return 0;
+}
+
+/* Whether the upstream refused a member the gateway added to the client's
+ * request (x: a 400 or 422 that names it): stream_options, which
+ * Mistral's API does not take (422, "Extra inputs are not permitted"; it
+ * sends a stream's usage unasked); a loopguard key's max_tokens, which
+ * OpenAI's reasoning models do not take ("Use 'max_completion_tokens'
+ * instead"). The upstream is marked, never sent it again, and the
+ * request mended: 1, ask again at once. */
+static int refused_added(chat_t *c, const lg__gw_http_t *x) {
+  if (x->status != 400 && x->status != 422) return 0;
+  if (usage_unasked(c) && mentions(&x->body_out, "stream_options")) {
+    lg__gw_learn(c->cx, c->ui, LG__GW_LEARNT_NO_STREAM_OPTIONS, NULL);
+    return 1;
+  }
+  if (c->root_added && !strcmp(c->root_added, "max_tokens") && mentions(&x->body_out, "max_completion_tokens")) {
+    json_t *v = json_incref(json_object_get(c->root, "max_tokens"));
+    json_object_del(c->root, "max_tokens");
+    json_object_set_new(c->root, "max_completion_tokens", v);
+    c->root_added = "max_completion_tokens";
+    lg__gw_learn(c->cx, c->ui, LG__GW_LEARNT_MAX_COMPLETION_TOKENS, c->model); /* keys.c's */
+    return 1;
+  }
   return 0;
 }
 
@@ -1907,6 +1924,13 @@ static int plain_exchange(chat_t *c, int ask) {
   json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
   c->cur_resp_id = sget(resp, "id");
   int done = 1;
+  if (!rc && refused_added(c, &x)) { /* asked again at once, mended */
+    usage_event(c, mo.reservation, NULL, 1, blen);
+    settle_usage(c);
+    json_decref(resp);
+    lg__gw_http_clear(&x);
+    return plain_exchange(c, ask);
+  }
   if (rc || x.status != 200 || !msg) {
     usage_event(c, mo.reservation, NULL, rc || x.status != 200, blen);
     if (rc) lg__gw_upstream_failed(j, &x);
@@ -2235,11 +2259,10 @@ static int stream_exchange(chat_t *c, int ask) {
   } else if (c->streamed) { /* the upstream failed mid-stream */
     usage_event(c, mo.reservation, NULL, 1, blen);
     if (!atomic_load(&j->s_gone) && !c->saw_error) stream_error(c, &x, rc);
-  } else if (!rc && refused_stream_options(c, &x)) { /* asked again at once, without it */
+  } else if (!rc && refused_added(c, &x)) { /* asked again at once, mended */
     usage_event(c, mo.reservation, NULL, 1, blen);
     settle_usage(c);
     lg__gw_http_clear(&x);
-    lg__gw_learn_no_stream_options(c->cx, c->ui);
     return stream_exchange(c, ask);
   } else { /* nothing was sent to the client: an error of its API */
     usage_event(c, mo.reservation, NULL, 1, blen);

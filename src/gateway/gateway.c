@@ -96,6 +96,9 @@ typedef lg__gw_key_t key_ent_t;
 #define GW_PREFIX_TRIES 8
 
 #define GW_MAX_UP 16
+/* Models remembered as taking max_completion_tokens only (past it: each
+ * request of another such model is refused once, then mended). */
+#define GW_LEARNT_MODELS 256
 
 struct lg__gw {
   lg_server_t *srv;
@@ -134,6 +137,9 @@ struct lg__gw {
   _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
   _Atomic uint64_t up_sum_ns[GW_MAX_UP];
   _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
+  /* models whose upstream refused max_tokens ("UI\tMODEL"; lg__gw_learn), under tmu */
+  char *mct[GW_LEARNT_MODELS];
+  size_t nmct;
 };
 
 const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw) { return &gw->cfg; }
@@ -1599,17 +1605,67 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns) {
   atomic_fetch_add(&gw->up_sum_ns[up], ns);
 }
 
-void lg__gw_learn_no_stream_options(lg__gw_ctx_t *cx, size_t ui) {
-  if (ui >= cx->gw->cfg.nup || atomic_exchange(&cx->gw->cfg.up[ui].no_stream_options, 1)) return;
+/* "UI\tMODEL" into b (NULL: out of memory). */
+static char *ui_model(size_t ui, const char *model) {
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "%zu\t%s", ui, model ? model : "");
+  if (b.oom) lg__buf_free(&b);
+  return b.data;
+}
+
+/* Whether "UI\tMODEL" k is in the table, and when add, put there (taking
+ * k) if not: 1 it was. Under tmu. */
+static int mct_seen(lg__gw_t *gw, char **k, int add) {
+  int found = 0;
+  pthread_mutex_lock(&gw->tmu);
+  for (size_t i = 0; *k && i < gw->nmct && !found; i++) found = !strcmp(gw->mct[i], *k);
+  if (add && *k && !found && gw->nmct < GW_LEARNT_MODELS) gw->mct[gw->nmct++] = *k, *k = NULL;
+  pthread_mutex_unlock(&gw->tmu);
+  return found;
+}
+
+int lg__gw_learnt(lg__gw_ctx_t *cx, size_t ui, int bit, const char *model) {
+  lg__gw_t *gw = cx->gw;
+  if (ui >= gw->cfg.nup || !(atomic_load(&gw->cfg.up[ui].learnt) & bit)) return 0;
+  if (bit != LG__GW_LEARNT_MAX_COMPLETION_TOKENS) return 1;
+  char *k = ui_model(ui, model);
+  int found = mct_seen(gw, &k, 0);
+  lg__free(k);
+  return found;
+}
+
+void lg__gw_learn(lg__gw_ctx_t *cx, size_t ui, int bit, const char *model) {
+  lg__gw_t *gw = cx->gw;
+  if (ui >= gw->cfg.nup) return;
+  int had = atomic_fetch_or(&gw->cfg.up[ui].learnt, bit) & bit;
+  if (bit == LG__GW_LEARNT_MAX_COMPLETION_TOKENS) { /* a model's */
+    char *k = ui_model(ui, model);
+    had = mct_seen(gw, &k, 1);
+    lg__free(k);
+  }
+  if (had) return;
+  static const char *const said[2][2] = {
+      {"upstream_refuses_stream_options",
+       "the upstream refused stream_options (asked for a stream's usage): its streams are asked "
+       "without it from now on, their usage read if it sends one, else counted from their bytes"},
+      {"upstream_refuses_max_tokens",
+       "the upstream refused the max_tokens a loopguard key adds, for max_completion_tokens: "
+       "that one is added for this model from now on"}};
+  int k = bit == LG__GW_LEARNT_NO_STREAM_OPTIONS ? 0 : 1;
   lg__buf_t f = {0};
   lg__buf_puts(&f, "\"upstream\":");
-  lg__buf_json_str(&f, cx->gw->cfg.up[ui].name, strlen(cx->gw->cfg.up[ui].name));
-  lg__buf_puts(&f, ",\"message\":\"the upstream refused stream_options (asked for a stream's usage): "
-                   "its streams are asked without it from now on, their usage read if it sends one, "
-                   "else counted from their bytes\"");
-  if (!f.oom) lg__server_log(cx->srv, "info", "upstream_refuses_stream_options", f.data);
+  lg__buf_json_str(&f, gw->cfg.up[ui].name, strlen(gw->cfg.up[ui].name));
+  if (k && model) {
+    lg__buf_puts(&f, ",\"model\":");
+    lg__buf_json_str(&f, model, strlen(model));
+  }
+  lg__buf_puts(&f, ",\"message\":");
+  lg__buf_json_str(&f, said[k][1], strlen(said[k][1]));
+  if (!f.oom) lg__server_log(cx->srv, "info", said[k][0], f.data);
   lg__buf_free(&f);
 }
+
+
 
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
                               const char *reason, const char *tool, const char *call_id) {
@@ -1811,6 +1867,7 @@ void lg__gw_free(lg__gw_t *gw) {
   pthread_cond_destroy(&gw->idle_cv);
   pthread_cond_destroy(&gw->grow_cv);
   pthread_mutex_destroy(&gw->tmu);
+  for (size_t i = 0; i < gw->nmct; i++) lg__free(gw->mct[i]);
   if (gw->ctx_key_ok) pthread_key_delete(gw->ctx_key); /* the loops' threads are gone */
   lg__free(gw);
 }

@@ -36,9 +36,20 @@ typedef struct lg__gw_upstream {
   int api;            /* LG__GW_API_* */
   char *api_key;      /* read from api_key_env at start, or NULL: the client's */
   int64_t timeout_ms; /* the whole upstream request */
-  _Atomic int no_stream_options; /* learnt: it refused the stream_options the gateway
-                                    adds to a Chat Completions stream (Mistral's 422) */
+  _Atomic int learnt; /* what it refused of what the gateway adds (LG__GW_LEARNT_*, bits),
+                         not sent to it again while the server runs; a model's in the
+                         gateway's table (lg__gw_learn) */
 } lg__gw_upstream_t;
+
+/* The upstream refused stream_options, which the gateway adds to a Chat
+ * Completions stream for its usage (Mistral's 422): it sends the usage
+ * unasked, or the answer's bytes count. */
+#define LG__GW_LEARNT_NO_STREAM_OPTIONS 1
+/* The upstream refused the max_tokens a loopguard key adds to a Chat
+ * Completions request without one, for max_completion_tokens (OpenAI's
+ * reasoning models): that name is added instead, for that model (an
+ * upstream may front several providers). */
+#define LG__GW_LEARNT_MAX_COMPLETION_TOKENS 2
 
 typedef struct lg__gw_route {
   char *model_prefix;
@@ -355,9 +366,12 @@ void lg__gw_stream_end(lg__gw_job_t *j);
 #define LG__GW_STREAM_LOW ((size_t)256 << 10)
 /* Metrics and the intervention log. */
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns);
-/* Upstream ui refused the stream_options the gateway adds: not sent to it
- * again (its no_stream_options), said once in the log. */
-void lg__gw_learn_no_stream_options(lg__gw_ctx_t *cx, size_t ui);
+/* Upstream ui refused what the gateway adds (bit, LG__GW_LEARNT_*; for
+ * LG__GW_LEARNT_MAX_COMPLETION_TOKENS with model): not sent to it again,
+ * said once in the log. */
+void lg__gw_learn(lg__gw_ctx_t *cx, size_t ui, int bit, const char *model);
+/* Whether upstream ui (with model) has refused bit. */
+int lg__gw_learnt(lg__gw_ctx_t *cx, size_t ui, int bit, const char *model);
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
                               const char *reason, const char *tool, const char *call_id);
 /* An error body in the API's shape into b: OpenAI's {"error": {message,

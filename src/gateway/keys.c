@@ -226,8 +226,11 @@ static int model_allowed(const lg__key_row_t *k, const char *model) {
   return ok;
 }
 
-/* The field that bounds the output on this route, and its value (-1). */
-static const char *max_field(const lg__gw_job_t *j, json_t *root, int64_t *v) {
+/* The field that bounds the output on this route, and its value (-1):
+ * the request's, else the one to add (max_completion_tokens for an
+ * upstream that refused max_tokens, lg__gw_learn). */
+static const char *max_field(lg__gw_ctx_t *cx, size_t ui, const char *model, const lg__gw_job_t *j,
+                             json_t *root, int64_t *v) {
   static const char *const names[] = {"max_completion_tokens", "max_tokens", "max_output_tokens"};
   *v = -1;
   for (size_t i = 0; i < 3; i++) {
@@ -237,7 +240,8 @@ static const char *max_field(const lg__gw_job_t *j, json_t *root, int64_t *v) {
       return names[i];
     }
   }
-  return j->kind == LG__GW_RESPONSES ? "max_output_tokens" : "max_tokens";
+  if (j->kind == LG__GW_RESPONSES) return "max_output_tokens";
+  return lg__gw_learnt(cx, ui, LG__GW_LEARNT_MAX_COMPLETION_TOKENS, model) ? "max_completion_tokens" : "max_tokens";
 }
 
 /* The largest t in [0, hi] whose worst case fits in `room` nano-USD, or
@@ -366,7 +370,7 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
   }
   lg_prices_t *p = lg_price_book_get(cx->srv->prices);
   int64_t input = (int64_t)body_len + INPUT_SLACK, asked_max = -1;
-  const char *field = max_field(j, root, &asked_max);
+  const char *field = max_field(cx, ui, model, j, root, &asked_max);
   int64_t cap = lg__gw_output_cap(p, model, input), n = lg__gw_choices(j, root);
   int64_t want = asked_max >= 0 ? asked_max : cap; /* an answer's; n of them */
   int done = 0;

@@ -79,6 +79,9 @@
 // refused (422, "Extra inputs are not permitted"; counted in GET /stats
 // as stream_options_refused), a stream's last chunk carries the usage.
 // *-nousage* never sends a stream's usage, asked or not.
+// *-o3* answers as OpenAI's reasoning models: a request with max_tokens is
+// refused ("Use 'max_completion_tokens' instead"; counted in GET /stats as
+// max_tokens_refused).
 // *-azure* streams Azure OpenAI's first chunk: no choice, its
 // prompt_filter_results.
 // A model named *-openrouter* answers as OpenRouter does with a thinking
@@ -112,7 +115,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0 };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -906,6 +909,11 @@ function route(req, res, body) {
         stats.stream_options_refused++;
         res.writeHead(422, { 'content-type': 'application/json' });
         return res.end(JSON.stringify({ object: 'error', message: { detail: [{ type: 'extra_forbidden', loc: ['body', 'stream_options'], msg: 'Extra inputs are not permitted', input: j.stream_options }] }, type: 'invalid_request_error', param: null, code: null }));
+      }
+      if (/-o3/.test(j.model || '') && 'max_tokens' in j) { // OpenAI's reasoning models
+        stats.max_tokens_refused++;
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.", type: 'invalid_request_error', param: 'max_tokens', code: 'unsupported_parameter' } }));
       }
       if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
       if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }

@@ -47,7 +47,8 @@ cat >"$TMP/prices.json" <<'JSON'
 {"models": {"finish": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "other":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "slow":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
-            "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+            "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "finish-o3": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -119,6 +120,16 @@ s=$(spent "$H1")
 [ "$(python3 -c "print(float('$s') > 0)")" = True ] || fail "no spend on the key: $s"
 self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
 [ "$(echo "$self" | get 'd["usage_usd"] == d["usage_monthly_usd"] > 0')" = true ] || fail "GET /v1/key: $self"
+
+note "an upstream that refuses the key's max_tokens (OpenAI's reasoning models): max_completion_tokens, learnt once"
+for stream in false true false; do
+  b=$(chat "$K1" "{\"model\":\"finish-o3\",\"stream\":$stream,$MSG}")
+  [ "$(st)" = 200 ] || fail "finish-o3 stream=$stream: $(st) $b"
+  up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
+  [ "$(echo "$up" | get '[d.get("max_tokens"), d.get("max_completion_tokens")]')" = '[null, 50]' ] || fail "finish-o3: the upstream got $up"
+done
+[ "$(curl -s "$FAKE/stats" | get 'd["max_tokens_refused"]')" = 1 ] || fail "finish-o3: refused more than once: $(curl -s "$FAKE/stats" | get 'd["max_tokens_refused"]')"
+grep -q '"upstream_refuses_max_tokens"' "$TMP/gw.log" || fail "finish-o3: not in the log"
 
 note "a streamed request settles from the stream's usage"
 before=$(spent "$H1")
