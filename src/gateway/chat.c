@@ -934,7 +934,7 @@ static int refused_added(chat_t *c, const lg__gw_http_t *x) {
   if (x->status != 400 && x->status != 422) return 0;
   if (usage_unasked(c) && mentions(&x->body_out, "stream_options")) {
     lg__gw_learn(c->cx, c->ui, LG__GW_LEARNT_NO_STREAM_OPTIONS, NULL);
-    return 1;
+    return !usage_unasked(c); /* learnt: asked without it (never again and again) */
   }
   if (c->root_added && !strcmp(c->root_added, "max_tokens") && mentions(&x->body_out, "max_completion_tokens")) {
     json_t *v = json_incref(json_object_get(c->root, "max_tokens"));

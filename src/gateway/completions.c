@@ -130,7 +130,15 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
   }
 }
 
+/* A reasoning detail's members whose pieces are joined. */
 static const char *const joined[3] = {"text", "summary", "data"};
+
+/* Whether two reasoning details are pieces of one: their type and index. */
+static int same_detail(json_t *a, json_t *b) {
+  const char *ta = sget(a, "type"), *tb = sget(b, "type");
+  return (ta && tb ? !strcmp(ta, tb) : ta == tb) &&
+         json_integer_value(json_object_get(a, "index")) == json_integer_value(json_object_get(b, "index"));
+}
 
 /* Chat Completions: a delta's reasoning kept, in case a call of the answer
  * is restored (restored_items): reasoning_content and reasoning joined,
@@ -140,12 +148,6 @@ static const char *const joined[3] = {"text", "summary", "data"};
  * c->details, the rest of its strings in c->dmore, joined once read
  * (lg__gwo_details): a piece at a time, a long detail's joins would copy
  * it over and over. Within the answer's bound, as held calls. */
-static int same_detail(json_t *a, json_t *b) {
-  const char *ta = sget(a, "type"), *tb = sget(b, "type");
-  return (ta && tb ? !strcmp(ta, tb) : ta == tb) &&
-         json_integer_value(json_object_get(a, "index")) == json_integer_value(json_object_get(b, "index"));
-}
-
 static void hold_reasoning(chat_t *c, json_t *delta) {
   for (int i = 0; i < 2; i++) {
     const char *t = sget(delta, i ? "reasoning" : "reasoning_content");
