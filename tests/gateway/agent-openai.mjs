@@ -5,10 +5,9 @@
 //   BASE_URL  the API's base URL (the gateway's or the fake upstream's)
 //   MODEL     the fake upstream's script ("loop-write", "finish")
 //   STREAM    1: chat.completions.stream() (the SDK's own accumulator);
-//             raw: create({stream: true}), the chunks joined by the loop
-//             itself, as a hand-written client for OpenRouter and Gemini
-//             does (reasoning_details merged by type and index; a call
-//             delta without an index: a new id a new call, else the last)
+//             raw: create({stream: true}), the chunks joined as a
+//             hand-written client for OpenRouter and Gemini joins them
+//             (chat-stream.mjs)
 //   STEP_CAP  the agent's cap on model calls [12]
 //   THINKING  1: `thinking: {type: "enabled"}` (DeepSeek's, Moonshot's): each
 //             answer's reasoning_content goes back with its tool calls
@@ -18,6 +17,7 @@
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer text, the X-Loopguard-* headers seen (non-stream).
 import OpenAI from 'openai';
+import { joinChatStream } from './chat-stream.mjs';
 
 const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
 const model = process.env.MODEL || 'loop-write';
@@ -38,39 +38,6 @@ function runTool(name, args) {
   return 'unknown tool';
 }
 
-// One streamed answer, its chunks joined: the message as a JSON answer has it.
-async function rawStream(body) {
-  const msg = { role: 'assistant', content: null, tool_calls: [] };
-  let finish = null;
-  const details = [];
-  for await (const ch of await client.chat.completions.create({ ...body, stream: true })) {
-    const ci = ch.choices && ch.choices[0];
-    if (!ci) continue;
-    if (ci.finish_reason) finish = ci.finish_reason;
-    const d = ci.delta || {};
-    if (typeof d.content === 'string') msg.content = (msg.content || '') + d.content;
-    for (const k of ['reasoning', 'reasoning_content']) if (typeof d[k] === 'string') msg[k] = (msg[k] || '') + d[k];
-    for (const x of d.reasoning_details || []) {
-      const had = details.find((e) => e.type === x.type && e.index === x.index);
-      if (!had) { details.push({ ...x }); continue; }
-      for (const [k, v] of Object.entries(x)) had[k] = ['text', 'summary', 'data'].includes(k) && typeof had[k] === 'string' ? had[k] + v : v;
-    }
-    for (const { index, id, type, function: fn, ...rest } of d.tool_calls || []) {
-      // Gemini's deltas may come without an index: a new id is a new call, no id the last one
-      const n = msg.tool_calls.length;
-      const at = index ?? (!id ? Math.max(n - 1, 0) : (k => (k < 0 ? n : k))(msg.tool_calls.findIndex((t) => t.id === id)));
-      const tc = (msg.tool_calls[at] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
-      Object.assign(tc, rest);
-      if (id) tc.id = id;
-      if (fn?.name) tc.function.name += fn.name;
-      if (fn?.arguments) tc.function.arguments += fn.arguments;
-    }
-  }
-  if (finish === null) throw new Error('no finish_reason');
-  if (details.length) msg.reasoning_details = details;
-  if (!msg.tool_calls.length) delete msg.tool_calls;
-  return msg;
-}
 
 const messages = [
   { role: 'system', content: 'You are a careful agent.' },
@@ -82,7 +49,9 @@ while (steps < cap) {
   steps++;
   let msg;
   if (raw) {
-    msg = await rawStream({ model, messages, tools, ...thinking });
+    const r = await joinChatStream(await client.chat.completions.create({ model, messages, tools, ...thinking, stream: true }));
+    if (r.finish_reason === null) throw new Error('no finish_reason');
+    msg = r.message;
   } else if (stream) {
     const s = client.chat.completions.stream({ model, messages, tools, stream_options: { include_usage: true }, ...thinking });
     const done = await s.finalChatCompletion();

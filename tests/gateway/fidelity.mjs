@@ -13,6 +13,7 @@
 // Prints {"compared": N, "differences": [...]}; exits 1 (throws) on a difference.
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
+import { joinChatStream } from './chat-stream.mjs';
 
 const models = (process.env.MODELS || 'finish').split(',');
 const oa = (base) => new OpenAI({ baseURL: base + '/v1', apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
@@ -25,45 +26,6 @@ const ask = 'Who is customer c-1?';
 // each API's reasoning turned on, as the fake knows it (DeepSeek's thinking, Claude's, OpenAI's)
 const THINKING = { chat: { thinking: { type: 'enabled' } }, messages: { thinking: { type: 'enabled', budget_tokens: 1024 } }, responses: { reasoning: { effort: 'low' } } };
 
-// Chat Completions' chunks joined as a hand-written client does: each
-// member of a delta joined (strings) or kept as it last came; a call
-// delta by its index (or, without one, a new id a new call).
-async function rawChat(client, body) {
-  const msg = { role: 'assistant' }, calls = [];
-  let finish = null, usage = null;
-  for await (const ch of await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } })) {
-    if (ch.usage) usage = ch.usage;
-    for (const c of ch.choices || []) {
-      if (c.index !== 0) continue;
-      if (c.finish_reason) finish = c.finish_reason;
-      for (const [k, v] of Object.entries(c.delta || {})) {
-        if (k === 'tool_calls') {
-          for (const { index, id, type, function: f, ...rest } of v) {
-            const at = index ?? (!id ? Math.max(calls.length - 1, 0) : ((k) => (k < 0 ? calls.length : k))(calls.findIndex((t) => t.id === id)));
-            const tc = (calls[at] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
-            Object.assign(tc, rest);
-            if (id) tc.id = id;
-            if (f?.name) tc.function.name += f.name;
-            if (f?.arguments) tc.function.arguments += f.arguments;
-          }
-        } else if (k === 'reasoning_details') {
-          msg[k] ??= [];
-          for (const d of v) {
-            const had = msg[k].find((e) => e.type === d.type && e.index === d.index);
-            if (!had) msg[k].push({ ...d });
-            else for (const [dk, dv] of Object.entries(d)) had[dk] = ['text', 'summary', 'data'].includes(dk) && typeof had[dk] === 'string' ? had[dk] + dv : dv;
-          }
-        } else if (typeof v === 'string' && typeof msg[k] === 'string' && k !== 'role') {
-          msg[k] += v;
-        } else {
-          msg[k] = v;
-        }
-      }
-    }
-  }
-  if (calls.length) msg.tool_calls = calls;
-  return { message: msg, finish_reason: finish, usage };
-}
 
 const ways = {
   'chat': async (base, model, think) => {
@@ -74,7 +36,7 @@ const ways = {
     const r = await oa(base).chat.completions.stream({ model, messages: [{ role: 'user', content: ask }], tools: chatTools, stream_options: { include_usage: true }, ...think.chat }).finalChatCompletion();
     return { message: r.choices[0].message, finish_reason: r.choices[0].finish_reason, usage: r.usage };
   },
-  'chat raw stream': (base, model, think) => rawChat(oa(base), { model, messages: [{ role: 'user', content: ask }], tools: chatTools, ...think.chat }),
+  'chat raw stream': async (base, model, think) => joinChatStream(await oa(base).chat.completions.create({ model, messages: [{ role: 'user', content: ask }], tools: chatTools, ...think.chat, stream: true, stream_options: { include_usage: true } })),
   'messages': async (base, model, think) => {
     const r = await an(base).messages.create({ model, max_tokens: 2048, messages: [{ role: 'user', content: ask }], tools: anTools, ...think.messages });
     return { content: r.content, stop_reason: r.stop_reason, stop_sequence: r.stop_sequence, usage: r.usage };
