@@ -930,6 +930,10 @@ static int mentions(const lg__buf_t *b, const char *word) {
  * OpenAI's reasoning models do not take ("Use 'max_completion_tokens'
  * instead"). The upstream is marked, never sent it again, and the
  * request mended: 1, ask again at once. */
+/* An exchange's answer when refused_added mended the call: made again
+ * (0 is a re-ask, any other value the request answered). */
+#define MENDED (-1)
+
 static int refused_added(chat_t *c, const lg__gw_http_t *x) {
   if (x->status != 400 && x->status != 422) return 0;
   if (usage_unasked(c) && mentions(&x->body_out, "stream_options")) {
@@ -1909,7 +1913,8 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
   return done;
 }
 
-/* One model call, not streamed: 1 answered, 0 ask again. */
+/* One model call, not streamed: 1 answered, 0 ask again (a re-ask),
+ * MENDED the same again (refused_added). */
 static int plain_exchange(chat_t *c, int ask) {
   lg__gw_job_t *j = c->j;
   size_t blen = 0;
@@ -1924,14 +1929,10 @@ static int plain_exchange(chat_t *c, int ask) {
   json_t *msg = NULL, *resp = rc || x.status != 200 ? NULL : parse_answer(c, &x.body_out, &msg);
   c->cur_resp_id = sget(resp, "id");
   int done = 1;
-  if (!rc && refused_added(c, &x)) { /* asked again at once, mended */
+  if (!rc && refused_added(c, &x)) {
     usage_event(c, mo.reservation, NULL, 1, blen);
-    settle_usage(c);
-    json_decref(resp);
-    lg__gw_http_clear(&x);
-    return plain_exchange(c, ask);
-  }
-  if (rc || x.status != 200 || !msg) {
+    done = MENDED;
+  } else if (rc || x.status != 200 || !msg) {
     usage_event(c, mo.reservation, NULL, rc || x.status != 200, blen);
     if (rc) lg__gw_upstream_failed(j, &x);
     else if (x.status != 200) lg__gw_upstream_answer(j, &x); /* the provider's error, as sent */
@@ -2229,7 +2230,8 @@ static json_t *cut_usage(chat_t *c, size_t blen) {
                    (json_int_t)(c->text.len + c->held_bytes));
 }
 
-/* One model call, streamed: 1 the stream is answered, 0 ask again. */
+/* One model call, streamed: 0 ask again, MENDED the same again, else the
+ * stream is answered. */
 static int stream_exchange(chat_t *c, int ask) {
   lg__gw_job_t *j = c->j;
   size_t blen = 0;
@@ -2259,11 +2261,9 @@ static int stream_exchange(chat_t *c, int ask) {
   } else if (c->streamed) { /* the upstream failed mid-stream */
     usage_event(c, mo.reservation, NULL, 1, blen);
     if (!atomic_load(&j->s_gone) && !c->saw_error) stream_error(c, &x, rc);
-  } else if (!rc && refused_added(c, &x)) { /* asked again at once, mended */
+  } else if (!rc && refused_added(c, &x)) {
     usage_event(c, mo.reservation, NULL, 1, blen);
-    settle_usage(c);
-    lg__gw_http_clear(&x);
-    return stream_exchange(c, ask);
+    done = MENDED;
   } else { /* nothing was sent to the client: an error of its API */
     usage_event(c, mo.reservation, NULL, 1, blen);
     if (rc) lg__gw_upstream_failed(j, &x);
@@ -2279,11 +2279,12 @@ static int stream_exchange(chat_t *c, int ask) {
 }
 
 /* The model calls of a request: the first, and the re-asks while every
- * call of an answer is refused (gateway.max_reasks). */
+ * call of an answer is refused (gateway.max_reasks); a call the upstream
+ * refused for what the gateway added to it made again, mended, and not
+ * counted as a re-ask. */
 static void run_calls(chat_t *c) {
   int (*exchange)(chat_t *, int) = c->stream ? stream_exchange : plain_exchange;
-  for (int ask = 0; !exchange(c, ask); ask++) {
-  }
+  for (int ask = 0, r; (r = exchange(c, ask)) == 0 || r == MENDED;) ask += r == 0;
 }
 
 /* ---- the route ---- */
