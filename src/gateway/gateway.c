@@ -1605,7 +1605,7 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns) {
   atomic_fetch_add(&gw->up_sum_ns[up], ns);
 }
 
-/* "UI\tMODEL" into b (NULL: out of memory). */
+/* "UI\tMODEL", new (NULL: out of memory). */
 static char *ui_model(size_t ui, const char *model) {
   lg__buf_t b = {0};
   lg__buf_printf(&b, "%zu\t%s", ui, model ? model : "");
@@ -1664,8 +1664,6 @@ void lg__gw_learn(lg__gw_ctx_t *cx, size_t ui, int bit, const char *model) {
   if (!f.oom) lg__server_log(cx->srv, "info", said[k][0], f.data);
   lg__buf_free(&f);
 }
-
-
 
 void lg__gw_note_intervention(lg__gw_ctx_t *cx, const char *run_id, const char *action,
                               const char *reason, const char *tool, const char *call_id) {
