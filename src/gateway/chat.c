@@ -2224,10 +2224,37 @@ static void stream_reset(chat_t *c) {
 
 /* The usage of a stream cut by the gateway, or that came without one:
  * what the upstream had sent, at most (a token is at least a byte: the
- * request's bytes, the answer's text and held calls and reasoning). New. */
+ * answer's text and held calls and reasoning), and the input the
+ * upstream counted when it said so before the cut (Anthropic's
+ * message_start, its cache tokens with it), else the request's bytes.
+ * New. */
 static json_t *cut_usage(chat_t *c, size_t blen) {
-  return json_pack("{s:I, s:I}", "input_tokens", (json_int_t)blen, "output_tokens",
-                   (json_int_t)(c->text.len + c->held_bytes));
+  json_t *u = json_is_integer(json_object_get(c->usage, "input_tokens"))
+                  ? json_copy(c->usage)
+                  : json_pack("{s:I}", "input_tokens", (json_int_t)blen);
+  json_object_set_new(u, "output_tokens", json_integer((json_int_t)(c->text.len + c->held_bytes)));
+  return u;
+}
+
+/* A cut stream's client is told the usage its run was charged (`u`, of
+ * cut_usage: the provider's own count never came), in its API's shape:
+ * Chat Completions' usage chunk (when asked for), Responses' usage of
+ * response.completed, Messages' output_tokens of message_delta (its
+ * input went with message_start). */
+static void cut_told(chat_t *c, json_t *u) {
+  json_int_t in = json_integer_value(json_object_get(u, "input_tokens"));
+  json_int_t out = json_integer_value(json_object_get(u, "output_tokens"));
+  if (is_anthropic(c)) {
+    c->a_out_tokens += out;
+    return;
+  }
+  json_decref(c->usage);
+  c->usage = is_responses(c)
+                 ? json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details",
+                             "cached_tokens", 0, "output_tokens", out, "output_tokens_details",
+                             "reasoning_tokens", 0, "total_tokens", in + out)
+                 : json_pack("{s:I, s:I, s:I}", "prompt_tokens", in, "completion_tokens", out,
+                             "total_tokens", in + out);
 }
 
 /* One model call, streamed: 0 ask again, MENDED the same again, else the
@@ -2248,6 +2275,7 @@ static int stream_exchange(chat_t *c, int ask) {
   if (c->cut) { /* a text loop: the upstream's stream was aborted */
     json_t *u = cut_usage(c, blen);
     usage_event(c, mo.reservation, u, 0, blen);
+    cut_told(c, u);
     json_decref(u);
     if (c->cut == 2) answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     else end_api_stream(c);

@@ -25,6 +25,7 @@ void lg__gwr_final(chat_t *c, const char *text, const char *model) {
                         "status", "completed", "role", "assistant", "content", "type", "output_text",
                         "text", text, "annotations", "error", "incomplete_details", "usage",
                         "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
+  if (c->usage) json_object_set(o, "usage", c->usage); /* this request's last answer's, or a cut's */
   lg__gwc_register_key(c, o);
   if (c->stream) {
     lg__gwc_begin_stream(c);
@@ -176,6 +177,7 @@ void lg__gwr_end_stream(chat_t *c) {
                             "status", "completed", "model", c->model, "output", item)
                            : json_pack("{s:s, s:s, s:s, s:[]}", "id", id, "object",
                                        "response", "status", "incomplete", "output");
+  if (!c->r_done && resp && c->usage) json_object_set(resp, "usage", c->usage); /* a cut's: cut_told */
   if (!c->r_done && resp) lg__gwc_register_key(c, resp);
   json_decref(item);
   lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));

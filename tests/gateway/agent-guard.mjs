@@ -12,8 +12,8 @@
 //   HEADERS   JSON object of extra request headers (X-Loopguard-*)
 //   STEP_CAP  the agent's cap on model calls [12]
 // Prints one JSON object: executions per tool, steps, how it ended, the
-// last answer's text and how it finished, the X-Loopguard-* headers seen
-// (non-stream), or the error the SDK threw.
+// last answer's text, how it finished and its usage as the SDK read it,
+// the X-Loopguard-* headers seen (non-stream), or the error the SDK threw.
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
@@ -57,7 +57,7 @@ const apis = {
       const msg = done.choices[0].message;
       const calls = (msg.tool_calls || []).map((c) => ({ id: c.id, name: c.function.name, args: c.function.arguments }));
       this.conv.push({ role: 'assistant', content: msg.content ?? null, ...(calls.length ? { tool_calls: msg.tool_calls } : {}) });
-      return { text: msg.content, calls, finish: done.choices[0].finish_reason };
+      return { text: msg.content, calls, finish: done.choices[0].finish_reason, usage: done.usage };
     },
     answer(c, out) { this.conv.push({ role: 'tool', tool_call_id: c.id, content: out }); },
   },
@@ -77,7 +77,7 @@ const apis = {
       }
       this.conv.push({ role: 'assistant', content: msg.content });
       const calls = msg.content.filter((b) => b.type === 'tool_use').map((b) => ({ id: b.id, name: b.name, args: JSON.stringify(b.input) }));
-      return { text: msg.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), calls, finish: msg.stop_reason };
+      return { text: msg.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), calls, finish: msg.stop_reason, usage: msg.usage };
     },
     answer(c, out) { this.pending.push({ type: 'tool_result', tool_use_id: c.id, content: out, is_error: out.startsWith('Error') }); },
   },
@@ -96,7 +96,7 @@ const apis = {
       this.conv.push(...resp.output);
       const calls = resp.output.filter((it) => it.type === 'function_call').map((it) => ({ id: it.call_id, name: it.name, args: it.arguments }));
       const text = resp.output.filter((it) => it.type === 'message').flatMap((it) => it.content).filter((p) => p.type === 'output_text').map((p) => p.text).join('');
-      return { text, calls, finish: resp.status };
+      return { text, calls, finish: resp.status, usage: resp.usage };
     },
     answer(c, out) { this.conv.push({ type: 'function_call_output', call_id: c.id, output: out }); },
   },
@@ -104,12 +104,13 @@ const apis = {
 
 const a = apis[api];
 const seen = [];
-let steps = 0, ended = 'step_cap', final = null, finish = null, error = null;
+let steps = 0, ended = 'step_cap', final = null, finish = null, usage = null, error = null;
 try {
   while (steps < cap) {
     steps++;
     const r = await a.call(seen);
     finish = r.finish;
+    usage = r.usage ?? null;
     if (!r.calls.length) { ended = 'final'; final = r.text; break; }
     for (const c of r.calls) { JSON.parse(c.args); a.answer(c, runTool(c.name)); }
   }
@@ -117,4 +118,4 @@ try {
   ended = 'error';
   error = String(e && e.message || e);
 }
-console.log(JSON.stringify({ executions, steps, ended, final, finish, seen, error }));
+console.log(JSON.stringify({ executions, steps, ended, final, finish, usage, seen, error }));

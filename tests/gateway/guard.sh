@@ -59,6 +59,9 @@ for api in chat messages responses; do
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant $api: the stream did not finish normally: $out"
   [ "$(echo "$out" | get 'int(d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant $api: not cut: $out"
+  # the cut answer's output, counted from its bytes, in the stop's usage
+  [ "$(echo "$out" | get 'int((d["usage"] or {}).get("completion_tokens", (d["usage"] or {}).get("output_tokens", 0)) > 0)')" = 1 ] ||
+    fail "chant $api: the stop's usage counts nothing of the cut answer: $out"
   for i in $(seq 50); do [ "$(stats 'd["aborted"]')" -gt "$before" ] && break; sleep 0.1; done
   [ "$(stats 'd["aborted"]')" -gt "$before" ] || fail "chant $api: the upstream request was not aborted"
   note "its trace replays to the same decisions ($api)"
@@ -76,9 +79,18 @@ echo "$out" | get 'd["final"]' | grep -q "^I have fallen into repeating the same
 echo "$out" | get 'd["final"]' | grep -q "Waiting" && fail "chant plain: the loop reached the client: $out"
 [ "$(echo "$out" | get 'd["seen"][0]["action"]')" = stop ] || fail "chant plain: $out"
 
-note "a text loop under the default policy (observe): the stream cut, a normal end, no stop"
+note "a text loop under the default policy (observe): the stream cut, a normal end, no stop; the client told the usage its run was charged"
 for api in chat messages responses; do
-  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=chant STREAM=1) || fail "chant observe $api: $out"
+  run="chant-observe-$api"
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=chant STREAM=1 HEADERS="{\"X-Loopguard-Run\":\"$run\"}") ||
+    fail "chant observe $api: $out"
+  charged=$(curl -sf "$g_URL/v1/runs/$run/trace" | grep '"type":"usage"' | get '[d["input_tokens"], d["output_tokens"]]')
+  # what the SDK read: Chat Completions' usage chunk, Responses' usage,
+  # Messages' message_start input (its cache tokens counted as input) and
+  # message_delta output
+  told=$(echo "$out" | get '(lambda u: [u.get("prompt_tokens", u.get("input_tokens", 0)) + u.get("cache_creation_input_tokens", 0) + u.get("cache_read_input_tokens", 0), u.get("completion_tokens", u.get("output_tokens", 0))])(d["usage"] or {})')
+  [ -n "$charged" ] && [ "$told" = "$charged" ] || fail "chant observe $api: the client was told usage $told, the run charged $charged: $out"
+  [ "$(echo "$told" | get 'int(d[1] > 0)')" = 1 ] || fail "chant observe $api: no output counted: $out"
   [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "chant observe $api: $out"
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant observe $api: the stream did not finish normally: $out"
