@@ -24,6 +24,9 @@
 //               (picky-html, Chat Completions: 400 with an HTML page, a byte
 //               in it not UTF-8, as a proxy in front of a provider answers)
 //   finish      looks a customer up once, then answers "Done: ..."
+//   twin        asks for the same write twice in one answer (two calls, two
+//               ids, as models making parallel calls do), then answers
+//               "Done: " and the results it got
 //   drip        streams its text a word every 250 ms (drip-long: 40 words)
 //   slow        answers after 3 s
 //   busy        429 with Retry-After: 7 and the API's rate-limit error
@@ -241,6 +244,11 @@ function script(req) {
     if (toolsOff || !names.includes('write_record')) return { text: 'I could not write the record; the storage keeps failing.' };
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: writeVariant() }, { name: 'lookup', args: JSON.stringify({ customer_id: `c-${n}` }) }] };
+  }
+  if (model.startsWith('twin')) { // the same write twice in one answer (parallel calls), then done
+    const res = msgs.filter((m) => m.role === 'tool');
+    if (!res.length) return { calls: [{ name: 'write_record', args: '{"record_id":7,"value":"A"}' }, { name: 'write_record', args: '{"record_id":7,"value":"A"}' }] };
+    return { text: 'Done: ' + res.map((m) => m.content).join(' | ') };
   }
   if (model.startsWith('picky-html') && msgs.filter((m) => m.role === 'tool').length >= 3)
     return { refuse_raw: Buffer.from('<html>\n<h1>400 \xff\xfe Bad Request</h1> caf\u00e9</html>', 'latin1') };

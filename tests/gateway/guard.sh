@@ -39,6 +39,7 @@ echo '{"cascade":{"offer":["ask_human","finalize_partial"]}}' >"$TMP/policies/of
 echo '{"cascade":{"escalate":{"model":"stubborn-strong","turns":2}}}' >"$TMP/policies/escalate.json"
 echo '{"gateway":{"final_round":true}}' >"$TMP/policies/final.json"
 echo '{"limits":{"max_model_calls":3}}' >"$TMP/policies/cap3.json"
+echo '{"tools":{"write_record":{"side_effects":true}}}' >"$TMP/policies/writes.json"
 echo 'not a policy' >"$TMP/policies/README.txt" # not NAME.json: skipped
 start_server g --store memory: --upstream "$FAKE/v1" --log "$TMP/g.log" --policies "$TMP/policies"
 
@@ -137,6 +138,17 @@ note "without the offer, the same model is stopped by the loop guard"
 out=$(guard BASE_URL="$g_URL/v1" MODEL=ask HEADERS='{"X-Loopguard-Run":"ask-none"}') || fail "ask (no offer): $out"
 [ "$(curl -sf "$g_URL/v1/runs/ask-none" | get 'd["terminal_reason"]')" != human_required ] || fail "ask (no offer): offered anyway"
 echo "$out" | get 'd["final"]' | grep -q "may I write" && fail "ask (no offer): $out"
+
+note "the same write twice in one answer (parallel calls): with side_effects, run once, the second answered in_progress; without, run twice (trace-v1)"
+for api in chat messages responses; do
+  st=$([ $api = messages ] && echo 0 || echo 1)
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=twin STREAM=$st HEADERS='{"X-Loopguard-Policy":"writes"}') || fail "twin $api: $out"
+  [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 1 ] || fail "twin $api: the write ran more than once: $out"
+  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "twin $api: $out"
+  echo "$out" | get 'd["final"]' | grep -q "did not run this call (in_progress)" || fail "twin $api: the model was not told: $out"
+done
+out=$(guard MODEL=twin BASE_URL="$g_URL/v1") || fail "twin (no side_effects): $out"
+[ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "twin (no side_effects): $out"
 
 note "cascade.escalate: after a block, the next model calls go to the escalation's model"
 curl -sf -X POST "$FAKE/reset" >/dev/null
