@@ -786,6 +786,52 @@ static void append_answers(json_t *msgs, json_t *items) {
   }
 }
 
+/* 1 when the thinking block b (Messages: thinking, by its signature, or
+ * redacted_thinking, by its data) is in one of the turns msgs[from..]. */
+static int thinking_among(json_t *b, json_t *msgs, size_t from) {
+  const char *ty = sget(b, "type");
+  const char *key = !ty                                  ? NULL
+                    : !strcmp(ty, "thinking")            ? "signature"
+                    : !strcmp(ty, "redacted_thinking")   ? "data"
+                                                         : NULL;
+  const char *v = key ? sget(b, key) : NULL;
+  if (!v || !*v) return 0;
+  for (size_t t = from; t < json_array_size(msgs); t++) {
+    json_t *bl = json_object_get(json_array_get(msgs, t), "content");
+    for (size_t k = 0; k < json_array_size(bl); k++) {
+      json_t *o = json_array_get(bl, k);
+      const char *oty = sget(o, "type"), *ov = sget(o, key);
+      if (oty && ov && !strcmp(oty, ty) && !strcmp(ov, v)) return 1;
+    }
+  }
+  return 0;
+}
+
+/* Messages: the client's message m (new: a copy, or m itself) without
+ * the thinking blocks of the turns restored just before it
+ * (msgs[from..]). A stream forwards an answer's thinking as it comes, so
+ * when every call of that answer was refused and the upstream asked
+ * again, the client's message holds both answers' thinking, and the
+ * restored turn the first's: the upstream sees each answer's thinking
+ * once, in the turn it made. */
+static json_t *without_restored_thinking(json_t *m, json_t *msgs, size_t from) {
+  json_t *bl = json_object_get(m, "content");
+  size_t n = json_array_size(bl), dup = 0, own = 0;
+  for (size_t k = 0; k < n; k++) {
+    const char *ty = sget(json_array_get(bl, k), "type");
+    if (thinking_among(json_array_get(bl, k), msgs, from)) dup++;
+    else own += ty && (!strcmp(ty, "thinking") || !strcmp(ty, "redacted_thinking"));
+  }
+  /* none, or nothing of its own left to start the turn (a provider with
+   * thinking on wants one there): as it came */
+  if (!dup || !own) return json_incref(m);
+  json_t *out = json_copy(m), *kept = json_array();
+  for (size_t k = 0; k < n; k++)
+    if (!thinking_among(json_array_get(bl, k), msgs, from)) json_array_append(kept, json_array_get(bl, k));
+  json_object_set_new(out, "content", kept);
+  return out;
+}
+
 /* The conversation the upstream sees: the client's, with the refused
  * calls restored in place and the steer messages said; after an answer
  * of the gateway's own, what the upstream did not see of it first. */
@@ -815,10 +861,17 @@ static json_t *build_messages(chat_t *c) {
     k = r->nrs; /* nothing else restored */
   }
   for (size_t i = 0; i <= c->n; i++) {
+    size_t from = json_array_size(msgs);
     for (; k < r->nrs && r->rs[k].anchor <= i; k++)
       if (!r->rs[k].resp_id || !prev) json_array_extend(msgs, r->rs[k].items);
     if (i == c->n || (c->reask_prev && is_responses(c))) break;
-    json_array_append_new(msgs, client_message(c, i));
+    json_t *m = client_message(c, i);
+    if (is_anthropic(c) && json_array_size(msgs) > from) { /* turns restored before it */
+      json_t *m2 = without_restored_thinking(m, msgs, from);
+      json_decref(m);
+      m = m2;
+    }
+    json_array_append_new(msgs, m);
   }
   return msgs;
 }

@@ -24,6 +24,8 @@
 //               (picky-html, Chat Completions: 400 with an HTML page, a byte
 //               in it not UTF-8, as a proxy in front of a provider answers)
 //   finish      looks a customer up once, then answers "Done: ..."
+//   detour      asks to write the record until the write is hidden, then
+//               looks customer c-1 up instead, then answers "Done: ..."
 //   twin        asks for the same write twice in one answer (two calls, two
 //               ids, as models making parallel calls do), then answers
 //               "Done: " and the results it got
@@ -118,7 +120,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0 };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -244,6 +246,12 @@ function script(req) {
     if (toolsOff || !names.includes('write_record')) return { text: 'I could not write the record; the storage keeps failing.' };
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: writeVariant() }, { name: 'lookup', args: JSON.stringify({ customer_id: `c-${n}` }) }] };
+  }
+  if (model.startsWith('detour')) { // writes until the write is hidden, then looks the customer up instead, then answers
+    const last = msgs.filter((m) => m.role === 'tool').pop();
+    if (toolsOff || (last && String(last.content).includes('"Ada"'))) return { text: 'Done: the storage keeps failing, and customer c-1 is Ada.' };
+    if (names.includes('write_record')) return { calls: [{ name: 'write_record', args: writeVariant() }] };
+    return { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
   }
   if (model.startsWith('twin')) { // the same write twice in one answer (parallel calls), then done
     const res = msgs.filter((m) => m.role === 'tool');
@@ -486,6 +494,22 @@ function checkThinking(req) {
       return `messages.${msgs.length - 2}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`${first ? first.type : 'nothing'}\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block (preceeding the lastmost set of \`tool_use\` and \`tool_result\` blocks).`;
   }
   return null;
+}
+
+// A thinking block (by its signature, or a redacted one's data) that the
+// conversation holds more than once.
+function thinkingRepeated(msgs) {
+  const seen = new Set();
+  for (const m of msgs) {
+    if (m.role !== 'assistant' || !Array.isArray(m.content)) continue;
+    for (const b of m.content) {
+      const key = b.type === 'thinking' ? 's:' + b.signature : b.type === 'redacted_thinking' ? 'd:' + b.data : null;
+      if (!key) continue;
+      if (seen.has(key)) return true;
+      seen.add(key);
+    }
+  }
+  return false;
 }
 
 function scriptAnthropic(req) {
@@ -940,6 +964,9 @@ function route(req, res, body) {
       }
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
+      // not a refusal (none is documented), but never a conversation the
+      // model made: one answer's thinking block in two turns
+      if (thinkingRepeated(j.messages || [])) stats.thinking_repeated++;
       const v = checkAnthropic(j.messages || []) || checkThinking(j);
       if (v) {
         stats.violations.push(v);

@@ -257,6 +257,15 @@ for stream in 0 1; do
     g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=$m STREAM=$stream THINKING=1) || fail "anthropic thinking gateway $m: $g"
     stopped "anthropic thinking $m" "$g"
   done
+  # a stream forwards an answer's thinking as it comes: after every call of
+  # it was refused and the upstream asked again (detour then looks the
+  # customer up), the client's message holds both answers' thinking; the
+  # upstream sees each once, in its own turn
+  g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=detour STREAM=$stream THINKING=1) || fail "anthropic thinking detour: $g"
+  [ "$(echo "$g" | get '[d["executions"]["write_record"], d["executions"]["lookup"], d["ended"]]')" = '[2, 1, "final"]' ] ||
+    fail "anthropic thinking detour (stream=$stream): $g"
+  [ "$(curl -sf "$FAKE/stats" | get 'd["thinking_repeated"]')" = 0 ] ||
+    fail "anthropic thinking (stream=$stream): the upstream got one answer's thinking in two turns"
   # the SDK's beta path (POST /v1/messages?beta=true, Claude Code's) is guarded too
   g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write STREAM=$stream THINKING=1 BETA=1) || fail "anthropic beta gateway: $g"
   stopped "anthropic beta" "$g"
