@@ -786,50 +786,59 @@ static void append_answers(json_t *msgs, json_t *items) {
   }
 }
 
-/* 1 when the thinking block b (Messages: thinking, by its signature, or
- * redacted_thinking, by its data) is in one of the turns msgs[from..]. */
-static int thinking_among(json_t *b, json_t *msgs, size_t from) {
+/* What of an answer both a restored turn and the client may hold, by a
+ * key of its own: its thinking (Messages: a thinking block's signature,
+ * a redacted_thinking block's data) and its reasoning items (Responses:
+ * their id). NULL for anything else. */
+static const char *reasoning_key(json_t *b) {
   const char *ty = sget(b, "type");
-  const char *key = !ty                                  ? NULL
-                    : !strcmp(ty, "thinking")            ? "signature"
-                    : !strcmp(ty, "redacted_thinking")   ? "data"
-                                                         : NULL;
-  const char *v = key ? sget(b, key) : NULL;
-  if (!v || !*v) return 0;
-  for (size_t t = from; t < json_array_size(msgs); t++) {
-    json_t *bl = json_object_get(json_array_get(msgs, t), "content");
-    for (size_t k = 0; k < json_array_size(bl); k++) {
-      json_t *o = json_array_get(bl, k);
-      const char *oty = sget(o, "type"), *ov = sget(o, key);
-      if (oty && ov && !strcmp(oty, ty) && !strcmp(ov, v)) return 1;
-    }
-  }
-  return 0;
+  const char *k = !ty                                ? NULL
+                  : !strcmp(ty, "thinking")          ? sget(b, "signature")
+                  : !strcmp(ty, "redacted_thinking") ? sget(b, "data")
+                  : !strcmp(ty, "reasoning")         ? sget(b, "id")
+                                                     : NULL;
+  return k && *k ? k : NULL;
 }
 
-/* Messages: the client's message m (new: a copy, or m itself) without
- * the thinking blocks of the turns restored just before it
- * (msgs[from..]). A stream forwards an answer's thinking as it comes, so
- * when every call of that answer was refused and the upstream asked
- * again, the client's message holds both answers' thinking, and the
- * restored turn the first's: the upstream sees each answer's thinking
- * once, in the turn it made. */
-static json_t *without_restored_thinking(json_t *m, json_t *msgs, size_t from) {
+/* The reasoning keys of the restored items (each an item, or a message
+ * of content blocks) added to the set held. */
+static void hold_reasoning(json_t *held, json_t *items) {
+  for (size_t t = 0; t < json_array_size(items); t++) {
+    json_t *it = json_array_get(items, t), *bl = json_object_get(it, "content");
+    const char *k = reasoning_key(it);
+    if (k) json_object_set_new(held, k, json_true());
+    for (size_t b = 0; b < json_array_size(bl); b++)
+      if ((k = reasoning_key(json_array_get(bl, b)))) json_object_set_new(held, k, json_true());
+  }
+}
+
+/* The client's message m (new: a copy, or m itself) without the thinking
+ * blocks that restored turns hold (held), unless none of its own would
+ * be left to start it (a provider with thinking on wants one there). */
+static json_t *without_held_thinking(json_t *m, json_t *held) {
   json_t *bl = json_object_get(m, "content");
   size_t n = json_array_size(bl), dup = 0, own = 0;
   for (size_t k = 0; k < n; k++) {
-    const char *ty = sget(json_array_get(bl, k), "type");
-    if (thinking_among(json_array_get(bl, k), msgs, from)) dup++;
-    else own += ty && (!strcmp(ty, "thinking") || !strcmp(ty, "redacted_thinking"));
+    const char *key = reasoning_key(json_array_get(bl, k));
+    if (key && json_object_get(held, key)) dup++;
+    else own += key != NULL;
   }
-  /* none, or nothing of its own left to start the turn (a provider with
-   * thinking on wants one there): as it came */
   if (!dup || !own) return json_incref(m);
   json_t *out = json_copy(m), *kept = json_array();
-  for (size_t k = 0; k < n; k++)
-    if (!thinking_among(json_array_get(bl, k), msgs, from)) json_array_append(kept, json_array_get(bl, k));
+  for (size_t k = 0; k < n; k++) {
+    const char *key = reasoning_key(json_array_get(bl, k));
+    if (!key || !json_object_get(held, key)) json_array_append(kept, json_array_get(bl, k));
+  }
   json_object_set_new(out, "content", kept);
   return out;
+}
+
+/* Responses: 1 when client item i is a reasoning item that restored
+ * turns hold (held), itself or an item_reference to it. */
+static int held_reasoning_item(chat_t *c, size_t i, json_t *held) {
+  if (!is_type(c, i, "reasoning") && !is_type(c, i, "item_reference")) return 0;
+  const char *id = sget(client_msg(c, i), "id");
+  return id && json_object_get(held, id);
 }
 
 /* The conversation the upstream sees: the client's, with the refused
@@ -860,19 +869,31 @@ static json_t *build_messages(chat_t *c) {
       if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, prev)) append_answers(msgs, r->rs[q].items);
     k = r->nrs; /* nothing else restored */
   }
+  /* A stream forwards an answer's thinking and reasoning items as they
+   * come: when every call of that answer was refused and the upstream
+   * asked again, the client holds them beside the re-ask's, and the turn
+   * restored holds them too. The upstream gets each once, in the turn it
+   * made (OpenAI refuses a reasoning item twice, or not followed by its
+   * own answer's item). */
+  json_t *held = json_object();
   for (size_t i = 0; i <= c->n; i++) {
-    size_t from = json_array_size(msgs);
     for (; k < r->nrs && r->rs[k].anchor <= i; k++)
-      if (!r->rs[k].resp_id || !prev) json_array_extend(msgs, r->rs[k].items);
+      if (!r->rs[k].resp_id || !prev) {
+        json_array_extend(msgs, r->rs[k].items);
+        hold_reasoning(held, r->rs[k].items);
+      }
     if (i == c->n || (c->reask_prev && is_responses(c))) break;
-    json_t *m = client_message(c, i);
-    if (is_anthropic(c) && json_array_size(msgs) > from) { /* turns restored before it */
-      json_t *m2 = without_restored_thinking(m, msgs, from);
+    if (!json_object_size(held)) {
+      json_array_append_new(msgs, client_message(c, i));
+    } else if (is_anthropic(c)) {
+      json_t *m = client_message(c, i);
+      json_array_append_new(msgs, without_held_thinking(m, held));
       json_decref(m);
-      m = m2;
+    } else if (!is_responses(c) || !held_reasoning_item(c, i, held)) {
+      json_array_append_new(msgs, client_message(c, i));
     }
-    json_array_append_new(msgs, m);
   }
+  json_decref(held);
   return msgs;
 }
 

@@ -3,7 +3,8 @@
 // the tools and asks again until the model answers without a tool call.
 //   BASE_URL, MODEL, STREAM=1 (streamText), STEP_CAP,
 //   PROVIDER=openai (@ai-sdk/openai on the Responses API, `store` on as by
-//   default: its earlier answers go back as item_reference items)
+//   default: its earlier answers go back as item_reference items), REASONING=1
+//   (reasoningEffort low: `reasoning` sent for a reasoning model's name, o3-...)
 import { generateText, streamText, tool, stepCountIs } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { createOpenAI } from '@ai-sdk/openai';
@@ -26,7 +27,8 @@ const tools = {
     execute: async () => { executions.lookup++; return { customer_id: 'c-1', name: 'Ada' }; },
   }),
 };
-const args = { model: provider(process.env.MODEL || 'loop-write'), system: 'You are a careful agent.', prompt: 'Write record 7 with value A.', tools, stopWhen: stepCountIs(cap), maxRetries: 0 };
+const args = { model: provider(process.env.MODEL || 'loop-write'), system: 'You are a careful agent.', prompt: 'Write record 7 with value A.', tools, stopWhen: stepCountIs(cap), maxRetries: 0,
+  ...(process.env.REASONING === '1' && { providerOptions: { openai: { reasoningEffort: 'low' } } }) };
 let text, steps, finishReason;
 if (process.env.STREAM === '1') {
   const r = streamText(args);

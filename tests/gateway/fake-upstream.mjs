@@ -25,7 +25,9 @@
 //               in it not UTF-8, as a proxy in front of a provider answers)
 //   finish      looks a customer up once, then answers "Done: ..."
 //   detour      asks to write the record until the write is hidden, then
-//               looks customer c-1 up instead, then answers "Done: ..."
+//               looks customer c-1 up instead, then answers "Done: ..." (any
+//               name that holds it: o3-detour, which the AI SDK takes for a
+//               reasoning model)
 //   twin        asks for the same write twice in one answer (two calls, two
 //               ids, as models making parallel calls do), then answers
 //               "Done: " and the results it got
@@ -247,7 +249,7 @@ function script(req) {
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: writeVariant() }, { name: 'lookup', args: JSON.stringify({ customer_id: `c-${n}` }) }] };
   }
-  if (model.startsWith('detour')) { // writes until the write is hidden, then looks the customer up instead, then answers
+  if (/detour/.test(model)) { // writes until the write is hidden, then looks the customer up instead, then answers
     const last = msgs.filter((m) => m.role === 'tool').pop();
     if (toolsOff || (last && String(last.content).includes('"Ada"'))) return { text: 'Done: the storage keeps failing, and customer c-1 is Ada.' };
     if (names.includes('write_record')) return { calls: [{ name: 'write_record', args: writeVariant() }] };

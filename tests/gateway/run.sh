@@ -347,6 +347,15 @@ for stream in 0 1; do
   for m in loop-write stubborn pair; do
     one_session "ai (openai) $m stream=$stream" client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=$m STREAM=$stream PROVIDER=openai
   done
+  # A reasoning model (the SDK sends `reasoning` for o-series names): in a
+  # stream the SDK keeps every reasoning item it saw, the refused answer's
+  # too, and sends each back by reference; the turn the gateway restores
+  # holds that one, so the upstream must get it once (OpenAI refuses a
+  # reasoning item not followed by its own answer's item)
+  g=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=o3-detour STREAM=$stream PROVIDER=openai REASONING=1) ||
+    fail "ai (openai, reasoning) detour stream=$stream: $g"
+  [ "$(echo "$g" | get '[d["executions"]["write_record"], d["executions"]["lookup"], d["ended"]]')" = '[2, 1, "final"]' ] ||
+    fail "ai (openai, reasoning) detour stream=$stream: $g"
 done
 # A client of item references that drops its history's start (keeps only
 # the last exchange) still finds its run: every answer's items are keys.
