@@ -788,23 +788,32 @@ static void append_answers(json_t *msgs, json_t *items) {
 
 /* What of an answer both a restored turn and the client may hold, by a
  * key of its own: its thinking (Messages: a thinking block's signature,
- * a redacted_thinking block's data) and its reasoning items (Responses:
- * their id). NULL for anything else. */
+ * a redacted_thinking block's data; Chat Completions: OpenRouter's
+ * reasoning_details, signed or encrypted) and its reasoning items
+ * (Responses: their id). NULL for anything else. */
 static const char *reasoning_key(json_t *b) {
   const char *ty = sget(b, "type");
-  const char *k = !ty                                ? NULL
-                  : !strcmp(ty, "thinking")          ? sget(b, "signature")
-                  : !strcmp(ty, "redacted_thinking") ? sget(b, "data")
-                  : !strcmp(ty, "reasoning")         ? sget(b, "id")
-                                                     : NULL;
+  const char *k = !ty                                  ? NULL
+                  : !strcmp(ty, "thinking")            ? sget(b, "signature")
+                  : !strcmp(ty, "redacted_thinking")   ? sget(b, "data")
+                  : !strcmp(ty, "reasoning")           ? sget(b, "id")
+                  : !strcmp(ty, "reasoning.text")      ? sget(b, "signature")
+                  : !strcmp(ty, "reasoning.encrypted") ? sget(b, "data")
+                                                       : NULL;
   return k && *k ? k : NULL;
 }
 
+/* Where a message keeps its thinking: Messages' content blocks, Chat
+ * Completions' reasoning_details. */
+static const char *thinking_member(const chat_t *c) {
+  return is_anthropic(c) ? "content" : "reasoning_details";
+}
+
 /* The reasoning keys of the restored items (each an item, or a message
- * of content blocks) added to the set held. */
-static void hold_reasoning(json_t *held, json_t *items) {
+ * that keeps its thinking in thinking_member) added to the set held. */
+static void hold_reasoning(const chat_t *c, json_t *held, json_t *items) {
   for (size_t t = 0; t < json_array_size(items); t++) {
-    json_t *it = json_array_get(items, t), *bl = json_object_get(it, "content");
+    json_t *it = json_array_get(items, t), *bl = json_object_get(it, thinking_member(c));
     const char *k = reasoning_key(it);
     if (k) json_object_set_new(held, k, json_true());
     for (size_t b = 0; b < json_array_size(bl); b++)
@@ -813,10 +822,10 @@ static void hold_reasoning(json_t *held, json_t *items) {
 }
 
 /* The client's message m (new: a copy, or m itself) without the thinking
- * blocks that restored turns hold (held), unless none of its own would
- * be left to start it (a provider with thinking on wants one there). */
-static json_t *without_held_thinking(json_t *m, json_t *held) {
-  json_t *bl = json_object_get(m, "content");
+ * that restored turns hold (held), unless none of its own would be left
+ * to start it (a provider with thinking on wants one there). */
+static json_t *without_held_thinking(const chat_t *c, json_t *m, json_t *held) {
+  json_t *bl = json_object_get(m, thinking_member(c));
   size_t n = json_array_size(bl), dup = 0, own = 0;
   for (size_t k = 0; k < n; k++) {
     const char *key = reasoning_key(json_array_get(bl, k));
@@ -829,7 +838,7 @@ static json_t *without_held_thinking(json_t *m, json_t *held) {
     const char *key = reasoning_key(json_array_get(bl, k));
     if (!key || !json_object_get(held, key)) json_array_append(kept, json_array_get(bl, k));
   }
-  json_object_set_new(out, "content", kept);
+  json_object_set_new(out, thinking_member(c), kept);
   return out;
 }
 
@@ -871,7 +880,8 @@ static json_t *build_messages(chat_t *c) {
   }
   /* A stream forwards an answer's thinking and reasoning items as they
    * come: when every call of that answer was refused and the upstream
-   * asked again, the client holds them beside the re-ask's, and the turn
+   * asked again, the client holds them beside the re-ask's (Chat
+   * Completions: numbered after them, shifted_details), and the turn
    * restored holds them too. The upstream gets each once, in the turn it
    * made (OpenAI refuses a reasoning item twice, or not followed by its
    * own answer's item). */
@@ -880,16 +890,16 @@ static json_t *build_messages(chat_t *c) {
     for (; k < r->nrs && r->rs[k].anchor <= i; k++)
       if (!r->rs[k].resp_id || !prev) {
         json_array_extend(msgs, r->rs[k].items);
-        hold_reasoning(held, r->rs[k].items);
+        hold_reasoning(c, held, r->rs[k].items);
       }
     if (i == c->n || (c->reask_prev && is_responses(c))) break;
     if (!json_object_size(held)) {
       json_array_append_new(msgs, client_message(c, i));
-    } else if (is_anthropic(c)) {
+    } else if (!is_responses(c)) {
       json_t *m = client_message(c, i);
-      json_array_append_new(msgs, without_held_thinking(m, held));
+      json_array_append_new(msgs, without_held_thinking(c, m, held));
       json_decref(m);
-    } else if (!is_responses(c) || !held_reasoning_item(c, i, held)) {
+    } else if (!held_reasoning_item(c, i, held)) {
       json_array_append_new(msgs, client_message(c, i));
     }
   }
@@ -2272,6 +2282,7 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
 static void stream_reset(chat_t *c) {
   json_decref(c->tcalls);
   c->tcalls = json_array();
+  lg__gwo_details_next(c);
   lg__gwo_details_clear(c);
   c->details = json_array();
   held_free(c);

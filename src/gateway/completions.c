@@ -205,6 +205,38 @@ json_t *lg__gwo_details(chat_t *c) {
   return c->details;
 }
 
+/* The answer read is done with (another is asked for in the same
+ * response): its reasoning_details were forwarded as they came, so the
+ * next answer's go to the client numbered after them (shifted_details). */
+void lg__gwo_details_next(chat_t *c) {
+  json_int_t most = 0; /* past the answer's highest index (an index past 2^32 is not the API's) */
+  for (size_t k = 0; k < json_array_size(c->details); k++) {
+    json_t *ix = json_object_get(json_array_get(c->details, k), "index");
+    json_int_t past = json_is_integer(ix) ? json_integer_value(ix) + 1 : 0;
+    if (past > most && past <= (json_int_t)1 << 32) most = past;
+  }
+  c->details_shift += most;
+}
+
+/* A chunk whose first choice (at `at`) carries reasoning_details, when
+ * they go to the client renumbered (details_shift): a copy, their
+ * indices shifted; NULL when the chunk goes as it came. */
+static json_t *shifted_details(chat_t *c, json_t *ch, size_t at) {
+  if (!c->details_shift) return NULL;
+  json_t *ds = json_object_get(json_object_get(json_array_get(json_object_get(ch, "choices"), at), "delta"),
+                               "reasoning_details");
+  if (!json_array_size(ds)) return NULL;
+  json_t *cp = json_deep_copy(ch);
+  ds = json_object_get(json_object_get(json_array_get(json_object_get(cp, "choices"), at), "delta"),
+                       "reasoning_details");
+  for (size_t k = 0; k < json_array_size(ds); k++) {
+    json_t *d = json_array_get(ds, k), *ix = json_object_get(d, "index");
+    if (json_is_integer(ix) && json_integer_value(ix) >= 0 && json_integer_value(ix) <= (json_int_t)1 << 32)
+      json_object_set_new(d, "index", json_integer(json_integer_value(ix) + c->details_shift));
+  }
+  return cp;
+}
+
 void lg__gwo_details_clear(chat_t *c) {
   for (size_t k = 0; k < json_array_size(c->details); k++)
     for (int j = 0; j < 3; j++) lg__buf_free(&c->dmore[k][j]);
@@ -289,16 +321,19 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
   }
   /* Text and role deltas pass at once, as they came; tool call deltas and
    * the finish are held. */
+  json_t *sh = shifted_details(c, ch, at);
   if (!json_is_array(tcd) && !fin) {
-    lg__gw_stream_write(c->j, raw, rawn);
+    if (sh) stream_chunk_text(c, sh);
+    else lg__gw_stream_write(c->j, raw, rawn);
   } else if (more_than_calls(delta)) {
-    json_t *cp = json_deep_copy(ch);
+    json_t *cp = sh ? json_incref(sh) : json_deep_copy(ch);
     json_t *cc = json_array_get(json_object_get(cp, "choices"), at);
     json_object_del(json_object_get(cc, "delta"), "tool_calls");
     json_object_set_new(cc, "finish_reason", json_null());
     stream_chunk_text(c, cp);
     json_decref(cp);
   }
+  json_decref(sh);
   json_decref(ch);
   return 0;
 }

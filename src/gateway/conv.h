@@ -125,6 +125,8 @@ typedef struct chat {
                                  by type and index (their first pieces), */
   lg__buf_t (*dmore)[3];      /*   and the rest of their text, summary and data, by the same
                                    index (joined by lg__gwo_details) */
+  json_int_t details_shift;   /* added to a stream's reasoning_details indices on their way to
+                                 the client: past those of the response's earlier answers */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
                                    Completions: reasoning_content, reasoning) */
@@ -191,6 +193,7 @@ void lg__gwo_emit_kept(chat_t *c, json_t *kept);
 void lg__gwo_end_stream(chat_t *c);
 json_t *lg__gwo_details(chat_t *c);     /* the stream's reasoning_details, joined (borrowed) */
 void lg__gwo_details_clear(chat_t *c);  /* freed, NULL */
+void lg__gwo_details_next(chat_t *c);   /* another answer of the response is read next */
 
 /* ---- messages.c: Anthropic Messages ---- */
 

@@ -339,7 +339,7 @@ function reply(res, req) {
   });
   const thought = req.thinking && req.thinking.type === 'enabled' ? `Thinking about ${id}: ${calls.map((c) => c.function.name).join(', ') || 'an answer'}.` : null;
   if (calls.length && /-gemini/.test(req.model)) calls[0].extra_content = { google: { thought_signature: signOf('gemini:' + calls[0].id) } };
-  const routed = /-(openrouter|groq)/.test(req.model) ? `The record keeps failing; this answer asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
+  const routed = /-(openrouter|groq)/.test(req.model) ? `The record keeps failing; this answer (${id}) asks for ${calls.map((c) => c.function.name).join(', ') || 'nothing'}.` : null;
   const groq = /-groq/.test(req.model);
   const detail = (text, last) => ({ type: 'reasoning.text', text, ...(last && { signature: signOf('thinking:' + routed) }), format: 'anthropic-claude-v1', index: 0 });
   if (!req.stream) {

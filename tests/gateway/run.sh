@@ -111,6 +111,19 @@ for via in gemini:0 gemini:1 gemini:raw gemini-indexless:raw openrouter:0 openro
     a=$(agent BASE_URL="$gw_URL/v1" MODEL=$m-${via%:*} STREAM=$st) || fail "$m-${via%:*} stream=$st: $a"
     stopped "$m-${via%:*} stream=$st" "$a"
   done
+  # every call of an answer refused, the re-ask's kept: a stream forwarded
+  # both answers' reasoning to the client, which sends its message back
+  a=$(agent BASE_URL="$gw_URL/v1" MODEL=detour-${via%:*} STREAM=$st) || fail "detour-${via%:*} stream=$st: $a"
+  [ "$(echo "$a" | get '[d["executions"]["write_record"], d["executions"]["lookup"], d["ended"]]')" = '[2, 1, "final"]' ] ||
+    fail "detour-${via%:*} stream=$st: $a"
+  # OpenRouter's signed reasoning_details of a refused answer and of its
+  # re-ask reach the client numbered apart (a client merges them by type
+  # and index: merged, neither signature holds); the upstream gets the
+  # refused answer's once, in the restored turn, and the client's message
+  # goes with its own
+  [ "$via" = openrouter:raw ] || continue
+  [ "$(curl -sf "$FAKE/stats" | get '[len(m.get("reasoning_details") or []) for m in [b for b in d["bodies"] if b.get("model") == "detour-openrouter"][-1]["messages"] if any(t["function"]["name"] == "lookup" for t in m.get("tool_calls") or [])]')" = '[1]' ] ||
+    fail "detour-openrouter: the lookup's message went with another answer's reasoning_details too"
 done
 
 run=$(echo "$g" | get 'd["seen"][0]["run"] if d["seen"] else ""')
