@@ -823,18 +823,21 @@ static void hold_reasoning(const chat_t *c, json_t *held, json_t *items) {
 
 /* The client's message m (new: a copy, or m itself) without the thinking
  * that restored turns hold (held), unless none of its own would be left
- * to start it (a provider with thinking on wants one there). */
+ * to start it (a provider with thinking on wants one there). Messages:
+ * what comes before its own first thinking block goes too, the refused
+ * answer's text with its thinking (the restored turn holds both), so
+ * that the message still starts with its thinking. */
 static json_t *without_held_thinking(const chat_t *c, json_t *m, json_t *held) {
   json_t *bl = json_object_get(m, thinking_member(c));
-  size_t n = json_array_size(bl), dup = 0, own = 0;
+  size_t n = json_array_size(bl), dup = 0, own = 0, first = n;
   for (size_t k = 0; k < n; k++) {
     const char *key = reasoning_key(json_array_get(bl, k));
     if (key && json_object_get(held, key)) dup++;
-    else own += key != NULL;
+    else if (key && !own++) first = k;
   }
   if (!dup || !own) return json_incref(m);
   json_t *out = json_copy(m), *kept = json_array();
-  for (size_t k = 0; k < n; k++) {
+  for (size_t k = is_anthropic(c) ? first : 0; k < n; k++) {
     const char *key = reasoning_key(json_array_get(bl, k));
     if (!key || !json_object_get(held, key)) json_array_append(kept, json_array_get(bl, k));
   }

@@ -24,7 +24,7 @@
 //               (picky-html, Chat Completions: 400 with an HTML page, a byte
 //               in it not UTF-8, as a proxy in front of a provider answers)
 //   finish      looks a customer up once, then answers "Done: ..."
-//   detour      asks to write the record until the write is hidden, then
+//   detour      asks to write the record (with a word of text) until the write is hidden, then
 //               looks customer c-1 up instead, then answers "Done: ..." (any
 //               name that holds it: o3-detour, which the AI SDK takes for a
 //               reasoning model)
@@ -252,7 +252,7 @@ function script(req) {
   if (/detour/.test(model)) { // writes until the write is hidden, then looks the customer up instead, then answers
     const last = msgs.filter((m) => m.role === 'tool').pop();
     if (toolsOff || (last && String(last.content).includes('"Ada"'))) return { text: 'Done: the storage keeps failing, and customer c-1 is Ada.' };
-    if (names.includes('write_record')) return { calls: [{ name: 'write_record', args: writeVariant() }] };
+    if (names.includes('write_record')) return { calls: [{ name: 'write_record', args: writeVariant() }], text: 'Writing the record.' };
     return { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
   }
   if (model.startsWith('twin')) { // the same write twice in one answer (parallel calls), then done
