@@ -2324,25 +2324,28 @@ static json_t *cut_usage(chat_t *c, size_t blen) {
   return u;
 }
 
+json_t *lg__gwc_usage(const chat_t *c, json_int_t in, json_int_t out) {
+  if (is_anthropic(c)) return json_pack("{s:I, s:I}", "input_tokens", in, "output_tokens", out);
+  if (is_responses(c))
+    return json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details",
+                     "cached_tokens", 0, "output_tokens", out, "output_tokens_details", "reasoning_tokens",
+                     0, "total_tokens", in + out);
+  return json_pack("{s:I, s:I, s:I}", "prompt_tokens", in, "completion_tokens", out, "total_tokens", in + out);
+}
+
 /* A cut stream's client is told the usage its run was charged (`u`, of
  * cut_usage: the provider's own count never came), in its API's shape:
  * Chat Completions' usage chunk (when asked for), Responses' usage of
  * response.completed, Messages' output_tokens of message_delta (its
  * input went with message_start). */
 static void cut_told(chat_t *c, json_t *u) {
-  json_int_t in = json_integer_value(json_object_get(u, "input_tokens"));
   json_int_t out = json_integer_value(json_object_get(u, "output_tokens"));
   if (is_anthropic(c)) {
     c->a_out_tokens += out;
     return;
   }
   json_decref(c->usage);
-  c->usage = is_responses(c)
-                 ? json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details",
-                             "cached_tokens", 0, "output_tokens", out, "output_tokens_details",
-                             "reasoning_tokens", 0, "total_tokens", in + out)
-                 : json_pack("{s:I, s:I, s:I}", "prompt_tokens", in, "completion_tokens", out,
-                             "total_tokens", in + out);
+  c->usage = lg__gwc_usage(c, json_integer_value(json_object_get(u, "input_tokens")), out);
 }
 
 /* One model call, streamed: 0 ask again, MENDED the same again, else the

@@ -30,7 +30,7 @@ void lg__gwo_final_stream(chat_t *c, const char *text, const char *model) {
   char *t1 = ch ? lg__json_text(ch, NULL) : NULL, *t2 = fin ? lg__json_text(fin, NULL) : NULL;
   lg__buf_printf(&b, "data: %s\n\ndata: %s\n\n", t1 ? t1 : "{}", t2 ? t2 : "{}");
   if (c->client_usage) {
-    json_t *zero = json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0, "completion_tokens", 0, "total_tokens", 0);
+    json_t *zero = lg__gwc_usage(c, 0, 0);
     json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:O}", "id", id, "object",
                           "chat.completion.chunk", "created", created, "model", model, "choices",
                           "usage", c->usage ? c->usage : zero);
@@ -60,8 +60,7 @@ void lg__gwo_final_plain(chat_t *c, const char *text, const char *model, json_t 
     json_object_set_new(o, "object", json_string("chat.completion"));
     json_object_set_new(o, "created", json_integer(now_ms(c->cx) / 1000));
     json_object_set_new(o, "model", json_string(model));
-    json_object_set_new(o, "usage", json_pack("{s:i,s:i,s:i}", "prompt_tokens", 0,
-                                              "completion_tokens", 0, "total_tokens", 0));
+    json_object_set_new(o, "usage", lg__gwc_usage(c, 0, 0));
   }
   json_object_set_new(o, "choices",
                       json_pack("[{s:i, s:{s:s, s:s, s:n}, s:n, s:s}]", "index", 0, "message", "role",
@@ -221,14 +220,14 @@ void lg__gwo_details_next(chat_t *c) {
 /* A chunk whose first choice (at `at`) carries reasoning_details, when
  * they go to the client renumbered (details_shift): a copy, their
  * indices shifted; NULL when the chunk goes as it came. */
+static json_t *details_of(json_t *ch, size_t at) {
+  return json_object_get(json_object_get(json_array_get(json_object_get(ch, "choices"), at), "delta"),
+                         "reasoning_details");
+}
+
 static json_t *shifted_details(chat_t *c, json_t *ch, size_t at) {
-  if (!c->details_shift) return NULL;
-  json_t *ds = json_object_get(json_object_get(json_array_get(json_object_get(ch, "choices"), at), "delta"),
-                               "reasoning_details");
-  if (!json_array_size(ds)) return NULL;
-  json_t *cp = json_deep_copy(ch);
-  ds = json_object_get(json_object_get(json_array_get(json_object_get(cp, "choices"), at), "delta"),
-                       "reasoning_details");
+  if (!c->details_shift || !json_array_size(details_of(ch, at))) return NULL;
+  json_t *cp = json_deep_copy(ch), *ds = details_of(cp, at);
   for (size_t k = 0; k < json_array_size(ds); k++) {
     json_t *d = json_array_get(ds, k), *ix = json_object_get(d, "index");
     if (json_is_integer(ix) && json_integer_value(ix) >= 0 && json_integer_value(ix) <= (json_int_t)1 << 32)

@@ -168,6 +168,10 @@ int lg__gwc_held(chat_t *c, size_t i, int part, const char *s, size_t n);
  * (its text, or NULL) remembered, so that a request continuing from it
  * never sends the id upstream. */
 void lg__gwc_own_id(chat_t *c, char *buf, size_t size);
+/* A usage of in input and out output tokens in the API's shape (new):
+ * Chat Completions' prompt/completion/total_tokens, Responses' with its
+ * details, Messages' input/output_tokens. */
+json_t *lg__gwc_usage(const chat_t *c, json_int_t in, json_int_t out);
 void lg__gwc_own_response(chat_t *c, const char *id, const char *text);
 /* One event of the upstream's stream parsed (new), counted, and the
  * client's stream begun; NULL when it is not a JSON object (dropped). */

@@ -26,10 +26,9 @@ static void a_message_start(chat_t *c, const char *model) {
   char id[64];
   snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
   json_t *m = c->a_msg ? json_incref(c->a_msg)
-                       : json_pack("{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:{s:i, s:i}}", "id", id,
-                                   "type", "message", "role", "assistant", "content", "model", model,
-                                   "stop_reason", "stop_sequence", "usage", "input_tokens", 0,
-                                   "output_tokens", 0);
+                       : json_pack("{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}", "id", id, "type",
+                                   "message", "role", "assistant", "content", "model", model,
+                                   "stop_reason", "stop_sequence", "usage", lg__gwc_usage(c, 0, 0));
   a_event(c, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", m));
 }
 
@@ -76,10 +75,10 @@ void lg__gwm_final(chat_t *c, const char *text, const char *model) {
   }
   char id[64];
   snprintf(id, sizeof id, "msg_lg%lld", (long long)now_ms(c->cx));
-  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, s:{s:i, s:i}}", "id", id,
-                        "type", "message", "role", "assistant", "model", model, "content", "type",
-                        "text", "text", text, "stop_reason", "end_turn", "stop_sequence", "usage",
-                        "input_tokens", 0, "output_tokens", 0);
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, s:o}", "id", id, "type",
+                        "message", "role", "assistant", "model", model, "content", "type", "text",
+                        "text", text, "stop_reason", "end_turn", "stop_sequence", "usage",
+                        lg__gwc_usage(c, 0, 0));
   lg__gwc_answer_body(c, o);
   json_decref(o);
 }

@@ -19,13 +19,13 @@ void lg__gwr_final(chat_t *c, const char *text, const char *model) {
   lg__gwc_own_response(c, id, text);
   snprintf(mid, sizeof mid, "msg_lg%lld", (long long)t);
   json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}],"
-                        " s:n, s:n, s:{s:i, s:i, s:i}}",
+                        " s:n, s:n, s:o}",
                         "id", id, "object", "response", "created_at", (json_int_t)(t / 1000),
                         "status", "completed", "model", model, "output", "type", "message", "id", mid,
                         "status", "completed", "role", "assistant", "content", "type", "output_text",
                         "text", text, "annotations", "error", "incomplete_details", "usage",
-                        "input_tokens", 0, "output_tokens", 0, "total_tokens", 0);
-  if (c->usage) json_object_set(o, "usage", c->usage); /* this request's last answer's, or a cut's */
+                        /* this request's last answer's, or a cut's (cut_told) */
+                        c->usage ? json_incref(c->usage) : lg__gwc_usage(c, 0, 0));
   lg__gwc_register_key(c, o);
   if (c->stream) {
     lg__gwc_begin_stream(c);
