@@ -685,8 +685,12 @@ void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x) {
     lg__gw_error(j, 504, "upstream_timeout", "upstream_timeout", "upstream %s timed out: %s", lab,
                  x->errbuf);
   else
-    lg__gw_error(j, 502, "upstream_error", "upstream_unreachable", "upstream %s cannot be reached: %s",
-                 lab, x->errbuf);
+    lg__gw_error(j, 502, "upstream_error", "upstream_unreachable", "upstream %s cannot be reached: %s%s",
+                 lab, x->errbuf,
+                 x->cc == CURLE_PEER_FAILED_VERIFICATION || x->cc == CURLE_SSL_CACERT_BADFILE
+                     ? " (a private CA: the upstream's ca_file in --upstreams, or SSL_CERT_FILE;"
+                       " docs/gateway.md, \"TLS and proxies\")"
+                     : "");
 }
 
 void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x) {

@@ -36,6 +36,10 @@ typedef struct lg__gw_upstream {
   int api;            /* LG__GW_API_* */
   char *api_key;      /* read from api_key_env at start, or NULL: the client's */
   int64_t timeout_ms; /* the whole upstream request */
+  char *ca_file;      /* the CA certificates (PEM) its TLS is checked against: its
+                         ca_file, else SSL_CERT_FILE; NULL: libcurl's default file */
+  char *ca_dir;       /* SSL_CERT_DIR, else NULL: libcurl's default folder */
+  int ca_alone;       /* its ca_file is all it trusts (no folder of CAs) */
   _Atomic int learnt; /* what it refused of what the gateway adds (LG__GW_LEARNT_*, bits),
                          not sent to it again while the server runs; a model's in the
                          gateway's table (lg__gw_learn) */

@@ -18,22 +18,72 @@
 #include <stdlib.h>
 #include <strings.h>
 
+#include <errno.h>
+#include <unistd.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 
 #define DEFAULT_TIMEOUT_MS 600000
 
 /* ---- configuration ---- */
 
-static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, const char *url,
-                        int api, const char *key_env, int64_t timeout_ms, const char *where,
+static void upstream_free(lg__gw_upstream_t *u) {
+  lg__free(u->name);
+  lg__free(u->base_url);
+  lg__free(u->api_key);
+  lg__free(u->ca_file);
+  lg__free(u->ca_dir);
+}
+
+/* A CA file (or folder) given for an upstream's TLS: read at start, so
+ * that a wrong path is an error then, not every request's 502. */
+static int ca_check(const char *path, int dir, const char *where, lg_error_t *err) {
+  struct stat st;
+  if (stat(path, &st) || access(path, R_OK))
+    return lg__err(err, LG_EINVAL, where, -1, "cannot read %s: %s", path, strerror(errno));
+  if (dir != !!S_ISDIR(st.st_mode))
+    return lg__err(err, LG_EINVAL, where, -1, "%s is %s", path,
+                   dir ? "not a folder" : "a folder, not a file of PEM certificates");
+  return 0;
+}
+
+/* An upstream's CAs: its ca_file alone, else OpenSSL's variables (each
+ * replaces the default it names, as for other programs on OpenSSL:
+ * SSL_CERT_FILE alone keeps the system's folder), else libcurl's defaults
+ * (the system's). */
+static int upstream_cas(lg__gw_upstream_t *u, const char *ca_file, const char *where,
                         lg_error_t *err) {
+  char field[220];
+  const char *f = ca_file, *d = NULL;
+  if (f) {
+    snprintf(field, sizeof field, "%s.ca_file", where);
+    if (ca_check(f, 0, field, err)) return LG_EINVAL;
+    u->ca_alone = 1;
+  } else {
+    f = getenv("SSL_CERT_FILE");
+    d = getenv("SSL_CERT_DIR");
+    if (f && !*f) f = NULL;
+    if (d && !*d) d = NULL;
+    if (f && ca_check(f, 0, "SSL_CERT_FILE", err)) return LG_EINVAL;
+    if (d && ca_check(d, 1, "SSL_CERT_DIR", err)) return LG_EINVAL;
+  }
+  if ((f && !(u->ca_file = lg__strdup(f))) || (d && !(u->ca_dir = lg__strdup(d))))
+    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  return 0;
+}
+
+static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, const char *url,
+                        int api, const char *key_env, int64_t timeout_ms, const char *ca_file,
+                        const char *where, lg_error_t *err) {
+  char ufield[220], kfield[220]; /* a flag's mistakes name the flag, a file's the field */
+  int flag = !strncmp(where, "--", 2);
+  snprintf(ufield, sizeof ufield, flag ? "%s" : "%s.base_url", where);
+  snprintf(kfield, sizeof kfield, "%s.api_key_env", where);
   if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
-    return lg__err(err, LG_EINVAL, "upstream", -1,
-                   "%s: \"%s\" is not an http:// or https:// URL", where, url);
+    return lg__err(err, LG_EINVAL, ufield, -1, "\"%s\" is not an http:// or https:// URL", url);
   for (size_t i = 0; i < cfg->nup; i++)
     if (strlen(cfg->up[i].name) == nlen && !memcmp(cfg->up[i].name, name, nlen))
-      return lg__err(err, LG_EINVAL, "upstream", -1, "%s: upstream \"%.*s\" is given twice",
-                     where, (int)nlen, name);
+      return lg__err(err, LG_EINVAL, where, -1, "upstream \"%.*s\" is given twice", (int)nlen, name);
   lg__gw_upstream_t *v = lg__realloc(cfg->up, (cfg->nup + 1) * sizeof *v);
   if (!v) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   cfg->up = v;
@@ -45,21 +95,20 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   u->base_url = lg__strndup(url, ul);
   u->api = api;
   u->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
-  if (key_env) {
+  int rc = 0;
+  if (!u->name || !u->base_url) {
+    rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (key_env) {
     const char *k = getenv(key_env);
-    if (!k || !*k) {
-      lg__free(u->name);
-      lg__free(u->base_url);
-      return lg__err(err, LG_EINVAL, "api_key_env", -1,
-                     "%s: api_key_env: the environment variable %s is not set", where, key_env);
-    }
-    u->api_key = lg__strdup(k);
+    if (!k || !*k)
+      rc = lg__err(err, LG_EINVAL, kfield, -1, "the environment variable %s is not set", key_env);
+    else if (!(u->api_key = lg__strdup(k)))
+      rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
-  if (!u->name || !u->base_url || (key_env && !u->api_key)) {
-    lg__free(u->name);
-    lg__free(u->base_url);
-    lg__free(u->api_key);
-    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  if (!rc) rc = upstream_cas(u, ca_file, where, err);
+  if (rc) {
+    upstream_free(u);
+    return rc;
   }
   cfg->nup++;
   return 0;
@@ -77,63 +126,79 @@ static size_t upstream_index(const lg__gw_config_t *cfg, const char *name) {
 static int file_upstream(lg__gw_config_t *cfg, const char *k, json_t *v, lg_error_t *err) {
   char field[200];
   snprintf(field, sizeof field, "upstreams.%s", k);
-  if (!json_is_object(v)) return lg__err(err, LG_EINVAL, field, -1, "%s: expected an object", field);
+  if (!json_is_object(v)) return lg__err(err, LG_EINVAL, field, -1, "expected an object");
   const char *fk;
   json_t *fv;
   json_object_foreach(v, fk, fv) {
-    if (strcmp(fk, "base_url") && strcmp(fk, "api") && strcmp(fk, "api_key_env") && strcmp(fk, "timeout_ms")) {
+    if (strcmp(fk, "base_url") && strcmp(fk, "api") && strcmp(fk, "api_key_env") &&
+        strcmp(fk, "timeout_ms") && strcmp(fk, "ca_file")) {
       snprintf(field, sizeof field, "upstreams.%s.%s", k, fk);
       return lg__err(err, LG_EINVAL, field, -1,
-                     "%s: unknown field (known: base_url, api, api_key_env, timeout_ms)", field);
+                     "unknown field (known: base_url, api, api_key_env, timeout_ms, ca_file)");
     }
   }
   json_t *url = json_object_get(v, "base_url"), *api = json_object_get(v, "api"),
-         *kenv = json_object_get(v, "api_key_env"), *to = json_object_get(v, "timeout_ms");
+         *kenv = json_object_get(v, "api_key_env"), *to = json_object_get(v, "timeout_ms"),
+         *ca = json_object_get(v, "ca_file");
   snprintf(field, sizeof field, "upstreams.%s.base_url", k);
-  if (!json_is_string(url)) return lg__err(err, LG_EINVAL, field, -1, "%s: expected a URL string", field);
+  if (!json_is_string(url)) return lg__err(err, LG_EINVAL, field, -1, "expected a URL string");
   snprintf(field, sizeof field, "upstreams.%s.api", k);
   const char *av = json_string_value(api);
   if (api && (!av || (strcmp(av, "anthropic") && strcmp(av, "openai"))))
-    return lg__err(err, LG_EINVAL, field, -1, "%s: expected \"openai\" or \"anthropic\"", field);
+    return lg__err(err, LG_EINVAL, field, -1, "expected \"openai\" or \"anthropic\"");
   int apiv = av && !strcmp(av, "anthropic") ? LG__GW_API_ANTHROPIC : LG__GW_API_OPENAI;
   snprintf(field, sizeof field, "upstreams.%s.api_key_env", k);
   if (kenv && !json_is_string(kenv))
-    return lg__err(err, LG_EINVAL, field, -1, "%s: expected the name of a variable", field);
+    return lg__err(err, LG_EINVAL, field, -1, "expected the name of a variable");
   snprintf(field, sizeof field, "upstreams.%s.timeout_ms", k);
   if (to && (!json_is_integer(to) || json_integer_value(to) < 1))
-    return lg__err(err, LG_EINVAL, field, -1, "%s: expected a positive integer", field);
+    return lg__err(err, LG_EINVAL, field, -1, "expected a positive integer");
+  snprintf(field, sizeof field, "upstreams.%s.ca_file", k);
+  if (ca && (!json_is_string(ca) || !*json_string_value(ca)))
+    return lg__err(err, LG_EINVAL, field, -1, "expected the path of a PEM file");
   snprintf(field, sizeof field, "upstreams.%s", k);
   return add_upstream(cfg, k, strlen(k), json_string_value(url), apiv,
-                      kenv ? json_string_value(kenv) : NULL, to ? json_integer_value(to) : 0, field, err);
+                      kenv ? json_string_value(kenv) : NULL, to ? json_integer_value(to) : 0,
+                      ca ? json_string_value(ca) : NULL, field, err);
 }
 
 /* The file's "default" (the --upstream flags, when given, win). */
 static int file_default(lg__gw_config_t *cfg, json_t *def, size_t first, lg_error_t *err) {
   if (!def) return 0;
   if (!json_is_string(def))
-    return lg__err(err, LG_EINVAL, "default", -1, "default: expected the name of an upstream");
+    return lg__err(err, LG_EINVAL, "default", -1, "expected the name of an upstream");
   size_t i = upstream_index(cfg, json_string_value(def));
   if (i == cfg->nup || i < first)
-    return lg__err(err, LG_EINVAL, "default", -1, "default: no upstream \"%s\"", json_string_value(def));
+    return lg__err(err, LG_EINVAL, "default", -1, "no upstream \"%s\"", json_string_value(def));
   if (first == 0) cfg->def = i;
   return 0;
+}
+
+/* "routes[R].LEAF" in buf. */
+static const char *sub(char *buf, size_t size, size_t r, const char *leaf) {
+  snprintf(buf, size, "routes[%zu].%s", r, leaf);
+  return buf;
 }
 
 /* One entry of the file's "routes". */
 static int file_route(lg__gw_config_t *cfg, size_t r, json_t *ro, lg_error_t *err) {
   char field[64];
   snprintf(field, sizeof field, "routes[%zu]", r);
-  if (!json_is_object(ro)) return lg__err(err, LG_EINVAL, field, -1, "%s: expected an object", field);
+  if (!json_is_object(ro)) return lg__err(err, LG_EINVAL, field, -1, "expected an object");
   json_t *mp = json_object_get(ro, "model_prefix"), *us = json_object_get(ro, "upstream"),
          *sp = json_object_get(ro, "strip_prefix");
-  if (!json_is_string(mp)) return lg__err(err, LG_EINVAL, field, -1, "%s.model_prefix: expected a string", field);
+  if (!json_is_string(mp))
+    return lg__err(err, LG_EINVAL, sub(field, sizeof field, r, "model_prefix"), -1, "expected a string");
   if (!json_is_string(us))
-    return lg__err(err, LG_EINVAL, field, -1, "%s.upstream: expected the name of an upstream", field);
+    return lg__err(err, LG_EINVAL, sub(field, sizeof field, r, "upstream"), -1,
+                   "expected the name of an upstream");
   if (sp && !json_is_boolean(sp))
-    return lg__err(err, LG_EINVAL, field, -1, "%s.strip_prefix: expected true or false", field);
+    return lg__err(err, LG_EINVAL, sub(field, sizeof field, r, "strip_prefix"), -1,
+                   "expected true or false");
   size_t i = upstream_index(cfg, json_string_value(us));
   if (i == cfg->nup)
-    return lg__err(err, LG_EINVAL, field, -1, "%s.upstream: no upstream \"%s\"", field, json_string_value(us));
+    return lg__err(err, LG_EINVAL, sub(field, sizeof field, r, "upstream"), -1, "no upstream \"%s\"",
+                   json_string_value(us));
   lg__gw_route_t *nv = lg__realloc(cfg->routes, (cfg->nroutes + 1) * sizeof *nv);
   if (!nv) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   cfg->routes = nv;
@@ -150,11 +215,11 @@ static int file_fields(lg__gw_config_t *cfg, json_t *root, lg_error_t *err) {
   json_t *v;
   json_object_foreach(root, k, v) {
     if (strcmp(k, "upstreams") && strcmp(k, "default") && strcmp(k, "routes"))
-      return lg__err(err, LG_EINVAL, k, -1, "%s: unknown field (known: upstreams, default, routes)", k);
+      return lg__err(err, LG_EINVAL, k, -1, "unknown field (known: upstreams, default, routes)");
   }
   json_t *ups = json_object_get(root, "upstreams");
   if (!json_is_object(ups) || !json_object_size(ups))
-    return lg__err(err, LG_EINVAL, "upstreams", -1, "upstreams: expected an object of at least one upstream");
+    return lg__err(err, LG_EINVAL, "upstreams", -1, "expected an object of at least one upstream");
   size_t first = cfg->nup;
   int rc = 0;
   json_object_foreach(ups, k, v) {
@@ -162,7 +227,7 @@ static int file_fields(lg__gw_config_t *cfg, json_t *root, lg_error_t *err) {
   }
   if ((rc = file_default(cfg, json_object_get(root, "default"), first, err))) return rc;
   json_t *routes = json_object_get(root, "routes");
-  if (routes && !json_is_array(routes)) return lg__err(err, LG_EINVAL, "routes", -1, "routes: expected an array");
+  if (routes && !json_is_array(routes)) return lg__err(err, LG_EINVAL, "routes", -1, "expected an array");
   for (size_t r = 0; !rc && routes && r < json_array_size(routes); r++)
     rc = file_route(cfg, r, json_array_get(routes, r), err);
   return rc;
@@ -194,11 +259,11 @@ int lg__gw_config_load(lg__gw_config_t *cfg, const char *const *specs, size_t n,
     const char *sch = strstr(s, "://");
     int rc;
     if (eq && (!sch || eq < sch)) /* NAME=URL */
-      rc = add_upstream(cfg, s, (size_t)(eq - s), eq + 1, LG__GW_API_OPENAI, NULL, 0,
+      rc = add_upstream(cfg, s, (size_t)(eq - s), eq + 1, LG__GW_API_OPENAI, NULL, 0, NULL,
                         "--upstream", err);
     else
       rc = add_upstream(cfg, i ? "upstream" : "default", i ? 8 : 7, s, LG__GW_API_OPENAI, NULL,
-                        0, "--upstream", err);
+                        0, NULL, "--upstream", err);
     if (rc) return rc;
     /* An upstream whose URL names Anthropic speaks its API. */
     if (strstr(cfg->up[cfg->nup - 1].base_url, "anthropic.com"))
@@ -209,11 +274,7 @@ int lg__gw_config_load(lg__gw_config_t *cfg, const char *const *specs, size_t n,
 }
 
 void lg__gw_config_clear(lg__gw_config_t *cfg) {
-  for (size_t i = 0; i < cfg->nup; i++) {
-    lg__free(cfg->up[i].name);
-    lg__free(cfg->up[i].base_url);
-    lg__free(cfg->up[i].api_key);
-  }
+  for (size_t i = 0; i < cfg->nup; i++) upstream_free(&cfg->up[i]);
   for (size_t i = 0; i < cfg->nroutes; i++) lg__free(cfg->routes[i].model_prefix);
   lg__free(cfg->up);
   lg__free(cfg->routes);
@@ -542,6 +603,8 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
   curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, ""); /* what libcurl can decode */
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+  if (x->up->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, x->up->ca_file);
+  if (x->up->ca_dir || x->up->ca_alone) curl_easy_setopt(h, CURLOPT_CAPATH, x->up->ca_dir);
   if (x->body) {
     curl_easy_setopt(h, CURLOPT_POST, 1L);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, x->body);

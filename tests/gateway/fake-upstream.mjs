@@ -117,12 +117,17 @@
 // A model name may carry a suffix after the script's name ("stubborn-strong"):
 // the script is the same, and GET /stats lists the models asked for.
 // Usage: node fake-upstream.mjs PORTFILE   (writes the port it took)
+// With FAKE_TLS_CERT and FAKE_TLS_KEY (PEM files) it serves HTTPS instead,
+// HTTP/2 or HTTP/1.1 as the client's ALPN asks (as api.openai.com and
+// api.anthropic.com do); GET /stats counts the requests of each version
+// (`http_versions`) and the TLS connections (`tls_connections`).
 import http from 'node:http';
+import http2 from 'node:http2';
 import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0 };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -859,7 +864,10 @@ function files(req, res, buf) {
   return false;
 }
 
-const server = http.createServer((req, res) => {
+function serve(req, res) {
+  stats.http_versions[req.httpVersion] = (stats.http_versions[req.httpVersion] || 0) + 1;
+  // HTTP/2's compatibility response has no `destroyed`: its stream's
+  if (!('destroyed' in res)) Object.defineProperty(res, 'destroyed', { get: () => res.stream.destroyed });
   let body = '';
   const chunks = [];
   req.on('data', (d) => chunks.push(d));
@@ -877,7 +885,12 @@ const server = http.createServer((req, res) => {
     body = buf.toString();
     try { if (!files(req, res, buf)) route(req, res, body); } catch (e) { malformed(res, req.url, e); }
   });
-});
+}
+const tls = process.env.FAKE_TLS_CERT && process.env.FAKE_TLS_KEY;
+const server = tls
+  ? http2.createSecureServer({ cert: fs.readFileSync(process.env.FAKE_TLS_CERT), key: fs.readFileSync(process.env.FAKE_TLS_KEY), allowHTTP1: true }, serve)
+  : http.createServer(serve);
+if (tls) server.on('secureConnection', () => stats.tls_connections++);
 
 function route(req, res, body) {
     stats.requests++;

@@ -93,9 +93,14 @@ static void file_errors(void **state) {
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"api\": \"gemini\"}}}", "upstreams.a.api"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"timeout_ms\": 0}}}", "upstreams.a.timeout_ms"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"key\": 1}}}", "upstreams.a.key"},
-      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"api_key_env\": \"LG_TEST_GW_UNSET\"}}}", "api_key_env"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"api_key_env\": \"LG_TEST_GW_UNSET\"}}}", "upstreams.a.api_key_env"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"ftp://x/v1\"}}}", "upstreams.a.base_url"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"ca_file\": 7}}}", "upstreams.a.ca_file"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"ca_file\": \"/nonexistent/ca.pem\"}}}", "upstreams.a.ca_file"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"ca_file\": \"/tmp\"}}}", "upstreams.a.ca_file"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"default\": \"b\"}", "default"},
-      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [{\"model_prefix\": \"x\", \"upstream\": \"b\"}]}", "routes[0]"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [{\"model_prefix\": \"x\", \"upstream\": \"b\"}]}", "routes[0].upstream"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [7]}", "routes[0]"},
   };
   unsetenv("LG_TEST_GW_UNSET");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -106,6 +111,9 @@ static void file_errors(void **state) {
     if (rc == 0) fail_msg("case %zu (%s) loaded", i, cases[i].doc);
     assert_string_equal(e.field, cases[i].field);
     assert_string_equal(e.source, path); /* the file named */
+    /* the field is named once, by its own member: the message says what is wrong */
+    if (*e.field && !strncmp(e.message, e.field, strlen(e.field)))
+      fail_msg("case %zu: the message repeats the field: %s", i, e.message);
     lg__gw_config_clear(&cfg);
     unlink(path);
     free(path);
@@ -114,6 +122,57 @@ static void file_errors(void **state) {
   lg_error_t e = {0};
   assert_int_equal(lg__gw_config_load(&cfg, NULL, 0, "/nonexistent/ups.json", &e), LG_EPARSE);
   lg__gw_config_clear(&cfg);
+}
+
+/* The CAs an upstream's TLS is checked against: its ca_file alone; else
+ * OpenSSL's SSL_CERT_FILE and SSL_CERT_DIR, each replacing its default;
+ * else libcurl's (NULL). A path that cannot be read stops the start. */
+static void upstream_cas(void **state) {
+  (void)state;
+  char *pem = write_tmp("-----BEGIN CERTIFICATE-----\n");
+  char doc[600];
+  snprintf(doc, sizeof doc, "{\"upstreams\": {\"a\": {\"base_url\": \"https://x/v1\", \"ca_file\": \"%s\"}}}", pem);
+  char *file = write_tmp(doc);
+  const char *spec[] = {"https://y/v1"};
+  lg__gw_config_t cfg = {0};
+  lg_error_t e = {0};
+  unsetenv("SSL_CERT_FILE");
+  unsetenv("SSL_CERT_DIR");
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, file, &e), 0);
+  assert_null(cfg.up[0].ca_file); /* the system's */
+  assert_null(cfg.up[0].ca_dir);
+  assert_false(cfg.up[0].ca_alone);
+  assert_string_equal(cfg.up[1].ca_file, pem);
+  assert_true(cfg.up[1].ca_alone);
+  lg__gw_config_clear(&cfg);
+
+  setenv("SSL_CERT_FILE", pem, 1);
+  setenv("SSL_CERT_DIR", "/tmp", 1);
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, file, &e), 0);
+  assert_string_equal(cfg.up[0].ca_file, pem);
+  assert_string_equal(cfg.up[0].ca_dir, "/tmp");
+  assert_false(cfg.up[0].ca_alone);
+  assert_string_equal(cfg.up[1].ca_file, pem); /* its own file: the variables do not apply */
+  assert_null(cfg.up[1].ca_dir);
+  assert_true(cfg.up[1].ca_alone);
+  lg__gw_config_clear(&cfg);
+
+  setenv("SSL_CERT_FILE", "/nonexistent/ca.pem", 1);
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, NULL, &e), LG_EINVAL);
+  assert_string_equal(e.field, "SSL_CERT_FILE");
+  assert_non_null(strstr(e.message, "/nonexistent/ca.pem"));
+  lg__gw_config_clear(&cfg);
+  setenv("SSL_CERT_FILE", pem, 1);
+  setenv("SSL_CERT_DIR", pem, 1); /* a file, not a folder */
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, NULL, &e), LG_EINVAL);
+  assert_string_equal(e.field, "SSL_CERT_DIR");
+  lg__gw_config_clear(&cfg);
+  unsetenv("SSL_CERT_FILE");
+  unsetenv("SSL_CERT_DIR");
+  unlink(file);
+  unlink(pem);
+  free(file);
+  free(pem);
 }
 
 /* The gateway answers /v1/ paths that are not loopguard's own API. */
@@ -186,6 +245,7 @@ int main(void) {
       cmocka_unit_test(flags),
       cmocka_unit_test(file_and_routes),
       cmocka_unit_test(file_errors),
+      cmocka_unit_test(upstream_cas),
       cmocka_unit_test(claims),
       cmocka_unit_test(named_policies),
   };
