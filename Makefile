@@ -28,7 +28,7 @@ endif
 DEPS := gcc make cmake pkg-config clang libclang-rt-14-dev \
         libjansson-dev libssl-dev libsqlite3-dev libpq-dev postgresql \
         libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev python3 curl \
-        chromium prometheus nodejs
+        chromium prometheus nodejs openssl
 BENCH_DEPS := wrk nodejs python3 socat
 
 .PHONY: all deps bench-deps build build-asan build-fuzz run test test-unit \

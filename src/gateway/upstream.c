@@ -6,8 +6,10 @@
  *
  * Each gateway worker thread keeps one curl easy handle for its life, so
  * connections (and TLS sessions) to an upstream are reused across
- * requests. TLS is verified (libcurl's default, kept), proxies come from
- * the environment (http_proxy, https_proxy, no_proxy: libcurl reads them),
+ * requests. TLS is verified (libcurl's default, kept; an upstream's
+ * ca_file, or SSL_CERT_FILE and SSL_CERT_DIR, for a private CA), HTTP/1.1
+ * (see lg__gw_http_do), proxies come from the environment (http_proxy,
+ * https_proxy, no_proxy: libcurl reads them),
  * and every exchange has a connect timeout and a total one (the
  * upstream's timeout_ms). A stop flag (shutdown, a client that went away)
  * aborts an exchange from its progress callback.
@@ -603,6 +605,13 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
   curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, ""); /* what libcurl can decode */
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+  /* HTTP/1.1, as the providers' own SDKs speak, even where TLS offers
+   * HTTP/2: an exchange aborted (its client hung up) then closes its
+   * connection, which a provider takes as a cancel. Over HTTP/2, libcurl
+   * 7.88 queues the stream's reset until the connection is next used, and
+   * on an idle gateway the model went on generating (and billing) to its
+   * end (tests/gateway/tls.sh). */
+  curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   if (x->up->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, x->up->ca_file);
   if (x->up->ca_dir || x->up->ca_alone) curl_easy_setopt(h, CURLOPT_CAPATH, x->up->ca_dir);
   if (x->body) {
