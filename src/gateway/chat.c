@@ -2348,6 +2348,23 @@ static void cut_told(chat_t *c, json_t *u) {
   c->usage = lg__gwc_usage(c, json_integer_value(json_object_get(u, "input_tokens")), out);
 }
 
+/* The usage of a streamed model call whose upstream failed: nothing when
+ * it sent nothing of an answer (an error status, no answer, a 200 without
+ * text, calls, reasoning or its input count: a provider bills none of
+ * them); else what it had sent, at most (cut_usage), as a provider bills
+ * a stream that broke, or whose client hung up, for what it generated.
+ * Settled at 0 until session 28. */
+static void failed_usage(chat_t *c, int64_t resv, const lg__gw_http_t *x, size_t blen) {
+  if (x->status != 200 ||
+      !(c->text.len || c->held_bytes || json_is_integer(json_object_get(c->usage, "input_tokens")))) {
+    usage_event(c, resv, NULL, 1, blen);
+    return;
+  }
+  json_t *u = cut_usage(c, blen);
+  usage_event(c, resv, u, 0, blen);
+  json_decref(u);
+}
+
 /* One model call, streamed: 0 ask again, MENDED the same again, else the
  * stream is answered. */
 static int stream_exchange(chat_t *c, int ask) {
@@ -2378,13 +2395,13 @@ static int stream_exchange(chat_t *c, int ask) {
     done = stream_finish(c, ask);
     if (done == 1) end_api_stream(c);
   } else if (c->streamed) { /* the upstream failed mid-stream */
-    usage_event(c, mo.reservation, NULL, 1, blen);
+    failed_usage(c, mo.reservation, &x, blen);
     if (!atomic_load(&j->s_gone) && !c->saw_error) stream_error(c, &x, rc);
   } else if (!rc && refused_added(c, &x)) {
     usage_event(c, mo.reservation, NULL, 1, blen);
     done = MENDED;
   } else { /* nothing was sent to the client: an error of its API */
-    usage_event(c, mo.reservation, NULL, 1, blen);
+    failed_usage(c, mo.reservation, &x, blen);
     if (rc) lg__gw_upstream_failed(j, &x);
     else if (x.status != 200) lg__gw_upstream_answer(j, &x);
     else

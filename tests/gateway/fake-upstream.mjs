@@ -37,6 +37,8 @@
 //   garbage     answers 200 with a body that is not JSON
 //   garbage-stream  answers 200 text/event-stream with events that are not JSON
 //   cutoff      streams a few words of text, then drops the connection
+//   overload    streams a few words of text, then the API's own error event
+//               (Anthropic's overloaded_error, OpenAI's server_error) and ends
 //   chant       "Waiting for the payment." over and over, 200 times (a text
 //               loop), a word every 5 ms when streamed
 //   ask         asks to write the record until it is offered ask_human, then
@@ -752,6 +754,31 @@ function failing(res, j) {
   if (model.startsWith('garbage-stream')) {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end('data: <html>oops</html>\n\ndata: not json either\n\n');
+    return true;
+  }
+  if (model.startsWith('overload') && j.stream) { // a few words, then the provider's own error event, as each sends it
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const words = ['Partial ', 'answer '];
+    const url = res.req.url;
+    if (url.endsWith('/messages')) {
+      res.write(`event: message_start\ndata: ${JSON.stringify({ type: 'message_start', message: { id: 'msg_over', type: 'message', role: 'assistant', model, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 3, output_tokens: 1 } } })}\n\n`);
+      res.write(`event: content_block_start\ndata: ${JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } })}\n\n`);
+      for (const w of words) res.write(`event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: w } })}\n\n`);
+      res.end(`event: error\ndata: ${JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } })}\n\n`);
+    } else if (url.endsWith('/responses')) {
+      let seq = 0;
+      const ev = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq++, ...data })}\n\n`);
+      const resp = { id: 'resp_over', object: 'response', created_at: 0, status: 'in_progress', model, output: [], usage: null };
+      ev('response.created', { response: resp });
+      ev('response.output_item.added', { output_index: 0, item: { id: 'msg_over', type: 'message', status: 'in_progress', role: 'assistant', content: [] } });
+      ev('response.content_part.added', { item_id: 'msg_over', output_index: 0, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } });
+      for (const w of words) ev('response.output_text.delta', { item_id: 'msg_over', output_index: 0, content_index: 0, delta: w });
+      ev('error', { code: 'server_error', message: 'The server had an error while processing your request.', param: null });
+      res.end();
+    } else {
+      for (const w of words) res.write('data: ' + JSON.stringify({ id: 'chatcmpl-over', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta: { content: w }, finish_reason: null }] }) + '\n\n');
+      res.end('data: ' + JSON.stringify({ error: { message: 'The server had an error while processing your request. Sorry about that!', type: 'server_error', param: null, code: null } }) + '\n\n');
+    }
     return true;
   }
   if (model.startsWith('cutoff') && j.stream) {

@@ -394,6 +394,15 @@ tail -n 3 "$TMP/cut.sse" | grep -q '^event: error' || fail "cutoff messages: $(c
 out=$(guard BASE_URL="$g_URL/v1" MODEL=cutoff STREAM=1)
 [ "$(echo "$out" | get 'd["ended"]')" = error ] || fail "cutoff: the SDK took a cut stream for an answer: $out"
 
+note "the provider's own error event mid-stream (Anthropic's overloaded_error, OpenAI's server_error): the SDK reports it, as directly"
+for api in chat messages responses; do
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=overload STREAM=1)
+  direct=$(guard API=$api BASE_URL="$([ $api = messages ] && echo "$FAKE" || echo "$FAKE/v1")" MODEL=overload STREAM=1)
+  [ "$(echo "$out" | get 'd["ended"]')" = error ] && [ "$(echo "$out" | get 'd["error"]')" = "$(echo "$direct" | get 'd["error"]')" ] ||
+    fail "overload $api: through the gateway $out, directly $direct"
+  echo "$out" | get 'd["error"]' | grep -q 'overloaded_error\|server had an error' || fail "overload $api: $out"
+done
+
 note "a client that hangs up mid-stream: the upstream request is aborted, the server keeps serving"
 before=$(stats 'd["aborted"]')
 curl -s -H "Content-Type: application/json" -N --max-time 0.6 -d '{"model":"drip-long","stream":true,"messages":[{"role":"user","content":"x"}]}' \

@@ -48,7 +48,8 @@ cat >"$TMP/prices.json" <<'JSON'
             "other":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "slow":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
-            "finish-o3": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+            "finish-o3": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "overload": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -162,6 +163,21 @@ b=$(msgs "$K1")
 b=$(msgs lgk-notakeyatall0000000000000000000000000)
 [ "$(st)" = 401 ] && [ "$(echo "$b" | get 'd["type"]')" = error ] || fail "an unknown x-api-key: $(st) $b"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H "x-api-key: $K1" "$gw_URL/v1/key")" = 200 ] || fail "GET /v1/key with x-api-key"
+
+note "a stream that ends on the provider's own error event (overloaded): passed on, nothing left reserved, charged"
+for r in chat/completions messages responses; do
+  before=$(spent "$H1")
+  body="{\"model\":\"overload\",\"stream\":true,\"max_tokens\":20,$MSG}"
+  [ $r = responses ] && body='{"model":"overload","stream":true,"input":"hello"}'
+  curl -s -N -o "$TMP/over.sse" -H "Authorization: Bearer $K1" -H 'anthropic-version: 2023-06-01' \
+    -H 'Content-Type: application/json' -d "$body" "$gw_URL/v1/$r"
+  [ "$(grep -c '"error"' "$TMP/over.sse")" = 1 ] && grep -q 'overloaded_error\|server_error' "$TMP/over.sse" ||
+    fail "overload $r: not the provider's one error event: $(cat "$TMP/over.sse")"
+  b=$(op GET "/v1/budgets/key:$H1")
+  [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "overload $r: left reserved: $b"
+  [ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] ||
+    fail "overload $r: the words it sent were not charged: $b"
+done
 
 note "rotated and disabled keys are refused at once"
 rot=$(op POST "/v1/keys/$H1/rotate")
