@@ -1912,7 +1912,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->ud = c;
   x->max_bytes = lg__gw_answer_max(c->cx->gw); /* a whole answer, or one event (on_stream_data) */
   int rc = lg__gw_http_do(c->cx->curl, c->cx->multi, x);
-  lg__gw_note_upstream(c->cx->gw, c->ui, x->ns);
+  lg__gw_note_upstream(c->cx->gw, c->ui, x);
   return rc;
 }
 

@@ -120,6 +120,7 @@ typedef struct lg__gw_http {
   char errbuf[CURL_ERROR_SIZE];
   uint64_t ns;                /* how long it took */
   int over;                   /* aborted: the answer was past max_bytes */
+  int cut;                    /* aborted by on_data (the guard cut the stream) */
 } lg__gw_http_t;
 
 #define LG__GW_OVER 2 /* on_data's answer: the answer is past its bound */
@@ -369,7 +370,10 @@ void lg__gw_stream_end(lg__gw_job_t *j);
 #define LG__GW_STREAM_HIGH ((size_t)1 << 20)
 #define LG__GW_STREAM_LOW ((size_t)256 << 10)
 /* Metrics and the intervention log. */
-void lg__gw_note_upstream(lg__gw_t *gw, size_t up, uint64_t ns);
+/* An upstream exchange done: its latency, and when it failed, its kind
+ * counted (loopguard_gateway_upstream_errors_total) and, when the
+ * exchange itself failed (not an answer's status), logged. */
+void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x);
 /* Upstream ui refused what the gateway adds (bit, LG__GW_LEARNT_*; for
  * LG__GW_LEARNT_MAX_COMPLETION_TOKENS with model): not sent to it again,
  * said once in the log. */

@@ -327,6 +327,7 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
     }
     int r = x->on_data(x->ud, p, n);
     if (r == LG__GW_OVER) x->over = 1;
+    else if (r) x->cut = 1;
     return r ? 0 : n;
   }
   if (x->max_bytes && x->body_out.len + n > x->max_bytes) { /* a broken upstream: memory is not its */

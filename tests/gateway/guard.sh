@@ -393,6 +393,8 @@ curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":tr
 tail -n 3 "$TMP/cut.sse" | grep -q '^event: error' || fail "cutoff messages: $(cat "$TMP/cut.sse")"
 out=$(guard BASE_URL="$g_URL/v1" MODEL=cutoff STREAM=1)
 [ "$(echo "$out" | get 'd["ended"]')" = error ] || fail "cutoff: the SDK took a cut stream for an answer: $out"
+n=$(curl -sf "$g_URL/metrics" | awk '$1 == "loopguard_gateway_upstream_errors_total{upstream=\"default\",kind=\"broken\"}" { print $2 }')
+[ "${n:-0}" -ge 3 ] || fail "cutoff: the broken answers not counted (${n:-none})"
 
 note "the provider's own error event mid-stream (Anthropic's overloaded_error, OpenAI's server_error): the SDK reports it, as directly"
 for api in chat messages responses; do

@@ -480,6 +480,11 @@ start_server down --store memory: --upstream "http://127.0.0.1:9/v1"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"x","messages":[{"role":"user","content":"x"}]}' "$down_URL/v1/chat/completions")
 [ "$code" = 502 ] || fail "down: $code"
 grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: the message names no upstream: $(cat "$TMP/e.json")"
+# the on-call engineer sees it: counted by kind, and one log line that says why
+curl -sf "$down_URL/metrics" | grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 1$' ||
+  fail "down: not counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
+grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep -q '"path":"/chat/completions"' ||
+  fail "down: no log line: $(cat "$TMP/down.err")"
 curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving"
 curl -sf "$gw_URL/metrics" >"$TMP/metrics.txt" || fail "metrics"
 grep -q 'loopguard_gateway_interventions_total{action="block",reason="same_call_repeat"}' "$TMP/metrics.txt" || { grep gateway "$TMP/metrics.txt"; fail "metrics"; }
@@ -492,6 +497,8 @@ chunks=$(awk '$1 == "loopguard_gateway_json_chunks" { print $2 }' "$TMP/metrics.
 note "an unknown /v1/ path: the upstream's own 404, as it sent it"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "$gw_URL/v1/nothing/here")
 [ "$code" = 404 ] && grep -q unknown_url "$TMP/e.json" || fail "unknown path: $code $(cat "$TMP/e.json")"
+n=$(curl -sf "$gw_URL/metrics" | awk '$1 == "loopguard_gateway_upstream_errors_total{upstream=\"default\",kind=\"http_4xx\"}" { print $2 }')
+[ "${n:-0}" -ge 1 ] || fail "the upstream's 404 not counted as http_4xx (${n:-none})"
 
 note "a run's caps are decided before the request leaves: the final message, no upstream call"
 echo '{"limits":{"max_model_calls":2}}' >"$TMP/cap.json"
@@ -509,6 +516,8 @@ echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep -q model_call_cap || f
 note "an upstream that times out: 504 in OpenAI's shape"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
 [ "$code" = 504 ] && grep -q fake "$TMP/e.json" || fail "slow: $code $(cat "$TMP/e.json")"
+curl -sf "$cap_URL/metrics" | grep -q '^loopguard_gateway_upstream_errors_total{upstream="fake",kind="timeout"} 1$' ||
+  fail "slow: the timeout not counted: $(curl -s "$cap_URL/metrics" | grep upstream_errors)"
 
 note "a body over the limit (--gateway-max-body 1 MiB), sent chunked: 413 with an error message; the server keeps serving"
 head -c 1100000 /dev/zero | tr '\0' a >"$TMP/big.txt"
