@@ -18,10 +18,13 @@ command -v promtool >/dev/null || fail "no promtool (Debian's prometheus package
 promtool check rules "$mon/alerts.yml" >"$TMP/promtool.out" 2>&1 && ok || { bad "promtool check rules"; cat "$TMP/promtool.out"; }
 python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$mon/grafana-dashboard.json" && ok || bad "dashboard is not JSON"
 
-# A server with traffic: a stop, a budget, a refusal, latencies.
-start_server S --store "sqlite:$TMP/lg.db"
+# A server with traffic: a stop, a budget, a refusal, latencies; its
+# gateway's upstream is down (port 9: nothing listens), so a model request
+# is an upstream failure.
+start_server S --store "sqlite:$TMP/lg.db" --upstream "http://127.0.0.1:9/v1"
 url=${S_URL%/}
 post() { curl -s -XPOST -H 'Content-Type: application/json' "$url$1" -d "$2" >/dev/null; }
+post /v1/chat/completions '{"model":"m","messages":[{"role":"user","content":"x"}]}'
 post /v1/runs '{"run_id":"m1"}'
 for i in 1 2 3 4 5 6; do post /v1/runs/m1/calls '{"tool":"t","args":{"a":1},"turn":'$i'}'; done
 curl -s -XPUT -H 'Content-Type: application/json' "$url/v1/budgets/workspace:acme" -d '{"limit_usd":1,"period":"daily"}' >/dev/null
@@ -70,6 +73,8 @@ for i in $(seq 150); do
   sleep 0.2
 done
 if grep -q '"value":\[[0-9.]*,"1"\]' <<<"$got"; then ok; else bad "Prometheus has no loopguard_stops_total series: $got"; tail -5 "$TMP/prom.log"; fi
+r=$(query 'loopguard_gateway_upstream_errors_total{kind="unreachable"}')
+grep -q '"value":\[[0-9.]*,"1"\]' <<<"$r" && ok || bad "the gateway's upstream failure is not in Prometheus: $r"
 for q in 'loopguard_budget_limit_usd{scope="workspace:acme"}' 'loopguard_budget_reserved_usd' \
          'loopguard_request_duration_seconds_bucket{route="calls",le="+Inf"}' 'loopguard_runs_active'; do
   r=$(query "$q")
