@@ -83,6 +83,9 @@ static const char *serve_notes =
     "kept in memory [10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB];\n"
     "LOOPGUARD_GATEWAY_ANSWER_BYTES, the most a guarded route holds of an\n"
     "upstream answer (whole, an event, a stream's text and calls) [64 MiB].\n"
+    "Upstreams' TLS: the system's CAs; SSL_CERT_FILE and SSL_CERT_DIR, or an\n"
+    "upstream's ca_file, for a private CA. Proxies: https_proxy, http_proxy,\n"
+    "no_proxy (docs/gateway.md, \"TLS and proxies\").\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
     "SIGHUP reopens the log and reloads --prices. Exit status: 0 success, 1 an error, 2 bad usage.\n";
