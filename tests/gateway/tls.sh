@@ -148,5 +148,9 @@ code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$np_UR
 [ "$code" = 200 ] && [ "$(proxied connect "$at")" = "$n" ] ||
   fail "no_proxy: $code $(cat "$TMP/a.json"), CONNECTs $n -> $(proxied connect "$at")"
 
-for s in untrusted gw env px pp np; do stop_server $s; done
+for s in untrusted gw env px pp np; do
+  stop_server $s
+  rc_var="${s}_RC"
+  [ "${!rc_var}" = 0 ] || fail "server $s exited ${!rc_var} (under ASan: a leak or an error): $(tail -5 "$TMP/$s.err")"
+done
 echo "gateway tls: OK"
