@@ -49,7 +49,8 @@ cat >"$TMP/prices.json" <<'JSON'
             "slow":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "finish-o3": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
-            "overload": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+            "overload": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "drip-long": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -178,6 +179,19 @@ for r in chat/completions messages responses; do
   [ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] ||
     fail "overload $r: the words it sent were not charged: $b"
 done
+
+note "a client that hangs up mid-stream: the upstream request ends, nothing left reserved, the words it got charged"
+before=$(spent "$H1")
+curl -s -N --max-time 1.2 -o "$TMP/hang.sse" -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
+  -d "{\"model\":\"drip-long\",\"stream\":true,$MSG}" "$gw_URL/v1/chat/completions"
+grep -q '"content"' "$TMP/hang.sse" || fail "hang-up: no text came before the client left: $(cat "$TMP/hang.sse")"
+for i in $(seq 50); do
+  b=$(op GET "/v1/budgets/key:$H1")
+  [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] && break
+  sleep 0.1
+done
+[ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "hang-up: left reserved: $b"
+[ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] || fail "hang-up: what the model generated was not charged: $b"
 
 note "rotated and disabled keys are refused at once"
 rot=$(op POST "/v1/keys/$H1/rotate")
