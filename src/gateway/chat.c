@@ -2098,7 +2098,16 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
   lg__sse_event_t ev;
   lg__buf_t joined = {0};
   while (!stop && lg__sse_next(c->line.data + off, c->line.len - off, &ev, &joined)) {
-    if (ev.data) stop = on_event(c, ev.data, ev.data_len, c->line.data + off, ev.used);
+    if (ev.data) {
+      stop = on_event(c, ev.data, ev.data_len, c->line.data + off, ev.used);
+    } else if (c->line.data[off] == ':') {
+      /* a comment, the upstream's keep-alive (OpenRouter's ": OPENROUTER
+       * PROCESSING" while the model is queued): on to the client as it
+       * came, its stream begun, so that a proxy or a client between them
+       * that times out an idle connection sees bytes, as it would directly */
+      lg__gwc_begin_stream(c);
+      lg__gw_stream_write(c->j, c->line.data + off, ev.used);
+    }
     off += ev.used;
   }
   lg__buf_free(&joined);

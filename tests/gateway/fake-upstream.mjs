@@ -37,6 +37,8 @@
 //   garbage     answers 200 with a body that is not JSON
 //   garbage-stream  answers 200 text/event-stream with events that are not JSON
 //   cutoff      streams a few words of text, then drops the connection
+//   queued      (Chat Completions, stream) three SSE comments 300 ms apart, as
+//               OpenRouter keeps a queued request alive, then "Done."
 //   overload    streams a few words of text, then the API's own error event
 //               (Anthropic's overloaded_error, OpenAI's server_error) and ends
 //   chant       "Waiting for the payment." over and over, 200 times (a text
@@ -754,6 +756,23 @@ function failing(res, j) {
   if (model.startsWith('garbage-stream')) {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end('data: <html>oops</html>\n\ndata: not json either\n\n');
+    return true;
+  }
+  if (model.startsWith('queued') && j.stream && res.req.url.endsWith('/chat/completions')) {
+    // OpenRouter's way while the model is queued: SSE comments, then the answer
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    let k = 0;
+    const ch = (delta, finish) => 'data: ' + JSON.stringify({ id: 'chatcmpl-queued', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: finish }] }) + '\n\n';
+    const tick = () => {
+      if (res.destroyed) return;
+      if (k++ < 3) { res.write(': OPENROUTER PROCESSING\n\n'); return setTimeout(tick, 300); }
+      res.write(ch({ role: 'assistant', content: 'Done.' }, null));
+      res.write(ch({}, 'stop'));
+      if (j.stream_options && j.stream_options.include_usage)
+        res.write('data: ' + JSON.stringify({ id: 'chatcmpl-queued', object: 'chat.completion.chunk', created: 0, model, choices: [], usage: { prompt_tokens: 5, completion_tokens: 2, total_tokens: 7 } }) + '\n\n');
+      res.end('data: [DONE]\n\n');
+    };
+    tick();
     return true;
   }
   if (model.startsWith('overload') && j.stream) { // a few words, then the provider's own error event, as each sends it

@@ -405,6 +405,17 @@ for api in chat messages responses; do
   echo "$out" | get 'd["error"]' | grep -q 'overloaded_error\|server had an error' || fail "overload $api: $out"
 done
 
+note "an upstream's SSE comments (OpenRouter's keep-alive while queued): on to the client as they come"
+t=$(curl -s -N -o "$TMP/queued.sse" -w '%{time_starttransfer} %{time_total}' -H "Content-Type: application/json" \
+  -d '{"model":"queued","stream":true,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+[ "$(head -n 1 "$TMP/queued.sse")" = ": OPENROUTER PROCESSING" ] && [ "$(grep -c '^: OPENROUTER PROCESSING$' "$TMP/queued.sse")" = 3 ] ||
+  fail "queued: the comments were not passed on: $(cat "$TMP/queued.sse")"
+# the first bytes came with the first comment, not with the answer 0.9 s later
+python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if a < 0.5 and b >= 0.85 else 1)" $t ||
+  fail "queued: the first byte at ${t% *} s of ${t#* } (held until the answer)"
+out=$(guard API=chat BASE_URL="$g_URL/v1" MODEL=queued STREAM=1)
+[ "$(echo "$out" | get 'd["final"]')" = Done. ] || fail "queued: the SDK's answer: $out"
+
 note "a client that hangs up mid-stream: the upstream request is aborted, the server keeps serving"
 before=$(stats 'd["aborted"]')
 curl -s -H "Content-Type: application/json" -N --max-time 0.6 -d '{"model":"drip-long","stream":true,"messages":[{"role":"user","content":"x"}]}' \
