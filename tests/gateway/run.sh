@@ -481,7 +481,7 @@ code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_c
 [ "$code" = 502 ] || fail "down: $code"
 grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: the message names no upstream: $(cat "$TMP/e.json")"
 # the on-call engineer sees it: counted by kind, and one log line that says why
-curl -sf "$down_URL/metrics" | grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 1$' ||
+grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 1$' <<<"$(curl -sf "$down_URL/metrics")" ||
   fail "down: not counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
 grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep -q '"path":"/chat/completions"' ||
   fail "down: no log line: $(cat "$TMP/down.err")"
@@ -516,7 +516,7 @@ echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep -q model_call_cap || f
 note "an upstream that times out: 504 in OpenAI's shape"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
 [ "$code" = 504 ] && grep -q fake "$TMP/e.json" || fail "slow: $code $(cat "$TMP/e.json")"
-curl -sf "$cap_URL/metrics" | grep -q '^loopguard_gateway_upstream_errors_total{upstream="fake",kind="timeout"} 1$' ||
+grep -q '^loopguard_gateway_upstream_errors_total{upstream="fake",kind="timeout"} 1$' <<<"$(curl -sf "$cap_URL/metrics")" ||
   fail "slow: the timeout not counted: $(curl -s "$cap_URL/metrics" | grep upstream_errors)"
 
 note "a body over the limit (--gateway-max-body 1 MiB), sent chunked: 413 with an error message; the server keeps serving"

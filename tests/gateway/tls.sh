@@ -58,7 +58,7 @@ code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "${hdr[@]}" -H 'anthropic-vers
 [ "$code" = 502 ] && [ "$(get 'd["type"] + "/" + d["error"]["type"]' <"$TMP/e.json")" = error/api_error ] &&
   get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "certificate" || fail "untrusted (messages): $code $(cat "$TMP/e.json")"
 [ "$(tstats 'len(d["models"])')" = 0 ] || fail "a request reached an upstream whose certificate was not trusted: $(tstats 'd["models"]')"
-curl -sf "$untrusted_URL/metrics" | grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 2$' ||
+grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 2$' <<<"$(curl -sf "$untrusted_URL/metrics")" ||
   fail "untrusted: not counted: $(curl -s "$untrusted_URL/metrics" | grep upstream_errors)"
 grep '"event":"upstream_failed"' "$TMP/untrusted.log" | grep '"kind":"unreachable"' | grep -q 'certificate' ||
   fail "untrusted: no log line that says why: $(cat "$TMP/untrusted.log")"
@@ -117,8 +117,8 @@ for i in $(seq 50); do [ "$(tstats 'd["aborted"]')" -gt "$before" ] && break; sl
 code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$gw_URL/v1/chat/completions")
 [ "$code" = 200 ] || fail "after a hang-up: $code $(cat "$TMP/a.json")"
 # the client left, the upstream did not fail: no upstream error counted, none logged
-curl -sf "$gw_URL/metrics" | grep '^loopguard_gateway_upstream_errors_total' | grep -qv ' 0$' &&
-  fail "a client's hang-up counted as an upstream error: $(curl -s "$gw_URL/metrics" | grep upstream_errors)"
+nz=$(grep '^loopguard_gateway_upstream_errors_total' <<<"$(curl -sf "$gw_URL/metrics")" | grep -v ' 0$')
+[ -z "$nz" ] || fail "a client's hang-up counted as an upstream error: $nz"
 grep -q '"event":"upstream_failed"' "$TMP/gw.log" && fail "a client's hang-up logged as an upstream failure: $(grep upstream_failed "$TMP/gw.log")"
 
 note "SSL_CERT_FILE trusts the CA for an upstream given by --upstream"
