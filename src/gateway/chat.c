@@ -2115,6 +2115,7 @@ static int on_stream_data(void *ud, const char *p, size_t n) {
     memmove(c->line.data, c->line.data + off, c->line.len - off);
     c->line.len -= off;
   }
+  if (!stop && c->streamed) lg__gw_stream_keepalive(c->cx->gw, c->j);
   size_t max = lg__gw_answer_max(c->cx->gw);
   if (!stop && c->line.len > max) return LG__GW_OVER; /* an event without end */
   /* what the stream keeps to decide at its end: a stream of valid events

@@ -246,12 +246,16 @@ void lg__gwo_details_clear(chat_t *c) {
 }
 
 /* A chunk holding tool call deltas carries more for the client than them:
- * text, or a member of the delta besides the role (reasoning). */
-static int more_than_calls(json_t *delta) {
+ * text, a member of the delta besides the role (reasoning), or the role
+ * when the client has not had it (a first chunk that holds the role and
+ * the first call delta at once, as some servers send it: the openai SDK's
+ * stream refuses a choice whose first chunk has no role). */
+static int more_than_calls(const chat_t *c, json_t *delta) {
   const char *k;
   json_t *v;
   json_object_foreach(delta, k, v) {
-    if (!strcmp(k, "content") ? json_string_length(v) > 0 : strcmp(k, "tool_calls") && strcmp(k, "role"))
+    if (!strcmp(k, "content") ? json_string_length(v) > 0
+                              : strcmp(k, "tool_calls") && (strcmp(k, "role") || !c->role_told))
       return 1;
   }
   return 0;
@@ -324,7 +328,9 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
   if (!json_is_array(tcd) && !fin) {
     if (sh) stream_chunk_text(c, sh);
     else lg__gw_stream_write(c->j, raw, rawn);
-  } else if (more_than_calls(delta)) {
+    c->role_told |= json_object_get(delta, "role") != NULL;
+  } else if (more_than_calls(c, delta)) {
+    c->role_told |= json_object_get(delta, "role") != NULL;
     json_t *cp = sh ? json_incref(sh) : json_deep_copy(ch);
     json_t *cc = json_array_get(json_object_get(cp, "choices"), at);
     json_object_del(json_object_get(cc, "delta"), "tool_calls");

@@ -127,6 +127,8 @@ typedef struct chat {
                                    index (joined by lg__gwo_details) */
   json_int_t details_shift;   /* added to a stream's reasoning_details indices on their way to
                                  the client: past those of the response's earlier answers */
+  int role_told;              /* Chat Completions stream: the client was sent a delta's role
+                                 (a chunk whose calls are held passes its role on once) */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
                                    Completions: reasoning_content, reasoning) */

@@ -89,6 +89,9 @@ typedef lg__gw_key_t key_ent_t;
  * is a few hundred KB at most; an upstream that sends more is broken, and
  * the server's memory is every client's. */
 #define GW_ANSWER_BYTES_DEFAULT ((size_t)64 << 20)
+/* A held stream's keep-alive comment: under the 30 and 60 s idle
+ * timeouts load balancers use. */
+#define GW_KEEPALIVE_MS_DEFAULT 15000
 /* A request without X-Loopguard-Run finds a kept conversation by the hash
  * of its first this many bytes (a shorter one is not found that way). */
 #define GW_PREFIX_HEAD 2048
@@ -133,6 +136,7 @@ struct lg__gw {
   size_t nruns, max_runs;
   size_t prefix_bytes, prefix_max;   /* the runs' prefixes (lg__gw_prefix_keep) */
   size_t answer_max;                 /* GW_ANSWER_BYTES_DEFAULT, or the environment's */
+  uint64_t keepalive_ns;             /* lg__gw_stream_keepalive's (0: none) */
   lg__gw_run_t *heads[GW_BUCKETS];   /* runs by their prefix's first bytes (lg__gw_prefix_find) */
   _Atomic uint64_t msgs_read[2];     /* conversation elements checked, taken from a prefix */
   lg__gw_policies_t policies; /* --policies DIR */
@@ -313,6 +317,7 @@ static lg__loop_t *resume_stream(lg__gw_job_t *j) {
 }
 
 void lg__gw_stream_start(lg__gw_job_t *j, int status, const char *ctype) {
+  atomic_store(&j->s_last_ns, lg__mono_ns());
   j->streaming = 1;
   j->status = status;
   snprintf(j->ctype, sizeof j->ctype, "%s", ctype);
@@ -321,12 +326,20 @@ void lg__gw_stream_start(lg__gw_job_t *j, int status, const char *ctype) {
 
 int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n) {
   if (atomic_load(&j->s_gone)) return -1;
+  atomic_store(&j->s_last_ns, lg__mono_ns());
   pthread_mutex_lock(&j->smu);
   int rc = lg__buf_append(&j->sbuf, p, n);
   lg__loop_t *l = resume_stream(j);
   pthread_mutex_unlock(&j->smu);
   if (l && !lg__loop_turns_next(l)) lg__loop_wake(l);
   return rc ? -1 : 0;
+}
+
+void lg__gw_stream_keepalive(lg__gw_t *gw, lg__gw_job_t *j) {
+  static const char comment[] = ": loopguard: the answer is being read\n\n";
+  if (!j->streaming || !gw->keepalive_ns) return;
+  if (lg__mono_ns() - atomic_load(&j->s_last_ns) >= gw->keepalive_ns)
+    lg__gw_stream_write(j, comment, sizeof comment - 1);
 }
 
 size_t lg__gw_stream_backlog(lg__gw_job_t *j) {
@@ -1827,6 +1840,17 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
   const char *pb = getenv("LOOPGUARD_GATEWAY_PREFIX_BYTES");
   gw->prefix_max = pb && *pb && atoll(pb) >= 0 ? (size_t)atoll(pb) : GW_PREFIX_BYTES_DEFAULT;
+  const char *ka = getenv("LOOPGUARD_GATEWAY_KEEPALIVE_MS");
+  gw->keepalive_ns = GW_KEEPALIVE_MS_DEFAULT * 1000000ull;
+  if (!rc && ka && *ka) {
+    char *end;
+    long long v = strtoll(ka, &end, 10);
+    if (*end || v < 0 || v > 3600000)
+      rc = lg__err(err, LG_EINVAL, "LOOPGUARD_GATEWAY_KEEPALIVE_MS", -1,
+                   "must be a whole number of milliseconds from 0 (none) to 3600000, not \"%s\"", ka);
+    else
+      gw->keepalive_ns = (uint64_t)v * 1000000ull;
+  }
   const char *ab = getenv("LOOPGUARD_GATEWAY_ANSWER_BYTES");
   gw->answer_max = GW_ANSWER_BYTES_DEFAULT;
   if (!rc && ab && *ab) {

@@ -277,6 +277,8 @@ typedef struct lg__gw_job {
   int s_waiting;              /* the reader suspended the connection */
   int s_cut;                  /* broken mid-way: ends without its last chunk */
   _Atomic int s_gone;         /* the client went away */
+  _Atomic uint64_t s_last_ns; /* when the client's stream was last written to
+                                 (lg__mono_ns): lg__gw_stream_keepalive */
   struct MHD_Connection *conn;
   _Atomic int refs;           /* the worker, the HTTP side, the stream */
   int answered;               /* the answer is made (the worker's side) */
@@ -364,6 +366,13 @@ void lg__gw_answer(lg__gw_job_t *j);
 void lg__gw_stream_start(lg__gw_job_t *j, int status, const char *ctype);
 int lg__gw_stream_write(lg__gw_job_t *j, const char *p, size_t n);
 size_t lg__gw_stream_backlog(lg__gw_job_t *j);
+/* A begun stream the gateway has written nothing to for
+ * LOOPGUARD_GATEWAY_KEEPALIVE_MS (it holds what the upstream sends: a
+ * tool call's arguments until the call is decided) gets an SSE comment,
+ * which SSE readers ignore, so that an idle-timeout proxy between the
+ * client and the gateway keeps the connection. Called as upstream bytes
+ * come, between whole events. */
+void lg__gw_stream_keepalive(lg__gw_t *gw, lg__gw_job_t *j);
 void lg__gw_stream_cut(lg__gw_job_t *j);
 void lg__gw_stream_end(lg__gw_job_t *j);
 /* A transfer feeding a stream pauses past HIGH unread bytes, goes on at LOW. */

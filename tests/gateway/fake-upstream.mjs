@@ -39,6 +39,8 @@
 //   cutoff      streams a few words of text, then drops the connection
 //   queued      (Chat Completions, stream) three SSE comments 300 ms apart, as
 //               OpenRouter keeps a queued request alive, then "Done."
+//   slow-call   (Chat Completions, stream) a write whose arguments come in 8
+//               pieces 250 ms apart; with a tool result, "Done."
 //   overload    streams a few words of text, then the API's own error event
 //               (Anthropic's overloaded_error, OpenAI's server_error) and ends
 //   chant       "Waiting for the payment." over and over, 200 times (a text
@@ -773,6 +775,36 @@ function failing(res, j) {
       res.end('data: [DONE]\n\n');
     };
     tick();
+    return true;
+  }
+  if (model.startsWith('slow-call') && j.stream && res.req.url.endsWith('/chat/completions')) {
+    // a call whose arguments come slowly, 250 ms a piece (a model writing a
+    // long file); once the conversation holds a result, "Done."
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const ch = (delta, finish) => 'data: ' + JSON.stringify({ id: 'chatcmpl-slowcall', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: finish }] }) + '\n\n';
+    const end = () => {
+      if (j.stream_options && j.stream_options.include_usage)
+        res.write('data: ' + JSON.stringify({ id: 'chatcmpl-slowcall', object: 'chat.completion.chunk', created: 0, model, choices: [], usage: { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 } }) + '\n\n');
+      res.end('data: [DONE]\n\n');
+    };
+    if ((j.messages || []).some((m) => m.role === 'tool')) {
+      res.write(ch({ role: 'assistant', content: 'Done.' }, null));
+      res.write(ch({}, 'stop'));
+      return end(), true;
+    }
+    res.write(ch({ role: 'assistant', content: null, tool_calls: [{ index: 0, id: 'call_slow', type: 'function', function: { name: 'write_record', arguments: '' } }] }, null));
+    const parts = ['{"record', '_id"', ': 7', ', "val', 'ue": "', 'slow', 'ly"', '}'];
+    let k = 0;
+    const tick = () => {
+      if (res.destroyed) return;
+      if (k < parts.length) {
+        res.write(ch({ tool_calls: [{ index: 0, function: { arguments: parts[k++] } }] }, null));
+        return setTimeout(tick, 250);
+      }
+      res.write(ch({}, 'tool_calls'));
+      end();
+    };
+    setTimeout(tick, 250);
     return true;
   }
   if (model.startsWith('overload') && j.stream) { // a few words, then the provider's own error event, as each sends it

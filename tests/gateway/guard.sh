@@ -416,6 +416,47 @@ python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if a < 0.5 a
 out=$(guard API=chat BASE_URL="$g_URL/v1" MODEL=queued STREAM=1)
 [ "$(echo "$out" | get 'd["final"]')" = Done. ] || fail "queued: the SDK's answer: $out"
 
+note "a call whose arguments come for 2 s, held until decided: SSE comments keep the client's connection alive"
+LOOPGUARD_GATEWAY_KEEPALIVE_MS=400 start_server ka --store memory: --upstream "$FAKE/v1" --log "$TMP/ka.log"
+python3 - "$ka_URL" <<'PY' || fail "slow-call: the held stream's keep-alive"
+import http.client, json, sys, time, urllib.parse
+u = urllib.parse.urlparse(sys.argv[1])
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+c.request("POST", "/v1/chat/completions", json.dumps({"model": "slow-call", "stream": True,
+          "messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}]}),
+          {"Content-Type": "application/json"})
+r = c.getresponse()
+t0, gaps, last, comments, args = time.time(), [], time.time(), 0, ""
+while True:
+    line = r.readline()
+    if not line:
+        break
+    now = time.time()
+    line = line.decode().rstrip("\n")
+    if not line:
+        continue
+    gaps.append(now - last)
+    last = now
+    if line.startswith(":"):
+        comments += 1
+    elif line.startswith("data: {"):
+        for ch in json.loads(line[6:]).get("choices", []):
+            for tc in ch["delta"].get("tool_calls") or []:
+                args += tc["function"].get("arguments") or ""
+assert comments >= 2, (comments, gaps)
+assert max(gaps) < 1.0, ("a silence of %.2f s while the call was held" % max(gaps), gaps)
+assert json.loads(args) == {"record_id": 7, "value": "slowly"}, args
+PY
+out=$(guard API=chat BASE_URL="$ka_URL/v1" MODEL=slow-call STREAM=1)
+[ "$(echo "$out" | get 'd["final"]')" = Done. ] && [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 1 ] ||
+  fail "slow-call: the SDK, with the keep-alive comments: $out"
+stop_server ka
+[ "$ka_RC" = 0 ] || fail "the keep-alive server exited $ka_RC"
+LOOPGUARD_GATEWAY_KEEPALIVE_MS=soon "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" >"$TMP/ka.out" 2>&1 &&
+  fail "LOOPGUARD_GATEWAY_KEEPALIVE_MS=soon started"
+grep -q "LOOPGUARD_GATEWAY_KEEPALIVE_MS" "$TMP/ka.out" || fail "a bad keep-alive: $(cat "$TMP/ka.out")"
+
 note "a client that hangs up mid-stream: the upstream request is aborted, the server keeps serving"
 before=$(stats 'd["aborted"]')
 curl -s -H "Content-Type: application/json" -N --max-time 0.6 -d '{"model":"drip-long","stream":true,"messages":[{"role":"user","content":"x"}]}' \
