@@ -160,7 +160,11 @@ slow_reader() {
   r=$(python3 "$HERE_SRC/slow-reader.py" "${!url_var}$big" "${!pid_var}" 2) || fail "slow reader: $r"
   [ "$(echo "$r" | get 'int(d["status"] == 200 and d["bytes"] == 67108864 and d["complete"] and d["content_ok"])')" = 1 ] ||
     fail "slow reader ($1): the download was not whole: $r"
-  ((($(echo "$r" | get 'd["stall_peak_kb"] - d["rss0_kb"]')) < 24 * 1024)) || fail "slow reader ($1): memory grew while it did not read: $r"
+  # under ASan the allocator's quarantine keeps what the transfer freed resident (a run of the
+  # suite saw 28 MiB once): bounded there below the 64 MiB file, which held whole would cost
+  local bound=$((24 * 1024))
+  [[ "$(ldd "$LG_BIN" 2>/dev/null)" == *libasan* ]] && bound=$((48 * 1024)) # (not `| grep -q`: pipefail)
+  ((($(echo "$r" | get 'd["stall_peak_kb"] - d["rss0_kb"]')) < bound)) || fail "slow reader ($1): memory grew while it did not read: $r"
   [ "$(echo "$r" | get 'int(d["stall_cpu_s"] < 0.5)')" = 1 ] || fail "slow reader ($1): the gateway spun while its client did not read: $r"
 }
 note "a client that stops reading: the upstream waits, the gateway's memory stays, no CPU burnt"
