@@ -103,11 +103,6 @@ typedef lg__gw_key_t key_ent_t;
  * request of another such model is refused once, then mended). */
 #define GW_LEARNT_MODELS 256
 
-/* How an upstream exchange failed (loopguard_gateway_upstream_errors_total). */
-enum { UP_OK, UP_UNREACHABLE, UP_TIMEOUT, UP_BROKEN, UP_TOO_LARGE, UP_HTTP_4XX, UP_HTTP_5XX, UP__KINDS };
-static const char *const up_kind_names[UP__KINDS] = {"", "unreachable", "timeout", "broken", "too_large",
-                                                     "http_4xx", "http_5xx"};
-
 struct lg__gw {
   lg_server_t *srv;
   lg__gw_config_t cfg;
@@ -145,7 +140,7 @@ struct lg__gw {
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
   _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
   _Atomic uint64_t up_sum_ns[GW_MAX_UP];
-  _Atomic uint64_t up_err[GW_MAX_UP][UP__KINDS];
+  _Atomic uint64_t up_err[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
   /* models whose upstream refused max_tokens ("UI\tMODEL"; lg__gw_learn), under tmu */
   char *mct[GW_LEARNT_MODELS];
@@ -1620,33 +1615,23 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg
 
 /* ---- metrics and logs ---- */
 
-/* How an exchange failed (UP_OK: it did not, or the gateway ended it: a
- * client that hung up, a shutdown, a stream the guard cut). */
-static int up_kind(const lg__gw_http_t *x) {
-  if (x->cc == CURLE_OK) return x->status >= 500 ? UP_HTTP_5XX : x->status >= 400 ? UP_HTTP_4XX : UP_OK;
-  if (x->over) return UP_TOO_LARGE;
-  if (x->cut || (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone))) return UP_OK;
-  if (x->cc == CURLE_OPERATION_TIMEDOUT) return UP_TIMEOUT;
-  return x->status ? UP_BROKEN : UP_UNREACHABLE; /* it had begun to answer, or never did */
-}
-
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   size_t u = up < GW_MAX_UP ? up : GW_MAX_UP - 1;
   int b = 0;
   while (b < GW_HIST && (double)x->ns / 1e9 > hist_le[b]) b++;
   atomic_fetch_add(&gw->up_hist[u][b], 1);
   atomic_fetch_add(&gw->up_sum_ns[u], x->ns);
-  int k = up_kind(x);
-  if (k == UP_OK) return;
+  int k = lg__gw_http_failure(x);
+  if (k == LG__GW_UP_OK) return;
   atomic_fetch_add(&gw->up_err[u][k], 1);
-  if (k == UP_HTTP_4XX || k == UP_HTTP_5XX) return; /* the provider's answer, passed on: counted */
+  if (k == LG__GW_UP_HTTP_4XX || k == LG__GW_UP_HTTP_5XX) return; /* the provider's answer, passed on: counted */
   /* the exchange failed: the on-call engineer's first question */
   lg__buf_t f = {0};
   char lab[300];
   lg__buf_puts(&f, "\"upstream\":");
   lg__gw_upstream_label(x->up, lab, sizeof lab);
   lg__buf_json_str(&f, lab, strlen(lab));
-  lg__buf_printf(&f, ",\"kind\":\"%s\",\"path\":", up_kind_names[k]);
+  lg__buf_printf(&f, ",\"kind\":\"%s\",\"path\":", lg__gw_http_failure_names[k]);
   lg__buf_json_str(&f, x->path, strlen(x->path));
   lg__buf_printf(&f, ",\"status\":%ld,\"ms\":%.1f,\"message\":", x->status, (double)x->ns / 1e6);
   const char *m = x->over ? "the answer was over LOOPGUARD_GATEWAY_ANSWER_BYTES" : x->errbuf;
@@ -1769,9 +1754,10 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
                   "too_large, http_4xx and http_5xx (the provider's error answers, passed on).\n"
                   "# TYPE loopguard_gateway_upstream_errors_total counter\n");
   for (size_t u = 0; u < nup; u++)
-    for (int k = UP_UNREACHABLE; k < UP__KINDS; k++)
+    for (int k = LG__GW_UP_UNREACHABLE; k < LG__GW_UP__KINDS; k++)
       lg__buf_printf(b, "loopguard_gateway_upstream_errors_total{upstream=\"%s\",kind=\"%s\"} %llu\n",
-                     gw->cfg.up[u].name, up_kind_names[k], (unsigned long long)atomic_load(&gw->up_err[u][k]));
+                     gw->cfg.up[u].name, lg__gw_http_failure_names[k],
+                     (unsigned long long)atomic_load(&gw->up_err[u][k]));
   lg__buf_puts(b, "# HELP loopguard_gateway_upstream_seconds Upstream request latency.\n"
                   "# TYPE loopguard_gateway_upstream_seconds histogram\n");
   for (size_t u = 0; u < nup; u++) {

@@ -125,6 +125,22 @@ typedef struct lg__gw_http {
 
 #define LG__GW_OVER 2 /* on_data's answer: the answer is past its bound */
 
+/* How an exchange failed (loopguard_gateway_upstream_errors_total's kind):
+ * LG__GW_UP_OK when it did not, or the gateway ended it (a client that
+ * hung up, a shutdown, a stream the guard cut). */
+enum {
+  LG__GW_UP_OK,
+  LG__GW_UP_UNREACHABLE,
+  LG__GW_UP_TIMEOUT,
+  LG__GW_UP_BROKEN,
+  LG__GW_UP_TOO_LARGE,
+  LG__GW_UP_HTTP_4XX,
+  LG__GW_UP_HTTP_5XX,
+  LG__GW_UP__KINDS
+};
+int lg__gw_http_failure(const lg__gw_http_t *x);
+extern const char *const lg__gw_http_failure_names[LG__GW_UP__KINDS];
+
 /* One header line of an upstream's answer ("Name: value\r\n", as libcurl
  * hands it) appended to out as "name\0value\0" when the gateway passes it
  * on to its client (upstream.c says which it does not): 1 when kept, 0

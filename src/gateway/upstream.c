@@ -641,4 +641,16 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   return x->cc == CURLE_OK ? 0 : LG_EIO;
 }
 
+const char *const lg__gw_http_failure_names[LG__GW_UP__KINDS] = {
+    "", "unreachable", "timeout", "broken", "too_large", "http_4xx", "http_5xx"};
+
+int lg__gw_http_failure(const lg__gw_http_t *x) {
+  if (x->cc == CURLE_OK)
+    return x->status >= 500 ? LG__GW_UP_HTTP_5XX : x->status >= 400 ? LG__GW_UP_HTTP_4XX : LG__GW_UP_OK;
+  if (x->over) return LG__GW_UP_TOO_LARGE;
+  if (x->cut || stopped(x)) return LG__GW_UP_OK;
+  if (x->cc == CURLE_OPERATION_TIMEDOUT) return LG__GW_UP_TIMEOUT;
+  return x->status ? LG__GW_UP_BROKEN : LG__GW_UP_UNREACHABLE; /* it had begun to answer, or never did */
+}
+
 void lg__gw_http_clear(lg__gw_http_t *x) { lg__buf_free(&x->body_out); }
