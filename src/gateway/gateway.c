@@ -29,6 +29,8 @@
 #include "gw.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -1812,6 +1814,26 @@ int lg__gw_wanted(const lg_server_options_t *opts) {
   return opts->nupstreams || (opts->upstreams_file && *opts->upstreams_file);
 }
 
+/* A whole number from the environment variable name, in [min, max]
+ * (*v unchanged when it is not set): anything else fails the start. */
+static int env_whole(const char *name, const char *unit, long long min, long long max, long long *v,
+                     lg_error_t *err) {
+  const char *s = getenv(name);
+  if (!s || !*s) return 0;
+  char *end;
+  errno = 0;
+  long long x = strtoll(s, &end, 10);
+  if (*end || errno || x < min || x > max) {
+    if (max == LLONG_MAX)
+      return lg__err(err, LG_EINVAL, name, -1, "must be a whole number of %s, at least %lld, not \"%s\"",
+                     unit, min, s);
+    return lg__err(err, LG_EINVAL, name, -1, "must be a whole number of %s from %lld to %lld, not \"%s\"",
+                   unit, min, max, s);
+  }
+  *v = x;
+  return 0;
+}
+
 int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out,
                lg_error_t *err) {
   *out = NULL;
@@ -1826,28 +1848,11 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   gw->max_runs = mr && atoll(mr) > 0 ? (size_t)atoll(mr) : GW_MAX_RUNS_DEFAULT;
   const char *pb = getenv("LOOPGUARD_GATEWAY_PREFIX_BYTES");
   gw->prefix_max = pb && *pb && atoll(pb) >= 0 ? (size_t)atoll(pb) : GW_PREFIX_BYTES_DEFAULT;
-  const char *ka = getenv("LOOPGUARD_GATEWAY_KEEPALIVE_MS");
-  gw->keepalive_ns = GW_KEEPALIVE_MS_DEFAULT * 1000000ull;
-  if (!rc && ka && *ka) {
-    char *end;
-    long long v = strtoll(ka, &end, 10);
-    if (*end || v < 0 || v > 3600000)
-      rc = lg__err(err, LG_EINVAL, "LOOPGUARD_GATEWAY_KEEPALIVE_MS", -1,
-                   "must be a whole number of milliseconds from 0 (none) to 3600000, not \"%s\"", ka);
-    else
-      gw->keepalive_ns = (uint64_t)v * 1000000ull;
-  }
-  const char *ab = getenv("LOOPGUARD_GATEWAY_ANSWER_BYTES");
-  gw->answer_max = GW_ANSWER_BYTES_DEFAULT;
-  if (!rc && ab && *ab) {
-    char *end;
-    long long v = strtoll(ab, &end, 10);
-    if (*end || v < 1024)
-      rc = lg__err(err, LG_EINVAL, "LOOPGUARD_GATEWAY_ANSWER_BYTES", -1,
-                   "must be a whole number of bytes, at least 1024, not \"%s\"", ab);
-    else
-      gw->answer_max = (size_t)v;
-  }
+  long long ka = GW_KEEPALIVE_MS_DEFAULT, ab = (long long)GW_ANSWER_BYTES_DEFAULT;
+  if (!rc) rc = env_whole("LOOPGUARD_GATEWAY_KEEPALIVE_MS", "milliseconds", 0, 3600000, &ka, err);
+  if (!rc) rc = env_whole("LOOPGUARD_GATEWAY_ANSWER_BYTES", "bytes", 1024, LLONG_MAX, &ab, err);
+  gw->keepalive_ns = (uint64_t)ka * 1000000ull;
+  gw->answer_max = (size_t)ab;
   const char *fe = getenv("LOOPGUARD_GATEWAY_FIBERS");
   gw->fibers = !(fe && !strcmp(fe, "0"));
   const char *wn = getenv("LOOPGUARD_GATEWAY_WORKERS");
