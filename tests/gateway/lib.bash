@@ -57,3 +57,11 @@ client() {
   shift
   env "$@" node "$HERE/$script"
 }
+
+# stopped LABEL JSON: an agent's JSON (agent-openai.mjs, agent-anthropic.mjs)
+# says the gateway stopped it: the failing write ran twice at most, and the
+# agent ended with the final message.
+stopped() {
+  [ "$(echo "$2" | jq_py 'd["executions"]["write_record"]')" -le 2 ] &&
+    [ "$(echo "$2" | jq_py 'd["ended"]')" = final ] || fail "$1: not stopped: $2"
+}

@@ -39,13 +39,6 @@ d=$(agent BASE_URL="$FAKE/v1" MODEL=loop-write STEP_CAP=12) || fail "agent (dire
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "direct: $d"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "direct: $d"
 
-# An agent the gateway stopped: the failing write ran twice at most, and the
-# agent ended with the final message.
-stopped() { # LABEL JSON
-  [ "$(echo "$2" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "$1: $2"
-  [ "$(echo "$2" | get 'd["ended"]')" = final ] || fail "$1: $2"
-}
-
 for stream in 0 1; do
   note "through the gateway (stream=$stream): the write runs twice at most, the agent ends"
   g=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write STREAM=$stream) || fail "agent (gateway, stream=$stream)"

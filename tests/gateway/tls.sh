@@ -77,10 +77,6 @@ note "the upstreams file's ca_file: agents (openai, @anthropic-ai/sdk) stopped, 
 echo '{"upstreams":{"tls":{"base_url":"'"$TLS"'/v1","ca_file":"'"$TMP"'/ca.pem"},' \
   '"tls-anthropic":{"base_url":"'"$TLS"'/v1","api":"anthropic","ca_file":"'"$TMP"'/ca.pem"}}}' >"$TMP/ups.json"
 start_server gw --store memory: --upstreams "$TMP/ups.json" --log "$TMP/gw.log"
-stopped() { # LABEL JSON
-  [ "$(echo "$2" | get 'd["executions"]["write_record"]')" -le 2 ] && [ "$(echo "$2" | get 'd["ended"]')" = final ] ||
-    fail "$1: not stopped: $2"
-}
 h1_before=$(tstats 'd["http_versions"].get("1.1", 0)')
 h2_before=$(tstats 'd["http_versions"].get("2.0", 0) + 1') # and this /stats
 for stream in 0 1; do
