@@ -723,6 +723,16 @@ function replyResponses(res, req) {
   res.end(JSON.stringify({ id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null }));
 }
 
+// A Chat Completions stream's chunk of one choice, as an SSE event.
+const chatChunk = (id, model, delta, finish = null) =>
+  'data: ' + JSON.stringify({ id, object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: finish }] }) + '\n\n';
+// A Chat Completions stream's end: its usage chunk when the request asked for one, then [DONE].
+function chatEnd(res, j, id, usage) {
+  if (j.stream_options && j.stream_options.include_usage)
+    res.write('data: ' + JSON.stringify({ id, object: 'chat.completion.chunk', created: 0, model: j.model, choices: [], usage }) + '\n\n');
+  res.end('data: [DONE]\n\n');
+}
+
 // The scripts that fail the same way on every API: true when answered.
 function failing(res, j) {
   const model = j.model || '';
@@ -764,15 +774,12 @@ function failing(res, j) {
     // OpenRouter's way while the model is queued: SSE comments, then the answer
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     let k = 0;
-    const ch = (delta, finish) => 'data: ' + JSON.stringify({ id: 'chatcmpl-queued', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: finish }] }) + '\n\n';
     const tick = () => {
       if (res.destroyed) return;
       if (k++ < 3) { res.write(': OPENROUTER PROCESSING\n\n'); return setTimeout(tick, 300); }
-      res.write(ch({ role: 'assistant', content: 'Done.' }, null));
-      res.write(ch({}, 'stop'));
-      if (j.stream_options && j.stream_options.include_usage)
-        res.write('data: ' + JSON.stringify({ id: 'chatcmpl-queued', object: 'chat.completion.chunk', created: 0, model, choices: [], usage: { prompt_tokens: 5, completion_tokens: 2, total_tokens: 7 } }) + '\n\n');
-      res.end('data: [DONE]\n\n');
+      res.write(chatChunk('chatcmpl-queued', model, { role: 'assistant', content: 'Done.' }));
+      res.write(chatChunk('chatcmpl-queued', model, {}, 'stop'));
+      chatEnd(res, j, 'chatcmpl-queued', { prompt_tokens: 5, completion_tokens: 2, total_tokens: 7 });
     };
     tick();
     return true;
@@ -781,18 +788,14 @@ function failing(res, j) {
     // a call whose arguments come slowly, 250 ms a piece (a model writing a
     // long file); once the conversation holds a result, "Done."
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
-    const ch = (delta, finish) => 'data: ' + JSON.stringify({ id: 'chatcmpl-slowcall', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: finish }] }) + '\n\n';
-    const end = () => {
-      if (j.stream_options && j.stream_options.include_usage)
-        res.write('data: ' + JSON.stringify({ id: 'chatcmpl-slowcall', object: 'chat.completion.chunk', created: 0, model, choices: [], usage: { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 } }) + '\n\n');
-      res.end('data: [DONE]\n\n');
-    };
+    const ch = (delta, finish) => chatChunk('chatcmpl-slowcall', model, delta, finish);
+    const end = () => chatEnd(res, j, 'chatcmpl-slowcall', { prompt_tokens: 5, completion_tokens: 9, total_tokens: 14 });
     if ((j.messages || []).some((m) => m.role === 'tool')) {
-      res.write(ch({ role: 'assistant', content: 'Done.' }, null));
+      res.write(ch({ role: 'assistant', content: 'Done.' }));
       res.write(ch({}, 'stop'));
       return end(), true;
     }
-    res.write(ch({ role: 'assistant', content: null, tool_calls: [{ index: 0, id: 'call_slow', type: 'function', function: { name: 'write_record', arguments: '' } }] }, null));
+    res.write(ch({ role: 'assistant', content: null, tool_calls: [{ index: 0, id: 'call_slow', type: 'function', function: { name: 'write_record', arguments: '' } }] }));
     const parts = ['{"record', '_id"', ': 7', ', "val', 'ue": "', 'slow', 'ly"', '}'];
     let k = 0;
     const tick = () => {
@@ -827,7 +830,7 @@ function failing(res, j) {
       ev('error', { code: 'server_error', message: 'The server had an error while processing your request.', param: null });
       res.end();
     } else {
-      for (const w of words) res.write('data: ' + JSON.stringify({ id: 'chatcmpl-over', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta: { content: w }, finish_reason: null }] }) + '\n\n');
+      for (const w of words) res.write(chatChunk('chatcmpl-over', model, { content: w }));
       res.end('data: ' + JSON.stringify({ error: { message: 'The server had an error while processing your request. Sorry about that!', type: 'server_error', param: null, code: null } }) + '\n\n');
     }
     return true;
@@ -840,7 +843,7 @@ function failing(res, j) {
       res.write(`event: content_block_start\ndata: ${JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } })}\n\n`);
       for (const w of words) res.write(`event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: w } })}\n\n`);
     } else {
-      for (const w of words) res.write('data: ' + JSON.stringify({ id: 'chatcmpl-cut', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta: { content: w }, finish_reason: null }] }) + '\n\n');
+      for (const w of words) res.write(chatChunk('chatcmpl-cut', model, { content: w }));
     }
     setTimeout(() => res.destroy(), 50);
     return true;
