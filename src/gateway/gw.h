@@ -38,7 +38,7 @@ typedef struct lg__gw_upstream {
   int64_t timeout_ms; /* the whole upstream request */
   char *ca_file;      /* the CA certificates (PEM) its TLS is checked against: its
                          ca_file, else SSL_CERT_FILE; NULL: libcurl's default file */
-  char *ca_dir;       /* SSL_CERT_DIR, else NULL: libcurl's default folder */
+  char *ca_dir;       /* SSL_CERT_DIR (folders split by ':'), else NULL: libcurl's default */
   int ca_alone;       /* its ca_file is all it trusts (no folder of CAs) */
   _Atomic int learnt; /* what it refused of what the gateway adds (LG__GW_LEARNT_*, bits),
                          not sent to it again while the server runs; a model's in the

@@ -18,9 +18,11 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <unistd.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
@@ -37,9 +39,23 @@ static void upstream_free(lg__gw_upstream_t *u) {
   lg__free(u->ca_dir);
 }
 
-/* A CA file (or folder) given for an upstream's TLS: read at start, so
- * that a wrong path is an error then, not every request's 502. */
+/* A CA file (or folders) given for an upstream's TLS: read at start, so
+ * that a wrong path is an error then, not every request's 502. Folders
+ * are a list split by ':', as OpenSSL reads SSL_CERT_DIR (and libcurl's
+ * CAPATH passes to it): each must be one. */
 static int ca_check(const char *path, int dir, const char *where, lg_error_t *err) {
+  const char *end = dir ? strchr(path, ':') : NULL;
+  if (end) {
+    char one[PATH_MAX];
+    size_t n = (size_t)(end - path);
+    if (!n) return ca_check(end + 1, dir, where, err); /* "a::b": an empty one, as OpenSSL skips it */
+    if (n >= sizeof one)
+      return lg__err(err, LG_EINVAL, where, -1, "a folder in the list is longer than %d bytes", PATH_MAX - 1);
+    memcpy(one, path, n);
+    one[n] = '\0';
+    return ca_check(one, dir, where, err) || ca_check(end + 1, dir, where, err) ? LG_EINVAL : 0;
+  }
+  if (!*path) return 0;
   struct stat st;
   if (stat(path, &st) || access(path, R_OK))
     return lg__err(err, LG_EINVAL, where, -1, "cannot read %s: %s", path, strerror(errno));

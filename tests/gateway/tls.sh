@@ -8,13 +8,13 @@
 # Asserts: an upstream whose CA is not trusted is never sent a request and
 # its client gets a 502 in the API's shape that says how to trust the CA
 # (the server keeps serving); a CA given by the upstreams file's `ca_file`
-# or by SSL_CERT_FILE is trusted, and a wrong path stops the start naming
-# it; agents on the real `openai` and `@anthropic-ai/sdk` packages are
-# stopped, stream and not, sixteen at once too; the gateway speaks
-# HTTP/1.1 upstream (as the providers' SDKs do), so that a client that
-# hangs up mid-stream ends its upstream request at once; https_proxy and
-# http_proxy from the environment carry the upstream requests, no_proxy
-# bypasses them.
+# or by SSL_CERT_FILE or SSL_CERT_DIR (a list of folders) is trusted, and a
+# wrong path stops the start naming it; agents on the real `openai` and
+# `@anthropic-ai/sdk` packages are stopped, stream and not, sixteen at
+# once too; the gateway speaks HTTP/1.1 upstream (as the providers' SDKs
+# do), so that a client that hangs up mid-stream ends its upstream request
+# at once; https_proxy and http_proxy from the environment carry the
+# upstream requests, no_proxy bypasses them.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the (plain) fake upstream: HERE, FAKE
 get() { jq_py "$1"; }
@@ -122,6 +122,17 @@ SSL_CERT_FILE="$TMP/ca.pem" start_server env --store memory: --upstream "$TLS/v1
 code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$env_URL/v1/chat/completions")
 [ "$code" = 200 ] || fail "SSL_CERT_FILE: $code $(cat "$TMP/a.json")"
 
+note "SSL_CERT_DIR, folders split by ':' as OpenSSL reads it: the CA found in the second"
+mkdir -p "$TMP/cas.empty" "$TMP/cas"
+cp "$TMP/ca.pem" "$TMP/cas/"
+openssl rehash "$TMP/cas" >"$TMP/openssl.log" 2>&1 || fail "openssl rehash: $(cat "$TMP/openssl.log")"
+SSL_CERT_DIR="$TMP/cas.empty:$TMP/cas" start_server dir --store memory: --upstream "$TLS/v1" --log "$TMP/dir.log"
+code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$dir_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "SSL_CERT_DIR as a list: $code $(cat "$TMP/a.json")"
+SSL_CERT_DIR="$TMP/cas:$TMP/none" "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$TLS/v1" \
+  >"$TMP/bad.out" 2>&1 && fail "a missing folder in SSL_CERT_DIR started: $(cat "$TMP/bad.out")"
+grep -q "SSL_CERT_DIR: cannot read $TMP/none" "$TMP/bad.out" || fail "missing SSL_CERT_DIR folder: $(cat "$TMP/bad.out")"
+
 note "a proxy from the environment: https_proxy tunnels the upstream's TLS (CONNECT), http_proxy forwards, no_proxy bypasses"
 at="127.0.0.1:$(cat "$TMP/tls.port")"
 plain_at=${FAKE#http://}
@@ -144,7 +155,7 @@ code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$np_UR
 [ "$code" = 200 ] && [ "$(proxied connect "$at")" = "$n" ] ||
   fail "no_proxy: $code $(cat "$TMP/a.json"), CONNECTs $n -> $(proxied connect "$at")"
 
-for s in untrusted gw env px pp np; do
+for s in untrusted gw env dir px pp np; do
   stop_server $s
   rc_var="${s}_RC"
   [ "${!rc_var}" = 0 ] || fail "server $s exited ${!rc_var} (under ASan: a leak or an error): $(tail -5 "$TMP/$s.err")"

@@ -167,6 +167,23 @@ static void upstream_cas(void **state) {
   assert_int_equal(lg__gw_config_load(&cfg, spec, 1, NULL, &e), LG_EINVAL);
   assert_string_equal(e.field, "SSL_CERT_DIR");
   lg__gw_config_clear(&cfg);
+  /* folders split by ':', as OpenSSL reads the variable: each checked */
+  setenv("SSL_CERT_DIR", "/tmp::/", 1);
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, NULL, &e), 0);
+  assert_string_equal(cfg.up[0].ca_dir, "/tmp::/");
+  lg__gw_config_clear(&cfg);
+  char list[300];
+  snprintf(list, sizeof list, "/tmp:%s", pem);
+  setenv("SSL_CERT_DIR", list, 1);
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, NULL, &e), LG_EINVAL);
+  assert_string_equal(e.field, "SSL_CERT_DIR");
+  assert_non_null(strstr(e.message, "not a folder"));
+  assert_non_null(strstr(e.message, pem));
+  lg__gw_config_clear(&cfg);
+  setenv("SSL_CERT_DIR", "/nonexistent:/tmp", 1);
+  assert_int_equal(lg__gw_config_load(&cfg, spec, 1, NULL, &e), LG_EINVAL);
+  assert_non_null(strstr(e.message, "cannot read /nonexistent:"));
+  lg__gw_config_clear(&cfg);
   unsetenv("SSL_CERT_FILE");
   unsetenv("SSL_CERT_DIR");
   unlink(file);
