@@ -1907,6 +1907,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->stop = lg__gw_stopflag(c->cx->gw);
   x->on_data = on_data;
   x->gone = on_data ? &j->s_gone : NULL;
+  x->client_fd = j->fd;
   x->stream = on_data ? j : NULL;
   x->hdrs = &j->up_hdrs;
   x->ud = c;

@@ -552,6 +552,8 @@ static void gw_submit(lg__req_t *rq) {
   int claimed = tl_claim == gw;
   if (claimed) tl_claim = NULL;
   j->conn = rq->conn;
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(rq->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  j->fd = ci ? (int)ci->connect_fd : -1;
   if (!claimed && keep_mine(gw, j)) return;
   pthread_mutex_lock(&gw->qmu);
   int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
@@ -750,6 +752,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.provider_key = j->provider_key;
   x.stop = &cx->gw->stop;
   x.gone = &j->s_gone;
+  x.client_fd = j->fd;
   x.on_data = pass_data;
   x.ud = &x;
   x.stream = j;

@@ -101,6 +101,11 @@ typedef struct lg__gw_http {
                                  is aborted, and `over` set */
   _Atomic int *stop;          /* non-zero: abort (shutdown) */
   _Atomic int *gone;          /* non-zero: abort (the client went away); may be NULL */
+  int client_fd;              /* the client's socket, looked at while the answer is
+                                 awaited: a client that hung up aborts the exchange
+                                 (upstream.c, look_at_client); -1: not looked at */
+  uint64_t client_due_ns;     /* (upstream.c) its next look */
+  int client_left;            /*   it hung up */
   struct lg__gw_job *stream;  /* the job whose client stream on_data feeds, or NULL:
                                  the transfer pauses while that client has more
                                  than LG__GW_STREAM_HIGH bytes unread (gateway.c,
@@ -296,6 +301,7 @@ typedef struct lg__gw_job {
   _Atomic uint64_t s_last_ns; /* when the client's stream was last written to
                                  (lg__mono_ns): lg__gw_stream_keepalive */
   struct MHD_Connection *conn;
+  int fd;                     /* conn's socket (-1: not known) */
   _Atomic int refs;           /* the worker, the HTTP side, the stream */
   int answered;               /* the answer is made (the worker's side) */
   int released;               /* handed to the HTTP side (done() called) */

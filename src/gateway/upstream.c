@@ -12,8 +12,10 @@
  * https_proxy, no_proxy: libcurl reads them),
  * and every exchange has a connect timeout and a total one (the
  * upstream's timeout_ms). A stop flag (shutdown, a client that went away)
- * aborts an exchange from its progress callback.
+ * aborts an exchange from its progress callback, and so does a client
+ * whose socket says it hung up (look_at_client).
  */
+#define _GNU_SOURCE /* POLLRDHUP */
 #include "gw.h"
 
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include <strings.h>
 
 #include <errno.h>
+#include <poll.h>
 #include <limits.h>
 #include <unistd.h>
 #include <sys/epoll.h>
@@ -327,7 +330,25 @@ const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t 
 
 /* Shutting down, or the client went away: the exchange is aborted. */
 static int stopped(const lg__gw_http_t *x) {
-  return (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone));
+  return (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone)) || x->client_left;
+}
+
+#define CLIENT_POLL_MS 100 /* how often an exchange looks whether its client hung up */
+
+/* Whether the client hung up while its answer is awaited: its socket's
+ * end shut (POLLRDHUP: it closed, even with bytes of its own unread, as a
+ * proxy reads a client's abort), reset or in error. libmicrohttpd does
+ * not look at a parked connection, and a stream's response sees a hang-up
+ * only once it has begun: without this look, a client that left before
+ * its answer began (an SDK's timeout, a person's Ctrl-C) left the model
+ * generating to its end, and its reservation charged. Looked at every
+ * CLIENT_POLL_MS from the exchange's start: a quick exchange never is. */
+static void look_at_client(lg__gw_http_t *x, uint64_t now) {
+  if (x->client_fd < 0 || x->client_left || now < x->client_due_ns) return;
+  x->client_due_ns = now + CLIENT_POLL_MS * 1000000u;
+  struct pollfd p = {.fd = x->client_fd, .events = POLLRDHUP};
+  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+    x->client_left = 1;
 }
 
 static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
@@ -436,6 +457,7 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
 static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
   (void)dt, (void)dn, (void)ut, (void)un;
   lg__gw_http_t *x = ud;
+  look_at_client(x, lg__mono_ns());
   return stopped(x);
 }
 
@@ -509,12 +531,16 @@ static CURLcode perform_fiber(CURL *h, CURLM *m, int ep, lg__gw_http_t *x) {
   int running = 1;
   if (mc == CURLM_OK) mc = curl_multi_socket_action(m, CURL_SOCKET_TIMEOUT, 0, &running);
   while (mc == CURLM_OK && running) {
+    uint64_t now = lg__mono_ns();
+    look_at_client(x, now);
     if (stopped(x)) {
       cc = CURLE_ABORTED_BY_CALLBACK;
       break;
     }
-    /* paused: no socket of its own to wait for, a look at the client soon */
-    uint64_t due = w.due_ns, soon = x->paused ? lg__mono_ns() + PAUSED_POLL_MS * 1000000u : 0;
+    /* paused: no socket of its own to wait for, a look at the client soon;
+     * else the next look at the client's socket */
+    uint64_t due = w.due_ns, soon = x->paused ? now + PAUSED_POLL_MS * 1000000u : 0;
+    if (x->client_fd >= 0 && (!soon || soon > x->client_due_ns)) soon = x->client_due_ns;
     if (soon && (!due || due > soon)) w.due_ns = soon;
     lg__gw_fiber_wait(&w);
     w.due_ns = due; /* libcurl's own timer back (no call of libcurl ran meanwhile) */
@@ -565,10 +591,15 @@ static CURLcode perform(CURL *h, CURLM *m, lg__gw_http_t *x) {
   CURLMcode mc;
   int running = 1;
   while ((mc = curl_multi_perform(m, &running)) == CURLM_OK && running) {
+    look_at_client(x, lg__mono_ns());
+    if (stopped(x)) {
+      cc = CURLE_ABORTED_BY_CALLBACK;
+      break;
+    }
     struct curl_waitfd w = {lg__loop_wait_fd(), CURL_WAIT_POLLIN, 0};
     int ready = 0;
-    if ((mc = curl_multi_wait(m, &w, w.fd >= 0, x->paused ? PAUSED_POLL_MS : 1000, &ready)) != CURLM_OK)
-      break;
+    int ms = x->paused ? PAUSED_POLL_MS : x->client_fd >= 0 ? CLIENT_POLL_MS : 1000;
+    if ((mc = curl_multi_wait(m, &w, w.fd >= 0, ms, &ready)) != CURLM_OK) break;
     unpause(h, x);
     /* the loop's work, or a quiet moment: its timers (idle connections) */
     if (w.fd >= 0 && (w.revents || !ready)) lg__loop_turn();
@@ -642,6 +673,8 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
   x->errbuf[0] = 0;
   uint64_t t0 = lg__mono_ns();
+  x->client_left = 0;
+  x->client_due_ns = t0 + CLIENT_POLL_MS * 1000000u;
   x->cc = perform(h, m, x);
   x->ns = lg__mono_ns() - t0;
   long st = 0;

@@ -193,6 +193,28 @@ done
 [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "hang-up: left reserved: $b"
 [ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] || fail "hang-up: what the model generated was not charged: $b"
 
+note "a client that hangs up before any of its answer came, stream and not: the upstream request ended at once, released, nothing charged"
+for stream in false true; do
+  before=$(spent "$H1")
+  aborted=$(curl -s "$FAKE/stats" | get 'd["aborted"]')
+  # the fake answers "slow" after 3 s: the hang-up must end its request well before
+  curl -s -N --max-time 0.5 -o /dev/null -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"slow\",\"stream\":$stream,$MSG}" "$gw_URL/v1/chat/completions"
+  for i in $(seq 15); do
+    [ "$(curl -s "$FAKE/stats" | get 'd["aborted"]')" -gt "$aborted" ] && break
+    sleep 0.1
+  done
+  [ "$(curl -s "$FAKE/stats" | get 'd["aborted"]')" -gt "$aborted" ] ||
+    fail "early hang-up (stream $stream): the upstream request went on after its client left"
+  for i in $(seq 20); do
+    b=$(op GET "/v1/budgets/key:$H1")
+    [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] && break
+    sleep 0.1
+  done
+  [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "early hang-up (stream $stream): left reserved: $b"
+  [ "$(spent "$H1")" = "$before" ] || fail "early hang-up (stream $stream): charged $before -> $(spent "$H1")"
+done
+
 note "rotated and disabled keys are refused at once"
 rot=$(op POST "/v1/keys/$H1/rotate")
 K1b=$(echo "$rot" | get 'd["key"]')
