@@ -1011,6 +1011,7 @@ function route(req, res, body) {
     if (req.method === 'POST' && req.url === '/v1/completions') {
       let j;
       try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
+      if ((j.model || '').startsWith('slow')) return setTimeout(() => replyLegacy(res, j), 3000); // a passed-through request that thinks
       return replyLegacy(res, j);
     }
     const file = (req.method === 'GET' || req.method === 'HEAD') && /^\/v1\/files\/file-(big|cut)-(\d+)\/content$/.exec(req.url);

@@ -5,7 +5,8 @@
 # end: a 2xx answer reaches the
 # client as the upstream sends it, not held until its end; a slow client
 # holds the upstream back, not the gateway's memory; a client that hangs up
-# aborts the upstream request; an upstream that breaks mid-way reaches the
+# aborts the upstream request, mid-way or before its answer began (with
+# fibers and on worker threads); an upstream that breaks mid-way reaches the
 # client as a cut answer, never as a whole one; an error answer goes whole,
 # as the upstream sent it.
 # Clients: the real `openai` package (legacy Completions, stream and not),
@@ -167,11 +168,25 @@ slow_reader() {
   ((($(echo "$r" | get 'd["stall_peak_kb"] - d["rss0_kb"]')) < bound)) || fail "slow reader ($1): memory grew while it did not read: $r"
   [ "$(echo "$r" | get 'int(d["stall_cpu_s"] < 0.5)')" = 1 ] || fail "slow reader ($1): the gateway spun while its client did not read: $r"
 }
+# early_hangup NAME: a client that hangs up before a passed-through answer began (the fake
+# answers a "slow" completion after 3 s) ends its upstream request at once, on server NAME
+early_hangup() {
+  local url_var="${1}_URL" before i
+  before=$(stats 'd["aborted"]')
+  curl -s --max-time 0.5 -o /dev/null -H 'Content-Type: application/json' \
+    -d '{"model":"slow","prompt":"x"}' "${!url_var}/v1/completions"
+  for i in $(seq 15); do [ "$(stats 'd["aborted"]')" -gt "$before" ] && break; sleep 0.1; done
+  [ "$(stats 'd["aborted"]')" -gt "$before" ] || fail "early hang-up ($1): the upstream request went on after its client left"
+  curl -sf "${!url_var}/healthz" >/dev/null || fail "the server stopped serving after an early hang-up ($1)"
+}
 note "a client that stops reading: the upstream waits, the gateway's memory stays, no CPU burnt"
 slow_reader p
-note "the same on the gateway's worker threads (LOOPGUARD_GATEWAY_FIBERS=0)"
+note "a client that hangs up before its answer began: the upstream request ends at once"
+early_hangup p
+note "the same two on the gateway's worker threads (LOOPGUARD_GATEWAY_FIBERS=0)"
 LOOPGUARD_GATEWAY_FIBERS=0 start_server w --store memory: --upstream "$FAKE/v1"
 slow_reader w
+early_hangup w
 stop_server w
 [ "$w_RC" = 0 ] || fail "the server without fibers exited $w_RC: $(tail -5 "$TMP/w.err")"
 
