@@ -6,8 +6,9 @@
  * only this thread ever sees them), starts the server, prints where it
  * listens, and then waits for signals with sigwait():
  *   SIGHUP           reopen the log file (after rotation), reload --prices;
- *   SIGTERM, SIGINT  stop accepting, finish requests in flight, close the
- *                    store, exit 0.
+ *   SIGTERM, SIGINT  stop accepting, finish requests in flight (for at most
+ *                    --drain seconds; a second signal cuts them at once),
+ *                    close the store, exit 0.
  */
 #include "cli.h"
 
@@ -16,8 +17,10 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *serve_usage =
     "usage: loopguard serve [FLAGS]\n"
@@ -59,6 +62,10 @@ static const char *serve_usage =
     "                       with its images, an upload passed through) [67108864]\n"
     "  --timeout SECONDS    cut off connections idle this long, and bodies not\n"
     "                       received in this time [30]\n"
+    "  --drain SECONDS      at SIGTERM, how long requests in flight (a gateway's\n"
+    "                       model calls) may take to finish before they are cut;\n"
+    "                       keep it under the platform's own grace period\n"
+    "                       [10; also $LOOPGUARD_DRAIN_SECONDS]\n"
     "  --log FILE           structured log, one JSON object a line; SIGHUP reopens\n"
     "                       it [stderr]\n"
     "  --upstream [NAME=]URL gateway-v1: an OpenAI/Anthropic-compatible upstream\n"
@@ -88,8 +95,10 @@ static const char *serve_notes =
     "upstream's ca_file, for a private CA. Proxies: https_proxy, http_proxy,\n"
     "no_proxy (docs/gateway.md, \"TLS and proxies\").\n"
     "\n"
-    "Signals: SIGTERM/SIGINT drain requests in flight, close the store and exit 0;\n"
-    "SIGHUP reopens the log and reloads --prices. Exit status: 0 success, 1 an error, 2 bad usage.\n";
+    "Signals: SIGTERM/SIGINT drain requests in flight (--drain), close the store and\n"
+    "exit 0; a second SIGTERM/SIGINT cuts the drain (exit 1). SIGHUP reopens the log\n"
+    "and reloads --prices. Exit status: 0 success, 1 an error or requests cut,\n"
+    "2 bad usage.\n";
 
 /* A whole number flag in [min, max]. */
 static int number(const char *flag, const char *v, long long min, long long max, long long *out) {
@@ -125,10 +134,60 @@ static void keep_freed_memory(void) {
   mallopt(M_MMAP_THRESHOLD, 4 * 1024 * 1024);
 }
 
+/* ---- the drain at SIGTERM ---- */
+
+typedef struct shutdown_job {
+  lg_server_t *srv;
+  int drain_ms, rc;
+  _Atomic int done;
+} shutdown_job_t;
+
+static void *shutdown_main(void *p) {
+  shutdown_job_t *sj = p;
+  sj->rc = lg_server_shutdown(sj->srv, sj->drain_ms);
+  atomic_store(&sj->done, 1);
+  return NULL;
+}
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* lg_server_shutdown with a drain of drain_s, on a thread of its own, while
+ * this one keeps listening to the signals (set): a second SIGTERM or
+ * SIGINT cuts the drain (*cut = 1), and a drain still waiting after a
+ * second says so on stderr, once. Its result. */
+static int drain_down(lg_server_t *srv, int drain_s, const sigset_t *set, int *cut) {
+  shutdown_job_t sj = {.srv = srv, .drain_ms = drain_s * 1000};
+  pthread_t th;
+  if (pthread_create(&th, NULL, shutdown_main, &sj)) return lg_server_shutdown(srv, sj.drain_ms);
+  double t0 = mono_s();
+  int told = 0;
+  while (!atomic_load(&sj.done)) {
+    struct timespec tick = {0, 50 * 1000000};
+    int sig = sigtimedwait(set, NULL, &tick);
+    if ((sig == SIGTERM || sig == SIGINT) && !*cut) {
+      *cut = 1;
+      lg_server_cut_drain(srv);
+    }
+    if (!told && !*cut && !atomic_load(&sj.done) && mono_s() - t0 >= 1.0) {
+      fprintf(stderr,
+              "loopguard: waiting up to %d s for the requests in flight to finish "
+              "(SIGTERM or Ctrl-C again cuts them)\n",
+              drain_s);
+      told = 1;
+    }
+  }
+  pthread_join(th, NULL);
+  return sj.rc;
+}
+
 int cmd_serve(int argc, char **argv) {
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
-  const char *store = NULL, *durability = NULL;
+  const char *store = NULL, *durability = NULL, *drain = NULL;
   const char *upstreams[16];
   size_t nup = 0;
   for (int i = 1; i < argc; i++) {
@@ -142,7 +201,8 @@ int cmd_serve(int argc, char **argv) {
                                        "--policy", "--threads",  "--max-body", "--timeout",
                                        "--log",    "--trace-memory", "--durability",
                                        "--upstream", "--upstreams", "--reservation-ttl",
-                                       "--policies", "--secret-file", "--gateway-max-body"};
+                                       "--policies", "--secret-file", "--gateway-max-body",
+                                       "--drain"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -203,8 +263,15 @@ int cmd_serve(int argc, char **argv) {
       if (number(a, val, 1024, 1LL << 34, &n)) return 2;
       o.gateway_max_body = (size_t)n;
       break;
+    case 17: drain = val; break;
     }
   }
+  long long drain_s = 10;
+  const char *env_drain = getenv("LOOPGUARD_DRAIN_SECONDS");
+  if (!drain && env_drain && *env_drain &&
+      number("LOOPGUARD_DRAIN_SECONDS", env_drain, 1, 86400, &drain_s))
+    return 2;
+  if (drain && number("--drain", drain, 1, 86400, &drain_s)) return 2;
   o.store_url = cli_store_url(store);
   /* --durability is the store URL's durability= parameter (docs/store.md). */
   char url_buf[4096];
@@ -268,8 +335,10 @@ int cmd_serve(int argc, char **argv) {
     }
     break; /* SIGTERM, SIGINT */
   }
-  if (lg_server_shutdown(srv, 10000) == LG_EBUSY) {
-    fprintf(stderr, "loopguard: requests were still in flight after 10 s; they were cut\n");
+  int cut = 0;
+  if (drain_down(srv, (int)drain_s, &set, &cut) == LG_EBUSY) {
+    if (cut) fprintf(stderr, "loopguard: a second signal: the requests still in flight were cut\n");
+    else fprintf(stderr, "loopguard: requests were still in flight after %lld s (--drain); they were cut\n", drain_s);
     rc = 1;
   }
   lg_server_free(srv);

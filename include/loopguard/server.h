@@ -84,7 +84,8 @@ typedef struct lg_server_options {
  * non-loopback address when no token is configured. Returns a new server
  * (lg_server_free) or NULL with err filled. While it runs, lg_server_port,
  * lg_server_banner and lg_server_reopen_log may be called from any thread;
- * lg_server_shutdown and lg_server_free from one thread, after them. */
+ * lg_server_shutdown and lg_server_free from one thread, after them
+ * (lg_server_cut_drain from any, until lg_server_free). */
 LG_EXPORT lg_server_t *lg_server_start(const lg_server_options_t *opts,
                                        lg_error_t *err);
 /* The TCP port the server listens on. */
@@ -101,6 +102,11 @@ LG_EXPORT int lg_server_reopen_log(lg_server_t *srv);
  * store. Idempotent. Returns 0, or LG_EBUSY when requests were still in
  * flight when drain_ms ran out (they were cut). */
 LG_EXPORT int lg_server_shutdown(lg_server_t *srv, int drain_ms);
+/* Ends the drain of a lg_server_shutdown running on another thread now:
+ * the requests still in flight are cut, as when drain_ms runs out (a
+ * second SIGTERM or Ctrl-C, in the CLI). May be called from any thread
+ * until lg_server_free; before a shutdown, that shutdown cuts at once. */
+LG_EXPORT void lg_server_cut_drain(lg_server_t *srv);
 /* Shuts down (when not done yet, with the default drain) and frees. NULL:
  * no-op. */
 LG_EXPORT void lg_server_free(lg_server_t *srv);

@@ -1900,13 +1900,15 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   return 0;
 }
 
-void lg__gw_stop(lg__gw_t *gw) {
-  if (!gw) return;
+int lg__gw_stop(lg__gw_t *gw) {
+  if (!gw) return 0;
   atomic_store(&gw->stop, 1);
   pthread_mutex_lock(&gw->qmu);
+  int cut = gw->running || gw->qhead; /* requests (a posted lead is none) */
   /* (a posted lead taken too: stop_loops then waits for its worker) */
   while (gw->running || gw->qhead || gw->nleads) pthread_cond_wait(&gw->idle_cv, &gw->qmu);
   pthread_mutex_unlock(&gw->qmu);
+  return cut;
 }
 
 void lg__gw_free(lg__gw_t *gw) {

@@ -1100,14 +1100,16 @@ static void stop_loops(lg_server_t *srv) {
 
 /* Waits (bounded) until no request is in flight: the gateway's and the
  * committer's parked ones answered first. Returns how long it waited;
- * *rc LG_EBUSY when some are still in flight. */
+ * *rc LG_EBUSY when some were still in flight at the bound (or the cut). */
 static int drain_requests(lg_server_t *srv, int drain_ms, int *rc) {
   int waited = 0;
-  while (atomic_load(&srv->inflight) > 0 && waited < drain_ms) {
+  while (atomic_load(&srv->inflight) > 0 && waited < drain_ms && !atomic_load(&srv->drain_cut)) {
     sleep_ms(5);
     waited += 5;
   }
-  lg__gw_stop(srv->gw); /* the gateway's parked requests answered */
+  /* the gateway's requests answered: those still running are cut (their
+   * upstream exchange aborted), past the bound or a cut */
+  if (lg__gw_stop(srv->gw)) *rc = LG_EBUSY;
   /* Every decision handed to the committer is made, and its connection
    * resumed, before the daemon stops (it aborts on a parked connection);
    * then a moment for the daemon to send those answers. */
@@ -1119,6 +1121,10 @@ static int drain_requests(lg_server_t *srv, int drain_ms, int *rc) {
   }
   if (atomic_load(&srv->inflight) > 0) *rc = LG_EBUSY;
   return waited;
+}
+
+void lg_server_cut_drain(lg_server_t *srv) {
+  if (srv) atomic_store(&srv->drain_cut, 1);
 }
 
 int lg_server_shutdown(lg_server_t *srv, int drain_ms) {

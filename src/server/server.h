@@ -418,6 +418,7 @@ struct lg_server {
   _Atomic int reaper_stop;
   _Atomic int inflight;       /* requests begun and not completed */
   _Atomic int draining;       /* shutdown has begun */
+  _Atomic int drain_cut;      /* lg_server_cut_drain: the drain ends now */
   int stopped;                /* lg_server_shutdown done */
   struct lg__gw *gw;          /* the gateway (gateway-v1), or NULL: none */
 };

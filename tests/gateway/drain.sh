@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# drain.sh — the gateway at SIGTERM (a deploy, a node drained): model calls
+# in flight finish within --drain, then the server exits.
+#
+# Asserts: with --drain 8, a model call in flight when SIGTERM comes (the
+# fake's "slow" model answers after 3 s), stream false and true, gets its
+# whole answer (200, the stream's [DONE]); the listening socket is closed
+# at once; stderr says what the server waits for; the log's stop line says
+# drained; exit 0. With a drain shorter than the call
+# (LOOPGUARD_DRAIN_SECONDS=1), the call is cut at the bound and the exit
+# status is 1, stderr naming --drain. A second SIGTERM cuts a long drain at
+# once (exit 1). A bad --drain is refused before the start (exit 2).
+set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the fake upstream: FAKE
+hdr=(-H 'Content-Type: application/json')
+slow='{"model":"slow","messages":[{"role":"user","content":"x"}]'
+
+# call NAME STREAM: a slow model call to server NAME in the background; its
+# status in $TMP/NAME.STREAM.code, its body in $TMP/NAME.STREAM.body
+call() {
+  local url_var="${1}_URL"
+  curl -s -N -o "$TMP/$1.$2.body" -w '%{http_code}' "${hdr[@]}" -d "$slow,\"stream\":$2}" \
+    "${!url_var}/v1/chat/completions" >"$TMP/$1.$2.code" &
+  CALLS+=($!)
+}
+# sigterm NAME: SIGTERM to server NAME, once its calls reached the upstream
+sigterm() {
+  local pid_var="${1}_PID" i
+  for i in $(seq 40); do
+    [ "$(curl -s "$FAKE/stats" | jq_py 'd["models"].count("slow")')" -ge "$2" ] && break
+    sleep 0.05
+  done
+  kill -TERM "${!pid_var}"
+}
+# wait_server NAME: its exit status in NAME_RC, how long it took since now in NAME_S
+wait_server() {
+  local pid_var="${1}_PID" rc=0 t0=$SECONDS
+  wait "${!pid_var}" || rc=$?
+  printf -v "${1}_RC" '%s' "$rc"
+  printf -v "${1}_S" '%s' "$((SECONDS - t0))"
+}
+seen=0
+
+note "--drain 8: the model calls in flight at SIGTERM finish, stream and not; exit 0"
+start_server long --store memory: --upstream "$FAKE/v1" --drain 8 --log "$TMP/long.log"
+CALLS=()
+call long false
+call long true
+seen=$((seen + 2))
+sigterm long $seen
+sleep 0.3
+code=$(curl -s -o /dev/null -w '%{http_code}' "$long_URL/healthz")
+[ "$code" = 000 ] || fail "a new connection was taken while draining: $code"
+wait_server long
+for p in "${CALLS[@]}"; do wait "$p"; done
+[ "$long_RC" = 0 ] || fail "drained: exit $long_RC: $(tail -5 "$TMP/long.err")"
+[ "$(cat "$TMP/long.false.code")" = 200 ] && grep -q '"choices"' "$TMP/long.false.body" ||
+  fail "the call in flight (stream false): $(cat "$TMP/long.false.code") $(cat "$TMP/long.false.body")"
+[ "$(cat "$TMP/long.true.code")" = 200 ] && grep -q '^data: \[DONE\]' "$TMP/long.true.body" ||
+  fail "the call in flight (stream true): $(cat "$TMP/long.true.code") $(cat "$TMP/long.true.body")"
+grep -q 'waiting up to 8 s for the requests in flight' "$TMP/long.err" ||
+  fail "stderr does not say what the server waits for: $(cat "$TMP/long.err")"
+grep -q '"event":"stop","drained":true' "$TMP/long.log" || fail "no drained stop line: $(tail -3 "$TMP/long.log")"
+
+note "a drain shorter than the call (LOOPGUARD_DRAIN_SECONDS=1): cut at the bound, exit 1"
+LOOPGUARD_DRAIN_SECONDS=1 start_server short --store memory: --upstream "$FAKE/v1" --log "$TMP/short.log"
+CALLS=()
+call short false
+seen=$((seen + 1))
+sigterm short $seen
+wait_server short
+for p in "${CALLS[@]}"; do wait "$p"; done
+[ "$short_RC" = 1 ] || fail "a drain cut: exit $short_RC, wanted 1: $(tail -5 "$TMP/short.err")"
+((short_S <= 2)) || fail "the drain of 1 s took $short_S s"
+grep -q 'still in flight after 1 s (--drain); they were cut' "$TMP/short.err" || fail "stderr: $(cat "$TMP/short.err")"
+[ "$(cat "$TMP/short.false.code")" != 200 ] || fail "a call cut by the drain answered 200: $(cat "$TMP/short.false.body")"
+grep -q '"event":"stop","drained":false' "$TMP/short.log" || fail "the stop line: $(tail -3 "$TMP/short.log")"
+
+note "a second SIGTERM cuts a long drain at once: exit 1"
+start_server twice --store memory: --upstream "$FAKE/v1" --drain 600
+CALLS=()
+call twice true
+seen=$((seen + 1))
+sigterm twice $seen
+sleep 0.3
+kill -TERM "$twice_PID"
+wait_server twice
+for p in "${CALLS[@]}"; do wait "$p"; done
+[ "$twice_RC" = 1 ] || fail "a second signal: exit $twice_RC, wanted 1: $(tail -5 "$TMP/twice.err")"
+((twice_S <= 2)) || fail "a second signal: the server took $twice_S s to stop"
+grep -q 'a second signal: the requests still in flight were cut' "$TMP/twice.err" || fail "stderr: $(cat "$TMP/twice.err")"
+
+note "a bad --drain is refused before the start"
+for v in 0 x 86401; do
+  "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --drain "$v" >"$TMP/bad.out" 2>&1
+  rc=$?
+  [ "$rc" = 2 ] && grep -q -- "--drain: expected a number from 1 to 86400, got '$v'" "$TMP/bad.out" ||
+    fail "--drain $v: exit $rc: $(cat "$TMP/bad.out")"
+done
+echo "gateway drain: OK"
