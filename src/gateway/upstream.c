@@ -24,8 +24,8 @@
 #include <strings.h>
 
 #include <errno.h>
-#include <poll.h>
 #include <limits.h>
+#include <poll.h>
 #include <unistd.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
