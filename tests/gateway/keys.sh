@@ -180,18 +180,24 @@ for r in chat/completions messages responses; do
     fail "overload $r: the words it sent were not charged: $b"
 done
 
+# unreserved WHAT: waits (up to 5 s) until the first key holds nothing reserved; else fails, naming WHAT
+unreserved() {
+  local i b
+  for i in $(seq 50); do
+    b=$(op GET "/v1/budgets/key:$H1")
+    [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] && return 0
+    sleep 0.1
+  done
+  fail "$1: left reserved: $b"
+}
+
 note "a client that hangs up mid-stream: the upstream request ends, nothing left reserved, the words it got charged"
 before=$(spent "$H1")
 curl -s -N --max-time 1.2 -o "$TMP/hang.sse" -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
   -d "{\"model\":\"drip-long\",\"stream\":true,$MSG}" "$gw_URL/v1/chat/completions"
 grep -q '"content"' "$TMP/hang.sse" || fail "hang-up: no text came before the client left: $(cat "$TMP/hang.sse")"
-for i in $(seq 50); do
-  b=$(op GET "/v1/budgets/key:$H1")
-  [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] && break
-  sleep 0.1
-done
-[ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "hang-up: left reserved: $b"
-[ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] || fail "hang-up: what the model generated was not charged: $b"
+unreserved "hang-up"
+[ "$(python3 -c "print(float('$(spent "$H1")') > float('$before'))")" = True ] || fail "hang-up: what the model generated was not charged"
 
 note "a client that hangs up before any of its answer came, stream and not: the upstream request ended at once, released, nothing charged"
 for stream in false true; do
@@ -206,12 +212,7 @@ for stream in false true; do
   done
   [ "$(curl -s "$FAKE/stats" | get 'd["aborted"]')" -gt "$aborted" ] ||
     fail "early hang-up (stream $stream): the upstream request went on after its client left"
-  for i in $(seq 20); do
-    b=$(op GET "/v1/budgets/key:$H1")
-    [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] && break
-    sleep 0.1
-  done
-  [ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "early hang-up (stream $stream): left reserved: $b"
+  unreserved "early hang-up (stream $stream)"
   [ "$(spent "$H1")" = "$before" ] || fail "early hang-up (stream $stream): charged $before -> $(spent "$H1")"
 done
 
