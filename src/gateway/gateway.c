@@ -143,6 +143,7 @@ struct lg__gw {
   _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
   _Atomic uint64_t up_sum_ns[GW_MAX_UP];
   _Atomic uint64_t up_err[GW_MAX_UP][LG__GW_UP__KINDS];
+  _Atomic uint64_t up_hung_up[GW_MAX_UP]; /* exchanges ended as their client hung up */
   _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
   /* models whose upstream refused max_tokens ("UI\tMODEL"; lg__gw_learn), under tmu */
   char *mct[GW_LEARNT_MODELS];
@@ -1626,6 +1627,7 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   while (b < GW_HIST && (double)x->ns / 1e9 > hist_le[b]) b++;
   atomic_fetch_add(&gw->up_hist[u][b], 1);
   atomic_fetch_add(&gw->up_sum_ns[u], x->ns);
+  if (lg__gw_http_hung_up(x)) atomic_fetch_add(&gw->up_hung_up[u], 1);
   int k = lg__gw_http_failure(x);
   if (k == LG__GW_UP_OK) return;
   atomic_fetch_add(&gw->up_err[u][k], 1);
@@ -1763,6 +1765,13 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
       lg__buf_printf(b, "loopguard_gateway_upstream_errors_total{upstream=\"%s\",kind=\"%s\"} %llu\n",
                      gw->cfg.up[u].name, lg__gw_http_failure_names[k],
                      (unsigned long long)atomic_load(&gw->up_err[u][k]));
+  lg__buf_puts(b, "# HELP loopguard_gateway_client_hangups_total Upstream requests the gateway ended because "
+                  "their client hung up before the answer's end (an SDK's timeout shorter than the "
+                  "model's answer, a person's Ctrl-C): the upstream is told at once.\n"
+                  "# TYPE loopguard_gateway_client_hangups_total counter\n");
+  for (size_t u = 0; u < nup; u++)
+    lg__buf_printf(b, "loopguard_gateway_client_hangups_total{upstream=\"%s\"} %llu\n", gw->cfg.up[u].name,
+                   (unsigned long long)atomic_load(&gw->up_hung_up[u]));
   lg__buf_puts(b, "# HELP loopguard_gateway_upstream_seconds Upstream request latency.\n"
                   "# TYPE loopguard_gateway_upstream_seconds histogram\n");
   for (size_t u = 0; u < nup; u++) {

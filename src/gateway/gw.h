@@ -145,6 +145,10 @@ enum {
 };
 int lg__gw_http_failure(const lg__gw_http_t *x);
 extern const char *const lg__gw_http_failure_names[LG__GW_UP__KINDS];
+/* 1 when the gateway ended the exchange because its client hung up
+ * (before its answer began, or mid-stream); not a shutdown's, nor a
+ * stream the guard cut. */
+int lg__gw_http_hung_up(const lg__gw_http_t *x);
 
 /* One header line of an upstream's answer ("Name: value\r\n", as libcurl
  * hands it) appended to out as "name\0value\0" when the gateway passes it

@@ -702,4 +702,9 @@ int lg__gw_http_failure(const lg__gw_http_t *x) {
   return x->status ? LG__GW_UP_BROKEN : LG__GW_UP_UNREACHABLE; /* it had begun to answer, or never did */
 }
 
+int lg__gw_http_hung_up(const lg__gw_http_t *x) {
+  if (x->cc == CURLE_OK || x->cut || (x->stop && atomic_load(x->stop))) return 0;
+  return x->client_left || (x->gone && atomic_load(x->gone));
+}
+
 void lg__gw_http_clear(lg__gw_http_t *x) { lg__buf_free(&x->body_out); }

@@ -168,15 +168,25 @@ slow_reader() {
   ((($(echo "$r" | get 'd["stall_peak_kb"] - d["rss0_kb"]')) < bound)) || fail "slow reader ($1): memory grew while it did not read: $r"
   [ "$(echo "$r" | get 'int(d["stall_cpu_s"] < 0.5)')" = 1 ] || fail "slow reader ($1): the gateway spun while its client did not read: $r"
 }
+# hangups URL: the server's loopguard_gateway_client_hangups_total of its default upstream
+hangups() {
+  local m
+  m=$(curl -sf "$1/metrics") || fail "GET $1/metrics"
+  awk '$1 == "loopguard_gateway_client_hangups_total{upstream=\"default\"}" { print $2 }' <<<"$m"
+}
 # early_hangup NAME: a client that hangs up before a passed-through answer began (the fake
-# answers a "slow" completion after 3 s) ends its upstream request at once, on server NAME
+# answers a "slow" completion after 3 s) ends its upstream request at once, on server NAME,
+# and is counted
 early_hangup() {
-  local url_var="${1}_URL" before i
+  local url_var="${1}_URL" before h0 i
   before=$(stats 'd["aborted"]')
+  h0=$(hangups "${!url_var}")
   curl -s --max-time 0.5 -o /dev/null -H 'Content-Type: application/json' \
     -d '{"model":"slow","prompt":"x"}' "${!url_var}/v1/completions"
   for i in $(seq 15); do [ "$(stats 'd["aborted"]')" -gt "$before" ] && break; sleep 0.1; done
   [ "$(stats 'd["aborted"]')" -gt "$before" ] || fail "early hang-up ($1): the upstream request went on after its client left"
+  for i in $(seq 20); do [ "$(hangups "${!url_var}")" = $((h0 + 1)) ] && break; sleep 0.05; done
+  [ "$(hangups "${!url_var}")" = $((h0 + 1)) ] || fail "early hang-up ($1): counted $h0 -> $(hangups "${!url_var}")"
   curl -sf "${!url_var}/healthz" >/dev/null || fail "the server stopped serving after an early hang-up ($1)"
 }
 note "a client that stops reading: the upstream waits, the gateway's memory stays, no CPU burnt"
