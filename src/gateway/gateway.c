@@ -144,6 +144,10 @@ struct lg__gw {
   _Atomic uint64_t up_sum_ns[GW_MAX_UP];
   _Atomic uint64_t up_err[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t up_hung_up[GW_MAX_UP]; /* exchanges ended as their client hung up */
+  /* upstream_failed lines: when the next of an upstream and kind may be
+   * written (lg__mono_ns), and the failures left out since the last */
+  _Atomic uint64_t up_log_next[GW_MAX_UP][LG__GW_UP__KINDS];
+  _Atomic uint64_t up_log_left[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
   /* models whose upstream refused max_tokens ("UI\tMODEL"; lg__gw_learn), under tmu */
   char *mct[GW_LEARNT_MODELS];
@@ -1621,6 +1625,8 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg
 
 /* ---- metrics and logs ---- */
 
+#define UP_LOG_GAP_NS 1000000000ull /* one upstream_failed line a second, an upstream and kind */
+
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   size_t u = up < GW_MAX_UP ? up : GW_MAX_UP - 1;
   int b = 0;
@@ -1632,7 +1638,16 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   if (k == LG__GW_UP_OK) return;
   atomic_fetch_add(&gw->up_err[u][k], 1);
   if (k == LG__GW_UP_HTTP_4XX || k == LG__GW_UP_HTTP_5XX) return; /* the provider's answer, passed on: counted */
-  /* the exchange failed: the on-call engineer's first question */
+  /* The exchange failed: the on-call engineer's first question. An outage
+   * fails every request, hundreds a second: one line a second for an
+   * upstream and kind, the next saying how many were left out (the
+   * counter above has them all). */
+  uint64_t now = lg__mono_ns(), next = atomic_load(&gw->up_log_next[u][k]);
+  if (now < next || !atomic_compare_exchange_strong(&gw->up_log_next[u][k], &next, now + UP_LOG_GAP_NS)) {
+    atomic_fetch_add(&gw->up_log_left[u][k], 1);
+    return;
+  }
+  uint64_t left = atomic_exchange(&gw->up_log_left[u][k], 0);
   lg__buf_t f = {0};
   char lab[300];
   lg__buf_puts(&f, "\"upstream\":");
@@ -1643,6 +1658,7 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   lg__buf_printf(&f, ",\"status\":%ld,\"ms\":%.1f,\"message\":", x->status, (double)x->ns / 1e6);
   const char *m = x->over ? "the answer was over LOOPGUARD_GATEWAY_ANSWER_BYTES" : x->errbuf;
   lg__buf_json_str(&f, m, strlen(m));
+  if (left) lg__buf_printf(&f, ",\"suppressed\":%llu", (unsigned long long)left);
   if (!f.oom) lg__server_log(gw->srv, "warn", "upstream_failed", f.data);
   lg__buf_free(&f);
 }

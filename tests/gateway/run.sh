@@ -478,6 +478,27 @@ grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unrea
   fail "down: not counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
 grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep -q '"path":"/chat/completions"' ||
   fail "down: no log line: $(cat "$TMP/down.err")"
+note "an outage: every failure counted, one log line a second for an upstream and kind, the next saying how many it left out"
+t0=$(date +%s.%N)
+for i in $(seq 20); do
+  curl -s -o /dev/null -H "Content-Type: application/json" -d '{"model":"x","messages":[{"role":"user","content":"x"}]}' \
+    "$down_URL/v1/chat/completions"
+done
+burst=$(python3 -c "print(int($(date +%s.%N) - $t0))")
+sleep 1.1
+curl -s -o /dev/null -H "Content-Type: application/json" -d '{"model":"x","messages":[{"role":"user","content":"x"}]}' \
+  "$down_URL/v1/chat/completions"
+grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 22$' <<<"$(curl -sf "$down_URL/metrics")" ||
+  fail "outage: not all counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
+grep '"event":"upstream_failed"' "$TMP/down.err" >"$TMP/down.lines"
+r=$(python3 -c '
+import json, sys
+ls = [json.loads(l) for l in open(sys.argv[1])]
+print(len(ls), sum(l.get("suppressed", 0) for l in ls), ls[-1].get("suppressed", 0))' "$TMP/down.lines")
+read -r lines left last <<<"$r"
+# at most one line in any second of the burst, and one after the pause
+((lines <= burst + 3 && lines + left == 22 && last >= 1)) ||
+  fail "outage: $lines lines (a burst of $burst s), $left left out (the last line: $last), for 22 failures; the last two: $(tail -n 2 "$TMP/down.lines")"
 curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving"
 curl -sf "$gw_URL/metrics" >"$TMP/metrics.txt" || fail "metrics"
 grep -q 'loopguard_gateway_interventions_total{action="block",reason="same_call_repeat"}' "$TMP/metrics.txt" || { grep gateway "$TMP/metrics.txt"; fail "metrics"; }
