@@ -30,9 +30,11 @@
  * Shutdown (lg_server_shutdown): stop accepting (the acceptor closes the
  * listening socket),
  * answer requests still arriving on open connections with "Connection:
- * close", wait until none is in flight (bounded), stop the threads, close
- * the store handles. A request is always decided and stored, or not
- * started: a thread finishes its handler before it stops.
+ * close", wait until none is in flight (bounded by drain_ms, or ended
+ * early by lg_server_cut_drain from another thread), cut the gateway's
+ * requests still running, stop the threads, close the store handles. A
+ * request is always decided and stored, or not started: a thread
+ * finishes its handler before it stops.
  */
 #include "server.h"
 #include "../gateway/gateway.h"
