@@ -165,7 +165,7 @@ static int parse_fields(const char *json, size_t len, int create, lg__key_row_t 
       else row->disabled = json_is_true(v);
     } else {
       char f[LG_BUDGET_SCOPE_MAX];
-      snprintf(f, sizeof f, "%.200s", k);
+      snprintf(f, sizeof f, "%.200s", *k ? k : "\"\""); /* a member named "": named so */
       rc = lg__err(err, LG_EINVAL, f, -1,
                    "%s: unknown field (known: name, limit_usd, limit_reset, workspace, "
                    "include_byok_in_limit, rate_limit_per_min, models, byok%s)",

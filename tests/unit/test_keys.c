@@ -160,6 +160,8 @@ static void test_field_errors(void **state) {
       {"{\"name\":\"x\",\"disabled\":true}", "disabled"}, /* not at creation */
       {"{\"name\":\"x\",\"workspace\":\"a\\u0001b\"}", "workspace"},
       {"{\"name\":\"x\",\"include_byok_in_limit\":1}", "include_byok_in_limit"},
+      {"{\"name\":\"x\",\"colour\":1}", "colour"},
+      {"{\"name\":\"x\",\"\":1}", "\"\""}, /* a member named "" is named so (fuzz_keys) */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out = NULL;
