@@ -40,6 +40,8 @@ typedef struct lg__gw_upstream {
                          ca_file, else SSL_CERT_FILE; NULL: libcurl's default file */
   char *ca_dir;       /* SSL_CERT_DIR (folders split by ':'), else NULL: libcurl's default */
   int ca_alone;       /* its ca_file is all it trusts (no folder of CAs) */
+  char *proxy_ca_file, *proxy_ca_dir; /* SSL_CERT_FILE, SSL_CERT_DIR, or NULL: what an
+                         https:// proxy's own certificate is checked against */
   _Atomic int learnt; /* what it refused of what the gateway adds (LG__GW_LEARNT_*, bits),
                          not sent to it again while the server runs; a model's in the
                          gateway's table (lg__gw_learn) */

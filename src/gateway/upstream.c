@@ -40,6 +40,8 @@ static void upstream_free(lg__gw_upstream_t *u) {
   lg__free(u->api_key);
   lg__free(u->ca_file);
   lg__free(u->ca_dir);
+  lg__free(u->proxy_ca_file);
+  lg__free(u->proxy_ca_dir);
 }
 
 /* A CA file (or folders) given for an upstream's TLS: read at start, so
@@ -71,24 +73,25 @@ static int ca_check(const char *path, int dir, const char *where, lg_error_t *er
 /* An upstream's CAs: its ca_file alone, else OpenSSL's variables (each
  * replaces the default it names, as for other programs on OpenSSL:
  * SSL_CERT_FILE alone keeps the system's folder), else libcurl's defaults
- * (the system's). */
+ * (the system's). An https:// proxy's own certificate is checked against
+ * the variables' CAs (the proxy is the environment's, not the upstream's:
+ * its ca_file does not apply), else the system's. */
 static int upstream_cas(lg__gw_upstream_t *u, const char *ca_file, const char *where,
                         lg_error_t *err) {
   char field[220];
-  const char *f = ca_file, *d = NULL;
-  if (f) {
+  const char *ef = getenv("SSL_CERT_FILE"), *ed = getenv("SSL_CERT_DIR");
+  if (ef && !*ef) ef = NULL;
+  if (ed && !*ed) ed = NULL;
+  if (ef && ca_check(ef, 0, "SSL_CERT_FILE", err)) return LG_EINVAL;
+  if (ed && ca_check(ed, 1, "SSL_CERT_DIR", err)) return LG_EINVAL;
+  if (ca_file) {
     snprintf(field, sizeof field, "%s.ca_file", where);
-    if (ca_check(f, 0, field, err)) return LG_EINVAL;
+    if (ca_check(ca_file, 0, field, err)) return LG_EINVAL;
     u->ca_alone = 1;
-  } else {
-    f = getenv("SSL_CERT_FILE");
-    d = getenv("SSL_CERT_DIR");
-    if (f && !*f) f = NULL;
-    if (d && !*d) d = NULL;
-    if (f && ca_check(f, 0, "SSL_CERT_FILE", err)) return LG_EINVAL;
-    if (d && ca_check(d, 1, "SSL_CERT_DIR", err)) return LG_EINVAL;
   }
-  if ((f && !(u->ca_file = lg__strdup(f))) || (d && !(u->ca_dir = lg__strdup(d))))
+  const char *f = ca_file ? ca_file : ef, *d = ca_file ? NULL : ed;
+  if ((f && !(u->ca_file = lg__strdup(f))) || (d && !(u->ca_dir = lg__strdup(d))) ||
+      (ef && !(u->proxy_ca_file = lg__strdup(ef))) || (ed && !(u->proxy_ca_dir = lg__strdup(ed))))
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   return 0;
 }
@@ -662,6 +665,8 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   if (x->up->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, x->up->ca_file);
   if (x->up->ca_dir || x->up->ca_alone) curl_easy_setopt(h, CURLOPT_CAPATH, x->up->ca_dir);
+  if (x->up->proxy_ca_file) curl_easy_setopt(h, CURLOPT_PROXY_CAINFO, x->up->proxy_ca_file);
+  if (x->up->proxy_ca_dir) curl_easy_setopt(h, CURLOPT_PROXY_CAPATH, x->up->proxy_ca_dir);
   if (x->body) {
     curl_easy_setopt(h, CURLOPT_POST, 1L);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, x->body);

@@ -6,14 +6,19 @@
 // {"HOST:PORT": n}}.
 //
 // Usage: node connect-proxy.mjs PORTFILE   (writes the port it took)
+// With PROXY_TLS_CERT and PROXY_TLS_KEY (PEM files) it is an https://
+// proxy: a client speaks TLS to the proxy itself, then CONNECT within it.
 import http from 'node:http';
+import https from 'node:https';
 import net from 'node:net';
 import fs from 'node:fs';
 
 const count = { connect: {}, forward: {} };
 const bump = (kind, at) => { count[kind][at] = (count[kind][at] || 0) + 1; };
 
-const server = http.createServer((req, res) => {
+const tls = process.env.PROXY_TLS_CERT && process.env.PROXY_TLS_KEY
+  ? { cert: fs.readFileSync(process.env.PROXY_TLS_CERT), key: fs.readFileSync(process.env.PROXY_TLS_KEY) } : null;
+const handler = (req, res) => {
   if (req.url === '/count') {
     res.writeHead(200, { 'content-type': 'application/json' });
     return res.end(JSON.stringify(count));
@@ -28,7 +33,8 @@ const server = http.createServer((req, res) => {
     headers: req.headers }, (ur) => { res.writeHead(ur.statusCode, ur.headers); ur.pipe(res); });
   up.on('error', () => { res.writeHead(502); res.end(); });
   req.pipe(up);
-});
+};
+const server = tls ? https.createServer(tls, handler) : http.createServer(handler);
 
 server.on('connect', (req, sock, head) => {
   bump('connect', req.url);

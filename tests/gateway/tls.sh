@@ -14,7 +14,8 @@
 # once too; the gateway speaks HTTP/1.1 upstream (as the providers' SDKs
 # do), so that a client that hangs up mid-stream ends its upstream request
 # at once; https_proxy and http_proxy from the environment carry the
-# upstream requests, no_proxy bypasses them.
+# upstream requests, no_proxy bypasses them; an https:// proxy's own
+# certificate is checked against SSL_CERT_FILE's CAs.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the (plain) fake upstream: HERE, FAKE
 get() { jq_py "$1"; }
@@ -34,11 +35,15 @@ FAKE_TLS_CERT="$TMP/srv.pem" FAKE_TLS_KEY="$TMP/srv.key" node "$HERE/fake-upstre
 ALL_PIDS+=($!)
 node "$HERE/connect-proxy.mjs" "$TMP/proxy.port" &
 ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/tls.port" ] && [ -s "$TMP/proxy.port" ] && break; sleep 0.05; done
+# an https:// proxy, its own certificate of the same private CA
+PROXY_TLS_CERT="$TMP/srv.pem" PROXY_TLS_KEY="$TMP/srv.key" node "$HERE/connect-proxy.mjs" "$TMP/sproxy.port" &
+ALL_PIDS+=($!)
+for i in $(seq 100); do [ -s "$TMP/tls.port" ] && [ -s "$TMP/proxy.port" ] && [ -s "$TMP/sproxy.port" ] && break; sleep 0.05; done
 [ -s "$TMP/tls.port" ] || fail "the HTTPS fake upstream did not start"
-[ -s "$TMP/proxy.port" ] || fail "the proxy did not start"
+[ -s "$TMP/proxy.port" ] && [ -s "$TMP/sproxy.port" ] || fail "a proxy did not start"
 TLS="https://127.0.0.1:$(cat "$TMP/tls.port")"
 PROXY="http://127.0.0.1:$(cat "$TMP/proxy.port")"
+SPROXY="https://127.0.0.1:$(cat "$TMP/sproxy.port")"
 tstats() { curl -sf --cacert "$TMP/ca.pem" "$TLS/stats" | get "$1"; }
 proxied() { curl -sf "$PROXY/count" | get "d['$1'].get('$2', 0)"; } # KIND HOST:PORT
 
@@ -158,7 +163,21 @@ code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$np_UR
 [ "$code" = 200 ] && [ "$(proxied connect "$at")" = "$n" ] ||
   fail "no_proxy: $code $(cat "$TMP/a.json"), CONNECTs $n -> $(proxied connect "$at")"
 
-for s in untrusted gw env dir px pp np; do
+note "an https:// proxy behind the private CA: SSL_CERT_FILE checks its certificate too (an upstream's ca_file does not)"
+at="127.0.0.1:$(cat "$TMP/tls.port")"
+https_proxy="$SPROXY" no_proxy= NO_PROXY= SSL_CERT_FILE="$TMP/ca.pem" \
+  start_server sp --store memory: --upstream "$TLS/v1" --log "$TMP/sp.log"
+code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$sp_URL/v1/chat/completions")
+sproxied=$(curl -sf --cacert "$TMP/ca.pem" "$SPROXY/count")
+[ "$code" = 200 ] && [ "$(get "d['connect'].get('$at', 0)" <<<"$sproxied")" -ge 1 ] ||
+  fail "through an https:// proxy: $code $(cat "$TMP/a.json") $sproxied"
+# the upstream trusted by its ca_file alone: the proxy's certificate is the system's to check, and fails
+echo '{"upstreams":{"tls":{"base_url":"'"$TLS"'/v1","ca_file":"'"$TMP"'/ca.pem"}}}' >"$TMP/ups1.json"
+https_proxy="$SPROXY" no_proxy= NO_PROXY= start_server spf --store memory: --upstreams "$TMP/ups1.json" --log "$TMP/spf.log"
+code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$spf_URL/v1/chat/completions")
+[ "$code" = 502 ] || fail "an https:// proxy whose CA only an upstream's ca_file names: $code $(cat "$TMP/a.json")"
+
+for s in untrusted gw env dir px pp np sp spf; do
   stop_server $s
   rc_var="${s}_RC"
   [ "${!rc_var}" = 0 ] || fail "server $s exited ${!rc_var} (under ASan: a leak or an error): $(tail -5 "$TMP/$s.err")"

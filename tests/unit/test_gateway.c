@@ -142,6 +142,8 @@ static void upstream_cas(void **state) {
   assert_null(cfg.up[0].ca_file); /* the system's */
   assert_null(cfg.up[0].ca_dir);
   assert_false(cfg.up[0].ca_alone);
+  assert_null(cfg.up[0].proxy_ca_file);
+  assert_null(cfg.up[1].proxy_ca_file);
   assert_string_equal(cfg.up[1].ca_file, pem);
   assert_true(cfg.up[1].ca_alone);
   lg__gw_config_clear(&cfg);
@@ -155,6 +157,11 @@ static void upstream_cas(void **state) {
   assert_string_equal(cfg.up[1].ca_file, pem); /* its own file: the variables do not apply */
   assert_null(cfg.up[1].ca_dir);
   assert_true(cfg.up[1].ca_alone);
+  /* ... but to an https:// proxy, the environment's, they do, for every upstream */
+  for (int i = 0; i < 2; i++) {
+    assert_string_equal(cfg.up[i].proxy_ca_file, pem);
+    assert_string_equal(cfg.up[i].proxy_ca_dir, "/tmp");
+  }
   lg__gw_config_clear(&cfg);
 
   setenv("SSL_CERT_FILE", "/nonexistent/ca.pem", 1);
