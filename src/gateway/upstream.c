@@ -60,7 +60,7 @@ static int ca_check(const char *path, int dir, const char *where, lg_error_t *er
     one[n] = '\0';
     return ca_check(one, dir, where, err) || ca_check(end + 1, dir, where, err) ? LG_EINVAL : 0;
   }
-  if (!*path) return 0;
+  if (dir && !*path) return 0; /* a list's empty end ("a:") */
   struct stat st;
   if (stat(path, &st) || access(path, R_OK))
     return lg__err(err, LG_EINVAL, where, -1, "cannot read %s: %s", path, strerror(errno));
