@@ -710,7 +710,10 @@ void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x) {
   else
     lg__gw_error(j, 502, "upstream_error", "upstream_unreachable", "upstream %s cannot be reached: %s%s",
                  lab, x->errbuf,
-                 x->cc == CURLE_PEER_FAILED_VERIFICATION || x->cc == CURLE_SSL_CACERT_BADFILE
+                 x->proxy_cert
+                     ? " (the https:// proxy's own certificate: its CA in SSL_CERT_FILE or SSL_CERT_DIR;"
+                       " docs/gateway.md, \"TLS and proxies\")"
+                 : x->cc == CURLE_PEER_FAILED_VERIFICATION || x->cc == CURLE_SSL_CACERT_BADFILE
                      ? " (a private CA: the upstream's ca_file in --upstreams, or SSL_CERT_FILE;"
                        " docs/gateway.md, \"TLS and proxies\")"
                      : "");

@@ -128,6 +128,7 @@ typedef struct lg__gw_http {
   uint64_t ns;                /* how long it took */
   int over;                   /* aborted: the answer was past max_bytes */
   int cut;                    /* aborted by on_data (the guard cut the stream) */
+  int proxy_cert;             /* failed: an https:// proxy's own certificate did not verify */
 } lg__gw_http_t;
 
 #define LG__GW_OVER 2 /* on_data's answer: the answer is past its bound */

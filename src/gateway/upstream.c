@@ -688,6 +688,9 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   x->head_len = -1;
   if (!strcmp(x->method, "HEAD"))
     curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &x->head_len);
+  long pv = 0; /* an https:// proxy's own certificate: its check's X509 result */
+  x->proxy_cert = x->cc == CURLE_PEER_FAILED_VERIFICATION &&
+                  curl_easy_getinfo(h, CURLINFO_PROXY_SSL_VERIFYRESULT, &pv) == CURLE_OK && pv;
   curl_slist_free_all(hd);
   lg__buf_free(&url);
   if (x->cc != CURLE_OK && !x->errbuf[0])

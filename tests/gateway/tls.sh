@@ -175,7 +175,8 @@ sproxied=$(curl -sf --cacert "$TMP/ca.pem" "$SPROXY/count")
 echo '{"upstreams":{"tls":{"base_url":"'"$TLS"'/v1","ca_file":"'"$TMP"'/ca.pem"}}}' >"$TMP/ups1.json"
 https_proxy="$SPROXY" no_proxy= NO_PROXY= start_server spf --store memory: --upstreams "$TMP/ups1.json" --log "$TMP/spf.log"
 code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$spf_URL/v1/chat/completions")
-[ "$code" = 502 ] || fail "an https:// proxy whose CA only an upstream's ca_file names: $code $(cat "$TMP/a.json")"
+[ "$code" = 502 ] && get 'd["error"]["message"]' <"$TMP/a.json" | grep -q "https:// proxy's own certificate.*SSL_CERT_FILE" ||
+  fail "an https:// proxy whose CA only an upstream's ca_file names: $code $(cat "$TMP/a.json")"
 
 for s in untrusted gw env dir px pp np sp spf; do
   stop_server $s
