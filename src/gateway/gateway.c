@@ -144,6 +144,7 @@ struct lg__gw {
   _Atomic uint64_t up_sum_ns[GW_MAX_UP];
   _Atomic uint64_t up_err[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t up_hung_up[GW_MAX_UP]; /* exchanges ended as their client hung up */
+  _Atomic uint64_t cut_at_stop;           /* exchanges the shutdown aborted (lg__gw_stop) */
   /* upstream_failed lines: when the next of an upstream and kind may be
    * written (lg__mono_ns), and the failures left out since the last */
   _Atomic uint64_t up_log_next[GW_MAX_UP][LG__GW_UP__KINDS];
@@ -1637,6 +1638,7 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   atomic_fetch_add(&gw->up_hist[u][b], 1);
   atomic_fetch_add(&gw->up_sum_ns[u], x->ns);
   if (lg__gw_http_hung_up(x)) atomic_fetch_add(&gw->up_hung_up[u], 1);
+  if (x->cc != CURLE_OK && x->stop && atomic_load(x->stop)) atomic_fetch_add(&gw->cut_at_stop, 1);
   int k = lg__gw_http_failure(x);
   if (k == LG__GW_UP_OK) return;
   atomic_fetch_add(&gw->up_err[u][k], 1);
@@ -1932,11 +1934,12 @@ int lg__gw_stop(lg__gw_t *gw) {
   if (!gw) return 0;
   atomic_store(&gw->stop, 1);
   pthread_mutex_lock(&gw->qmu);
-  int cut = gw->running || gw->qhead; /* requests (a posted lead is none) */
   /* (a posted lead taken too: stop_loops then waits for its worker) */
   while (gw->running || gw->qhead || gw->nleads) pthread_cond_wait(&gw->idle_cv, &gw->qmu);
   pthread_mutex_unlock(&gw->qmu);
-  return cut;
+  /* cut: an upstream exchange the stop aborted (a worker still settling
+   * an answer it sent, or a request that had none, was not) */
+  return atomic_load(&gw->cut_at_stop) > 0;
 }
 
 void lg__gw_free(lg__gw_t *gw) {

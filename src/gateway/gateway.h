@@ -40,8 +40,8 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
                lg_error_t *err);
 /* Shutdown: aborts the upstream exchanges in flight (their clients get an
  * error, or the end of their stream) and waits until every job was
- * answered, so no connection stays parked. 1 when requests were in flight
- * (cut), else 0 (NULL: no-op). */
+ * answered, so no connection stays parked. 1 when it aborted an upstream
+ * exchange (a request cut), else 0 (NULL: no-op). */
 int lg__gw_stop(lg__gw_t *gw);
 /* Stops the workers (after the HTTP daemon stopped: no request is parked
  * on them then) and frees. NULL: no-op. */
