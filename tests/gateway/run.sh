@@ -494,11 +494,13 @@ grep '"event":"upstream_failed"' "$TMP/down.err" >"$TMP/down.lines"
 r=$(python3 -c '
 import json, sys
 ls = [json.loads(l) for l in open(sys.argv[1])]
-print(len(ls), sum(l.get("suppressed", 0) for l in ls), ls[-1].get("suppressed", 0))' "$TMP/down.lines")
-read -r lines left last <<<"$r"
-# at most one line in any second of the burst, and one after the pause
-((lines <= burst + 3 && lines + left == 22 && last >= 1)) ||
-  fail "outage: $lines lines (a burst of $burst s), $left left out (the last line: $last), for 22 failures; the last two: $(tail -n 2 "$TMP/down.lines")"
+print(len(ls), sum(l.get("suppressed", 0) for l in ls))' "$TMP/down.lines")
+read -r lines left <<<"$r"
+# at most one line a second (the one before the burst, those of the burst, the one after
+# the pause, and a margin for a slow machine); every failure a line or counted as left out
+# by a later line (which one depends on the burst's pace: under ASan it can pass a second)
+((lines <= burst + 4 && lines + left == 22 && left >= 1)) ||
+  fail "outage: $lines lines (a burst of $burst s), $left left out, for 22 failures; the last two: $(tail -n 2 "$TMP/down.lines")"
 curl -sf "$gw_URL/healthz" >/dev/null || fail "the server stopped serving"
 curl -sf "$gw_URL/metrics" >"$TMP/metrics.txt" || fail "metrics"
 grep -q 'loopguard_gateway_interventions_total{action="block",reason="same_call_repeat"}' "$TMP/metrics.txt" || { grep gateway "$TMP/metrics.txt"; fail "metrics"; }
