@@ -117,8 +117,13 @@ for i in $(seq 50); do [ "$(tstats 'd["aborted"]')" -gt "$before" ] && break; sl
 [ "$(tstats 'd["aborted"]')" -gt "$before" ] || fail "the upstream request went on after the client left"
 code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$gw_URL/v1/chat/completions")
 [ "$code" = 200 ] || fail "after a hang-up: $code $(cat "$TMP/a.json")"
-# the client left, the upstream did not fail: no upstream error counted, none logged; a hang-up counted
-m=$(curl -sf "$gw_URL/metrics")
+# the client left, the upstream did not fail: no upstream error counted, none logged; a hang-up
+# counted (once the exchange's end is noted, a moment after the upstream saw its connection close)
+for i in $(seq 20); do
+  m=$(curl -sf "$gw_URL/metrics")
+  grep -q '^loopguard_gateway_client_hangups_total{upstream="tls"} 1$' <<<"$m" && break
+  sleep 0.05
+done
 nz=$(grep '^loopguard_gateway_upstream_errors_total' <<<"$m" | grep -v ' 0$')
 [ -z "$nz" ] || fail "a client's hang-up counted as an upstream error: $nz"
 grep -q '^loopguard_gateway_client_hangups_total{upstream="tls"} 1$' <<<"$m" ||
