@@ -1906,7 +1906,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->provider_key = j->provider_key;
   x->stop = lg__gw_stopflag(c->cx->gw);
   x->on_data = on_data;
-  x->gone = on_data ? &j->s_gone : NULL;
+  x->gone = &j->s_gone;
   x->client_fd = j->fd;
   x->stream = on_data ? j : NULL;
   x->hdrs = &j->up_hdrs;

@@ -102,12 +102,12 @@ typedef struct lg__gw_http {
   size_t max_bytes;           /* a body held whole past this many bytes (0: no bound)
                                  is aborted, and `over` set */
   _Atomic int *stop;          /* non-zero: abort (shutdown) */
-  _Atomic int *gone;          /* non-zero: abort (the client went away); may be NULL */
+  _Atomic int *gone;          /* non-zero: abort (the client went away: its stream's
+                                 response freed, or client_fd hung up); may be NULL */
   int client_fd;              /* the client's socket, looked at while the answer is
-                                 awaited: a client that hung up aborts the exchange
-                                 (upstream.c, look_at_client); -1: not looked at */
+                                 awaited: a hang-up sets *gone (upstream.c,
+                                 look_at_client); -1 (or no gone): not looked at */
   uint64_t client_due_ns;     /* (upstream.c) its next look */
-  int client_left;            /*   it hung up */
   struct lg__gw_job *stream;  /* the job whose client stream on_data feeds, or NULL:
                                  the transfer pauses while that client has more
                                  than LG__GW_STREAM_HIGH bytes unread (gateway.c,
@@ -148,9 +148,9 @@ enum {
 };
 int lg__gw_http_failure(const lg__gw_http_t *x);
 extern const char *const lg__gw_http_failure_names[LG__GW_UP__KINDS];
-/* 1 when the gateway ended the exchange because its client hung up
- * (before its answer began, or mid-stream); not a shutdown's, nor a
- * stream the guard cut. */
+/* 1 when the gateway ended the exchange because its client went away
+ * (*gone: before its answer began, or mid-stream); not a shutdown's, nor
+ * a stream the guard cut. */
 int lg__gw_http_hung_up(const lg__gw_http_t *x);
 
 /* One header line of an upstream's answer ("Name: value\r\n", as libcurl

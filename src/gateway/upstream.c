@@ -333,7 +333,7 @@ const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t 
 
 /* Shutting down, or the client went away: the exchange is aborted. */
 static int stopped(const lg__gw_http_t *x) {
-  return (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone)) || x->client_left;
+  return (x->stop && atomic_load(x->stop)) || (x->gone && atomic_load(x->gone));
 }
 
 #define CLIENT_POLL_MS 100 /* how often an exchange looks whether its client hung up */
@@ -345,13 +345,16 @@ static int stopped(const lg__gw_http_t *x) {
  * only once it has begun: without this look, a client that left before
  * its answer began (an SDK's timeout, a person's Ctrl-C) left the model
  * generating to its end, and its reservation charged. Looked at every
- * CLIENT_POLL_MS from the exchange's start: a quick exchange never is. */
+ * CLIENT_POLL_MS from the exchange's start: a quick exchange never is. A
+ * hang-up is the job's own flag (*gone), as a stream's response sets it:
+ * stopped() reads one, and a later exchange of the request (a re-ask)
+ * stops at once. */
 static void look_at_client(lg__gw_http_t *x, uint64_t now) {
-  if (x->client_fd < 0 || x->client_left || now < x->client_due_ns) return;
+  if (x->client_fd < 0 || !x->gone || atomic_load(x->gone) || now < x->client_due_ns) return;
   x->client_due_ns = now + CLIENT_POLL_MS * 1000000u;
   struct pollfd p = {.fd = x->client_fd, .events = POLLRDHUP};
   if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
-    x->client_left = 1;
+    atomic_store(x->gone, 1);
 }
 
 static size_t on_body(char *p, size_t size, size_t nmemb, void *ud) {
@@ -460,7 +463,7 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *ud) {
 static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
   (void)dt, (void)dn, (void)ut, (void)un;
   lg__gw_http_t *x = ud;
-  look_at_client(x, lg__mono_ns());
+  if (!x->pausable) look_at_client(x, lg__mono_ns()); /* curl_easy_perform's: no loop of ours looks */
   return stopped(x);
 }
 
@@ -678,7 +681,6 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, x->method);
   x->errbuf[0] = 0;
   uint64_t t0 = lg__mono_ns();
-  x->client_left = 0;
   x->client_due_ns = t0 + CLIENT_POLL_MS * 1000000u;
   x->cc = perform(h, m, x);
   x->ns = lg__mono_ns() - t0;
@@ -712,7 +714,7 @@ int lg__gw_http_failure(const lg__gw_http_t *x) {
 
 int lg__gw_http_hung_up(const lg__gw_http_t *x) {
   if (x->cc == CURLE_OK || x->cut || (x->stop && atomic_load(x->stop))) return 0;
-  return x->client_left || (x->gone && atomic_load(x->gone));
+  return x->gone && atomic_load(x->gone);
 }
 
 void lg__gw_http_clear(lg__gw_http_t *x) { lg__buf_free(&x->body_out); }
