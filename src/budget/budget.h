@@ -42,8 +42,9 @@ int lg__budget_set_run_seq(lg_store_t *s, const char *id, int64_t run_seq, lg_er
 /* gate.c: the two halves of a model call's spend gate around the engine's
  * decision, for the decision step (src/step/) and lg_budget_model. */
 typedef struct lg__gate {
-  char **scopes;                /* the run's scopes (new) */
+  char **scopes;                /* the run's scopes, then the call's own (new) */
   size_t n;
+  size_t nrun;                  /* how many of them are the run's */
   int sp_open;                  /* a savepoint holds the reservation */
   int64_t run_seq;              /* the engine reservation expected */
   lg_budget_reservation_t resv; /* the shared reservation made */
@@ -57,6 +58,9 @@ int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run
                          lg_model_call_t *m, const char *const *extra, size_t nextra,
                          int64_t ttl_ms, int64_t now_ms, lg__gate_t *g, lg_budget_gate_t *out,
                          lg_error_t *err);
+/* Whether a refusal of lg__gate_model_begin names one of the run's own
+ * scopes (a limit that stops the run), not only one of `extra`. */
+int lg__gate_refused_by_run(const lg__gate_t *g, const lg_budget_refusal_t *r);
 /* After the engine decided (rc its return): keeps the reservation when
  * the call was let through, else undoes it. Returns rc or a store error. */
 int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,

@@ -47,6 +47,7 @@ int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run
   if (m->input_tokens < 0)
     return lg__err(err, LG_EINVAL, "input_tokens", -1, "input_tokens must not be negative");
   int rc = s ? lg__budget_run_scopes(s, lg_run_id(run), &g->scopes, &g->n, err) : 0;
+  g->nrun = g->n;
   if (!rc && s) rc = lg__budget_scopes_add(&g->scopes, &g->n, extra, nextra, err);
   if (rc) return rc;
 
@@ -87,6 +88,12 @@ int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run
     return rc;
   }
   g->sp_open = 1;
+  return 0;
+}
+
+int lg__gate_refused_by_run(const lg__gate_t *g, const lg_budget_refusal_t *r) {
+  for (size_t i = 0; i < g->nrun; i++)
+    if (!strcmp(g->scopes[i], r->scope)) return 1;
   return 0;
 }
 

@@ -654,7 +654,7 @@ static void step_error(lg__req_t *rq, const lg__step_t *st, int rc, lg_error_t *
   case LG__STEP_CONFLICT: lg__req_error(rq, 409, "conflict", e->field, "%s", msg); return;
   case LG__STEP_UNPRICED: lg__req_error(rq, 422, "unprocessable", e->field, "%s", msg); return;
   case LG__STEP_NO_RUN: lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id); return;
-  case LG__STEP_IN_FLIGHT: { /* too much in flight: 429, nothing changed */
+  case LG__STEP_REFUSED: { /* too much in flight: 429, nothing changed */
     char *body = lg__http_refusal_json(&st->refusal);
     lg__metrics_budget_refusal(&rq->srv->metrics, st->refusal.limit_source);
     if (!body) {

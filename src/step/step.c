@@ -165,11 +165,16 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
   if (rc == LG_BUDGET_REFUSED) {
     st->budget_refused = 1;
     st->refusal = out.refusal;
-    if (out.refusal.retry_after_s > 0) { /* too much in flight: nothing changed */
+    /* Too much in flight now, or a limit of the call's own scopes (a
+     * gateway key's, which the run does not keep: its next request may
+     * come with another key, or after the key's period resets): an
+     * error, nothing changed, as the gateway's check before the step
+     * answers it. */
+    if (out.refusal.retry_after_s > 0 || !lg__gate_refused_by_run(&g, &out.refusal)) {
       lg__gate_clear(&g);
-      return fail(st, LG__STEP_IN_FLIGHT, rc);
+      return fail(st, LG__STEP_REFUSED, rc);
     }
-    /* A limit: the run stops, and its trace says why. */
+    /* A limit of the run's own scopes: the run stops, and its trace says why. */
     *budget_meta = lg__budget_refusal_metadata_json(&out.refusal);
     int64_t t = st->ev.t_ms;
     memset(&st->ev, 0, sizeof st->ev);

@@ -23,7 +23,9 @@ typedef enum lg__step_fail {
   LG__STEP_BAD_EVENT,   /* malformed for this run (HTTP 400); err says why */
   LG__STEP_CONFLICT,    /* does not fit the run's state (409) */
   LG__STEP_UNPRICED,    /* a model call that cannot be priced (422) */
-  LG__STEP_IN_FLIGHT,   /* a shared budget's in-flight cap (429): nothing changed */
+  LG__STEP_REFUSED,     /* a shared budget refused and nothing changed (402, 403,
+                           429): an in-flight cap that is full now, or a
+                           limit of the call's own scopes (a gateway key's) */
   LG__STEP_NO_RUN,      /* the run is not stored (404) */
   LG__STEP_STORE        /* the store failed (500, or 503 when busy) */
 } lg__step_fail_t;

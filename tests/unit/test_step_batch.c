@@ -327,6 +327,54 @@ static int at_fault(void *ud, lg_store_t *s, const char *point) {
   return fault_point && !strcmp(point, fault_point) ? fault_rc : 0;
 }
 
+/* A limit that refuses a model call stops the run when the scope is the
+ * run's own; when it is only the call's own (a gateway key's, which the
+ * run does not keep), the call is refused and the run goes on as it was,
+ * as the gateway's check before the step leaves it (keys.c): the run's
+ * next request may come with another key, or after the key's period. */
+static void own_scope_refusal(void **state) {
+  (void)state;
+  lg_store_t *s = open_store();
+  lg_error_t e = {0};
+  /* 1 USD: the worst case of 1000 in + 1000 out of m (3 USD) does not fit */
+  assert_int_equal(lg_budget_set(s, "key:A", 1 * USD, LG_PERIOD_DAILY, -1, T0, NULL, &e), 0);
+  assert_int_equal(lg_budget_set(s, "key:B", 1 * USD, LG_PERIOD_DAILY, -1, T0, NULL, &e), 0);
+  create(s, "run-A", "{}");
+  create(s, "run-B", "{}");
+  lg_event_t evs[] = {model_ev("m", 1000, 1000), text_ev("Still going.")};
+  assert_int_equal(compare(s, "run-A", "run-B", evs, 2, T0 + 10), 0);
+  assert_int_equal(got_fail[0], LG__STEP_REFUSED);
+  assert_int_equal(got_fail[1], LG__STEP_OK);
+  assert_int_equal(reserved_micro(s, "key:B", T0 + 10), 0);
+  lg_run_record_t rb = {0};
+  assert_int_equal(lg_store_run_get(s, "run-B", &rb, NULL), 0);
+  assert_false(rb.stopped);
+  lg_run_record_clear(&rb);
+  char *tb = events_of(s, "run-B");
+  assert_null(strstr(tb, "\"type\":\"budget\""));
+  assert_non_null(strstr(tb, "Still going."));
+  free(tb);
+
+  /* key:B is also the run's own scope (stored when it was made): stopped */
+  lg_policy_t *p = lg_policy_parse("{}", 2, "test", &e);
+  lg_run_t *run = lg_run_new("run-C", NULL, p, NULL, NULL, &e);
+  assert_non_null(run);
+  assert_int_equal(lg__step_create(s, run, "{}", NULL, scope_b, 1, T0, NULL, &e), 0);
+  lg_run_free(run);
+  lg_policy_free(p);
+  lg_event_t ev = model_ev("m", 1000, 1000);
+  lg__step_t st;
+  init_on(&st, &ev, T0 + 20, "run-C");
+  assert_int_equal(lg__step_run(s, "run-C", &st, &e), 0);
+  assert_true(st.budget_refused);
+  assert_true(st.stopped_now);
+  lg__step_clear(&st);
+  char *tc = events_of(s, "run-C");
+  assert_non_null(strstr(tc, "\"type\":\"budget\",\"scope\":\"key:B\""));
+  free(tc);
+  lg_store_close(s);
+}
+
 static void store_writes(void **state) {
   (void)state;
   lg_store_t *s = open_store();
@@ -348,7 +396,7 @@ static void store_writes(void **state) {
   assert_int_equal(reserved_micro(s, "key:B", T0 + 10), 3 * USD); /* the one let through */
   assert_int_equal(got_ledger[0], LG_CLAIM_CLAIMED);
   assert_true(got_resv[1] > 0);
-  assert_int_equal(got_fail[2], LG__STEP_IN_FLIGHT);
+  assert_int_equal(got_fail[2], LG__STEP_REFUSED);
   assert_int_equal(got_fail[3], LG__STEP_UNPRICED);
   assert_int_equal(got_ledger[4], LG_CLAIM_IN_PROGRESS);
   long long first = got_resv[1];
@@ -568,6 +616,7 @@ int main(void) {
       cmocka_unit_test(stop_in_the_middle),
       cmocka_unit_test(deny_rule),
       cmocka_unit_test(store_writes),
+      cmocka_unit_test(own_scope_refusal),
       cmocka_unit_test(failed_after_the_engine),
       cmocka_unit_test(store_failure),
       cmocka_unit_test(results_read_late),
