@@ -1281,7 +1281,7 @@ typedef struct model_out {
 static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_t *e) {
   if (!rc) { /* a limit of the run's own scopes (the run stopped): an error all the same,
                * as gateway-v1 answers a shared budget (keys.c: metadata) */
-    lg__gw_keys_refusal(c->j, &st->refusal, NULL);
+    lg__gw_keys_refusal(c->cx, c->j, &st->refusal, NULL);
   } else if (st->fail == LG__STEP_UNPRICED) {
     lg__gw_error(c->j, 400, "invalid_request_error", "model_not_priced",
                  "loopguard: this model call cannot be priced, and the run has a cost cap or "
@@ -1289,7 +1289,7 @@ static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_
                  e->message);
   } else if (st->fail == LG__STEP_REFUSED) { /* the key's limit, an in-flight cap: the run as
                                                  it was (keys.c: metadata, Retry-After) */
-    lg__gw_keys_refusal(c->j, &st->refusal, NULL);
+    lg__gw_keys_refusal(c->cx, c->j, &st->refusal, NULL);
   } else {
     lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
                  e->message[0] ? e->message : lg_strerror(rc));

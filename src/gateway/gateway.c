@@ -1594,7 +1594,7 @@ static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void 
 /* What a decided step leaves in the metrics and the log. */
 static void note_step(lg_server_t *srv, const lg__step_t *st) {
   lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
-  if (st->budget_refused) lg__metrics_budget_refusal(&srv->metrics, st->refusal.limit_source);
+  /* a budget's refusal is counted where it is answered (lg__gw_keys_refusal) */
   if (!st->was_stopped && st->ledger_outcome >= 0)
     lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
   if (!st->was_stopped && st->stopped_now) {

@@ -475,6 +475,7 @@ int64_t lg__gw_keys_usage_cost(json_t *usage);
 /* A shared budget's refusal as the route's error, with metadata
  * (limit_source ...) and, for a 429, Retry-After; `message` (NULL: the
  * refusal's own) after "loopguard: ". */
-void lg__gw_keys_refusal(lg__gw_job_t *j, const lg_budget_refusal_t *r, const char *message);
+void lg__gw_keys_refusal(lg__gw_ctx_t *cx, lg__gw_job_t *j, const lg_budget_refusal_t *r,
+                         const char *message);
 
 #endif

@@ -60,7 +60,11 @@ static void put_meta(lg__gw_job_t *j, const char *meta) {
   lg__buf_printf(&j->out, ",\"metadata\":%s}}", meta);
 }
 
-void lg__gw_keys_refusal(lg__gw_job_t *j, const lg_budget_refusal_t *r, const char *message) {
+/* Every refusal by a budget the gateway answers (its check before the
+ * step, the step's own): answered and counted here, once. */
+void lg__gw_keys_refusal(lg__gw_ctx_t *cx, lg__gw_job_t *j, const lg_budget_refusal_t *r,
+                         const char *message) {
+  lg__metrics_budget_refusal(&cx->srv->metrics, r->limit_source);
   int status = lg__http_refusal_status(r);
   char *meta = lg__budget_refusal_metadata_json(r);
   lg__gw_error(j, status, status == 429 ? "rate_limit_error" : "insufficient_quota",
@@ -308,7 +312,8 @@ static void usd(char *buf, size_t n, int64_t micro) {
 }
 
 /* The refusal of a request whose worst case does not fit in budget b. */
-static void refuse(lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd, int64_t fits) {
+static void refuse(lg__gw_ctx_t *cx, lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd,
+                   int64_t fits) {
   lg_budget_refusal_t r;
   memset(&r, 0, sizeof r);
   r.kind = lg_budget_scope_kind(b->scope);
@@ -334,7 +339,7 @@ static void refuse(lg__gw_job_t *j, const lg_budget_t *b, int64_t worst_nusd, in
     size_t l = strlen(msg);
     snprintf(msg + l, sizeof msg - l, "; a max_tokens of %lld would fit", (long long)fits);
   }
-  lg__gw_keys_refusal(j, &r, msg);
+  lg__gw_keys_refusal(cx, j, &r, msg);
   if (fits > 0 && j->kind != LG__GW_MESSAGES && j->out.len > 3) {
     j->out.len -= 3; /* inside metadata: before "}}}" */
     lg__buf_printf(&j->out, ",\"max_affordable_tokens\":%lld}}}", (long long)fits);
@@ -383,7 +388,7 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
       want = fits; /* no max_tokens asked: the most that fits */
       continue;
     }
-    refuse(j, &ss.b[i], worst, fits);
+    refuse(cx, j, &ss.b[i], worst, fits);
     done = 1;
   }
   /* The bound the reservation priced goes upstream, so that the answer

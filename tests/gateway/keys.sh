@@ -229,6 +229,12 @@ b=$(chat "$K1b" "{\"model\":\"finish\",$MSG}")
 [ "$(st)" = 401 ] && echo "$b" | grep -q disabled || fail "a disabled key: $(st) $b"
 
 note "402 key_limit with max_affordable_tokens; that max_tokens goes through"
+# loopguard_budget_refusals_total{limit_source} counts every refusal the
+# gateway answers (until session 30 only those its step decided: none of
+# these four)
+refusals() { op GET /metrics | awk -v s="loopguard_budget_refusals_total{limit_source=\"$1\"}" '$1 == s {print $2}'; }
+declare -A REF0=()
+for s in key_limit workspace_budget in_flight_budget; do REF0[$s]=$(refusals "$s"); done
 # 0.003 USD = 3000 micro: 50 output tokens (5000) do not fit, about 20 do.
 read -r K2 H2 < <(newkey '{"name":"tight","limit_usd":0.003}')
 b=$(chat "$K2" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
@@ -268,6 +274,10 @@ wait "$SLOW"
 [ "$(st)" = 429 ] || fail "429 expected: $(st) $b"
 [ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = in_flight_budget ] || fail "limit_source: $b"
 [ -n "$(hdr Retry-After)" ] && [ "$(hdr Retry-After)" -ge 1 ] || fail "no Retry-After: $(cat "$TMP/hd")"
+for s in key_limit:2 workspace_budget:1 in_flight_budget:1; do
+  n=$(( $(refusals "${s%:*}") - ${REF0[${s%:*}]} ))
+  [ "$n" = "${s#*:}" ] || fail "loopguard_budget_refusals_total{limit_source=\"${s%:*}\"} counted $n refusals, not ${s#*:}"
+done
 
 note "429 rate limit with Retry-After"
 read -r K5 H5 < <(newkey '{"name":"ratey","rate_limit_per_min":2,"models":["finish"]}')
