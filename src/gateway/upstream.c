@@ -96,6 +96,40 @@ static int upstream_cas(lg__gw_upstream_t *u, const char *ca_file, const char *w
   return 0;
 }
 
+/* A base URL the API's paths can be appended to: http:// or https://, a
+ * host, a port libcurl takes, no query nor fragment (the path goes after
+ * the base, so "?x=1" would end up before it, and "#x" would drop it).
+ * Caught at the start: it failed every request with a 502 before. */
+static int check_url(const char *url, const char *field, lg_error_t *err) {
+  if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
+    return lg__err(err, LG_EINVAL, field, -1, "\"%s\" is not an http:// or https:// URL", url);
+  CURLU *u = curl_url();
+  if (!u) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  char *host = NULL, *query = NULL, *frag = NULL;
+  CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
+  if (!uc) uc = curl_url_get(u, CURLUPART_HOST, &host, 0);
+  int rc = 0;
+  const char *at = strstr(url, "://") + 3; /* libcurl reads "http:///v1" as the host v1 */
+  if (uc == CURLUE_NO_HOST || strchr("/?#", *at) || (!uc && (!host || !*host)))
+    rc = lg__err(err, LG_EINVAL, field, -1, "\"%s\" has no host (for example http://127.0.0.1:9000/v1)", url);
+  else if (uc)
+    rc = lg__err(err, LG_EINVAL, field, -1, "\"%s\" is not a URL libcurl can use: %s", url,
+                 curl_url_strerror(uc));
+  else if (curl_url_get(u, CURLUPART_QUERY, &query, 0) == CURLUE_OK && query)
+    rc = lg__err(err, LG_EINVAL, field, -1,
+                 "\"%s\" has a query (?%s): the API's path (/chat/completions, ...) is added "
+                 "after the base URL, so a base URL ends with its path",
+                 url, query);
+  else if (curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK && frag)
+    rc = lg__err(err, LG_EINVAL, field, -1,
+                 "\"%s\" has a fragment (#%s): a base URL ends with its path", url, frag);
+  curl_free(host);
+  curl_free(query);
+  curl_free(frag);
+  curl_url_cleanup(u);
+  return rc;
+}
+
 static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, const char *url,
                         int api, const char *key_env, int64_t timeout_ms, const char *ca_file,
                         const char *where, lg_error_t *err) {
@@ -103,8 +137,7 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   int flag = !strncmp(where, "--", 2);
   snprintf(ufield, sizeof ufield, flag ? "%s" : "%s.base_url", where);
   snprintf(kfield, sizeof kfield, "%s.api_key_env", where);
-  if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
-    return lg__err(err, LG_EINVAL, ufield, -1, "\"%s\" is not an http:// or https:// URL", url);
+  if (check_url(url, ufield, err)) return LG_EINVAL;
   for (size_t i = 0; i < cfg->nup; i++)
     if (strlen(cfg->up[i].name) == nlen && !memcmp(cfg->up[i].name, name, nlen))
       return lg__err(err, LG_EINVAL, where, -1, "upstream \"%.*s\" is given twice", (int)nlen, name);

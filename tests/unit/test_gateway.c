@@ -49,6 +49,36 @@ static void flags(void **state) {
   assert_int_equal(lg__gw_config_load(&cfg, bad, 1, NULL, &e), LG_EINVAL);
   assert_non_null(strstr(e.message, "ftp://x"));
   lg__gw_config_clear(&cfg);
+
+  /* a base URL every request would fail on is refused at the start, the
+   * flag named and what is wrong said (until session 30 "http://" and
+   * "http:///v1", an empty $HOST in a script, started a gateway that
+   * answered every request 502) */
+  static const struct {
+    const char *url, *says;
+  } urls[] = {
+      {"http://", "has no host"},
+      {"http:///v1", "has no host"},
+      {"https://:443/v1", "has no host"},
+      {"http://h:99999/v1", "Port number"},
+      {"http://[::1/v1", "IPv6"},
+      {"http://exa mple/v1", "libcurl"},
+      {"http://h/v1?api-version=1", "has a query (?api-version=1)"},
+      {"http://h/v1#x", "has a fragment"},
+  };
+  for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
+    memset(&e, 0, sizeof e);
+    if (lg__gw_config_load(&cfg, &urls[i].url, 1, NULL, &e) != LG_EINVAL)
+      fail_msg("%s was taken", urls[i].url);
+    assert_string_equal(e.field, "--upstream");
+    if (!strstr(e.message, urls[i].says)) fail_msg("%s: %s", urls[i].url, e.message);
+    lg__gw_config_clear(&cfg);
+  }
+  const char *ok[] = {"http://[::1]:8080/v1", "https://api.openai.com/v1/", "http://localhost"};
+  for (size_t i = 0; i < 3; i++) {
+    assert_int_equal(lg__gw_config_load(&cfg, &ok[i], 1, NULL, &e), 0);
+    lg__gw_config_clear(&cfg);
+  }
 }
 
 static void file_and_routes(void **state) {
@@ -95,6 +125,8 @@ static void file_errors(void **state) {
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"key\": 1}}}", "upstreams.a.key"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"api_key_env\": \"LG_TEST_GW_UNSET\"}}}", "upstreams.a.api_key_env"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"ftp://x/v1\"}}}", "upstreams.a.base_url"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"https:///v1\"}}}", "upstreams.a.base_url"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1?key=1\"}}}", "upstreams.a.base_url"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"ca_file\": 7}}}", "upstreams.a.ca_file"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"ca_file\": \"/nonexistent/ca.pem\"}}}", "upstreams.a.ca_file"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"ca_file\": \"/tmp\"}}}", "upstreams.a.ca_file"},
