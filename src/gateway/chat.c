@@ -1274,6 +1274,8 @@ typedef struct model_out {
   int stop;                   /* the model call was refused: stop */
   int error;                  /* an error was answered */
   int64_t reservation;
+  int64_t worst_nusd;         /* the worst case it was let through on (-1: unpriced) */
+  int64_t max_tokens;         /*   its output tokens (-1: unbounded) */
 } model_out_t;
 
 /* A model event the step did not decide, or a shared budget refused:
@@ -1369,6 +1371,8 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   } else {
     const char *rid = a ? sget(a, "reservation_id") : NULL;
     mo.reservation = rid ? strtoll(rid, NULL, 10) : 0;
+    mo.worst_nusd = st.ev.u.model.m.cost_nusd; /* the gate's worst case (gate.c) */
+    mo.max_tokens = mx;
     c->r->turn++;
     model_cascade(c, a);
   }
@@ -1378,16 +1382,32 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   return mo;
 }
 
-static void usage_event(chat_t *c, int64_t resv, json_t *usage, int failed, size_t body_len) {
+/* What a model call's usage is made of. */
+enum usage_from {
+  USAGE_ANSWER, /* the answer's usage (NULL: the input's bytes, no output) */
+  USAGE_NONE,   /* the provider answered an error or nothing: nothing charged */
+  USAGE_LOST    /* a whole answer the upstream lost after its 200 (the
+                   connection broke, a timeout, past the answer's bound): a
+                   provider bills the answer it generated, whose size is
+                   not known here, so the call is charged the worst case it
+                   was let through on (until session 30: nothing) */
+};
+
+static void usage_event(chat_t *c, const model_out_t *mo, json_t *usage, enum usage_from from,
+                        size_t body_len) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_USAGE;
-  ev.u.usage.reservation = resv;
+  ev.u.usage.reservation = mo->reservation;
   json_t *pt = json_object_get(usage, "prompt_tokens"), *ct = json_object_get(usage, "completion_tokens");
   if (!pt) pt = json_object_get(usage, "input_tokens");
   if (!ct) ct = json_object_get(usage, "output_tokens");
-  if (failed) { /* the provider answered an error or nothing: nothing charged */
+  if (from == USAGE_NONE) {
     ev.u.usage.cost_nusd = 0;
+  } else if (from == USAGE_LOST) {
+    ev.u.usage.input_tokens = (int64_t)body_len;
+    ev.u.usage.output_tokens = mo->max_tokens > 0 ? mo->max_tokens : 0;
+    ev.u.usage.cost_nusd = mo->worst_nusd;
   } else {
     ev.u.usage.input_tokens = json_is_integer(pt) ? json_integer_value(pt) : (int64_t)body_len;
     /* Anthropic counts the input read from and written to its prompt
@@ -2003,6 +2023,17 @@ static int plain_decide(chat_t *c, json_t *resp, json_t *msg, const lg__buf_t *r
   return done;
 }
 
+/* What the usage of an answer that is not streamed, and not decided on,
+ * is made of (rc: the exchange's). */
+static enum usage_from plain_usage_from(int rc, const lg__gw_http_t *x, const json_t *resp) {
+  if (x->status != 200) return USAGE_NONE; /* an error, or no answer */
+  if (rc) /* after its 200: the upstream's failure was billed all the same; a
+           * request that died (its client left, the server stopped) is
+           * released, not charged (gateway-v1, "Keys") */
+    return lg__gw_http_failure(x) != LG__GW_UP_OK ? USAGE_LOST : USAGE_NONE;
+  return resp ? USAGE_ANSWER : USAGE_NONE; /* no JSON: no answer (a web page where an API was meant) */
+}
+
 /* One model call, not streamed: 1 answered, 0 ask again (a re-ask),
  * MENDED the same again (refused_added). */
 static int plain_exchange(chat_t *c, int ask) {
@@ -2020,10 +2051,10 @@ static int plain_exchange(chat_t *c, int ask) {
   c->cur_resp_id = sget(resp, "id");
   int done = 1;
   if (!rc && refused_added(c, &x)) {
-    usage_event(c, mo.reservation, NULL, 1, blen);
+    usage_event(c, &mo, NULL, USAGE_NONE, blen);
     done = MENDED;
   } else if (rc || x.status != 200 || !msg) {
-    usage_event(c, mo.reservation, NULL, rc || x.status != 200, blen);
+    usage_event(c, &mo, json_object_get(resp, "usage"), plain_usage_from(rc, &x, resp), blen);
     if (rc) lg__gw_upstream_failed(j, &x);
     else if (x.status != 200) lg__gw_upstream_answer(j, &x); /* the provider's error, as sent */
     else if (!resp)
@@ -2032,7 +2063,7 @@ static int plain_exchange(chat_t *c, int ask) {
     if (rc || x.status != 200 || !resp) lg__gw_answer(j);
     else answer_json_obj(c, NULL, &x.body_out, 0); /* not ours to judge: as it is */
   } else {
-    usage_event(c, mo.reservation, json_object_get(resp, "usage"), 0, blen);
+    usage_event(c, &mo, json_object_get(resp, "usage"), USAGE_ANSWER, blen);
     done = plain_decide(c, resp, msg, &x.body_out, ask);
   }
   settle_usage(c); /* when no step came after it */
@@ -2367,14 +2398,14 @@ static void cut_told(chat_t *c, json_t *u) {
  * them); else what it had sent, at most (cut_usage), as a provider bills
  * a stream that broke, or whose client hung up, for what it generated.
  * Settled at 0 until session 28. */
-static void failed_usage(chat_t *c, int64_t resv, const lg__gw_http_t *x, size_t blen) {
+static void failed_usage(chat_t *c, const model_out_t *mo, const lg__gw_http_t *x, size_t blen) {
   if (x->status != 200 ||
       !(c->text.len || c->held_bytes || json_is_integer(json_object_get(c->usage, "input_tokens")))) {
-    usage_event(c, resv, NULL, 1, blen);
+    usage_event(c, mo, NULL, USAGE_NONE, blen);
     return;
   }
   json_t *u = cut_usage(c, blen);
-  usage_event(c, resv, u, 0, blen);
+  usage_event(c, mo, u, USAGE_ANSWER, blen);
   json_decref(u);
 }
 
@@ -2395,26 +2426,26 @@ static int stream_exchange(chat_t *c, int ask) {
   int done = 1;
   if (c->cut) { /* a text loop: the upstream's stream was aborted */
     json_t *u = cut_usage(c, blen);
-    usage_event(c, mo.reservation, u, 0, blen);
+    usage_event(c, &mo, u, USAGE_ANSWER, blen);
     cut_told(c, u);
     json_decref(u);
     if (c->cut == 2) answer_final(c, is_responses(c) || is_anthropic(c) ? NULL : c->last_chunk);
     else end_api_stream(c);
   } else if (!rc && x.status == 200 && (c->saw_done || (c->api == LG__GW_API_OPENAI && c->finish))) {
     json_t *u = c->usage ? json_incref(c->usage) : cut_usage(c, blen); /* none sent: at most */
-    usage_event(c, mo.reservation, u, 0, blen);
+    usage_event(c, &mo, u, USAGE_ANSWER, blen);
     json_decref(u);
     lg__gwc_begin_stream(c);
     done = stream_finish(c, ask);
     if (done == 1) end_api_stream(c);
   } else if (c->streamed) { /* the upstream failed mid-stream */
-    failed_usage(c, mo.reservation, &x, blen);
+    failed_usage(c, &mo, &x, blen);
     if (!atomic_load(&j->s_gone) && !c->saw_error) stream_error(c, &x, rc);
   } else if (!rc && refused_added(c, &x)) {
-    usage_event(c, mo.reservation, NULL, 1, blen);
+    usage_event(c, &mo, NULL, USAGE_NONE, blen);
     done = MENDED;
   } else { /* nothing was sent to the client: an error of its API */
-    failed_usage(c, mo.reservation, &x, blen);
+    failed_usage(c, &mo, &x, blen);
     if (rc) lg__gw_upstream_failed(j, &x);
     else if (x.status != 200) lg__gw_upstream_answer(j, &x);
     else

@@ -36,7 +36,9 @@
 //   busy        429 with Retry-After: 7 and the API's rate-limit error
 //   garbage     answers 200 with a body that is not JSON
 //   garbage-stream  answers 200 text/event-stream with events that are not JSON
-//   cutoff      streams a few words of text, then drops the connection
+//   cutoff      streams a few words of text, then drops the connection; not
+//               streamed (Chat Completions): a 200 and half its body, then
+//               drops the connection (cutoff-slow: the rest after 3 s)
 //   queued      (Chat Completions, stream) three SSE comments 300 ms apart, as
 //               OpenRouter keeps a queued request alive, then "Done."
 //   slow-call   (Chat Completions, stream) a write whose arguments come in 8
@@ -319,6 +321,17 @@ function reply(res, req) {
       if (!res.destroyed) res.end(chunk({}) + 'data: [DONE]\n\n');
     };
     return more();
+  }
+  if ((req.model || '').startsWith('cutoff') && !req.stream) { // a 200, half its body, a dropped connection
+    const full = JSON.stringify({ id: 'chatcmpl-cut', object: 'chat.completion', created: 1, model: req.model,
+      choices: [{ index: 0, message: { role: 'assistant', content: 'Partial answer then more' }, logprobs: null, finish_reason: 'stop' }],
+      usage: { prompt_tokens: 5, completion_tokens: 5, total_tokens: 10 } });
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(full) });
+    res.write(full.slice(0, full.length >> 1));
+    if (req.model.startsWith('cutoff-slow')) // the rest after 3 s
+      return setTimeout(() => { if (!res.destroyed) res.end(full.slice(full.length >> 1)); }, 3000);
+    setTimeout(() => res.destroy(), 50);
+    return;
   }
   if ((req.model || '').startsWith('flood')) { // past the gateway's bound (guard.sh sets 1 MiB)
     const pad = 'x'.repeat(2 << 20);

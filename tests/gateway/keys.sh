@@ -50,6 +50,8 @@ cat >"$TMP/prices.json" <<'JSON'
             "costly": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "finish-o3": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "overload": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "cutoff":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "cutoff-slow": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "drip-long": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
 OP=operator-token-0123456789
@@ -190,6 +192,27 @@ unreserved() {
   done
   fail "$1: left reserved: $b"
 }
+
+note "a whole answer lost after its 200 (not streamed, the connection dropped): 502, charged its worst case, nothing left reserved"
+before=$(spent "$H1")
+body="{\"model\":\"cutoff\",\"max_tokens\":20,$MSG}"
+b=$(chat "$K1" "$body")
+[ "$(st)" = 502 ] || fail "cutoff, not streamed: $(st) $b"
+b=$(op GET "/v1/budgets/key:$H1")
+[ "$(echo "$b" | get 'd["reserved_usd"] == 0')" = true ] || fail "cutoff, not streamed: left reserved: $b"
+# the worst case: the body's bytes as input tokens (1 micro-dollar each) and
+# max_tokens at 100 each; until session 30 it was charged nothing
+worst=$(python3 -c "print(${#body} + 20 * 100)")
+got=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
+[ "$got" = "$worst" ] ||
+  fail "cutoff, not streamed: charged $got micro-dollars, not its worst case ($worst)"
+# the same answer cut by its client instead (half its body came, the rest
+# would after 3 s): a request that died is released, not charged (gateway-v1)
+before=$(spent "$H1")
+curl -s --max-time 0.8 -o /dev/null -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
+  -d "{\"model\":\"cutoff-slow\",\"max_tokens\":20,$MSG}" "$gw_URL/v1/chat/completions"
+unreserved "cutoff-slow, its client gone"
+[ "$(spent "$H1")" = "$before" ] || fail "cutoff-slow, its client gone: charged $before -> $(spent "$H1")"
 
 note "a client that hangs up mid-stream: the upstream request ends, nothing left reserved, the words it got charged"
 before=$(spent "$H1")
