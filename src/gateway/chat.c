@@ -1095,7 +1095,7 @@ static int steered(chat_t *c, json_t *m) {
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
-      own_prev(c))
+      c->root_replaced || own_prev(c))
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
   if (model && (!asked || strcmp(model, asked))) return 0;
@@ -2469,6 +2469,33 @@ static void run_calls(chat_t *c) {
 
 /* ---- the route ---- */
 
+/* The members the guard reads as the upstream will, checked as providers
+ * check them: `stream` a boolean (the guard reads a stream or a JSON
+ * answer by it: "stream": 1, which a lenient server takes for true, was
+ * read as false and its stream answered 502 after the call was paid),
+ * the max tokens and `n` whole numbers (the worst case is priced on
+ * them). null is as absent. 1: answered 400. */
+static int bad_member(chat_t *c) {
+  json_t *v = json_object_get(c->root, "stream");
+  if (v && !json_is_boolean(v) && !json_is_null(v)) {
+    lg__gw_error(c->j, 400, "invalid_request_error", "invalid_type", "stream: expected true or false");
+    return 1;
+  }
+  static const struct {
+    const char *name;
+    json_int_t least;
+  } counts[] = {{"max_tokens", 0}, {"max_completion_tokens", 0}, {"max_output_tokens", 0}, {"n", 1}};
+  for (size_t i = 0; i < LG__ARRAY_LEN(counts); i++) {
+    v = json_object_get(c->root, counts[i].name);
+    if (v && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < counts[i].least)) {
+      lg__gw_error(c->j, 400, "invalid_request_error", "invalid_value",
+                   "%s: expected a whole number of at least %d", counts[i].name, (int)counts[i].least);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* The request's body parsed and checked. 0, or an error answered into j. */
 static int parse_request(chat_t *c) {
   lg__gw_job_t *j = c->j;
@@ -2501,6 +2528,7 @@ static int parse_request(chat_t *c) {
                  is_responses(c) ? "input" : "messages");
     return -1;
   }
+  if (bad_member(c)) return -1;
   if (is_responses(c) && json_is_true(json_object_get(c->root, "background"))) {
     /* its answer is polled for (GET /v1/responses/{id}, passed through):
      * its calls would not be decided, nor its cost counted */
@@ -2684,9 +2712,13 @@ static int feed_new(chat_t *c) {
 /* The key's checks (keys.c); a max_tokens it filled in is written in
  * front of the client's bytes (client_bytes). */
 static int keys_model(chat_t *c) {
+  static const char *const bounds[] = {"max_completion_tokens", "max_tokens", "max_output_tokens"};
+  int had[3];
+  for (int i = 0; i < 3; i++) had[i] = json_object_get(c->root, bounds[i]) != NULL; /* null */
   const char *added = NULL;
   int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len, &added);
   if (added) c->root_added = added;
+  for (int i = 0; added && i < 3; i++) c->root_replaced |= had[i] && !strcmp(added, bounds[i]);
   return rc;
 }
 

@@ -69,6 +69,9 @@ typedef struct chat {
   int final_round;            /* building gateway.final_round's body: tools off */
   const char *root_added;     /* the member keys.c added to root (max_tokens), else NULL: sent
                                  in front of the client's bytes (client_bytes) */
+  int root_replaced;          /* it replaced the client's own null: the body is built, since
+                                 its bytes would send the null after the bound, and a JSON
+                                 reader takes the last of a repeated member */
   size_t body_reals;          /* the real numbers of the client's body */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg__step_t use;             /* the answer's usage, decided with the step(s) */

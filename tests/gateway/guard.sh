@@ -312,6 +312,25 @@ code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_c
 [ "$code" = 413 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "request_too_large"]' ] || fail "413 messages: $code $(cat "$TMP/e.json")"
 
 note "a malformed body: 400 in each API's shape"
+# the members the guard reads as the provider will: a stream that is not a
+# boolean (read as false, a lenient server's stream was a 502 after the
+# call was paid), max tokens and n that are not whole numbers
+for m in '"stream":1' '"stream":"yes"' '"max_tokens":1e3' '"max_tokens":-5' '"n":0' '"max_completion_tokens":"9"'; do
+  for api in chat messages; do
+    path=chat/completions; [ $api = messages ] && path=messages
+    before=$(stats 'd["requests"]')
+    code=$(curl -s -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01' -o "$TMP/e.json" -w '%{http_code}' \
+      -d "{\"model\":\"finish\",$m,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}" "$g_URL/v1/$path")
+    [ "$code" = 400 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "^$(echo "$m" | cut -d'"' -f2): expected" ||
+      fail "$m on $api: $code $(cat "$TMP/e.json")"
+    [ "$(stats 'd["requests"]')" = $((before + 1)) ] || fail "$m on $api: sent upstream" # (+ the look at stats)
+  done
+done
+for m in '"stream":null' '"max_tokens":null' '"n":null'; do
+  code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
+    -d "{\"model\":\"finish\",$m,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}" "$g_URL/v1/chat/completions")
+  [ "$code" = 200 ] || fail "$m (as absent): $code $(cat "$TMP/e.json")"
+done
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$g_URL/v1/responses")
 [ "$code" = 400 ] && [ "$(get 'd["error"]["type"], d["error"]["code"]' <"$TMP/e.json")" = '["invalid_request_error", "invalid_json"]' ] || fail "malformed responses: $code $(cat "$TMP/e.json")"
 

@@ -120,6 +120,14 @@ b=$(chat "$K1" "$raw")
 [ "$(st)" = 200 ] || fail "a key's request with white space: $(st) $b"
 up=$(curl -s "$FAKE/stats" | get 'd["raw"][-1]')
 [ "$up" = "{\"max_tokens\":50,${raw#\{}" ] || fail "the upstream did not get the client's bytes and max_tokens: $up"
+# "max_tokens": null is no bound: the key's goes upstream in its place, not
+# in front of the null (a JSON reader takes the last of a repeated member:
+# until session 30 the answer went unbounded past its reservation)
+b=$(chat "$K1" "{\"model\":\"finish\",\"max_tokens\":null,$MSG}")
+[ "$(st)" = 200 ] || fail "max_tokens null: $(st) $b"
+up=$(curl -s "$FAKE/stats" | get 'd["raw"][-1]')
+[ "$(echo "$up" | get 'd["max_tokens"]')" = 50 ] && [ "$(echo "$up" | grep -o '"max_tokens"' | wc -l)" = 1 ] ||
+  fail "max_tokens null: the upstream got $up"
 s=$(spent "$H1")
 [ "$(python3 -c "print(float('$s') > 0)")" = True ] || fail "no spend on the key: $s"
 self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
