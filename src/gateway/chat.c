@@ -1275,6 +1275,7 @@ typedef struct model_out {
   int error;                  /* an error was answered */
   int64_t reservation;
   int64_t worst_nusd;         /* the worst case it was let through on (-1: unpriced) */
+  int64_t input_tokens;       /*   its input tokens, */
   int64_t max_tokens;         /*   its output tokens (-1: unbounded) */
 } model_out_t;
 
@@ -1332,9 +1333,25 @@ static void model_cascade(chat_t *c, json_t *a) {
   c->j->upstream = c->ui;
 }
 
+/* The input a model call is billed at most, in tokens: its body's bytes
+ * (a token is at least one byte), and, for a Responses request that
+ * continues a conversation the upstream stores (previous_response_id,
+ * conversation, a re-ask continuing the answer just made), what that
+ * conversation holds: the upstream bills it as input again. Known for the
+ * answers this gateway relayed on the run (their usage: the most of them);
+ * one it never saw (made directly, before a restart, a run evicted) counts
+ * as nothing, as before session 30. */
+static int64_t input_bound(const chat_t *c, size_t body_len) {
+  int64_t n = (int64_t)body_len;
+  if (is_responses(c) && (c->prev_id || c->conv_id || c->reask_prev) && c->r->stored_tokens > 0 &&
+      c->r->stored_tokens <= INT64_MAX / 2)
+    n += c->r->stored_tokens;
+  return n;
+}
+
 /* The model call as a model event, before it is made: its worst case is
- * body_len bytes of input (a token is at least one byte) plus the
- * client's max tokens, priced as the model it goes to. */
+ * input_bound's input plus the client's max tokens, priced as the model
+ * it goes to. */
 static model_out_t model_event(chat_t *c, size_t body_len) {
   model_out_t mo = {0};
   json_t *mt = json_object_get(c->root, "max_completion_tokens");
@@ -1345,7 +1362,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   ev.type = LG_EV_MODEL;
   ev.u.model.m.model = c->r->esc_left > 0 && c->r->esc_model ? c->r->esc_model : c->base_model;
   ev.u.model.m.turn = c->r->turn + 1;
-  ev.u.model.m.input_tokens = (int64_t)body_len;
+  ev.u.model.m.input_tokens = input_bound(c, body_len);
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   int64_t mx = json_is_integer(mt) ? json_integer_value(mt) : -1, n = lg__gw_choices(c->j, c->root);
   if (n > 1 && mx < 0) mx = lg__gw_output_cap(pr, ev.u.model.m.model, (int64_t)body_len);
@@ -1372,6 +1389,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
     const char *rid = a ? sget(a, "reservation_id") : NULL;
     mo.reservation = rid ? strtoll(rid, NULL, 10) : 0;
     mo.worst_nusd = st.ev.u.model.m.cost_nusd; /* the gate's worst case (gate.c) */
+    mo.input_tokens = ev.u.model.m.input_tokens;
     mo.max_tokens = mx;
     c->r->turn++;
     model_cascade(c, a);
@@ -1405,7 +1423,7 @@ static void usage_event(chat_t *c, const model_out_t *mo, json_t *usage, enum us
   if (from == USAGE_NONE) {
     ev.u.usage.cost_nusd = 0;
   } else if (from == USAGE_LOST) {
-    ev.u.usage.input_tokens = (int64_t)body_len;
+    ev.u.usage.input_tokens = mo->input_tokens;
     ev.u.usage.output_tokens = mo->max_tokens > 0 ? mo->max_tokens : 0;
     ev.u.usage.cost_nusd = mo->worst_nusd;
   } else {
@@ -1420,6 +1438,10 @@ static void usage_event(chat_t *c, const model_out_t *mo, json_t *usage, enum us
         ev.u.usage.input_tokens += v;
     }
     ev.u.usage.output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
+    if (is_responses(c) && ev.u.usage.input_tokens >= 0 && ev.u.usage.output_tokens >= 0 &&
+        ev.u.usage.input_tokens <= INT64_MAX / 4 && ev.u.usage.output_tokens <= INT64_MAX / 4 &&
+        ev.u.usage.input_tokens + ev.u.usage.output_tokens > c->r->stored_tokens)
+      c->r->stored_tokens = ev.u.usage.input_tokens + ev.u.usage.output_tokens; /* input_bound */
     /* usage.cost when the upstream reports one (USD; charged at most the
      * reservation), else from the price table, else the worst case */
     ev.u.usage.cost_nusd = lg__gw_keys_usage_cost(usage);
@@ -2716,7 +2738,8 @@ static int keys_model(chat_t *c) {
   int had[3];
   for (int i = 0; i < 3; i++) had[i] = json_object_get(c->root, bounds[i]) != NULL; /* null */
   const char *added = NULL;
-  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, c->j->body_len, &added);
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, (size_t)input_bound(c, c->j->body_len),
+                             &added);
   if (added) c->root_added = added;
   for (int i = 0; added && i < 3; i++) c->root_replaced |= had[i] && !strcmp(added, bounds[i]);
   return rc;

@@ -252,6 +252,9 @@ typedef struct lg__gw_run {
   char *text_steer;           /* a text loop's steer message, for the model */
   size_t text_steer_at;       /* the client message it is said with (SIZE_MAX: the next request's last) */
   int64_t turn;               /* model turns so far */
+  int64_t stored_tokens;      /* Responses: the most tokens an answer of the run left in the
+                                 upstream's stored conversation (its input + output), which a
+                                 request continuing it is billed again as input (chat.c) */
   uint64_t last_hash;         /* the last answered request, for retries */
   int64_t last_ms;
   lg__buf_t last_body;

@@ -207,6 +207,20 @@ for n in 1 3; do
   worst=$(curl -sf "$g_URL/v1/runs/choices-$n/trace" | grep '"type":"model"' | get 'd["max_tokens"]')
   [ "$worst" = $((100 * n)) ] || fail "n=$n, max_tokens 100: the worst case's max_tokens is $worst"
 done
+# A Responses request that continues a conversation the upstream stores
+# (previous_response_id) is billed what that conversation holds again, as
+# input: its worst case counts it (the answer's usage: input + output;
+# until session 30 only the request's bytes)
+curl -sf -o "$TMP/r1.json" -H 'content-type: application/json' -H "X-Loopguard-Run: stored" \
+  -d '{"model":"finish","input":"hello"}' "$g_URL/v1/responses" || fail "stored: the first request failed"
+held=$(get 'd["usage"]["input_tokens"] + d["usage"]["output_tokens"]' <"$TMP/r1.json")
+# (it asked for a call: the continuation brings its output)
+body2="{\"model\":\"finish\",\"previous_response_id\":\"$(get 'd["id"]' <"$TMP/r1.json")\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"$(get 'd["output"][0]["call_id"]' <"$TMP/r1.json")\",\"output\":\"{}\"}]}"
+curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: stored" -d "$body2" \
+  "$g_URL/v1/responses" || fail "stored: the continuation failed"
+worst=$(curl -sf "$g_URL/v1/runs/stored/trace" | grep '"type":"model"' | tail -n 1 | get 'd["input_tokens"]')
+[ "$worst" = $((${#body2} + held)) ] ||
+  fail "stored: the continuation's worst case counts $worst input tokens, not its ${#body2} bytes and the $held held"
 # A stream without stream_options: the usage chunk (which settles the cost)
 # asked for in front of the client's bytes, the rest as they came.
 got=$(sent_raw chat/completions "$TMP/raw-stream.json" raw-stream)
