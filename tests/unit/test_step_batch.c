@@ -300,6 +300,16 @@ static lg_event_t usage_ev(int64_t reservation, int64_t in, int64_t out) {
 
 #define USD 1000000LL
 
+/* run-A and run-B with policy, and key:A's and key:B's budgets alike:
+ * daily limit, max_in_flight (< 0: none). */
+static void two_runs(lg_store_t *s, int64_t limit, int64_t in_flight, const char *policy) {
+  lg_error_t e = {0};
+  assert_int_equal(lg_budget_set(s, "key:A", limit, LG_PERIOD_DAILY, in_flight, T0, NULL, &e), 0);
+  assert_int_equal(lg_budget_set(s, "key:B", limit, LG_PERIOD_DAILY, in_flight, T0, NULL, &e), 0);
+  create(s, "run-A", policy);
+  create(s, "run-B", policy);
+}
+
 /* key:A's and key:B's budgets agree (what each run's events did to them). */
 static void same_budgets(lg_store_t *s, int64_t now) {
   lg_budget_t ba, bb;
@@ -337,10 +347,7 @@ static void own_scope_refusal(void **state) {
   lg_store_t *s = open_store();
   lg_error_t e = {0};
   /* 1 USD: the worst case of 1000 in + 1000 out of m (3 USD) does not fit */
-  assert_int_equal(lg_budget_set(s, "key:A", 1 * USD, LG_PERIOD_DAILY, -1, T0, NULL, &e), 0);
-  assert_int_equal(lg_budget_set(s, "key:B", 1 * USD, LG_PERIOD_DAILY, -1, T0, NULL, &e), 0);
-  create(s, "run-A", "{}");
-  create(s, "run-B", "{}");
+  two_runs(s, 1 * USD, -1, "{}");
   lg_event_t evs[] = {model_ev("m", 1000, 1000), text_ev("Still going.")};
   assert_int_equal(compare(s, "run-A", "run-B", evs, 2, T0 + 10), 0);
   assert_int_equal(got_fail[0], LG__STEP_REFUSED);
@@ -378,13 +385,8 @@ static void own_scope_refusal(void **state) {
 static void store_writes(void **state) {
   (void)state;
   lg_store_t *s = open_store();
-  lg_error_t e = {0};
   /* 1000 in + 1000 out of m: 3 USD at worst; the in-flight cap holds one */
-  assert_int_equal(lg_budget_set(s, "key:A", 10 * USD, LG_PERIOD_DAILY, 5 * USD, T0, NULL, &e), 0);
-  assert_int_equal(lg_budget_set(s, "key:B", 10 * USD, LG_PERIOD_DAILY, 5 * USD, T0, NULL, &e), 0);
-  const char *pol = "{\"tools\":{\"write\":{\"side_effects\":true}}}";
-  create(s, "run-A", pol);
-  create(s, "run-B", pol);
+  two_runs(s, 10 * USD, 5 * USD, "{\"tools\":{\"write\":{\"side_effects\":true}}}");
   /* a write claimed, a model call reserved, one refused by the in-flight
    * cap and one with no price (each alone), the same write again (its
    * claim is still open: seen in the batch's own transaction) */
@@ -439,10 +441,7 @@ static void failed_after_the_engine(void **state) {
   (void)state;
   lg_store_t *s = open_store();
   lg_error_t e = {0};
-  assert_int_equal(lg_budget_set(s, "key:A", 10 * USD, LG_PERIOD_DAILY, -1, T0, NULL, &e), 0);
-  assert_int_equal(lg_budget_set(s, "key:B", 10 * USD, LG_PERIOD_DAILY, -1, T0, NULL, &e), 0);
-  create(s, "run-A", "{}");
-  create(s, "run-B", "{}");
+  two_runs(s, 10 * USD, -1, "{}");
   char *before = events_of(s, "run-B");
   fault_point = "gate.after_engine";
   fault_rc = LG_ENOTFOUND;
