@@ -87,6 +87,9 @@ typedef struct lg_price {
   int64_t cached_input_per_mtok; /* cached input tokens (input's when absent) */
   int64_t max_output_tokens;     /* the model's own output cap, -1 unknown */
   int is_default;                /* 1: the model is not listed; "default" */
+  int64_t attachment_tokens;     /* the most one attachment of a request (an image or a
+                                    file, by URL, id or inline) is billed, in input
+                                    tokens; -1 unknown (a gateway counts its bytes) */
 } lg_price_t;
 
 /* Parses a price file's JSON. Unknown fields and wrong types are LG_EINVAL

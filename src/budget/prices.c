@@ -94,6 +94,7 @@ static int parse_price(json_t *obj, const char *path, lg_price_t *out, lg_error_
   memset(out, 0, sizeof *out);
   out->cached_input_per_mtok = -1;
   out->max_output_tokens = -1;
+  out->attachment_tokens = -1;
   int have_in = 0, have_out = 0, rc;
   const char *k;
   json_t *v;
@@ -109,10 +110,12 @@ static int parse_price(json_t *obj, const char *path, lg_price_t *out, lg_error_
       if ((rc = get_price(v, f, &out->cached_input_per_mtok, err))) return rc;
     } else if (!strcmp(k, "max_output_tokens")) {
       if ((rc = get_tokens(v, f, &out->max_output_tokens, err))) return rc;
+    } else if (!strcmp(k, "attachment_tokens")) {
+      if ((rc = get_tokens(v, f, &out->attachment_tokens, err))) return rc;
     } else {
       return lg__err(err, LG_EINVAL, f, -1,
                      "unknown field (a price has input_usd_per_mtok, output_usd_per_mtok, "
-                     "cached_input_usd_per_mtok, max_output_tokens)");
+                     "cached_input_usd_per_mtok, max_output_tokens, attachment_tokens)");
     }
   }
   if (!have_in || !have_out)

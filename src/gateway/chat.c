@@ -1333,16 +1333,55 @@ static void model_cascade(chat_t *c, json_t *a) {
   c->j->upstream = c->ui;
 }
 
-/* The input a model call is billed at most, in tokens: its body's bytes
- * (a token is at least one byte), and, for a Responses request that
- * continues a conversation the upstream stores (previous_response_id,
- * conversation, a re-ask continuing the answer just made), what that
- * conversation holds: the upstream bills it as input again. Known for the
- * answers this gateway relayed on the run (their usage: the most of them);
- * one it never saw (made directly, before a restart, a run evicted) counts
- * as nothing, as before session 30. */
-static int64_t input_bound(const chat_t *c, size_t body_len) {
+/* Attachments of the conversation (an image or a file, by URL, by id or
+ * inline): the members that carry one, "image_url" (Chat Completions,
+ * Responses), "file_id", "file_url", "file_data" (files; Responses'
+ * images by id) and "source" (Anthropic's images and documents), as keys
+ * of the messages (a quote inside a string is escaped, so a tool's
+ * arguments or a result's text never count). Counted from the bytes: a
+ * key a message repeats counts twice, which only raises the bound. */
+static int64_t attachments(const chat_t *c) {
+  static const char *const keys[] = {"image_url", "file_id", "file_url", "file_data", "source"};
+  const lg__json_lazy_t *lz = &c->lazy;
+  if (!lz->n || !lz->text) return 0;
+  const struct lg__json_span *last = &lz->span[lz->n - 1];
+  const char *p = lz->text + lz->at, *end = lz->text + last->off + last->len;
+  int64_t n = 0;
+  while (p < end && (p = memchr(p, '"', (size_t)(end - p)))) {
+    p++;
+    for (size_t k = 0; k < LG__ARRAY_LEN(keys); k++) {
+      size_t kl = strlen(keys[k]);
+      if ((size_t)(end - p) <= kl || memcmp(p, keys[k], kl) || p[kl] != '"') continue;
+      size_t at = lg__json_ws_end(p, kl + 1, (size_t)(end - p));
+      if (at < (size_t)(end - p) && p[at] == ':') n++;
+      break;
+    }
+  }
+  return n;
+}
+
+/* The input a model call to `model` is billed at most, in tokens:
+ * - its body's bytes (a token is at least one byte);
+ * - each attachment at the price table's attachment_tokens for the model,
+ *   when it has one (an image by URL is a few bytes and a thousand
+ *   tokens; none: counted by its bytes alone, as before session 30);
+ * - for a Responses request that continues a conversation the upstream
+ *   stores (previous_response_id, conversation, a re-ask continuing the
+ *   answer just made), what that conversation holds: the upstream bills
+ *   it as input again. Known for the answers this gateway relayed on the
+ *   run (their usage: the most of them); one it never saw (made directly,
+ *   before a restart, a run evicted) counts as nothing, as before session
+ *   30. */
+static int64_t input_bound(const chat_t *c, const char *model, size_t body_len) {
   int64_t n = (int64_t)body_len;
+  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
+  lg_price_t price;
+  if (model && !lg_prices_lookup(pr, model, &price, NULL) && price.attachment_tokens > 0) {
+    int64_t a = attachments(c);
+    int64_t most = INT64_MAX / 4 / price.attachment_tokens; /* beyond any price: refused */
+    n += (a < most ? a : most) * price.attachment_tokens;
+  }
+  lg_prices_free(pr);
   if (is_responses(c) && (c->prev_id || c->conv_id || c->reask_prev) && c->r->stored_tokens > 0 &&
       c->r->stored_tokens <= INT64_MAX / 2)
     n += c->r->stored_tokens;
@@ -1362,7 +1401,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   ev.type = LG_EV_MODEL;
   ev.u.model.m.model = c->r->esc_left > 0 && c->r->esc_model ? c->r->esc_model : c->base_model;
   ev.u.model.m.turn = c->r->turn + 1;
-  ev.u.model.m.input_tokens = input_bound(c, body_len);
+  ev.u.model.m.input_tokens = input_bound(c, ev.u.model.m.model, body_len);
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   int64_t mx = json_is_integer(mt) ? json_integer_value(mt) : -1, n = lg__gw_choices(c->j, c->root);
   if (n > 1 && mx < 0) mx = lg__gw_output_cap(pr, ev.u.model.m.model, (int64_t)body_len);
@@ -2738,8 +2777,8 @@ static int keys_model(chat_t *c) {
   int had[3];
   for (int i = 0; i < 3; i++) had[i] = json_object_get(c->root, bounds[i]) != NULL; /* null */
   const char *added = NULL;
-  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, (size_t)input_bound(c, c->j->body_len),
-                             &added);
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui,
+                             (size_t)input_bound(c, c->model, c->j->body_len), &added);
   if (added) c->root_added = added;
   for (int i = 0; added && i < 3; i++) c->root_replaced |= had[i] && !strcmp(added, bounds[i]);
   return rc;

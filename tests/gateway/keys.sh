@@ -51,6 +51,8 @@ cat >"$TMP/prices.json" <<'JSON'
             "finish-o3": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "overload": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "cutoff":   {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "finish-vision": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50,
+                              "attachment_tokens": 1000},
             "cutoff-slow": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "drip-long": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
@@ -132,6 +134,27 @@ s=$(spent "$H1")
 [ "$(python3 -c "print(float('$s') > 0)")" = True ] || fail "no spend on the key: $s"
 self=$(curl -s -H "Authorization: Bearer $K1" "$gw_URL/v1/key")
 [ "$(echo "$self" | get 'd["usage_usd"] == d["usage_monthly_usd"] > 0')" = true ] || fail "GET /v1/key: $self"
+
+note "an attachment (an image by URL) counts at the price table's attachment_tokens in the worst case"
+# a few bytes in the request, a thousand tokens on the bill; the same words
+# inside a tool's arguments or result (escaped in a string) are no attachment
+body='{"model":"finish-vision","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"call_a","type":"function","function":{"name":"lookup","arguments":"{\"image_url\": \"x\"}"}}]},{"role":"tool","tool_call_id":"call_a","content":"{\"source\": 1}"},{"role":"user","content":[{"type":"text","text":"And this?"},{"type":"image_url","image_url":{"url":"https://example.com/cat.png"}}]}]}'
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
+  -H 'X-Loopguard-Run: vision' -d "$body" "$gw_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "an image by URL: $code $(cat "$TMP/body")"
+input=$(op GET /v1/runs/vision/trace | grep '"type":"model"' | get 'd["input_tokens"]')
+# the bytes sent (the client's and the key's "max_tokens":50,) and one attachment
+[ "$input" = $((${#body} + 16 + 1000)) ] ||
+  fail "an image by URL: the worst case counts $input input tokens, not $((${#body} + 16)) bytes and 1000 for the image"
+# Anthropic's source (an image by URL, a document by id): 2 attachments
+body='{"model":"finish-vision","max_tokens":20,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://example.com/cat.png"}},{"type":"document","source":{"type":"file","file_id":"file_011"}},{"type":"text","text":"What are they?"}]}]}'
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $K1" -H 'anthropic-version: 2023-06-01' \
+  -H 'Content-Type: application/json' -H 'X-Loopguard-Run: vision-messages' -d "$body" "$gw_URL/v1/messages")
+[ "$code" = 200 ] || fail "Anthropic attachments: $code $(cat "$TMP/body")"
+input=$(op GET /v1/runs/vision-messages/trace | grep '"type":"model"' | get 'd["input_tokens"]')
+# a source and a file_id each: a document by id is one attachment counted twice (the bound only rises)
+[ "$input" -ge $((${#body} + 2000)) ] ||
+  fail "Anthropic attachments: the worst case counts $input input tokens for ${#body} bytes and two attachments"
 
 note "an upstream that refuses the key's max_tokens (OpenAI's reasoning models): max_completion_tokens, learnt once"
 for stream in false true false; do

@@ -305,16 +305,21 @@ static void test_prices_worst_case(void **state) {
   assert_int_equal(n, 10000 + 40000);
   lg_prices_free(p);
 
-  /* A default price covers every model not listed. */
-  p = parse("{\"models\": {}, \"default\": {\"input_usd_per_mtok\": 3, \"output_usd_per_mtok\": "
-            "15}, \"default_max_tokens\": 1000}",
+  /* A default price covers every model not listed; attachment_tokens, the
+   * most an image or a file of a request costs (the gateway's worst case) */
+  p = parse("{\"models\": {\"seeing\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 1, "
+            "\"attachment_tokens\": 1600}}, \"default\": {\"input_usd_per_mtok\": 3, "
+            "\"output_usd_per_mtok\": 15}, \"default_max_tokens\": 1000}",
             &err);
   assert_non_null(p);
   lg_price_t pr;
+  assert_int_equal(lg_prices_lookup(p, "seeing", &pr, &err), 0);
+  assert_int_equal(pr.attachment_tokens, 1600);
   assert_int_equal(lg_prices_lookup(p, "anything", &pr, &err), 0);
   assert_int_equal(pr.is_default, 1);
   assert_int_equal(pr.input_per_mtok, 3000000);
   assert_int_equal(pr.cached_input_per_mtok, 3000000);
+  assert_int_equal(pr.attachment_tokens, -1); /* none given */
   assert_int_equal(lg_prices_worst_case(p, "anything", 1000000, -1, &n, &err), 0);
   assert_int_equal(n, 3000000000LL + 15000000LL);
   lg_prices_free(p);
@@ -357,6 +362,9 @@ static void test_prices_errors(void **state) {
              LG_EINVAL, "models.m.input_usd_per_mtok", "number");
   expect_bad("{\"models\": {\"m\": {\"input_usd_per_mtok\": 1e300, \"output_usd_per_mtok\": 2}}}",
              LG_ERANGE, "models.m.input_usd_per_mtok", NULL);
+  expect_bad("{\"models\": {\"m\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 2, "
+             "\"attachment_tokens\": 0}}}",
+             LG_EINVAL, "models.m.attachment_tokens", "whole number of tokens");
   expect_bad("{\"models\": {}, \"defualt\": {}}", LG_EINVAL, "defualt", "unknown field");
   expect_bad("{\"modles\": {}}", LG_EINVAL, "models", "missing");
   expect_bad("{\"models\": []}", LG_EINVAL, "models", NULL);
