@@ -2777,8 +2777,8 @@ static int keys_model(chat_t *c) {
   int had[3];
   for (int i = 0; i < 3; i++) had[i] = json_object_get(c->root, bounds[i]) != NULL; /* null */
   const char *added = NULL;
-  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui,
-                             (size_t)input_bound(c, c->model, c->j->body_len), &added);
+  size_t input = c->j->key ? (size_t)input_bound(c, c->model, c->j->body_len) : c->j->body_len;
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, input, &added);
   if (added) c->root_added = added;
   for (int i = 0; added && i < 3; i++) c->root_replaced |= had[i] && !strcmp(added, bounds[i]);
   return rc;
