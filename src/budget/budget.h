@@ -58,9 +58,11 @@ int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run
                          lg_model_call_t *m, const char *const *extra, size_t nextra,
                          int64_t ttl_ms, int64_t now_ms, lg__gate_t *g, lg_budget_gate_t *out,
                          lg_error_t *err);
-/* Whether a refusal of lg__gate_model_begin names one of the run's own
- * scopes (a limit that stops the run), not only one of `extra`. */
-int lg__gate_refused_by_run(const lg__gate_t *g, const lg_budget_refusal_t *r);
+/* Whether a refusal of lg__gate_model_begin stops the run (a budget
+ * event): a limit of one of the run's own scopes. An in-flight cap that
+ * is full now, or a limit of `extra` alone (a gateway key's, which the run
+ * does not keep), changes nothing: the call is refused as an error. */
+int lg__gate_refusal_stops(const lg__gate_t *g, const lg_budget_refusal_t *r);
 /* After the engine decided (rc its return): keeps the reservation when
  * the call was let through, else undoes it. Returns rc or a store error. */
 int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,

@@ -91,7 +91,8 @@ int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run
   return 0;
 }
 
-int lg__gate_refused_by_run(const lg__gate_t *g, const lg_budget_refusal_t *r) {
+int lg__gate_refusal_stops(const lg__gate_t *g, const lg_budget_refusal_t *r) {
+  if (r->retry_after_s > 0) return 0;
   for (size_t i = 0; i < g->nrun; i++)
     if (!strcmp(g->scopes[i], r->scope)) return 1;
   return 0;
@@ -126,7 +127,7 @@ int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   lg__gate_t g;
   lg_model_call_t mm = *m;
   int rc = lg__gate_model_begin(s, prices, run, &mm, NULL, 0, ttl_ms, now_ms, &g, out, err);
-  if (rc == LG_BUDGET_REFUSED && !out->refusal.retry_after_s) {
+  if (rc == LG_BUDGET_REFUSED && lg__gate_refusal_stops(&g, &out->refusal)) {
     /* Refused by a limit: the run stops, as a budget event does. */
     lg_event_t ev = {.type = LG_EV_BUDGET, .t_ms = m->t_ms};
     ev.u.budget.scope = out->refusal.scope;

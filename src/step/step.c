@@ -166,11 +166,10 @@ static int decide_model(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
     st->budget_refused = 1;
     st->refusal = out.refusal;
     /* Too much in flight now, or a limit of the call's own scopes (a
-     * gateway key's, which the run does not keep: its next request may
-     * come with another key, or after the key's period resets): an
-     * error, nothing changed, as the gateway's check before the step
-     * answers it. */
-    if (out.refusal.retry_after_s > 0 || !lg__gate_refused_by_run(&g, &out.refusal)) {
+     * gateway key's: the run's next request may come with another key,
+     * or after the key's period resets): an error, nothing changed, as
+     * the gateway's check before the step answers it. */
+    if (!lg__gate_refusal_stops(&g, &out.refusal)) {
       lg__gate_clear(&g);
       return fail(st, LG__STEP_REFUSED, rc);
     }
