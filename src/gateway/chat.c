@@ -1372,16 +1372,14 @@ static int64_t attachments(const chat_t *c) {
  *   run (their usage: the most of them); one it never saw (made directly,
  *   before a restart, a run evicted) counts as nothing, as before session
  *   30. */
-static int64_t input_bound(const chat_t *c, const char *model, size_t body_len) {
+static int64_t input_bound(chat_t *c, const lg_prices_t *pr, const char *model, size_t body_len) {
   int64_t n = (int64_t)body_len;
-  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   lg_price_t price;
   if (model && !lg_prices_lookup(pr, model, &price, NULL) && price.attachment_tokens > 0) {
-    int64_t a = attachments(c);
+    if (c->attached < 0) c->attached = attachments(c); /* the client's messages: once a request */
     int64_t most = INT64_MAX / 4 / price.attachment_tokens; /* beyond any price: refused */
-    n += (a < most ? a : most) * price.attachment_tokens;
+    n += (c->attached < most ? c->attached : most) * price.attachment_tokens;
   }
-  lg_prices_free(pr);
   if (is_responses(c) && (c->prev_id || c->conv_id || c->reask_prev) && c->r->stored_tokens > 0 &&
       c->r->stored_tokens <= INT64_MAX / 2)
     n += c->r->stored_tokens;
@@ -1393,16 +1391,14 @@ static int64_t input_bound(const chat_t *c, const char *model, size_t body_len) 
  * it goes to. */
 static model_out_t model_event(chat_t *c, size_t body_len) {
   model_out_t mo = {0};
-  json_t *mt = json_object_get(c->root, "max_completion_tokens");
-  if (!mt) mt = json_object_get(c->root, "max_tokens");
-  if (!mt) mt = json_object_get(c->root, "max_output_tokens");
+  json_t *mt = lg__gw_output_bound(c->root, NULL);
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_MODEL;
   ev.u.model.m.model = c->r->esc_left > 0 && c->r->esc_model ? c->r->esc_model : c->base_model;
   ev.u.model.m.turn = c->r->turn + 1;
-  ev.u.model.m.input_tokens = input_bound(c, ev.u.model.m.model, body_len);
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
+  ev.u.model.m.input_tokens = input_bound(c, pr, ev.u.model.m.model, body_len);
   int64_t mx = json_is_integer(mt) ? json_integer_value(mt) : -1, n = lg__gw_choices(c->j, c->root);
   if (n > 1 && mx < 0) mx = lg__gw_output_cap(pr, ev.u.model.m.model, (int64_t)body_len);
   if (n > 1 && mx >= 0) mx = lg__gw_times(mx, n); /* every answer that long */
@@ -2542,15 +2538,13 @@ static int bad_member(chat_t *c) {
     lg__gw_error(c->j, 400, "invalid_request_error", "invalid_type", "stream: expected true or false");
     return 1;
   }
-  static const struct {
-    const char *name;
-    json_int_t least;
-  } counts[] = {{"max_tokens", 0}, {"max_completion_tokens", 0}, {"max_output_tokens", 0}, {"n", 1}};
-  for (size_t i = 0; i < LG__ARRAY_LEN(counts); i++) {
-    v = json_object_get(c->root, counts[i].name);
-    if (v && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < counts[i].least)) {
+  for (size_t i = 0; i <= LG__GW_NBOUNDS; i++) { /* the output bounds, then n */
+    const char *name = i < LG__GW_NBOUNDS ? lg__gw_bounds[i] : "n";
+    int least = i < LG__GW_NBOUNDS ? 0 : 1;
+    v = json_object_get(c->root, name);
+    if (v && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < least)) {
       lg__gw_error(c->j, 400, "invalid_request_error", "invalid_value",
-                   "%s: expected a whole number of at least %d", counts[i].name, (int)counts[i].least);
+                   "%s: expected a whole number of at least %d", name, least);
       return 1;
     }
   }
@@ -2773,14 +2767,13 @@ static int feed_new(chat_t *c) {
 /* The key's checks (keys.c); a max_tokens it filled in is written in
  * front of the client's bytes (client_bytes). */
 static int keys_model(chat_t *c) {
-  static const char *const bounds[] = {"max_completion_tokens", "max_tokens", "max_output_tokens"};
-  int had[3];
-  for (int i = 0; i < 3; i++) had[i] = json_object_get(c->root, bounds[i]) != NULL; /* null */
+  if (!c->j->key) return 0;
   const char *added = NULL;
-  size_t input = c->j->key ? (size_t)input_bound(c, c->model, c->j->body_len) : c->j->body_len;
-  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, input, &added);
+  lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
+  size_t input = (size_t)input_bound(c, pr, c->model, c->j->body_len);
+  lg_prices_free(pr);
+  int rc = lg__gw_keys_model(c->cx, c->root, c->model, c->ui, input, &added, &c->root_replaced);
   if (added) c->root_added = added;
-  for (int i = 0; added && i < 3; i++) c->root_replaced |= had[i] && !strcmp(added, bounds[i]);
   return rc;
 }
 
@@ -2822,6 +2815,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   c.j = j;
   c.a_open = c.r_open = -1;
   c.think_at = -1;
+  c.attached = -1;
   c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;

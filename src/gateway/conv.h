@@ -72,6 +72,7 @@ typedef struct chat {
   int root_replaced;          /* it replaced the client's own null: the body is built, since
                                  its bytes would send the null after the bound, and a JSON
                                  reader takes the last of a repeated member */
+  int64_t attached;           /* the client's attachments (chat.c, attachments); -1 not counted */
   size_t body_reals;          /* the real numbers of the client's body */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg__step_t use;             /* the answer's usage, decided with the step(s) */

@@ -449,12 +449,20 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx);
 /* Before a model request with a key: the models it may use, its provider
  * key for upstream ui, max_tokens filled in (root) when absent with the
  * most the key's budgets afford (*added: the member's name, a static
- * string; NULL when nothing was added; root is changed in no other way),
+ * string; NULL when nothing was added; *replaced 1 when it took the place
+ * of the client's own null; root is changed in no other way),
  * a 402 / 403 when nothing fits, and
  * the key's scopes in j->key_scopes, which the request's model event
  * reserves on beside the run's own. 0: go on; 1: answered. */
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model, size_t ui,
-                      size_t body_len, const char **added);
+                      size_t body_len, const char **added, int *replaced);
+/* The members that bound an answer's output, in the order they are read
+ * (keys.c): max_completion_tokens, max_tokens, max_output_tokens. */
+#define LG__GW_NBOUNDS 3
+extern const char *const lg__gw_bounds[LG__GW_NBOUNDS];
+/* The first of them the request has (null included), its name in *name
+ * (may be NULL); NULL when it has none. */
+json_t *lg__gw_output_bound(json_t *root, const char **name);
 void lg__gw_keys_clear(lg__gw_job_t *j);
 /* The answers a model request asks for: Chat Completions' `n` (an
  * integer of 2 and more; the provider takes at most 128), else 1. Each

@@ -230,20 +230,29 @@ static int model_allowed(const lg__key_row_t *k, const char *model) {
   return ok;
 }
 
+const char *const lg__gw_bounds[LG__GW_NBOUNDS] = {"max_completion_tokens", "max_tokens",
+                                                  "max_output_tokens"};
+
+json_t *lg__gw_output_bound(json_t *root, const char **name) {
+  for (size_t i = 0; i < LG__GW_NBOUNDS; i++) {
+    json_t *x = json_object_get(root, lg__gw_bounds[i]);
+    if (x) {
+      if (name) *name = lg__gw_bounds[i];
+      return x;
+    }
+  }
+  return NULL;
+}
+
 /* The field that bounds the output on this route, and its value (-1):
  * the request's, else the one to add (max_completion_tokens for an
  * upstream that refused max_tokens, lg__gw_learn). */
 static const char *max_field(lg__gw_ctx_t *cx, size_t ui, const char *model, const lg__gw_job_t *j,
                              json_t *root, int64_t *v) {
-  static const char *const names[] = {"max_completion_tokens", "max_tokens", "max_output_tokens"};
-  *v = -1;
-  for (size_t i = 0; i < 3; i++) {
-    json_t *x = json_object_get(root, names[i]);
-    if (x) {
-      *v = json_is_integer(x) ? json_integer_value(x) : -1;
-      return names[i];
-    }
-  }
+  const char *name;
+  json_t *x = lg__gw_output_bound(root, &name);
+  *v = json_is_integer(x) ? json_integer_value(x) : -1;
+  if (x) return name;
   if (j->kind == LG__GW_RESPONSES) return "max_output_tokens";
   return lg__gw_learnt(cx, ui, LG__GW_LEARNT_MAX_COMPLETION_TOKENS, model) ? "max_completion_tokens" : "max_tokens";
 }
@@ -347,9 +356,10 @@ static void refuse(lg__gw_ctx_t *cx, lg__gw_job_t *j, const lg_budget_t *b, int6
 }
 
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
-                      size_t ui, size_t body_len, const char **added) {
+                      size_t ui, size_t body_len, const char **added, int *replaced) {
   lg__gw_job_t *j = cx->j;
   *added = NULL;
+  *replaced = 0;
   if (!j->key) return 0;
   const char *asked = json_string_value(json_object_get(root, "model"));
   if (!model_allowed(j->key, asked) && !model_allowed(j->key, model)) {
@@ -393,8 +403,11 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
   }
   /* The bound the reservation priced goes upstream, so that the answer
    * cannot be longer than what was reserved. */
-  if (!done && asked_max < 0 && want >= 0 && !json_object_set_new(root, field, json_integer(want)))
+  int had = json_object_get(root, field) != NULL; /* the client's null */
+  if (!done && asked_max < 0 && want >= 0 && !json_object_set_new(root, field, json_integer(want))) {
     *added = field;
+    *replaced = had;
+  }
   lg_prices_free(p);
   return done;
 }
