@@ -1,7 +1,10 @@
 // agent-openai-agents.mjs — the OpenAI Agents SDK's own loop (Runner with
 // maxTurns) on the Responses API, through a default OpenAI client whose
 // base URL is the gateway's or the fake upstream's. Tracing is off: no
-// export to the internet.
+// export to the internet. The client is this run's own (a Runner with its
+// own provider, not setDefaultOpenAIClient: the SDK's default provider
+// keeps the models it made from the first default client, and host.mjs
+// runs many of these in one node).
 //   BASE_URL, MODEL, STREAM=1 (run(..., {stream: true})), STEP_CAP,
 //   REASONING=1 (modelSettings.reasoning: each answer starts with a reasoning item),
 //   CONVERSATION=1 (a conversation made first, POST /v1/conversations, and the
@@ -9,13 +12,12 @@
 //   AGAIN=1 (with CONVERSATION: after the run, the person asks again in the
 //   same conversation; `again` is that run's final output)
 import OpenAI from 'openai';
-import { Agent, run, tool, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
+import { Agent, Runner, OpenAIProvider, tool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
 
-setTracingDisabled(true);
-setOpenAIAPI('responses');
+setTracingDisabled(true); // no export to the internet (a setting of the whole process, the same each run)
 const openai = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', maxRetries: 0 });
-setDefaultOpenAIClient(openai);
+const runner = new Runner({ modelProvider: new OpenAIProvider({ openAIClient: openai, useResponses: true }), tracingDisabled: true });
 const conversationId = process.env.CONVERSATION === '1' ? (await openai.conversations.create({})).id : undefined;
 const executions = { write_record: 0, lookup: 0 };
 const agent = new Agent({
@@ -33,7 +35,7 @@ const agent = new Agent({
 let ended = 'final', final = null;
 try {
   const stream = process.env.STREAM === '1';
-  const r = await run(agent, 'Write record 7 with value A.', { maxTurns: Number(process.env.STEP_CAP || 12), ...(stream ? { stream: true } : {}), ...(conversationId && { conversationId }) });
+  const r = await runner.run(agent, 'Write record 7 with value A.', { maxTurns: Number(process.env.STEP_CAP || 12), ...(stream ? { stream: true } : {}), ...(conversationId && { conversationId }) });
   if (stream) await r.completed;
   final = r.finalOutput;
 } catch (e) {
@@ -42,7 +44,7 @@ try {
 }
 let again;
 if (process.env.AGAIN === '1' && conversationId) {
-  const r = await run(agent, 'Then look customer c-1 up instead.', { maxTurns: 4, conversationId });
+  const r = await runner.run(agent, 'Then look customer c-1 up instead.', { maxTurns: 4, conversationId });
   again = r.finalOutput;
 }
 console.log(JSON.stringify({ executions, ended, final, ...(again !== undefined && { again }) }));

@@ -385,9 +385,7 @@ b=$(client agent-ai-sdk.mjs BASE_URL="$gw_URL/v1" MODEL=finish) || fail "ai fini
 [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "ai finish: $a vs $b"
 
 note "the OpenAI Agents SDK's own loop (Runner, maxTurns; Responses API, stateless)"
-# A node of its own each run, not the host: the SDK keeps the model of the
-# first run's default client (setDefaultOpenAIClient) for the runs after.
-d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents direct"
+d=$(client agent-openai-agents.mjs BASE_URL="$FAKE/v1" MODEL=loop-write 2>/dev/null) || fail "agents direct"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] || fail "agents direct: $d"
 # With reasoning (REASONING=1) each answer starts with a reasoning item,
 # to which the fake binds the answer's calls as OpenAI does: a re-ask must
@@ -401,7 +399,7 @@ d=$(env BASE_URL="$FAKE/v1" MODEL=loop-write node "$HERE/agent-openai-agents.mjs
 # only what is new): the conversation names the run, and a refused call is
 # answered once in it.
 agents() { # NAME=VALUE...: the SDK through the gateway with them: stopped, one run for the session
-  one_session "agents $*" env BASE_URL="$gw_URL/v1" "$@" node "$HERE/agent-openai-agents.mjs"
+  one_session "agents $*" client agent-openai-agents.mjs BASE_URL="$gw_URL/v1" "$@"
 }
 for reasoning in 0 1; do
   for stream in 0 1; do
@@ -414,9 +412,9 @@ for reasoning in 0 1; do
   done
 done
 note "two agents handing a task back and forth (the Agents SDK's handoffs): the cycle guard ends it"
-d=$(env BASE_URL="$FAKE/v1" node "$HERE/agent-handoffs.mjs" 2>"$TMP/agents.err") || fail "handoffs direct: $(cat "$TMP/agents.err")"
+d=$(client agent-handoffs.mjs BASE_URL="$FAKE/v1" 2>"$TMP/agents.err") || fail "handoffs direct: $(cat "$TMP/agents.err")"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] && [ "$(echo "$d" | get 'd["handoffs"]')" = 20 ] || fail "handoffs direct: $d"
-g=$(env BASE_URL="$gw_URL/v1" node "$HERE/agent-handoffs.mjs" 2>"$TMP/agents.err") || fail "handoffs gateway: $(cat "$TMP/agents.err")"
+g=$(client agent-handoffs.mjs BASE_URL="$gw_URL/v1" 2>"$TMP/agents.err") || fail "handoffs gateway: $(cat "$TMP/agents.err")"
 [ "$(echo "$g" | get 'd["ended"]')" = final ] && [ "$(echo "$g" | get 'd["handoffs"]')" -le 4 ] || fail "handoffs gateway: $g"
 echo "$g" | get 'd["final"]' | grep -q "same 2 calls" || fail "handoffs gateway: not the cycle's stop: $g"
 
@@ -426,11 +424,11 @@ echo "$g" | get 'd["final"]' | grep -q "same 2 calls" || fail "handoffs gateway:
 # found").
 echo '{"repeat":{"observe":2,"block":3,"stop":3},"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw3-policy.json"
 start_server gw3 --store memory: --upstream "$FAKE/v1" --log "$TMP/gw3.log" --policy "$TMP/gw3-policy.json"
-g=$(env BASE_URL="$gw3_URL/v1" MODEL=stubborn CONVERSATION=1 AGAIN=1 node "$HERE/agent-openai-agents.mjs" 2>"$TMP/agents.err") ||
+g=$(client agent-openai-agents.mjs BASE_URL="$gw3_URL/v1" MODEL=stubborn CONVERSATION=1 AGAIN=1 2>"$TMP/agents.err") ||
   fail "agents in a conversation, asked again after a stop: $g $(cat "$TMP/agents.err")"
 echo "$g" | get 'd["again"]' | grep -q "3 times" || fail "asked again after the stop: $g"
 grep -q '"event":"stop".*"on":"call"' "$TMP/gw3.log" || fail "the run did not stop on a call: $(cat "$TMP/gw3.log")"
-b=$(env BASE_URL="$gw_URL/v1" MODEL=finish node "$HERE/agent-openai-agents.mjs" 2>/dev/null) || fail "agents finish"
+b=$(client agent-openai-agents.mjs BASE_URL="$gw_URL/v1" MODEL=finish 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
 note "LangGraph's own loop (createReactAgent, recursionLimit; @langchain/openai ChatOpenAI, Chat Completions and Responses)"
