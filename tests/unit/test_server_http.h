@@ -110,18 +110,34 @@ static int ht_send_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
+/* The first "\r\n\r\n" in the n bytes at p, or NULL. */
+static const char *ht_head_end(const char *p, size_t n) {
+  for (size_t i = 0; i + 4 <= n; i++)
+    if (p[i] == '\r' && !memcmp(p + i, "\r\n\r\n", 4)) return p + i;
+  return NULL;
+}
+
 /* Reads one answer on c into r. 0, or -1 when the connection closed. */
 static int ht_read(ht_conn_t *c, ht_resp_t *r) {
   memset(r, 0, sizeof *r);
   size_t hl = 0;
   char *end = NULL;
+  /* The head, and not a byte past it (a test may read the rest of the
+   * connection itself): a look at what came (MSG_PEEK), then a read of it
+   * up to the head's end. Byte by byte was a system call a byte, about 110
+   * an answer: a third of test_replay_property's time was the kernel's. */
   while (!end) {
     if (hl + 1 >= sizeof r->head) return -1;
-    ssize_t n = recv(c->fd, r->head + hl, 1, 0); /* byte by byte: simple */
+    ssize_t n = recv(c->fd, r->head + hl, sizeof r->head - 1 - hl, MSG_PEEK);
+    if (n <= 0) return -1;
+    size_t from = hl >= 3 ? hl - 3 : 0; /* an end split across two reads */
+    const char *e = ht_head_end(r->head + from, hl + (size_t)n - from);
+    size_t take = e ? (size_t)(e + 4 - (r->head + hl)) : (size_t)n;
+    n = recv(c->fd, r->head + hl, take, 0);
     if (n <= 0) return -1;
     hl += (size_t)n;
     r->head[hl] = 0;
-    end = hl >= 4 ? strstr(r->head + hl - 4, "\r\n\r\n") : NULL;
+    end = (char *)ht_head_end(r->head + from, hl - from);
   }
   if (sscanf(r->head, "HTTP/1.%*d %d", &r->status) != 1) return -1;
   const char *cl = ht_find(r->head, "\r\nContent-Length:");
