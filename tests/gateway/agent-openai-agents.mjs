@@ -1,6 +1,6 @@
 // agent-openai-agents.mjs — the OpenAI Agents SDK's own loop (Runner with
-// maxTurns) on the Responses API, through a default OpenAI client whose
-// base URL is the gateway's or the fake upstream's. Tracing is off: no
+// maxTurns) on the Responses API, through an OpenAI client whose base URL
+// is the gateway's or the fake upstream's. Tracing is off: no
 // export to the internet. The client is this run's own (a Runner with its
 // own provider, not setDefaultOpenAIClient: the SDK's default provider
 // keeps the models it made from the first default client, and host.mjs
