@@ -1341,7 +1341,12 @@ static void model_cascade(chat_t *c, json_t *a) {
  * arguments or a result's text never count). Counted from the bytes: a
  * key a message repeats counts twice, which only raises the bound. */
 static int64_t attachments(const chat_t *c) {
-  static const char *const keys[] = {"image_url", "file_id", "file_url", "file_data", "source"};
+#define KEY(k) {k, sizeof k - 1}
+  static const struct {
+    const char *s;
+    size_t n;
+  } keys[] = {KEY("image_url"), KEY("file_id"), KEY("file_url"), KEY("file_data"), KEY("source")};
+#undef KEY
   const lg__json_lazy_t *lz = &c->lazy;
   if (!lz->n || !lz->text) return 0;
   const struct lg__json_span *last = &lz->span[lz->n - 1];
@@ -1350,8 +1355,8 @@ static int64_t attachments(const chat_t *c) {
   while (p < end && (p = memchr(p, '"', (size_t)(end - p)))) {
     p++;
     for (size_t k = 0; k < LG__ARRAY_LEN(keys); k++) {
-      size_t kl = strlen(keys[k]);
-      if ((size_t)(end - p) <= kl || memcmp(p, keys[k], kl) || p[kl] != '"') continue;
+      size_t kl = keys[k].n;
+      if ((size_t)(end - p) <= kl || memcmp(p, keys[k].s, kl) || p[kl] != '"') continue;
       size_t at = lg__json_ws_end(p, kl + 1, (size_t)(end - p));
       if (at < (size_t)(end - p) && p[at] == ':') n++;
       break;
@@ -2532,23 +2537,23 @@ static void run_calls(chat_t *c) {
  * read as false and its stream answered 502 after the call was paid),
  * the max tokens and `n` whole numbers (the worst case is priced on
  * them). null is as absent. 1: answered 400. */
+static int bad_count(chat_t *c, const char *name, int least) {
+  json_t *v = json_object_get(c->root, name);
+  if (!v || json_is_null(v) || (json_is_integer(v) && json_integer_value(v) >= least)) return 0;
+  lg__gw_error(c->j, 400, "invalid_request_error", "invalid_value",
+               "%s: expected a whole number of at least %d", name, least);
+  return 1;
+}
+
 static int bad_member(chat_t *c) {
   json_t *v = json_object_get(c->root, "stream");
   if (v && !json_is_boolean(v) && !json_is_null(v)) {
     lg__gw_error(c->j, 400, "invalid_request_error", "invalid_type", "stream: expected true or false");
     return 1;
   }
-  for (size_t i = 0; i <= LG__GW_NBOUNDS; i++) { /* the output bounds, then n */
-    const char *name = i < LG__GW_NBOUNDS ? lg__gw_bounds[i] : "n";
-    int least = i < LG__GW_NBOUNDS ? 0 : 1;
-    v = json_object_get(c->root, name);
-    if (v && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < least)) {
-      lg__gw_error(c->j, 400, "invalid_request_error", "invalid_value",
-                   "%s: expected a whole number of at least %d", name, least);
-      return 1;
-    }
-  }
-  return 0;
+  for (size_t i = 0; i < LG__GW_NBOUNDS; i++)
+    if (bad_count(c, lg__gw_bounds[i], 0)) return 1;
+  return bad_count(c, "n", 1);
 }
 
 /* The request's body parsed and checked. 0, or an error answered into j. */

@@ -110,7 +110,7 @@ static int check_url(const char *url, const char *field, lg_error_t *err) {
   if (!uc) uc = curl_url_get(u, CURLUPART_HOST, &host, 0);
   int rc = 0;
   const char *at = strstr(url, "://") + 3; /* libcurl reads "http:///v1" as the host v1 */
-  if (uc == CURLUE_NO_HOST || strchr("/?#", *at) || (!uc && (!host || !*host)))
+  if (uc == CURLUE_NO_HOST || !*at || strchr("/?#", *at) || (!uc && (!host || !*host)))
     rc = lg__err(err, LG_EINVAL, field, -1, "\"%s\" has no host (for example http://127.0.0.1:9000/v1)",
                  url);
   else if (uc)

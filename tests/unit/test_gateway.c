@@ -45,11 +45,6 @@ static void flags(void **state) {
   assert_int_equal(lg__gw_config_pick(&cfg, "claude-x", 1, &model), 1); /* /v1/messages */
   lg__gw_config_clear(&cfg);
 
-  const char *bad[] = {"ftp://x"};
-  assert_int_equal(lg__gw_config_load(&cfg, bad, 1, NULL, &e), LG_EINVAL);
-  assert_non_null(strstr(e.message, "ftp://x"));
-  lg__gw_config_clear(&cfg);
-
   /* a base URL every request would fail on is refused at the start, the
    * flag named and what is wrong said (until session 30 "http://" and
    * "http:///v1", an empty $HOST in a script, started a gateway that
@@ -57,6 +52,7 @@ static void flags(void **state) {
   static const struct {
     const char *url, *says;
   } urls[] = {
+      {"ftp://x", "\"ftp://x\" is not an http:// or https:// URL"},
       {"http://", "has no host"},
       {"http:///v1", "has no host"},
       {"https://:443/v1", "has no host"},
@@ -75,7 +71,7 @@ static void flags(void **state) {
     lg__gw_config_clear(&cfg);
   }
   const char *ok[] = {"http://[::1]:8080/v1", "https://api.openai.com/v1/", "http://localhost"};
-  for (size_t i = 0; i < 3; i++) {
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     assert_int_equal(lg__gw_config_load(&cfg, &ok[i], 1, NULL, &e), 0);
     lg__gw_config_clear(&cfg);
   }
