@@ -332,6 +332,10 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
       pt99=$(calcf "%.4f" "${P99[passthrough]} - ${P99[direct]}")
       ptrps=${RPS[passthrough]:-null}
     fi
+    # The guard's own part: through loopguard less through the same server
+    # unguarded (its HTTP server, libcurl and the hop), both from this run.
+    own50=null
+    [[ -n ${P50[passthrough]:-} && -n ${P50[loopguard]:-} ]] && own50=$(calcf "%.4f" "${P50[loopguard]} - ${P50[passthrough]}")
     pk50=null pk99=null ratio=null
     if [[ -n $PK_URL && -n ${P50[portkey]:-} ]]; then
       pk50=$(calcf "%.4f" "${P50[portkey]} - ${P50[direct]:-0}")
@@ -348,9 +352,9 @@ for spec in $(for m in $MODES; do if [[ $m == steady ]]; then echo steady:8192; 
     else
       sx=SKIPPED
     fi
-    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s","relay_added_p50_ms":%s,"relay_added_p99_ms":%s,"relay_max_rps":%s,"passthrough_added_p50_ms":%s,"passthrough_added_p99_ms":%s,"passthrough_max_rps":%s}\n' \
+    emit "$(printf '{"bench":"gateway","figure":"compare","mode":"'"$MODE"'","body_bytes":%d,"stream":%s,"loopguard_added_p50_ms":%s,"portkey_added_p50_ms":%s,"bar_added_p50_ms":%s,"status_p50":"%s","loopguard_added_p99_ms":%s,"portkey_added_p99_ms":%s,"bar_added_p99_ms":%s,"status_p99":"%s","loopguard_max_rps":%d,"portkey_max_rps":%s,"ratio_rps":%s,"bar_ratio_rps":%s,"status_rps":"%s","relay_added_p50_ms":%s,"relay_added_p99_ms":%s,"relay_max_rps":%s,"passthrough_added_p50_ms":%s,"passthrough_added_p99_ms":%s,"passthrough_max_rps":%s,"guard_own_p50_ms":%s}\n' \
       "$size" "$([[ $st == 1 ]] && echo true || echo false)" "$a50" "$pk50" $BAR_ADDED_P50_MS "$s50" "$a99" "$pk99" $BAR_ADDED_P99_MS "$s99" \
-      "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx" "$rl50" "$rl99" "$rlrps" "$pt50" "$pt99" "$ptrps")"
+      "${RPS[loopguard]:-0}" "${RPS[portkey]:-null}" "$ratio" $BAR_X_PORTKEY "$sx" "$rl50" "$rl99" "$rlrps" "$pt50" "$pt99" "$ptrps" "$own50")"
   done
 done
 
@@ -402,6 +406,7 @@ for spec in fresh:1024 fresh:8192 steady:8192; do
     b50="< $BAR_ADDED_P50_MS" b99="< $BAR_ADDED_P99_MS"
     ((size == 8192)) || { b50=; b99=; }
     row "$lab: added p50 (1 conn)" "$(jf loopguard_added_p50_ms <<<"$l")" "$(pk "$(jf portkey_added_p50_ms <<<"$l")")" "" "$b50" "$(jf status_p50 <<<"$l")" "$(pk "$(jf passthrough_added_p50_ms <<<"$l")")" "$(pk "$(jf relay_added_p50_ms <<<"$l")")"
+    row "$lab: guard's own p50" "$(pk "$(jf guard_own_p50_ms <<<"$l")")" "" "" "" "info"
     row "$lab: added p99 (1 conn)" "$(jf loopguard_added_p99_ms <<<"$l")" "$(pk "$(jf portkey_added_p99_ms <<<"$l")")" "" "$b99" "$(jf status_p99 <<<"$l")" "$(pk "$(jf passthrough_added_p99_ms <<<"$l")")" "$(pk "$(jf relay_added_p99_ms <<<"$l")")"
     row "$lab: most requests/s" "$(jf loopguard_max_rps <<<"$l")" "$(pk "$(jf portkey_max_rps <<<"$l")")" "$(pk "$(jf ratio_rps <<<"$l")")x" ">= ${BAR_X_PORTKEY}x" "$(jf status_rps <<<"$l")" "$(pk "$(jf passthrough_max_rps <<<"$l")")" "$(pk "$(jf relay_max_rps <<<"$l")")"
   done
@@ -412,6 +417,7 @@ row "resident memory, VmHWM (MB)" "$(mb "$(jf loopguard_vmhwm_kb <<<"$l")")" "$(
 note "  (loopguard on sqlite: $(mb "$sq_start") MB at the start, $(mb "$sq_hwm") MB after $sq_runs requests of 8 KB, each a run: $sq_per_run bytes a run, kept by the gateway until the server restarts;"
 note "   on memory: (every run and trace in memory, by design; a server a body) $(mb "$lg_hwm") MB after the last body's $lg_requests runs, $per_run bytes a run; Portkey after all of its requests)"
 note "  (passthrough: the same loopguard on a path it forwards unread, no guard: what its HTTP server and libcurl cost, under its added latency)"
+note "  (guard's own: loopguard's p50 less passthrough's, from this run: what the guard itself costs a request, apart from the hop; not a bar)"
 note "  (relay: socat forwarding the bytes between wrk and the upstream, no HTTP: what a hop costs here, under any gateway's added latency)"
 [[ -n $PK_WHY ]] && note "  portkey: SKIPPED: $PK_WHY"
 [[ -n $RL_WHY ]] && note "  relay: SKIPPED: $RL_WHY"
