@@ -2531,12 +2531,8 @@ static void run_calls(chat_t *c) {
 
 /* ---- the route ---- */
 
-/* The members the guard reads as the upstream will, checked as providers
- * check them: `stream` a boolean (the guard reads a stream or a JSON
- * answer by it: "stream": 1, which a lenient server takes for true, was
- * read as false and its stream answered 502 after the call was paid),
- * the max tokens and `n` whole numbers (the worst case is priced on
- * them). null is as absent. 1: answered 400. */
+/* 0 when the request's member `name` is absent, null, or a whole number of
+ * at least `least`; else 1, answered 400. */
 static int bad_count(chat_t *c, const char *name, int least) {
   json_t *v = json_object_get(c->root, name);
   if (!v || json_is_null(v) || (json_is_integer(v) && json_integer_value(v) >= least)) return 0;
@@ -2545,6 +2541,12 @@ static int bad_count(chat_t *c, const char *name, int least) {
   return 1;
 }
 
+/* The members the guard reads as the upstream will, checked as providers
+ * check them: `stream` a boolean (the guard reads a stream or a JSON
+ * answer by it: "stream": 1, which a lenient server takes for true, was
+ * read as false and its stream answered 502 after the call was paid),
+ * the max tokens and `n` whole numbers (the worst case is priced on
+ * them). null is as absent. 1: answered 400. */
 static int bad_member(chat_t *c) {
   json_t *v = json_object_get(c->root, "stream");
   if (v && !json_is_boolean(v) && !json_is_null(v)) {

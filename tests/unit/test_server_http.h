@@ -137,7 +137,7 @@ static int ht_read(ht_conn_t *c, ht_resp_t *r) {
     if (n <= 0) return -1;
     hl += (size_t)n;
     r->head[hl] = 0;
-    end = (char *)ht_head_end(r->head + from, hl - from);
+    if (e && (size_t)n == take) end = (char *)e; /* else looked for again in what comes */
   }
   if (sscanf(r->head, "HTTP/1.%*d %d", &r->status) != 1) return -1;
   const char *cl = ht_find(r->head, "\r\nContent-Length:");
