@@ -453,16 +453,21 @@ typedef enum lg__phase {
 /* libmicrohttpd's memory a connection (its read buffer, and the parts of
  * the head it keeps there): a request head too large for it is answered in
  * JSON (414, 431) before libmicrohttpd would in HTML: by the screen for a
- * connection's first head, by http.c for the later ones. 0.9.75 zeroes the
- * whole pool after every request (MHD_pool_reset), so its size is a cost
- * per request: 16 KiB, not more (docs/internals/performance.md). */
-#define LG__MHD_POOL (16 * 1024)
+ * connection's first head, by http.c for the later ones. Half of it is
+ * the read buffer a request starts with (MHD_pool_reset), so it sets how
+ * many reads a body takes: at 32 KiB an 8 KiB agent body comes in one
+ * read, not two, and 32 KiB in four, not six. 0.9.75 zeroes the whole
+ * pool after every request: about 0.2 µs at 32 KiB (valgrind counts each
+ * byte of that memset as an instruction: docs/internals/performance.md,
+ * session 33). */
+#define LG__MHD_POOL (32 * 1024)
 /* Longest request target answered (a longer one is 414); longest request
  * head (line and headers, 431), in which the Cookie header's value counts
  * twice (libmicrohttpd keeps a copy of it); most fields of a head (header
  * lines, cookies and query parameters: libmicrohttpd keeps 64 bytes for
  * each; 431). The worst head within all three, 8 KiB + 100 x 64 bytes,
- * leaves libmicrohttpd 1.75 KiB of LG__MHD_POOL for the answer's head. */
+ * leaves libmicrohttpd more than 17 KiB of LG__MHD_POOL for the answer's
+ * head. */
 #define LG__MAX_URI 4096
 #define LG__MAX_HEAD 8192
 #define LG__MAX_FIELDS 100
