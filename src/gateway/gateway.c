@@ -124,6 +124,8 @@ struct lg__gw {
   int nleads;
   pthread_key_t ctx_key;      /* the context of a loop's thread that runs a job */
   int ctx_key_ok;
+  pthread_key_t spare_key;    /* a thread's spare libcurl handles (spare_take), freed at its exit */
+  int spare_key_ok;
   _Atomic int stop;           /* shutting down: abort upstream exchanges */
   int quit;                   /* workers exit */
   pthread_mutex_t tmu;        /* guards the tables */
@@ -491,9 +493,32 @@ static _Thread_local lg__gw_ctx_t *tl_cx;
 #endif
 #define GW_FIBER_MAX_WAIT_NS 1000000000ull /* a waiting fiber looks at the stop and the client */
 
+/* A thread's spare libcurl handles: an easy handle and its multi, whose
+ * connection cache keeps the upstream connection of the request that used
+ * them last. A fiber takes a pair when it starts and gives it back when it
+ * is done, so that the thread's next request reuses the connection: a
+ * fiber's own handles (until session 33) went with the fiber when the
+ * thread passed the lead on (lg__gw_fibers_end frees its fibers) or when
+ * more fibers than GW_FIBERS_POOL were done at once: with 64 agents at
+ * once one request in six to eight opened a new connection upstream (a
+ * TCP connection and, to a provider, a TLS handshake; tests/gateway/reuse.sh).
+ * libcurl's shared connection cache (CURLSHOPT_SHARE) would serve every
+ * thread but is not thread-safe in 7.88 (its KNOWN_BUGS); a thread's own
+ * pairs are used by that thread alone. At most GW_FIBERS, freed when the
+ * thread exits (spares_free, gw->spare_key). */
+typedef struct gw_spares {
+  struct {
+    CURL *curl;
+    CURLM *multi;
+  } v[GW_FIBERS];
+  int n;
+  int keyed; /* the thread's key holds it: spares_free runs at its exit */
+} gw_spares_t;
+static _Thread_local gw_spares_t tl_spares;
+
 typedef struct gw_fib {
   lg__fiber_t *f;
-  lg__gw_ctx_t cx;            /* its own libcurl handles: a connection each to reuse */
+  lg__gw_ctx_t cx;            /* libcurl handles from the thread's spares while it runs */
   lg__gw_job_t *j;
   lg__gw_wait_t *w;           /* what it waits for, or NULL */
   uint64_t wait_until;        /* ... at the latest (lg__mono_ns) */
@@ -882,9 +907,56 @@ static void fib_main(void *arg) {
   run_job(&fb->cx, fb->j);
 }
 
+static void spares_free(void *p) {
+  gw_spares_t *sp = p;
+  while (sp->n > 0) {
+    sp->n--;
+    curl_multi_cleanup(sp->v[sp->n].multi);
+    curl_easy_cleanup(sp->v[sp->n].curl);
+  }
+  sp->keyed = 0;
+}
+
+/* cx's handles: the thread's last spare pair, else new ones. 0: none (no
+ * memory). */
+static int spare_take(lg__gw_t *gw, lg__gw_ctx_t *cx) {
+  gw_spares_t *sp = &tl_spares;
+  if (sp->n > 0) {
+    sp->n--;
+    cx->curl = sp->v[sp->n].curl;
+    cx->multi = sp->v[sp->n].multi;
+    return 1;
+  }
+  if (!sp->keyed && gw->spare_key_ok) sp->keyed = !pthread_setspecific(gw->spare_key, sp);
+  cx->curl = curl_easy_init();
+  cx->multi = curl_multi_init();
+  if (cx->curl && cx->multi) return 1;
+  if (cx->multi) curl_multi_cleanup(cx->multi);
+  if (cx->curl) curl_easy_cleanup(cx->curl);
+  cx->curl = NULL;
+  cx->multi = NULL;
+  return 0;
+}
+
+/* cx's handles back to the thread's spares (freed when they are full, or
+ * when the thread could not be given its key: nothing would free them). */
+static void spare_give(lg__gw_ctx_t *cx) {
+  gw_spares_t *sp = &tl_spares;
+  if (!cx->curl) return;
+  if (sp->keyed && sp->n < GW_FIBERS) {
+    sp->v[sp->n].curl = cx->curl;
+    sp->v[sp->n].multi = cx->multi;
+    sp->n++;
+  } else {
+    curl_multi_cleanup(cx->multi);
+    curl_easy_cleanup(cx->curl);
+  }
+  cx->curl = NULL;
+  cx->multi = NULL;
+}
+
 static void fib_free(gw_fib_t *fb) {
-  if (fb->cx.multi) curl_multi_cleanup(fb->cx.multi);
-  if (fb->cx.curl) curl_easy_cleanup(fb->cx.curl);
+  spare_give(&fb->cx);
   lg__fiber_free(fb->f);
   lg__free(fb);
 }
@@ -894,16 +966,15 @@ static gw_fib_t *fib_get(lg__gw_t *gw, gw_sched_t *s) {
   if (fb) {
     s->pool = fb->next;
     s->npool--;
-  } else if ((fb = lg__calloc(1, sizeof *fb))) {
-    fb->f = lg__fiber_new(GW_FIBER_STACK);
-    fb->cx.curl = curl_easy_init();
-    fb->cx.multi = curl_multi_init();
-    if (!fb->f || !fb->cx.curl || !fb->cx.multi) {
-      fib_free(fb);
-      return NULL;
-    }
+  } else if ((fb = lg__calloc(1, sizeof *fb)) && !(fb->f = lg__fiber_new(GW_FIBER_STACK))) {
+    fib_free(fb);
+    return NULL;
   }
   if (!fb) return NULL;
+  if (!spare_take(gw, &fb->cx)) {
+    fib_free(fb);
+    return NULL;
+  }
   fb->cx.gw = gw;
   fb->cx.srv = gw->srv;
   fb->sched = s;
@@ -927,6 +998,7 @@ static void fib_run(gw_sched_t *s, gw_fib_t *fb, int start) {
   s->nactive--;
   fb->j = NULL;
   fb->w = NULL;
+  spare_give(&fb->cx); /* its upstream connection to the thread's next request */
   if (s->npool < GW_FIBERS_POOL) {
     fb->next = s->pool;
     s->pool = fb;
@@ -1917,6 +1989,7 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   pthread_cond_init(&gw->grow_cv, &ca);
   pthread_condattr_destroy(&ca);
   gw->ctx_key_ok = !pthread_key_create(&gw->ctx_key, ctx_free);
+  gw->spare_key_ok = !pthread_key_create(&gw->spare_key, spares_free);
   pthread_mutex_lock(&gw->qmu);
   for (int i = 0; i < GW_WORKERS && i < gw->max_th; i++)
     if (start_worker(gw)) break;
@@ -1963,5 +2036,6 @@ void lg__gw_free(lg__gw_t *gw) {
   pthread_mutex_destroy(&gw->tmu);
   for (size_t i = 0; i < gw->nmct; i++) lg__free(gw->mct[i]);
   if (gw->ctx_key_ok) pthread_key_delete(gw->ctx_key); /* the loops' threads are gone */
+  if (gw->spare_key_ok) pthread_key_delete(gw->spare_key);
   lg__free(gw);
 }

@@ -4,9 +4,10 @@
  * it"), the choice of one for a request, and one HTTP exchange with it
  * through libcurl.
  *
- * Each gateway worker thread keeps one curl easy handle for its life, so
- * connections (and TLS sessions) to an upstream are reused across
- * requests. TLS is verified (libcurl's default, kept; an upstream's
+ * Each gateway worker thread keeps one curl easy handle for its life, and
+ * each thread that runs requests on fibers keeps the handles of its
+ * finished ones (gateway.c, "spares"), so connections (and TLS sessions)
+ * to an upstream are reused across requests. TLS is verified (libcurl's default, kept; an upstream's
  * ca_file, or SSL_CERT_FILE and SSL_CERT_DIR, for a private CA), HTTP/1.1
  * (see lg__gw_http_do), proxies come from the environment (http_proxy,
  * https_proxy, no_proxy: libcurl reads them),

@@ -135,7 +135,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0 };
+const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0, connections: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -985,6 +985,7 @@ const server = tls
   ? http2.createSecureServer({ cert: fs.readFileSync(process.env.FAKE_TLS_CERT), key: fs.readFileSync(process.env.FAKE_TLS_KEY), allowHTTP1: true }, serve)
   : http.createServer(serve);
 if (tls) server.on('secureConnection', () => stats.tls_connections++);
+server.on('connection', () => stats.connections++); // TCP connections accepted (reuse.sh)
 
 function route(req, res, body) {
     stats.requests++;
