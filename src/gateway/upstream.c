@@ -7,8 +7,9 @@
  * Each gateway worker thread keeps one curl easy handle for its life, and
  * each thread that runs requests on fibers keeps the handles of its
  * finished ones (gateway.c, "spares"), so connections (and TLS sessions)
- * to an upstream are reused across requests. TLS is verified (libcurl's default, kept; an upstream's
- * ca_file, or SSL_CERT_FILE and SSL_CERT_DIR, for a private CA), HTTP/1.1
+ * to an upstream are reused across requests. TLS is verified (libcurl's
+ * default, kept; an upstream's ca_file, or SSL_CERT_FILE and
+ * SSL_CERT_DIR, for a private CA), HTTP/1.1
  * (see lg__gw_http_do), proxies come from the environment (http_proxy,
  * https_proxy, no_proxy: libcurl reads them),
  * and every exchange has a connect timeout and a total one (the

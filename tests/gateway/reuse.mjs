@@ -4,7 +4,7 @@
 // model of fake-upstream.mjs answers a lookup). Prints what was sent;
 // exits 1 on an answer other than 200.
 const base = process.env.BASE_URL;
-const agents = Number(process.env.AGENTS || 64), each = Number(process.env.EACH || 16);
+const agents = Number(process.env.AGENTS || 64), each = Number(process.env.EACH || 32);
 
 async function agent(i) {
   for (let k = 0; k < each; k++) {

@@ -2,9 +2,9 @@
 # reuse.sh — the gateway keeps its upstream connections under load: 64
 # agents at once, 32 requests each, through `loopguard serve --upstream`
 # with one HTTP thread; the fake upstream counts the TCP connections it
-# accepted. A request needs a connection of its own only while another is
-# out on the others, so 64 at once need 64; every connection more was one
-# closed and opened again, which to a provider is a TLS handshake more
+# accepted. Each request in flight needs a connection of its own, so 64
+# at once need 64; every connection more was one closed and opened again,
+# which to a provider is a TLS handshake more
 # (until session 33 a fiber's connection went with the fiber: 266 to 388
 # connections for these 2,048 requests).
 set -u -o pipefail
