@@ -868,10 +868,16 @@ int lg__gw_lead_post(lg__gw_t *gw, lg__loop_t *l) {
   return ok;
 }
 
+/* An easy handle and its multi freed (either may be NULL): the multi
+ * first, as it may hold the easy handle. */
+static void handles_free(CURL *curl, CURLM *multi) {
+  if (multi) curl_multi_cleanup(multi);
+  if (curl) curl_easy_cleanup(curl);
+}
+
 static void ctx_free(void *p) {
   lg__gw_ctx_t *cx = p;
-  if (cx->multi) curl_multi_cleanup(cx->multi);
-  if (cx->curl) curl_easy_cleanup(cx->curl);
+  handles_free(cx->curl, cx->multi);
   lg__free(cx);
   lg__json_region_thread_end();
 }
@@ -911,8 +917,7 @@ static void spares_free(void *p) {
   gw_spares_t *sp = p;
   while (sp->n > 0) {
     sp->n--;
-    curl_multi_cleanup(sp->v[sp->n].multi);
-    curl_easy_cleanup(sp->v[sp->n].curl);
+    handles_free(sp->v[sp->n].curl, sp->v[sp->n].multi);
   }
   sp->keyed = 0;
 }
@@ -931,8 +936,7 @@ static int spare_take(lg__gw_t *gw, lg__gw_ctx_t *cx) {
   cx->curl = curl_easy_init();
   cx->multi = curl_multi_init();
   if (cx->curl && cx->multi) return 1;
-  if (cx->multi) curl_multi_cleanup(cx->multi);
-  if (cx->curl) curl_easy_cleanup(cx->curl);
+  handles_free(cx->curl, cx->multi);
   cx->curl = NULL;
   cx->multi = NULL;
   return 0;
@@ -948,8 +952,7 @@ static void spare_give(lg__gw_ctx_t *cx) {
     sp->v[sp->n].multi = cx->multi;
     sp->n++;
   } else {
-    curl_multi_cleanup(cx->multi);
-    curl_easy_cleanup(cx->curl);
+    handles_free(cx->curl, cx->multi);
   }
   cx->curl = NULL;
   cx->multi = NULL;
@@ -1223,8 +1226,7 @@ static void *worker_main(void *arg) {
     run_job(&cx, j);
   }
   tl_cx = NULL;
-  if (cx.multi) curl_multi_cleanup(cx.multi);
-  if (cx.curl) curl_easy_cleanup(cx.curl);
+  handles_free(cx.curl, cx.multi);
   lg__json_region_thread_end();
   return NULL;
 }
