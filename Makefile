@@ -44,6 +44,7 @@ deps:
 
 bench-deps:
 	@./scripts/ensure-deps $(BENCH_DEPS)
+	@command -v npm >/dev/null || ./scripts/ensure-deps npm
 	@./bench/gateway/install.sh "$(BUILD)" || echo "loopguard: the gateway benchmark will run without Portkey" >&2
 
 build: deps
@@ -62,7 +63,11 @@ build-fuzz: deps
 run: deps
 	@BUILD="$(BUILD)" JOBS="$(JOBS)" CMAKE_FLAGS="$(CMAKE_FLAGS)" LISTEN="$(LISTEN)" ARGS="$(ARGS)" ./scripts/run
 
+# npm installs the pinned test clients (tests/gateway): Debian's nodejs
+# comes without it (NodeSource's has its own), so the npm package only
+# when there is no npm.
 test: build
+	@command -v npm >/dev/null || ./scripts/ensure-deps npm
 	@./scripts/test-all "$(BUILD)" "$(ASAN_BUILD)" "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
 
 # The parts of make test, one at a time.
