@@ -1908,11 +1908,55 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
     }
 }
 
+/* Whether a base URL has no path ("https://api.openai.com"; base_url has
+ * no trailing slash): the API's paths then go right after the host, where
+ * no provider serves them (their bases end in /v1, /api/v1,
+ * /v1beta/openai, ...). Allowed, as a proxy may serve them there, but
+ * said at the start: every request would be the provider's 404. */
+static int without_path(const lg__gw_upstream_t *u) {
+  const char *host = strstr(u->base_url, "://");
+  return host && !strchr(host + 3, '/');
+}
+
+/* What the start says of u's base URL without a path (lg__gw_banner and
+ * lg__gw_log_start). */
+static void without_path_note(const lg__gw_upstream_t *u, lg__buf_t *b) {
+  int anthropic = u->api == LG__GW_API_ANTHROPIC;
+  lg__buf_printf(b, "%s has no path, so requests go to %s%s; a provider's base URL ends in its "
+                    "path (%s)",
+                 u->base_url, u->base_url, anthropic ? "/messages" : "/chat/completions",
+                 anthropic ? "https://api.anthropic.com/v1" : "https://api.openai.com/v1");
+}
+
 void lg__gw_banner(lg__gw_t *gw, lg__buf_t *b) {
-  for (size_t i = 0; i < gw->cfg.nup; i++)
-    lg__buf_printf(b, "  gateway: %s -> %s (%s)%s\n", gw->cfg.up[i].name, gw->cfg.up[i].base_url,
-                   gw->cfg.up[i].api == LG__GW_API_ANTHROPIC ? "anthropic" : "openai",
+  for (size_t i = 0; i < gw->cfg.nup; i++) {
+    const lg__gw_upstream_t *u = &gw->cfg.up[i];
+    lg__buf_printf(b, "  gateway: %s -> %s (%s)%s\n", u->name, u->base_url,
+                   u->api == LG__GW_API_ANTHROPIC ? "anthropic" : "openai",
                    i == gw->cfg.def ? ", the default" : "");
+    if (!without_path(u)) continue;
+    lg__buf_puts(b, "  gateway: note: ");
+    without_path_note(u, b);
+    lg__buf_putc(b, '\n');
+  }
+}
+
+void lg__gw_log_start(lg__gw_t *gw) {
+  for (size_t i = 0; i < gw->cfg.nup; i++) {
+    const lg__gw_upstream_t *u = &gw->cfg.up[i];
+    if (!without_path(u)) continue;
+    lg__buf_t f = {0}, m = {0};
+    without_path_note(u, &m);
+    lg__buf_puts(&f, "\"upstream\":");
+    lg__buf_json_str(&f, u->name, strlen(u->name));
+    lg__buf_puts(&f, ",\"base_url\":");
+    lg__buf_json_str(&f, u->base_url, strlen(u->base_url));
+    lg__buf_puts(&f, ",\"message\":");
+    if (m.data) lg__buf_json_str(&f, m.data, m.len);
+    if (!f.oom && !m.oom) lg__server_log(gw->srv, "warn", "upstream_without_path", f.data);
+    lg__buf_free(&f);
+    lg__buf_free(&m);
+  }
 }
 
 /* ---- life ---- */

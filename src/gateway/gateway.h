@@ -84,7 +84,11 @@ int lg__gw_req_error(lg__req_t *rq, int status, const char *type, const char *fi
 void lg__gw_handle(lg__req_t *rq);
 /* The gateway's series of /metrics, appended to b. */
 void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b);
-/* The upstream lines of the banner. */
+/* The upstream lines of the banner (a note under a base URL without a
+ * path). */
 void lg__gw_banner(lg__gw_t *gw, lg__buf_t *b);
+/* The gateway's part of the start's log: a warning for each upstream
+ * whose base URL has no path (upstream_without_path). */
+void lg__gw_log_start(lg__gw_t *gw);
 
 #endif

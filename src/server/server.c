@@ -951,6 +951,7 @@ static void log_start(lg_server_t *srv) {
                    "\"message\":\"no --secret-file: the provider keys of loopguard keys (byok) "
                    "are stored in clear in the store; give every replica the same secret file "
                    "to store them encrypted\"");
+  if (srv->gw) lg__gw_log_start(srv->gw);
 }
 
 lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {

@@ -476,6 +476,19 @@ grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unrea
   fail "down: not counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
 grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep -q '"path":"/chat/completions"' ||
   fail "down: no log line: $(cat "$TMP/down.err")"
+note "a base URL without a path (every request the provider's 404) is said at the start, in the banner and the log"
+printf '{"upstreams":{"o":{"base_url":"%s","api":"openai"},"a":{"base_url":"%s/","api":"anthropic"}},"default":"o"}' \
+  "$FAKE" "$FAKE" >"$TMP/nopath.json"
+start_server nopath --store memory: --upstreams "$TMP/nopath.json"
+for i in $(seq 40); do [ "$(grep -c "note:" "$nopath_OUT")" = 2 ] && break; sleep 0.05; done
+grep -qF "gateway: note: $FAKE has no path, so requests go to $FAKE/chat/completions; a provider's base URL ends in its path (https://api.openai.com/v1)" "$nopath_OUT" ||
+  fail "no path: the banner says nothing: $(cat "$nopath_OUT")"
+grep -qF "$FAKE/messages; a provider's base URL ends in its path (https://api.anthropic.com/v1)" "$nopath_OUT" ||
+  fail "no path (anthropic): $(cat "$nopath_OUT")"
+[ "$(grep -c '"event":"upstream_without_path"' "$TMP/nopath.err")" = 2 ] || fail "no path: the log: $(cat "$TMP/nopath.err")"
+grep -q "note:" "$gw_OUT" "$down_OUT" && fail "a note under a base URL with its path: $(cat "$gw_OUT" "$down_OUT")"
+grep -q '"upstream_without_path"' "$TMP/gw.log" "$TMP/down.err" && fail "a warning for a base URL with its path"
+stop_server nopath
 note "an outage: every failure counted, one log line a second for an upstream and kind, the next saying how many it left out"
 t0=$(date +%s.%N)
 for i in $(seq 20); do
