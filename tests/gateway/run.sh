@@ -476,6 +476,12 @@ grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unrea
   fail "down: not counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
 grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep -q '"path":"/chat/completions"' ||
   fail "down: no log line: $(cat "$TMP/down.err")"
+note "a client whose base URL lacks /v1: its 404 says where the gateway's paths are"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -d '{}' "$gw_URL/chat/completions")
+[ "$code" = 404 ] || fail "no /v1: $code"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -qF "no endpoint POST /chat/completions: the gateway's paths start with /v1 (POST /v1/chat/completions)" ||
+  fail "no /v1: $(cat "$TMP/e.json")"
+curl -s "$gw_URL/nope" | grep -q '"no endpoint GET /nope"' || fail "a path of no API got the hint: $(curl -s "$gw_URL/nope")"
 note "a base URL without a path (every request the provider's 404) is said at the start, in the banner and the log"
 printf '{"upstreams":{"o":{"base_url":"%s","api":"openai"},"a":{"base_url":"%s/","api":"anthropic"}},"default":"o"}' \
   "$FAKE" "$FAKE" >"$TMP/nopath.json"
