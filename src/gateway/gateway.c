@@ -694,6 +694,16 @@ static char *query_of(const char *q) {
 
 void lg__gw_handle(lg__req_t *rq) {
   lg__gw_t *gw = rq->srv->gw;
+  /* /v1/v1/...: a base URL ending in /v1 where the SDK adds /v1 itself
+   * (Anthropic's). No provider serves it: said here, not passed through. */
+  if (!strncmp(rq->id, "/v1/v1/", 7)) {
+    rq->api_errors = lg__gw_error_api(rq->id + 3); /* in the shape its SDK reads */
+    lg__req_error(rq, 404, "not_found", NULL,
+                  "no endpoint %s %s: /v1 is in the client's base URL twice; an Anthropic "
+                  "client's base URL does not end in /v1 (its SDK adds /v1), an OpenAI client's does",
+                  rq->method, rq->id);
+    return;
+  }
   lg__gw_job_t *j = lg__calloc(1, sizeof *j);
   if (!j) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");

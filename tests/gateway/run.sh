@@ -482,6 +482,11 @@ code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/
 get 'd["error"]["message"]' <"$TMP/e.json" | grep -qF "no endpoint POST /chat/completions: the gateway's paths start with /v1 (POST /v1/chat/completions)" ||
   fail "no /v1: $(cat "$TMP/e.json")"
 curl -s "$gw_URL/nope" | grep -q '"no endpoint GET /nope"' || fail "a path of no API got the hint: $(curl -s "$gw_URL/nope")"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
+[ "$code" = 404 ] || fail "/v1 twice: $code"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -qF "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"
+[ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "/v1 twice: not in Anthropic's shape: $(cat "$TMP/e.json")"
+[ "$(curl -sf "$FAKE/stats" | get 'd.get("last_url")')" != /v1/v1/messages ] || fail "/v1 twice: passed through to the upstream"
 note "a base URL without a path (every request the provider's 404) is said at the start, in the banner and the log"
 printf '{"upstreams":{"o":{"base_url":"%s","api":"openai"},"a":{"base_url":"%s/","api":"anthropic"}},"default":"o"}' \
   "$FAKE" "$FAKE" >"$TMP/nopath.json"
