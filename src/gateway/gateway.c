@@ -147,6 +147,7 @@ struct lg__gw {
   _Atomic uint64_t up_err[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t up_hung_up[GW_MAX_UP]; /* exchanges ended as their client hung up */
   _Atomic uint64_t cut_at_stop;           /* exchanges the shutdown aborted (lg__gw_stop) */
+  _Atomic uint64_t fibers_made;           /* fiber stacks mapped (fib_get) */
   /* upstream_failed lines: when the next of an upstream and kind may be
    * written (lg__mono_ns), and the failures left out since the last */
   _Atomic uint64_t up_log_next[GW_MAX_UP][LG__GW_UP__KINDS];
@@ -485,7 +486,13 @@ static _Thread_local lg__gw_ctx_t *tl_cx;
  * LOOPGUARD_GATEWAY_FIBERS=0 turns fibers off (one request kept at a
  * time, run whole, as before them). */
 #define GW_FIBERS 64
-#define GW_FIBERS_POOL 16   /* fibers kept for the next requests */
+/* Fibers a thread keeps for its next requests: as many as it may run at
+ * once. A fiber freed is a stack unmapped (a TLB shootdown on every core)
+ * and the next one mapped again and faulted in: with 16 kept (until
+ * session 34), 64 requests at once on two threads cost a third more CPU a
+ * request, 128 almost half more (loopguard_gateway_fibers_made_total,
+ * tests/gateway/reuse.sh). */
+#define GW_FIBERS_POOL GW_FIBERS
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define GW_FIBER_STACK ((size_t)8 << 20) /* reserved, not resident: a page once touched */
 #else
@@ -982,6 +989,8 @@ static gw_fib_t *fib_get(lg__gw_t *gw, gw_sched_t *s) {
   } else if ((fb = lg__calloc(1, sizeof *fb)) && !(fb->f = lg__fiber_new(GW_FIBER_STACK))) {
     fib_free(fb);
     return NULL;
+  } else if (fb) {
+    atomic_fetch_add(&gw->fibers_made, 1);
   }
   if (!fb) return NULL;
   if (!spare_take(gw, &fb->cx)) {
@@ -1852,8 +1861,13 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
                     "(LOOPGUARD_GATEWAY_WORKERS).\n# TYPE loopguard_gateway_workers_max gauge\n"
                     "loopguard_gateway_workers_max %d\n"
                     "# HELP loopguard_gateway_queued Gateway requests waiting for a worker.\n"
-                    "# TYPE loopguard_gateway_queued gauge\nloopguard_gateway_queued %zu\n",
-                 nth - idle, idle, max_th, qlen);
+                    "# TYPE loopguard_gateway_queued gauge\nloopguard_gateway_queued %zu\n"
+                    "# HELP loopguard_gateway_fibers_made_total Fibers the HTTP threads made to run "
+                    "gateway requests on (a stack mapped each); a thread keeps as many as it had at "
+                    "once, up to 64, so this grows with the most requests at once, not with requests.\n"
+                    "# TYPE loopguard_gateway_fibers_made_total counter\n"
+                    "loopguard_gateway_fibers_made_total %llu\n",
+                 nth - idle, idle, max_th, qlen, (unsigned long long)atomic_load(&gw->fibers_made));
   lg__buf_puts(b, "# HELP loopguard_gateway_requests_total Gateway requests by route and upstream.\n"
                   "# TYPE loopguard_gateway_requests_total counter\n");
   for (int k = 0; k < LG__GW__KINDS; k++)

@@ -6,7 +6,8 @@
 # at once need 64; every connection more was one closed and opened again,
 # which to a provider is a TLS handshake more
 # (until session 33 a fiber's connection went with the fiber: 266 to 388
-# connections for these 2,048 requests).
+# connections for these 2,048 requests). The fibers are kept the same way
+# (loopguard_gateway_fibers_made_total).
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 conns() { curl -sf "$FAKE/stats" | jq_py 'd["connections"]'; }
@@ -20,6 +21,11 @@ n=$((c1 - c0 - 1)) # less the second stats request's own
 echo "  2048 requests, $n upstream connections opened"
 [ "$n" -le 80 ] || fail "$n connections upstream for 2048 requests of 64 agents at once (at most 80: 64 and a few the workers take)"
 [ "$n" -ge 1 ] || fail "no connection upstream counted: $n"
+# and the fibers they ran on kept too: made once, not a stack mapped and
+# unmapped again for every request past 16 at once (until session 34)
+f=$(curl -sf "$r_URL/metrics" | awk '$1 == "loopguard_gateway_fibers_made_total" { print $2 }')
+echo "  $f fibers made"
+[ -n "$f" ] && [ "$f" -ge 1 ] && [ "$f" -le 80 ] || fail "$f fibers made for 2048 requests of 64 agents at once (at most 80)"
 curl -sf "$r_URL/healthz" >/dev/null || fail "the server stopped serving"
 
 stop_server r
