@@ -83,11 +83,12 @@ static const char *serve_usage =
 
 static const char *serve_notes =
     "\n"
-    "Environment for the gateway: each loop's thread runs up to 64 requests at\n"
-    "once on fibers (LOOPGUARD_GATEWAY_FIBERS=0: one); LOOPGUARD_GATEWAY_WORKERS,\n"
-    "the most worker threads for the requests past those (8 start; more when\n"
-    "requests wait) [256; postgres: 16]; LOOPGUARD_GATEWAY_MAX_RUNS, the runs\n"
-    "kept in memory [10000]; LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB];\n"
+    "Environment for the gateway: LOOPGUARD_GATEWAY_FIBERS, the requests each\n"
+    "loop's thread runs at once on fibers [256; 0: one at a time; at most 1024];\n"
+    "LOOPGUARD_GATEWAY_WORKERS, the most worker threads for the requests past\n"
+    "those (8 start; more when requests wait) [256; postgres: 16];\n"
+    "LOOPGUARD_GATEWAY_MAX_RUNS, the runs kept in memory [10000];\n"
+    "LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB];\n"
     "LOOPGUARD_GATEWAY_ANSWER_BYTES, the most a guarded route holds of an\n"
     "upstream answer (whole, an event, a stream's text and calls) [64 MiB];\n"
     "LOOPGUARD_GATEWAY_KEEPALIVE_MS, an SSE comment to a stream held that long [15000].\n"

@@ -139,7 +139,8 @@ struct lg__gw {
   lg__gw_run_t *heads[GW_BUCKETS];   /* runs by their prefix's first bytes (lg__gw_prefix_find) */
   _Atomic uint64_t msgs_read[2];     /* conversation elements checked, taken from a prefix */
   lg__gw_policies_t policies; /* --policies DIR */
-  int fibers;                 /* a leader runs its requests on fibers (LOOPGUARD_GATEWAY_FIBERS) */
+  int fibers;                 /* a leader runs up to this many requests at once on fibers
+                                 (LOOPGUARD_GATEWAY_FIBERS); 0: none */
   /* metrics */
   _Atomic uint64_t req[LG__GW__KINDS][GW_MAX_UP];
   _Atomic uint64_t up_hist[GW_MAX_UP][GW_HIST + 1];
@@ -477,22 +478,26 @@ static _Thread_local lg__gw_ctx_t *tl_cx;
  * the core it runs on, with no hand-over to a worker and no wake-up of
  * another thread: the requests it reads while its fibers wait are its
  * own. The workers take what a leader does not keep: more than
- * GW_FIBERS at once, or the requests read by a thread that does not lead.
+ * LOOPGUARD_GATEWAY_FIBERS at once (GW_FIBERS by default: a fiber that
+ * waits for its upstream costs its stack's touched pages, tens of KB, and
+ * a connection; a worker a thread, and a request past the workers waits
+ * in the queue until one is free), or the requests read by a thread that
+ * does not lead.
  * A wait that may be long and is not the upstream's (a store lock another
  * process holds) still blocks the thread, which passes the lead first
  * (server.c) and then finishes its fibers, without leading
  * (lg__gw_fibers_end). A fiber is resumed only by its thread: the store's
  * reader and the JSON region are per thread.
  * LOOPGUARD_GATEWAY_FIBERS=0 turns fibers off (one request kept at a
- * time, run whole, as before them). */
-#define GW_FIBERS 64
-/* Fibers a thread keeps for its next requests: as many as it may run at
- * once. A fiber freed is a stack unmapped (a TLB shootdown on every core)
- * and the next one mapped again and faulted in: with 16 kept (until
- * session 34), 64 requests at once on two threads cost a third more CPU a
- * request, 128 almost half more (loopguard_gateway_fibers_made_total,
- * tests/gateway/reuse.sh). */
-#define GW_FIBERS_POOL GW_FIBERS
+ * time, run whole, as before them). Until session 34 a leader held 64. */
+#define GW_FIBERS 256
+#define GW_FIBERS_LIMIT 1024
+/* A thread keeps the fibers it made for its next requests, as many as it
+ * may run at once (gw->fibers). A fiber freed is a stack unmapped (a TLB
+ * shootdown on every core) and the next one mapped again and faulted in:
+ * with 16 kept (until session 34), 64 requests at once on two threads cost
+ * a third more CPU a request, 128 almost half more
+ * (loopguard_gateway_fibers_made_total, tests/gateway/reuse.sh). */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define GW_FIBER_STACK ((size_t)8 << 20) /* reserved, not resident: a page once touched */
 #else
@@ -506,18 +511,18 @@ static _Thread_local lg__gw_ctx_t *tl_cx;
  * is done, so that the thread's next request reuses the connection: a
  * fiber's own handles (until session 33) went with the fiber when the
  * thread passed the lead on (lg__gw_fibers_end frees its fibers) or when
- * more fibers than GW_FIBERS_POOL were done at once: with 64 agents at
+ * more fibers than the 16 it kept then were done at once: with 64 agents at
  * once one request in six to eight opened a new connection upstream (a
  * TCP connection and, to a provider, a TLS handshake; tests/gateway/reuse.sh).
  * libcurl's shared connection cache (CURLSHOPT_SHARE) would serve every
  * thread but is not thread-safe in 7.88 (its KNOWN_BUGS); a thread's own
- * pairs are used by that thread alone. At most GW_FIBERS, freed when the
+ * pairs are used by that thread alone. At most gw->fibers, freed when the
  * thread exits (spares_free, gw->spare_key). */
 typedef struct gw_spares {
   struct {
     CURL *curl;
     CURLM *multi;
-  } v[GW_FIBERS];
+  } v[GW_FIBERS_LIMIT];
   int n;
   int keyed; /* the thread's key holds it: spares_free runs at its exit */
 } gw_spares_t;
@@ -533,6 +538,7 @@ typedef struct gw_fib {
   struct gw_fib *next;        /* the active list, or the pool */
   struct gw_sched *sched;     /* its thread's */
   struct gw_fib *rnext;       /* the thread's woken list (park_wake) */
+  struct gw_fib *lnext;       /* the fibers_run pass's ready ones */
 } gw_fib_t;
 
 /* A thread's requests: those it kept and has not started, its fibers. */
@@ -564,7 +570,7 @@ int lg__gw_holds_mine(void) { return tl_sched.kept || tl_sched.nactive || tl_bus
 static int keep_mine(lg__gw_t *gw, lg__gw_job_t *j) {
   if (!lg__loop_leads()) return 0;
   gw_sched_t *s = &tl_sched;
-  if (s->ep < 0 ? lg__gw_holds_mine() : s->nkept + s->nactive >= GW_FIBERS) return 0;
+  if (s->ep < 0 ? lg__gw_holds_mine() : s->nkept + s->nactive >= gw->fibers) return 0;
   pthread_mutex_lock(&gw->qmu);
   int ok = !gw->quit && !atomic_load(&gw->stop);
   if (ok) gw->running++;
@@ -964,7 +970,7 @@ static int spare_take(lg__gw_t *gw, lg__gw_ctx_t *cx) {
 static void spare_give(lg__gw_ctx_t *cx) {
   gw_spares_t *sp = &tl_spares;
   if (!cx->curl) return;
-  if (sp->keyed && sp->n < GW_FIBERS) {
+  if (sp->keyed && sp->n < cx->gw->fibers) {
     sp->v[sp->n].curl = cx->curl;
     sp->v[sp->n].multi = cx->multi;
     sp->n++;
@@ -1021,7 +1027,7 @@ static void fib_run(gw_sched_t *s, gw_fib_t *fb, int start) {
   fb->j = NULL;
   fb->w = NULL;
   spare_give(&fb->cx); /* its upstream connection to the thread's next request */
-  if (s->npool < GW_FIBERS_POOL) {
+  if (s->npool < fb->cx.gw->fibers) {
     fb->next = s->pool;
     s->pool = fb;
     s->npool++;
@@ -1081,14 +1087,21 @@ static int fibers_run(lg__gw_t *gw, gw_sched_t *s) {
       if (!now) now = lg__mono_ns();
       if (now >= fib_due(fb) || atomic_load(&gw->stop)) fb->ready = 1;
     }
-  for (int again = 1; again;) { /* a fiber done leaves the list: walk it again */
-    again = 0;
-    for (gw_fib_t *fb = s->active; fb; fb = fb->next)
-      if (fb->ready) {
-        fib_run(s, fb, 0);
-        ran = again = 1;
-        break;
-      }
+  /* The ready ones, each run once: a fiber done leaves the active list,
+   * and one a run makes ready waits for the next pass, which comes at once
+   * (lg__gw_fibers_due_ms is 0). Until session 34 the list was walked again
+   * from its start after every run: with hundreds of fibers, quadratic. */
+  gw_fib_t *batch = NULL, **bt = &batch;
+  for (gw_fib_t *fb = s->active; fb; fb = fb->next)
+    if (fb->ready) {
+      *bt = fb;
+      bt = &fb->lnext;
+    }
+  *bt = NULL;
+  for (gw_fib_t *fb = batch, *nx; fb; fb = nx) {
+    nx = fb->lnext;
+    fib_run(s, fb, 0);
+    ran = 1;
   }
   lg__gw_job_t *j;
   while ((j = next_kept(s))) {
@@ -1864,7 +1877,8 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
                     "# TYPE loopguard_gateway_queued gauge\nloopguard_gateway_queued %zu\n"
                     "# HELP loopguard_gateway_fibers_made_total Fibers the HTTP threads made to run "
                     "gateway requests on (a stack mapped each); a thread keeps as many as it had at "
-                    "once, up to 64, so this grows with the most requests at once, not with requests.\n"
+                    "once, up to LOOPGUARD_GATEWAY_FIBERS, so this grows with the most requests at "
+                    "once, not with requests.\n"
                     "# TYPE loopguard_gateway_fibers_made_total counter\n"
                     "loopguard_gateway_fibers_made_total %llu\n",
                  nth - idle, idle, max_th, qlen, (unsigned long long)atomic_load(&gw->fibers_made));
@@ -2028,8 +2042,9 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   if (!rc) rc = env_whole("LOOPGUARD_GATEWAY_ANSWER_BYTES", "bytes", 1024, LLONG_MAX, &ab, err);
   gw->keepalive_ns = (uint64_t)ka * 1000000ull;
   gw->answer_max = (size_t)ab;
-  const char *fe = getenv("LOOPGUARD_GATEWAY_FIBERS");
-  gw->fibers = !(fe && !strcmp(fe, "0"));
+  long long fib = GW_FIBERS;
+  if (!rc) rc = env_whole("LOOPGUARD_GATEWAY_FIBERS", "fibers", 0, GW_FIBERS_LIMIT, &fib, err);
+  gw->fibers = (int)fib;
   const char *wn = getenv("LOOPGUARD_GATEWAY_WORKERS");
   gw->max_th = srv->shared ? GW_WORKERS_MAX : GW_WORKERS_MAX_PG;
   if (!rc && wn && *wn) {

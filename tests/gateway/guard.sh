@@ -720,12 +720,25 @@ slow_at_once() {
   grep -qx 'loopguard_gateway_workers_max 20' "$TMP/$name.metrics" || fail "$name: workers_max: $(grep workers "$TMP/$name.metrics")"
 }
 
-note "many slow upstream requests at once: the loop's leader holds each on a fiber of its own (no worker needed), and those past its 64 go to the workers"
-# 80 at once: 64 on the leader's fibers, 16 to the workers, which grow
-# from 8 to 16 (without fibers, to the cap of 20: the pool test below).
-LOOPGUARD_GATEWAY_WORKERS=20 start_server fib --store memory: --upstream "$FAKE/v1" --log "$TMP/fib.log" --threads 1
-slow_at_once 80 fib80 fib_URL
+note "many slow upstream requests at once: the loop's leader holds each on a fiber of its own (no worker needed), and those past LOOPGUARD_GATEWAY_FIBERS go to the workers"
+# 80 at once with 64 fibers: 64 on the leader's fibers, 16 to the
+# workers, which grow from 8 to 16 (without fibers, to the cap of 20: the
+# pool test below).
+LOOPGUARD_GATEWAY_FIBERS=64 LOOPGUARD_GATEWAY_WORKERS=20 start_server fib64 --store memory: --upstream "$FAKE/v1" --log "$TMP/fib64.log" --threads 1
+slow_at_once 80 fib80 fib64_URL
 [ "$started" -ge 16 ] && [ "$started" -le 18 ] || fail "fib80: $started workers started for the 16 requests past the leader's 64 fibers"
+stop_server fib64
+# 120 at once with the default (256): all on the leader's fibers, no
+# worker started past the first eight (until session 34, with 64, 56
+# went to the workers), and no stack mapped twice.
+LOOPGUARD_GATEWAY_WORKERS=20 start_server fib --store memory: --upstream "$FAKE/v1" --log "$TMP/fib.log" --threads 1
+slow_at_once 120 fib120 fib_URL
+[ "$started" = 8 ] || fail "fib120: $started workers started; the leader's 256 fibers hold 120 requests"
+made=$(awk '$1 == "loopguard_gateway_fibers_made_total" { print $2 }' "$TMP/fib120.metrics")
+[ "$made" -ge 100 ] && [ "$made" -le 120 ] || fail "fib120: $made fibers made for 120 requests at once"
+slow_at_once 120 fib120b fib_URL
+made=$(awk '$1 == "loopguard_gateway_fibers_made_total" { print $2 }' "$TMP/fib120b.metrics")
+[ "$made" -le 120 ] || fail "fib120: $made fibers made after 120 more at once: those of the first 120 not kept"
 note "a fresh run is written with its first step: its request makes two transactions (the person's message with the model call; the usage with the answer), not three"
 batches() { curl -sf "$fib_URL/metrics" | awk '$1 == "loopguard_commit_batches_total" { print $2 }'; }
 b0=$(batches)
@@ -754,6 +767,11 @@ stop_server pool
 out=$(LOOPGUARD_GATEWAY_WORKERS=lots "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
   fail "LOOPGUARD_GATEWAY_WORKERS=lots was taken: $out"
 echo "$out" | grep -q 'LOOPGUARD_GATEWAY_WORKERS.*"lots"' || fail "LOOPGUARD_GATEWAY_WORKERS=lots: $out"
+for v in lots -1 1025; do
+  out=$(LOOPGUARD_GATEWAY_FIBERS=$v "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
+    fail "LOOPGUARD_GATEWAY_FIBERS=$v was taken: $out"
+  echo "$out" | grep -q "LOOPGUARD_GATEWAY_FIBERS.*from 0 to 1024, not \"$v\"" || fail "LOOPGUARD_GATEWAY_FIBERS=$v: $out"
+done
 
 note "a run without X-Loopguard-Run: its next request reads only its new messages, found by its first bytes"
 metric() { curl -sf "$g_URL/metrics" | awk -v k="loopguard_gateway_messages_read_total{how=\"$1\"}" '$1 == k { print $2 }'; }
