@@ -18,7 +18,6 @@
 //   STEP_CAP       the agent's own cap on model calls [10]
 //
 // Tested by tests/gateway/demo.sh (ctest gateway_demo).
-import OpenAI from 'openai';
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { createServer } from 'node:http';
@@ -30,6 +29,14 @@ const unknown = process.argv.slice(2).filter((a) => a !== '--keep' && a !== '--j
 if (unknown.length) {
   console.error(`demo.mjs: unknown argument ${unknown[0]} (usage: node demo.mjs [--keep] [--json])`);
   process.exit(2);
+}
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import('openai'));
+} catch (e) {
+  if (e.code !== 'ERR_MODULE_NOT_FOUND') throw e;
+  console.error("demo.mjs: the openai package is not installed beside it: run 'npm ci' in examples/gateway first");
+  process.exit(1);
 }
 const cap = Number(process.env.STEP_CAP || 10);
 if (!Number.isInteger(cap) || cap < 3) {

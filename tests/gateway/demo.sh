@@ -64,7 +64,12 @@ wait "$keep_pid" || rc=$?
 for i in $(seq 100); do curl -s -o /dev/null "${gw%/v1}/healthz" || break; sleep 0.05; done
 curl -s -o /dev/null "${gw%/v1}/healthz" && fail "the demo's loopguard still answers after SIGINT"
 
-note "errors: no loopguard binary, an unknown argument"
+note "errors: the openai package not installed, no loopguard binary, an unknown argument"
+mkdir "$TMP/bare"
+cp "$DEMO_SRC/demo.mjs" "$TMP/bare/"
+out=$(LOOPGUARD_BIN=$LG_BIN node "$TMP/bare/demo.mjs" 2>&1) && fail "ran without the openai package: $out"
+echo "$out" | grep -q "the openai package is not installed beside it: run 'npm ci' in examples/gateway first" ||
+  fail "no openai package: $out"
 out=$(LOOPGUARD_BIN=$TMP/nothing-here node "$TMP/demo/demo.mjs" 2>&1) && fail "ran without a binary: $out"
 echo "$out" | grep -q "did not start: no such program" || fail "no binary: $out"
 out=$(demo --bogus 2>&1)
