@@ -685,6 +685,18 @@ int lg__gw_claims(const lg__gw_t *gw, const char *url) {
   return 1;
 }
 
+int lg__gw_lacks_v1(const char *path, size_t n) {
+  static const char *const first[] = {"chat", "completions", "responses", "messages",
+                                      "embeddings", "models", "files", "uploads",
+                                      "audio", "images", "moderations", "batches"};
+  if (n < 2 || path[0] != '/') return 0;
+  const char *seg = path + 1, *end = memchr(seg, '/', n - 1);
+  size_t len = end ? (size_t)(end - seg) : n - 1;
+  for (size_t i = 0; i < LG__ARRAY_LEN(first); i++)
+    if (strlen(first[i]) == len && !memcmp(seg, first[i], len)) return 1;
+  return 0;
+}
+
 /* The query of a request target, to go on upstream as the client sent
  * it: a byte a URL may not hold as it is (a space cannot be here, the
  * screen refuses it; a non-ASCII byte, a quote, a brace, ...) is

@@ -69,6 +69,10 @@ void lg__gw_fibers_end(lg__gw_t *gw);
 /* 1 when the gateway answers `url` (its three routes, and passthrough of
  * any other /v1/ path that is not loopguard's own API). */
 int lg__gw_claims(const lg__gw_t *gw, const char *url);
+/* Whether path (n bytes) is a model API's own without the /v1 before it
+ * ("/chat/completions"): what a client whose base URL lacks /v1 sends,
+ * which the server's 404 then says. */
+int lg__gw_lacks_v1(const char *path, size_t n);
 /* 1 when `method` `url` is one of the routes the gateway guards (a model
  * request it reads); 0: passed through as it is. */
 int lg__gw_guards(const char *url, const char *method);

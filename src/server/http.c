@@ -646,20 +646,6 @@ void *lg__http_uri_log(void *cls, const char *uri, struct MHD_Connection *c) {
   return hr;
 }
 
-/* Whether path is one of the model APIs' own, without the /v1 before it
- * ("/chat/completions"): what a client whose base URL lacks /v1 sends. */
-static bool model_api_path(const char *path, size_t n) {
-  static const char *const first[] = {"chat", "completions", "responses", "messages",
-                                      "embeddings", "models", "files", "uploads",
-                                      "audio", "images", "moderations", "batches"};
-  if (n < 2 || path[0] != '/') return false;
-  const char *seg = path + 1, *end = memchr(seg, '/', n - 1);
-  size_t len = end ? (size_t)(end - seg) : n - 1;
-  for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
-    if (strlen(first[i]) == len && !memcmp(seg, first[i], len)) return true;
-  return false;
-}
-
 /* The checks of the headers, in order: the request line (414), the head's
  * size (431), the open mode's Host and Origin (403), the token (401:
  * before any 404 or 405, so that an unauthenticated client learns nothing
@@ -744,7 +730,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     hr->errored = 1; /* the 400 of a bad id, filled by route() */
     return;
   }
-  if (!found && srv->gw && model_api_path(path, plen))
+  if (!found && srv->gw && lg__gw_lacks_v1(path, plen))
     FAIL(404, "not_found", NULL,
          "no endpoint %s %.*s: the gateway's paths start with /v1 (%s /v1%.*s), so an OpenAI "
          "client's base URL ends in /v1; an Anthropic client's does not (its SDK adds /v1)",
