@@ -1004,13 +1004,14 @@ static gw_fib_t *fib_get(lg__gw_t *gw, gw_sched_t *s) {
   if (fb) {
     s->pool = fb->next;
     s->npool--;
-  } else if ((fb = lg__calloc(1, sizeof *fb)) && !(fb->f = lg__fiber_new(GW_FIBER_STACK))) {
-    fib_free(fb);
-    return NULL;
-  } else if (fb) {
+  } else {
+    if (!(fb = lg__calloc(1, sizeof *fb))) return NULL;
+    if (!(fb->f = lg__fiber_new(GW_FIBER_STACK))) {
+      fib_free(fb);
+      return NULL;
+    }
     atomic_fetch_add(&gw->fibers_made, 1);
   }
-  if (!fb) return NULL;
   if (!spare_take(gw, &fb->cx)) {
     fib_free(fb);
     return NULL;
@@ -1094,21 +1095,22 @@ static int fibers_run(lg__gw_t *gw, gw_sched_t *s) {
   uint64_t now = 0;
   atomic_store(&s->sleeping, 0);
   for (gw_fib_t *fb = atomic_exchange(&s->woken, NULL); fb; fb = fb->rnext) fb->ready = 1;
-  for (gw_fib_t *fb = s->active; fb; fb = fb->next) /* first which: a fiber run may wait again */
+  /* Which are ready, all known before any runs (a fiber run may wait
+   * again), each then run once: a fiber done leaves the active list, and
+   * one a run makes ready waits for the next pass, which comes at once
+   * (lg__gw_fibers_due_ms is 0). Until session 34 the list was walked again
+   * from its start after every run: with hundreds of fibers, quadratic. */
+  gw_fib_t *batch = NULL, **bt = &batch;
+  for (gw_fib_t *fb = s->active; fb; fb = fb->next) {
     if (!fb->ready && fb->w) {
       if (!now) now = lg__mono_ns();
       if (now >= fib_due(fb) || atomic_load(&gw->stop)) fb->ready = 1;
     }
-  /* The ready ones, each run once: a fiber done leaves the active list,
-   * and one a run makes ready waits for the next pass, which comes at once
-   * (lg__gw_fibers_due_ms is 0). Until session 34 the list was walked again
-   * from its start after every run: with hundreds of fibers, quadratic. */
-  gw_fib_t *batch = NULL, **bt = &batch;
-  for (gw_fib_t *fb = s->active; fb; fb = fb->next)
     if (fb->ready) {
       *bt = fb;
       bt = &fb->lnext;
     }
+  }
   *bt = NULL;
   for (gw_fib_t *fb = batch, *nx; fb; fb = nx) {
     nx = fb->lnext;
