@@ -30,6 +30,10 @@ DEPS := gcc make cmake pkg-config clang libclang-rt-14-dev \
         libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev python3 curl \
         chromium prometheus nodejs openssl
 BENCH_DEPS := wrk nodejs python3 socat
+# npm installs the pinned clients of the gateway's tests and benchmark:
+# Debian's nodejs comes without it (NodeSource's has its own), so
+# Debian's npm package only when there is no npm.
+ENSURE_NPM := command -v npm >/dev/null || ./scripts/ensure-deps npm
 
 .PHONY: all deps bench-deps build build-asan build-fuzz run test test-unit \
         test-asan test-fuzz bench install clean help
@@ -44,7 +48,7 @@ deps:
 
 bench-deps:
 	@./scripts/ensure-deps $(BENCH_DEPS)
-	@command -v npm >/dev/null || ./scripts/ensure-deps npm
+	@$(ENSURE_NPM)
 	@./bench/gateway/install.sh "$(BUILD)" || echo "loopguard: the gateway benchmark will run without Portkey" >&2
 
 build: deps
@@ -63,11 +67,8 @@ build-fuzz: deps
 run: deps
 	@BUILD="$(BUILD)" JOBS="$(JOBS)" CMAKE_FLAGS="$(CMAKE_FLAGS)" LISTEN="$(LISTEN)" ARGS="$(ARGS)" ./scripts/run
 
-# npm installs the pinned test clients (tests/gateway): Debian's nodejs
-# comes without it (NodeSource's has its own), so the npm package only
-# when there is no npm.
 test: build
-	@command -v npm >/dev/null || ./scripts/ensure-deps npm
+	@$(ENSURE_NPM)
 	@./scripts/test-all "$(BUILD)" "$(ASAN_BUILD)" "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
 
 # The parts of make test, one at a time.
