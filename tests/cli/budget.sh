@@ -6,49 +6,9 @@
 #
 # The store is a new SQLite file, or with LG_TEST_STORE=postgres the
 # database of tests/pg/with-postgres.sh ($LG_PG_URL).
-set -u
-bin=${LG_BIN:?LG_BIN must name the loopguard binary}
-tmp=$(mktemp -d /tmp/lgcli.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-if [ "${LG_TEST_STORE:-sqlite}" = postgres ]; then
-  : "${LG_PG_URL:?LG_PG_URL is not set (run through tests/pg/with-postgres.sh)}"
-  store=$LG_PG_URL
-else
-  store="sqlite:$tmp/budget.db"
-fi
+source "$(dirname "$0")/check_lib.bash"
+use_store budget
 export LOOPGUARD_STORE=$store
-pass=0 failed=0
-
-check() { # NAME EXPECTED_STATUS CMD... ; output in $out, stderr in $tmp/err
-  local name=$1 want=$2
-  shift 2
-  out=$("$@" 2>"$tmp/err")
-  local got=$?
-  if [ "$got" = "$want" ]; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $name: exit $got, wanted $want"
-    echo "  stdout: $out"
-    echo "  stderr: $(cat "$tmp/err")"
-  fi
-}
-has() { # NAME TEXT HAYSTACK
-  if printf '%s' "$3" | grep -qF -- "$2"; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $1: '$2' not in: $3"
-  fi
-}
-hasnt() {
-  if printf '%s' "$3" | grep -qF -- "$2"; then
-    failed=$((failed + 1))
-    echo "FAIL: $1: '$2' unexpectedly in: $3"
-  else
-    pass=$((pass + 1))
-  fi
-}
 
 # set, in both output forms.
 check "set" 0 "$bin" budget set key:alice --limit-usd 25 --period daily --max-in-flight-usd 2
@@ -78,11 +38,12 @@ has "never resets" "resets at      never" "$out"
 check "list" 0 "$bin" budget list
 has "list header" "SCOPE" "$out"
 order=$(printf '%s\n' "$out" | awk 'NR > 1 { print $1 }' | paste -sd' ')
-if [ "$order" = "customer:7 key:alice team:ml workspace:acme" ]; then pass=$((pass + 1)); else
-  failed=$((failed + 1)); echo "FAIL: list order: $order"; fi
+[ "$order" = "customer:7 key:alice team:ml workspace:acme" ]
+ok "list order: $order" $?
 check "list json" 0 "$bin" budget list --json
 lines=$(printf '%s\n' "$out" | grep -c '^{"scope":')
-[ "$lines" = 4 ] && pass=$((pass + 1)) || { failed=$((failed + 1)); echo "FAIL: list json lines: $lines"; }
+[ "$lines" = 4 ]
+ok "list json lines: $lines" $?
 
 # set again: the limit changes; set replaces the in-flight cap.
 check "set again" 0 "$bin" budget set key:alice --limit-usd 30 --period daily --json
@@ -131,7 +92,8 @@ has "sqlite path named" "$tmp/no/such/dir/x.db" "$(cat "$tmp/err")"
 check "empty list" 0 "$bin" budget list --store "sqlite:$tmp/empty.db"
 has "no budgets" "no budgets in" "$out"
 check "empty list json" 0 "$bin" budget list --json --store "sqlite:$tmp/empty.db"
-[ -z "$out" ] && pass=$((pass + 1)) || { failed=$((failed + 1)); echo "FAIL: empty json list: $out"; }
+[ -z "$out" ]
+ok "empty json list: $out" $?
 
 # --help everywhere, explaining each flag, on stdout, status 0.
 check "help" 0 "$bin" budget --help
@@ -149,5 +111,4 @@ check "top help" 0 "$bin" --help
 has "top help budget" "budget set|show|list|reset" "$out"
 hasnt "not pending" "not available" "$("$bin" budget list 2>&1)"
 
-echo "budget.sh: $pass passed, $failed failed (store ${store%%:*})"
-[ "$failed" = 0 ]
+summary "budget.sh (store ${store%%:*})"

@@ -7,43 +7,12 @@
 #
 # The store is a new SQLite file, or with LG_TEST_STORE=postgres the
 # database of tests/pg/with-postgres.sh ($LG_PG_URL).
-set -u
-bin=${LG_BIN:?LG_BIN must name the loopguard binary}
-tmp=$(mktemp -d /tmp/lgcli.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-if [ "${LG_TEST_STORE:-sqlite}" = postgres ]; then
-  : "${LG_PG_URL:?LG_PG_URL is not set (run through tests/pg/with-postgres.sh)}"
-  store=$LG_PG_URL
-else
-  store="sqlite:$tmp/ledger.db"
-fi
+source "$(dirname "$0")/check_lib.bash"
+use_store ledger
 export LOOPGUARD_STORE=$store
+
 fp=$(printf '%064d' 7)
 fp2=$(printf '%064d' 8)
-pass=0 failed=0
-
-check() { # NAME EXPECTED_STATUS CMD... ; output in $out
-  local name=$1 want=$2
-  shift 2
-  out=$("$@" 2>"$tmp/err")
-  local got=$?
-  if [ "$got" = "$want" ]; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $name: exit $got, wanted $want"
-    echo "  stdout: $out"
-    echo "  stderr: $(cat "$tmp/err")"
-  fi
-}
-has() { # NAME TEXT HAYSTACK
-  if printf '%s' "$3" | grep -qF -- "$2"; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $1: '$2' not in: $3"
-  fi
-}
 
 check "claim" 0 "$bin" ledger claim pay-1 --fingerprint "$fp" --run run-1
 has "claim says claimed" "claimed pay-1" "$out"
@@ -126,5 +95,4 @@ for f in --fingerprint --lease-ms --run --store --json; do has "claim help $f" "
 check "help commit flags" 0 "$bin" ledger commit --help
 for f in --result --operation-id --store; do has "commit help $f" "$f" "$out"; done
 
-echo "ledger CLI ($store): $pass passed, $failed failed"
-[ "$failed" = 0 ]
+summary "ledger CLI ($store)"

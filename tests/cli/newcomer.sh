@@ -8,40 +8,9 @@
 #   - `loopguard --help` lists every subcommand; every --help has an exit
 #     status line; `replay -` reads standard input; a trace that cannot be
 #     opened prints nothing on stdout, only the error on stderr.
-set -u
-bin=${LG_BIN:?LG_BIN must name the loopguard binary}
+source "$(dirname "$0")/check_lib.bash"
 src=${LG_SOURCE_DIR:?LG_SOURCE_DIR must name the source folder}
-tmp=$(mktemp -d /tmp/lgnew.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 unset LOOPGUARD_STORE
-pass=0 failed=0
-
-check() { # NAME EXPECTED_STATUS CMD... ; stdout in $out, stderr in $err
-  local name=$1 want=$2
-  shift 2
-  out=$("$@" 2>"$tmp/err")
-  local got=$?
-  err=$(cat "$tmp/err")
-  if [ "$got" = "$want" ]; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $name: exit $got, wanted $want"
-    echo "  stdout: $out"
-    echo "  stderr: $err"
-  fi
-}
-has() { # NAME TEXT HAYSTACK
-  if printf '%s' "$3" | grep -qF -- "$2"; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $1: '$2' not in: $3"
-  fi
-}
-ok() { # NAME COND_STATUS
-  if [ "$2" = 0 ]; then pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi
-}
 
 # ---- read-only commands never create a store ----
 mkdir "$tmp/empty"
@@ -107,5 +76,4 @@ first=$(printf '%s\n' "$out" | head -n 1)
 [ "$first" = "$trace" ]
 ok "the good trace's header comes first (got: $first)" $?
 
-echo "newcomer.sh: $pass passed, $failed failed"
-[ "$failed" = 0 ]
+summary newcomer.sh

@@ -4,40 +4,8 @@
 # list, errors that name what and where, and --help on every subcommand.
 # (Runs saved by the engine are listed and shown by
 # tests/unit/test_store_cli.c, which can create them through the API.)
-set -u
-bin=${LG_BIN:?LG_BIN must name the loopguard binary}
-tmp=$(mktemp -d /tmp/lgcli.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-if [ "${LG_TEST_STORE:-sqlite}" = postgres ]; then
-  : "${LG_PG_URL:?LG_PG_URL is not set (run through tests/pg/with-postgres.sh)}"
-  store=$LG_PG_URL
-else
-  store="sqlite:$tmp/runs.db"
-fi
-pass=0 failed=0
-
-check() { # NAME EXPECTED_STATUS CMD... ; output in $out
-  local name=$1 want=$2
-  shift 2
-  out=$("$@" 2>"$tmp/err")
-  local got=$?
-  if [ "$got" = "$want" ]; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $name: exit $got, wanted $want"
-    echo "  stdout: $out"
-    echo "  stderr: $(cat "$tmp/err")"
-  fi
-}
-has() { # NAME TEXT HAYSTACK
-  if printf '%s' "$3" | grep -qF -- "$2"; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $1: '$2' not in: $3"
-  fi
-}
+source "$(dirname "$0")/check_lib.bash"
+use_store runs
 
 # runs list never creates a store (tests/cli/newcomer.sh): an empty purge
 # writes it first.
@@ -45,7 +13,8 @@ has() { # NAME TEXT HAYSTACK
 check "empty list" 0 "$bin" runs list --store "$store"
 has "says empty" "no runs in" "$out"
 check "empty list json" 0 "$bin" runs list --store "$store" --json
-[ -z "$out" ] && pass=$((pass + 1)) || { failed=$((failed + 1)); echo "FAIL: json list not empty: $out"; }
+[ -z "$out" ]
+ok "json list not empty: $out" $?
 
 # The kill switch before the run exists.
 check "cancel future run" 0 "$bin" runs cancel night-42 --reason "runaway billing" --store "$store"
@@ -82,5 +51,4 @@ for f in --reason --group --json; do has "cancel help $f" "$f" "$out"; done
 check "help list" 0 "$bin" runs list --help
 for f in --status --limit --json; do has "list help $f" "$f" "$out"; done
 
-echo "runs CLI ($store): $pass passed, $failed failed"
-[ "$failed" = 0 ]
+summary "runs CLI ($store)"
