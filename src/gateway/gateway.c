@@ -1532,17 +1532,26 @@ void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz
   lg__json_prefix_free(p);
 }
 
-static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol) {
+/* A run new to the table, to be stored with its first step (on_store)
+ * with pol_json and group, and locked: whole before the table shows it,
+ * so that a request of the same run on another thread, which finds it
+ * there, waits for its creator and then stores it if the creator did not
+ * (test_gateway_runs). NULL: out of memory. */
+static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol, const char *pol_json,
+                               const char *group) {
   lg__gw_run_t *r = lg__calloc(1, sizeof *r);
-  if (!r || !(r->id = lg__strdup(id)) || !(r->steer = json_object()) || !(r->own = json_object())) {
-    if (r) lg__free(r->id);
-    if (r) json_decref(r->steer);
-    lg__free(r);
-    return NULL;
-  }
+  if (!r) return NULL;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_mutex_lock(&r->mu);
   r->policy = lg_policy_ref(pol);
   r->text_steer_at = SIZE_MAX;
-  pthread_mutex_init(&r->mu, NULL);
+  r->unborn = 1;
+  if (!(r->id = lg__strdup(id)) || !(r->steer = json_object()) || !(r->own = json_object()) ||
+      !(r->birth_policy = lg__strdup(pol_json)) || (group && !(r->birth_group = lg__strdup(group)))) {
+    pthread_mutex_unlock(&r->mu);
+    run_free(r);
+    return NULL;
+  }
   return r;
 }
 
@@ -1566,7 +1575,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   if (!r) r = run_by_id(gw, id);
   int created = 0;
   if (!r) {
-    if (!(r = run_alloc(id, pol))) {
+    if (!(r = run_alloc(id, pol, pol_json, cx->j->hdr_group))) {
       pthread_mutex_unlock(&gw->tmu);
       lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       return NULL;
@@ -1579,7 +1588,8 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   lru_front(gw, r);
   evict_over(gw);
   pthread_mutex_unlock(&gw->tmu);
-  if (pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */
+  /* (a created run is locked already) */
+  if (!created && pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */
     if (lg__gw_fiber_ep() >= 0) { /* its holder may be a fiber of this thread */
       while (pthread_mutex_trylock(&r->mu)) lg__gw_fiber_sleep(1);
     } else {
@@ -1587,21 +1597,9 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
       pthread_mutex_lock(&r->mu);
     }
   }
-  if (created) { /* stored with its first step (on_store) */
-    int rc = 0;
-    r->unborn = 1;
-    r->birth_policy = lg__strdup(pol_json);
-    if (cx->j->hdr_group && !(r->birth_group = lg__strdup(cx->j->hdr_group))) rc = LG_ENOMEM;
-    if (!r->birth_policy) rc = LG_ENOMEM;
-    if (rc) {
-      lg__err(err, rc, NULL, -1, "out of memory");
-      lg__gw_run_unlock(gw, r);
-      return NULL;
-    }
-    /* A conversation with a start the gateway does not know (begun before
-     * a restart, or evicted): its next requests find this run by it. */
-    if (key) lg__gw_key_put(gw, key, r);
-  }
+  /* A conversation with a start the gateway does not know (begun before a
+   * restart, or evicted): its next requests find this run by it. */
+  if (created && key) lg__gw_key_put(gw, key, r);
   return r;
 }
 
