@@ -1326,8 +1326,8 @@ static lg__gw_run_t *key_get(lg__gw_t *gw, const char *key) {
   return e ? e->run : NULL;
 }
 
-void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
-  pthread_mutex_lock(&gw->tmu);
+/* lg__gw_key_put under tmu. */
+static void key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
   key_ent_t *e = key_find(gw, key);
   if (e && e->run != r) {
     /* A start another conversation had too (a hash of the same messages:
@@ -1355,6 +1355,11 @@ void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
       lg__free(e);
     }
   }
+}
+
+void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
+  pthread_mutex_lock(&gw->tmu);
+  key_put(gw, key, r);
   pthread_mutex_unlock(&gw->tmu);
 }
 
@@ -1583,6 +1588,11 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
     id_link(gw, r);
     gw->nruns++;
     created = 1;
+    /* A conversation with a start the gateway does not know (begun before
+     * a restart, or evicted; a Responses conversation's first request):
+     * its next requests find this run by it, those that come with this
+     * one too. */
+    if (key) key_put(gw, key, r);
   }
   r->busy++;
   lru_front(gw, r);
@@ -1597,9 +1607,6 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
       pthread_mutex_lock(&r->mu);
     }
   }
-  /* A conversation with a start the gateway does not know (begun before a
-   * restart, or evicted): its next requests find this run by it. */
-  if (created && key) lg__gw_key_put(gw, key, r);
   return r;
 }
 
