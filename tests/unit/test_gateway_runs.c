@@ -40,50 +40,28 @@
 
 static lg_server_t *srv;
 static pthread_barrier_t bar;
+static int by_key; /* the runs named by a conversation's key, not an id */
 static atomic_int got, unstored, failed, split;
-static char ids[THREADS][40]; /* by_key: the run each thread got this round */
+static char ids[THREADS][40]; /* the run each thread got this round */
 
 static void *racer(void *ud) {
-  (void)ud;
-  lg__gw_job_t j;
-  memset(&j, 0, sizeof j);
-  lg__gw_ctx_t cx = {.gw = srv->gw, .srv = srv, .j = &j};
-  for (int k = 0; k < ROUNDS; k++) {
-    char id[32];
-    snprintf(id, sizeof id, "together-%d", k);
-    pthread_barrier_wait(&bar);
-    lg_error_t err;
-    memset(&err, 0, sizeof err);
-    lg__gw_run_t *r = lg__gw_run_get(&cx, id, NULL, NULL, &err);
-    if (!r) {
-      atomic_fetch_add(&failed, 1);
-      continue;
-    }
-    atomic_fetch_add(&got, 1);
-    if (!r->unborn || !r->birth_policy) atomic_fetch_add(&unstored, 1);
-    lg__gw_run_unlock(srv->gw, r);
-  }
-  return NULL;
-}
-
-#define KEY_ROUNDS 20000
-
-static void *by_key(void *ud) {
   int me = (int)(intptr_t)ud;
   lg__gw_job_t j;
   memset(&j, 0, sizeof j);
   lg__gw_ctx_t cx = {.gw = srv->gw, .srv = srv, .j = &j};
-  for (int k = 0; k < KEY_ROUNDS; k++) {
-    char key[40];
-    snprintf(key, sizeof key, "conv:together-%d", k);
+  for (int k = 0; k < ROUNDS; k++) {
+    char name[40];
+    snprintf(name, sizeof name, by_key ? "conv:together-%d" : "together-%d", k);
     pthread_barrier_wait(&bar);
     lg_error_t err;
     memset(&err, 0, sizeof err);
-    lg__gw_run_t *r = lg__gw_run_get(&cx, NULL, key, NULL, &err);
+    lg__gw_run_t *r = lg__gw_run_get(&cx, by_key ? NULL : name, by_key ? name : NULL, NULL, &err);
+    ids[me][0] = 0;
     if (!r) {
       atomic_fetch_add(&failed, 1);
-      ids[me][0] = 0;
     } else {
+      atomic_fetch_add(&got, 1);
+      if (!r->unborn || !r->birth_policy) atomic_fetch_add(&unstored, 1);
       snprintf(ids[me], sizeof ids[me], "%s", r->id);
       lg__gw_run_unlock(srv->gw, r);
     }
@@ -125,37 +103,38 @@ static void stop_gateway(void) {
   srv = NULL;
 }
 
-static void together(void *(*fn)(void *)) {
+/* THREADS racers together, ROUNDS new runs; what they got must agree. */
+static void together(int key) {
+  start_gateway();
+  by_key = key;
+  atomic_store(&got, 0);
+  atomic_store(&unstored, 0);
+  atomic_store(&failed, 0);
+  atomic_store(&split, 0);
   assert_int_equal(pthread_barrier_init(&bar, NULL, THREADS), 0);
   pthread_t th[THREADS];
   for (int i = 0; i < THREADS; i++)
-    assert_int_equal(pthread_create(&th[i], NULL, fn, (void *)(intptr_t)i), 0);
+    assert_int_equal(pthread_create(&th[i], NULL, racer, (void *)(intptr_t)i), 0);
   for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
   pthread_barrier_destroy(&bar);
+  printf("# %d runs got, %d of them neither stored nor to be stored; %d of %d rounds split into "
+         "several runs; %d failed\n",
+         atomic_load(&got), atomic_load(&unstored), atomic_load(&split), ROUNDS, atomic_load(&failed));
+  assert_int_equal(atomic_load(&failed), 0);
+  assert_int_equal(atomic_load(&got), THREADS * ROUNDS);
+  assert_int_equal(atomic_load(&unstored), 0);
+  assert_int_equal(atomic_load(&split), 0);
+  stop_gateway();
 }
 
 static void new_run_together(void **state) {
   (void)state;
-  start_gateway();
-  together(racer);
-  printf("# %d runs got, %d of them neither stored nor to be stored, %d failed\n", atomic_load(&got),
-         atomic_load(&unstored), atomic_load(&failed));
-  assert_int_equal(atomic_load(&failed), 0);
-  assert_int_equal(atomic_load(&got), THREADS * ROUNDS);
-  assert_int_equal(atomic_load(&unstored), 0);
-  stop_gateway();
+  together(0);
 }
 
 static void same_conversation_together(void **state) {
   (void)state;
-  start_gateway();
-  atomic_store(&failed, 0);
-  together(by_key);
-  printf("# %d of %d conversations split into several runs, %d failed\n", atomic_load(&split),
-         KEY_ROUNDS, atomic_load(&failed));
-  assert_int_equal(atomic_load(&failed), 0);
-  assert_int_equal(atomic_load(&split), 0);
-  stop_gateway();
+  together(1);
 }
 
 int main(void) {
