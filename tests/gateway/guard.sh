@@ -858,6 +858,22 @@ if not ({"block", "stop"} & set(actions)):
     sys.exit("the loop was not stopped: %s" % actions)
 PY
 
+note "a client's retry (the same body again within 60 s of a 200, as an SDK resends a request whose answer it lost): the same answer, no second model call, nothing decided twice"
+rbody='{"model":"finish","messages":[{"role":"user","content":"Look the order o-77 up."}],"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]}'
+retry_req() { curl -sf -H 'Content-Type: application/json' -H 'X-Loopguard-Run: retry-1' -d "$1" "$g_URL/v1/chat/completions"; }
+retry_trace() { curl -sf "$g_URL/v1/runs/retry-1/trace" | grep -vc '^#'; }
+c0=$(stats 'd["chat"]')
+a1=$(retry_req "$rbody") || fail "retry: the first request"
+c1=$(stats 'd["chat"]') t1=$(retry_trace)
+[ "$(echo "$a1" | get 'd["choices"][0]["message"]["tool_calls"][0]["function"]["name"]')" = lookup ] || fail "retry: the first answer: $a1"
+a2=$(retry_req "$rbody") || fail "retry: the retry"
+c2=$(stats 'd["chat"]') t2=$(retry_trace)
+[ "$a2" = "$a1" ] || fail "retry: another answer: $a2 (first: $a1)"
+[ "$((c1 - c0))" = 1 ] && [ "$c2" = "$c1" ] || fail "retry: $((c1 - c0)) model calls for the first, $((c2 - c1)) for the retry"
+[ "$t2" = "$t1" ] || fail "retry: the run's trace went from $t1 lines to $t2: the retry was decided again"
+a3=$(retry_req "${rbody/o-77/o-78}") || fail "retry: another body"
+[ "$(stats 'd["chat"]')" = "$((c2 + 1))" ] || fail "retry: a body of its own was not a model call of its own"
+
 note "the upstream never saw a conversation a provider rejects"
 v=$(stats 'd["violations"]')
 [ "$v" = "[]" ] || fail "violations: $v"
