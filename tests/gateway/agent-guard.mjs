@@ -11,6 +11,7 @@
 //   STREAM    1: chat.completions.stream(), messages.stream(), responses.stream()
 //   HEADERS   JSON object of extra request headers (X-Loopguard-*)
 //   STEP_CAP  the agent's cap on model calls [12]
+//   WRITE_OK  1: write_record succeeds (else it fails: the storage is read-only)
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer's text, how it finished and its usage as the SDK read it,
 // the X-Loopguard-* headers seen (non-stream), or the error the SDK threw.
@@ -33,7 +34,8 @@ const schemas = {
 const executions = { write_record: 0, lookup: 0 };
 function runTool(name) {
   executions[name] = (executions[name] || 0) + 1;
-  if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
+  if (name === 'write_record')
+    return process.env.WRITE_OK === '1' ? 'Wrote record 7.' : 'Error: the storage is read-only; the record was not written.';
   if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
   return 'Error: no such tool: ' + name;
 }

@@ -12,6 +12,10 @@
 #     escalate_model sending the next calls to another model, the cascade
 #     fields in the sidecar's decisions; gateway.final_round;
 #   - X-Loopguard-Policy (--policies DIR), an unknown name a 400;
+#   - writes (side_effects): two of one answer run once; one that
+#     succeeded and is asked again is replayed, its saved result given
+#     to the model, the call never reaching the client;
+#   - a client's retry of its last request answered again, not re-asked;
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
 #     cut off by the upstream, an upstream that is down, an answer past
 #     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event); a client that
@@ -149,6 +153,22 @@ for api in chat messages responses; do
 done
 out=$(guard MODEL=twin BASE_URL="$g_URL/v1") || fail "twin (no side_effects): $out"
 [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "twin (no side_effects): $out"
+
+note "a committed write asked again: replayed (its saved result to the model, the call never reaching the client), each API"
+# The write succeeds; the model asks for it again and again. With
+# side_effects the ledger has its result: each later ask is answered with
+# it upstream, the client runs it once, and the replays end in a stop.
+for v in chat:0 chat:1 messages:1 responses:0 responses:1; do
+  api=${v%:*} st=${v#*:}
+  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=stubborn STREAM=$st WRITE_OK=1 HEADERS='{"X-Loopguard-Policy":"writes"}') || fail "replay $v: $out"
+  [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 1 ] || fail "replay $v: the write ran more than once: $out"
+  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "replay $v: $out"
+  # the upstream got the saved result for the asks after the first
+  n=$(stats 'json.dumps(d["bodies"][-1]).count("Wrote record 7.")')
+  [ "$n" -ge 2 ] || fail "replay $v: the upstream's last request holds $n results of the write (the client ran it once): the saved result was not given"
+done
+grep '"event":"gateway_intervention"' "$TMP/g.log" | grep '"action":"replay"' | grep -q '"reason":"already_committed"' ||
+  fail "replay: no intervention line with the action replay in the log"
 
 note "cascade.escalate: after a block, the next model calls go to the escalation's model"
 curl -sf -X POST "$FAKE/reset" >/dev/null
