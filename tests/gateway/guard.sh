@@ -11,7 +11,8 @@
 #   - the cascade: ask_human / finalize_partial offered and ending the run,
 #     escalate_model sending the next calls to another model, the cascade
 #     fields in the sidecar's decisions; gateway.final_round;
-#   - X-Loopguard-Policy (--policies DIR), an unknown name a 400;
+#   - X-Loopguard-Policy (--policies DIR), an unknown name a 400; an
+#     X-Loopguard-Run that is no run id a 400;
 #   - writes (side_effects): two of one answer run once; one that
 #     succeeded and is asked again is replayed, its saved result given
 #     to the model, the call never reaching the client;
@@ -327,6 +328,17 @@ if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" --
   fail "a bad policy in --policies started"
 fi
 grep -q "strict.json" "$TMP/badpol.out" && grep -q "repeat.block" "$TMP/badpol.out" || fail "bad --policies: $(cat "$TMP/badpol.out")"
+
+note "X-Loopguard-Run that is no run id (a '/' in it): 400 invalid_run in the API's shape, naming the header, nothing sent upstream"
+c0=$(stats 'd["requests"]')
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Run: team/run-1' \
+  -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+[ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = invalid_run ] || fail "bad run id: $code $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "X-Loopguard-Run" || fail "bad run id: $(cat "$TMP/e.json")"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Run: team/run-1' \
+  -d '{"model":"finish","max_tokens":10,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/messages")
+[ "$code" = 400 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "invalid_request_error"]' ] || fail "bad run id (messages): $code $(cat "$TMP/e.json")"
+[ "$(stats 'd["requests"]')" = "$((c0 + 1))" ] || fail "bad run id: sent upstream ($c0 -> $(stats 'd["requests"]') requests, the stats' own one counted)"
 
 note "a background response (polled for, so never decided nor counted): 400 naming background, nothing sent upstream"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' \
