@@ -699,23 +699,35 @@ static json_t *tool_msg(const char *id, const char *content) {
                    content ? content : "");
 }
 
-/* The text of a message with "\n\n[loopguard] note" appended, in the
- * member `key` (a string, or a list of parts / blocks whose last text
- * part gets it; else a text part is added, `part_type` its type). New. */
-static json_t *with_note(json_t *m, const char *key, const char *part_type, const char *note) {
-  json_t *m2 = json_deep_copy(m);
-  json_t *v = json_object_get(m2, key);
+/* "[loopguard] note" added to member `key` of o, in place: a string (or
+ * none) gets "\n\n[loopguard] note" at its end; a list of parts or blocks
+ * keeps every one (an image, a file) and gets a text part of type
+ * `part_type` after them. */
+static void note_into(json_t *o, const char *key, const char *part_type, const char *note) {
+  json_t *v = json_object_get(o, key);
   lg__buf_t nb = {0};
   if (json_is_string(v) || json_is_null(v) || !v) {
     lg__buf_printf(&nb, "%s\n\n[loopguard] %s", json_is_string(v) ? json_string_value(v) : "", note);
-    if (nb.data) json_object_set_new(m2, key, json_string(nb.data));
+    if (nb.data) json_object_set_new(o, key, json_string(nb.data));
   } else if (json_is_array(v)) {
     lg__buf_printf(&nb, "[loopguard] %s", note);
     if (nb.data) json_array_append_new(v, json_pack("{s:s, s:s}", "type", part_type, "text", nb.data));
   }
   lg__buf_free(&nb);
-  return m2 ? m2 : json_incref(m);
 }
+
+/* m with the note in member `key` (note_into). New. */
+static json_t *with_note(json_t *m, const char *key, const char *part_type, const char *note) {
+  json_t *m2 = json_deep_copy(m);
+  if (!m2) return json_incref(m);
+  note_into(m2, key, part_type, note);
+  return m2;
+}
+
+/* The type of a text part in the API's lists of parts: a Responses
+ * input's is input_text (its function_call_output's too); Chat
+ * Completions' and Anthropic's blocks are text. */
+static const char *text_part(const chat_t *c) { return is_responses(c) ? "input_text" : "text"; }
 
 /* The steer message of the observe rung for a tool result, said with the
  * result it is about (never between a call and its result). */
@@ -735,13 +747,7 @@ static json_t *anthropic_steered(chat_t *c, json_t *m) {
     json_t *bl = json_array_get(blocks, k);
     const char *ty = sget(bl, "type"), *tid = sget(bl, "tool_use_id");
     const char *st = ty && !strcmp(ty, "tool_result") && tid ? sget(c->r->steer, tid) : NULL;
-    if (!st) continue;
-    char *t = content_text(bl);
-    lg__buf_t nb = {0};
-    lg__buf_printf(&nb, "%s\n\n[loopguard] %s", t ? t : "", st);
-    if (nb.data) json_object_set_new(bl, "content", json_string(nb.data));
-    lg__free(t);
-    lg__buf_free(&nb);
+    if (st) note_into(bl, "content", "text", st);
   }
   return m2 ? m2 : json_incref(m);
 }
@@ -752,7 +758,7 @@ static json_t *client_message(chat_t *c, size_t i) {
   const char *role = sget(m, "role");
   const char *steer = result_steer(c, m);
   json_t *out;
-  if (steer) out = with_note(m, is_responses(c) ? "output" : "content", "text", steer);
+  if (steer) out = with_note(m, is_responses(c) ? "output" : "content", text_part(c), steer);
   else if (is_anthropic(c) && role && !strcmp(role, "user") && json_object_size(c->r->steer) &&
            json_is_array(json_object_get(m, "content")))
     out = anthropic_steered(c, m);
@@ -760,7 +766,7 @@ static json_t *client_message(chat_t *c, size_t i) {
   /* a text loop's steer: said with the message that followed it */
   if (c->r->text_steer && c->r->text_steer_at == i && role &&
       (!strcmp(role, "user") || !strcmp(role, "tool"))) {
-    json_t *o2 = with_note(out, "content", is_responses(c) ? "input_text" : "text", c->r->text_steer);
+    json_t *o2 = with_note(out, "content", text_part(c), c->r->text_steer);
     json_decref(out);
     out = o2;
   }

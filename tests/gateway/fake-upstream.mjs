@@ -3,11 +3,14 @@
 //
 // It speaks the wire format of POST /v1/chat/completions (JSON, and SSE
 // with the usage chunk when stream_options.include_usage), GET /v1/models,
-// POST /v1/messages (Anthropic, JSON and SSE), and checks every request for what a real provider rejects: a tool call
-// without its result, a result without its call, a message between a
-// call and its result. Such a request is answered 400 as OpenAI answers
-// it and counted in GET /stats, so a test can fail on it. GET /stats also
-// lists the last request bodies of the three APIs as they came (raw).
+// POST /v1/messages (Anthropic, JSON and SSE), and checks every request
+// for what a real provider rejects: a tool call without its result, a
+// result without its call, a message between a call and its result, a
+// Responses function_call_output whose output list holds a part that is
+// not input_text, input_image or input_file. Such a request is answered
+// 400 as OpenAI answers it and counted in GET /stats, so a test can fail
+// on it. GET /stats also lists the last request bodies of the three APIs
+// as they came (raw).
 //
 // The model is scripted by the request's `model`:
 //   loop-write  always asks to write the same record (the tool fails), in
@@ -615,6 +618,9 @@ function checkResponses(items) {
     if (it.type === 'function_call_output') {
       if (!calls.has(it.call_id)) return `No tool call found for function call output with call_id ${it.call_id}.`;
       calls.set(it.call_id, true);
+      // an output given as a list: each part an input_* part, as OpenAI takes it
+      const bad = Array.isArray(it.output) && it.output.find((p) => !['input_text', 'input_image', 'input_file'].includes(p && p.type));
+      if (bad) return `Invalid value: '${bad && bad.type}'. Supported values are: 'input_text', 'input_image', and 'input_file'.`;
     }
     if ((it.role === 'user' || it.type === 'message' && it.role === 'user') && [...calls.values()].includes(false))
       return `No tool output found for function call ${[...calls.entries()].find(([, v]) => !v)[0]}.`;

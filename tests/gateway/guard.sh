@@ -17,6 +17,7 @@
 #     succeeded and is asked again is replayed, its saved result given
 #     to the model, the call never reaching the client;
 #   - a client's retry of its last request answered again, not re-asked;
+#   - the observe rung's note on a result of several parts (an image kept);
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
 #     cut off by the upstream, an upstream that is down, an answer past
 #     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event); a client that
@@ -170,6 +171,9 @@ for v in chat:0 chat:1 messages:1 responses:0 responses:1; do
 done
 grep '"event":"gateway_intervention"' "$TMP/g.log" | grep '"action":"replay"' | grep -q '"reason":"already_committed"' ||
   fail "replay: no intervention line with the action replay in the log"
+
+note "the observe rung's note on a tool result given as a list of parts (a text and a screenshot): every part kept, the note a text part of the API's own type (each API)"
+python3 "$HERE_SRC/steer-parts.py" "$g_URL" "$FAKE" || fail "the note on a result of several parts"
 
 note "cascade.escalate: after a block, the next model calls go to the escalation's model"
 curl -sf -X POST "$FAKE/reset" >/dev/null
