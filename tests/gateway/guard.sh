@@ -6,6 +6,7 @@
 #     upstream request aborted), the stop reaches the client as a normal
 #     final answer in each API's stream shape, and the run's trace replays
 #     to the same decisions; not streamed, the stop replaces the answer;
+#     a monologue (the same words answer after answer) stops the run;
 #   - a new user message after a loop's stop resumes the run (a new
 #     episode), after a cap's it does not;
 #   - the cascade: ask_human / finalize_partial offered and ending the run,
@@ -46,6 +47,7 @@ echo '{"cascade":{"escalate":{"model":"stubborn-strong","turns":2}}}' >"$TMP/pol
 echo '{"gateway":{"final_round":true}}' >"$TMP/policies/final.json"
 echo '{"limits":{"max_model_calls":3}}' >"$TMP/policies/cap3.json"
 echo '{"tools":{"write_record":{"side_effects":true}}}' >"$TMP/policies/writes.json"
+echo '{"cascade":{"hide_turns":0}}' >"$TMP/policies/nohide.json"
 echo 'not a policy' >"$TMP/policies/README.txt" # not NAME.json: skipped
 start_server g --store memory: --upstream "$FAKE/v1" --log "$TMP/g.log" --policies "$TMP/policies"
 
@@ -85,6 +87,26 @@ out=$(guard BASE_URL="$g_URL/v1" MODEL=chant HEADERS='{"X-Loopguard-Policy":"cha
 echo "$out" | get 'd["final"]' | grep -q "^I have fallen into repeating the same text" || fail "chant plain: $out"
 echo "$out" | get 'd["final"]' | grep -q "Waiting" && fail "chant plain: the loop reached the client: $out"
 [ "$(echo "$out" | get 'd["seen"][0]["action"]')" = stop ] || fail "chant plain: $out"
+
+note "a monologue (the same words with a write the guard blocks, answer after answer, asked again): the run stops with monologue, each API, stream and not; its trace replays to it"
+# detour says "Writing the record." with each write; with the write never
+# hidden, the blocked ones are asked again, and the third answer in a row
+# with the same text and no executed call between is the monologue. In a
+# stream it is known only at the answer's end.
+for api in chat messages responses; do
+  for st in 0 1; do
+    run="monologue-$api-$st"
+    out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=detour STREAM=$st \
+      HEADERS="{\"X-Loopguard-Policy\":\"nohide\",\"X-Loopguard-Run\":\"$run\"}") || fail "monologue $api $st: $out"
+    [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "monologue $api $st: $out"
+    echo "$out" | get 'd["final"]' | grep -q "I have written the same thing 3 turns in a row" || fail "monologue $api $st: not the stop's message: $out"
+    [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "monologue $api $st: $out"
+    [ "$(curl -sf "$g_URL/v1/runs/$run" | get 'd["terminal_reason"]')" = monologue ] || fail "monologue $api $st: the run: $(curl -s "$g_URL/v1/runs/$run")"
+  done
+  curl -sf "$g_URL/v1/runs/$run/trace" >"$TMP/$run.jsonl" || fail "trace $run"
+  "$LG_BIN" replay --json "$TMP/$run.jsonl" >"$TMP/$run.replay" || fail "replay $run"
+  [ "$(tail -n 1 "$TMP/$run.replay" | get 'd["terminal_reason"]')" = monologue ] || fail "replay $run: $(tail -n 1 "$TMP/$run.replay")"
+done
 
 note "a text loop under the default policy (observe): the stream cut, a normal end, no stop; the client told the usage its run was charged"
 for api in chat messages responses; do
