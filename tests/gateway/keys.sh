@@ -317,6 +317,11 @@ b=$(chat "$K3" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
 [ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = workspace_budget ] || fail "limit_source: $b"
 echo "$b" | get 'd["error"]["message"]' | grep -q 'Workspace monthly budget of \$0.00 exceeded' || fail "the message: $b"
 
+note "a key with no limit of its own, in a workspace with no budget: its requests go through"
+read -r K5 H5 < <(newkey '{"name":"beta-agent","workspace":"beta"}')
+b=$(chat "$K5" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
+[ "$(st)" = 200 ] || fail "a key without limits in a workspace without a budget: $(st) $b"
+
 note "429 in_flight_budget with Retry-After"
 read -r K4 H4 < <(newkey '{"name":"inflight","limit_usd":5}')
 # One worst case (about 0.0051) fits in flight, two do not: a slow request

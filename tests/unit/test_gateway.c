@@ -75,6 +75,12 @@ static void flags(void **state) {
     assert_int_equal(lg__gw_config_load(&cfg, &ok[i], 1, NULL, &e), 0);
     lg__gw_config_clear(&cfg);
   }
+  /* one name twice: the second flag would hide the first */
+  const char *twice[] = {"a=http://x/v1", "a=http://y/v1"};
+  memset(&e, 0, sizeof e);
+  assert_int_equal(lg__gw_config_load(&cfg, twice, 2, NULL, &e), LG_EINVAL);
+  if (!strstr(e.message, "upstream \"a\" is given twice")) fail_msg("a twice: %s", e.message);
+  lg__gw_config_clear(&cfg);
 }
 
 static void file_and_routes(void **state) {
@@ -129,6 +135,11 @@ static void file_errors(void **state) {
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"default\": \"b\"}", "default"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [{\"model_prefix\": \"x\", \"upstream\": \"b\"}]}", "routes[0].upstream"},
       {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [7]}", "routes[0]"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\", \"api_key_env\": 7}}}", "upstreams.a.api_key_env"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"default\": 7}", "default"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [{\"model_prefix\": 7, \"upstream\": \"a\"}]}", "routes[0].model_prefix"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [{\"model_prefix\": \"x\", \"upstream\": 7}]}", "routes[0].upstream"},
+      {"{\"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}}, \"routes\": [{\"model_prefix\": \"x\", \"upstream\": \"a\", \"strip_prefix\": \"yes\"}]}", "routes[0].strip_prefix"},
   };
   unsetenv("LG_TEST_GW_UNSET");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
