@@ -15,6 +15,9 @@
 #   request with that max_tokens goes through), 403 workspace_budget with
 #   "Workspace ... budget of $... exceeded", 429 in_flight_budget with
 #   Retry-After, 429 rate limit with Retry-After, 403 model_not_allowed;
+#   on /v1/messages a 402 is Anthropic's billing_error; an unpriced model
+#   under a limit 400 model_not_priced; a key with no limit, in a
+#   workspace with no budget, goes through;
 # - spend on the key's own provider key (byok) counts on its limit only
 #   with include_byok_in_limit; the upstream gets that provider key, and
 #   the store (the SQLite files, a pg_dump) holds no clear copy of it
@@ -318,8 +321,8 @@ b=$(chat "$K3" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
 echo "$b" | get 'd["error"]["message"]' | grep -q 'Workspace monthly budget of \$0.00 exceeded' || fail "the message: $b"
 
 note "a key with no limit of its own, in a workspace with no budget: its requests go through"
-read -r K5 H5 < <(newkey '{"name":"beta-agent","workspace":"beta"}')
-b=$(chat "$K5" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
+read -r Kb Hb < <(newkey '{"name":"beta-agent","workspace":"beta"}')
+b=$(chat "$Kb" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
 [ "$(st)" = 200 ] || fail "a key without limits in a workspace without a budget: $(st) $b"
 
 note "429 in_flight_budget with Retry-After"
@@ -337,6 +340,16 @@ for s in key_limit:2 workspace_budget:1 in_flight_budget:1; do
   n=$(( $(refusals "${s%:*}") - ${REF0[${s%:*}]} ))
   [ "$n" = "${s#*:}" ] || fail "loopguard_budget_refusals_total{limit_source=\"${s%:*}\"} counted $n refusals, not ${s#*:}"
 done
+
+note "on /v1/messages a key's limit is 402 in Anthropic's shape (billing_error); a model the price file does not name, under a key's limit, is 400 model_not_priced"
+read -r K2m H2m < <(newkey '{"name":"tiny","limit_usd":0.000001}')
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $K2m" -H 'anthropic-version: 2023-06-01' \
+  -H 'Content-Type: application/json' -d "{\"model\":\"finish\",\"max_tokens\":50,$MSG}" "$gw_URL/v1/messages")
+[ "$code" = 402 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/body")" = '["error", "billing_error"]' ] ||
+  fail "a key's limit on /v1/messages: $code $(cat "$TMP/body")"
+b=$(chat "$K2m" "{\"model\":\"no-such-price\",\"max_tokens\":5,$MSG}")
+[ "$(st)" = 400 ] && [ "$(echo "$b" | get 'd["error"]["code"]')" = model_not_priced ] || fail "an unpriced model under a key's limit: $(st) $b"
+echo "$b" | get 'd["error"]["message"]' | grep -q "no-such-price" || fail "model_not_priced does not name the model: $b"
 
 note "429 rate limit with Retry-After"
 read -r K5 H5 < <(newkey '{"name":"ratey","rate_limit_per_min":2,"models":["finish"]}')
