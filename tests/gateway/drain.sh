@@ -6,7 +6,8 @@
 # fake's "slow" model answers after 3 s), stream false and true, gets its
 # whole answer (200, the stream's [DONE]); the listening socket is closed
 # at once; stderr says what the server waits for; the log's stop line says
-# drained; exit 0. With a drain shorter than the call
+# drained; exit 0. A request on a connection kept open, sent during the
+# drain, is answered with Connection: close. With a drain shorter than the call
 # (LOOPGUARD_DRAIN_SECONDS=1), the call is cut at the bound and the exit
 # status is 1, stderr naming --drain. A second SIGTERM cuts a long drain at
 # once (exit 1). A bad --drain is refused before the start (exit 2).
@@ -65,6 +66,48 @@ for p in "${CALLS[@]}"; do wait "$p"; done
 grep -q 'waiting up to 8 s for the requests in flight' "$TMP/long.err" ||
   fail "stderr does not say what the server waits for: $(cat "$TMP/long.err")"
 grep -q '"event":"stop","drained":true' "$TMP/long.log" || fail "no drained stop line: $(tail -3 "$TMP/long.log")"
+
+note "a request on a connection the agent kept open, sent during the drain: answered, with Connection: close"
+# An SDK reuses its pooled connection: a request on it after SIGTERM (a
+# slow call keeps the server draining) is served and the connection
+# closed, not dropped.
+start_server keep --store memory: --upstream "$FAKE/v1" --drain 8 --log "$TMP/keep.log"
+python3 - "$keep_URL" "$keep_PID" "$FAKE" <<'PY' || fail "a kept connection during the drain"
+import http.client, json, os, signal, sys, threading, time, urllib.parse, urllib.request
+url, pid, fake = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+u = urllib.parse.urlparse(url)
+hdr = {"Content-Type": "application/json"}
+def body(model):
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": "x"}]})
+def slow_seen():
+    with urllib.request.urlopen(fake + "/stats") as r:
+        return json.load(r)["models"].count("slow")
+kept = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+kept.request("POST", "/v1/chat/completions", body("finish"), hdr)
+r = kept.getresponse(); r.read()
+assert r.status == 200, "the first request: %d" % r.status
+out = {}
+def slow():
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+    c.request("POST", "/v1/chat/completions", body("slow"), hdr)
+    r = c.getresponse(); r.read(); out["slow"] = r.status
+before = slow_seen()
+t = threading.Thread(target=slow); t.start()
+for _ in range(100):  # the slow call reached the upstream: the server will drain
+    if slow_seen() > before: break
+    time.sleep(0.05)
+os.kill(pid, signal.SIGTERM)
+time.sleep(0.3)
+kept.request("POST", "/v1/chat/completions", body("finish"), hdr)
+r = kept.getresponse(); b = r.read()
+assert r.status == 200 and b'"choices"' in b, "during the drain: %d %r" % (r.status, b[:300])
+assert (r.getheader("Connection") or "").lower() == "close", "during the drain: Connection %r" % r.getheader("Connection")
+t.join()
+assert out.get("slow") == 200, "the slow call in flight: %r" % out
+PY
+wait_server keep
+[ "$keep_RC" = 0 ] || fail "the keep server exited $keep_RC: $(tail -5 "$TMP/keep.err")"
+seen=$((seen + 1)) # its slow call, for the next sigterm's count
 
 note "a drain shorter than the call (LOOPGUARD_DRAIN_SECONDS=1): cut at the bound, exit 1"
 LOOPGUARD_DRAIN_SECONDS=1 start_server short --store memory: --upstream "$FAKE/v1" --log "$TMP/short.log"
