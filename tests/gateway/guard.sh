@@ -39,6 +39,16 @@ guard() { # ENV... : runs agent-guard.mjs, prints its JSON
   client agent-guard.mjs "$@"
 }
 base_of() { [ "$1" = messages ] && echo "$g_URL" || echo "$g_URL/v1"; }
+# on_api RUN API STREAM POLICY ENV...: agent-guard.mjs on one API through
+# the gateway, its run named RUN and given the named POLICY, which must end
+# on a final message; its JSON in $out
+on_api() {
+  local run=$1 api=$2 st=$3 pol=$4
+  shift 4
+  out=$(guard API="$api" BASE_URL="$(base_of "$api")" STREAM="$st" "$@" \
+    HEADERS="{\"X-Loopguard-Policy\":\"$pol\",\"X-Loopguard-Run\":\"$run\"}") || fail "$run: $out"
+  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "$run: not ended by a final message: $out"
+}
 
 mkdir -p "$TMP/policies"
 echo '{"text":{"repeat":{"observe":false,"stop":1}}}' >"$TMP/policies/chant.json"
@@ -61,9 +71,7 @@ note "a text loop in a stream (each API): cut, the stop as the final answer, the
 for api in chat messages responses; do
   before=$(stats 'd["aborted"]')
   run="chant-$api"
-  out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=chant STREAM=1 \
-    HEADERS="{\"X-Loopguard-Policy\":\"chant\",\"X-Loopguard-Run\":\"$run\"}") || fail "chant $api: $out"
-  [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "chant $api: $out"
+  on_api "$run" $api 1 chant MODEL=chant
   echo "$out" | get 'd["final"]' | grep -q "repeating the same text" || fail "chant $api: no stop message: $out"
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant $api: the stream did not finish normally: $out"
@@ -96,9 +104,7 @@ note "a monologue (the same words with a write the guard blocks, answer after an
 for api in chat messages responses; do
   for st in 0 1; do
     run="monologue-$api-$st"
-    out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=detour STREAM=$st \
-      HEADERS="{\"X-Loopguard-Policy\":\"nohide\",\"X-Loopguard-Run\":\"$run\"}") || fail "monologue $api $st: $out"
-    [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "monologue $api $st: $out"
+    on_api "$run" $api $st nohide MODEL=detour
     echo "$out" | get 'd["final"]' | grep -q "I have written the same thing 3 turns in a row" || fail "monologue $api $st: not the stop's message: $out"
     [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "monologue $api $st: $out"
     [ "$(curl -sf "$g_URL/v1/runs/$run" | get 'd["terminal_reason"]')" = monologue ] || fail "monologue $api $st: the run: $(curl -s "$g_URL/v1/runs/$run")"
@@ -149,9 +155,7 @@ note "cascade.offer: the model asks a person (ask_human) or finishes (finalize_p
 for api in chat messages responses; do
   for stream in 0 1; do
     run="ask-$api-$stream"
-    out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=ask STREAM=$stream \
-      HEADERS="{\"X-Loopguard-Policy\":\"offer\",\"X-Loopguard-Run\":\"$run\"}") || fail "ask $api: $out"
-    [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "ask $api $stream: $out"
+    on_api "$run" $api $stream offer MODEL=ask
     [ "$(echo "$out" | get 'd["final"]')" = "The storage is read-only: may I write somewhere else?" ] || fail "ask $api $stream: $out"
     [ "$(echo "$out" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "ask $api $stream: $out"
     env=$(curl -sf "$g_URL/v1/runs/$run") || fail "run $run"
@@ -342,14 +346,26 @@ for st in false true; do
   echo "$up" | get 'd["input"][1]["content"][0]["text"]' | grep -q "repeating" || fail "own id ($st): not the stop's answer: $up"
 done
 
-note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header"
-code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
-  -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
-[ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = unknown_policy ] || fail "unknown policy: $code $(cat "$TMP/e.json")"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "X-Loopguard-Policy" || fail "unknown policy: $(cat "$TMP/e.json")"
-code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Policy: nope' \
-  -d '{"model":"finish","max_tokens":10,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/messages")
-[ "$code" = 400 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "invalid_request_error"]' ] || fail "unknown policy (messages): $code $(cat "$TMP/e.json")"
+# refused_header HEADER CODE: a request with HEADER ("Name: value") is 400
+# on Chat Completions (its error code CODE, the message naming the header)
+# and on /v1/messages (Anthropic's shape), and nothing is sent upstream
+refused_header() {
+  local c0 name=${1%%:*}
+  c0=$(stats 'd["requests"]')
+  code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H "$1" \
+    -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+  [ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = "$2" ] || fail "$1: $code $(cat "$TMP/e.json")"
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "$name" || fail "$1: the message does not name $name: $(cat "$TMP/e.json")"
+  code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H "$1" \
+    -d '{"model":"finish","max_tokens":10,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/messages")
+  [ "$code" = 400 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "invalid_request_error"]' ] ||
+    fail "$1 (messages): $code $(cat "$TMP/e.json")"
+  # (each GET /stats counts itself: one more than c0, nothing else)
+  [ "$(stats 'd["requests"]')" = "$((c0 + 1))" ] || fail "$1: sent upstream ($c0 -> $(stats 'd["requests"]') requests)"
+}
+
+note "X-Loopguard-Policy naming no policy: 400 in the API's shape, naming the header, nothing sent upstream"
+refused_header 'X-Loopguard-Policy: nope' unknown_policy
 mkdir -p "$TMP/badpol" && echo '{"repeat":{"block":"three"}}' >"$TMP/badpol/strict.json"
 if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" --policies "$TMP/badpol" >"$TMP/badpol.out" 2>&1; then
   fail "a bad policy in --policies started"
@@ -357,15 +373,7 @@ fi
 grep -q "strict.json" "$TMP/badpol.out" && grep -q "repeat.block" "$TMP/badpol.out" || fail "bad --policies: $(cat "$TMP/badpol.out")"
 
 note "X-Loopguard-Run that is no run id (a '/' in it): 400 invalid_run in the API's shape, naming the header, nothing sent upstream"
-c0=$(stats 'd["requests"]')
-code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Run: team/run-1' \
-  -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
-[ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = invalid_run ] || fail "bad run id: $code $(cat "$TMP/e.json")"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "X-Loopguard-Run" || fail "bad run id: $(cat "$TMP/e.json")"
-code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'X-Loopguard-Run: team/run-1' \
-  -d '{"model":"finish","max_tokens":10,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/messages")
-[ "$code" = 400 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "invalid_request_error"]' ] || fail "bad run id (messages): $code $(cat "$TMP/e.json")"
-[ "$(stats 'd["requests"]')" = "$((c0 + 1))" ] || fail "bad run id: sent upstream ($c0 -> $(stats 'd["requests"]') requests, the stats' own one counted)"
+refused_header 'X-Loopguard-Run: team/run-1' invalid_run
 
 note "a background response (polled for, so never decided nor counted): 400 naming background, nothing sent upstream"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' \
