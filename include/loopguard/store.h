@@ -39,7 +39,7 @@ extern "C" {
  * ------------------------------------------------------------------- */
 typedef struct lg_store lg_store_t;
 
-#define LG_STORE_SCHEMA_VERSION 7 /* the schema this release writes */
+#define LG_STORE_SCHEMA_VERSION 8 /* the schema this release writes */
 #define LG_STORE_DEFAULT_RETENTION_MS (24LL * 60 * 60 * 1000)
 #define LG_STORE_DEFAULT_LEASE_MS 60000
 #define LG_STORE_DEFAULT_BUSY_TIMEOUT_MS 5000

@@ -1879,7 +1879,7 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
   if (is_responses(c) && sget(msg, "id")) { /* previous_response_id finds the run */
     lg__buf_t b = {0};
     lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
-    if (b.data && !b.oom) lg__gw_key_put(c->cx->gw, b.data, c->r);
+    if (b.data && !b.oom) lg__gw_key_put(c->cx, b.data, c->r);
     /* A stateless client sends the output back as items: its first call
      * (else its first message) is what first_assistant finds in its next
      * request; or as references to them (item:ID), any of which may come
@@ -1895,7 +1895,7 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
       if (!c->j->hdr_run && sget(it, "id")) {
         b.len = 0;
         lg__buf_printf(&b, "item:%s", sget(it, "id"));
-        if (b.data && !b.oom) lg__gw_key_put(c->cx->gw, b.data, c->r);
+        if (b.data && !b.oom) lg__gw_key_put(c->cx, b.data, c->r);
       }
     }
     lg__buf_free(&b);
@@ -1903,7 +1903,7 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
   }
   if (!start || !msg) return;
   char *k = conv_key(c, c->n, msg);
-  if (k) lg__gw_key_put(c->cx->gw, k, c->r);
+  if (k) lg__gw_key_put(c->cx, k, c->r);
   lg__free(k);
 }
 
@@ -2730,17 +2730,42 @@ static int feed_kind(chat_t *c, size_t i) {
   return user && (!ty || !strcmp(ty, "message")) ? FEED_USER : FEED_NOT;
 }
 
-/* The person's new message: a `user` event. */
-static void feed_user(chat_t *c) {
+/* Whether client message i is the model's: an assistant message or a
+ * Responses output item (a call, reasoning, or a reference to one). */
+static int is_answer(chat_t *c, size_t i) {
+  return is_role(c, i, "assistant") || is_type(c, i, "function_call") ||
+         is_type(c, i, "reasoning") || is_type(c, i, "item_reference");
+}
+
+/* The last answer the client continues from: the last of the model's
+ * messages that a message of another kind follows (an assistant message
+ * the client put last is its own prefill), or -1. */
+static long last_answer(chat_t *c) {
+  size_t i = c->n;
+  while (i > 0 && is_answer(c, i - 1)) i--; /* the client's trailing prefill */
+  while (i > 0 && !is_answer(c, i - 1)) i--;
+  return (long)i - 1;
+}
+
+/* The person's message, client message i: a `user` event when it is new.
+ * The first prompt starts the run itself. A message before the answer the
+ * client continues from was in the request that answer was made for, and
+ * was decided then, by whichever process answered it (a replica, a server
+ * before a restart): what this process last fed of the run (r->fed) is
+ * only its own, and a message it had not seen may be old (feeding it again
+ * would start an episode again, or resume a stopped run). */
+static void feed_user(chat_t *c, size_t i) {
   flush_results(c); /* in order: the results before it first */
-  if (c->r->turn > 0) user_event(c); /* the first prompt starts the run itself */
+  long last = c->prev_id || c->conv_id ? -1 : c->last_ans;
+  if ((long)i < last) return;
+  if (c->r->turn > 0 || last >= 0 || c->prev_id) user_event(c);
 }
 
 /* One new client message as events: its tool results, or a user event. */
 static void feed_message(chat_t *c, size_t i, json_t *m) {
   const char *role = sget(m, "role");
   if (is_user_message(c, m)) {
-    feed_user(c);
+    feed_user(c, i);
     return;
   }
   /* Anthropic's results: the tool_result blocks of a user message
@@ -2760,6 +2785,7 @@ static void feed_message(chat_t *c, size_t i, json_t *m) {
 static int feed_new(chat_t *c) {
   if (c->n < c->r->fed) c->r->fed = c->n; /* a shorter conversation: trimmed */
   size_t from = c->prev_id || c->conv_id ? 0 : c->r->fed;
+  c->last_ans = last_answer(c);
   for (size_t i = from; is_anthropic(c) && i < c->n; i++) /* all built before any is fed: none or all */
     if (feed_kind(c, i) == FEED_BUILT && !client_msg(c, i)) {
       lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
@@ -2768,7 +2794,7 @@ static int feed_new(chat_t *c) {
   for (size_t i = from; i < c->n; i++) {
     int kind = feed_kind(c, i);
     if (kind == FEED_LATE) feed_later(c, i, 0);
-    else if (kind == FEED_USER) feed_user(c);
+    else if (kind == FEED_USER) feed_user(c, i);
     else if (kind == FEED_BUILT) feed_message(c, i, client_msg(c, i));
   }
   /* the last results wait for the model call (flush_results_then); one

@@ -54,6 +54,8 @@ typedef struct chat {
   lg__json_prefix_t *prefix;  /*   the run's last request's, read before (lg__gw_prefix_take) */
   int lazy_oom;               /*   one could not be built: out of memory */
   size_t n;                   /* client messages */
+  long last_ans;              /* the last answer the client continues from (chat.c,
+                                 last_answer), or -1 */
   const char *model;          /* as sent upstream */
   int stream;                 /* the client asked for a stream */
   int client_usage;           /* the client asked for the usage chunk */

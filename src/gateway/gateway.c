@@ -28,6 +28,8 @@
  */
 #include "gw.h"
 
+#include "../store/store.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -1326,10 +1328,11 @@ static lg__gw_run_t *key_get(lg__gw_t *gw, const char *key) {
   return e ? e->run : NULL;
 }
 
-/* lg__gw_key_put under tmu. */
-static void key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
+/* lg__gw_key_put under tmu: 1 when key named another run or none. */
+static int key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
   key_ent_t *e = key_find(gw, key);
-  if (e && e->run != r) {
+  if (e && e->run == r) return 0;
+  if (e) {
     /* A start another conversation had too (a hash of the same messages:
      * the same prompt and the same first answer, yesterday's job or the
      * last chat's greeting): the key goes to the latest, whose answer the
@@ -1355,12 +1358,43 @@ static void key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
       lg__free(e);
     }
   }
+  return 1;
 }
 
-void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
+/* Whether the conversation keys are kept in the store beside the table,
+ * so that every replica of it, and this server after a restart, finds a
+ * derived run: unless the store is memory: (the process's own: the table
+ * is all of it). */
+static int keys_kept(const lg__gw_ctx_t *cx) { return strcmp(cx->srv->scheme, "memory") != 0; }
+
+/* This thread's handle of the server's store, or NULL (err says why). */
+static lg_store_t *keys_store(lg__gw_ctx_t *cx, lg_error_t *err) {
+  lg__worker_t *w = lg__server_worker(cx->srv, err);
+  return w ? w->store : NULL;
+}
+
+/* key -> run_id written to the store (keys_store); a failure is logged:
+ * this server still finds the run by its table. */
+static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id) {
+  lg_error_t e = {0};
+  lg_store_t *s = keys_store(cx, &e);
+  if (s && !lg__store_gw_key_put(s, key, run_id, lg__server_now(cx->srv), &e)) return;
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"run_id\":");
+  lg__buf_json_str(&f, run_id, strlen(run_id));
+  lg__buf_puts(&f, ",\"message\":");
+  const char *m = e.message[0] ? e.message : lg_strerror(e.code);
+  lg__buf_json_str(&f, m, strlen(m));
+  if (!f.oom) lg__server_log(cx->srv, "warn", "conversation_key_not_stored", f.data);
+  lg__buf_free(&f);
+}
+
+void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r) {
+  lg__gw_t *gw = cx->gw;
   pthread_mutex_lock(&gw->tmu);
-  key_put(gw, key, r);
+  int changed = key_put(gw, key, r);
   pthread_mutex_unlock(&gw->tmu);
+  if (changed && keys_kept(cx)) key_store(cx, key, r->id);
 }
 
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name) {
@@ -1565,10 +1599,23 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   lg__gw_t *gw = cx->gw;
   lg_policy_t *pol = policy ? policy->policy : cx->srv->default_policy;
   const char *pol_json = policy ? policy->json : cx->srv->default_policy_json;
-  char fresh[40];
+  char fresh[40], *stored = NULL;
   lg__gw_run_t *r = NULL;
+  int unstored = 0; /* the store has no run for key */
   pthread_mutex_lock(&gw->tmu);
   if (!id && key) r = key_get(gw, key);
+  if (!r && !id && key && keys_kept(cx)) {
+    /* not known here: another replica's, or this server's before a
+     * restart or an eviction, when the store has it (read outside the
+     * table's lock: a database's round trip) */
+    pthread_mutex_unlock(&gw->tmu);
+    lg_store_t *ks = keys_store(cx, err);
+    if (!ks || lg__store_gw_key_get(ks, key, &stored, err)) return NULL;
+    pthread_mutex_lock(&gw->tmu);
+    r = key_get(gw, key); /* put meanwhile by a request on another thread */
+    if (!r && stored) id = stored;
+    unstored = !stored;
+  }
   if (!r && !id) {
     if (lg__step_new_run_id(fresh)) {
       pthread_mutex_unlock(&gw->tmu);
@@ -1582,6 +1629,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   if (!r) {
     if (!(r = run_alloc(id, pol, pol_json, cx->j->hdr_group))) {
       pthread_mutex_unlock(&gw->tmu);
+      lg__free(stored);
       lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
       return NULL;
     }
@@ -1598,6 +1646,10 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   lru_front(gw, r);
   evict_over(gw);
   pthread_mutex_unlock(&gw->tmu);
+  /* a conversation start no replica knew names its new run in the store
+   * too (a stored one names it already) */
+  if (created && unstored) key_store(cx, key, r->id);
+  lg__free(stored);
   /* (a created run is locked already) */
   if (!created && pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */
     if (lg__gw_fiber_ep() >= 0) { /* its holder may be a fiber of this thread */
@@ -1732,6 +1784,7 @@ int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *e
   lg_server_t *srv = cx->srv;
   st->policy = server_policy;
   st->policy_ud = srv;
+  st->model_turn = 1;
   lg_error_t e = {0};
   int rc = lg__step_finish(st, on_store(srv, r, lg__step_locked, st, &st->canon, &e), &e);
   if (rc && err) *err = e;
@@ -1744,6 +1797,7 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg
   if (!b->n) return 0;
   b->v[0].policy = server_policy;
   b->v[0].policy_ud = srv;
+  for (size_t i = 0; i < b->n; i++) b->v[i].model_turn = 1; /* as lg__gw_step's */
   lg_error_t e = {0};
   int rc = lg__step_batch_finish(b, on_store(srv, r, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
   if (rc && err) *err = e;

@@ -377,8 +377,10 @@ struct lg__json_prefix *lg__gw_prefix_find(lg__gw_t *gw, const char *body, size_
  * runs' (the server's LOOPGUARD_GATEWAY_PREFIX_BYTES, 16 MiB; 0 turns it
  * off). */
 void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz);
-/* Remembers key -> r (the start of a conversation). */
-void lg__gw_key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r);
+/* Remembers key -> r (the start of a conversation, a Responses id): in the
+ * gateway's table, and in the store unless it is memory: (every replica,
+ * and this server after a restart, finds the run by it). */
+void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name);
 /* One event through the decision step, synchronously. 0 when decided;

@@ -310,7 +310,8 @@ static int load_run(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec, l
 }
 
 /* Step 2: the event's time in the run (now minus its creation, never
- * before the last event it saw), and the turn of an event that has none. */
+ * before the last event it saw), and the turn of an event that has none
+ * or whose turn is the stored run's (model_turn). */
 static void place_event(lg__step_t *st, const lg_run_record_t *rec, const lg_run_t *run) {
   lg_counters_t c0;
   lg_run_counters(run, &c0);
@@ -322,6 +323,11 @@ static void place_event(lg__step_t *st, const lg_run_record_t *rec, const lg_run
     st->ev.u.call.turn = c0.calls + 1; /* no turn: a turn of its own */
   if (st->ev.type == LG_EV_TEXT && st->auto_turn) /* no turn: a response of its own */
     st->ev.u.text.turn = -(int64_t)(run->seq + 1);
+  if (st->model_turn) {
+    if (st->ev.type == LG_EV_MODEL) st->ev.u.model.m.turn = c0.model_calls + 1;
+    else if (st->ev.type == LG_EV_CALL) st->ev.u.call.turn = c0.model_calls;
+    else if (st->ev.type == LG_EV_TEXT) st->ev.u.text.turn = c0.model_calls;
+  }
 }
 
 /* Steps 6 and 7: what the decision leaves (the saved run and trace line,

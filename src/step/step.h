@@ -49,6 +49,13 @@ typedef struct lg__step {
   void *policy_ud;
   int auto_turn;              /* a call that named no turn: it gets a turn
                                  of its own (the run's calls so far + 1) */
+  int model_turn;             /* the gateway's: the turn is the stored run's,
+                                 not the front end's count: a model event's
+                                 is the run's model calls so far + 1, a call's
+                                 or text's the run's model calls (the answer
+                                 of its last model call), whichever process
+                                 made the earlier ones (a replica, a server
+                                 before a restart) */
   int (*fill)(struct lg__step *st, void *ud); /* a result read late (NULL: the
                                  event is whole): called on the deciding
                                  thread, once the event is placed and only

@@ -232,6 +232,14 @@ static const migration_t migrations[] = {
     "  updated_ms BIGINT NOT NULL,"
     "  rl_start_ms BIGINT NOT NULL DEFAULT 0,"
     "  rl_count BIGINT NOT NULL DEFAULT 0);")},
+    /* 8: the gateway's conversation keys (gateway-v1, "Which run a
+     * request belongs to"): a derived run found by its conversation's
+     * start, or by a Responses id, on every replica of the store and after
+     * a restart, not only in the process that answered it. */
+    {.all = ("CREATE TABLE lg_gateway_keys ("
+    "  key TEXT PRIMARY KEY,"
+    "  run_id TEXT NOT NULL,"
+    "  created_ms BIGINT NOT NULL);")},
 };
 
 _Static_assert(sizeof migrations / sizeof migrations[0] == LG_STORE_SCHEMA_VERSION,

@@ -79,6 +79,8 @@ enum {
   Q_KEY_RATE,
   Q_KEY_RATE_READ,
   Q_KEY_SPENT,
+  Q_GWKEY_PUT,
+  Q_GWKEY_GET,
   Q__N
 };
 
@@ -202,6 +204,12 @@ static const query_t queries[Q__N] = {
                     " UNION ALL SELECT reason, scope FROM lg_deny WHERE scope = 2 AND id = ?2"
                     " ORDER BY 2 LIMIT 1"},
     [Q_DENY_ANY] = {.sql = "SELECT 1 FROM lg_deny LIMIT 1"},
+    /* A key another conversation had too goes to the latest (gateway.c,
+     * key_put). */
+    [Q_GWKEY_PUT] = {.sql = "INSERT INTO lg_gateway_keys (key, run_id, created_ms) VALUES (?1, ?2, ?3)"
+                     " ON CONFLICT (key) DO UPDATE SET run_id = excluded.run_id,"
+                     " created_ms = excluded.created_ms"},
+    [Q_GWKEY_GET] = {.sql = "SELECT run_id FROM lg_gateway_keys WHERE key = ?1"},
     /* One statement, one snapshot: a read without the lock. */
     [Q_BUD_READ] = {.by = {[SQ] = "SELECT " SQ_BUD_COLS " FROM lg_budgets b LEFT JOIN " SQ_HOLD_STATS
                                   " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope"
@@ -923,6 +931,36 @@ int lg__sql_deny_get(lg_store_t *s, const char *run_id, const char *group, int *
   bind_text(s, st, 1, run_id);
   bind_text(s, st, 2, group);
   return one(s, st, "reading deny rules", fill_str, reason, found, err);
+}
+
+/* ---- the gateway's conversation keys ---- */
+
+int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, int64_t now_ms,
+                         lg_error_t *err) {
+  lg__store_lock(s);
+  lg__stmt_t *st = stmt(s, Q_GWKEY_PUT, err);
+  int rc = LG_ESTORE;
+  if (st) {
+    bind_text(s, st, 1, key);
+    bind_text(s, st, 2, run_id);
+    DRV->bind_i64(st, 3, now_ms);
+    rc = run(s, st, NULL, err);
+  }
+  lg__store_unlock(s);
+  return rc;
+}
+
+int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, lg_error_t *err) {
+  *run_id = NULL;
+  lg__store_lock(s);
+  lg__stmt_t *st = stmt(s, Q_GWKEY_GET, err);
+  int found, rc = LG_ESTORE;
+  if (st) {
+    bind_text(s, st, 1, key);
+    rc = one(s, st, "reading a conversation key", fill_str, run_id, &found, err);
+  }
+  lg__store_unlock(s);
+  return rc;
 }
 
 /* ---- budgets ---- */

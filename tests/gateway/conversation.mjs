@@ -8,9 +8,14 @@
 //                 conversations start, then A goes on with its result
 //                 (A's run was evicted from the gateway's memory meanwhile;
 //                 A_RUN: A's requests name their run by X-Loopguard-Run)
+//   AFTER=N       (episode) then N more requests with MODEL2, the
+//                 conversation going on without a new user message
 //   BASE_URL, HEADERS (JSON: extra request headers)
+//   BASE_URLS     comma-separated: the requests go to each in turn, as
+//                 through a round-robin balancer to replicas of one store
 // Prints one JSON object: the run (X-Loopguard-Run) and answer of each step.
-const base = process.env.BASE_URL;
+const bases = process.env.BASE_URLS ? process.env.BASE_URLS.split(',') : [process.env.BASE_URL];
+let turn = 0;
 const headers = { 'content-type': 'application/json', authorization: 'Bearer sk-test', ...JSON.parse(process.env.HEADERS || '{}') };
 const tools = [
   { type: 'function', function: { name: 'write_record', parameters: { type: 'object' } } },
@@ -19,7 +24,7 @@ const tools = [
 
 async function ask(model, messages, run) {
   const h = run ? { ...headers, 'x-loopguard-run': run } : headers;
-  const r = await fetch(base + '/chat/completions', { method: 'POST', headers: h, body: JSON.stringify({ model, messages, tools }) });
+  const r = await fetch(bases[turn++ % bases.length] + '/chat/completions', { method: 'POST', headers: h, body: JSON.stringify({ model, messages, tools }) });
   const body = await r.json();
   if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${JSON.stringify(body)}`);
   const msg = body.choices[0].message;
@@ -38,6 +43,8 @@ if (process.env.MODE === 'episode') {
   out.first = a;
   conv.push({ role: 'user', content: 'The storage is writable now; please look customer c-1 up instead.' });
   out.second = await ask(process.env.MODEL2, conv);
+  out.after = [];
+  for (let i = 0; i < Number(process.env.AFTER || 0); i++) out.after.push(await ask(process.env.MODEL2, conv));
 } else {
   const a = start();
   out.a1 = await ask('finish', a, process.env.A_RUN);

@@ -1393,6 +1393,7 @@ static void test_restart(void **state) {
     }
   }
   assert_int_equal(lg_store_run_save(s, run, T0 + 10, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "tc:call_9", "survivor", T0 + 10, &err), 0);
   char *env_before = lg_run_envelope_json(run);
   lg_run_free(run);
   lg_store_close(s);
@@ -1414,6 +1415,11 @@ static void test_restart(void **state) {
   lg_run_free(run);
   lg_canon_free(canon);
   expect_lines(s, "survivor", "{\"type\":\"run\"}\n"); /* the trace survived */
+  char *keyed = NULL; /* and the gateway's key of its conversation */
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_9", &keyed, &err), 0);
+  assert_non_null(keyed);
+  assert_string_equal(keyed, "survivor");
+  lg__free(keyed);
   assert_int_equal(lg_store_denied(s, "survivor", "g", NULL, NULL), 0);
   assert_int_equal(lg_store_cancel_run(s, "survivor", "r", T0 + 20, &err), 0);
   lg_store_close(s);
@@ -1576,6 +1582,29 @@ static void test_keys(void **state) {
   assert_int_equal(micro, 0);
 }
 
+/* The gateway's conversation keys: read back as written, a key put again
+ * names the latest run, a key never put reads as none; a restart keeps
+ * them (test_restart's store is another handle of the same database). */
+static void test_gateway_keys(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  char *run = (char *)"x";
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &err), 0);
+  assert_null(run);
+  assert_int_equal(lg__store_gw_key_put(s, "tc:call_1", "run_a", T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "resp:resp_1", "run_a", T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &err), 0);
+  assert_string_equal(run, "run_a");
+  lg__free(run);
+  assert_int_equal(lg__store_gw_key_put(s, "tc:call_1", "run_b", T0 + 1, &err), 0);
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &err), 0);
+  assert_string_equal(run, "run_b");
+  lg__free(run);
+  assert_int_equal(lg__store_gw_key_get(s, "resp:resp_1", &run, &err), 0);
+  assert_string_equal(run, "run_a");
+  lg__free(run);
+}
+
 /* ------------------------------------------------------------------ */
 
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -1616,6 +1645,7 @@ int main(void) {
       T(test_with_run_born),
       T(test_sqlite_counts_nothing),
       T(test_keys),
+      T(test_gateway_keys),
       /* The durable backends only (memory: skips them). */
       T(test_restart),
       T(test_migration_from_v1),

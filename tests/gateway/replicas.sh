@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# replicas.sh — two gateways on one store, an agent's requests going to
+# each in turn (a round-robin balancer, no sticky sessions): one run, and
+# its guards whole, as through one gateway.
+#
+# Asserts, on a sqlite: file (LG_TEST_STORE=postgres, under
+# tests/pg/with-postgres.sh: on PostgreSQL):
+#   - an agent looping on a failing write, on each API, stream and not,
+#     its run derived from the conversation and named by X-Loopguard-Run:
+#     the write runs twice at most and the agent ends with the final
+#     message; every answer names one run (the conversation's start and
+#     Responses ids are found in the store by the replica that did not
+#     answer them: lg_gateway_keys);
+#   - episodes across replicas: a loop stopped, the person writes again
+#     (the run resumes), it loops and stops again, and requests without a
+#     new message stay stopped: the trace holds one `user` event and one
+#     `resume` (a replica that had not seen a request does not take the
+#     person's old message for a new one), and replays to the same end;
+#   - a server restarted on the store goes on with a conversation it
+#     answered before (its table of runs is gone, the store's keys are not).
+set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the fake upstream: FAKE
+
+STORE="sqlite:$TMP/replicas.db"
+if [ "${LG_TEST_STORE:-}" = postgres ]; then
+  [ -n "${LG_PG_URL:-}" ] || { echo "SKIP: no LG_PG_URL (run under tests/pg/with-postgres.sh)"; exit 77; }
+  STORE=$LG_PG_URL
+fi
+start_server r1 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r1.log"
+start_server r2 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r2.log"
+BOTH="$r1_URL,$r2_URL"
+
+# one_run LABEL JSON: the answers the agent saw (non-stream) name one run
+one_run() {
+  [ "$(echo "$2" | jq_py 'len(set(s["run"] for s in d["seen"])) == 1 and len(d["seen"]) >= 2')" = true ] ||
+    fail "$1: not one run: $2"
+}
+
+for api in chat messages responses; do
+  base=$r1_URL/v1
+  [ $api = messages ] && base=$r1_URL
+  for stream in 0 1; do
+    note "$api, stream $stream, derived run: the write twice at most, through both replicas"
+    out=$(client agent-guard.mjs API=$api STREAM=$stream BASE_URL="$base" BASE_URLS="$BOTH") || fail "$api $stream: $out"
+    stopped "$api stream $stream derived" "$out"
+    [ $stream = 1 ] || one_run "$api derived" "$out"
+    note "$api, stream $stream, X-Loopguard-Run: the same"
+    out=$(client agent-guard.mjs API=$api STREAM=$stream BASE_URL="$base" BASE_URLS="$BOTH" \
+      HEADERS="{\"X-Loopguard-Run\":\"rr-$api-$stream\"}") || fail "$api $stream named: $out"
+    stopped "$api stream $stream named" "$out"
+    [ $stream = 1 ] || one_run "$api named" "$out"
+  done
+done
+# Both replicas answered: the balancing is real (each served its share).
+for r in r1 r2; do
+  url_var=${r}_URL
+  n=$(curl -sf "${!url_var}/metrics" | awk '/^loopguard_gateway_requests_total/ {s += $2} END {print s + 0}')
+  [ "$n" -ge 12 ] || fail "replica $r served $n gateway requests"
+done
+
+note "episodes across replicas: one user event, one resume; the stop holds without a new message"
+e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=stubborn AFTER=8 BASE_URLS="$r1_URL/v1,$r2_URL/v1") ||
+  fail "episode: $e"
+run=$(echo "$e" | jq_py 'd["first"]["run"]')
+[ "$(echo "$e" | jq_py 'd["first"]["action"]')" = stop ] || fail "episode: the first loop did not stop: $e"
+[ "$(echo "$e" | jq_py 'len(set([d["first"]["run"], d["second"]["run"]] + [a["run"] for a in d["after"]]))')" = 1 ] ||
+  fail "episode: another run: $e"
+[ "$(echo "$e" | jq_py 'd["after"][-1]["action"]')" = stop ] || fail "episode: the second loop did not stop: $e"
+[ "$(echo "$e" | jq_py 'all(a["calls"] == 0 for a in d["after"][-2:])')" = true ] ||
+  fail "episode: calls after the second stop: $e"
+curl -sf "$r2_URL/v1/runs/$run/trace" >"$TMP/episode.jsonl" || fail "trace $run"
+users=$(grep -c '"type":"user"' "$TMP/episode.jsonl")
+resumes=$(grep -c '"type":"resume"' "$TMP/episode.jsonl")
+[ "$users" = 1 ] && [ "$resumes" = 1 ] ||
+  fail "episode trace: $users user events and $resumes resumes, not 1 and 1: $(cat "$TMP/episode.jsonl")"
+"$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $run"
+[ "$(curl -sf "$r1_URL/v1/runs/$run" | jq_py 'd["terminal_reason"]')" = \
+  "$(tail -n 1 "$TMP/episode.replay" | jq_py 'd["terminal_reason"]')" ] ||
+  fail "episode replay: $(tail -n 1 "$TMP/episode.replay") against $(curl -sf "$r1_URL/v1/runs/$run")"
+
+note "a restart: the server goes on with a conversation it answered before"
+# A conversation started on r1, then r1 restarted before its next request
+# (the store's keys find the run, the store's run its turns).
+body='{"model":"stubborn","messages":[{"role":"user","content":"Write record 7 with value A."}],"tools":[{"type":"function","function":{"name":"write_record","parameters":{"type":"object"}}}]}'
+ans=$(curl -sf -D "$TMP/h1" -H 'Content-Type: application/json' -d "$body" "$r1_URL/v1/chat/completions") || fail "restart: first request"
+run1=$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/h1" | tr -d '\r')
+stop_server r1
+start_server r1 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r1b.log"
+conv=$(echo "$ans" | python3 -c 'import json, sys
+m = json.load(sys.stdin)["choices"][0]["message"]
+results = [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the storage is read-only."} for c in m["tool_calls"]]
+print(json.dumps({"model": "stubborn", "tools": [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}],
+                  "messages": [{"role": "user", "content": "Write record 7 with value A."}, m] + results}))') || fail "restart: $ans"
+curl -sf -D "$TMP/h2" -o /dev/null -H 'Content-Type: application/json' -d "$conv" "$r1_URL/v1/chat/completions" || fail "restart: second request"
+run2=$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/h2" | tr -d '\r')
+act2=$(awk 'tolower($1) == "x-loopguard-action:" {print $2}' "$TMP/h2" | tr -d '\r')
+[ -n "$run1" ] && [ "$run1" = "$run2" ] || fail "restart: the conversation's second request went to run $run2, not $run1"
+[ "$act2" = observe ] || fail "restart: the same write again was $act2, not observe (its turn taken for the first's?)"
+
+stop_server r1
+stop_server r2
+[ "$r2_RC" = 0 ] || fail "replica r2 exited $r2_RC"
+echo "PASS: replicas"
