@@ -1183,6 +1183,28 @@ static const char *body_text(chat_t *c, size_t *len, int *raw, char **own) {
 
 #define OWN_KEPT 8 /* answers of the gateway's own a run remembers */
 
+/* e kept as r's answer `id` of its own (taken), the oldest past OWN_KEPT
+ * let go. */
+static void own_keep(lg__gw_run_t *r, const char *id, json_t *e) {
+  while (json_object_size(r->own) >= OWN_KEPT) { /* the oldest goes */
+    void *it = json_object_iter(r->own);
+    json_object_del(r->own, json_object_iter_key(it));
+  }
+  json_object_set_new(r->own, id, e);
+}
+
+/* Responses: a request continuing from an answer the gateway made itself
+ * that this server does not hold (another replica made it, or this
+ * server before a restart or an eviction): what it kept of it, from the
+ * store (lg__gw_own_get). */
+static void own_fetch(chat_t *c) {
+  if (!is_responses(c) || !c->prev_id || strncmp(c->prev_id, "resp_lg", 7) ||
+      json_object_get(c->r->own, c->prev_id))
+    return;
+  json_t *e = lg__gw_own_get(c->cx, c->r, c->prev_id);
+  if (e) own_keep(c->r, c->prev_id, e);
+}
+
 /* Responses: an id for an answer the gateway makes itself, "resp_lg..."
  * (OpenAI's ids are "resp_" and hex digits), into buf. */
 void lg__gwc_own_id(chat_t *c, char *buf, size_t size) {
@@ -1211,11 +1233,8 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", json_deep_copy(items)); /* as restore() */
   json_decref(items);
   if (!e) return;
-  while (json_object_size(r->own) >= OWN_KEPT) { /* the oldest goes */
-    void *it = json_object_iter(r->own);
-    json_object_del(r->own, json_object_iter_key(it));
-  }
-  json_object_set_new(r->own, id, e);
+  lg__gw_own_put(c->cx, r, id, e); /* a replica's next request may continue from it */
+  own_keep(r, id, e);
 }
 
 /* The client's stream starts (the HTTP side answers 200, text/event-stream). */
@@ -2667,6 +2686,7 @@ static int find_run(chat_t *c) {
   }
   snprintf(j->run_id, sizeof j->run_id, "%s", c->r->id);
   c->max_reasks = (int)c->r->policy->gw_max_reasks;
+  own_fetch(c);
   return 0;
 }
 

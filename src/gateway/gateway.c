@@ -1373,12 +1373,12 @@ static lg_store_t *keys_store(lg__gw_ctx_t *cx, lg_error_t *err) {
   return w ? w->store : NULL;
 }
 
-/* key -> run_id written to the store (keys_store); a failure is logged:
- * this server still finds the run by its table. */
-static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id) {
+/* key -> run_id (and data, or NULL) written to the store (keys_store); a
+ * failure is logged: this server still has them in memory. */
+static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id, const char *data) {
   lg_error_t e = {0};
   lg_store_t *s = keys_store(cx, &e);
-  if (s && !lg__store_gw_key_put(s, key, run_id, lg__server_now(cx->srv), &e)) return;
+  if (s && !lg__store_gw_key_put(s, key, run_id, data, lg__server_now(cx->srv), &e)) return;
   lg__buf_t f = {0};
   lg__buf_puts(&f, "\"run_id\":");
   lg__buf_json_str(&f, run_id, strlen(run_id));
@@ -1394,7 +1394,38 @@ void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r) {
   pthread_mutex_lock(&gw->tmu);
   int changed = key_put(gw, key, r);
   pthread_mutex_unlock(&gw->tmu);
-  if (changed && keys_kept(cx)) key_store(cx, key, r->id);
+  if (changed && keys_kept(cx)) key_store(cx, key, r->id, NULL);
+}
+
+/* The key of an answer the gateway made itself, "own:ID", into b. */
+static int own_key(lg__buf_t *b, const char *id) {
+  lg__buf_printf(b, "own:%s", id);
+  return b->data && !b->oom;
+}
+
+void lg__gw_own_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *id, json_t *e) {
+  if (!keys_kept(cx)) return;
+  lg__buf_t b = {0};
+  char *t = lg__json_text(e, NULL);
+  if (t && own_key(&b, id)) key_store(cx, b.data, r->id, t);
+  lg__free(t);
+  lg__buf_free(&b);
+}
+
+json_t *lg__gw_own_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *id) {
+  if (!keys_kept(cx)) return NULL;
+  lg__buf_t b = {0};
+  lg_error_t e = {0};
+  lg_store_t *s = keys_store(cx, &e);
+  char *run = NULL, *data = NULL;
+  json_t *out = NULL;
+  if (s && own_key(&b, id) && !lg__store_gw_key_get(s, b.data, &run, &data, &e) && run &&
+      !strcmp(run, r->id) && data)
+    out = lg__json_load(data, strlen(data), NULL, NULL);
+  lg__free(run);
+  lg__free(data);
+  lg__buf_free(&b);
+  return json_is_object(out) ? out : (json_decref(out), NULL);
 }
 
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name) {
@@ -1610,7 +1641,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
      * table's lock: a database's round trip) */
     pthread_mutex_unlock(&gw->tmu);
     lg_store_t *ks = keys_store(cx, err);
-    if (!ks || lg__store_gw_key_get(ks, key, &stored, err)) return NULL;
+    if (!ks || lg__store_gw_key_get(ks, key, &stored, NULL, err)) return NULL;
     pthread_mutex_lock(&gw->tmu);
     r = key_get(gw, key); /* put meanwhile by a request on another thread */
     if (!r && stored) id = stored;
@@ -1648,7 +1679,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   pthread_mutex_unlock(&gw->tmu);
   /* a conversation start no replica knew names its new run in the store
    * too (a stored one names it already) */
-  if (created && unstored) key_store(cx, key, r->id);
+  if (created && unstored) key_store(cx, key, r->id, NULL);
   lg__free(stored);
   /* (a created run is locked already) */
   if (!created && pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */

@@ -381,6 +381,14 @@ void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz
  * gateway's table, and in the store unless it is memory: (every replica,
  * and this server after a restart, finds the run by it). */
 void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r);
+/* Responses: an answer the gateway made itself (id, resp_lg...), and e,
+ * what a request continuing from it is sent upstream as (chat.c,
+ * lg__gwc_own_response), kept in the store beside the keys unless it is
+ * memory: (own_put), and read from it (own_get: a new reference, or NULL
+ * when it is not there or is another run's) by a replica or a restarted
+ * server that does not hold it. */
+void lg__gw_own_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *id, json_t *e);
+json_t *lg__gw_own_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *id);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name);
 /* One event through the decision step, synchronously. 0 when decided;

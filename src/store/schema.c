@@ -235,10 +235,13 @@ static const migration_t migrations[] = {
     /* 8: the gateway's conversation keys (gateway-v1, "Which run a
      * request belongs to"): a derived run found by its conversation's
      * start, or by a Responses id, on every replica of the store and after
-     * a restart, not only in the process that answered it. */
+     * a restart, not only in the process that answered it; with `data`,
+     * what a key needs besides its run (an answer the gateway made itself:
+     * what to send upstream for a request continuing from it). */
     {.all = ("CREATE TABLE lg_gateway_keys ("
     "  key TEXT PRIMARY KEY,"
     "  run_id TEXT NOT NULL,"
+    "  data TEXT,"
     "  created_ms BIGINT NOT NULL);")},
 };
 

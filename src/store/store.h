@@ -216,12 +216,15 @@ int lg__sql_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb
  * the rule for the run or, when group is not NULL, its group (the run's
  * own first): *found, and *reason (new, may be NULL). */
 /* The gateway's conversation keys (lg_gateway_keys): gw_key_put names
- * key's run (a key another conversation had goes to the latest),
- * gw_key_get reads it (*run_id new, or NULL when the key is not stored).
- * Each its own statement, under the store's lock. */
-int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, int64_t now_ms,
+ * key's run, with data (text, or NULL) beside it (a key another
+ * conversation had goes to the latest); gw_key_get reads them (*run_id
+ * and *data new, or NULL: *run_id NULL when the key is not stored; data
+ * may be NULL when not wanted). Each its own statement, under the store's
+ * lock. */
+int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, const char *data,
+                         int64_t now_ms, lg_error_t *err);
+int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, char **data,
                          lg_error_t *err);
-int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, lg_error_t *err);
 
 int lg__sql_deny_put(lg_store_t *s, int scope, const char *id,
                      const char *reason, int64_t now_ms, lg_error_t *err);

@@ -206,10 +206,11 @@ static const query_t queries[Q__N] = {
     [Q_DENY_ANY] = {.sql = "SELECT 1 FROM lg_deny LIMIT 1"},
     /* A key another conversation had too goes to the latest (gateway.c,
      * key_put). */
-    [Q_GWKEY_PUT] = {.sql = "INSERT INTO lg_gateway_keys (key, run_id, created_ms) VALUES (?1, ?2, ?3)"
-                     " ON CONFLICT (key) DO UPDATE SET run_id = excluded.run_id,"
+    [Q_GWKEY_PUT] = {.sql = "INSERT INTO lg_gateway_keys (key, run_id, data, created_ms)"
+                     " VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO UPDATE SET"
+                     " run_id = excluded.run_id, data = excluded.data,"
                      " created_ms = excluded.created_ms"},
-    [Q_GWKEY_GET] = {.sql = "SELECT run_id FROM lg_gateway_keys WHERE key = ?1"},
+    [Q_GWKEY_GET] = {.sql = "SELECT run_id, data FROM lg_gateway_keys WHERE key = ?1"},
     /* One statement, one snapshot: a read without the lock. */
     [Q_BUD_READ] = {.by = {[SQ] = "SELECT " SQ_BUD_COLS " FROM lg_budgets b LEFT JOIN " SQ_HOLD_STATS
                                   " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope"
@@ -935,31 +936,53 @@ int lg__sql_deny_get(lg_store_t *s, const char *run_id, const char *group, int *
 
 /* ---- the gateway's conversation keys ---- */
 
-int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, int64_t now_ms,
-                         lg_error_t *err) {
+int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, const char *data,
+                         int64_t now_ms, lg_error_t *err) {
   lg__store_lock(s);
   lg__stmt_t *st = stmt(s, Q_GWKEY_PUT, err);
   int rc = LG_ESTORE;
   if (st) {
     bind_text(s, st, 1, key);
     bind_text(s, st, 2, run_id);
-    DRV->bind_i64(st, 3, now_ms);
+    bind_text(s, st, 3, data);
+    DRV->bind_i64(st, 4, now_ms);
     rc = run(s, st, NULL, err);
   }
   lg__store_unlock(s);
   return rc;
 }
 
-int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, lg_error_t *err) {
-  *run_id = NULL;
+typedef struct gw_key_row {
+  char *run_id, *data;
+} gw_key_row_t;
+
+static int fill_gw_key(lg_store_t *s, lg__stmt_t *st, void *out) {
+  gw_key_row_t *k = out;
+  int ok = 1;
+  k->run_id = col_str(s, st, 0, NULL, &ok);
+  k->data = col_str(s, st, 1, NULL, &ok);
+  return ok ? 0 : LG_ENOMEM;
+}
+
+int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, char **data,
+                         lg_error_t *err) {
+  gw_key_row_t k = {NULL, NULL};
   lg__store_lock(s);
   lg__stmt_t *st = stmt(s, Q_GWKEY_GET, err);
   int found, rc = LG_ESTORE;
   if (st) {
     bind_text(s, st, 1, key);
-    rc = one(s, st, "reading a conversation key", fill_str, run_id, &found, err);
+    rc = one(s, st, "reading a conversation key", fill_gw_key, &k, &found, err);
   }
   lg__store_unlock(s);
+  if (rc) { /* a row half read (out of memory) */
+    lg__free(k.run_id);
+    lg__free(k.data);
+    k.run_id = k.data = NULL;
+  }
+  *run_id = k.run_id;
+  if (data) *data = k.data;
+  else lg__free(k.data);
   return rc;
 }
 

@@ -2,9 +2,22 @@
 // Responses API: each turn continues the last with previous_response_id
 // and sends only the function_call_output items.
 //   BASE_URL, MODEL, STREAM=1 (responses.stream().finalResponse()), STEP_CAP
+//   FOLLOW_UP  after the final answer, the person writes this, continuing
+//              from it (previous_response_id), to MODEL2 (default MODEL)
+//   BASE_URLS  comma-separated: the requests go to each in turn (replicas
+//              of one store behind a round-robin balancer)
 import OpenAI from 'openai';
 
-const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
+const replicas = (process.env.BASE_URLS || '').split(',').filter(Boolean).map((u) => new URL(u));
+let nextReplica = 0;
+function roundRobin(url, init) {
+  if (!replicas.length) return fetch(url, init);
+  const u = new URL(String(url)), to = replicas[nextReplica++ % replicas.length];
+  u.protocol = to.protocol;
+  u.host = to.host;
+  return fetch(u, init);
+}
+const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000, fetch: roundRobin });
 const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';
@@ -37,4 +50,13 @@ while (steps < cap) {
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
   input = calls.map((c) => ({ type: 'function_call_output', call_id: c.call_id, output: runTool(c.name) }));
 }
-console.log(JSON.stringify({ executions, steps, ended, final, seen }));
+let follow = null;
+if (process.env.FOLLOW_UP && ended === 'final') {
+  try {
+    const r = await client.responses.create({ model: process.env.MODEL2 || model, input: process.env.FOLLOW_UP, tools, previous_response_id: prev }).withResponse();
+    follow = { run: r.response.headers.get('x-loopguard-run'), action: r.response.headers.get('x-loopguard-action'), text: r.data.output_text };
+  } catch (e) {
+    follow = { error: String(e && e.message || e) };
+  }
+}
+console.log(JSON.stringify({ executions, steps, ended, final, seen, follow }));

@@ -16,6 +16,9 @@
 #     new message stay stopped: the trace holds one `user` event and one
 #     `resume` (a replica that had not seen a request does not take the
 #     person's old message for a new one), and replays to the same end;
+#   - Responses by previous_response_id: the person goes on from the stop's
+#     answer (the gateway's own, which no upstream has) on the replica
+#     that did not make it;
 #   - a server restarted on the store goes on with a conversation it
 #     answered before (its table of runs is gone, the store's keys are not).
 set -u -o pipefail
@@ -56,6 +59,20 @@ for r in r1 r2; do
   url_var=${r}_URL
   n=$(curl -sf "${!url_var}/metrics" | awk '/^loopguard_gateway_requests_total/ {s += $2} END {print s + 0}')
   [ "$n" -ge 12 ] || fail "replica $r served $n gateway requests"
+done
+
+for stream in 0 1; do
+  note "Responses by previous_response_id, stream $stream: the person goes on from the stop's answer on the other replica"
+  # The stop's final answer is the gateway's own (resp_lg...): no upstream
+  # has it, and the replica that did not make it reads from the store what
+  # to send upstream instead (it sent the id, and the upstream refused it).
+  out=$(client agent-responses.mjs MODEL=stubborn MODEL2=finish STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH" \
+    FOLLOW_UP="The storage is writable now; please look customer c-1 up instead.") || fail "responses chain $stream: $out"
+  [ "$(echo "$out" | jq_py 'd["ended"]')" = final ] || fail "responses chain $stream: not stopped: $out"
+  [ "$(echo "$out" | jq_py 'd["follow"].get("error")')" = null ] || fail "responses chain $stream: the follow-up failed: $out"
+  [ "$(echo "$out" | jq_py 'd["follow"]["action"]')" = pass ] || fail "responses chain $stream: $out"
+  [ $stream = 1 ] || [ "$(echo "$out" | jq_py 'd["follow"]["run"] == d["seen"][0]["run"]')" = true ] ||
+    fail "responses chain: the follow-up went to another run: $out"
 done
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"

@@ -1393,7 +1393,7 @@ static void test_restart(void **state) {
     }
   }
   assert_int_equal(lg_store_run_save(s, run, T0 + 10, &err), 0);
-  assert_int_equal(lg__store_gw_key_put(s, "tc:call_9", "survivor", T0 + 10, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "tc:call_9", "survivor", NULL, T0 + 10, &err), 0);
   char *env_before = lg_run_envelope_json(run);
   lg_run_free(run);
   lg_store_close(s);
@@ -1416,7 +1416,7 @@ static void test_restart(void **state) {
   lg_canon_free(canon);
   expect_lines(s, "survivor", "{\"type\":\"run\"}\n"); /* the trace survived */
   char *keyed = NULL; /* and the gateway's key of its conversation */
-  assert_int_equal(lg__store_gw_key_get(s, "tc:call_9", &keyed, &err), 0);
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_9", &keyed, NULL, &err), 0);
   assert_non_null(keyed);
   assert_string_equal(keyed, "survivor");
   lg__free(keyed);
@@ -1582,25 +1582,29 @@ static void test_keys(void **state) {
   assert_int_equal(micro, 0);
 }
 
-/* The gateway's conversation keys: read back as written, a key put again
- * names the latest run, a key never put reads as none; a restart keeps
- * them (test_restart's store is another handle of the same database). */
+/* The gateway's conversation keys: read back as written, with their data
+ * or none, a key put again names the latest run (and its data), a key
+ * never put reads as none; a restart keeps them (test_restart). */
 static void test_gateway_keys(void **state) {
   lg_store_t *s = *state;
   lg_error_t err = {0};
-  char *run = (char *)"x";
-  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &err), 0);
+  char *run = (char *)"x", *data = (char *)"x";
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &data, &err), 0);
   assert_null(run);
-  assert_int_equal(lg__store_gw_key_put(s, "tc:call_1", "run_a", T0, &err), 0);
-  assert_int_equal(lg__store_gw_key_put(s, "resp:resp_1", "run_a", T0, &err), 0);
-  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &err), 0);
+  assert_null(data);
+  assert_int_equal(lg__store_gw_key_put(s, "tc:call_1", "run_a", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "resp:resp_1", "run_a", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &data, &err), 0);
   assert_string_equal(run, "run_a");
+  assert_null(data);
   lg__free(run);
-  assert_int_equal(lg__store_gw_key_put(s, "tc:call_1", "run_b", T0 + 1, &err), 0);
-  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "tc:call_1", "run_b", "{\"prev\":null}", T0 + 1, &err), 0);
+  assert_int_equal(lg__store_gw_key_get(s, "tc:call_1", &run, &data, &err), 0);
   assert_string_equal(run, "run_b");
+  assert_string_equal(data, "{\"prev\":null}");
   lg__free(run);
-  assert_int_equal(lg__store_gw_key_get(s, "resp:resp_1", &run, &err), 0);
+  lg__free(data);
+  assert_int_equal(lg__store_gw_key_get(s, "resp:resp_1", &run, NULL, &err), 0);
   assert_string_equal(run, "run_a");
   lg__free(run);
 }
