@@ -874,7 +874,9 @@ static json_t *build_messages(chat_t *c) {
     /* The upstream's conversation holds every call it made: the refused
      * ones are answered once, first, then what the client sent (a re-ask:
      * nothing more, the conversation has it). */
-    for (size_t q = 0; q < r->nrs; q++)
+    if (c->conv_pending) /* the store's: whichever replica made them */
+      append_answers(msgs, c->conv_pending);
+    for (size_t q = 0; !c->conv_pending && q < r->nrs; q++)
       if (!r->rs[q].conv_sent) append_answers(msgs, r->rs[q].items);
     for (size_t i = 0; !c->reask_prev && i < c->n; i++) json_array_append_new(msgs, client_message(c, i));
     return msgs;
@@ -885,6 +887,7 @@ static json_t *build_messages(chat_t *c) {
      * response continued are answered first, then what the client sent. */
     for (size_t q = 0; q < r->nrs; q++)
       if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, prev)) append_answers(msgs, r->rs[q].items);
+    if (prev == c->prev_id && c->prev_answers) append_answers(msgs, c->prev_answers); /* the store's */
     k = r->nrs; /* nothing else restored */
   }
   /* A stream forwards an answer's thinking and reasoning items as they
@@ -1101,7 +1104,7 @@ static int steered(chat_t *c, json_t *m) {
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
-      c->root_replaced || own_prev(c))
+      c->root_replaced || own_prev(c) || c->prev_answers)
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
   if (model && (!asked || strcmp(model, asked))) return 0;
@@ -1193,16 +1196,43 @@ static void own_keep(lg__gw_run_t *r, const char *id, json_t *e) {
   json_object_set_new(r->own, id, e);
 }
 
-/* Responses: a request continuing from an answer the gateway made itself
- * that this server does not hold (another replica made it, or this
- * server before a restart or an eviction): what it kept of it, from the
- * store (lg__gw_own_get). */
-static void own_fetch(chat_t *c) {
-  if (!is_responses(c) || !c->prev_id || strncmp(c->prev_id, "resp_lg", 7) ||
-      json_object_get(c->r->own, c->prev_id))
+/* The store's key of what the run keeps of a Responses id: KIND:ID. */
+static char *data_key(const char *kind, const char *id) {
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "%s:%s", kind, id);
+  return lg__buf_steal(&b, NULL);
+}
+
+/* A Responses request continuing from a response whose part this server
+ * does not hold (another replica answered it, or this server before a
+ * restart or an eviction): what the run kept of it, from the store
+ * (lg__gw_data_get). An answer the gateway made itself ("own:ID"), kept
+ * in the run's memory again; else the answers of the response's refused
+ * calls ("rs:ID", restore()), which the upstream's stored response holds
+ * unanswered: the request's own (prev_answers). */
+static void prev_fetch(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (c->conv_id && lg__gw_keys_kept(c->cx)) {
+    /* a conversation's answers not yet sent upstream: the store's, since
+     * another replica may have made or sent them (conv_pending_put) */
+    char *k = data_key("answers:conv", c->conv_id);
+    json_t *d = k ? lg__gw_data_get(c->cx, r, k) : NULL;
+    lg__free(k);
+    c->conv_pending = json_is_array(d) ? d : json_array();
+    if (d && !json_is_array(d)) json_decref(d);
     return;
-  json_t *e = lg__gw_own_get(c->cx, c->r, c->prev_id);
-  if (e) own_keep(c->r, c->prev_id, e);
+  }
+  if (!is_responses(c) || !c->prev_id || c->conv_id) return;
+  int own = !strncmp(c->prev_id, "resp_lg", 7);
+  if (own && json_object_get(r->own, c->prev_id)) return;
+  for (size_t q = 0; !own && q < r->nrs; q++)
+    if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, c->prev_id)) return;
+  char *k = data_key(own ? "own" : "rs", c->prev_id);
+  json_t *d = k ? lg__gw_data_get(c->cx, r, k) : NULL;
+  lg__free(k);
+  if (own && json_is_object(d)) own_keep(r, c->prev_id, d);
+  else if (!own && json_is_array(d)) c->prev_answers = d;
+  else json_decref(d);
 }
 
 /* Responses: an id for an answer the gateway makes itself, "resp_lg..."
@@ -1233,7 +1263,9 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", json_deep_copy(items)); /* as restore() */
   json_decref(items);
   if (!e) return;
-  lg__gw_own_put(c->cx, r, id, e); /* a replica's next request may continue from it */
+  char *k = data_key("own", id); /* a replica's next request may continue from it */
+  if (k) lg__gw_data_put(c->cx, r, k, e);
+  lg__free(k);
   own_keep(r, id, e);
 }
 
@@ -1753,6 +1785,15 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content, j
   return items;
 }
 
+/* The answers of a conversation's refused calls that its upstream has
+ * not had yet (conv_pending), written to the store for the next request,
+ * on whichever replica it comes. */
+static void conv_pending_put(chat_t *c) {
+  char *k = data_key("answers:conv", c->conv_id);
+  if (k) lg__gw_data_put(c->cx, c->r, k, c->conv_pending);
+  lg__free(k);
+}
+
 /* Keeps items for every later request of the run. The client sees the
  * kept calls as this response; the refused ones go before it, so the
  * anchor is the end of the client's messages. */
@@ -1776,6 +1817,23 @@ static void restore(chat_t *c, json_t *items) {
   r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
   r->rs[r->nrs].conv_sent = 0;
   r->nrs++;
+  /* A Responses client continuing from this response (previous_response_id)
+   * on another replica: the upstream holds the refused calls unanswered,
+   * and that replica sends their answers from the store (prev_fetch). */
+  const char *rid = r->rs[r->nrs - 1].resp_id;
+  if (c->conv_pending) { /* a conversation's: answered once, by whichever replica is next */
+    append_answers(c->conv_pending, kept);
+    conv_pending_put(c);
+    return;
+  }
+  if (!is_responses(c) || c->conv_id || !rid) return;
+  json_t *all = json_array();
+  for (size_t q = 0; all && q < r->nrs; q++)
+    if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, rid)) json_array_extend(all, r->rs[q].items);
+  char *k = data_key("rs", rid);
+  if (all && k) lg__gw_data_put(c->cx, r, k, all);
+  lg__free(k);
+  json_decref(all);
 }
 
 /* Calls of an answer in a conversation that nothing will answer (the run
@@ -1796,6 +1854,10 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
  * are in its conversation now (those restored from this answer, not yet). */
 static void conv_delivered(chat_t *c) {
   for (size_t q = 0; c->conv_id && q < c->r->nrs; q++) c->r->rs[q].conv_sent = 1;
+  if (json_array_size(c->conv_pending)) {
+    json_array_clear(c->conv_pending);
+    conv_pending_put(c);
+  }
 }
 
 /* Gemini's OpenAI-compatible API signs an answer's first call (its
@@ -2686,7 +2748,7 @@ static int find_run(chat_t *c) {
   }
   snprintf(j->run_id, sizeof j->run_id, "%s", c->r->id);
   c->max_reasks = (int)c->r->policy->gw_max_reasks;
-  own_fetch(c);
+  prev_fetch(c);
   return 0;
 }
 
@@ -2838,6 +2900,8 @@ static int keys_model(chat_t *c) {
 
 static void chat_free(chat_t *c) {
   lg__json_lazy_free(&c->lazy);
+  json_decref(c->prev_answers);
+  json_decref(c->conv_pending);
   lg__json_prefix_free(c->prefix);
   lg__free(c->fed.st);
   lg__free(c->fed.ev);

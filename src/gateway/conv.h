@@ -56,6 +56,12 @@ typedef struct chat {
   size_t n;                   /* client messages */
   long last_ans;              /* the last answer the client continues from (chat.c,
                                  last_answer), or -1 */
+  json_t *prev_answers;       /* Responses: the answers of the refused calls of the
+                                 response continued, read from the store (chat.c,
+                                 prev_fetch), or NULL */
+  json_t *conv_pending;       /* a conversation's (conv_id) answers of refused calls its
+                                 upstream has not had, the store's (not on memory:),
+                                 or NULL: then the run's memory says (rs[].conv_sent) */
   const char *model;          /* as sent upstream */
   int stream;                 /* the client asked for a stream */
   int client_usage;           /* the client asked for the usage chunk */

@@ -1365,7 +1365,7 @@ static int key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
  * so that every replica of it, and this server after a restart, finds a
  * derived run: unless the store is memory: (the process's own: the table
  * is all of it). */
-static int keys_kept(const lg__gw_ctx_t *cx) { return strcmp(cx->srv->scheme, "memory") != 0; }
+int lg__gw_keys_kept(const lg__gw_ctx_t *cx) { return strcmp(cx->srv->scheme, "memory") != 0; }
 
 /* This thread's handle of the server's store, or NULL (err says why). */
 static lg_store_t *keys_store(lg__gw_ctx_t *cx, lg_error_t *err) {
@@ -1394,38 +1394,27 @@ void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r) {
   pthread_mutex_lock(&gw->tmu);
   int changed = key_put(gw, key, r);
   pthread_mutex_unlock(&gw->tmu);
-  if (changed && keys_kept(cx)) key_store(cx, key, r->id, NULL);
+  if (changed && lg__gw_keys_kept(cx)) key_store(cx, key, r->id, NULL);
 }
 
-/* The key of an answer the gateway made itself, "own:ID", into b. */
-static int own_key(lg__buf_t *b, const char *id) {
-  lg__buf_printf(b, "own:%s", id);
-  return b->data && !b->oom;
-}
-
-void lg__gw_own_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *id, json_t *e) {
-  if (!keys_kept(cx)) return;
-  lg__buf_t b = {0};
-  char *t = lg__json_text(e, NULL);
-  if (t && own_key(&b, id)) key_store(cx, b.data, r->id, t);
+void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t *data) {
+  if (!lg__gw_keys_kept(cx)) return;
+  char *t = lg__json_text(data, NULL);
+  if (t) key_store(cx, key, r->id, t);
   lg__free(t);
-  lg__buf_free(&b);
 }
 
-json_t *lg__gw_own_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *id) {
-  if (!keys_kept(cx)) return NULL;
-  lg__buf_t b = {0};
+json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key) {
+  if (!lg__gw_keys_kept(cx)) return NULL;
   lg_error_t e = {0};
   lg_store_t *s = keys_store(cx, &e);
   char *run = NULL, *data = NULL;
   json_t *out = NULL;
-  if (s && own_key(&b, id) && !lg__store_gw_key_get(s, b.data, &run, &data, &e) && run &&
-      !strcmp(run, r->id) && data)
+  if (s && !lg__store_gw_key_get(s, key, &run, &data, &e) && run && !strcmp(run, r->id) && data)
     out = lg__json_load(data, strlen(data), NULL, NULL);
   lg__free(run);
   lg__free(data);
-  lg__buf_free(&b);
-  return json_is_object(out) ? out : (json_decref(out), NULL);
+  return out;
 }
 
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name) {
@@ -1635,7 +1624,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   int unstored = 0; /* the store has no run for key */
   pthread_mutex_lock(&gw->tmu);
   if (!id && key) r = key_get(gw, key);
-  if (!r && !id && key && keys_kept(cx)) {
+  if (!r && !id && key && lg__gw_keys_kept(cx)) {
     /* not known here: another replica's, or this server's before a
      * restart or an eviction, when the store has it (read outside the
      * table's lock: a database's round trip) */

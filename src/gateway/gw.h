@@ -381,14 +381,15 @@ void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz
  * gateway's table, and in the store unless it is memory: (every replica,
  * and this server after a restart, finds the run by it). */
 void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r);
-/* Responses: an answer the gateway made itself (id, resp_lg...), and e,
- * what a request continuing from it is sent upstream as (chat.c,
- * lg__gwc_own_response), kept in the store beside the keys unless it is
- * memory: (own_put), and read from it (own_get: a new reference, or NULL
- * when it is not there or is another run's) by a replica or a restarted
- * server that does not hold it. */
-void lg__gw_own_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *id, json_t *e);
-json_t *lg__gw_own_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *id);
+/* What a key of r's carries besides its run (JSON), kept in the store
+ * beside the conversation keys unless it is memory: (data_put), so that a
+ * replica or a restarted server that does not hold it in memory reads it
+ * (data_get: a new reference, or NULL when it is not there or is another
+ * run's). chat.c's: the Responses answers the gateway made itself
+ * ("own:ID") and the answers of refused calls of a response ("rs:ID"). */
+int lg__gw_keys_kept(const lg__gw_ctx_t *cx); /* whether they are: not on memory: */
+void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t *data);
+json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name);
 /* One event through the decision step, synchronously. 0 when decided;

@@ -12,12 +12,12 @@
 //   HEADERS   JSON object of extra request headers (X-Loopguard-*)
 //   STEP_CAP  the agent's cap on model calls [12]
 //   WRITE_OK  1: write_record succeeds (else it fails: the storage is read-only)
-//   BASE_URLS comma-separated: the requests go to each of these in turn (replicas
-//             of one store behind a round-robin balancer), BASE_URL's path kept
+//   BASE_URLS comma-separated: the requests go to each in turn (round-robin.mjs)
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer's text, how it finished and its usage as the SDK read it,
 // the X-Loopguard-* headers seen (non-stream), or the error the SDK threw.
 import OpenAI from 'openai';
+import { roundRobin } from './round-robin.mjs';
 import Anthropic from '@anthropic-ai/sdk';
 
 const api = process.env.API || 'chat';
@@ -25,17 +25,7 @@ const model = process.env.MODEL || 'loop-write';
 const stream = process.env.STREAM === '1';
 const cap = Number(process.env.STEP_CAP || 12);
 const defaultHeaders = JSON.parse(process.env.HEADERS || '{}');
-// The SDKs' requests, each to the next of BASE_URLS (scheme, host and port).
-const replicas = (process.env.BASE_URLS || '').split(',').filter(Boolean).map((u) => new URL(u));
-let nextReplica = 0;
-function roundRobin(url, init) {
-  if (!replicas.length) return fetch(url, init);
-  const u = new URL(String(url)), to = replicas[nextReplica++ % replicas.length];
-  u.protocol = to.protocol;
-  u.host = to.host;
-  return fetch(u, init);
-}
-const opts = { baseURL: process.env.BASE_URL, maxRetries: 0, timeout: 20000, defaultHeaders, fetch: roundRobin };
+const opts = { baseURL: process.env.BASE_URL, maxRetries: 0, timeout: 20000, defaultHeaders, fetch: roundRobin() };
 const openai = new OpenAI({ ...opts, apiKey: 'sk-test-client' });
 const anthropic = new Anthropic({ ...opts, apiKey: 'sk-ant-test' });
 

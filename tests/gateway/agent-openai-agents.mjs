@@ -11,12 +11,14 @@
 //   run given its conversationId: the server keeps the conversation),
 //   AGAIN=1 (with CONVERSATION: after the run, the person asks again in the
 //   same conversation; `again` is that run's final output)
+//   BASE_URLS (comma-separated: the requests go to each in turn, round-robin.mjs)
 import OpenAI from 'openai';
+import { roundRobin } from './round-robin.mjs';
 import { Agent, Runner, OpenAIProvider, tool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
 
 setTracingDisabled(true); // no export to the internet (a setting of the whole process, the same each run)
-const openai = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', maxRetries: 0 });
+const openai = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', maxRetries: 0, fetch: roundRobin() });
 const runner = new Runner({ modelProvider: new OpenAIProvider({ openAIClient: openai, useResponses: true }), tracingDisabled: true });
 const conversationId = process.env.CONVERSATION === '1' ? (await openai.conversations.create({})).id : undefined;
 const executions = { write_record: 0, lookup: 0 };

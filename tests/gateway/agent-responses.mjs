@@ -4,20 +4,11 @@
 //   BASE_URL, MODEL, STREAM=1 (responses.stream().finalResponse()), STEP_CAP
 //   FOLLOW_UP  after the final answer, the person writes this, continuing
 //              from it (previous_response_id), to MODEL2 (default MODEL)
-//   BASE_URLS  comma-separated: the requests go to each in turn (replicas
-//              of one store behind a round-robin balancer)
+//   BASE_URLS  comma-separated: the requests go to each in turn (round-robin.mjs)
 import OpenAI from 'openai';
+import { roundRobin } from './round-robin.mjs';
 
-const replicas = (process.env.BASE_URLS || '').split(',').filter(Boolean).map((u) => new URL(u));
-let nextReplica = 0;
-function roundRobin(url, init) {
-  if (!replicas.length) return fetch(url, init);
-  const u = new URL(String(url)), to = replicas[nextReplica++ % replicas.length];
-  u.protocol = to.protocol;
-  u.host = to.host;
-  return fetch(u, init);
-}
-const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000, fetch: roundRobin });
+const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000, fetch: roundRobin() });
 const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';

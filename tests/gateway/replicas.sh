@@ -18,7 +18,9 @@
 #     person's old message for a new one), and replays to the same end;
 #   - Responses by previous_response_id: the person goes on from the stop's
 #     answer (the gateway's own, which no upstream has) on the replica
-#     that did not make it;
+#     that did not make it; an answer's refused call, which the upstream's
+#     stored response (or conversation: the Agents SDK's conversationId)
+#     holds unanswered, answered by the replica the next request comes to;
 #   - a server restarted on the store goes on with a conversation it
 #     answered before (its table of runs is gone, the store's keys are not).
 set -u -o pipefail
@@ -73,6 +75,20 @@ for stream in 0 1; do
   [ "$(echo "$out" | jq_py 'd["follow"]["action"]')" = pass ] || fail "responses chain $stream: $out"
   [ $stream = 1 ] || [ "$(echo "$out" | jq_py 'd["follow"]["run"] == d["seen"][0]["run"]')" = true ] ||
     fail "responses chain: the follow-up went to another run: $out"
+done
+
+for stream in 0 1; do
+  # An answer with one call refused and one kept: the client continues from
+  # the upstream's response, which holds the refused call unanswered; the
+  # gateway answers it for the upstream, on the replica the request comes
+  # to (the upstream refuses a call left without its output: 400).
+  note "Responses by previous_response_id, stream $stream: an answer's refused call answered on the other replica"
+  out=$(client agent-responses.mjs MODEL=pair STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") || fail "responses pair $stream: $out"
+  [ "$(echo "$out" | jq_py 'd["ended"]')" = final ] || fail "responses pair $stream: $out"
+  note "the Agents SDK in a conversation (conversationId), stream $stream: the same"
+  out=$(client agent-openai-agents.mjs MODEL=pair STREAM=$stream CONVERSATION=1 BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
+    fail "agents conversation pair $stream: $out"
+  [ "$(echo "$out" | jq_py 'd["ended"]')" = final ] || fail "agents conversation pair $stream: $out"
 done
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
