@@ -1104,7 +1104,7 @@ static int steered(chat_t *c, json_t *m) {
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
-      c->root_replaced || own_prev(c) || c->prev_answers)
+      c->root_replaced || own_prev(c) || c->prev_answers || json_array_size(c->conv_pending))
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
   if (model && (!asked || strcmp(model, asked))) return 0;

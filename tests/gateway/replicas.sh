@@ -20,7 +20,8 @@
 #     answer (the gateway's own, which no upstream has) on the replica
 #     that did not make it; an answer's refused call, which the upstream's
 #     stored response (or conversation: the Agents SDK's conversationId)
-#     holds unanswered, answered by the replica the next request comes to;
+#     holds unanswered, answered by the replica the next request comes to,
+#     and so is a call the run stopped on, when the person asks again;
 #   - a server restarted on the store goes on with a conversation it
 #     answered before (its table of runs is gone, the store's keys are not).
 set -u -o pipefail
@@ -90,6 +91,22 @@ for stream in 0 1; do
     fail "agents conversation pair $stream: $out"
   [ "$(echo "$out" | jq_py 'd["ended"]')" = final ] || fail "agents conversation pair $stream: $out"
 done
+
+# A run stopped on a call in a conversation (this policy stops at the third
+# same call): the conversation holds the call, and the person's next
+# message, on the other replica, answers it with the stop's message (else
+# the upstream refuses it: "No tool output found"); the run stays stopped.
+echo '{"repeat":{"observe":2,"block":3,"stop":3},"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/stop3.json"
+start_server s1 --store "$STORE" --upstream "$FAKE/v1" --policy "$TMP/stop3.json" --log "$TMP/s1.log"
+start_server s2 --store "$STORE" --upstream "$FAKE/v1" --policy "$TMP/stop3.json" --log "$TMP/s2.log"
+for stream in 0 1; do
+  note "the Agents SDK in a conversation, stream $stream: stopped on a call, asked again on the other replica"
+  out=$(client agent-openai-agents.mjs MODEL=stubborn STREAM=$stream CONVERSATION=1 AGAIN=1 BASE_URL="$s1_URL/v1" \
+    BASE_URLS="$s1_URL,$s2_URL") || fail "agents conversation asked again $stream: $out"
+  echo "$out" | jq_py 'd["again"]' | grep -q "3 times" || fail "agents conversation asked again $stream: $out"
+done
+stop_server s1
+stop_server s2
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
 e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=stubborn AFTER=8 BASE_URLS="$r1_URL/v1,$r2_URL/v1") ||
