@@ -216,11 +216,17 @@ static json_t *answer_json(const lg__step_t *st) {
 /* ---- events ---- */
 
 /* A stop decided on this request: the final message (the decision's, or
- * `fallback`), the action, the log line when the event stopped the run. */
+ * `fallback`; on a run stopped before, the final message this server gave
+ * then, which a final round may have made the model's own), the action,
+ * the log line when the event stopped the run. Whether the run is still
+ * stopped is the store's to say, never the memory's: another replica, or
+ * an operator's resume event, may have resumed it. */
 static void note_stop(chat_t *c, const lg__step_t *st, json_t *a, const char *fallback,
                       const char *tool, const char *call_id) {
   const char *m = a ? sget(a, "message") : NULL, *reason = a ? sget(a, "reason") : NULL;
-  if (!c->stop_text) c->stop_text = lg__strdup(m ? m : fallback);
+  if (!m) m = fallback;
+  if (st->was_stopped && c->r->final_text) m = c->r->final_text;
+  if (!c->stop_text) c->stop_text = lg__strdup(m);
   raise_action(c->j, "stop", reason);
   if (st->stopped_now) {
     c->stop_reason = st->reason;
@@ -2739,7 +2745,8 @@ static int find_run(chat_t *c) {
     return -1;
   }
   lg_error_t e = {0};
-  c->r = lg__gw_run_get(c->cx, j->hdr_run, key, lg__gw_policy_named(c->cx->gw, j->hdr_policy), &e);
+  c->r = lg__gw_run_get(c->cx, j->hdr_run, key, lg__gw_policy_named(c->cx->gw, j->hdr_policy),
+                        &c->run_made, &e);
   lg__free(key);
   if (!c->r) {
     lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",
@@ -2840,7 +2847,9 @@ static void feed_user(chat_t *c, size_t i) {
   flush_results(c); /* in order: the results before it first */
   long last = c->prev_id || c->conv_id ? -1 : c->last_ans;
   if ((long)i < last) return;
-  if (c->r->turn > 0 || last >= 0 || c->prev_id) user_event(c);
+  /* a conversation's (conv_id) first request made its run: later ones,
+   * on any replica, find it */
+  if (c->r->turn > 0 || last >= 0 || c->prev_id || (c->conv_id && !c->run_made)) user_event(c);
 }
 
 /* One new client message as events: its tool results, or a user event. */
@@ -2947,8 +2956,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     /* What comes before the model call and reads the results' decisions
      * (a stop, a stopped run's last text) or the store (a key's checks):
      * the results first, as they came. */
-    if (c.stop_text || c.r->final_text || j->key) flush_results(&c);
-    if (c.r->final_text && !c.stop_text) c.stop_text = lg__strdup(c.r->final_text);
+    if (c.stop_text || j->key) flush_results(&c);
     if (c.stop_text) answer_final(&c, NULL);
     else if (keys_model(&c)) {
       /* refused by the key (keys.c): answered */

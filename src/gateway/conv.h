@@ -56,6 +56,7 @@ typedef struct chat {
   size_t n;                   /* client messages */
   long last_ans;              /* the last answer the client continues from (chat.c,
                                  last_answer), or -1 */
+  int run_made;               /* the request made its run (lg__gw_run_get) */
   json_t *prev_answers;       /* Responses: the answers of the refused calls of the
                                  response continued, read from the store (chat.c,
                                  prev_fetch), or NULL */

@@ -1615,7 +1615,7 @@ static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol, const char *pol
 }
 
 lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
-                             const lg__gw_policy_t *policy, lg_error_t *err) {
+                             const lg__gw_policy_t *policy, int *made, lg_error_t *err) {
   lg__gw_t *gw = cx->gw;
   lg_policy_t *pol = policy ? policy->policy : cx->srv->default_policy;
   const char *pol_json = policy ? policy->json : cx->srv->default_policy_json;
@@ -1669,6 +1669,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   /* a conversation start no replica knew names its new run in the store
    * too (a stored one names it already) */
   if (created && unstored) key_store(cx, key, r->id, NULL);
+  if (made) *made = created && !stored;
   lg__free(stored);
   /* (a created run is locked already) */
   if (!created && pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */

@@ -358,9 +358,11 @@ size_t lg__gw_answer_max(const lg__gw_t *gw); /* LOOPGUARD_GATEWAY_ANSWER_BYTES 
 _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 /* The run of a request: by its header, else derived (key); created
  * (stored, through the step's run creation, with `policy`: NULL for the
- * server's default) on first use. Locked. */
+ * server's default) on first use. Locked. *made (may be NULL): whether
+ * the run is new here and no replica's store named key (the request
+ * begins its conversation, as far as any replica knows). */
 lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
-                             const lg__gw_policy_t *policy, lg_error_t *err);
+                             const lg__gw_policy_t *policy, int *made, lg_error_t *err);
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);
 /* The conversation of run id's last request as read (the prefix of a
  * lazy read, json_load.c), taken out of the run: NULL when none. */

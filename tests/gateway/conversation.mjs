@@ -8,6 +8,9 @@
 //                 conversations start, then A goes on with its result
 //                 (A's run was evicted from the gateway's memory meanwhile;
 //                 A_RUN: A's requests name their run by X-Loopguard-Run)
+//   MODE=resume   loop with MODEL until a final answer, then an operator
+//                 resumes the run (POST /v1/runs/{id}/resume) and the
+//                 conversation goes on as it is with MODEL2 (no new message)
 //   AFTER=N       (episode) then N more requests with MODEL2, the
 //                 conversation going on without a new user message
 //   BASE_URL, HEADERS (JSON: extra request headers)
@@ -45,6 +48,14 @@ if (process.env.MODE === 'episode') {
   out.second = await ask(process.env.MODEL2, conv);
   out.after = [];
   for (let i = 0; i < Number(process.env.AFTER || 0); i++) out.after.push(await ask(process.env.MODEL2, conv));
+} else if (process.env.MODE === 'resume') {
+  const conv = start();
+  let a;
+  for (let i = 0; i < 8; i++) if (!(a = await ask(process.env.MODEL, conv)).calls) break;
+  out.first = a;
+  const r = await fetch(`${bases[0]}/runs/${a.run}/resume`, { method: 'POST', headers, body: JSON.stringify({ note: 'the storage is fixed' }) });
+  out.resumed = r.status;
+  out.second = await ask(process.env.MODEL2, conv);
 } else {
   const a = start();
   out.a1 = await ask('finish', a, process.env.A_RUN);

@@ -145,6 +145,13 @@ curl -sf "$g_URL/v1/runs/$r1/trace" >"$TMP/episode.jsonl" || fail "trace $r1"
 grep -q '"type":"resume"' "$TMP/episode.jsonl" && grep -q '"type":"user"' "$TMP/episode.jsonl" || fail "episode trace: $(cat "$TMP/episode.jsonl")"
 "$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $r1"
 [ "$(tail -n 1 "$TMP/episode.replay" | get 'd["terminal_reason"]')" = null ] || fail "episode replay: $(tail -n 1 "$TMP/episode.replay")"
+note "an operator resumes a stopped run: the conversation's next request goes on, not the stop's message again"
+# The gateway's memory of the stop's message is not the run's state: a
+# resume event (POST /v1/runs/{id}/resume, or another replica's) goes on.
+e=$(client conversation.mjs MODE=resume MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1") || fail "resume: $e"
+[ "$(echo "$e" | get 'd["first"]["action"]')" = stop ] && [ "$(echo "$e" | get 'd["resumed"]')" = 200 ] || fail "resume: $e"
+[ "$(echo "$e" | get 'd["second"]["action"]')" != stop ] || fail "resume: the stop's message again after the operator's resume: $e"
+[ "$(echo "$e" | get 'd["first"]["run"] == d["second"]["run"]')" = true ] || fail "resume: another run: $e"
 note "a new user message after a cap's stop: still stopped (caps carry on across episodes)"
 e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Policy":"cap3","X-Loopguard-Run":"capped"}') || fail "capped episode: $e"
 [ "$(echo "$e" | get 'd["second"]["run"]')" = capped ] && [ "$(echo "$e" | get 'd["second"]["action"]')" = stop ] || fail "capped episode: $e"

@@ -55,7 +55,7 @@ static void *racer(void *ud) {
     pthread_barrier_wait(&bar);
     lg_error_t err;
     memset(&err, 0, sizeof err);
-    lg__gw_run_t *r = lg__gw_run_get(&cx, by_key ? NULL : name, by_key ? name : NULL, NULL, &err);
+    lg__gw_run_t *r = lg__gw_run_get(&cx, by_key ? NULL : name, by_key ? name : NULL, NULL, NULL, &err);
     ids[me][0] = 0;
     if (!r) {
       atomic_fetch_add(&failed, 1);
