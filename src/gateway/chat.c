@@ -1209,36 +1209,46 @@ static char *data_key(const char *kind, const char *id) {
   return lg__buf_steal(&b, NULL);
 }
 
-/* A Responses request continuing from a response whose part this server
- * does not hold (another replica answered it, or this server before a
- * restart or an eviction): what the run kept of it, from the store
- * (lg__gw_data_get). An answer the gateway made itself ("own:ID"), kept
- * in the run's memory again; else the answers of the response's refused
- * calls ("rs:ID", restore()), which the upstream's stored response holds
- * unanswered: the request's own (prev_answers). */
+/* What the store keeps beside r's key KIND:ID (lg__gw_data_get), or NULL. */
+static json_t *kept_data(chat_t *c, const char *kind, const char *id) {
+  char *k = data_key(kind, id);
+  json_t *d = k ? lg__gw_data_get(c->cx, c->r, k) : NULL;
+  lg__free(k);
+  return d;
+}
+
+/* What the run kept of the response a request continues from, or of its
+ * conversation, when another replica may hold it (it answered, or this
+ * server did before a restart or an eviction): from the store
+ * (lg__gw_data_get), unless memory: (the run's memory is all there is).
+ *   - a conversation (conv_id): the answers of refused calls its upstream
+ *     has not had, whichever replica made or sent them (conv_pending);
+ *   - an answer the gateway made itself ("own:ID"): kept in the run's
+ *     memory again (own_prev);
+ *   - an upstream's response another replica answered: the answers of its
+ *     refused calls, which the upstream's stored response holds unanswered
+ *     ("rs:ID", restore()): the request's own (prev_answers). */
 static void prev_fetch(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  if (c->conv_id && lg__gw_keys_kept(c->cx)) {
-    /* a conversation's answers not yet sent upstream: the store's, since
-     * another replica may have made or sent them (conv_pending_put) */
-    char *k = data_key("answers:conv", c->conv_id);
-    json_t *d = k ? lg__gw_data_get(c->cx, r, k) : NULL;
-    lg__free(k);
-    c->conv_pending = json_is_array(d) ? d : json_array();
-    if (d && !json_is_array(d)) json_decref(d);
+  if (!lg__gw_keys_kept(c->cx)) return;
+  if (c->conv_id) {
+    json_t *d = kept_data(c, "answers:conv", c->conv_id);
+    c->conv_pending = json_is_array(d) ? json_incref(d) : json_array();
+    json_decref(d);
     return;
   }
-  if (!is_responses(c) || !c->prev_id || c->conv_id) return;
-  int own = !strncmp(c->prev_id, "resp_lg", 7);
-  if (own && json_object_get(r->own, c->prev_id)) return;
-  for (size_t q = 0; !own && q < r->nrs; q++)
-    if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, c->prev_id)) return;
-  char *k = data_key(own ? "own" : "rs", c->prev_id);
-  json_t *d = k ? lg__gw_data_get(c->cx, r, k) : NULL;
-  lg__free(k);
-  if (own && json_is_object(d)) own_keep(r, c->prev_id, d);
-  else if (!own && json_is_array(d)) c->prev_answers = d;
-  else json_decref(d);
+  if (!is_responses(c) || !c->prev_id) return;
+  json_t *d = NULL;
+  if (!strncmp(c->prev_id, "resp_lg", 7)) {
+    if (!json_object_get(r->own, c->prev_id) && json_is_object(d = kept_data(c, "own", c->prev_id)))
+      own_keep(r, c->prev_id, json_incref(d));
+  } else {
+    char *k = data_key("resp", c->prev_id); /* answered here: what it restored is in memory */
+    int here = k && lg__gw_key_names(c->cx->gw, k, r);
+    lg__free(k);
+    if (!here && json_is_array(d = kept_data(c, "rs", c->prev_id))) c->prev_answers = json_incref(d);
+  }
+  json_decref(d);
 }
 
 /* Responses: an id for an answer the gateway makes itself, "resp_lg..."

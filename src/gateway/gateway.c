@@ -1389,6 +1389,13 @@ static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id, con
   lg__buf_free(&f);
 }
 
+int lg__gw_key_names(lg__gw_t *gw, const char *key, const lg__gw_run_t *r) {
+  pthread_mutex_lock(&gw->tmu);
+  int named = key_get(gw, key) == r;
+  pthread_mutex_unlock(&gw->tmu);
+  return named;
+}
+
 void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r) {
   lg__gw_t *gw = cx->gw;
   pthread_mutex_lock(&gw->tmu);

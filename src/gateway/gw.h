@@ -389,6 +389,9 @@ void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r);
  * (data_get: a new reference, or NULL when it is not there or is another
  * run's). chat.c's: the Responses answers the gateway made itself
  * ("own:ID") and the answers of refused calls of a response ("rs:ID"). */
+/* Whether this server's table has key naming r (it answered what key
+ * names, and holds what it kept of it). */
+int lg__gw_key_names(lg__gw_t *gw, const char *key, const lg__gw_run_t *r);
 int lg__gw_keys_kept(const lg__gw_ctx_t *cx); /* whether they are: not on memory: */
 void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t *data);
 json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key);
