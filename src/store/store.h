@@ -212,9 +212,6 @@ int lg__sql_run_update(lg_store_t *s, const lg_run_record_t *rec, int *updated,
 int lg__sql_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb,
                      void *ud, lg_error_t *err);
 
-/* Deny rules: deny_put inserts or replaces (scope, id); deny_get finds
- * the rule for the run or, when group is not NULL, its group (the run's
- * own first): *found, and *reason (new, may be NULL). */
 /* The gateway's conversation keys (lg_gateway_keys): gw_key_put names
  * key's run, with data (text, or NULL) beside it (a key another
  * conversation had goes to the latest); gw_key_get reads them (*run_id
@@ -226,6 +223,9 @@ int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, con
 int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, char **data,
                          lg_error_t *err);
 
+/* Deny rules: deny_put inserts or replaces (scope, id); deny_get finds
+ * the rule for the run or, when group is not NULL, its group (the run's
+ * own first): *found, and *reason (new, may be NULL). */
 int lg__sql_deny_put(lg_store_t *s, int scope, const char *id,
                      const char *reason, int64_t now_ms, lg_error_t *err);
 int lg__sql_deny_get(lg_store_t *s, const char *run_id, const char *group,
