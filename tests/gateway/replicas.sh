@@ -23,7 +23,9 @@
 #     holds unanswered, answered by the replica the next request comes to,
 #     and so is a call the run stopped on, when the person asks again;
 #   - a server restarted on the store goes on with a conversation it
-#     answered before (its table of runs is gone, the store's keys are not).
+#     answered before (its table of runs is gone, the store's keys are not);
+#   - (SQLite) a store that refuses the keys: a warning naming the run and
+#     the store's message, and the conversation goes on from memory.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the fake upstream: FAKE
 
@@ -146,6 +148,23 @@ run2=$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/h2" | tr -d '\r'
 act2=$(awk 'tolower($1) == "x-loopguard-action:" {print $2}' "$TMP/h2" | tr -d '\r')
 [ -n "$run1" ] && [ "$run1" = "$run2" ] || fail "restart: the conversation's second request went to run $run2, not $run1"
 [ "$act2" = observe ] || fail "restart: the same write again was $act2, not observe (its turn taken for the first's?)"
+
+if [ "${LG_TEST_STORE:-}" != postgres ]; then
+  note "a key the store refuses: a warning, and the conversation goes on from the server's memory"
+  # A trigger of the test's own makes every key write fail (the table's
+  # reads still work): the server that answered keeps the conversation
+  # in one run; the log names the run and the store's message.
+  python3 -c 'import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+c.execute("CREATE TRIGGER no_keys BEFORE INSERT ON lg_gateway_keys BEGIN SELECT RAISE(ABORT, \"no keys today\"); END")' \
+    "${STORE#sqlite:}" || fail "the trigger"
+  out=$(client agent-guard.mjs API=chat BASE_URL="$r2_URL/v1") || fail "keys refused: $out"
+  stopped "keys refused" "$out"
+  one_run "keys refused" "$out"
+  run=$(echo "$out" | jq_py 'd["seen"][0]["run"]')
+  grep '"conversation_key_not_stored"' "$TMP/r2.log" | grep -q "\"run_id\":\"$run\".*no keys today" ||
+    fail "keys refused: no warning naming $run and the store's message: $(grep -v '"info"' "$TMP/r2.log")"
+fi
 
 stop_server r1
 stop_server r2
