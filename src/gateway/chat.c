@@ -1833,15 +1833,15 @@ static void restore(chat_t *c, json_t *items) {
   r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
   r->rs[r->nrs].conv_sent = 0;
   r->nrs++;
-  /* A Responses client continuing from this response (previous_response_id)
-   * on another replica: the upstream holds the refused calls unanswered,
-   * and that replica sends their answers from the store (prev_fetch). */
-  const char *rid = r->rs[r->nrs - 1].resp_id;
   if (c->conv_pending) { /* a conversation's: answered once, by whichever replica is next */
     append_answers(c->conv_pending, kept);
     conv_pending_put(c);
     return;
   }
+  /* A Responses client continuing from this response (previous_response_id)
+   * on another replica: the upstream holds the refused calls unanswered,
+   * and that replica sends their answers from the store (prev_fetch). */
+  const char *rid = r->rs[r->nrs - 1].resp_id;
   if (!is_responses(c) || c->conv_id || !rid) return;
   json_t *all = json_array();
   for (size_t q = 0; all && q < r->nrs; q++)
