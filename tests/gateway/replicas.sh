@@ -23,7 +23,8 @@
 #     holds unanswered, answered by the replica the next request comes to,
 #     and so is a call the run stopped on, when the person asks again;
 #   - a server restarted on the store goes on with a conversation it
-#     answered before (its table of runs is gone, the store's keys are not);
+#     answered before (its table of runs is gone, the store's keys are not),
+#     and so does one that evicted it from memory;
 #   - (SQLite) a store that refuses the keys: a warning naming the run and
 #     the store's message, and the conversation goes on from memory.
 set -u -o pipefail
@@ -148,6 +149,20 @@ run2=$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/h2" | tr -d '\r'
 act2=$(awk 'tolower($1) == "x-loopguard-action:" {print $2}' "$TMP/h2" | tr -d '\r')
 [ -n "$run1" ] && [ "$run1" = "$run2" ] || fail "restart: the conversation's second request went to run $run2, not $run1"
 [ "$act2" = observe ] || fail "restart: the same write again was $act2, not observe (its turn taken for the first's?)"
+
+note "an evicted conversation (past LOOPGUARD_GATEWAY_MAX_RUNS) is found again in the store: the same run"
+# On memory: it goes on as a new run (guard.sh); here the store has its key.
+LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/lru.log"
+e=$(client conversation.mjs MODE=evict OTHERS=3 BASE_URL="$lru_URL/v1") || fail "evict: $e"
+[ "$(echo "$e" | jq_py 'd["a1"]["calls"]')" = 1 ] || fail "evict: $e"
+echo "$e" | jq_py 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
+[ "$(echo "$e" | jq_py 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "evict: another run after the eviction: $e"
+stop_server lru
+# The same on memory: is another run: the conversation was evicted indeed.
+LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lrum --store memory: --upstream "$FAKE/v1" --log "$TMP/lrum.log"
+e=$(client conversation.mjs MODE=evict OTHERS=3 BASE_URL="$lrum_URL/v1") || fail "evict on memory: $e"
+[ "$(echo "$e" | jq_py 'd["a1"]["run"] != d["a2"]["run"]')" = true ] || fail "evict: nothing was evicted on memory:, nothing was tested: $e"
+stop_server lrum
 
 if [ "${LG_TEST_STORE:-}" != postgres ]; then
   note "a key the store refuses: a warning, and the conversation goes on from the server's memory"
