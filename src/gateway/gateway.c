@@ -24,7 +24,11 @@
  * it has already fed to the step, the calls it restored, the stop's
  * final message): in memory, in a table with a lock per run, so the
  * requests of one run are decided one at a time. The run itself, its
- * decisions and its trace are the store's, written by the step.
+ * decisions and its trace are the store's, written by the step; so are
+ * the conversation keys and what a replica needs of the others' memory
+ * (lg__gw_key_put, lg__gw_data_put: not on memory:), so that every
+ * replica of a store, and a server after a restart, decides a
+ * conversation as the one that began it would.
  */
 #include "gw.h"
 

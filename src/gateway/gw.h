@@ -383,16 +383,18 @@ void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz
  * gateway's table, and in the store unless it is memory: (every replica,
  * and this server after a restart, finds the run by it). */
 void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r);
+/* Whether this server's table has key naming r (it answered what key
+ * names, and holds what it kept of it). */
+int lg__gw_key_names(lg__gw_t *gw, const char *key, const lg__gw_run_t *r);
+/* Whether the keys are kept in the store too: not on memory:. */
+int lg__gw_keys_kept(const lg__gw_ctx_t *cx);
 /* What a key of r's carries besides its run (JSON), kept in the store
  * beside the conversation keys unless it is memory: (data_put), so that a
  * replica or a restarted server that does not hold it in memory reads it
  * (data_get: a new reference, or NULL when it is not there or is another
  * run's). chat.c's: the Responses answers the gateway made itself
- * ("own:ID") and the answers of refused calls of a response ("rs:ID"). */
-/* Whether this server's table has key naming r (it answered what key
- * names, and holds what it kept of it). */
-int lg__gw_key_names(lg__gw_t *gw, const char *key, const lg__gw_run_t *r);
-int lg__gw_keys_kept(const lg__gw_ctx_t *cx); /* whether they are: not on memory: */
+ * ("own:ID"), the answers of a response's refused calls ("rs:ID") and a
+ * conversation's not yet sent upstream ("answers:conv:ID"). */
 void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t *data);
 json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */
