@@ -1371,17 +1371,16 @@ static int key_put(lg__gw_t *gw, const char *key, lg__gw_run_t *r) {
  * is all of it). */
 int lg__gw_keys_kept(const lg__gw_ctx_t *cx) { return strcmp(cx->srv->scheme, "memory") != 0; }
 
-/* This thread's handle of the server's store, or NULL (err says why). */
-static lg_store_t *keys_store(lg__gw_ctx_t *cx, lg_error_t *err) {
+lg_store_t *lg__gw_store(lg__gw_ctx_t *cx, lg_error_t *err) {
   lg__worker_t *w = lg__server_worker(cx->srv, err);
   return w ? w->store : NULL;
 }
 
-/* key -> run_id (and data, or NULL) written to the store (keys_store); a
+/* key -> run_id (and data, or NULL) written to the store (lg__gw_store); a
  * failure is logged: this server still has them in memory. */
 static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id, const char *data) {
   lg_error_t e = {0};
-  lg_store_t *s = keys_store(cx, &e);
+  lg_store_t *s = lg__gw_store(cx, &e);
   if (s && !lg__store_gw_key_put(s, key, run_id, data, lg__server_now(cx->srv), &e)) return;
   lg__buf_t f = {0};
   lg__buf_puts(&f, "\"run_id\":");
@@ -1418,7 +1417,7 @@ void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t 
 json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key) {
   if (!lg__gw_keys_kept(cx)) return NULL;
   lg_error_t e = {0};
-  lg_store_t *s = keys_store(cx, &e);
+  lg_store_t *s = lg__gw_store(cx, &e);
   char *run = NULL, *data = NULL;
   json_t *out = NULL;
   if (s && !lg__store_gw_key_get(s, key, &run, &data, &e) && run && !strcmp(run, r->id) && data)
@@ -1640,7 +1639,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
      * restart or an eviction, when the store has it (read outside the
      * table's lock: a database's round trip) */
     pthread_mutex_unlock(&gw->tmu);
-    lg_store_t *ks = keys_store(cx, err);
+    lg_store_t *ks = lg__gw_store(cx, err);
     if (!ks || lg__store_gw_key_get(ks, key, &stored, NULL, err)) return NULL;
     pthread_mutex_lock(&gw->tmu);
     r = key_get(gw, key); /* put meanwhile by a request on another thread */

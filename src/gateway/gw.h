@@ -383,6 +383,8 @@ void lg__gw_prefix_keep(lg__gw_t *gw, lg__gw_run_t *r, const lg__json_lazy_t *lz
  * gateway's table, and in the store unless it is memory: (every replica,
  * and this server after a restart, finds the run by it). */
 void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r);
+/* This thread's handle of the server's store, or NULL (err says why). */
+lg_store_t *lg__gw_store(lg__gw_ctx_t *cx, lg_error_t *err);
 /* Whether this server's table has key naming r (it answered what key
  * names, and holds what it kept of it). */
 int lg__gw_key_names(lg__gw_t *gw, const char *key, const lg__gw_run_t *r);

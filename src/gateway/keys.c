@@ -86,11 +86,6 @@ static const char *bearer_key(const char *auth) {
   return strncmp(t, LG_KEY_PREFIX, 4) ? NULL : t;
 }
 
-static lg_store_t *store_of(lg__gw_ctx_t *cx, lg_error_t *e) {
-  lg__worker_t *w = lg__server_worker(cx->srv, e);
-  return w ? w->store : NULL;
-}
-
 /* Sends the request upstream with the key's own provider key for
  * upstream `up`, when it has one (opened with the store's secret when it
  * is sealed). 1 with the error answered (500 naming the key) when it
@@ -103,7 +98,7 @@ static int use_byok(lg__gw_ctx_t *cx, const lg__gw_upstream_t *up) {
   j->provider_key = NULL;
   if (!j->key->byok) return 0;
   lg_error_t e = {0};
-  lg_store_t *s = store_of(cx, &e);
+  lg_store_t *s = lg__gw_store(cx, &e);
   int rc = s ? lg__key_byok(s, j->key, up->name, &j->provider_key, &e) : LG_ESTORE;
   if (rc) {
     lg__gw_error(j, 500, "server_error", "byok_unavailable", "loopguard: %s",
@@ -162,7 +157,7 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
    * (loopback), the client's own provider key goes upstream. */
   if (!secret) return 0;
   lg_error_t e = {0};
-  lg_store_t *s = store_of(cx, &e);
+  lg_store_t *s = lg__gw_store(cx, &e);
   lg__key_row_t *row = lg__calloc(1, sizeof *row);
   size_t n = strlen(secret);
   while (n && (secret[n - 1] == ' ' || secret[n - 1] == '\t')) n--;
@@ -369,7 +364,7 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
   }
   if (use_byok(cx, &lg__gw_cfg(cx->gw)->up[ui])) return 1;
   lg_error_t e = {0};
-  lg_store_t *s = store_of(cx, &e);
+  lg_store_t *s = lg__gw_store(cx, &e);
   int64_t now = lg__server_now(cx->srv);
   scope_set_t ss;
   int rc = s ? key_scopes(s, j, now, &ss, &e) : LG_ESTORE;
