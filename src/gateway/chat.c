@@ -120,16 +120,24 @@ static void conv_context(chat_t *c, lg__buf_t *h) {
   lg__free(sys);
 }
 
+/* The key of an id of kind KIND, "KIND:ID" (new, or NULL): in the
+ * gateway's table and the store, a conversation's (conv), a response's
+ * (resp), an output item's (item); in the store, what the run keeps of an
+ * id (own, rs, answers:conv: prev_fetch). */
+static char *id_key(const char *kind, const char *id) {
+  lg__buf_t b = {0};
+  lg__buf_printf(&b, "%s:%s", kind, id);
+  return lg__buf_steal(&b, NULL);
+}
+
 /* The key of a conversation's start: messages[0..a] with a the first
  * assistant message (extra, when not NULL, stands in for messages[a]). */
 static char *conv_key(chat_t *c, size_t a, json_t *extra) {
   json_t *am = extra ? extra : client_msg(c, a);
   const char *ty = sget(am, "type");
+  if (ty && !strcmp(ty, "item_reference") && sget(am, "id")) /* an answer's item, by its id */
+    return id_key("item", sget(am, "id"));
   lg__buf_t b = {0};
-  if (ty && !strcmp(ty, "item_reference") && sget(am, "id")) { /* an answer's item, by its id */
-    lg__buf_printf(&b, "item:%s", sget(am, "id"));
-    return lg__buf_steal(&b, NULL);
-  }
   json_t *tcs = json_object_get(am, "tool_calls");
   const char *id = sget(json_array_get(tcs, 0), "id");
   if (!id) id = sget(am, "call_id"); /* a Responses function_call item */
@@ -1202,16 +1210,9 @@ static void own_keep(lg__gw_run_t *r, const char *id, json_t *e) {
   json_object_set_new(r->own, id, e);
 }
 
-/* The store's key of what the run keeps of a Responses id: KIND:ID. */
-static char *data_key(const char *kind, const char *id) {
-  lg__buf_t b = {0};
-  lg__buf_printf(&b, "%s:%s", kind, id);
-  return lg__buf_steal(&b, NULL);
-}
-
 /* What the store keeps beside r's key KIND:ID (lg__gw_data_get), or NULL. */
 static json_t *kept_data(chat_t *c, const char *kind, const char *id) {
-  char *k = data_key(kind, id);
+  char *k = id_key(kind, id);
   json_t *d = k ? lg__gw_data_get(c->cx, c->r, k) : NULL;
   lg__free(k);
   return d;
@@ -1243,7 +1244,7 @@ static void prev_fetch(chat_t *c) {
     if (!json_object_get(r->own, c->prev_id) && json_is_object(d = kept_data(c, "own", c->prev_id)))
       own_keep(r, c->prev_id, json_incref(d));
   } else {
-    char *k = data_key("resp", c->prev_id); /* answered here: what it restored is in memory */
+    char *k = id_key("resp", c->prev_id); /* answered here: what it restored is in memory */
     int here = k && lg__gw_key_names(c->cx->gw, k, r);
     lg__free(k);
     if (!here && json_is_array(d = kept_data(c, "rs", c->prev_id))) c->prev_answers = json_incref(d);
@@ -1279,7 +1280,7 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   json_t *e = json_pack("{s:s?, s:o}", "prev", prev, "items", json_deep_copy(items)); /* as restore() */
   json_decref(items);
   if (!e) return;
-  char *k = data_key("own", id); /* a replica's next request may continue from it */
+  char *k = id_key("own", id); /* a replica's next request may continue from it */
   if (k) lg__gw_data_put(c->cx, r, k, e);
   lg__free(k);
   own_keep(r, id, e);
@@ -1805,7 +1806,7 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content, j
  * not had yet (conv_pending), written to the store for the next request,
  * on whichever replica it comes. */
 static void conv_pending_put(chat_t *c) {
-  char *k = data_key("answers:conv", c->conv_id);
+  char *k = id_key("answers:conv", c->conv_id);
   if (k) lg__gw_data_put(c->cx, c->r, k, c->conv_pending);
   lg__free(k);
 }
@@ -1846,7 +1847,7 @@ static void restore(chat_t *c, json_t *items) {
   json_t *all = json_array();
   for (size_t q = 0; all && q < r->nrs; q++)
     if (r->rs[q].resp_id && !strcmp(r->rs[q].resp_id, rid)) json_array_extend(all, r->rs[q].items);
-  char *k = data_key("rs", rid);
+  char *k = id_key("rs", rid);
   if (all && k) lg__gw_data_put(c->cx, r, k, all);
   lg__free(k);
   json_decref(all);
@@ -1974,9 +1975,9 @@ static void answer_json_obj(chat_t *c, json_t *resp, const lg__buf_t *raw, int c
 void lg__gwc_register_key(chat_t *c, json_t *msg) {
   int start = !c->j->hdr_run && first_assistant(c) < 0; /* the conversation's first answer */
   if (is_responses(c) && sget(msg, "id")) { /* previous_response_id finds the run */
-    lg__buf_t b = {0};
-    lg__buf_printf(&b, "resp:%s", sget(msg, "id"));
-    if (b.data && !b.oom) lg__gw_key_put(c->cx, b.data, c->r);
+    char *k = id_key("resp", sget(msg, "id"));
+    if (k) lg__gw_key_put(c->cx, k, c->r);
+    lg__free(k);
     /* A stateless client sends the output back as items: its first call
      * (else its first message) is what first_assistant finds in its next
      * request; or as references to them (item:ID), any of which may come
@@ -1990,12 +1991,11 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
       if (!first && ty && !strcmp(ty, "function_call")) first = it;
       else if (!said && role && !strcmp(role, "assistant")) said = it;
       if (!c->j->hdr_run && sget(it, "id")) {
-        b.len = 0;
-        lg__buf_printf(&b, "item:%s", sget(it, "id"));
-        if (b.data && !b.oom) lg__gw_key_put(c->cx, b.data, c->r);
+        k = id_key("item", sget(it, "id"));
+        if (k) lg__gw_key_put(c->cx, k, c->r);
+        lg__free(k);
       }
     }
-    lg__buf_free(&b);
     msg = first ? first : said;
   }
   if (!start || !msg) return;
@@ -2738,17 +2738,12 @@ static int find_run(chat_t *c) {
   lg__gw_job_t *j = c->j;
   char *key = NULL;
   long a = first_assistant(c);
-  if (!j->hdr_run && c->conv_id) { /* the conversation is the run's, from its first request */
-    lg__buf_t kb = {0};
-    lg__buf_printf(&kb, "conv:%s", c->conv_id);
-    key = lg__buf_steal(&kb, NULL);
-  } else if (!j->hdr_run && c->prev_id) {
-    lg__buf_t kb = {0};
-    lg__buf_printf(&kb, "resp:%s", c->prev_id);
-    key = lg__buf_steal(&kb, NULL);
-  } else if (!j->hdr_run && a >= 0) {
+  if (!j->hdr_run && c->conv_id) /* the conversation is the run's, from its first request */
+    key = id_key("conv", c->conv_id);
+  else if (!j->hdr_run && c->prev_id)
+    key = id_key("resp", c->prev_id);
+  else if (!j->hdr_run && a >= 0)
     key = conv_key(c, (size_t)a, NULL);
-  }
   if (c->lazy_oom) {
     lg__free(key);
     lg__gw_error(j, 500, "server_error", NULL, "out of memory");
