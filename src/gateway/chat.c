@@ -382,7 +382,7 @@ static int text_event(chat_t *c, const char *p, size_t n) {
   lg_event_t ev;
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_TEXT;
-  ev.u.text.turn = c->r->turn;
+  /* its turn: the stored run's (lg__step_t.model_turn) */
   ev.u.text.text = p;
   ev.u.text.len = n;
   ev.u.text.agent = c->j->hdr_agent;
@@ -1475,7 +1475,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
   memset(&ev, 0, sizeof ev);
   ev.type = LG_EV_MODEL;
   ev.u.model.m.model = c->r->esc_left > 0 && c->r->esc_model ? c->r->esc_model : c->base_model;
-  ev.u.model.m.turn = c->r->turn + 1;
+  /* its turn: the stored run's (lg__step_t.model_turn) */
   lg_prices_t *pr = lg_price_book_get(c->cx->srv->prices);
   ev.u.model.m.input_tokens = input_bound(c, pr, ev.u.model.m.model, body_len);
   int64_t mx = json_is_integer(mt) ? json_integer_value(mt) : -1, n = lg__gw_choices(c->j, c->root);
@@ -1505,7 +1505,7 @@ static model_out_t model_event(chat_t *c, size_t body_len) {
     mo.worst_nusd = st.ev.u.model.m.cost_nusd; /* the gate's worst case (gate.c) */
     mo.input_tokens = ev.u.model.m.input_tokens;
     mo.max_tokens = mx;
-    c->r->turn++;
+    c->r->model_calls++;
     model_cascade(c, a);
   }
   json_decref(a);
@@ -1678,7 +1678,7 @@ static lg_event_t call_event(const chat_t *c, const call_parts_t *p) {
   ev.u.call.tool = p->name ? p->name : "";
   ev.u.call.args = p->args && *p->args ? p->args : "{}";
   ev.u.call.args_len = strlen(ev.u.call.args);
-  ev.u.call.turn = c->r->turn;
+  /* its turn: the stored run's (lg__step_t.model_turn) */
   ev.u.call.call_id = p->id;
   ev.u.call.agent = c->j->hdr_agent;
   return ev;
@@ -2854,7 +2854,7 @@ static void feed_user(chat_t *c, size_t i) {
   if ((long)i < last) return;
   /* a conversation's (conv_id) first request made its run: later ones,
    * on any replica, find it */
-  if (c->r->turn > 0 || last >= 0 || c->prev_id || (c->conv_id && !c->run_made)) user_event(c);
+  if (c->r->model_calls > 0 || last >= 0 || c->prev_id || (c->conv_id && !c->run_made)) user_event(c);
 }
 
 /* One new client message as events: its tool results, or a user event. */

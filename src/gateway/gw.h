@@ -251,7 +251,9 @@ typedef struct lg__gw_run {
   int esc_left;
   char *text_steer;           /* a text loop's steer message, for the model */
   size_t text_steer_at;       /* the client message it is said with (SIZE_MAX: the next request's last) */
-  int64_t turn;               /* model turns so far */
+  int64_t model_calls;        /* model calls this server let through for the run (a later
+                                 prompt told from the first; the events' turns are the
+                                 stored run's: lg__step_t.model_turn) */
   int64_t stored_tokens;      /* Responses: the most tokens an answer of the run left in the
                                  upstream's stored conversation (its input + output), which a
                                  request continuing it is billed again as input (chat.c) */
