@@ -14,11 +14,13 @@
 //   AFTER=N       (episode) then N more requests with MODEL2, the
 //                 conversation going on without a new user message
 //   BASE_URL, HEADERS (JSON: extra request headers)
-//   BASE_URLS     comma-separated: the requests go to each in turn, as
-//                 through a round-robin balancer to replicas of one store
+//   BASE_URLS     comma-separated: the requests go to each in turn
+//                 (round-robin.mjs), BASE_URL's path kept
 // Prints one JSON object: the run (X-Loopguard-Run) and answer of each step.
-const bases = process.env.BASE_URLS ? process.env.BASE_URLS.split(',') : [process.env.BASE_URL];
-let turn = 0;
+import { roundRobin } from './round-robin.mjs';
+
+const base = process.env.BASE_URL;
+const send = roundRobin();
 const headers = { 'content-type': 'application/json', authorization: 'Bearer sk-test', ...JSON.parse(process.env.HEADERS || '{}') };
 const tools = [
   { type: 'function', function: { name: 'write_record', parameters: { type: 'object' } } },
@@ -27,7 +29,7 @@ const tools = [
 
 async function ask(model, messages, run) {
   const h = run ? { ...headers, 'x-loopguard-run': run } : headers;
-  const r = await fetch(bases[turn++ % bases.length] + '/chat/completions', { method: 'POST', headers: h, body: JSON.stringify({ model, messages, tools }) });
+  const r = await send(base + '/chat/completions', { method: 'POST', headers: h, body: JSON.stringify({ model, messages, tools }) });
   const body = await r.json();
   if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${JSON.stringify(body)}`);
   const msg = body.choices[0].message;
@@ -53,7 +55,7 @@ if (process.env.MODE === 'episode') {
   let a;
   for (let i = 0; i < 8; i++) if (!(a = await ask(process.env.MODEL, conv)).calls) break;
   out.first = a;
-  const r = await fetch(`${bases[0]}/runs/${a.run}/resume`, { method: 'POST', headers, body: JSON.stringify({ note: 'the storage is fixed' }) });
+  const r = await fetch(`${base}/runs/${a.run}/resume`, { method: 'POST', headers, body: JSON.stringify({ note: 'the storage is fixed' }) });
   out.resumed = r.status;
   out.second = await ask(process.env.MODEL2, conv);
 } else {

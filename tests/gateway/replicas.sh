@@ -112,7 +112,7 @@ stop_server s1
 stop_server s2
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
-e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=stubborn AFTER=8 BASE_URLS="$r1_URL/v1,$r2_URL/v1") ||
+e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=stubborn AFTER=8 BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
   fail "episode: $e"
 run=$(echo "$e" | jq_py 'd["first"]["run"]')
 [ "$(echo "$e" | jq_py 'd["first"]["action"]')" = stop ] || fail "episode: the first loop did not stop: $e"
