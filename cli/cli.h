@@ -53,6 +53,9 @@ lg_store_t *cli_open_store_existing(const char *flag);
 /* An amount of USD given to `flag` ("25", "0.50") into micro-dollars;
  * else prints the usage error and returns 2 (cmd_budget.c). */
 int cli_parse_usd(const char *flag, const char *text, int64_t *micro, const char *usage);
+/* A duration into milliseconds: numbers each with a unit (ms s m h d w),
+ * "500ms", "24h", "1h30m"; -1 when malformed. */
+int64_t cli_parse_duration(const char *s);
 /* The time of day, epoch milliseconds: the CLI's clock for the store. */
 int64_t cli_now_ms(void);
 /* 1 when colour may be used on `f` (a terminal, NO_COLOR unset). */

@@ -47,31 +47,6 @@ static const char *export_usage =
     "Exit status: 0 every run exported (also when there were none), 1 an error\n"
     "(the store, a file; the other runs are still exported), 2 bad usage.\n";
 
-/* Parses a duration ("24h", "1h30m", "500ms") into ms; -1 when malformed. */
-static int64_t parse_duration(const char *s) {
-  int64_t total = 0;
-  if (!*s) return -1;
-  while (*s) {
-    if (*s < '0' || *s > '9') return -1;
-    char *end;
-    errno = 0;
-    long long n = strtoll(s, &end, 10);
-    if (errno || n < 0) return -1;
-    int64_t unit;
-    if (!strncmp(end, "ms", 2)) unit = 1, end += 2;
-    else if (*end == 's') unit = 1000, end++;
-    else if (*end == 'm') unit = 60000, end++;
-    else if (*end == 'h') unit = 3600000, end++;
-    else if (*end == 'd') unit = 86400000, end++;
-    else if (*end == 'w') unit = 604800000, end++;
-    else return -1;
-    if (n > INT64_MAX / unit / 2) return -1;
-    total += n * unit;
-    s = end;
-  }
-  return total;
-}
-
 /* Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's). */
 static int64_t days_from_civil(int64_t y, unsigned m, unsigned d) {
   y -= m <= 2;
@@ -207,7 +182,7 @@ int cmd_runs_export(int argc, char **argv) {
   if (rc >= 0) return rc;
   ids_t ids = {NULL, 0, 0, INT64_MIN, 0};
   if (since) {
-    int64_t d = parse_duration(since);
+    int64_t d = cli_parse_duration(since);
     int64_t t = d >= 0 ? cli_now_ms() - d : parse_rfc3339(since);
     if (d < 0 && t < 0)
       return cli_usage(export_usage, "--since wants RFC 3339 or a duration like 24h, not '%s'", since);

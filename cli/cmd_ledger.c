@@ -114,7 +114,7 @@ static const char *purge_usage =
     "Claims still waiting for an outcome (in_progress, unknown_outcome) are\n"
     "never purged: resolve them with 'ledger commit' or 'ledger fail'.\n"
     "\n"
-    "  --older-than DURATION  a number with a unit: 500ms, 90s, 30m, 24h, 7d\n"
+    "  --older-than DURATION  numbers with units (ms s m h d w): 90s, 24h, 1h30m\n"
     "  --store URL            the store (default $LOOPGUARD_STORE, else\n"
     "                         sqlite:loopguard.db)\n"
     "  --help                 this text\n"
@@ -130,23 +130,6 @@ static void fmt_time(int64_t ms, char buf[40]) {
   char day[32];
   strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(buf, 40, "%s.%03dZ", day, (int)(ms % 1000));
-}
-
-/* Parses a duration: digits and a unit (ms, s, m, h, d). -1 when invalid. */
-static int64_t parse_duration(const char *s) {
-  errno = 0;
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || v < 0) return -1;
-  int64_t mul;
-  if (!strcmp(end, "ms")) mul = 1;
-  else if (!strcmp(end, "s")) mul = 1000;
-  else if (!strcmp(end, "m")) mul = 60 * 1000;
-  else if (!strcmp(end, "h")) mul = 3600 * 1000;
-  else if (!strcmp(end, "d")) mul = 24LL * 3600 * 1000;
-  else return -1;
-  if (v > INT64_MAX / mul) return -1;
-  return (int64_t)v * mul;
 }
 
 /* ---- claim ---- */
@@ -397,7 +380,7 @@ static int do_purge(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 0, NULL, &npos, purge_usage);
   if (rc >= 0) return rc;
   int64_t age = -1; /* the store's retention */
-  if (older && (age = parse_duration(older)) < 0)
+  if (older && (age = cli_parse_duration(older)) < 0)
     return cli_usage(purge_usage, "--older-than wants a duration like 30m, 24h or 7d, not '%s'",
                      older);
   lg_store_t *s = cli_open_store(store);

@@ -10,7 +10,10 @@
  * `loopguard replay` (lg_store_run_trace); `cancel` is the kill switch: a durable deny
  * rule that makes every worker's next decision for the run (or for every
  * run of a group, with --group) a stop with the operator's reason, before
- * any side effect — also for a run that is not in the store yet.
+ * any side effect — also for a run that is not in the store yet; `purge`
+ * deletes the runs not written to for a while, with what is theirs alone
+ * (lg_store_purge_runs): a store that every gateway conversation adds a
+ * run to does not grow for ever.
  *
  * The store is --store URL, else $LOOPGUARD_STORE, else sqlite:loopguard.db.
  * Exit status: 0 success, 1 an error (a message naming the store), 2 bad
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *runs_usage =
     "usage: loopguard runs list [--status active|stopped] [--limit N] [--store URL] [--json]\n"
@@ -32,6 +36,7 @@ static const char *runs_usage =
     "       loopguard runs cancel RUN_ID [--reason TEXT] [--store URL] [--json]\n"
     "       loopguard runs cancel --group GROUP [--reason TEXT] [--store URL] [--json]\n"
     "       loopguard runs resume RUN_ID [--progress-version N] [--note TEXT] [--store URL] [--json]\n"
+    "       loopguard runs purge --older-than DURATION [--store URL] [--json]\n"
     "\n"
     "Runs kept in a store, for operators. Run 'loopguard runs SUBCOMMAND --help'\n"
     "for each one's flags.\n"
@@ -400,6 +405,76 @@ static int do_resume(int argc, char **argv) {
   return 0;
 }
 
+/* ---- purge ---- */
+
+static const char *purge_usage =
+    "usage: loopguard runs purge --older-than DURATION [--store URL] [--json]\n"
+    "\n"
+    "Deletes the runs not written to for DURATION (their last decision, resume\n"
+    "or cancel), whatever their status: each with its trace, its cancel, its\n"
+    "budget scopes and the gateway's conversation keys that name it. A gateway\n"
+    "makes a run for every conversation, so a store grows with every agent that\n"
+    "talks through it; run this from cron (e.g. daily, --older-than 30d) to keep\n"
+    "it bounded. A conversation that comes back after its run was purged starts\n"
+    "a new run; a sidecar client naming a purged run gets 404 (not_found).\n"
+    "\n"
+    "Kept: a run holding an open budget reservation (until it is settled or\n"
+    "expires), the ledger (see 'loopguard ledger purge'), budgets and what they\n"
+    "spent, a group's cancel. Export the traces you want to keep first\n"
+    "('loopguard runs export'). Works in batches of a few hundred runs, each a\n"
+    "transaction of its own, so a serving gateway waits for one batch at most;\n"
+    "on a terminal it shows its progress.\n"
+    "\n"
+    "  --older-than DURATION  how long a run is kept after its last write: a\n"
+    "                         number with a unit (ms s m h d w), e.g. 30d, 12h\n"
+    "  --store URL            the store (default $LOOPGUARD_STORE, else\n"
+    "                         sqlite:loopguard.db)\n"
+    "  --json                 print {\"purged\": N, \"older_than_ms\": MS}\n"
+    "  --help                 this text\n"
+    "\n"
+    "Exit status: 0 done (also when nothing was old enough), 1 an error (the\n"
+    "batches before it stay purged; the message says how many), 2 bad usage.\n";
+
+static void purge_progress(void *ud, int64_t done) {
+  (void)ud;
+  fprintf(stderr, "\rpurged %lld runs so far...", (long long)done);
+  fflush(stderr);
+}
+
+static int do_purge(int argc, char **argv) {
+  const char *store = NULL, *older = NULL, *json = NULL;
+  cli_flag_t flags[] = {{"--older-than", 1, &older}, {"--store", 1, &store}, {"--json", 0, &json},
+                        {NULL, 0, NULL}};
+  int npos, rc = cli_parse(argc, argv, flags, NULL, 0, NULL, &npos, purge_usage);
+  if (rc >= 0) return rc;
+  if (!older)
+    return cli_usage(purge_usage, "runs purge needs --older-than DURATION (how long a run is kept "
+                                  "after its last write, e.g. 30d)");
+  int64_t age = cli_parse_duration(older);
+  if (age < 0)
+    return cli_usage(purge_usage, "--older-than wants a duration like 12h, 30d or 2w, not '%s'",
+                     older);
+  lg_store_t *s = cli_open_store_existing(store);
+  if (!s) return 1;
+  int tty = isatty(STDERR_FILENO);
+  int64_t n = 0;
+  lg_error_t err = {0};
+  rc = lg_store_purge_runs(s, age, cli_now_ms(), tty ? purge_progress : NULL, NULL, &n, &err);
+  if (tty) fputs("\r\033[K", stderr);
+  if (rc) {
+    cli_error(&err);
+    if (n) fprintf(stderr, "loopguard: %lld run%s purged before the error stay purged\n",
+                   (long long)n, n == 1 ? "" : "s");
+  } else if (json) {
+    printf("{\"purged\":%lld,\"older_than_ms\":%lld}\n", (long long)n, (long long)age);
+  } else {
+    printf("purged %lld run%s not written to for %s, with their traces\n", (long long)n,
+           n == 1 ? "" : "s", older);
+  }
+  lg_store_close(s);
+  return rc ? 1 : 0;
+}
+
 /* ---- cancel ---- */
 
 static int do_cancel(int argc, char **argv) {
@@ -484,6 +559,7 @@ int cmd_runs(int argc, char **argv) {
   if (!strcmp(sub, "trace")) return do_trace(argc - 1, argv + 1);
   if (!strcmp(sub, "cancel")) return do_cancel(argc - 1, argv + 1);
   if (!strcmp(sub, "resume")) return do_resume(argc - 1, argv + 1);
+  if (!strcmp(sub, "purge")) return do_purge(argc - 1, argv + 1);
   if (!strcmp(sub, "export")) return cmd_runs_export(argc - 1, argv + 1); /* cmd_export.c */
   return cli_usage(runs_usage, "unknown runs subcommand '%s'", sub);
 }

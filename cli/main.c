@@ -5,6 +5,7 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -24,9 +25,9 @@ static const char *usage_text =
     "                                    canonical key material and fingerprint of a call\n"
     "  serve [--listen HOST:PORT] [--store URL] ...\n"
     "                                    the HTTP sidecar\n"
-    "  runs list|show|trace|cancel|export ...\n"
+    "  runs list|show|trace|cancel|resume|export|purge ...\n"
     "                                    runs in a store, a run's trace, the kill switch,\n"
-    "                                    stopped runs as regression tests\n"
+    "                                    stopped runs as regression tests, old runs deleted\n"
     "  test DIR|TRACE...                 check the # expect lines of traces (CI)\n"
     "  ledger claim|commit|fail|show|purge ...\n"
     "                                    the idempotency ledger\n"
@@ -136,6 +137,30 @@ lg_store_t *cli_open_store_existing(const char *flag) {
   else
     cli_error(&err);
   return NULL;
+}
+
+int64_t cli_parse_duration(const char *s) {
+  int64_t total = 0;
+  if (!*s) return -1;
+  while (*s) {
+    if (*s < '0' || *s > '9') return -1;
+    char *end;
+    errno = 0;
+    long long n = strtoll(s, &end, 10);
+    if (errno || n < 0) return -1;
+    int64_t unit;
+    if (!strncmp(end, "ms", 2)) unit = 1, end += 2;
+    else if (*end == 's') unit = 1000, end++;
+    else if (*end == 'm') unit = 60000, end++;
+    else if (*end == 'h') unit = 3600000, end++;
+    else if (*end == 'd') unit = 86400000, end++;
+    else if (*end == 'w') unit = 604800000, end++;
+    else return -1;
+    if (n > INT64_MAX / unit / 2) return -1;
+    total += n * unit;
+    s = end;
+  }
+  return total;
 }
 
 int64_t cli_now_ms(void) {

@@ -302,6 +302,26 @@ typedef int (*lg_store_run_cb)(void *ud, const lg_run_record_t *rec);
 LG_EXPORT int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f,
                                 lg_store_run_cb cb, void *ud, lg_error_t *err);
 
+/* Called after each batch of lg_store_purge_runs with the runs deleted so
+ * far. */
+typedef void (*lg_store_progress_fn)(void *ud, int64_t done);
+/* Deletes the runs not updated for older_than_ms before now_ms (0: every
+ * run not updated after now_ms; negative is LG_EINVAL), each with its
+ * trace, its kill switch (a cancel of the run itself; a group's stays),
+ * its budget scopes and the gateway's conversation keys that name it. A
+ * run that holds an open budget reservation is kept until it is settled
+ * or expires; ledger rows keep their own retention (lg_store_purge) and
+ * budgets what they spent. Active runs are purged too: a run is old by
+ * its last write, whatever its status. In batches of a few hundred runs,
+ * each a transaction of its own (other writers wait for one batch, not
+ * for all), progress (may be NULL) called after each; a run written
+ * between its batch's start and its delete is kept. *purged (may be
+ * NULL): the runs deleted, also on an error (the batches before it stay
+ * deleted). */
+LG_EXPORT int lg_store_purge_runs(lg_store_t *s, int64_t older_than_ms, int64_t now_ms,
+                                  lg_store_progress_fn progress, void *ud, int64_t *purged,
+                                  lg_error_t *err);
+
 /* Called by lg_store_with_run() with the run locked; `rec` (the run as
  * stored, borrowed for the call) is the state to decide from. Everything
  * the function does on `s` — lg_store_run_put, ledger claims through

@@ -1392,6 +1392,21 @@ static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id, con
   lg__buf_free(&f);
 }
 
+/* The keys that name r in memory written to the store again: r was made
+ * again after a purge deleted it with them, and another replica (or this
+ * server after a restart) finds its conversation by them. */
+static void keys_store_again(lg_server_t *srv, lg__gw_run_t *r) {
+  lg__gw_ctx_t cx = {.gw = srv->gw, .srv = srv};
+  if (!lg__gw_keys_kept(&cx)) return;
+  lg__buf_t names = {0}; /* each followed by its NUL */
+  pthread_mutex_lock(&cx.gw->tmu);
+  for (key_ent_t *e = r->keys; e; e = e->rnext) lg__buf_append(&names, e->key, strlen(e->key) + 1);
+  pthread_mutex_unlock(&cx.gw->tmu);
+  for (size_t at = 0; !names.oom && at < names.len; at += strlen(names.data + at) + 1)
+    key_store(&cx, names.data + at, r->id, NULL);
+  lg__buf_free(&names);
+}
+
 int lg__gw_key_names(lg__gw_t *gw, const char *key, const lg__gw_run_t *r) {
   pthread_mutex_lock(&gw->tmu);
   int named = key_get(gw, key) == r;
@@ -1761,8 +1776,48 @@ static int born_write(void *ud, lg_store_t *s, lg_error_t *err) {
  * is written first, in the same job: a fresh run's request pays two
  * transactions, not three (postgres: its row is a transaction of its own
  * before the step's, as lg__step_create makes it). */
+/* fn(ud), noting that it was called: a run not found by its job was not
+ * stored (lg_store_with_run calls fn only on a stored run). */
+typedef struct called {
+  lg_store_run_fn fn;
+  void *ud;
+  int called;
+} called_t;
+static int call_noted(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
+  called_t *c = ud;
+  c->called = 1;
+  return c->fn(c->ud, s, rec);
+}
+
+static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
+                         lg_canon_t **canon, lg_error_t *err);
+
+/* on_store_once, and once more for a run this server wrote and the store
+ * no longer holds (`loopguard runs purge` deleted it): the run is made
+ * again, under its id, by the same job as the step, as when it was new
+ * (the conversation goes on from here, as after a restart on memory:), not
+ * a 500 on every later request of its conversation. */
 static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
                     lg_canon_t **canon, lg_error_t *err) {
+  called_t c = {fn, ud, 0};
+  int rc = on_store_once(srv, r, r->unborn ? fn : call_noted, r->unborn ? ud : &c, canon, err);
+  if (rc != LG_ENOTFOUND || r->unborn || c.fn != fn || c.called) return rc;
+  r->unborn = 1;
+  r->birth_tried = 0;
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"run_id\":");
+  lg__buf_json_str(&f, r->id, strlen(r->id));
+  lg__buf_puts(&f, ",\"message\":\"the run is no longer in the store (purged): made again\"");
+  if (!f.oom) lg__server_log(srv, "info", "run_gone", f.data);
+  lg__buf_free(&f);
+  if (err) memset(err, 0, sizeof *err);
+  rc = on_store_once(srv, r, fn, ud, canon, err);
+  if (!rc) keys_store_again(srv, r);
+  return rc;
+}
+
+static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
+                         lg_canon_t **canon, lg_error_t *err) {
   lg_store_t *s = NULL; /* without a group commit: this thread's */
   if (srv->batcher) {
     *canon = lg__batcher_canon(srv->batcher);

@@ -507,6 +507,47 @@ out:
   return where(s, rc, err);
 }
 
+/* ---- purging runs ---- */
+
+enum { PURGE_BATCH = 256 };
+
+/* One transaction: a batch of runs (keys 0), or the orphaned keys. */
+static int purge_step(lg_store_t *s, int keys, int64_t before_ms, lg__store_purge_cursor_t *at,
+                      int64_t *n, int *more, lg_error_t *err) {
+  lg__store_lock(s);
+  int rc = lg__store_begin(s, LG__TXN_RUN, err);
+  if (!rc) {
+    rc = keys ? lg__sql_gw_keys_purge(s, before_ms, n, err)
+              : lg__sql_runs_purge(s, before_ms, at, PURGE_BATCH, n, more, err);
+    int erc = lg__store_end(s, rc == 0, err);
+    if (!rc) rc = erc;
+  }
+  lg__store_unlock(s);
+  if (rc) *n = 0; /* rolled back */
+  return rc;
+}
+
+int lg_store_purge_runs(lg_store_t *s, int64_t older_than_ms, int64_t now_ms,
+                        lg_store_progress_fn progress, void *ud, int64_t *purged,
+                        lg_error_t *err) {
+  int64_t done = 0;
+  if (purged) *purged = 0;
+  if (older_than_ms < 0)
+    return lg__err(err, LG_EINVAL, "older_than", -1, "older_than is negative (%lld ms)",
+                   (long long)older_than_ms);
+  int64_t before = now_ms - older_than_ms, n = 0;
+  lg__store_purge_cursor_t at = {INT64_MIN, INT64_MIN};
+  int more = 1, rc = 0;
+  while (more && !rc) {
+    rc = purge_step(s, 0, before, &at, &n, &more, err);
+    done += n;
+    if (purged) *purged = done;
+    if (!rc && progress) progress(ud, done);
+  }
+  if (!rc) rc = purge_step(s, 1, before, NULL, &n, &more, err);
+  return where(s, rc, err);
+}
+
 int lg_store_with_run(lg_store_t *s, const char *run_id, lg_store_run_fn fn, void *ud,
                       lg_error_t *err) {
   return with_run(s, run_id, NULL, fn, ud, err);

@@ -223,6 +223,20 @@ int lg__store_gw_key_put(lg_store_t *s, const char *key, const char *run_id, con
 int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, char **data,
                          lg_error_t *err);
 
+/* Purging runs (lg_store_purge_runs), a batch at a time inside the
+ * caller's transaction: runs_purge picks up to `limit` runs not updated
+ * after before_ms, oldest first after *at (moved past them), and deletes
+ * each with its trace lines, its kill switch and its budget scopes unless
+ * it was written since or holds an open reservation: *purged deleted,
+ * *more 1 when there may be more to pick. gw_keys_purge deletes the
+ * conversation keys created by before_ms whose run is not stored. */
+typedef struct lg__store_purge_cursor {
+  int64_t created_ms, seq;
+} lg__store_purge_cursor_t;
+int lg__sql_runs_purge(lg_store_t *s, int64_t before_ms, lg__store_purge_cursor_t *at, int limit,
+                       int64_t *purged, int *more, lg_error_t *err);
+int lg__sql_gw_keys_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err);
+
 /* Deny rules: deny_put inserts or replaces (scope, id); deny_get finds
  * the rule for the run or, when group is not NULL, its group (the run's
  * own first): *found, and *reason (new, may be NULL). */

@@ -81,6 +81,11 @@ enum {
   Q_KEY_SPENT,
   Q_GWKEY_PUT,
   Q_GWKEY_GET,
+  Q_PURGE_PICK,
+  Q_PURGE_RUN,
+  Q_PURGE_EVENTS,
+  Q_PURGE_DENY,
+  Q_PURGE_GWKEYS,
   Q__N
 };
 
@@ -211,6 +216,23 @@ static const query_t queries[Q__N] = {
                      " run_id = excluded.run_id, data = excluded.data,"
                      " created_ms = excluded.created_ms"},
     [Q_GWKEY_GET] = {.sql = "SELECT run_id, data FROM lg_gateway_keys WHERE key = ?1"},
+    /* Purging runs (lg_store_purge_runs): the next runs not updated since
+     * ?1, oldest first from the cursor (?2, ?3) on, along the index of
+     * schema 3 (a run updated since is passed over, not read again); each
+     * deleted with what is its alone, unless it was written meanwhile or
+     * holds an open reservation (its budget's hold is settled or expires
+     * first); then the conversation keys of runs no longer stored. */
+    [Q_PURGE_PICK] = {.sql = "SELECT run_id, created_ms, seq FROM lg_runs"
+                      " WHERE created_ms <= ?1 AND updated_ms <= ?1"
+                      " AND (created_ms > ?2 OR (created_ms = ?2 AND seq > ?3))"
+                      " ORDER BY created_ms, seq LIMIT ?4"},
+    [Q_PURGE_RUN] = {.sql = "DELETE FROM lg_runs WHERE run_id = ?1 AND updated_ms <= ?2"
+                     " AND NOT EXISTS (SELECT 1 FROM lg_budget_reservations"
+                     " WHERE run_id = ?1 AND state = 'open')"},
+    [Q_PURGE_EVENTS] = {.sql = "DELETE FROM lg_events WHERE run_id = ?1"},
+    [Q_PURGE_DENY] = {.sql = "DELETE FROM lg_deny WHERE scope = 1 AND id = ?1"},
+    [Q_PURGE_GWKEYS] = {.sql = "DELETE FROM lg_gateway_keys WHERE created_ms <= ?1 AND NOT EXISTS"
+                        " (SELECT 1 FROM lg_runs WHERE lg_runs.run_id = lg_gateway_keys.run_id)"},
     /* One statement, one snapshot: a read without the lock. */
     [Q_BUD_READ] = {.by = {[SQ] = "SELECT " SQ_BUD_COLS " FROM lg_budgets b LEFT JOIN " SQ_HOLD_STATS
                                   " WHERE scope = ?1 GROUP BY scope) e ON e.scope = b.scope"
@@ -984,6 +1006,87 @@ int lg__store_gw_key_get(lg_store_t *s, const char *key, char **run_id, char **d
   if (data) *data = k.data;
   else lg__free(k.data);
   return rc;
+}
+
+/* ---- purging runs ---- */
+
+typedef struct purge_pick {
+  char *run_id;
+  int64_t created_ms, seq;
+} purge_pick_t;
+
+static int fill_pick(lg_store_t *s, lg__stmt_t *st, void *out) {
+  purge_pick_t *p = out;
+  int ok = 1;
+  p->run_id = col_str(s, st, 0, NULL, &ok);
+  p->created_ms = DRV->col_i64(st, 1);
+  p->seq = DRV->col_i64(st, 2);
+  return ok && p->run_id ? 0 : LG_ENOMEM;
+}
+static void clear_pick(void *row) { lg__free(((purge_pick_t *)row)->run_id); }
+
+typedef struct purge_batch {
+  lg_store_t *s;
+  int64_t before_ms, n, picked;
+  lg__store_purge_cursor_t *at;
+  lg_error_t *err;
+} purge_batch_t;
+
+static int del_by_id(lg_store_t *s, int q, const char *run_id, lg_error_t *err) {
+  lg__stmt_t *st = stmt(s, q, err);
+  if (!st) return LG_ESTORE;
+  bind_text(s, st, 1, run_id);
+  return run(s, st, NULL, err);
+}
+
+/* One picked run: deleted, with its trace, its kill switch and its
+ * budget scopes, unless it changed since it was picked. */
+static int purge_one(void *ud, const void *row) {
+  purge_batch_t *b = ud;
+  const purge_pick_t *p = row;
+  lg_store_t *s = b->s;
+  b->picked++;
+  b->at->created_ms = p->created_ms;
+  b->at->seq = p->seq;
+  lg__stmt_t *st = stmt(s, Q_PURGE_RUN, b->err);
+  if (!st) return LG_ESTORE;
+  bind_text(s, st, 1, p->run_id);
+  DRV->bind_i64(st, 2, b->before_ms);
+  int64_t gone = 0;
+  int rc = run(s, st, &gone, b->err);
+  if (rc || !gone) return rc;
+  cache_drop(s, p->run_id);
+  b->n++;
+  if ((rc = del_by_id(s, Q_PURGE_EVENTS, p->run_id, b->err)) ||
+      (rc = del_by_id(s, Q_PURGE_DENY, p->run_id, b->err)))
+    return rc;
+  return del_by_id(s, Q_RUNSCOPES_DEL, p->run_id, b->err);
+}
+
+int lg__sql_runs_purge(lg_store_t *s, int64_t before_ms, lg__store_purge_cursor_t *at, int limit,
+                       int64_t *purged, int *more, lg_error_t *err) {
+  *purged = 0;
+  *more = 0;
+  lg__stmt_t *st = stmt(s, Q_PURGE_PICK, err);
+  if (!st) return LG_ESTORE;
+  DRV->bind_i64(st, 1, before_ms);
+  DRV->bind_i64(st, 2, at->created_ms);
+  DRV->bind_i64(st, 3, at->seq);
+  DRV->bind_i64(st, 4, limit);
+  purge_batch_t b = {s, before_ms, 0, 0, at, err};
+  int rc = list_rows(s, st, "picking runs to purge", sizeof(purge_pick_t), fill_pick, clear_pick,
+                     purge_one, &b, err);
+  *purged = b.n;
+  *more = !rc && b.picked == limit;
+  return rc;
+}
+
+int lg__sql_gw_keys_purge(lg_store_t *s, int64_t before_ms, int64_t *purged, lg_error_t *err) {
+  lg__stmt_t *st = stmt(s, Q_PURGE_GWKEYS, err);
+  *purged = 0;
+  if (!st) return LG_ESTORE;
+  DRV->bind_i64(st, 1, before_ms);
+  return run(s, st, purged, err);
 }
 
 /* ---- budgets ---- */

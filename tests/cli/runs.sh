@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# runs.sh — `loopguard runs list|show|cancel` without a server: the kill
+# runs.sh — `loopguard runs list|show|cancel|purge` without a server: the kill
 # switch for a run that is not in the store yet, group cancels, an empty
 # list, errors that name what and where, and --help on every subcommand.
 # (Runs saved by the engine are listed and shown by
@@ -37,11 +37,21 @@ check "bad status" 2 "$bin" runs list --status paused --store "$store"
 check "bad limit" 2 "$bin" runs list --limit -3 --store "$store"
 check "unknown sub" 2 "$bin" runs frob
 check "no sub" 2 "$bin" runs
+check "purge needs an age" 2 "$bin" runs purge --store "$store"
+has "purge says what is missing" "needs --older-than DURATION" "$(cat "$tmp/err")"
+check "purge bad age" 2 "$bin" runs purge --older-than soon --store "$store"
+has "purge names the value" "'soon'" "$(cat "$tmp/err")"
+check "purge nothing" 0 "$bin" runs purge --older-than 30d --store "$store"
+has "purge counts" "purged 0 runs not written to for 30d" "$out"
+check "purge no store" 1 "$bin" runs purge --older-than 1d --store "sqlite:$tmp/none.db"
+has "purge creates no store" "no store at" "$(cat "$tmp/err")"
+[ ! -e "$tmp/none.db" ]
+ok "purge created a store" $?
 check "bad store" 1 "$bin" runs list --store "postgres:host=$tmp/nosocket dbname=x"
 has "pg error named" "cannot connect to PostgreSQL" "$(cat "$tmp/err")"
 
 check "help" 0 "$bin" runs --help
-for sub in list show cancel; do
+for sub in list show cancel purge; do
   check "help $sub" 0 "$bin" runs "$sub" --help
   has "help $sub usage" "usage: loopguard runs $sub" "$out"
   has "help $sub store" "--store URL" "$out"

@@ -25,6 +25,9 @@
 #   - a server restarted on the store goes on with a conversation it
 #     answered before (its table of runs is gone, the store's keys are not),
 #     and so does one that evicted it from memory;
+#   - a run purged by `loopguard runs purge` while its conversation goes
+#     on: the server that held it makes it again under its id (with its
+#     keys), and the other replica finds it;
 #   - (SQLite) a store that refuses the keys: a warning naming the run and
 #     the store's message, and the conversation goes on from memory.
 set -u -o pipefail
@@ -149,6 +152,41 @@ run2=$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/h2" | tr -d '\r'
 act2=$(awk 'tolower($1) == "x-loopguard-action:" {print $2}' "$TMP/h2" | tr -d '\r')
 [ -n "$run1" ] && [ "$run1" = "$run2" ] || fail "restart: the conversation's second request went to run $run2, not $run1"
 [ "$act2" = observe ] || fail "restart: the same write again was $act2, not observe (its turn taken for the first's?)"
+
+note "a run purged (loopguard runs purge) while its conversation goes on: made again under its id, on the server that held it and on the other"
+# r1 holds the run in memory; the purge deletes its row, its trace and the
+# store's keys. r1's next request makes it again (not a 500 on every later
+# request), writes its keys again, and r2 finds it by them.
+ans=$(curl -sf -D "$TMP/p1" -H 'Content-Type: application/json' -d "${body/record 7/record 9}" "$r1_URL/v1/chat/completions") ||
+  fail "purge: first request"
+prun=$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/p1" | tr -d '\r')
+out=$("$LG_BIN" runs purge --older-than 0s --store "$STORE") || fail "purge: $out"
+echo "$out" | grep -Eq '^purged [0-9]+ runs? not written to for 0s' || fail "purge: $out"
+"$LG_BIN" runs show "$prun" --store "$STORE" >/dev/null 2>&1 && fail "purge: run $prun is still in the store"
+# next MESSAGES ANSWER: the conversation with ANSWER's calls answered
+next_conv() {
+  python3 -c 'import json, sys
+msgs = json.loads(sys.argv[1]); m = json.loads(sys.argv[2])["choices"][0]["message"]
+msgs += [m] + [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the storage is read-only."} for c in m["tool_calls"]]
+print(json.dumps(msgs))' "$1" "$2"
+}
+msgs=$(next_conv '[{"role":"user","content":"Write record 9 with value A."}]' "$ans") || fail "purge: $ans"
+conv_of() { echo "{\"model\":\"stubborn\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"write_record\",\"parameters\":{\"type\":\"object\"}}}],\"messages\":$1}"; }
+ans=$(curl -s -D "$TMP/p2" -H 'Content-Type: application/json' -d "$(conv_of "$msgs")" "$r1_URL/v1/chat/completions")
+grep -q '^HTTP/1.1 200' "$TMP/p2" || fail "purge: the conversation's next request on r1: $(head -1 "$TMP/p2") $ans"
+[ "$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/p2" | tr -d '\r')" = "$prun" ] ||
+  fail "purge: r1 answered in another run than $prun: $(cat "$TMP/p2")"
+grep '"run_gone"' "$TMP/r1b.log" | grep -q "\"run_id\":\"$prun\"" || fail "purge: r1 logged no run_gone for $prun"
+curl -sf "$r1_URL/v1/runs/$prun/trace" | grep -v '^#' | head -n 1 | grep -q '"type":"run"' ||
+  fail "purge: $prun was not made again with its first line: $(curl -s "$r1_URL/v1/runs/$prun/trace")"
+msgs=$(next_conv "$msgs" "$ans") || fail "purge: $ans"
+curl -sf -D "$TMP/p3" -o /dev/null -H 'Content-Type: application/json' -d "$(conv_of "$msgs")" "$r2_URL/v1/chat/completions" ||
+  fail "purge: the next request on r2"
+[ "$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/p3" | tr -d '\r')" = "$prun" ] ||
+  fail "purge: r2 did not find the conversation's run $prun (its keys not stored again): $(cat "$TMP/p3")"
+# the same write a third time in the run made again: its second there
+[ "$(awk 'tolower($1) == "x-loopguard-action:" {print $2}' "$TMP/p3" | tr -d '\r')" = observe ] ||
+  fail "purge: the write's second call in the new run was not observed: $(cat "$TMP/p3")"
 
 note "an evicted conversation (past LOOPGUARD_GATEWAY_MAX_RUNS) is found again in the store: the same run"
 # On memory: it goes on as a new run (guard.sh); here the store has its key.

@@ -1,5 +1,5 @@
 /*
- * test_store_cli.c — `loopguard runs list|show|cancel` over runs that the
+ * test_store_cli.c — `loopguard runs list|show|cancel|purge` over runs that the
  * engine saved in a store, and the kill switch seen from a worker.
  *
  * The CLI cannot create runs (the server does), so this program saves
@@ -125,8 +125,37 @@ static void test_list_show_cancel(void **state) {
   assert_non_null(strstr(out, "no runs in"));
 }
 
+/* `runs purge`: the runs not written to for the age go, with their trace;
+ * the rest stay; the count printed, or as JSON. */
+static void test_purge(void **state) {
+  (void)state;
+  lg_store_t *s = lgt_open(url, NULL);
+  int64_t now = lgt_now_ms();
+  save_run(s, "stale-1", NULL, 2, now - 3 * 86400000LL);
+  save_run(s, "stale-2", "night", 6, now - 2 * 86400000LL); /* stopped, and old */
+  save_run(s, "fresh", NULL, 1, now - 3600000);
+  lg_store_close(s);
+  char *out;
+  assert_int_equal(run_cli("runs purge --older-than 1d", &out), 0);
+  assert_non_null(strstr(out, "purged 2 runs not written to for 1d, with their traces"));
+  assert_int_equal(run_cli("runs show stale-1", &out), 1);
+  assert_non_null(strstr(out, "stale-1"));
+  assert_int_equal(run_cli("runs trace stale-2", &out), 1);
+  assert_int_equal(run_cli("runs list --json", &out), 0);
+  assert_non_null(strstr(out, "\"fresh\""));
+  assert_null(strstr(out, "stale"));
+  assert_int_equal(run_cli("runs purge --older-than 1d --json", &out), 0);
+  assert_string_equal(out, "{\"purged\":0,\"older_than_ms\":86400000}\n");
+  assert_int_equal(run_cli("runs purge --older-than 30m", &out), 0);
+  assert_non_null(strstr(out, "purged 1 run not written to for 30m"));
+  assert_int_equal(run_cli("runs list", &out), 0);
+  assert_null(strstr(out, "fresh"));
+  assert_non_null(strstr(out, "newest")); /* test_list_show_cancel's, written just now */
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_list_show_cancel)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_list_show_cancel),
+                                     cmocka_unit_test(test_purge)};
   if (!getenv("LG_BIN")) {
     fprintf(stderr, "LG_BIN must name the loopguard binary\n");
     return 1;

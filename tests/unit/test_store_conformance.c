@@ -1609,6 +1609,128 @@ static void test_gateway_keys(void **state) {
   lg__free(run);
 }
 
+/* lg_store_purge_runs: the runs not written to since the cut go, each with
+ * what is its alone (trace, cancel, budget scopes, conversation keys);
+ * the rest stays, and so do the ledger, the budgets and a group's cancel. */
+static void note_progress(void *ud, int64_t done) {
+  int64_t *last = ud;
+  assert_true(done >= *last); /* counts up, batch after batch */
+  *last = done;
+}
+
+static int has_run(lg_store_t *s, const char *id) {
+  lg_run_record_t rec;
+  int rc = lg_store_run_get(s, id, &rec, NULL);
+  if (!rc) lg_run_record_clear(&rec);
+  assert_true(rc == 0 || rc == LG_ENOTFOUND);
+  return rc == 0;
+}
+
+static int has_key(lg_store_t *s, const char *key) {
+  char *run = NULL;
+  assert_int_equal(lg__store_gw_key_get(s, key, &run, NULL, NULL), 0);
+  int found = run != NULL;
+  lg__free(run);
+  return found;
+}
+
+static void test_purge_runs(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  int64_t n = -1;
+  /* old: last written at T0; new: at T0 + 10 s; held: old, with an open
+   * reservation; a run older than the cut cancelled (its deny row goes),
+   * a group's cancel (stays) */
+  save_new_run(s, "old-1", "night", T0);
+  save_new_run(s, "old-2", NULL, T0 + 1);
+  save_new_run(s, "held", NULL, T0);
+  save_new_run(s, "new", NULL, T0);
+  save_new_run(s, "new", NULL, T0 + 10000); /* written again since */
+  /* trace lines enough for a backend to move them out of the run's row */
+  char line[1100];
+  snprintf(line, sizeof line, "{\"type\":\"call\",\"pad\":\"%01000d\"}\n", 0);
+  evctx_t x = {line, 0};
+  for (int i = 0; i < 3; i++) assert_int_equal(lg_store_with_run(s, "old-1", append_fn, &x, &err), 0);
+  assert_int_equal(lg_store_cancel_run(s, "old-2", "stop", T0 + 1, &err), 0);
+  assert_int_equal(lg_store_cancel_group(s, "night", "batch", T0 + 1, NULL, &err), 0);
+  assert_int_equal(lg_budget_set(s, "team:a", 1000000, LG_PERIOD_NONE, -1, T0, NULL, &err), 0);
+  const char *scopes[] = {"team:a"};
+  assert_int_equal(lg_budget_run_scopes_set(s, "old-1", scopes, 1, &err), 0);
+  lg_budget_request_t req = {.scopes = scopes, .nscopes = 1, .amount_micro = 5000,
+                             .ttl_ms = 3600000, .run_id = "held", .run_seq = 1};
+  lg_budget_reservation_t rsv;
+  assert_int_equal(lg_budget_reserve(s, &req, T0, &rsv, NULL, &err), 0);
+  lg_claim_t c;
+  assert_int_equal(lg_store_claim(s, "op-of-old-1", FP1, "old-1", 1000, T0, &c, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "conv:a", "old-1", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "own:b", "old-2", "{}", T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "conv:c", "new", NULL, T0, &err), 0);
+  assert_int_equal(lg__store_gw_key_put(s, "conv:d", "never-stored", NULL, T0 + 20000, &err), 0);
+
+  /* A negative age is refused, nothing deleted. */
+  assert_int_equal(lg_store_purge_runs(s, -1, T0 + 20000, NULL, NULL, &n, &err), LG_EINVAL);
+  assert_int_equal(n, 0);
+  assert_true(has_run(s, "old-1"));
+  /* Not written for 15 s at T0 + 20 s: the cut is T0 + 5 s. */
+  int64_t last = 0;
+  assert_int_equal(lg_store_purge_runs(s, 15000, T0 + 20000, note_progress, &last, &n, &err), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(last, 2);
+  assert_false(has_run(s, "old-1"));
+  assert_false(has_run(s, "old-2"));
+  assert_true(has_run(s, "held"));
+  assert_true(has_run(s, "new"));
+  expect_lines(s, "old-1", "");
+  assert_int_equal(lg_store_denied(s, "old-2", NULL, NULL, NULL), 0);
+  assert_int_equal(lg_store_denied(s, "old-3", "night", NULL, NULL), 1); /* the group's stays */
+  char *json = NULL;
+  assert_int_equal(lg_budget_run_scopes(s, "old-1", &json, &err), 0);
+  assert_string_equal(json, "[]");
+  lg_free(json);
+  assert_false(has_key(s, "conv:a"));
+  assert_false(has_key(s, "own:b"));
+  assert_true(has_key(s, "conv:c"));
+  assert_true(has_key(s, "conv:d")); /* newer than the cut: its run may be on its way */
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "op-of-old-1", T0 + 20000, &op, &err), 0);
+  lg_operation_clear(&op);
+  /* The reservation settled: its run goes with the next purge. */
+  assert_int_equal(lg_budget_settle(s, rsv.id, 4000, T0 + 1, NULL, &err), 0);
+  assert_int_equal(lg_store_purge_runs(s, 15000, T0 + 20000, NULL, NULL, &n, &err), 0);
+  assert_int_equal(n, 1);
+  assert_false(has_run(s, "held"));
+  lg_budget_t b;
+  assert_int_equal(lg_budget_get(s, "team:a", T0 + 20000, &b, &err), 0);
+  assert_int_equal(b.spent_micro, 4000);
+  /* Age 0: every run not written after now. */
+  assert_int_equal(lg_store_purge_runs(s, 0, T0 + 9999, NULL, NULL, &n, &err), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(lg_store_purge_runs(s, 0, T0 + 10000, NULL, NULL, &n, &err), 0);
+  assert_int_equal(n, 1);
+  assert_false(has_run(s, "new"));
+  /* Many runs: batches, each counted. */
+  char id[32];
+  for (int i = 0; i < 700; i++) {
+    snprintf(id, sizeof id, "many-%d", i);
+    save_new_run(s, id, NULL, T0 + i % 3);
+  }
+  save_new_run(s, "young", NULL, T0 + 30000);
+  last = 0;
+  assert_int_equal(lg_store_purge_runs(s, 1000, T0 + 30000, note_progress, &last, &n, &err), 0);
+  assert_int_equal(n, 700);
+  assert_int_equal(last, 700);
+  assert_false(has_run(s, "many-0"));
+  assert_false(has_run(s, "many-699"));
+  assert_true(has_run(s, "young"));
+  /* The store goes on: a purged run's id is free for a new run. */
+  save_new_run(s, "old-1", NULL, T0 + 40000);
+  expect_lines(s, "old-1", "");
+  x.lines = "{\"type\":\"call\"}\n";
+  assert_int_equal(lg_store_with_run(s, "old-1", append_fn, &x, &err), 0);
+  expect_lines(s, "old-1", "{\"type\":\"call\"}\n");
+  assert_true(has_run(s, "old-1"));
+}
+
 /* ------------------------------------------------------------------ */
 
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -1650,6 +1772,7 @@ int main(void) {
       T(test_sqlite_counts_nothing),
       T(test_keys),
       T(test_gateway_keys),
+      T(test_purge_runs),
       /* The durable backends only (memory: skips them). */
       T(test_restart),
       T(test_migration_from_v1),
