@@ -66,7 +66,8 @@
 /* Loops whose lead may wait for a worker at once (server.c has at most 32
  * loops, and a loop posts its lead once). */
 #define GW_LEADS 32
-#define GW_QUEUE_MAX 1024
+#define GW_QUEUE_MAX 1024     /* requests waiting for a worker (LOOPGUARD_GATEWAY_QUEUE) */
+#define GW_QUEUE_LIMIT 1048576
 #define GW_BUCKETS 4096
 #define GW_HIST 12
 
@@ -124,6 +125,7 @@ struct lg__gw {
   pthread_cond_t idle_cv;     /* a worker done with a job: wakes lg__gw_stop */
   lg__gw_job_t *qhead, *qtail;
   size_t qlen;
+  size_t qmax;                /* past it a request is answered 503 overloaded */
   int running;                /* jobs a worker (or a loop's leader) holds */
   int idle;                   /* workers waiting for a job */
   lg__loop_t *leads[GW_LEADS];/* loops whose lead was posted (lg__gw_lead_post) */
@@ -606,7 +608,7 @@ static void gw_submit(lg__req_t *rq) {
   j->fd = ci ? (int)ci->connect_fd : -1;
   if (!claimed && keep_mine(gw, j)) return;
   pthread_mutex_lock(&gw->qmu);
-  int full = gw->qlen >= GW_QUEUE_MAX || gw->quit;
+  int full = gw->qlen >= gw->qmax || gw->quit;
   if (!full) {
     j->queued_ns = lg__mono_ns();
     j->qnext = NULL;
@@ -624,6 +626,7 @@ static void gw_submit(lg__req_t *rq) {
   if (full) {
     lg__gw_error(j, 503, "server_error", "overloaded",
                  "loopguard gateway: too many requests waiting for an upstream; retry later");
+    j->retry_after = 1;
     job_unref(j); /* the worker's, never taken */
     lg__gw_answer(j);
     release(j);
@@ -862,6 +865,7 @@ static void run_job(lg__gw_ctx_t *cx, lg__gw_job_t *j) {
     lg__gw_answer(j);
   } else if (atomic_load(&gw->stop)) {
     lg__gw_error(j, 503, "server_error", "shutting_down", "loopguard is shutting down; retry");
+    j->retry_after = 1;
     lg__gw_answer(j);
   } else if (lg__gw_keys_auth(cx)) {
     /* a key refused: answered */
@@ -2204,6 +2208,9 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
   long long fib = GW_FIBERS;
   if (!rc) rc = env_whole("LOOPGUARD_GATEWAY_FIBERS", "fibers", 0, GW_FIBERS_LIMIT, &fib, err);
   gw->fibers = (int)fib;
+  long long qm = GW_QUEUE_MAX;
+  if (!rc) rc = env_whole("LOOPGUARD_GATEWAY_QUEUE", "requests", 1, GW_QUEUE_LIMIT, &qm, err);
+  gw->qmax = (size_t)qm;
   const char *wn = getenv("LOOPGUARD_GATEWAY_WORKERS");
   gw->max_th = srv->shared ? GW_WORKERS_MAX : GW_WORKERS_MAX_PG;
   if (!rc && wn && *wn) {

@@ -840,6 +840,68 @@ slow_at_once 20 pool pool_URL
 [ "$started" -ge 19 ] && [ "$started" -le 20 ] || fail "pool: $started workers started for 20 requests at once (the cap is 20)"
 stop_server pool
 [ "$pool_RC" = 0 ] || fail "the pool server exited $pool_RC: $(tail -5 "$TMP/pool.err")"
+note "past the queue (LOOPGUARD_GATEWAY_QUEUE): 503 overloaded in each API's shape with Retry-After, nothing decided for it, and the server keeps serving"
+# Room for three: the leader's one (no fibers), the one worker's, one
+# waiting. Three slow requests take it, each sent once the one before has
+# its place (the gauges say); six more at once are refused.
+LOOPGUARD_GATEWAY_FIBERS=0 LOOPGUARD_GATEWAY_WORKERS=1 LOOPGUARD_GATEWAY_QUEUE=1 start_server ovl --store memory: --upstream "$FAKE/v1" --log "$TMP/ovl.log" --threads 1
+gauge_is() { # NAME VALUE: until the server's gauge NAME is VALUE (10 s)
+  local k
+  for k in $(seq 200); do
+    [ "$(curl -sf "$ovl_URL/metrics" | awk -v k="$1" '$1 == k { print $2 }')" = "$2" ] && return 0
+    sleep 0.05
+  done
+  fail "overloaded: $1 never became $2"
+}
+pids=()
+for i in 1 2 3; do
+  curl -s --max-time 30 -o /dev/null -H 'Content-Type: application/json' \
+    -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$ovl_URL/v1/chat/completions" &
+  pids+=($!)
+  case $i in
+  1) sleep 0.3 ;; # the leader's: no gauge shows it
+  2) gauge_is 'loopguard_gateway_workers{state="busy"}' 1 ;;
+  3) gauge_is loopguard_gateway_queued 1 ;;
+  esac
+done
+for i in 1 2 3 4 5 6; do
+  case $((i % 3)) in
+  0) path=/v1/chat/completions b='{"model":"finish","messages":[{"role":"user","content":"Hi."}]}' ;;
+  1) path=/v1/messages b='{"model":"finish","max_tokens":64,"messages":[{"role":"user","content":"Hi."}]}' ;;
+  2) path=/v1/responses b='{"model":"finish","input":"Hi."}' ;;
+  esac
+  curl -s --max-time 30 -D "$TMP/ovl-$i.head" -o "$TMP/ovl-$i.json" -H 'Content-Type: application/json' -H 'anthropic-version: 2023-06-01' \
+    -H "X-Loopguard-Run: ovl-$i" -d "$b" "$ovl_URL$path" &
+  pids+=($!)
+done
+wait "${pids[@]}"
+refused=0
+for i in 1 2 3 4 5 6; do
+  code=$(head -n 1 "$TMP/ovl-$i.head" | awk '{print $2}')
+  [ "$code" = 200 ] && continue
+  [ "$code" = 503 ] || fail "overloaded: request $i: $code $(cat "$TMP/ovl-$i.json")"
+  refused=$((refused + 1))
+  grep -qi '^retry-after: 1' "$TMP/ovl-$i.head" || fail "overloaded: request $i: no Retry-After: $(cat "$TMP/ovl-$i.head")"
+  if [ $((i % 3)) = 1 ]; then
+    want='d["type"] == "error" and d["error"]["type"] == "overloaded_error" and "too many requests" in d["error"]["message"]'
+  else
+    want='d["error"]["type"] == "server_error" and d["error"]["code"] == "overloaded"'
+  fi
+  [ "$(jq_py "$want" <"$TMP/ovl-$i.json")" = true ] || fail "overloaded: request $i not in its API's shape: $(cat "$TMP/ovl-$i.json")"
+  code=$(curl -s -o /dev/null -w '%{http_code}' "$ovl_URL/v1/runs/ovl-$i")
+  [ "$code" = 404 ] || fail "overloaded: request $i was refused, and its run is stored ($code)"
+done
+[ "$refused" = 6 ] || fail "overloaded: $refused of 6 requests past a full queue were refused"
+code=$(curl -s -o "$TMP/ovl-after.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+  -d '{"model":"finish","messages":[{"role":"user","content":"Hi."}]}' "$ovl_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "overloaded: the next request: $code $(cat "$TMP/ovl-after.json")"
+stop_server ovl
+[ "$ovl_RC" = 0 ] || fail "the ovl server exited $ovl_RC: $(tail -5 "$TMP/ovl.err")"
+for v in 0 lots; do
+  out=$(LOOPGUARD_GATEWAY_QUEUE=$v "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
+    fail "LOOPGUARD_GATEWAY_QUEUE=$v was taken: $out"
+  echo "$out" | grep -q "LOOPGUARD_GATEWAY_QUEUE.*from 1 to 1048576, not \"$v\"" || fail "LOOPGUARD_GATEWAY_QUEUE=$v: $out"
+done
 out=$(LOOPGUARD_GATEWAY_WORKERS=lots "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
   fail "LOOPGUARD_GATEWAY_WORKERS=lots was taken: $out"
 echo "$out" | grep -q 'LOOPGUARD_GATEWAY_WORKERS.*"lots"' || fail "LOOPGUARD_GATEWAY_WORKERS=lots: $out"
