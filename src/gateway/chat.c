@@ -374,6 +374,8 @@ static int step_event(chat_t *c, lg_event_t *ev, lg__step_t *st, json_t **a) {
   return rc;
 }
 
+static void mem_sync(chat_t *c); /* the run's memory to the store ("the run's memory", below) */
+
 /* A piece of the response's text (trace-v1 `text`, of the model call's
  * turn). 0: go on; 1: a text loop, observed (the steer message is said
  * with the next request); 2: the run stopped. */
@@ -398,6 +400,7 @@ static int text_event(chat_t *c, const char *p, size_t n) {
       lg__free(c->r->text_steer);
       c->r->text_steer = m ? lg__strdup(m) : NULL;
       c->r->text_steer_at = SIZE_MAX;
+      mem_sync(c);
       raise_action(c->j, "observe", "text_repeat");
       lg__gw_note_intervention(c->cx, c->r->id, "observe", "text_repeat", NULL, NULL);
       out = 1;
@@ -1065,6 +1068,7 @@ static json_t *build_body(chat_t *c) {
   if (lg__json_lazy_all(&c->lazy, c->messages)) return NULL; /* the copy shares them */
   json_t *b = json_copy(c->root); /* shallow: the client's members shared */
   json_t *msgs = b ? build_messages(c) : NULL;
+  mem_sync(c); /* a text steer placed on this request's message */
   if (!b || !msgs) {
     json_decref(b);
     json_decref(msgs);
@@ -1218,6 +1222,113 @@ static json_t *kept_data(chat_t *c, const char *kind, const char *id) {
   return d;
 }
 
+/* ---- the run's memory, one for the replicas of a store ----
+ *
+ * What a run's later requests are sent upstream with besides the client's
+ * conversation: the calls restored in place (rs), the observe rung's
+ * steer notes by call id, a text loop's steer note and the message it is
+ * said with. Kept in the store beside the run ("gw:RUN", lg__gw_data_put)
+ * whenever it changes, before the answer that changed it goes (mem_sync),
+ * and read at every request of a run this request did not make
+ * (mem_fetch): the replica a conversation's next request comes to sends
+ * what the one that answered would have sent. Not on memory: (the
+ * server's memory is all there is). Two replicas deciding requests of one
+ * run at the same moment both write it: the last write wins (a
+ * conversation's requests come one after another). */
+
+static json_t *mem_json(const lg__gw_run_t *r) {
+  json_t *rs = json_array();
+  for (size_t q = 0; rs && q < r->nrs; q++)
+    json_array_append_new(rs, json_pack("{s:I, s:O, s:s?, s:b}", "at", (json_int_t)r->rs[q].anchor, "items",
+                                        r->rs[q].items, "resp", r->rs[q].resp_id, "sent", r->rs[q].conv_sent));
+  json_int_t at = r->text_steer_at == SIZE_MAX ? -1 : (json_int_t)r->text_steer_at;
+  return rs ? json_pack("{s:o, s:O, s:s?, s:I}", "rs", rs, "steer", r->steer, "text_steer", r->text_steer,
+                        "text_steer_at", at)
+            : NULL;
+}
+
+static int mem_empty(const lg__gw_run_t *r) {
+  return !r->nrs && !json_object_size(r->steer) && !r->text_steer;
+}
+
+/* The memory written to the store when it changed since it was last
+ * written or read (nothing written while it was always empty). */
+static void mem_sync(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (!r || !lg__gw_keys_kept(c->cx) || (!r->mem_stored && mem_empty(r))) return;
+  json_t *m = mem_json(r);
+  char *t = m ? lg__json_text(m, NULL) : NULL;
+  uint64_t h = t ? lg__hash_str(t) : 0;
+  if (t && (!r->mem_stored || h != r->mem_hash)) {
+    char *k = id_key("gw", r->id);
+    if (k) lg__gw_data_put(c->cx, r, k, m);
+    lg__free(k);
+    r->mem_stored = 1;
+    r->mem_hash = h;
+  }
+  lg__free(t);
+  json_decref(m);
+}
+
+/* The store's memory of the run, taken in place of this server's (which
+ * another replica may have made stale). Copied out of the reader's chunks:
+ * the run keeps it. */
+static void mem_fetch(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (c->run_made || !lg__gw_keys_kept(c->cx)) return;
+  json_t *d = kept_data(c, "gw", r->id), *rs = json_object_get(d, "rs");
+  json_t *steer = json_object_get(d, "steer");
+  if (!json_is_array(rs) || !json_is_object(steer)) {
+    json_decref(d);
+    return;
+  }
+  size_t n = json_array_size(rs);
+  lg__gw_restore_t *v = n ? lg__calloc(n, sizeof *v) : NULL;
+  json_t *st = json_deep_copy(steer);
+  const char *ts = sget(d, "text_steer");
+  char *text = ts ? lg__strdup(ts) : NULL;
+  if ((n && !v) || !st || (ts && !text)) { /* out of memory: this server's memory stays */
+    lg__free(v);
+    json_decref(st);
+    lg__free(text);
+    json_decref(d);
+    return;
+  }
+  for (size_t q = 0; q < n; q++) {
+    json_t *e = json_array_get(rs, q);
+    const char *resp = sget(e, "resp");
+    v[q].anchor = (size_t)json_integer_value(json_object_get(e, "at"));
+    v[q].items = json_deep_copy(json_object_get(e, "items"));
+    v[q].resp_id = resp ? lg__strdup(resp) : NULL;
+    v[q].conv_sent = json_is_true(json_object_get(e, "sent"));
+    if (!v[q].items) v[q].items = json_array(); /* out of memory: that restore is lost */
+  }
+  for (size_t q = 0; q < r->nrs; q++) {
+    json_decref(r->rs[q].items);
+    lg__free(r->rs[q].resp_id);
+  }
+  lg__free(r->rs);
+  r->rs = v;
+  r->nrs = r->caprs = n;
+  json_decref(r->steer);
+  r->steer = st;
+  lg__free(r->text_steer);
+  r->text_steer = text;
+  json_int_t at = json_integer_value(json_object_get(d, "text_steer_at"));
+  r->text_steer_at = at < 0 ? SIZE_MAX : (size_t)at;
+  json_decref(d);
+  /* the response's refused calls are in rs now (restore() wrote the same
+   * to "rs:ID") */
+  json_decref(c->prev_answers);
+  c->prev_answers = NULL;
+  json_t *m = mem_json(r);
+  char *t = m ? lg__json_text(m, NULL) : NULL;
+  r->mem_stored = 1;
+  r->mem_hash = t ? lg__hash_str(t) : 0;
+  lg__free(t);
+  json_decref(m);
+}
+
 /* What the run kept of the response a request continues from, or of its
  * conversation, when another replica may hold it (it answered, or this
  * server did before a restart or an eviction): from the store
@@ -1242,7 +1353,7 @@ static void prev_fetch(chat_t *c) {
   json_t *d = NULL;
   if (!strncmp(c->prev_id, "resp_lg", 7)) {
     if (!json_object_get(r->own, c->prev_id) && json_is_object(d = kept_data(c, "own", c->prev_id)))
-      own_keep(r, c->prev_id, json_incref(d));
+      own_keep(r, c->prev_id, json_deep_copy(d)); /* out of the reader's chunks: the run keeps it */
   } else {
     char *k = id_key("resp", c->prev_id); /* answered here: what it restored is in memory */
     int here = k && lg__gw_key_names(c->cx->gw, k, r);
@@ -1871,6 +1982,7 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
  * are in its conversation now (those restored from this answer, not yet). */
 static void conv_delivered(chat_t *c) {
   for (size_t q = 0; c->conv_id && q < c->r->nrs; q++) c->r->rs[q].conv_sent = 1;
+  mem_sync(c);
   if (json_array_size(c->conv_pending)) {
     json_array_clear(c->conv_pending);
     conv_pending_put(c);
@@ -1948,6 +2060,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content, jso
   sign_split(c, tcs, &co);
   if (co.refused && !co.stop) restore(c, restored_items(c, &co, content, msg));
   if (co.stop) conv_unanswered(c, tcs);
+  mem_sync(c); /* before the client has the answer */
   json_decref(co.rest_calls);
   json_decref(co.rest_results);
   co.rest_calls = co.rest_results = NULL;
@@ -2761,6 +2874,7 @@ static int find_run(chat_t *c) {
   snprintf(j->run_id, sizeof j->run_id, "%s", c->r->id);
   c->max_reasks = (int)c->r->policy->gw_max_reasks;
   prev_fetch(c);
+  mem_fetch(c);
   return 0;
 }
 

@@ -257,6 +257,9 @@ typedef struct lg__gw_run {
   int64_t stored_tokens;      /* Responses: the most tokens an answer of the run left in the
                                  upstream's stored conversation (its input + output), which a
                                  request continuing it is billed again as input (chat.c) */
+  uint64_t mem_hash;          /* what the store holds of rs, steer and text_steer (chat.c,
+                                 mem_sync), when mem_stored */
+  int mem_stored;
   uint64_t last_hash;         /* the last answered request, for retries */
   int64_t last_ms;
   lg__buf_t last_body;

@@ -22,6 +22,9 @@
 #     stored response (or conversation: the Agents SDK's conversationId)
 #     holds unanswered, answered by the replica the next request comes to,
 #     and so is a call the run stopped on, when the person asks again;
+#   - the run's memory: the replica a request comes to sends upstream the
+#     steer note and the restored calls the other decided, every request's
+#     upstream body as through one gateway (each API);
 #   - a server restarted on the store goes on with a conversation it
 #     answered before (its table of runs is gone, the store's keys are not),
 #     and so does one that evicted it from memory;
@@ -113,6 +116,29 @@ for stream in 0 1; do
 done
 stop_server s1
 stop_server s2
+
+note "the run's memory across replicas: the upstream gets the steer note and the restored calls another replica decided, as from one gateway (each API)"
+# The same conversation (derived runs, the person's message tagged), once
+# through r1 and r2 in turn and once through r1 alone: every request's
+# upstream body alike. Before session 37 the replica that had not decided
+# the observe or the block sent the client's conversation as it was.
+two=$(python3 "$HERE_SRC/replica-memory.py" "$FAKE" T "$r1_URL" "$r2_URL") || fail "replica memory, two replicas: $two"
+one=$(python3 "$HERE_SRC/replica-memory.py" "$FAKE" T "$r1_URL") || fail "replica memory, one gateway: $one"
+python3 - "$two" "$one" <<'PY' || fail "replica memory: two replicas sent upstream what one gateway did not"
+import json, sys
+two, one = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+bad = 0
+for api in two:
+    a, b = two[api], one[api]
+    if a["actions"] != b["actions"] or a["actions"][-1] != "stop" or "block" not in a["actions"]:
+        print("%s: actions %s through two replicas, %s through one" % (api, a["actions"], b["actions"])); bad = 1
+    if not any("[loopguard]" in u for u in b["upstream"]):
+        print("%s: no steer note reached the upstream: nothing was tested" % api); bad = 1
+    for i, (x, y) in enumerate(zip(a["upstream"], b["upstream"])):
+        if x != y:
+            print("%s: request %d: through two replicas the upstream got\n  %s\nthrough one\n  %s" % (api, i + 1, x, y)); bad = 1
+sys.exit(bad)
+PY
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
 e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=stubborn AFTER=8 BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
