@@ -1227,7 +1227,8 @@ static json_t *kept_data(chat_t *c, const char *kind, const char *id) {
  * What a run's later requests are sent upstream with besides the client's
  * conversation: the calls restored in place (rs), the observe rung's
  * steer notes by call id, a text loop's steer note and the message it is
- * said with. Kept in the store beside the run ("gw:RUN", lg__gw_data_put)
+ * said with; and what a request continuing a stored Responses conversation
+ * is billed for it (stored_tokens: input_bound). Kept in the store beside the run ("gw:RUN", lg__gw_data_put)
  * whenever it changes, before the answer that changed it goes (mem_sync),
  * and read at every request of a run this request did not make
  * (mem_fetch): the replica a conversation's next request comes to sends
@@ -1242,13 +1243,13 @@ static json_t *mem_json(const lg__gw_run_t *r) {
     json_array_append_new(rs, json_pack("{s:I, s:O, s:s?, s:b}", "at", (json_int_t)r->rs[q].anchor, "items",
                                         r->rs[q].items, "resp", r->rs[q].resp_id, "sent", r->rs[q].conv_sent));
   json_int_t at = r->text_steer_at == SIZE_MAX ? -1 : (json_int_t)r->text_steer_at;
-  return rs ? json_pack("{s:o, s:O, s:s?, s:I}", "rs", rs, "steer", r->steer, "text_steer", r->text_steer,
-                        "text_steer_at", at)
+  return rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I}", "rs", rs, "steer", r->steer, "text_steer",
+                        r->text_steer, "text_steer_at", at, "stored_tokens", (json_int_t)r->stored_tokens)
             : NULL;
 }
 
 static int mem_empty(const lg__gw_run_t *r) {
-  return !r->nrs && !json_object_size(r->steer) && !r->text_steer;
+  return !r->nrs && !json_object_size(r->steer) && !r->text_steer && !r->stored_tokens;
 }
 
 /* The memory written to the store when it changed since it was last
@@ -1275,7 +1276,9 @@ static void mem_sync(chat_t *c) {
  * the run keeps it. */
 static void mem_fetch(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  if (c->run_made || !lg__gw_keys_kept(c->cx)) return;
+  /* a run made by this request (not named by the header: that one may be
+   * stored by another replica) has nothing stored */
+  if ((c->run_made && !c->j->hdr_run) || !lg__gw_keys_kept(c->cx)) return;
   json_t *d = kept_data(c, "gw", r->id), *rs = json_object_get(d, "rs");
   json_t *steer = json_object_get(d, "steer");
   if (!json_is_array(rs) || !json_is_object(steer)) {
@@ -1316,6 +1319,10 @@ static void mem_fetch(chat_t *c) {
   r->text_steer = text;
   json_int_t at = json_integer_value(json_object_get(d, "text_steer_at"));
   r->text_steer_at = at < 0 ? SIZE_MAX : (size_t)at;
+  /* the most a stored Responses conversation of the run holds: the larger
+   * of the two (a worst case never under-estimates) */
+  json_int_t stored = json_integer_value(json_object_get(d, "stored_tokens"));
+  if (stored > r->stored_tokens) r->stored_tokens = stored;
   json_decref(d);
   /* the response's refused calls are in rs now (restore() wrote the same
    * to "rs:ID") */
@@ -1665,8 +1672,12 @@ static void usage_event(chat_t *c, const model_out_t *mo, json_t *usage, enum us
     ev.u.usage.output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
     if (is_responses(c) && ev.u.usage.input_tokens >= 0 && ev.u.usage.output_tokens >= 0 &&
         ev.u.usage.input_tokens <= INT64_MAX / 4 && ev.u.usage.output_tokens <= INT64_MAX / 4 &&
-        ev.u.usage.input_tokens + ev.u.usage.output_tokens > c->r->stored_tokens)
+        ev.u.usage.input_tokens + ev.u.usage.output_tokens > c->r->stored_tokens) {
       c->r->stored_tokens = ev.u.usage.input_tokens + ev.u.usage.output_tokens; /* input_bound */
+      /* a replica's next request continuing it counts it too (a response
+       * the upstream does not store is continued by none) */
+      if (c->conv_id || !json_is_false(json_object_get(c->root, "store"))) mem_sync(c);
+    }
     /* usage.cost when the upstream reports one (USD; charged at most the
      * reservation), else from the price table, else the worst case */
     ev.u.usage.cost_nusd = lg__gw_keys_usage_cost(usage);

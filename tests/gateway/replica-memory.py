@@ -14,8 +14,11 @@ restored. Prints one JSON object: for each API the actions
 (X-Loopguard-Action) and, for each request, the last body the upstream
 got for it, its ids replaced by their order of appearance (the fake
 numbers its ids across requests). TAG makes the person's first message,
-and so the derived run, this invocation's own."""
+and so the derived run, this invocation's own; with RUN=NAME in the
+environment the runs are named instead (X-Loopguard-Run: NAME-API), which
+a replica that never saw the run meets as a run it makes in memory."""
 import json
+import os
 import re
 import sys
 import urllib.request
@@ -25,8 +28,10 @@ FAILED = "Error: the storage is read-only."
 ASK = "Write record 7 with value A (%s)." % tag
 
 
-def post(url, path, body):
+def post(url, path, body, api):
     h = {"content-type": "application/json", "anthropic-version": "2023-06-01", "authorization": "Bearer sk-test"}
+    if os.environ.get("RUN"):
+        h["X-Loopguard-Run"] = "%s-%s" % (os.environ["RUN"], api)
     with urllib.request.urlopen(urllib.request.Request(url + path, json.dumps(body).encode(), h)) as r:
         return json.load(r), r.headers.get("X-Loopguard-Action")
 
@@ -80,7 +85,7 @@ out = {}
 for api, (path, take, conv, body) in APIS.items():
     seen = {"actions": [], "upstream": []}
     for i in range(8):
-        a, action = post(urls[i % len(urls)], path, body(conv))
+        a, action = post(urls[i % len(urls)], path, body(conv), api)
         seen["actions"].append(action)
         seen["upstream"].append(last_upstream())
         if not take(conv, a):

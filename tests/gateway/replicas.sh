@@ -122,9 +122,12 @@ note "the run's memory across replicas: the upstream gets the steer note and the
 # through r1 and r2 in turn and once through r1 alone: every request's
 # upstream body alike. Before session 37 the replica that had not decided
 # the observe or the block sent the client's conversation as it was.
-two=$(python3 "$HERE_SRC/replica-memory.py" "$FAKE" T "$r1_URL" "$r2_URL") || fail "replica memory, two replicas: $two"
-one=$(python3 "$HERE_SRC/replica-memory.py" "$FAKE" T "$r1_URL") || fail "replica memory, one gateway: $one"
-python3 - "$two" "$one" <<'PY' || fail "replica memory: two replicas sent upstream what one gateway did not"
+# Then the same with runs named by X-Loopguard-Run (the replica that never
+# saw the run makes it in memory, as it does a new one).
+for named in "" 1; do
+two=$(RUN=${named:+mem-two} python3 "$HERE_SRC/replica-memory.py" "$FAKE" T$named "$r1_URL" "$r2_URL") || fail "replica memory, two replicas: $two"
+one=$(RUN=${named:+mem-one} python3 "$HERE_SRC/replica-memory.py" "$FAKE" T$named "$r1_URL") || fail "replica memory, one gateway: $one"
+python3 - "$two" "$one" <<'PY' || fail "replica memory${named:+ (named runs)}: two replicas sent upstream what one gateway did not"
 import json, sys
 two, one = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 bad = 0
@@ -138,6 +141,40 @@ for api in two:
         if x != y:
             print("%s: request %d: through two replicas the upstream got\n  %s\nthrough one\n  %s" % (api, i + 1, x, y)); bad = 1
 sys.exit(bad)
+PY
+done
+
+note "a stored Responses conversation continued on the other replica: its worst case counts what the upstream bills again for it"
+# The upstream bills a request continuing a response (previous_response_id)
+# for the whole stored conversation as input: the model call's worst case
+# (its model event's input_tokens) must count it on the replica that did
+# not relay the answer (it counted the request's bytes alone: a budget
+# could be passed by the stored conversation).
+python3 - "$r1_URL" "$r2_URL" <<'PY' || fail "a continued Responses conversation's worst case on the other replica"
+import json, sys, urllib.request
+r1, r2 = sys.argv[1], sys.argv[2]
+tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
+def post(url, run, body):
+    req = urllib.request.Request(url + "/v1/responses", json.dumps(body).encode(),
+                                 {"content-type": "application/json", "X-Loopguard-Run": run})
+    with urllib.request.urlopen(req) as r:
+        return json.load(r)
+def chain(run, second):  # the second model event's input_tokens, and the first usage's tokens
+    a = post(r1, run, {"model": "finish", "input": "Look customer c-1 up.", "tools": tools})
+    call = [o for o in a["output"] if o["type"] == "function_call"][0]
+    post(second, run, {"model": "finish", "previous_response_id": a["id"], "tools": tools,
+                       "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "{\"name\":\"Ada\"}"}]})
+    with urllib.request.urlopen(r1 + "/v1/runs/%s/trace" % run) as r:
+        lines = [json.loads(l) for l in r.read().decode().splitlines() if l and not l.startswith("#")]
+    models = [l["input_tokens"] for l in lines if l["type"] == "model"]
+    usage = [l for l in lines if l["type"] == "usage"][0]
+    return models, usage["input_tokens"] + usage["output_tokens"]
+one, stored = chain("stored-one", r1)
+two, _ = chain("stored-two", r2)
+# the same bodies but for the response ids, whose lengths may differ a little
+if len(one) != 2 or len(two) != 2 or two[1] < one[1] - 4:
+    sys.exit("the continuing request's worst case: %s input tokens through one gateway, %s through the other "
+             "replica (the stored conversation holds %d)" % (one, two, stored))
 PY
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
