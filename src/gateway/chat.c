@@ -1565,10 +1565,10 @@ static int64_t attachments(const chat_t *c) {
  * - for a Responses request that continues a conversation the upstream
  *   stores (previous_response_id, conversation, a re-ask continuing the
  *   answer just made), what that conversation holds: the upstream bills
- *   it as input again. Known for the answers this gateway relayed on the
- *   run (their usage: the most of them); one it never saw (made directly,
- *   before a restart, a run evicted) counts as nothing, as before session
- *   30. */
+ *   it as input again. Known for the answers a gateway of the store
+ *   relayed on the run (their usage: the most of them; the run's memory,
+ *   mem_fetch); one none saw (made directly, on memory: before a restart
+ *   or an eviction) counts as nothing, as before session 30. */
 static int64_t input_bound(chat_t *c, const lg_prices_t *pr, const char *model, size_t body_len) {
   int64_t n = (int64_t)body_len;
   lg_price_t price;
