@@ -38,6 +38,7 @@
 #include "../policy/policy.h"
 #include "../util/utf8.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -1227,8 +1228,9 @@ static json_t *kept_data(chat_t *c, const char *kind, const char *id) {
  * What a run's later requests are sent upstream with besides the client's
  * conversation: the calls restored in place (rs), the observe rung's
  * steer notes by call id, a text loop's steer note and the message it is
- * said with; and what a request continuing a stored Responses conversation
- * is billed for it (stored_tokens: input_bound). Kept in the store beside the run ("gw:RUN", lg__gw_data_put)
+ * said with; what a request continuing a stored Responses conversation
+ * is billed for it (stored_tokens: input_bound), and the model of a
+ * cascade's escalation that the next model calls are priced at. Kept in the store beside the run ("gw:RUN", lg__gw_data_put)
  * whenever it changes, before the answer that changed it goes (mem_sync),
  * and read at every request of a run this request did not make
  * (mem_fetch): the replica a conversation's next request comes to sends
@@ -1243,13 +1245,15 @@ static json_t *mem_json(const lg__gw_run_t *r) {
     json_array_append_new(rs, json_pack("{s:I, s:O, s:s?, s:b}", "at", (json_int_t)r->rs[q].anchor, "items",
                                         r->rs[q].items, "resp", r->rs[q].resp_id, "sent", r->rs[q].conv_sent));
   json_int_t at = r->text_steer_at == SIZE_MAX ? -1 : (json_int_t)r->text_steer_at;
-  return rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I}", "rs", rs, "steer", r->steer, "text_steer",
-                        r->text_steer, "text_steer_at", at, "stored_tokens", (json_int_t)r->stored_tokens)
+  return rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I, s:s?, s:i}", "rs", rs, "steer", r->steer, "text_steer",
+                        r->text_steer, "text_steer_at", at, "stored_tokens", (json_int_t)r->stored_tokens,
+                        "esc_model", r->esc_left > 0 ? r->esc_model : NULL, "esc_left",
+                        r->esc_left > 0 ? r->esc_left : 0)
             : NULL;
 }
 
 static int mem_empty(const lg__gw_run_t *r) {
-  return !r->nrs && !json_object_size(r->steer) && !r->text_steer && !r->stored_tokens;
+  return !r->nrs && !json_object_size(r->steer) && !r->text_steer && !r->stored_tokens && r->esc_left <= 0;
 }
 
 /* The memory written to the store when it changed since it was last
@@ -1323,6 +1327,15 @@ static void mem_fetch(chat_t *c) {
    * of the two (a worst case never under-estimates) */
   json_int_t stored = json_integer_value(json_object_get(d, "stored_tokens"));
   if (stored > r->stored_tokens) r->stored_tokens = stored;
+  /* the escalation's model, which the next model calls are priced at */
+  const char *esc = sget(d, "esc_model");
+  json_int_t left = json_integer_value(json_object_get(d, "esc_left"));
+  char *em = esc && left > 0 ? lg__strdup(esc) : NULL;
+  if (em || !esc) {
+    lg__free(r->esc_model);
+    r->esc_model = em;
+    r->esc_left = em && left < INT_MAX ? (int)left : 0;
+  }
   json_decref(d);
   /* the response's refused calls are in rs now (restore() wrote the same
    * to "rs:ID") */

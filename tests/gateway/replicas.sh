@@ -41,8 +41,10 @@ if [ "${LG_TEST_STORE:-}" = postgres ]; then
   [ -n "${LG_PG_URL:-}" ] || { echo "SKIP: no LG_PG_URL (run under tests/pg/with-postgres.sh)"; exit 77; }
   STORE=$LG_PG_URL
 fi
-start_server r1 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r1.log"
-start_server r2 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r2.log"
+mkdir -p "$TMP/policies"
+echo '{"cascade":{"escalate":{"model":"stubborn-strong","turns":3}}}' >"$TMP/policies/escalate.json"
+start_server r1 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r1.log" --policies "$TMP/policies"
+start_server r2 --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/r2.log" --policies "$TMP/policies"
 BOTH="$r1_URL,$r2_URL"
 
 # one_run LABEL JSON: the answers the agent saw (non-stream) name one run
@@ -175,6 +177,35 @@ two, _ = chain("stored-two", r2)
 if len(one) != 2 or len(two) != 2 or two[1] < one[1] - 4:
     sys.exit("the continuing request's worst case: %s input tokens through one gateway, %s through the other "
              "replica (the stored conversation holds %d)" % (one, two, stored))
+PY
+
+note "cascade.escalate across replicas: the model calls after a block are priced at the escalation's model on either replica"
+# The model a call is sent to comes with each model decision; the one its
+# worst case is priced at was this server's memory (a replica that had not
+# seen the block priced the escalated calls at the client's model: a
+# dearer model under a cheaper one's worst case).
+python3 - "$r1_URL" "$r2_URL" <<'PY' || fail "escalation across replicas"
+import json, sys, urllib.request
+r1, r2 = sys.argv[1], sys.argv[2]
+tools = [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}]
+def models(run, urls):
+    conv = [{"role": "user", "content": "Write record 7 with value A."}]
+    for i in range(8):
+        req = urllib.request.Request(urls[i % len(urls)] + "/v1/chat/completions",
+                                     json.dumps({"model": "stubborn", "messages": conv, "tools": tools}).encode(),
+                                     {"content-type": "application/json", "X-Loopguard-Run": run, "X-Loopguard-Policy": "escalate"})
+        with urllib.request.urlopen(req) as r:
+            m = json.load(r)["choices"][0]["message"]
+        calls = m.get("tool_calls") or []
+        conv.append({"role": "assistant", "content": m.get("content"), **({"tool_calls": calls} if calls else {})})
+        conv += [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the storage is read-only."} for c in calls]
+        if not calls:
+            break
+    with urllib.request.urlopen(r1 + "/v1/runs/%s/trace" % run) as r:
+        return [json.loads(l)["model"] for l in r.read().decode().splitlines() if '"type":"model"' in l]
+one, two = models("esc-one", [r1]), models("esc-two", [r1, r2])
+if one != two or "stubborn-strong" not in one:
+    sys.exit("model events through one gateway %s, through two replicas %s" % (one, two))
 PY
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
