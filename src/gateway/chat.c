@@ -1230,8 +1230,9 @@ static json_t *kept_data(chat_t *c, const char *kind, const char *id) {
  * steer notes by call id, a text loop's steer note and the message it is
  * said with; what a request continuing a stored Responses conversation
  * is billed for it (stored_tokens: input_bound), and the model of a
- * cascade's escalation that the next model calls are priced at. Kept in the store beside the run ("gw:RUN", lg__gw_data_put)
- * whenever it changes, before the answer that changed it goes (mem_sync),
+ * cascade's escalation that the next model calls are priced at. Kept in
+ * the store beside the run ("gw:RUN", lg__gw_data_put) whenever it
+ * changes, before the answer that changed it goes (mem_sync),
  * and read at every request of a run this request did not make
  * (mem_fetch): the replica a conversation's next request comes to sends
  * what the one that answered would have sent. Not on memory: (the

@@ -1773,13 +1773,6 @@ static int born_write(void *ud, lg_store_t *s, lg_error_t *err) {
   return lg_store_with_run(s, b->run_id, b->fn, b->ud, err);
 }
 
-/* fn(ud) for run r in one transaction: through the group commit
- * (sqlite:, memory:), waited for, or on this thread's connection
- * (postgres:); its rc, and its err into *err. canon: the scratch of the
- * thread that runs it, set first. A run not yet in the store (r->unborn)
- * is written first, in the same job: a fresh run's request pays two
- * transactions, not three (postgres: its row is a transaction of its own
- * before the step's, as lg__step_create makes it). */
 /* fn(ud), noting that it was called: a run not found by its job was not
  * stored (lg_store_with_run calls fn only on a stored run). */
 typedef struct called {
@@ -1793,6 +1786,13 @@ static int call_noted(void *ud, lg_store_t *s, const lg_run_record_t *rec) {
   return c->fn(c->ud, s, rec);
 }
 
+/* fn(ud) for run r in one transaction: through the group commit
+ * (sqlite:, memory:), waited for, or on this thread's connection
+ * (postgres:); its rc, and its err into *err. canon: the scratch of the
+ * thread that runs it, set first. A run not yet in the store (r->unborn)
+ * is written first, in the same job: a fresh run's request pays two
+ * transactions, not three (postgres: its row is a transaction of its own
+ * before the step's, as lg__step_create makes it). */
 static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
                          lg_canon_t **canon, lg_error_t *err);
 

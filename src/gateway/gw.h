@@ -257,8 +257,9 @@ typedef struct lg__gw_run {
   int64_t stored_tokens;      /* Responses: the most tokens an answer of the run left in the
                                  upstream's stored conversation (its input + output), which a
                                  request continuing it is billed again as input (chat.c) */
-  uint64_t mem_hash;          /* what the store holds of rs, steer and text_steer (chat.c,
-                                 mem_sync), when mem_stored */
+  uint64_t mem_hash;          /* the hash of the run's memory as the store holds it (rs,
+                                 steer, text_steer, stored_tokens, esc_*: chat.c, mem_sync),
+                                 when mem_stored */
   int mem_stored;
   uint64_t last_hash;         /* the last answered request, for retries */
   int64_t last_ms;
