@@ -1281,9 +1281,7 @@ static void mem_sync(chat_t *c) {
  * the run keeps it. */
 static void mem_fetch(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  /* a run made by this request (not named by the header: that one may be
-   * stored by another replica) has nothing stored */
-  if ((c->run_made && !c->j->hdr_run) || !lg__gw_keys_kept(c->cx)) return;
+  if (c->run_made || !lg__gw_keys_kept(c->cx)) return; /* a run this request made: nothing stored */
   json_t *d = kept_data(c, "gw", r->id), *rs = json_object_get(d, "rs");
   json_t *steer = json_object_get(d, "steer");
   if (!json_is_array(rs) || !json_is_object(steer)) {

@@ -1643,6 +1643,20 @@ static lg__gw_run_t *run_alloc(const char *id, lg_policy_t *pol, const char *pol
   return r;
 }
 
+/* Whether run id, named by a request's header and new in this server's
+ * memory, is stored by another replica (or by this server before a
+ * restart or an eviction): read once a run and server. Not on memory:
+ * (no other replica; the benchmark's fresh runs read nothing). */
+static int named_stored(lg__gw_ctx_t *cx, const char *id) {
+  if (!lg__gw_keys_kept(cx)) return 0;
+  lg_error_t e = {0};
+  lg_store_t *s = lg__gw_store(cx, &e);
+  lg_run_record_t rec;
+  if (!s || lg_store_run_get(s, id, &rec, &e)) return 0;
+  lg_run_record_clear(&rec);
+  return 1;
+}
+
 lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
                              const lg__gw_policy_t *policy, int *made, lg_error_t *err) {
   lg__gw_t *gw = cx->gw;
@@ -1698,7 +1712,7 @@ lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
   /* a conversation start no replica knew names its new run in the store
    * too (a stored one names it already) */
   if (created && unstored) key_store(cx, key, r->id, NULL);
-  if (made) *made = created && !stored;
+  if (made) *made = created && !stored && !(id != fresh && named_stored(cx, r->id));
   lg__free(stored);
   /* (a created run is locked already) */
   if (!created && pthread_mutex_trylock(&r->mu)) { /* another request of the run is in flight: may be long */

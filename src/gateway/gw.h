@@ -365,8 +365,9 @@ _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 /* The run of a request: by its header, else derived (key); created
  * (stored, through the step's run creation, with `policy`: NULL for the
  * server's default) on first use. Locked. *made (may be NULL): whether
- * the run is new here and no replica's store named key (the request
- * begins its conversation, as far as any replica knows). */
+ * the run is new here and no replica's store named key, nor holds the
+ * run the header names (the request begins its conversation, as far as
+ * any replica knows). */
 lg__gw_run_t *lg__gw_run_get(lg__gw_ctx_t *cx, const char *id, const char *key,
                              const lg__gw_policy_t *policy, int *made, lg_error_t *err);
 void lg__gw_run_unlock(lg__gw_t *gw, lg__gw_run_t *r);

@@ -22,6 +22,8 @@
 #     stored response (or conversation: the Agents SDK's conversationId)
 #     holds unanswered, answered by the replica the next request comes to,
 #     and so is a call the run stopped on, when the person asks again;
+#   - a conversation named by X-Loopguard-Run, stopped on one replica: the
+#     person's next message resumes it on the other, which never saw it;
 #   - the run's memory: the replica a request comes to sends upstream the
 #     steer note and the restored calls the other decided, every request's
 #     upstream body as through one gateway (each API);
@@ -206,6 +208,36 @@ def models(run, urls):
 one, two = models("esc-one", [r1]), models("esc-two", [r1, r2])
 if one != two or "stubborn-strong" not in one:
     sys.exit("model events through one gateway %s, through two replicas %s" % (one, two))
+PY
+
+note "a Responses conversation named by X-Loopguard-Run: stopped on one replica, the person's next message resumes it on the other"
+# The other replica meets the named run for the first time; it is stored
+# all the same, so the person's message is a later prompt there (before
+# session 37 it was taken for the run's first, no user event: the stop
+# answered again).
+python3 - "$r1_URL" "$r2_URL" "$FAKE" <<'PY' || fail "a named conversation resumed on the other replica"
+import json, sys, urllib.request
+r1, r2, fake = sys.argv[1], sys.argv[2], sys.argv[3]
+tools = [{"type": "function", "name": "write_record", "parameters": {"type": "object"}},
+         {"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
+def post(url, path, body):
+    h = {"content-type": "application/json", "authorization": "Bearer sk-test", "X-Loopguard-Run": "conv-named-1"}
+    with urllib.request.urlopen(urllib.request.Request(url + path, json.dumps(body).encode(), h)) as r:
+        return json.load(r), r.headers.get("X-Loopguard-Action")
+conv, _ = post(fake, "/v1/conversations", {})
+items = [{"role": "user", "content": "Write record 7 with value A."}]
+for i in range(10):
+    a, act = post(r1, "/v1/responses", {"model": "stubborn", "conversation": conv["id"], "input": items, "tools": tools})
+    calls = [o for o in a["output"] if o["type"] == "function_call"]
+    items = [{"type": "function_call_output", "call_id": c["call_id"], "output": "Error: the storage is read-only."} for c in calls]
+    if not calls:
+        break
+if act != "stop":
+    sys.exit("the loop did not stop on r1: %s" % act)
+a, act = post(r2, "/v1/responses", {"model": "finish", "conversation": conv["id"], "tools": tools,
+                                    "input": [{"role": "user", "content": "The storage is writable now; look customer c-1 up."}]})
+if act == "stop":
+    sys.exit("the person's new message on r2 was answered with the stop again: %s" % json.dumps(a["output"])[:300])
 PY
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"
