@@ -414,9 +414,10 @@ static const char *purge_usage =
     "or cancel), whatever their status: each with its trace, its cancel, its\n"
     "budget scopes and the gateway's conversation keys that name it. A gateway\n"
     "makes a run for every conversation, so a store grows with every agent that\n"
-    "talks through it; run this from cron (e.g. daily, --older-than 30d) to keep\n"
-    "it bounded. A conversation that comes back after its run was purged starts\n"
-    "a new run; a sidecar client naming a purged run gets 404 (not_found).\n"
+    "talks through it; run this from cron (e.g. daily, --older-than 30d), or let\n"
+    "the server do it ('loopguard serve --help': retain-runs), to keep it bounded.\n"
+    "A conversation that comes back after its run was purged starts a new run; a\n"
+    "sidecar client naming a purged run gets 404 (not_found).\n"
     "\n"
     "Kept: a run holding an open budget reservation (until it is settled or\n"
     "expires), the ledger (see 'loopguard ledger purge'), budgets and what they\n"
@@ -435,10 +436,11 @@ static const char *purge_usage =
     "Exit status: 0 done (also when nothing was old enough), 1 an error (the\n"
     "batches before it stay purged; the message says how many), 2 bad usage.\n";
 
-static void purge_progress(void *ud, int64_t done) {
+static int purge_progress(void *ud, int64_t done) {
   (void)ud;
   fprintf(stderr, "\rpurged %lld runs so far...", (long long)done);
   fflush(stderr);
+  return 0;
 }
 
 static int do_purge(int argc, char **argv) {

@@ -68,6 +68,8 @@ static const char *serve_usage =
     "                       [10; also $LOOPGUARD_DRAIN_SECONDS]\n"
     "  --log FILE           structured log, one JSON object a line; SIGHUP reopens\n"
     "                       it [stderr]\n"
+    "  --retain-runs DURATION  purge runs not written to for DURATION (30d), as\n"
+    "                       'loopguard runs purge' does, hourly at most [keep]\n"
     "  --upstream [NAME=]URL gateway-v1: an OpenAI/Anthropic-compatible upstream\n"
     "                       (repeatable; the first is the default); the gateway\n"
     "                       answers /v1/chat/completions and passes other /v1/ paths\n"
@@ -95,6 +97,10 @@ static const char *serve_notes =
     "Upstreams' TLS: the system's CAs; SSL_CERT_FILE and SSL_CERT_DIR, or an\n"
     "upstream's ca_file, for a private CA. Proxies: https_proxy, http_proxy,\n"
     "no_proxy (docs/gateway.md, \"TLS and proxies\").\n"
+    "\n"
+    "--retain-runs: a gateway makes a run a conversation, so its store grows with\n"
+    "the traffic; the purge runs at the start and every tenth of DURATION (a second\n"
+    "to an hour), a batch of runs at a time [also $LOOPGUARD_RETAIN_RUNS].\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight (--drain), close the store and\n"
     "exit 0; a second SIGTERM/SIGINT cuts the drain (exit 1). SIGHUP reopens the log\n"
@@ -188,7 +194,7 @@ static int drain_down(lg_server_t *srv, int drain_s, const sigset_t *set, int *c
 int cmd_serve(int argc, char **argv) {
   lg_server_options_t o;
   memset(&o, 0, sizeof o);
-  const char *store = NULL, *durability = NULL, *drain = NULL;
+  const char *store = NULL, *durability = NULL, *drain = NULL, *retain = NULL;
   const char *upstreams[16];
   size_t nup = 0;
   for (int i = 1; i < argc; i++) {
@@ -203,7 +209,7 @@ int cmd_serve(int argc, char **argv) {
                                        "--log",    "--trace-memory", "--durability",
                                        "--upstream", "--upstreams", "--reservation-ttl",
                                        "--policies", "--secret-file", "--gateway-max-body",
-                                       "--drain"};
+                                       "--drain", "--retain-runs"};
     int known = -1;
     const char *val = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
@@ -265,8 +271,14 @@ int cmd_serve(int argc, char **argv) {
       o.gateway_max_body = (size_t)n;
       break;
     case 17: drain = val; break;
+    case 18: retain = val; break;
     }
   }
+  const char *env_retain = getenv("LOOPGUARD_RETAIN_RUNS");
+  if (!retain && env_retain && *env_retain) retain = env_retain;
+  if (retain && (o.retain_runs_ms = cli_parse_duration(retain)) < 1000)
+    return cli_usage(serve_usage, "%s wants a duration of a second or more like 12h, 30d or 2w, not '%s'",
+                     retain == env_retain ? "LOOPGUARD_RETAIN_RUNS" : "--retain-runs", retain);
   long long drain_s = 10;
   const char *env_drain = getenv("LOOPGUARD_DRAIN_SECONDS");
   if (!drain && env_drain && *env_drain &&

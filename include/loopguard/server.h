@@ -76,6 +76,12 @@ typedef struct lg_server_options {
                                  its images, an upload passed through):
                                  larger bodies are 413; 0: 64 MiB. The
                                  server's own API keeps max_body */
+  int64_t retain_runs_ms;     /* > 0: a thread of the server purges the
+                                 runs not written to for this long
+                                 (lg_store_purge_runs) at the start and
+                                 then every tenth of it (at least a
+                                 second, at most an hour); 0: runs are
+                                 kept */
 } lg_server_options_t;
 
 /* Starts a server: opens the store (failing early when it cannot), loads

@@ -303,8 +303,8 @@ LG_EXPORT int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f,
                                 lg_store_run_cb cb, void *ud, lg_error_t *err);
 
 /* Called after each batch of lg_store_purge_runs with the runs deleted so
- * far. */
-typedef void (*lg_store_progress_fn)(void *ud, int64_t done);
+ * far; a non-zero return stops the purge there (a server shutting down). */
+typedef int (*lg_store_progress_fn)(void *ud, int64_t done);
 /* Deletes the runs not updated for older_than_ms before now_ms (0: every
  * run not updated after now_ms; negative is LG_EINVAL), each with its
  * trace, its kill switch (a cancel of the run itself; a group's stays),
@@ -314,7 +314,8 @@ typedef void (*lg_store_progress_fn)(void *ud, int64_t done);
  * budgets what they spent. Active runs are purged too: a run is old by
  * its last write, whatever its status. In batches of a few hundred runs,
  * each a transaction of its own (other writers wait for one batch, not
- * for all), progress (may be NULL) called after each; a run written
+ * for all), progress (may be NULL) called after each (and may stop it:
+ * 0 returned, the runs deleted so far in *purged); a run written
  * between its batch's start and its delete is kept. *purged (may be
  * NULL): the runs deleted, also on an error (the batches before it stay
  * deleted). */

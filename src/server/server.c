@@ -693,6 +693,54 @@ static void *reaper_main(void *arg) {
   return NULL;
 }
 
+/* --retain-runs: the runs not written to for that long purged at the
+ * start and then every tenth of it (a second to an hour), a batch at a
+ * time (lg_store_purge_runs), on this thread's store handle: the shared
+ * one (sqlite:, memory:: its lock taken a batch at a time, as the group
+ * commit takes it) or a connection of its own (postgres:). A shutdown
+ * stops it after the batch in hand. */
+static int retain_going(void *ud, int64_t done) {
+  (void)done;
+  return atomic_load(&((lg_server_t *)ud)->retainer_stop);
+}
+
+static void retain_once(lg_server_t *srv) {
+  lg_error_t e = {0};
+  int64_t n = 0;
+  lg__worker_t *w = lg__server_worker(srv, &e);
+  int rc = w ? lg_store_purge_runs(w->store, srv->o.retain_runs_ms, lg__server_now(srv), retain_going,
+                                   srv, &n, &e)
+             : LG_ESTORE;
+  if (!rc && !n) return;
+  lg__buf_t f = {0};
+  lg__buf_printf(&f, "\"purged\":%lld,\"older_than_ms\":%lld", (long long)n,
+                 (long long)srv->o.retain_runs_ms);
+  if (rc) {
+    const char *m = e.message[0] ? e.message : lg_strerror(rc);
+    lg__buf_puts(&f, ",\"message\":");
+    lg__buf_json_str(&f, m, strlen(m));
+  }
+  if (!f.oom) lg__server_log(srv, rc ? "warn" : "info", rc ? "runs_purge_failed" : "runs_purged", f.data);
+  lg__buf_free(&f);
+}
+
+static void *retainer_main(void *arg) {
+  lg_server_t *srv = arg;
+  prctl(PR_SET_NAME, "lg-retain", 0, 0, 0);
+  int64_t every = srv->o.retain_runs_ms / 10;
+  every = every < 1000 ? 1000 : every > 3600000 ? 3600000 : every;
+  uint64_t next = 0; /* at once */
+  while (!atomic_load(&srv->retainer_stop)) {
+    if (lg__mono_ns() >= next) {
+      retain_once(srv);
+      next = lg__mono_ns() + (uint64_t)every * 1000000u;
+    }
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
 static unsigned env_uint(const char *name, unsigned dflt) {
   const char *v = getenv(name);
   if (!v || !*v) return dflt;
@@ -943,6 +991,7 @@ static void log_start(lg_server_t *srv) {
     lg__buf_printf(&f, ",\"price_models\":%zu", pr ? lg_prices_count(pr) : 0);
     lg_prices_free(pr);
   }
+  if (srv->o.retain_runs_ms > 0) lg__buf_printf(&f, ",\"retain_runs_ms\":%lld", (long long)srv->o.retain_runs_ms);
   lg__buf_printf(&f, ",\"byok_at_rest\":\"%s\"", srv->has_secret ? "encrypted" : "clear");
   if (!f.oom) lg__server_log(srv, "info", "start", f.data);
   lg__buf_free(&f);
@@ -973,6 +1022,13 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     goto fail;
   }
   srv->reaper_started = 1;
+  if (srv->o.retain_runs_ms > 0) {
+    if (pthread_create(&srv->retainer, NULL, retainer_main, srv)) {
+      lg__err(err, LG_EIO, NULL, -1, "cannot start a thread");
+      goto fail;
+    }
+    srv->retainer_started = 1;
+  }
   if (start_daemons(srv, err) || lg__acceptor_start(srv, err)) goto fail;
   count_active(srv, st);
   log_start(srv);
@@ -1002,6 +1058,9 @@ char *lg_server_banner(const lg_server_t *srv) {
   } else {
     lg__buf_puts(&b, "  prices:  none (model calls need cost_usd when a cap or budget applies)\n");
   }
+  if (srv->o.retain_runs_ms > 0)
+    lg__buf_printf(&b, "  runs:    purged %lld s after their last write (--retain-runs)\n",
+                   (long long)(srv->o.retain_runs_ms / 1000));
   lg__buf_printf(&b, "  threads: %d, max body %zu bytes", srv->o.threads, srv->o.max_body);
   if (srv->gw) lg__buf_printf(&b, " (gateway routes %zu)", srv->o.gateway_max_body);
   lg__buf_printf(&b, ", timeout %d s\n", srv->o.timeout_s);
@@ -1156,6 +1215,11 @@ int lg_server_shutdown(lg_server_t *srv, int drain_ms) {
     atomic_store(&srv->reaper_stop, 1);
     pthread_join(srv->reaper, NULL);
     srv->reaper_started = 0;
+  }
+  if (srv->retainer_started) { /* after the batch in hand; before its store handle closes */
+    atomic_store(&srv->retainer_stop, 1);
+    pthread_join(srv->retainer, NULL);
+    srv->retainer_started = 0;
   }
   lg__gw_free(srv->gw); /* when the daemons never started */
   srv->gw = NULL;

@@ -416,6 +416,9 @@ struct lg_server {
   pthread_t reaper;           /* cuts connections past their deadlines */
   int reaper_started;
   _Atomic int reaper_stop;
+  pthread_t retainer;         /* --retain-runs: purges old runs */
+  int retainer_started;
+  _Atomic int retainer_stop;
   _Atomic int inflight;       /* requests begun and not completed */
   _Atomic int draining;       /* shutdown has begun */
   _Atomic int drain_cut;      /* lg_server_cut_drain: the drain ends now */

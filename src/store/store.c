@@ -542,7 +542,7 @@ int lg_store_purge_runs(lg_store_t *s, int64_t older_than_ms, int64_t now_ms,
     rc = purge_step(s, 0, before, &at, &n, &more, err);
     done += n;
     if (purged) *purged = done;
-    if (!rc && progress) progress(ud, done);
+    if (!rc && progress && progress(ud, done)) break;
   }
   if (!rc) rc = purge_step(s, 1, before, NULL, &n, &more, err);
   return where(s, rc, err);

@@ -1612,10 +1612,16 @@ static void test_gateway_keys(void **state) {
 /* lg_store_purge_runs: the runs not written to since the cut go, each with
  * what is its alone (trace, cancel, budget scopes, conversation keys);
  * the rest stays, and so do the ledger, the budgets and a group's cancel. */
-static void note_progress(void *ud, int64_t done) {
+static int note_progress(void *ud, int64_t done) {
   int64_t *last = ud;
   assert_true(done >= *last); /* counts up, batch after batch */
   *last = done;
+  return 0;
+}
+
+static int stop_at_once(void *ud, int64_t done) {
+  *(int64_t *)ud = done;
+  return 1;
 }
 
 static int has_run(lg_store_t *s, const char *id) {
@@ -1715,10 +1721,18 @@ static void test_purge_runs(void **state) {
     save_new_run(s, id, NULL, T0 + i % 3);
   }
   save_new_run(s, "young", NULL, T0 + 30000);
+  /* Stopped by its caller after the first batch: that batch is purged,
+   * the rest kept, no error. */
+  last = 0;
+  assert_int_equal(lg_store_purge_runs(s, 1000, T0 + 30000, stop_at_once, &last, &n, &err), 0);
+  assert_int_equal(n, 256);
+  assert_int_equal(last, 256);
+  assert_false(has_run(s, "many-0"));
+  assert_true(has_run(s, "many-698"));
   last = 0;
   assert_int_equal(lg_store_purge_runs(s, 1000, T0 + 30000, note_progress, &last, &n, &err), 0);
-  assert_int_equal(n, 700);
-  assert_int_equal(last, 700);
+  assert_int_equal(n, 700 - 256);
+  assert_int_equal(last, 700 - 256);
   assert_false(has_run(s, "many-0"));
   assert_false(has_run(s, "many-699"));
   assert_true(has_run(s, "young"));
