@@ -991,7 +991,8 @@ static void log_start(lg_server_t *srv) {
     lg__buf_printf(&f, ",\"price_models\":%zu", pr ? lg_prices_count(pr) : 0);
     lg_prices_free(pr);
   }
-  if (srv->o.retain_runs_ms > 0) lg__buf_printf(&f, ",\"retain_runs_ms\":%lld", (long long)srv->o.retain_runs_ms);
+  if (srv->o.retain_runs_ms > 0)
+    lg__buf_printf(&f, ",\"retain_runs_ms\":%lld", (long long)srv->o.retain_runs_ms);
   lg__buf_printf(&f, ",\"byok_at_rest\":\"%s\"", srv->has_secret ? "encrypted" : "clear");
   if (!f.oom) lg__server_log(srv, "info", "start", f.data);
   lg__buf_free(&f);
@@ -1058,9 +1059,17 @@ char *lg_server_banner(const lg_server_t *srv) {
   } else {
     lg__buf_puts(&b, "  prices:  none (model calls need cost_usd when a cap or budget applies)\n");
   }
-  if (srv->o.retain_runs_ms > 0)
-    lg__buf_printf(&b, "  runs:    purged %lld s after their last write (--retain-runs)\n",
-                   (long long)(srv->o.retain_runs_ms / 1000));
+  if (srv->o.retain_runs_ms > 0) { /* in the largest unit that says it whole: 30d, 36h, 90s */
+    static const struct {
+      int64_t ms;
+      char unit;
+    } units[] = {{86400000, 'd'}, {3600000, 'h'}, {60000, 'm'}, {1000, 's'}};
+    int64_t ms = srv->o.retain_runs_ms;
+    size_t u = 0;
+    while (u + 1 < sizeof units / sizeof units[0] && ms % units[u].ms) u++;
+    lg__buf_printf(&b, "  runs:    purged %lld%c after their last write (--retain-runs)\n",
+                   (long long)(ms / units[u].ms), units[u].unit);
+  }
   lg__buf_printf(&b, "  threads: %d, max body %zu bytes", srv->o.threads, srv->o.max_body);
   if (srv->gw) lg__buf_printf(&b, " (gateway routes %zu)", srv->o.gateway_max_body);
   lg__buf_printf(&b, ", timeout %d s\n", srv->o.timeout_s);

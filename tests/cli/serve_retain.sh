@@ -8,7 +8,7 @@ source "$(dirname "$0")/serve_lib.bash"
 
 store="sqlite:$TMP/retain.db"
 start_server a --store "$store" --retain-runs 2s --log "$TMP/a.log"
-grep -q "runs:    purged 2 s after their last write" "$TMP/a.out" || fail "the banner does not say: $(cat "$TMP/a.out")"
+grep -q "runs:    purged 2s after their last write" "$TMP/a.out" || fail "the banner does not say: $(cat "$TMP/a.out")"
 post() { curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$a_URL$1" -d "$2"; }
 status() { curl -s -o /dev/null -w '%{http_code}' "$a_URL/v1/runs/$1"; }
 
