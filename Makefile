@@ -17,7 +17,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
-FUZZ_SECONDS ?= 12
+FUZZ_SECONDS ?= 10
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 ifeq ($(CI),true)

@@ -3,7 +3,7 @@
 # flat memory.
 #
 # 200 agent threads (each its own keep-alive connection) run agent loops
-# against one server on a SQLite file for LG_SOAK_SECONDS (20): create a
+# against one server on a SQLite file for LG_SOAK_SECONDS (15): create a
 # run, then calls and results until the guard stops it (some agents loop
 # on purpose, others make progress), then a new run. Every answer must be
 # a 2xx. The server's resident memory is sampled every half second; after
@@ -17,7 +17,7 @@
 # and what grows after is the server's own (options appended last win; a
 # build without ASan ignores them).
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16"
-SECS=${LG_SOAK_SECONDS:-20}
+SECS=${LG_SOAK_SECONDS:-15}
 AGENTS=${LG_SOAK_AGENTS:-200}
 start_server A --store "$(test_store_url soak)" --timeout 30
 
