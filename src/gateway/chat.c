@@ -1258,31 +1258,53 @@ static int mem_empty(const lg__gw_run_t *r) {
 }
 
 /* The memory written to the store when it changed since it was last
- * written or read (nothing written while it was always empty). */
+ * written or read (nothing written while it was always empty): its text
+ * is what the store gets, and its hash what is compared. */
 static void mem_sync(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (!r || !lg__gw_keys_kept(c->cx) || (!r->mem_stored && mem_empty(r))) return;
   json_t *m = mem_json(r);
   char *t = m ? lg__json_text(m, NULL) : NULL;
+  json_decref(m);
   uint64_t h = t ? lg__hash_str(t) : 0;
   if (t && (!r->mem_stored || h != r->mem_hash)) {
     char *k = id_key("gw", r->id);
-    if (k) lg__gw_data_put(c->cx, r, k, m);
+    if (k) lg__gw_data_put_text(c->cx, r, k, t);
     lg__free(k);
     r->mem_stored = 1;
     r->mem_hash = h;
   }
   lg__free(t);
-  json_decref(m);
+}
+
+/* The run's memory is the store's: the refused calls of the response the
+ * request continues are in it (restore() wrote the same to "rs:ID"), not
+ * to be sent twice. */
+static void mem_taken(chat_t *c) {
+  json_decref(c->prev_answers);
+  c->prev_answers = NULL;
 }
 
 /* The store's memory of the run, taken in place of this server's (which
- * another replica may have made stale). Copied out of the reader's chunks:
- * the run keeps it. */
+ * another replica may have made stale), unless it is the text this
+ * server wrote or read last (its hash): then nothing is parsed or
+ * copied, which is every request of a run on one server. Copied out of
+ * the reader's chunks: the run keeps it. */
 static void mem_fetch(chat_t *c) {
   lg__gw_run_t *r = c->r;
   if (c->run_made || !lg__gw_keys_kept(c->cx)) return; /* a run this request made: nothing stored */
-  json_t *d = kept_data(c, "gw", r->id), *rs = json_object_get(d, "rs");
+  char *k = id_key("gw", r->id);
+  char *t = k ? lg__gw_data_text(c->cx, r, k) : NULL;
+  lg__free(k);
+  if (!t) return;
+  uint64_t h = lg__hash_str(t);
+  if (r->mem_stored && h == r->mem_hash) { /* this server's memory is the store's */
+    lg__free(t);
+    mem_taken(c);
+    return;
+  }
+  json_t *d = lg__json_load(t, strlen(t), NULL, NULL), *rs = json_object_get(d, "rs");
+  lg__free(t);
   json_t *steer = json_object_get(d, "steer");
   if (!json_is_array(rs) || !json_is_object(steer)) {
     json_decref(d);
@@ -1336,16 +1358,9 @@ static void mem_fetch(chat_t *c) {
     r->esc_left = em && left < INT_MAX ? (int)left : 0;
   }
   json_decref(d);
-  /* the response's refused calls are in rs now (restore() wrote the same
-   * to "rs:ID") */
-  json_decref(c->prev_answers);
-  c->prev_answers = NULL;
-  json_t *m = mem_json(r);
-  char *t = m ? lg__json_text(m, NULL) : NULL;
   r->mem_stored = 1;
-  r->mem_hash = t ? lg__hash_str(t) : 0;
-  lg__free(t);
-  json_decref(m);
+  r->mem_hash = h; /* as read: a memory taken whole writes it again only once it changes */
+  mem_taken(c);
 }
 
 /* What the run kept of the response a request continues from, or of its

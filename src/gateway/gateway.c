@@ -1426,23 +1426,35 @@ void lg__gw_key_put(lg__gw_ctx_t *cx, const char *key, lg__gw_run_t *r) {
   if (changed && lg__gw_keys_kept(cx)) key_store(cx, key, r->id, NULL);
 }
 
+void lg__gw_data_put_text(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, const char *text) {
+  if (lg__gw_keys_kept(cx)) key_store(cx, key, r->id, text);
+}
+
 void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t *data) {
   if (!lg__gw_keys_kept(cx)) return;
   char *t = lg__json_text(data, NULL);
-  if (t) key_store(cx, key, r->id, t);
+  if (t) lg__gw_data_put_text(cx, r, key, t);
   lg__free(t);
 }
 
-json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key) {
+char *lg__gw_data_text(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key) {
   if (!lg__gw_keys_kept(cx)) return NULL;
   lg_error_t e = {0};
   lg_store_t *s = lg__gw_store(cx, &e);
   char *run = NULL, *data = NULL;
-  json_t *out = NULL;
-  if (s && !lg__store_gw_key_get(s, key, &run, &data, &e) && run && !strcmp(run, r->id) && data)
-    out = lg__json_load(data, strlen(data), NULL, NULL);
+  if (s && !lg__store_gw_key_get(s, key, &run, &data, &e) && run && !strcmp(run, r->id)) {
+    lg__free(run);
+    return data;
+  }
   lg__free(run);
   lg__free(data);
+  return NULL;
+}
+
+json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key) {
+  char *t = lg__gw_data_text(cx, r, key);
+  json_t *out = t ? lg__json_load(t, strlen(t), NULL, NULL) : NULL;
+  lg__free(t);
   return out;
 }
 
@@ -1817,9 +1829,10 @@ static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, 
  * a 500 on every later request of its conversation. */
 static int on_store(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, void *ud,
                     lg_canon_t **canon, lg_error_t *err) {
+  if (r->unborn) return on_store_once(srv, r, fn, ud, canon, err); /* being made: nothing to find */
   called_t c = {fn, ud, 0};
-  int rc = on_store_once(srv, r, r->unborn ? fn : call_noted, r->unborn ? ud : &c, canon, err);
-  if (rc != LG_ENOTFOUND || r->unborn || c.fn != fn || c.called) return rc;
+  int rc = on_store_once(srv, r, call_noted, &c, canon, err);
+  if (rc != LG_ENOTFOUND || c.called) return rc; /* found, or not found by fn itself */
   r->unborn = 1;
   r->birth_tried = 0;
   lg__buf_t f = {0};

@@ -406,6 +406,10 @@ int lg__gw_keys_kept(const lg__gw_ctx_t *cx);
  * conversation's not yet sent upstream ("answers:conv:ID"). */
 void lg__gw_data_put(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, json_t *data);
 json_t *lg__gw_data_get(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key);
+/* The same with the data as the store's text (put: JSON already written;
+ * text: new, or NULL), for a caller that compares it before it reads it. */
+void lg__gw_data_put_text(lg__gw_ctx_t *cx, lg__gw_run_t *r, const char *key, const char *text);
+char *lg__gw_data_text(lg__gw_ctx_t *cx, const lg__gw_run_t *r, const char *key);
 /* The named policy of X-Loopguard-Policy, or NULL when not known. */
 const lg__gw_policy_t *lg__gw_policy_named(const lg__gw_t *gw, const char *name);
 /* One event through the decision step, synchronously. 0 when decided;
