@@ -14,6 +14,10 @@
 
 SHELL := /bin/bash
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Tests at once: one more than the cores, as most tests spend their time
+# waiting (servers, Node clients, timeouts): on 2 cores, -j3 takes the
+# suite from about 366 to 295 s and the ASan one from 422 to 375 s.
+TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
@@ -69,14 +73,14 @@ run: deps
 
 test: build
 	@$(ENSURE_NPM)
-	@./scripts/test-all "$(BUILD)" "$(ASAN_BUILD)" "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
+	@TEST_JOBS="$(TEST_JOBS)" ./scripts/test-all "$(BUILD)" "$(ASAN_BUILD)" "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
 
 # The parts of make test, one at a time.
 test-unit: build
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)
 
 test-asan: build-asan
-	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(TEST_JOBS)
 
 test-fuzz: build-fuzz
 	@./scripts/fuzz-smoke "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"
