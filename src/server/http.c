@@ -71,9 +71,7 @@ static void too_large(const lg_server_t *srv, http_req_t *hr, unsigned long long
                 len, body_limit(srv, hr), hr->gw_route ? "--gateway-max-body" : "--max-body");
 }
 
-/* JSON string of text that may not be UTF-8 (a path, a header): invalid
- * bytes become U+FFFD, so every body the server writes is valid JSON. */
-static void json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
+void lg__json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
   size_t ok = lg__utf8_valid_prefix(s, n);
   if (ok == n) {
     lg__buf_json_str(b, s, n);
@@ -108,12 +106,12 @@ int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field
   rq->out.oom = false;
   if (rq->api_errors) return lg__gw_req_error(rq, status, type, field, msg);
   lg__buf_printf(&rq->out, "{\"error\":{\"code\":%d,\"type\":", status);
-  json_str_lossy(&rq->out, type, strlen(type));
+  lg__json_str_lossy(&rq->out, type, strlen(type));
   lg__buf_puts(&rq->out, ",\"message\":");
-  json_str_lossy(&rq->out, msg, strlen(msg));
+  lg__json_str_lossy(&rq->out, msg, strlen(msg));
   if (field && *field) {
     lg__buf_puts(&rq->out, ",\"field\":");
-    json_str_lossy(&rq->out, field, strlen(field));
+    lg__json_str_lossy(&rq->out, field, strlen(field));
   }
   lg__buf_puts(&rq->out, "}}");
   return status;

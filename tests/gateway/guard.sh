@@ -421,6 +421,17 @@ for m in '"stream":null' '"max_tokens":null' '"n":null'; do
 done
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$g_URL/v1/responses")
 [ "$code" = 400 ] && [ "$(get 'd["error"]["type"], d["error"]["code"]' <"$TMP/e.json")" = '["invalid_request_error", "invalid_json"]' ] || fail "malformed responses: $code $(cat "$TMP/e.json")"
+# jansson's error quotes the bytes it stopped at, a byte at a time: after
+# a backslash, the first byte of "é" alone, not UTF-8; it is U+FFFD in the
+# 400, whose body stays strict JSON (before session 38 the byte was copied
+# into it: fuzz_gateway found it)
+printf '{"model":"finish","max_tokens":5,"messages":[{"role":"user","content":"\\\xc3\xa9"}],"input":"x"}' >"$TMP/bad-utf8.json"
+for path in chat/completions messages responses; do
+  code=$(curl -s -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01' -o "$TMP/e.json" -w '%{http_code}' \
+    --data-binary @"$TMP/bad-utf8.json" "$g_URL/v1/$path")
+  msg=$(python3 -c 'import json, sys; d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8")); print(d["error"]["message"])' "$TMP/e.json" 2>&1)
+  [ "$code" = 400 ] && echo "$msg" | grep -q $'\xef\xbf\xbd' || fail "an error quoting half of a UTF-8 character on $path: $code $msg $(od -c "$TMP/e.json" | head -5)"
+done
 
 note "a stream of garbage from the upstream: 502, nothing half-written"
 for api in chat messages; do
