@@ -339,8 +339,11 @@ static int steps_alone(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t n
 static void decide_steps(chat_t *c, lg__step_t *v, const lg_event_t *evs, size_t n, int *rcs) {
   lg_error_t e = {0};
   size_t k = c->use_pending ? 1 : 0;
-  lg__step_t one[2], *all = k + n <= 2 ? one : lg__malloc((k + n) * sizeof *all);
-  if (!k || !all) { /* no usage (or no memory): the steps alone */
+  /* the usage and the steps side by side (none when no usage is pending:
+   * an answer's text took it; before session 38 three steps or more then
+   * had an array made and not freed) */
+  lg__step_t one[2], *all = !k ? NULL : k + n <= 2 ? one : lg__malloc((k + n) * sizeof *all);
+  if (!all) { /* no usage (or no memory): the steps alone */
     settle_usage(c);
     for (size_t i = 0; i < n; i++) {
       rcs[i] = lg__gw_step(c->cx, c->r, &v[i], &e);

@@ -49,9 +49,9 @@ fail() {
   local e
   for e in "$TMP"/*.err; do
     [ -s "$e" ] || continue
-    if grep -q "ERROR: AddressSanitizer\|runtime error:" "$e"; then # the report, from its start
+    if grep -q "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$e"; then # the report, from its start
       echo "---- ${e##*/} (the sanitizer's report) ----"
-      grep -m1 -A 80 "ERROR: AddressSanitizer\|runtime error:" "$e"
+      grep -m1 -A 80 "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$e"
     else
       echo "---- ${e##*/} (last lines) ----"
       tail -n 40 "$e"

@@ -27,7 +27,10 @@
  *   - an error of the gateway's own (any, when the upstream answers 200;
  *     one not of the upstream's status otherwise) is a JSON object with
  *     an "error" object, in the API's shape;
- *   - a whole answer (application/json) is JSON.
+ *   - a whole answer (application/json) is JSON;
+ *   - what the gateway sends upstream is a JSON object (a body it
+ *     passes on with members added, "stream_options" or a note, stays
+ *     one).
  */
 #include "loopguard.h"
 
@@ -53,6 +56,7 @@ static pthread_mutex_t up_mu = PTHREAD_MUTEX_INITIALIZER;
 static char *up_answer;
 static size_t up_len;
 static int up_status = 200, up_sse;
+static char *up_bad; /* the first request body upstream that was no JSON object */
 
 static int send_all(int fd, const char *p, size_t n) {
   while (n) {
@@ -102,7 +106,13 @@ static void *up_conn(void *ud) {
       if (r <= 0) goto out;
       have += (size_t)r;
     }
+    json_t *sent = json_loadb(buf + head, body, 0, NULL);
     pthread_mutex_lock(&up_mu);
+    if (!json_is_object(sent) && !up_bad && (up_bad = malloc(body + 1))) {
+      memcpy(up_bad, buf + head, body);
+      up_bad[body] = 0;
+    }
+    json_decref(sent);
     char hd[256];
     int hn = snprintf(hd, sizeof hd,
                       "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n\r\n",
@@ -298,6 +308,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check(j != NULL, "a whole answer is JSON", data, size);
   }
   json_decref(j);
+  pthread_mutex_lock(&up_mu);
+  if (up_bad) fprintf(stderr, "fuzz_gateway: sent upstream: %.500s\n", up_bad);
+  int sent_ok = !up_bad;
+  pthread_mutex_unlock(&up_mu);
+  check(sent_ok, "what the gateway sends upstream is a JSON object", data, size);
   free(g.p);
   curl_slist_free_all(h);
   return 0;

@@ -33,7 +33,8 @@
 //               reasoning model)
 //   twin        asks for the same write twice in one answer (two calls, two
 //               ids, as models making parallel calls do), then answers
-//               "Done: " and the results it got
+//               "Done: " and the results it got (twin3: three times, with
+//               a word of text)
 //   drip        streams its text a word every 250 ms (drip-long: 40 words)
 //   slow        answers after 3 s
 //   busy        429 with Retry-After: 7 and the API's rate-limit error
@@ -273,7 +274,9 @@ function script(req) {
   }
   if (model.startsWith('twin')) { // the same write twice in one answer (parallel calls), then done
     const res = msgs.filter((m) => m.role === 'tool');
-    if (!res.length) return { calls: [{ name: 'write_record', args: '{"record_id":7,"value":"A"}' }, { name: 'write_record', args: '{"record_id":7,"value":"A"}' }] };
+    const write = { name: 'write_record', args: '{"record_id":7,"value":"A"}' };
+    if (model.startsWith('twin3') && !res.length) return { calls: [write, write, write], text: 'Writing it three times.' };
+    if (!res.length) return { calls: [write, write] };
     return { text: 'Done: ' + res.map((m) => m.content).join(' | ') };
   }
   if (model.startsWith('picky-html') && msgs.filter((m) => m.role === 'tool').length >= 3)
