@@ -5,7 +5,7 @@
 #                more flags of loopguard serve)
 #   make test    install what is missing, build, run every test: the unit
 #                and CLI suites, the same under ASan + UBSan, and a short
-#                run of every fuzzer
+#                run of every fuzzer (TEST_JOBS=N tests at once, FUZZ_SECONDS)
 #   make bench   benchmarks beside their anchors (reads ../shared/anchors)
 #   make install install the library, header, pkg-config file and tool
 #
@@ -15,8 +15,8 @@
 SHELL := /bin/bash
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Tests at once: one more than the cores, as most tests spend their time
-# waiting (servers, Node clients, timeouts): on 2 cores, -j3 takes the
-# suite from about 366 to 295 s and the ASan one from 422 to 375 s.
+# waiting (servers, Node clients, timeouts): on 2 cores the unit suite
+# alone took 323 s at -j2 and 295 s at -j3 (docs/testing.md, session 38).
 TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 BUILD ?= build
 ASAN_BUILD ?= build-asan
