@@ -8,14 +8,17 @@
  * (a tool result without its call, a call id twice, an answer whose
  * calls are not an array, a stream whose events come out of order).
  *
- * One `loopguard serve` in the process (lg_server_start: a memory:
- * store, the policies of fuzz_policies below), its upstream a thread of
- * this file that answers every request with the input's answer.
+ * Three `loopguard serve` in the process (lg_server_start, the policies
+ * of fuzz_policies below): one on a memory: store, two replicas of one
+ * SQLite file; their upstream a thread of this file that answers every
+ * request with the input's answer.
  *
  * Input: byte 0 picks the API (bits 0-1: Chat Completions, Responses,
  * Messages, Chat Completions), whether the request names a new run of
- * its own (bit 2; otherwise the gateway derives it from the conversation,
- * so inputs may go on in earlier inputs' runs), the answer's type (bit 3:
+ * its own (bit 2: to the memory: server; otherwise the gateway derives
+ * the run from the conversation, so inputs may go on in earlier inputs'
+ * runs, and the request goes to the replicas in turn, which share what
+ * they decided through the store), the answer's type (bit 3:
  * JSON or SSE), the upstream's status (bits 4-5: 200, 200, 429, 500) and
  * a named policy (bits 6-7: none or one of three); the bytes up to the
  * first NUL are the client's body, those after it the upstream's answer.
@@ -157,11 +160,15 @@ static int up_start(void) {
   return ntohs(a.sin_port);
 }
 
-/* ---- the gateway, and its client ---- */
+/* ---- the gateways, and their client ---- */
 
-static lg_server_t *srv;
+/* The servers: memory: (runs named by the request), and two replicas of
+ * one SQLite file (runs derived from the conversation, sent to each in
+ * turn: what one decided, the other reads from the store). */
+enum { SERVERS = 3 };
+static lg_server_t *srv[SERVERS];
 static CURL *cl;
-static char base[64], dir[64];
+static char base[SERVERS][64], dir[64];
 static const char *fuzz_policies[] = {
     /* writes run once, a text loop stops, the cascade offers and escalates */
     "writes", "{\"tools\":{\"write_record\":{\"side_effects\":true}},\"gateway\":{\"final_round\":true}}",
@@ -170,15 +177,22 @@ static const char *fuzz_policies[] = {
     ("{\"cascade\":{\"offer\":[\"ask_human\",\"finalize_partial\"],"
      "\"escalate\":{\"model\":\"strong\",\"turns\":2}}}"),
 };
+static const char *db_files[] = {"gw.db", "gw.db-wal", "gw.db-shm"};
 
 static void stop(void) {
-  if (srv) lg_server_free(srv);
-  srv = NULL;
+  for (int i = 0; i < SERVERS; i++) {
+    if (srv[i]) lg_server_free(srv[i]);
+    srv[i] = NULL;
+  }
   if (cl) curl_easy_cleanup(cl);
   cl = NULL;
+  char p[128];
   for (size_t i = 0; i < sizeof fuzz_policies / sizeof *fuzz_policies; i += 2) {
-    char p[128];
     snprintf(p, sizeof p, "%s/%s.json", dir, fuzz_policies[i]);
+    unlink(p);
+  }
+  for (size_t i = 0; i < sizeof db_files / sizeof *db_files; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, db_files[i]);
     unlink(p);
   }
   rmdir(dir);
@@ -193,26 +207,31 @@ static void start(void) {
     FILE *f = fopen(p, "w");
     if (!f || fputs(fuzz_policies[i + 1], f) < 0 || fclose(f)) abort();
   }
-  char up[64];
+  char up[64], file[128];
   snprintf(up, sizeof up, "http://127.0.0.1:%d/v1", up_start());
-  const char *ups[] = {up};
-  lg_server_options_t o;
-  memset(&o, 0, sizeof o);
-  o.listen = "127.0.0.1:0";
-  o.store_url = "memory:";
-  o.log_path = getenv("LG_FUZZ_GATEWAY_LOG") ? getenv("LG_FUZZ_GATEWAY_LOG") : "/dev/null"; /* to look into a finding */
-  o.upstreams = ups;
-  o.nupstreams = 1;
-  o.policies_dir = dir;
-  o.threads = 2;
-  lg_error_t err;
-  memset(&err, 0, sizeof err);
-  if (!(srv = lg_server_start(&o, &err))) {
-    char b[1024];
-    fprintf(stderr, "fuzz_gateway: lg_server_start: %s\n", lg_error_format(&err, b, sizeof b));
-    abort();
+  /* relaxed: no fsync a commit (the fuzzer's speed is the disk's otherwise) */
+  snprintf(file, sizeof file, "sqlite:%s/gw.db?durability=relaxed", dir);
+  const char *ups[] = {up}, *stores[SERVERS] = {"memory:", file, file};
+  for (int i = 0; i < SERVERS; i++) {
+    lg_server_options_t o;
+    memset(&o, 0, sizeof o);
+    o.listen = "127.0.0.1:0";
+    o.store_url = stores[i];
+    /* LG_FUZZ_GATEWAY_LOG: the servers' log, to look into a finding */
+    o.log_path = getenv("LG_FUZZ_GATEWAY_LOG") ? getenv("LG_FUZZ_GATEWAY_LOG") : "/dev/null";
+    o.upstreams = ups;
+    o.nupstreams = 1;
+    o.policies_dir = dir;
+    o.threads = 2;
+    lg_error_t err;
+    memset(&err, 0, sizeof err);
+    if (!(srv[i] = lg_server_start(&o, &err))) {
+      char b[1024];
+      fprintf(stderr, "fuzz_gateway: lg_server_start %s: %s\n", stores[i], lg_error_format(&err, b, sizeof b));
+      abort();
+    }
+    snprintf(base[i], sizeof base[i], "http://127.0.0.1:%d", lg_server_port(srv[i]));
   }
-  snprintf(base, sizeof base, "http://127.0.0.1:%d", lg_server_port(srv));
   curl_global_init(CURL_GLOBAL_DEFAULT);
   if (!(cl = curl_easy_init())) abort();
   atexit(stop);
@@ -246,9 +265,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const char *paths[] = {"/v1/chat/completions", "/v1/responses", "/v1/messages",
                                 "/v1/chat/completions"};
   static const int statuses[] = {200, 200, 429, 500};
-  static unsigned long n;
+  static unsigned long n, derived;
   if (size < 1) return 0;
-  if (!srv) start();
+  if (!srv[0]) start();
   int api = data[0] & 3, named = data[0] & 4, pol = data[0] >> 6;
   const uint8_t *body = data + 1, *nul = memchr(body, 0, size - 1);
   size_t bl = nul ? (size_t)(nul - body) : size - 1;
@@ -263,7 +282,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pthread_mutex_unlock(&up_mu);
 
   char url[128], run[64], policy[64];
-  snprintf(url, sizeof url, "%s%s", base, paths[api]);
+  snprintf(url, sizeof url, "%s%s", base[named ? 0 : 1 + derived++ % 2], paths[api]);
   struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
   h = curl_slist_append(h, "Authorization: Bearer sk-fuzz");
   h = curl_slist_append(h, "anthropic-version: 2023-06-01");
