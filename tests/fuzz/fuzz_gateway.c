@@ -8,14 +8,16 @@
  * (a tool result without its call, a call id twice, an answer whose
  * calls are not an array, a stream whose events come out of order).
  *
- * Three `loopguard serve` in the process (lg_server_start, the policies
+ * Four `loopguard serve` in the process (lg_server_start, the policies
  * of fuzz_policies below): one on a memory: store, two replicas of one
- * SQLite file; their upstream a thread of this file that answers every
- * request with the input's answer.
+ * SQLite file, and one on memory: with tokens and prices, where every
+ * model call goes with a loopguard key; their upstream a thread of this
+ * file that answers every request with the input's answer.
  *
  * Input: byte 0 picks the API (bits 0-1: Chat Completions, Responses,
  * Messages, Chat Completions), whether the request names a new run of
- * its own (bit 2: to the memory: server; otherwise the gateway derives
+ * its own (bit 2: to the memory: server, or with no named policy to the
+ * one with the key; otherwise the gateway derives
  * the run from the conversation, so inputs may go on in earlier inputs'
  * runs, and the request goes to the replicas in turn, which share what
  * they decided through the store), the answer's type (bit 3:
@@ -33,7 +35,11 @@
  *   - a whole answer (application/json) is JSON;
  *   - what the gateway sends upstream is a JSON object (a body it
  *     passes on with members added, "stream_options" or a note, stays
- *     one).
+ *     one);
+ *   - once an answer is whole, the key holds nothing reserved: its
+ *     reservation was settled or released, whatever the upstream said.
+ * LG_FUZZ_GATEWAY_LOG=FILE: the servers' log, and each answer's status
+ * on stderr, to look into a finding.
  */
 #include "loopguard.h"
 
@@ -162,13 +168,16 @@ static int up_start(void) {
 
 /* ---- the gateways, and their client ---- */
 
-/* The servers: memory: (runs named by the request), and two replicas of
- * one SQLite file (runs derived from the conversation, sent to each in
- * turn: what one decided, the other reads from the store). */
-enum { SERVERS = 3 };
+/* The servers: memory: (runs named by the request), two replicas of one
+ * SQLite file (runs derived from the conversation, sent to each in turn:
+ * what one decided, the other reads from the store), and memory: with
+ * tokens and prices, where a loopguard key's limit gates every model
+ * call (named runs without a named policy). */
+enum { SERVERS = 4, KEYED = 3 };
 static lg_server_t *srv[SERVERS];
 static CURL *cl;
-static char base[SERVERS][64], dir[64];
+static char base[SERVERS][64], dir[64], key_auth[128], key_budget[256];
+#define OP_TOKEN "operator-token-fuzz-0123456789"
 static const char *fuzz_policies[] = {
     /* writes run once, a text loop stops, the cascade offers and escalates */
     "writes", "{\"tools\":{\"write_record\":{\"side_effects\":true}},\"gateway\":{\"final_round\":true}}",
@@ -177,7 +186,13 @@ static const char *fuzz_policies[] = {
     ("{\"cascade\":{\"offer\":[\"ask_human\",\"finalize_partial\"],"
      "\"escalate\":{\"model\":\"strong\",\"turns\":2}}}"),
 };
-static const char *db_files[] = {"gw.db", "gw.db-wal", "gw.db-shm"};
+static const char *db_files[] = {"gw.db", "gw.db-wal", "gw.db-shm", "prices"};
+/* the models of the seeds and the escalation's, 1 and 100 USD a million
+ * tokens: a request's worst case is a small part of the key's limit */
+static const char *prices =
+    "{\"models\": {\"m\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 100, "
+    "\"max_output_tokens\": 50}, \"strong\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 100, "
+    "\"max_output_tokens\": 50, \"attachment_tokens\": 1000}}}";
 
 static void stop(void) {
   for (int i = 0; i < SERVERS; i++) {
@@ -198,6 +213,70 @@ static void stop(void) {
   rmdir(dir);
 }
 
+typedef struct {
+  char *p;
+  size_t n;
+} got_t;
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *ud) {
+  got_t *g = ud;
+  size_t n = sz * nm;
+  char *q = realloc(g->p, g->n + n + 1);
+  if (!q) return 0;
+  memcpy(q + g->n, p, n);
+  g->p = q;
+  g->n += n;
+  g->p[g->n] = 0;
+  return n;
+}
+
+/* The keyed server's operator API: METHOD PATH (BODY or NULL), its JSON
+ * answer (NULL on any failure). */
+static json_t *op_call(const char *method, const char *path, const char *body) {
+  char url[512];
+  snprintf(url, sizeof url, "%s%s", base[KEYED], path);
+  struct curl_slist *h = curl_slist_append(NULL, "Authorization: Bearer " OP_TOKEN);
+  h = curl_slist_append(h, "Content-Type: application/json");
+  got_t g = {0};
+  curl_easy_reset(cl);
+  curl_easy_setopt(cl, CURLOPT_URL, url);
+  curl_easy_setopt(cl, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(cl, CURLOPT_CUSTOMREQUEST, method);
+  if (body) curl_easy_setopt(cl, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(cl, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(cl, CURLOPT_WRITEDATA, &g);
+  curl_easy_setopt(cl, CURLOPT_TIMEOUT, 20L);
+  curl_easy_setopt(cl, CURLOPT_NOSIGNAL, 1L);
+  json_t *j = curl_easy_perform(cl) == CURLE_OK && g.p ? json_loads(g.p, 0, NULL) : NULL;
+  free(g.p);
+  curl_slist_free_all(h);
+  return j;
+}
+
+/* The loopguard key every request to the keyed server carries, with a
+ * limit no input reaches. */
+static void make_key(void) {
+  json_t *k = op_call("POST", "/v1/keys", "{\"name\":\"fuzz\",\"limit_usd\":1000000}");
+  const char *sec = json_string_value(json_object_get(k, "key"));
+  const char *hash = json_string_value(json_object_get(k, "hash"));
+  if (!sec || !hash) {
+    fprintf(stderr, "fuzz_gateway: no key made\n");
+    abort();
+  }
+  snprintf(key_auth, sizeof key_auth, "Authorization: Bearer %s", sec);
+  snprintf(key_budget, sizeof key_budget, "/v1/budgets/key:%s", hash);
+  json_decref(k);
+}
+
+/* What the key holds reserved (USD), -1 when it could not be read. */
+static double key_reserved(void) {
+  json_t *b = op_call("GET", key_budget, NULL);
+  json_t *r = json_object_get(b, "reserved_usd");
+  double v = json_is_number(r) ? json_number_value(r) : -1;
+  json_decref(b);
+  return v;
+}
+
 static void start(void) {
   snprintf(dir, sizeof dir, "/tmp/lg-fuzz-gw.XXXXXX");
   if (!mkdtemp(dir)) abort();
@@ -207,17 +286,23 @@ static void start(void) {
     FILE *f = fopen(p, "w");
     if (!f || fputs(fuzz_policies[i + 1], f) < 0 || fclose(f)) abort();
   }
-  char up[64], file[128];
+  char up[64], file[128], pf[128];
   snprintf(up, sizeof up, "http://127.0.0.1:%d/v1", up_start());
   /* relaxed: no fsync a commit (the fuzzer's speed is the disk's otherwise) */
   snprintf(file, sizeof file, "sqlite:%s/gw.db?durability=relaxed", dir);
-  const char *ups[] = {up}, *stores[SERVERS] = {"memory:", file, file};
+  snprintf(pf, sizeof pf, "%s/prices", dir); /* not *.json: the folder is --policies too */
+  FILE *f = fopen(pf, "w");
+  if (!f || fputs(prices, f) < 0 || fclose(f)) abort();
+  const char *ups[] = {up}, *stores[SERVERS] = {"memory:", file, file, "memory:"};
   for (int i = 0; i < SERVERS; i++) {
     lg_server_options_t o;
     memset(&o, 0, sizeof o);
     o.listen = "127.0.0.1:0";
     o.store_url = stores[i];
-    /* LG_FUZZ_GATEWAY_LOG: the servers' log, to look into a finding */
+    if (i == KEYED) {
+      o.tokens = "operator " OP_TOKEN;
+      o.prices_file = pf;
+    }
     o.log_path = getenv("LG_FUZZ_GATEWAY_LOG") ? getenv("LG_FUZZ_GATEWAY_LOG") : "/dev/null";
     o.upstreams = ups;
     o.nupstreams = 1;
@@ -235,23 +320,7 @@ static void start(void) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   if (!(cl = curl_easy_init())) abort();
   atexit(stop);
-}
-
-typedef struct {
-  char *p;
-  size_t n;
-} got_t;
-
-static size_t on_data(char *p, size_t sz, size_t nm, void *ud) {
-  got_t *g = ud;
-  size_t n = sz * nm;
-  char *q = realloc(g->p, g->n + n + 1);
-  if (!q) return 0;
-  memcpy(q + g->n, p, n);
-  g->p = q;
-  g->n += n;
-  g->p[g->n] = 0;
-  return n;
+  make_key();
 }
 
 /* An error in the API's shape: {"error":{...}}, on Anthropic's with
@@ -282,9 +351,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pthread_mutex_unlock(&up_mu);
 
   char url[128], run[64], policy[64];
-  snprintf(url, sizeof url, "%s%s", base[named ? 0 : 1 + derived++ % 2], paths[api]);
+  int keyed = named && !pol, to = keyed ? KEYED : named ? 0 : 1 + (int)(derived++ % 2);
+  snprintf(url, sizeof url, "%s%s", base[to], paths[api]);
   struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-  h = curl_slist_append(h, "Authorization: Bearer sk-fuzz");
+  h = curl_slist_append(h, keyed ? key_auth : "Authorization: Bearer sk-fuzz");
   h = curl_slist_append(h, "anthropic-version: 2023-06-01");
   h = curl_slist_append(h, "Expect:");
   if (named) {
@@ -312,6 +382,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   curl_easy_getinfo(cl, CURLINFO_CONTENT_TYPE, &ctype);
   if (rc != CURLE_OK) fprintf(stderr, "fuzz_gateway: %s (status %ld)\n", curl_easy_strerror(rc), status);
   check(rc == CURLE_OK, "the gateway answers every request, whole, within 20 s", data, size);
+  if (getenv("LG_FUZZ_GATEWAY_LOG"))
+    fprintf(stderr, "fuzz_gateway: %s %ld %s\n", url, status, ctype ? ctype : "-");
   int own = status != up_status || up_status == 200; /* not the upstream's passed on */
   if (status == 500 && own)
     fprintf(stderr, "fuzz_gateway: 500: %.*s\n", (int)(g.n > 500 ? 500 : g.n), g.p ? g.p : "");
@@ -334,5 +406,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check(sent_ok, "what the gateway sends upstream is a JSON object", data, size);
   free(g.p);
   curl_slist_free_all(h);
+  if (keyed) { /* the request answered, its reservation settled or released */
+    double held = key_reserved();
+    if (held != 0) fprintf(stderr, "fuzz_gateway: the key holds %g USD reserved\n", held);
+    check(held == 0, "nothing is left reserved on the key once the answer is whole", data, size);
+  }
   return 0;
 }
