@@ -24,8 +24,8 @@ defined=$(grep -rhoE '^[a-z][a-z0-9_ ]*[ *]lg_[a-z0-9][a-z0-9_]*\(' "$src/src" -
 undeclared=$(comm -23 <(echo "$defined") <(echo "$declared"))
 check "public functions defined in src/ but declared in no public header: $(echo $undeclared)" '[ -z "$undeclared" ]'
 check "the definitions of src/ were found ($(echo "$defined" | wc -l))" '[ "$(echo "$defined" | wc -l)" -gt 100 ]'
-check "every exported symbol has the lg_ prefix" '! echo "$exported" | grep -qv "^lg_"'
-check "no internal lg__ symbol is exported" '! echo "$exported" | grep -q "^lg__"'
+check "every exported symbol has the lg_ prefix" '! echo "$exported" | grep -v >/dev/null "^lg_"'
+check "no internal lg__ symbol is exported" '! echo "$exported" | grep >/dev/null "^lg__"'
 echo "exports: $(echo "$exported" | wc -l) symbols"
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -21,7 +21,7 @@ for i in 1 2; do [ "$(call r1)" = "execute/" ] || fail "call $i of r1 should exe
 # From the CLI, on the server's own store.
 out=$("$LG_BIN" runs resume r1 --progress-version 4 --note "new input file" --store "$store") ||
   fail "runs resume r1 failed: $out"
-echo "$out" | grep -q "resumed run r1" || fail "runs resume says: $out"
+echo "$out" | grep >/dev/null "resumed run r1" || fail "runs resume says: $out"
 [ "$(call r1)" = "execute/" ] || fail "after the resume the window starts again"
 [ "$(call r1)" = "execute/" ] || fail "second call after the resume"
 [ "$(call r1)" = "stop/same_call_repeat" ] || fail "the third identical call after the resume stops again"
@@ -46,13 +46,13 @@ post /v1/runs '{"run_id":"r2","policy":{"limits":{"max_steps":1}}}' >/dev/null
 call r2 >/dev/null
 [ "$(call r2)" = "stop/step_cap" ] || fail "r2 stops at its step cap"
 if out=$("$LG_BIN" runs resume r2 --store "$store" 2>&1); then fail "runs resume r2 succeeded: $out"; fi
-echo "$out" | grep -q "step_cap" || fail "the CLI's refusal names the stop: $out"
+echo "$out" | grep >/dev/null "step_cap" || fail "the CLI's refusal names the stop: $out"
 post /v1/runs '{"run_id":"r3"}' >/dev/null
 post /v1/runs/r3/cancel '{"reason":"done for today"}' >/dev/null
 if out=$("$LG_BIN" runs resume r3 --store "$store" 2>&1); then fail "a cancelled run was resumed: $out"; fi
 [ "$(call r3)" = "stop/operator_cancelled_loop" ] || fail "r3 stays cancelled"
 if out=$("$LG_BIN" runs resume nope --store "$store" 2>&1); then fail "a missing run was resumed"; fi
-echo "$out" | grep -q '"nope"' || fail "names the missing run: $out"
+echo "$out" | grep >/dev/null '"nope"' || fail "names the missing run: $out"
 "$LG_BIN" runs resume --store "$store" >/dev/null 2>&1
 [ $? = 2 ] || fail "runs resume without a run id is bad usage"
 

@@ -33,9 +33,9 @@ stop_server a
 for bad in soon 500ms; do
   out=$("$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --retain-runs "$bad" 2>&1)
   [ $? = 2 ] || fail "--retain-runs $bad was taken: $out"
-  echo "$out" | grep -q -- "--retain-runs wants a duration of a second or more.*'$bad'" || fail "--retain-runs $bad: $out"
+  echo "$out" | grep >/dev/null -- "--retain-runs wants a duration of a second or more.*'$bad'" || fail "--retain-runs $bad: $out"
 done
 out=$(LOOPGUARD_RETAIN_RUNS=soon "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: 2>&1)
 [ $? = 2 ] || fail "LOOPGUARD_RETAIN_RUNS=soon was taken: $out"
-echo "$out" | grep -q "LOOPGUARD_RETAIN_RUNS wants" || fail "LOOPGUARD_RETAIN_RUNS=soon: $out"
+echo "$out" | grep >/dev/null "LOOPGUARD_RETAIN_RUNS wants" || fail "LOOPGUARD_RETAIN_RUNS=soon: $out"
 echo "serve retain: ok"

@@ -36,9 +36,9 @@ echo "$out" | get 'd["through_gateway"]["final"]' | grep -q "INV-1042" || fail "
 
 note "the text a newcomer reads says the same"
 text=$(demo 2>&1) || fail "demo: $text"
-echo "$text" | grep -q "charge_card ran 10 times; the agent stopped at its own step cap" || fail "text (direct): $text"
+echo "$text" | grep >/dev/null "charge_card ran 10 times; the agent stopped at its own step cap" || fail "text (direct): $text"
 echo "$text" | grep -Eq "charge_card ran [12] times?; the agent ended after" || fail "text (gateway): $text"
-echo "$text" | grep -q "loopguard held 1 back before the agent saw it" || fail "text (the run): $text"
+echo "$text" | grep >/dev/null "loopguard held 1 back before the agent saw it" || fail "text (the run): $text"
 
 note "--keep: the run's trace replays to its counters; SIGINT ends the demo and its servers"
 LOOPGUARD_BIN=$LG_BIN node "$TMP/demo/demo.mjs" --keep --json >"$TMP/keep.out" 2>"$TMP/keep.err" &
@@ -68,11 +68,11 @@ note "errors: the openai package not installed, no loopguard binary, an unknown 
 mkdir "$TMP/bare"
 cp "$DEMO_SRC/demo.mjs" "$TMP/bare/"
 out=$(LOOPGUARD_BIN=$LG_BIN node "$TMP/bare/demo.mjs" 2>&1) && fail "ran without the openai package: $out"
-echo "$out" | grep -q "the openai package is not installed beside it: run 'npm ci' in examples/gateway first" ||
+echo "$out" | grep >/dev/null "the openai package is not installed beside it: run 'npm ci' in examples/gateway first" ||
   fail "no openai package: $out"
 out=$(LOOPGUARD_BIN=$TMP/nothing-here node "$TMP/demo/demo.mjs" 2>&1) && fail "ran without a binary: $out"
-echo "$out" | grep -q "did not start: no such program" || fail "no binary: $out"
+echo "$out" | grep >/dev/null "did not start: no such program" || fail "no binary: $out"
 out=$(demo --bogus 2>&1)
 [ $? = 2 ] || fail "an unknown argument: $out"
-echo "$out" | grep -q "unknown argument --bogus" || fail "an unknown argument: $out"
+echo "$out" | grep >/dev/null "unknown argument --bogus" || fail "an unknown argument: $out"
 echo "ok"

@@ -222,7 +222,7 @@ curl -sf -X POST "$FAKE/reset" >/dev/null
 out=$(guard BASE_URL="$g_URL/v1" MODEL=stubborn HEADERS='{"X-Loopguard-Policy":"escalate"}') || fail "escalate: $out"
 [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "escalate: $out"
 models=$(stats 'd["models"]')
-echo "$models" | grep -q "stubborn-strong" || fail "escalate: the upstream never got the escalated model: $models"
+echo "$models" | grep >/dev/null "stubborn-strong" || fail "escalate: the upstream never got the escalated model: $models"
 [ "$(echo "$models" | get 'd[0]')" = stubborn ] || fail "escalate: the first call was escalated: $models"
 
 note "the sidecar's decisions carry the cascade fields too"
@@ -355,7 +355,7 @@ for st in false true; do
     -d "{\"model\":\"finish\",\"previous_response_id\":\"$own\",\"input\":[{\"role\":\"user\",\"content\":\"something else, then\"}]}" "$g_URL/v1/responses")
   [ "$code" = 200 ] || fail "own id ($st): continuing from $own answered $code: $(cat "$TMP/own2.txt")"
   up=$(curl -sf "$FAKE/stats" | get 'd["raw"][-1]')
-  echo "$up" | grep -q "$own" && fail "own id ($st): the upstream got the gateway's own id: $up"
+  echo "$up" | grep >/dev/null "$own" && fail "own id ($st): the upstream got the gateway's own id: $up"
   [ "$(echo "$up" | get '[i.get("role") for i in d["input"]], "previous_response_id" in d')" = '[["user", "assistant", "user"], false]' ] ||
     fail "own id ($st): the upstream did not get the conversation again: $up"
   echo "$up" | get 'd["input"][1]["content"][0]["text"]' | grep -q "repeating" || fail "own id ($st): not the stop's answer: $up"
@@ -438,7 +438,7 @@ for path in chat/completions messages responses; do
   code=$(curl -s -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01' -o "$TMP/e.json" -w '%{http_code}' \
     --data-binary @"$TMP/bad-utf8.json" "$g_URL/v1/$path")
   msg=$(python3 -c 'import json, sys; d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8")); print(d["error"]["message"])' "$TMP/e.json" 2>&1)
-  [ "$code" = 400 ] && echo "$msg" | grep -q $'\xef\xbf\xbd' || fail "an error quoting half of a UTF-8 character on $path: $code $msg $(od -c "$TMP/e.json" | head -5)"
+  [ "$code" = 400 ] && echo "$msg" | grep >/dev/null $'\xef\xbf\xbd' || fail "an error quoting half of a UTF-8 character on $path: $code $msg $(od -c "$TMP/e.json" | head -5)"
 done
 
 note "a stream of garbage from the upstream: 502, nothing half-written"
@@ -640,7 +640,7 @@ stop_server auth
 note "an upstream answer past LOOPGUARD_GATEWAY_ANSWER_BYTES: dropped, a 502 in the API's shape, the server keeps serving"
 out=$(LOOPGUARD_GATEWAY_ANSWER_BYTES=1k "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
   fail "LOOPGUARD_GATEWAY_ANSWER_BYTES=1k was taken: $out"
-echo "$out" | grep -q 'LOOPGUARD_GATEWAY_ANSWER_BYTES.*"1k"' || fail "LOOPGUARD_GATEWAY_ANSWER_BYTES=1k: $out"
+echo "$out" | grep >/dev/null 'LOOPGUARD_GATEWAY_ANSWER_BYTES.*"1k"' || fail "LOOPGUARD_GATEWAY_ANSWER_BYTES=1k: $out"
 LOOPGUARD_GATEWAY_ANSWER_BYTES=1048576 start_server flood --store memory: --upstream "$FAKE/v1"
 code=$(curl -s --max-time 20 -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
   -d '{"model":"flood","messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions")
@@ -919,15 +919,15 @@ stop_server ovl
 for v in 0 lots; do
   out=$(LOOPGUARD_GATEWAY_QUEUE=$v "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
     fail "LOOPGUARD_GATEWAY_QUEUE=$v was taken: $out"
-  echo "$out" | grep -q "LOOPGUARD_GATEWAY_QUEUE.*from 1 to 1048576, not \"$v\"" || fail "LOOPGUARD_GATEWAY_QUEUE=$v: $out"
+  echo "$out" | grep >/dev/null "LOOPGUARD_GATEWAY_QUEUE.*from 1 to 1048576, not \"$v\"" || fail "LOOPGUARD_GATEWAY_QUEUE=$v: $out"
 done
 out=$(LOOPGUARD_GATEWAY_WORKERS=lots "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
   fail "LOOPGUARD_GATEWAY_WORKERS=lots was taken: $out"
-echo "$out" | grep -q 'LOOPGUARD_GATEWAY_WORKERS.*"lots"' || fail "LOOPGUARD_GATEWAY_WORKERS=lots: $out"
+echo "$out" | grep >/dev/null 'LOOPGUARD_GATEWAY_WORKERS.*"lots"' || fail "LOOPGUARD_GATEWAY_WORKERS=lots: $out"
 for v in lots -1 1025; do
   out=$(LOOPGUARD_GATEWAY_FIBERS=$v "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
     fail "LOOPGUARD_GATEWAY_FIBERS=$v was taken: $out"
-  echo "$out" | grep -q "LOOPGUARD_GATEWAY_FIBERS.*from 0 to 1024, not \"$v\"" || fail "LOOPGUARD_GATEWAY_FIBERS=$v: $out"
+  echo "$out" | grep >/dev/null "LOOPGUARD_GATEWAY_FIBERS.*from 0 to 1024, not \"$v\"" || fail "LOOPGUARD_GATEWAY_FIBERS=$v: $out"
 done
 
 note "a run without X-Loopguard-Run: its next request reads only its new messages, found by its first bytes"

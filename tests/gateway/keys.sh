@@ -172,7 +172,7 @@ grep -q '"upstream_refuses_max_tokens"' "$TMP/gw.log" || fail "finish-o3: not in
 note "a streamed request settles from the stream's usage"
 before=$(spent "$H1")
 b=$(chat "$K1" "{\"model\":\"finish\",\"stream\":true,$MSG}")
-[ "$(st)" = 200 ] && echo "$b" | grep -q '\[DONE\]' || fail "a stream with a key: $(st) $b"
+[ "$(st)" = 200 ] && echo "$b" | grep >/dev/null '\[DONE\]' || fail "a stream with a key: $(st) $b"
 up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
 [ "$(echo "$up" | get '[d.get("max_tokens"), d["stream_options"]["include_usage"]]')" = '[50, true]' ] || fail "the stream upstream: $up"
 # 1 micro-dollar an input token: the stream's usage, not its worst case (about 5,000)
@@ -283,7 +283,7 @@ chat "$K1b" "{\"model\":\"finish\",$MSG}" >/dev/null
 [ "$(python3 -c "print(float('$(spent "$H1")') > float('$s'))")" = True ] || fail "the spend did not carry over the rotation"
 op PATCH "/v1/keys/$(echo "$rot" | get 'd["hash"]')" '{"disabled":true}' >/dev/null
 b=$(chat "$K1b" "{\"model\":\"finish\",$MSG}")
-[ "$(st)" = 401 ] && echo "$b" | grep -q disabled || fail "a disabled key: $(st) $b"
+[ "$(st)" = 401 ] && echo "$b" | grep >/dev/null disabled || fail "a disabled key: $(st) $b"
 
 note "402 key_limit with max_affordable_tokens; that max_tokens goes through"
 # loopguard_budget_refusals_total{limit_source} counts every refusal the
@@ -362,7 +362,7 @@ b=$(chat "$K5" "{\"model\":\"finish\",$MSG}")
 note "a model the key may not use: 403"
 read -r K6 H6 < <(newkey '{"name":"picky","models":["finish"]}')
 b=$(chat "$K6" "{\"model\":\"other\",$MSG}")
-[ "$(st)" = 403 ] && echo "$b" | grep -q model_not_allowed || fail "model_not_allowed: $(st) $b"
+[ "$(st)" = 403 ] && echo "$b" | grep >/dev/null model_not_allowed || fail "model_not_allowed: $(st) $b"
 
 note "byok: spend on the key's own provider key counts only with include_byok_in_limit"
 read -r K7 H7 < <(newkey '{"name":"byok-off","limit_usd":5,"byok":{"default":"sk-own"}}')
