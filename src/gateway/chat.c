@@ -293,7 +293,7 @@ static void store_warning(chat_t *c, const char *event, const char *what, long l
   lg__buf_puts(&f, "\"run_id\":");
   lg__buf_json_str(&f, c->r->id, strlen(c->r->id));
   lg__buf_printf(&f, ",\"%s\":%lld,\"code\":%d,\"message\":", what, v, rc);
-  lg__json_str_lossy(&f, e->message, strlen(e->message));
+  lg__buf_json_str_lossy(&f, e->message, strlen(e->message));
   if (!f.oom) lg__server_log(c->cx->srv, "warn", event, f.data);
   lg__buf_free(&f);
 }

@@ -245,16 +245,16 @@ void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type
   if (anthropic) {
     lg__buf_printf(b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":",
                    anthropic_type(status));
-    lg__json_str_lossy(b, msg, strlen(msg));
+    lg__buf_json_str_lossy(b, msg, strlen(msg));
     lg__buf_puts(b, "}}");
     return;
   }
   lg__buf_puts(b, "{\"error\":{\"message\":");
-  lg__json_str_lossy(b, msg, strlen(msg));
+  lg__buf_json_str_lossy(b, msg, strlen(msg));
   lg__buf_puts(b, ",\"type\":");
   lg__buf_json_str(b, type, strlen(type));
   lg__buf_puts(b, ",\"param\":");
-  if (param && *param) lg__json_str_lossy(b, param, strlen(param));
+  if (param && *param) lg__buf_json_str_lossy(b, param, strlen(param));
   else lg__buf_puts(b, "null");
   lg__buf_puts(b, ",\"code\":");
   if (code) lg__buf_json_str(b, code, strlen(code));
@@ -1391,7 +1391,7 @@ static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id, con
   lg__buf_json_str(&f, run_id, strlen(run_id));
   lg__buf_puts(&f, ",\"message\":");
   const char *m = e.message[0] ? e.message : lg_strerror(e.code);
-  lg__json_str_lossy(&f, m, strlen(m));
+  lg__buf_json_str_lossy(&f, m, strlen(m));
   if (!f.oom) lg__server_log(cx->srv, "warn", "conversation_key_not_stored", f.data);
   lg__buf_free(&f);
 }
@@ -1955,10 +1955,10 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   lg__gw_upstream_label(x->up, lab, sizeof lab);
   lg__buf_json_str(&f, lab, strlen(lab));
   lg__buf_printf(&f, ",\"kind\":\"%s\",\"path\":", lg__gw_http_failure_names[k]);
-  lg__json_str_lossy(&f, x->path, strlen(x->path)); /* a passed-through path: the client's bytes */
+  lg__buf_json_str_lossy(&f, x->path, strlen(x->path)); /* a passed-through path: the client's bytes */
   lg__buf_printf(&f, ",\"status\":%ld,\"ms\":%.1f,\"message\":", x->status, (double)x->ns / 1e6);
   const char *m = x->over ? "the answer was over LOOPGUARD_GATEWAY_ANSWER_BYTES" : x->errbuf;
-  lg__json_str_lossy(&f, m, strlen(m));
+  lg__buf_json_str_lossy(&f, m, strlen(m));
   if (left) lg__buf_printf(&f, ",\"suppressed\":%llu", (unsigned long long)left);
   if (!f.oom) lg__server_log(gw->srv, "warn", "upstream_failed", f.data);
   lg__buf_free(&f);

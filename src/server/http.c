@@ -71,28 +71,6 @@ static void too_large(const lg_server_t *srv, http_req_t *hr, unsigned long long
                 len, body_limit(srv, hr), hr->gw_route ? "--gateway-max-body" : "--max-body");
 }
 
-void lg__json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
-  size_t ok = lg__utf8_valid_prefix(s, n);
-  if (ok == n) {
-    lg__buf_json_str(b, s, n);
-    return;
-  }
-  lg__buf_t t = {0};
-  size_t i = 0;
-  while (i < n) {
-    size_t k = lg__utf8_valid_prefix(s + i, n - i);
-    lg__buf_append(&t, s + i, k);
-    i += k;
-    if (i < n) {
-      lg__buf_puts(&t, "\xef\xbf\xbd");
-      i++;
-    }
-  }
-  if (t.oom) b->oom = true;
-  else lg__buf_json_str(b, t.data ? t.data : "", t.len);
-  lg__buf_free(&t);
-}
-
 int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field, const char *fmt,
                   ...) {
   char msg[768];
@@ -106,12 +84,12 @@ int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field
   rq->out.oom = false;
   if (rq->api_errors) return lg__gw_req_error(rq, status, type, field, msg);
   lg__buf_printf(&rq->out, "{\"error\":{\"code\":%d,\"type\":", status);
-  lg__json_str_lossy(&rq->out, type, strlen(type));
+  lg__buf_json_str_lossy(&rq->out, type, strlen(type));
   lg__buf_puts(&rq->out, ",\"message\":");
-  lg__json_str_lossy(&rq->out, msg, strlen(msg));
+  lg__buf_json_str_lossy(&rq->out, msg, strlen(msg));
   if (field && *field) {
     lg__buf_puts(&rq->out, ",\"field\":");
-    lg__json_str_lossy(&rq->out, field, strlen(field));
+    lg__buf_json_str_lossy(&rq->out, field, strlen(field));
   }
   lg__buf_puts(&rq->out, "}}");
   return status;
@@ -145,36 +123,6 @@ static int hexval(int ch) {
   ch |= 0x20;
   if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
   return -1;
-}
-
-size_t lg__utf8_valid_prefix(const char *p, size_t n) {
-  const unsigned char *s = (const unsigned char *)p;
-  size_t i = 0;
-  while (i < n) {
-    unsigned c = s[i];
-    size_t k;
-    unsigned min;
-    if (c < 0x80) {
-      i++;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      k = 1, min = 0x80, c &= 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      k = 2, min = 0x800, c &= 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      k = 3, min = 0x10000, c &= 0x07;
-    } else {
-      return i;
-    }
-    if (i + k >= n) return i; /* truncated */
-    for (size_t j = 1; j <= k; j++) {
-      if ((s[i + j] & 0xc0) != 0x80) return i;
-      c = (c << 6) | (s[i + j] & 0x3f);
-    }
-    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return i;
-    i += k + 1;
-  }
-  return n;
 }
 
 /* Decodes one raw path segment [s, s+n) into a new string (*out), for an

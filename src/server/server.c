@@ -718,7 +718,7 @@ static void retain_once(lg_server_t *srv) {
   if (rc) {
     const char *m = e.message[0] ? e.message : lg_strerror(rc);
     lg__buf_puts(&f, ",\"message\":");
-    lg__buf_json_str(&f, m, strlen(m));
+    lg__buf_json_str_lossy(&f, m, strlen(m)); /* a store's message may quote what it read */
   }
   if (!f.oom) lg__server_log(srv, rc ? "warn" : "info", rc ? "runs_purge_failed" : "runs_purged", f.data);
   lg__buf_free(&f);

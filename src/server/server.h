@@ -600,13 +600,6 @@ void lg__loop_lead_for(lg__loop_t *l);
 
 /* Sets the phase of connection c (from the libmicrohttpd threads). */
 void lg__conn_phase(lg_server_t *srv, struct MHD_Connection *c, lg__phase_t ph);
-/* How many leading bytes of [s, s+n) are valid UTF-8 (n: all). */
-size_t lg__utf8_valid_prefix(const char *s, size_t n);
-/* [s, s+n) as a JSON string into b, for text that may not be UTF-8 (a
- * path, a header, a parser's error quoting the bytes it stopped at, a
- * message cut at its buffer's end): invalid bytes become U+FFFD, so every
- * body the server writes is valid JSON. */
-void lg__json_str_lossy(lg__buf_t *b, const char *s, size_t n);
 
 /* For tests/fuzz/fuzz_http_route.c: routes the raw request target
  * [target, target+n) for method as the server does. Returns 1 when a

@@ -47,6 +47,15 @@ int lg__buf_printf(lg__buf_t *b, const char *fmt, ...)
 int lg__buf_json_str(lg__buf_t *b, const char *s, size_t n);
 /* The same for a NUL-terminated string, or null when s is NULL. */
 int lg__buf_json_str_or_null(lg__buf_t *b, const char *s);
+/* The same for text that may not be UTF-8 (a path, a header, a parser's
+ * error quoting the bytes it stopped at, a message cut at its buffer's
+ * end): each byte that is not UTF-8 becomes U+FFFD, so every body and
+ * log line the server writes is valid JSON. */
+int lg__buf_json_str_lossy(lg__buf_t *b, const char *s, size_t n);
+/* How many leading bytes of [s, s+n) are valid UTF-8 (n: all), by
+ * lg__utf8_len's rules (no overlong form, surrogate or code point past
+ * U+10FFFF). */
+size_t lg__utf8_valid_prefix(const char *s, size_t n);
 /* Appends jansson value v as compact JSON text, what json_dumps(v,
  * JSON_COMPACT | JSON_ENCODE_ANY) writes (members in their order, reals
  * as jansson writes them: %.17g, ".0" when it would read as an integer,

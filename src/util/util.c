@@ -484,6 +484,36 @@ int lg__buf_json_str_or_null(lg__buf_t *b, const char *s) {
   return s ? lg__buf_json_str(b, s, strlen(s)) : lg__buf_puts(b, "null");
 }
 
+size_t lg__utf8_valid_prefix(const char *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    size_t k = (unsigned char)s[i] < 0x80 ? 1 : lg__utf8_len((const unsigned char *)s + i, n - i);
+    if (!k) return i;
+    i += k;
+  }
+  return n;
+}
+
+int lg__buf_json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
+  size_t ok = lg__utf8_valid_prefix(s, n);
+  if (ok == n) return lg__buf_json_str(b, s, n);
+  lg__buf_t t = {0};
+  size_t i = 0;
+  while (i < n) {
+    size_t k = lg__utf8_valid_prefix(s + i, n - i);
+    lg__buf_append(&t, s + i, k);
+    i += k;
+    if (i < n) { /* the byte that is not UTF-8 */
+      lg__buf_puts(&t, "\xef\xbf\xbd");
+      i++;
+    }
+  }
+  int rc = t.oom ? LG_ENOMEM : lg__buf_json_str(b, t.data ? t.data : "", t.len);
+  if (rc) b->oom = true;
+  lg__buf_free(&t);
+  return rc;
+}
+
 int lg__buf_json_kv(lg__buf_t *b, const char *key, const char *value) {
   if (!value) return 0;
   lg__buf_json_key(b, key);
