@@ -33,7 +33,7 @@ echo "$l" | grep >/dev/null 'lgk-' && fail "list prints a secret: $l"
 s=$("$B" keys show "$H" --json) || fail "show"
 [ "$(echo "$s" | get '[d["usage_daily_usd"], d["usage_weekly_usd"], d["usage_monthly_usd"], d["limit_remaining_usd"]]')" = '[0, 0, 0, 2.5]' ] || fail "show: $s"
 echo "$s" | grep >/dev/null 'lgk-' && fail "show prints a secret"
-"$B" keys show "$H" | grep -q 'today / week / month' || fail "show (human)"
+"$B" keys show "$H" | grep_q 'today / week / month' || fail "show (human)"
 
 note "update keeps what is not given; none clears"
 u=$("$B" keys update "$H" --limit-usd 4 --models none --json) || fail "update"
@@ -63,7 +63,7 @@ e=$("$B" keys create sealed --byok default=sk-sealed-provider-0001 --secret-file
 [ "$("$B" keys show "$H" --json | get 'd["byok_at_rest"]')" = clear ] || fail "the key made without a secret is not said to be in clear"
 grep -qa sk-sealed-provider "$TMP"/keys.db* && fail "the store file holds the sealed provider key in clear"
 grep -qa sk-provider "$TMP"/keys.db* || fail "the check cannot see the store: the clear provider key is not found either"
-LOOPGUARD_SECRET_FILE="$TMP/secret" "$B" keys update "$H" --limit-usd 4 --json | grep -q '"byok_at_rest":"encrypted"' ||
+LOOPGUARD_SECRET_FILE="$TMP/secret" "$B" keys update "$H" --limit-usd 4 --json | grep_q '"byok_at_rest":"encrypted"' ||
   fail "an update with LOOPGUARD_SECRET_FILE does not seal the clear provider key"
 echo short >"$TMP/bad-secret"
 "$B" keys create x --byok default=sk-x --secret-file "$TMP/bad-secret" 2>"$TMP/err"; [ $? = 1 ] &&
@@ -73,7 +73,7 @@ timeout 10 "$B" serve --listen 127.0.0.1:0 --store memory: --secret-file "$TMP/b
 
 note "errors and usage"
 for sub in create list show update disable rotate; do
-  "$B" keys $sub --help | grep -q "usage: loopguard keys $sub" || fail "keys $sub --help"
+  "$B" keys $sub --help | grep_q "usage: loopguard keys $sub" || fail "keys $sub --help"
 done
 "$B" keys show nope 2>"$TMP/err"; [ $? = 1 ] && grep -q 'no key nope' "$TMP/err" || fail "an unknown key: $(cat "$TMP/err")"
 grep -q "keys.db" "$TMP/err" || fail "the error names the store: $(cat "$TMP/err")"

@@ -86,7 +86,7 @@ grep -q '/calls {"tool":"charge_card","args":{"invoice": "inv-1042 ", "amount": 
 grep -q '"args":{"invoice":"INV-1042","amount":49.00}' "$TMP/wire.log" || fail "49.00 did not reach the server as written"
 curl -sf "$demo_URL/v1/runs/$run_id/trace" >"$TMP/run.jsonl" || fail "GET trace"
 "$LG_BIN" replay --json "$TMP/run.jsonl" >"$TMP/replay.json" || fail "replaying the demo's trace"
-tail -n 1 "$TMP/replay.json" | grep -q '"terminal_reason":"same_call_repeat"' ||
+tail -n 1 "$TMP/replay.json" | grep_q '"terminal_reason":"same_call_repeat"' ||
   fail "the replay does not stop as the server did: $(tail -n 1 "$TMP/replay.json")"
 
 note "the default policy, and https"

@@ -42,7 +42,7 @@ echo '{"repeat":{"block":4}}' >"$TMP/policy.json"
 echo '{"models": {"small": {"input_usd_per_mtok": 0.5, "output_usd_per_mtok": 1.5}}}' >"$TMP/prices.json"
 start_server A --store "sqlite:$TMP/a.db" --log "$TMP/a.log" --policy "$TMP/policy.json" \
   --prices "$TMP/prices.json" --threads 2
-head -n 1 "$A_OUT" | grep -q "listening on http://127.0.0.1:" || fail "first line: $(head -n 1 "$A_OUT")"
+head -n 1 "$A_OUT" | grep_q "listening on http://127.0.0.1:" || fail "first line: $(head -n 1 "$A_OUT")"
 grep -q "store:   sqlite:$TMP/a.db" "$A_OUT" || fail "no store line"
 grep -q "auth:    off" "$A_OUT" || fail "no auth line"
 grep -q "policy:  $TMP/policy.json" "$A_OUT" || fail "no policy line"

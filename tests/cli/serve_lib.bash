@@ -10,11 +10,18 @@
 #                               not the caller's environment: one python
 #                               answers them all) and prints it
 #   fail MSG                    prints FAIL and exits 1
+#   grep_q [FLAGS] PATTERN      grep -q that reads its input to the end:
+#                               under pipefail, `producer | grep -q` fails
+#                               when grep has its match and exits while the
+#                               producer still writes (SIGPIPE; a log or a
+#                               body written in more than one piece)
 #
 # Every server started is killed (-9) at exit, and the scratch folder $TMP
 # removed, whatever happens; a test that runs past $LG_TEST_TIMEOUT seconds
 # (170) fails. Tests bind ephemeral ports only.
 set -u -o pipefail
+
+grep_q() { grep "$@" >/dev/null; }
 
 LG_BIN=${LG_BIN:?set LG_BIN to the loopguard binary}
 LG_SOURCE_DIR=${LG_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}

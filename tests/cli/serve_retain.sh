@@ -25,7 +25,7 @@ done
 [ -n "$gone" ] || fail "run left was never purged: $(cat "$TMP/a.log")"
 [ "$(status busy)" = 200 ] || fail "run busy, written all along, was purged"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$a_URL/v1/runs/left/trace")" = 404 ] || fail "left's trace is still there"
-grep '"runs_purged"' "$TMP/a.log" | grep -q '"older_than_ms":2000' || fail "no runs_purged line in the log: $(cat "$TMP/a.log")"
+grep '"runs_purged"' "$TMP/a.log" | grep_q '"older_than_ms":2000' || fail "no runs_purged line in the log: $(cat "$TMP/a.log")"
 grep -q '"retain_runs_ms":2000' "$TMP/a.log" || fail "the start line does not say it"
 stop_server a
 [ "$a_RC" = 0 ] || fail "the server exited $a_RC: $(tail -5 "$TMP/a.err")"

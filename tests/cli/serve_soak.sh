@@ -99,7 +99,7 @@ wait "$sampler" 2>/dev/null
 # there the warm-up is the first half and the margin 32 MiB or 50%. The
 # plain build, where the figure is the server's own, keeps the bar.
 asan=0
-ldd "$LG_BIN" 2>/dev/null | grep -q libasan && asan=1
+ldd "$LG_BIN" 2>/dev/null | grep_q libasan && asan=1
 python3 - "$TMP/rss" "$asan" <<'EOF' || fail "memory grew"
 import sys
 s = [int(x) for x in open(sys.argv[1]) if x.strip()]

@@ -32,7 +32,7 @@ TOK2=$(echo "${r#* }" | field 'd["claim_token"]')
 sleep 0.3
 r=$(req $AG POST /v1/operations/refund-9/fail "{\"retryable\":true,\"claim_token\":\"$TOK2\"}")
 expect "the claimant frees an unknown outcome" 403 "$r"
-echo "${r#* }" | grep -q 'only an operator' || fail "403 without who may: $r"
+echo "${r#* }" | grep_q 'only an operator' || fail "403 without who may: $r"
 r=$(req $OP POST /v1/operations/refund-9/fail '{"retryable":true}'); expect "operator frees it" 200 "$r"
 r=$(req $AG GET /v1/operations/refund-9); expect "get freed" 200 "$r"
 [ "$(echo "${r#* }" | field 'd["state"]')" = free ] || fail "not free: $r"

@@ -32,7 +32,7 @@ out=$(demo --json 2>"$TMP/demo.err") || fail "demo --json: $out $(cat "$TMP/demo
 [ "$(echo "$out" | get 'd["direct"]["ended"]')" = step_cap ] || fail "direct: $out"
 [ "$(echo "$out" | get 'd["through_gateway"]["charges"]')" -le 2 ] || fail "through the gateway: $out"
 [ "$(echo "$out" | get 'd["through_gateway"]["ended"]')" = final ] || fail "through the gateway: $out"
-echo "$out" | get 'd["through_gateway"]["final"]' | grep -q "INV-1042" || fail "the final answer: $out"
+echo "$out" | get 'd["through_gateway"]["final"]' | grep_q "INV-1042" || fail "the final answer: $out"
 
 note "the text a newcomer reads says the same"
 text=$(demo 2>&1) || fail "demo: $text"

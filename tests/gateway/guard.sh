@@ -72,7 +72,7 @@ for api in chat messages responses; do
   before=$(stats 'd["aborted"]')
   run="chant-$api"
   on_api "$run" $api 1 chant MODEL=chant
-  echo "$out" | get 'd["final"]' | grep -q "repeating the same text" || fail "chant $api: no stop message: $out"
+  echo "$out" | get 'd["final"]' | grep_q "repeating the same text" || fail "chant $api: no stop message: $out"
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant $api: the stream did not finish normally: $out"
   [ "$(echo "$out" | get 'int(d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant $api: not cut: $out"
@@ -92,8 +92,8 @@ done
 
 note "a text loop, not streamed: the stop replaces the looping answer"
 out=$(guard BASE_URL="$g_URL/v1" MODEL=chant HEADERS='{"X-Loopguard-Policy":"chant"}') || fail "chant plain: $out"
-echo "$out" | get 'd["final"]' | grep -q "^I have fallen into repeating the same text" || fail "chant plain: $out"
-echo "$out" | get 'd["final"]' | grep -q "Waiting" && fail "chant plain: the loop reached the client: $out"
+echo "$out" | get 'd["final"]' | grep_q "^I have fallen into repeating the same text" || fail "chant plain: $out"
+echo "$out" | get 'd["final"]' | grep_q "Waiting" && fail "chant plain: the loop reached the client: $out"
 [ "$(echo "$out" | get 'd["seen"][0]["action"]')" = stop ] || fail "chant plain: $out"
 
 note "a monologue (the same words with a write the guard blocks, answer after answer, asked again): the run stops with monologue, each API, stream and not; its trace replays to it"
@@ -105,7 +105,7 @@ for api in chat messages responses; do
   for st in 0 1; do
     run="monologue-$api-$st"
     on_api "$run" $api $st nohide MODEL=detour
-    echo "$out" | get 'd["final"]' | grep -q "I have written the same thing 3 turns in a row" || fail "monologue $api $st: not the stop's message: $out"
+    echo "$out" | get 'd["final"]' | grep_q "I have written the same thing 3 turns in a row" || fail "monologue $api $st: not the stop's message: $out"
     [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "monologue $api $st: $out"
     [ "$(curl -sf "$g_URL/v1/runs/$run" | get 'd["terminal_reason"]')" = monologue ] || fail "monologue $api $st: the run: $(curl -s "$g_URL/v1/runs/$run")"
   done
@@ -130,7 +130,7 @@ for api in chat messages responses; do
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant observe $api: the stream did not finish normally: $out"
   [ "$(echo "$out" | get 'int(0 < d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant observe $api: not cut: $out"
-  echo "$out" | get 'd["final"]' | grep -q "stopping" && fail "chant observe $api: stopped: $out"
+  echo "$out" | get 'd["final"]' | grep_q "stopping" && fail "chant observe $api: stopped: $out"
 done
 
 note "a new user message after a loop's stop: the run resumes, a new episode, and its trace replays to that"
@@ -138,7 +138,7 @@ e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="
 [ "$(echo "$e" | get 'd["first"]["action"]')" = stop ] || fail "episode: $e"
 [ "$(echo "$e" | get 'd["first"]["run"] == d["second"]["run"]')" = true ] || fail "episode: another run: $e"
 [ "$(echo "$e" | get 'd["second"]["action"]')" = pass ] || fail "episode: $e"
-echo "$e" | get 'd["second"]["text"]' | grep -q "^Done" || fail "episode: $e"
+echo "$e" | get 'd["second"]["text"]' | grep_q "^Done" || fail "episode: $e"
 r1=$(echo "$e" | get 'd["first"]["run"]')
 [ "$(curl -sf "$g_URL/v1/runs/$r1" | get 'd["status"]')" = active ] || fail "episode: $r1 did not resume"
 curl -sf "$g_URL/v1/runs/$r1/trace" >"$TMP/episode.jsonl" || fail "trace $r1"
@@ -167,7 +167,7 @@ for api in chat messages responses; do
     [ "$(echo "$out" | get 'd["executions"]["write_record"]')" -le 2 ] || fail "ask $api $stream: $out"
     env=$(curl -sf "$g_URL/v1/runs/$run") || fail "run $run"
     [ "$(echo "$env" | get 'd["terminal_reason"]')" = human_required ] || fail "ask $api $stream: $env"
-    echo "$env" | get 'd["envelope"]["question"]' | grep -q "may I write somewhere else" || fail "ask $api $stream: no question: $env"
+    echo "$env" | get 'd["envelope"]["question"]' | grep_q "may I write somewhere else" || fail "ask $api $stream: no question: $env"
   done
 done
 out=$(guard BASE_URL="$g_URL/v1" MODEL=finalize HEADERS='{"X-Loopguard-Policy":"offer","X-Loopguard-Run":"fin-1"}') || fail "finalize: $out"
@@ -176,7 +176,7 @@ out=$(guard BASE_URL="$g_URL/v1" MODEL=finalize HEADERS='{"X-Loopguard-Policy":"
 note "without the offer, the same model is stopped by the loop guard"
 out=$(guard BASE_URL="$g_URL/v1" MODEL=ask HEADERS='{"X-Loopguard-Run":"ask-none"}') || fail "ask (no offer): $out"
 [ "$(curl -sf "$g_URL/v1/runs/ask-none" | get 'd["terminal_reason"]')" != human_required ] || fail "ask (no offer): offered anyway"
-echo "$out" | get 'd["final"]' | grep -q "may I write" && fail "ask (no offer): $out"
+echo "$out" | get 'd["final"]' | grep_q "may I write" && fail "ask (no offer): $out"
 
 note "the same write twice in one answer (parallel calls): with side_effects, run once, the second answered in_progress; without, run twice (trace-v1)"
 for api in chat messages responses; do
@@ -184,7 +184,7 @@ for api in chat messages responses; do
   out=$(guard API=$api BASE_URL="$(base_of $api)" MODEL=twin STREAM=$st HEADERS='{"X-Loopguard-Policy":"writes"}') || fail "twin $api: $out"
   [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 1 ] || fail "twin $api: the write ran more than once: $out"
   [ "$(echo "$out" | get 'd["ended"]')" = final ] || fail "twin $api: $out"
-  echo "$out" | get 'd["final"]' | grep -q "did not run this call (in_progress)" || fail "twin $api: the model was not told: $out"
+  echo "$out" | get 'd["final"]' | grep_q "did not run this call (in_progress)" || fail "twin $api: the model was not told: $out"
 done
 out=$(guard MODEL=twin BASE_URL="$g_URL/v1") || fail "twin (no side_effects): $out"
 [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "twin (no side_effects): $out"
@@ -211,7 +211,7 @@ for v in chat:0 chat:1 messages:1 responses:0 responses:1; do
   n=$(stats 'd["raw"][-1].count("Wrote record 7.")')
   [ "$n" -ge 2 ] || fail "replay $v: the upstream's last request holds $n results of the write (the client ran it once): the saved result was not given"
 done
-grep '"event":"gateway_intervention"' "$TMP/g.log" | grep '"action":"replay"' | grep -q '"reason":"already_committed"' ||
+grep '"event":"gateway_intervention"' "$TMP/g.log" | grep '"action":"replay"' | grep_q '"reason":"already_committed"' ||
   fail "replay: no intervention line with the action replay in the log"
 
 note "the observe rung's note on a tool result given as a list of parts (a text and a screenshot): every part kept, the note a text part of the API's own type (each API)"
@@ -244,7 +244,7 @@ for api in chat messages; do
   done
 done
 out=$(guard BASE_URL="$g_URL/v1" MODEL=yielding) || fail "no final round: $out"
-echo "$out" | get 'd["final"]' | grep -q "I give up" && fail "final round without gateway.final_round: $out"
+echo "$out" | get 'd["final"]' | grep_q "I give up" && fail "final round without gateway.final_round: $out"
 
 note "a body the guard does not change reaches the upstream byte for byte (each API); a changed one is rewritten"
 # White space, key order, 0.7 and a \u escape: all of it would change in a
@@ -311,7 +311,7 @@ result_in_trace() {
     fail "$run: the first turn"
   curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: $run" -d "${5//@ID@/$id}" "$g_URL/v1/$api" ||
     fail "$run: the second turn"
-  curl -sf "$g_URL/v1/runs/$run/trace" | grep '"type":"result"' | grep -qF "$6" ||
+  curl -sf "$g_URL/v1/runs/$run/trace" | grep '"type":"result"' | grep_q -F "$6" ||
     fail "$run: no result with $6 in $(curl -sf "$g_URL/v1/runs/$run/trace")"
 }
 
@@ -358,7 +358,7 @@ for st in false true; do
   echo "$up" | grep >/dev/null "$own" && fail "own id ($st): the upstream got the gateway's own id: $up"
   [ "$(echo "$up" | get '[i.get("role") for i in d["input"]], "previous_response_id" in d')" = '[["user", "assistant", "user"], false]' ] ||
     fail "own id ($st): the upstream did not get the conversation again: $up"
-  echo "$up" | get 'd["input"][1]["content"][0]["text"]' | grep -q "repeating" || fail "own id ($st): not the stop's answer: $up"
+  echo "$up" | get 'd["input"][1]["content"][0]["text"]' | grep_q "repeating" || fail "own id ($st): not the stop's answer: $up"
 done
 
 # refused_header HEADER CODE: a request with HEADER ("Name: value") is 400
@@ -370,7 +370,7 @@ refused_header() {
   code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H "$1" \
     -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
   [ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = "$2" ] || fail "$1: $code $(cat "$TMP/e.json")"
-  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "$name" || fail "$1: the message does not name $name: $(cat "$TMP/e.json")"
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "$name" || fail "$1: the message does not name $name: $(cat "$TMP/e.json")"
   code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H "$1" \
     -d '{"model":"finish","max_tokens":10,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/messages")
   [ "$code" = 400 ] && [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "invalid_request_error"]' ] ||
@@ -394,7 +394,7 @@ note "a background response (polled for, so never decided nor counted): 400 nami
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' \
   -d '{"model":"loop-write","background":true,"input":"Write record 7."}' "$g_URL/v1/responses")
 [ "$code" = 400 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = unsupported_value ] || fail "background: $code $(cat "$TMP/e.json")"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "^background: " || fail "background: the message: $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "^background: " || fail "background: the message: $(cat "$TMP/e.json")"
 [ "$(stats 'int(any("background" in b for b in d["raw"]))')" = 0 ] || fail "background: the request went upstream"
 
 note "errors in each API's shape: a body over the limit (413, --gateway-max-body: 64 MiB)"
@@ -417,7 +417,7 @@ for m in '"stream":1' '"stream":"yes"' '"max_tokens":1e3' '"max_tokens":-5' '"n"
     before=$(stats 'd["requests"]')
     code=$(curl -s -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01' -o "$TMP/e.json" -w '%{http_code}' \
       -d "{\"model\":\"finish\",$m,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}" "$g_URL/v1/$path")
-    [ "$code" = 400 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "^$(echo "$m" | cut -d'"' -f2): expected" ||
+    [ "$code" = 400 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "^$(echo "$m" | cut -d'"' -f2): expected" ||
       fail "$m on $api: $code $(cat "$TMP/e.json")"
     [ "$(stats 'd["requests"]')" = $((before + 1)) ] || fail "$m on $api: sent upstream" # (+ the look at stats)
   done
@@ -447,7 +447,7 @@ for api in chat messages; do
   code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
     -d '{"model":"garbage-stream","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/$path")
   [ "$code" = 502 ] || fail "garbage stream $api: $code $(cat "$TMP/e.json")"
-  if [ $api = chat ]; then get 'd["error"]["code"]' <"$TMP/e.json" | grep -q upstream_bad_response || fail "garbage stream: $(cat "$TMP/e.json")"
+  if [ $api = chat ]; then get 'd["error"]["code"]' <"$TMP/e.json" | grep_q upstream_bad_response || fail "garbage stream: $(cat "$TMP/e.json")"
   else [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "api_error"]' ] || fail "garbage stream messages: $(cat "$TMP/e.json")"; fi
 done
 
@@ -513,10 +513,10 @@ note "an upstream stream cut off mid-way: the client's stream ends on an error e
 curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$g_URL/v1/chat/completions" >"$TMP/cut.sse"
 grep -q '"content":"Partial "' "$TMP/cut.sse" || fail "cutoff: the text was not forwarded: $(cat "$TMP/cut.sse")"
-tail -n 2 "$TMP/cut.sse" | head -n 1 | sed 's/^data: //' | get 'd["error"]["type"]' | grep -q upstream_error || fail "cutoff chat: $(cat "$TMP/cut.sse")"
+tail -n 2 "$TMP/cut.sse" | head -n 1 | sed 's/^data: //' | get 'd["error"]["type"]' | grep_q upstream_error || fail "cutoff chat: $(cat "$TMP/cut.sse")"
 curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"x"}]}' \
   "$g_URL/v1/messages" >"$TMP/cut.sse"
-tail -n 3 "$TMP/cut.sse" | grep -q '^event: error' || fail "cutoff messages: $(cat "$TMP/cut.sse")"
+tail -n 3 "$TMP/cut.sse" | grep_q '^event: error' || fail "cutoff messages: $(cat "$TMP/cut.sse")"
 out=$(guard BASE_URL="$g_URL/v1" MODEL=cutoff STREAM=1)
 [ "$(echo "$out" | get 'd["ended"]')" = error ] || fail "cutoff: the SDK took a cut stream for an answer: $out"
 n=$(curl -sf "$g_URL/metrics" | awk '$1 == "loopguard_gateway_upstream_errors_total{upstream=\"default\",kind=\"broken\"}" { print $2 }')
@@ -528,7 +528,7 @@ for api in chat messages responses; do
   direct=$(guard API=$api BASE_URL="$([ $api = messages ] && echo "$FAKE" || echo "$FAKE/v1")" MODEL=overload STREAM=1)
   [ "$(echo "$out" | get 'd["ended"]')" = error ] && [ "$(echo "$out" | get 'd["error"]')" = "$(echo "$direct" | get 'd["error"]')" ] ||
     fail "overload $api: through the gateway $out, directly $direct"
-  echo "$out" | get 'd["error"]' | grep -q 'overloaded_error\|server had an error' || fail "overload $api: $out"
+  echo "$out" | get 'd["error"]' | grep_q 'overloaded_error\|server had an error' || fail "overload $api: $out"
 done
 
 note "an upstream's SSE comments (OpenRouter's keep-alive while queued): on to the client as they come"
@@ -611,7 +611,7 @@ gw_call() {
     -o "$TMP/e.json" -w '%{http_code}' -d "$body" "$auth_URL$1"
 }
 needs_key() { # what the message of a 401 without a key says
-  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "needs a loopguard key: send Authorization: Bearer lgk-"
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "needs a loopguard key: send Authorization: Bearer lgk-"
 }
 for cred in "" "Authorization: Bearer gw-agent-token-0123456789" "Authorization: Bearer gw-operator-token-0123456789" "Authorization: Bearer wrong-token-0123456789"; do
   for path in /v1/chat/completions /v1/responses; do
@@ -624,7 +624,7 @@ for cred in "" "Authorization: Bearer gw-agent-token-0123456789" "Authorization:
     needs_key || fail "401 messages with '${cred:-nothing}': $code $(cat "$TMP/e.json")"
 done
 gw_call /v1/chat/completions "Authorization: Bearer gw-agent-token-0123456789" >/dev/null
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "not a loopguard token" || fail "a token on the gateway: the message does not say it is not a key: $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "not a loopguard token" || fail "a token on the gateway: the message does not say it is not a key: $(cat "$TMP/e.json")"
 # The operator API still takes the operator token; a key made there works.
 key=$(curl -s -X POST -H 'Authorization: Bearer gw-operator-token-0123456789' -H 'Content-Type: application/json' \
   -d '{"name":"guard"}' "$auth_URL/v1/keys" | get 'd["key"]') || fail "creating a key"
@@ -645,13 +645,13 @@ LOOPGUARD_GATEWAY_ANSWER_BYTES=1048576 start_server flood --store memory: --upst
 code=$(curl -s --max-time 20 -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
   -d '{"model":"flood","messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions")
 [ "$code" = 502 ] && [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = upstream_bad_response ] &&
-  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q 'an answer over 1048576 bytes' ||
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep_q 'an answer over 1048576 bytes' ||
   fail "flood: $code $(head -c 300 "$TMP/e.json")"
 # streamed: the text came first, so the client's stream ends on an error event
 curl -s -N --max-time 20 -H "Content-Type: application/json" \
   -d '{"model":"flood","stream":true,"messages":[{"role":"user","content":"x"}]}' "$flood_URL/v1/chat/completions" >"$TMP/flood.sse"
 grep -q '"content":"Hi"' "$TMP/flood.sse" && tail -n 2 "$TMP/flood.sse" | head -n 1 | sed 's/^data: //' |
-  get 'd["error"]["message"]' | grep -q 'an event over 1048576 bytes' || fail "flood stream: $(head -c 600 "$TMP/flood.sse")"
+  get 'd["error"]["message"]' | grep_q 'an event over 1048576 bytes' || fail "flood stream: $(head -c 600 "$TMP/flood.sse")"
 # valid events without end: the text and the calls the stream keeps to decide at its end are bound too
 for m in flood-text flood-args; do
   curl -s -N --max-time 20 -H "Content-Type: application/json" \
@@ -668,7 +668,7 @@ note "runs past LOOPGUARD_GATEWAY_MAX_RUNS are evicted: an evicted conversation 
 LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store memory: --upstream "$FAKE/v1"
 e=$(client conversation.mjs MODE=evict OTHERS=3 BASE_URL="$lru_URL/v1") || fail "evict: $e"
 [ "$(echo "$e" | get 'd["a1"]["calls"]')" = 1 ] || fail "evict: $e"
-echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
+echo "$e" | get 'd["a2"]["text"]' | grep_q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
 [ "$(echo "$e" | get 'd["a1"]["run"] != d["a2"]["run"]')" = true ] || fail "evict: A was not evicted (same run): $e"
 e=$(client conversation.mjs MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1") || fail "evict: $e"
 [ "$(echo "$e" | get 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "within the bound, a run was evicted: $e"
@@ -677,8 +677,8 @@ e=$(client conversation.mjs MODE=evict OTHERS=1 BASE_URL="$lru_URL/v1") || fail 
 # is decided: in its trace, and the conversation goes on.
 e=$(client conversation.mjs MODE=evict OTHERS=3 A_RUN=named-evicted BASE_URL="$lru_URL/v1") || fail "evict named: $e"
 [ "$(echo "$e" | get '[d["a1"]["run"], d["a2"]["run"]]')" = '["named-evicted", "named-evicted"]' ] || fail "evict named: $e"
-echo "$e" | get 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict named: the conversation did not go on: $e"
-curl -sf "$lru_URL/v1/runs/named-evicted/trace" | grep '"type":"result"' | grep -q '"status":"progress"' ||
+echo "$e" | get 'd["a2"]["text"]' | grep_q '^Done: {"customer_id":"c-1"' || fail "evict named: the conversation did not go on: $e"
+curl -sf "$lru_URL/v1/runs/named-evicted/trace" | grep '"type":"result"' | grep_q '"status":"progress"' ||
   fail "evict named: the result after the eviction is not in the trace: $(curl -sf "$lru_URL/v1/runs/named-evicted/trace")"
 stop_server lru
 [ "$lru_RC" = 0 ] || fail "the lru server exited $lru_RC: $(tail -5 "$TMP/lru.err")"
@@ -719,7 +719,7 @@ cpid=$!
 sleep 1
 hold_lock "$TMP/busy.db" "$TMP/busy1.locked" "$TMP/busy.log" busy-1 || fail "busy: the lock's holder failed (above: the lock not taken, or the batch never failed)"
 wait "$cpid" || fail "busy: the request failed"
-get 'd["choices"][0]["message"]["content"]' <"$TMP/busy.json" | grep -q '^Hello from the fake upstream' || fail "busy: $(cat "$TMP/busy.json")"
+get 'd["choices"][0]["message"]["content"]' <"$TMP/busy.json" | grep_q '^Hello from the fake upstream' || fail "busy: $(cat "$TMP/busy.json")"
 grep -q '"batch_retried"' "$TMP/busy.log" || fail "busy: the batch did not fail, nothing was tested: $(cat "$TMP/busy.log")"
 grep -q '"usage_not_settled"' "$TMP/busy.log" && fail "busy: the usage was lost: $(cat "$TMP/busy.log")"
 curl -sf "$busy_URL/v1/runs/busy-1/trace" >"$TMP/busy.jsonl" || fail "busy: no trace"
@@ -758,11 +758,11 @@ wait "$cpid"
 code=$(cat "$TMP/busy2.code")
 wait "$lpid" || fail "busy-2: the lock's holder failed (above: the lock not taken, or the batch never failed)"
 [ "$code" = 200 ] || fail "busy-2: the second turn answered $code: $(cat "$TMP/busy2.json")"
-get 'd["choices"][0]["message"]["content"]' <"$TMP/busy2.json" | grep -q '^Done: Customer 1, gold' || fail "busy-2: $(cat "$TMP/busy2.json")"
-grep '"batch_retried"' "$TMP/busy.log" | grep -q '"run_id":"busy-2"' ||
+get 'd["choices"][0]["message"]["content"]' <"$TMP/busy2.json" | grep_q '^Done: Customer 1, gold' || fail "busy-2: $(cat "$TMP/busy2.json")"
+grep '"batch_retried"' "$TMP/busy.log" | grep_q '"run_id":"busy-2"' ||
   fail "busy-2: the batch did not fail, nothing was tested: $(cat "$TMP/busy.log")"
 curl -sf "$busy_URL/v1/runs/busy-2/trace" >"$TMP/busy2.jsonl" || fail "busy-2: no trace"
-grep '"type":"result"' "$TMP/busy2.jsonl" | grep -q "\"call_id\":\"$id\"" ||
+grep '"type":"result"' "$TMP/busy2.jsonl" | grep_q "\"call_id\":\"$id\"" ||
   fail "busy-2: the result was lost: $(cat "$TMP/busy2.jsonl")"
 [ "$(grep -c '"type":"model"' "$TMP/busy2.jsonl")" = 2 ] || fail "busy-2: not two model calls: $(cat "$TMP/busy2.jsonl")"
 "$LG_BIN" replay --json "$TMP/busy2.jsonl" >"$TMP/busy2.replay" || fail "busy-2: replay"
@@ -846,7 +846,7 @@ b1=$(batches)
 [ "$((b1 - b0))" = 10 ] || fail "born: 5 fresh runs' requests made $((b1 - b0)) transactions, not 10"
 for i in 1 5; do # each in the store, its trace from the creation on
   curl -sf "$fib_URL/v1/runs/born-$i/trace" >"$TMP/born-$i.trace" || fail "born: run born-$i is not in the store"
-  grep -v "^#" "$TMP/born-$i.trace" | head -n 1 | grep -q '"type":"run"' || fail "born: born-$i's trace does not start with its run: $(head -c 200 "$TMP/born-$i.trace")"
+  grep -v "^#" "$TMP/born-$i.trace" | head -n 1 | grep_q '"type":"run"' || fail "born: born-$i's trace does not start with its run: $(head -c 200 "$TMP/born-$i.trace")"
 done
 stop_server fib
 [ "$fib_RC" = 0 ] || fail "the fib server exited $fib_RC: $(tail -5 "$TMP/fib.err")"
@@ -967,7 +967,7 @@ for k in 2 3; do
     --data-binary @"$TMP/derived-$k.json" "$g_URL/v1/chat/completions" || fail "derived: turn $k"
   r=$(tr -d '\r' <"$TMP/derived-$k.h" | awk -F': ' 'tolower($1) == "x-loopguard-run" { print $2 }')
   [ "$r" = "$drun" ] || fail "derived: turn $k went to run '$r', not $drun"
-  get 'd["choices"][0]["message"]["content"]' <"$TMP/derived-$k.out" | grep -q '^Done: Customer 1, gold' ||
+  get 'd["choices"][0]["message"]["content"]' <"$TMP/derived-$k.out" | grep_q '^Done: Customer 1, gold' ||
     fail "derived: turn $k answered $(cat "$TMP/derived-$k.out")"
   reused=$(($(metric reused) - reused0)) checked=$(($(metric checked) - checked0))
   # turn 2 reads its 4 messages (nothing kept from a run's first request);
@@ -976,7 +976,7 @@ for k in 2 3; do
   [ "$reused $checked" = "$want" ] || fail "derived: turn $k reused $reused and checked $checked messages, not $want"
 done
 curl -sf "$g_URL/v1/runs/$drun/trace" >"$TMP/derived.jsonl" || fail "derived: no trace"
-grep '"type":"result"' "$TMP/derived.jsonl" | grep -q '"call_id":"'"$(get 'd["choices"][0]["message"]["tool_calls"][0]["id"]' <"$TMP/derived-1.out")"'"' ||
+grep '"type":"result"' "$TMP/derived.jsonl" | grep_q '"call_id":"'"$(get 'd["choices"][0]["message"]["tool_calls"][0]["id"]' <"$TMP/derived-1.out")"'"' ||
   fail "derived: the result is not in the trace: $(cat "$TMP/derived.jsonl")"
 grep -q '"type":"user"' "$TMP/derived.jsonl" || fail "derived: turn 3's message is not a user event: $(cat "$TMP/derived.jsonl")"
 "$LG_BIN" replay --json "$TMP/derived.jsonl" >/dev/null || fail "derived: the trace does not replay"

@@ -105,7 +105,7 @@ MSG='"messages":[{"role":"user","content":"hello"}]'
 note "with tokens, an unknown loopguard key is 401 (no token needed beside it)"
 b=$(chat lgk-notakeyatall0000000000000000000000000 "{\"model\":\"finish\",$MSG}")
 [ "$(st)" = 401 ] || fail "an unknown key: $(st) $b"
-echo "$b" | get 'd["error"]["message"]' | grep -q unknown || fail "unknown key message: $b"
+echo "$b" | get 'd["error"]["message"]' | grep_q unknown || fail "unknown key message: $b"
 # OpenAI's own 401: type invalid_request_error, code invalid_api_key (as the router's)
 [ "$(echo "$b" | get '[d["error"]["type"], d["error"]["code"]]')" = '["invalid_request_error", "invalid_api_key"]' ] ||
   fail "an unknown key, not OpenAI's 401 shape: $b"
@@ -116,7 +116,7 @@ b=$(chat "$K1" "{\"model\":\"finish\",$MSG}")
 [ "$(st)" = 200 ] || fail "a key's request: $(st) $b"
 up=$(curl -s "$FAKE/stats" | get 'd["bodies"][-1]')
 [ "$(echo "$up" | get 'd.get("max_tokens")')" = 50 ] || fail "max_tokens upstream: $up"
-curl -s "$FAKE/stats" | grep -q "$K1" && fail "the lgk- secret reached the upstream"
+curl -s "$FAKE/stats" | grep_q "$K1" && fail "the lgk- secret reached the upstream"
 # The client's bytes go upstream as they came, the key's max_tokens written
 # first in the top object: no parse and dump of the conversation, which
 # would rewrite 0.7 as 0.69999999999999996 and drop the white space.
@@ -299,7 +299,7 @@ b=$(chat "$K2" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
 [ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = key_limit ] || fail "limit_source: $b"
 fit=$(echo "$b" | get 'd["error"]["metadata"]["max_affordable_tokens"]')
 [ "$fit" -gt 0 ] && [ "$fit" -lt 50 ] || fail "max_affordable_tokens: $b"
-echo "$b" | get 'd["error"]["message"]' | grep -q "max_tokens of $fit" || fail "the message: $b"
+echo "$b" | get 'd["error"]["message"]' | grep_q "max_tokens of $fit" || fail "the message: $b"
 b=$(chat "$K2" "{\"model\":\"finish\",\"max_tokens\":$fit,$MSG}")
 [ "$(st)" = 200 ] || fail "with max_tokens=$fit: $(st) $b"
 
@@ -318,7 +318,7 @@ read -r K3 H3 < <(newkey '{"name":"acme-agent","limit_usd":5,"workspace":"acme"}
 b=$(chat "$K3" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
 [ "$(st)" = 403 ] || fail "403 expected: $(st) $b"
 [ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = workspace_budget ] || fail "limit_source: $b"
-echo "$b" | get 'd["error"]["message"]' | grep -q 'Workspace monthly budget of \$0.00 exceeded' || fail "the message: $b"
+echo "$b" | get 'd["error"]["message"]' | grep_q 'Workspace monthly budget of \$0.00 exceeded' || fail "the message: $b"
 
 note "a key with no limit of its own, in a workspace with no budget: its requests go through"
 read -r Kb Hb < <(newkey '{"name":"beta-agent","workspace":"beta"}')
@@ -349,7 +349,7 @@ code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $K2m" -H 'anthrop
   fail "a key's limit on /v1/messages: $code $(cat "$TMP/body")"
 b=$(chat "$K2m" "{\"model\":\"no-such-price\",\"max_tokens\":5,$MSG}")
 [ "$(st)" = 400 ] && [ "$(echo "$b" | get 'd["error"]["code"]')" = model_not_priced ] || fail "an unpriced model under a key's limit: $(st) $b"
-echo "$b" | get 'd["error"]["message"]' | grep -q "no-such-price" || fail "model_not_priced does not name the model: $b"
+echo "$b" | get 'd["error"]["message"]' | grep_q "no-such-price" || fail "model_not_priced does not name the model: $b"
 
 note "429 rate limit with Retry-After"
 read -r K5 H5 < <(newkey '{"name":"ratey","rate_limit_per_min":2,"models":["finish"]}')
@@ -372,7 +372,7 @@ chat "$K8" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "
 [ "$(curl -s "$FAKE/stats" | get 'd["auths"][-2:] == ["Bearer sk-own"] * 2')" = true ] || fail "the upstream did not get the key's own provider key: $(curl -s "$FAKE/stats")"
 [ "$(spent "$H7")" = 0 ] || fail "byok spend counted without include_byok_in_limit: $(spent "$H7")"
 [ "$(python3 -c "print(float('$(spent "$H8")') > 0)")" = True ] || fail "byok spend not counted with include_byok_in_limit"
-op GET "/v1/keys/$H7" | grep -q sk-own && fail "a provider key shown by the API"
+op GET "/v1/keys/$H7" | grep_q sk-own && fail "a provider key shown by the API"
 [ "$(op GET "/v1/keys/$H7" | get 'd["byok_at_rest"]')" = encrypted ] || fail "byok_at_rest: $(op GET "/v1/keys/$H7")"
 # store_holds TEXT: whether the store's bytes hold TEXT (PostgreSQL: a dump)
 store_holds() {

@@ -26,7 +26,7 @@ direct=$(BASE_URL="$FAKE/v1" node "$HERE/passthrough-stream.mjs") || fail "passt
 [ "$(echo "$out" | get 'd["text"]')" = " one two three four five six" ] || fail "stream text: $out"
 [ "$(echo "$out" | get 'd["whole"]')" = "$(echo "$direct" | get 'd["whole"]')" ] || fail "whole answer: $out vs $direct"
 for k in whole_request_id chat_request_id; do
-  echo "$out" | get "d['$k'] or ''" | grep -q '^req_fake_' || fail "the SDK read no upstream request id ($k): $out"
+  echo "$out" | get "d['$k'] or ''" | grep_q '^req_fake_' || fail "the SDK read no upstream request id ($k): $out"
 done
 # drip sends a word every 250 ms: held to its end, the first would come at the end
 [ "$(echo "$out" | get 'int(d["first_ms"] < d["total_ms"] - 700)')" = 1 ] || fail "the stream was held back: $out"

@@ -116,7 +116,7 @@ for stream in 0 1; do
   note "the Agents SDK in a conversation, stream $stream: stopped on a call, asked again on the other replica"
   out=$(client agent-openai-agents.mjs MODEL=stubborn STREAM=$stream CONVERSATION=1 AGAIN=1 BASE_URL="$s1_URL/v1" \
     BASE_URLS="$s1_URL,$s2_URL") || fail "agents conversation asked again $stream: $out"
-  echo "$out" | jq_py 'd["again"]' | grep -q "3 times" || fail "agents conversation asked again $stream: $out"
+  echo "$out" | jq_py 'd["again"]' | grep_q "3 times" || fail "agents conversation asked again $stream: $out"
 done
 stop_server s1
 stop_server s2
@@ -302,8 +302,8 @@ ans=$(curl -s -D "$TMP/p2" -H 'Content-Type: application/json' -d "$(conv_of "$m
 grep -q '^HTTP/1.1 200' "$TMP/p2" || fail "purge: the conversation's next request on r1: $(head -1 "$TMP/p2") $ans"
 [ "$(awk 'tolower($1) == "x-loopguard-run:" {print $2}' "$TMP/p2" | tr -d '\r')" = "$prun" ] ||
   fail "purge: r1 answered in another run than $prun: $(cat "$TMP/p2")"
-grep '"run_gone"' "$TMP/r1b.log" | grep -q "\"run_id\":\"$prun\"" || fail "purge: r1 logged no run_gone for $prun"
-curl -sf "$r1_URL/v1/runs/$prun/trace" | grep -v '^#' | head -n 1 | grep -q '"type":"run"' ||
+grep '"run_gone"' "$TMP/r1b.log" | grep_q "\"run_id\":\"$prun\"" || fail "purge: r1 logged no run_gone for $prun"
+curl -sf "$r1_URL/v1/runs/$prun/trace" | grep -v '^#' | head -n 1 | grep_q '"type":"run"' ||
   fail "purge: $prun was not made again with its first line: $(curl -s "$r1_URL/v1/runs/$prun/trace")"
 msgs=$(next_conv "$msgs" "$ans") || fail "purge: $ans"
 curl -sf -D "$TMP/p3" -o /dev/null -H 'Content-Type: application/json' -d "$(conv_of "$msgs")" "$r2_URL/v1/chat/completions" ||
@@ -319,7 +319,7 @@ note "an evicted conversation (past LOOPGUARD_GATEWAY_MAX_RUNS) is found again i
 LOOPGUARD_GATEWAY_MAX_RUNS=2 start_server lru --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/lru.log"
 e=$(client conversation.mjs MODE=evict OTHERS=3 BASE_URL="$lru_URL/v1") || fail "evict: $e"
 [ "$(echo "$e" | jq_py 'd["a1"]["calls"]')" = 1 ] || fail "evict: $e"
-echo "$e" | jq_py 'd["a2"]["text"]' | grep -q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
+echo "$e" | jq_py 'd["a2"]["text"]' | grep_q '^Done: {"customer_id":"c-1"' || fail "evict: the conversation did not go on: $e"
 [ "$(echo "$e" | jq_py 'd["a1"]["run"] == d["a2"]["run"]')" = true ] || fail "evict: another run after the eviction: $e"
 stop_server lru
 # The same on memory: is another run: the conversation was evicted indeed.
@@ -341,7 +341,7 @@ c.execute("CREATE TRIGGER no_keys BEFORE INSERT ON lg_gateway_keys BEGIN SELECT 
   stopped "keys refused" "$out"
   one_run "keys refused" "$out"
   run=$(echo "$out" | jq_py 'd["seen"][0]["run"]')
-  grep '"conversation_key_not_stored"' "$TMP/r2.log" | grep -q "\"run_id\":\"$run\".*no keys today" ||
+  grep '"conversation_key_not_stored"' "$TMP/r2.log" | grep_q "\"run_id\":\"$run\".*no keys today" ||
     fail "keys refused: no warning naming $run and the store's message: $(grep -v '"info"' "$TMP/r2.log")"
 fi
 

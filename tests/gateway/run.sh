@@ -53,7 +53,7 @@ for stream in 0 1; do
   note "a model that never gives up (stream=$stream): re-asks, then the stop's final message"
   s=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn STREAM=$stream) || fail "agent (stubborn, stream=$stream)"
   stopped "stubborn" "$s"
-  echo "$s" | get 'd["final"]' | grep -qi "stop\|same\|again" || fail "stubborn: the final message: $s"
+  echo "$s" | get 'd["final"]' | grep_q -i "stop\|same\|again" || fail "stubborn: the final message: $s"
 done
 # What a provider binds to its calls goes back with them, through the
 # gateway as directly: Gemini's thought signature on a call (extra_content,
@@ -74,14 +74,14 @@ stopped "stubborn-mistral" "$a"
 grep -q '"upstream_refuses_stream_options"' "$TMP/gw.log" || fail "mistral: not in the log"
 curl -sf -o /dev/null -H "Content-Type: application/json" -H "X-Loopguard-Run: mistral-usage" "$gw_URL/v1/chat/completions" \
   -d '{"model":"finish-mistral","stream":true,"messages":[{"role":"user","content":"Hi"}]}' || fail "mistral usage stream"
-curl -sf "$gw_URL/v1/runs/mistral-usage/trace" | grep -q '"type":"usage".*"output_tokens":10,' ||
+curl -sf "$gw_URL/v1/runs/mistral-usage/trace" | grep_q '"type":"usage".*"output_tokens":10,' ||
   fail "mistral: the stream's own usage was not read: $(curl -s "$gw_URL/v1/runs/mistral-usage/trace")"
 
 # an upstream that sends no usage: the answer's bytes count, at most (a
 # token is at least a byte): here its one call, "lookup" and its 21 bytes
 curl -sf -o /dev/null -H "Content-Type: application/json" -H "X-Loopguard-Run: no-usage" "$gw_URL/v1/chat/completions" \
   -d '{"model":"finish-nousage","stream":true,"messages":[{"role":"user","content":"Hi"}]}' || fail "no-usage stream"
-curl -sf "$gw_URL/v1/runs/no-usage/trace" | grep -q '"type":"usage".*"output_tokens":27,' ||
+curl -sf "$gw_URL/v1/runs/no-usage/trace" | grep_q '"type":"usage".*"output_tokens":27,' ||
   fail "no usage sent: the answer's bytes not counted: $(curl -s "$gw_URL/v1/runs/no-usage/trace")"
 
 note "an answer that needs no guard reaches the SDK as the upstream gave it (each API, stream false and true)"
@@ -124,7 +124,7 @@ g0=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write) || fail "agent"
 run=$(echo "$g0" | get 'd["seen"][0]["run"]')
 [ -n "$run" ] && [ "$run" != None ] || fail "no X-Loopguard-Run: $g0"
 [ "$(echo "$g0" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "one agent run, several runs: $g0"
-echo "$g0" | get '[s["action"] for s in d["seen"]]' | grep -q "block" || fail "no block action: $g0"
+echo "$g0" | get '[s["action"] for s in d["seen"]]' | grep_q "block" || fail "no block action: $g0"
 
 note "the run's trace replays to the gateway's decisions"
 curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/run.jsonl" || fail "trace"
@@ -280,7 +280,7 @@ for stream in 0 1; do
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
   # a tool_use block reaches the client with every member the API gave it (its caller)
   [ "$(echo "$b" | get 'd["shapes"]')" = "$(echo "$a" | get 'd["shapes"]')" ] || fail "anthropic finish: tool_use blocks changed: $a vs $b"
-  echo "$b" | get 'd["shapes"][0]' | grep -q '"caller"' || fail "anthropic finish: no caller: $b"
+  echo "$b" | get 'd["shapes"][0]' | grep_q '"caller"' || fail "anthropic finish: no caller: $b"
 done
 # A re-ask the upstream refuses after the client's stream began (picky
 # takes no third tool result, and the re-ask after the block carries it):
@@ -416,7 +416,7 @@ d=$(client agent-handoffs.mjs BASE_URL="$FAKE/v1" 2>"$TMP/agents.err") || fail "
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] && [ "$(echo "$d" | get 'd["handoffs"]')" = 20 ] || fail "handoffs direct: $d"
 g=$(client agent-handoffs.mjs BASE_URL="$gw_URL/v1" 2>"$TMP/agents.err") || fail "handoffs gateway: $(cat "$TMP/agents.err")"
 [ "$(echo "$g" | get 'd["ended"]')" = final ] && [ "$(echo "$g" | get 'd["handoffs"]')" -le 4 ] || fail "handoffs gateway: $g"
-echo "$g" | get 'd["final"]' | grep -q "same 2 calls" || fail "handoffs gateway: not the cycle's stop: $g"
+echo "$g" | get 'd["final"]' | grep_q "same 2 calls" || fail "handoffs gateway: not the cycle's stop: $g"
 
 # A run stopped on a call in a conversation (this policy stops at the third
 # same call): the call is in the upstream's conversation, so when the person
@@ -426,7 +426,7 @@ echo '{"repeat":{"observe":2,"block":3,"stop":3},"tools":{"write_record":{"loop_
 start_server gw3 --store memory: --upstream "$FAKE/v1" --log "$TMP/gw3.log" --policy "$TMP/gw3-policy.json"
 g=$(client agent-openai-agents.mjs BASE_URL="$gw3_URL/v1" MODEL=stubborn CONVERSATION=1 AGAIN=1 2>"$TMP/agents.err") ||
   fail "agents in a conversation, asked again after a stop: $g $(cat "$TMP/agents.err")"
-echo "$g" | get 'd["again"]' | grep -q "3 times" || fail "asked again after the stop: $g"
+echo "$g" | get 'd["again"]' | grep_q "3 times" || fail "asked again after the stop: $g"
 grep -q '"event":"stop".*"on":"call"' "$TMP/gw3.log" || fail "the run did not stop on a call: $(cat "$TMP/gw3.log")"
 b=$(client agent-openai-agents.mjs BASE_URL="$gw_URL/v1" MODEL=finish 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
@@ -463,10 +463,10 @@ v=$(curl -sf "$FAKE/stats" | get 'd["violations"]')
 note "bad input: errors in OpenAI's shape, the server keeps serving"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -d '{"model":' "$gw_URL/v1/chat/completions")
 [ "$code" = 400 ] || fail "malformed: $code"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -q . || fail "malformed body: $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q . || fail "malformed body: $(cat "$TMP/e.json")"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"garbage","messages":[{"role":"user","content":"x"}]}' "$gw_URL/v1/chat/completions")
 [ "$code" = 502 ] || fail "garbage: $code $(cat "$TMP/e.json")"
-get 'd["error"]["type"]' <"$TMP/e.json" | grep -q upstream || fail "garbage: $(cat "$TMP/e.json")"
+get 'd["error"]["type"]' <"$TMP/e.json" | grep_q upstream || fail "garbage: $(cat "$TMP/e.json")"
 start_server down --store memory: --upstream "http://127.0.0.1:9/v1"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"x","messages":[{"role":"user","content":"x"}]}' "$down_URL/v1/chat/completions")
 [ "$code" = 502 ] || fail "down: $code"
@@ -474,17 +474,17 @@ grep -q "127.0.0.1:9" "$TMP/e.json" || fail "down: the message names no upstream
 # the on-call engineer sees it: counted by kind, and one log line that says why
 grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 1$' <<<"$(curl -sf "$down_URL/metrics")" ||
   fail "down: not counted: $(curl -s "$down_URL/metrics" | grep upstream_errors)"
-grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep -q '"path":"/chat/completions"' ||
+grep '"event":"upstream_failed"' "$TMP/down.err" | grep '"kind":"unreachable"' | grep_q '"path":"/chat/completions"' ||
   fail "down: no log line: $(cat "$TMP/down.err")"
 note "a client whose base URL lacks /v1: its 404 says where the gateway's paths are"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -d '{}' "$gw_URL/chat/completions")
 [ "$code" = 404 ] || fail "no /v1: $code"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -qF "no endpoint POST /chat/completions: the gateway's paths start with /v1 (POST /v1/chat/completions)" ||
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "no endpoint POST /chat/completions: the gateway's paths start with /v1 (POST /v1/chat/completions)" ||
   fail "no /v1: $(cat "$TMP/e.json")"
-curl -s "$gw_URL/nope" | grep -q '"no endpoint GET /nope"' || fail "a path of no API got the hint: $(curl -s "$gw_URL/nope")"
+curl -s "$gw_URL/nope" | grep_q '"no endpoint GET /nope"' || fail "a path of no API got the hint: $(curl -s "$gw_URL/nope")"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
 [ "$code" = 404 ] || fail "/v1 twice: $code"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -qF "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"
 [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "/v1 twice: not in Anthropic's shape: $(cat "$TMP/e.json")"
 [ "$(curl -sf "$FAKE/stats" | get 'd.get("last_url")')" != /v1/v1/messages ] || fail "/v1 twice: passed through to the upstream"
 note "a base URL without a path (every request the provider's 404) is said at the start, in the banner and the log"
@@ -549,7 +549,7 @@ c=$(agent BASE_URL="$cap_URL/v1" MODEL=stubborn) || fail "agent (cap)"
 after=$(curl -sf "$FAKE/stats" | get 'd["chat"]')
 [ $((after - before)) = 2 ] || fail "cap: the upstream got $((after - before)) requests: $c"
 [ "$(echo "$c" | get 'd["ended"]')" = final ] || fail "cap: $c"
-echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep -q model_call_cap || fail "cap: no model_call_cap: $c"
+echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep_q model_call_cap || fail "cap: no model_call_cap: $c"
 
 note "an upstream that times out: 504 in OpenAI's shape"
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":"slow","messages":[{"role":"user","content":"x"}]}' "$cap_URL/v1/chat/completions")
@@ -560,7 +560,7 @@ grep -q '^loopguard_gateway_upstream_errors_total{upstream="fake",kind="timeout"
 note "a body over the limit (--gateway-max-body 1 MiB), sent chunked: 413 with an error message; the server keeps serving"
 head -c 1100000 /dev/zero | tr '\0' a >"$TMP/big.txt"
 code=$(curl -s -H "Content-Type: application/json" -H 'Transfer-Encoding: chunked' -o "$TMP/e.json" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$cap_URL/v1/chat/completions")
-[ "$code" = 413 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep -q 'limit of 1048576 bytes (loopguard serve --gateway-max-body)' ||
+[ "$code" = 413 ] && get 'd["error"]["message"]' <"$TMP/e.json" | grep_q 'limit of 1048576 bytes (loopguard serve --gateway-max-body)' ||
   fail "too big: $code $(cat "$TMP/e.json")"
 curl -sf "$cap_URL/healthz" >/dev/null || fail "the server stopped serving after a 413"
 

@@ -55,17 +55,17 @@ note "an upstream's CA the system does not trust: no request sent, a 502 in the 
 start_server untrusted --store memory: --upstream "$TLS/v1" --log "$TMP/untrusted.log"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$untrusted_URL/v1/chat/completions")
 [ "$code" = 502 ] || fail "untrusted (chat): $code $(cat "$TMP/e.json")"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "certificate.*ca_file.*SSL_CERT_FILE" ||
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "certificate.*ca_file.*SSL_CERT_FILE" ||
   fail "untrusted (chat): the message does not say how to trust the CA: $(cat "$TMP/e.json")"
 [ "$(get 'd["error"]["code"]' <"$TMP/e.json")" = upstream_unreachable ] || fail "untrusted (chat): $(cat "$TMP/e.json")"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "${hdr[@]}" -H 'anthropic-version: 2023-06-01' -d "$msgs" \
   "$untrusted_URL/v1/messages")
 [ "$code" = 502 ] && [ "$(get 'd["type"] + "/" + d["error"]["type"]' <"$TMP/e.json")" = error/api_error ] &&
-  get 'd["error"]["message"]' <"$TMP/e.json" | grep -q "certificate" || fail "untrusted (messages): $code $(cat "$TMP/e.json")"
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "certificate" || fail "untrusted (messages): $code $(cat "$TMP/e.json")"
 [ "$(tstats 'len(d["models"])')" = 0 ] || fail "a request reached an upstream whose certificate was not trusted: $(tstats 'd["models"]')"
 grep -q '^loopguard_gateway_upstream_errors_total{upstream="default",kind="unreachable"} 2$' <<<"$(curl -sf "$untrusted_URL/metrics")" ||
   fail "untrusted: not counted: $(curl -s "$untrusted_URL/metrics" | grep upstream_errors)"
-grep '"event":"upstream_failed"' "$TMP/untrusted.log" | grep '"kind":"unreachable"' | grep -q 'certificate' ||
+grep '"event":"upstream_failed"' "$TMP/untrusted.log" | grep '"kind":"unreachable"' | grep_q 'certificate' ||
   fail "untrusted: no log line that says why: $(cat "$TMP/untrusted.log")"
 curl -sf -o /dev/null "$untrusted_URL/healthz" || fail "the server stopped serving"
 
@@ -180,7 +180,7 @@ sproxied=$(curl -sf --cacert "$TMP/ca.pem" "$SPROXY/count")
 echo '{"upstreams":{"tls":{"base_url":"'"$TLS"'/v1","ca_file":"'"$TMP"'/ca.pem"}}}' >"$TMP/ups1.json"
 https_proxy="$SPROXY" no_proxy= NO_PROXY= start_server spf --store memory: --upstreams "$TMP/ups1.json" --log "$TMP/spf.log"
 code=$(curl -s -o "$TMP/a.json" -w '%{http_code}' "${hdr[@]}" -d "$chat" "$spf_URL/v1/chat/completions")
-[ "$code" = 502 ] && get 'd["error"]["message"]' <"$TMP/a.json" | grep -q "https:// proxy's own certificate.*SSL_CERT_FILE" ||
+[ "$code" = 502 ] && get 'd["error"]["message"]' <"$TMP/a.json" | grep_q "https:// proxy's own certificate.*SSL_CERT_FILE" ||
   fail "an https:// proxy whose CA only an upstream's ca_file names: $code $(cat "$TMP/a.json")"
 
 for s in untrusted gw env dir px pp np sp spf; do
