@@ -1538,7 +1538,9 @@ static void model_cascade(chat_t *c, json_t *a) {
         r->offer |= offered[k].bit;
   const char *esc = sget(a, "escalate_model");
   lg__free(c->esc_model);
+  lg__free(c->esc_asked);
   c->esc_model = esc ? lg__strdup(esc) : NULL;
+  c->esc_asked = esc ? lg__strdup(esc) : NULL;
   r->esc_left = esc ? (int)json_integer_value(json_object_get(a, "escalate_turns")) - 1 : 0;
   /* the escalated model is routed as a client's model would be */
   c->ui = c->base_ui;
@@ -2216,7 +2218,21 @@ static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char *
       worst += HIDE_SLACK + (raw ? 21 * c->body_reals : 0);
     *mo = model_event(c, worst);
     lg__free(first);
-    t = mo->error || mo->stop ? NULL : body_text(c, blen, NULL, own);
+    int made = !mo->error && !mo->stop; /* counted, its worst case reserved */
+    /* A call escalated to another model (cascade.escalate), or back from
+     * one, goes where a key's checks did not look: its model allowed, its
+     * own provider key the one for that upstream, never another's. */
+    if (made && c->j->key && (c->esc_model || c->j->byok_for != c->ui + 1) &&
+        lg__gw_keys_route(c->cx,
+                          c->esc_model ? c->esc_asked : json_string_value(json_object_get(c->root, "model")),
+                          c->esc_model ? c->esc_model : c->model, c->ui))
+      mo->error = 1; /* answered (403, 500) */
+    t = made && !mo->error ? body_text(c, blen, NULL, own) : NULL;
+    if (made && !t) { /* not sent: nothing charged, nothing left reserved */
+      if (!mo->error) lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
+      mo->error = 1;
+      usage_event(c, mo, NULL, USAGE_NONE, worst);
+    }
   }
   if (!t && !mo->error && !mo->stop) {
     lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
@@ -3089,6 +3105,7 @@ static void chat_free(chat_t *c) {
   json_decref(c->r_open_item);
   lg__free(c->reask_prev);
   lg__free(c->esc_model);
+  lg__free(c->esc_asked);
   lg__buf_free(&c->line);
   lg__buf_free(&c->text);
   json_decref(c->reasoning);

@@ -336,6 +336,8 @@ typedef struct lg__gw_job {
   struct lg__key_row *key;
   int key_byok;               /* sent upstream with the key's own provider key */
   char *provider_key;         /* ... which is this one (new), or NULL */
+  size_t byok_for;            /* the upstream (its index + 1) provider_key was
+                                 looked up for; 0: none yet */
   char *key_scopes[2];        /* the key's scopes with a budget (new): the
                                  model call reserves on them beside the run's */
   size_t nkey_scopes;
@@ -487,6 +489,13 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx);
  * reserves on beside the run's own. 0: go on; 1: answered. */
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model, size_t ui,
                       size_t body_len, const char **added, int *replaced);
+/* Where a model call of a request with a key goes: the key may use the
+ * model (asked: its name as given, model: as sent upstream, either in the
+ * key's list), and its own provider key is the one for upstream ui
+ * (looked up again when the call goes to another upstream than the
+ * request's first: an escalation, cascade.escalate). 0: go on; 1: a 403
+ * or 500 answered. Without a key, 0. */
+int lg__gw_keys_route(lg__gw_ctx_t *cx, const char *asked, const char *model, size_t ui);
 /* The members that bound an answer's output, in the order they are read
  * (keys.c): max_completion_tokens, max_tokens, max_output_tokens. */
 #define LG__GW_NBOUNDS 3

@@ -90,9 +90,11 @@ static const char *bearer_key(const char *auth) {
  * upstream `up`, when it has one (opened with the store's secret when it
  * is sealed). 1 with the error answered (500 naming the key) when it
  * cannot be had: never a sealed value sent upstream. */
-static int use_byok(lg__gw_ctx_t *cx, const lg__gw_upstream_t *up) {
+static int use_byok(lg__gw_ctx_t *cx, size_t ui) {
   lg__gw_job_t *j = cx->j;
+  const lg__gw_upstream_t *up = &lg__gw_cfg(cx->gw)->up[ui];
   j->key_byok = 0;
+  j->byok_for = ui + 1;
   if (j->provider_key) OPENSSL_cleanse(j->provider_key, strlen(j->provider_key));
   lg__free(j->provider_key);
   j->provider_key = NULL;
@@ -193,7 +195,7 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   j->key = row;
   lg__free(j->auth); /* never sent upstream */
   j->auth = NULL;
-  if (j->kind == LG__GW_PASS && use_byok(cx, &lg__gw_cfg(cx->gw)->up[lg__gw_pass_upstream(cx->gw, j)]))
+  if (j->kind == LG__GW_PASS && use_byok(cx, lg__gw_pass_upstream(cx->gw, j)))
     return 1;
   return 0;
 }
@@ -350,19 +352,25 @@ static void refuse(lg__gw_ctx_t *cx, lg__gw_job_t *j, const lg_budget_t *b, int6
   }
 }
 
+int lg__gw_keys_route(lg__gw_ctx_t *cx, const char *asked, const char *model, size_t ui) {
+  lg__gw_job_t *j = cx->j;
+  if (!j->key) return 0;
+  if (!model_allowed(j->key, asked) && !model_allowed(j->key, model)) {
+    lg__gw_error(j, 403, "permission_error", "model_not_allowed",
+                 "loopguard: this key may not use model \"%s\"", asked ? asked : model ? model : "");
+    return 1;
+  }
+  return j->byok_for == ui + 1 ? 0 : use_byok(cx, ui);
+}
+
 int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
                       size_t ui, size_t body_len, const char **added, int *replaced) {
   lg__gw_job_t *j = cx->j;
   *added = NULL;
   *replaced = 0;
   if (!j->key) return 0;
-  const char *asked = json_string_value(json_object_get(root, "model"));
-  if (!model_allowed(j->key, asked) && !model_allowed(j->key, model)) {
-    lg__gw_error(j, 403, "permission_error", "model_not_allowed",
-                 "loopguard: this key may not use model \"%s\"", asked ? asked : "");
-    return 1;
-  }
-  if (use_byok(cx, &lg__gw_cfg(cx->gw)->up[ui])) return 1;
+  j->byok_for = 0; /* this request's first model call: looked up again */
+  if (lg__gw_keys_route(cx, json_string_value(json_object_get(root, "model")), model, ui)) return 1;
   lg_error_t e = {0};
   lg_store_t *s = lg__gw_store(cx, &e);
   int64_t now = lg__server_now(cx->srv);

@@ -1023,7 +1023,7 @@ function route(req, res, body) {
       return res.end(JSON.stringify(stats));
     }
     if (req.method === 'POST' && req.url === '/reset') {
-      stats.violations = []; stats.chat = 0; stats.bodies = []; stats.raw = []; stats.models = []; stats.aborted = 0;
+      stats.violations = []; stats.chat = 0; stats.bodies = []; stats.raw = []; stats.models = []; stats.aborted = 0; stats.auths = [];
       res.writeHead(200); return res.end('{}');
     }
     if (req.method === 'POST' && req.url === '/v1/conversations') {

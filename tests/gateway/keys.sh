@@ -57,7 +57,10 @@ cat >"$TMP/prices.json" <<'JSON'
             "finish-vision": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50,
                               "attachment_tokens": 1000},
             "cutoff-slow": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
-            "drip-long": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+            "drip-long": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "stubborn": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "stubborn-strong": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "esc/stubborn-strong": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -386,6 +389,61 @@ store_holds() {
 }
 store_holds sk-own && fail "the store holds the provider key in clear"
 store_holds byok-off || fail "store_holds cannot see the store (the key's name is in it)"
+
+note "an escalation (cascade.escalate) routed to another upstream: the key's own provider key of that upstream goes there, never the first one's; a model the key may not use is refused there too, nothing left reserved"
+node "$HERE/fake-upstream.mjs" "$TMP/fake2.port" &
+ALL_PIDS+=($!)
+for i in $(seq 100); do [ -s "$TMP/fake2.port" ] && break; sleep 0.05; done
+FAKE2="http://127.0.0.1:$(cat "$TMP/fake2.port")"
+cat >"$TMP/esc-ups.json" <<JSON
+{"upstreams": {"a": {"base_url": "$FAKE/v1"}, "b": {"base_url": "$FAKE2/v1"}},
+ "routes": [{"model_prefix": "esc/", "upstream": "b", "strip_prefix": true}], "default": "a"}
+JSON
+mkdir -p "$TMP/esc-pol"
+echo '{"cascade":{"escalate":{"model":"esc/stubborn-strong","turns":2}}}' >"$TMP/esc-pol/escalate.json"
+start_server esc --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstreams "$TMP/esc-ups.json" --policies "$TMP/esc-pol" --log "$TMP/esc.log" --secret-file "$TMP/secret"
+# esc_loop KEY RUN: an agent loop on the stubborn model (the same failing
+# write every turn) until an answer without a call or 8 turns; prints the
+# statuses of its requests
+esc_loop() {
+  python3 - "$esc_URL/v1/chat/completions" "$1" "$2" <<'PY'
+import json, sys, urllib.request, urllib.error
+url, key, run = sys.argv[1:4]
+tools = [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}]
+msgs, seen = [{"role": "user", "content": "Write record 7."}], []
+for turn in range(8):
+    body = json.dumps({"model": "stubborn", "messages": msgs, "tools": tools}).encode()
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json", "Authorization": "Bearer " + key,
+                                             "X-Loopguard-Run": run, "X-Loopguard-Policy": "escalate"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            seen.append(r.status); m = json.load(r)["choices"][0]["message"]
+    except urllib.error.HTTPError as e:
+        seen.append(e.code); print(json.dumps({"statuses": seen, "error": json.load(e)})); sys.exit(0)
+    msgs.append(m)
+    if not m.get("tool_calls"): break
+    for c in m["tool_calls"]:
+        msgs.append({"role": "tool", "tool_call_id": c["id"], "content": "Error: the storage is read-only."})
+print(json.dumps({"statuses": seen}))
+PY
+}
+read -r K10 H10 < <(newkey '{"name":"esc-byok","byok":{"a":"sk-byok-a","b":"sk-byok-b"}}')
+curl -sf -X POST "$FAKE/reset" >/dev/null && curl -sf -X POST "$FAKE2/reset" >/dev/null || fail "reset"
+out=$(esc_loop "$K10" esc-byok-1) || fail "the escalation's loop: $out"
+[ "$(echo "$out" | get 'set(d["statuses"]) == {200}')" = true ] || fail "the escalation's loop: $out"
+a=$(curl -s "$FAKE/stats" | get 'sorted(set(d["auths"]))') b=$(curl -s "$FAKE2/stats" | get 'sorted(set(d["auths"]))')
+m2=$(curl -s "$FAKE2/stats" | get 'sorted(set(d["models"]))')
+[ "$m2" = '["stubborn-strong"]' ] || fail "the escalated calls did not go to upstream b: $m2 (a: $(curl -s "$FAKE/stats" | get 'd["models"]'))"
+[ "$a" = '["Bearer sk-byok-a"]' ] || fail "upstream a got: $a"
+[ "$b" = '["Bearer sk-byok-b"]' ] || fail "upstream b (the escalation's) got: $b"
+read -r K11 H11 < <(newkey '{"name":"esc-narrow","limit_usd":5,"models":["stubborn"],"byok":{"a":"sk-byok-a"}}')
+out=$(esc_loop "$K11" esc-narrow-1) || fail "the narrow key's loop: $out"
+[ "$(echo "$out" | get 'd["statuses"][-1], d["error"]["error"]["code"]')" = '[403, "model_not_allowed"]' ] ||
+  fail "an escalation to a model the key may not use: $out"
+echo "$out" | get 'd["error"]["error"]["message"]' | grep_q 'esc/stubborn-strong' || fail "the refusal does not name the model: $out"
+[ "$(op GET "/v1/budgets/key:$H11" | get 'd["reserved_usd"]')" = 0 ] || fail "the refused escalation left a reservation: $(op GET "/v1/budgets/key:$H11")"
+stop_server esc
 
 note "32 concurrent agents on one key: never over the limit, spent = the sum of the usages"
 # 0.02 USD: about 19 answers (1000 + the input each); the worst case of one
