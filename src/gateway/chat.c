@@ -2935,8 +2935,24 @@ static int find_run(chat_t *c) {
   return 0;
 }
 
-/* A retry of the run's last request (the same body, soon after): the same
- * answer again, not a second model call. 1 when answered. */
+/* What makes a request a retry of the run's last: its body, and who sent
+ * it: the loopguard key (its id), else the client's own credentials
+ * (Authorization, x-api-key). Another key, or another client, sending the
+ * same body on the same run gets a model call of its own, past its own
+ * key's checks, never the cached answer of another. */
+static uint64_t retry_hash(const lg__gw_job_t *j) {
+  uint64_t h = lg__hash_str(j->body);
+  const char *who[2] = {j->key ? lg__gw_key_id(j) : j->auth, NULL};
+  for (const struct curl_slist *s = j->key ? NULL : j->fwd; s; s = s->next)
+    if (!strncasecmp(s->data, "x-api-key:", 10)) who[1] = s->data;
+  for (size_t i = 0; i < 2; i++)
+    h = (h ^ (who[i] ? lg__hash_str(who[i]) : 0)) * 0x100000001b3u + i + 1;
+  return h;
+}
+
+/* A retry of the run's last request (the same body and sender, soon
+ * after): the same answer again, not a second model call. 1 when
+ * answered. */
 static int answer_retry(chat_t *c, uint64_t h) {
   lg__gw_run_t *r = c->r;
   lg__gw_job_t *j = c->j;
@@ -3128,7 +3144,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;
-  uint64_t h = lg__hash_str(j->body);
+  uint64_t h = retry_hash(j);
   if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h) && !feed_new(&c)) {
     /* What comes before the model call and reads the results' decisions
      * (a stop, a stopped run's last text) or the store (a key's checks):

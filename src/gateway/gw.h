@@ -496,6 +496,8 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model, size_t 
  * request's first: an escalation, cascade.escalate). 0: go on; 1: a 403
  * or 500 answered. Without a key, 0. */
 int lg__gw_keys_route(lg__gw_ctx_t *cx, const char *asked, const char *model, size_t ui);
+/* The request's loopguard key's id (stable across rotations), or NULL. */
+const char *lg__gw_key_id(const lg__gw_job_t *j);
 /* The members that bound an answer's output, in the order they are read
  * (keys.c): max_completion_tokens, max_tokens, max_output_tokens. */
 #define LG__GW_NBOUNDS 3

@@ -352,6 +352,8 @@ static void refuse(lg__gw_ctx_t *cx, lg__gw_job_t *j, const lg_budget_t *b, int6
   }
 }
 
+const char *lg__gw_key_id(const lg__gw_job_t *j) { return j->key ? j->key->id : NULL; }
+
 int lg__gw_keys_route(lg__gw_ctx_t *cx, const char *asked, const char *model, size_t ui) {
   lg__gw_job_t *j = cx->j;
   if (!j->key) return 0;

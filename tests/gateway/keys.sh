@@ -367,6 +367,21 @@ read -r K6 H6 < <(newkey '{"name":"picky","models":["finish"]}')
 b=$(chat "$K6" "{\"model\":\"other\",$MSG}")
 [ "$(st)" = 403 ] && echo "$b" | grep >/dev/null model_not_allowed || fail "model_not_allowed: $(st) $b"
 
+note "a retry's cached answer is the sender's own: the same body on the same run from another key goes through that key's checks"
+rbody="{\"model\":\"finish\",$MSG}"
+rchat() { # KEY: the body above on run retry-keys; the status
+  curl -s -o "$TMP/rbody" -w '%{http_code}' -H "Authorization: Bearer $1" -H 'Content-Type: application/json' \
+    -H 'X-Loopguard-Run: retry-keys' -d "$rbody" "$gw_URL/v1/chat/completions"
+}
+read -r K12 H12 < <(newkey '{"name":"retry-a"}')
+read -r K13 H13 < <(newkey '{"name":"retry-b","models":["nothing-allowed"]}')
+[ "$(rchat "$K12")" = 200 ] || fail "retry: the first request: $(cat "$TMP/rbody")"
+n=$(curl -s "$FAKE/stats" | get 'd["chat"]')
+[ "$(rchat "$K12")" = 200 ] && [ "$(curl -s "$FAKE/stats" | get 'd["chat"]')" = "$n" ] ||
+  fail "retry: the same key's retry was not answered from the cache: $(cat "$TMP/rbody")"
+[ "$(rchat "$K13")" = 403 ] && grep_q model_not_allowed "$TMP/rbody" ||
+  fail "retry: another key (that may not use the model) got the cached answer: $(cat "$TMP/rbody")"
+
 note "byok: spend on the key's own provider key counts only with include_byok_in_limit"
 read -r K7 H7 < <(newkey '{"name":"byok-off","limit_usd":5,"byok":{"default":"sk-own"}}')
 read -r K8 H8 < <(newkey '{"name":"byok-on","limit_usd":5,"byok":{"default":"sk-own"},"include_byok_in_limit":true}')
