@@ -660,23 +660,34 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   lg__buf_puts(&url, x->up->base_url);
   lg__buf_puts(&url, x->path);
   if (x->query) lg__buf_puts(&url, x->query);
-  if (url.oom) return LG_ENOMEM;
+  if (url.oom) {
+    lg__buf_free(&url);
+    return LG_ENOMEM;
+  }
   struct curl_slist *hd = NULL, *t;
   int typed = 0; /* a passed-through body's own Content-Type is among them */
+  /* The upstream's own key (or the loopguard key's provider key) is the
+   * only credential sent with it: the client's are not (an Anthropic
+   * SDK's placeholder x-api-key beside the real one). */
+  const char *key = x->provider_key ? x->provider_key : x->up->api_key;
   for (const struct curl_slist *s = x->headers; s; s = s->next) {
+    if (key && !strncasecmp(s->data, "x-api-key:", 10)) continue;
     typed |= !strncasecmp(s->data, "Content-Type:", 13);
     if ((t = curl_slist_append(hd, s->data))) hd = t;
   }
-  char auth[1200];
-  const char *key = x->provider_key ? x->provider_key : x->up->api_key;
-  if (key) {
-    if (x->up->api == LG__GW_API_ANTHROPIC) snprintf(auth, sizeof auth, "x-api-key: %s", key);
-    else snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
-    if ((t = curl_slist_append(hd, auth))) hd = t;
-  } else if (x->client_auth) {
-    snprintf(auth, sizeof auth, "Authorization: %s", x->client_auth);
-    if ((t = curl_slist_append(hd, auth))) hd = t;
+  /* as long as the credential is (a JWT of a few KB; the client's head
+   * is bounded by the server's) */
+  lg__buf_t auth = {0};
+  if (key && x->up->api == LG__GW_API_ANTHROPIC) lg__buf_printf(&auth, "x-api-key: %s", key);
+  else if (key) lg__buf_printf(&auth, "Authorization: Bearer %s", key);
+  else if (x->client_auth) lg__buf_printf(&auth, "Authorization: %s", x->client_auth);
+  if (auth.oom) {
+    curl_slist_free_all(hd);
+    lg__buf_free(&url);
+    return LG_ENOMEM;
   }
+  if (auth.len && (t = curl_slist_append(hd, auth.data))) hd = t;
+  lg__buf_free(&auth);
   if (x->body && !typed && (t = curl_slist_append(hd, "Content-Type: application/json"))) hd = t;
   if ((t = curl_slist_append(hd, "Expect:"))) hd = t; /* no 100-continue round trip */
   curl_easy_reset(h);

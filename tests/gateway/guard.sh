@@ -637,6 +637,21 @@ code=$(gw_call /v1/messages "x-api-key: $key")
 stop_server auth
 [ "$auth_RC" = 0 ] || fail "the auth server exited $auth_RC: $(tail -5 "$TMP/auth.err")"
 
+note "credentials sent upstream: the upstream's own key alone (not beside a client's placeholder x-api-key), and a client's long Authorization whole"
+echo '{"upstreams":{"claude":{"base_url":"'"$FAKE"'/v1","api":"anthropic","api_key_env":"FAKE_KEY"}}}' >"$TMP/ups-anth.json"
+FAKE_KEY=sk-upstream-anth start_server anth --store memory: --upstreams "$TMP/ups-anth.json"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: application/json' -H 'anthropic-version: 2023-06-01' \
+  -H 'x-api-key: sk-ant-placeholder' -d '{"model":"finish","max_tokens":5,"messages":[{"role":"user","content":"x"}]}' \
+  "$anth_URL/v1/messages")
+[ "$code" = 200 ] || fail "messages with the upstream's own key: $code $(cat "$TMP/e.json")"
+[ "$(stats 'd["auths"][-1]')" = sk-upstream-anth ] || fail "the Anthropic upstream got x-api-key: $(stats 'd["auths"][-1]')"
+stop_server anth
+long="Bearer sk-$(head -c 2400 /dev/zero | tr '\0' 'x')" # an Entra ID token is 1.5 to 2.5 KB
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: application/json' -H "Authorization: $long" \
+  -d '{"model":"finish","messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "a long Authorization: $code $(cat "$TMP/e.json")"
+[ "$(stats 'd["auths"][-1]')" = "$long" ] || fail "a long Authorization reached the upstream cut: $(stats 'len(d["auths"][-1])') of ${#long} bytes"
+
 note "an upstream answer past LOOPGUARD_GATEWAY_ANSWER_BYTES: dropped, a 502 in the API's shape, the server keeps serving"
 out=$(LOOPGUARD_GATEWAY_ANSWER_BYTES=1k "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" 2>&1) &&
   fail "LOOPGUARD_GATEWAY_ANSWER_BYTES=1k was taken: $out"
