@@ -2708,8 +2708,9 @@ json_t *lg__gwc_usage(const chat_t *c, json_int_t in, json_int_t out) {
   if (is_responses(c))
     return json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details",
                      "cached_tokens", 0, "output_tokens", out, "output_tokens_details", "reasoning_tokens",
-                     0, "total_tokens", in + out);
-  return json_pack("{s:I, s:I, s:I}", "prompt_tokens", in, "completion_tokens", out, "total_tokens", in + out);
+                     0, "total_tokens", (json_int_t)lg__add_sat(in, out));
+  return json_pack("{s:I, s:I, s:I}", "prompt_tokens", in, "completion_tokens", out, "total_tokens",
+                   (json_int_t)lg__add_sat(in, out));
 }
 
 /* A cut stream's client is told the usage its run was charged (`u`, of
@@ -2720,7 +2721,7 @@ json_t *lg__gwc_usage(const chat_t *c, json_int_t in, json_int_t out) {
 static void cut_told(chat_t *c, json_t *u) {
   json_int_t out = json_integer_value(json_object_get(u, "output_tokens"));
   if (is_anthropic(c)) {
-    c->a_out_tokens += out;
+    c->a_out_tokens = lg__add_sat(c->a_out_tokens, out);
     return;
   }
   json_decref(c->usage);

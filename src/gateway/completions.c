@@ -211,8 +211,8 @@ void lg__gwo_details_next(chat_t *c) {
   json_int_t most = 0; /* past the answer's highest index (an index past 2^32 is not the API's) */
   for (size_t k = 0; k < json_array_size(c->details); k++) {
     json_t *ix = json_object_get(json_array_get(c->details, k), "index");
-    json_int_t past = json_is_integer(ix) ? json_integer_value(ix) + 1 : 0;
-    if (past > most && past <= (json_int_t)1 << 32) most = past;
+    json_int_t v = json_is_integer(ix) ? json_integer_value(ix) : -1;
+    if (v >= 0 && v < (json_int_t)1 << 32 && v + 1 > most) most = v + 1;
   }
   c->details_shift += most;
 }

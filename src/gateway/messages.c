@@ -187,7 +187,7 @@ int lg__gwm_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
     /* the message's usage so far (the API's newer ones restate its input
      * and cache tokens here too) */
     json_t *du = json_object_get(ch, "usage"), *ot = json_object_get(du, "output_tokens");
-    if (json_is_integer(ot)) c->a_out_tokens += json_integer_value(ot);
+    if (json_is_integer(ot)) c->a_out_tokens = lg__add_sat(c->a_out_tokens, json_integer_value(ot));
     if (c->usage && json_is_object(du)) json_object_update(c->usage, du);
   } else if (!strcmp(type, "message_stop")) {
     c->saw_done = 1;

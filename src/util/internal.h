@@ -178,6 +178,13 @@ void lg__err_where(lg_error_t *err, const char *source, long line);
 /* Prefixes err->field with `prefix.` (for nested objects). */
 void lg__err_field_prefix(lg_error_t *err, const char *prefix);
 
+/* a + b, held at INT64_MAX / INT64_MIN rather than past them (counts an
+ * upstream reports: any integer JSON holds) */
+static inline int64_t lg__add_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
 static inline uint64_t lg__load64(const uint8_t *p) {
   uint64_t v;
   memcpy(&v, p, 8);
