@@ -2253,6 +2253,7 @@ int lg__gw_new(lg_server_t *srv, const lg_server_options_t *opts, lg__gw_t **out
     rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   if (rc) {
     lg__gw_config_clear(&gw->cfg);
+    lg__gw_policies_clear(&gw->policies);
     lg__free(gw);
     return rc;
   }

@@ -579,9 +579,11 @@ out=$(guard API=chat BASE_URL="$ka_URL/v1" MODEL=slow-call STREAM=1)
   fail "slow-call: the SDK, with the keep-alive comments: $out"
 stop_server ka
 [ "$ka_RC" = 0 ] || fail "the keep-alive server exited $ka_RC"
-LOOPGUARD_GATEWAY_KEEPALIVE_MS=soon "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" >"$TMP/ka.out" 2>&1 &&
-  fail "LOOPGUARD_GATEWAY_KEEPALIVE_MS=soon started"
+LOOPGUARD_GATEWAY_KEEPALIVE_MS=soon "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstream "$FAKE/v1" \
+  --policies "$TMP/policies" >"$TMP/ka.out" 2>&1 && fail "LOOPGUARD_GATEWAY_KEEPALIVE_MS=soon started"
 grep -q "LOOPGUARD_GATEWAY_KEEPALIVE_MS" "$TMP/ka.out" || fail "a bad keep-alive: $(cat "$TMP/ka.out")"
+# (under ASan: the named policies loaded before the bad variable are freed)
+grep -q "LeakSanitizer" "$TMP/ka.out" && fail "a start that failed leaked: $(cat "$TMP/ka.out")"
 
 note "a client that hangs up mid-stream: the upstream request is aborted, the server keeps serving"
 before=$(stats 'd["aborted"]')
