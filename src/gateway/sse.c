@@ -9,40 +9,38 @@
  */
 #include "gw.h"
 
-/* Where the first event of d[0..len) ends: the offset of its blank line,
- * *sep the blank line's length ("\n\n" 2, "\r\n\r\n" 4); *sep 0: no whole
- * event yet. Found from the line ends, which an event's JSON never holds
- * but at its own end. */
-static size_t event_end(const char *d, size_t len, size_t *sep) {
-  *sep = 0;
-  for (const char *q = d; (q = memchr(q, '\n', len - (size_t)(q - d))); q++) {
-    size_t i = (size_t)(q - d);
-    if (i + 1 < len && d[i + 1] == '\n') {
-      *sep = 2;
-      return i;
-    }
-    if (i >= 1 && i + 2 < len && d[i - 1] == '\r' && d[i + 1] == '\r' && d[i + 2] == '\n') {
-      *sep = 4;
-      return i - 1;
-    }
+/* The line at d[i..len): its length, and in *term its end's (LF, CRLF
+ * or CR: the SSE rule, any of the three); *term 0 when the line is not
+ * whole yet (no end, or a CR last, which may be half a CRLF). Found with
+ * memchr: an event's JSON holds no raw line end. */
+static size_t line_at(const char *d, size_t len, size_t i, size_t *term) {
+  const char *p = d + i, *lf = memchr(p, '\n', len - i);
+  const char *cr = memchr(p, '\r', (size_t)((lf ? lf : d + len) - p));
+  *term = 0;
+  if (cr) {
+    if (cr + 1 < d + len) *term = cr[1] == '\n' ? 2 : 1;
+    return (size_t)(cr - p);
   }
-  return 0;
+  if (lf) *term = 1;
+  return (size_t)((lf ? lf : d + len) - p);
 }
 
 int lg__sse_next(const char *d, size_t len, lg__sse_event_t *ev, lg__buf_t *joined) {
-  size_t sep = 0, end = len >= 2 ? event_end(d, len, &sep) : 0;
-  if (!sep) return 0;
-  ev->used = end + sep;
+  if (!len) return 0;
+  /* the event's lines run to the first empty one, which ends it */
+  size_t end = 0, term;
+  for (size_t ll;; end += ll + term) {
+    if (!(ll = line_at(d, len, end, &term)) && term) break;
+    if (!term) return 0;
+  }
+  ev->used = end + term;
   ev->data = NULL;
   ev->data_len = 0;
   /* Its data lines joined by "\n", each without "data:" and the one space
    * after it (the SSE rule); one line is read in place. */
   int lines = 0;
-  for (size_t i = 0; i < end;) {
-    const char *nl = memchr(d + i, '\n', end - i);
-    size_t k = nl ? (size_t)(nl - d) : end;
-    size_t ll = k - i;
-    if (ll && d[i + ll - 1] == '\r') ll--;
+  for (size_t i = 0, ll; i < end; i += ll + term) {
+    ll = line_at(d, len, i, &term);
     if (ll >= 5 && !memcmp(d + i, "data:", 5)) {
       const char *v = d + i + 5;
       size_t vn = ll - 5;
@@ -59,7 +57,6 @@ int lg__sse_next(const char *d, size_t len, lg__sse_event_t *ev, lg__buf_t *join
       }
       lines++;
     }
-    i = k + 1;
   }
   if (lines > 1) {
     ev->data = joined->oom ? NULL : joined->data;

@@ -7,10 +7,11 @@
  * stream.
  * Invariants:
  *   - each event lg__sse_next finds is the one a plain reading of the
- *     rules finds (written out here, a byte at a time: an event ends at
- *     the first "\n\n" or "\r\n\r\n"; its data lines, "\r\n" or "\n"
- *     ended, without "data:" and one space, joined by "\n"): the same
- *     end, the same data, none where it finds none;
+ *     rules finds (written out here, a byte at a time: lines end with
+ *     "\r\n", "\n" or "\r", a "\r" last not yet known to be whole;
+ *     an event ends with its first empty line; its data lines, without
+ *     "data:" and one space, joined by "\n"): the same end, the same
+ *     data, none where it finds none;
  *   - a one-line event's data lies inside the event's own bytes;
  *   - read as the gateway reads it (each read appended to what was kept,
  *     the whole events taken from the front, the rest kept), the stream
@@ -29,30 +30,32 @@
 /* The rules, a byte at a time: 1 and the event's length and data (into
  * *out, *has set when it has a data line), 0 when no event is whole. */
 static int plain_next(const char *d, size_t len, size_t *used, lg__buf_t *out, int *has) {
-  size_t end = 0, sep = 0;
-  for (size_t i = 0; i + 1 < len && !sep; i++) {
-    if (d[i] == '\n' && d[i + 1] == '\n') end = i, sep = 2;
-    else if (i + 3 < len && !memcmp(d + i, "\r\n\r\n", 4)) end = i, sep = 4;
-  }
-  if (!sep) return 0;
-  *used = end + sep;
   out->len = 0;
   *has = 0;
-  for (size_t i = 0; i < end;) {
-    size_t k = i;
-    while (k < end && d[k] != '\n') k++;
-    size_t ll = k - i;
-    if (ll && d[i + ll - 1] == '\r') ll--;
-    if (ll >= 5 && !memcmp(d + i, "data:", 5)) {
-      size_t v = i + 5, vn = ll - 5;
+  size_t start = 0; /* of the line being read */
+  for (size_t i = 0; i < len; i++) {
+    if (d[i] != '\n' && d[i] != '\r') continue;
+    size_t end = 1; /* the line end's bytes */
+    if (d[i] == '\r') {
+      if (i + 1 == len) return 0; /* "\r" or the first half of "\r\n": not known yet */
+      if (d[i + 1] == '\n') end = 2;
+    }
+    size_t ll = i - start;
+    if (!ll) { /* an empty line: the event ends */
+      *used = i + end;
+      return 1;
+    }
+    if (ll >= 5 && !memcmp(d + start, "data:", 5)) {
+      size_t v = start + 5, vn = ll - 5;
       if (vn && d[v] == ' ') v++, vn--;
       if (*has) lg__buf_putc(out, '\n');
       lg__buf_append(out, d + v, vn);
       *has = 1;
     }
-    i = k + 1;
+    i += end - 1;
+    start = i + 1;
   }
-  return 1;
+  return 0;
 }
 
 /* The events of one reading, each as its length, a has-data byte and its

@@ -787,6 +787,16 @@ function failing(res, j) {
       : { error: { message: 'Rate limit reached for requests', type: 'requests', param: null, code: 'rate_limit_exceeded' } }));
     return true;
   }
+  if (model.startsWith('line-ends') && j.stream && res.req.url.endsWith('/chat/completions')) {
+    // the three line ends SSE allows (LF, CRLF, CR), mixed: "Hi there." in two deltas
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const ch = (delta, fin = null) => JSON.stringify({ id: 'chatcmpl-ends', object: 'chat.completion.chunk', created: 0, model, choices: [{ index: 0, delta, finish_reason: fin }] });
+    res.write('data: ' + ch({ role: 'assistant', content: '' }) + '\r\r');
+    res.write('data: ' + ch({ content: 'Hi ' }) + '\n\r\n');
+    res.write('event: message\rdata: ' + ch({ content: 'there.' }) + '\r\n\n');
+    res.end('data: ' + ch({}, 'stop') + '\r\n\r\ndata: [DONE]\r\r');
+    return true;
+  }
   if (model.startsWith('garbage-stream')) {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end('data: <html>oops</html>\n\ndata: not json either\n\n');

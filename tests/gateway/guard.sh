@@ -451,6 +451,19 @@ for api in chat messages; do
   else [ "$(get 'd["type"], d["error"]["type"]' <"$TMP/e.json")" = '["error", "api_error"]' ] || fail "garbage stream messages: $(cat "$TMP/e.json")"; fi
 done
 
+note "a stream whose events end with any of SSE's three line ends (LF, CRLF, CR), mixed: read whole"
+code=$(curl -s -N -H "Content-Type: application/json" -o "$TMP/ends.sse" -w '%{http_code}' \
+  -d '{"model":"line-ends","stream":true,"messages":[{"role":"user","content":"x"}]}' "$g_URL/v1/chat/completions")
+text=$(python3 -c '
+import json, re, sys
+lines = re.split(r"\r\n|\r|\n", open(sys.argv[1], newline="").read())
+data = [l[6:] for l in lines if l.startswith("data: ")]
+assert lines[-1] == "" and lines[-2] == "", lines[-3:]  # the last event whole
+assert data[-1] == "[DONE]", data
+print("".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-1] if json.loads(d)["choices"]))
+' "$TMP/ends.sse" 2>&1)
+[ "$code" = 200 ] && [ "$text" = "Hi there." ] || fail "line ends: $code $text $(od -c "$TMP/ends.sse" | head -20)"
+
 note "odd answers of the upstream: read as the client reads them, the server keeps serving"
 code=$(curl -s --max-time 10 -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' \
   -d '{"model":"odd-answer","input":"x"}' "$g_URL/v1/responses")
