@@ -406,10 +406,7 @@ store_holds sk-own && fail "the store holds the provider key in clear"
 store_holds byok-off || fail "store_holds cannot see the store (the key's name is in it)"
 
 note "an escalation (cascade.escalate) routed to another upstream: the key's own provider key of that upstream goes there, never the first one's; a model the key may not use is refused there too, nothing left reserved"
-node "$HERE/fake-upstream.mjs" "$TMP/fake2.port" &
-ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/fake2.port" ] && break; sleep 0.05; done
-FAKE2="http://127.0.0.1:$(cat "$TMP/fake2.port")"
+start_fake FAKE2
 cat >"$TMP/esc-ups.json" <<JSON
 {"upstreams": {"a": {"base_url": "$FAKE/v1"}, "b": {"base_url": "$FAKE2/v1"}},
  "routes": [{"model_prefix": "esc/", "upstream": "b", "strip_prefix": true}], "default": "a"}

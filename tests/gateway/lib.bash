@@ -30,11 +30,17 @@ flock -u "$install_lock"
 exec {install_lock}>&-
 HERE=$NODE_DIR
 
-node "$HERE/fake-upstream.mjs" "$TMP/fake.port" &
-ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/fake.port" ] && break; sleep 0.05; done
-[ -s "$TMP/fake.port" ] || fail "the fake upstream did not start"
-FAKE="http://127.0.0.1:$(cat "$TMP/fake.port")"
+# start_fake VAR: starts a fake upstream (one more: each has its own
+# stats) and sets VAR to its URL
+start_fake() {
+  local port="$TMP/$1.port" i
+  node "$HERE/fake-upstream.mjs" "$port" &
+  ALL_PIDS+=($!)
+  for i in $(seq 100); do [ -s "$port" ] && break; sleep 0.05; done
+  [ -s "$port" ] || fail "the fake upstream $1 did not start"
+  printf -v "$1" 'http://127.0.0.1:%s' "$(cat "$port")"
+}
+start_fake FAKE
 
 # The clients' host (host.mjs: the SDKs loaded once a test, not once a run).
 node "$HERE/host.mjs" "$TMP/host.port" 2>"$TMP/host.err" &

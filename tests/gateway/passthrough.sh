@@ -129,10 +129,7 @@ stop_server lim
 [ "$lim_RC" = 0 ] || fail "the server with --gateway-max-body exited $lim_RC: $(tail -5 "$TMP/lim.err")"
 
 note "two upstreams: an Anthropic SDK's passed-through request (anthropic-version) goes to the Anthropic one"
-node "$HERE/fake-upstream.mjs" "$TMP/fake2.port" &
-ALL_PIDS+=($!)
-for i in $(seq 100); do [ -s "$TMP/fake2.port" ] && break; sleep 0.05; done
-FAKE2="http://127.0.0.1:$(cat "$TMP/fake2.port")"
+start_fake FAKE2
 cat >"$TMP/two.json" <<JSON
 {"upstreams": {"gpt": {"base_url": "$FAKE/v1", "api": "openai"},
                "claude": {"base_url": "$FAKE2/v1", "api": "anthropic"}}, "default": "gpt"}
