@@ -75,8 +75,8 @@ void lg__gate_clear(lg__gate_t *g);
  * (lg_run_usage) is the caller's. */
 int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
-                   int64_t cost_nusd, int64_t now_ms, int64_t *seq, int64_t *actual_nusd,
-                   lg_error_t *err);
+                   int64_t cost_nusd, int measured, int64_t now_ms, int64_t *seq,
+                   int64_t *actual_nusd, lg_error_t *err);
 
 /* JSON shapes of the server's answers (http-api-v1), kept beside the
  * rules they report; not public API. Each returns a new string (lg__free)

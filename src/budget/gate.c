@@ -143,8 +143,8 @@ int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
 
 int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
-                   int64_t cost_nusd, int64_t now_ms, int64_t *seq_out, int64_t *actual_nusd,
-                   lg_error_t *err) {
+                   int64_t cost_nusd, int measured, int64_t now_ms, int64_t *seq_out,
+                   int64_t *actual_nusd, lg_error_t *err) {
   *actual_nusd = 0;
   if (input_tokens < 0 || output_tokens < 0)
     return lg__err(err, LG_EINVAL, input_tokens < 0 ? "input_tokens" : "output_tokens", -1,
@@ -185,11 +185,14 @@ int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run
 
   /* Shared first: the engine's settlement cannot fail once found above.
    * A cost the client reported is a settler's word, not the engine's
-   * price: the shared budgets charge it at most the reservation (the run's
-   * own counters still count all of it, against its cost cap). */
+   * price, and so are token counts an agent reports (measured: the
+   * provider's own, read by the gateway): the shared budgets charge them
+   * at most the reservation (the run's own counters still count all of
+   * it, against its cost cap). */
   int64_t micro = lg_budget_nusd_to_micro(actual);
-  if (found && (rc = cost_nusd >= 0 ? lg_budget_settle_bounded(s, id, micro, now_ms, NULL, err)
-                                    : lg_budget_settle(s, id, micro, now_ms, NULL, err)))
+  int bounded = cost_nusd >= 0 || !measured;
+  if (found && (rc = bounded ? lg_budget_settle_bounded(s, id, micro, now_ms, NULL, err)
+                             : lg_budget_settle(s, id, micro, now_ms, NULL, err)))
     return rc;
   *seq_out = seq;
   *actual_nusd = actual;
@@ -203,7 +206,8 @@ int lg_budget_usage(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   if (actual_nusd) *actual_nusd = 0;
   if (!run) return lg__err(err, LG_EINVAL, NULL, -1, "no run");
   int64_t seq = 0, actual = 0;
-  int rc = lg__gate_usage(s, prices, run, reservation, input_tokens, output_tokens, cost_nusd,
+  /* the library's caller reports what it measured, as the gateway does */
+  int rc = lg__gate_usage(s, prices, run, reservation, input_tokens, output_tokens, cost_nusd, 1,
                           now_ms, &seq, &actual, err);
   if (rc) return rc;
   rc = lg_run_usage(run, seq, input_tokens, output_tokens, actual, t_ms);

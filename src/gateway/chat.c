@@ -257,6 +257,7 @@ static void restep(chat_t *c, lg__step_t *st, const lg_event_t *ev) {
   lg__step_clear(st);
   lg__step_init(st, ev, now_ms(c->cx));
   st->prices = in.prices;
+  st->usage_measured = in.usage_measured;
   st->ttl_ms = in.ttl_ms;
   st->scopes = in.scopes;
   st->nscopes = in.nscopes;
@@ -1721,6 +1722,7 @@ static void usage_event(chat_t *c, const model_out_t *mo, json_t *usage, enum us
   c->use_ev = ev;
   lg__step_init(&c->use, &ev, now_ms(c->cx));
   c->use.prices = lg_price_book_get(c->cx->srv->prices);
+  c->use.usage_measured = 1; /* the provider's count (or the gateway's bound when it sent none) */
   c->use_pending = 1;
 }
 

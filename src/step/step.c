@@ -210,7 +210,8 @@ static int decide_usage(lg__step_t *st, lg_store_t *s, lg_run_t *run, lg_decisio
   int64_t seq = 0, actual = 0;
   int rc = lg__gate_usage(s, st->prices, run, st->ev.u.usage.reservation,
                           st->ev.u.usage.input_tokens, st->ev.u.usage.output_tokens,
-                          st->ev.u.usage.cost_nusd, st->now_ms, &seq, &actual, err);
+                          st->ev.u.usage.cost_nusd, st->usage_measured, st->now_ms, &seq, &actual,
+                          err);
   if (st->was_stopped) {
     if (rc && rc != LG_ENOTFOUND) return rc; /* not found: nothing held, nothing to settle */
     if (err) memset(err, 0, sizeof *err);

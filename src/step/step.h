@@ -38,6 +38,11 @@ typedef struct lg__step {
   lg_event_t ev;              /* the event; its t_ms is set by the step */
   int64_t now_ms;             /* epoch ms (the run's time is now - created) */
   lg_prices_t *prices;        /* model and usage events; may be NULL */
+  int usage_measured;         /* a usage's tokens are the provider's count (the
+                                 gateway's), not an agent's word: the shared
+                                 budgets are charged their price whole; else at
+                                 most the call's reservation (an agent cannot
+                                 lock a budget it shares by the tokens it says) */
   int64_t ttl_ms;             /* a model event's shared reservation: how long
                                  it holds unsettled (0: the budgets' default) */
   const char *const *scopes;  /* a model event's own budget scopes beside the
