@@ -270,10 +270,12 @@ static const query_t queries[Q__N] = {
     [Q_RESV_READ] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"},
     [Q_RESV_READ_LOCK] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations WHERE id = ?1"
                           "{FOR UPDATE}"},
+    /* the open one: a run purged and made again under its id starts its
+     * seqs over, beside the old run's settled rows */
     [Q_RESV_OF_RUN] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
-                       " WHERE run_id = ?1 AND run_seq = ?2"},
+                       " WHERE run_id = ?1 AND run_seq = ?2 AND state = 'open'"},
     [Q_RESV_OF_RUN_LOCK] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
-                            " WHERE run_id = ?1 AND run_seq = ?2{FOR UPDATE}"},
+                            " WHERE run_id = ?1 AND run_seq = ?2 AND state = 'open'{FOR UPDATE}"},
     [Q_RESV_OLDEST_OF_RUN] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
                               " WHERE run_id = ?1 AND state = 'open' ORDER BY run_seq LIMIT 1"},
     [Q_RESV_OLDEST_OF_RUN_LOCK] = {.sql = "SELECT " RESV_COLS " FROM lg_budget_reservations"
