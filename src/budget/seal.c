@@ -130,10 +130,11 @@ int lg__byok_seal(const unsigned char key[32], const char *key_id, const char *u
 int lg__byok_open(const unsigned char key[32], const char *key_id, const char *upstream,
                   const char *sealed, char **out, lg_error_t *err) {
   *out = NULL;
+  if (!lg__byok_is_sealed(sealed)) /* first: a shorter string has no bytes past the prefix */
+    return lg__err(err, LG_EPERM, "byok", -1, "not a sealed provider key");
   const char *b = sealed + sizeof LG__BYOK_SEALED - 1;
   size_t bl = strlen(b);
-  if (!lg__byok_is_sealed(sealed) || bl % 4 || bl < 4)
-    return lg__err(err, LG_EPERM, "byok", -1, "not a sealed provider key");
+  if (bl % 4 || bl < 4) return lg__err(err, LG_EPERM, "byok", -1, "not a sealed provider key");
   unsigned char *raw = lg__malloc(bl / 4 * 3 + 1);
   if (!raw) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   int rl = EVP_DecodeBlock(raw, (const unsigned char *)b, (int)bl);

@@ -452,8 +452,10 @@ static int get_bool(reader_t *r, int f, int *out) {
 static int usd_nusd(reader_t *r, int f, double usd, bool present, int64_t *nusd) {
   *nusd = -1;
   if (!present) return 0;
-  if (!(usd >= 0 && usd < 1e9) || lg__usd_to_units(usd, LG__USD_NANO, nusd))
-    return rerr(r, LG_ETRACE, f, (long)r->f[f].a, "must be a non-negative USD amount below 1e9%s", NULL);
+  /* up to 1e9 inclusive: what the server takes (http-api: "at most 1e9
+   * USD"), so that every trace it writes replays */
+  if (!(usd >= 0 && usd <= 1e9) || lg__usd_to_units(usd, LG__USD_NANO, nusd))
+    return rerr(r, LG_ETRACE, f, (long)r->f[f].a, "must be a non-negative USD amount of at most 1e9%s", NULL);
   return 0;
 }
 

@@ -263,5 +263,15 @@ run "$BIN" fingerprint --policy "$TMP/typo.json" bash '{}'
 expect_rc "fingerprint --policy with an unknown field" 1
 expect_err "fingerprint --policy unknown field is named" "repeat.blok"
 
+# A model call's cost: up to 1e9 USD, as the server takes it (so every trace
+# it writes replays); past that, an error naming the line and the field.
+printf '{"type":"run","run_id":"c1"}\n{"type":"model","turn":1,"input_tokens":1,"output_tokens":1,"cost":1e9}\n' >"$TMP/cost-max.jsonl"
+run "$BIN" replay "$TMP/cost-max.jsonl"
+expect_rc "a model cost of 1e9 USD replays" 0
+printf '{"type":"run","run_id":"c1"}\n{"type":"model","turn":1,"input_tokens":1,"output_tokens":1,"cost":1.5e9}\n' >"$TMP/cost-over.jsonl"
+run "$BIN" replay "$TMP/cost-over.jsonl"
+expect_rc "a model cost over 1e9 USD" 1
+expect_err "a model cost over 1e9 USD: the line and the bound" "cost-over.jsonl:2"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

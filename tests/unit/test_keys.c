@@ -207,6 +207,11 @@ static void test_seal_open(void **state) {
   assert_null(plain);
   assert_int_equal(lg__byok_open(ka, "id2", "openai", sealed, &plain, &e), LG_EPERM);
   assert_int_equal(lg__byok_open(ka, "id1", "anthropic", sealed, &plain, &e), LG_EPERM);
+  /* Not sealed at all, shorter than the prefix: refused, nothing read past
+   * its end (ASan) */
+  char *shorty = strdup("x");
+  assert_int_equal(lg__byok_open(ka, "id1", "openai", shorty, &plain, &e), LG_EPERM);
+  free(shorty);
   /* Every character of the ciphertext changed in turn: refused each time. */
   size_t pre = strlen(LG__BYOK_SEALED), n = strlen(sealed);
   for (size_t i = pre; i < n; i++) {
