@@ -534,8 +534,27 @@ static int logged_checkpoint(lg_store_t *s, const char *run_id, int *has, int64_
   return known;
 }
 
+/* Whether the run's stored scopes are these (in any order). */
+static int same_scopes(lg_store_t *s, const char *run_id, const char *const *scopes, size_t n) {
+  char **v = NULL;
+  size_t have = 0;
+  if (lg__budget_run_scopes(s, run_id, &v, &have, NULL)) return 0;
+  int same = have == n;
+  for (size_t i = 0; same && i < n; i++) {
+    size_t k = 0;
+    while (k < have && strcmp(v[k], scopes[i])) k++;
+    same = k < have;
+  }
+  lg__budget_strv_free(v);
+  return same;
+}
+
+/* Whether a second creation of the run asks for the run as made: its
+ * group, policy, checkpoint and budget scopes (a scope left out would
+ * leave the client believing its run under a budget it is not under). */
 static int same_run(lg_store_t *s, const lg_run_t *run, const char *policy_json,
-                    const int64_t *checkpoint, int *same, lg_error_t *err) {
+                    const int64_t *checkpoint, const char *const *scopes, size_t nscopes,
+                    int *same, lg_error_t *err) {
   lg_run_record_t old = {0};
   int rc = lg_store_run_get(s, lg_run_id(run), &old, err);
   if (rc) return rc;
@@ -546,6 +565,7 @@ static int same_run(lg_store_t *s, const lg_run_t *run, const char *policy_json,
           old.policy_json && !strcmp(old.policy_json, policy_json);
   if (*same && logged_checkpoint(s, lg_run_id(run), &has_pv, &pv))
     *same = has_pv == (checkpoint != NULL) && (!has_pv || pv == *checkpoint);
+  if (*same) *same = same_scopes(s, lg_run_id(run), scopes, nscopes);
   lg_run_record_clear(&old);
   return 0;
 }
@@ -585,7 +605,7 @@ int lg__step_create(lg_store_t *s, const lg_run_t *run, const char *policy_json,
   }
   lg__store_unlock(s);
   if (rc == LG_ECONFLICT && same) {
-    int src = same_run(s, run, policy_json, checkpoint, same, NULL);
+    int src = same_run(s, run, policy_json, checkpoint, scopes, nscopes, same, NULL);
     if (src) *same = 0;
   }
 out:
