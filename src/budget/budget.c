@@ -494,6 +494,13 @@ static void time_text(char buf[32], int64_t ms) {
   else lg__time_rfc3339(ms, buf);
 }
 
+/* How much of a scope a message quotes: 120 bytes at most, cut before a
+ * character it would split (a message is UTF-8, as its JSON must be). */
+static int scope_cut(const char *scope) {
+  size_t n = strlen(scope);
+  return (int)lg__utf8_valid_prefix(scope, n < 120 ? n : 120);
+}
+
 /* Spent + reserved + amount would pass the limit of b. */
 static void refuse_limit(lg_budget_refusal_t *r, const lg_budget_t *b, int64_t amount) {
   char lim[32], sp[32], res[32], amt[32], left[32], at[32];
@@ -514,14 +521,15 @@ static void refuse_limit(lg_budget_refusal_t *r, const lg_budget_t *b, int64_t a
   time_text(at, b->resets_at_ms);
   if (b->period == LG_PERIOD_NONE)
     snprintf(r->message, sizeof r->message,
-             "the budget of %.120s has %s USD left of its %s USD limit (%s spent, %s held by "
+             "the budget of %.*s has %s USD left of its %s USD limit (%s spent, %s held by "
              "calls in flight) and this call may cost up to %s USD; it does not reset",
-             b->scope, left, lim, sp, res, amt);
+             scope_cut(b->scope), b->scope, left, lim, sp, res, amt);
   else
     snprintf(r->message, sizeof r->message,
-             "the %s budget of %.120s has %s USD left of its %s USD limit (%s spent, %s held "
+             "the %s budget of %.*s has %s USD left of its %s USD limit (%s spent, %s held "
              "by calls in flight) and this call may cost up to %s USD; it resets at %s",
-             lg_budget_period_name(b->period), b->scope, left, lim, sp, res, amt, at);
+             lg_budget_period_name(b->period), scope_cut(b->scope), b->scope, left, lim, sp, res,
+             amt, at);
 }
 
 /* reserved + amount would pass max_in_flight of b. When the amount alone
@@ -546,20 +554,20 @@ static void refuse_in_flight(lg_budget_refusal_t *r, const lg_budget_t *b, int64
   if (amount > b->max_in_flight_micro || b->next_expiry_ms < 0) {
     r->type = "budget_exceeded";
     snprintf(r->message, sizeof r->message,
-             "this call may cost up to %s USD, more than the %s USD that %.120s allows in "
+             "this call may cost up to %s USD, more than the %s USD that %.*s allows in "
              "flight at once (max_in_flight_usd): it can never fit; lower max_tokens or raise "
              "max_in_flight_usd",
-             amt, cap, b->scope);
+             amt, cap, scope_cut(b->scope), b->scope);
     return;
   }
   r->type = "rate_limited";
   int64_t wait = b->next_expiry_ms - now_ms;
   r->retry_after_s = wait <= 1000 ? 1 : (wait + 999) / 1000;
   snprintf(r->message, sizeof r->message,
-           "%.120s has %s USD held by calls in flight and allows %s USD (max_in_flight_usd); "
+           "%.*s has %s USD held by calls in flight and allows %s USD (max_in_flight_usd); "
            "this call may cost up to %s USD more; retry in %lld s, when the first of them runs "
            "out, or once some settle",
-           b->scope, res, cap, amt, (long long)r->retry_after_s);
+           scope_cut(b->scope), b->scope, res, cap, amt, (long long)r->retry_after_s);
 }
 
 void lg__budget_refusal_metadata(lg__buf_t *b, const lg_budget_refusal_t *r) {
@@ -636,7 +644,8 @@ static int check_scopes(const char *const *scopes, size_t n, size_t order[LG_BUD
       char f[32];
       size_t later = order[i] > order[i - 1] ? order[i] : order[i - 1];
       snprintf(f, sizeof f, "scopes[%zu]", later);
-      return lg__err(err, LG_EINVAL, f, -1, "scope \"%.120s\" appears twice", scopes[order[i]]);
+      return lg__err(err, LG_EINVAL, f, -1, "scope \"%.*s\" appears twice",
+                     scope_cut(scopes[order[i]]), scopes[order[i]]);
     }
   return 0;
 }

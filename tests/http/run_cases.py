@@ -202,8 +202,10 @@ def check(ex, status, headers, body, env):
             errs.append("body: holds %s, wanted it not to" % show(s))
     doc = None
     if "json" in ex or "save" in ex:
-        try:
-            doc = json.loads(text)
+        try:  # JSON is UTF-8 (RFC 8259): a byte that is not is an error, not replaced
+            doc = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            errs.append("body: not UTF-8 (%s)" % e)
         except json.JSONDecodeError as e:
             errs.append("body: not JSON (%s)" % e)
     if doc is not None and "json" in ex:
