@@ -411,6 +411,15 @@ static int d_begin(lg_store_t *s, int kind, int nested, int upgrade, lg_error_t 
   sqc_t *c = s->conn;
   int rc;
   if (nested) {
+    /* SQLite undoes a whole transaction by itself on some errors (a disk
+     * full, an I/O error, no memory): a SAVEPOINT then would begin a
+     * transaction of its own, which its RELEASE commits, out of the batch
+     * whose COMMIT then fails and answers every job "nothing stored" (and
+     * a retry would decide it twice). */
+    if (c->in_txn && sqlite3_get_autocommit(c->db))
+      return lg__err(err, LG_ESTORE, NULL, -1,
+                     "SQLite rolled the transaction back (a disk full, an I/O error or no "
+                     "memory): nothing of it is stored");
     if (upgrade) c->need_sync = 1;
     return ctl(s, C_SAVEPOINT, err);
   }

@@ -24,6 +24,7 @@
 
 #include <sqlite3.h>
 
+#include "store/driver.h"
 #include "store/store.h"
 #include "store_test_util.h"
 
@@ -146,6 +147,27 @@ static void test_fault_in_decision_rolls_back(void **state) {
   assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_IN_PROGRESS);
 }
 
+/* ---- SQLite: a transaction SQLite undid by itself ---- */
+
+/* SQLite rolls a whole transaction back by itself on some errors (a disk
+ * full, an I/O error, no memory). A job of the batch after that must fail,
+ * not open a savepoint, which would begin a transaction of its own that
+ * its RELEASE commits, out of the batch (whose COMMIT then fails: every
+ * job answered "nothing stored", one of them stored, and decided twice
+ * when retried). The undoing is a ROLLBACK on the connection here. */
+static void test_sqlite_undone_transaction(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  lg__store_lock(s);
+  assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), 0);
+  assert_int_equal(s->drv->exec(s, "ROLLBACK", &err), 0);
+  assert_int_equal(lg__store_begin(s, LG__TXN_RUN, &err), LG_ESTORE);
+  assert_non_null(strstr(err.message, "rolled the transaction back"));
+  assert_int_not_equal(lg__store_end(s, 1, &err), 0); /* the batch's COMMIT: nothing to commit */
+  lg__store_unlock(s);
+  make_run(s); /* the store goes on */
+}
+
 /* ---- SQLite: SQLITE_BUSY ---- */
 
 static void test_sqlite_busy(void **state) {
@@ -248,6 +270,7 @@ int main(void) {
       T(test_fault_in_decision_rolls_back),
   };
   const struct CMUnitTest sqlite_only[] = {T(test_sqlite_busy)};
+  const struct CMUnitTest sqlite_driver[] = {T(test_sqlite_undone_transaction)}; /* memory: too */
   const struct CMUnitTest pg_only[] = {T(test_pg_connection_dropped), T(test_pg_unreachable)};
   const char *names[LGT_MAX_BACKENDS];
   int n = lgt_backends(names, "memory,sqlite");
@@ -260,6 +283,8 @@ int main(void) {
     snprintf(group, sizeof group, "store faults: %s only", backend);
     if (!strcmp(backend, "sqlite"))
       failed += cmocka_run_group_tests_name(group, sqlite_only, NULL, NULL);
+    if (strcmp(backend, "postgres"))
+      failed += cmocka_run_group_tests_name(group, sqlite_driver, NULL, NULL);
     if (!strcmp(backend, "postgres"))
       failed += cmocka_run_group_tests_name(group, pg_only, NULL, NULL);
   }
