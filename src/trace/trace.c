@@ -384,6 +384,18 @@ static int get_str(reader_t *r, int f, const char **out) {
   return 0;
 }
 
+/* strtod of a JSON number's whole text, however long: a number of many
+ * digits is valid JSON, and its text cut short would be another number
+ * (1.000...0e9 read as 1). 0, or LG_ENOMEM. */
+static int number_of(const char *v, size_t len, double *out) {
+  char tmp[128], *t = len < sizeof tmp ? tmp : lg__malloc(len + 1);
+  if (!t) return LG_ENOMEM;
+  memcpy(t, v, len);
+  t[len] = 0;
+  *out = strtod(t, NULL);
+  if (t != tmp) lg__free(t);
+  return 0;
+}
 
 /* An integer field; *present says whether it was there. */
 static int get_int(reader_t *r, int f, int64_t *out, bool *present) {
@@ -412,9 +424,8 @@ static int get_int(reader_t *r, int f, int64_t *out, bool *present) {
   if (!plain) { /* 1.0, 1e3: fine when whole */
     int rc = validate(r, f, NULL, sp);
     if (rc) return rc;
-    char tmp[64];
-    snprintf(tmp, sizeof tmp, "%.*s", (int)(len < 63 ? len : 63), v);
-    double d = strtod(tmp, NULL);
+    double d;
+    if (number_of(v, len, &d)) return rerr(r, LG_ENOMEM, f, (long)sp.a, "out of memory%s", NULL);
     if (d != floor(d) || fabs(d) > 9.0e18) return wrong_type(r, f, "a whole number");
     *out = (int64_t)d;
   } else {
@@ -430,10 +441,8 @@ static int get_num(reader_t *r, int f, double *out, bool *present) {
   if (kind(r, f) != '0') return wrong_type(r, f, "a number");
   int rc = validate(r, f, NULL, r->f[f]);
   if (rc) return rc;
-  char tmp[128];
-  size_t len = r->f[f].b - r->f[f].a;
-  snprintf(tmp, sizeof tmp, "%.*s", (int)(len < 127 ? len : 127), r->s + r->f[f].a);
-  *out = strtod(tmp, NULL);
+  if (number_of(r->s + r->f[f].a, r->f[f].b - r->f[f].a, out))
+    return rerr(r, LG_ENOMEM, f, (long)r->f[f].a, "out of memory%s", NULL);
   *present = true;
   return 0;
 }

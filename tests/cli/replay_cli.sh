@@ -273,5 +273,15 @@ run "$BIN" replay "$TMP/cost-over.jsonl"
 expect_rc "a model cost over 1e9 USD" 1
 expect_err "a model cost over 1e9 USD: the line and the bound" "cost-over.jsonl:2"
 
+# A number's whole text is read, however long: 2.000...0e8 (140 zeros) is
+# 2e8 USD, not 2 (its text was cut at 127 bytes).
+printf '{"type":"run","run_id":"c1"}\n{"type":"model","turn":1,"input_tokens":1,"output_tokens":1,"cost":2.%se8}\n' \
+  "$(printf '0%.0s' $(seq 140))" >"$TMP/cost-long.jsonl"
+run "$BIN" replay --json "$TMP/cost-long.jsonl"
+expect_rc "a cost written with 140 digits" 0
+if [ "$(tail -n 1 "$TMP/out" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["cost_usd"])')" = 200000000 ]; then
+  ok "a cost written with 140 digits is read whole"
+else bad "a cost written with 140 digits: $(tail -n 1 "$TMP/out" | head -c 300)"; fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
