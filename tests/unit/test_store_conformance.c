@@ -428,6 +428,18 @@ static void test_lease_saturates(void **state) {
   assert_int_equal(c.outcome, LG_CLAIM_CLAIMED);
   assert_int_equal(m->methods->peek(m->self, "k", FP1, T0 + 1, &c, NULL), 0);
   assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  /* a request fingerprint of 256 bytes, as the durable ledger takes: kept
+   * whole (it was cut at 64, and every later claim of the key mismatched);
+   * a longer one refused, as there */
+  char fp256[257], fp257[258];
+  memset(fp256, 'f', 256), fp256[256] = 0;
+  memset(fp257, 'f', 257), fp257[257] = 0;
+  assert_int_equal(m->methods->claim(m->self, "long-fp", fp256, NULL, INT64_MAX, T0, &c, NULL), 0);
+  assert_int_equal(m->methods->peek(m->self, "long-fp", fp256, T0 + 1, &c, NULL), 0);
+  assert_int_equal(c.outcome, LG_CLAIM_IN_PROGRESS);
+  lg_error_t e = {0};
+  assert_int_equal(m->methods->claim(m->self, "longer-fp", fp257, NULL, INT64_MAX, T0, &c, &e), LG_EINVAL);
+  assert_string_equal(e.field, "request_fingerprint");
   lg_ledger_free(m);
 }
 
