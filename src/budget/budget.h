@@ -73,6 +73,10 @@ void lg__gate_clear(lg__gate_t *g);
  * (cost_nusd; else the tokens at the model's price; else the worst case
  * held) and settles the shared budgets with it. The engine's settlement
  * (lg_run_usage) is the caller's. */
+/* The output a call to `model` that gives no max_tokens is priced at
+ * (lg_prices_worst_case): the model's max_output_tokens, else the file's
+ * default_max_tokens; -1 when neither, or the model has no price. */
+int64_t lg__prices_output_bound(const lg_prices_t *p, const char *model);
 int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
                    int64_t cost_nusd, int measured, int64_t now_ms, int64_t *seq,

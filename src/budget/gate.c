@@ -58,6 +58,10 @@ int lg__gate_model_begin(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run
   int prc = lg_prices_worst_case(prices, m->model, m->input_tokens, m->max_tokens, &priced, &perr);
   if (!prc) {
     if (priced > worst) worst = priced;
+    /* A call that gives no max_tokens is priced at the price file's bound:
+     * that bound is its max_tokens for the run's token cap too, and in its
+     * trace, so that replay counts what the server counted. */
+    if (m->max_tokens < 0) m->max_tokens = lg__prices_output_bound(prices, m->model);
   } else if (worst < 0 && (g->n > 0 || run_needs_cost(run))) {
     /* Fail closed: a cap or a budget cannot be kept without a cost. */
     if (err) *err = perr;

@@ -296,6 +296,12 @@ static int check_tokens(const char *what, int64_t n, lg_error_t *err) {
   return 0;
 }
 
+int64_t lg__prices_output_bound(const lg_prices_t *p, const char *model) {
+  lg_price_t pr;
+  if (lg_prices_lookup(p, model, &pr, NULL)) return -1;
+  return pr.max_output_tokens >= 0 ? pr.max_output_tokens : p->default_max_tokens;
+}
+
 int lg_prices_worst_case(const lg_prices_t *p, const char *model, int64_t input_tokens,
                          int64_t max_tokens, int64_t *nusd, lg_error_t *err) {
   lg_price_t pr;
