@@ -68,15 +68,17 @@ int lg__gate_refusal_stops(const lg__gate_t *g, const lg_budget_refusal_t *r);
 int lg__gate_model_end(lg_store_t *s, lg__gate_t *g, int rc, const lg_decision_t *d,
                        lg_budget_gate_t *out, lg_error_t *err);
 void lg__gate_clear(lg__gate_t *g);
-/* The shared half of a usage: finds the run's open reservation
- * (`reservation`, 0 the oldest) into *seq, the actual cost into *actual
- * (cost_nusd; else the tokens at the model's price; else the worst case
- * held) and settles the shared budgets with it. The engine's settlement
- * (lg_run_usage) is the caller's. */
 /* The output a call to `model` that gives no max_tokens is priced at
  * (lg_prices_worst_case): the model's max_output_tokens, else the file's
  * default_max_tokens; -1 when neither, or the model has no price. */
 int64_t lg__prices_output_bound(const lg_prices_t *p, const char *model);
+/* The shared half of a usage: finds the run's open reservation
+ * (`reservation`, 0 the oldest) into *seq, the actual cost into *actual
+ * (cost_nusd; else the tokens at the model's price; else the worst case
+ * held) and settles the shared budgets with it; `measured`: the tokens are
+ * the provider's count (settled whole), else an agent's word (settled at
+ * most the reservation, as a reported cost is). The engine's settlement
+ * (lg_run_usage) is the caller's. */
 int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
                    int64_t cost_nusd, int measured, int64_t now_ms, int64_t *seq,

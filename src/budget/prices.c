@@ -296,10 +296,16 @@ static int check_tokens(const char *what, int64_t n, lg_error_t *err) {
   return 0;
 }
 
+/* The output of a call of model price pr that gives no max_tokens: the
+ * model's bound, else the file's; -1 when neither (one rule for the worst
+ * case and for the run's token cap). */
+static int64_t output_bound(const lg_prices_t *p, const lg_price_t *pr) {
+  return pr->max_output_tokens >= 0 ? pr->max_output_tokens : p->default_max_tokens;
+}
+
 int64_t lg__prices_output_bound(const lg_prices_t *p, const char *model) {
   lg_price_t pr;
-  if (lg_prices_lookup(p, model, &pr, NULL)) return -1;
-  return pr.max_output_tokens >= 0 ? pr.max_output_tokens : p->default_max_tokens;
+  return lg_prices_lookup(p, model, &pr, NULL) ? -1 : output_bound(p, &pr);
 }
 
 int lg_prices_worst_case(const lg_prices_t *p, const char *model, int64_t input_tokens,
@@ -308,9 +314,7 @@ int lg_prices_worst_case(const lg_prices_t *p, const char *model, int64_t input_
   int rc = check_tokens("input_tokens", input_tokens, err);
   if (rc) return rc;
   if ((rc = lg_prices_lookup(p, model, &pr, err))) return rc;
-  int64_t out_tokens = max_tokens;
-  if (out_tokens < 0) out_tokens = pr.max_output_tokens;
-  if (out_tokens < 0) out_tokens = p->default_max_tokens;
+  int64_t out_tokens = max_tokens >= 0 ? max_tokens : output_bound(p, &pr);
   if (out_tokens < 0)
     return lg__err(err, LG_EINVAL, "max_tokens", -1,
                    "the call gives no max_tokens, so its output has no bound, and %s sets "
