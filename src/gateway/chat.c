@@ -2230,11 +2230,7 @@ static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char *
                           c->esc_model ? c->esc_model : c->model, c->ui))
       mo->error = 1; /* answered (403, 500) */
     t = made && !mo->error ? body_text(c, blen, NULL, own) : NULL;
-    if (made && !t) { /* not sent: nothing charged, nothing left reserved */
-      if (!mo->error) lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
-      mo->error = 1;
-      usage_event(c, mo, NULL, USAGE_NONE, worst);
-    }
+    if (made && !t) usage_event(c, mo, NULL, USAGE_NONE, worst); /* not sent: nothing charged or held */
   }
   if (!t && !mo->error && !mo->stop) {
     lg__gw_error(c->j, 500, "server_error", NULL, "out of memory");
