@@ -41,7 +41,6 @@ _Static_assert((int)LG__OP_PENDING == (int)LG_OP_IN_PROGRESS &&
                "store.h's row states must be lg_op_state_t's values");
 
 #define KEY_MAX 1024
-#define FP_MAX 256
 #define RACE_RETRIES 16 /* a row deleted between insert and read: retry */
 
 static int check_key(const char *key, lg_error_t *err) {
@@ -52,12 +51,12 @@ static int check_key(const char *key, lg_error_t *err) {
   return 0;
 }
 
-static int check_fp(const char *fp, lg_error_t *err) {
+int lg__ledger_check_fp(const char *fp, lg_error_t *err) {
   if (!fp || !*fp)
     return lg__err(err, LG_EINVAL, "request_fingerprint", -1, "the request fingerprint is empty");
-  if (strlen(fp) > FP_MAX)
+  if (strlen(fp) > LG__LEDGER_FP_MAX)
     return lg__err(err, LG_EINVAL, "request_fingerprint", -1,
-                   "the request fingerprint is longer than %d bytes", FP_MAX);
+                   "the request fingerprint is longer than %d bytes", LG__LEDGER_FP_MAX);
   return 0;
 }
 
@@ -151,7 +150,7 @@ int lg_store_claim(lg_store_t *s, const char *key, const char *request_fp, const
                    int64_t lease_ms, int64_t now_ms, lg_claim_t *out, lg_error_t *err) {
   memset(out, 0, sizeof *out);
   int rc = check_key(key, err);
-  if (!rc) rc = check_fp(request_fp, err);
+  if (!rc) rc = lg__ledger_check_fp(request_fp, err);
   if (rc) return rc;
   char token[LG_CLAIM_TOKEN_MAX];
   if ((rc = new_token(token, err))) return rc;

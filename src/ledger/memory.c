@@ -15,16 +15,13 @@
 
 #include <stdio.h>
 
-/* A request fingerprint's most bytes: the durable ledger's (ledger.c) */
-#define FP_MAX 256
-
 typedef enum op_state { OP_EMPTY = 0, OP_CLAIMED, OP_COMMITTED, OP_FAILED } op_state_t;
 
 typedef struct op {
   char *key;            /* the idempotency key, NULL in an empty slot */
   uint64_t hash;        /* hash of key */
   op_state_t state;     /* where the operation is */
-  char fp[FP_MAX + 1];  /* request fingerprint of the claim */
+  char fp[LG__LEDGER_FP_MAX + 1]; /* request fingerprint of the claim */
   int64_t lease_until;  /* CLAIMED: the lease's end, ms */
   char *result;         /* COMMITTED: the saved result JSON */
   size_t result_len;
@@ -104,9 +101,8 @@ static int m_claim(void *self, const char *key, const char *fp, const char *run_
                    int64_t lease_ms, int64_t now, lg_claim_t *out, lg_error_t *err) {
   (void)run_id;
   mem_ledger_t *m = self;
-  if (!fp || !*fp || strlen(fp) > FP_MAX)
-    return lg__err(err, LG_EINVAL, "request_fingerprint", -1,
-                   "the request fingerprint is empty or longer than %d bytes", FP_MAX);
+  int rc = lg__ledger_check_fp(fp, err); /* as the durable ledger's */
+  if (rc) return rc;
   uint64_t h = lg__hash_str(key);
   op_t *o = find(m, key, h);
   if (o) {

@@ -178,6 +178,12 @@ void lg__err_where(lg_error_t *err, const char *source, long line);
 /* Prefixes err->field with `prefix.` (for nested objects). */
 void lg__err_field_prefix(lg_error_t *err, const char *prefix);
 
+/* A request fingerprint of the idempotency ledger, durable or in memory:
+ * 1 to LG__LEDGER_FP_MAX bytes. 0, or LG_EINVAL naming
+ * request_fingerprint (ledger.c). */
+#define LG__LEDGER_FP_MAX 256
+int lg__ledger_check_fp(const char *fp, lg_error_t *err);
+
 /* a + b, held at INT64_MAX / INT64_MIN rather than past them (counts an
  * upstream reports: any integer JSON holds) */
 static inline int64_t lg__add_sat(int64_t a, int64_t b) {
