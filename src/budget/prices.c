@@ -212,7 +212,7 @@ lg_prices_t *lg_prices_parse(const char *json, size_t len, const char *source,
   json_decref(root);
   if (rc) {
     set_source(err, src);
-    if (err) err->line = 0;
+    if (rc != LG_ENOMEM) lg__err_json_line(err, json, len);
     prices_destroy(p);
     return NULL;
   }

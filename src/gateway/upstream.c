@@ -294,21 +294,28 @@ static int file_fields(lg__gw_config_t *cfg, json_t *root, lg_error_t *err) {
 }
 
 static int load_file(lg__gw_config_t *cfg, const char *file, lg_error_t *err) {
+  lg__buf_t b = {0};
+  int rc = lg__buf_read_file(&b, file, "upstreams file", err);
+  if (rc) return rc;
   json_error_t je;
   lg__json_begin();
-  json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
+  json_t *root = json_loadb(b.data ? b.data : "", b.len, JSON_REJECT_DUPLICATES, &je);
   if (lg__json_oom()) {
     json_decref(root);
-    return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
-  }
-  if (!root) {
-    int rc = lg__err(err, LG_EPARSE, NULL, je.position, "%s", je.text);
+    rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
+  } else if (!root) {
+    rc = lg__err(err, LG_EPARSE, NULL, je.position, "%s", je.text);
+    if (err) err->line = je.line;
     lg__err_where(err, file, je.line);
-    return rc;
+  } else {
+    rc = file_fields(cfg, root, err);
+    if (rc && rc != LG_ENOMEM) {
+      lg__err_json_line(err, b.data, b.len);
+      lg__err_where(err, file, 0);
+    }
+    json_decref(root);
   }
-  int rc = file_fields(cfg, root, err);
-  if (rc) lg__err_where(err, file, 0);
-  json_decref(root);
+  lg__buf_free(&b);
   return rc;
 }
 

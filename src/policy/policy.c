@@ -604,6 +604,7 @@ lg_policy_t *lg_policy_parse(const char *json, size_t len, const char *source,
   json_decref(root);
   if (rc) {
     lg_policy_free(p);
+    if (rc != LG_ENOMEM) lg__err_json_line(err, json, len);
     if (err && !err->source[0]) snprintf(err->source, sizeof err->source, "%s", x.source);
     return NULL;
   }

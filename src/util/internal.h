@@ -177,6 +177,12 @@ int lg__err(lg_error_t *err, int code, const char *field, long offset,
 void lg__err_where(lg_error_t *err, const char *source, long line);
 /* Prefixes err->field with `prefix.` (for nested objects). */
 void lg__err_field_prefix(lg_error_t *err, const char *prefix);
+/* The line of a setting a file's reader refused after jansson parsed the
+ * file: err->line becomes the line where err's field path ("a.b",
+ * "list.0" or "list[0].c", as errors name it; a key may hold dots)
+ * starts in the JSON text s[0..n), 0 when err names no field or the path
+ * is not in s. s must be text jansson accepted. */
+void lg__err_json_line(lg_error_t *err, const char *s, size_t n);
 
 /* A request fingerprint of the idempotency ledger, durable or in memory:
  * 1 to LG__LEDGER_FP_MAX bytes. 0, or LG_EINVAL naming

@@ -650,6 +650,152 @@ void lg__err_field_prefix(lg_error_t *err, const char *prefix) {
   snprintf(err->field, sizeof err->field, "%.*s", (int)sizeof err->field - 1, tmp);
 }
 
+/* A walk of valid JSON text for lg__err_json_line: the position and its
+ * line (a string holds no raw newline, so only white space counts). */
+typedef struct jline {
+  const char *s;
+  size_t n, i;
+  long line;
+} jline_t;
+
+static void jl_ws(jline_t *j) {
+  for (; j->i < j->n && lg__json_ws(j->s[j->i]); j->i++)
+    if (j->s[j->i] == '\n') j->line++;
+}
+
+static int jl_hex4(jline_t *j, uint32_t *cp) {
+  if (j->n - j->i < 4) return -1;
+  uint32_t v = 0;
+  for (int k = 0; k < 4; k++) {
+    int h = lg__hexval((unsigned char)j->s[j->i + k]);
+    if (h < 0) return -1;
+    v = v << 4 | (uint32_t)h;
+  }
+  j->i += 4;
+  *cp = v;
+  return 0;
+}
+
+/* The key at j (its opening quote), decoded, against the start of path p:
+ * how many bytes of p it is, or SIZE_MAX when p does not start with it.
+ * j moves past the closing quote. */
+static size_t jl_key(jline_t *j, const char *p) {
+  size_t m = 0, plen = strlen(p);
+  bool same = true;
+  for (j->i++; j->i < j->n && j->s[j->i] != '"';) {
+    char u[4];
+    size_t ul = 1;
+    if (j->s[j->i] != '\\' || j->i + 1 >= j->n) {
+      u[0] = j->s[j->i++];
+    } else {
+      char c = j->s[j->i + 1];
+      j->i += 2;
+      uint32_t cp = (unsigned char)c, lo;
+      switch (c) {
+      case 'b': cp = '\b'; break;
+      case 'f': cp = '\f'; break;
+      case 'n': cp = '\n'; break;
+      case 'r': cp = '\r'; break;
+      case 't': cp = '\t'; break;
+      case 'u':
+        if (jl_hex4(j, &cp)) return SIZE_MAX;
+        if (cp >= 0xD800 && cp < 0xDC00 && j->n - j->i >= 6 && j->s[j->i] == '\\' &&
+            j->s[j->i + 1] == 'u') {
+          j->i += 2;
+          if (jl_hex4(j, &lo)) return SIZE_MAX;
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        break;
+      }
+      ul = lg__utf8_put(cp, u);
+    }
+    if (same && plen - m >= ul && !memcmp(p + m, u, ul)) m += ul;
+    else same = false;
+  }
+  j->i++;
+  return same ? m : SIZE_MAX;
+}
+
+/* Past the value at j (white space first); to the end on anything odd. */
+static void jl_skip(jline_t *j) {
+  jl_ws(j);
+  if (j->i >= j->n) return;
+  char c = j->s[j->i];
+  if (c == '"') {
+    for (j->i++; j->i < j->n && j->s[j->i] != '"';) j->i += j->s[j->i] == '\\' ? 2 : 1;
+    j->i++;
+  } else if (c == '{' || c == '[') {
+    for (j->i++;;) {
+      jl_ws(j);
+      if (j->i >= j->n) return;
+      size_t at = j->i;
+      char d = j->s[j->i];
+      if (d == '}' || d == ']') {
+        j->i++;
+        return;
+      }
+      if (d == ',' || d == ':') j->i++;
+      else jl_skip(j); /* a key or a value */
+      if (j->i == at) j->i = j->n; /* not JSON: stop */
+    }
+  } else {
+    while (j->i < j->n && !lg__json_ws(j->s[j->i]) && !strchr(",:]}", j->s[j->i])) j->i++;
+  }
+}
+
+/* The line of path p in the value at j, or 0. */
+static long jl_find(jline_t *j, const char *p, int depth) {
+  jl_ws(j);
+  if (!*p) return j->line;
+  if (j->i >= j->n || depth > 256) return 0;
+  if (j->s[j->i] == '{') {
+    for (j->i++;;) {
+      jl_ws(j);
+      if (j->i >= j->n || j->s[j->i] != '"') return 0;
+      long at = j->line;
+      size_t m = jl_key(j, p);
+      jl_ws(j);
+      if (j->i < j->n && j->s[j->i] == ':') j->i++;
+      if (m != SIZE_MAX && (!p[m] || p[m] == '.' || p[m] == '[')) {
+        if (!p[m]) return at;
+        jline_t back = *j;
+        long r = jl_find(j, p + m + (p[m] == '.'), depth + 1);
+        if (r) return r;
+        *j = back; /* a key with dots may come later */
+      }
+      jl_skip(j);
+      jl_ws(j);
+      if (j->i >= j->n || j->s[j->i] != ',') return 0;
+      j->i++;
+    }
+  }
+  if (j->s[j->i] == '[') {
+    const char *q = p + (*p == '[');
+    if (*q < '0' || *q > '9') return 0;
+    char *end;
+    unsigned long idx = strtoul(q, &end, 10);
+    if (*p == '[' && *end++ != ']') return 0;
+    if (*end && *end != '.' && *end != '[') return 0;
+    j->i++;
+    for (unsigned long k = 0;; k++) {
+      jl_ws(j);
+      if (j->i >= j->n || j->s[j->i] == ']') return 0;
+      if (k == idx) return jl_find(j, end + (*end == '.'), depth + 1);
+      jl_skip(j);
+      jl_ws(j);
+      if (j->i >= j->n || j->s[j->i] != ',') return 0;
+      j->i++;
+    }
+  }
+  return 0;
+}
+
+void lg__err_json_line(lg_error_t *err, const char *s, size_t n) {
+  if (!err) return;
+  jline_t j = {s, n, 0, 1};
+  err->line = err->field[0] && s ? jl_find(&j, err->field, 0) : 0;
+}
+
 char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
   if (!buf || !size) return buf;
   if (!err) {

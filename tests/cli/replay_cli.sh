@@ -176,10 +176,11 @@ expect_rc "--policy with an unknown field" 1
 expect_err "--policy unknown field is named" "repeat.blok"
 expect_err "--policy unknown field: the file is named" "typo.json"
 
-printf '%s\n' '{"limits":{"max_steps":"ten"}}' >"$TMP/mistyped.json"
+printf '{\n  "limits": {\n    "max_model_calls": 5,\n    "max_steps": "ten"\n  }\n}\n' >"$TMP/mistyped.json"
 run "$BIN" replay --policy "$TMP/mistyped.json" "$DATA/fixtures/seed000-same-call.jsonl"
 expect_rc "--policy with a mistyped field" 1
 expect_err "--policy mistyped field is named" "limits.max_steps"
+expect_err "--policy mistyped field: file:line of the field" "mistyped.json:4: limits.max_steps"
 
 run "$BIN" replay --policy "$TMP/no-such-policy.json" "$DATA/fixtures/seed000-same-call.jsonl"
 expect_rc "--policy file missing" 1

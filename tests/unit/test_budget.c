@@ -378,6 +378,16 @@ static void test_prices_errors(void **state) {
   assert_null(parse("{\"models\": {\n  \"m\": {,\n}}", &err));
   assert_int_equal(err.code, LG_EPARSE);
   assert_int_equal(err.line, 2);
+  /* A refused setting: the line of its field, a model name with dots. */
+  err = (lg_error_t){0};
+  assert_null(parse("{\"models\": {\n  \"gpt-4\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 2},"
+                    "\n  \"gpt-4.1\": {\"input_usd_per_mtok\": 1,\n    \"output_usd_per_mtok\": -2}}}",
+                    &err));
+  assert_string_equal(err.field, "models.gpt-4.1.output_usd_per_mtok");
+  assert_int_equal(err.line, 4);
+  char msg[512];
+  assert_non_null(strstr(lg_error_format(&err, msg, sizeof msg),
+                         "prices.json:4: models.gpt-4.1.output_usd_per_mtok: "));
   assert_null(lg_prices_load_file("/nonexistent/prices.json", &err));
   assert_int_equal(err.code, LG_EIO);
   assert_string_equal(err.source, "/nonexistent/prices.json");

@@ -159,8 +159,29 @@ static void file_errors(void **state) {
   }
   lg__gw_config_t cfg = {0};
   lg_error_t e = {0};
-  assert_int_equal(lg__gw_config_load(&cfg, NULL, 0, "/nonexistent/ups.json", &e), LG_EPARSE);
+  assert_int_equal(lg__gw_config_load(&cfg, NULL, 0, "/nonexistent/ups.json", &e), LG_EIO);
+  assert_string_equal(e.source, "/nonexistent/ups.json");
   lg__gw_config_clear(&cfg);
+  /* The line of the field refused, and of a syntax error. */
+  char *path = write_tmp("{\n  \"upstreams\": {\"a\": {\"base_url\": \"http://x/v1\"}},\n"
+                         "  \"routes\": [\n    {\"model_prefix\": \"x\", \"upstream\": \"a\"},\n"
+                         "    {\"model_prefix\": \"y\",\n     \"upstream\": \"b\"}]\n}\n");
+  cfg = (lg__gw_config_t){0};
+  e = (lg_error_t){0};
+  assert_int_equal(lg__gw_config_load(&cfg, NULL, 0, path, &e), LG_EINVAL);
+  assert_string_equal(e.field, "routes[1].upstream");
+  assert_int_equal(e.line, 6);
+  lg__gw_config_clear(&cfg);
+  unlink(path);
+  free(path);
+  path = write_tmp("{\n  \"upstreams\": {\n    \"a\": {\"base_url\": }}}\n");
+  cfg = (lg__gw_config_t){0};
+  e = (lg_error_t){0};
+  assert_int_equal(lg__gw_config_load(&cfg, NULL, 0, path, &e), LG_EPARSE);
+  assert_int_equal(e.line, 3);
+  lg__gw_config_clear(&cfg);
+  unlink(path);
+  free(path);
 }
 
 /* The CAs an upstream's TLS is checked against: its ca_file alone; else

@@ -537,6 +537,7 @@ static void test_load_file(void **state) {
   assert_int_equal(err.code, LG_EPOLICY);
   assert_string_equal(err.source, path);
   assert_string_equal(err.field, "repeat.blok");
+  assert_int_equal(err.line, 2);
   f = fopen(path, "w");
   assert_non_null(f);
   fputs("{\n\n\"repeat\": {\"block\": }\n}\n", f);

@@ -3,8 +3,9 @@
  * one USD conversion and its rounding rule at the boundaries, the one
  * USD formatter, the one hex encoder and the one source of random ids;
  * and that the front ends that read amounts (budgets, policies, traces)
- * all round the same way; and that an error's message and field are what
- * snprintf would write, without printf for %s formats.
+ * all round the same way; that an error's message and field are what
+ * snprintf would write, without printf for %s formats; and that a file's
+ * refused setting is found by its path for the error's line.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -171,6 +172,69 @@ static void test_usd_round_trip(void **state) {
 }
 
 /* lg__buf_i64 writes what printf's %lld does, lg__buf_json_key ,"k": */
+/* The line of the field an error names, in the text it came from. */
+static long line_of(const char *json, const char *field) {
+  lg_error_t e = {0};
+  e.line = 99; /* a stale line is replaced */
+  snprintf(e.field, sizeof e.field, "%s", field);
+  lg__err_json_line(&e, json, strlen(json));
+  return e.line;
+}
+
+static void test_err_json_line(void **state) {
+  (void)state;
+  static const char doc[] =
+      "{\n"
+      "  \"a\": {\"b\": 1,\n"
+      "    \"c\": [10,\n"
+      "      {\"d\": \"x\\\"y\"},\n"
+      "      [1, 2]]},\n"
+      "  \"gpt-4\": {\"in\": 1},\n"
+      "  \"gpt-4.1\": {\n"
+      "    \"in\": 2},\n"
+      "  \"\\u00e9t\\u00e9\": {\"x\": \"s\\n,]}\"},\n"
+      "  \"\\ud83d\\ude00\": 1,\n"
+      "  \"r\": [\n"
+      "    {\"up\": 1},\n"
+      "    {\"up\":\n"
+      "       2}]\n"
+      "}\n";
+  assert_int_equal(line_of(doc, "a"), 2);
+  assert_int_equal(line_of(doc, "a.b"), 2);
+  assert_int_equal(line_of(doc, "a.c"), 3);
+  assert_int_equal(line_of(doc, "a.c.0"), 3);
+  assert_int_equal(line_of(doc, "a.c.1"), 4);
+  assert_int_equal(line_of(doc, "a.c.1.d"), 4);
+  assert_int_equal(line_of(doc, "a.c.2.1"), 5);
+  assert_int_equal(line_of(doc, "a.c[2][1]"), 5);
+  /* A key with dots: the first key that fits the path and leads to the
+   * rest of it. */
+  assert_int_equal(line_of(doc, "gpt-4.in"), 6);
+  assert_int_equal(line_of(doc, "gpt-4.1.in"), 8);
+  assert_int_equal(line_of(doc, "gpt-4.1"), 7);
+  /* Escaped keys are compared decoded; a string's ",]}" is not structure. */
+  assert_int_equal(line_of(doc, "\xc3\xa9t\xc3\xa9.x"), 9);
+  assert_int_equal(line_of(doc, "\xf0\x9f\x98\x80"), 10);
+  assert_int_equal(line_of(doc, "r[1].up"), 13);
+  assert_int_equal(line_of(doc, "r.1.up"), 13);
+  assert_int_equal(line_of(doc, "r[0].up"), 12);
+  /* Not there: no line rather than a wrong one. */
+  assert_int_equal(line_of(doc, "a.z"), 0);
+  assert_int_equal(line_of(doc, "a.c.3"), 0);
+  assert_int_equal(line_of(doc, "a.b.c"), 0);
+  assert_int_equal(line_of(doc, "r[x]"), 0);
+  assert_int_equal(line_of(doc, "gpt"), 0);
+  assert_int_equal(line_of(doc, ""), 0);
+  /* Cut text ends the walk without reading past it. */
+  for (size_t n = 0; n < sizeof doc - 1; n++) {
+    lg_error_t e = {0};
+    snprintf(e.field, sizeof e.field, "r[1].up");
+    lg__err_json_line(&e, doc, n);
+    if (e.line != 0 && e.line != 13) fail_msg("cut at %zu: line %ld", n, e.line);
+  }
+  lg__err_json_line(NULL, doc, sizeof doc - 1);
+}
+
 static void test_buf_numbers_and_keys(void **state) {
   (void)state;
   const int64_t v[] = {0, 1, -1, 9, 10, -10, 99, 100, 1234567890123LL, -987654321,
@@ -289,6 +353,7 @@ int main(void) {
       cmocka_unit_test(test_usd_round_trip),
       cmocka_unit_test(test_hex_and_random_ids),
       cmocka_unit_test(test_buf_numbers_and_keys),
+      cmocka_unit_test(test_err_json_line),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
