@@ -732,18 +732,40 @@ void lg__h_decide(lg__req_t *rq) {
 /* ------------------------------------------------------------------ */
 /* The kill switch.                                                    */
 
+/* A cancel that failed after its deny rule was stored: the kill switch
+ * holds (every worker checks the rule before it decides), so the answer
+ * says that, not "nothing stored"; what failed is stopping the stored
+ * runs, which a retry finishes. */
+static void cancel_half_done(lg__req_t *rq, int rc, const lg_error_t *e, const char *doing,
+                             const char *stopped) {
+  char buf[1024];
+  log_error(rq->srv, rq, e, rc);
+  lg__req_error(rq, 500, "internal", NULL,
+                "%s: %s. The cancel itself is stored: every later call of %s, from any worker, "
+                "is a stop; %s. Retrying is safe and stops the rest",
+                doing, rc == LG_EBUSY ? "the store was busy" : lg_error_format(e, buf, sizeof buf),
+                stopped ? "the group's runs" : "the run",
+                stopped ? stopped : "the run's own record was not updated");
+}
+
 /* A run's cancel. */
 typedef struct cancel_job {
-  write_job_t w;  /* first */
-  lg__step_t st;  /* the cancel's step */
+  write_job_t w;    /* first */
+  lg__step_t st;    /* the cancel's step */
+  int rule_stored;  /* its deny rule is written */
 } cancel_job_t;
 
 static int cancel_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
-  return lg__step_cancel(s, wj->id, wj->b.reason, wj->now_ms, &((cancel_job_t *)wj)->st, err);
+  cancel_job_t *cj = (cancel_job_t *)wj;
+  return lg__step_cancel(s, wj->id, wj->b.reason, wj->now_ms, 1, &cj->st, &cj->rule_stored, err);
 }
 
 static void cancel_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
   lg__step_t *st = &((cancel_job_t *)wj)->st;
+  if (rc && ((cancel_job_t *)wj)->rule_stored && st->fail == LG__STEP_STORE) {
+    cancel_half_done(rq, rc, e, wj->k->doing, NULL);
+    return;
+  }
   if (rc) {
     step_error(rq, st, rc, e, wj->k->doing);
     return;
@@ -773,6 +795,7 @@ typedef struct group_job {
   char **ids;         /* their ids (new) */
   size_t n, cap;      /* how many; room */
   int oom;            /* a run stopped could not be kept */
+  int rule_stored;    /* the group's deny rule is written */
 } group_job_t;
 
 /* On the committer, for each run stopped: keeps its id and outcome. */
@@ -805,12 +828,19 @@ static int group_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
   /* The group's deny rule first, durable on its own: every worker of
    * every replica checks it before its next decision, and it holds for
    * runs of the group that do not exist yet. */
-  return lg__step_cancel_group(s, wj->id, wj->b.reason, wj->now_ms, group_run_cancelled, wj, err);
+  return lg__step_cancel_group(s, wj->id, wj->b.reason, wj->now_ms, group_run_cancelled, wj,
+                               &((group_job_t *)wj)->rule_stored, err);
 }
 
 static void group_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
   group_job_t *g = (group_job_t *)wj;
   for (size_t i = 0; i < g->n; i++) note_step(rq->srv, &g->steps[i]); /* stored */
+  if (rc && g->rule_stored) {
+    char stopped[96];
+    snprintf(stopped, sizeof stopped, "%zu of its active runs were stopped before the failure", g->n);
+    cancel_half_done(rq, rc, e, wj->k->doing, stopped);
+    return;
+  }
   if (rc) {
     store_error(rq, rc, e, wj->k->doing);
     return;

@@ -666,8 +666,18 @@ static int cancel_one(lg_store_t *s, const char *run_id, const char *reason, int
 }
 
 int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64_t now_ms,
-                    lg__step_t *st, lg_error_t *err) {
+                    int must_exist, lg__step_t *st, int *rule_stored, lg_error_t *err) {
   lg__step_init(st, NULL, now_ms);
+  if (rule_stored) *rule_stored = 0;
+  if (must_exist) {
+    lg_run_record_t rec = {0};
+    int rc = lg_store_run_get(s, run_id, &rec, err);
+    lg_run_record_clear(&rec);
+    if (rc) {
+      st->fail = rc == LG_ENOTFOUND ? LG__STEP_NO_RUN : LG__STEP_STORE;
+      return rc;
+    }
+  }
   /* The deny rule first, durable on its own: even when stopping the stored
    * run fails (or the run does not exist yet), no worker decides for it
    * again without seeing the cancel. */
@@ -676,6 +686,7 @@ int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64
     st->fail = LG__STEP_STORE;
     return rc;
   }
+  if (rule_stored) *rule_stored = 1;
   return cancel_one(s, run_id, reason, now_ms, st, err);
 }
 
@@ -683,7 +694,7 @@ int lg_store_cancel_run(lg_store_t *s, const char *run_id, const char *reason, i
                         lg_error_t *err) {
   lg__step_t st;
   lg_error_t e = {0};
-  int rc = lg__step_cancel(s, run_id, reason, now_ms, &st, &e);
+  int rc = lg__step_cancel(s, run_id, reason, now_ms, 0, &st, NULL, &e);
   lg__step_clear(&st);
   if (rc == LG_ENOTFOUND && st.fail == LG__STEP_NO_RUN) return 0; /* the rule waits for it */
   if (rc && err) *err = e;
@@ -712,9 +723,11 @@ static int collect(void *ud, const lg_run_record_t *rec) {
 
 int lg__step_cancel_group(lg_store_t *s, const char *group, const char *reason, int64_t now_ms,
                           void (*on_run)(void *ud, const char *run_id, lg__step_t *st), void *ud,
-                          lg_error_t *err) {
+                          int *rule_stored, lg_error_t *err) {
+  if (rule_stored) *rule_stored = 0;
   int rc = lg__store_deny(s, LG__DENY_GROUP, group, reason, now_ms, err);
   if (rc) return rc;
+  if (rule_stored) *rule_stored = 1;
   ids_t ids = {0};
   lg_run_filter_t f = {.status = "active", .group = group};
   rc = lg_store_run_list(s, &f, collect, &ids, err);
@@ -749,7 +762,7 @@ int lg_store_cancel_group(lg_store_t *s, const char *group, const char *reason, 
   if (cancelled_json) *cancelled_json = NULL;
   cancelled_t c = {{0}, 1};
   lg__buf_putc(&c.b, '[');
-  int rc = lg__step_cancel_group(s, group, reason, now_ms, list_cancelled, &c, err);
+  int rc = lg__step_cancel_group(s, group, reason, now_ms, list_cancelled, &c, NULL, err);
   lg__buf_putc(&c.b, ']');
   if (!rc && cancelled_json) {
     *cancelled_json = lg__buf_steal(&c.b, NULL);

@@ -138,9 +138,12 @@ int lg__step_batch_finish(lg__step_batch_t *b, int rc, lg_error_t *err);
 
 /* The kill switch for one run: its deny rule, durable first, then a
  * cancel event through the step when the run is stored. LG_ENOTFOUND
- * (st->fail NO_RUN) when it is not: the rule waits for it. */
+ * (st->fail NO_RUN) when it is not: the rule waits for it, unless
+ * must_exist (the HTTP route's contract): then nothing is written.
+ * *rule_stored (may be NULL): 1 once the rule is written, so that a
+ * failure after it is not reported as nothing done. */
 int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64_t now_ms,
-                    lg__step_t *st, lg_error_t *err);
+                    int must_exist, lg__step_t *st, int *rule_stored, lg_error_t *err);
 
 /* A new run id for a run that names none: "run_" and 24 random hex
  * digits (lg__random_id) into out[32]. 0 or LG_EIO. */
@@ -162,9 +165,11 @@ int lg__step_with_new(lg_store_t *s, const lg_run_t *run, const char *policy_jso
                       lg_store_run_fn fn, void *ud, int *created, lg_error_t *err);
 
 /* Cancels every active run of `group` after writing the group's deny
- * rule; on_run (may be NULL) hears of each run stopped, with its step. */
+ * rule; on_run (may be NULL) hears of each run stopped, with its step.
+ * *rule_stored as for lg__step_cancel: a failure after it leaves the rule
+ * and the runs stopped before it. */
 int lg__step_cancel_group(lg_store_t *s, const char *group, const char *reason, int64_t now_ms,
                           void (*on_run)(void *ud, const char *run_id, lg__step_t *st), void *ud,
-                          lg_error_t *err);
+                          int *rule_stored, lg_error_t *err);
 
 #endif

@@ -14,7 +14,10 @@
  * call, and the next call reconnects by itself.
  *
  * Every backend: a fault injected between a write and its commit rolls the
- * whole call back.
+ * whole call back. A cancel that fails after its deny rule is written
+ * says so (the server must not answer "nothing stored"), and the rule
+ * holds; a cancel that must find its run (the HTTP route's) writes no
+ * rule when the run is not there.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +27,7 @@
 
 #include <sqlite3.h>
 
+#include "step/step.h"
 #include "store/driver.h"
 #include "store/store.h"
 #include "store_test_util.h"
@@ -147,6 +151,51 @@ static void test_fault_in_decision_rolls_back(void **state) {
   assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_IN_PROGRESS);
 }
 
+static int denied(lg_store_t *s, const char *run_id, const char *group) {
+  lg_error_t err = {0};
+  int d = lg_store_denied(s, run_id, group, NULL, &err);
+  if (d < 0) fail_msg("denied: %s", err.message);
+  return d;
+}
+
+static void test_cancel_fails_after_its_rule(void **state) {
+  lg_store_t *s = *state;
+  lg_error_t err = {0};
+  lg__step_t st;
+  int stored = -1;
+  make_run(s);
+  arm("with_run.before_commit", LG_ESTORE);
+  assert_int_equal(lg__step_cancel(s, "run", NULL, T0 + 1, 1, &st, &stored, &err), LG_ESTORE);
+  disarm();
+  assert_int_equal(st.fail, LG__STEP_STORE);
+  lg__step_clear(&st);
+  assert_int_equal(stored, 1);
+  assert_int_equal(denied(s, "run", NULL), 1);
+
+  lg_run_record_t g = {.run_id = "g1", .group = "grp", .created_ms = T0, .updated_ms = T0};
+  assert_int_equal(lg_store_run_create(s, &g, NULL), 0);
+  stored = -1;
+  arm("with_run.before_commit", LG_ESTORE);
+  assert_int_equal(lg__step_cancel_group(s, "grp", NULL, T0 + 1, NULL, NULL, &stored, &err),
+                   LG_ESTORE);
+  disarm();
+  assert_int_equal(stored, 1);
+  assert_int_equal(denied(s, "g2", "grp"), 1);
+
+  /* No run: the route's cancel writes nothing; the CLI's rule waits. */
+  stored = -1;
+  assert_int_equal(lg__step_cancel(s, "later", NULL, T0, 1, &st, &stored, &err), LG_ENOTFOUND);
+  assert_int_equal(st.fail, LG__STEP_NO_RUN);
+  lg__step_clear(&st);
+  assert_int_equal(stored, 0);
+  assert_int_equal(denied(s, "later", NULL), 0);
+  assert_int_equal(lg__step_cancel(s, "later", NULL, T0, 0, &st, &stored, &err), LG_ENOTFOUND);
+  assert_int_equal(st.fail, LG__STEP_NO_RUN);
+  lg__step_clear(&st);
+  assert_int_equal(stored, 1);
+  assert_int_equal(denied(s, "later", NULL), 1);
+}
+
 /* ---- SQLite: a transaction SQLite undid by itself ---- */
 
 /* SQLite rolls a whole transaction back by itself on some errors (a disk
@@ -268,6 +317,7 @@ int main(void) {
   const struct CMUnitTest common[] = {
       T(test_fault_before_commit_rolls_back),
       T(test_fault_in_decision_rolls_back),
+      T(test_cancel_fails_after_its_rule),
   };
   const struct CMUnitTest sqlite_only[] = {T(test_sqlite_busy)};
   const struct CMUnitTest sqlite_driver[] = {T(test_sqlite_undone_transaction)}; /* memory: too */
