@@ -73,13 +73,13 @@ static const lg__range_t ranges[] = {
     {"input_tokens", 0, 1000000000LL, 0, 0, "tokens of one model call"},
     {"output_tokens", 0, 1000000000LL, 0, 0, "tokens of one model call"},
     {"max_tokens", 0, 1000000000LL, 0, 0, "tokens of one model call"},
-    {"lease_ms", 1, WEEK_MS, 0, 0, "how long a claim is held"},
-    {"ttl_ms", 1, WEEK_MS, 0, 0, "how long a reservation is held"},
+    {"lease_ms", 0, WEEK_MS, 0, 0, "how long a claim is held (0: the store's lease)"},
+    {"ttl_ms", 0, LG_BUDGET_MAX_TTL_MS, 0, 0, "how long a reservation is held (0: 10 minutes)"},
     {"cost_usd", 0, 0, 0, 1e9, "USD of one model call"},
     {"amount_usd", 0, 0, 0, 1e9, "USD reserved"},
     {"actual_usd", 0, 0, 0, 1e9, "USD settled"},
-    {"limit_usd", 0, 0, 0, 1e12, "USD a budget allows a period"},
-    {"max_in_flight_usd", 0, 0, 0, 1e12, "USD reserved at once"},
+    {"limit_usd", 0, 0, 0, LG_BUDGET_MAX_USD, "USD a budget allows a period"},
+    {"max_in_flight_usd", 0, 0, 0, LG_BUDGET_MAX_USD, "USD reserved at once"},
     {NULL, 0, 0, 0, 0, NULL}};
 
 const lg__range_t *lg__body_ranges(void) { return ranges; }

@@ -153,10 +153,13 @@ static void test_integer_ranges(void **state) {
       {"/v1/runs", "{\"run_id\":\"ints2\",\"progress_version\":1e300}", "progress_version"},
       {"/v1/operations/claim",
        "{\"key\":\"k\",\"request_fingerprint\":\"f\",\"lease_ms\":9223372036854775807}", "lease_ms"},
-      {"/v1/operations/claim", "{\"key\":\"k\",\"request_fingerprint\":\"f\",\"lease_ms\":0}",
+      {"/v1/operations/claim", "{\"key\":\"k\",\"request_fingerprint\":\"f\",\"lease_ms\":-1}",
        "lease_ms"},
       {"/v1/budgets/reserve", "{\"scopes\":[\"team:a\"],\"amount_usd\":1e300}", "amount_usd"},
-      {"/v1/budgets/reserve", "{\"scopes\":[\"team:a\"],\"amount_usd\":1,\"ttl_ms\":0}", "ttl_ms"},
+      {"/v1/budgets/reserve", "{\"scopes\":[\"team:a\"],\"amount_usd\":1,\"ttl_ms\":-1}", "ttl_ms"},
+      /* past the 24 hours a reservation may hold: the budgets' own bound */
+      {"/v1/budgets/reserve", "{\"scopes\":[\"team:a\"],\"amount_usd\":1,\"ttl_ms\":86400001}",
+       "ttl_ms"},
       {"/v1/budgets/reserve",
        "{\"scopes\":[\"team:a\"],\"amount_usd\":1,\"ttl_ms\":9223372036854775807}", "ttl_ms"},
       {"/v1/budgets/settle", "{\"reservation_id\":\"x\",\"actual_usd\":1e300}", "actual_usd"},
@@ -178,9 +181,12 @@ static void test_integer_ranges(void **state) {
   post("/v1/runs/ints/model", "{\"input_tokens\":1,\"cost_usd\":1e309}", &r);
   expect_shape(&r, 400, "body");
   ht_resp_clear(&r);
-  /* The edges are accepted. */
+  /* The edges are accepted; 0 is the default, as the reference says. */
   post("/v1/operations/claim", "{\"key\":\"edge\",\"request_fingerprint\":\"f\",\"lease_ms\":604800000}",
        &r);
+  assert_int_equal(r.status, 201);
+  ht_resp_clear(&r);
+  post("/v1/operations/claim", "{\"key\":\"edge0\",\"request_fingerprint\":\"f\",\"lease_ms\":0}", &r);
   assert_int_equal(r.status, 201);
   ht_resp_clear(&r);
   assert_int_equal(ht_req(&C, "GET", "/v1/operations/edge", NULL, NULL, &r), 0);
