@@ -77,20 +77,44 @@ static char *dup_json(json_t *v) {
   return r;
 }
 
-/* Applies the fields of body to row. create: name is required, disabled
- * is not allowed. */
+/* The fields of creation; update takes `disabled` too. */
+static const char *const key_fields[] = {"name", "limit_usd", "limit_reset", "workspace",
+                                         "include_byok_in_limit", "rate_limit_per_min", "models",
+                                         "byok", "disabled", NULL};
+
+static bool key_field(const char *name, const void *ud) {
+  int create = *(const int *)ud;
+  for (const char *const *f = key_fields; *f; f++)
+    if (!strcmp(*f, name)) return !create || strcmp(name, "disabled");
+  return false;
+}
+
+/* Applies the fields of body to row, read as every body a client sends
+ * (an empty one is {}, duplicate keys and unknown fields, all named, are
+ * refused). create: name is required, disabled is not allowed. */
 static int parse_fields(const char *json, size_t len, int create, lg__key_row_t *row,
                         lg_error_t *err) {
+  if (!json || lg__json_ws_end(json, 0, len) == len) json = "{}", len = 2;
   lg__json_begin();
   json_error_t je;
-  json_t *o = json_loadb(json ? json : "{}", json ? len : 2, 0, &je);
+  json_t *o = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
   if (lg__json_oom()) {
     json_decref(o);
     return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   }
-  if (!o) return lg__err(err, LG_EPARSE, NULL, je.position, "the body is not JSON: %s", je.text);
+  if (!o)
+    return lg__err(err, LG_EPARSE, NULL, je.position, "body: malformed JSON at line %d, column %d: %s",
+                   je.line, je.column, je.text);
   int rc = 0;
   if (!json_is_object(o)) rc = bad(err, "body", "expected a JSON object");
+  else
+    rc = lg__json_unknown_fields(o, key_field, &create,
+                                 create ? "(known: name, limit_usd, limit_reset, workspace, "
+                                          "include_byok_in_limit, rate_limit_per_min, models, byok)"
+                                        : "(known: name, limit_usd, limit_reset, workspace, "
+                                          "include_byok_in_limit, rate_limit_per_min, models, byok, "
+                                          "disabled)",
+                                 err);
   const char *k;
   json_t *v;
   json_object_foreach(o, k, v) {
@@ -160,16 +184,9 @@ static int parse_fields(const char *json, size_t len, int create, lg__key_row_t 
                              : "expected the provider key as a string");
       }
       if (!rc) row->byok = dup_json(v);
-    } else if (!strcmp(k, "disabled") && !create) {
+    } else if (!strcmp(k, "disabled")) { /* update's alone (key_field) */
       if (!json_is_boolean(v)) rc = bad(err, k, "expected true or false");
       else row->disabled = json_is_true(v);
-    } else {
-      char f[LG_BUDGET_SCOPE_MAX];
-      snprintf(f, sizeof f, "%.200s", *k ? k : "\"\""); /* a member named "": named so */
-      rc = lg__err(err, LG_EINVAL, f, -1,
-                   "%s: unknown field (known: name, limit_usd, limit_reset, workspace, "
-                   "include_byok_in_limit, rate_limit_per_min, models, byok%s)",
-                   f, create ? "" : ", disabled");
     }
   }
   if (!rc && create && !row->name) rc = bad(err, "name", "required");

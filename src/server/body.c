@@ -450,6 +450,13 @@ static int take(lg__body_t *b, const field_t *f, json_t *v, lg_error_t *err) {
   return 0;
 }
 
+/* A member name of the body's table (lg__json_unknown_fields). */
+static bool in_table(const char *name, const void *ud) {
+  const field_t *f = ud;
+  while (f->name && strcmp(f->name, name)) f++;
+  return f->name != NULL;
+}
+
 int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_t *out,
                    lg_error_t *err) {
   body_init(out);
@@ -480,32 +487,11 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
   }
   out->root = root;
   const field_t *tab = tables[kind];
-  /* Unknown fields first, all of them in one message. Names are shown as
-   * they are, cut short, control characters as '?', and "" for an empty
-   * one; the error's field is the first of them. */
-  lg__buf_t unknown = {0};
-  char first[72] = "";
-  int nunknown = 0;
-  const char *k;
-  json_t *v;
-  json_object_foreach(root, k, v) {
-    const field_t *f = tab;
-    while (f->name && strcmp(f->name, k)) f++;
-    if (f->name) continue;
-    if (nunknown++) lg__buf_puts(&unknown, ", ");
-    size_t at = unknown.len;
-    if (!*k) lg__buf_puts(&unknown, "\"\"");
-    for (size_t i = 0; k[i] && i < 64; i++)
-      lg__buf_putc(&unknown, (unsigned char)k[i] < 0x20 ? '?' : k[i]);
-    if (nunknown == 1 && unknown.data)
-      snprintf(first, sizeof first, "%.*s", (int)(unknown.len - at), unknown.data + at);
-  }
-  if (nunknown) {
-    int rc = lg__err(err, LG_EINVAL, first[0] ? first : "body", -1, "unknown field%s: %s",
-                     nunknown > 1 ? "s" : "", unknown.data ? unknown.data : "?");
-    lg__buf_free(&unknown);
+  /* Unknown fields first, all of them in one message. */
+  int urc = lg__json_unknown_fields(root, in_table, tab, NULL, err);
+  if (urc) {
     lg__body_clear(out);
-    return rc;
+    return urc;
   }
   for (const field_t *f = tab; f->name; f++) {
     json_t *fv = json_object_get(root, f->name);

@@ -170,6 +170,14 @@ int lg__random_id(const char *prefix, size_t nbytes, char *out, size_t size, con
  * every answer, log line and listing. */
 void lg__time_rfc3339(int64_t ms, char buf[32]);
 
+/* The members of JSON object o that known(name, ud) does not know, named
+ * all at once: LG_EINVAL "unknown field: x" or "unknown fields: x, y"
+ * (names cut to 64 bytes, control characters as '?', "" for an empty
+ * one), then `hint` (may be NULL), with err->field the first of them. 0
+ * when every member is known. For every body a client sends. */
+int lg__json_unknown_fields(const struct json_t *o, bool (*known)(const char *name, const void *ud),
+                            const void *ud, const char *hint, lg_error_t *err);
+
 /* Fills err (when not NULL) and returns code. */
 int lg__err(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) __attribute__((format(printf, 5, 6)));

@@ -790,6 +790,30 @@ static long jl_find(jline_t *j, const char *p, int depth) {
   return 0;
 }
 
+int lg__json_unknown_fields(const json_t *o, bool (*known)(const char *name, const void *ud),
+                            const void *ud, const char *hint, lg_error_t *err) {
+  lg__buf_t names = {0};
+  char first[72] = "";
+  int n = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)o, k, v) {
+    if (known(k, ud)) continue;
+    if (n++) lg__buf_puts(&names, ", ");
+    size_t at = names.len;
+    if (!*k) lg__buf_puts(&names, "\"\"");
+    for (size_t i = 0; k[i] && i < 64; i++) lg__buf_putc(&names, (unsigned char)k[i] < 0x20 ? '?' : k[i]);
+    if (n == 1 && names.data)
+      snprintf(first, sizeof first, "%.*s", (int)(names.len - at), names.data + at);
+  }
+  int rc = 0;
+  if (n)
+    rc = lg__err(err, LG_EINVAL, first[0] ? first : "body", -1, "unknown field%s: %s%s%s",
+                 n > 1 ? "s" : "", names.data ? names.data : "?", hint ? " " : "", hint ? hint : "");
+  lg__buf_free(&names);
+  return rc;
+}
+
 void lg__err_json_line(lg_error_t *err, const char *s, size_t n) {
   if (!err) return;
   jline_t j = {s, n, 0, 1};
