@@ -2877,6 +2877,11 @@ static int parse_request(chat_t *c) {
                  "X-Loopguard-Run: expected a run id of printable characters without '/'");
     return -1;
   }
+  if (j->hdr_group && !valid_id(j->hdr_group)) { /* as a run's group over HTTP */
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_group",
+                 "X-Loopguard-Group: expected a group of 1 to 1024 printable characters without '/'");
+    return -1;
+  }
   if (j->hdr_policy && !lg__gw_policy_named(c->cx->gw, j->hdr_policy)) {
     lg__gw_error(j, 400, "invalid_request_error", "unknown_policy",
                  "X-Loopguard-Policy: no policy named \"%.200s\" (the server's --policies folder "

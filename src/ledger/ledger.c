@@ -201,15 +201,16 @@ int lg_store_peek(lg_store_t *s, const char *key, const char *request_fp, int64_
 }
 
 /* Reads the key's row under its lock for a change; LG_ENOTFOUND when the
- * ledger does not have it (or only past retention). Opens a transaction
- * that the caller ends. */
-static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, lg__op_row_t *cur,
-                           lg_error_t *err) {
+ * ledger does not have it (or only past retention), or has it freed by
+ * an operator and the change is not a free (freeing: the free stands).
+ * Opens a transaction that the caller ends. */
+static int open_for_change(lg_store_t *s, const char *key, int64_t now_ms, int freeing,
+                           lg__op_row_t *cur, lg_error_t *err) {
   int found = 0;
   int rc = lg__store_begin(s, LG__TXN_LEDGER, err);
   if (rc) return rc;
   rc = lg__sql_op_read(s, key, 1, cur, &found, err);
-  if (!rc && (!found || cur->freed || stale(s, cur, now_ms)))
+  if (!rc && (!found || (cur->freed && !freeing) || stale(s, cur, now_ms)))
     rc = lg__err(err, LG_ENOTFOUND, "key", -1, "no claim for key \"%s\" in the ledger", key);
   if (rc) {
     lg__op_row_clear(cur);
@@ -240,10 +241,10 @@ static int settle(lg_store_t *s, const char *key, int state, const char *result,
       rc = lg__sql_op_settle(s, key, state, result, result_len, opid, now_ms, &changed, err);
     if (rc || changed) goto out;
   }
-  rc = open_for_change(s, key, now_ms, &cur, err);
+  rc = open_for_change(s, key, now_ms, state == 0, &cur, err);
   if (rc) goto out;
-  if (cur.state == LG_OP_COMMITTED) {
-    /* stands */
+  if (cur.state == LG_OP_COMMITTED || cur.freed) {
+    /* stands (a free asked again: the key is free, as it was) */
   } else if (state == 0) {
     rc = lg__sql_op_delete(s, key, err);
   } else if (cur.state == LG_OP_IN_PROGRESS) {
@@ -357,11 +358,11 @@ static int settle_as(lg_store_t *s, const char *key, int state, int retryable, c
   if (rc) return rc;
   lg__op_row_t cur = {0};
   lg__store_lock(s);
-  rc = open_for_change(s, key, now_ms, &cur, err);
-  if (rc) goto out;
   int commit = state == LG_OP_COMMITTED;
-  if (!as->operator) rc = may_settle(&cur, as, commit, retryable, now_ms, err);
-  if (!rc) {
+  rc = open_for_change(s, key, now_ms, !commit && retryable, &cur, err);
+  if (rc) goto out;
+  if (!as->operator && !cur.freed) rc = may_settle(&cur, as, commit, retryable, now_ms, err);
+  if (!rc && !cur.freed) { /* a free asked again: the key is free, as it was */
     lg__op_row_t next = cur;
     int write = 0;
     if (cur.state == LG_OP_IN_PROGRESS || (!commit && retryable && cur.state == LG_OP_FAILED)) {

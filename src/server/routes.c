@@ -281,6 +281,10 @@ static int create_id(lg__req_t *rq, create_job_t *cj) {
     lg__req_error(rq, 400, "invalid_request", "run_id", "run_id: must not contain '/'");
     return -1;
   }
+  if (cj->w.b.group && strchr(cj->w.b.group, '/')) { /* its cancel's path could not name it */
+    lg__req_error(rq, 400, "invalid_request", "group", "group: must not contain '/'");
+    return -1;
+  }
   return 0;
 }
 
