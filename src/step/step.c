@@ -81,10 +81,14 @@ static int engine_error(lg__step_t *st, int rc) {
 static void decision_json(lg__step_t *st, lg_run_t *run, const lg_decision_t *d,
                           const char *budget_meta) {
   lg__buf_t *b = &st->answer;
-  lg_event_type_t type = st->ev.type;
+  /* A call or result a deny rule stopped answers as one (its call_id, no
+   * fingerprint: the guard never read it), though the cancel took its
+   * place in the trace. */
+  lg_event_type_t type = st->denied ? st->asked : st->ev.type;
   lg__buf_putc(b, '{');
   if (type == LG_EV_CALL || type == LG_EV_RESULT) {
     const char *id = d->call_id ? d->call_id
+                     : st->denied         ? st->asked_call_id
                      : type == LG_EV_CALL ? st->ev.u.call.call_id
                                           : st->ev.u.result.call_id;
     lg__buf_puts(b, "\"call_id\":");
@@ -135,6 +139,10 @@ static int check_deny(lg__step_t *st, lg_store_t *s, const lg_run_record_t *rec,
                       lg_error_t *err) {
   int den = lg_store_denied(s, rec->run_id, rec->group, why, err);
   if (den <= 0) return den;
+  st->asked = st->ev.type;
+  st->asked_call_id = st->ev.type == LG_EV_CALL     ? st->ev.u.call.call_id
+                      : st->ev.type == LG_EV_RESULT ? st->ev.u.result.call_id
+                                                    : NULL;
   int64_t t = st->ev.t_ms;
   memset(&st->ev, 0, sizeof st->ev);
   st->ev.type = LG_EV_CANCEL;

@@ -79,6 +79,8 @@ typedef struct lg__step {
   int was_stopped;            /* the run had stopped before */
   int stopped_now;            /* this event stopped it */
   int denied;                 /* a deny rule stopped it (a cancel in the trace) */
+  lg_event_type_t asked;      /* denied: the event's own type, and its call_id */
+  const char *asked_call_id;  /* (borrowed), which the answer keeps the shape of */
   lg_action_t action;         /* the decision, for metrics and logs */
   lg_reason_t reason;
   int ledger_outcome;         /* an lg_claim_outcome_t of a call, or -1 */
