@@ -23,6 +23,7 @@
 #include "../store/store.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -151,10 +152,11 @@ static int parse_fields(const char *json, size_t len, int create, lg__key_row_t 
       if (!json_is_boolean(v)) rc = bad(err, k, "expected true or false");
       else row->include_byok = json_is_true(v);
     } else if (!strcmp(k, "rate_limit_per_min")) {
+      double n = json_number_value(v); /* a whole number written 60 or 60.0 */
       if (json_is_null(v)) row->rate_per_min = -1;
-      else if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000000)
+      else if (!json_is_number(v) || n != floor(n) || n < 1 || n > 1000000)
         rc = bad(err, k, "expected a whole number of requests from 1 to 1000000, or null");
-      else row->rate_per_min = json_integer_value(v);
+      else row->rate_per_min = (int64_t)n;
     } else if (!strcmp(k, "models")) {
       lg__free(row->models);
       row->models = NULL;

@@ -20,6 +20,7 @@
 #include "server.h"
 #include "../gateway/gateway.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -439,19 +440,27 @@ typedef struct list_ctx {
   lg__buf_t *b;   /* the answer */
   int n;          /* runs written */
   const char *unknown; /* the first unknown query parameter */
+  const char *twice;   /* the first one given twice (which would count?) */
+  unsigned seen;       /* the known ones given, by bit */
 } list_ctx_t;
 
 static enum MHD_Result list_arg(void *cls, enum MHD_ValueKind kind, const char *key,
                                 const char *value) {
   (void)kind;
   (void)value;
+  static const char *const known[] = {"status", "reason", "limit", "group"};
   list_ctx_t *lc = cls;
-  if (strcmp(key, "status") && strcmp(key, "reason") && strcmp(key, "limit") &&
-      strcmp(key, "group")) {
-    lc->unknown = key;
-    return MHD_NO;
+  for (unsigned i = 0; i < LG__ARRAY_LEN(known); i++) {
+    if (strcmp(key, known[i])) continue;
+    if (lc->seen & 1u << i) {
+      lc->twice = key;
+      return MHD_NO;
+    }
+    lc->seen |= 1u << i;
+    return MHD_YES;
   }
-  return MHD_YES;
+  lc->unknown = key;
+  return MHD_NO;
 }
 
 static int list_cb(void *ud, const lg_run_record_t *rec) {
@@ -465,11 +474,15 @@ static int list_cb(void *ud, const lg_run_record_t *rec) {
 }
 
 void lg__h_run_list(lg__req_t *rq) {
-  list_ctx_t lc = {&rq->out, 0, NULL};
+  list_ctx_t lc = {&rq->out, 0, NULL, NULL, 0};
   MHD_get_connection_values(rq->conn, MHD_GET_ARGUMENT_KIND, list_arg, &lc);
   if (lc.unknown) {
     lg__req_error(rq, 400, "invalid_request", lc.unknown,
                   "%s: unknown query parameter (known: status, reason, group, limit)", lc.unknown);
+    return;
+  }
+  if (lc.twice) {
+    lg__req_error(rq, 400, "invalid_request", lc.twice, "%s: given more than once", lc.twice);
     return;
   }
   lg_run_filter_t f = {0};
@@ -485,9 +498,8 @@ void lg__h_run_list(lg__req_t *rq) {
   if (f.reason && !*f.reason) f.reason = NULL;
   if (f.group && !*f.group) f.group = NULL;
   if (limit) {
-    char *end;
-    long v = strtol(limit, &end, 10);
-    if (!*limit || *end || v < 1 || v > 10000) {
+    long v = strspn(limit, "0123456789") == strlen(limit) && strlen(limit) <= 5 ? atol(limit) : 0;
+    if (v < 1 || v > 10000) { /* digits alone: no sign, no space */
       lg__req_error(rq, 400, "invalid_request", "limit", "limit: expected a number from 1 to 10000");
       return;
     }
@@ -521,12 +533,14 @@ static lg_policy_t *server_policy(void *ud, const char *json, lg_error_t *err) {
   return lg__server_policy(ud, json, err);
 }
 
-/* Parses "N" (a reservation id as /model answered it); 0 for none. */
+/* Parses "N" (a reservation id as /model answered it: digits, a positive
+ * int64); 0 for none, -1 for anything else. */
 static int64_t reservation_of(const char *s) {
   if (!s) return 0;
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  return (*s && !*end && v > 0) ? (int64_t)v : -1;
+  if (!*s || strspn(s, "0123456789") != strlen(s)) return -1; /* no sign, no space */
+  errno = 0;
+  long long v = strtoll(s, NULL, 10);
+  return errno == ERANGE || v <= 0 ? -1 : (int64_t)v;
 }
 
 /* A result's value as the engine classes it (as the trace reader does). */
