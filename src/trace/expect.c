@@ -12,7 +12,8 @@
  *   stopped_at_call      N, when the stop was the answer to the N-th call
  *                        event (a stop on a result, a model call, a text
  *                        or a cancel has no key of its own: the counts
- *                        and the reason pin it down)
+ *                        and the reason pin it down); the last stop's,
+ *                        when a resume undid an earlier one
  *   executed_calls, blocked_calls, replayed_calls
  *   call_N_action        for every call the guard did not simply execute
  *                        (block, replay, stop), at most LG__EXPECT_ACTIONS
@@ -37,6 +38,8 @@ typedef struct expect_ctx {
 static int on_event(void *ud, const lg_replay_event_t *ev, const lg_replay_summary_t *s) {
   expect_ctx_t *c = ud;
   if (ev) {
+    if (ev->type == LG_EV_RESUME && ev->acted && ev->decision.action != LG_ACT_STOP)
+      c->stop_call = 0; /* the run goes on: its stop is a later one's */
     if (ev->type != LG_EV_CALL || !ev->acted) return 0;
     c->ncalls++;
     lg_action_t a = ev->decision.action;

@@ -6,7 +6,8 @@
 # call — on expectations broken on purpose: a wrong reason, a wrong stop
 # call, a wrong count, an unknown key, a malformed line. Traces without an
 # expectation are skipped, not passed. GET /v1/runs/{id}/regression gives
-# the same bytes as the export.
+# the same bytes as the export, and a run resumed and stopped again gives a
+# file that passes too.
 source "$(dirname "$0")/serve_lib.bash"
 pass=0 failed=0
 ok() { pass=$((pass + 1)); }
@@ -115,6 +116,17 @@ if [ -n "${LG_REGRESSION_ROUTE:-1}" ]; then
   cmp -s "$TMP/route.jsonl" "$TMP/inc/loop-1.jsonl" && ok || { bad "route and export differ"; diff "$TMP/route.jsonl" "$TMP/inc/loop-1.jsonl" | head; }
   code=$(curl -s -o /dev/null -w '%{http_code}' "$S2_URL/v1/runs/nope/regression")
   [ "$code" = 404 ] && ok || bad "regression of a missing run: $code"
+  # A run stopped, resumed by an operator and stopped again: its stop is
+  # the last one, and the file it gives passes `loopguard test` (the
+  # first stop's call was written before, and the test failed).
+  S_URL=$S2_URL # post's server
+  post /v1/runs '{"run_id":"again-1"}'
+  for i in 1 2 3 4 5 6; do post /v1/runs/again-1/calls '{"tool":"t","args":{"a":1}}'; done
+  post /v1/runs/again-1/resume '{}'
+  for i in 1 2 3 4 5 6; do post /v1/runs/again-1/calls '{"tool":"t","args":{"a":1}}'; done
+  curl -sf "$S2_URL/v1/runs/again-1/regression" -o "$TMP/again.jsonl" && ok || bad "GET regression of a resumed run"
+  has "a resumed run's stop is its last" "$(head -n 1 "$TMP/again.jsonl")" '"stopped_at_call":12,'
+  expect_rc "test a resumed run's file" 0 "$LG_BIN" test "$TMP/again.jsonl"
   stop_server S2
 fi
 echo "$pass passed, $failed failed"
