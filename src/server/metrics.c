@@ -35,14 +35,16 @@ static const uint64_t bucket_ns[LG__HIST_BUCKETS] = {
 #define GET(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
 /* The slot of an HTTP status code: found, or claimed once; the last slot
- * takes every code that does not fit. */
+ * takes every code that does not fit. A slot holds its code + 1, so that
+ * 0, a request whose client hung up before its answer, has a slot of its
+ * own (it was taken for a free one, and the next code claimed its counts). */
 static int code_slot(lg__metrics_t *m, int code) {
   for (int i = 0; i < LG__CODE_SLOTS - 1; i++) {
     int c = GET(m->codes[i]);
-    if (c == code) return i;
+    if (c == code + 1) return i;
     if (c == 0) {
       int zero = 0;
-      if (atomic_compare_exchange_strong(&m->codes[i], &zero, code) || zero == code) return i;
+      if (atomic_compare_exchange_strong(&m->codes[i], &zero, code + 1) || zero == code + 1) return i;
     }
   }
   return LG__CODE_SLOTS - 1;
@@ -124,9 +126,9 @@ int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b) {
   for (int r = 0; r < LG__RT__COUNT; r++)
     for (int k = 0; k < LG__CODE_SLOTS; k++) {
       uint64_t v = GET(m->requests[r][k]);
-      int code = GET(m->codes[k]);
+      int code = GET(m->codes[k]) - 1; /* -1: the last slot, never claimed */
       if (!v) continue;
-      if (k == LG__CODE_SLOTS - 1 && !code)
+      if (code < 0)
         lg__buf_printf(b, "loopguard_requests_total{route=\"%s\",code=\"other\"} %llu\n",
                        route_names[r], (unsigned long long)v);
       else

@@ -400,43 +400,48 @@ static lg__worker_t *read_run(lg__req_t *rq, lg_run_record_t *rec) {
   return rc ? NULL : w;
 }
 
-void lg__h_run_get(lg__req_t *rq) {
-  lg_server_t *srv = rq->srv;
-  lg_run_record_t rec = {0};
+/* A run as GET /v1/runs/{id} and each of GET /v1/runs answer it: its
+ * record with the counters and the envelope of its saved state (an
+ * active run's too, which the row does not keep). */
+static void run_json(lg_server_t *srv, lg__buf_t *b, const lg_run_record_t *rec) {
   lg_error_t e = {0};
-  lg__worker_t *w = read_run(rq, &rec);
-  if (!w) return;
   lg_counters_t c;
   memset(&c, 0, sizeof c);
-  lg_policy_t *pol = lg__server_policy(srv, rec.policy_json, &e);
-  lg_run_t *run = pol && rec.state ? lg_run_load(rec.state, rec.state_len, pol, NULL, &e) : NULL;
+  lg_policy_t *pol = lg__server_policy(srv, rec->policy_json, &e);
+  lg_run_t *run = pol && rec->state ? lg_run_load(rec->state, rec->state_len, pol, NULL, &e) : NULL;
   if (run) lg_run_counters(run, &c);
   char created[32], updated[32];
-  lg__time_rfc3339(rec.created_ms, created);
-  lg__time_rfc3339(rec.updated_ms, updated);
-  lg__buf_t *b = &rq->out;
+  lg__time_rfc3339(rec->created_ms, created);
+  lg__time_rfc3339(rec->updated_ms, updated);
   lg__buf_puts(b, "{\"run_id\":");
-  jstr(b, rec.run_id);
+  jstr(b, rec->run_id);
   lg__buf_puts(b, ",\"group\":");
-  jstr(b, rec.group);
-  lg__buf_printf(b, ",\"status\":\"%s\",\"terminal_reason\":", rec.stopped ? "stopped" : "active");
-  jstr(b, rec.terminal_reason);
+  jstr(b, rec->group);
+  lg__buf_printf(b, ",\"status\":\"%s\",\"terminal_reason\":", rec->stopped ? "stopped" : "active");
+  jstr(b, rec->terminal_reason);
   lg__buf_printf(b, ",\"created_at\":\"%s\",\"updated_at\":\"%s\",\"counters\":", created, updated);
   char *cj = lg_counters_to_json(&c);
   if (!cj || lg__buf_puts(b, cj)) b->oom = true;
   lg__free(cj);
   lg__buf_puts(b, ",\"envelope\":");
   char *env = run ? lg_run_envelope_json(run) : NULL;
-  lg__buf_puts(b, env ? env : rec.envelope_json && *rec.envelope_json ? rec.envelope_json : "null");
+  lg__buf_puts(b, env ? env : rec->envelope_json && *rec->envelope_json ? rec->envelope_json : "null");
   lg__buf_putc(b, '}');
-  rq->status = 200;
   lg__free(env);
   lg_run_free(run);
   lg_policy_free(pol);
+}
+
+void lg__h_run_get(lg__req_t *rq) {
+  lg_run_record_t rec = {0};
+  if (!read_run(rq, &rec)) return;
+  run_json(rq->srv, &rq->out, &rec);
+  rq->status = 200;
   lg_run_record_clear(&rec);
 }
 
 typedef struct list_ctx {
+  lg_server_t *srv;
   lg__buf_t *b;   /* the answer */
   int n;          /* runs written */
   const char *unknown; /* the first unknown query parameter */
@@ -465,16 +470,13 @@ static enum MHD_Result list_arg(void *cls, enum MHD_ValueKind kind, const char *
 
 static int list_cb(void *ud, const lg_run_record_t *rec) {
   list_ctx_t *lc = ud;
-  char *j = lg_run_record_to_json(rec);
-  if (!j) return LG_ENOMEM;
   if (lc->n++) lg__buf_putc(lc->b, ',');
-  lg__buf_puts(lc->b, j);
-  lg__free(j);
+  run_json(lc->srv, lc->b, rec);
   return lc->b->oom ? LG_ENOMEM : 0;
 }
 
 void lg__h_run_list(lg__req_t *rq) {
-  list_ctx_t lc = {&rq->out, 0, NULL, NULL, 0};
+  list_ctx_t lc = {rq->srv, &rq->out, 0, NULL, NULL, 0};
   MHD_get_connection_values(rq->conn, MHD_GET_ARGUMENT_KIND, list_arg, &lc);
   if (lc.unknown) {
     lg__req_error(rq, 400, "invalid_request", lc.unknown,
@@ -655,7 +657,11 @@ static int body_event(lg__req_t *rq, decide_job_t *dj) {
 static void note_step(lg_server_t *srv, const lg__step_t *st) {
   lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
   if (st->budget_refused) lg__metrics_budget_refusal(&srv->metrics, st->refusal.limit_source);
-  if (st->was_stopped) return;
+  if (st->was_stopped) {
+    if (st->ev.type == LG_EV_RESUME && st->decided && st->action != LG_ACT_STOP)
+      atomic_fetch_add(&srv->metrics.runs_active, 1); /* active again */
+    return;
+  }
   if (st->ledger_outcome >= 0) lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
   if (st->stopped_now) {
     atomic_fetch_sub(&srv->metrics.runs_active, 1);

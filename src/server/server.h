@@ -115,7 +115,7 @@ typedef struct lg__metrics {
   _Atomic uint64_t hist[LG__RT__COUNT][LG__HIST_BUCKETS + 1]; /* per bucket */
   _Atomic uint64_t hist_sum_ns[LG__RT__COUNT];          /* total seconds, ns */
   _Atomic uint64_t requests[LG__RT__COUNT][LG__CODE_SLOTS]; /* by code slot */
-  _Atomic int codes[LG__CODE_SLOTS];                    /* slot -> HTTP code */
+  _Atomic int codes[LG__CODE_SLOTS];                    /* slot -> HTTP code + 1 (0: free) */
   _Atomic uint64_t conn_cut[2];                         /* connections cut: past a
                                                            deadline, evicted for room */
   _Atomic int64_t runs_active;                          /* last count */

@@ -188,14 +188,15 @@ static const query_t queries[Q__N] = {
                             [PG] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
                                    " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
                                    " WHERE run_id = ?1 AND ?8::bigint IS NOT NULL"}},
-    [Q_RUN_LIST] = {.by = {[SQ] = "SELECT run_id, grp, status, terminal_reason, NULL, NULL, envelope,"
+    /* with the policy and state: a listed run's counters are its state's */
+    [Q_RUN_LIST] = {.by = {[SQ] = "SELECT run_id, grp, status, terminal_reason, policy, state, envelope,"
                                   " created_ms, updated_ms FROM lg_runs"
                                   " WHERE (?1 IS NULL OR status = ?1)"
                                   " AND (?2 IS NULL OR terminal_reason = ?2)"
                                   " AND (?3 IS NULL OR grp = ?3)"
                                   " ORDER BY created_ms DESC, seq DESC LIMIT COALESCE(?4, -1)",
-                           [PG] = "SELECT run_id, grp, status, terminal_reason, NULL::text,"
-                                  " NULL::bytea, envelope, created_ms, updated_ms FROM lg_runs"
+                           [PG] = "SELECT run_id, grp, status, terminal_reason, policy,"
+                                  " state, envelope, created_ms, updated_ms FROM lg_runs"
                                   " WHERE (?1::text IS NULL OR status = ?1)"
                                   " AND (?2::text IS NULL OR terminal_reason = ?2)"
                                   " AND (?3::text IS NULL OR grp = ?3)"

@@ -105,6 +105,27 @@ while IFS= read -r e; do
 done <"$TMP/exprs"
 kill -TERM "$prom_pid" 2>/dev/null
 wait "$prom_pid" 2>/dev/null
+# A client that hangs up before its answer is counted with code 0, and
+# keeps it: the next new code took its slot and its count.
+python3 - "${url#http://}" <<'PY'
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+s.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"run")
+s.close()
+PY
+sleep 0.3
+hung=$(curl -s "$url/metrics" | grep -E '^loopguard_requests_total\{.*code="0"\} 1$')
+[ -n "$hung" ] && ok || bad "no request counted with code 0 after a hang-up"
+curl -s -o /dev/null "$url/nope" # a 404, a code not seen yet
+curl -s "$url/metrics" | grep -qxF "$hung" && ok || bad "the hung-up request's series went away or changed: $hung"
+# runs_active: a run stopped and resumed is active again.
+active() { curl -s "$url/metrics" | awk '$1=="loopguard_runs_active" {print $2}'; }
+a0=$(active)
+post /v1/runs '{"run_id":"m2"}'
+for i in 1 2 3 4 5 6; do post /v1/runs/m2/calls '{"tool":"t","args":{"a":1},"turn":'$i'}'; done
+post /v1/runs/m2/resume '{}'
+[ "$(active)" = "$((a0 + 1))" ] && ok || bad "runs_active after a stop and a resume: $(active), wanted $((a0 + 1))"
 stop_server S
 echo "$pass passed, $failed failed"
 [ $failed -eq 0 ]
