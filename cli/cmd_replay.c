@@ -241,35 +241,19 @@ int cmd_replay(int argc, char **argv) {
   out_t o;
   memset(&o, 0, sizeof o);
   o.f = stdout;
-  const char *policy_path = NULL;
-  int first = 0, ntraces = 0;
-  char **traces = calloc((size_t)argc, sizeof *traces);
+  const char *policy_path = NULL, *json = NULL, *quiet = NULL;
+  cli_flag_t flags[] = {{"--policy", 1, &policy_path}, {"--json", 0, &json}, {"-q", 0, &quiet},
+                        {"--quiet", 0, &quiet},        {NULL, 0, NULL}};
+  const char **traces = calloc((size_t)argc, sizeof *traces);
   if (!traces) return 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(replay_usage, stdout);
-      free(traces);
-      return 0;
-    } else if (!strcmp(a, "--json")) o.json = 1;
-    else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = 1;
-    else if (!strcmp(a, "--policy")) {
-      if (++i >= argc) {
-        free(traces);
-        return cli_usage(replay_usage, "--policy needs a file");
-      }
-      policy_path = argv[i];
-    } else if (!strncmp(a, "--policy=", 9)) policy_path = a + 9;
-    else if (a[0] == '-' && a[1]) {
-      free(traces);
-      return cli_usage(replay_usage, "unknown option '%s'", a);
-    } else traces[ntraces++] = argv[i];
-  }
-  (void)first;
-  if (!ntraces) {
+  int ntraces, rc = cli_parse(argc, argv, flags, traces, argc, NULL, &ntraces, replay_usage);
+  if (rc < 0 && !ntraces) rc = cli_usage(replay_usage, "no trace given");
+  if (rc >= 0) {
     free(traces);
-    return cli_usage(replay_usage, "no trace given");
+    return rc;
   }
+  o.json = json != NULL;
+  o.quiet = quiet != NULL;
   o.color = !o.json && cli_color(stdout);
   lg_error_t err;
   memset(&err, 0, sizeof err);
@@ -289,7 +273,6 @@ int cmd_replay(int argc, char **argv) {
     err.offset = -1;
     o.fold_n = 0;
     o.last_msg_key[0] = 0;
-    int rc;
     if (is_stdin) {
       char *buf = NULL;
       size_t len = 0;
@@ -342,23 +325,12 @@ static const char *fp_usage =
     "field), 2 bad usage.\n";
 
 int cmd_fingerprint(int argc, char **argv) {
-  const char *policy_path = NULL, *tool = NULL, *args = NULL;
-  int json = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(fp_usage, stdout);
-      return 0;
-    } else if (!strcmp(a, "--json")) json = 1;
-    else if (!strcmp(a, "--policy")) {
-      if (++i >= argc) return cli_usage(fp_usage, "--policy needs a file");
-      policy_path = argv[i];
-    } else if (a[0] == '-' && a[1] && !tool) return cli_usage(fp_usage, "unknown option '%s'", a);
-    else if (!tool) tool = a;
-    else if (!args) args = a;
-    else return cli_usage(fp_usage, "too many arguments");
-  }
-  if (!tool || !args) return cli_usage(fp_usage, "TOOL and ARGS_JSON are required");
+  const char *policy_path = NULL, *json = NULL, *pos[2];
+  cli_flag_t flags[] = {{"--policy", 1, &policy_path}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  int npos, rc = cli_parse(argc, argv, flags, pos, 2, "TOOL and ARGS_JSON are required", &npos,
+                           fp_usage);
+  if (rc >= 0) return rc;
+  const char *tool = pos[0], *args = pos[1];
   lg_error_t err;
   memset(&err, 0, sizeof err);
   err.offset = -1;
@@ -371,7 +343,7 @@ int cmd_fingerprint(int argc, char **argv) {
   char hex[LG_FP_HEX];
   const char *km;
   size_t kml;
-  int rc = c ? lg_canon_fingerprint(c, policy, tool, args, strlen(args), hex, &km, &kml, &err) : LG_ENOMEM;
+  rc = c ? lg_canon_fingerprint(c, policy, tool, args, strlen(args), hex, &km, &kml, &err) : LG_ENOMEM;
   if (rc) {
     if (!err.message[0]) snprintf(err.message, sizeof err.message, "%s", lg_strerror(rc));
     snprintf(err.source, sizeof err.source, "ARGS_JSON");

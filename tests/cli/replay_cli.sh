@@ -212,6 +212,29 @@ expect_rc "fingerprint without ARGS_JSON" 2
 run "$BIN" fingerprint bash '{}' extra
 expect_rc "fingerprint with too many arguments" 2
 
+# Flags the documented way (cli.md): before or after the positionals,
+# --flag=VALUE, and `--` ending the flags (a trace whose name starts with
+# '-'); a flag after TOOL is a flag, not ARGS_JSON.
+cp "$DATA/fixtures/seed000-same-call.jsonl" "$TMP/-dash.jsonl"
+cd "$TMP" && run "$BIN" replay -q -- -dash.jsonl
+cd - >/dev/null
+expect_rc "replay -q -- -dash.jsonl" 0
+grep -q '^-dash.jsonl: same_call_repeat' "$TMP/out" && ok "replay after --: the trace is replayed" || bad "replay after --: $(head -c 300 "$TMP/out")"
+run "$BIN" replay "$DATA/fixtures/seed000-same-call.jsonl" --quiet "--policy=$TMP/cap1.json"
+expect_rc "replay TRACE --quiet --policy=FILE" 0
+grep -q 'step_cap' "$TMP/out" && ok "replay: flags after the trace apply" || bad "replay: flags after the trace: $(head -c 300 "$TMP/out")"
+run "$BIN" fingerprint -- t '{}'
+expect_rc "fingerprint -- TOOL ARGS_JSON" 0
+printf '{}\n' >"$TMP/empty-policy.json"
+run "$BIN" fingerprint "--policy=$TMP/empty-policy.json" t '{}'
+expect_rc "fingerprint --policy=FILE" 0
+run "$BIN" fingerprint t '{}' --json
+expect_rc "fingerprint TOOL ARGS_JSON --json" 0
+grep -q '"tool":"t"' "$TMP/out" && ok "fingerprint: --json after the positionals" || bad "fingerprint --json after: $(head -c 300 "$TMP/out")"
+run "$BIN" fingerprint t --bogus
+expect_rc "fingerprint TOOL --bogus" 2
+expect_err "fingerprint: a flag after TOOL is an unknown flag, not ARGS_JSON" "unknown flag '--bogus'"
+
 run "$BIN" replay --help
 expect_rc "replay --help" 0
 grep -q "usage: loopguard replay" "$TMP/out" && ok "replay --help prints the usage" || bad "replay --help: $(head -c 200 "$TMP/out")"
