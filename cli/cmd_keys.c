@@ -35,15 +35,14 @@ static const char *keys_usage =
     "Exit status: 0 success, 1 an error (the message names the store and the\n"
     "field), 2 bad usage.\n";
 
-#define FIELD_FLAGS                                                                       \
-  "  --limit-usd X           the key's spend limit in USD per period (none: no limit)\n" \
+/* The flags that create and update describe alike. Only update takes
+ * `none` for a field, which clears it: each lists its own field flags. */
+#define RESET_FLAG                                                                        \
   "  --reset P               when the limit resets: daily (00:00 UTC), weekly (Monday),\n" \
-  "                          monthly (the 1st) or none (never; the default)\n"            \
-  "  --workspace W           the key's workspace (its budget: workspace:W)\n"             \
-  "  --include-byok B        true: spend on the key's own provider key counts too\n"      \
-  "  --rate-limit N          requests a minute (none: no limit)\n"                        \
-  "  --models M1,M2          the only models the key may use (none: any)\n"               \
-  "  --byok UPSTREAM=KEY     the key's own provider key for an upstream\n"                 \
+  "                          monthly (the 1st) or none (never; the default)\n"
+#define INCLUDE_BYOK_FLAG                                                                 \
+  "  --include-byok B        true: spend on the key's own provider key counts too\n"
+#define SECRET_FILE_FLAG                                                                  \
   "  --secret-file FILE      the server's --secret-file: the provider key is stored\n"   \
   "                          encrypted under it (default $LOOPGUARD_SECRET_FILE; none:\n" \
   "                          in clear)\n"
@@ -54,8 +53,17 @@ static const char *create_usage =
     "                             [--rate-limit N] [--models M1,M2] [--byok UPSTREAM=KEY]\n"
     "                             [--store URL] [--json]\n"
     "\n"
-    "Creates a key and prints its secret, once.\n"
-    "\n" FIELD_FLAGS
+    "Creates a key and prints its secret, once. A flag left out leaves the field\n"
+    "unset ('none', which 'keys update' takes to clear a field, is refused here).\n"
+    "\n"
+    "  --limit-usd X           the key's spend limit in USD per period [no limit]\n"
+    RESET_FLAG
+    "  --workspace W           the key's workspace (its budget: workspace:W) [none]\n"
+    INCLUDE_BYOK_FLAG
+    "  --rate-limit N          requests a minute [no limit]\n"
+    "  --models M1,M2          the only models the key may use [any]\n"
+    "  --byok UPSTREAM=KEY     the key's own provider key for an upstream\n"
+    SECRET_FILE_FLAG
     "  --store URL             the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
     "  --json                  the answer of POST /v1/keys\n"
     "  --help                  this text\n"
@@ -69,7 +77,17 @@ static const char *update_usage =
     "                             [--store URL] [--json]\n"
     "\n"
     "Changes what is given and keeps the rest; spend so far stays.\n"
-    "\n" FIELD_FLAGS
+    "\n"
+    "  --limit-usd X|none      the key's spend limit in USD per period (none: no limit)\n"
+    RESET_FLAG
+    "  --workspace W|none      the key's workspace (its budget: workspace:W; none: no\n"
+    "                          workspace)\n"
+    INCLUDE_BYOK_FLAG
+    "  --rate-limit N|none     requests a minute (none: no limit)\n"
+    "  --models M1,M2|none     the only models the key may use (none: any)\n"
+    "  --byok UPSTREAM=KEY     the key's own provider key for an upstream (none: every\n"
+    "                          provider key of the key removed)\n"
+    SECRET_FILE_FLAG
     "  --enable                enables a disabled key\n"
     "  --store URL             the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
     "  --json                  the answer of PATCH /v1/keys/{hash}\n"
@@ -123,6 +141,21 @@ typedef struct fields {
 /* The body of the fields given; 2 after a usage error. */
 static int build(const fields_t *x, const char *usage, int update, body_t *b) {
   memset(b, 0, sizeof *b);
+  if (!update) { /* `none` clears a field of a key that has it: not a value to create with */
+    const struct {
+      const char *flag, *value, *without;
+    } cleared[] = {{"--limit-usd", x->limit, "no limit"},
+                   {"--workspace", x->workspace, "no workspace"},
+                   {"--rate-limit", x->rate, "no rate limit"},
+                   {"--models", x->models, "any model"},
+                   {"--byok", x->byok, "no provider key"}};
+    for (size_t i = 0; i < sizeof cleared / sizeof cleared[0]; i++)
+      if (cleared[i].value && is_none(cleared[i].value))
+        return cli_usage(usage,
+                         "keys create: %s none: leave the flag out for %s ('none' clears a field "
+                         "in 'keys update')",
+                         cleared[i].flag, cleared[i].without);
+  }
   b->f = open_memstream(&b->p, &b->len);
   if (!b->f) return 1;
   fputc('{', b->f);

@@ -82,5 +82,13 @@ grep -q "keys.db" "$TMP/err" || fail "the error names the store: $(cat "$TMP/err
 "$B" keys create x --rate-limit 0 2>"$TMP/err"; [ $? = 2 ] || fail "a bad rate"
 "$B" keys create x --byok nokey 2>"$TMP/err"; [ $? = 2 ] || fail "a bad byok"
 "$B" keys create 2>"$TMP/err"; [ $? = 2 ] && grep -q 'needs a NAME' "$TMP/err" || fail "no name"
+# `none` clears a field: update takes it, create refuses it (it made a key
+# whose only model was "none") and its --help does not offer it.
+"$B" keys create --help | grep_q 'none: \(no limit\|any\)' && fail "keys create --help offers none: $("$B" keys create --help)"
+"$B" keys update --help | grep_q -- '--models M1,M2|none .*(none: any)' || fail "keys update --help does not offer none"
+for f in --limit-usd --workspace --rate-limit --models --byok; do
+  "$B" keys create x $f none 2>"$TMP/err"; [ $? = 2 ] && grep -q -- "$f none: leave the flag out" "$TMP/err" ||
+    fail "keys create $f none: $(head -n 1 "$TMP/err")"
+done
 "$B" keys frobnicate 2>"$TMP/err"; [ $? = 2 ] || fail "an unknown subcommand"
 echo "PASS keys.sh"
