@@ -13,6 +13,7 @@
  */
 #include "cli.h"
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -248,53 +249,78 @@ out:
 
 /* ---- printing ---- */
 
-/* A value of the flat answer ("\"name\":"), for a person; static, one of
- * four buffers in turn (a printf uses several). */
-static const char *val(const char *json, const char *name) {
-  static char bufs[4][256];
-  static int turn;
-  char *out = bufs[turn++ & 3];
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\":", name);
-  const char *p = strstr(json, pat);
-  if (!p) return "";
-  p += strlen(pat);
-  size_t n = 0;
-  if (*p == '"') {
-    p++;
-    while (p[n] && p[n] != '"') n++;
-  } else {
-    while (p[n] && p[n] != ',' && p[n] != '}') n++;
+/* An amount of the answer in USD, for a person ("2.5", "0.000125"): the
+ * budget's micro-dollars, trailing zeros dropped. */
+static const char *usd(const json_t *v, char buf[48]) {
+  int64_t m;
+  if (!json_is_number(v)) return "?";
+  if (lg_budget_usd_to_micro(json_number_value(v), &m, NULL, NULL)) {
+    snprintf(buf, 48, "%g", json_number_value(v));
+    return buf;
   }
-  if (n >= sizeof bufs[0]) n = sizeof bufs[0] - 1;
-  memcpy(out, p, n);
-  out[n] = 0;
-  return out;
+  int n = snprintf(buf, 48, "%lld.%06lld", (long long)(m / 1000000), (long long)(m % 1000000));
+  while (buf[n - 1] == '0') buf[--n] = 0;
+  if (buf[n - 1] == '.') buf[n - 1] = 0;
+  return buf;
 }
 
-static void print_key(const char *j) {
-  printf("%s  %s\n", val(j, "hash"), val(j, "name"));
-  printf("  limit          %s USD, reset %s\n", val(j, "limit_usd"), val(j, "limit_reset"));
-  printf("  used           %s USD this period, %s USD held in flight, %s USD left\n",
-         val(j, "usage_usd"), val(j, "reserved_usd"), val(j, "limit_remaining_usd"));
-  if (strstr(j, "\"usage_daily_usd\""))
-    printf("  today / week / month  %s / %s / %s USD\n", val(j, "usage_daily_usd"),
-           val(j, "usage_weekly_usd"), val(j, "usage_monthly_usd"));
-  printf("  workspace      %s\n", val(j, "workspace"));
-  printf("  disabled       %s\n", val(j, "disabled"));
+/* The string `name` of the answer, else `none` (null: the field is not set). */
+static const char *text(const json_t *key, const char *name, const char *none) {
+  const char *s = json_string_value(json_object_get(key, name));
+  return s ? s : none;
+}
+
+/* The answer of a key route (flat JSON, lg_key_*), for a person. */
+static void print_key(const json_t *k) {
+  char a[48], b[48], c[48];
+  printf("%s  %s\n", text(k, "hash", "?"), text(k, "name", "?"));
+  const json_t *limit = json_object_get(k, "limit_usd");
+  if (json_is_number(limit))
+    printf("  limit          %s USD, reset %s\n", usd(limit, a), text(k, "limit_reset", "never"));
+  else
+    printf("  limit          no limit (the spend is still counted)\n");
+  printf("  used           %s USD this period, %s USD held in flight",
+         usd(json_object_get(k, "usage_usd"), a), usd(json_object_get(k, "reserved_usd"), b));
+  const json_t *left = json_object_get(k, "limit_remaining_usd");
+  if (json_is_number(left)) printf(", %s USD left", usd(left, c));
+  printf("\n");
+  if (json_object_get(k, "usage_daily_usd"))
+    printf("  today / week / month  %s / %s / %s USD\n",
+           usd(json_object_get(k, "usage_daily_usd"), a),
+           usd(json_object_get(k, "usage_weekly_usd"), b),
+           usd(json_object_get(k, "usage_monthly_usd"), c));
+  printf("  workspace      %s\n", text(k, "workspace", "none"));
+  const json_t *rate = json_object_get(k, "rate_limit_per_min");
+  if (json_is_integer(rate))
+    printf("  rate limit     %lld requests a minute\n", (long long)json_integer_value(rate));
+  else
+    printf("  rate limit     none\n");
+  const json_t *models = json_object_get(k, "models"), *m;
+  size_t i;
+  printf("  models         %s", json_array_size(models) ? "" : "any");
+  json_array_foreach(models, i, m) {
+    printf("%s%s", i ? ", " : "", json_is_string(m) ? json_string_value(m) : "?");
+  }
+  printf("\n");
+  printf("  disabled       %s\n", json_is_true(json_object_get(k, "disabled")) ? "true" : "false");
 }
 
 static int finish(lg_store_t *s, int rc, const lg_error_t *err, char *out, const char *json,
                   int secret) {
+  json_t *k = NULL;
   if (rc) {
     cli_error(err);
   } else if (json) {
     printf("%s\n", out);
+  } else if (!(k = json_loads(out, 0, NULL))) { /* the library's own answer: always JSON */
+    fprintf(stderr, "loopguard: the answer is not JSON: %s\n", out);
+    rc = 1;
   } else {
     if (secret)
-      printf("secret %s\n(shown this once: the store keeps only its hash)\n", val(out, "key"));
-    print_key(out);
+      printf("secret %s\n(shown this once: the store keeps only its hash)\n", text(k, "key", "?"));
+    print_key(k);
   }
+  json_decref(k);
   lg_free(out);
   lg_store_close(s);
   return rc ? 1 : 0;

@@ -35,6 +35,23 @@ s=$("$B" keys show "$H" --json) || fail "show"
 echo "$s" | grep >/dev/null 'lgk-' && fail "show prints a secret"
 "$B" keys show "$H" | grep_q 'today / week / month' || fail "show (human)"
 
+note "the text form reads the answer as JSON: unset fields said so, strings whole"
+T="sqlite:$TMP/text.db"
+t=$("$B" keys create plain --store "$T") || fail "create plain: $t"
+echo "$t" | grep_q null && fail "a key with no limit prints null: $t"
+echo "$t" | grep_q '^  limit          no limit' && echo "$t" | grep_q '^  workspace      none$' &&
+  echo "$t" | grep_q '^  models         any$' || fail "a key with no limit, text: $t"
+echo "$t" | grep_q 'USD left' && fail "a key with no limit has USD left: $t"
+t=$("$B" keys create 'w"q' --workspace 'w"q\x' --limit-usd 0.000125 --models a,b --store "$T") || fail "create w\"q: $t"
+echo "$t" | grep_q '  w"q$' && echo "$t" | grep_q '^  workspace      w"q\\x$' || fail "a name and a workspace with a quote: $t"
+echo "$t" | grep_q '^  limit          0.000125 USD, reset never$' && echo "$t" | grep_q '0.000125 USD left' &&
+  echo "$t" | grep_q '^  models         a, b$' || fail "a limit of 0.000125 USD, text: $t"
+h=$(echo "$t" | sed -n 's/^\([0-9a-f]\{64\}\)  .*/\1/p')
+t=$("$B" keys show "$h" --store "$T") || fail "show (text): $t"
+echo "$t" | grep_q '^  workspace      w"q\\x$' && echo "$t" | grep_q '^  today / week / month  0 / 0 / 0 USD$' || fail "show (text): $t"
+t=$("$B" keys rotate "$h" --store "$T") || fail "rotate (text): $t"
+echo "$t" | grep_q '^secret lgk-' && echo "$t" | grep_q '^  workspace      w"q\\x$' || fail "rotate (text): $t"
+
 note "update keeps what is not given; none clears"
 u=$("$B" keys update "$H" --limit-usd 4 --models none --json) || fail "update"
 [ "$(echo "$u" | get '[d["limit_usd"], d["models"], d["workspace"], d["limit_reset"]]')" = '[4, null, "acme", "daily"]' ] || fail "update: $u"
