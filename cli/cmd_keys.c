@@ -142,6 +142,15 @@ typedef struct fields {
 /* The body of the fields given; 2 after a usage error. */
 static int build(const fields_t *x, const char *usage, int update, body_t *b) {
   memset(b, 0, sizeof *b);
+  /* The body is JSON: a text that is not UTF-8 is named here, by its flag. */
+  const struct {
+    const char *what, *value;
+  } texts[] = {{"NAME", x->name},     {"--reset", x->reset}, {"--workspace", x->workspace},
+               {"--models", x->models}, {"--byok", x->byok}};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+    int rc = texts[i].value ? cli_check_utf8(texts[i].what, texts[i].value, usage) : -1;
+    if (rc >= 0) return rc;
+  }
   if (!update) { /* `none` clears a field of a key that has it: not a value to create with */
     const struct {
       const char *flag, *value, *without;

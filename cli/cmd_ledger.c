@@ -142,6 +142,11 @@ static int do_claim(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger claim needs a KEY", &npos, claim_usage);
   if (rc >= 0) return rc;
   if (!fp || !*fp) return cli_usage(claim_usage, "ledger claim needs --fingerprint FP");
+  /* What the HTTP API takes: these go into the store and into JSON. */
+  if ((rc = cli_check_id("KEY", pos[0], claim_usage)) >= 0 ||
+      (rc = cli_check_id("--fingerprint", fp, claim_usage)) >= 0 ||
+      (run && (rc = cli_check_id("--run", run, claim_usage)) >= 0))
+    return rc;
   int64_t lease_ms = 0;
   if (lease) {
     char *end;
@@ -250,6 +255,7 @@ static int do_commit(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger commit needs a KEY", &npos, commit_usage);
   if (rc >= 0) return rc;
   if (!result) return cli_usage(commit_usage, "ledger commit needs --result JSON");
+  if (opid && (rc = cli_check_id("--operation-id", opid, commit_usage)) >= 0) return rc;
   /* The result is replayed as JSON: refuse what is not. */
   lg_canon_t *canon = lg_canon_new();
   if (!canon) {

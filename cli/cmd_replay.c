@@ -329,7 +329,7 @@ int cmd_fingerprint(int argc, char **argv) {
   cli_flag_t flags[] = {{"--policy", 1, &policy_path}, {"--json", 0, &json}, {NULL, 0, NULL}};
   int npos, rc = cli_parse(argc, argv, flags, pos, 2, "TOOL and ARGS_JSON are required", &npos,
                            fp_usage);
-  if (rc >= 0) return rc;
+  if (rc >= 0 || (rc = cli_check_utf8("TOOL", pos[0], fp_usage)) >= 0) return rc;
   const char *tool = pos[0], *args = pos[1];
   lg_error_t err;
   memset(&err, 0, sizeof err);

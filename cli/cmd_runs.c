@@ -375,6 +375,9 @@ static int do_resume(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, NULL, &npos, resume_usage);
   if (rc >= 0) return rc;
   if (npos != 1) return cli_usage(resume_usage, "runs resume needs a RUN_ID");
+  if ((rc = cli_check_id("RUN_ID", pos[0], resume_usage)) >= 0 ||
+      (note && (rc = cli_check_utf8("--note", note, resume_usage)) >= 0))
+    return rc;
   int64_t version = 0;
   if (pv) {
     char *end;
@@ -490,6 +493,11 @@ static int do_cancel(int argc, char **argv) {
   if (!group && npos != 1) return cli_usage(cancel_usage, "runs cancel needs a RUN_ID");
   if (group && !*group) return cli_usage(cancel_usage, "--group needs a group name");
   if (reason && !*reason) reason = NULL;
+  /* What the HTTP API takes: these go into the store and into JSON. */
+  if ((!group && (rc = cli_check_id("RUN_ID", pos[0], cancel_usage)) >= 0) ||
+      (group && (rc = cli_check_id("--group", group, cancel_usage)) >= 0) ||
+      (reason && (rc = cli_check_id("--reason", reason, cancel_usage)) >= 0))
+    return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_error_t err = {0};

@@ -99,6 +99,13 @@ grep -q "keys.db" "$TMP/err" || fail "the error names the store: $(cat "$TMP/err
 "$B" keys create x --rate-limit 0 2>"$TMP/err"; [ $? = 2 ] || fail "a bad rate"
 "$B" keys create x --byok nokey 2>"$TMP/err"; [ $? = 2 ] || fail "a bad byok"
 "$B" keys create 2>"$TMP/err"; [ $? = 2 ] && grep -q 'needs a NAME' "$TMP/err" || fail "no name"
+# The body is JSON: a name or flag that is not UTF-8 is named (it was "the
+# body is not JSON: unable to decode byte 0xff", naming no field).
+"$B" keys create $'n\xff' 2>"$TMP/err"; [ $? = 2 ] && grep -q 'NAME is not valid UTF-8' "$TMP/err" || fail "a NAME not UTF-8: $(head -n 1 "$TMP/err")"
+"$B" keys create n --workspace $'w\xed\xa0\x80' 2>"$TMP/err"; [ $? = 2 ] && grep -q -- '--workspace is not valid UTF-8' "$TMP/err" ||
+  fail "a workspace not UTF-8: $(head -n 1 "$TMP/err")"
+"$B" keys update "$H" --models $'a,\xff' 2>"$TMP/err"; [ $? = 2 ] && grep -q -- '--models is not valid UTF-8' "$TMP/err" ||
+  fail "update: models not UTF-8: $(head -n 1 "$TMP/err")"
 # `none` clears a field: update takes it, create refuses it (it made a key
 # whose only model was "none") and its --help does not offer it.
 "$B" keys create --help | grep_q 'none: \(no limit\|any\)' && fail "keys create --help offers none: $("$B" keys create --help)"

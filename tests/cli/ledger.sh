@@ -73,6 +73,13 @@ has "names the store" "${store%%:*}:" "$(cat "$tmp/err")"
 check "fail unknown key" 1 "$bin" ledger fail nope
 check "bad result json" 2 "$bin" ledger commit pay-1 --result '{bad'
 has "bad json says --result" '--result' "$(cat "$tmp/err")"
+check "key not UTF-8" 2 "$bin" ledger claim $'k\xff' --fingerprint "$fp" --json
+has "key not UTF-8: named" "KEY is not valid UTF-8" "$(cat "$tmp/err")"
+check "key not UTF-8: not stored" 1 "$bin" ledger show $'k\xff'
+check "run with a control character" 2 "$bin" ledger claim k --fingerprint "$fp" --run $'r\x01'
+has "run with a control character: named" "--run must not hold control characters" "$(cat "$tmp/err")"
+check "operation id not UTF-8" 2 "$bin" ledger commit pay-1 --result 1 --operation-id $'\xff'
+has "operation id not UTF-8: named" "--operation-id is not valid UTF-8" "$(cat "$tmp/err")"
 check "no fingerprint" 2 "$bin" ledger claim k
 check "no key" 2 "$bin" ledger claim --fingerprint "$fp"
 check "bad lease" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms soon

@@ -235,6 +235,14 @@ run "$BIN" fingerprint t --bogus
 expect_rc "fingerprint TOOL --bogus" 2
 expect_err "fingerprint: a flag after TOOL is an unknown flag, not ARGS_JSON" "unknown flag '--bogus'"
 
+# --json is JSON: a TOOL that is not UTF-8 is refused, named, not echoed.
+run "$BIN" fingerprint $'\xff' '{}' --json
+expect_rc "fingerprint of a TOOL that is not UTF-8" 2
+expect_err "a TOOL that is not UTF-8 is named" "TOOL is not valid UTF-8"
+[ -s "$TMP/out" ] && bad "a TOOL that is not UTF-8: output $(head -c 100 "$TMP/out")" || ok "a TOOL that is not UTF-8: no output"
+run "$BIN" fingerprint $'t\xc3\xa9' '{}' --json
+expect_rc "fingerprint of a UTF-8 TOOL" 0
+
 run "$BIN" replay --help
 expect_rc "replay --help" 0
 grep -q "usage: loopguard replay" "$TMP/out" && ok "replay --help prints the usage" || bad "replay --help: $(head -c 200 "$TMP/out")"

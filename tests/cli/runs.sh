@@ -25,6 +25,20 @@ has "cancel json" '{"run_id":"night-43","reason":"operator_cancelled_loop","oper
 check "cancel group" 0 "$bin" runs cancel --group batch --reason stop --store "$store" --json
 has "group json" '{"group":"batch","reason":"operator_cancelled_loop","operator_note":"stop","cancelled":[]}' "$out"
 check "default store from env" 0 env LOOPGUARD_STORE="$store" "$bin" runs cancel night-44
+# What the HTTP API refuses is refused here, naming the argument (its
+# --json echoed bytes that are not UTF-8 and stored control characters).
+check "cancel an id not UTF-8" 2 "$bin" runs cancel $'bad\xffid' --store "$store" --json
+has "cancel an id not UTF-8: named" "RUN_ID is not valid UTF-8" "$err"
+[ -z "$out" ]
+ok "cancel an id not UTF-8: nothing printed: $out" $?
+check "cancel an id with a control character" 2 "$bin" runs cancel $'bad\x01id' --store "$store"
+has "cancel a control character: named" "RUN_ID must not hold control characters" "$err"
+check "cancel a group not UTF-8" 2 "$bin" runs cancel --group $'g\xff' --store "$store" --json
+has "cancel a group not UTF-8: named" "--group is not valid UTF-8" "$err"
+check "cancel a reason with a tab" 2 "$bin" runs cancel r1 --reason $'a\tb' --store "$store"
+has "cancel a reason with a tab: named" "--reason must not hold control characters" "$err"
+check "resume a note not UTF-8" 2 "$bin" runs resume r1 --note $'\xc0\xaf' --store "$store"
+has "resume a note not UTF-8: named" "--note is not valid UTF-8" "$err"
 
 # Errors and usage.
 check "show missing" 1 "$bin" runs show nope --store "$store"
