@@ -46,8 +46,9 @@ static const char *claim_usage =
     "  --fingerprint FP  the request's fingerprint (normally 64 hex digits, as\n"
     "                    'loopguard fingerprint' prints): the same key with a\n"
     "                    different fingerprint is a mismatch\n"
-    "  --lease-ms N      how long the claim holds without an outcome (default\n"
-    "                    60000); after it, the key is unknown_outcome\n"
+    "  --lease-ms N      how long the claim holds without an outcome, 1 to\n"
+    "                    604800000 ms (7 days) [60000]; after it, the key is\n"
+    "                    unknown_outcome\n"
     "  --run RUN_ID      the run the claim belongs to (shown by 'ledger show')\n"
     "  --store URL       the store (default $LOOPGUARD_STORE, else\n"
     "                    sqlite:loopguard.db)\n"
@@ -152,8 +153,12 @@ static int do_claim(int argc, char **argv) {
     char *end;
     errno = 0;
     lease_ms = strtoll(lease, &end, 10);
-    if (errno || *end || end == lease || lease_ms <= 0)
-      return cli_usage(claim_usage, "--lease-ms wants a positive number of milliseconds, not '%s'",
+    /* The HTTP API's range of lease_ms (a week at most): a lease beyond it
+     * would hold the key, unknown_outcome never reached, for ever. */
+    if (errno || *end || end == lease || lease_ms < 1 || lease_ms > 604800000)
+      return cli_usage(claim_usage,
+                       "--lease-ms wants a whole number of milliseconds from 1 to 604800000 "
+                       "(7 days), not '%s'",
                        lease);
   }
   lg_store_t *s = cli_open_store(store);

@@ -83,6 +83,14 @@ has "operation id not UTF-8: named" "--operation-id is not valid UTF-8" "$(cat "
 check "no fingerprint" 2 "$bin" ledger claim k
 check "no key" 2 "$bin" ledger claim --fingerprint "$fp"
 check "bad lease" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms soon
+# The HTTP API's range, 1 to 604800000 ms: a lease in the year 3170900 is
+# refused, named, and nothing is claimed.
+check "lease past a week" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms 99999999999999999
+has "lease past a week: the range" "--lease-ms wants a whole number of milliseconds from 1 to 604800000" "$(cat "$tmp/err")"
+check "lease of a week and 1 ms" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms 604800001
+check "lease of 0" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms 0
+check "lease past a week: nothing claimed" 1 "$bin" ledger show k
+check "lease of a week" 0 "$bin" ledger claim week --fingerprint "$fp" --lease-ms 604800000
 check "bad duration" 2 "$bin" ledger purge --older-than 3 weeks
 check "unknown flag" 2 "$bin" ledger show k --colour
 check "unknown subcommand" 2 "$bin" ledger frobnicate
