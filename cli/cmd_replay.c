@@ -39,10 +39,13 @@ typedef struct out {
   /* Folded plain executions. */
   long fold_first, fold_last;
   int fold_n;
-  char fold_tool[64];
-  int fold_tools; /* distinct tools among them (1 or "several") */
-  /* The last steer message shown: the same kind again is not repeated. */
-  char last_msg_key[96];
+  char *fold_tool; /* the first one's tool, whole (malloc) */
+  int fold_tools;  /* distinct tools among them (1 or "several") */
+  /* The last steer message shown: the same kind again (action, reason and
+   * tool, compared whole) is not repeated. */
+  int msg_shown;
+  int msg_action;
+  char *msg_reason, *msg_tool; /* malloc */
   /* The trace's name, printed before its first line of output: a trace
    * that cannot be read prints only its error, on stderr. */
   const char *pending_header;
@@ -58,6 +61,14 @@ static void put_str(FILE *f, const char *s) {
   fputs(q ? q : "\"\"", f);
   lg_free(q);
 }
+
+/* *dst becomes a copy of s (NULL for NULL, or when out of memory). */
+static void keep(char **dst, const char *s) {
+  free(*dst);
+  *dst = s ? strdup(s) : NULL;
+}
+
+static bool same(const char *a, const char *b) { return a && b ? !strcmp(a, b) : a == b; }
 
 /* ---- JSON records ---- */
 
@@ -82,10 +93,12 @@ static void json_summary(out_t *o, const lg_replay_summary_t *s) {
 static void flush_fold(out_t *o) {
   if (!o->fold_n) return;
   if (o->fold_n == 1)
-    fprintf(o->f, "  line %-5ld %sexecute%s  %s\n", o->fold_first, C(o, "32"), C(o, "0"), o->fold_tool);
+    fprintf(o->f, "  line %-5ld %sexecute%s  %s\n", o->fold_first, C(o, "32"), C(o, "0"),
+            o->fold_tool ? o->fold_tool : "?");
   else
     fprintf(o->f, "  lines %ld-%ld %s%d calls executed%s (%s)\n", o->fold_first, o->fold_last,
-            C(o, "32"), o->fold_n, C(o, "0"), o->fold_tools > 1 ? "several tools" : o->fold_tool);
+            C(o, "32"), o->fold_n, C(o, "0"),
+            o->fold_tools > 1 ? "several tools" : o->fold_tool ? o->fold_tool : "?");
   o->fold_n = 0;
 }
 
@@ -108,9 +121,9 @@ static void human_event(out_t *o, const lg_replay_event_t *ev) {
   if (ev->type == LG_EV_CALL && plain) {
     if (!o->fold_n) {
       o->fold_first = ev->line;
-      snprintf(o->fold_tool, sizeof o->fold_tool, "%s", ev->tool);
+      keep(&o->fold_tool, ev->tool);
       o->fold_tools = 1;
-    } else if (strcmp(o->fold_tool, ev->tool)) {
+    } else if (!same(o->fold_tool, ev->tool)) {
       o->fold_tools = 2;
     }
     o->fold_last = ev->line;
@@ -139,12 +152,14 @@ static void human_event(out_t *o, const lg_replay_event_t *ev) {
   if (d->guard && *d->guard && d->action == LG_ACT_STOP) fprintf(f, " [guard: %s]", d->guard);
   fputc('\n', f);
   if (d->message && d->action != LG_ACT_STOP) {
-    char key[96];
-    snprintf(key, sizeof key, "%d/%s/%s", (int)d->action, d->reason_text ? d->reason_text : "",
-             ev->tool ? ev->tool : "");
-    if (strcmp(key, o->last_msg_key)) {
+    const char *reason = d->reason_text ? d->reason_text : "", *tool = ev->tool ? ev->tool : "";
+    if (!o->msg_shown || o->msg_action != (int)d->action || !same(o->msg_reason, reason) ||
+        !same(o->msg_tool, tool)) {
       fprintf(f, "             %s\"%s\"%s\n", C(o, "2"), d->message, C(o, "0"));
-      snprintf(o->last_msg_key, sizeof o->last_msg_key, "%s", key);
+      o->msg_shown = 1;
+      o->msg_action = (int)d->action;
+      keep(&o->msg_reason, reason);
+      keep(&o->msg_tool, tool);
     }
   }
 }
@@ -272,7 +287,7 @@ int cmd_replay(int argc, char **argv) {
     memset(&err, 0, sizeof err);
     err.offset = -1;
     o.fold_n = 0;
-    o.last_msg_key[0] = 0;
+    o.msg_shown = 0;
     if (is_stdin) {
       char *buf = NULL;
       size_t len = 0;
@@ -300,6 +315,9 @@ int cmd_replay(int argc, char **argv) {
     }
   }
   lg_policy_free(policy);
+  free(o.fold_tool);
+  free(o.msg_reason);
+  free(o.msg_tool);
   free(traces);
   return status;
 }

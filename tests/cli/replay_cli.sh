@@ -194,6 +194,27 @@ run "$BIN" replay --json "--policy=$TMP/cap1.json" "$DATA/fixtures/seed000-same-
 expect_rc "--policy=FILE" 0
 grep -q '"terminal_reason":"step_cap"' "$TMP/out" && ok "--policy=FILE decides" || bad "--policy=FILE ignored"
 
+# Long tool names are compared whole: three plain calls of one 64-byte
+# tool fold into "(TOOL)", not "(several tools)"; two tools that differ
+# only at byte 101 each get their steer message.
+t64=$(printf 'x%.0s' $(seq 64))
+{ echo '{"type":"run","run_id":"long"}'
+  for i in 1 2 3; do echo "{\"type\":\"call\",\"tool\":\"$t64\",\"args\":{\"i\":$i},\"turn\":$i}"; done
+} >"$TMP/long-tool.jsonl"
+run "$BIN" replay "$TMP/long-tool.jsonl"
+expect_rc "replay of a 64-byte tool" 0
+grep -qF "3 calls executed ($t64)" "$TMP/out" && ok "a 64-byte tool folds under its name" || bad "a 64-byte tool: $(cat "$TMP/out")"
+a100=$(printf 'a%.0s' $(seq 100))
+{ echo '{"type":"run","run_id":"long2"}'
+  for t in 1 2; do for i in 1 2; do
+    echo "{\"type\":\"call\",\"tool\":\"$a100$t\",\"args\":{},\"turn\":$t$i}"
+    echo '{"type":"result","status":"retryable","value":{"error":"timeout"}}'
+  done; done
+} >"$TMP/long-tools.jsonl"
+run "$BIN" replay "$TMP/long-tools.jsonl"
+expect_rc "replay of two 101-byte tools" 0
+[ "$(grep -c '"I have now called' "$TMP/out")" = 2 ] && ok "two long tools: a message each" || bad "two long tools: $(cut -c 1-140 "$TMP/out")"
+
 # ---------------------------------------------------------------------
 # Usage.
 run "$BIN" replay
