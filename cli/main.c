@@ -190,6 +190,7 @@ lg_store_t *cli_open_store_existing(const char *flag) {
 }
 
 int64_t cli_parse_duration(const char *s) {
+  const int64_t max = INT64_MAX / 2; /* room for the callers' now - age */
   int64_t total = 0;
   if (!*s) return -1;
   while (*s) {
@@ -206,7 +207,9 @@ int64_t cli_parse_duration(const char *s) {
     else if (*end == 'd') unit = 86400000, end++;
     else if (*end == 'w') unit = 604800000, end++;
     else return -1;
-    if (n > INT64_MAX / unit / 2) return -1;
+    /* The sum, not each term: terms of the maximum each wrapped round to
+     * a small age ("...ms...ms5ms" was 1 ms and purged every run). */
+    if (n > (max - total) / unit) return -1;
     total += n * unit;
     s = end;
   }

@@ -55,6 +55,14 @@ check "purge needs an age" 2 "$bin" runs purge --store "$store"
 has "purge says what is missing" "needs --older-than DURATION" "$(cat "$tmp/err")"
 check "purge bad age" 2 "$bin" runs purge --older-than soon --store "$store"
 has "purge names the value" "'soon'" "$(cat "$tmp/err")"
+# A sum of terms past the maximum is refused, not wrapped round to 1 ms
+# (which purged every run).
+big=4611686018427387903ms
+check "purge an age that overflows" 2 "$bin" runs purge --older-than "$big$big$big${big}5ms" --store "$store" --json
+has "purge an age that overflows: named" "--older-than wants a duration" "$(cat "$tmp/err")"
+check "purge the largest age" 0 "$bin" runs purge --older-than "$big" --store "$store" --json
+has "purge the largest age: kept" '"older_than_ms":4611686018427387903' "$out"
+check "purge an age past the largest" 2 "$bin" runs purge --older-than "${big}1ms" --store "$store"
 check "purge nothing" 0 "$bin" runs purge --older-than 30d --store "$store"
 has "purge counts" "purged 0 runs not written to for 30d" "$out"
 check "purge no store" 1 "$bin" runs purge --older-than 1d --store "sqlite:$tmp/none.db"
