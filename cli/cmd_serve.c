@@ -251,10 +251,7 @@ int cmd_serve(int argc, char **argv) {
       o.timeout_s = (int)n;
       break;
     case 8: o.log_path = val; break;
-    case 9:
-      if (number(a, val, 1 << 20, 1LL << 40, &n)) return 2;
-      o.trace_memory = (size_t)n;
-      break;
+    case 9: break; /* --trace-memory: ignored, whatever its value (old scripts) */
     case 10:
       if (strcmp(val, "full") && strcmp(val, "relaxed"))
         return cli_usage(serve_usage, "--durability: expected full or relaxed, got '%s'", val);

@@ -194,6 +194,24 @@ run "$BIN" replay --json "--policy=$TMP/cap1.json" "$DATA/fixtures/seed000-same-
 expect_rc "--policy=FILE" 0
 grep -q '"terminal_reason":"step_cap"' "$TMP/out" && ok "--policy=FILE decides" || bad "--policy=FILE ignored"
 
+# The events trace-v1.md says replay acts on beyond call/model/result:
+# text, user, compaction and budget each get their records and stops.
+ENG="$DATA/engine"
+for c in "text-repeat-stop text text_repeat" "compaction-max-3 compaction context_loop" \
+         "budget-exceeded budget budget_exceeded" "user-restarts-repeat-count user null"; do
+  read -r d ty want <<<"$c"
+  run "$BIN" replay --json "$ENG/$d/trace.jsonl"
+  expect_rc "replay --json $d" 0
+  if "$PY" - "$TMP/out" "$ty" "$want" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert any(r.get("type") == sys.argv[2] for r in recs), "no %s record" % sys.argv[2]
+want = None if sys.argv[3] == "null" else sys.argv[3]
+assert recs[-1]["terminal_reason"] == want, recs[-1]["terminal_reason"]
+EOF
+  then ok "replay acts on $ty events ($d)"; else bad "replay of $d: $(head -c 300 "$TMP/out")"; fi
+done
+
 # Long tool names are compared whole: three plain calls of one 64-byte
 # tool fold into "(TOOL)", not "(several tools)"; two tools that differ
 # only at byte 101 each get their steer message.

@@ -80,6 +80,9 @@ for sub in list show cancel purge; do
 done
 check "help cancel" 0 "$bin" runs cancel --help
 for f in --reason --group --json; do has "cancel help $f" "$f" "$out"; done
+# --reason is a note: the terminal reason stays operator_cancelled_loop.
+has "cancel help: --reason is the operator_note" "kept as the envelope's operator_note" "$out"
+hasnt "cancel help: --reason is not the terminal reason" "becomes the" "$out"
 check "help list" 0 "$bin" runs list --help
 for f in --status --limit --json; do has "list help $f" "$f" "$out"; done
 

@@ -31,6 +31,14 @@ for v in 5 -5 abc 86400001; do
     fail "LOOPGUARD_RESERVATION_TTL_MS=$v: exit $rc, wanted 2 naming the variable: $(cat "$TMP/ttl.err")"
 done
 
+note "--trace-memory is ignored, whatever its value (it exited 2 below 1 MiB)"
+for v in 1000 abc 4194304; do
+  rc=0; timeout 10 "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: --trace-memory "$v" >/dev/null 2>"$TMP/tm.err" || rc=$?
+  [ $rc = 1 ] && grep -q refusing "$TMP/tm.err" || fail "--trace-memory $v: exit $rc, wanted the start to go on (to its refusal of 0.0.0.0): $(cat "$TMP/tm.err")"
+done
+rc=0; timeout 10 "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: --trace-memory=1 >/dev/null 2>"$TMP/tm.err" || rc=$?
+[ $rc = 1 ] || fail "--trace-memory=1: exit $rc: $(cat "$TMP/tm.err")"
+
 note "no tokens and a non-loopback address: refused"
 rc=0; "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: >"$TMP/refuse.out" 2>&1 || rc=$?
 [ $rc = 1 ] || fail "binding 0.0.0.0 without tokens: exit $rc, wanted 1"
