@@ -208,8 +208,17 @@ static int do_list(int argc, char **argv) {
   list_ctx_t c = {json != NULL, 0};
   lg_error_t err = {0};
   rc = lg_store_run_list(s, &f, list_one, &c, &err);
-  if (rc) cli_error(&err);
-  else if (!c.n && !json) printf("no runs in %s\n", lg_store_name(s));
+  if (rc) {
+    cli_error(&err);
+  } else if (!c.n && !json && (status || group || reason)) { /* the store may have others */
+    printf("no runs in %s match", lg_store_name(s));
+    if (status) printf(" --status %s", status);
+    if (group) printf(" --group %s", group);
+    if (reason) printf(" --reason %s", reason);
+    putchar('\n');
+  } else if (!c.n && !json) {
+    printf("no runs in %s\n", lg_store_name(s));
+  }
   lg_store_close(s);
   return rc ? 1 : 0;
 }

@@ -12,6 +12,10 @@ use_store runs
 "$bin" ledger purge --store "$store" >/dev/null
 check "empty list" 0 "$bin" runs list --store "$store"
 has "says empty" "no runs in" "$out"
+# With filters, the message says that nothing matches them, not that the
+# store is empty.
+check "no match" 0 "$bin" runs list --store "$store" --status stopped --group batch --reason step_cap
+has "no match: the filters named" "match --status stopped --group batch --reason step_cap" "$out"
 check "empty list json" 0 "$bin" runs list --store "$store" --json
 [ -z "$out" ]
 ok "json list not empty: $out" $?
