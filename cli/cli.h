@@ -44,6 +44,15 @@ typedef struct cli_flag {
  * wrong. */
 int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int maxpos,
               const char *missing, int *npos, const char *usage);
+/* Text given on the command line that a command puts in JSON (a tool
+ * name, a key's name, a note): it must be valid UTF-8. -1 when it is,
+ * else 2 after printing "WHAT is not valid UTF-8" and `usage` (`what`
+ * names the flag or argument: "--note", "TOOL"). */
+int cli_check_utf8(const char *what, const char *s, const char *usage);
+/* An id given on the command line (a run id, a group, a ledger key), as
+ * the HTTP API takes one: 1 to 1024 bytes of UTF-8 without control
+ * characters. Returns as cli_check_utf8. */
+int cli_check_id(const char *what, const char *s, const char *usage);
 /* Opens the store of --store (see cli_store_url); NULL after printing the
  * error. */
 lg_store_t *cli_open_store(const char *flag);

@@ -13,6 +13,7 @@
  */
 #include "cli.h"
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ static const char *keys_usage =
     "usage: loopguard keys create NAME [--limit-usd X] [--reset daily|weekly|monthly|none]\n"
     "                             [--workspace W] [--include-byok true|false]\n"
     "                             [--rate-limit N] [--models M1,M2] [--byok UPSTREAM=KEY]\n"
-    "                             [--store URL] [--json]\n"
+    "                             [--secret-file FILE] [--store URL] [--json]\n"
     "       loopguard keys list [--store URL] [--json]\n"
     "       loopguard keys show HASH [--store URL] [--json]\n"
     "       loopguard keys update HASH [the flags of create] [--enable] [--store URL] [--json]\n"
@@ -35,15 +36,14 @@ static const char *keys_usage =
     "Exit status: 0 success, 1 an error (the message names the store and the\n"
     "field), 2 bad usage.\n";
 
-#define FIELD_FLAGS                                                                       \
-  "  --limit-usd X           the key's spend limit in USD per period (none: no limit)\n" \
+/* The flags that create and update describe alike. Only update takes
+ * `none` for a field, which clears it: each lists its own field flags. */
+#define RESET_FLAG                                                                        \
   "  --reset P               when the limit resets: daily (00:00 UTC), weekly (Monday),\n" \
-  "                          monthly (the 1st) or none (never; the default)\n"            \
-  "  --workspace W           the key's workspace (its budget: workspace:W)\n"             \
-  "  --include-byok B        true: spend on the key's own provider key counts too\n"      \
-  "  --rate-limit N          requests a minute (none: no limit)\n"                        \
-  "  --models M1,M2          the only models the key may use (none: any)\n"               \
-  "  --byok UPSTREAM=KEY     the key's own provider key for an upstream\n"                 \
+  "                          monthly (the 1st) or none (never; the default)\n"
+#define INCLUDE_BYOK_FLAG                                                                 \
+  "  --include-byok B        true: spend on the key's own provider key counts too\n"
+#define SECRET_FILE_FLAG                                                                  \
   "  --secret-file FILE      the server's --secret-file: the provider key is stored\n"   \
   "                          encrypted under it (default $LOOPGUARD_SECRET_FILE; none:\n" \
   "                          in clear)\n"
@@ -52,10 +52,19 @@ static const char *create_usage =
     "usage: loopguard keys create NAME [--limit-usd X] [--reset daily|weekly|monthly|none]\n"
     "                             [--workspace W] [--include-byok true|false]\n"
     "                             [--rate-limit N] [--models M1,M2] [--byok UPSTREAM=KEY]\n"
-    "                             [--store URL] [--json]\n"
+    "                             [--secret-file FILE] [--store URL] [--json]\n"
     "\n"
-    "Creates a key and prints its secret, once.\n"
-    "\n" FIELD_FLAGS
+    "Creates a key and prints its secret, once. A flag left out leaves the field\n"
+    "unset ('none', which 'keys update' takes to clear a field, is refused here).\n"
+    "\n"
+    "  --limit-usd X           the key's spend limit in USD per period [no limit]\n"
+    RESET_FLAG
+    "  --workspace W           the key's workspace (its budget: workspace:W) [none]\n"
+    INCLUDE_BYOK_FLAG
+    "  --rate-limit N          requests a minute [no limit]\n"
+    "  --models M1,M2          the only models the key may use [any]\n"
+    "  --byok UPSTREAM=KEY     the key's own provider key for an upstream\n"
+    SECRET_FILE_FLAG
     "  --store URL             the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
     "  --json                  the answer of POST /v1/keys\n"
     "  --help                  this text\n"
@@ -66,10 +75,20 @@ static const char *update_usage =
     "usage: loopguard keys update HASH [--limit-usd X|none] [--reset P] [--workspace W|none]\n"
     "                             [--include-byok true|false] [--rate-limit N|none]\n"
     "                             [--models M1,M2|none] [--byok UPSTREAM=KEY|none] [--enable]\n"
-    "                             [--store URL] [--json]\n"
+    "                             [--secret-file FILE] [--store URL] [--json]\n"
     "\n"
     "Changes what is given and keeps the rest; spend so far stays.\n"
-    "\n" FIELD_FLAGS
+    "\n"
+    "  --limit-usd X|none      the key's spend limit in USD per period (none: no limit)\n"
+    RESET_FLAG
+    "  --workspace W|none      the key's workspace (its budget: workspace:W; none: no\n"
+    "                          workspace)\n"
+    INCLUDE_BYOK_FLAG
+    "  --rate-limit N|none     requests a minute (none: no limit)\n"
+    "  --models M1,M2|none     the only models the key may use (none: any)\n"
+    "  --byok UPSTREAM=KEY     the key's own provider key for an upstream (none: every\n"
+    "                          provider key of the key removed)\n"
+    SECRET_FILE_FLAG
     "  --enable                enables a disabled key\n"
     "  --store URL             the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
     "  --json                  the answer of PATCH /v1/keys/{hash}\n"
@@ -123,6 +142,30 @@ typedef struct fields {
 /* The body of the fields given; 2 after a usage error. */
 static int build(const fields_t *x, const char *usage, int update, body_t *b) {
   memset(b, 0, sizeof *b);
+  /* The body is JSON: a text that is not UTF-8 is named here, by its flag. */
+  const struct {
+    const char *what, *value;
+  } texts[] = {{"NAME", x->name},     {"--reset", x->reset}, {"--workspace", x->workspace},
+               {"--models", x->models}, {"--byok", x->byok}};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+    int rc = texts[i].value ? cli_check_utf8(texts[i].what, texts[i].value, usage) : -1;
+    if (rc >= 0) return rc;
+  }
+  if (!update) { /* `none` clears a field of a key that has it: not a value to create with */
+    const struct {
+      const char *flag, *value, *without;
+    } cleared[] = {{"--limit-usd", x->limit, "no limit"},
+                   {"--workspace", x->workspace, "no workspace"},
+                   {"--rate-limit", x->rate, "no rate limit"},
+                   {"--models", x->models, "any model"},
+                   {"--byok", x->byok, "no provider key"}};
+    for (size_t i = 0; i < sizeof cleared / sizeof cleared[0]; i++)
+      if (cleared[i].value && is_none(cleared[i].value))
+        return cli_usage(usage,
+                         "keys create: %s none: leave the flag out for %s ('none' clears a field "
+                         "in 'keys update')",
+                         cleared[i].flag, cleared[i].without);
+  }
   b->f = open_memstream(&b->p, &b->len);
   if (!b->f) return 1;
   fputc('{', b->f);
@@ -215,53 +258,78 @@ out:
 
 /* ---- printing ---- */
 
-/* A value of the flat answer ("\"name\":"), for a person; static, one of
- * four buffers in turn (a printf uses several). */
-static const char *val(const char *json, const char *name) {
-  static char bufs[4][256];
-  static int turn;
-  char *out = bufs[turn++ & 3];
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\":", name);
-  const char *p = strstr(json, pat);
-  if (!p) return "";
-  p += strlen(pat);
-  size_t n = 0;
-  if (*p == '"') {
-    p++;
-    while (p[n] && p[n] != '"') n++;
-  } else {
-    while (p[n] && p[n] != ',' && p[n] != '}') n++;
+/* An amount of the answer in USD, for a person ("2.5", "0.000125"): the
+ * budget's micro-dollars, trailing zeros dropped. */
+static const char *usd(const json_t *v, char buf[48]) {
+  int64_t m;
+  if (!json_is_number(v)) return "?";
+  if (lg_budget_usd_to_micro(json_number_value(v), &m, NULL, NULL)) {
+    snprintf(buf, 48, "%g", json_number_value(v));
+    return buf;
   }
-  if (n >= sizeof bufs[0]) n = sizeof bufs[0] - 1;
-  memcpy(out, p, n);
-  out[n] = 0;
-  return out;
+  int n = snprintf(buf, 48, "%lld.%06lld", (long long)(m / 1000000), (long long)(m % 1000000));
+  while (buf[n - 1] == '0') buf[--n] = 0;
+  if (buf[n - 1] == '.') buf[n - 1] = 0;
+  return buf;
 }
 
-static void print_key(const char *j) {
-  printf("%s  %s\n", val(j, "hash"), val(j, "name"));
-  printf("  limit          %s USD, reset %s\n", val(j, "limit_usd"), val(j, "limit_reset"));
-  printf("  used           %s USD this period, %s USD held in flight, %s USD left\n",
-         val(j, "usage_usd"), val(j, "reserved_usd"), val(j, "limit_remaining_usd"));
-  if (strstr(j, "\"usage_daily_usd\""))
-    printf("  today / week / month  %s / %s / %s USD\n", val(j, "usage_daily_usd"),
-           val(j, "usage_weekly_usd"), val(j, "usage_monthly_usd"));
-  printf("  workspace      %s\n", val(j, "workspace"));
-  printf("  disabled       %s\n", val(j, "disabled"));
+/* The string `name` of the answer, else `none` (null: the field is not set). */
+static const char *text(const json_t *key, const char *name, const char *none) {
+  const char *s = json_string_value(json_object_get(key, name));
+  return s ? s : none;
+}
+
+/* The answer of a key route (flat JSON, lg_key_*), for a person. */
+static void print_key(const json_t *k) {
+  char a[48], b[48], c[48];
+  printf("%s  %s\n", text(k, "hash", "?"), text(k, "name", "?"));
+  const json_t *limit = json_object_get(k, "limit_usd");
+  if (json_is_number(limit))
+    printf("  limit          %s USD, reset %s\n", usd(limit, a), text(k, "limit_reset", "never"));
+  else
+    printf("  limit          no limit (the spend is still counted)\n");
+  printf("  used           %s USD this period, %s USD held in flight",
+         usd(json_object_get(k, "usage_usd"), a), usd(json_object_get(k, "reserved_usd"), b));
+  const json_t *left = json_object_get(k, "limit_remaining_usd");
+  if (json_is_number(left)) printf(", %s USD left", usd(left, c));
+  printf("\n");
+  if (json_object_get(k, "usage_daily_usd"))
+    printf("  today / week / month  %s / %s / %s USD\n",
+           usd(json_object_get(k, "usage_daily_usd"), a),
+           usd(json_object_get(k, "usage_weekly_usd"), b),
+           usd(json_object_get(k, "usage_monthly_usd"), c));
+  printf("  workspace      %s\n", text(k, "workspace", "none"));
+  const json_t *rate = json_object_get(k, "rate_limit_per_min");
+  if (json_is_integer(rate))
+    printf("  rate limit     %lld requests a minute\n", (long long)json_integer_value(rate));
+  else
+    printf("  rate limit     none\n");
+  const json_t *models = json_object_get(k, "models"), *m;
+  size_t i;
+  printf("  models         %s", json_array_size(models) ? "" : "any");
+  json_array_foreach(models, i, m) {
+    printf("%s%s", i ? ", " : "", json_is_string(m) ? json_string_value(m) : "?");
+  }
+  printf("\n");
+  printf("  disabled       %s\n", json_is_true(json_object_get(k, "disabled")) ? "true" : "false");
 }
 
 static int finish(lg_store_t *s, int rc, const lg_error_t *err, char *out, const char *json,
                   int secret) {
+  json_t *k = NULL;
   if (rc) {
     cli_error(err);
   } else if (json) {
     printf("%s\n", out);
+  } else if (!(k = json_loads(out, 0, NULL))) { /* the library's own answer: always JSON */
+    fprintf(stderr, "loopguard: the answer is not JSON: %s\n", out);
+    rc = 1;
   } else {
     if (secret)
-      printf("secret %s\n(shown this once: the store keeps only its hash)\n", val(out, "key"));
-    print_key(out);
+      printf("secret %s\n(shown this once: the store keeps only its hash)\n", text(k, "key", "?"));
+    print_key(k);
   }
+  json_decref(k);
   lg_free(out);
   lg_store_close(s);
   return rc ? 1 : 0;

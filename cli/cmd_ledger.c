@@ -46,8 +46,9 @@ static const char *claim_usage =
     "  --fingerprint FP  the request's fingerprint (normally 64 hex digits, as\n"
     "                    'loopguard fingerprint' prints): the same key with a\n"
     "                    different fingerprint is a mismatch\n"
-    "  --lease-ms N      how long the claim holds without an outcome (default\n"
-    "                    60000); after it, the key is unknown_outcome\n"
+    "  --lease-ms N      how long the claim holds without an outcome, 0 to\n"
+    "                    604800000 ms (7 days; 0: the store's, 60000) [0];\n"
+    "                    after it, the key is unknown_outcome\n"
     "  --run RUN_ID      the run the claim belongs to (shown by 'ledger show')\n"
     "  --store URL       the store (default $LOOPGUARD_STORE, else\n"
     "                    sqlite:loopguard.db)\n"
@@ -142,13 +143,22 @@ static int do_claim(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger claim needs a KEY", &npos, claim_usage);
   if (rc >= 0) return rc;
   if (!fp || !*fp) return cli_usage(claim_usage, "ledger claim needs --fingerprint FP");
+  /* What the HTTP API takes: these go into the store and into JSON. */
+  if ((rc = cli_check_id("KEY", pos[0], claim_usage)) >= 0 ||
+      (rc = cli_check_id("--fingerprint", fp, claim_usage)) >= 0 ||
+      (run && (rc = cli_check_id("--run", run, claim_usage)) >= 0))
+    return rc;
   int64_t lease_ms = 0;
   if (lease) {
     char *end;
     errno = 0;
     lease_ms = strtoll(lease, &end, 10);
-    if (errno || *end || end == lease || lease_ms <= 0)
-      return cli_usage(claim_usage, "--lease-ms wants a positive number of milliseconds, not '%s'",
+    /* The HTTP API's range of lease_ms (a week at most): a lease beyond it
+     * would hold the key, unknown_outcome never reached, for ever. */
+    if (errno || *end || end == lease || lease_ms < 0 || lease_ms > 604800000)
+      return cli_usage(claim_usage,
+                       "--lease-ms wants a whole number of milliseconds from 0 (the store's "
+                       "lease) to 604800000 (7 days), not '%s'",
                        lease);
   }
   lg_store_t *s = cli_open_store(store);
@@ -250,6 +260,7 @@ static int do_commit(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, "ledger commit needs a KEY", &npos, commit_usage);
   if (rc >= 0) return rc;
   if (!result) return cli_usage(commit_usage, "ledger commit needs --result JSON");
+  if (opid && (rc = cli_check_id("--operation-id", opid, commit_usage)) >= 0) return rc;
   /* The result is replayed as JSON: refuse what is not. */
   lg_canon_t *canon = lg_canon_new();
   if (!canon) {

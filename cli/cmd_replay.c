@@ -22,8 +22,8 @@ static const char *replay_usage =
     "of '-' is read from standard input.\n"
     "\n"
     "  --policy FILE  use this policy-v1 file instead of the traces' own\n"
-    "  --json         one JSON object per call, model, handoff, result and\n"
-    "                 cancel event, and a summary per trace (trace-v1)\n"
+    "  --json         one JSON object per event acted on (call, model, result,\n"
+    "                 text, ...) and a summary per trace (trace-v1)\n"
     "  -q, --quiet    print only the summary line of each trace\n"
     "  --help         this text\n"
     "\n"
@@ -39,10 +39,13 @@ typedef struct out {
   /* Folded plain executions. */
   long fold_first, fold_last;
   int fold_n;
-  char fold_tool[64];
-  int fold_tools; /* distinct tools among them (1 or "several") */
-  /* The last steer message shown: the same kind again is not repeated. */
-  char last_msg_key[96];
+  char *fold_tool; /* the first one's tool, whole (malloc) */
+  int fold_tools;  /* distinct tools among them (1 or "several") */
+  /* The last steer message shown: the same kind again (action, reason and
+   * tool, compared whole) is not repeated. */
+  int msg_shown;
+  int msg_action;
+  char *msg_reason, *msg_tool; /* malloc */
   /* The trace's name, printed before its first line of output: a trace
    * that cannot be read prints only its error, on stderr. */
   const char *pending_header;
@@ -58,6 +61,14 @@ static void put_str(FILE *f, const char *s) {
   fputs(q ? q : "\"\"", f);
   lg_free(q);
 }
+
+/* *dst becomes a copy of s (NULL for NULL, or when out of memory). */
+static void keep(char **dst, const char *s) {
+  free(*dst);
+  *dst = s ? strdup(s) : NULL;
+}
+
+static bool same(const char *a, const char *b) { return a && b ? !strcmp(a, b) : a == b; }
 
 /* ---- JSON records ---- */
 
@@ -82,10 +93,12 @@ static void json_summary(out_t *o, const lg_replay_summary_t *s) {
 static void flush_fold(out_t *o) {
   if (!o->fold_n) return;
   if (o->fold_n == 1)
-    fprintf(o->f, "  line %-5ld %sexecute%s  %s\n", o->fold_first, C(o, "32"), C(o, "0"), o->fold_tool);
+    fprintf(o->f, "  line %-5ld %sexecute%s  %s\n", o->fold_first, C(o, "32"), C(o, "0"),
+            o->fold_tool ? o->fold_tool : "?");
   else
     fprintf(o->f, "  lines %ld-%ld %s%d calls executed%s (%s)\n", o->fold_first, o->fold_last,
-            C(o, "32"), o->fold_n, C(o, "0"), o->fold_tools > 1 ? "several tools" : o->fold_tool);
+            C(o, "32"), o->fold_n, C(o, "0"),
+            o->fold_tools > 1 ? "several tools" : o->fold_tool ? o->fold_tool : "?");
   o->fold_n = 0;
 }
 
@@ -108,9 +121,9 @@ static void human_event(out_t *o, const lg_replay_event_t *ev) {
   if (ev->type == LG_EV_CALL && plain) {
     if (!o->fold_n) {
       o->fold_first = ev->line;
-      snprintf(o->fold_tool, sizeof o->fold_tool, "%s", ev->tool);
+      keep(&o->fold_tool, ev->tool);
       o->fold_tools = 1;
-    } else if (strcmp(o->fold_tool, ev->tool)) {
+    } else if (!same(o->fold_tool, ev->tool)) {
       o->fold_tools = 2;
     }
     o->fold_last = ev->line;
@@ -139,12 +152,14 @@ static void human_event(out_t *o, const lg_replay_event_t *ev) {
   if (d->guard && *d->guard && d->action == LG_ACT_STOP) fprintf(f, " [guard: %s]", d->guard);
   fputc('\n', f);
   if (d->message && d->action != LG_ACT_STOP) {
-    char key[96];
-    snprintf(key, sizeof key, "%d/%s/%s", (int)d->action, d->reason_text ? d->reason_text : "",
-             ev->tool ? ev->tool : "");
-    if (strcmp(key, o->last_msg_key)) {
+    const char *reason = d->reason_text ? d->reason_text : "", *tool = ev->tool ? ev->tool : "";
+    if (!o->msg_shown || o->msg_action != (int)d->action || !same(o->msg_reason, reason) ||
+        !same(o->msg_tool, tool)) {
       fprintf(f, "             %s\"%s\"%s\n", C(o, "2"), d->message, C(o, "0"));
-      snprintf(o->last_msg_key, sizeof o->last_msg_key, "%s", key);
+      o->msg_shown = 1;
+      o->msg_action = (int)d->action;
+      keep(&o->msg_reason, reason);
+      keep(&o->msg_tool, tool);
     }
   }
 }
@@ -241,35 +256,19 @@ int cmd_replay(int argc, char **argv) {
   out_t o;
   memset(&o, 0, sizeof o);
   o.f = stdout;
-  const char *policy_path = NULL;
-  int first = 0, ntraces = 0;
-  char **traces = calloc((size_t)argc, sizeof *traces);
+  const char *policy_path = NULL, *json = NULL, *quiet = NULL;
+  cli_flag_t flags[] = {{"--policy", 1, &policy_path}, {"--json", 0, &json}, {"-q", 0, &quiet},
+                        {"--quiet", 0, &quiet},        {NULL, 0, NULL}};
+  const char **traces = calloc((size_t)argc, sizeof *traces);
   if (!traces) return 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(replay_usage, stdout);
-      free(traces);
-      return 0;
-    } else if (!strcmp(a, "--json")) o.json = 1;
-    else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = 1;
-    else if (!strcmp(a, "--policy")) {
-      if (++i >= argc) {
-        free(traces);
-        return cli_usage(replay_usage, "--policy needs a file");
-      }
-      policy_path = argv[i];
-    } else if (!strncmp(a, "--policy=", 9)) policy_path = a + 9;
-    else if (a[0] == '-' && a[1]) {
-      free(traces);
-      return cli_usage(replay_usage, "unknown option '%s'", a);
-    } else traces[ntraces++] = argv[i];
-  }
-  (void)first;
-  if (!ntraces) {
+  int ntraces, rc = cli_parse(argc, argv, flags, traces, argc, NULL, &ntraces, replay_usage);
+  if (rc < 0 && !ntraces) rc = cli_usage(replay_usage, "no trace given");
+  if (rc >= 0) {
     free(traces);
-    return cli_usage(replay_usage, "no trace given");
+    return rc;
   }
+  o.json = json != NULL;
+  o.quiet = quiet != NULL;
   o.color = !o.json && cli_color(stdout);
   lg_error_t err;
   memset(&err, 0, sizeof err);
@@ -288,8 +287,7 @@ int cmd_replay(int argc, char **argv) {
     memset(&err, 0, sizeof err);
     err.offset = -1;
     o.fold_n = 0;
-    o.last_msg_key[0] = 0;
-    int rc;
+    o.msg_shown = 0;
     if (is_stdin) {
       char *buf = NULL;
       size_t len = 0;
@@ -317,6 +315,9 @@ int cmd_replay(int argc, char **argv) {
     }
   }
   lg_policy_free(policy);
+  free(o.fold_tool);
+  free(o.msg_reason);
+  free(o.msg_tool);
   free(traces);
   return status;
 }
@@ -342,23 +343,12 @@ static const char *fp_usage =
     "field), 2 bad usage.\n";
 
 int cmd_fingerprint(int argc, char **argv) {
-  const char *policy_path = NULL, *tool = NULL, *args = NULL;
-  int json = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(fp_usage, stdout);
-      return 0;
-    } else if (!strcmp(a, "--json")) json = 1;
-    else if (!strcmp(a, "--policy")) {
-      if (++i >= argc) return cli_usage(fp_usage, "--policy needs a file");
-      policy_path = argv[i];
-    } else if (a[0] == '-' && a[1] && !tool) return cli_usage(fp_usage, "unknown option '%s'", a);
-    else if (!tool) tool = a;
-    else if (!args) args = a;
-    else return cli_usage(fp_usage, "too many arguments");
-  }
-  if (!tool || !args) return cli_usage(fp_usage, "TOOL and ARGS_JSON are required");
+  const char *policy_path = NULL, *json = NULL, *pos[2];
+  cli_flag_t flags[] = {{"--policy", 1, &policy_path}, {"--json", 0, &json}, {NULL, 0, NULL}};
+  int npos, rc = cli_parse(argc, argv, flags, pos, 2, "TOOL and ARGS_JSON are required", &npos,
+                           fp_usage);
+  if (rc >= 0 || (rc = cli_check_utf8("TOOL", pos[0], fp_usage)) >= 0) return rc;
+  const char *tool = pos[0], *args = pos[1];
   lg_error_t err;
   memset(&err, 0, sizeof err);
   err.offset = -1;
@@ -371,7 +361,7 @@ int cmd_fingerprint(int argc, char **argv) {
   char hex[LG_FP_HEX];
   const char *km;
   size_t kml;
-  int rc = c ? lg_canon_fingerprint(c, policy, tool, args, strlen(args), hex, &km, &kml, &err) : LG_ENOMEM;
+  rc = c ? lg_canon_fingerprint(c, policy, tool, args, strlen(args), hex, &km, &kml, &err) : LG_ENOMEM;
   if (rc) {
     if (!err.message[0]) snprintf(err.message, sizeof err.message, "%s", lg_strerror(rc));
     snprintf(err.source, sizeof err.source, "ARGS_JSON");

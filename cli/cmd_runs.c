@@ -29,7 +29,8 @@
 #include <unistd.h>
 
 static const char *runs_usage =
-    "usage: loopguard runs list [--status active|stopped] [--limit N] [--store URL] [--json]\n"
+    "usage: loopguard runs list [--status active|stopped] [--limit N] [--group GROUP]\n"
+    "                           [--reason REASON] [--store URL] [--json]\n"
     "       loopguard runs show RUN_ID [--store URL] [--json]\n"
     "       loopguard runs trace RUN_ID [--store URL] [-o FILE]\n"
     "       loopguard runs export [--reason R] [--since T] [-o DIR] [--store URL]\n"
@@ -100,16 +101,17 @@ static const char *cancel_usage =
     "\n"
     "The kill switch. Writes a durable deny rule for the run (or for every run of\n"
     "the group, present and future): the next decision of every worker for it is\n"
-    "a stop with your reason, before any side effect. A stored active run is\n"
-    "stopped at once and its envelope saved. Works before the run exists in the\n"
-    "store: its first decision stops. Cancelling again only updates the reason.\n"
+    "a stop, before any side effect. A stored active run is stopped at once and\n"
+    "its envelope saved. Works before the run exists in the store: its first\n"
+    "decision stops. Cancelling again only updates the note.\n"
     "\n"
-    "  --reason TEXT   why (default operator_cancelled_loop); it becomes the\n"
-    "                  run's terminal reason\n"
+    "  --reason TEXT   why, in your words: kept as the envelope's operator_note\n"
+    "                  (the terminal reason stays operator_cancelled_loop)\n"
     "  --group GROUP   cancel every run of GROUP instead of one run\n"
     "  --store URL     the store (default $LOOPGUARD_STORE, else sqlite:loopguard.db)\n"
-    "  --json          print {\"run_id\", \"reason\", \"stored\", \"envelope\"} (or\n"
-    "                  {\"group\", \"reason\", \"cancelled\": [run ids]})\n"
+    "  --json          print {\"run_id\", \"reason\", \"operator_note\", \"stored\",\n"
+    "                  \"envelope\"} (or {\"group\", \"reason\", \"operator_note\",\n"
+    "                  \"cancelled\": [run ids]})\n"
     "  --help          this text\n"
     "\n"
     "Exit status: 0 cancelled, 1 an error, 2 bad usage.\n";
@@ -206,8 +208,17 @@ static int do_list(int argc, char **argv) {
   list_ctx_t c = {json != NULL, 0};
   lg_error_t err = {0};
   rc = lg_store_run_list(s, &f, list_one, &c, &err);
-  if (rc) cli_error(&err);
-  else if (!c.n && !json) printf("no runs in %s\n", lg_store_name(s));
+  if (rc) {
+    cli_error(&err);
+  } else if (!c.n && !json && (status || group || reason)) { /* the store may have others */
+    printf("no runs in %s match", lg_store_name(s));
+    if (status) printf(" --status %s", status);
+    if (group) printf(" --group %s", group);
+    if (reason) printf(" --reason %s", reason);
+    putchar('\n');
+  } else if (!c.n && !json) {
+    printf("no runs in %s\n", lg_store_name(s));
+  }
   lg_store_close(s);
   return rc ? 1 : 0;
 }
@@ -375,6 +386,9 @@ static int do_resume(int argc, char **argv) {
   int npos, rc = cli_parse(argc, argv, flags, pos, 1, NULL, &npos, resume_usage);
   if (rc >= 0) return rc;
   if (npos != 1) return cli_usage(resume_usage, "runs resume needs a RUN_ID");
+  if ((rc = cli_check_id("RUN_ID", pos[0], resume_usage)) >= 0 ||
+      (note && (rc = cli_check_utf8("--note", note, resume_usage)) >= 0))
+    return rc;
   int64_t version = 0;
   if (pv) {
     char *end;
@@ -490,6 +504,11 @@ static int do_cancel(int argc, char **argv) {
   if (!group && npos != 1) return cli_usage(cancel_usage, "runs cancel needs a RUN_ID");
   if (group && !*group) return cli_usage(cancel_usage, "--group needs a group name");
   if (reason && !*reason) reason = NULL;
+  /* What the HTTP API takes: these go into the store and into JSON. */
+  if ((!group && (rc = cli_check_id("RUN_ID", pos[0], cancel_usage)) >= 0) ||
+      (group && (rc = cli_check_id("--group", group, cancel_usage)) >= 0) ||
+      (reason && (rc = cli_check_id("--reason", reason, cancel_usage)) >= 0))
+    return rc;
   lg_store_t *s = cli_open_store(store);
   if (!s) return 1;
   lg_error_t err = {0};

@@ -74,7 +74,8 @@ static const char *serve_usage =
     "                       (repeatable; the first is the default); the gateway\n"
     "                       answers /v1/chat/completions and passes other /v1/ paths\n"
     "  --upstreams FILE     gateway-v1: upstreams and routes (JSON, docs/gateway.md)\n"
-    "  --reservation-ttl MS gateway-v1: reservation of a model request that dies\n"
+    "  --reservation-ttl MS gateway-v1: how long a model request's reservation holds\n"
+    "                       if never settled, 1000-86400000 [upstream timeout + 1m]\n"
     "  --secret-file FILE   32 random bytes or 64 hex digits (openssl rand -hex 32):\n"
     "                       the keys' own provider keys (byok) are stored encrypted\n"
     "                       under it; give every replica the same file [none:\n"
@@ -93,7 +94,8 @@ static const char *serve_notes =
     "LOOPGUARD_GATEWAY_PREFIX_BYTES [16 MiB];\n"
     "LOOPGUARD_GATEWAY_ANSWER_BYTES, the most a guarded route holds of an\n"
     "upstream answer (whole, an event, a stream's text and calls) [64 MiB];\n"
-    "LOOPGUARD_GATEWAY_KEEPALIVE_MS, an SSE comment to a stream held that long [15000].\n"
+    "LOOPGUARD_GATEWAY_KEEPALIVE_MS, an SSE comment to a stream held that long [15000];\n"
+    "LOOPGUARD_RESERVATION_TTL_MS, --reservation-ttl when the flag is not given.\n"
     "Upstreams' TLS: the system's CAs; SSL_CERT_FILE and SSL_CERT_DIR, or an\n"
     "upstream's ca_file, for a private CA. Proxies: https_proxy, http_proxy,\n"
     "no_proxy (docs/gateway.md, \"TLS and proxies\").\n"
@@ -106,6 +108,10 @@ static const char *serve_notes =
     "exit 0; a second SIGTERM/SIGINT cuts the drain (exit 1). SIGHUP reopens the log\n"
     "and reloads --prices. Exit status: 0 success, 1 an error or requests cut,\n"
     "2 bad usage.\n";
+
+/* The range of --reservation-ttl and $LOOPGUARD_RESERVATION_TTL_MS, in ms. */
+#define TTL_MIN_MS 1000LL
+#define TTL_MAX_MS 86400000LL
 
 /* A whole number flag in [min, max]. */
 static int number(const char *flag, const char *v, long long min, long long max, long long *out) {
@@ -245,10 +251,7 @@ int cmd_serve(int argc, char **argv) {
       o.timeout_s = (int)n;
       break;
     case 8: o.log_path = val; break;
-    case 9:
-      if (number(a, val, 1 << 20, 1LL << 40, &n)) return 2;
-      o.trace_memory = (size_t)n;
-      break;
+    case 9: break; /* --trace-memory: ignored, whatever its value (old scripts) */
     case 10:
       if (strcmp(val, "full") && strcmp(val, "relaxed"))
         return cli_usage(serve_usage, "--durability: expected full or relaxed, got '%s'", val);
@@ -261,7 +264,7 @@ int cmd_serve(int argc, char **argv) {
       break;
     case 12: o.upstreams_file = val; break;
     case 13:
-      if (number(a, val, 1000, 86400000LL, &n)) return 2;
+      if (number(a, val, TTL_MIN_MS, TTL_MAX_MS, &n)) return 2;
       o.reservation_ttl_ms = n;
       break;
     case 14: o.policies_dir = val; break;
@@ -303,7 +306,11 @@ int cmd_serve(int argc, char **argv) {
   o.upstreams = upstreams;
   o.nupstreams = nup;
   const char *env_ttl = getenv("LOOPGUARD_RESERVATION_TTL_MS");
-  if (!o.reservation_ttl_ms && env_ttl && *env_ttl) o.reservation_ttl_ms = atoll(env_ttl);
+  long long ttl;
+  if (!o.reservation_ttl_ms && env_ttl && *env_ttl) {
+    if (number("LOOPGUARD_RESERVATION_TTL_MS", env_ttl, TTL_MIN_MS, TTL_MAX_MS, &ttl)) return 2;
+    o.reservation_ttl_ms = ttl;
+  }
   const char *env_tokens = getenv("LOOPGUARD_TOKENS");
   if (env_tokens && *env_tokens) o.tokens = env_tokens;
   const char *env_secret = getenv("LOOPGUARD_SECRET_FILE");

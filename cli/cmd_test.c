@@ -3,7 +3,7 @@
  * traces as regression tests (trace-v1, "Expectations").
  *
  * Every trace given, and every *.jsonl file under a folder given (at any
- * depth, in name order), is read for an `# expect {...}` comment before
+ * depth, in name order; symbolic links to folders are not followed), is read for an `# expect {...}` comment before
  * its first event. A trace with one is replayed (lg_replay_buffer) and
  * each key of the expectation checked; a trace without one is skipped —
  * counted, never passed. A failure prints a diff: the key, what was
@@ -73,7 +73,10 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Adds the *.jsonl files under dir, sorted per folder; -1 after a message. */
+/* Adds the *.jsonl files under dir, sorted per folder; -1 after a message.
+ * A symbolic link to a file is read as the file; a link to a folder is not
+ * followed: one to `.` or to a parent counted its traces again at every
+ * level, and two such links made the walk exponential. */
 static int walk(paths_t *out, const char *dir, int depth) {
   if (depth > 32) return 0;
   DIR *d = opendir(dir);
@@ -94,9 +97,11 @@ static int walk(paths_t *out, const char *dir, int depth) {
   if (here.n) qsort(here.v, here.n, sizeof *here.v, cmp_str);
   for (size_t i = 0; i < here.n && !rc; i++) {
     struct stat st;
-    if (stat(here.v[i], &st)) continue;
+    if (lstat(here.v[i], &st)) continue;
+    int link = S_ISLNK(st.st_mode);
+    if (link && stat(here.v[i], &st)) continue; /* a link to nothing */
     size_t l = strlen(here.v[i]);
-    if (S_ISDIR(st.st_mode)) rc = walk(out, here.v[i], depth + 1);
+    if (S_ISDIR(st.st_mode) && !link) rc = walk(out, here.v[i], depth + 1);
     else if (S_ISREG(st.st_mode) && l > 6 && !strcmp(here.v[i] + l - 6, ".jsonl"))
       rc = push(out, here.v[i]);
   }

@@ -118,6 +118,56 @@ int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int ma
   return -1;
 }
 
+/* The length of the valid UTF-8 at the start of s (RFC 3629: no overlong
+ * forms, no surrogates, nothing past U+10FFFF). */
+static size_t utf8_prefix(const unsigned char *s) {
+  size_t i = 0;
+  while (s[i]) {
+    unsigned char c = s[i];
+    int more;                      /* continuation bytes after c */
+    unsigned lo = 0x80, hi = 0xbf; /* the range of the next byte */
+    if (c < 0x80) {
+      more = 0;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      more = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      more = 2;
+      if (c == 0xe0) lo = 0xa0; /* overlong */
+      if (c == 0xed) hi = 0x9f; /* surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      more = 3;
+      if (c == 0xf0) lo = 0x90; /* overlong */
+      if (c == 0xf4) hi = 0x8f; /* past U+10FFFF */
+    } else {
+      break;
+    }
+    for (int k = 1; k <= more; k++, lo = 0x80, hi = 0xbf)
+      if (s[i + k] < lo || s[i + k] > hi) return i;
+    i += (size_t)more + 1;
+  }
+  return i;
+}
+
+int cli_check_utf8(const char *what, const char *s, const char *usage) {
+  size_t ok = utf8_prefix((const unsigned char *)s);
+  if (!s[ok]) return -1;
+  return cli_usage(usage, "%s is not valid UTF-8 (byte 0x%02x at offset %zu)", what,
+                   (unsigned char)s[ok], ok);
+}
+
+int cli_check_id(const char *what, const char *s, const char *usage) {
+  size_t n = strlen(s);
+  if (!n) return cli_usage(usage, "%s must not be empty", what);
+  if (n > 1024) return cli_usage(usage, "%s is longer than 1024 bytes", what);
+  int rc = cli_check_utf8(what, s, usage);
+  if (rc >= 0) return rc;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+      return cli_usage(usage, "%s must not hold control characters (0x%02x at offset %zu)", what,
+                       (unsigned char)s[i], i);
+  return -1;
+}
+
 lg_store_t *cli_open_store(const char *flag) {
   lg_error_t err = {0};
   lg_store_t *s = lg_store_open(cli_store_url(flag), NULL, &err);
@@ -140,6 +190,7 @@ lg_store_t *cli_open_store_existing(const char *flag) {
 }
 
 int64_t cli_parse_duration(const char *s) {
+  const int64_t max = INT64_MAX / 2; /* room for the callers' now - age */
   int64_t total = 0;
   if (!*s) return -1;
   while (*s) {
@@ -156,7 +207,9 @@ int64_t cli_parse_duration(const char *s) {
     else if (*end == 'd') unit = 86400000, end++;
     else if (*end == 'w') unit = 604800000, end++;
     else return -1;
-    if (n > INT64_MAX / unit / 2) return -1;
+    /* The sum, not each term: terms of the maximum each wrapped round to
+     * a small age ("...ms...ms5ms" was 1 ms and purged every run). */
+    if (n > (max - total) / unit) return -1;
     total += n * unit;
     s = end;
   }

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # docs.sh — keeps the documentation true where a test can:
+#   - a group's --help (runs, ledger, budget, keys) shows, on each
+#     subcommand's line, every flag of that subcommand's --help;
 #   - every subcommand that `loopguard --help` and the group helps name has
 #     its section in docs/reference/cli.md, and each section's flags are
 #     exactly the flags its `--help` prints (no flag undocumented, no
@@ -51,6 +53,20 @@ for c in sorted(cmds):
     for f in sorted(h - d): bad.append("`loopguard %s`: %s is in --help but not in docs/reference/cli.md" % (c, f))
     for f in sorted(d - h): bad.append("`loopguard %s`: docs/reference/cli.md documents %s, which --help does not have" % (c, f))
     if "Exit status" not in sections[c]: bad.append("`loopguard %s`: no exit status in docs/reference/cli.md" % c)
+# A group's --help prints the usage of every subcommand (cli.md): each
+# subcommand's line there has every flag of its own --help ("[the flags of
+# create]" stands for create's line).
+for group in ("runs", "ledger", "budget", "keys"):
+    text, cur = {}, None
+    for l in help_of(group).split("\n\n")[0].splitlines():
+        m = re.search(r"loopguard %s ([a-z]+)" % group, l)
+        if m: cur = m.group(1)
+        if cur: text[cur] = text.get(cur, "") + l + "\n"
+    for sub in sorted(text):
+        have = flags(text[sub])
+        for other in re.findall(r"the flags of ([a-z]+)", text[sub]): have |= flags(text.get(other, ""))
+        for f in sorted(flags(help_of(group + " " + sub)) - have - {"--help"}):
+            bad.append("`loopguard %s --help`: the line of %s lacks %s, which `loopguard %s %s --help` has" % (group, sub, f, group, sub))
 for c in sorted(set(sections) - cmds): bad.append("docs/reference/cli.md documents `loopguard %s`, which does not exist" % c)
 for code in ("10", "11", "12", "13"):
     if "**%s**" % code not in sections.get("ledger claim", ""): bad.append("ledger claim's exit %s is not documented" % code)

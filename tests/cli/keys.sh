@@ -35,6 +35,23 @@ s=$("$B" keys show "$H" --json) || fail "show"
 echo "$s" | grep >/dev/null 'lgk-' && fail "show prints a secret"
 "$B" keys show "$H" | grep_q 'today / week / month' || fail "show (human)"
 
+note "the text form reads the answer as JSON: unset fields said so, strings whole"
+T="sqlite:$TMP/text.db"
+t=$("$B" keys create plain --store "$T") || fail "create plain: $t"
+echo "$t" | grep_q null && fail "a key with no limit prints null: $t"
+echo "$t" | grep_q '^  limit          no limit' && echo "$t" | grep_q '^  workspace      none$' &&
+  echo "$t" | grep_q '^  models         any$' || fail "a key with no limit, text: $t"
+echo "$t" | grep_q 'USD left' && fail "a key with no limit has USD left: $t"
+t=$("$B" keys create 'w"q' --workspace 'w"q\x' --limit-usd 0.000125 --models a,b --store "$T") || fail "create w\"q: $t"
+echo "$t" | grep_q '  w"q$' && echo "$t" | grep_q '^  workspace      w"q\\x$' || fail "a name and a workspace with a quote: $t"
+echo "$t" | grep_q '^  limit          0.000125 USD, reset never$' && echo "$t" | grep_q '0.000125 USD left' &&
+  echo "$t" | grep_q '^  models         a, b$' || fail "a limit of 0.000125 USD, text: $t"
+h=$(echo "$t" | sed -n 's/^\([0-9a-f]\{64\}\)  .*/\1/p')
+t=$("$B" keys show "$h" --store "$T") || fail "show (text): $t"
+echo "$t" | grep_q '^  workspace      w"q\\x$' && echo "$t" | grep_q '^  today / week / month  0 / 0 / 0 USD$' || fail "show (text): $t"
+t=$("$B" keys rotate "$h" --store "$T") || fail "rotate (text): $t"
+echo "$t" | grep_q '^secret lgk-' && echo "$t" | grep_q '^  workspace      w"q\\x$' || fail "rotate (text): $t"
+
 note "update keeps what is not given; none clears"
 u=$("$B" keys update "$H" --limit-usd 4 --models none --json) || fail "update"
 [ "$(echo "$u" | get '[d["limit_usd"], d["models"], d["workspace"], d["limit_reset"]]')" = '[4, null, "acme", "daily"]' ] || fail "update: $u"
@@ -82,5 +99,20 @@ grep -q "keys.db" "$TMP/err" || fail "the error names the store: $(cat "$TMP/err
 "$B" keys create x --rate-limit 0 2>"$TMP/err"; [ $? = 2 ] || fail "a bad rate"
 "$B" keys create x --byok nokey 2>"$TMP/err"; [ $? = 2 ] || fail "a bad byok"
 "$B" keys create 2>"$TMP/err"; [ $? = 2 ] && grep -q 'needs a NAME' "$TMP/err" || fail "no name"
+# The body is JSON: a name or flag that is not UTF-8 is named (it was "the
+# body is not JSON: unable to decode byte 0xff", naming no field).
+"$B" keys create $'n\xff' 2>"$TMP/err"; [ $? = 2 ] && grep -q 'NAME is not valid UTF-8' "$TMP/err" || fail "a NAME not UTF-8: $(head -n 1 "$TMP/err")"
+"$B" keys create n --workspace $'w\xed\xa0\x80' 2>"$TMP/err"; [ $? = 2 ] && grep -q -- '--workspace is not valid UTF-8' "$TMP/err" ||
+  fail "a workspace not UTF-8: $(head -n 1 "$TMP/err")"
+"$B" keys update "$H" --models $'a,\xff' 2>"$TMP/err"; [ $? = 2 ] && grep -q -- '--models is not valid UTF-8' "$TMP/err" ||
+  fail "update: models not UTF-8: $(head -n 1 "$TMP/err")"
+# `none` clears a field: update takes it, create refuses it (it made a key
+# whose only model was "none") and its --help does not offer it.
+"$B" keys create --help | grep_q 'none: \(no limit\|any\)' && fail "keys create --help offers none: $("$B" keys create --help)"
+"$B" keys update --help | grep_q -- '--models M1,M2|none .*(none: any)' || fail "keys update --help does not offer none"
+for f in --limit-usd --workspace --rate-limit --models --byok; do
+  "$B" keys create x $f none 2>"$TMP/err"; [ $? = 2 ] && grep -q -- "$f none: leave the flag out" "$TMP/err" ||
+    fail "keys create $f none: $(head -n 1 "$TMP/err")"
+done
 "$B" keys frobnicate 2>"$TMP/err"; [ $? = 2 ] || fail "an unknown subcommand"
 echo "PASS keys.sh"

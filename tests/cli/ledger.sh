@@ -73,9 +73,25 @@ has "names the store" "${store%%:*}:" "$(cat "$tmp/err")"
 check "fail unknown key" 1 "$bin" ledger fail nope
 check "bad result json" 2 "$bin" ledger commit pay-1 --result '{bad'
 has "bad json says --result" '--result' "$(cat "$tmp/err")"
+check "key not UTF-8" 2 "$bin" ledger claim $'k\xff' --fingerprint "$fp" --json
+has "key not UTF-8: named" "KEY is not valid UTF-8" "$(cat "$tmp/err")"
+check "key not UTF-8: not stored" 1 "$bin" ledger show $'k\xff'
+check "run with a control character" 2 "$bin" ledger claim k --fingerprint "$fp" --run $'r\x01'
+has "run with a control character: named" "--run must not hold control characters" "$(cat "$tmp/err")"
+check "operation id not UTF-8" 2 "$bin" ledger commit pay-1 --result 1 --operation-id $'\xff'
+has "operation id not UTF-8: named" "--operation-id is not valid UTF-8" "$(cat "$tmp/err")"
 check "no fingerprint" 2 "$bin" ledger claim k
 check "no key" 2 "$bin" ledger claim --fingerprint "$fp"
 check "bad lease" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms soon
+# The HTTP API's range, 0 (the store's lease) to 604800000 ms: a lease in
+# the year 3170900 is refused, named, and nothing is claimed.
+check "lease past a week" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms 99999999999999999
+has "lease past a week: the range" "--lease-ms wants a whole number of milliseconds from 0 (the store's lease) to 604800000" "$(cat "$tmp/err")"
+check "lease of a week and 1 ms" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms 604800001
+check "lease below 0" 2 "$bin" ledger claim k --fingerprint "$fp" --lease-ms -1
+check "lease past a week: nothing claimed" 1 "$bin" ledger show k
+check "lease of 0: the store's" 0 "$bin" ledger claim zero --fingerprint "$fp" --lease-ms 0
+check "lease of a week" 0 "$bin" ledger claim week --fingerprint "$fp" --lease-ms 604800000
 check "bad duration" 2 "$bin" ledger purge --older-than 3 weeks
 check "unknown flag" 2 "$bin" ledger show k --colour
 check "unknown subcommand" 2 "$bin" ledger frobnicate

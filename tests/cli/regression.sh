@@ -108,6 +108,17 @@ expect_rc "test missing path" 1 "$LG_BIN" test "$TMP/does-not-exist"
 mkdir -p "$TMP/empty"
 expect_rc "test empty folder" 1 "$LG_BIN" test "$TMP/empty"
 expect_rc "test --help" 0 "$LG_BIN" test --help
+# Symbolic links: one to a file is read, once; one to a folder is not
+# followed (a link to . counted every trace again at each of 32 levels,
+# and two of them never ended).
+mkdir -p "$TMP/links/sub"
+cp "$TMP/inc/loop-1.jsonl" "$TMP/links/sub/a.jsonl"
+ln -s sub/a.jsonl "$TMP/links/b.jsonl"
+ln -s . "$TMP/links/sub/loop"
+ln -s .. "$TMP/links/sub/up"
+ln -s "$TMP/links" "$TMP/links/sub/abs"
+expect_rc "test with links to folders" 0 timeout 20 "$LG_BIN" test "$TMP/links"
+has "links: each trace once" "$out" '^2 passed, 0 failed, 0 skipped$'
 
 # The server's route gives the file the export wrote.
 if [ -n "${LG_REGRESSION_ROUTE:-1}" ]; then

@@ -194,6 +194,45 @@ run "$BIN" replay --json "--policy=$TMP/cap1.json" "$DATA/fixtures/seed000-same-
 expect_rc "--policy=FILE" 0
 grep -q '"terminal_reason":"step_cap"' "$TMP/out" && ok "--policy=FILE decides" || bad "--policy=FILE ignored"
 
+# The events trace-v1.md says replay acts on beyond call/model/result:
+# text, user, compaction and budget each get their records and stops.
+ENG="$DATA/engine"
+for c in "text-repeat-stop text text_repeat" "compaction-max-3 compaction context_loop" \
+         "budget-exceeded budget budget_exceeded" "user-restarts-repeat-count user null"; do
+  read -r d ty want <<<"$c"
+  run "$BIN" replay --json "$ENG/$d/trace.jsonl"
+  expect_rc "replay --json $d" 0
+  if "$PY" - "$TMP/out" "$ty" "$want" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert any(r.get("type") == sys.argv[2] for r in recs), "no %s record" % sys.argv[2]
+want = None if sys.argv[3] == "null" else sys.argv[3]
+assert recs[-1]["terminal_reason"] == want, recs[-1]["terminal_reason"]
+EOF
+  then ok "replay acts on $ty events ($d)"; else bad "replay of $d: $(head -c 300 "$TMP/out")"; fi
+done
+
+# Long tool names are compared whole: three plain calls of one 64-byte
+# tool fold into "(TOOL)", not "(several tools)"; two tools that differ
+# only at byte 101 each get their steer message.
+t64=$(printf 'x%.0s' $(seq 64))
+{ echo '{"type":"run","run_id":"long"}'
+  for i in 1 2 3; do echo "{\"type\":\"call\",\"tool\":\"$t64\",\"args\":{\"i\":$i},\"turn\":$i}"; done
+} >"$TMP/long-tool.jsonl"
+run "$BIN" replay "$TMP/long-tool.jsonl"
+expect_rc "replay of a 64-byte tool" 0
+grep -qF "3 calls executed ($t64)" "$TMP/out" && ok "a 64-byte tool folds under its name" || bad "a 64-byte tool: $(cat "$TMP/out")"
+a100=$(printf 'a%.0s' $(seq 100))
+{ echo '{"type":"run","run_id":"long2"}'
+  for t in 1 2; do for i in 1 2; do
+    echo "{\"type\":\"call\",\"tool\":\"$a100$t\",\"args\":{},\"turn\":$t$i}"
+    echo '{"type":"result","status":"retryable","value":{"error":"timeout"}}'
+  done; done
+} >"$TMP/long-tools.jsonl"
+run "$BIN" replay "$TMP/long-tools.jsonl"
+expect_rc "replay of two 101-byte tools" 0
+[ "$(grep -c '"I have now called' "$TMP/out")" = 2 ] && ok "two long tools: a message each" || bad "two long tools: $(cut -c 1-140 "$TMP/out")"
+
 # ---------------------------------------------------------------------
 # Usage.
 run "$BIN" replay
@@ -211,6 +250,37 @@ run "$BIN" fingerprint bash
 expect_rc "fingerprint without ARGS_JSON" 2
 run "$BIN" fingerprint bash '{}' extra
 expect_rc "fingerprint with too many arguments" 2
+
+# Flags the documented way (cli.md): before or after the positionals,
+# --flag=VALUE, and `--` ending the flags (a trace whose name starts with
+# '-'); a flag after TOOL is a flag, not ARGS_JSON.
+cp "$DATA/fixtures/seed000-same-call.jsonl" "$TMP/-dash.jsonl"
+cd "$TMP" && run "$BIN" replay -q -- -dash.jsonl
+cd - >/dev/null
+expect_rc "replay -q -- -dash.jsonl" 0
+grep -q '^-dash.jsonl: same_call_repeat' "$TMP/out" && ok "replay after --: the trace is replayed" || bad "replay after --: $(head -c 300 "$TMP/out")"
+run "$BIN" replay "$DATA/fixtures/seed000-same-call.jsonl" --quiet "--policy=$TMP/cap1.json"
+expect_rc "replay TRACE --quiet --policy=FILE" 0
+grep -q 'step_cap' "$TMP/out" && ok "replay: flags after the trace apply" || bad "replay: flags after the trace: $(head -c 300 "$TMP/out")"
+run "$BIN" fingerprint -- t '{}'
+expect_rc "fingerprint -- TOOL ARGS_JSON" 0
+printf '{}\n' >"$TMP/empty-policy.json"
+run "$BIN" fingerprint "--policy=$TMP/empty-policy.json" t '{}'
+expect_rc "fingerprint --policy=FILE" 0
+run "$BIN" fingerprint t '{}' --json
+expect_rc "fingerprint TOOL ARGS_JSON --json" 0
+grep -q '"tool":"t"' "$TMP/out" && ok "fingerprint: --json after the positionals" || bad "fingerprint --json after: $(head -c 300 "$TMP/out")"
+run "$BIN" fingerprint t --bogus
+expect_rc "fingerprint TOOL --bogus" 2
+expect_err "fingerprint: a flag after TOOL is an unknown flag, not ARGS_JSON" "unknown flag '--bogus'"
+
+# --json is JSON: a TOOL that is not UTF-8 is refused, named, not echoed.
+run "$BIN" fingerprint $'\xff' '{}' --json
+expect_rc "fingerprint of a TOOL that is not UTF-8" 2
+expect_err "a TOOL that is not UTF-8 is named" "TOOL is not valid UTF-8"
+[ -s "$TMP/out" ] && bad "a TOOL that is not UTF-8: output $(head -c 100 "$TMP/out")" || ok "a TOOL that is not UTF-8: no output"
+run "$BIN" fingerprint $'t\xc3\xa9' '{}' --json
+expect_rc "fingerprint of a UTF-8 TOOL" 0
 
 run "$BIN" replay --help
 expect_rc "replay --help" 0

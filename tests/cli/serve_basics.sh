@@ -21,6 +21,23 @@ rc=0; "$LG_BIN" serve --no-such-flag >/dev/null 2>&1 || rc=$?
 [ $rc = 2 ] || fail "unknown flag: exit $rc, wanted 2"
 rc=0; "$LG_BIN" serve --threads zero >/dev/null 2>&1 || rc=$?
 [ $rc = 2 ] || fail "bad --threads: exit $rc, wanted 2"
+# $LOOPGUARD_RESERVATION_TTL_MS is checked as --reservation-ttl is (it was
+# read with atoll: 5, -5 and abc started a server).
+for v in 5 -5 abc 86400001; do
+  rc=0; timeout 10 "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --reservation-ttl "$v" >/dev/null 2>"$TMP/ttl.err" || rc=$?
+  [ $rc = 2 ] || fail "--reservation-ttl $v: exit $rc, wanted 2"
+  rc=0; LOOPGUARD_RESERVATION_TTL_MS=$v timeout 10 "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: >/dev/null 2>"$TMP/ttl.err" || rc=$?
+  [ $rc = 2 ] && grep -q "LOOPGUARD_RESERVATION_TTL_MS: expected a number from 1000 to 86400000, got '$v'" "$TMP/ttl.err" ||
+    fail "LOOPGUARD_RESERVATION_TTL_MS=$v: exit $rc, wanted 2 naming the variable: $(cat "$TMP/ttl.err")"
+done
+
+note "--trace-memory is ignored, whatever its value (it exited 2 below 1 MiB)"
+for v in 1000 abc 4194304; do
+  rc=0; timeout 10 "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: --trace-memory "$v" >/dev/null 2>"$TMP/tm.err" || rc=$?
+  [ $rc = 1 ] && grep -q refusing "$TMP/tm.err" || fail "--trace-memory $v: exit $rc, wanted the start to go on (to its refusal of 0.0.0.0): $(cat "$TMP/tm.err")"
+done
+rc=0; timeout 10 "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: --trace-memory=1 >/dev/null 2>"$TMP/tm.err" || rc=$?
+[ $rc = 1 ] || fail "--trace-memory=1: exit $rc: $(cat "$TMP/tm.err")"
 
 note "no tokens and a non-loopback address: refused"
 rc=0; "$LG_BIN" serve --listen 0.0.0.0:0 --store memory: >"$TMP/refuse.out" 2>&1 || rc=$?
