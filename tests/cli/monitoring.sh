@@ -114,11 +114,17 @@ s = socket.create_connection((host, int(port)))
 s.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"run")
 s.close()
 PY
-sleep 0.3
-hung=$(curl -s "$url/metrics" | grep -E '^loopguard_requests_total\{.*code="0"\} 1$')
+hung=
+for i in $(seq 50); do # the server sees the hang-up at its next read
+  hung=$(curl -s "$url/metrics" | grep -E '^loopguard_requests_total\{.*code="0"\} 1$')
+  [ -n "$hung" ] && break
+  sleep 0.1
+done
 [ -n "$hung" ] && ok || bad "no request counted with code 0 after a hang-up"
 curl -s -o /dev/null "$url/nope" # a 404, a code not seen yet
-curl -s "$url/metrics" | grep -qxF "$hung" && ok || bad "the hung-up request's series went away or changed: $hung"
+m=$(curl -s -w '\ncurl: %{http_code} %{size_download}' "$url/metrics"); mrc=$?
+grep -qxF "$hung" <<<"$m" && ok ||
+  bad "the hung-up request's series went away or changed: $hung; now (curl $mrc): $(grep -E '^loopguard_requests_total|^curl' <<<"$m")"
 # runs_active: a run stopped and resumed is active again.
 active() { curl -s "$url/metrics" | awk '$1=="loopguard_runs_active" {print $2}'; }
 a0=$(active)
