@@ -143,7 +143,7 @@
     const body = $('#runs-table tbody');
     body.replaceChildren();
     for (const r of runs.slice(page * PAGE, page * PAGE + PAGE)) {
-      const env = r.envelope || {}, k = env.counters || {};
+      const env = r.envelope || {}, k = r.counters || env.counters || {};
       const why = r.terminal_reason ? (env.guard ? env.guard + ': ' : '') + r.terminal_reason : '–';
       body.append(el('tr', { 'data-run': r.run_id },
         el('td', {}, el('a', { href: runHref(r.run_id), text: r.run_id })),
@@ -212,6 +212,15 @@
     drawTimeline(parseTrace(trace).events, reg, env);
   }
 
+  /* A call's arguments with every object's keys in order: the guard counts
+   * {"a":1,"b":2} and {"b":2,"a":1} as one call (a policy's loop_key
+   * normalizers are not applied here). */
+  function canonical(v) {
+    if (Array.isArray(v)) return '[' + v.map(canonical).join(',') + ']';
+    if (v && typeof v === 'object')
+      return '{' + Object.keys(v).sort().map((k) => JSON.stringify(k) + ':' + canonical(v[k])).join(',') + '}';
+    return JSON.stringify(v);
+  }
   function drawTimeline(events, expect, env) {
     const ol = $('#timeline');
     const seen = new Map();
@@ -223,7 +232,7 @@
       const li = el('li', {}, el('span', { class: 'line', text: 'line ' + ev._line }));
       if (ev.type === 'call') {
         ncall++;
-        const key = ev.tool + ' ' + JSON.stringify(ev.args || {});
+        const key = ev.tool + ' ' + canonical(ev.args || {});
         const rep = (seen.get(key) || 0) + 1;
         seen.set(key, rep);
         let action = expect ? (expect['call_' + ncall + '_action'] || (stopped ? 'not reached' : 'execute')) : null;
@@ -249,6 +258,10 @@
       } else if (ev.type === 'usage') {
         li.append(el('span', { class: 'muted', text: 'usage ' }), (ev.input_tokens ?? 0) + ' in / ' + (ev.output_tokens ?? 0) + ' out' +
           (typeof ev.cost === 'number' ? ', ' + usd(ev.cost) : ''));
+      } else if (ev.type === 'resume') {
+        stopped = false; /* the run goes on: later calls were reached */
+        li.append(el('strong', { text: 'resumed by an operator' }),
+          ev.note ? ': ' + ev.note : '', ev.progress_version !== undefined ? ' (progress_version ' + ev.progress_version + ')' : '');
       } else if (ev.type === 'run') {
         li.append(el('strong', { text: 'run started' }), ev.group ? ' in group ' + ev.group : '');
       } else if (ev.type === 'cancel') {
@@ -352,7 +365,7 @@
     const used = (b.spent_usd || 0) + (b.reserved_usd || 0);
     const m = el('meter', { min: '0', max: String(b.limit_usd || 0), value: String(used), high: String((b.limit_usd || 0) * 0.8),
       optimum: '0', 'aria-label': 'spent and reserved against the limit' });
-    return el('div', { class: 'budget' }, el('h3', { text: b.scope }), m,
+    return el('div', { class: 'budget', 'data-scope': b.scope }, el('h3', { text: b.scope }), m,
       el('p', { text: usd(b.spent_usd) + ' spent + ' + usd(b.reserved_usd) + ' reserved of ' + usd(b.limit_usd) +
         ' (' + (b.limit_usd ? Math.round(100 * used / b.limit_usd) : 0) + '%), ' + b.period +
         (b.resets_at ? '; resets at ' + b.resets_at : '; never resets') }));
@@ -374,6 +387,8 @@
     const scope = $('#budget-scope').value.trim();
     try {
       const b = await api('/v1/budgets/' + encodeURIComponent(scope));
+      for (const old of $('#budgets').querySelectorAll('.budget'))
+        if (old.dataset.scope === b.scope) old.remove(); /* shown once, as it is now */
       $('#budgets').prepend(drawBudget(b));
     } catch (e) { status(e.message, true); }
   });

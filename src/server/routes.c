@@ -278,12 +278,14 @@ static int create_id(lg__req_t *rq, create_job_t *cj) {
       return -1;
     }
     cj->run_id = cj->idbuf;
-  } else if (strchr(cj->run_id, '/')) {
-    lg__req_error(rq, 400, "invalid_request", "run_id", "run_id: must not contain '/'");
+  } else if (!lg__path_segment_ok(cj->run_id)) {
+    lg__req_error(rq, 400, "invalid_request", "run_id",
+                  "run_id: must not contain '/' nor be \".\" or \"..\" (its URLs could not name it)");
     return -1;
   }
-  if (cj->w.b.group && strchr(cj->w.b.group, '/')) { /* its cancel's path could not name it */
-    lg__req_error(rq, 400, "invalid_request", "group", "group: must not contain '/'");
+  if (cj->w.b.group && !lg__path_segment_ok(cj->w.b.group)) { /* as its cancel's path */
+    lg__req_error(rq, 400, "invalid_request", "group",
+                  "group: must not contain '/' nor be \".\" or \"..\" (its cancel's URL could not name it)");
     return -1;
   }
   return 0;

@@ -225,4 +225,10 @@ static inline size_t lg__json_ws_end(const char *s, size_t i, size_t n) {
 
 #define LG__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* An id that one segment of a URL's path can name (a run id, a group):
+ * no '/', and not "." or "..", which browsers and proxies resolve away. */
+static inline bool lg__path_segment_ok(const char *s) {
+  return !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
 #endif

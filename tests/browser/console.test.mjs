@@ -62,7 +62,9 @@ try {
   check('stopped run listed', /stopped/.test(rowText) && /same_call_repeat/.test(rowText), rowText);
   check('guard shown', /repeat: same_call_repeat/.test(rowText), rowText);
   const ids = await page.locator('#runs-table tbody tr[data-run]').evaluateAll((rs) => rs.map((r) => r.dataset.run));
-  check('newest first', ids[0] === 'live-1' && ids.includes('loop-1'), ids.join(','));
+  check('newest first', ids.indexOf('live-1') < ids.indexOf('loop-1') && ids.includes('loop-1'), ids.join(','));
+  const liveCells = await page.locator('tr[data-run="live-1"] td').allInnerTexts();
+  check('an active run shows its steps', liveCells[3] === '1', liveCells.join(' | '));
   check('token kept in sessionStorage, not a cookie',
     (await page.evaluate(() => sessionStorage.getItem('loopguard.token'))) === OP && (await ctx.cookies()).length === 0);
   await page.selectOption('#f-status', 'stopped');
@@ -87,6 +89,16 @@ try {
   check('regression download has # expect', text.startsWith('# expect {"terminal_reason":"same_call_repeat","stopped_at_call":6'), text.slice(0, 120));
   check('download name', dl.suggestedFilename() === 'loop-1.jsonl', dl.suggestedFilename());
   await dl.saveAs(join(ART, 'loop-1.jsonl')); /* console_browser.sh runs `loopguard test` on it */
+
+  // 3b. A run stopped, resumed and going on: the calls after the resume
+  // were reached, the resume is shown with its note, identical calls are
+  // counted whatever their keys' order.
+  await page.goto(URL + '/#/run/again-1');
+  await page.waitForSelector('#timeline li.stop');
+  const tl = await page.locator('#timeline').innerText();
+  check('calls after a resume are not "not reached"', !/not reached/.test(tl), tl);
+  check('the resume and its note', /resumed by an operator: fixed the invoice/.test(tl), tl);
+  check('identical calls whatever the keys\' order', /identical call #6/.test(await page.locator('#timeline li.stop').first().innerText()), tl);
 
   // 4. The kill switch on the live run: one confirmation, then the API says stop.
   await page.goto(URL + '/#/run/live-1');
@@ -123,6 +135,9 @@ try {
   await page.waitForSelector('#budgets .budget meter');
   const bud = await page.locator('#budgets .budget').first().innerText();
   check('budget shown', /workspace:acme/.test(bud) && /of \$5/.test(bud) && /daily/.test(bud) && /resets at/.test(bud), bud);
+  await page.click('#budget-form button');
+  await page.waitForTimeout(300);
+  check('a budget shown again is shown once', (await page.locator('#budgets .budget[data-scope="workspace:acme"]').count()) === 1);
   await page.screenshot({ path: join(ART, 'console-budgets.png') });
 
   // 7. A phone's width: nothing wider than the screen.
@@ -131,6 +146,10 @@ try {
   await page.waitForSelector('#timeline li.stop');
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   check('readable at 375 px (no horizontal overflow)', overflow <= 1, overflow);
+  await page.goto(URL + '/#/run/' + 'r'.repeat(300));
+  await page.waitForSelector('#timeline li');
+  const overflowLong = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  check('a long run id and tool wrap at 375 px', overflowLong <= 1, overflowLong);
   await page.screenshot({ path: join(ART, 'console-phone.png'), fullPage: true });
 
   // 8. A wrong token is refused too.

@@ -36,6 +36,21 @@ sleep 0.01
 post /v1/runs '{"run_id":"live-1","group":"support"}'
 post /v1/runs/live-1/calls '{"tool":"search","args":{"q":"refund policy"}}'
 post /v1/runs/live-1/results '{"status":"progress","value":{"hits":3}}'
+# A run stopped, resumed by an operator (with a note) and going on; its
+# identical calls written with their keys in either order.
+post /v1/runs '{"run_id":"again-1"}'
+for i in 1 2 3 4 5 6; do
+  if [ $((i % 2)) = 1 ]; then a='{"invoice_id":"INV-9","amount":5}'; else a='{"amount":5,"invoice_id":"INV-9"}'; fi
+  post /v1/runs/again-1/calls '{"tool":"charge_invoice","args":'"$a"',"turn":'$i'}'
+done
+curl -sf -XPOST -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' "$S_URL/v1/runs/again-1/resume" \
+  -d '{"note":"fixed the invoice"}' >/dev/null || fail "POST resume"
+post /v1/runs/again-1/calls '{"tool":"lookup","args":{"id":1},"turn":7}'
+post /v1/runs/again-1/calls '{"tool":"lookup","args":{"id":2},"turn":8}'
+# A run whose id and tool are long strings without a space.
+long=$(printf 'r%.0s' $(seq 300))
+post /v1/runs '{"run_id":"'"$long"'"}'
+post "/v1/runs/$long/calls" '{"tool":"'"$(printf 't%.0s' $(seq 200))"'","args":{}}'
 curl -sf -XPUT -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' "$S_URL/v1/budgets/workspace:acme" \
   -d '{"limit_usd":5,"period":"daily"}' >/dev/null || fail "PUT budget"
 

@@ -391,6 +391,7 @@ note "X-Loopguard-Run that is no run id (a '/' in it): 400 invalid_run in the AP
 refused_header 'X-Loopguard-Run: team/run-1' invalid_run
 note "X-Loopguard-Group with a '/' (POST /v1/groups/{group}/cancel could not name it): 400 invalid_group"
 refused_header 'X-Loopguard-Group: team/a' invalid_group
+refused_header 'X-Loopguard-Run: ..' invalid_run
 
 note "a background response (polled for, so never decided nor counted): 400 naming background, nothing sent upstream"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' \
