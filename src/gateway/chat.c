@@ -2980,7 +2980,10 @@ static void keep_for_retry(chat_t *c, uint64_t h) {
   snprintf(r->last_reason, sizeof r->last_reason, "%s", j->reason);
 }
 
-/* A message from the person (not only tool results): a `user` event. */
+/* A message from the person (not only tool results): a `user` event. An
+ * Anthropic user message that holds tool_result blocks and more (a text
+ * after them, as Claude Code adds its reminders) is both: its results,
+ * then the person's message (feed_message). */
 static int is_user_message(const chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
   if (!role || strcmp(role, "user") || (ty && strcmp(ty, "message"))) return 0;
@@ -3043,13 +3046,13 @@ static void feed_user(chat_t *c, size_t i) {
   if (c->r->model_calls > 0 || last >= 0 || c->prev_id || (c->conv_id && !c->run_made)) user_event(c);
 }
 
-/* One new client message as events: its tool results, or a user event. */
+/* One new client message as events: its tool results, then a user event
+ * when it holds more than results, in that order (as Chat Completions'
+ * tool messages and the user message after them: result, user). Earlier
+ * builds took an Anthropic message of results and a text for the
+ * person's alone: its results were never read. */
 static void feed_message(chat_t *c, size_t i, json_t *m) {
   const char *role = sget(m, "role");
-  if (is_user_message(c, m)) {
-    feed_user(c, i);
-    return;
-  }
   /* Anthropic's results: the tool_result blocks of a user message
    * (OpenAI's, a message or an item each, are fed by feed_new) */
   if (is_anthropic(c) && role && !strcmp(role, "user")) {
@@ -3059,6 +3062,7 @@ static void feed_message(chat_t *c, size_t i, json_t *m) {
       if (bt && !strcmp(bt, "tool_result")) feed_later(c, i, k);
     }
   }
+  if (is_user_message(c, m)) feed_user(c, i); /* the results first (flush_results) */
 }
 
 /* What is new since the run's last request, as events. A Responses

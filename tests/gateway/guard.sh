@@ -342,6 +342,19 @@ result_in_trace late-responses responses \
   '{"model":"finish","tools":[{"type":"function","name":"lookup","parameters":{"type":"object"}}],"input":[{"role":"user","content":"look c-1 up"},{"type":"function_call","call_id":"@ID@","name":"lookup","arguments":"{}"},{"type":"function_call_output","call_id":"@ID@","output":"{\"status\":\"fatal\",\"value\":\"gone\"}"}]}' \
   '"status":"fatal"'
 
+note "an Anthropic user message of tool results and a text after them (Claude Code's reminders): the results read, then the person's message"
+# As Chat Completions' tool messages and a user message after them: the
+# trace holds the result, then the user event (earlier builds took the
+# message for the person's alone, and its results were never read).
+result_in_trace late-messages-text messages \
+  '{"model":"finish","max_tokens":64,"messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"name":"lookup","input_schema":{"type":"object"}}]}' \
+  '[b["id"] for b in d["content"] if b["type"] == "tool_use"][0]' \
+  '{"model":"finish","max_tokens":64,"tools":[{"name":"lookup","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"look c-1 up"},{"role":"assistant","content":[{"type":"tool_use","id":"@ID@","name":"lookup","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"@ID@","content":"Customer 1, gold"},{"type":"text","text":"<system-reminder>Be brief.</system-reminder>"}]}]}' \
+  '"status":"progress","value":"Customer 1, gold"'
+order=$(curl -sf "$g_URL/v1/runs/late-messages-text/trace" |
+  python3 -c 'import json, sys; print(" ".join(json.loads(l)["type"] for l in sys.stdin if l.strip() and not l.startswith("#")))')
+[[ " $order " == *" call result user model "* ]] || fail "results and a text: the trace is $order, not call, result, user, model"
+
 note "Responses: continuing from an answer the gateway made itself never sends its id upstream (stream false and true)"
 for st in false true; do
   curl -sf -o "$TMP/own1.txt" -H 'content-type: application/json' -H 'X-Loopguard-Policy: chant' \
