@@ -535,6 +535,49 @@ PY
 done
 [ "$(curl -s "$g_URL/v1/runs/big-chat/trace" | grep -c '"type":"call"')" = 1 ] || fail "big chat: the call is not in the run's trace"
 
+note "an answer cut off by max_tokens in the middle of a call's arguments, streamed: the call passes as it came (undecidable), and the stream says max_tokens (Messages) / length (Chat Completions), not a whole call's tool_use"
+# As the answer not streamed says: the upstream's stop_reason kept (earlier
+# builds ended every stream with calls on tool_use / tool_calls, a cut-off
+# call presented as complete).
+for api in messages chat; do
+  if [ $api = chat ]; then
+    path=chat/completions body='{"model":"truncated","stream":true,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"write_record"}}]}'
+  else
+    path=messages body='{"model":"truncated","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"write_record","input_schema":{"type":"object"}}]}'
+  fi
+  for st in true false; do
+    curl -s -N --max-time 20 -H "Content-Type: application/json" -H "X-Loopguard-Run: truncated-$api-$st" \
+      -d "${body/\"stream\":true/\"stream\":$st}" "$g_URL/v1/$path" >"$TMP/trunc.out" || fail "truncated $api $st: curl $?"
+    python3 - "$TMP/trunc.out" $api $st <<'PY' || fail "truncated $api stream $st: $(head -c 1500 "$TMP/trunc.out")"
+import json, sys
+text, api, st = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3] == "true"
+if not st:
+    d = json.loads(text)
+    fin = d["stop_reason"] if api == "messages" else d["choices"][0]["finish_reason"]
+    calls = [b for b in d["content"] if b["type"] == "tool_use"] if api == "messages" else d["choices"][0]["message"]["tool_calls"]
+    assert fin == ("max_tokens" if api == "messages" else "length") and len(calls) == 1, (fin, calls)
+    sys.exit(0)
+args, fin = "", None
+for block in text.split("\n\n"):
+    data = "\n".join(l[6:] for l in block.split("\n") if l.startswith("data: "))
+    if not data or data == "[DONE]":
+        continue
+    ev = json.loads(data)
+    if api == "chat":
+        for ch in ev.get("choices", []):
+            for tc in ch["delta"].get("tool_calls") or []:
+                args += tc["function"].get("arguments") or ""
+            fin = ch.get("finish_reason") or fin
+    elif ev.get("type") == "content_block_delta" and ev["delta"].get("type") == "input_json_delta":
+        args += ev["delta"]["partial_json"]
+    elif ev.get("type") == "message_delta":
+        fin = ev["delta"]["stop_reason"]
+assert args == '{"record_id":7,"val', args
+assert fin == ("max_tokens" if api == "messages" else "length"), fin
+PY
+  done
+done
+
 note "an upstream stream cut off mid-way: the client's stream ends on an error event of its API"
 curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"messages":[{"role":"user","content":"x"}]}' \
   "$g_URL/v1/chat/completions" >"$TMP/cut.sse"
