@@ -76,6 +76,11 @@ for api in chat messages responses; do
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant $api: the stream did not finish normally: $out"
   [ "$(echo "$out" | get 'int(d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant $api: not cut: $out"
+  # Responses: the stop's message item built from its events once (its
+  # output_item.added with no content, as the API sends one; earlier
+  # builds sent the text there and again as a delta: the SDK showed it twice)
+  [ $api != responses ] || [ "$(echo "$out" | get 'd["snapshot"] == d["final"]')" = true ] ||
+    fail "chant $api: the stream's text as the SDK built it is not the stop's message: $out"
   # the cut answer's output, counted from its bytes, in the stop's usage
   [ "$(echo "$out" | get 'int((d["usage"] or {}).get("completion_tokens", (d["usage"] or {}).get("output_tokens", 0)) > 0)')" = 1 ] ||
     fail "chant $api: the stop's usage counts nothing of the cut answer: $out"
