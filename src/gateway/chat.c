@@ -2195,6 +2195,7 @@ static const char *api_path(const chat_t *c) {
 /* ---- one model call, either way ---- */
 
 static void end_api_stream(chat_t *c);
+static void error_event(chat_t *c, const lg__buf_t *e);
 
 /* The model call's body: its worst case decided first (the body with
  * nothing hidden, every offered tool and the longer model name, which the
@@ -2237,11 +2238,15 @@ static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char *
     mo->error = 1;
   }
   if (t) return t;
-  /* not made: the stop's final message, or the error (the end of a stream
-   * already begun) */
+  /* not made: the stop's final message, or the error; a re-ask refused
+   * after the stream began (a key's limit, a workspace's, an in-flight cap,
+   * a model not priced) ends it on that error as its API's error event,
+   * never on the answer before, whose calls were refused (earlier builds
+   * ended it there: Responses' response.completed listed the refused calls,
+   * the others finished on tool_use / tool_calls without one) */
   if (mo->stop) answer_final(c, c->last_chunk);
   else if (!c->streamed) lg__gw_answer(c->j);
-  else end_api_stream(c);
+  else error_event(c, &c->j->out);
   return NULL;
 }
 
@@ -2625,6 +2630,29 @@ static void refused_text(const lg__gw_http_t *x, char *out, size_t size) {
   }
 }
 
+/* The client's stream ended on an error, e (the error's body in the API's
+ * shape, lg__gw_error_body's), as its API sends one: Chat Completions
+ * `data: {"error": ...}` (as OpenAI does), Messages `event: error`,
+ * Responses an `error` event (its code, message and param). */
+static void error_event(chat_t *c, const lg__buf_t *e) {
+  const char *body = e->data && !e->oom ? e->data : "{}";
+  if (is_responses(c)) {
+    json_t *o = lg__json_load(body, strlen(body), NULL, NULL), *er = json_object_get(o, "error");
+    const char *m = sget(er, "message");
+    json_t *param = json_object_get(er, "param");
+    json_t *ev = json_pack("{s:s, s:s?, s:s, s:O}", "type", "error", "code", sget(er, "code"), "message",
+                           m ? m : "loopguard: the stream failed", "param", param ? param : json_null());
+    json_decref(o);
+    if (ev) lg__gwr_event(c, ev);
+    return;
+  }
+  lg__buf_t b = {0};
+  if (is_anthropic(c)) lg__buf_printf(&b, "event: error\ndata: %s\n\n", body);
+  else lg__buf_printf(&b, "data: %s\n\n", body);
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+}
+
 /* The upstream's stream failed after the client's began (cut off, timed
  * out, garbage): an error event in the API's shape ends it, so the
  * client's SDK reports the failure rather than a short answer. */
@@ -2640,21 +2668,12 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
            : x->over                           ? over
            : x->cc == CURLE_OPERATION_TIMEDOUT ? "timed out in the middle of the stream"
                                                : x->errbuf);
-  lg__buf_t b = {0}, e = {0};
+  lg__buf_t e = {0};
   int status = !rc && x->status >= 400 && x->status < 600 ? (int)x->status
                : rc && x->cc == CURLE_OPERATION_TIMEDOUT  ? 504
                                                           : 502;
-  if (is_responses(c)) {
-    json_t *ev = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "upstream_error",
-                           "message", msg, "param");
-    lg__gwr_event(c, ev);
-    return;
-  }
   lg__gw_error_body(&e, is_anthropic(c), status, "upstream_error", "upstream_error", NULL, msg);
-  if (is_anthropic(c)) lg__buf_printf(&b, "event: error\ndata: %s\n\n", e.data ? e.data : "{}");
-  else lg__buf_printf(&b, "data: %s\n\n", e.data ? e.data : "{}");
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
+  error_event(c, &e);
   lg__buf_free(&e);
 }
 

@@ -230,6 +230,30 @@ models=$(stats 'd["models"]')
 echo "$models" | grep >/dev/null "stubborn-strong" || fail "escalate: the upstream never got the escalated model: $models"
 [ "$(echo "$models" | get 'd[0]')" = stubborn ] || fail "escalate: the first call was escalated: $models"
 
+note "a re-ask the gateway itself refuses after the client's stream began (its escalation's model cannot be priced under a cost cap): the stream ends on an error event of its API, and the refused call never reaches the client (each API)"
+# stubborn's third write is blocked, the re-ask escalated to a model the
+# price table does not have while the run has a cost cap: model_not_priced
+# (400), as a key's limit (402), a workspace's (403) or an in-flight cap
+# (429) would refuse it. Earlier builds ended the stream on the first
+# answer's finish: Responses' response.completed still listed the blocked
+# call (the client ran it), Messages and Chat Completions ended on
+# tool_use / tool_calls with no call.
+echo '{"limits":{"max_cost_usd":100},"cascade":{"escalate":{"model":"unpriced-model","turns":2},"hide_turns":0}}' >"$TMP/policies/unpriced.json"
+echo '{"models":{"stubborn":{"input_usd_per_mtok":1,"output_usd_per_mtok":1}},"default_max_tokens":1000}' >"$TMP/prices-stubborn.json"
+start_server rr --store memory: --upstream "$FAKE/v1" --policies "$TMP/policies" --prices "$TMP/prices-stubborn.json" --log "$TMP/rr.log"
+for api in chat messages responses; do
+  out=$(guard API=$api BASE_URL="$([ $api = messages ] && echo "$rr_URL" || echo "$rr_URL/v1")" MODEL=stubborn STREAM=1 \
+    HEADERS="{\"X-Loopguard-Policy\":\"unpriced\",\"X-Loopguard-Run\":\"reask-refused-$api\"}")
+  [ "$(echo "$out" | get 'd["ended"]')" = error ] || fail "re-ask refused ($api): the stream did not end on an error: $out"
+  echo "$out" | get 'd["error"]' | grep_q "cannot be priced" || fail "re-ask refused ($api): not the refusal's error: $out"
+  [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "re-ask refused ($api): the blocked call reached the client: $out"
+  curl -sf "$rr_URL/v1/runs/reask-refused-$api/trace" >"$TMP/rr.jsonl" && "$LG_BIN" replay --json "$TMP/rr.jsonl" >"$TMP/rr.replay" ||
+    fail "re-ask refused ($api): replay"
+  [ "$(tail -n 1 "$TMP/rr.replay" | get 'd["blocked_calls"]')" = 1 ] || fail "re-ask refused ($api): not one call blocked: $(cat "$TMP/rr.replay")"
+done
+stop_server rr
+[ "$rr_RC" = 0 ] || fail "the rr server exited $rr_RC"
+
 note "the sidecar's decisions carry the cascade fields too"
 pol='{"cascade":{"offer":["ask_human"],"escalate":{"model":"big","turns":2}}}'
 curl -sf -X POST "$g_URL/v1/runs" -H 'content-type: application/json' -d "{\"run_id\":\"side-1\",\"policy\":$pol}" >/dev/null || fail "sidecar run"
