@@ -786,13 +786,83 @@ static json_t *client_message(chat_t *c, size_t i) {
     out = anthropic_steered(c, m);
   else out = json_incref(m);
   /* a text loop's steer: said with the message that followed it */
-  if (c->r->text_steer && c->r->text_steer_at == i && role &&
-      (!strcmp(role, "user") || !strcmp(role, "tool"))) {
-    json_t *o2 = with_note(out, "content", text_part(c), c->r->text_steer);
+  if (c->steer_text && c->steer_at == i) {
+    const char *ty = sget(m, "type");
+    int output = ty && !strcmp(ty, "function_call_output");
+    json_t *o2 = with_note(out, output ? "output" : "content", text_part(c), c->steer_text);
     json_decref(out);
     out = o2;
   }
   return out;
+}
+
+/* Whether client message i can carry a text loop's steer: the person's
+ * message or a tool's result (a tool message, a function_call_output
+ * item, an Anthropic user message), from its role and type alone. */
+static int steer_carrier(chat_t *c, size_t i) {
+  const char *ty = msg_str(c, i, PEEK_TYPE);
+  if (is_responses(c) && ty)
+    return !strcmp(ty, "function_call_output") || (!strcmp(ty, "message") && is_role(c, i, "user"));
+  return is_role(c, i, "user") || (!is_anthropic(c) && is_role(c, i, "tool"));
+}
+
+/* Where this request says a text loop's steer (the observe rung): observed
+ * on an answer, it is said with the next request, on its last message that
+ * can carry it (steer_carrier), after the answer it is about, as a note
+ * (client_message). A conversation the client sends whole every time gets
+ * it on that same message in every later request, so that the upstream
+ * sees one conversation; one the upstream keeps (Responses'
+ * previous_response_id or conversation) gets it once: taken from the run
+ * for this request, and given back unless an upstream answered it
+ * (text_steer_done). Earlier builds said it only when the last message was
+ * the person's or a tool message (a Responses request that ends with a
+ * function_call_output never got it), counted a kept conversation's index
+ * within each request's input (said again with every later request), and
+ * wrote it into the stored items of the gateway's own answer of the
+ * request that observed it. Called once a request, before its body is
+ * built: a steer observed during the request waits for the next. */
+static void text_steer_place(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (!r->text_steer) return;
+  int kept = is_responses(c) && (c->prev_id || c->conv_id);
+  if (r->text_steer_at != SIZE_MAX) { /* said with an earlier request */
+    if (kept) { /* which the upstream holds now */
+      lg__free(r->text_steer);
+      r->text_steer = NULL;
+      mem_sync(c);
+    } else {
+      c->steer_text = lg__strdup(r->text_steer);
+      c->steer_at = r->text_steer_at;
+    }
+    return;
+  }
+  size_t i = c->n;
+  while (i > 0 && !steer_carrier(c, i - 1)) i--;
+  if (!i) return; /* no message to say it with: the next request's */
+  c->steer_at = i - 1;
+  if (kept) {
+    c->steer_text = r->text_steer;
+    r->text_steer = NULL;
+    c->steer_once = 1;
+  } else {
+    c->steer_text = lg__strdup(r->text_steer);
+    r->text_steer_at = c->steer_at;
+  }
+  mem_sync(c);
+}
+
+/* The request's end: a steer it took from the run (steer_once) that no
+ * upstream answered goes back to the run, for the next request (unless
+ * another was observed meanwhile). */
+static void text_steer_done(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (!c->steer_once || c->steer_sent) return;
+  if (!r->text_steer) {
+    r->text_steer = c->steer_text;
+    r->text_steer_at = SIZE_MAX;
+    c->steer_text = NULL;
+  }
+  mem_sync(c);
 }
 
 /* Responses: the previous_response_id of the request when it names an
@@ -891,7 +961,6 @@ static json_t *build_messages(chat_t *c) {
   size_t k = 0;
   json_t *own = own_prev(c);
   if (own) json_array_extend(msgs, json_object_get(own, "items"));
-  if (r->text_steer && r->text_steer_at == SIZE_MAX && c->n) r->text_steer_at = c->n - 1;
   if (c->conv_id) {
     /* The upstream's conversation holds every call it made: the refused
      * ones are answered once, first, then what the client sent (a re-ask:
@@ -1073,7 +1142,6 @@ static json_t *build_body(chat_t *c) {
   if (lg__json_lazy_all(&c->lazy, c->messages)) return NULL; /* the copy shares them */
   json_t *b = json_copy(c->root); /* shallow: the client's members shared */
   json_t *msgs = b ? build_messages(c) : NULL;
-  mem_sync(c); /* a text steer placed on this request's message */
   if (!b || !msgs) {
     json_decref(b);
     json_decref(msgs);
@@ -1126,7 +1194,7 @@ static int steered(chat_t *c, json_t *m) {
  * round trip, which also rewrites numbers, escapes and white space). */
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
+  if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || c->steer_text ||
       c->root_replaced || own_prev(c) || c->prev_answers || json_array_size(c->conv_pending))
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
@@ -1419,10 +1487,9 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   if (!is_responses(c) || !id || !r) return;
   json_t *own = own_prev(c);
   const char *prev = c->reask_prev ? c->reask_prev : own ? sget(own, "prev") : c->prev_id;
-  size_t steer_at = r->text_steer_at; /* build_messages places a pending text steer: not here */
-  json_t *items = build_messages(c);
-  r->text_steer_at = steer_at;
+  json_t *items = build_messages(c); /* with the steer said with this request, if any */
   if (!items) return;
+  if (c->steer_once) c->steer_sent = 1; /* a request continuing from it has it there */
   if (text && *text)
     json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message", "role",
                                            "assistant", "content", "type", "output_text", "text", text));
@@ -2024,8 +2091,10 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
 }
 
 /* A conversation's upstream answered: the answers build_messages gave it
- * are in its conversation now (those restored from this answer, not yet). */
+ * are in its conversation now (those restored from this answer, not yet),
+ * and so is a text loop's steer said once (text_steer_place). */
 static void conv_delivered(chat_t *c) {
+  if (c->steer_once) c->steer_sent = 1;
   for (size_t q = 0; c->conv_id && q < c->r->nrs; q++) c->r->rs[q].conv_sent = 1;
   mem_sync(c);
   if (json_array_size(c->conv_pending)) {
@@ -3152,6 +3221,7 @@ static void chat_free(chat_t *c) {
   lg__free(c->finish);
   lg__free(c->new_key);
   lg__free(c->stop_text);
+  lg__free(c->steer_text);
 }
 
 void lg__gw_chat(lg__gw_ctx_t *cx) {
@@ -3168,6 +3238,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
                                         : LG__GW_API_OPENAI;
   uint64_t h = retry_hash(j);
   if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h) && !feed_new(&c)) {
+    text_steer_place(&c);
     /* What comes before the model call and reads the results' decisions
      * (a stop, a stopped run's last text) or the store (a key's checks):
      * the results first, as they came. */
@@ -3178,6 +3249,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     } else run_calls(&c);
     flush_results(&c); /* when no model call took them (an error before it) */
     settle_usage(&c);
+    text_steer_done(&c);
     keep_for_retry(&c, h);
   }
   if (!j->action && j->run_id[0]) j->action = "pass";

@@ -51,6 +51,8 @@
 //               (Anthropic's overloaded_error, OpenAI's server_error) and ends
 //   chant       "Waiting for the payment." over and over, 200 times (a text
 //               loop), a word every 5 ms when streamed
+//   chant-call  the same text with a lookup (a call); with a tool result,
+//               "Done."
 //   ask         asks to write the record until it is offered ask_human, then
 //               asks the person (finalize: the same with finalize_partial)
 //   yielding    the same as stubborn while it may call tools; with tool use
@@ -247,6 +249,8 @@ function script(req) {
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
+  if (model.startsWith('chant-call'))
+    return msgs.some((m) => m.role === 'tool') ? { text: 'Done.' } : { text: CHANT, calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
   if (model.startsWith('chant')) return { text: CHANT };
   if (model.startsWith('truncated')) return { calls: [{ name: 'write_record', args: '{"record_id":7,"val' }], cut: true };
   if (model.startsWith('big-write')) return { calls: [{ name: 'write_file', args: JSON.stringify({ path: 'notes.txt', content: BIG }) }], pieces: 7 };

@@ -19,6 +19,7 @@
 #     to the model, the call never reaching the client;
 #   - a client's retry of its last request answered again, not re-asked;
 #   - the observe rung's note on a result of several parts (an image kept);
+#     a text loop's steer note said once, on the next request;
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
 #     cut off by the upstream, an upstream that is down, an answer past
 #     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event); a client that
@@ -221,6 +222,8 @@ grep '"event":"gateway_intervention"' "$TMP/g.log" | grep '"action":"replay"' | 
 
 note "the observe rung's note on a tool result given as a list of parts (a text and a screenshot): every part kept, the note a text part of the API's own type (each API)"
 python3 "$HERE_SRC/steer-parts.py" "$g_URL" "$FAKE" || fail "the note on a result of several parts"
+note "a text loop's steer note (the observe rung): given to the model on the next request once, on its last message that can carry it (each API; Responses whole, by previous_response_id, after the gateway's own answer)"
+python3 "$HERE_SRC/text-steer.py" "$g_URL" "$FAKE" || fail "a text loop's steer note"
 
 note "cascade.escalate: after a block, the next model calls go to the escalation's model"
 curl -sf -X POST "$FAKE/reset" >/dev/null
