@@ -22,8 +22,12 @@
 #     a text loop's steer note said once, on the next request;
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
 #     cut off by the upstream, an upstream that is down, an answer past
-#     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event); a client that
-#     hangs up aborts the upstream request; the server keeps serving;
+#     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event), a re-ask
+#     the gateway refuses after the stream began (an error event, never the
+#     refused call); an answer cut off by max_tokens keeps saying so; a
+#     client that hangs up aborts the upstream request; the server keeps
+#     serving;
+#   - an Anthropic message of tool results and a text: results, then user;
 #   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS;
 #   - a SQLite store whose write lock another process holds when an answer
 #     arrives: its usage and text decided again a step at a time, nothing
