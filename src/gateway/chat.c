@@ -786,13 +786,83 @@ static json_t *client_message(chat_t *c, size_t i) {
     out = anthropic_steered(c, m);
   else out = json_incref(m);
   /* a text loop's steer: said with the message that followed it */
-  if (c->r->text_steer && c->r->text_steer_at == i && role &&
-      (!strcmp(role, "user") || !strcmp(role, "tool"))) {
-    json_t *o2 = with_note(out, "content", text_part(c), c->r->text_steer);
+  if (c->steer_text && c->steer_at == i) {
+    const char *ty = sget(m, "type");
+    int output = ty && !strcmp(ty, "function_call_output");
+    json_t *o2 = with_note(out, output ? "output" : "content", text_part(c), c->steer_text);
     json_decref(out);
     out = o2;
   }
   return out;
+}
+
+/* Whether client message i can carry a text loop's steer: the person's
+ * message or a tool's result (a tool message, a function_call_output
+ * item, an Anthropic user message), from its role and type alone. */
+static int steer_carrier(chat_t *c, size_t i) {
+  const char *ty = msg_str(c, i, PEEK_TYPE);
+  if (is_responses(c) && ty)
+    return !strcmp(ty, "function_call_output") || (!strcmp(ty, "message") && is_role(c, i, "user"));
+  return is_role(c, i, "user") || (!is_anthropic(c) && is_role(c, i, "tool"));
+}
+
+/* Where this request says a text loop's steer (the observe rung): observed
+ * on an answer, it is said with the next request, on its last message that
+ * can carry it (steer_carrier), after the answer it is about, as a note
+ * (client_message). A conversation the client sends whole every time gets
+ * it on that same message in every later request, so that the upstream
+ * sees one conversation; one the upstream keeps (Responses'
+ * previous_response_id or conversation) gets it once: taken from the run
+ * for this request, and given back unless an upstream answered it
+ * (text_steer_done). Earlier builds said it only when the last message was
+ * the person's or a tool message (a Responses request that ends with a
+ * function_call_output never got it), counted a kept conversation's index
+ * within each request's input (said again with every later request), and
+ * wrote it into the stored items of the gateway's own answer of the
+ * request that observed it. Called once a request, before its body is
+ * built: a steer observed during the request waits for the next. */
+static void text_steer_place(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (!r->text_steer) return;
+  int kept = is_responses(c) && (c->prev_id || c->conv_id);
+  if (r->text_steer_at != SIZE_MAX) { /* said with an earlier request */
+    if (kept) { /* which the upstream holds now */
+      lg__free(r->text_steer);
+      r->text_steer = NULL;
+      mem_sync(c);
+    } else {
+      c->steer_text = lg__strdup(r->text_steer);
+      c->steer_at = r->text_steer_at;
+    }
+    return;
+  }
+  size_t i = c->n;
+  while (i > 0 && !steer_carrier(c, i - 1)) i--;
+  if (!i) return; /* no message to say it with: the next request's */
+  c->steer_at = i - 1;
+  if (kept) {
+    c->steer_text = r->text_steer;
+    r->text_steer = NULL;
+    c->steer_once = 1;
+  } else {
+    c->steer_text = lg__strdup(r->text_steer);
+    r->text_steer_at = c->steer_at;
+  }
+  mem_sync(c);
+}
+
+/* The request's end: a steer it took from the run (steer_once) that no
+ * upstream answered goes back to the run, for the next request (unless
+ * another was observed meanwhile). */
+static void text_steer_done(chat_t *c) {
+  lg__gw_run_t *r = c->r;
+  if (!c->steer_once || c->steer_sent) return;
+  if (!r->text_steer) {
+    r->text_steer = c->steer_text;
+    r->text_steer_at = SIZE_MAX;
+    c->steer_text = NULL;
+  }
+  mem_sync(c);
 }
 
 /* Responses: the previous_response_id of the request when it names an
@@ -891,7 +961,6 @@ static json_t *build_messages(chat_t *c) {
   size_t k = 0;
   json_t *own = own_prev(c);
   if (own) json_array_extend(msgs, json_object_get(own, "items"));
-  if (r->text_steer && r->text_steer_at == SIZE_MAX && c->n) r->text_steer_at = c->n - 1;
   if (c->conv_id) {
     /* The upstream's conversation holds every call it made: the refused
      * ones are answered once, first, then what the client sent (a re-ask:
@@ -1073,7 +1142,6 @@ static json_t *build_body(chat_t *c) {
   if (lg__json_lazy_all(&c->lazy, c->messages)) return NULL; /* the copy shares them */
   json_t *b = json_copy(c->root); /* shallow: the client's members shared */
   json_t *msgs = b ? build_messages(c) : NULL;
-  mem_sync(c); /* a text steer placed on this request's message */
   if (!b || !msgs) {
     json_decref(b);
     json_decref(msgs);
@@ -1126,7 +1194,7 @@ static int steered(chat_t *c, json_t *m) {
  * round trip, which also rewrites numbers, escapes and white space). */
 static int body_unchanged(chat_t *c) {
   lg__gw_run_t *r = c->r;
-  if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || r->text_steer ||
+  if (c->input_wrap || c->final_round || c->reask_prev || r->nrs || c->steer_text ||
       c->root_replaced || own_prev(c) || c->prev_answers || json_array_size(c->conv_pending))
     return 0;
   const char *model = call_model(c), *asked = sget(c->root, "model");
@@ -1419,10 +1487,9 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text) {
   if (!is_responses(c) || !id || !r) return;
   json_t *own = own_prev(c);
   const char *prev = c->reask_prev ? c->reask_prev : own ? sget(own, "prev") : c->prev_id;
-  size_t steer_at = r->text_steer_at; /* build_messages places a pending text steer: not here */
-  json_t *items = build_messages(c);
-  r->text_steer_at = steer_at;
+  json_t *items = build_messages(c); /* with the steer said with this request, if any */
   if (!items) return;
+  if (c->steer_once) c->steer_sent = 1; /* a request continuing from it has it there */
   if (text && *text)
     json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message", "role",
                                            "assistant", "content", "type", "output_text", "text", text));
@@ -2024,8 +2091,10 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
 }
 
 /* A conversation's upstream answered: the answers build_messages gave it
- * are in its conversation now (those restored from this answer, not yet). */
+ * are in its conversation now (those restored from this answer, not yet),
+ * and so is a text loop's steer said once (text_steer_place). */
 static void conv_delivered(chat_t *c) {
+  if (c->steer_once) c->steer_sent = 1;
   for (size_t q = 0; c->conv_id && q < c->r->nrs; q++) c->r->rs[q].conv_sent = 1;
   mem_sync(c);
   if (json_array_size(c->conv_pending)) {
@@ -2195,6 +2264,7 @@ static const char *api_path(const chat_t *c) {
 /* ---- one model call, either way ---- */
 
 static void end_api_stream(chat_t *c);
+static void error_event(chat_t *c, const lg__buf_t *e);
 
 /* The model call's body: its worst case decided first (the body with
  * nothing hidden, every offered tool and the longer model name, which the
@@ -2237,11 +2307,15 @@ static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char *
     mo->error = 1;
   }
   if (t) return t;
-  /* not made: the stop's final message, or the error (the end of a stream
-   * already begun) */
+  /* not made: the stop's final message, or the error; a re-ask refused
+   * after the stream began (a key's limit, a workspace's, an in-flight cap,
+   * a model not priced) ends it on that error as its API's error event,
+   * never on the answer before, whose calls were refused (earlier builds
+   * ended it there: Responses' response.completed listed the refused calls,
+   * the others finished on tool_use / tool_calls without one) */
   if (mo->stop) answer_final(c, c->last_chunk);
   else if (!c->streamed) lg__gw_answer(c->j);
-  else end_api_stream(c);
+  else error_event(c, &c->j->out);
   return NULL;
 }
 
@@ -2625,6 +2699,29 @@ static void refused_text(const lg__gw_http_t *x, char *out, size_t size) {
   }
 }
 
+/* The client's stream ended on an error, e (the error's body in the API's
+ * shape, lg__gw_error_body's), as its API sends one: Chat Completions
+ * `data: {"error": ...}` (as OpenAI does), Messages `event: error`,
+ * Responses an `error` event (its code, message and param). */
+static void error_event(chat_t *c, const lg__buf_t *e) {
+  const char *body = e->data && !e->oom ? e->data : "{}";
+  if (is_responses(c)) {
+    json_t *o = lg__json_load(body, strlen(body), NULL, NULL), *er = json_object_get(o, "error");
+    const char *m = sget(er, "message");
+    json_t *param = json_object_get(er, "param");
+    json_t *ev = json_pack("{s:s, s:s?, s:s, s:O}", "type", "error", "code", sget(er, "code"), "message",
+                           m ? m : "loopguard: the stream failed", "param", param ? param : json_null());
+    json_decref(o);
+    if (ev) lg__gwr_event(c, ev);
+    return;
+  }
+  lg__buf_t b = {0};
+  if (is_anthropic(c)) lg__buf_printf(&b, "event: error\ndata: %s\n\n", body);
+  else lg__buf_printf(&b, "data: %s\n\n", body);
+  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
+  lg__buf_free(&b);
+}
+
 /* The upstream's stream failed after the client's began (cut off, timed
  * out, garbage): an error event in the API's shape ends it, so the
  * client's SDK reports the failure rather than a short answer. */
@@ -2640,21 +2737,12 @@ static void stream_error(chat_t *c, const lg__gw_http_t *x, int rc) {
            : x->over                           ? over
            : x->cc == CURLE_OPERATION_TIMEDOUT ? "timed out in the middle of the stream"
                                                : x->errbuf);
-  lg__buf_t b = {0}, e = {0};
+  lg__buf_t e = {0};
   int status = !rc && x->status >= 400 && x->status < 600 ? (int)x->status
                : rc && x->cc == CURLE_OPERATION_TIMEDOUT  ? 504
                                                           : 502;
-  if (is_responses(c)) {
-    json_t *ev = json_pack("{s:s, s:s, s:s, s:n}", "type", "error", "code", "upstream_error",
-                           "message", msg, "param");
-    lg__gwr_event(c, ev);
-    return;
-  }
   lg__gw_error_body(&e, is_anthropic(c), status, "upstream_error", "upstream_error", NULL, msg);
-  if (is_anthropic(c)) lg__buf_printf(&b, "event: error\ndata: %s\n\n", e.data ? e.data : "{}");
-  else lg__buf_printf(&b, "data: %s\n\n", e.data ? e.data : "{}");
-  if (b.data) lg__gw_stream_write(c->j, b.data, b.len);
-  lg__buf_free(&b);
+  error_event(c, &e);
   lg__buf_free(&e);
 }
 
@@ -2987,7 +3075,10 @@ static void keep_for_retry(chat_t *c, uint64_t h) {
   snprintf(r->last_reason, sizeof r->last_reason, "%s", j->reason);
 }
 
-/* A message from the person (not only tool results): a `user` event. */
+/* A message from the person (not only tool results): a `user` event. An
+ * Anthropic user message that holds tool_result blocks and more (a text
+ * after them, as Claude Code adds its reminders) is both: its results,
+ * then the person's message (feed_message). */
 static int is_user_message(const chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
   if (!role || strcmp(role, "user") || (ty && strcmp(ty, "message"))) return 0;
@@ -3050,13 +3141,13 @@ static void feed_user(chat_t *c, size_t i) {
   if (c->r->model_calls > 0 || last >= 0 || c->prev_id || (c->conv_id && !c->run_made)) user_event(c);
 }
 
-/* One new client message as events: its tool results, or a user event. */
+/* One new client message as events: its tool results, then a user event
+ * when it holds more than results, in that order (as Chat Completions'
+ * tool messages and the user message after them: result, user). Earlier
+ * builds took an Anthropic message of results and a text for the
+ * person's alone: its results were never read. */
 static void feed_message(chat_t *c, size_t i, json_t *m) {
   const char *role = sget(m, "role");
-  if (is_user_message(c, m)) {
-    feed_user(c, i);
-    return;
-  }
   /* Anthropic's results: the tool_result blocks of a user message
    * (OpenAI's, a message or an item each, are fed by feed_new) */
   if (is_anthropic(c) && role && !strcmp(role, "user")) {
@@ -3066,6 +3157,7 @@ static void feed_message(chat_t *c, size_t i, json_t *m) {
       if (bt && !strcmp(bt, "tool_result")) feed_later(c, i, k);
     }
   }
+  if (is_user_message(c, m)) feed_user(c, i); /* the results first (flush_results) */
 }
 
 /* What is new since the run's last request, as events. A Responses
@@ -3136,6 +3228,7 @@ static void chat_free(chat_t *c) {
   lg__free(c->finish);
   lg__free(c->new_key);
   lg__free(c->stop_text);
+  lg__free(c->steer_text);
 }
 
 void lg__gw_chat(lg__gw_ctx_t *cx) {
@@ -3152,6 +3245,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
                                         : LG__GW_API_OPENAI;
   uint64_t h = retry_hash(j);
   if (!parse_request(&c) && !find_run(&c) && !answer_retry(&c, h) && !feed_new(&c)) {
+    text_steer_place(&c);
     /* What comes before the model call and reads the results' decisions
      * (a stop, a stopped run's last text) or the store (a key's checks):
      * the results first, as they came. */
@@ -3162,6 +3256,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
     } else run_calls(&c);
     flush_results(&c); /* when no model call took them (an error before it) */
     settle_usage(&c);
+    text_steer_done(&c);
     keep_for_retry(&c, h);
   }
   if (!j->action && j->run_id[0]) j->action = "pass";

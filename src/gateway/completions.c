@@ -377,8 +377,15 @@ void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
   lg__buf_free(&ch);
 }
 
+/* The stream's finish_reason: tool_calls with calls, unless the upstream
+ * said length (the answer cut off by max_tokens: its last call's
+ * arguments are not whole, as the answer not streamed says too). */
 void lg__gwo_end_stream(chat_t *c) {
-  const char *fin = json_array_size(c->tcalls) ? "tool_calls" : c->finish ? c->finish : "stop";
+  int cut = c->finish && !strcmp(c->finish, "length");
+  const char *fin = cut                          ? "length"
+                    : json_array_size(c->tcalls) ? "tool_calls"
+                    : c->finish                  ? c->finish
+                                                 : "stop";
   lg__buf_t ch = {0};
   if (!lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{},\"finish_reason\":") &&
       !lg__buf_json_str(&ch, fin, strlen(fin)) && !lg__buf_puts(&ch, "}]") && !ch.oom)

@@ -84,6 +84,10 @@ typedef struct chat {
                                  reader takes the last of a repeated member */
   int64_t attached;           /* the client's attachments (chat.c, attachments); -1 not counted */
   size_t body_reals;          /* the real numbers of the client's body */
+  char *steer_text;           /* a text loop's steer said with this request (owned), */
+  size_t steer_at;            /*   with this client message (chat.c, text_steer_place); */
+  int steer_once;             /*   taken from the run: said once, the upstream keeps it, */
+  int steer_sent;             /*   and it has it (else it goes back to the run) */
   lg__gw_fed_t fed;           /* the request's tool results, to decide together */
   lg__step_t use;             /* the answer's usage, decided with the step(s) */
   lg_event_t use_ev;          /*   after it (decide_steps), when use_pending; */

@@ -250,7 +250,8 @@ typedef struct lg__gw_run {
   char *esc_model;            /* cascade.escalate: the model of the next esc_left calls */
   int esc_left;
   char *text_steer;           /* a text loop's steer message, for the model */
-  size_t text_steer_at;       /* the client message it is said with (SIZE_MAX: the next request's last) */
+  size_t text_steer_at;       /* the client message it is said with, in a conversation sent
+                                 whole (SIZE_MAX: not said yet; chat.c, text_steer_place) */
   int64_t model_calls;        /* model calls this server let through for the run (a later
                                  prompt told from the first; the events' turns are the
                                  stored run's: lg__step_t.model_turn) */

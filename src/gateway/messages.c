@@ -220,6 +220,11 @@ void lg__gwm_emit_kept(chat_t *c, json_t *kept) {
   json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", blocks);
   lg__gwc_register_key(c, m);
   json_decref(m);
+  /* tool_use, unless the upstream said max_tokens: its last call was cut
+   * off (its input is not whole), and the client is told so, as an answer
+   * not streamed tells it (earlier builds said tool_use: a cut call
+   * presented as complete) */
+  if (c->finish && !strcmp(c->finish, "max_tokens")) return;
   lg__free(c->finish);
   c->finish = lg__strdup("tool_use");
 }

@@ -183,7 +183,11 @@ void lg__gwr_end_stream(chat_t *c) {
   lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
 }
 
-/* A final message as Responses events (a stop). */
+/* A final message as Responses events (a stop), as the API streams a
+ * message: its item added empty (in progress, no content), its text part
+ * added empty, the text as a delta, then each of them done. The SDKs build
+ * the message from these events: a text in the added item as well as in
+ * the delta was shown twice (earlier builds). */
 static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
   json_decref(r_close_open(c));
   char mid[64];
@@ -196,15 +200,23 @@ static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
     lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.created", "response", r0));
   }
   int ci = c->r_index++;
-  json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "type", "message", "id", mid,
-                           "status", "completed", "role", "assistant", "content", "type",
-                           "output_text", "text", text, "annotations");
-  lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", item));
+  json_t *part = json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations");
+  json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:[O]}", "type", "message", "id", mid, "status", "completed",
+                           "role", "assistant", "content", part);
+  lg__gwr_event(c, json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:s, s:[]}}", "type", "response.output_item.added",
+                             "output_index", ci, "item", "type", "message", "id", mid, "status", "in_progress",
+                             "role", "assistant", "content"));
+  lg__gwr_event(c, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.added",
+                             "item_id", mid, "output_index", ci, "content_index", 0, "part", "type",
+                             "output_text", "text", "", "annotations"));
   lg__gwr_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.delta", "item_id", mid,
                        "output_index", ci, "content_index", 0, "delta", text));
   lg__gwr_event(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", mid,
                        "output_index", ci, "content_index", 0, "text", text));
+  lg__gwr_event(c, json_pack("{s:s, s:s, s:i, s:i, s:O}", "type", "response.content_part.done", "item_id", mid,
+                             "output_index", ci, "content_index", 0, "part", part));
   lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", item));
+  json_decref(part);
   json_decref(item);
   lg__gwr_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
 }

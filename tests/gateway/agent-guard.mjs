@@ -15,7 +15,9 @@
 //   BASE_URLS comma-separated: the requests go to each in turn (round-robin.mjs)
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer's text, how it finished and its usage as the SDK read it,
-// the X-Loopguard-* headers seen (non-stream), or the error the SDK threw.
+// the X-Loopguard-* headers seen (non-stream), or the error the SDK threw;
+// on a Responses stream, the last text delta's snapshot (the message's text
+// as the SDK built it from the events).
 import OpenAI from 'openai';
 import { roundRobin } from './round-robin.mjs';
 import Anthropic from '@anthropic-ai/sdk';
@@ -91,8 +93,11 @@ const apis = {
     async call(seen) {
       const req = { model, input: this.conv, tools: this.tools };
       let resp;
-      if (stream) resp = await openai.responses.stream(req).finalResponse();
-      else {
+      if (stream) {
+        const s = openai.responses.stream(req);
+        s.on('response.output_text.delta', (e) => { snapshot = e.snapshot; });
+        resp = await s.finalResponse();
+      } else {
         const { data, response } = await openai.responses.create(req).withResponse();
         seen.push(headersOf(response));
         resp = data;
@@ -109,6 +114,7 @@ const apis = {
 const a = apis[api];
 const seen = [];
 let steps = 0, ended = 'step_cap', final = null, finish = null, usage = null, error = null;
+let snapshot = null; // Responses stream: the text of the last delta's message as the SDK built it
 try {
   while (steps < cap) {
     steps++;
@@ -122,4 +128,4 @@ try {
   ended = 'error';
   error = String(e && e.message || e);
 }
-console.log(JSON.stringify({ executions, steps, ended, final, finish, usage, seen, error }));
+console.log(JSON.stringify({ executions, steps, ended, final, finish, usage, seen, error, snapshot }));

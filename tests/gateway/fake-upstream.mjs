@@ -51,6 +51,8 @@
 //               (Anthropic's overloaded_error, OpenAI's server_error) and ends
 //   chant       "Waiting for the payment." over and over, 200 times (a text
 //               loop), a word every 5 ms when streamed
+//   chant-call  the same text with a lookup (a call); with a tool result,
+//               "Done."
 //   ask         asks to write the record until it is offered ask_human, then
 //               asks the person (finalize: the same with finalize_partial)
 //   yielding    the same as stubborn while it may call tools; with tool use
@@ -63,6 +65,10 @@
 //               new lines) whose arguments stream in 7-character deltas, all
 //               sent at once: some 18,000 of them (Chat Completions and
 //               Messages)
+//   truncated   asks to write the record, its answer cut off by max_tokens
+//               in the middle of the call's arguments: Messages' stop_reason
+//               max_tokens (not streamed, the tool_use's input {}), Chat
+//               Completions' finish_reason length
 //   flood       answers 200 with 2 MiB: a JSON answer, or a stream whose
 //               second event never ends (Chat Completions); flood-text and
 //               flood-args stream 2 MiB of valid text or call-argument deltas
@@ -243,7 +249,10 @@ function script(req) {
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
+  if (model.startsWith('chant-call'))
+    return msgs.some((m) => m.role === 'tool') ? { text: 'Done.' } : { text: CHANT, calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
   if (model.startsWith('chant')) return { text: CHANT };
+  if (model.startsWith('truncated')) return { calls: [{ name: 'write_record', args: '{"record_id":7,"val' }], cut: true };
   if (model.startsWith('big-write')) return { calls: [{ name: 'write_file', args: JSON.stringify({ path: 'notes.txt', content: BIG }) }], pieces: 7 };
   if (model.startsWith('mutant')) return { calls: [{ name: 'write_record', args: writeVariant() }], text: 'Let me write it.' };
   if (model.startsWith('drip-long')) return { text: Array.from({ length: 40 }, (_, i) => `word${i}`).join(' ') };
@@ -357,7 +366,7 @@ function reply(res, req) {
   const id = 'chatcmpl-fake' + (++stats.chat);
   const created = Math.floor(Date.now() / 1000);
   const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
-  const finish = calls.length ? 'tool_calls' : 'stop';
+  const finish = plan.cut ? 'length' : calls.length ? 'tool_calls' : 'stop';
   const usage = usageOf(req);
   // thinking on (DeepSeek's and Moonshot's `thinking`): the answer's reasoning_content
   // Chat Completions' n (up to 4): the other choices the same answer, their call ids their own
@@ -571,8 +580,8 @@ function replyAnthropic(res, req) {
   if (seq) plan.text = plan.text.slice(0, plan.text.indexOf(seq));
   if (plan.text) content.push({ type: 'text', text: plan.text });
   // caller: who made the call, as the API says since its programmatic tool calling (direct: the model)
-  for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: JSON.parse(c.args), caller: { type: 'direct' }, _raw: c.args });
-  const stop = (plan.calls || []).length ? 'tool_use' : seq ? 'stop_sequence' : 'end_turn';
+  for (const c of plan.calls || []) content.push({ type: 'tool_use', id: 'toolu_' + (++callSeq), name: c.name, input: plan.cut ? {} : JSON.parse(c.args), caller: { type: 'direct' }, _raw: c.args });
+  const stop = plan.cut ? 'max_tokens' : (plan.calls || []).length ? 'tool_use' : seq ? 'stop_sequence' : 'end_turn';
   // as the API counts a request: its cache's part apart
   const usage = { input_tokens: JSON.stringify(req.messages || []).length >> 2, cache_creation_input_tokens: 100, cache_read_input_tokens: 5000, output_tokens: 10 };
   if (!req.stream) {

@@ -19,10 +19,15 @@
 #     to the model, the call never reaching the client;
 #   - a client's retry of its last request answered again, not re-asked;
 #   - the observe rung's note on a result of several parts (an image kept);
+#     a text loop's steer note said once, on the next request;
 #   - errors in each API's shape: 413, 401, a stream of garbage, a stream
 #     cut off by the upstream, an upstream that is down, an answer past
-#     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event); a client that
-#     hangs up aborts the upstream request; the server keeps serving;
+#     LOOPGUARD_GATEWAY_ANSWER_BYTES (whole, or one stream event), a re-ask
+#     the gateway refuses after the stream began (an error event, never the
+#     refused call); an answer cut off by max_tokens keeps saying so; a
+#     client that hangs up aborts the upstream request; the server keeps
+#     serving;
+#   - an Anthropic message of tool results and a text: results, then user;
 #   - runs evicted from memory past LOOPGUARD_GATEWAY_MAX_RUNS;
 #   - a SQLite store whose write lock another process holds when an answer
 #     arrives: its usage and text decided again a step at a time, nothing
@@ -76,6 +81,11 @@ for api in chat messages responses; do
   [ "$(echo "$out" | get 'd["finish"]')" = "$(case $api in chat) echo stop ;; messages) echo end_turn ;; *) echo completed ;; esac)" ] ||
     fail "chant $api: the stream did not finish normally: $out"
   [ "$(echo "$out" | get 'int(d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant $api: not cut: $out"
+  # Responses: the stop's message item built from its events once (its
+  # output_item.added with no content, as the API sends one; earlier
+  # builds sent the text there and again as a delta: the SDK showed it twice)
+  [ $api != responses ] || [ "$(echo "$out" | get 'd["snapshot"] == d["final"]')" = true ] ||
+    fail "chant $api: the stream's text as the SDK built it is not the stop's message: $out"
   # the cut answer's output, counted from its bytes, in the stop's usage
   [ "$(echo "$out" | get 'int((d["usage"] or {}).get("completion_tokens", (d["usage"] or {}).get("output_tokens", 0)) > 0)')" = 1 ] ||
     fail "chant $api: the stop's usage counts nothing of the cut answer: $out"
@@ -216,6 +226,8 @@ grep '"event":"gateway_intervention"' "$TMP/g.log" | grep '"action":"replay"' | 
 
 note "the observe rung's note on a tool result given as a list of parts (a text and a screenshot): every part kept, the note a text part of the API's own type (each API)"
 python3 "$HERE_SRC/steer-parts.py" "$g_URL" "$FAKE" || fail "the note on a result of several parts"
+note "a text loop's steer note (the observe rung): given to the model on the next request once, on its last message that can carry it (each API; Responses whole, by previous_response_id, after the gateway's own answer)"
+python3 "$HERE_SRC/text-steer.py" "$g_URL" "$FAKE" || fail "a text loop's steer note"
 
 note "cascade.escalate: after a block, the next model calls go to the escalation's model"
 curl -sf -X POST "$FAKE/reset" >/dev/null
@@ -224,6 +236,30 @@ out=$(guard BASE_URL="$g_URL/v1" MODEL=stubborn HEADERS='{"X-Loopguard-Policy":"
 models=$(stats 'd["models"]')
 echo "$models" | grep >/dev/null "stubborn-strong" || fail "escalate: the upstream never got the escalated model: $models"
 [ "$(echo "$models" | get 'd[0]')" = stubborn ] || fail "escalate: the first call was escalated: $models"
+
+note "a re-ask the gateway itself refuses after the client's stream began (its escalation's model cannot be priced under a cost cap): the stream ends on an error event of its API, and the refused call never reaches the client (each API)"
+# stubborn's third write is blocked, the re-ask escalated to a model the
+# price table does not have while the run has a cost cap: model_not_priced
+# (400), as a key's limit (402), a workspace's (403) or an in-flight cap
+# (429) would refuse it. Earlier builds ended the stream on the first
+# answer's finish: Responses' response.completed still listed the blocked
+# call (the client ran it), Messages and Chat Completions ended on
+# tool_use / tool_calls with no call.
+echo '{"limits":{"max_cost_usd":100},"cascade":{"escalate":{"model":"unpriced-model","turns":2},"hide_turns":0}}' >"$TMP/policies/unpriced.json"
+echo '{"models":{"stubborn":{"input_usd_per_mtok":1,"output_usd_per_mtok":1}},"default_max_tokens":1000}' >"$TMP/prices-stubborn.json"
+start_server rr --store memory: --upstream "$FAKE/v1" --policies "$TMP/policies" --prices "$TMP/prices-stubborn.json" --log "$TMP/rr.log"
+for api in chat messages responses; do
+  out=$(guard API=$api BASE_URL="$([ $api = messages ] && echo "$rr_URL" || echo "$rr_URL/v1")" MODEL=stubborn STREAM=1 \
+    HEADERS="{\"X-Loopguard-Policy\":\"unpriced\",\"X-Loopguard-Run\":\"reask-refused-$api\"}")
+  [ "$(echo "$out" | get 'd["ended"]')" = error ] || fail "re-ask refused ($api): the stream did not end on an error: $out"
+  echo "$out" | get 'd["error"]' | grep_q "cannot be priced" || fail "re-ask refused ($api): not the refusal's error: $out"
+  [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "re-ask refused ($api): the blocked call reached the client: $out"
+  curl -sf "$rr_URL/v1/runs/reask-refused-$api/trace" >"$TMP/rr.jsonl" && "$LG_BIN" replay --json "$TMP/rr.jsonl" >"$TMP/rr.replay" ||
+    fail "re-ask refused ($api): replay"
+  [ "$(tail -n 1 "$TMP/rr.replay" | get 'd["blocked_calls"]')" = 1 ] || fail "re-ask refused ($api): not one call blocked: $(cat "$TMP/rr.replay")"
+done
+stop_server rr
+[ "$rr_RC" = 0 ] || fail "the rr server exited $rr_RC"
 
 note "the sidecar's decisions carry the cascade fields too"
 pol='{"cascade":{"offer":["ask_human"],"escalate":{"model":"big","turns":2}}}'
@@ -341,6 +377,19 @@ result_in_trace late-responses responses \
   '[o["call_id"] for o in d["output"] if o["type"] == "function_call"][0]' \
   '{"model":"finish","tools":[{"type":"function","name":"lookup","parameters":{"type":"object"}}],"input":[{"role":"user","content":"look c-1 up"},{"type":"function_call","call_id":"@ID@","name":"lookup","arguments":"{}"},{"type":"function_call_output","call_id":"@ID@","output":"{\"status\":\"fatal\",\"value\":\"gone\"}"}]}' \
   '"status":"fatal"'
+
+note "an Anthropic user message of tool results and a text after them (Claude Code's reminders): the results read, then the person's message"
+# As Chat Completions' tool messages and a user message after them: the
+# trace holds the result, then the user event (earlier builds took the
+# message for the person's alone, and its results were never read).
+result_in_trace late-messages-text messages \
+  '{"model":"finish","max_tokens":64,"messages":[{"role":"user","content":"look c-1 up"}],"tools":[{"name":"lookup","input_schema":{"type":"object"}}]}' \
+  '[b["id"] for b in d["content"] if b["type"] == "tool_use"][0]' \
+  '{"model":"finish","max_tokens":64,"tools":[{"name":"lookup","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"look c-1 up"},{"role":"assistant","content":[{"type":"tool_use","id":"@ID@","name":"lookup","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"@ID@","content":"Customer 1, gold"},{"type":"text","text":"<system-reminder>Be brief.</system-reminder>"}]}]}' \
+  '"status":"progress","value":"Customer 1, gold"'
+order=$(curl -sf "$g_URL/v1/runs/late-messages-text/trace" |
+  python3 -c 'import json, sys; print(" ".join(json.loads(l)["type"] for l in sys.stdin if l.strip() and not l.startswith("#")))')
+[[ " $order " == *" call result user model "* ]] || fail "results and a text: the trace is $order, not call, result, user, model"
 
 note "Responses: continuing from an answer the gateway made itself never sends its id upstream (stream false and true)"
 for st in false true; do
@@ -524,6 +573,49 @@ assert json.loads(args) == {"path": "notes.txt", "content": content}, args[:300]
 PY
 done
 [ "$(curl -s "$g_URL/v1/runs/big-chat/trace" | grep -c '"type":"call"')" = 1 ] || fail "big chat: the call is not in the run's trace"
+
+note "an answer cut off by max_tokens in the middle of a call's arguments, streamed: the call passes as it came (undecidable), and the stream says max_tokens (Messages) / length (Chat Completions), not a whole call's tool_use"
+# As the answer not streamed says: the upstream's stop_reason kept (earlier
+# builds ended every stream with calls on tool_use / tool_calls, a cut-off
+# call presented as complete).
+for api in messages chat; do
+  if [ $api = chat ]; then
+    path=chat/completions body='{"model":"truncated","stream":true,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"write_record"}}]}'
+  else
+    path=messages body='{"model":"truncated","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"write_record","input_schema":{"type":"object"}}]}'
+  fi
+  for st in true false; do
+    curl -s -N --max-time 20 -H "Content-Type: application/json" -H "X-Loopguard-Run: truncated-$api-$st" \
+      -d "${body/\"stream\":true/\"stream\":$st}" "$g_URL/v1/$path" >"$TMP/trunc.out" || fail "truncated $api $st: curl $?"
+    python3 - "$TMP/trunc.out" $api $st <<'PY' || fail "truncated $api stream $st: $(head -c 1500 "$TMP/trunc.out")"
+import json, sys
+text, api, st = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3] == "true"
+if not st:
+    d = json.loads(text)
+    fin = d["stop_reason"] if api == "messages" else d["choices"][0]["finish_reason"]
+    calls = [b for b in d["content"] if b["type"] == "tool_use"] if api == "messages" else d["choices"][0]["message"]["tool_calls"]
+    assert fin == ("max_tokens" if api == "messages" else "length") and len(calls) == 1, (fin, calls)
+    sys.exit(0)
+args, fin = "", None
+for block in text.split("\n\n"):
+    data = "\n".join(l[6:] for l in block.split("\n") if l.startswith("data: "))
+    if not data or data == "[DONE]":
+        continue
+    ev = json.loads(data)
+    if api == "chat":
+        for ch in ev.get("choices", []):
+            for tc in ch["delta"].get("tool_calls") or []:
+                args += tc["function"].get("arguments") or ""
+            fin = ch.get("finish_reason") or fin
+    elif ev.get("type") == "content_block_delta" and ev["delta"].get("type") == "input_json_delta":
+        args += ev["delta"]["partial_json"]
+    elif ev.get("type") == "message_delta":
+        fin = ev["delta"]["stop_reason"]
+assert args == '{"record_id":7,"val', args
+assert fin == ("max_tokens" if api == "messages" else "length"), fin
+PY
+  done
+done
 
 note "an upstream stream cut off mid-way: the client's stream ends on an error event of its API"
 curl -s -N -H "Content-Type: application/json" -d '{"model":"cutoff","stream":true,"messages":[{"role":"user","content":"x"}]}' \
