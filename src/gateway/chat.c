@@ -3075,20 +3075,24 @@ static void keep_for_retry(chat_t *c, uint64_t h) {
   snprintf(r->last_reason, sizeof r->last_reason, "%s", j->reason);
 }
 
-/* A message from the person (not only tool results): a `user` event. An
- * Anthropic user message that holds tool_result blocks and more (a text
- * after them, as Claude Code adds its reminders) is both: its results,
- * then the person's message (feed_message). */
+/* A message from the person: a `user` event. An Anthropic user message
+ * that holds tool_result blocks is the results' turn, whatever else it
+ * holds: a text beside them is what the client adds to its results (as
+ * Claude Code adds a <system-reminder> to most), not a new episode,
+ * which would start at every turn and keep any loop from being counted.
+ * Its results are read (feed_message); all of it goes upstream as sent. */
 static int is_user_message(const chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
   if (!role || strcmp(role, "user") || (ty && strcmp(ty, "message"))) return 0;
   json_t *ct = json_object_get(m, "content");
   if (!is_anthropic(c) || !json_is_array(ct)) return 1;
-  for (size_t k = 0; k < json_array_size(ct); k++) { /* tool_result blocks are not the person's */
+  int other = 0;
+  for (size_t k = 0; k < json_array_size(ct); k++) {
     const char *bt = sget(json_array_get(ct, k), "type");
-    if (bt && strcmp(bt, "tool_result")) return 1;
+    if (bt && !strcmp(bt, "tool_result")) return 0; /* the results' turn */
+    if (bt) other = 1;
   }
-  return 0;
+  return other;
 }
 
 /* What client message i is to feed_new, from its role and type alone:
@@ -3141,9 +3145,8 @@ static void feed_user(chat_t *c, size_t i) {
   if (c->r->model_calls > 0 || last >= 0 || c->prev_id || (c->conv_id && !c->run_made)) user_event(c);
 }
 
-/* One new client message as events: its tool results, then a user event
- * when it holds more than results, in that order (as Chat Completions'
- * tool messages and the user message after them: result, user). Earlier
+/* One new client message as events: its tool results, or a user event
+ * (is_user_message: a message with results is the results' turn). Earlier
  * builds took an Anthropic message of results and a text for the
  * person's alone: its results were never read. */
 static void feed_message(chat_t *c, size_t i, json_t *m) {
@@ -3157,7 +3160,7 @@ static void feed_message(chat_t *c, size_t i, json_t *m) {
       if (bt && !strcmp(bt, "tool_result")) feed_later(c, i, k);
     }
   }
-  if (is_user_message(c, m)) feed_user(c, i); /* the results first (flush_results) */
+  if (is_user_message(c, m)) feed_user(c, i); /* a message without results */
 }
 
 /* What is new since the run's last request, as events. A Responses

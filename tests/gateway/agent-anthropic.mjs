@@ -2,7 +2,9 @@
 // `@anthropic-ai/sdk` package (Messages API, tool_use / tool_result).
 //   BASE_URL (without /v1), MODEL, STREAM=1 (messages.stream().finalMessage()), STEP_CAP,
 //   THINKING=1 (extended thinking: each answer's thinking block goes back with its tool_use),
-//   BETA=1 (client.beta.messages: POST /v1/messages?beta=true, as Claude Code sends)
+//   BETA=1 (client.beta.messages: POST /v1/messages?beta=true, as Claude Code sends),
+//   REMINDER=1 (a text after each turn's tool_result blocks, as Claude Code adds its
+//   <system-reminder>s: not the person's new message, so no new episode)
 // Prints executions, steps, how it ended, the final text, the headers seen,
 // and `shapes`: each tool_use block as the SDK got it, but its id and input.
 import Anthropic from '@anthropic-ai/sdk';
@@ -13,6 +15,7 @@ const stream = process.env.STREAM === '1';
 const cap = Number(process.env.STEP_CAP || 12);
 const thinking = process.env.THINKING === '1' ? { type: 'enabled', budget_tokens: 1024 } : undefined;
 const api = process.env.BETA === '1' ? client.beta.messages : client.messages;
+const reminder = process.env.REMINDER === '1';
 const tools = [
   { name: 'write_record', description: 'Write a record.', input_schema: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { name: 'lookup', description: 'Look a customer up.', input_schema: { type: 'object', properties: { customer_id: { type: 'string' } } } },
@@ -42,6 +45,8 @@ while (steps < cap) {
   const uses = msg.content.filter((b) => b.type === 'tool_use');
   for (const { id, input, ...rest } of uses) shapes.push(JSON.stringify(rest, Object.keys(rest).sort()));
   if (!uses.length) { ended = 'final'; final = msg.content.filter((b) => b.type === 'text').map((b) => b.text).join(''); break; }
-  messages.push({ role: 'user', content: uses.map((u) => ({ type: 'tool_result', tool_use_id: u.id, ...runTool(u.name, u.input) })) });
+  const results = uses.map((u) => ({ type: 'tool_result', tool_use_id: u.id, ...runTool(u.name, u.input) }));
+  if (reminder) results.push({ type: 'text', text: `<system-reminder>Turn ${steps}: keep the todo list current.</system-reminder>` });
+  messages.push({ role: 'user', content: results });
 }
 console.log(JSON.stringify({ executions, steps, ended, final, seen, shapes }));

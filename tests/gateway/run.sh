@@ -275,6 +275,10 @@ for stream in 0 1; do
   # the SDK's beta path (POST /v1/messages?beta=true, Claude Code's) is guarded too
   g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write STREAM=$stream THINKING=1 BETA=1) || fail "anthropic beta gateway: $g"
   stopped "anthropic beta" "$g"
+  # A text beside every turn's results (Claude Code's reminders) starts no
+  # episode: the loop is still counted and stopped.
+  g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write STREAM=$stream REMINDER=1) || fail "anthropic reminders: $g"
+  stopped "anthropic with a reminder beside every result" "$g"
   a=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   b=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=finish STREAM=$stream) || fail "anthropic finish"
   [ "$(echo "$a" | get 'd["final"]')" = "$(echo "$b" | get 'd["final"]')" ] || fail "anthropic finish: $a vs $b"
