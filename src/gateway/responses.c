@@ -163,8 +163,10 @@ void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused) {
   lg__gwc_register_key(c, c->r_done);
 }
 
-/* Ends a Responses stream the gateway must end early: response.completed
- * with what the upstream completed, or an empty incomplete response. */
+/* Ends a Responses stream: response.completed with what the upstream
+ * completed, or response.incomplete with what it left incomplete (cut
+ * off by max_output_tokens: the SDKs tell the two apart by the event, as
+ * the API sends them), or an empty incomplete response. */
 void lg__gwr_end_stream(chat_t *c) {
   json_t *item = r_close_open(c);
   char id[64];
@@ -180,7 +182,10 @@ void lg__gwr_end_stream(chat_t *c) {
   if (!c->r_done && resp && c->usage) json_object_set(resp, "usage", c->usage); /* a cut's: cut_told */
   if (!c->r_done && resp) lg__gwc_register_key(c, resp);
   json_decref(item);
-  lg__gwr_event(c, json_pack("{s:s, s:o}", "type", "response.completed", "response", resp));
+  const char *st = resp ? sget(resp, "status") : NULL;
+  lg__gwr_event(c, json_pack("{s:s, s:o}", "type",
+                             st && !strcmp(st, "incomplete") ? "response.incomplete" : "response.completed",
+                             "response", resp));
 }
 
 /* A final message as Responses events (a stop), as the API streams a

@@ -712,7 +712,7 @@ function replyResponses(res, req) {
   const output = [];
   if (req.reasoning) output.push({ type: 'reasoning', id: 'rs_f' + respSeq, summary: [] });
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
-  for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: 'completed' });
+  for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: plan.cut ? 'incomplete' : 'completed' });
   if (req.reasoning) {
     followersOf.set(output[0].id, output.slice(1).map((it) => it.id));
     for (const it of output) if (it.type === 'function_call') reasoningOf.set(it.id, output[0].id);
@@ -720,7 +720,8 @@ function replyResponses(res, req) {
   stored.set(id, conv.concat(output));
   for (const it of output) itemsById.set(it.id, it);
   if (convId && conversations.has(convId)) conversations.set(convId, conv.concat(output));
-  const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null };
+  // cut off by max_output_tokens: status incomplete, and a stream ends on response.incomplete
+  const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: plan.cut ? 'incomplete' : 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: plan.cut ? { reason: 'max_output_tokens' } : null };
   if (req.stream) {
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     let seq = 0;
@@ -745,13 +746,13 @@ function replyResponses(res, req) {
       }
       steps.push(() => ev('response.output_item.done', { output_index: i, item: it }));
     });
-    steps.push(() => { ev('response.completed', { response: full }); res.end(); });
+    steps.push(() => { ev(plan.cut ? 'response.incomplete' : 'response.completed', { response: full }); res.end(); });
     let k = 0;
     const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, 5); } };
     return tick();
   }
   res.writeHead(200, { 'content-type': 'application/json' });
-  res.end(JSON.stringify({ id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: null }));
+  res.end(JSON.stringify(full));
 }
 
 // A Chat Completions stream's chunk of one choice, as an SSE event.

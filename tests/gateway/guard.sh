@@ -579,9 +579,11 @@ note "an answer cut off by max_tokens in the middle of a call's arguments, strea
 # As the answer not streamed says: the upstream's stop_reason kept (earlier
 # builds ended every stream with calls on tool_use / tool_calls, a cut-off
 # call presented as complete).
-for api in messages chat; do
+for api in messages chat responses; do
   if [ $api = chat ]; then
     path=chat/completions body='{"model":"truncated","stream":true,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"write_record"}}]}'
+  elif [ $api = responses ]; then
+    path=responses body='{"model":"truncated","stream":true,"input":"x","tools":[{"type":"function","name":"write_record","parameters":{"type":"object"}}]}'
   else
     path=messages body='{"model":"truncated","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"write_record","input_schema":{"type":"object"}}]}'
   fi
@@ -591,6 +593,15 @@ for api in messages chat; do
     python3 - "$TMP/trunc.out" $api $st <<'PY' || fail "truncated $api stream $st: $(head -c 1500 "$TMP/trunc.out")"
 import json, sys
 text, api, st = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3] == "true"
+if api == "responses": # the upstream's incomplete kept: status, and a stream's last event
+    evs = [json.loads("\n".join(l[6:] for l in b.split("\n") if l.startswith("data: ")))
+           for b in text.split("\n\n") if "data: " in b] if st else []
+    d = evs[-1]["response"] if st else json.loads(text)
+    assert d["status"] == "incomplete", d
+    assert not st or evs[-1]["type"] == "response.incomplete", evs[-1]["type"]
+    calls = [i for i in d["output"] if i["type"] == "function_call"]
+    assert len(calls) == 1 and calls[0]["arguments"] == '{"record_id":7,"val', calls
+    sys.exit(0)
 if not st:
     d = json.loads(text)
     fin = d["stop_reason"] if api == "messages" else d["choices"][0]["finish_reason"]
