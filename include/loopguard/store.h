@@ -293,10 +293,12 @@ typedef struct lg_run_filter {
   const char *reason;    /* terminal reason, or NULL */
   const char *group;     /* or NULL */
   size_t limit;          /* at most this many; 0: no limit */
+  int with_state;        /* 1: the records hold policy_json and state too
+                            (a listing that shows each run's counters) */
 } lg_run_filter_t;
 /* Called once per run; the record (without policy_json and state, which
- * are NULL) is borrowed for the call. A non-zero return stops the listing
- * and is returned. */
+ * are NULL, unless the filter asked for them) is borrowed for the call. A
+ * non-zero return stops the listing and is returned. */
 typedef int (*lg_store_run_cb)(void *ud, const lg_run_record_t *rec);
 /* Lists runs newest first (by creation). `f` may be NULL. */
 LG_EXPORT int lg_store_run_list(lg_store_t *s, const lg_run_filter_t *f,

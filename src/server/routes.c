@@ -489,7 +489,7 @@ void lg__h_run_list(lg__req_t *rq) {
     lg__req_error(rq, 400, "invalid_request", lc.twice, "%s: given more than once", lc.twice);
     return;
   }
-  lg_run_filter_t f = {0};
+  lg_run_filter_t f = {.with_state = 1}; /* each run's counters */
   f.status = MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "status");
   f.reason = MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "reason");
   f.group = MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "group");
@@ -783,13 +783,22 @@ typedef struct cancel_job {
 
 static int cancel_write(write_job_t *wj, lg_store_t *s, lg_error_t *err) {
   cancel_job_t *cj = (cancel_job_t *)wj;
-  return lg__step_cancel(s, wj->id, wj->b.reason, wj->now_ms, 1, &cj->st, &cj->rule_stored, err);
+  return lg__step_cancel(s, wj->id, wj->b.reason, wj->now_ms, &cj->st, &cj->rule_stored, err);
 }
 
 static void cancel_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) {
   lg__step_t *st = &((cancel_job_t *)wj)->st;
   if (rc && ((cancel_job_t *)wj)->rule_stored && st->fail == LG__STEP_STORE) {
     cancel_half_done(rq, rc, e, wj->k->doing, NULL);
+    return;
+  }
+  if (rc && ((cancel_job_t *)wj)->rule_stored && st->fail == LG__STEP_NO_RUN) {
+    /* a kill switch holds what it was asked: the run is refused from its
+     * first decision if it comes (a typo's rule stops nothing) */
+    lg__req_error(rq, 404, "not_found", NULL,
+                  "no run \"%s\" yet; its cancel is kept: if a run of that id is created, its "
+                  "first decision is a stop",
+                  rq->id);
     return;
   }
   if (rc) {

@@ -674,18 +674,9 @@ static int cancel_one(lg_store_t *s, const char *run_id, const char *reason, int
 }
 
 int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64_t now_ms,
-                    int must_exist, lg__step_t *st, int *rule_stored, lg_error_t *err) {
+                    lg__step_t *st, int *rule_stored, lg_error_t *err) {
   lg__step_init(st, NULL, now_ms);
   if (rule_stored) *rule_stored = 0;
-  if (must_exist) {
-    lg_run_record_t rec = {0};
-    int rc = lg_store_run_get(s, run_id, &rec, err);
-    lg_run_record_clear(&rec);
-    if (rc) {
-      st->fail = rc == LG_ENOTFOUND ? LG__STEP_NO_RUN : LG__STEP_STORE;
-      return rc;
-    }
-  }
   /* The deny rule first, durable on its own: even when stopping the stored
    * run fails (or the run does not exist yet), no worker decides for it
    * again without seeing the cancel. */
@@ -702,7 +693,7 @@ int lg_store_cancel_run(lg_store_t *s, const char *run_id, const char *reason, i
                         lg_error_t *err) {
   lg__step_t st;
   lg_error_t e = {0};
-  int rc = lg__step_cancel(s, run_id, reason, now_ms, 0, &st, NULL, &e);
+  int rc = lg__step_cancel(s, run_id, reason, now_ms, &st, NULL, &e);
   lg__step_clear(&st);
   if (rc == LG_ENOTFOUND && st.fail == LG__STEP_NO_RUN) return 0; /* the rule waits for it */
   if (rc && err) *err = e;

@@ -140,12 +140,11 @@ int lg__step_batch_finish(lg__step_batch_t *b, int rc, lg_error_t *err);
 
 /* The kill switch for one run: its deny rule, durable first, then a
  * cancel event through the step when the run is stored. LG_ENOTFOUND
- * (st->fail NO_RUN) when it is not: the rule waits for it, unless
- * must_exist (the HTTP route's contract): then nothing is written.
- * *rule_stored (may be NULL): 1 once the rule is written, so that a
- * failure after it is not reported as nothing done. */
+ * (st->fail NO_RUN) when it is not: the rule waits for it. *rule_stored
+ * (may be NULL): 1 once the rule is written, so that a failure after it
+ * is not reported as nothing done. */
 int lg__step_cancel(lg_store_t *s, const char *run_id, const char *reason, int64_t now_ms,
-                    int must_exist, lg__step_t *st, int *rule_stored, lg_error_t *err);
+                    lg__step_t *st, int *rule_stored, lg_error_t *err);
 
 /* A new run id for a run that names none: "run_" and 24 random hex
  * digits (lg__random_id) into out[32]. 0 or LG_EIO. */

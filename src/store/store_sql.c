@@ -188,15 +188,18 @@ static const query_t queries[Q__N] = {
                             [PG] = "UPDATE lg_runs SET grp = ?2, status = ?3, terminal_reason = ?4,"
                                    " policy = ?5, state = ?6, envelope = ?7, updated_ms = ?9"
                                    " WHERE run_id = ?1 AND ?8::bigint IS NOT NULL"}},
-    /* with the policy and state: a listed run's counters are its state's */
-    [Q_RUN_LIST] = {.by = {[SQ] = "SELECT run_id, grp, status, terminal_reason, policy, state, envelope,"
+    /* the policy and state only when asked (?5): a listed run's counters */
+    [Q_RUN_LIST] = {.by = {[SQ] = "SELECT run_id, grp, status, terminal_reason,"
+                                  " CASE WHEN ?5 THEN policy END, CASE WHEN ?5 THEN state END, envelope,"
                                   " created_ms, updated_ms FROM lg_runs"
                                   " WHERE (?1 IS NULL OR status = ?1)"
                                   " AND (?2 IS NULL OR terminal_reason = ?2)"
                                   " AND (?3 IS NULL OR grp = ?3)"
                                   " ORDER BY created_ms DESC, seq DESC LIMIT COALESCE(?4, -1)",
-                           [PG] = "SELECT run_id, grp, status, terminal_reason, policy,"
-                                  " state, envelope, created_ms, updated_ms FROM lg_runs"
+                           [PG] = "SELECT run_id, grp, status, terminal_reason,"
+                                  " CASE WHEN ?5::bigint = 1 THEN policy END,"
+                                  " CASE WHEN ?5::bigint = 1 THEN state END, envelope, created_ms,"
+                                  " updated_ms FROM lg_runs"
                                   " WHERE (?1::text IS NULL OR status = ?1)"
                                   " AND (?2::text IS NULL OR terminal_reason = ?2)"
                                   " AND (?3::text IS NULL OR grp = ?3)"
@@ -896,6 +899,7 @@ int lg__sql_run_list(lg_store_t *s, const lg_run_filter_t *f, lg_store_run_cb cb
   bind_text(s, st, 3, f->group);
   if (f->limit) DRV->bind_i64(st, 4, (int64_t)f->limit);
   else DRV->bind_null(st, 4);
+  DRV->bind_i64(st, 5, f->with_state ? 1 : 0);
   struct {
     lg_store_run_cb cb;
     void *ud;

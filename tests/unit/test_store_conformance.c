@@ -649,10 +649,18 @@ typedef struct listed {
 
 static int list_cb(void *ud, const lg_run_record_t *rec) {
   listed_t *l = ud;
-  assert_null(rec->state);
+  assert_null(rec->state); /* not asked for */
   assert_null(rec->policy_json);
   snprintf(l->ids[l->n++], 16, "%s", rec->run_id);
   return l->stop_after && l->n >= l->stop_after ? 99 : 0;
+}
+
+static int list_state_cb(void *ud, const lg_run_record_t *rec) {
+  (void)ud;
+  assert_string_equal(rec->policy_json, "{}");
+  assert_int_equal(rec->state_len, 8);
+  assert_memory_equal(rec->state, "\x00\x01\x02state", 8);
+  return 0;
 }
 
 static void test_run_list(void **state) {
@@ -692,6 +700,10 @@ static void test_run_list(void **state) {
   assert_int_equal(l.n, 2);
   f = (lg_run_filter_t){.status = "paused"};
   assert_int_equal(lg_store_run_list(s, &f, list_cb, &l, NULL), LG_EINVAL);
+  /* Asked for (the server's list, with each run's counters): the policy
+   * and the state, bytes and all. */
+  f = (lg_run_filter_t){.status = "stopped", .limit = 1, .with_state = 1};
+  assert_int_equal(lg_store_run_list(s, &f, list_state_cb, NULL, NULL), 0);
 }
 
 typedef struct wr {
