@@ -259,18 +259,11 @@ out:
 /* ---- printing ---- */
 
 /* An amount of the answer in USD, for a person ("2.5", "0.000125"): the
- * budget's micro-dollars, trailing zeros dropped. */
-static const char *usd(const json_t *v, char buf[48]) {
+ * budget's micro-dollars, written as every amount is (lg_usd_format). */
+static const char *usd(const json_t *v, char buf[LG_USD_TEXT_MAX]) {
   int64_t m;
-  if (!json_is_number(v)) return "?";
-  if (lg_budget_usd_to_micro(json_number_value(v), &m, NULL, NULL)) {
-    snprintf(buf, 48, "%g", json_number_value(v));
-    return buf;
-  }
-  int n = snprintf(buf, 48, "%lld.%06lld", (long long)(m / 1000000), (long long)(m % 1000000));
-  while (buf[n - 1] == '0') buf[--n] = 0;
-  if (buf[n - 1] == '.') buf[n - 1] = 0;
-  return buf;
+  if (!json_is_number(v) || lg_budget_usd_to_micro(json_number_value(v), &m, NULL, NULL)) return "?";
+  return lg_usd_format(lg_budget_micro_to_nusd(m), buf);
 }
 
 /* The string `name` of the answer, else `none` (null: the field is not set). */
@@ -281,7 +274,7 @@ static const char *text(const json_t *key, const char *name, const char *none) {
 
 /* The answer of a key route (flat JSON, lg_key_*), for a person. */
 static void print_key(const json_t *k) {
-  char a[48], b[48], c[48];
+  char a[LG_USD_TEXT_MAX], b[LG_USD_TEXT_MAX], c[LG_USD_TEXT_MAX];
   printf("%s  %s\n", text(k, "hash", "?"), text(k, "name", "?"));
   const json_t *limit = json_object_get(k, "limit_usd");
   if (json_is_number(limit))

@@ -5,6 +5,8 @@
  */
 #include "cli.h"
 
+#include <jansson.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -118,41 +120,16 @@ int cli_parse(int argc, char **argv, cli_flag_t *flags, const char **pos, int ma
   return -1;
 }
 
-/* The length of the valid UTF-8 at the start of s (RFC 3629: no overlong
- * forms, no surrogates, nothing past U+10FFFF). */
-static size_t utf8_prefix(const unsigned char *s) {
-  size_t i = 0;
-  while (s[i]) {
-    unsigned char c = s[i];
-    int more;                      /* continuation bytes after c */
-    unsigned lo = 0x80, hi = 0xbf; /* the range of the next byte */
-    if (c < 0x80) {
-      more = 0;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-      more = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      more = 2;
-      if (c == 0xe0) lo = 0xa0; /* overlong */
-      if (c == 0xed) hi = 0x9f; /* surrogates */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      more = 3;
-      if (c == 0xf0) lo = 0x90; /* overlong */
-      if (c == 0xf4) hi = 0x8f; /* past U+10FFFF */
-    } else {
-      break;
-    }
-    for (int k = 1; k <= more; k++, lo = 0x80, hi = 0xbf)
-      if (s[i + k] < lo || s[i + k] > hi) return i;
-    i += (size_t)more + 1;
-  }
-  return i;
-}
-
+/* jansson's check of UTF-8 (RFC 3629), the one every JSON text the
+ * library reads or writes goes through: a string it cannot hold is not
+ * UTF-8. */
 int cli_check_utf8(const char *what, const char *s, const char *usage) {
-  size_t ok = utf8_prefix((const unsigned char *)s);
-  if (!s[ok]) return -1;
-  return cli_usage(usage, "%s is not valid UTF-8 (byte 0x%02x at offset %zu)", what,
-                   (unsigned char)s[ok], ok);
+  json_t *t = json_string(s);
+  if (t) {
+    json_decref(t);
+    return -1;
+  }
+  return cli_usage(usage, "%s is not valid UTF-8", what);
 }
 
 int cli_check_id(const char *what, const char *s, const char *usage) {
