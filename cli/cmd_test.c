@@ -3,8 +3,8 @@
  * traces as regression tests (trace-v1, "Expectations").
  *
  * Every trace given, and every *.jsonl file under a folder given (at any
- * depth, in name order; symbolic links to folders are not followed), is read for an `# expect {...}` comment before
- * its first event. A trace with one is replayed (lg_replay_buffer) and
+ * depth, in name order; symbolic links to folders are not followed), is
+ * read for an `# expect {...}` comment before its first event. A trace with one is replayed (lg_replay_buffer) and
  * each key of the expectation checked; a trace without one is skipped —
  * counted, never passed. A failure prints a diff: the key, what was
  * expected, what replay did, and where (the line of the file, the N-th

@@ -27,20 +27,20 @@ static size_t line_at(const char *d, size_t len, size_t i, size_t *term) {
 
 int lg__sse_next(const char *d, size_t len, lg__sse_event_t *ev, lg__buf_t *joined) {
   if (!len) return 0;
-  /* the event's lines run to the first empty one, which ends it */
-  size_t end = 0, term;
-  for (size_t ll;; end += ll + term) {
-    if (!(ll = line_at(d, len, end, &term)) && term) break;
-    if (!term) return 0;
-  }
-  ev->used = end + term;
   ev->data = NULL;
   ev->data_len = 0;
-  /* Its data lines joined by "\n", each without "data:" and the one space
-   * after it (the SSE rule); one line is read in place. */
+  /* One pass over the event's lines, to the first empty one, which ends
+   * it (none yet: 0, and what was read here is read again with more
+   * bytes). Its data lines joined by "\n", each without "data:" and the
+   * one space after it (the SSE rule); one line is read in place. */
   int lines = 0;
-  for (size_t i = 0, ll; i < end; i += ll + term) {
+  for (size_t i = 0, ll, term;; i += ll + term) {
     ll = line_at(d, len, i, &term);
+    if (!term) return 0;
+    if (!ll) {
+      ev->used = i + term;
+      break;
+    }
     if (ll >= 5 && !memcmp(d + i, "data:", 5)) {
       const char *v = d + i + 5;
       size_t vn = ll - 5;
