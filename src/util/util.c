@@ -663,57 +663,25 @@ static void jl_ws(jline_t *j) {
     if (j->s[j->i] == '\n') j->line++;
 }
 
-static int jl_hex4(jline_t *j, uint32_t *cp) {
-  if (j->n - j->i < 4) return -1;
-  uint32_t v = 0;
-  for (int k = 0; k < 4; k++) {
-    int h = lg__hexval((unsigned char)j->s[j->i + k]);
-    if (h < 0) return -1;
-    v = v << 4 | (uint32_t)h;
-  }
-  j->i += 4;
-  *cp = v;
-  return 0;
+/* Past the string at j (its opening quote), never past the text's end. */
+static void jl_string(jline_t *j) {
+  for (j->i++; j->i < j->n && j->s[j->i] != '"';) j->i += j->s[j->i] == '\\' ? 2 : 1;
+  j->i = j->i < j->n ? j->i + 1 : j->n;
 }
 
-/* The key at j (its opening quote), decoded, against the start of path p:
- * how many bytes of p it is, or SIZE_MAX when p does not start with it.
- * j moves past the closing quote. */
+/* The key at j (its opening quote), decoded by jansson (an error's path
+ * only), against the start of path p: how many bytes of p it is, or
+ * SIZE_MAX when p does not start with it. j moves past the key. */
 static size_t jl_key(jline_t *j, const char *p) {
-  size_t m = 0, plen = strlen(p);
-  bool same = true;
-  for (j->i++; j->i < j->n && j->s[j->i] != '"';) {
-    char u[4];
-    size_t ul = 1;
-    if (j->s[j->i] != '\\' || j->i + 1 >= j->n) {
-      u[0] = j->s[j->i++];
-    } else {
-      char c = j->s[j->i + 1];
-      j->i += 2;
-      uint32_t cp = (unsigned char)c, lo;
-      switch (c) {
-      case 'b': cp = '\b'; break;
-      case 'f': cp = '\f'; break;
-      case 'n': cp = '\n'; break;
-      case 'r': cp = '\r'; break;
-      case 't': cp = '\t'; break;
-      case 'u':
-        if (jl_hex4(j, &cp)) return SIZE_MAX;
-        if (cp >= 0xD800 && cp < 0xDC00 && j->n - j->i >= 6 && j->s[j->i] == '\\' &&
-            j->s[j->i + 1] == 'u') {
-          j->i += 2;
-          if (jl_hex4(j, &lo)) return SIZE_MAX;
-          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-        }
-        break;
-      }
-      ul = lg__utf8_put(cp, u);
-    }
-    if (same && plen - m >= ul && !memcmp(p + m, u, ul)) m += ul;
-    else same = false;
-  }
-  j->i++;
-  return same ? m : SIZE_MAX;
+  size_t a = j->i;
+  jl_string(j);
+  lg__json_begin();
+  json_t *k = json_loadb(j->s + a, j->i - a, JSON_DECODE_ANY, NULL);
+  const char *ks = json_string_value(k);
+  size_t kl = ks ? json_string_length(k) : 0;
+  size_t m = ks && kl <= strlen(p) && !memcmp(p, ks, kl) ? kl : SIZE_MAX;
+  json_decref(k);
+  return m;
 }
 
 /* Past the value at j (white space first); to the end on anything odd. */
@@ -722,8 +690,7 @@ static void jl_skip(jline_t *j) {
   if (j->i >= j->n) return;
   char c = j->s[j->i];
   if (c == '"') {
-    for (j->i++; j->i < j->n && j->s[j->i] != '"';) j->i += j->s[j->i] == '\\' ? 2 : 1;
-    j->i++;
+    jl_string(j);
   } else if (c == '{' || c == '[') {
     for (j->i++;;) {
       jl_ws(j);
