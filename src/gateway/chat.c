@@ -202,11 +202,11 @@ static long first_assistant(chat_t *c) {
   return -1;
 }
 
+/* A run id or group a header names: an id as every id (lg__id_problem:
+ * a header may hold bytes that are not UTF-8, which no JSON could carry)
+ * that one segment of a URL can name. */
 static bool valid_id(const char *s) {
-  if (!s || !*s || strlen(s) > 1024) return false;
-  for (const char *p = s; *p; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f) return false;
-  return lg__path_segment_ok(s);
+  return s && !lg__id_problem(s, strlen(s)) && lg__path_segment_ok(s);
 }
 
 
@@ -2962,14 +2962,14 @@ static int parse_request(chat_t *c) {
   }
   if (j->hdr_run && !valid_id(j->hdr_run)) {
     lg__gw_error(j, 400, "invalid_request_error", "invalid_run",
-                 "X-Loopguard-Run: expected a run id of printable characters without '/', not "
-                 "\".\" or \"..\"");
+                 "X-Loopguard-Run: expected a run id of 1 to 1024 bytes of UTF-8 without control "
+                 "characters or '/', not \".\" or \"..\"");
     return -1;
   }
   if (j->hdr_group && !valid_id(j->hdr_group)) { /* as a run's group over HTTP */
     lg__gw_error(j, 400, "invalid_request_error", "invalid_group",
-                 "X-Loopguard-Group: expected a group of 1 to 1024 printable characters without '/', "
-                 "not \".\" or \"..\"");
+                 "X-Loopguard-Group: expected a group of 1 to 1024 bytes of UTF-8 without control "
+                 "characters or '/', not \".\" or \"..\"");
     return -1;
   }
   if (j->hdr_policy && !lg__gw_policy_named(c->cx->gw, j->hdr_policy)) {

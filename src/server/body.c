@@ -264,16 +264,10 @@ void lg__body_clear(lg__body_t *b) {
 /* The checks of one field, a function per kind of value; each returns 0
  * or an error naming the field. */
 
-/* An id (T_ID): 1 to 1024 bytes, no control characters. */
+/* An id (T_ID): lg__id_problem's rule, as in a path or a header. */
 static int check_id(const field_t *f, const json_t *v, lg_error_t *err) {
-  const char *s = json_string_value(v);
-  size_t n = json_string_length(v);
-  if (!n) return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not be empty", f->name);
-  if (n > 1024) return lg__err(err, LG_EINVAL, f->name, -1, "%s: longer than 1024 bytes", f->name);
-  for (size_t k = 0; k < n; k++)
-    if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f)
-      return lg__err(err, LG_EINVAL, f->name, -1, "%s: must not hold control characters", f->name);
-  return 0;
+  const char *why = lg__id_problem(json_string_value(v), json_string_length(v));
+  return why ? lg__err(err, LG_EINVAL, f->name, -1, "%s: %s", f->name, why) : 0;
 }
 
 /* A whole number (T_INT, T_UINT) within the field's range, into *i. */

@@ -29,6 +29,7 @@
  */
 #include "server.h"
 #include "../gateway/gateway.h"
+#include "../util/utf8.h" /* lg__hexval */
 
 #include <microhttpd.h>
 #include <stdarg.h>
@@ -101,13 +102,12 @@ int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field
  * before any percent-decoding: the URI log callback keeps it), split at
  * '/'. Only the segments that are ids are decoded, each on its own, so an
  * encoded slash can never move a segment boundary ("/v1/runs/p%2Fcalls"
- * is not the run "p"). A decoded id must be valid UTF-8 without control
- * characters and at most LG__MAX_ID bytes; %00 is refused everywhere, and
+ * is not the run "p"). A decoded id must be what every id is
+ * (lg__id_problem: UTF-8, no control characters, at most LG__ID_MAX
+ * bytes); %00 is refused everywhere, and
  * %2F is refused in run ids and groups (which may not hold '/') but kept
  * in operation keys and budget scopes, which are client data that the
  * body of /v1/operations/claim may already hold. */
-
-#define LG__MAX_ID 1024
 
 /* A route: the handler and the role it needs (NONE: open). */
 typedef struct route_hit {
@@ -117,13 +117,6 @@ typedef struct route_hit {
   const char *method; /* the method it answers */
   const char *allow;  /* the Allow header of a 405 (NULL: method) */
 } route_hit_t;
-
-static int hexval(int ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  ch |= 0x20;
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  return -1;
-}
 
 /* Decodes one raw path segment [s, s+n) into a new string (*out), for an
  * id. Returns 0, or an error filled in rq (400) and -1; -2 on
@@ -142,7 +135,7 @@ static int decode_id(lg__req_t *rq, const char *what, const char *s, size_t n, b
         lg__req_error(rq, 400, "invalid_request", what, "%s: a %% that does not start %%XX", what);
         return -1;
       }
-      int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
+      int h = lg__hexval((unsigned char)s[i + 1]), l = lg__hexval((unsigned char)s[i + 2]);
       if (h < 0 || l < 0) {
         lg__free(d);
         lg__req_error(rq, 400, "invalid_request", what, "%s: a %% that does not start %%XX", what);
@@ -160,28 +153,12 @@ static int decode_id(lg__req_t *rq, const char *what, const char *s, size_t n, b
     d[m++] = (char)ch;
   }
   d[m] = 0;
-  if (!m) {
+  const char *why = lg__id_problem(d, m);
+  if (why) {
     lg__free(d);
-    lg__req_error(rq, 400, "invalid_request", what, "%s: must not be empty", what);
+    lg__req_error(rq, 400, "invalid_request", what, "%s: %s", what, why);
     return -1;
   }
-  if (m > LG__MAX_ID) {
-    lg__free(d);
-    lg__req_error(rq, 400, "invalid_request", what, "%s: longer than %d bytes", what, LG__MAX_ID);
-    return -1;
-  }
-  if (lg__utf8_valid_prefix(d, m) != m) {
-    lg__free(d);
-    lg__req_error(rq, 400, "invalid_request", what, "%s: not valid UTF-8", what);
-    return -1;
-  }
-  for (size_t i = 0; i < m; i++)
-    if ((unsigned char)d[i] < 0x20 || d[i] == 0x7f) {
-      lg__free(d);
-      lg__req_error(rq, 400, "invalid_request", what, "%s: must not hold control characters",
-                    what);
-      return -1;
-    }
   *out = d;
   return 0;
 }

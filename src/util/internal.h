@@ -56,6 +56,12 @@ int lg__buf_json_str_lossy(lg__buf_t *b, const char *s, size_t n);
  * lg__utf8_len's rules (no overlong form, surrogate or code point past
  * U+10FFFF). */
 size_t lg__utf8_valid_prefix(const char *s, size_t n);
+/* An id a client gives (a run id, a group, a call id, a ledger key, a
+ * reason), in a body, a path or a header alike: 1 to LG__ID_MAX bytes of
+ * UTF-8 without control characters. NULL when s[0..n) is one, else what
+ * is wrong ("must not be empty", ...), to follow the field's name. */
+#define LG__ID_MAX 1024
+const char *lg__id_problem(const char *s, size_t n);
 /* Appends jansson value v as compact JSON text, what json_dumps(v,
  * JSON_COMPACT | JSON_ENCODE_ANY) writes (members in their order, reals
  * as jansson writes them: %.17g, ".0" when it would read as an integer,

@@ -494,6 +494,15 @@ size_t lg__utf8_valid_prefix(const char *s, size_t n) {
   return n;
 }
 
+const char *lg__id_problem(const char *s, size_t n) {
+  if (!n) return "must not be empty";
+  if (n > LG__ID_MAX) return "longer than 1024 bytes";
+  if (lg__utf8_valid_prefix(s, n) != n) return "not valid UTF-8";
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return "must not hold control characters";
+  return NULL;
+}
+
 int lg__buf_json_str_lossy(lg__buf_t *b, const char *s, size_t n) {
   size_t ok = lg__utf8_valid_prefix(s, n);
   if (ok == n) return lg__buf_json_str(b, s, n);

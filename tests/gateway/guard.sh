@@ -442,6 +442,9 @@ refused_header 'X-Loopguard-Run: team/run-1' invalid_run
 note "X-Loopguard-Group with a '/' (POST /v1/groups/{group}/cancel could not name it): 400 invalid_group"
 refused_header 'X-Loopguard-Group: team/a' invalid_group
 refused_header 'X-Loopguard-Run: ..' invalid_run
+# a byte that is not UTF-8 (a header may carry one): no JSON could hold
+# the run's id (GET /v1/runs answered text no JSON reader took)
+refused_header $'X-Loopguard-Run: ab\xffcd' invalid_run
 
 note "a background response (polled for, so never decided nor counted): 400 naming background, nothing sent upstream"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' \
