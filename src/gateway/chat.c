@@ -177,6 +177,11 @@ static int is_type(chat_t *c, size_t i, const char *type) {
   return ty && !strcmp(ty, type);
 }
 
+/* Responses: whether client item i is a call (lg__gwr_is_call). */
+static int is_call_item(chat_t *c, size_t i) { return lg__gwr_is_call(msg_str(c, i, PEEK_TYPE)); }
+
+static int is_reasoning(const char *ty) { return ty && !strcmp(ty, "reasoning"); }
+
 static int is_role(chat_t *c, size_t i, const char *role) {
   const char *r = msg_str(c, i, PEEK_ROLE);
   return r && !strcmp(r, role);
@@ -191,10 +196,10 @@ static int is_role(chat_t *c, size_t i, const char *role) {
  * -1: none. */
 static long first_assistant(chat_t *c) {
   for (size_t i = 0; i < c->n; i++) {
-    if (is_type(c, i, "function_call") || is_type(c, i, "item_reference")) return (long)i;
+    if (is_call_item(c, i) || is_type(c, i, "item_reference")) return (long)i;
     if (!is_role(c, i, "assistant")) continue;
     for (size_t k = i + 1; is_responses(c) && k < c->n; k++) {
-      if (is_type(c, k, "function_call")) return (long)k;
+      if (is_call_item(c, k)) return (long)k;
       if (!is_role(c, k, "assistant") && !is_type(c, k, "reasoning")) break;
     }
     return (long)i;
@@ -756,7 +761,7 @@ static const char *text_part(const chat_t *c) { return is_responses(c) ? "input_
 static const char *result_steer(chat_t *c, json_t *m) {
   const char *role = sget(m, "role"), *ty = sget(m, "type");
   const char *id = role && !strcmp(role, "tool") ? sget(m, "tool_call_id")
-                   : is_responses(c) && ty && !strcmp(ty, "function_call_output") ? sget(m, "call_id")
+                   : is_responses(c) && lg__gwr_is_output(ty) ? sget(m, "call_id")
                                                                                   : NULL;
   return id ? sget(c->r->steer, id) : NULL;
 }
@@ -788,7 +793,7 @@ static json_t *client_message(chat_t *c, size_t i) {
   /* a text loop's steer: said with the message that followed it */
   if (c->steer_text && c->steer_at == i) {
     const char *ty = sget(m, "type");
-    int output = ty && !strcmp(ty, "function_call_output");
+    int output = lg__gwr_is_output(ty);
     json_t *o2 = with_note(out, output ? "output" : "content", text_part(c), c->steer_text);
     json_decref(out);
     out = o2;
@@ -802,7 +807,7 @@ static json_t *client_message(chat_t *c, size_t i) {
 static int steer_carrier(chat_t *c, size_t i) {
   const char *ty = msg_str(c, i, PEEK_TYPE);
   if (is_responses(c) && ty)
-    return !strcmp(ty, "function_call_output") || (!strcmp(ty, "message") && is_role(c, i, "user"));
+    return lg__gwr_is_output(ty) || (!strcmp(ty, "message") && is_role(c, i, "user"));
   return is_role(c, i, "user") || (!is_anthropic(c) && is_role(c, i, "tool"));
 }
 
@@ -880,7 +885,7 @@ static void append_answers(json_t *msgs, json_t *items) {
   for (size_t t = 0; t < json_array_size(items); t++) {
     json_t *it = json_array_get(items, t);
     const char *ty = sget(it, "type");
-    if (ty && !strcmp(ty, "function_call_output")) json_array_append(msgs, it);
+    if (lg__gwr_is_output(ty)) json_array_append(msgs, it);
   }
 }
 
@@ -1010,9 +1015,12 @@ static json_t *build_messages(chat_t *c) {
   return msgs;
 }
 
-/* A tool's name in the API's tools list / tool_choice. */
+/* A tool's name in the API's tools list / tool_choice (Chat Completions:
+ * a function's, or a custom tool's, {"type": "custom", "custom": {...}}). */
 static const char *tool_name_of(const chat_t *c, json_t *t) {
-  return flat_tools(c) ? sget(t, "name") : sget(json_object_get(t, "function"), "name");
+  if (flat_tools(c)) return sget(t, "name");
+  const char *nm = sget(json_object_get(t, "function"), "name");
+  return nm ? nm : sget(json_object_get(t, "custom"), "name");
 }
 
 static const struct {
@@ -1077,7 +1085,7 @@ static void apply_cascade(chat_t *c, json_t *b) {
     if ((offer & offered[i].bit) && !have) json_array_append_new(kept, offered_tool(c, i));
   }
   json_t *tc = json_object_get(b, "tool_choice");
-  const char *forced = flat_tools(c) ? sget(tc, "name") : sget(json_object_get(tc, "function"), "name");
+  const char *forced = tool_name_of(c, tc);
   if (hide && forced && !strcmp(forced, r->hide_tool)) json_object_del(b, "tool_choice");
   if (json_array_size(kept)) {
     json_object_set_new(b, "tools", kept);
@@ -1810,12 +1818,32 @@ typedef struct call_parts {
   char *owned;
 } call_parts_t;
 
+/* A custom tool's call (Responses' custom_tool_call item, Chat
+ * Completions' tool call of type "custom"): its input is free text, not
+ * JSON, and its arguments are the object {"input": that text}, so that
+ * the same input is the same call. No input: NULL (as a call without
+ * arguments). */
+static char *custom_args(json_t *input) {
+  if (!json_is_string(input)) return NULL;
+  json_t *o = json_pack("{s:O}", "input", input);
+  char *t = o ? lg__json_text(o, NULL) : NULL;
+  json_decref(o);
+  return t;
+}
+
 static call_parts_t call_parts(const chat_t *c, json_t *tc) {
   call_parts_t p = {NULL, NULL, NULL, NULL};
-  if (is_responses(c)) { /* a function_call item */
+  const char *ty = sget(tc, "type");
+  if (is_responses(c)) { /* a function_call or custom_tool_call item */
     p.name = sget(tc, "name");
-    p.args = sget(tc, "arguments");
+    p.args = ty && !strcmp(ty, "custom_tool_call") ? (p.owned = custom_args(json_object_get(tc, "input")))
+                                                    : sget(tc, "arguments");
     p.id = sget(tc, "call_id");
+  } else if (ty && !strcmp(ty, "custom")) { /* Chat Completions: a custom tool's call */
+    json_t *cu = json_object_get(tc, "custom");
+    p.name = sget(cu, "name");
+    p.args = p.owned = custom_args(json_object_get(cu, "input"));
+    p.id = sget(tc, "id");
   } else if (is_anthropic(c)) { /* a tool_use block */
     p.name = sget(tc, "name");
     json_t *in = json_object_get(tc, "input");
@@ -1831,11 +1859,9 @@ static call_parts_t call_parts(const chat_t *c, json_t *tc) {
   return p;
 }
 
-/* The answer the upstream gets for a refused call, in the API's shape. */
-static json_t *refusal_result(const chat_t *c, const char *id, const char *text, int is_error) {
-  if (is_responses(c))
-    return json_pack("{s:s, s:s, s:s}", "type", "function_call_output", "call_id", id ? id : "",
-                     "output", text);
+/* The answer the upstream gets for refused call tc, in the API's shape. */
+static json_t *refusal_result(const chat_t *c, json_t *tc, const char *id, const char *text, int is_error) {
+  if (is_responses(c)) return lg__gwr_output_for(tc, id, text);
   if (is_anthropic(c))
     return json_pack("{s:s, s:s, s:s, s:b}", "type", "tool_result", "tool_use_id", id ? id : "",
                      "content", text, "is_error", is_error);
@@ -1858,7 +1884,7 @@ static void refuse_call(chat_t *c, calls_out_t *co, json_t *tc, const call_parts
                    msg ? msg : "");
     text = lg__buf_steal(&b, NULL);
   }
-  json_array_append_new(co->rest_results, refusal_result(c, p->id, text ? text : "", !replay));
+  json_array_append_new(co->rest_results, refusal_result(c, tc, p->id, text ? text : "", !replay));
   lg__free(text);
   /* cascade.escalate: the model calls it lasts, for pricing them */
   const char *esc = sget(a, "escalate_model");
@@ -1948,7 +1974,7 @@ static void answer_reasoning(chat_t *c, json_t *msg) {
   if (is_anthropic(c)) {
     c->reasoning = lg__gwm_thinking(msg);
   } else if (is_responses(c)) {
-    c->reasoning = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", "reasoning");
+    c->reasoning = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", is_reasoning);
   } else {
     c->reasoning = json_object();
     for (int i = 0; i < 3; i++) {
@@ -2084,8 +2110,9 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
   json_t *items = json_array();
   const char *why = c->stop_text ? c->stop_text : "The loop guard stopped this run; the call was not made.";
   for (size_t i = 0; i < json_array_size(tcs); i++) {
-    const char *id = sget(json_array_get(tcs, i), "call_id");
-    if (id) json_array_append_new(items, json_pack("{s:s, s:s, s:s}", "type", "function_call_output", "call_id", id, "output", why));
+    json_t *tc = json_array_get(tcs, i);
+    const char *id = sget(tc, "call_id");
+    if (id) json_array_append_new(items, lg__gwr_output_for(tc, id, why));
   }
   restore(c, items);
 }
@@ -2215,7 +2242,7 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
     for (size_t i = 0; i < json_array_size(items); i++) {
       json_t *it = json_array_get(items, i);
       const char *ty = sget(it, "type"), *role = sget(it, "role");
-      if (!first && ty && !strcmp(ty, "function_call")) first = it;
+      if (!first && lg__gwr_is_call(ty)) first = it;
       else if (!said && role && !strcmp(role, "assistant")) said = it;
       if (!c->j->hdr_run && sget(it, "id")) {
         k = id_key("item", sget(it, "id"));
@@ -2234,21 +2261,19 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
 /* The members of array obj[member] whose "type" is `type` (new array):
  * an Anthropic message's tool_use blocks, a Responses output's
  * function_call items. */
-json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type) {
+json_t *lg__gwc_items_of_type(json_t *obj, const char *member, lg__gw_kind_fn kind) {
   json_t *out = json_array(), *items = json_object_get(obj, member);
   for (size_t i = 0; i < json_array_size(items); i++) {
-    const char *ty = sget(json_array_get(items, i), "type");
-    if (ty && !strcmp(ty, type)) json_array_append(out, json_array_get(items, i));
+    if (kind(sget(json_array_get(items, i), "type"))) json_array_append(out, json_array_get(items, i));
   }
   return out;
 }
 
-void lg__gwc_keep_only(json_t *obj, const char *member, const char *type, json_t *kept) {
+void lg__gwc_keep_only(json_t *obj, const char *member, lg__gw_kind_fn kind, json_t *kept) {
   json_t *items = json_object_get(obj, member), *out = json_array();
   for (size_t i = 0; i < json_array_size(items); i++) {
     json_t *it = json_array_get(items, i);
-    const char *ty = sget(it, "type");
-    int keep = !ty || strcmp(ty, type);
+    int keep = !kind(sget(it, "type"));
     for (size_t k = 0; !keep && k < json_array_size(kept); k++) keep = json_array_get(kept, k) == it;
     if (keep) json_array_append(out, it);
   }
@@ -2590,17 +2615,18 @@ static void held_free(chat_t *c) {
 }
 
 /* The held calls' arguments and names, as they came, into the calls (Chat
- * Completions: function.arguments and .name; Messages: _args), the
- * buffers freed. A part that ran out of memory stays empty. */
+ * Completions: function.arguments and .name, a custom tool's custom.input
+ * and .name; Messages: _args), the buffers freed. A part that ran out of
+ * memory stays empty. */
 static void held_into_calls(chat_t *c) {
-  static const char *const chat_keys[2] = {"arguments", "name"};
+  static const char *const chat_keys[2][2] = {{"arguments", "name"}, {"input", "name"}};
   for (size_t i = 0; i < c->n_held; i++) {
-    json_t *tc = json_array_get(c->tcalls, i);
-    json_t *o = is_anthropic(c) ? tc : json_object_get(tc, "function");
+    json_t *tc = json_array_get(c->tcalls, i), *cu = json_object_get(tc, "custom");
+    json_t *o = is_anthropic(c) ? tc : cu ? cu : json_object_get(tc, "function");
     for (int part = 0; part < 2; part++) {
       lg__buf_t *b = &c->held[i][part];
       if (o && b->len && !b->oom) /* JSON strings' text joined: UTF-8 still, but checked */
-        json_object_set_new(o, is_anthropic(c) ? "_args" : chat_keys[part], json_stringn(b->data, b->len));
+        json_object_set_new(o, is_anthropic(c) ? "_args" : chat_keys[cu != NULL][part], json_stringn(b->data, b->len));
     }
   }
   held_free(c);
@@ -3107,7 +3133,7 @@ static int feed_kind(chat_t *c, size_t i) {
   const char *role = msg_str(c, i, PEEK_ROLE), *ty = msg_str(c, i, PEEK_TYPE);
   int user = role && !strcmp(role, "user");
   if (is_anthropic(c)) return user ? FEED_BUILT : FEED_NOT;
-  if (is_responses(c) ? ty && !strcmp(ty, "function_call_output") : role && !strcmp(role, "tool"))
+  if (is_responses(c) ? lg__gwr_is_output(ty) : role && !strcmp(role, "tool"))
     return FEED_LATE;
   return user && (!ty || !strcmp(ty, "message")) ? FEED_USER : FEED_NOT;
 }
@@ -3115,7 +3141,7 @@ static int feed_kind(chat_t *c, size_t i) {
 /* Whether client message i is the model's: an assistant message or a
  * Responses output item (a call, reasoning, or a reference to one). */
 static int is_answer(chat_t *c, size_t i) {
-  return is_role(c, i, "assistant") || is_type(c, i, "function_call") ||
+  return is_role(c, i, "assistant") || is_call_item(c, i) ||
          is_type(c, i, "reasoning") || is_type(c, i, "item_reference");
 }
 

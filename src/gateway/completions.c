@@ -103,7 +103,10 @@ static json_int_t unindexed_call(chat_t *c, const char *id) {
  * (by their index), until the stream ends. A delta's members other than
  * the API's own (Gemini's extra_content, the thought signature it wants
  * back with the call) are kept on the call as they last came, as the
- * openai SDK's accumulator keeps them. */
+ * openai SDK's accumulator keeps them. A custom tool's call (a delta of
+ * type "custom", or with a "custom" member) is held as a function's is,
+ * its custom.input and custom.name joined as the pieces come (the SDKs'
+ * types do not say how one streams: this is a function's way). */
 static void hold_call_deltas(chat_t *c, json_t *tcd) {
   for (size_t i = 0; i < json_array_size(tcd); i++) {
     json_t *d = json_array_get(tcd, i), *jix = json_object_get(d, "index");
@@ -116,14 +119,22 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
         break; /* out of memory: the delta is lost, the loop is not endless */
     json_t *acc = json_array_get(c->tcalls, (size_t)idx);
     if (sget(d, "id")) json_object_set(acc, "id", json_object_get(d, "id"));
+    const char *dty = sget(d, "type");
+    json_t *dcu = json_object_get(d, "custom");
+    int custom = (dty && !strcmp(dty, "custom")) || json_is_object(dcu);
+    if (custom && !json_object_get(acc, "custom")) {
+      json_object_set_new(acc, "type", json_string("custom"));
+      json_object_del(acc, "function");
+      json_object_set_new(acc, "custom", json_pack("{s:s, s:s}", "name", "", "input", ""));
+    }
     const char *k;
     json_t *v;
     json_object_foreach(d, k, v) {
-      if (strcmp(k, "index") && strcmp(k, "id") && strcmp(k, "type") && strcmp(k, "function"))
+      if (strcmp(k, "index") && strcmp(k, "id") && strcmp(k, "type") && strcmp(k, "function") && strcmp(k, "custom"))
         json_object_set(acc, k, v);
     }
-    json_t *dfn = json_object_get(d, "function");
-    const char *nm = sget(dfn, "name"), *ar = sget(dfn, "arguments");
+    json_t *dfn = custom ? dcu : json_object_get(d, "function");
+    const char *nm = sget(dfn, "name"), *ar = sget(dfn, custom ? "input" : "arguments");
     if (nm) lg__gwc_held(c, (size_t)idx, LG__HELD_NAME, nm, strlen(nm));
     if (ar) lg__gwc_held(c, (size_t)idx, LG__HELD_ARGS, ar, strlen(ar));
   }

@@ -196,11 +196,13 @@ void lg__gwc_own_response(chat_t *c, const char *id, const char *text);
 /* One event of the upstream's stream parsed (new), counted, and the
  * client's stream begun; NULL when it is not a JSON object (dropped). */
 json_t *lg__gwc_event_json(chat_t *c, const char *data, size_t n);
-/* The members of array obj[member] whose "type" is `type` (new array). */
-json_t *lg__gwc_items_of_type(json_t *obj, const char *member, const char *type);
-/* obj[member] without its members of `type` that are not in kept (the
+/* Whether an item's or a block's "type" ty (NULL: none) is of a kind. */
+typedef int (*lg__gw_kind_fn)(const char *ty);
+/* The members of array obj[member] whose "type" is of the kind (new array). */
+json_t *lg__gwc_items_of_type(json_t *obj, const char *member, lg__gw_kind_fn kind);
+/* obj[member] without its members of the kind that are not in kept (the
  * refused calls taken out of an answer). */
-void lg__gwc_keep_only(json_t *obj, const char *member, const char *type, json_t *kept);
+void lg__gwc_keep_only(json_t *obj, const char *member, lg__gw_kind_fn kind, json_t *kept);
 
 /* ---- completions.c: Chat Completions ---- */
 
@@ -239,8 +241,16 @@ int lg__gwr_on_event(chat_t *c, const char *data, size_t n);
 void lg__gwr_event(chat_t *c, json_t *ev);
 void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused);
 void lg__gwr_end_stream(chat_t *c);
-/* An output's function_call items (new), its text (new); resp without
- * the refused calls. */
+/* The Responses items of a call the client runs: a function_call, or a
+ * custom_tool_call (a custom tool's, whose input is free text); their
+ * answers: a function_call_output, a custom_tool_call_output. */
+int lg__gwr_is_call(const char *ty);
+int lg__gwr_is_output(const char *ty);
+/* The output item that answers call item `call` (function_call_output
+ * or custom_tool_call_output, as its type asks), with output `text` (new). */
+json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text);
+/* An output's call items (new), its text (new); resp without the refused
+ * calls. */
 json_t *lg__gwr_function_calls(json_t *resp);
 char *lg__gwr_output_text(json_t *resp);
 void lg__gwr_keep_items(json_t *resp, json_t *kept);

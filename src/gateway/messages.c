@@ -238,8 +238,9 @@ void lg__gwm_end_stream(chat_t *c) {
   }
   a_message_end(c, fin);
 }
-json_t *lg__gwm_tool_uses(json_t *msg) { return lg__gwc_items_of_type(msg, "content", "tool_use"); }
-void lg__gwm_keep_blocks(json_t *msg, json_t *kept) { lg__gwc_keep_only(msg, "content", "tool_use", kept); }
+static int is_tool_use(const char *ty) { return ty && !strcmp(ty, "tool_use"); }
+json_t *lg__gwm_tool_uses(json_t *msg) { return lg__gwc_items_of_type(msg, "content", is_tool_use); }
+void lg__gwm_keep_blocks(json_t *msg, json_t *kept) { lg__gwc_keep_only(msg, "content", is_tool_use, kept); }
 json_t *lg__gwm_thinking(json_t *msg) {
   json_t *out = json_array(), *blocks = json_object_get(msg, "content");
   for (size_t i = 0; i < json_array_size(blocks); i++) {

@@ -91,7 +91,7 @@ int lg__gwr_on_event(chat_t *c, const char *data, size_t n) {
   } else if (!strcmp(type, "response.output_item.added")) {
     json_t *it = json_object_get(ev, "item");
     const char *ity = sget(it, "type");
-    if (ity && !strcmp(ity, "function_call")) { /* held until decided */
+    if (lg__gwr_is_call(ity)) { /* held until decided */
       json_object_set_new(c->a_map, k, json_integer(-1));
       json_decref(ev);
     } else {
@@ -148,15 +148,19 @@ static json_t *r_close_open(chat_t *c) {
   return item;
 }
 
-/* Responses: the kept function_call items, each whole; the completed
- * response lists only them. */
+/* Responses: the kept call items, each whole (a function_call's
+ * arguments, a custom_tool_call's input, done in one event); the
+ * completed response lists only them. */
 void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused) {
   for (size_t i = 0; i < json_array_size(kept); i++) {
     json_t *it = json_array_get(kept, i);
-    int ci = c->r_index++;
+    const char *ty = sget(it, "type");
+    int ci = c->r_index++, custom = ty && !strcmp(ty, "custom_tool_call");
     lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", it));
-    lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type", "response.function_call_arguments.done",
-                         "item_id", sget(it, "id"), "output_index", ci, "arguments", sget(it, "arguments")));
+    lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type",
+                               custom ? "response.custom_tool_call_input.done" : "response.function_call_arguments.done",
+                               "item_id", sget(it, "id"), "output_index", ci, custom ? "input" : "arguments",
+                               sget(it, custom ? "input" : "arguments")));
     lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", it));
   }
   if (refused) lg__gwr_keep_items(c->r_done, kept);
@@ -225,5 +229,15 @@ static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
   json_decref(item);
   lg__gwr_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
 }
-json_t *lg__gwr_function_calls(json_t *resp) { return lg__gwc_items_of_type(resp, "output", "function_call"); }
-void lg__gwr_keep_items(json_t *resp, json_t *kept) { lg__gwc_keep_only(resp, "output", "function_call", kept); }
+int lg__gwr_is_call(const char *ty) { return ty && (!strcmp(ty, "function_call") || !strcmp(ty, "custom_tool_call")); }
+int lg__gwr_is_output(const char *ty) {
+  return ty && (!strcmp(ty, "function_call_output") || !strcmp(ty, "custom_tool_call_output"));
+}
+json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text) {
+  const char *ty = sget(call, "type");
+  return json_pack("{s:s, s:s, s:s}", "type",
+                   ty && !strcmp(ty, "custom_tool_call") ? "custom_tool_call_output" : "function_call_output",
+                   "call_id", call_id ? call_id : "", "output", text);
+}
+json_t *lg__gwr_function_calls(json_t *resp) { return lg__gwc_items_of_type(resp, "output", lg__gwr_is_call); }
+void lg__gwr_keep_items(json_t *resp, json_t *kept) { lg__gwc_keep_only(resp, "output", lg__gwr_is_call, kept); }

@@ -9,6 +9,9 @@
 //             hand-written client for OpenRouter and Gemini joins them
 //             (chat-stream.mjs)
 //   STEP_CAP  the agent's cap on model calls [12]
+//   CUSTOM    1: write_record is a custom tool (type "custom", free-text
+//             input): its calls are of type "custom" (with STREAM=raw:
+//             the SDK's own accumulator takes only functions' calls)
 //   THINKING  1: `thinking: {type: "enabled"}` (DeepSeek's, Moonshot's): each
 //             answer's reasoning_content goes back with its tool calls
 // What the model binds to its calls goes back with them, as a client of
@@ -25,14 +28,16 @@ const stream = process.env.STREAM === '1', raw = process.env.STREAM === 'raw';
 const cap = Number(process.env.STEP_CAP || 12);
 const thinking = process.env.THINKING === '1' ? { thinking: { type: 'enabled' } } : {};
 
+const custom = process.env.CUSTOM === '1';
 const tools = [
+  custom ? { type: 'custom', custom: { name: 'write_record', description: 'Apply a patch to the records.' } } :
   { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
   { type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } } },
 ];
 const executions = { write_record: 0, lookup: 0 };
 function runTool(name, args) {
   executions[name] = (executions[name] || 0) + 1;
-  JSON.parse(args); // the agent parses what it is given
+  if (!custom || name !== 'write_record') JSON.parse(args); // the agent parses what it is given
   if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
   if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
   return 'unknown tool';
@@ -65,9 +70,13 @@ while (steps < cap) {
   const calls = msg.tool_calls || [];
   const back = { role: 'assistant', content: msg.content ?? null };
   for (const k of ['reasoning_content', 'reasoning', 'reasoning_details']) if (msg[k] != null) back[k] = msg[k];
-  if (calls.length) back.tool_calls = calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments }, ...(c.extra_content && { extra_content: c.extra_content }) }));
+  if (calls.length) back.tool_calls = calls.map((c) => (c.type === 'custom' ? { id: c.id, type: 'custom', custom: { name: c.custom.name, input: c.custom.input } }
+    : { id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments }, ...(c.extra_content && { extra_content: c.extra_content }) }));
   messages.push(back);
   if (!calls.length) { ended = 'final'; final = msg.content; break; }
-  for (const c of calls) messages.push({ role: 'tool', tool_call_id: c.id, content: runTool(c.function.name, c.function.arguments) });
+  for (const c of calls) {
+    const fn = c.type === 'custom' ? c.custom : c.function;
+    messages.push({ role: 'tool', tool_call_id: c.id, content: runTool(fn.name, c.type === 'custom' ? fn.input : fn.arguments) });
+  }
 }
 console.log(JSON.stringify({ executions, steps, ended, final, seen }));

@@ -5,6 +5,11 @@
 //   FOLLOW_UP  after the final answer, the person writes this, continuing
 //              from it (previous_response_id), to MODEL2 (default MODEL)
 //   BASE_URLS  comma-separated: the requests go to each in turn (round-robin.mjs)
+//   CUSTOM=1   write_record is a custom tool (free-text input): the model
+//              calls it with custom_tool_call items, answered with
+//              custom_tool_call_output items
+//   STATELESS=1  no previous_response_id: each turn sends the whole
+//              conversation (the answers' items and the outputs)
 import OpenAI from 'openai';
 import { roundRobin } from './round-robin.mjs';
 
@@ -12,8 +17,10 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-clie
 const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';
+const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1';
 const tools = [
-  { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
+  custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
+    : { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } },
 ];
 const executions = { write_record: 0, lookup: 0 };
@@ -23,11 +30,12 @@ function runTool(name) {
   return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
 }
 let input = 'Write record 7 with value A.', prev;
+const conv = [{ role: 'user', content: input }];
 const seen = [];
 let steps = 0, ended = 'step_cap', final = null;
 while (steps < cap) {
   steps++;
-  const req = { model, input, tools, ...(prev ? { previous_response_id: prev } : {}) };
+  const req = stateless ? { model, input: conv, tools } : { model, input, tools, ...(prev ? { previous_response_id: prev } : {}) };
   let data;
   if (stream) {
     data = await client.responses.stream(req).finalResponse();
@@ -37,9 +45,10 @@ while (steps < cap) {
     seen.push({ run: r.response.headers.get('x-loopguard-run'), action: r.response.headers.get('x-loopguard-action') });
   }
   prev = data.id;
-  const calls = data.output.filter((it) => it.type === 'function_call');
+  const calls = data.output.filter((it) => it.type === 'function_call' || it.type === 'custom_tool_call');
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
-  input = calls.map((c) => ({ type: 'function_call_output', call_id: c.call_id, output: runTool(c.name) }));
+  input = calls.map((c) => ({ type: c.type + '_output', call_id: c.call_id, output: runTool(c.name) }));
+  conv.push(...data.output.map(({ status, ...it }) => it), ...input);
 }
 let follow = null;
 if (process.env.FOLLOW_UP && ended === 'final') {

@@ -4,7 +4,9 @@
 // delta joined (strings) or kept as it last came; reasoning_details merged
 // by type and index (their text, summary and data joined); a call delta
 // by its index, or, without one (Gemini's), a new id a new call and no id
-// the last call, its other members (extra_content) kept as they last came.
+// the last call, its other members (extra_content) kept as they last came;
+// a custom tool's call (type "custom") joined as a function's, its
+// custom.input for function.arguments.
 // Used by agent-openai.mjs (STREAM=raw) and fidelity.mjs.
 export async function joinChatStream(stream) {
   const message = { role: 'assistant' }, calls = [];
@@ -16,13 +18,14 @@ export async function joinChatStream(stream) {
       if (c.finish_reason) finish_reason = c.finish_reason;
       for (const [k, v] of Object.entries(c.delta || {})) {
         if (k === 'tool_calls') {
-          for (const { index, id, type, function: f, ...rest } of v) {
+          for (const { index, id, type, function: f, custom: cu, ...rest } of v) {
             const at = index ?? (!id ? Math.max(calls.length - 1, 0) : ((i) => (i < 0 ? calls.length : i))(calls.findIndex((t) => t.id === id)));
-            const tc = (calls[at] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
+            const tc = (calls[at] ??= type === 'custom' || cu ? { id: '', type: 'custom', custom: { name: '', input: '' } } : { id: '', type: 'function', function: { name: '', arguments: '' } });
             Object.assign(tc, rest);
             if (id) tc.id = id;
-            if (f?.name) tc.function.name += f.name;
-            if (f?.arguments) tc.function.arguments += f.arguments;
+            const into = tc.custom || tc.function, part = cu || f;
+            if (part?.name) into.name += part.name;
+            if (part?.[tc.custom ? 'input' : 'arguments']) into[tc.custom ? 'input' : 'arguments'] += part[tc.custom ? 'input' : 'arguments'];
           }
         } else if (k === 'reasoning_details') {
           message[k] ??= [];

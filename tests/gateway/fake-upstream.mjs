@@ -7,10 +7,18 @@
 // for what a real provider rejects: a tool call without its result, a
 // result without its call, a message between a call and its result, a
 // Responses function_call_output whose output list holds a part that is
-// not input_text, input_image or input_file. Such a request is answered
+// not input_text, input_image or input_file, a call answered by the other
+// kind of output (a custom_tool_call by a function_call_output, or the
+// reverse). Such a request is answered
 // 400 as OpenAI answers it and counted in GET /stats, so a test can fail
 // on it. GET /stats also lists the last request bodies of the three APIs
 // as they came (raw).
+//
+// A tool the request offers as a custom tool (type "custom": free-text
+// input) is called with a custom_tool_call item (Responses) or a tool call
+// of type "custom" (Chat Completions; streamed as a function's call is,
+// custom.input for function.arguments); a custom write_record
+// asks for the same patch text every time (PATCH).
 //
 // The model is scripted by the request's `model`:
 //   loop-write  always asks to write the same record (the tool fails), in
@@ -174,6 +182,12 @@ function check(messages) {
   return null;
 }
 
+// A custom tool's call (a tool of type "custom": Responses' custom_tool_call,
+// Chat Completions' tool call of type "custom") carries free text, not
+// JSON: a custom write_record asks for this patch, the same every time.
+const PATCH = '*** Begin Patch\n*** Update File: records/7\n@@\n-value: \n+value: A\n*** End Patch\n';
+const customInput = (c) => (c.name === 'write_record' ? PATCH : c.args);
+
 const variants = [
   '{"record_id":7,"value":"A"}',
   '{"value":"A","record_id":7.0}',
@@ -241,7 +255,7 @@ function script(req) {
   const model = req.model || '';
   const msgs = req.messages || [];
   const toolsOff = !Array.isArray(req.tools) || !req.tools.length || req.tool_choice === 'none';
-  const names = (req.tools || []).map((t) => t.function && t.function.name);
+  const names = (req.tools || []).map((t) => (t.function || t.custom || {}).name);
   if (model.startsWith('loop-write')) {
     if (toolsOff || !names.includes('write_record'))
       return { text: 'I could not write the record; the storage keeps failing.' };
@@ -365,7 +379,10 @@ function reply(res, req) {
   if (plan.refuse_raw) { res.writeHead(400, { 'content-type': 'text/html' }); return res.end(plan.refuse_raw); }
   const id = 'chatcmpl-fake' + (++stats.chat);
   const created = Math.floor(Date.now() / 1000);
-  const calls = (plan.calls || []).map((c) => ({ id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
+  const customs = (req.tools || []).filter((t) => t.type === 'custom').map((t) => t.custom && t.custom.name);
+  const calls = (plan.calls || []).map((c) => (customs.includes(c.name)
+    ? { id: 'call_' + (++callSeq), type: 'custom', custom: { name: c.name, input: customInput(c) } }
+    : { id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
   const finish = plan.cut ? 'length' : calls.length ? 'tool_calls' : 'stop';
   const usage = usageOf(req);
   // thinking on (DeepSeek's and Moonshot's `thinking`): the answer's reasoning_content
@@ -412,12 +429,20 @@ function reply(res, req) {
   if (routed && !calls.length) steps.push(() => send([{ index: 0, delta: lastPiece, logprobs: null, finish_reason: null }]));
   if (plan.text) for (const w of plan.text.match(/\S+\s*/g)) steps.push(() => send([{ index: 0, delta: { content: w }, logprobs: null, finish_reason: null }]));
   const indexless = /-indexless/.test(req.model);
+  // a custom tool's call streams as a function's does, custom.input for
+  // function.arguments (the SDKs' types do not say how it streams)
   if (indexless) calls.forEach((c, i) => {
-    steps.push(() => send([{ index: 0, delta: { tool_calls: [{ id: c.id, type: 'function', function: c.function }] }, logprobs: null, finish_reason: null }]));
+    steps.push(() => send([{ index: 0, delta: { tool_calls: [c.type === 'custom' ? { id: c.id, type: 'custom', custom: c.custom } : { id: c.id, type: 'function', function: c.function }] }, logprobs: null, finish_reason: null }]));
     if (c.extra_content) steps.push(() => send([{ index: 0, delta: { tool_calls: [{ extra_content: c.extra_content }] }, logprobs: null, finish_reason: null }]));
   });
   else calls.forEach((c, i) => {
     const extra = c.extra_content ? { extra_content: c.extra_content } : {};
+    if (c.type === 'custom') {
+      steps.push(() => send([{ index: 0, delta: { ...(i === 0 && lastPiece), tool_calls: [{ index: i, id: c.id, type: 'custom', custom: { name: c.custom.name, input: '' } }] }, logprobs: null, finish_reason: null }]));
+      for (const part of pieces(c.custom.input, plan.pieces))
+        steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, custom: { input: part } }] }, logprobs: null, finish_reason: null }]));
+      return;
+    }
     steps.push(() => send([{ index: 0, delta: { ...(i === 0 && lastPiece), tool_calls: [{ index: i, id: c.id, type: 'function', function: { name: c.function.name, arguments: '' }, ...extra }] }, logprobs: null, finish_reason: null }]));
     for (const part of pieces(c.function.arguments, plan.pieces))
       steps.push(() => send([{ index: 0, delta: { tool_calls: [{ index: i, function: { arguments: part } }] }, logprobs: null, finish_reason: null }]));
@@ -622,13 +647,17 @@ function replyAnthropic(res, req) {
 const stored = new Map(); // response id -> the conversation items up to and with its output
 let respSeq = 0;
 
+// A call item's type, and its output's: a custom tool's call is answered
+// by a custom_tool_call_output, a function's by a function_call_output.
+const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output' };
 function checkResponses(items) {
-  const calls = new Map();
+  const calls = new Map(), kinds = new Map();
   for (let i = 0; i < items.length; i++) {
     const it = items[i];
-    if (it.type === 'function_call') calls.set(it.call_id, false);
-    if (it.type === 'function_call_output') {
-      if (!calls.has(it.call_id)) return `No tool call found for function call output with call_id ${it.call_id}.`;
+    if (OUTPUT_OF[it.type]) { calls.set(it.call_id, false); kinds.set(it.call_id, it.type); }
+    if (it.type === 'function_call_output' || it.type === 'custom_tool_call_output') {
+      const what = it.type === 'function_call_output' ? 'function call output' : 'custom tool call output';
+      if (!calls.has(it.call_id) || OUTPUT_OF[kinds.get(it.call_id)] !== it.type) return `No tool call found for ${what} with call_id ${it.call_id}.`;
       calls.set(it.call_id, true);
       // an output given as a list: each part an input_* part, as OpenAI takes it
       const bad = Array.isArray(it.output) && it.output.find((p) => !['input_text', 'input_image', 'input_file'].includes(p && p.type));
@@ -652,8 +681,8 @@ function checkReasoning(items) {
   const seen = new Set();
   for (let i = 0; i < items.length; i++) {
     const it = items[i];
-    if (it.type === 'function_call' && it.id && reasoningOf.has(it.id) && !seen.has(reasoningOf.get(it.id)))
-      return `Item '${it.id}' of type 'function_call' was provided without its required 'reasoning' item: '${reasoningOf.get(it.id)}'.`;
+    if (OUTPUT_OF[it.type] && it.id && reasoningOf.has(it.id) && !seen.has(reasoningOf.get(it.id)))
+      return `Item '${it.id}' of type '${it.type}' was provided without its required 'reasoning' item: '${reasoningOf.get(it.id)}'.`;
     if (it.type === 'reasoning' && it.id && followersOf.has(it.id)) {
       const next = items[i + 1];
       if (!next || !next.id || !followersOf.get(it.id).includes(next.id))
@@ -704,18 +733,22 @@ function replyResponses(res, req) {
     res.writeHead(400, { 'content-type': 'application/json' });
     return res.end(JSON.stringify({ error: { message: v, type: 'invalid_request_error', param: 'input', code: null } }));
   }
-  const msgs = conv.filter((it) => it.type === 'function_call_output').map((it) => ({ role: 'tool', content: it.output }));
+  const msgs = conv.filter((it) => it.type === 'function_call_output' || it.type === 'custom_tool_call_output').map((it) => ({ role: 'tool', content: it.output }));
   const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
+  const customs = (req.tools || []).filter((t) => t.type === 'custom').map((t) => t.name);
   const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
   if (plan.refuse) return openaiError(res, 400, plan.refuse, 'input');
   const id = 'resp_fake' + (++respSeq);
   const output = [];
   if (req.reasoning) output.push({ type: 'reasoning', id: 'rs_f' + respSeq, summary: [] });
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
-  for (const c of plan.calls || []) output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: plan.cut ? 'incomplete' : 'completed' });
+  for (const c of plan.calls || []) {
+    if (customs.includes(c.name)) output.push({ type: 'custom_tool_call', id: 'ctc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, input: customInput(c), status: 'completed' });
+    else output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: plan.cut ? 'incomplete' : 'completed' });
+  }
   if (req.reasoning) {
     followersOf.set(output[0].id, output.slice(1).map((it) => it.id));
-    for (const it of output) if (it.type === 'function_call') reasoningOf.set(it.id, output[0].id);
+    for (const it of output) if (OUTPUT_OF[it.type]) reasoningOf.set(it.id, output[0].id);
   }
   stored.set(id, conv.concat(output));
   for (const it of output) itemsById.set(it.id, it);
@@ -739,6 +772,11 @@ function replyResponses(res, req) {
         steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
       } else if (it.type === 'reasoning') {
         steps.push(() => ev('response.output_item.added', { output_index: i, item: it }));
+      } else if (it.type === 'custom_tool_call') { // its input in two deltas
+        const half = it.input.length >> 1;
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, input: '', status: 'in_progress' } }));
+        for (const d of [it.input.slice(0, half), it.input.slice(half)]) steps.push(() => ev('response.custom_tool_call_input.delta', { item_id: it.id, output_index: i, delta: d }));
+        steps.push(() => ev('response.custom_tool_call_input.done', { item_id: it.id, output_index: i, input: it.input }));
       } else {
         steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, arguments: '', status: 'in_progress' } }));
         steps.push(() => ev('response.function_call_arguments.delta', { item_id: it.id, output_index: i, delta: it.arguments }));

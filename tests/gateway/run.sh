@@ -331,6 +331,39 @@ for stream in 0 1; do
   [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 done
 
+# A custom tool (free-text input: Codex's apply_patch is one): its calls
+# are custom_tool_call items (Chat Completions: tool calls of type
+# "custom"), the same patch every time; guarded as a function's, its
+# arguments {"input": TEXT}. Until session 41 they went through unread:
+# the loop ran to the agent's step cap.
+for stream in 0 1; do
+  note "a custom tool's calls (Responses, stream=$stream; previous_response_id, then the whole conversation each turn)"
+  d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1 STREAM=$stream) || fail "custom direct: $d"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "custom direct: $d"
+  for st in 0 1; do
+    g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-write CUSTOM=1 STATELESS=$st STREAM=$stream) || fail "custom gateway: $g"
+    stopped "responses custom stateless=$st stream=$stream" "$g"
+    [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "custom: several runs: $g"
+  done
+done
+note "a custom tool's calls (Chat Completions): guarded, and the hidden tool is the custom one"
+d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1) || fail "chat custom direct: $d"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "chat custom direct: $d"
+g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=loop-write CUSTOM=1 STREAM=raw) || fail "chat custom stream: $g"
+stopped "chat custom stream" "$g"
+echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "chat custom stream: the custom tool was not hidden: $g"
+g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=loop-write CUSTOM=1) || fail "chat custom gateway: $g"
+stopped "chat custom" "$g"
+# the model gave up in its own words once the tool was hidden (not the stop's message)
+echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "chat custom: the custom tool was not hidden: $g"
+run=$(echo "$g" | get 'd["seen"][0]["run"]')
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/custom.jsonl" || fail "chat custom: no trace"
+grep '"type":"call"' "$TMP/custom.jsonl" | head -1 | grep_q '"args":{"input":"\*\*\* Begin Patch' ||
+  fail "chat custom: the call's args are not its input: $(head -c 2000 "$TMP/custom.jsonl")"
+"$LG_BIN" replay --json "$TMP/custom.jsonl" >"$TMP/custom.replay" || fail "chat custom: the trace does not replay"
+[ "$(tail -n 1 "$TMP/custom.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
+  fail "chat custom: replay: $(tail -n 1 "$TMP/custom.replay")"
+
 nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
 # one_session LABEL CMD...: CMD runs one agent session through the gateway
 # (its JSON on stdout): it was stopped, and it was one new run
