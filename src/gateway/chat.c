@@ -577,7 +577,7 @@ static int fill_result(lg__step_t *st, void *ud) {
   struct lg__gw_fed_keep *k = ud;
   chat_t *c = k->c;
   if (!k->filled) {
-    json_t *m = client_msg(c, k->msg), *content;
+    json_t *m = client_msg(c, k->msg), *content, *owned = NULL;
     const char *call_id;
     int is_error = 0;
     if (is_anthropic(c)) { /* a tool_result block of a user message */
@@ -585,14 +585,15 @@ static int fill_result(lg__step_t *st, void *ud) {
       content = json_object_get(bl, "content");
       call_id = sget(bl, "tool_use_id");
       is_error = json_is_true(json_object_get(bl, "is_error"));
-    } else if (is_responses(c)) { /* a function_call_output */
-      content = json_object_get(m, "output");
+    } else if (is_responses(c)) { /* a call's output item (lg__gwr_output_content) */
+      content = owned = m ? lg__gwr_output_content(m, &is_error) : NULL;
       call_id = sget(m, "call_id");
     } else {
       content = json_object_get(m, "content");
       call_id = sget(m, "tool_call_id");
     }
     int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
+    json_decref(owned);
     if (rc) {
       k->oom = 1;
       return rc;
@@ -743,18 +744,27 @@ static void note_into(json_t *o, const char *key, const char *part_type, const c
   lg__buf_free(&nb);
 }
 
-/* m with the note in member `key` (note_into). New. */
-static json_t *with_note(json_t *m, const char *key, const char *part_type, const char *note) {
-  json_t *m2 = json_deep_copy(m);
-  if (!m2) return json_incref(m);
-  note_into(m2, key, part_type, note);
-  return m2;
-}
-
 /* The type of a text part in the API's lists of parts: a Responses
  * input's is input_text (its function_call_output's too); Chat
  * Completions' and Anthropic's blocks are text. */
 static const char *text_part(const chat_t *c) { return is_responses(c) ? "input_text" : "text"; }
+
+/* Message or item m with a note (note_into; new): in a Responses call's
+ * output item its output, a shell's in its last chunk's stderr (its
+ * output is chunks, where a text part would be refused); else in its
+ * content. */
+static json_t *with_note(chat_t *c, json_t *m, const char *note) {
+  json_t *m2 = json_deep_copy(m);
+  if (!m2) return json_incref(m);
+  const char *ty = is_responses(c) ? sget(m2, "type") : NULL;
+  const lg__gwr_kind_t *k = lg__gwr_is_output(ty) ? lg__gwr_kind(ty) : NULL;
+  json_t *out = json_object_get(m2, "output");
+  if (k && k->tool && !strcmp(k->tool, "shell") && json_array_size(out))
+    note_into(json_array_get(out, json_array_size(out) - 1), "stderr", NULL, note);
+  else
+    note_into(m2, k ? "output" : "content", text_part(c), note);
+  return m2;
+}
 
 /* The steer message of the observe rung for a tool result, said with the
  * result it is about (never between a call and its result). */
@@ -785,16 +795,14 @@ static json_t *client_message(chat_t *c, size_t i) {
   const char *role = sget(m, "role");
   const char *steer = result_steer(c, m);
   json_t *out;
-  if (steer) out = with_note(m, is_responses(c) ? "output" : "content", text_part(c), steer);
+  if (steer) out = with_note(c, m, steer);
   else if (is_anthropic(c) && role && !strcmp(role, "user") && json_object_size(c->r->steer) &&
            json_is_array(json_object_get(m, "content")))
     out = anthropic_steered(c, m);
   else out = json_incref(m);
   /* a text loop's steer: said with the message that followed it */
   if (c->steer_text && c->steer_at == i) {
-    const char *ty = sget(m, "type");
-    int output = lg__gwr_is_output(ty);
-    json_t *o2 = with_note(out, output ? "output" : "content", text_part(c), c->steer_text);
+    json_t *o2 = with_note(c, out, c->steer_text);
     json_decref(out);
     out = o2;
   }
@@ -1016,9 +1024,10 @@ static json_t *build_messages(chat_t *c) {
 }
 
 /* A tool's name in the API's tools list / tool_choice (Chat Completions:
- * a function's, or a custom tool's, {"type": "custom", "custom": {...}}). */
+ * a function's, or a custom tool's, {"type": "custom", "custom": {...}};
+ * Responses: a built-in tool the client runs is named by its type). */
 static const char *tool_name_of(const chat_t *c, json_t *t) {
-  if (flat_tools(c)) return sget(t, "name");
+  if (flat_tools(c)) return sget(t, "name") ? sget(t, "name") : is_responses(c) ? lg__gwr_builtin_tool(sget(t, "type")) : NULL;
   const char *nm = sget(json_object_get(t, "function"), "name");
   return nm ? nm : sget(json_object_get(t, "custom"), "name");
 }
@@ -1834,10 +1843,15 @@ static char *custom_args(json_t *input) {
 static call_parts_t call_parts(const chat_t *c, json_t *tc) {
   call_parts_t p = {NULL, NULL, NULL, NULL};
   const char *ty = sget(tc, "type");
-  if (is_responses(c)) { /* a function_call or custom_tool_call item */
-    p.name = sget(tc, "name");
-    p.args = ty && !strcmp(ty, "custom_tool_call") ? (p.owned = custom_args(json_object_get(tc, "input")))
-                                                    : sget(tc, "arguments");
+  if (is_responses(c)) { /* a call item: a function's, a custom tool's, a built-in's */
+    const lg__gwr_kind_t *k = lg__gwr_kind(ty);
+    json_t *a = k ? json_object_get(tc, k->args) : NULL;
+    p.name = k && k->tool ? k->tool : sget(tc, "name");
+    p.args = !k                               ? NULL
+             : k->form == LG__ARGS_JSON_TEXT  ? sget(tc, k->args)
+             : k->form == LG__ARGS_FREE_TEXT  ? (p.owned = custom_args(a))
+             : json_is_object(a)              ? (p.owned = lg__json_text(a, NULL))
+                                              : NULL;
     p.id = sget(tc, "call_id");
   } else if (ty && !strcmp(ty, "custom")) { /* Chat Completions: a custom tool's call */
     json_t *cu = json_object_get(tc, "custom");

@@ -241,14 +241,32 @@ int lg__gwr_on_event(chat_t *c, const char *data, size_t n);
 void lg__gwr_event(chat_t *c, json_t *ev);
 void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused);
 void lg__gwr_end_stream(chat_t *c);
-/* The Responses items of a call the client runs: a function_call, or a
- * custom_tool_call (a custom tool's, whose input is free text); their
- * answers: a function_call_output, a custom_tool_call_output. */
+/* The Responses items of a call the client runs and of its answer: a
+ * function's (function_call, function_call_output: arguments, JSON
+ * text), a custom tool's (custom_tool_call, custom_tool_call_output:
+ * input, free text), the built-in shell's and apply_patch's (shell_call,
+ * apply_patch_call: action, operation, objects). */
+enum { LG__ARGS_JSON_TEXT, LG__ARGS_FREE_TEXT, LG__ARGS_OBJECT };
+typedef struct lg__gwr_kind {
+  const char *call, *output, *tool, *args;
+  int form;
+} lg__gwr_kind_t;
+/* The kind of an item's type (a call's or its answer's), or NULL. */
+const lg__gwr_kind_t *lg__gwr_kind(const char *ty);
 int lg__gwr_is_call(const char *ty);
 int lg__gwr_is_output(const char *ty);
-/* The output item that answers call item `call` (function_call_output
- * or custom_tool_call_output, as its type asks), with output `text` (new). */
+/* A tools list entry's type when it is a built-in tool the client runs
+ * ("shell", "apply_patch"): its name. NULL otherwise. */
+const char *lg__gwr_builtin_tool(const char *ty);
+/* The output item that answers call item `call` (of its kind: a shell's
+ * as a command that exited 1 with `text` its stderr, an apply_patch's
+ * failed with `text`), with output `text` (new). */
 json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text);
+/* An output item's answer as a tool's content (new: a string, or text
+ * parts) and whether the tool failed (*is_error): a shell's stdout and
+ * stderr, an error when a command exited non-zero or timed out; an
+ * apply_patch's output, an error when it failed. */
+json_t *lg__gwr_output_content(json_t *item, int *is_error);
 /* An output's call items (new), its text (new); resp without the refused
  * calls. */
 json_t *lg__gwr_function_calls(json_t *resp);

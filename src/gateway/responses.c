@@ -149,18 +149,20 @@ static json_t *r_close_open(chat_t *c) {
 }
 
 /* Responses: the kept call items, each whole (a function_call's
- * arguments, a custom_tool_call's input, done in one event); the
- * completed response lists only them. */
+ * arguments, a custom_tool_call's input, done in one event; a shell or
+ * apply_patch call in its added and done events); the completed response
+ * lists only them. */
 void lg__gwr_emit_kept(chat_t *c, json_t *kept, int refused) {
   for (size_t i = 0; i < json_array_size(kept); i++) {
     json_t *it = json_array_get(kept, i);
-    const char *ty = sget(it, "type");
-    int ci = c->r_index++, custom = ty && !strcmp(ty, "custom_tool_call");
+    const lg__gwr_kind_t *k = lg__gwr_kind(sget(it, "type"));
+    int ci = c->r_index++;
     lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.added", "output_index", ci, "item", it));
-    lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type",
-                               custom ? "response.custom_tool_call_input.done" : "response.function_call_arguments.done",
-                               "item_id", sget(it, "id"), "output_index", ci, custom ? "input" : "arguments",
-                               sget(it, custom ? "input" : "arguments")));
+    if (k && k->form != LG__ARGS_OBJECT) /* a built-in's item is whole in its added and done events */
+      lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:s?}", "type",
+                                 k->form == LG__ARGS_FREE_TEXT ? "response.custom_tool_call_input.done"
+                                                               : "response.function_call_arguments.done",
+                                 "item_id", sget(it, "id"), "output_index", ci, k->args, sget(it, k->args)));
     lg__gwr_event(c, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", ci, "item", it));
   }
   if (refused) lg__gwr_keep_items(c->r_done, kept);
@@ -229,15 +231,76 @@ static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
   json_decref(item);
   lg__gwr_event(c, json_pack("{s:s, s:O}", "type", "response.completed", "response", resp));
 }
-int lg__gwr_is_call(const char *ty) { return ty && (!strcmp(ty, "function_call") || !strcmp(ty, "custom_tool_call")); }
+/* The Responses items of a call the client runs, each with its answer's
+ * type, the tool's name when the item has none (a built-in tool's, which
+ * the tools list names by its type: {"type": "shell"}) and the member
+ * that holds its arguments. */
+static const lg__gwr_kind_t kinds[] = {
+    {"function_call", "function_call_output", NULL, "arguments", LG__ARGS_JSON_TEXT},
+    {"custom_tool_call", "custom_tool_call_output", NULL, "input", LG__ARGS_FREE_TEXT},
+    {"shell_call", "shell_call_output", "shell", "action", LG__ARGS_OBJECT},
+    {"apply_patch_call", "apply_patch_call_output", "apply_patch", "operation", LG__ARGS_OBJECT},
+};
+
+const lg__gwr_kind_t *lg__gwr_kind(const char *ty) {
+  for (size_t i = 0; ty && i < LG__ARRAY_LEN(kinds); i++)
+    if (!strcmp(ty, kinds[i].call) || !strcmp(ty, kinds[i].output)) return &kinds[i];
+  return NULL;
+}
+
+int lg__gwr_is_call(const char *ty) {
+  const lg__gwr_kind_t *k = lg__gwr_kind(ty);
+  return k && !strcmp(ty, k->call);
+}
+
 int lg__gwr_is_output(const char *ty) {
-  return ty && (!strcmp(ty, "function_call_output") || !strcmp(ty, "custom_tool_call_output"));
+  const lg__gwr_kind_t *k = lg__gwr_kind(ty);
+  return k && !strcmp(ty, k->output);
 }
+
+const char *lg__gwr_builtin_tool(const char *ty) {
+  for (size_t i = 0; ty && i < LG__ARRAY_LEN(kinds); i++)
+    if (kinds[i].tool && !strcmp(ty, kinds[i].tool)) return kinds[i].tool;
+  return NULL;
+}
+
 json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text) {
-  const char *ty = sget(call, "type");
-  return json_pack("{s:s, s:s, s:s}", "type",
-                   ty && !strcmp(ty, "custom_tool_call") ? "custom_tool_call_output" : "function_call_output",
-                   "call_id", call_id ? call_id : "", "output", text);
+  const lg__gwr_kind_t *k = lg__gwr_kind(sget(call, "type"));
+  const char *ty = k ? k->output : "function_call_output", *id = call_id ? call_id : "";
+  if (k && !strcmp(k->tool ? k->tool : "", "shell")) /* as a command that failed, the text its stderr */
+    return json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:i}}]}", "type", ty, "call_id", id, "output", "stdout", "",
+                     "stderr", text, "outcome", "type", "exit", "exit_code", 1);
+  if (k && !strcmp(k->tool ? k->tool : "", "apply_patch"))
+    return json_pack("{s:s, s:s, s:s, s:s}", "type", ty, "call_id", id, "status", "failed", "output", text);
+  return json_pack("{s:s, s:s, s:s}", "type", ty, "call_id", id, "output", text);
 }
+
+json_t *lg__gwr_output_content(json_t *item, int *is_error) {
+  const lg__gwr_kind_t *k = lg__gwr_kind(sget(item, "type"));
+  json_t *out = json_object_get(item, "output");
+  *is_error = 0;
+  if (k && !strcmp(k->tool ? k->tool : "", "apply_patch")) {
+    const char *st = sget(item, "status");
+    *is_error = st && !strcmp(st, "failed");
+    return json_is_string(out) ? json_incref(out) : json_string("");
+  }
+  if (!k || strcmp(k->tool ? k->tool : "", "shell")) return json_incref(out);
+  /* a shell's chunks: their stdout and stderr, in order; an error when a
+   * command exited non-zero or timed out */
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "");
+  for (size_t i = 0; i < json_array_size(out); i++) {
+    json_t *ch = json_array_get(out, i), *oc = json_object_get(ch, "outcome");
+    const char *so = sget(ch, "stdout"), *se = sget(ch, "stderr"), *ot = sget(oc, "type");
+    if (so) lg__buf_puts(&b, so);
+    if (se) lg__buf_puts(&b, se);
+    if (ot && (!strcmp(ot, "timeout") || (!strcmp(ot, "exit") && json_integer_value(json_object_get(oc, "exit_code")))))
+      *is_error = 1;
+  }
+  json_t *t = b.data ? json_stringn(b.data, b.len) : NULL;
+  lg__buf_free(&b);
+  return t;
+}
+
 json_t *lg__gwr_function_calls(json_t *resp) { return lg__gwc_items_of_type(resp, "output", lg__gwr_is_call); }
 void lg__gwr_keep_items(json_t *resp, json_t *kept) { lg__gwc_keep_only(resp, "output", lg__gwr_is_call, kept); }

@@ -8,6 +8,11 @@
 //   CUSTOM=1   write_record is a custom tool (free-text input): the model
 //              calls it with custom_tool_call items, answered with
 //              custom_tool_call_output items
+//   BUILTIN    apply_patch or shell: the write is that built-in tool's
+//              (MODEL=loop-builtin): apply_patch_call items answered with
+//              a failed apply_patch_call_output, shell_call items with a
+//              shell_call_output whose command exited 1 (counted as
+//              write_record's executions)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
 import OpenAI from 'openai';
@@ -17,8 +22,8 @@ const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-clie
 const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';
-const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1';
-const tools = [
+const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1', builtin = process.env.BUILTIN;
+const tools = builtin ? [{ type: builtin }, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
     : { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } },
@@ -45,9 +50,13 @@ while (steps < cap) {
     seen.push({ run: r.response.headers.get('x-loopguard-run'), action: r.response.headers.get('x-loopguard-action') });
   }
   prev = data.id;
-  const calls = data.output.filter((it) => it.type === 'function_call' || it.type === 'custom_tool_call');
+  const calls = data.output.filter((it) => ['function_call', 'custom_tool_call', 'shell_call', 'apply_patch_call'].includes(it.type));
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
-  input = calls.map((c) => ({ type: c.type + '_output', call_id: c.call_id, output: runTool(c.name) }));
+  input = calls.map((c) => {
+    if (c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'failed', output: 'Error: records/7: read-only file system' }; }
+    if (c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exit_code: 1 } }] }; }
+    return { type: c.type + '_output', call_id: c.call_id, output: runTool(c.name) };
+  });
   conv.push(...data.output.map(({ status, ...it }) => it), ...input);
 }
 let follow = null;

@@ -12,7 +12,7 @@
 // reverse). Such a request is answered
 // 400 as OpenAI answers it and counted in GET /stats, so a test can fail
 // on it. GET /stats also lists the last request bodies of the three APIs
-// as they came (raw).
+// as they came (raw), and the last 50 parsed (bodies).
 //
 // A tool the request offers as a custom tool (type "custom": free-text
 // input) is called with a custom_tool_call item (Responses) or a tool call
@@ -25,6 +25,11 @@
 //               variants: key order, 7 vs 7.0, white space, case; with tools
 //               hidden or tool_choice "none" it gives up in text
 //   stubborn    the same, and it never gives up (not even without tools)
+//   loop-builtin  (Responses) the same write by a built-in tool the client
+//               runs: an apply_patch_call when `apply_patch` is offered,
+//               else a shell_call when `shell` is, the same each time;
+//               with neither it gives up in text. Their outputs must have
+//               the API's shapes (a shell's chunks, a patch's status)
 //   pingpong    calls its first tool named transfer_to_* (an Agents SDK
 //               handoff) every time: two agents handing the task back and forth
 //   pair        asks for two calls an answer, the failing write and a lookup
@@ -261,6 +266,10 @@ function script(req) {
       return { text: 'I could not write the record; the storage keeps failing.' };
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
+  }
+  if (model.startsWith('loop-builtin')) { // the write by a built-in tool the client runs: apply_patch, else shell
+    const way = ['apply_patch', 'shell'].find((n) => !toolsOff && names.includes(n));
+    return way ? { calls: [{ name: way, args: '{}' }] } : { text: 'I could not write the record; the storage keeps failing.' };
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
   if (model.startsWith('chant-call'))
@@ -649,18 +658,35 @@ let respSeq = 0;
 
 // A call item's type, and its output's: a custom tool's call is answered
 // by a custom_tool_call_output, a function's by a function_call_output.
-const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output' };
+const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output', shell_call: 'shell_call_output', apply_patch_call: 'apply_patch_call_output' };
+const OUTPUTS = Object.values(OUTPUT_OF);
+// what a built-in tool's output item must hold, as the API checks it
+function checkBuiltinOutput(it) {
+  if (it.type === 'shell_call_output') {
+    if (!Array.isArray(it.output)) return `Invalid type for 'output': expected an array of shell call output content.`;
+    const bad = it.output.find((o) => !o || typeof o.stdout !== 'string' || typeof o.stderr !== 'string' || !o.outcome || !['exit', 'timeout'].includes(o.outcome.type));
+    if (bad) return `Invalid value for 'output': each chunk needs stdout, stderr and an outcome of type 'exit' or 'timeout'.`;
+  }
+  if (it.type === 'apply_patch_call_output' && !['completed', 'failed'].includes(it.status))
+    return `Invalid value: '${it.status}'. Supported values are: 'completed' and 'failed'.`;
+  return null;
+}
+// a call's output as a tool message's text, for the script
+const outputText = (it) => (it.type === 'shell_call_output' ? it.output.map((o) => o.stdout + o.stderr).join('')
+  : it.type === 'apply_patch_call_output' ? it.output || it.status : it.output);
 function checkResponses(items) {
   const calls = new Map(), kinds = new Map();
   for (let i = 0; i < items.length; i++) {
     const it = items[i];
     if (OUTPUT_OF[it.type]) { calls.set(it.call_id, false); kinds.set(it.call_id, it.type); }
-    if (it.type === 'function_call_output' || it.type === 'custom_tool_call_output') {
-      const what = it.type === 'function_call_output' ? 'function call output' : 'custom tool call output';
+    if (OUTPUTS.includes(it.type)) {
+      const what = it.type.replace(/_/g, ' '); // 'function call output', as OpenAI words it
+      const shape = checkBuiltinOutput(it);
+      if (shape) return shape;
       if (!calls.has(it.call_id) || OUTPUT_OF[kinds.get(it.call_id)] !== it.type) return `No tool call found for ${what} with call_id ${it.call_id}.`;
       calls.set(it.call_id, true);
       // an output given as a list: each part an input_* part, as OpenAI takes it
-      const bad = Array.isArray(it.output) && it.output.find((p) => !['input_text', 'input_image', 'input_file'].includes(p && p.type));
+      const bad = it.type !== 'shell_call_output' && Array.isArray(it.output) && it.output.find((p) => !['input_text', 'input_image', 'input_file'].includes(p && p.type));
       if (bad) return `Invalid value: '${bad && bad.type}'. Supported values are: 'input_text', 'input_image', and 'input_file'.`;
     }
     if ((it.role === 'user' || it.type === 'message' && it.role === 'user') && [...calls.values()].includes(false))
@@ -733,8 +759,9 @@ function replyResponses(res, req) {
     res.writeHead(400, { 'content-type': 'application/json' });
     return res.end(JSON.stringify({ error: { message: v, type: 'invalid_request_error', param: 'input', code: null } }));
   }
-  const msgs = conv.filter((it) => it.type === 'function_call_output' || it.type === 'custom_tool_call_output').map((it) => ({ role: 'tool', content: it.output }));
-  const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name } }));
+  const msgs = conv.filter((it) => OUTPUTS.includes(it.type)).map((it) => ({ role: 'tool', content: outputText(it) }));
+  const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name || t.type } }));
+  const builtins = (req.tools || []).filter((t) => ['shell', 'apply_patch'].includes(t.type)).map((t) => t.type);
   const customs = (req.tools || []).filter((t) => t.type === 'custom').map((t) => t.name);
   const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
   if (plan.refuse) return openaiError(res, 400, plan.refuse, 'input');
@@ -743,7 +770,9 @@ function replyResponses(res, req) {
   if (req.reasoning) output.push({ type: 'reasoning', id: 'rs_f' + respSeq, summary: [] });
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
   for (const c of plan.calls || []) {
-    if (customs.includes(c.name)) output.push({ type: 'custom_tool_call', id: 'ctc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, input: customInput(c), status: 'completed' });
+    if (builtins.includes(c.name) && c.name === 'apply_patch') output.push({ type: 'apply_patch_call', id: 'apc_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', operation: { type: 'update_file', path: 'records/7', diff: '@@\n-value: \n+value: A\n' } });
+    else if (builtins.includes(c.name)) output.push({ type: 'shell_call', id: 'sh_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', action: { commands: ['write-record 7 A'], timeout_ms: 10000, max_output_length: 4096 } });
+    else if (customs.includes(c.name)) output.push({ type: 'custom_tool_call', id: 'ctc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, input: customInput(c), status: 'completed' });
     else output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: plan.cut ? 'incomplete' : 'completed' });
   }
   if (req.reasoning) {
@@ -772,6 +801,8 @@ function replyResponses(res, req) {
         steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
       } else if (it.type === 'reasoning') {
         steps.push(() => ev('response.output_item.added', { output_index: i, item: it }));
+      } else if (it.type === 'shell_call' || it.type === 'apply_patch_call') { // whole in its added and done events
+        steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, status: 'in_progress' } }));
       } else if (it.type === 'custom_tool_call') { // its input in two deltas
         const half = it.input.length >> 1;
         steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, input: '', status: 'in_progress' } }));
@@ -1132,6 +1163,8 @@ function route(req, res, body) {
     if (req.method === 'POST' && req.url === '/v1/responses') {
       let j;
       try { j = JSON.parse(body); } catch { res.writeHead(400); return res.end('{}'); }
+      stats.bodies.push(j);
+      if (stats.bodies.length > 50) stats.bodies.shift();
       return replyResponses(res, j);
     }
     if (req.method === 'POST' && (req.url === '/v1/messages' || req.url === '/v1/messages?beta=true')) { // the SDKs' beta path too

@@ -346,6 +346,36 @@ for stream in 0 1; do
     [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "custom: several runs: $g"
   done
 done
+# The built-in tools the client runs (apply_patch_call, shell_call items):
+# their calls are the operation's or the action's object, their results
+# the output item's (a failed patch, a command's exit status: retryable),
+# a refused one answered with an output of its kind, the hidden tool taken
+# out of tools by its type, the observe rung's note in a shell's stderr
+# (its output is chunks: a text part there is refused). Until session 41
+# they went through unread.
+for tool in apply_patch shell; do
+  for stream in 0 1; do
+    note "the built-in $tool tool's calls (Responses, stream=$stream)"
+    d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool STREAM=$stream) || fail "$tool direct: $d"
+    [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "$tool direct: $d"
+    for st in 0 1; do
+      g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=$tool STATELESS=$st STREAM=$stream) || fail "$tool gateway: $g"
+      stopped "responses $tool stateless=$st stream=$stream" "$g"
+      # the model gave up in its own words once the tool was hidden
+      echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "$tool: the tool was not hidden: $g"
+    done
+  done
+done
+curl -sf "$FAKE/stats" | get '[o["output"][-1]["stderr"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) for o in b["input"] if o.get("type") == "shell_call_output"]' |
+  grep_q 'read-only file system\\n\\n\\n\[loopguard\] I have now called shell' || fail "shell: the observe rung's note is not in the output's stderr: $(curl -sf "$FAKE/stats" | get '[b.get("input") for b in d["bodies"] if b.get("model") == "loop-builtin"][-3:]')"
+g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=shell) || fail "shell gateway: $g"
+run=$(echo "$g" | get 'd["seen"][0]["run"]')
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/shell.jsonl" || fail "shell: no trace"
+grep '"type":"call"' "$TMP/shell.jsonl" | head -1 | grep_q '"tool":"shell","args":{"commands":\["write-record 7 A"\]' ||
+  fail "shell: the call is not the action: $(head -c 2000 "$TMP/shell.jsonl")"
+grep '"type":"result"' "$TMP/shell.jsonl" | head -1 | grep_q '"status":"retryable","value":"write-record: read-only file system\\n"' ||
+  fail "shell: the result is not the command's failure: $(head -c 3000 "$TMP/shell.jsonl")"
+
 note "a custom tool's calls (Chat Completions): guarded, and the hidden tool is the custom one"
 d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1) || fail "chat custom direct: $d"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "chat custom direct: $d"
