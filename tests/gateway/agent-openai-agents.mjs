@@ -12,9 +12,12 @@
 //   AGAIN=1 (with CONVERSATION: after the run, the person asks again in the
 //   same conversation; `again` is that run's final output)
 //   BASE_URLS (comma-separated: the requests go to each in turn, round-robin.mjs)
+//   BUILTIN=apply_patch|shell (MODEL=loop-builtin): the write is the SDK's
+//   applyPatchTool (an editor whose update fails) or shellTool (a shell
+//   whose command exits 1), counted as write_record's executions
 import OpenAI from 'openai';
 import { roundRobin } from './round-robin.mjs';
-import { Agent, Runner, OpenAIProvider, tool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
+import { Agent, Runner, OpenAIProvider, tool, applyPatchTool, shellTool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
 
 setTracingDisabled(true); // no export to the internet (a setting of the whole process, the same each run)
@@ -22,14 +25,20 @@ const openai = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test', ma
 const runner = new Runner({ modelProvider: new OpenAIProvider({ openAIClient: openai, useResponses: true }), tracingDisabled: true });
 const conversationId = process.env.CONVERSATION === '1' ? (await openai.conversations.create({})).id : undefined;
 const executions = { write_record: 0, lookup: 0 };
+const failed = async () => { executions.write_record++; return { status: 'failed', output: 'Error: records/7: read-only file system' }; };
+const builtin = {
+  apply_patch: () => applyPatchTool({ editor: { createFile: failed, updateFile: failed, deleteFile: failed } }),
+  shell: () => shellTool({ shell: { run: async () => { executions.write_record++; return { output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exitCode: 1 } }] }; } } }),
+}[process.env.BUILTIN || ''];
 const agent = new Agent({
   name: 'writer',
   instructions: 'You are a careful agent.',
   model: process.env.MODEL || 'loop-write',
   ...(process.env.REASONING === '1' && { modelSettings: { reasoning: { effort: 'low' } } }),
   tools: [
-    tool({ name: 'write_record', description: 'Write a record.', parameters: z.object({ record_id: z.number(), value: z.string() }),
-           execute: async () => { executions.write_record++; return 'Error: the storage is read-only; the record was not written.'; } }),
+    ...(builtin ? [builtin()] : []),
+    ...(builtin ? [] : [tool({ name: 'write_record', description: 'Write a record.', parameters: z.object({ record_id: z.number(), value: z.string() }),
+           execute: async () => { executions.write_record++; return 'Error: the storage is read-only; the record was not written.'; } })]),
     tool({ name: 'lookup', description: 'Look a customer up.', parameters: z.object({ customer_id: z.string() }),
            execute: async () => { executions.lookup++; return JSON.stringify({ customer_id: 'c-1', name: 'Ada' }); } }),
   ],

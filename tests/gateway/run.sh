@@ -478,6 +478,15 @@ for reasoning in 0 1; do
     done
   done
 done
+# The SDK's own built-in tools (applyPatchTool, shellTool): their calls
+# are apply_patch_call / shell_call items, its outputs the SDK's shapes.
+for tool in apply_patch shell; do
+  d=$(client agent-openai-agents.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool 2>/dev/null) || fail "agents $tool direct: $d"
+  [ "$(echo "$d" | get '[d["ended"], d["executions"]["write_record"]]')" = '["step_cap", 12]' ] || fail "agents $tool direct: $d"
+  for stream in 0 1; do
+    agents MODEL=loop-builtin BUILTIN=$tool STREAM=$stream
+  done
+done
 note "two agents handing a task back and forth (the Agents SDK's handoffs): the cycle guard ends it"
 d=$(client agent-handoffs.mjs BASE_URL="$FAKE/v1" 2>"$TMP/agents.err") || fail "handoffs direct: $(cat "$TMP/agents.err")"
 [ "$(echo "$d" | get 'd["ended"]')" = step_cap ] && [ "$(echo "$d" | get 'd["handoffs"]')" = 20 ] || fail "handoffs direct: $d"
