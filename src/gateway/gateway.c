@@ -1885,17 +1885,8 @@ static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, 
   return j.rc;
 }
 
-/* What a decided step leaves in the metrics and the log. */
-static void note_step(lg_server_t *srv, const lg__step_t *st) {
-  lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
-  /* a budget's refusal is counted where it is answered (lg__gw_keys_refusal) */
-  if (!st->was_stopped && st->ledger_outcome >= 0)
-    lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
-  if (!st->was_stopped && st->stopped_now) {
-    atomic_fetch_sub(&srv->metrics.runs_active, 1);
-    lg__server_log(srv, "info", "stop", st->stop_log.data);
-  }
-}
+/* (a budget's refusal is counted where it is answered: lg__gw_keys_refusal) */
+static void note_step(lg_server_t *srv, const lg__step_t *st) { lg__server_note_step(srv, st); }
 
 int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *err) {
   lg_server_t *srv = cx->srv;

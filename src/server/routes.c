@@ -655,20 +655,9 @@ static int body_event(lg__req_t *rq, decide_job_t *dj) {
   return -1;
 }
 
-/* What the metrics and the log hear of a step that decided. */
 static void note_step(lg_server_t *srv, const lg__step_t *st) {
-  lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
+  lg__server_note_step(srv, st);
   if (st->budget_refused) lg__metrics_budget_refusal(&srv->metrics, st->refusal.limit_source);
-  if (st->was_stopped) {
-    if (st->ev.type == LG_EV_RESUME && st->decided && st->action != LG_ACT_STOP)
-      atomic_fetch_add(&srv->metrics.runs_active, 1); /* active again */
-    return;
-  }
-  if (st->ledger_outcome >= 0) lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
-  if (st->stopped_now) {
-    atomic_fetch_sub(&srv->metrics.runs_active, 1);
-    lg__server_log(srv, "info", "stop", st->stop_log.data);
-  }
 }
 
 /* The answer to a step that did not decide. */

@@ -38,6 +38,7 @@
  */
 #include "server.h"
 #include "../gateway/gateway.h"
+#include "../step/step.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -68,6 +69,22 @@ int64_t lg__server_now(const lg_server_t *srv) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- what a decided step leaves ---- */
+
+void lg__server_note_step(lg_server_t *srv, const struct lg__step *st) {
+  lg__metrics_decision(&srv->metrics, st->action, st->reason, st->stopped_now);
+  if (st->was_stopped) {
+    if (st->ev.type == LG_EV_RESUME && st->decided && st->action != LG_ACT_STOP)
+      atomic_fetch_add(&srv->metrics.runs_active, 1); /* active again */
+    return;
+  }
+  if (st->ledger_outcome >= 0) lg__metrics_ledger(&srv->metrics, (lg_claim_outcome_t)st->ledger_outcome);
+  if (st->stopped_now) {
+    atomic_fetch_sub(&srv->metrics.runs_active, 1);
+    lg__server_log(srv, "info", "stop", st->stop_log.data);
+  }
 }
 
 /* ---- logs ---- */

@@ -439,6 +439,14 @@ lg_policy_t *lg__server_policy(lg_server_t *srv, const char *json, lg_error_t *e
  * is older than 10 s (a scan of the active runs: not on the hot path). */
 void lg__server_count_active(lg_server_t *srv, lg_store_t *st);
 
+/* What a decided step leaves in the metrics and the log, for the HTTP
+ * API's routes and the gateway alike: its decision counted, the ledger's
+ * outcome, the runs_active gauge (a run stopped now leaves it, a stopped
+ * run resumed comes back), and a stop's log line. (A budget's refusal is
+ * counted by whoever answers it.) */
+struct lg__step;
+void lg__server_note_step(lg_server_t *srv, const struct lg__step *st);
+
 /* Writes one JSON log line: {"ts","level","event", then `fields` (JSON
  * members text without braces, may be NULL)}. */
 void lg__server_log(lg_server_t *srv, const char *level, const char *event, const char *fields);

@@ -144,7 +144,13 @@ for api in chat messages responses; do
 done
 
 note "a new user message after a loop's stop: the run resumes, a new episode, and its trace replays to that"
+active() { curl -sf "$g_URL/metrics" | awk '$1 == "loopguard_runs_active" { print $2 }'; }
+a0=$(active)
 e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1") || fail "episode: $e"
+# made (+1), stopped (-1), resumed (+1): active again, as the HTTP API's
+# resume counts it (until session 41 the gateway's copy of that rule
+# counted the stop and not the resume)
+[ "$(active)" = "$((a0 + 1))" ] || fail "episode: runs_active $(active) after a run made, stopped and resumed, wanted $((a0 + 1))"
 [ "$(echo "$e" | get 'd["first"]["action"]')" = stop ] || fail "episode: $e"
 [ "$(echo "$e" | get 'd["first"]["run"] == d["second"]["run"]')" = true ] || fail "episode: another run: $e"
 [ "$(echo "$e" | get 'd["second"]["action"]')" = pass ] || fail "episode: $e"
