@@ -55,12 +55,35 @@ static int call(lg__req_t *rq, lg_store_t *s, int64_t now, char **out, lg_error_
   }
 }
 
+/* A key written (created, updated, rotated) whose provider keys went into
+ * the store in clear, without --secret-file: a warning naming it, in the
+ * log (the moment to act: until session 41 the warning was at every
+ * start, for every server without a secret, keys or not). */
+static void warn_in_clear(lg__req_t *rq, const char *out) {
+  if (!out || !strstr(out, "\"byok_at_rest\":\"clear\"")) return; /* the library's words */
+  json_t *o = json_loads(out, 0, NULL);
+  const char *hash = json_string_value(json_object_get(o, "hash"));
+  const char *name = json_string_value(json_object_get(o, "name"));
+  lg__buf_t f = {0};
+  lg__buf_puts(&f, "\"hash\":");
+  lg__buf_json_str(&f, hash ? hash : "", hash ? strlen(hash) : 0);
+  lg__buf_puts(&f, ",\"name\":");
+  lg__buf_json_str(&f, name ? name : "", name ? strlen(name) : 0);
+  lg__buf_puts(&f, ",\"message\":\"no --secret-file: this key's provider keys (byok) are stored in "
+                   "clear in the store; give every replica the same secret file to store them "
+                   "encrypted (the key is sealed the next time a server with a secret updates it)\"");
+  if (!f.oom) lg__server_log(rq->srv, "warn", "byok_in_clear", f.data);
+  lg__buf_free(&f);
+  json_decref(o);
+}
+
 void lg__h_keys(lg__req_t *rq) {
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(rq->srv, &e);
   char *out = NULL;
   int rc = w ? call(rq, w->store, lg__server_now(rq->srv), &out, &e) : (e.code ? e.code : LG_ESTORE);
   int created = rq->route == LG__RT_KEYS && !strcmp(rq->method, "POST");
+  if (!rc && strcmp(rq->method, "GET")) warn_in_clear(rq, out);
   done(rq, rc, &e, out, created ? 201 : 200, "keys");
 }
 

@@ -1013,11 +1013,6 @@ static void log_start(lg_server_t *srv) {
   lg__buf_printf(&f, ",\"byok_at_rest\":\"%s\"", srv->has_secret ? "encrypted" : "clear");
   if (!f.oom) lg__server_log(srv, "info", "start", f.data);
   lg__buf_free(&f);
-  if (!srv->has_secret)
-    lg__server_log(srv, "warn", "byok_in_clear",
-                   "\"message\":\"no --secret-file: the provider keys of loopguard keys (byok) "
-                   "are stored in clear in the store; give every replica the same secret file "
-                   "to store them encrypted\"");
   if (srv->gw) lg__gw_log_start(srv->gw);
 }
 
