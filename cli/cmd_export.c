@@ -190,12 +190,13 @@ int cmd_runs_export(int argc, char **argv) {
   }
   if (reason && !*reason) reason = NULL;
   if (!dir || !*dir) dir = ".";
+  lg_store_t *s = cli_open_store_existing(store); /* read-only: never creates one */
+  if (!s) return 1; /* before the folder: a failed export leaves nothing behind */
   if (mkdir_p(dir)) {
     fprintf(stderr, "loopguard: %s: %s\n", dir, strerror(errno));
+    lg_store_close(s);
     return 1;
   }
-  lg_store_t *s = cli_open_store_existing(store); /* read-only: never creates one */
-  if (!s) return 1;
   lg_error_t err = {0};
   lg_run_filter_t f = {.status = "stopped", .reason = reason};
   rc = lg_store_run_list(s, &f, collect, &ids, &err);

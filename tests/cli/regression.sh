@@ -64,6 +64,7 @@ expect_rc "export --since bad" 2 "$LG_BIN" runs export --store "$db" --since yes
 expect_rc "export --bogus" 2 "$LG_BIN" runs export --bogus
 expect_rc "export from no store" 1 "$LG_BIN" runs export --store "sqlite:$TMP/none.db" -o "$TMP/x2"
 [ ! -e "$TMP/none.db" ] && ok || bad "export created a store"
+[ ! -e "$TMP/x2" ] && ok || bad "export from no store made its folder"
 
 # The exported tests hold.
 expect_rc "test exported" 0 "$LG_BIN" test "$TMP/inc"
