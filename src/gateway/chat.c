@@ -759,7 +759,7 @@ static json_t *with_note(chat_t *c, json_t *m, const char *note) {
   const char *ty = is_responses(c) ? sget(m2, "type") : NULL;
   const lg__gwr_kind_t *k = lg__gwr_is_output(ty) ? lg__gwr_kind(ty) : NULL;
   json_t *out = json_object_get(m2, "output");
-  if (k && k->tool && !strcmp(k->tool, "shell") && json_array_size(out))
+  if (k && k->out == LG__OUT_CHUNKS && json_array_size(out))
     note_into(json_array_get(out, json_array_size(out) - 1), "stderr", NULL, note);
   else
     note_into(m2, k ? "output" : "content", text_part(c), note);
@@ -1027,8 +1027,12 @@ static json_t *build_messages(chat_t *c) {
  * a function's, or a custom tool's, {"type": "custom", "custom": {...}};
  * Responses: a built-in tool the client runs is named by its type). */
 static const char *tool_name_of(const chat_t *c, json_t *t) {
-  if (flat_tools(c)) return sget(t, "name") ? sget(t, "name") : is_responses(c) ? lg__gwr_builtin_tool(sget(t, "type")) : NULL;
-  const char *nm = sget(json_object_get(t, "function"), "name");
+  const char *nm;
+  if (flat_tools(c)) {
+    nm = sget(t, "name");
+    return nm || !is_responses(c) ? nm : lg__gwr_builtin_tool(sget(t, "type"));
+  }
+  nm = sget(json_object_get(t, "function"), "name");
   return nm ? nm : sget(json_object_get(t, "custom"), "name");
 }
 
@@ -2272,9 +2276,9 @@ void lg__gwc_register_key(chat_t *c, json_t *msg) {
   lg__free(k);
 }
 
-/* The members of array obj[member] whose "type" is `type` (new array):
- * an Anthropic message's tool_use blocks, a Responses output's
- * function_call items. */
+/* The members of array obj[member] whose "type" is of the kind (new
+ * array): an Anthropic message's tool_use blocks, a Responses output's
+ * call items or reasoning items. */
 json_t *lg__gwc_items_of_type(json_t *obj, const char *member, lg__gw_kind_fn kind) {
   json_t *out = json_array(), *items = json_object_get(obj, member);
   for (size_t i = 0; i < json_array_size(items); i++) {
@@ -2640,7 +2644,8 @@ static void held_into_calls(chat_t *c) {
     for (int part = 0; part < 2; part++) {
       lg__buf_t *b = &c->held[i][part];
       if (o && b->len && !b->oom) /* JSON strings' text joined: UTF-8 still, but checked */
-        json_object_set_new(o, is_anthropic(c) ? "_args" : chat_keys[cu != NULL][part], json_stringn(b->data, b->len));
+        json_object_set_new(o, is_anthropic(c) ? "_args" : chat_keys[cu != NULL][part],
+                            json_stringn(b->data, b->len));
     }
   }
   held_free(c);

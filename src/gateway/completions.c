@@ -130,7 +130,8 @@ static void hold_call_deltas(chat_t *c, json_t *tcd) {
     const char *k;
     json_t *v;
     json_object_foreach(d, k, v) {
-      if (strcmp(k, "index") && strcmp(k, "id") && strcmp(k, "type") && strcmp(k, "function") && strcmp(k, "custom"))
+      if (strcmp(k, "index") && strcmp(k, "id") && strcmp(k, "type") && strcmp(k, "function") &&
+          strcmp(k, "custom"))
         json_object_set(acc, k, v);
     }
     json_t *dfn = custom ? dcu : json_object_get(d, "function");

@@ -247,9 +247,13 @@ void lg__gwr_end_stream(chat_t *c);
  * input, free text), the built-in shell's and apply_patch's (shell_call,
  * apply_patch_call: action, operation, objects). */
 enum { LG__ARGS_JSON_TEXT, LG__ARGS_FREE_TEXT, LG__ARGS_OBJECT };
+/* How an output item holds the answer: `output` a string or text parts;
+ * a shell's chunks of stdout and stderr, each with its outcome; an
+ * apply_patch's `status` (completed, failed) and `output` text. */
+enum { LG__OUT_TEXT, LG__OUT_CHUNKS, LG__OUT_STATUS };
 typedef struct lg__gwr_kind {
   const char *call, *output, *tool, *args;
-  int form;
+  int form, out;
 } lg__gwr_kind_t;
 /* The kind of an item's type (a call's or its answer's), or NULL. */
 const lg__gwr_kind_t *lg__gwr_kind(const char *ty);

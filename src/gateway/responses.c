@@ -236,10 +236,10 @@ static void r_final_stream(chat_t *c, const char *text, json_t *resp) {
  * the tools list names by its type: {"type": "shell"}) and the member
  * that holds its arguments. */
 static const lg__gwr_kind_t kinds[] = {
-    {"function_call", "function_call_output", NULL, "arguments", LG__ARGS_JSON_TEXT},
-    {"custom_tool_call", "custom_tool_call_output", NULL, "input", LG__ARGS_FREE_TEXT},
-    {"shell_call", "shell_call_output", "shell", "action", LG__ARGS_OBJECT},
-    {"apply_patch_call", "apply_patch_call_output", "apply_patch", "operation", LG__ARGS_OBJECT},
+    {"function_call", "function_call_output", NULL, "arguments", LG__ARGS_JSON_TEXT, LG__OUT_TEXT},
+    {"custom_tool_call", "custom_tool_call_output", NULL, "input", LG__ARGS_FREE_TEXT, LG__OUT_TEXT},
+    {"shell_call", "shell_call_output", "shell", "action", LG__ARGS_OBJECT, LG__OUT_CHUNKS},
+    {"apply_patch_call", "apply_patch_call_output", "apply_patch", "operation", LG__ARGS_OBJECT, LG__OUT_STATUS},
 };
 
 const lg__gwr_kind_t *lg__gwr_kind(const char *ty) {
@@ -267,10 +267,10 @@ const char *lg__gwr_builtin_tool(const char *ty) {
 json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text) {
   const lg__gwr_kind_t *k = lg__gwr_kind(sget(call, "type"));
   const char *ty = k ? k->output : "function_call_output", *id = call_id ? call_id : "";
-  if (k && !strcmp(k->tool ? k->tool : "", "shell")) /* as a command that failed, the text its stderr */
-    return json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:i}}]}", "type", ty, "call_id", id, "output", "stdout", "",
-                     "stderr", text, "outcome", "type", "exit", "exit_code", 1);
-  if (k && !strcmp(k->tool ? k->tool : "", "apply_patch"))
+  if (k && k->out == LG__OUT_CHUNKS) /* as a command that failed, the text its stderr */
+    return json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:i}}]}", "type", ty, "call_id", id, "output",
+                     "stdout", "", "stderr", text, "outcome", "type", "exit", "exit_code", 1);
+  if (k && k->out == LG__OUT_STATUS)
     return json_pack("{s:s, s:s, s:s, s:s}", "type", ty, "call_id", id, "status", "failed", "output", text);
   return json_pack("{s:s, s:s, s:s}", "type", ty, "call_id", id, "output", text);
 }
@@ -279,12 +279,12 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
   const lg__gwr_kind_t *k = lg__gwr_kind(sget(item, "type"));
   json_t *out = json_object_get(item, "output");
   *is_error = 0;
-  if (k && !strcmp(k->tool ? k->tool : "", "apply_patch")) {
+  if (k && k->out == LG__OUT_STATUS) {
     const char *st = sget(item, "status");
     *is_error = st && !strcmp(st, "failed");
     return json_is_string(out) ? json_incref(out) : json_string("");
   }
-  if (!k || strcmp(k->tool ? k->tool : "", "shell")) return json_incref(out);
+  if (!k || k->out != LG__OUT_CHUNKS) return json_incref(out);
   /* a shell's chunks: their stdout and stderr, in order; an error when a
    * command exited non-zero or timed out */
   lg__buf_t b = {0};
@@ -294,8 +294,8 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
     const char *so = sget(ch, "stdout"), *se = sget(ch, "stderr"), *ot = sget(oc, "type");
     if (so) lg__buf_puts(&b, so);
     if (se) lg__buf_puts(&b, se);
-    if (ot && (!strcmp(ot, "timeout") || (!strcmp(ot, "exit") && json_integer_value(json_object_get(oc, "exit_code")))))
-      *is_error = 1;
+    int failed = ot && !strcmp(ot, "exit") && json_integer_value(json_object_get(oc, "exit_code"));
+    if (failed || (ot && !strcmp(ot, "timeout"))) *is_error = 1;
   }
   json_t *t = b.data ? json_stringn(b.data, b.len) : NULL;
   lg__buf_free(&b);
