@@ -226,8 +226,12 @@
     const seen = new Map();
     let ncall = 0, stopped = false;
     const stopCall = expect && expect.stopped_at_call;
+    /* The chart is what was spent: a model line the server wrote with a
+     * `reservation` holds its worst case until its `usage` line settles
+     * it at the real cost (trace-v1 as the server writes it); one without
+     * (a trace written by hand) costs its own `cost` at once. */
     let cost = 0;
-    const points = [[0, 0]];
+    const points = [[0, 0]], held = new Map();
     for (const ev of events) {
       const li = el('li', {}, el('span', { class: 'line', text: 'line ' + ev._line }));
       if (ev.type === 'call') {
@@ -251,11 +255,15 @@
         li.append(el('span', { class: 'muted', text: 'result ' }), el('strong', { text: ev.status || '(no status)' }));
         if (ev.value !== undefined) li.append(' ', el('code', { text: short(ev.value, 100) }));
       } else if (ev.type === 'model') {
-        cost += typeof ev.cost === 'number' ? ev.cost : 0;
-        points.push([ev.t_ms || 0, cost]);
+        const reserved = typeof ev.reservation === 'number';
+        if (reserved) held.set(ev.reservation, typeof ev.cost === 'number' ? ev.cost : 0);
+        else if (typeof ev.cost === 'number') { cost += ev.cost; points.push([ev.t_ms || 0, cost]); }
         li.append(el('span', { class: 'muted', text: 'model ' }), el('strong', { text: ev.model || 'model call' }),
-          ' ' + (ev.input_tokens ?? 0) + ' tokens in' + (ev.max_tokens ? ', up to ' + ev.max_tokens + ' out' : '') + ', ' + usd(ev.cost ?? 0));
+          ' ' + (ev.input_tokens ?? 0) + ' tokens in' + (ev.max_tokens ? ', up to ' + ev.max_tokens + ' out' : '') +
+          (reserved ? ', up to ' : ', ') + usd(ev.cost ?? 0));
       } else if (ev.type === 'usage') {
+        held.delete(ev.reservation);
+        if (typeof ev.cost === 'number') { cost += ev.cost; points.push([ev.t_ms || 0, cost]); }
         li.append(el('span', { class: 'muted', text: 'usage ' }), (ev.input_tokens ?? 0) + ' in / ' + (ev.output_tokens ?? 0) + ' out' +
           (typeof ev.cost === 'number' ? ', ' + usd(ev.cost) : ''));
       } else if (ev.type === 'resume') {
@@ -282,12 +290,17 @@
     if (expect) ol.append(el('li', { class: expect.terminal_reason ? 'stop' : '' }, el('span', { class: 'line', text: 'replay' }),
       expect.terminal_reason ? 'replaying this trace stops it: ' + expect.terminal_reason + (expect.stopped_at_call ? ' at call ' + expect.stopped_at_call : '')
         : 'replaying this trace does not stop it', ' (' + expect.executed_calls + ' executed, ' + expect.blocked_calls + ' blocked)'));
-    drawCost(points);
+    drawCost(points, held);
   }
 
-  function drawCost(points) {
+  function drawCost(points, held) {
     const box = $('#cost-chart');
-    if (points.length < 2) { box.append(el('p', { class: 'muted', text: 'No paid model calls in this trace.' })); return; }
+    if (held.size) {
+      const more = [...held.values()].reduce((a, b) => a + b, 0);
+      box.append(el('p', { class: 'muted', text: held.size + ' model call' + (held.size > 1 ? 's' : '') +
+        ' not settled yet: up to ' + usd(more) + ' more' }));
+    }
+    if (points.length < 2) { box.append(el('p', { class: 'muted', text: 'No paid model calls settled in this trace.' })); return; }
     const W = 600, H = 160, P = 30;
     const maxT = Math.max(1, ...points.map((p) => p[0])), maxC = Math.max(1e-9, ...points.map((p) => p[1]));
     const s = svg('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'Cost over time, up to ' + usd(maxC) });

@@ -83,6 +83,10 @@ try {
   check('blocked calls marked', (await page.locator('#timeline li.block').count()) === 3);
   check('envelope shown', /"terminal_reason": "same_call_repeat"/.test(await page.locator('#envelope').textContent()));
   check('cost chart drawn', (await page.locator('#cost-chart svg polyline').count()) === 1);
+  /* what was spent (each usage settles its model call's worst case), as the run's counters say */
+  const chart = await page.locator('#cost-chart svg').getAttribute('aria-label');
+  const facts = await page.locator('#run-facts').innerText();
+  check('cost chart is the settled cost', chart === 'Cost over time, up to $0.0080' && facts.includes('$0.0080'), chart + ' | ' + facts);
   await page.screenshot({ path: join(ART, 'console-stopped-run.png'), fullPage: true });
   const [dl] = await Promise.all([page.waitForEvent('download'), page.click('#dl-regression')]);
   const text = readFileSync(await dl.path(), 'utf8');

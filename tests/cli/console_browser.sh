@@ -25,12 +25,14 @@ start_server S --store "sqlite:$TMP/lg.db" --tokens "$TMP/tokens"
 post() { curl -sf -XPOST -H "Authorization: Bearer $AG" -H 'Content-Type: application/json' "$S_URL$1" -d "$2" >/dev/null || fail "POST $1"; }
 post /v1/runs '{"run_id":"loop-1","group":"billing"}'
 post /v1/runs/loop-1/model '{"model":"gpt-x","input_tokens":1200,"max_tokens":300,"cost_usd":0.004,"turn":1}'
-post /v1/runs/loop-1/usage '{"input_tokens":1200,"output_tokens":100,"cost_usd":0.004}'
+# each model call's usage costs half its worst case: the console's cost
+# chart is the settled cost ($0.008), not the worst cases ($0.016)
+post /v1/runs/loop-1/usage '{"input_tokens":1200,"output_tokens":100,"cost_usd":0.002}'
 for i in 1 2 3 4 5 6; do
   post /v1/runs/loop-1/calls '{"tool":"charge_invoice","args":{"invoice_id":"INV-7"},"turn":'$i'}'
   [ $i -le 2 ] && post /v1/runs/loop-1/results '{"status":"progress","value":{"ok":false}}'
   [ $i -le 2 ] && post /v1/runs/loop-1/model '{"model":"gpt-x","input_tokens":1500,"max_tokens":300,"cost_usd":0.006,"turn":'$((i + 1))'}'
-  [ $i -le 2 ] && post /v1/runs/loop-1/usage '{"input_tokens":1500,"output_tokens":120,"cost_usd":0.006}'
+  [ $i -le 2 ] && post /v1/runs/loop-1/usage '{"input_tokens":1500,"output_tokens":120,"cost_usd":0.003}'
 done
 sleep 0.01
 post /v1/runs '{"run_id":"live-1","group":"support"}'
