@@ -8,7 +8,7 @@
   const TOKEN_KEY = 'loopguard.token';
   const PAGE = 25, POLL_MS = 3000;
   let token = sessionStorage.getItem(TOKEN_KEY) || '';
-  let runs = [], page = 0, timer = null, current = null, pending = null;
+  let runs = [], page = 0, timer = null, current = null, pending = null, shown = 0;
   const $ = (s) => document.querySelector(s);
 
   function el(tag, attrs, ...kids) {
@@ -178,7 +178,11 @@
   }
   function fact(dl, k, v) { if (v !== undefined && v !== null && v !== '') dl.append(el('dt', { text: k }), el('dd', {}, v)); }
 
+  /* One run's page: its three requests, drawn when all came, unless another
+   * run was asked for meanwhile (`shown` counts the asks: a slow answer of
+   * the run left behind draws nothing over the one shown now). */
   async function loadRun(id) {
+    const mine = ++shown;
     current = null;
     $('#run-h').textContent = 'Run ' + id;
     $('#timeline').replaceChildren();
@@ -190,10 +194,11 @@
     let run, trace = '', reg = null;
     try {
       run = await api('/v1/runs/' + encodeURIComponent(id));
-    } catch (e) { status(e.message, true); return; }
-    current = run;
-    try { trace = await api('/v1/runs/' + encodeURIComponent(id) + '/trace', { text: true }); } catch (e) { status(e.message, true); }
+    } catch (e) { if (mine === shown) status(e.message, true); return; }
+    try { trace = await api('/v1/runs/' + encodeURIComponent(id) + '/trace', { text: true }); } catch (e) { if (mine === shown) status(e.message, true); }
     try { reg = parseTrace(await api('/v1/runs/' + encodeURIComponent(id) + '/regression', { text: true })).expect; } catch (e) { /* older server */ }
+    if (mine !== shown) return; /* another run was asked for meanwhile */
+    current = run;
     const env = run.envelope || {}, k = run.counters || env.counters || {};
     const dl = $('#run-facts');
     fact(dl, 'Status', badge('s-' + run.status, run.status));

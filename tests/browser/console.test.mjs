@@ -104,6 +104,18 @@ try {
   check('the resume and its note', /resumed by an operator: fixed the invoice/.test(tl), tl);
   check('identical calls whatever the keys\' order', /identical call #6/.test(await page.locator('#timeline li.stop').first().innerText()), tl);
 
+  // 3c. Two runs asked for one after the other, the first answering
+  // slowly: the page shows the second, not the first's late answer over it.
+  await page.route('**/v1/runs/loop-1/trace', async (r) => { await new Promise((f) => setTimeout(f, 700)); await r.continue(); });
+  await page.goto(URL + '/#/run/loop-1');
+  await page.goto(URL + '/#/run/again-1');
+  await page.waitForTimeout(1500);
+  const factsNow = await page.locator('#run-facts').innerText(), tlNow = await page.locator('#timeline').innerText();
+  check('a slow run left behind draws nothing over the next',
+    (await page.locator('#run-h').innerText()) === 'Run again-1' && !/billing/.test(factsNow) && /resumed by an operator/.test(tlNow) &&
+      (await page.locator('#timeline li.stop').count()) === 1, factsNow + ' | ' + tlNow.slice(0, 300));
+  await page.unroute('**/v1/runs/loop-1/trace');
+
   // 4. The kill switch on the live run: one confirmation, then the API says stop.
   await page.goto(URL + '/#/run/live-1');
   await page.waitForSelector('#run-facts dd');
