@@ -6,7 +6,7 @@
 'use strict';
 (function () {
   const TOKEN_KEY = 'loopguard.token';
-  const PAGE = 25, POLL_MS = 3000;
+  const PAGE = 25, POLL_MS = 3000, INCIDENTS = 1000;
   let token = sessionStorage.getItem(TOKEN_KEY) || '';
   let runs = [], page = 0, timer = null, current = null, pending = null, shown = 0;
   const $ = (s) => document.querySelector(s);
@@ -354,7 +354,7 @@
   async function loadIncidents() {
     const box = $('#incidents');
     try {
-      const d = await api('/v1/runs?status=stopped&limit=1000');
+      const d = await api('/v1/runs?status=stopped&limit=' + INCIDENTS);
       const by = new Map();
       for (const r of d.runs || []) {
         const k = r.terminal_reason || 'unknown';
@@ -363,6 +363,9 @@
       }
       box.replaceChildren();
       if (!by.size) box.append(el('p', { class: 'muted', text: 'No stopped runs.' }));
+      if ((d.runs || []).length >= INCIDENTS) /* the counts are of these runs only: say so */
+        box.append(el('p', { class: 'muted', text: 'The newest ' + INCIDENTS.toLocaleString('en') +
+          ' stopped runs; older ones are not counted here (loopguard runs list --status stopped --limit N lists more).' }));
       for (const [reason, list] of [...by.entries()].sort((a, b) => b[1].length - a[1].length)) {
         const g = el('section', { class: 'group' }, el('h3', { text: reason + ' (' + list.length + ')' }));
         for (const r of list.slice(0, 50)) {

@@ -156,6 +156,20 @@ try {
   check('a budget shown again is shown once', (await page.locator('#budgets .budget[data-scope="workspace:acme"]').count()) === 1);
   await page.screenshot({ path: join(ART, 'console-budgets.png') });
 
+  // 6b. More stopped runs than incidents reads (1,000): the page says its
+  // counts are of the newest 1,000 (until session 41 it counted them as all).
+  const post = (path, body, token) => fetch(URL + path, { method: 'POST',
+    headers: { Authorization: 'Bearer ' + token, 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+  for (let i = 0; i < 1000; i += 50)
+    await Promise.all(Array.from({ length: 50 }, async (_, k) => {
+      await post('/v1/runs', { run_id: 'bulk-' + (i + k) }, AG);
+      await post('/v1/runs/bulk-' + (i + k) + '/cancel', { reason: 'bulk_test' }, OP);
+    }));
+  await page.goto(URL + '/#/incidents');
+  await page.waitForFunction(() => /bulk-/.test(document.querySelector('#incidents').textContent)).catch(() => {});
+  const many = await page.locator('#incidents').innerText();
+  check('incidents say they count the newest 1,000', /The newest 1,000 stopped runs/.test(many), many.slice(0, 300));
+
   // 7. A phone's width: nothing wider than the screen.
   await page.setViewportSize({ width: 375, height: 800 });
   await page.goto(URL + '/#/run/loop-1');
