@@ -2810,6 +2810,7 @@ static void stream_reset(chat_t *c) {
   c->saw_done = 0;
   c->saw_error = 0;
   c->text.len = 0;
+  c->r_sent = 0;
   c->text_fed = 0;
   c->line.len = 0;
   c->events = 0;

@@ -99,6 +99,7 @@ typedef struct chat {
   int saw_error;              /* the upstream's stream carried its own error event */
   int a_open;                 /* Anthropic stream: the client's open text block, or -1 */
   int r_open;                 /* Responses stream: the client's open message item, or -1 */
+  size_t r_sent;              /*   the bytes of text the client got (a cut's last delta is not sent) */
   json_t *r_open_item;        /*   and that item (output_item.added's) */
   /* streaming: the response being read */
   lg__buf_t line;             /* a partial SSE line */

@@ -116,6 +116,7 @@ int lg__gwr_on_event(chat_t *c, const char *data, size_t n) {
         json_decref(ev);
         return 1;
       }
+      if (d) c->r_sent = c->text.len;
       if (!strcmp(type, "response.output_item.done") && m == c->r_open) c->r_open = -1;
       json_object_set_new(ev, "output_index", json_integer(m));
       lg__gwr_event(c, ev);
@@ -128,16 +129,18 @@ int lg__gwr_on_event(chat_t *c, const char *data, size_t n) {
 }
 
 /* The message item the client has open (a stream cut in the middle),
- * completed with the text it got; that item (new), or NULL. */
+ * completed with the text it got (its deltas: not the one that made the
+ * cut, which the run read and the client never got); that item (new), or
+ * NULL. */
 static json_t *r_close_open(chat_t *c) {
   if (c->r_open < 0 || !c->r_open_item) return NULL;
   const char *id = sget(c->r_open_item, "id");
-  const char *text = c->text.data ? c->text.data : "";
+  json_t *text = json_stringn(c->text.data ? c->text.data : "", c->text.data ? c->r_sent : 0);
   int oi = c->r_open;
   c->r_open = -1;
-  lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:s}", "type", "response.output_text.done", "item_id", id,
+  lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:O}", "type", "response.output_text.done", "item_id", id,
                        "output_index", oi, "content_index", 0, "text", text));
-  json_t *part = json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations");
+  json_t *part = json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", text, "annotations");
   lg__gwr_event(c, json_pack("{s:s, s:s?, s:i, s:i, s:O}", "type", "response.content_part.done", "item_id", id,
                        "output_index", oi, "content_index", 0, "part", part));
   json_t *item = json_deep_copy(c->r_open_item);
@@ -178,7 +181,7 @@ void lg__gwr_end_stream(chat_t *c) {
   char id[64];
   if (!c->r_done) { /* an answer of the gateway's own: the client may continue from it */
     lg__gwc_own_id(c, id, sizeof id);
-    lg__gwc_own_response(c, id, item && c->text.data ? c->text.data : NULL);
+    lg__gwc_own_response(c, id, sget(json_array_get(json_object_get(item, "content"), 0), "text")); /* r_close_open's */
   }
   json_t *resp = c->r_done ? json_incref(c->r_done)
                  : item    ? json_pack("{s:s, s:s, s:s, s:s?, s:[O]}", "id", id, "object", "response",

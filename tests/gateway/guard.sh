@@ -142,6 +142,21 @@ for api in chat messages responses; do
   [ "$(echo "$out" | get 'int(0 < d["final"].count("Waiting for the payment.") < 40)')" = 1 ] || fail "chant observe $api: not cut: $out"
   echo "$out" | get 'd["final"]' | grep_q "stopping" && fail "chant observe $api: stopped: $out"
 done
+# The text a cut Responses stream closes its message with is the text the
+# client got, delta by delta: the delta that made the cut is read by the
+# run, not sent (until session 41 output_text.done and the completed
+# response held it, 8 characters the deltas never had).
+python3 - "$g_URL" <<'PY' || fail "chant observe responses: the closing text is not the deltas' text"
+import json, sys, urllib.request
+body = json.dumps({"model": "chant", "stream": True, "input": "Wait for the payment."}).encode()
+req = urllib.request.Request(sys.argv[1] + "/v1/responses", body, {"Content-Type": "application/json", "X-Loopguard-Run": "chant-cut-text"})
+evs = [json.loads(l[6:]) for l in urllib.request.urlopen(req).read().decode().split("\n") if l.startswith("data: ")]
+deltas = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+done = [e["text"] for e in evs if e["type"] == "response.output_text.done"]
+last = [e["response"] for e in evs if e["type"] in ("response.completed", "response.incomplete")][-1]
+told = "".join(p.get("text", "") for it in last["output"] for p in it.get("content", []) if p.get("type") == "output_text")
+assert 0 < len(deltas) < 5000 and done == [deltas] and told == deltas, (len(deltas), [len(d) for d in done], len(told))
+PY
 
 note "a new user message after a loop's stop: the run resumes, a new episode, and its trace replays to that"
 active() { curl -sf "$g_URL/metrics" | awk '$1 == "loopguard_runs_active" { print $2 }'; }
