@@ -336,10 +336,10 @@ done
 # "custom"), the same patch every time; guarded as a function's, its
 # arguments {"input": TEXT}. Until session 41 they went through unread:
 # the loop ran to the agent's step cap.
+d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1) || fail "custom direct: $d"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "custom direct: $d"
 for stream in 0 1; do
   note "a custom tool's calls (Responses, stream=$stream; previous_response_id, then the whole conversation each turn)"
-  d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1 STREAM=$stream) || fail "custom direct: $d"
-  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "custom direct: $d"
   for st in 0 1; do
     g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-write CUSTOM=1 STATELESS=$st STREAM=$stream) || fail "custom gateway: $g"
     stopped "responses custom stateless=$st stream=$stream" "$g"
@@ -354,10 +354,10 @@ done
 # (its output is chunks: a text part there is refused). Until session 41
 # they went through unread.
 for tool in apply_patch shell; do
+  d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool) || fail "$tool direct: $d"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "$tool direct: $d"
   for stream in 0 1; do
     note "the built-in $tool tool's calls (Responses, stream=$stream)"
-    d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool STREAM=$stream) || fail "$tool direct: $d"
-    [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "$tool direct: $d"
     for st in 0 1; do
       g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=$tool STATELESS=$st STREAM=$stream) || fail "$tool gateway: $g"
       stopped "responses $tool stateless=$st stream=$stream" "$g"
