@@ -181,6 +181,7 @@ static int is_type(chat_t *c, size_t i, const char *type) {
 static int is_call_item(chat_t *c, size_t i) { return lg__gwr_is_call(msg_str(c, i, PEEK_TYPE)); }
 
 static int is_reasoning(const char *ty) { return ty && !strcmp(ty, "reasoning"); }
+static int is_message(const char *ty) { return ty && !strcmp(ty, "message"); }
 
 static int is_role(chat_t *c, size_t i, const char *role) {
   const char *r = msg_str(c, i, PEEK_ROLE);
@@ -900,14 +901,16 @@ static void append_answers(json_t *msgs, json_t *items) {
 /* What of an answer both a restored turn and the client may hold, by a
  * key of its own: its thinking (Messages: a thinking block's signature,
  * a redacted_thinking block's data; Chat Completions: OpenRouter's
- * reasoning_details, signed or encrypted) and its reasoning items
- * (Responses: their id). NULL for anything else. */
+ * reasoning_details, signed or encrypted) and its reasoning and message
+ * items (Responses: their id; a stream gave the client both as they
+ * came). NULL for anything else. */
 static const char *reasoning_key(json_t *b) {
   const char *ty = sget(b, "type");
   const char *k = !ty                                  ? NULL
                   : !strcmp(ty, "thinking")            ? sget(b, "signature")
                   : !strcmp(ty, "redacted_thinking")   ? sget(b, "data")
                   : !strcmp(ty, "reasoning")           ? sget(b, "id")
+                  : !strcmp(ty, "message")             ? sget(b, "id")
                   : !strcmp(ty, "reasoning.text")      ? sget(b, "signature")
                   : !strcmp(ty, "reasoning.encrypted") ? sget(b, "data")
                                                        : NULL;
@@ -959,7 +962,7 @@ static json_t *without_held_thinking(const chat_t *c, json_t *m, json_t *held) {
 /* Responses: 1 when client item i is a reasoning item that restored
  * turns hold (held), itself or an item_reference to it. */
 static int held_reasoning_item(chat_t *c, size_t i, json_t *held) {
-  if (!is_type(c, i, "reasoning") && !is_type(c, i, "item_reference")) return 0;
+  if (!is_type(c, i, "reasoning") && !is_type(c, i, "item_reference") && !is_type(c, i, "message")) return 0;
   const char *id = sget(client_msg(c, i), "id");
   return id && json_object_get(held, id);
 }
@@ -2020,10 +2023,17 @@ static json_t *restored_items(chat_t *c, calls_out_t *co, const char *content, j
   int with_text = !json_array_size(co->kept) && content && *content;
   if (is_responses(c)) {
     /* no call left for the client: the answer's reasoning items go first,
-     * as the provider made them (it binds its calls to them); with calls
-     * left, the client has those items, before which the restored calls
-     * go: without their ids, they are bound to nothing */
+     * as the provider made them (it binds its calls to them), then its
+     * message items (what the model said beside the calls, as Chat's and
+     * Messages' restored turns hold it; until session 41 it was left out);
+     * with calls left, the client has those items, before which the
+     * restored calls go: without their ids, they are bound to nothing */
     if (!json_array_size(co->kept)) json_array_extend(items, c->reasoning);
+    if (with_text) {
+      json_t *said = lg__gwc_items_of_type(msg ? msg : c->r_done, "output", is_message);
+      json_array_extend(items, said);
+      json_decref(said);
+    }
     for (size_t i = 0; i < json_array_size(co->rest_calls); i++) {
       json_t *fc = json_array_get(co->rest_calls, i);
       if (json_array_size(co->kept) && json_object_get(fc, "id")) {

@@ -700,13 +700,16 @@ function checkResponses(items) {
 // one, and the items it made are bound to it as OpenAI binds them. A
 // function_call the server made after a reasoning item may come back only
 // after that item, and a reasoning item only followed by an item of its
-// own answer; else the request is refused with OpenAI's words.
+// own answer; no item may come twice (by its id); else the request is
+// refused with OpenAI's words.
 const reasoningOf = new Map(); // function_call id -> its reasoning item's id
 const followersOf = new Map(); // reasoning item id -> the ids of the items after it
 function checkReasoning(items) {
   const seen = new Set();
   for (let i = 0; i < items.length; i++) {
     const it = items[i];
+    if (it.id && seen.has(it.id)) // one item twice (an input item and a stored one, two copies), as OpenAI refuses it
+      return `Duplicate item found with id ${it.id}. Remove duplicate items from your input and try again.`;
     if (OUTPUT_OF[it.type] && it.id && reasoningOf.has(it.id) && !seen.has(reasoningOf.get(it.id)))
       return `Item '${it.id}' of type '${it.type}' was provided without its required 'reasoning' item: '${reasoningOf.get(it.id)}'.`;
     if (it.type === 'reasoning' && it.id && followersOf.has(it.id)) {

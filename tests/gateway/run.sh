@@ -331,6 +331,46 @@ for stream in 0 1; do
   [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "responses finish: $b"
 done
 
+# An answer whose every call is refused: the upstream's next request holds
+# that answer's items as the provider made them, its message with what the
+# model said beside the call too (detour says "Writing the record." with
+# each write), each item once (the fake refuses an item twice); until
+# session 41 a Responses answer's message was left out.
+for stream in 0 1; do
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=detour STATELESS=1 STREAM=$stream) || fail "responses detour stream=$stream: $g"
+  [ "$(echo "$g" | get '[d["executions"]["write_record"], d["executions"]["lookup"], d["ended"]]')" = '[2, 1, "final"]' ] ||
+    fail "responses detour stream=$stream: $g"
+done
+curl -sf "$FAKE/stats" | get 'sum(1 for b in d["bodies"] if b.get("model") == "detour" and isinstance(b.get("input"), list) for it, nxt in zip(b["input"], b["input"][1:]) if it.get("type") == "message" and it.get("role") == "assistant" and "Writing the record." in json.dumps(it.get("content")) and nxt.get("type") == "function_call" and any(o.get("call_id") == nxt.get("call_id") and "loopguard did not run" in str(o.get("output")) for o in b["input"]))' >"$TMP/detour.count"
+[ "$(cat "$TMP/detour.count")" -ge 2 ] || fail "responses detour: the refused answer's message was not restored before its call ($(cat "$TMP/detour.count") bodies)"
+# A client that keeps every item a stream gave it (each output_item.done,
+# the refused answer's message among them) and sends them back whole: the
+# restored message is not sent twice (the fake refuses a duplicate id).
+python3 - "$gw_URL" <<'PY' || fail "responses detour, items kept from the stream: see above"
+import json, sys, urllib.request
+tools = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in ("write_record", "lookup")]
+conv, writes = [{"role": "user", "content": "Write record 7 with value A."}], 0
+for turn in range(8):
+    body = json.dumps({"model": "detour", "stream": True, "input": conv, "tools": tools}).encode()
+    req = urllib.request.Request(sys.argv[1] + "/v1/responses", body, {"Content-Type": "application/json"})
+    evs = [json.loads(l[6:]) for l in urllib.request.urlopen(req).read().decode().split("\n") if l.startswith("data: ")]
+    errs = [e for e in evs if e["type"] in ("error", "response.failed")]
+    assert not errs, errs
+    items = [{k: v for k, v in e["item"].items() if k != "status"} for e in evs if e["type"] == "response.output_item.done"]
+    calls = [it for it in items if it.get("type") == "function_call"]
+    conv += items
+    if not calls:
+        text = "".join(p.get("text", "") for it in items if it.get("type") == "message" for p in it.get("content", []))
+        assert text.startswith("Done"), text
+        break
+    for c in calls:
+        writes += c["name"] == "write_record"
+        conv.append({"type": "function_call_output", "call_id": c["call_id"], "output": "Error: read-only." if c["name"] == "write_record" else '{"name": "Ada"}'})
+else:
+    raise SystemExit("no final answer in 8 turns")
+assert writes == 2, writes
+PY
+
 # A custom tool (free-text input: Codex's apply_patch is one): its calls
 # are custom_tool_call items (Chat Completions: tool calls of type
 # "custom"), the same patch every time; guarded as a function's, its
