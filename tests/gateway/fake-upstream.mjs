@@ -162,6 +162,12 @@ const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], model
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
+// A stream's pace: one event every TICK_MS ms (FAKE_CHUNK_MS, 1 by default:
+// each event its own write, apart from the next; the drip models keep
+// their own, slower pace for the tests that watch a stream as it comes).
+// Until session 41 it was 5 ms, and the suite's streams took a fifth of
+// gateway_e2e's time.
+const TICK_MS = Number(process.env.FAKE_CHUNK_MS || 1);
 
 function check(messages) {
   const open = new Map(); // call id -> answered
@@ -461,7 +467,7 @@ function reply(res, req) {
   if (req.stream_options && req.stream_options.include_usage && !/-nousage/.test(req.model)) steps.push(() => send([], { usage }));
   steps.push(() => res.end('data: [DONE]\n\n'));
   if (plan.pieces) { for (const step of steps) step(); return; } // all at once
-  const delay = (req.model || '').startsWith('drip') ? 250 : Number(process.env.FAKE_CHUNK_MS || 5);
+  const delay = (req.model || '').startsWith('drip') ? 250 : TICK_MS;
   let k = 0;
   const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, delay); } };
   tick();
@@ -647,7 +653,7 @@ function replyAnthropic(res, req) {
   steps.push(() => { ev('message_stop', {}); res.end(); });
   if (plan.pieces) { for (const step of steps) step(); return; } // all at once
   let k = 0;
-  const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, 5); } };
+  const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, TICK_MS); } };
   tick();
 }
 
@@ -820,7 +826,7 @@ function replyResponses(res, req) {
     });
     steps.push(() => { ev(plan.cut ? 'response.incomplete' : 'response.completed', { response: full }); res.end(); });
     let k = 0;
-    const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, 5); } };
+    const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, TICK_MS); } };
     return tick();
   }
   res.writeHead(200, { 'content-type': 'application/json' });
