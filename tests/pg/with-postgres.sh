@@ -18,7 +18,9 @@
 #
 # Environment: LG_PGBIN (server binaries; default the newest
 # /usr/lib/postgresql/*/bin), LG_PG_FSYNC (on|off, default on: benchmarks
-# need real commits), LG_PG_KEEP=1 (keep the folder for a post-mortem).
+# need real commits), LG_PG_KEEP=1 (keep the folder for a post-mortem),
+# LG_PG_TEMPLATE (a folder for a template cluster copied for each test;
+# the suite sets it to BUILD/pg-template).
 set -u
 
 if [ $# -eq 0 ]; then
@@ -69,8 +71,30 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if ! as_pg "$pgbin/initdb" -D "$dir/data" -A trust -U "$user" -E UTF8 --no-sync \
-    >"$dir/initdb.log" 2>&1; then
+# The cluster: a copy of a template made once (LG_PG_TEMPLATE, a folder
+# the suite gives: its build folder's pg-template), under a lock, by the
+# first test that needs it; a cluster made by initdb is the same every
+# time, and a copy takes 0.1 s where initdb takes 1.1 (48 of them in a
+# make test). Without LG_PG_TEMPLATE, or when the template cannot be had,
+# initdb makes the test's own, as before.
+initdb_into() { # DIR: a new cluster in DIR/data, its log in DIR/initdb.log
+  as_pg "$pgbin/initdb" -D "$1/data" -A trust -U "$user" -E UTF8 --no-sync >"$1/initdb.log" 2>&1
+}
+from_template() {
+  local t=${LG_PG_TEMPLATE:-} v
+  [ -n "$t" ] && command -v flock >/dev/null || return 1
+  v=$("$pgbin/postgres" -V | tr -c 'A-Za-z0-9.\n' '_')
+  t="$t/$v-$user"
+  mkdir -p "$(dirname "$t")" || return 1
+  (
+    flock 9 || exit 1
+    [ -f "$t/ready" ] && exit 0
+    rm -rf "$t"
+    mkdir -p "$t" && { [ "$(id -u)" != 0 ] || chown postgres "$t"; } && initdb_into "$t" && touch "$t/ready"
+  ) 9>"$t.lock" || return 1
+  cp -a "$t/data" "$dir/data"
+}
+if ! from_template && ! { rm -rf "$dir/data"; initdb_into "$dir"; }; then
   cat "$dir/initdb.log" >&2
   unavailable "initdb failed (log above)"
 fi
