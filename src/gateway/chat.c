@@ -758,7 +758,8 @@ static json_t *with_note(chat_t *c, json_t *m, const char *note) {
   json_t *m2 = json_deep_copy(m);
   if (!m2) return json_incref(m);
   const char *ty = is_responses(c) ? sget(m2, "type") : NULL;
-  const lg__gwr_kind_t *k = lg__gwr_is_output(ty) ? lg__gwr_kind(ty) : NULL;
+  const lg__gwr_kind_t *k = lg__gwr_kind(ty);
+  if (k && strcmp(ty, k->output)) k = NULL; /* an output item's kind, or none */
   json_t *out = json_object_get(m2, "output");
   if (k && k->out == LG__OUT_CHUNKS && json_array_size(out))
     note_into(json_array_get(out, json_array_size(out) - 1), "stderr", NULL, note);
@@ -959,8 +960,8 @@ static json_t *without_held_thinking(const chat_t *c, json_t *m, json_t *held) {
   return out;
 }
 
-/* Responses: 1 when client item i is a reasoning item that restored
- * turns hold (held), itself or an item_reference to it. */
+/* Responses: 1 when client item i is a reasoning or message item that
+ * restored turns hold (held), itself or an item_reference to it. */
 static int held_reasoning_item(chat_t *c, size_t i, json_t *held) {
   if (!is_type(c, i, "reasoning") && !is_type(c, i, "item_reference") && !is_type(c, i, "message")) return 0;
   const char *id = sget(client_msg(c, i), "id");

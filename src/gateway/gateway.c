@@ -1885,8 +1885,6 @@ static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, 
   return j.rc;
 }
 
-/* (a budget's refusal is counted where it is answered: lg__gw_keys_refusal) */
-static void note_step(lg_server_t *srv, const lg__step_t *st) { lg__server_note_step(srv, st); }
 
 int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *err) {
   lg_server_t *srv = cx->srv;
@@ -1896,7 +1894,7 @@ int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *e
   lg_error_t e = {0};
   int rc = lg__step_finish(st, on_store(srv, r, lg__step_locked, st, &st->canon, &e), &e);
   if (rc && err) *err = e;
-  if (!rc) note_step(srv, st);
+  if (!rc) lg__server_note_step(srv, st); /* a budget's refusal: lg__gw_keys_refusal counts it */
   return rc;
 }
 
@@ -1910,7 +1908,7 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg
   int rc = lg__step_batch_finish(b, on_store(srv, r, lg__step_batch_locked, b, &b->v[0].canon, &e), &e);
   if (rc && err) *err = e;
   for (size_t i = 0; !rc && i < b->n; i++)
-    if (b->v[i].decided) note_step(srv, &b->v[i]);
+    if (b->v[i].decided) lg__server_note_step(srv, &b->v[i]);
   return rc;
 }
 

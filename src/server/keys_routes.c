@@ -60,8 +60,12 @@ static int call(lg__req_t *rq, lg_store_t *s, int64_t now, char **out, lg_error_
  * log (the moment to act: until session 41 the warning was at every
  * start, for every server without a secret, keys or not). */
 static void warn_in_clear(lg__req_t *rq, const char *out) {
-  if (!out || !strstr(out, "\"byok_at_rest\":\"clear\"")) return; /* the library's words */
-  json_t *o = json_loads(out, 0, NULL);
+  json_t *o = out ? json_loads(out, 0, NULL) : NULL;
+  const char *at_rest = json_string_value(json_object_get(o, "byok_at_rest"));
+  if (!at_rest || strcmp(at_rest, "clear")) {
+    json_decref(o);
+    return;
+  }
   const char *hash = json_string_value(json_object_get(o, "hash"));
   const char *name = json_string_value(json_object_get(o, "name"));
   lg__buf_t f = {0};

@@ -61,6 +61,8 @@ size_t lg__utf8_valid_prefix(const char *s, size_t n);
  * UTF-8 without control characters. NULL when s[0..n) is one, else what
  * is wrong ("must not be empty", ...), to follow the field's name. */
 #define LG__ID_MAX 1024
+#define LG__STR_(x) #x
+#define LG__STR(x) LG__STR_(x) /* a macro's value as a string literal */
 const char *lg__id_problem(const char *s, size_t n);
 /* Appends jansson value v as compact JSON text, what json_dumps(v,
  * JSON_COMPACT | JSON_ENCODE_ANY) writes (members in their order, reals

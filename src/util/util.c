@@ -496,7 +496,7 @@ size_t lg__utf8_valid_prefix(const char *s, size_t n) {
 
 const char *lg__id_problem(const char *s, size_t n) {
   if (!n) return "must not be empty";
-  if (n > LG__ID_MAX) return "longer than 1024 bytes";
+  if (n > LG__ID_MAX) return "longer than " LG__STR(LG__ID_MAX) " bytes";
   if (lg__utf8_valid_prefix(s, n) != n) return "not valid UTF-8";
   for (size_t i = 0; i < n; i++)
     if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return "must not hold control characters";

@@ -662,8 +662,9 @@ function replyAnthropic(res, req) {
 const stored = new Map(); // response id -> the conversation items up to and with its output
 let respSeq = 0;
 
-// A call item's type, and its output's: a custom tool's call is answered
-// by a custom_tool_call_output, a function's by a function_call_output.
+// A call item's type (the items the client runs), and its output's: a
+// function's call is answered by a function_call_output, a custom tool's by
+// a custom_tool_call_output, a built-in shell's or apply_patch's by its own.
 const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output', shell_call: 'shell_call_output', apply_patch_call: 'apply_patch_call_output' };
 const OUTPUTS = Object.values(OUTPUT_OF);
 // what a built-in tool's output item must hold, as the API checks it
@@ -708,7 +709,7 @@ function checkResponses(items) {
 // after that item, and a reasoning item only followed by an item of its
 // own answer; no item may come twice (by its id); else the request is
 // refused with OpenAI's words.
-const reasoningOf = new Map(); // function_call id -> its reasoning item's id
+const reasoningOf = new Map(); // a call item's id -> its reasoning item's id
 const followersOf = new Map(); // reasoning item id -> the ids of the items after it
 function checkReasoning(items) {
   const seen = new Set();
