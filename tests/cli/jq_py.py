@@ -5,8 +5,11 @@ here, 90 under the suite's load, and a gateway test makes 180 calls; this
 one answers each over a loopback connection in a millisecond or two.
 
 It prints its port on its first line, then for each connection reads
-EXPR, a newline, the JSON document, a NUL byte; evaluates EXPR with the
-document bound to `d` (json and sys importable as in `python3 -c`), and
+EXPR, a newline, a path, a NUL byte; reads the JSON document from the
+path to its end (the caller's standard input, /proc/PID/fd/0: a pipe
+read here in 64 KB pieces, where bash's read would make a system call
+of each byte); evaluates EXPR with the document bound to `d` (json and
+sys importable as in `python3 -c`), and
 answers as serve_lib.bash's ask_helper reads: "0" and a newline, what
 `print` would write (the value as JSON, a string as itself) and a NUL;
 or "1", a newline, a NUL and the traceback when the document is not
@@ -28,8 +31,10 @@ def answer(conn):
             if not chunk:
                 return  # the client went: nothing to answer
             data += chunk
-        expr, _, doc = bytes(data[:-1]).partition(b"\n")
+        expr, _, path = bytes(data[:-1]).partition(b"\n")
         try:
+            with open(path, "rb") as f:
+                doc = f.read()
             d = json.loads(doc)
             r = eval("(" + expr.decode() + ")", {"json": json, "sys": sys, "d": d})
             out = b"0\n" + ((r if isinstance(r, str) else json.dumps(r)) + "\n").encode() + b"\0"
