@@ -954,19 +954,18 @@ stop_server lead
 
 # N requests at once to a model that answers after 3 s (run N, name):
 # each must be answered 200, and none may take LIMIT s [5.5] or more by
-# curl's own clock (a request that waited behind another's 3 s takes 6):
-# each request's own time, not the whole's, so that the seconds a loaded
-# machine takes to start N curls are not counted (until session 41 the
-# whole was timed, and a loaded CI machine failed it). Sets started to
-# the workers the server has started then.
+# its own clock (a request that waited behind another's 3 s takes 6):
+# each request's own time, not the whole's, so that a loaded machine's
+# slowness to start them is not counted (until session 41 the whole was
+# timed, and a loaded CI machine failed it). The N come from one process,
+# at-once.py, connected before any sends (until session 42, N curls: 120
+# processes to start). Sets started to the workers the server has
+# started then.
 slow_at_once() { # N NAME URL_VAR [LIMIT]
-  local n=$1 name=$2 limit=${4:-5.5} i r pids=()
-  for i in $(seq "$n"); do
-    curl -s --max-time 30 -o "$TMP/$name-$i.json" -w '%{http_code} %{time_total}' -H 'Content-Type: application/json' -H "X-Loopguard-Run: $name-$i" \
-      -d '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "${!3}/v1/chat/completions" >"$TMP/$name-$i.code" &
-    pids+=($!)
-  done
-  wait "${pids[@]}"
+  local n=$1 name=$2 limit=${4:-5.5} i r
+  python3 "$HERE_SRC/at-once.py" "$n" "${!3}/v1/chat/completions" \
+    '{"model":"slow","messages":[{"role":"user","content":"Say hello."}]}' "$TMP/$name" ||
+    fail "$name: at-once.py failed"
   for i in $(seq "$n"); do
     r=$(cat "$TMP/$name-$i.code")
     [ "${r%% *}" = 200 ] || fail "$name: request $i: $r $(head -c 300 "$TMP/$name-$i.json")"
