@@ -1885,7 +1885,6 @@ static int on_store_once(lg_server_t *srv, lg__gw_run_t *r, lg_store_run_fn fn, 
   return j.rc;
 }
 
-
 int lg__gw_step(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_t *st, lg_error_t *err) {
   lg_server_t *srv = cx->srv;
   st->policy = server_policy;
