@@ -77,10 +77,10 @@ test: build
 
 # The parts of make test, one at a time.
 test-unit: build
-	@cd $(BUILD) && LG_PG_TEMPLATE=$(CURDIR)/$(BUILD)/pg-template ctest --output-on-failure -j $(TEST_JOBS)
+	@cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)
 
 test-asan: build-asan
-	@cd $(ASAN_BUILD) && LG_PG_TEMPLATE=$(CURDIR)/$(BUILD)/pg-template ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(TEST_JOBS)
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(TEST_JOBS)
 
 test-fuzz: build-fuzz
 	@./scripts/fuzz-smoke "$(FUZZ_BUILD)" "$(FUZZ_SECONDS)"

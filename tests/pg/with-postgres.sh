@@ -20,7 +20,7 @@
 # /usr/lib/postgresql/*/bin), LG_PG_FSYNC (on|off, default on: benchmarks
 # need real commits), LG_PG_KEEP=1 (keep the folder for a post-mortem),
 # LG_PG_TEMPLATE (a folder for a template cluster copied for each test;
-# the suite sets it to BUILD/pg-template).
+# every CTest test gets BUILD/pg-template: tests/CMakeLists.txt, lg_test_env).
 set -u
 
 if [ $# -eq 0 ]; then
@@ -72,7 +72,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # The cluster: a copy of a template made once (LG_PG_TEMPLATE, a folder
-# the suite gives: its build folder's pg-template), under a lock, by the
+# CTest gives: its build folder's pg-template), under a lock, by the
 # first test that needs it; a cluster made by initdb is the same every
 # time, and a copy takes 0.1 s where initdb takes 1.1 (48 of them in a
 # make test). Without LG_PG_TEMPLATE, or when the template cannot be had,
