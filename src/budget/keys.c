@@ -25,7 +25,6 @@
 #include <jansson.h>
 #include <math.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 
@@ -34,13 +33,6 @@
 static int where(lg_store_t *s, int rc, lg_error_t *err) {
   if (rc < 0 && err && !err->source[0]) lg__err_where(err, lg_store_name(s), 0);
   return rc;
-}
-
-static void sha256_hex(const char *p, size_t n, char out[65]) {
-  unsigned char d[32];
-  unsigned int len = 32;
-  if (!EVP_Digest(p, n, d, &len, EVP_sha256(), NULL)) memset(d, 0, sizeof d);
-  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
 /* "lgk-" and SECRET_RANDOM characters of [0-9A-Za-z] from OpenSSL's
@@ -419,7 +411,7 @@ int lg_key_create(lg_store_t *s, const char *json, size_t len, int64_t now_ms, c
   int rc = parse_fields(json, len, 1, &r, err);
   if (!rc) rc = new_secret(secret, err);
   if (!rc) {
-    sha256_hex(secret, strlen(secret), hash);
+    lg__sha256_hex(secret, strlen(secret), hash);
     r.id = lg__strdup(hash);
     r.hash = lg__strdup(hash);
     r.created_ms = r.updated_ms = now_ms;
@@ -459,7 +451,7 @@ int lg_key_rotate(lg_store_t *s, const char *ref, int64_t now_ms, char **out, lg
   int rc = read_key(s, ref, &r, err);
   if (!rc) rc = new_secret(secret, err);
   if (!rc) {
-    sha256_hex(secret, strlen(secret), hash);
+    lg__sha256_hex(secret, strlen(secret), hash);
     lg__free(r.hash);
     if (!(r.hash = lg__strdup(hash))) rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
     r.rotated_ms = r.updated_ms = now_ms;
@@ -520,7 +512,7 @@ int lg__key_auth(lg_store_t *s, const char *secret, size_t n, lg__key_row_t *row
   if (n < 4 || memcmp(secret, LG_KEY_PREFIX, 4))
     return lg__err(err, LG_EPERM, "key", -1, "not a loopguard key (lgk-...)");
   char hash[65];
-  sha256_hex(secret, n, hash);
+  lg__sha256_hex(secret, n, hash);
   int found = 0;
   int rd = lg__store_read_begin(s);
   int rc = lg__sql_key_read(s, hash, row, &found, err);

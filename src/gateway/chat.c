@@ -763,9 +763,93 @@ static json_t *with_note(chat_t *c, json_t *m, const char *note) {
   json_t *out = json_object_get(m2, "output");
   if (k && k->out == LG__OUT_CHUNKS && json_array_size(out))
     note_into(json_array_get(out, json_array_size(out) - 1), "stderr", NULL, note);
-  else
+  else if (k && k->out == LG__OUT_SCREENSHOT) { /* no text: a message of its own (place_notes) */
+    const char *had = sget(m2, LG__GWR_NOTE);
+    lg__buf_t nb = {0};
+    lg__buf_printf(&nb, "%s%s[loopguard] %s", had ? had : "", had ? "\n\n" : "", note);
+    if (nb.data) json_object_set_new(m2, LG__GWR_NOTE, json_string(nb.data));
+    lg__buf_free(&nb);
+  } else
     note_into(m2, k ? "output" : "content", text_part(c), note);
   return m2;
+}
+
+/* Responses: notes (their text in b, emptied) said as a user message, at
+ * the end of items. */
+static void say_notes(json_t *items, lg__buf_t *b) {
+  json_array_append_new(items, json_pack("{s:s, s:s, s:[{s:s, s:s#}]}", "type", "message", "role", "user",
+                                         "content", "type", "input_text", "text", b->data, (int)b->len));
+  b->len = 0;
+}
+
+/* Responses: the upstream's items with each note kept in a computer call's
+ * output (LG__GWR_NOTE) said as a user message of its own, after that
+ * output and the outputs next to it, where every call before has its
+ * answer (a message between a call and its output is refused); new. */
+static json_t *place_notes(json_t *items) {
+  size_t n = json_array_size(items), i = 0;
+  while (i < n && !json_object_get(json_array_get(items, i), LG__GWR_NOTE)) i++;
+  if (i == n) return json_incref(items); /* none: most requests */
+  json_t *out = json_array(), *open = json_object();
+  lg__buf_t notes = {0};
+  for (i = 0; out && open && i < n; i++) {
+    json_t *it = json_array_get(items, i);
+    const char *ty = sget(it, "type"), *note = sget(it, LG__GWR_NOTE), *id = sget(it, "call_id");
+    if (note) {
+      lg__buf_printf(&notes, "%s%s", notes.len ? "\n\n" : "", note);
+      it = json_copy(it); /* the restored turn's item stays as it is */
+      json_object_del(it, LG__GWR_NOTE);
+      json_array_append_new(out, it);
+    } else {
+      json_array_append(out, it);
+    }
+    if (id && lg__gwr_is_call(ty)) json_object_set_new(open, id, json_true());
+    if (id && lg__gwr_is_output(ty)) json_object_del(open, id);
+    json_t *next = json_array_get(items, i + 1);
+    if (notes.len && !json_object_size(open) && !(next && lg__gwr_is_output(sget(next, "type"))))
+      say_notes(out, &notes);
+  }
+  if (notes.len && out) say_notes(out, &notes); /* calls left unanswered: said at the end */
+  lg__buf_free(&notes);
+  json_decref(open);
+  return out;
+}
+
+/* The screenshot the client sent last (a computer call's output, or an
+ * image in a person's message), as a computer_call_output's output; NULL
+ * when it sent none (borrowed from the client's message, or new). */
+static json_t *last_screen(chat_t *c, json_t **owned) {
+  *owned = NULL;
+  for (size_t i = c->n; i-- > 0;) {
+    const char *ty = msg_str(c, i, PEEK_TYPE);
+    if (ty && !strcmp(ty, "computer_call_output")) {
+      json_t *o = json_object_get(client_msg(c, i), "output");
+      if (sget(o, "image_url") || sget(o, "file_id")) return o;
+    } else if (is_role(c, i, "user")) {
+      json_t *parts = json_object_get(client_msg(c, i), "content");
+      for (size_t k = json_array_size(parts); k-- > 0;) {
+        json_t *p = json_array_get(parts, k);
+        const char *pt = sget(p, "type");
+        if (!pt || strcmp(pt, "input_image") || !(sget(p, "image_url") || sget(p, "file_id"))) continue;
+        *owned = json_pack("{s:s, s:O?, s:O?}", "type", "computer_screenshot", "image_url",
+                           json_object_get(p, "image_url"), "file_id", json_object_get(p, "file_id"));
+        if (*owned && !sget(*owned, "image_url")) json_object_del(*owned, "image_url");
+        if (*owned && !sget(*owned, "file_id")) json_object_del(*owned, "file_id");
+        return *owned;
+      }
+    }
+  }
+  return NULL;
+}
+
+/* Responses: the output of computer call tc, refused (lg__gwr_output_for,
+ * with the screen as the client saw it last). */
+static json_t *output_for(chat_t *c, json_t *tc, const char *id, const char *text) {
+  const lg__gwr_kind_t *k = lg__gwr_kind(sget(tc, "type"));
+  json_t *owned = NULL, *screen = k && k->out == LG__OUT_SCREENSHOT ? last_screen(c, &owned) : NULL;
+  json_t *o = lg__gwr_output_for(tc, id, text, screen);
+  json_decref(owned);
+  return o;
 }
 
 /* The steer message of the observe rung for a tool result, said with the
@@ -1180,6 +1264,14 @@ static json_t *build_body(chat_t *c) {
     json_object_set_new(b, "previous_response_id", json_incref(json_object_get(own, "prev")));
   else if (own)
     json_object_del(b, "previous_response_id");
+  if (is_responses(c)) {
+    json_t *placed = place_notes(msgs);
+    json_decref(msgs);
+    if (!(msgs = placed)) {
+      json_decref(b);
+      return NULL;
+    }
+  }
   json_object_set_new(b, is_responses(c) ? "input" : "messages", msgs);
   const char *model = call_model(c);
   if (model) json_object_set_new(b, "model", json_string(model));
@@ -1882,8 +1974,8 @@ static call_parts_t call_parts(const chat_t *c, json_t *tc) {
 }
 
 /* The answer the upstream gets for refused call tc, in the API's shape. */
-static json_t *refusal_result(const chat_t *c, json_t *tc, const char *id, const char *text, int is_error) {
-  if (is_responses(c)) return lg__gwr_output_for(tc, id, text);
+static json_t *refusal_result(chat_t *c, json_t *tc, const char *id, const char *text, int is_error) {
+  if (is_responses(c)) return output_for(c, tc, id, text);
   if (is_anthropic(c))
     return json_pack("{s:s, s:s, s:s, s:b}", "type", "tool_result", "tool_use_id", id ? id : "",
                      "content", text, "is_error", is_error);
@@ -2141,7 +2233,7 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
   for (size_t i = 0; i < json_array_size(tcs); i++) {
     json_t *tc = json_array_get(tcs, i);
     const char *id = sget(tc, "call_id");
-    if (id) json_array_append_new(items, lg__gwr_output_for(tc, id, why));
+    if (id) json_array_append_new(items, output_for(c, tc, id, why));
   }
   restore(c, items);
 }

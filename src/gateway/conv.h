@@ -250,8 +250,14 @@ void lg__gwr_end_stream(chat_t *c);
 enum { LG__ARGS_JSON_TEXT, LG__ARGS_FREE_TEXT, LG__ARGS_OBJECT };
 /* How an output item holds the answer: `output` a string or text parts;
  * a shell's chunks of stdout and stderr, each with its outcome; an
- * apply_patch's `status` (completed, failed) and `output` text. */
-enum { LG__OUT_TEXT, LG__OUT_CHUNKS, LG__OUT_STATUS };
+ * apply_patch's `status` (completed, failed) and `output` text; a
+ * computer call's screenshot (`output` an object, no text at all). */
+enum { LG__OUT_TEXT, LG__OUT_CHUNKS, LG__OUT_STATUS, LG__OUT_SCREENSHOT };
+/* A note the gateway has for the model about a computer call's output (a
+ * steer, a refusal's text), kept in the item under this member until the
+ * upstream body is made: there it becomes a user message of its own
+ * (chat.c, place_notes), since the output has no text to carry it. */
+#define LG__GWR_NOTE "_lg_note"
 typedef struct lg__gwr_kind {
   const char *call, *output, *tool, *args;
   int form, out;
@@ -265,12 +271,17 @@ int lg__gwr_is_output(const char *ty);
 const char *lg__gwr_builtin_tool(const char *ty);
 /* The output item that answers call item `call` (of its kind: a shell's
  * as a command that exited 1 with `text` its stderr, an apply_patch's
- * failed with `text`), with output `text` (new). */
-json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text);
+ * failed with `text`; a computer call's with `screen`, the screenshot the
+ * model saw last, as the action did not run, `text` its LG__GWR_NOTE),
+ * with output `text` (new). */
+json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text, json_t *screen);
 /* An output item's answer as a tool's content (new: a string, or text
  * parts) and whether the tool failed (*is_error): a shell's stdout and
  * stderr, an error when a command exited non-zero or timed out; an
- * apply_patch's output, an error when it failed. */
+ * apply_patch's output, an error when it failed; a computer call's
+ * screenshot named by its digest ("computer_screenshot sha256:HEX", or
+ * "computer_screenshot file_id:ID"), so that the same screen again is the
+ * same result and a trace does not hold the image. */
 json_t *lg__gwr_output_content(json_t *item, int *is_error);
 /* An output's call items (new), its text (new); resp without the refused
  * calls. */

@@ -243,6 +243,8 @@ static const lg__gwr_kind_t kinds[] = {
     {"custom_tool_call", "custom_tool_call_output", NULL, "input", LG__ARGS_FREE_TEXT, LG__OUT_TEXT},
     {"shell_call", "shell_call_output", "shell", "action", LG__ARGS_OBJECT, LG__OUT_CHUNKS},
     {"apply_patch_call", "apply_patch_call_output", "apply_patch", "operation", LG__ARGS_OBJECT, LG__OUT_STATUS},
+    {"computer_call", "computer_call_output", "computer_use_preview", "action", LG__ARGS_OBJECT,
+     LG__OUT_SCREENSHOT},
 };
 
 const lg__gwr_kind_t *lg__gwr_kind(const char *ty) {
@@ -267,9 +269,27 @@ const char *lg__gwr_builtin_tool(const char *ty) {
   return NULL;
 }
 
-json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text) {
+/* A screenshot of one transparent pixel: the output of a refused computer
+ * call when the conversation holds no screenshot yet (the API takes no
+ * output without an image; the note says the action did not run). */
+static const char blank_png[] = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lE"
+                                "QVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
+
+json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text, json_t *screen) {
   const lg__gwr_kind_t *k = lg__gwr_kind(sget(call, "type"));
   const char *ty = k ? k->output : "function_call_output", *id = call_id ? call_id : "";
+  if (k && k->out == LG__OUT_SCREENSHOT) {
+    json_t *blank = screen ? NULL : json_pack("{s:s, s:s}", "type", "computer_screenshot", "image_url",
+                                              blank_png);
+    json_t *o = json_pack("{s:s, s:s, s:O?, s:s}", "type", ty, "call_id", id, "output",
+                          screen ? screen : blank, LG__GWR_NOTE, text);
+    /* its safety checks acknowledged, as the API asks of an answer: the
+     * action they were about did not run */
+    json_t *checks = json_object_get(call, "pending_safety_checks");
+    if (o && json_array_size(checks)) json_object_set(o, "acknowledged_safety_checks", checks);
+    json_decref(blank);
+    return o;
+  }
   if (k && k->out == LG__OUT_CHUNKS) /* as a command that failed, the text its stderr */
     return json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:i}}]}", "type", ty, "call_id", id, "output",
                      "stdout", "", "stderr", text, "outcome", "type", "exit", "exit_code", 1);
@@ -286,6 +306,14 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
     const char *st = sget(item, "status");
     *is_error = st && !strcmp(st, "failed");
     return json_is_string(out) ? json_incref(out) : json_string("");
+  }
+  if (k && k->out == LG__OUT_SCREENSHOT) {
+    const char *url = sget(out, "image_url"), *file = sget(out, "file_id");
+    char hex[65], b[160];
+    if (!url && !file) return json_incref(out); /* not a screenshot: as it came */
+    if (url) lg__sha256_hex(url, strlen(url), hex);
+    snprintf(b, sizeof b, "computer_screenshot %s:%.100s", url ? "sha256" : "file_id", url ? hex : file);
+    return json_string(b);
   }
   if (!k || k->out != LG__OUT_CHUNKS) return json_incref(out);
   /* a shell's chunks: their stdout and stderr, in order; an error when a

@@ -1,11 +1,13 @@
 /*
- * ids.c — hex and randomness, once: the hex digits of fingerprints and
- * escapes, and the random names the library gives (reservation ids,
+ * ids.c — hex, digests and randomness, once: the hex digits of
+ * fingerprints and escapes, the SHA-256 of a key's secret or a
+ * screenshot, and the random names the library gives (reservation ids,
  * claim tokens, run ids), all from the kernel's getrandom.
  */
 #include "internal.h"
 
 #include <errno.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <sys/random.h>
 #ifdef __SSE2__
@@ -53,6 +55,13 @@ void lg__hex(const void *bytes, size_t n, char *out) {
     out[2 * i + 1] = lg__hex_digits[b[i] & 15];
   }
   out[2 * n] = 0;
+}
+
+void lg__sha256_hex(const void *p, size_t n, char out[65]) {
+  unsigned char d[32];
+  unsigned int len = 32;
+  if (!EVP_Digest(p, n, d, &len, EVP_sha256(), NULL)) memset(d, 0, sizeof d);
+  lg__hex(d, sizeof d, out);
 }
 
 void lg__unhex(const char *hex, size_t n, void *bytes) {

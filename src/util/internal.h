@@ -160,6 +160,9 @@ extern const char lg__hex_digits[17];
 extern const uint8_t lg__hex_value[256];
 /* n bytes as 2n lowercase hex digits and a NUL into out[2n + 1]. */
 void lg__hex(const void *bytes, size_t n, char *out);
+/* The SHA-256 of n bytes as 64 lowercase hex digits and a NUL (all zeros
+ * when OpenSSL fails, which it does not for SHA-256 in memory). */
+void lg__sha256_hex(const void *p, size_t n, char out[65]);
 /* The n bytes of 2n lowercase hex digits (no NUL needed): for digits
  * already known good (a fingerprint the library made or checked); any
  * other byte gives an unspecified value, not an error. */

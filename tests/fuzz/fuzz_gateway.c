@@ -179,9 +179,12 @@ static CURL *cl;
 static char base[SERVERS][64], dir[64], key_auth[128], key_budget[256];
 #define OP_TOKEN "operator-token-fuzz-0123456789"
 static const char *fuzz_policies[] = {
-    /* writes run once, a text loop stops, the cascade offers and escalates */
+    /* writes run once; a text loop stops and a call is refused at once (a
+     * block, its re-ask and its refusal in every API's shape, on every
+     * input with a call); the cascade offers and escalates */
     "writes", "{\"tools\":{\"write_record\":{\"side_effects\":true}},\"gateway\":{\"final_round\":true}}",
-    "chant", "{\"text\":{\"repeat\":{\"observe\":false,\"stop\":1}}}",
+    "chant",
+    "{\"text\":{\"repeat\":{\"observe\":false,\"stop\":1}},\"repeat\":{\"observe\":1,\"block\":1,\"stop\":6}}",
     "cascade",
     ("{\"cascade\":{\"offer\":[\"ask_human\",\"finalize_partial\"],"
      "\"escalate\":{\"model\":\"strong\",\"turns\":2}}}"),

@@ -12,12 +12,14 @@
 //   AGAIN=1 (with CONVERSATION: after the run, the person asks again in the
 //   same conversation; `again` is that run's final output)
 //   BASE_URLS (comma-separated: the requests go to each in turn, round-robin.mjs)
-//   BUILTIN=apply_patch|shell (MODEL=loop-builtin): the write is the SDK's
-//   applyPatchTool (an editor whose update fails) or shellTool (a shell
-//   whose command exits 1), counted as write_record's executions
+//   BUILTIN=apply_patch|shell|computer (MODEL=loop-builtin): the write is
+//   the SDK's applyPatchTool (an editor whose update fails), shellTool (a
+//   shell whose command exits 1) or computerTool (a browser whose Save
+//   button does nothing: a click, and the same screenshot), counted as
+//   write_record's executions
 import OpenAI from 'openai';
 import { roundRobin } from './round-robin.mjs';
-import { Agent, Runner, OpenAIProvider, tool, applyPatchTool, shellTool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
+import { Agent, Runner, OpenAIProvider, tool, applyPatchTool, shellTool, computerTool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
 
 setTracingDisabled(true); // no export to the internet (a setting of the whole process, the same each run)
@@ -28,6 +30,10 @@ const executions = { write_record: 0, lookup: 0 };
 const failed = async () => { executions.write_record++; return { status: 'failed', output: 'Error: records/7: read-only file system' }; };
 const builtin = {
   apply_patch: () => applyPatchTool({ editor: { createFile: failed, updateFile: failed, deleteFile: failed } }),
+  computer: () => computerTool({ computer: { // a screenshot: a PNG of one pixel, the same after every action
+    environment: 'browser', dimensions: [1024, 768], screenshot: async () => 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==',
+    click: async () => { executions.write_record++; }, doubleClick: async () => {}, scroll: async () => {}, type: async () => {},
+    wait: async () => {}, move: async () => {}, keypress: async () => {}, drag: async () => {} } }),
   shell: () => shellTool({ shell: { run: async () => { executions.write_record++; return { output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exitCode: 1 } }] }; } } }),
 }[process.env.BUILTIN || ''];
 const agent = new Agent({

@@ -8,11 +8,15 @@
 //   CUSTOM=1   write_record is a custom tool (free-text input): the model
 //              calls it with custom_tool_call items, answered with
 //              custom_tool_call_output items
-//   BUILTIN    apply_patch or shell: the write is that built-in tool's
-//              (MODEL=loop-builtin): apply_patch_call items answered with
-//              a failed apply_patch_call_output, shell_call items with a
-//              shell_call_output whose command exited 1 (counted as
-//              write_record's executions)
+//   BUILTIN    apply_patch, shell or computer: the write is that built-in
+//              tool's (MODEL=loop-builtin): apply_patch_call items answered
+//              with a failed apply_patch_call_output, shell_call items with
+//              a shell_call_output whose command exited 1, computer_call
+//              items (computer_use_preview) with the same screenshot (the
+//              click on Save changed nothing), each counted as one of
+//              write_record's executions; a computer call's pending safety
+//              checks are acknowledged, and the person's first message
+//              holds the screen before any action
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
 import OpenAI from 'openai';
@@ -23,7 +27,10 @@ const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';
 const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1', builtin = process.env.BUILTIN;
-const tools = builtin ? [{ type: builtin }, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
+// a screenshot: a PNG of one pixel (the form, unchanged by every click)
+const SCREEN = 'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==';
+const builtinTool = builtin === 'computer' ? { type: 'computer_use_preview', display_width: 1024, display_height: 768, environment: 'browser' } : { type: builtin };
+const tools = builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
     : { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } },
@@ -34,8 +41,8 @@ function runTool(name) {
   if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
   return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
 }
-let input = 'Write record 7 with value A.', prev;
-const conv = [{ role: 'user', content: input }];
+let input = builtin === 'computer' ? [{ role: 'user', content: [{ type: 'input_text', text: 'Write record 7 with value A in the form.' }, { type: 'input_image', image_url: SCREEN }] }] : 'Write record 7 with value A.', prev;
+const conv = typeof input === 'string' ? [{ role: 'user', content: input }] : [...input];
 const seen = [];
 let steps = 0, ended = 'step_cap', final = null;
 while (steps < cap) {
@@ -50,10 +57,11 @@ while (steps < cap) {
     seen.push({ run: r.response.headers.get('x-loopguard-run'), action: r.response.headers.get('x-loopguard-action') });
   }
   prev = data.id;
-  const calls = data.output.filter((it) => ['function_call', 'custom_tool_call', 'shell_call', 'apply_patch_call'].includes(it.type));
+  const calls = data.output.filter((it) => ['function_call', 'custom_tool_call', 'shell_call', 'apply_patch_call', 'computer_call'].includes(it.type));
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
   input = calls.map((c) => {
     if (c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'failed', output: 'Error: records/7: read-only file system' }; }
+    if (c.type === 'computer_call') { runTool('write_record'); return { type: 'computer_call_output', call_id: c.call_id, output: { type: 'computer_screenshot', image_url: SCREEN }, ...(c.pending_safety_checks && c.pending_safety_checks.length ? { acknowledged_safety_checks: c.pending_safety_checks } : {}) }; }
     if (c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exit_code: 1 } }] }; }
     return { type: c.type + '_output', call_id: c.call_id, output: runTool(c.name) };
   });

@@ -27,9 +27,16 @@
 //   stubborn    the same, and it never gives up (not even without tools)
 //   loop-builtin  (Responses) the same write by a built-in tool the client
 //               runs: an apply_patch_call when `apply_patch` is offered,
-//               else a shell_call when `shell` is, the same each time;
-//               with neither it gives up in text. Their outputs must have
-//               the API's shapes (a shell's chunks, a patch's status)
+//               else a shell_call when `shell` is, else a computer_call
+//               (the same click on the form's Save button) when
+//               `computer_use_preview` is, the same each time; with none
+//               it gives up in text. Their outputs must have the API's
+//               shapes (a shell's chunks, a patch's status, a computer
+//               call's screenshot, its safety checks acknowledged).
+//               loop-builtin-checks: each computer_call has a pending
+//               safety check, which its output must acknowledge;
+//               loop-builtin-pair: with each write, a lookup of another
+//               customer in the same answer
 //   pingpong    calls its first tool named transfer_to_* (an Agents SDK
 //               handoff) every time: two agents handing the task back and forth
 //   pair        asks for two calls an answer, the failing write and a lookup
@@ -274,8 +281,10 @@ function script(req) {
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
   }
   if (model.startsWith('loop-builtin')) { // the write by a built-in tool the client runs: apply_patch, else shell
-    const way = ['apply_patch', 'shell'].find((n) => !toolsOff && names.includes(n));
-    return way ? { calls: [{ name: way, args: '{}' }] } : { text: 'I could not write the record; the storage keeps failing.' };
+    const way = ['apply_patch', 'shell', 'computer_use_preview'].find((n) => !toolsOff && names.includes(n));
+    if (!way) return { text: 'I could not write the record; the storage keeps failing.' };
+    const also = model.startsWith('loop-builtin-pair') && names.includes('lookup') ? [{ name: 'lookup', args: '{"customer_id":"c-' + (msgs.length + 1) + '"}' }] : [];
+    return { calls: [{ name: way, args: '{}' }, ...also] };
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
   if (model.startsWith('chant-call'))
@@ -665,10 +674,25 @@ let respSeq = 0;
 // A call item's type (the items the client runs), and its output's: a
 // function's call is answered by a function_call_output, a custom tool's by
 // a custom_tool_call_output, a built-in shell's or apply_patch's by its own.
-const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output', shell_call: 'shell_call_output', apply_patch_call: 'apply_patch_call_output' };
+const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output', shell_call: 'shell_call_output', apply_patch_call: 'apply_patch_call_output', computer_call: 'computer_call_output' };
 const OUTPUTS = Object.values(OUTPUT_OF);
-// what a built-in tool's output item must hold, as the API checks it
-function checkBuiltinOutput(it) {
+const PNG = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+// what a built-in tool's output item must hold, as the API checks it (a
+// computer call's: `call` its call item)
+function checkBuiltinOutput(it, call, i) {
+  if (it.type === 'computer_call_output') {
+    const extra = Object.keys(it).find((k) => !['type', 'id', 'call_id', 'output', 'acknowledged_safety_checks', 'status'].includes(k));
+    if (extra) return `Unknown parameter: 'input[${i}].${extra}'.`;
+    const o = it.output;
+    if (!o || typeof o !== 'object' || o.type !== 'computer_screenshot') return `Invalid value for 'input[${i}].output': expected an object of type 'computer_screenshot'.`;
+    if (typeof o.image_url === 'string') {
+      const m = /^data:image\/png;base64,(.*)$/.exec(o.image_url);
+      if (!m || !Buffer.from(m[1], 'base64').subarray(0, 8).equals(PNG)) return `Invalid 'input[${i}].output.image_url': not a PNG image.`;
+    } else if (typeof o.file_id !== 'string') return `Missing required parameter: 'input[${i}].output.image_url'.`;
+    const acked = new Set((it.acknowledged_safety_checks || []).map((c) => c && c.id));
+    const missing = ((call && call.pending_safety_checks) || []).find((c) => !acked.has(c.id));
+    if (missing) return `Safety check ${missing.id} of computer call ${it.call_id} was not acknowledged.`;
+  }
   if (it.type === 'shell_call_output') {
     if (!Array.isArray(it.output)) return `Invalid type for 'output': expected an array of shell call output content.`;
     const bad = it.output.find((o) => !o || typeof o.stdout !== 'string' || typeof o.stderr !== 'string' || !o.outcome || !['exit', 'timeout'].includes(o.outcome.type));
@@ -680,15 +704,16 @@ function checkBuiltinOutput(it) {
 }
 // a call's output as a tool message's text, for the script
 const outputText = (it) => (it.type === 'shell_call_output' ? it.output.map((o) => o.stdout + o.stderr).join('')
-  : it.type === 'apply_patch_call_output' ? it.output || it.status : it.output);
+  : it.type === 'apply_patch_call_output' ? it.output || it.status
+  : it.type === 'computer_call_output' ? 'a screenshot' : it.output);
 function checkResponses(items) {
-  const calls = new Map(), kinds = new Map();
+  const calls = new Map(), kinds = new Map(), callItems = new Map();
   for (let i = 0; i < items.length; i++) {
     const it = items[i];
-    if (OUTPUT_OF[it.type]) { calls.set(it.call_id, false); kinds.set(it.call_id, it.type); }
+    if (OUTPUT_OF[it.type]) { calls.set(it.call_id, false); kinds.set(it.call_id, it.type); callItems.set(it.call_id, it); }
     if (OUTPUTS.includes(it.type)) {
       const what = it.type.replace(/_/g, ' '); // 'function call output', as OpenAI words it
-      const shape = checkBuiltinOutput(it);
+      const shape = checkBuiltinOutput(it, callItems.get(it.call_id), i);
       if (shape) return shape;
       if (!calls.has(it.call_id) || OUTPUT_OF[kinds.get(it.call_id)] !== it.type) return `No tool call found for ${what} with call_id ${it.call_id}.`;
       calls.set(it.call_id, true);
@@ -771,7 +796,7 @@ function replyResponses(res, req) {
   }
   const msgs = conv.filter((it) => OUTPUTS.includes(it.type)).map((it) => ({ role: 'tool', content: outputText(it) }));
   const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name || t.type } }));
-  const builtins = (req.tools || []).filter((t) => ['shell', 'apply_patch'].includes(t.type)).map((t) => t.type);
+  const builtins = (req.tools || []).filter((t) => ['shell', 'apply_patch', 'computer_use_preview'].includes(t.type)).map((t) => t.type);
   const customs = (req.tools || []).filter((t) => t.type === 'custom').map((t) => t.name);
   const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
   if (plan.refuse) return openaiError(res, 400, plan.refuse, 'input');
@@ -781,6 +806,9 @@ function replyResponses(res, req) {
   if (plan.text) output.push({ type: 'message', id: 'msg_f' + respSeq, status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: plan.text, annotations: [] }] });
   for (const c of plan.calls || []) {
     if (builtins.includes(c.name) && c.name === 'apply_patch') output.push({ type: 'apply_patch_call', id: 'apc_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', operation: { type: 'update_file', path: 'records/7', diff: '@@\n-value: \n+value: A\n' } });
+    else if (builtins.includes(c.name) && c.name === 'computer_use_preview')
+      output.push({ type: 'computer_call', id: 'cu_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', action: { type: 'click', button: 'left', x: 312, y: 208 },
+        pending_safety_checks: req.model === 'loop-builtin-checks' ? [{ id: 'cu_sc_' + callSeq, code: 'malicious_instructions', message: 'The page may hold instructions that are not the person\'s.' }] : [] });
     else if (builtins.includes(c.name)) output.push({ type: 'shell_call', id: 'sh_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', action: { commands: ['write-record 7 A'], timeout_ms: 10000, max_output_length: 4096 } });
     else if (customs.includes(c.name)) output.push({ type: 'custom_tool_call', id: 'ctc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, input: customInput(c), status: 'completed' });
     else output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: plan.cut ? 'incomplete' : 'completed' });
@@ -811,7 +839,7 @@ function replyResponses(res, req) {
         steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
       } else if (it.type === 'reasoning') {
         steps.push(() => ev('response.output_item.added', { output_index: i, item: it }));
-      } else if (it.type === 'shell_call' || it.type === 'apply_patch_call') { // whole in its added and done events
+      } else if (it.type === 'shell_call' || it.type === 'apply_patch_call' || it.type === 'computer_call') { // whole in its added and done events
         steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, status: 'in_progress' } }));
       } else if (it.type === 'custom_tool_call') { // its input in two deltas
         const half = it.input.length >> 1;

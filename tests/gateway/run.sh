@@ -386,14 +386,16 @@ for stream in 0 1; do
     [ "$(echo "$g" | get 'int(len(set(s["run"] for s in d["seen"])) <= 1)')" = 1 ] || fail "custom: several runs: $g"
   done
 done
-# The built-in tools the client runs (apply_patch_call, shell_call items):
-# their calls are the operation's or the action's object, their results
-# the output item's (a failed patch, a command's exit status: retryable),
-# a refused one answered with an output of its kind, the hidden tool taken
-# out of tools by its type, the observe rung's note in a shell's stderr
-# (its output is chunks: a text part there is refused). Until session 41
-# they went through unread.
-for tool in apply_patch shell; do
+# The built-in tools the client runs (apply_patch_call, shell_call,
+# computer_call items): their calls are the operation's or the action's
+# object, their results the output item's (a failed patch, a command's
+# exit status: retryable; a screenshot, by its digest), a refused one
+# answered with an output of its kind, the hidden tool taken out of tools
+# by its type, the observe rung's note in a shell's stderr (its output is
+# chunks: a text part there is refused), a computer call's in a user
+# message after its output (which holds no text). Until session 41 (the
+# computer's: 43) they went through unread.
+for tool in apply_patch shell computer; do
   d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool) || fail "$tool direct: $d"
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "$tool direct: $d"
   for stream in 0 1; do
@@ -415,6 +417,54 @@ grep '"type":"call"' "$TMP/shell.jsonl" | head -1 | grep_q '"tool":"shell","args
   fail "shell: the call is not the action: $(head -c 2000 "$TMP/shell.jsonl")"
 grep '"type":"result"' "$TMP/shell.jsonl" | head -1 | grep_q '"status":"retryable","value":"write-record: read-only file system\\n"' ||
   fail "shell: the result is not the command's failure: $(head -c 3000 "$TMP/shell.jsonl")"
+
+note "a computer call's notes: user messages after its output, the refused call answered with the last screen"
+# the observe rung's note and a refusal's text: each a user message of its
+# own right after the computer call's output (a message between a call and
+# its output is refused: the fake checks), the refused call's output the
+# screen the client sent last, never a member of ours
+curl -sf "$FAKE/stats" | get '[[i.get("type") or i.get("role"), (i.get("content") or [{}])[0].get("text", "")[:60] if i.get("type") == "message" else i.get("output", {}).get("image_url", "")[-12:] if i.get("type") == "computer_call_output" else ""] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"]).find("computer_call_output") > 0 for i in b["input"]]' >"$TMP/computer.items"
+grep_q '\["computer_call_output", "RU5ErkJggg=="\], \["message", "\[loopguard\] I have now called computer_use_preview with the "\]' "$TMP/computer.items" ||
+  fail "computer: the observe note is not a message after the output: $(head -c 3000 "$TMP/computer.items")"
+grep_q '\["computer_call_output", "RU5ErkJggg=="\], \["message", "Error: loopguard did not run this call (same_call_repeat). I"\]' "$TMP/computer.items" ||
+  fail "computer: the refused call is not answered with the last screen and the refusal: $(head -c 3000 "$TMP/computer.items")"
+# the call is the action, the result the screenshot's digest (the same
+# screen, the same result: no progress), never the image itself
+g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer) || fail "computer gateway: $g"
+run=$(echo "$g" | get 'd["seen"][0]["run"]')
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/computer.jsonl" || fail "computer: no trace"
+screen=$(sed -n "s/^const SCREEN = '\(.*\)';$/\1/p" "$HERE_SRC/agent-responses.mjs")
+digest=$(printf '%s' "$screen" | sha256sum | cut -d' ' -f1)
+[ ${#digest} = 64 ] && [ ${#screen} -gt 40 ] || fail "computer: no screen in agent-responses.mjs"
+grep '"type":"call"' "$TMP/computer.jsonl" | head -1 | grep_q '"tool":"computer_use_preview","args":{"type":"click","button":"left","x":312,"y":208}' ||
+  fail "computer: the call is not the action: $(head -c 2000 "$TMP/computer.jsonl")"
+[ "$(grep -c "\"type\":\"result\".*\"value\":\"computer_screenshot sha256:$digest\"" "$TMP/computer.jsonl")" = 2 ] ||
+  fail "computer: the results are not the screen's digest ($digest): $(head -c 3000 "$TMP/computer.jsonl")"
+grep_q base64 "$TMP/computer.jsonl" && fail "computer: an image in the trace"
+"$LG_BIN" replay --json "$TMP/computer.jsonl" >"$TMP/computer.replay" || fail "computer: the trace does not replay"
+[ "$(tail -n 1 "$TMP/computer.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
+  fail "computer: replay: $(tail -n 1 "$TMP/computer.replay")"
+# a call's pending safety check acknowledged in the refused call's output
+# (the fake refuses an output without it); two calls an answer, the
+# computer's and a lookup: each note after both outputs
+for st in 0 1; do
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin-checks BUILTIN=computer STATELESS=$st STREAM=$st) || fail "computer checks: $g"
+  stopped "computer, safety checks, stateless=$st" "$g"
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin-pair BUILTIN=computer STATELESS=$st STREAM=$((1 - st))) || fail "computer pair: $g"
+  stopped "computer and a lookup, stateless=$st" "$g"
+done
+# refused at the first call (this policy blocks at once): the screen is the
+# one in the person's message; with none, an image of one blank pixel
+echo '{"repeat":{"observe":1,"block":1,"stop":6}}' >"$TMP/block1.json"
+start_server gwb1 --store memory: --upstream "$FAKE/v1" --log "$TMP/gwb1.log" --policy "$TMP/block1.json"
+tools='[{"type":"computer_use_preview","display_width":1024,"display_height":768,"environment":"browser"}]'
+for input in "[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Save the form.\"},{\"type\":\"input_image\",\"image_url\":\"$screen\"}]}]" '"Save the form, at once."'; do
+  curl -sf "$gwb1_URL/v1/responses" -H 'content-type: application/json' -H 'authorization: Bearer sk-test' \
+    -d "{\"model\":\"loop-builtin\",\"tools\":$tools,\"input\":$input}" -o "$TMP/first.json" || fail "computer, first call refused: $(cat "$TMP/first.json")"
+done
+curl -sf "$FAKE/stats" | get '[sorted(set(i["output"]["image_url"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"][0]).find(t) > 0 for i in b["input"] if i.get("type") == "computer_call_output")) for t in ("Save the form.", "Save the form, at once.")]' >"$TMP/first.screens"
+[ "$(get 'd[0] == ["'"$screen"'"] and len(d[1]) == 1 and d[1][0].startswith("data:image/png;base64,iVBOR") and d[1] != d[0]' <"$TMP/first.screens")" = true ] ||
+  fail "computer, first call refused: not the person's screen, then a blank one: $(cat "$TMP/first.screens")"
 
 note "a custom tool's calls (Chat Completions): guarded, and the hidden tool is the custom one"
 d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1) || fail "chat custom direct: $d"
@@ -518,9 +568,10 @@ for reasoning in 0 1; do
     done
   done
 done
-# The SDK's own built-in tools (applyPatchTool, shellTool): their calls
-# are apply_patch_call / shell_call items, its outputs the SDK's shapes.
-for tool in apply_patch shell; do
+# The SDK's own built-in tools (applyPatchTool, shellTool, computerTool):
+# their calls are apply_patch_call / shell_call / computer_call items, its
+# outputs the SDK's shapes.
+for tool in apply_patch shell computer; do
   d=$(client agent-openai-agents.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool 2>/dev/null) || fail "agents $tool direct: $d"
   [ "$(echo "$d" | get '[d["ended"], d["executions"]["write_record"]]')" = '["step_cap", 12]' ] || fail "agents $tool direct: $d"
   for stream in 0 1; do
