@@ -572,6 +572,41 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
   return 0;
 }
 
+/* A computer call's result (m its output item, text what
+ * lg__gwr_output_content made of it, res as read_result made it): a screen the run has not had is progress, so that an action the
+ * model repeats while the screen changes (a scroll down a long page, a
+ * click on Next) is not a loop; the same screen again, or one seen
+ * before (a menu opened and closed), is none: res carries the run's
+ * count of new screens as its progress_version (trace-v1), which the
+ * trace keeps, so a replay decides the same. The run's first screen is
+ * what the next are compared with, and carries none (a first
+ * progress_version is always progress: the model's first action would
+ * start the repeat count again). */
+static void screen_progress(chat_t *c, json_t *m, const char *text, lg_result_t *res) {
+  static const char pre[] = "computer_screenshot ";
+  const lg__gwr_kind_t *k = lg__gwr_kind(sget(m, "type"));
+  if (!k || k->out != LG__OUT_SCREENSHOT || !text || strncmp(text, pre, sizeof pre - 1)) return;
+  lg__gw_run_t *r = c->r;
+  char hex[65];
+  lg__sha256_hex(text, strlen(text), hex);
+  hex[16] = 0;
+  size_t n = json_array_size(r->screens), i = 0;
+  for (; i < n; i++) {
+    const char *seen = json_string_value(json_array_get(r->screens, i));
+    if (seen && !strcmp(seen, hex)) break;
+  }
+  if (i == n) { /* new */
+    if (!r->screens && !(r->screens = json_array())) return; /* out of memory: no progress said */
+    if (n >= 64) json_array_remove(r->screens, 0);
+    if (json_array_append_new(r->screens, json_string(hex))) return;
+    if (!n) return; /* the run's first: what the next are compared with */
+    r->screen_v++;
+  }
+  if (!r->screen_v) return; /* the first again: no progress yet to be above */
+  res->has_progress_version = 1;
+  res->progress_version = r->screen_v;
+}
+
 /* Fills a result read late (lg__step_t's fill): its message built and
  * read, once (a batch decided again a step at a time reads it again). */
 static int fill_result(lg__step_t *st, void *ud) {
@@ -594,6 +629,7 @@ static int fill_result(lg__step_t *st, void *ud) {
       call_id = sget(m, "tool_call_id");
     }
     int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
+    if (!rc && is_responses(c)) screen_progress(c, m, k->text, &k->res);
     json_decref(owned);
     if (rc) {
       k->oom = 1;
@@ -1435,15 +1471,21 @@ static json_t *mem_json(const lg__gw_run_t *r) {
     json_array_append_new(rs, json_pack("{s:I, s:O, s:s?, s:b}", "at", (json_int_t)r->rs[q].anchor, "items",
                                         r->rs[q].items, "resp", r->rs[q].resp_id, "sent", r->rs[q].conv_sent));
   json_int_t at = r->text_steer_at == SIZE_MAX ? -1 : (json_int_t)r->text_steer_at;
-  return rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I, s:s?, s:i}", "rs", rs, "steer", r->steer, "text_steer",
-                        r->text_steer, "text_steer_at", at, "stored_tokens", (json_int_t)r->stored_tokens,
-                        "esc_model", r->esc_left > 0 ? r->esc_model : NULL, "esc_left",
-                        r->esc_left > 0 ? r->esc_left : 0)
-            : NULL;
+  json_t *m = rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I, s:s?, s:i}", "rs", rs, "steer", r->steer, "text_steer",
+                             r->text_steer, "text_steer_at", at, "stored_tokens", (json_int_t)r->stored_tokens,
+                             "esc_model", r->esc_left > 0 ? r->esc_model : NULL, "esc_left",
+                             r->esc_left > 0 ? r->esc_left : 0)
+                 : NULL;
+  if (m && json_array_size(r->screens)) { /* a computer-use run's */
+    json_object_set(m, "screens", r->screens);
+    json_object_set_new(m, "screen_v", json_integer(r->screen_v));
+  }
+  return m;
 }
 
 static int mem_empty(const lg__gw_run_t *r) {
-  return !r->nrs && !json_object_size(r->steer) && !r->text_steer && !r->stored_tokens && r->esc_left <= 0;
+  return !r->nrs && !json_object_size(r->steer) && !r->text_steer && !r->stored_tokens && r->esc_left <= 0 &&
+         !json_array_size(r->screens);
 }
 
 /* The memory written to the store when it changed since it was last
@@ -1545,6 +1587,13 @@ static void mem_fetch(chat_t *c) {
     lg__free(r->esc_model);
     r->esc_model = em;
     r->esc_left = em && left < INT_MAX ? (int)left : 0;
+  }
+  json_t *screens = json_object_get(d, "screens");
+  json_int_t sv = json_integer_value(json_object_get(d, "screen_v"));
+  if (json_array_size(screens) && sv >= 0 && (screens = json_deep_copy(screens))) {
+    json_decref(r->screens);
+    r->screens = screens;
+    r->screen_v = sv;
   }
   json_decref(d);
   r->mem_stored = 1;

@@ -17,6 +17,9 @@
 //              write_record's executions; a computer call's pending safety
 //              checks are acknowledged, and the person's first message
 //              holds the screen before any action
+//   SCREENS    (BUILTIN=computer) same (the default), new: each action
+//              changes the screen (a page turned each time: progress),
+//              toggle: two screens in turn (a menu opened and closed)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
 import OpenAI from 'openai';
@@ -29,6 +32,18 @@ const stream = process.env.STREAM === '1';
 const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1', builtin = process.env.BUILTIN;
 // a screenshot: a PNG of one pixel (the form, unchanged by every click)
 const SCREEN = 'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==';
+// screen n: the same pixel with a text chunk saying n (a valid PNG each)
+const crcTable = Array.from({ length: 256 }, (_, n) => { for (let k = 0; k < 8; k++) n = n & 1 ? 0xedb88320 ^ (n >>> 1) : n >>> 1; return n >>> 0; });
+const crc32 = (b) => { let c = 0xffffffff; for (const x of b) c = crcTable[(c ^ x) & 0xff] ^ (c >>> 8); return (c ^ 0xffffffff) >>> 0; };
+function screenN(n) {
+  const png = Buffer.from(SCREEN.slice(22), 'base64'), body = Buffer.concat([Buffer.from('tEXt'), Buffer.from(`Comment\0page ${n}`)]);
+  const len = Buffer.alloc(4), crc = Buffer.alloc(4);
+  len.writeUInt32BE(body.length - 4);
+  crc.writeUInt32BE(crc32(body));
+  return 'data:image/png;base64,' + Buffer.concat([png.subarray(0, 33), len, body, crc, png.subarray(33)]).toString('base64');
+}
+let shots = 0;
+const nextScreen = () => (shots++, process.env.SCREENS === 'new' ? screenN(shots) : process.env.SCREENS === 'toggle' ? screenN(shots % 2) : SCREEN);
 const builtinTool = builtin === 'computer' ? { type: 'computer_use_preview', display_width: 1024, display_height: 768, environment: 'browser' } : { type: builtin };
 const tools = builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
@@ -61,7 +76,7 @@ while (steps < cap) {
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
   input = calls.map((c) => {
     if (c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'failed', output: 'Error: records/7: read-only file system' }; }
-    if (c.type === 'computer_call') { runTool('write_record'); return { type: 'computer_call_output', call_id: c.call_id, output: { type: 'computer_screenshot', image_url: SCREEN }, ...(c.pending_safety_checks && c.pending_safety_checks.length ? { acknowledged_safety_checks: c.pending_safety_checks } : {}) }; }
+    if (c.type === 'computer_call') { runTool('write_record'); return { type: 'computer_call_output', call_id: c.call_id, output: { type: 'computer_screenshot', image_url: nextScreen() }, ...(c.pending_safety_checks && c.pending_safety_checks.length ? { acknowledged_safety_checks: c.pending_safety_checks } : {}) }; }
     if (c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exit_code: 1 } }] }; }
     return { type: c.type + '_output', call_id: c.call_id, output: runTool(c.name) };
   });

@@ -99,6 +99,15 @@ for stream in 0 1; do
   note "Responses by previous_response_id, stream $stream: an answer's refused call answered on the other replica"
   out=$(client agent-responses.mjs MODEL=pair STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") || fail "responses pair $stream: $out"
   [ "$(echo "$out" | jq_py 'd["ended"]')" = final ] || fail "responses pair $stream: $out"
+  # the screens a computer-use run has had are in the run's memory: on
+  # the other replica a new screen is still progress and an old one not
+  note "a computer-use run, stream $stream: each replica knows the screens the other saw"
+  out=$(client agent-responses.mjs MODEL=loop-builtin BUILTIN=computer SCREENS=new STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
+    fail "computer, new screens $stream: $out"
+  [ "$(echo "$out" | jq_py '[d["ended"], d["executions"]["write_record"]]')" = '["step_cap", 12]' ] || fail "computer, new screens $stream: $out"
+  out=$(client agent-responses.mjs MODEL=loop-builtin BUILTIN=computer SCREENS=toggle STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
+    fail "computer, two screens $stream: $out"
+  [ "$(echo "$out" | jq_py '[d["ended"], d["executions"]["write_record"]]')" = '["final", 4]' ] || fail "computer, two screens $stream: $out"
   note "the Agents SDK in a conversation (conversationId), stream $stream: the same"
   out=$(client agent-openai-agents.mjs MODEL=pair STREAM=$stream CONVERSATION=1 BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
     fail "agents conversation pair $stream: $out"

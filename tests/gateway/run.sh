@@ -444,6 +444,23 @@ grep_q base64 "$TMP/computer.jsonl" && fail "computer: an image in the trace"
 "$LG_BIN" replay --json "$TMP/computer.jsonl" >"$TMP/computer.replay" || fail "computer: the trace does not replay"
 [ "$(tail -n 1 "$TMP/computer.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
   fail "computer: replay: $(tail -n 1 "$TMP/computer.replay")"
+# a screen the run has not had is progress (its count the result's
+# progress_version), so the same click while the pages turn is no loop:
+# the agent runs to its own step cap, as directly; two screens in turn (a
+# menu opened and closed) are no progress, and the repeats are stopped
+g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer SCREENS=new) || fail "computer, new screens: $g"
+[ "$(echo "$g" | get '[d["ended"], d["executions"]["write_record"], sorted(set(s["action"] for s in d["seen"]))]')" = '["step_cap", 12, ["execute", "observe"]]' ] ||
+  fail "computer, new screens: stopped: $g"
+curl -sf "$gw_URL/v1/runs/$(echo "$g" | get 'd["seen"][0]["run"]')/trace" >"$TMP/pages.jsonl" || fail "computer, new screens: no trace"
+[ "$(grep '"type":"result"' "$TMP/pages.jsonl" | sed -n 's/.*"progress_version":\([0-9]*\).*/\1/p' | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 9 10 " ] ||
+  fail "computer, new screens: not one progress a new screen after the first: $(grep '"type":"result"' "$TMP/pages.jsonl" | head -c 2000)"
+"$LG_BIN" replay --json "$TMP/pages.jsonl" >"$TMP/pages.replay" || fail "computer, new screens: the trace does not replay"
+[ "$(tail -n 1 "$TMP/pages.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[12, 0]' ] ||
+  fail "computer, new screens: replay: $(tail -n 1 "$TMP/pages.replay")"
+for st in 0 1; do
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer SCREENS=toggle STATELESS=$st STREAM=$st) || fail "computer, two screens: $g"
+  [ "$(echo "$g" | get '[d["ended"], d["executions"]["write_record"]]')" = '["final", 4]' ] || fail "computer, two screens in turn, stateless=$st: $g"
+done
 # a call's pending safety check acknowledged in the refused call's output
 # (the fake refuses an output without it); two calls an answer, the
 # computer's and a lookup: each note after both outputs
