@@ -62,6 +62,38 @@ static char *text_of(const json_t *c) {
   return lg__buf_steal(&b, NULL);
 }
 
+/* A tool's answer as the text its result's value is made of (new): a
+ * string, or its parts in order, a text part as its text and any other
+ * (an image, a document, a file) as "[TYPE sha256:HEX]", HEX the first
+ * 16 digits of the digest of what it shows (its source, URL, file or
+ * data; the part whole when it has none of them). So an answer that is
+ * only an image is not blank (a blank value stops the run, as a tool that
+ * answered nothing: Claude Code's Read of an image file, a screenshot),
+ * the same image is the same value, and no image is copied into a
+ * trace. */
+static char *result_text(const json_t *c) {
+  static const char *const shown[] = {"source", "image_url", "file_id", "file_data", "file_url"};
+  if (!json_is_array(c)) return text_of(c);
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "");
+  for (size_t i = 0; i < json_array_size(c); i++) {
+    json_t *p = json_array_get(c, i), *what = NULL;
+    const char *t = sget(p, "text"), *ty = sget(p, "type");
+    if (t) lg__buf_puts(&b, t);
+    if (t || !json_is_object(p)) continue;
+    for (size_t k = 0; !what && k < LG__ARRAY_LEN(shown); k++) what = json_object_get(p, shown[k]);
+    char *j = lg__json_text(what ? what : p, NULL), hex[65];
+    if (!j) {
+      lg__buf_free(&b);
+      return NULL;
+    }
+    lg__sha256_hex(j, strlen(j), hex);
+    lg__free(j);
+    lg__buf_printf(&b, "[%s sha256:%.16s]", ty ? ty : "part", hex);
+  }
+  return lg__buf_steal(&b, NULL);
+}
+
 /* The text of a message's (or a block's) "content". New. */
 static char *content_text(const json_t *msg) { return text_of(json_object_get(msg, "content")); }
 
@@ -553,7 +585,7 @@ static int fed_room(lg__gw_fed_t *f) {
  * value, sj; owned). 0, or LG_ENOMEM. */
 static int read_result(const json_t *content, int is_error, lg_result_t *res,
                        struct lg__gw_fed_keep *k) {
-  char *text = text_of(content);
+  char *text = result_text(content);
   if (!text) return LG_ENOMEM;
   char *value = NULL;
   json_t *sj = NULL;

@@ -4,7 +4,10 @@
 //   THINKING=1 (extended thinking: each answer's thinking block goes back with its tool_use),
 //   BETA=1 (client.beta.messages: POST /v1/messages?beta=true, as Claude Code sends),
 //   REMINDER=1 (a text after each turn's tool_result blocks, as Claude Code adds its
-//   <system-reminder>s: not the person's new message, so no new episode)
+//   <system-reminder>s: not the person's new message, so no new episode),
+//   IMAGE=1 (the write answers with an image alone: a screenshot of the form,
+//   unchanged, as Claude Code's Read of an image file or a computer-use
+//   screenshot answers)
 // Prints executions, steps, how it ended, the final text, the headers seen,
 // and `shapes`: each tool_use block as the SDK got it, but its id and input.
 import Anthropic from '@anthropic-ai/sdk';
@@ -23,6 +26,8 @@ const tools = [
 const executions = { write_record: 0, lookup: 0 };
 function runTool(name) {
   executions[name] = (executions[name] || 0) + 1;
+  if (name === 'write_record' && process.env.IMAGE === '1')
+    return { content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==' } }] };
   if (name === 'write_record') return { content: 'Error: the storage is read-only; the record was not written.', is_error: true };
   return { content: JSON.stringify({ customer_id: 'c-1', name: 'Ada' }) };
 }

@@ -20,6 +20,8 @@
 //   SCREENS    (BUILTIN=computer) same (the default), new: each action
 //              changes the screen (a page turned each time: progress),
 //              toggle: two screens in turn (a menu opened and closed)
+//   IMAGE=1    the write answers with an image alone (a function_call_output
+//              whose output is one input_image part)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
 import OpenAI from 'openai';
@@ -78,7 +80,9 @@ while (steps < cap) {
     if (c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'failed', output: 'Error: records/7: read-only file system' }; }
     if (c.type === 'computer_call') { runTool('write_record'); return { type: 'computer_call_output', call_id: c.call_id, output: { type: 'computer_screenshot', image_url: nextScreen() }, ...(c.pending_safety_checks && c.pending_safety_checks.length ? { acknowledged_safety_checks: c.pending_safety_checks } : {}) }; }
     if (c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exit_code: 1 } }] }; }
-    return { type: c.type + '_output', call_id: c.call_id, output: runTool(c.name) };
+    const out = runTool(c.name);
+    if (c.name === 'write_record' && process.env.IMAGE === '1') return { type: 'function_call_output', call_id: c.call_id, output: [{ type: 'input_image', image_url: SCREEN }] };
+    return { type: c.type + '_output', call_id: c.call_id, output: out };
   });
   conv.push(...data.output.map(({ status, ...it }) => it), ...input);
 }

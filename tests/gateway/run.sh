@@ -461,6 +461,25 @@ for st in 0 1; do
   g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer SCREENS=toggle STATELESS=$st STREAM=$st) || fail "computer, two screens: $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["write_record"]]')" = '["final", 4]' ] || fail "computer, two screens in turn, stateless=$st: $g"
 done
+# A tool that answers with an image alone (Claude Code's Read of an image
+# file, a screenshot tool): its result is the image's digest, not a blank
+# value, which stopped the run at once as a tool that answered nothing
+# (invalid_tool_result, until session 43); the loop on it is stopped as
+# any other, the model giving up in its own words.
+for stream in 0 1; do
+  note "a tool that answers with an image alone (stream=$stream): a result, the loop stopped"
+  g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write IMAGE=1 STREAM=$stream) || fail "image result, anthropic: $g"
+  stopped "image result, anthropic stream=$stream" "$g"
+  echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "image result, anthropic: not the model's own end: $g"
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-write IMAGE=1 STREAM=$stream STATELESS=$stream) || fail "image result, responses: $g"
+  stopped "image result, responses stream=$stream" "$g"
+  echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "image result, responses: not the model's own end: $g"
+done
+g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write IMAGE=1) || fail "image result, anthropic: $g"
+curl -sf "$gw_URL/v1/runs/$(echo "$g" | get 'd["seen"][0]["run"]')/trace" >"$TMP/image.jsonl" || fail "image result: no trace"
+[ "$(grep -c '"type":"result","call_id":"[^"]*","status":"progress","value":"\[image sha256:[0-9a-f]\{16\}\]"' "$TMP/image.jsonl")" = 2 ] ||
+  fail "image result: the results are not the image's digest: $(grep '"type":"result"' "$TMP/image.jsonl" | head -c 1000)"
+[ "$(grep '"type":"result"' "$TMP/image.jsonl" | sed 's/.*"value":\("[^"]*"\).*/\1/' | sort -u | wc -l)" = 1 ] || fail "image result: the same image, two values"
 # a call's pending safety check acknowledged in the refused call's output
 # (the fake refuses an output without it); two calls an answer, the
 # computer's and a lookup: each note after both outputs
