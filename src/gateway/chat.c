@@ -515,10 +515,6 @@ static void user_event(chat_t *c) {
 }
 
 /* Whether a text is blank: nothing but white space. */
-static int blank(const char *t) {
-  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
-  return !*t;
-}
 
 /* The structured result contract (a JSON object with a trace-v1 status)
  * into res; *value (new) holds its value's JSON. 0 when sj is not one. */

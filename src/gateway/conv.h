@@ -19,6 +19,12 @@ static inline const char *sget(const json_t *o, const char *k) {
 }
 
 static inline int64_t now_ms(lg__gw_ctx_t *cx) { return lg__server_now(cx->srv); }
+/* Whether text t is empty or white space only: a blank result value,
+ * which the engine takes for a tool that answered nothing. */
+static inline int blank(const char *t) {
+  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+  return !*t;
+}
 
 /* The tool results of a request, fed and not yet decided: their steps
  * (one batch), their events as made (to decide them again one at a time

@@ -305,7 +305,9 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
   if (k && k->out == LG__OUT_STATUS) {
     const char *st = sget(item, "status");
     *is_error = st && !strcmp(st, "failed");
-    return json_is_string(out) ? json_incref(out) : json_string("");
+    /* a patch applied without a word: its status (a blank value would be
+     * a tool that answered nothing, which stops the run) */
+    return json_is_string(out) && !blank(json_string_value(out)) ? json_incref(out) : json_string(st ? st : "");
   }
   if (k && k->out == LG__OUT_SCREENSHOT) {
     const char *url = sget(out, "image_url"), *file = sget(out, "file_id");
@@ -317,7 +319,9 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
   }
   if (!k || k->out != LG__OUT_CHUNKS) return json_incref(out);
   /* a shell's chunks: their stdout and stderr, in order; an error when a
-   * command exited non-zero or timed out */
+   * command exited non-zero or timed out; commands that printed nothing,
+   * their outcomes ("[exit 0]": a silent success is an answer, not a
+   * blank value, which would stop the run) */
   lg__buf_t b = {0};
   lg__buf_puts(&b, "");
   for (size_t i = 0; i < json_array_size(out); i++) {
@@ -327,6 +331,15 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
     if (se) lg__buf_puts(&b, se);
     int failed = ot && !strcmp(ot, "exit") && json_integer_value(json_object_get(oc, "exit_code"));
     if (failed || (ot && !strcmp(ot, "timeout"))) *is_error = 1;
+  }
+  int silent = b.data && blank(b.data);
+  for (size_t i = 0; silent && i < json_array_size(out); i++) {
+    json_t *oc = json_object_get(json_array_get(out, i), "outcome");
+    const char *ot = sget(oc, "type");
+    if (ot && !strcmp(ot, "exit"))
+      lg__buf_printf(&b, "[exit %lld]", (long long)json_integer_value(json_object_get(oc, "exit_code")));
+    else if (ot)
+      lg__buf_printf(&b, "[%.32s]", ot);
   }
   json_t *t = b.data ? json_stringn(b.data, b.len) : NULL;
   lg__buf_free(&b);

@@ -20,6 +20,9 @@
 //   SCREENS    (BUILTIN=computer) same (the default), new: each action
 //              changes the screen (a page turned each time: progress),
 //              toggle: two screens in turn (a menu opened and closed)
+//   SILENT=1   (BUILTIN apply_patch or shell) the write succeeds without a
+//              word: a completed patch with no output, a command that
+//              exited 0 and printed nothing
 //   IMAGE=1    the write answers with an image alone (a function_call_output
 //              whose output is one input_image part)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
@@ -77,6 +80,8 @@ while (steps < cap) {
   const calls = data.output.filter((it) => ['function_call', 'custom_tool_call', 'shell_call', 'apply_patch_call', 'computer_call'].includes(it.type));
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
   input = calls.map((c) => {
+    if (process.env.SILENT === '1' && c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'completed' }; }
+    if (process.env.SILENT === '1' && c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: '', outcome: { type: 'exit', exit_code: 0 } }] }; }
     if (c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'failed', output: 'Error: records/7: read-only file system' }; }
     if (c.type === 'computer_call') { runTool('write_record'); return { type: 'computer_call_output', call_id: c.call_id, output: { type: 'computer_screenshot', image_url: nextScreen() }, ...(c.pending_safety_checks && c.pending_safety_checks.length ? { acknowledged_safety_checks: c.pending_safety_checks } : {}) }; }
     if (c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exit_code: 1 } }] }; }

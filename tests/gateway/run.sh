@@ -461,6 +461,17 @@ for st in 0 1; do
   g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer SCREENS=toggle STATELESS=$st STREAM=$st) || fail "computer, two screens: $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["write_record"]]')" = '["final", 4]' ] || fail "computer, two screens in turn, stateless=$st: $g"
 done
+# A built-in tool that succeeds without a word (a patch applied with no
+# output, a command that printed nothing: most commands that work) gives a
+# value (its status, "[exit 0]"), not a blank one, which stopped the run at
+# once (invalid_tool_result, until session 43).
+for tool in apply_patch shell; do
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=$tool SILENT=1) || fail "$tool, silent: $g"
+  stopped "$tool, a silent success" "$g"
+  echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "$tool, silent: not the model's own end: $g"
+done
+curl -sf "$gw_URL/v1/runs/$(echo "$g" | get 'd["seen"][0]["run"]')/trace" | grep '"type":"result"' | head -1 |
+  grep_q '"status":"progress","value":"\[exit 0\]"' || fail "shell, silent: the result is not the exit status"
 # A tool that answers with an image alone (Claude Code's Read of an image
 # file, a screenshot tool): its result is the image's digest, not a blank
 # value, which stopped the run at once as a tool that answered nothing
