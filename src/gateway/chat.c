@@ -600,8 +600,8 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
   return 0;
 }
 
-/* A computer call's result (m its output item, text what
- * lg__gwr_output_content made of it, res as read_result made it): a screen the run has not had is progress, so that an action the
+/* A computer call's result (text what read_result read: its
+ * screenshot's digest, res as read_result made it): a screen the run has not had is progress, so that an action the
  * model repeats while the screen changes (a scroll down a long page, a
  * click on Next) is not a loop; the same screen again, or one seen
  * before (a menu opened and closed), is none: res carries the run's
@@ -610,10 +610,7 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
  * what the next are compared with, and carries none (a first
  * progress_version is always progress: the model's first action would
  * start the repeat count again). */
-static void screen_progress(chat_t *c, json_t *m, const char *text, lg_result_t *res) {
-  static const char pre[] = "computer_screenshot ";
-  const lg__gwr_kind_t *k = lg__gwr_kind(sget(m, "type"));
-  if (!k || k->out != LG__OUT_SCREENSHOT || !text || strncmp(text, pre, sizeof pre - 1)) return;
+static void screen_progress(chat_t *c, const char *text, lg_result_t *res) {
   lg__gw_run_t *r = c->r;
   char hex[65];
   lg__sha256_hex(text, strlen(text), hex);
@@ -633,6 +630,51 @@ static void screen_progress(chat_t *c, json_t *m, const char *text, lg_result_t 
   if (!r->screen_v) return; /* the first again: no progress yet to be above */
   res->has_progress_version = 1;
   res->progress_version = r->screen_v;
+}
+
+/* Messages: the name of the request's computer-use tool (its type
+ * computer_20250124 and the like), or NULL. */
+static const char *computer_tool(chat_t *c) {
+  if (!c->computer_seen) {
+    c->computer_seen = 1;
+    json_t *tools = json_object_get(c->root, "tools");
+    for (size_t i = 0; !c->computer && i < json_array_size(tools); i++) {
+      const char *ty = sget(json_array_get(tools, i), "type");
+      if (ty && !strncmp(ty, "computer_", 9)) c->computer = sget(json_array_get(tools, i), "name");
+    }
+  }
+  return c->computer;
+}
+
+/* Whether client message i's tool_result for call `id` answers a call of
+ * the computer-use tool (Messages: the tool_use block of that id in the
+ * assistant message before). */
+static int computer_result(chat_t *c, size_t i, const char *id) {
+  const char *name = computer_tool(c);
+  for (size_t a = i; name && id && a-- > 0;) {
+    if (!is_role(c, a, "assistant")) continue;
+    json_t *blocks = json_object_get(client_msg(c, a), "content");
+    for (size_t k = 0; k < json_array_size(blocks); k++) {
+      json_t *bl = json_array_get(blocks, k);
+      const char *bid = sget(bl, "id"), *bn = sget(bl, "name");
+      if (bid && !strcmp(bid, id)) return bn && !strcmp(bn, name);
+    }
+    return 0;
+  }
+  return 0;
+}
+
+/* Whether the result just read (text) is a computer call's screen: a
+ * Responses computer_call_output (m) or, on Messages, an image in the
+ * answer of a call of the computer-use tool. */
+static int is_screen(chat_t *c, json_t *m, size_t i, const char *call_id, const char *text) {
+  static const char pre[] = "computer_screenshot ";
+  if (!text) return 0;
+  if (is_responses(c)) {
+    const lg__gwr_kind_t *k = lg__gwr_kind(sget(m, "type"));
+    return k && k->out == LG__OUT_SCREENSHOT && !strncmp(text, pre, sizeof pre - 1);
+  }
+  return is_anthropic(c) && strstr(text, "[image sha256:") && computer_result(c, i, call_id);
 }
 
 /* Fills a result read late (lg__step_t's fill): its message built and
@@ -657,7 +699,7 @@ static int fill_result(lg__step_t *st, void *ud) {
       call_id = sget(m, "tool_call_id");
     }
     int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
-    if (!rc && is_responses(c)) screen_progress(c, m, k->text, &k->res);
+    if (!rc && is_screen(c, m, k->msg, call_id, k->text)) screen_progress(c, k->text, &k->res);
     json_decref(owned);
     if (rc) {
       k->oom = 1;

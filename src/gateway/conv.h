@@ -154,6 +154,9 @@ typedef struct chat {
                                  the client: past those of the response's earlier answers */
   int role_told;              /* Chat Completions stream: the client was sent a delta's role
                                  (a chunk whose calls are held passes its role on once) */
+  const char *computer;       /* Messages: the name of the request's computer-use tool (a tool
+                                 of type computer_*), once looked for (computer_seen) */
+  int computer_seen;
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
                                    Completions: reasoning_content, reasoning) */

@@ -19,6 +19,7 @@
 //   write_record's executions
 import OpenAI from 'openai';
 import { roundRobin } from './round-robin.mjs';
+import { nextScreenB64 } from './screens.mjs';
 import { Agent, Runner, OpenAIProvider, tool, applyPatchTool, shellTool, computerTool, setTracingDisabled, MaxTurnsExceededError } from '@openai/agents';
 import { z } from 'zod';
 
@@ -31,7 +32,7 @@ const failed = async () => { executions.write_record++; return { status: 'failed
 const builtin = {
   apply_patch: () => applyPatchTool({ editor: { createFile: failed, updateFile: failed, deleteFile: failed } }),
   computer: () => computerTool({ computer: { // a screenshot: a PNG of one pixel, the same after every action
-    environment: 'browser', dimensions: [1024, 768], screenshot: async () => 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==',
+    environment: 'browser', dimensions: [1024, 768], screenshot: async () => nextScreenB64(),
     click: async () => { executions.write_record++; }, doubleClick: async () => {}, scroll: async () => {}, type: async () => {},
     wait: async () => {}, move: async () => {}, keypress: async () => {}, drag: async () => {} } }),
   shell: () => shellTool({ shell: { run: async () => { executions.write_record++; return { output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exitCode: 1 } }] }; } } }),

@@ -29,26 +29,14 @@
 //              conversation (the answers' items and the outputs)
 import OpenAI from 'openai';
 import { roundRobin } from './round-robin.mjs';
+import { SCREEN, nextScreenB64 } from './screens.mjs';
 
 const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000, fetch: roundRobin() });
 const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';
 const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1', builtin = process.env.BUILTIN;
-// a screenshot: a PNG of one pixel (the form, unchanged by every click)
-const SCREEN = 'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==';
-// screen n: the same pixel with a text chunk saying n (a valid PNG each)
-const crcTable = Array.from({ length: 256 }, (_, n) => { for (let k = 0; k < 8; k++) n = n & 1 ? 0xedb88320 ^ (n >>> 1) : n >>> 1; return n >>> 0; });
-const crc32 = (b) => { let c = 0xffffffff; for (const x of b) c = crcTable[(c ^ x) & 0xff] ^ (c >>> 8); return (c ^ 0xffffffff) >>> 0; };
-function screenN(n) {
-  const png = Buffer.from(SCREEN.slice(22), 'base64'), body = Buffer.concat([Buffer.from('tEXt'), Buffer.from(`Comment\0page ${n}`)]);
-  const len = Buffer.alloc(4), crc = Buffer.alloc(4);
-  len.writeUInt32BE(body.length - 4);
-  crc.writeUInt32BE(crc32(body));
-  return 'data:image/png;base64,' + Buffer.concat([png.subarray(0, 33), len, body, crc, png.subarray(33)]).toString('base64');
-}
-let shots = 0;
-const nextScreen = () => (shots++, process.env.SCREENS === 'new' ? screenN(shots) : process.env.SCREENS === 'toggle' ? screenN(shots % 2) : SCREEN);
+const nextScreen = () => 'data:image/png;base64,' + nextScreenB64();
 const builtinTool = builtin === 'computer' ? { type: 'computer_use_preview', display_width: 1024, display_height: 768, environment: 'browser' } : { type: builtin };
 const tools = builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }

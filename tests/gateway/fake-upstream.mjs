@@ -37,6 +37,10 @@
 //               safety check, which its output must acknowledge;
 //               loop-builtin-pair: with each write, a lookup of another
 //               customer in the same answer
+//   loop-click  (Messages) the same left_click of the computer-use tool (a
+//               tool of type computer_*: the request must name its beta in
+//               anthropic-beta, as Anthropic wants), each time; without it,
+//               gives up in text
 //   pingpong    calls its first tool named transfer_to_* (an Agents SDK
 //               handoff) every time: two agents handing the task back and forth
 //   pair        asks for two calls an answer, the failing write and a lookup
@@ -280,6 +284,9 @@ function script(req) {
     const n = msgs.filter((m) => m.role === 'tool').length;
     return { calls: [{ name: 'write_record', args: variants[n % variants.length] }], text: n === 0 ? 'Let me write it.' : null };
   }
+  if (model.startsWith('loop-click')) // Messages' computer-use tool: the same click on Save, each time
+    return !toolsOff && names.includes('computer') ? { calls: [{ name: 'computer', args: '{"action":"left_click","coordinate":[312,208]}' }] }
+      : { text: 'I could not write the record; the storage keeps failing.' };
   if (model.startsWith('loop-builtin')) { // the write by a built-in tool the client runs: apply_patch, else shell
     const way = ['apply_patch', 'shell', 'computer_use_preview'].find((n) => !toolsOff && names.includes(n));
     if (!way) return { text: 'I could not write the record; the storage keeps failing.' };
@@ -1216,7 +1223,11 @@ function route(req, res, body) {
       // not a refusal (none is documented), but never a conversation the
       // model made: one answer's thinking block in two turns
       if (thinkingRepeated(j.messages || [])) stats.thinking_repeated++;
-      const v = checkAnthropic(j.messages || []) || checkThinking(j);
+      // a computer-use tool is a beta tool: refused without its beta named
+      const beta = String(req.headers['anthropic-beta'] || '');
+      const cu = (j.tools || []).find((t) => t && typeof t.type === 'string' && t.type.startsWith('computer_'));
+      const v = checkAnthropic(j.messages || []) || checkThinking(j) ||
+        (cu && !/computer-use-/.test(beta) ? `tools.0: Input tag '${cu.type}' found using 'type' does not match any of the expected tags without the beta header computer-use` : null);
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });

@@ -433,9 +433,9 @@ grep_q '\["computer_call_output", "RU5ErkJggg=="\], \["message", "Error: loopgua
 g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer) || fail "computer gateway: $g"
 run=$(echo "$g" | get 'd["seen"][0]["run"]')
 curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/computer.jsonl" || fail "computer: no trace"
-screen=$(sed -n "s/^const SCREEN = '\(.*\)';$/\1/p" "$HERE_SRC/agent-responses.mjs")
+screen=data:image/png\;base64,$(sed -n "s/^export const SCREEN_B64 = '\(.*\)';$/\1/p" "$HERE_SRC/screens.mjs")
 digest=$(printf '%s' "$screen" | sha256sum | cut -d' ' -f1)
-[ ${#digest} = 64 ] && [ ${#screen} -gt 40 ] || fail "computer: no screen in agent-responses.mjs"
+[ ${#digest} = 64 ] && [ ${#screen} -gt 40 ] || fail "computer: no screen in screens.mjs"
 grep '"type":"call"' "$TMP/computer.jsonl" | head -1 | grep_q '"tool":"computer_use_preview","args":{"type":"click","button":"left","x":312,"y":208}' ||
   fail "computer: the call is not the action: $(head -c 2000 "$TMP/computer.jsonl")"
 [ "$(grep -c "\"type\":\"result\".*\"value\":\"computer_screenshot sha256:$digest\"" "$TMP/computer.jsonl")" = 2 ] ||
@@ -491,6 +491,20 @@ curl -sf "$gw_URL/v1/runs/$(echo "$g" | get 'd["seen"][0]["run"]')/trace" >"$TMP
 [ "$(grep -c '"type":"result","call_id":"[^"]*","status":"progress","value":"\[image sha256:[0-9a-f]\{16\}\]"' "$TMP/image.jsonl")" = 2 ] ||
   fail "image result: the results are not the image's digest: $(grep '"type":"result"' "$TMP/image.jsonl" | head -c 1000)"
 [ "$(grep '"type":"result"' "$TMP/image.jsonl" | sed 's/.*"value":\("[^"]*"\).*/\1/' | sort -u | wc -l)" = 1 ] || fail "image result: the same image, two values"
+# Anthropic's computer-use tool (type computer_20250124, its calls
+# tool_use blocks, its screens images in their tool_result): the same
+# screens make the same progress
+d=$(client agent-anthropic.mjs BASE_URL="$FAKE" MODEL=loop-click COMPUTER=1) || fail "anthropic computer direct: $d"
+[ "$(echo "$d" | get '[d["ended"], d["executions"]["write_record"]]')" = '["step_cap", 12]' ] || fail "anthropic computer direct: $d"
+for stream in 0 1; do
+  note "Anthropic's computer-use tool (stream=$stream): the same screen stopped, new screens run on, two in turn stopped"
+  for screens in same:final:2 new:step_cap:12 toggle:final:4; do
+    g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-click COMPUTER=1 SCREENS=${screens%%:*} STREAM=$stream) || fail "anthropic computer: $g"
+    want=${screens#*:}
+    [ "$(echo "$g" | get '"%s:%d" % (d["ended"], d["executions"]["write_record"])')" = "$want" ] ||
+      fail "anthropic computer, ${screens%%:*} screens, stream=$stream: not $want: $g"
+  done
+done
 # a call's pending safety check acknowledged in the refused call's output
 # (the fake refuses an output without it); two calls an answer, the
 # computer's and a lookup: each note after both outputs
