@@ -514,8 +514,6 @@ static void user_event(chat_t *c) {
   c->j->reason[0] = 0;
 }
 
-/* Whether a text is blank: nothing but white space. */
-
 /* The structured result contract (a JSON object with a trace-v1 status)
  * into res; *value (new) holds its value's JSON. 0 when sj is not one. */
 static int structured_result(json_t *sj, lg_result_t *res, char **value) {
@@ -600,16 +598,16 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
   return 0;
 }
 
-/* A computer call's result (text what read_result read: its
- * screenshot's digest, res as read_result made it): a screen the run has not had is progress, so that an action the
- * model repeats while the screen changes (a scroll down a long page, a
- * click on Next) is not a loop; the same screen again, or one seen
- * before (a menu opened and closed), is none: res carries the run's
- * count of new screens as its progress_version (trace-v1), which the
- * trace keeps, so a replay decides the same. The run's first screen is
- * what the next are compared with, and carries none (a first
- * progress_version is always progress: the model's first action would
- * start the repeat count again). */
+/* A computer call's result (text what read_result read: its screenshot's
+ * digest; res as read_result made it): a screen the run has not had is
+ * progress, so that an action the model repeats while the screen changes
+ * (a scroll down a long page, a click on Next) is not a loop; the same
+ * screen again, or one seen before (a menu opened and closed), is none.
+ * res carries the run's count of new screens as its progress_version
+ * (trace-v1), which the trace keeps, so a replay decides the same. The
+ * run's first screen is what the next are compared with, and carries
+ * none (a first progress_version is always progress: the model's first
+ * action would start the repeat count again). */
 static void screen_progress(chat_t *c, const char *text, lg_result_t *res) {
   lg__gw_run_t *r = c->r;
   char hex[65];
@@ -1541,10 +1539,10 @@ static json_t *mem_json(const lg__gw_run_t *r) {
     json_array_append_new(rs, json_pack("{s:I, s:O, s:s?, s:b}", "at", (json_int_t)r->rs[q].anchor, "items",
                                         r->rs[q].items, "resp", r->rs[q].resp_id, "sent", r->rs[q].conv_sent));
   json_int_t at = r->text_steer_at == SIZE_MAX ? -1 : (json_int_t)r->text_steer_at;
-  json_t *m = rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I, s:s?, s:i}", "rs", rs, "steer", r->steer, "text_steer",
-                             r->text_steer, "text_steer_at", at, "stored_tokens", (json_int_t)r->stored_tokens,
-                             "esc_model", r->esc_left > 0 ? r->esc_model : NULL, "esc_left",
-                             r->esc_left > 0 ? r->esc_left : 0)
+  json_t *m = rs ? json_pack("{s:o, s:O, s:s?, s:I, s:I, s:s?, s:i}", "rs", rs, "steer", r->steer,
+                             "text_steer", r->text_steer, "text_steer_at", at, "stored_tokens",
+                             (json_int_t)r->stored_tokens, "esc_model", r->esc_left > 0 ? r->esc_model : NULL,
+                             "esc_left", r->esc_left > 0 ? r->esc_left : 0)
                  : NULL;
   if (m && json_array_size(r->screens)) { /* a computer-use run's */
     json_object_set(m, "screens", r->screens);

@@ -307,7 +307,8 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
     *is_error = st && !strcmp(st, "failed");
     /* a patch applied without a word: its status (a blank value would be
      * a tool that answered nothing, which stops the run) */
-    return json_is_string(out) && !blank(json_string_value(out)) ? json_incref(out) : json_string(st ? st : "");
+    if (json_is_string(out) && !blank(json_string_value(out))) return json_incref(out);
+    return json_string(st ? st : "");
   }
   if (k && k->out == LG__OUT_SCREENSHOT) {
     const char *url = sget(out, "image_url"), *file = sget(out, "file_id");

@@ -31,7 +31,7 @@ const executions = { write_record: 0, lookup: 0 };
 const failed = async () => { executions.write_record++; return { status: 'failed', output: 'Error: records/7: read-only file system' }; };
 const builtin = {
   apply_patch: () => applyPatchTool({ editor: { createFile: failed, updateFile: failed, deleteFile: failed } }),
-  computer: () => computerTool({ computer: { // a screenshot: a PNG of one pixel, the same after every action
+  computer: () => computerTool({ computer: { // its screenshots: screens.mjs (the same after every action)
     environment: 'browser', dimensions: [1024, 768], screenshot: async () => nextScreenB64(),
     click: async () => { executions.write_record++; }, doubleClick: async () => {}, scroll: async () => {}, type: async () => {},
     wait: async () => {}, move: async () => {}, keypress: async () => {}, drag: async () => {} } }),
