@@ -1891,11 +1891,55 @@ static int64_t attachments(const chat_t *c) {
   return n;
 }
 
+/* The bytes of the attachments given inline in JSON value v: a data URL
+ * (an image_url's, as a string or its object's url, a file_data) and the
+ * data of a base64 source (Anthropic's images and documents). Each is an
+ * attachment that attachments() counts (by its image_url, file_data or
+ * source key); a data URL anywhere else (in a tool's text) is text, and
+ * not counted here. */
+static int64_t inline_bytes(const json_t *v) {
+  int64_t n = 0;
+  if (json_is_array(v))
+    for (size_t i = 0; i < json_array_size(v); i++) n += inline_bytes(json_array_get(v, i));
+  if (!json_is_object(v)) return n;
+  const char *ty = sget(v, "type"), *k;
+  json_t *x;
+  if (ty && !strcmp(ty, "base64") && json_is_string(json_object_get(v, "data")))
+    n += (int64_t)json_string_length(json_object_get(v, "data"));
+  json_object_foreach((json_t *)v, k, x) {
+    json_t *s = !strcmp(k, "image_url") && json_is_object(x) ? json_object_get(x, "url") : x;
+    const char *t = json_string_value(s);
+    if ((!strcmp(k, "image_url") || !strcmp(k, "file_data")) && t && !strncmp(t, "data:", 5))
+      n += (int64_t)json_string_length(s);
+    else if (json_is_object(x) || json_is_array(x))
+      n += inline_bytes(x);
+  }
+  return n;
+}
+
+/* The bytes of the client's attachments given inline (inline_bytes of
+ * each message), or 0 when a message cannot be built (out of memory:
+ * nothing taken off the bound). */
+static int64_t inlined(chat_t *c) {
+  int64_t n = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    json_t *m = client_msg(c, i);
+    if (!m) return 0;
+    n += inline_bytes(m);
+  }
+  return n;
+}
+
 /* The input a model call to `model` is billed at most, in tokens:
  * - its body's bytes (a token is at least one byte);
  * - each attachment at the price table's attachment_tokens for the model,
  *   when it has one (an image by URL is a few bytes and a thousand
- *   tokens; none: counted by its bytes alone, as before session 30);
+ *   tokens; none: counted by its bytes alone, as before session 30), in
+ *   place of its bytes when it is given inline (a screenshot's base64 is
+ *   hundreds of kilobytes and the same thousand tokens: counted by its
+ *   bytes, a computer-use agent's worst case was most of a million
+ *   tokens, which a run's cost cap or a key's limit refused; until
+ *   session 43);
  * - for a Responses request that continues a conversation the upstream
  *   stores (previous_response_id, conversation, a re-ask continuing the
  *   answer just made), what that conversation holds: the upstream bills
@@ -1908,8 +1952,13 @@ static int64_t input_bound(chat_t *c, const lg_prices_t *pr, const char *model, 
   lg_price_t price;
   if (model && !lg_prices_lookup(pr, model, &price, NULL) && price.attachment_tokens > 0) {
     if (c->attached < 0) c->attached = attachments(c); /* the client's messages: once a request */
+    if (c->inlined < 0) c->inlined = c->attached ? inlined(c) : 0;
     int64_t most = INT64_MAX / 4 / price.attachment_tokens; /* beyond any price: refused */
     n += (c->attached < most ? c->attached : most) * price.attachment_tokens;
+    /* their bytes were counted in the body's, unless the body does not
+     * hold the client's messages (a Responses re-ask continuing the
+     * answer just made: the stored conversation's tokens count them) */
+    if (c->inlined <= n && !(is_responses(c) && c->reask_prev)) n -= c->inlined;
   }
   if (is_responses(c) && (c->prev_id || c->conv_id || c->reask_prev) && c->r->stored_tokens > 0 &&
       c->r->stored_tokens <= INT64_MAX / 2)
@@ -3508,7 +3557,7 @@ void lg__gw_chat(lg__gw_ctx_t *cx) {
   c.j = j;
   c.a_open = c.r_open = -1;
   c.think_at = -1;
-  c.attached = -1;
+  c.attached = c.inlined = -1;
   c.api = j->kind == LG__GW_MESSAGES    ? LG__GW_API_ANTHROPIC
           : j->kind == LG__GW_RESPONSES ? API_RESPONSES
                                         : LG__GW_API_OPENAI;

@@ -89,6 +89,7 @@ typedef struct chat {
                                  its bytes would send the null after the bound, and a JSON
                                  reader takes the last of a repeated member */
   int64_t attached;           /* the client's attachments (chat.c, attachments); -1 not counted */
+  int64_t inlined;            /*   the bytes of those given inline (inline_bytes); -1 not counted */
   size_t body_reals;          /* the real numbers of the client's body */
   char *steer_text;           /* a text loop's steer said with this request (owned), */
   size_t steer_at;            /*   with this client message (chat.c, text_steer_place); */

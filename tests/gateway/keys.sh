@@ -162,6 +162,34 @@ input=$(op GET /v1/runs/vision-messages/trace | grep '"type":"model"' | get 'd["
 [ "$input" -ge $((${#body} + 2000)) ] ||
   fail "Anthropic attachments: the worst case counts $input input tokens for ${#body} bytes and two attachments"
 
+note "an attachment given inline counts at attachment_tokens in place of its bytes"
+# a screenshot's base64 is hundreds of kilobytes and about a thousand tokens:
+# counted by its bytes, a computer-use agent's worst case was most of a
+# million tokens (until session 43). A PNG of 20 KB (a text chunk in it);
+# the same data URL in a tool's result is text, counted by its bytes.
+png=$(python3 -c '
+import base64, struct, zlib
+px = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+body = b"tEXt" + b"Comment\0" + b"x" * 15000
+chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+print(base64.b64encode(px[:33] + chunk + px[33:]).decode())')
+url="data:image/png;base64,$png"
+body='{"model":"finish-vision","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"call_s","type":"function","function":{"name":"screenshot","arguments":"{}"}}]},{"role":"tool","tool_call_id":"call_s","content":"saved as '"$url"'"},{"role":"user","content":[{"type":"text","text":"And this?"},{"type":"image_url","image_url":{"url":"'"$url"'"}}]}]}'
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
+  -H 'X-Loopguard-Run: vision-inline' -d "$body" "$gw_URL/v1/chat/completions")
+[ "$code" = 200 ] || fail "an inline image: $code $(cat "$TMP/body")"
+input=$(op GET /v1/runs/vision-inline/trace | grep '"type":"model"' | get 'd["input_tokens"]')
+[ "$input" = $((${#body} + 16 - ${#url} + 1000)) ] ||
+  fail "an inline image: the worst case counts $input input tokens, not the body's $((${#body} + 16)) bytes less the image's ${#url} and 1000 for it"
+# Anthropic's base64 source: its data in place of its bytes
+body='{"model":"finish-vision","max_tokens":20,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"'"$png"'"}},{"type":"text","text":"What is it?"}]}]}'
+code=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "x-api-key: $K1" -H 'anthropic-version: 2023-06-01' \
+  -H 'Content-Type: application/json' -H 'X-Loopguard-Run: vision-inline-messages' -d "$body" "$gw_URL/v1/messages")
+[ "$code" = 200 ] || fail "an inline Anthropic image: $code $(cat "$TMP/body")"
+input=$(op GET /v1/runs/vision-inline-messages/trace | grep '"type":"model"' | get 'd["input_tokens"]')
+[ "$input" = $((${#body} - ${#png} + 1000)) ] ||
+  fail "an inline Anthropic image: the worst case counts $input input tokens, not $((${#body} - ${#png} + 1000))"
+
 note "an upstream that refuses the key's max_tokens (OpenAI's reasoning models): max_completion_tokens, learnt once"
 for stream in false true false; do
   b=$(chat "$K1" "{\"model\":\"finish-o3\",\"stream\":$stream,$MSG}")
