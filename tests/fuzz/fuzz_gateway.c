@@ -191,10 +191,11 @@ static const char *fuzz_policies[] = {
 };
 static const char *db_files[] = {"gw.db", "gw.db-wal", "gw.db-shm", "prices"};
 /* the models of the seeds and the escalation's, 1 and 100 USD a million
- * tokens: a request's worst case is a small part of the key's limit */
+ * tokens: a request's worst case is a small part of the key's limit (its
+ * attachments, inline ones too, counted at attachment_tokens) */
 static const char *prices =
     "{\"models\": {\"m\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 100, "
-    "\"max_output_tokens\": 50}, \"strong\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 100, "
+    "\"max_output_tokens\": 50, \"attachment_tokens\": 1000}, \"strong\": {\"input_usd_per_mtok\": 1, \"output_usd_per_mtok\": 100, "
     "\"max_output_tokens\": 50, \"attachment_tokens\": 1000}}}";
 
 static void stop(void) {
