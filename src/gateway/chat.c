@@ -66,7 +66,9 @@ static char *text_of(const json_t *c) {
  * string, or its parts in order, a text part as its text and any other
  * (an image, a document, a file) as "[TYPE sha256:HEX]", HEX the first
  * 16 digits of the digest of what it shows (its source, URL, file or
- * data; the part whole when it has none of them). So an answer that is
+ * data; the part whole when it has none of them), after the text of its
+ * own content when it has some (Anthropic's search_result blocks: their
+ * text parts, their source a URL). So an answer that is
  * only an image is not blank (a blank value stops the run, as a tool that
  * answered nothing: Claude Code's Read of an image file, a screenshot),
  * the same image is the same value, and no image is copied into a
@@ -81,6 +83,14 @@ static char *result_text(const json_t *c) {
     const char *t = sget(p, "text"), *ty = sget(p, "type");
     if (t) lg__buf_puts(&b, t);
     if (t || !json_is_object(p)) continue;
+    json_t *inner = json_object_get(p, "content");
+    char *it = inner ? result_text(inner) : NULL;
+    if (inner && !it) {
+      lg__buf_free(&b);
+      return NULL;
+    }
+    if (it) lg__buf_puts(&b, it);
+    lg__free(it);
     for (size_t k = 0; !what && k < LG__ARRAY_LEN(shown); k++) what = json_object_get(p, shown[k]);
     char *j = lg__json_text(what ? what : p, NULL), hex[65];
     if (!j) {

@@ -491,6 +491,18 @@ curl -sf "$gw_URL/v1/runs/$(echo "$g" | get 'd["seen"][0]["run"]')/trace" >"$TMP
 [ "$(grep -c '"type":"result","call_id":"[^"]*","status":"progress","value":"\[image sha256:[0-9a-f]\{16\}\]"' "$TMP/image.jsonl")" = 2 ] ||
   fail "image result: the results are not the image's digest: $(grep '"type":"result"' "$TMP/image.jsonl" | head -c 1000)"
 [ "$(grep '"type":"result"' "$TMP/image.jsonl" | sed 's/.*"value":\("[^"]*"\).*/\1/' | sort -u | wc -l)" = 1 ] || fail "image result: the same image, two values"
+# a part with content of its own (Anthropic's search_result block): its
+# text, then its source's digest
+H=(-H 'content-type: application/json' -H 'x-api-key: sk-ant-test' -H 'anthropic-version: 2023-06-01' -H 'X-Loopguard-Run: search-result')
+T='[{"name":"write_record","description":"Write a record.","input_schema":{"type":"object"}}]'
+curl -sf "${H[@]}" "$gw_URL/v1/messages" -d '{"model":"loop-write","max_tokens":100,"tools":'"$T"',"messages":[{"role":"user","content":"Write record 7."}]}' >"$TMP/sr1.json" ||
+  fail "search result: the first request"
+asst=$(get '{"role": "assistant", "content": d["content"]}' <"$TMP/sr1.json")
+id=$(get '[b["id"] for b in d["content"] if b["type"] == "tool_use"][0]' <"$TMP/sr1.json")
+curl -sf "${H[@]}" "$gw_URL/v1/messages" -d '{"model":"loop-write","max_tokens":100,"tools":'"$T"',"messages":[{"role":"user","content":"Write record 7."},'"$asst"',{"role":"user","content":[{"type":"tool_result","tool_use_id":"'"$id"'","content":[{"type":"search_result","source":"https://kb.example/records/7","title":"Record 7","content":[{"type":"text","text":"Record 7 is read-only."}]}]}]}]}' >/dev/null ||
+  fail "search result: the second request"
+curl -sf "$gw_URL/v1/runs/search-result/trace" | grep '"type":"result"' | grep_q '"value":"Record 7 is read-only.\[search_result sha256:[0-9a-f]\{16\}\]"' ||
+  fail "search result: not its text and its source's digest: $(curl -sf "$gw_URL/v1/runs/search-result/trace" | grep '"type":"result"')"
 # Anthropic's computer-use tool (type computer_20250124, its calls
 # tool_use blocks, its screens images in their tool_result): the same
 # screens make the same progress
