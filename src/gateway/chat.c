@@ -672,15 +672,14 @@ static int computer_result(chat_t *c, size_t i, const char *id) {
   return 0;
 }
 
-/* Whether the result just read (text) is a computer call's screen: a
- * Responses computer_call_output (m) or, on Messages, an image in the
- * answer of a call of the computer-use tool. */
+/* Whether the result just read (text, result_text's) is a computer
+ * call's screen: a Responses computer_call_output's screenshot (m) or, on
+ * Messages, an image in the answer of a call of the computer-use tool. */
 static int is_screen(chat_t *c, json_t *m, size_t i, const char *call_id, const char *text) {
-  static const char pre[] = "computer_screenshot ";
   if (!text) return 0;
   if (is_responses(c)) {
     const lg__gwr_kind_t *k = lg__gwr_kind(sget(m, "type"));
-    return k && k->out == LG__OUT_SCREENSHOT && !strncmp(text, pre, sizeof pre - 1);
+    return k && k->out == LG__OUT_SCREENSHOT && strstr(text, "[computer_screenshot sha256:");
   }
   return is_anthropic(c) && strstr(text, "[image sha256:") && computer_result(c, i, call_id);
 }
@@ -843,14 +842,16 @@ static json_t *tool_msg(const char *id, const char *content) {
 }
 
 /* "[loopguard] note" added to member `key` of o, in place: a string (or
- * none) gets "\n\n[loopguard] note" at its end; a list of parts or blocks
+ * none) gets "\n\n[loopguard] note" at its end (no blank line before it
+ * when it was empty or absent: a computer call's output's note); a list of parts or blocks
  * keeps every one (an image, a file) and gets a text part of type
  * `part_type` after them. */
 static void note_into(json_t *o, const char *key, const char *part_type, const char *note) {
   json_t *v = json_object_get(o, key);
   lg__buf_t nb = {0};
   if (json_is_string(v) || json_is_null(v) || !v) {
-    lg__buf_printf(&nb, "%s\n\n[loopguard] %s", json_is_string(v) ? json_string_value(v) : "", note);
+    const char *had = json_is_string(v) ? json_string_value(v) : "";
+    lg__buf_printf(&nb, "%s%s[loopguard] %s", had, *had ? "\n\n" : "", note);
     if (nb.data) json_object_set_new(o, key, json_string(nb.data));
   } else if (json_is_array(v)) {
     lg__buf_printf(&nb, "[loopguard] %s", note);
@@ -877,13 +878,9 @@ static json_t *with_note(chat_t *c, json_t *m, const char *note) {
   json_t *out = json_object_get(m2, "output");
   if (k && k->out == LG__OUT_CHUNKS && json_array_size(out))
     note_into(json_array_get(out, json_array_size(out) - 1), "stderr", NULL, note);
-  else if (k && k->out == LG__OUT_SCREENSHOT) { /* no text: a message of its own (place_notes) */
-    const char *had = sget(m2, LG__GWR_NOTE);
-    lg__buf_t nb = {0};
-    lg__buf_printf(&nb, "%s%s[loopguard] %s", had ? had : "", had ? "\n\n" : "", note);
-    if (nb.data) json_object_set_new(m2, LG__GWR_NOTE, json_string(nb.data));
-    lg__buf_free(&nb);
-  } else
+  else if (k && k->out == LG__OUT_SCREENSHOT) /* no text: a message of its own (place_notes) */
+    note_into(m2, LG__GWR_NOTE, NULL, note);
+  else
     note_into(m2, k ? "output" : "content", text_part(c), note);
   return m2;
 }

@@ -289,9 +289,8 @@ json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text, 
  * parts) and whether the tool failed (*is_error): a shell's stdout and
  * stderr, an error when a command exited non-zero or timed out; an
  * apply_patch's output, an error when it failed; a computer call's
- * screenshot named by its digest ("computer_screenshot sha256:HEX", or
- * "computer_screenshot file_id:ID"), so that the same screen again is the
- * same result and a trace does not hold the image. */
+ * screenshot as a list of that one part, which a result reads as any
+ * image part: by its digest ("[computer_screenshot sha256:HEX]"). */
 json_t *lg__gwr_output_content(json_t *item, int *is_error);
 /* An output's call items (new), its text (new); resp without the refused
  * calls. */

@@ -310,14 +310,8 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
     if (json_is_string(out) && !blank(json_string_value(out))) return json_incref(out);
     return json_string(st ? st : "");
   }
-  if (k && k->out == LG__OUT_SCREENSHOT) {
-    const char *url = sget(out, "image_url"), *file = sget(out, "file_id");
-    char hex[65], b[160];
-    if (!url && !file) return json_incref(out); /* not a screenshot: as it came */
-    if (url) lg__sha256_hex(url, strlen(url), hex);
-    snprintf(b, sizeof b, "computer_screenshot %s:%.100s", url ? "sha256" : "file_id", url ? hex : file);
-    return json_string(b);
-  }
+  if (k && k->out == LG__OUT_SCREENSHOT) /* a part: read as any image (chat.c, result_text) */
+    return json_is_object(out) ? json_pack("[O]", out) : json_incref(out);
   if (!k || k->out != LG__OUT_CHUNKS) return json_incref(out);
   /* a shell's chunks: their stdout and stderr, in order; an error when a
    * command exited non-zero or timed out; commands that printed nothing,

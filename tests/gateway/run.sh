@@ -434,11 +434,12 @@ g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=
 run=$(echo "$g" | get 'd["seen"][0]["run"]')
 curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/computer.jsonl" || fail "computer: no trace"
 screen=data:image/png\;base64,$(sed -n "s/^export const SCREEN_B64 = '\(.*\)';$/\1/p" "$HERE_SRC/screens.mjs")
-digest=$(printf '%s' "$screen" | sha256sum | cut -d' ' -f1)
-[ ${#digest} = 64 ] && [ ${#screen} -gt 40 ] || fail "computer: no screen in screens.mjs"
+# the digest of what the part shows, its image_url as JSON (a quoted string)
+digest=$(printf '"%s"' "$screen" | sha256sum | cut -c1-16)
+[ ${#digest} = 16 ] && [ ${#screen} -gt 40 ] || fail "computer: no screen in screens.mjs"
 grep '"type":"call"' "$TMP/computer.jsonl" | head -1 | grep_q '"tool":"computer_use_preview","args":{"type":"click","button":"left","x":312,"y":208}' ||
   fail "computer: the call is not the action: $(head -c 2000 "$TMP/computer.jsonl")"
-[ "$(grep -c "\"type\":\"result\".*\"value\":\"computer_screenshot sha256:$digest\"" "$TMP/computer.jsonl")" = 2 ] ||
+[ "$(grep -c "\"type\":\"result\".*\"value\":\"\[computer_screenshot sha256:$digest\]\"" "$TMP/computer.jsonl")" = 2 ] ||
   fail "computer: the results are not the screen's digest ($digest): $(head -c 3000 "$TMP/computer.jsonl")"
 grep_q base64 "$TMP/computer.jsonl" && fail "computer: an image in the trace"
 "$LG_BIN" replay --json "$TMP/computer.jsonl" >"$TMP/computer.replay" || fail "computer: the trace does not replay"
