@@ -125,8 +125,10 @@ static void raise_action(lg__gw_job_t *j, const char *a, const char *reason) {
 
 /* Client message i (borrowed), built when first read; NULL out of range
  * or out of memory (then c->lazy_oom). */
+static json_t *legacy_msg(chat_t *c, size_t i, json_t *m);
 static json_t *client_msg(chat_t *c, size_t i) {
   json_t *m = lg__json_lazy_get(&c->lazy, c->messages, i);
+  if (m && c->legacy) m = legacy_msg(c, i, m);
   if (!m && i < json_array_size(c->messages)) c->lazy_oom = 1;
   return m;
 }
@@ -137,8 +139,22 @@ enum { PEEK_ROLE, PEEK_TYPE };
 static const char *const peek_keys[2] = {"role", "type"};
 static const char *msg_str(chat_t *c, size_t i, int k) {
   const char *v;
-  if (!lg__json_lazy_peek(&c->lazy, c->messages, i, k, &v)) return v;
+  if (!lg__json_lazy_peek(&c->lazy, c->messages, i, k, &v))
+    return c->legacy && k == PEEK_ROLE && v && !strcmp(v, "function") ? "tool" : v; /* as legacy_msg reads it */
   return sget(client_msg(c, i), peek_keys[k]);
+}
+
+static int is_role(chat_t *c, size_t i, const char *role);
+
+/* A legacy request's client message i (m) as read (lg__gwo_legacy_msg):
+ * a function message answers the assistant message before it. */
+static json_t *legacy_msg(chat_t *c, size_t i, json_t *m) {
+  if (i < c->nlmsg && c->lmsg[i]) return c->lmsg[i];
+  const char *role = sget(m, "role");
+  long a = -1;
+  if (role && !strcmp(role, "function"))
+    for (a = (long)i - 1; a >= 0 && !is_role(c, (size_t)a, "assistant");) a--;
+  return lg__gwo_legacy_msg(c, m, i, a);
 }
 
 /* What tells a conversation's start apart besides its messages, for its
@@ -182,7 +198,9 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
     return id_key("item", sget(am, "id"));
   lg__buf_t b = {0};
   json_t *tcs = json_object_get(am, "tool_calls");
-  const char *id = sget(json_array_get(tcs, 0), "id");
+  /* (a legacy call's id is where it is, not unique: its conversation is
+   * known by its messages) */
+  const char *id = c->legacy ? NULL : sget(json_array_get(tcs, 0), "id");
   if (!id) id = sget(am, "call_id"); /* a Responses function_call item */
   json_t *blocks = json_object_get(am, "content");
   for (size_t i = 0; !id && json_is_array(blocks) && i < json_array_size(blocks); i++) {
@@ -1395,6 +1413,10 @@ static json_t *build_body(chat_t *c) {
     json_t *so2 = json_is_object(so) ? json_copy(so) : json_object();
     json_object_set_new(so2, "include_usage", json_true());
     json_object_set_new(b, "stream_options", so2);
+  }
+  if (lg__gwo_legacy_body(c, b)) { /* said in the client's dialect */
+    json_decref(b);
+    return NULL;
   }
   return b;
 }
@@ -2680,6 +2702,7 @@ static json_t *parse_answer(chat_t *c, const lg__buf_t *raw, json_t **msg) {
   if (is_anthropic(c)) m = json_is_array(json_object_get(resp, "content")) ? resp : NULL;
   if (is_responses(c)) m = json_is_array(json_object_get(resp, "output")) ? resp : NULL;
   *msg = json_is_object(m) ? m : NULL;
+  if (c->legacy && *msg) lg__gwo_legacy_answer(c, *msg);
   return resp;
 }
 
@@ -3273,6 +3296,10 @@ static int parse_request(chat_t *c) {
     return -1;
   }
   if (bad_member(c)) return -1;
+  if (lg__gwo_legacy_root(c)) {
+    lg__gw_error(j, 500, "server_error", NULL, "out of memory");
+    return -1;
+  }
   if (is_responses(c) && json_is_true(json_object_get(c->root, "background"))) {
     /* its answer is polled for (GET /v1/responses/{id}, passed through):
      * its calls would not be decided, nor its cost counted */
@@ -3523,6 +3550,7 @@ static int keys_model(chat_t *c) {
 }
 
 static void chat_free(chat_t *c) {
+  lg__gwo_legacy_free(c);
   lg__json_lazy_free(&c->lazy);
   json_decref(c->prev_answers);
   json_decref(c->conv_pending);

@@ -99,6 +99,8 @@ static json_int_t unindexed_call(chat_t *c, const char *id) {
   return (json_int_t)n;
 }
 
+static void legacy_delta(chat_t *c, json_t *delta);
+
 /* Chat Completions: a chunk's tool call deltas added to the held calls
  * (by their index), until the stream ends. A delta's members other than
  * the API's own (Gemini's extra_content, the thought signature it wants
@@ -320,6 +322,7 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
   json_decref(c->last_chunk);
   c->last_chunk = json_incref(ch);
   json_t *delta = json_object_get(choice, "delta");
+  if (c->legacy) legacy_delta(c, delta);
   json_t *tcd = json_object_get(delta, "tool_calls");
   const char *fin = sget(choice, "finish_reason");
   if (fin) {
@@ -374,18 +377,27 @@ static void send_chunk(chat_t *c, const char *choices, const char *usage) {
 /* Chat Completions: the kept calls as one chunk, renumbered from 0. */
 void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
   json_t *m = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", kept);
+  /* a legacy conversation is known by its text (its calls have no ids) */
+  if (m && c->legacy && c->text.len) json_object_set_new(m, "content", json_stringn(c->text.data, c->text.len));
   lg__gwc_register_key(c, m);
   json_decref(m);
   static const char *const index_key[1] = {"index"};
   lg__buf_t ch = {0};
-  int rc = lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{\"tool_calls\":[");
-  for (size_t i = 0; !rc && i < json_array_size(kept); i++) {
-    char ix[24];
-    snprintf(ix, sizeof ix, "%zu", i);
-    const char *vals[1] = {ix};
-    rc = (i && lg__buf_putc(&ch, ',')) || lg__buf_json_with(&ch, json_array_get(kept, i), index_key, vals, 1);
+  int rc;
+  if (c->legacy) { /* its one call, as a function_call delta */
+    rc = lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{\"function_call\":") ||
+         lg__buf_json(&ch, json_object_get(json_array_get(kept, 0), "function"));
+  } else {
+    rc = lg__buf_puts(&ch, "[{\"index\":0,\"delta\":{\"tool_calls\":[");
+    for (size_t i = 0; !rc && i < json_array_size(kept); i++) {
+      char ix[24];
+      snprintf(ix, sizeof ix, "%zu", i);
+      const char *vals[1] = {ix};
+      rc = (i && lg__buf_putc(&ch, ',')) || lg__buf_json_with(&ch, json_array_get(kept, i), index_key, vals, 1);
+    }
+    rc = rc || lg__buf_putc(&ch, ']');
   }
-  if (!rc && !lg__buf_puts(&ch, "]},\"finish_reason\":null}]") && !ch.oom) send_chunk(c, ch.data, NULL);
+  if (!rc && !lg__buf_puts(&ch, "},\"finish_reason\":null}]") && !ch.oom) send_chunk(c, ch.data, NULL);
   lg__buf_free(&ch);
 }
 
@@ -395,7 +407,7 @@ void lg__gwo_emit_kept(chat_t *c, json_t *kept) {
 void lg__gwo_end_stream(chat_t *c) {
   int cut = c->finish && !strcmp(c->finish, "length");
   const char *fin = cut                          ? "length"
-                    : json_array_size(c->tcalls) ? "tool_calls"
+                    : json_array_size(c->tcalls) ? (c->legacy ? "function_call" : "tool_calls")
                     : c->finish                  ? c->finish
                                                  : "stop";
   lg__buf_t ch = {0};
@@ -409,4 +421,167 @@ void lg__gwo_end_stream(chat_t *c) {
     lg__free(u);
   }
   lg__gw_stream_write(c->j, "data: [DONE]\n\n", 14);
+}
+
+/* ---- legacy function calling ----
+ *
+ * A request that offers `functions` (and no `tools`) speaks the API's
+ * older dialect of tool use: its model asks for one call at a time, an
+ * assistant message's `function_call` ({name, arguments}, no id), and the
+ * client answers it with a message of role `function` (its name, its
+ * content). The gateway reads it in the newer dialect, so that one path
+ * decides both: the request's `functions` and `function_call` are read as
+ * `tools` and `tool_choice`, each such message as an assistant's
+ * `tool_calls` or a `tool` message (a copy, c->lmsg), an answer's
+ * function_call (whole, or its stream's deltas) as its one tool call; the
+ * body the upstream gets, when the gateway changes it, and the calls a
+ * stream emits are said back in the older dialect (an answer the gateway
+ * does not change goes as the upstream sent it). A function call has no
+ * id: it is named by where its message is in the client's conversation,
+ * "call_legacy_N" (an answer's N is the number of messages it follows,
+ * where the client puts it), and a function message answers the
+ * assistant message before it. */
+
+static void legacy_id(char *buf, size_t size, size_t at) { snprintf(buf, size, "call_legacy_%zu", at); }
+
+int lg__gwo_legacy_root(chat_t *c) {
+  json_t *root = c->root, *fns = json_object_get(root, "functions");
+  if (c->api != LG__GW_API_OPENAI || !json_is_array(fns) || json_object_get(root, "tools")) return 0;
+  json_t *tools = json_array(), *fc = json_object_get(root, "function_call"), *tc = NULL;
+  for (size_t i = 0; tools && i < json_array_size(fns); i++)
+    if (json_array_append_new(tools, json_pack("{s:s, s:O}", "type", "function", "function", json_array_get(fns, i))))
+      break;
+  if (json_is_object(fc)) /* {"name": F}: that function forced */
+    tc = json_pack("{s:s, s:{s:O?}}", "type", "function", "function", "name", json_object_get(fc, "name"));
+  else if (fc)
+    tc = json_incref(fc); /* "none", "auto" */
+  if (!tools || json_array_size(tools) < json_array_size(fns) || (fc && !tc)) {
+    json_decref(tools);
+    json_decref(tc);
+    return -1;
+  }
+  json_object_set_new(root, "tools", tools);
+  json_object_del(root, "functions");
+  if (tc) {
+    json_object_set_new(root, "tool_choice", tc);
+    json_object_del(root, "function_call");
+  }
+  c->legacy = 1;
+  return 0;
+}
+
+/* Client message i (m) as the gateway reads it, answered: the index of the
+ * assistant message a function message answers (-1: none before it). m
+ * itself when it is of neither dialect's own; NULL out of memory. */
+json_t *lg__gwo_legacy_msg(chat_t *c, json_t *m, size_t i, long answered) {
+  if (i < c->nlmsg && c->lmsg[i]) return c->lmsg[i];
+  const char *role = sget(m, "role");
+  json_t *fc = json_object_get(m, "function_call");
+  int call = role && !strcmp(role, "assistant") && json_is_object(fc) && !json_object_get(m, "tool_calls");
+  if (!call && !(role && !strcmp(role, "function"))) return m;
+  if (!c->lmsg) {
+    size_t n = json_array_size(c->messages);
+    if (!(c->lmsg = lg__calloc(n, sizeof *c->lmsg))) return NULL;
+    c->nlmsg = n;
+  }
+  if (i >= c->nlmsg) return m;
+  json_t *t = json_copy(m); /* shallow: the client's members shared */
+  char id[48];
+  if (call) {
+    legacy_id(id, sizeof id, i);
+    if (t && !json_object_set_new(t, "tool_calls", json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function",
+                                                            "function", fc)))
+      json_object_del(t, "function_call");
+  } else {
+    if (answered >= 0) legacy_id(id, sizeof id, (size_t)answered);
+    else snprintf(id, sizeof id, "call_legacy_none");
+    if (t) {
+      json_object_set_new(t, "role", json_string("tool"));
+      json_object_set_new(t, "tool_call_id", json_string(id));
+    }
+  }
+  if (!t || !sget(t, call ? "role" : "tool_call_id") || (call && !json_object_get(t, "tool_calls"))) {
+    json_decref(t);
+    return NULL;
+  }
+  return c->lmsg[i] = t;
+}
+
+/* An answer's function_call (msg, the upstream's, the gateway's own copy)
+ * as its one tool call, in place. */
+void lg__gwo_legacy_answer(chat_t *c, json_t *msg) {
+  json_t *fc = json_object_get(msg, "function_call");
+  if (!c->legacy || !json_is_object(fc) || json_object_get(msg, "tool_calls")) return;
+  char id[48];
+  legacy_id(id, sizeof id, c->n);
+  if (!json_object_set_new(msg, "tool_calls",
+                           json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function", "function", fc)))
+    json_object_del(msg, "function_call");
+}
+
+/* A stream's delta of the function call, as its tool call's delta (index
+ * 0), in place. */
+static void legacy_delta(chat_t *c, json_t *delta) {
+  json_t *fc = json_object_get(delta, "function_call");
+  if (!json_is_object(fc)) return;
+  char id[48];
+  legacy_id(id, sizeof id, c->n);
+  if (!json_object_set_new(delta, "tool_calls", json_pack("[{s:i, s:s, s:s, s:O}]", "index", 0, "id", id, "type",
+                                                          "function", "function", fc)))
+    json_object_del(delta, "function_call");
+}
+
+/* The upstream body b (build_body's: a shallow copy of the request, its
+ * messages a new array) said back in the older dialect: tools as
+ * functions, tool_choice as function_call, each assistant message's first
+ * tool call as its function_call, each tool message as a function
+ * message named by the call before it. 0, or -1 out of memory. */
+int lg__gwo_legacy_body(chat_t *c, json_t *b) {
+  if (!c->legacy) return 0;
+  json_t *tools = json_object_get(b, "tools"), *fns = json_array();
+  for (size_t i = 0; fns && i < json_array_size(tools); i++) {
+    json_t *fn = json_object_get(json_array_get(tools, i), "function");
+    if (fn && json_array_append(fns, fn)) break;
+  }
+  if (!fns || json_object_set_new(b, "functions", fns)) return -1;
+  json_object_del(b, "tools");
+  json_t *tc = json_object_get(b, "tool_choice");
+  if (tc) {
+    json_t *fc = json_is_string(tc) ? json_incref(tc)
+                                    : json_pack("{s:O?}", "name", json_object_get(json_object_get(tc, "function"), "name"));
+    if (!fc || json_object_set_new(b, "function_call", fc)) return -1;
+    json_object_del(b, "tool_choice");
+  }
+  json_t *msgs = json_object_get(b, "messages"), *out = json_array();
+  const char *called = NULL; /* the name of the last call */
+  for (size_t i = 0; out && i < json_array_size(msgs); i++) {
+    json_t *m = json_array_get(msgs, i), *t = NULL;
+    const char *role = sget(m, "role");
+    json_t *tcs = json_object_get(m, "tool_calls");
+    if (role && !strcmp(role, "assistant") && json_array_size(tcs)) {
+      json_t *fn = json_object_get(json_array_get(tcs, 0), "function");
+      called = sget(fn, "name");
+      if ((t = json_copy(m)) && !json_object_set(t, "function_call", fn)) json_object_del(t, "tool_calls");
+    } else if (role && !strcmp(role, "tool")) {
+      if ((t = json_copy(m))) {
+        json_object_set_new(t, "role", json_string("function"));
+        if (called) json_object_set_new(t, "name", json_string(called));
+        json_object_del(t, "tool_call_id");
+      }
+    } else {
+      t = json_incref(m);
+    }
+    if (!t || json_array_append_new(out, t)) {
+      json_decref(out);
+      out = NULL;
+    }
+  }
+  return out && !json_object_set_new(b, "messages", out) ? 0 : -1;
+}
+
+void lg__gwo_legacy_free(chat_t *c) {
+  for (size_t i = 0; i < c->nlmsg; i++) json_decref(c->lmsg[i]);
+  lg__free(c->lmsg);
+  c->lmsg = NULL;
+  c->nlmsg = 0;
 }

@@ -158,6 +158,10 @@ typedef struct chat {
   const char *computer;       /* Messages: the name of the request's computer-use tool (a tool
                                  of type computer_*), once looked for (computer_seen) */
   int computer_seen;
+  int legacy;                 /* Chat Completions' older function calling (`functions`): read in
+                                 the newer dialect (completions.c, "Legacy function calling") */
+  json_t **lmsg;              /*   its client messages as read (by index: a copy, translated), */
+  size_t nlmsg;               /*   made when first read */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
   lg__buf_t think[2];         /*   its text and its signature as the deltas come (Chat
                                    Completions: reasoning_content, reasoning) */
@@ -228,6 +232,15 @@ int lg__gwo_on_event(chat_t *c, const char *data, size_t n, const char *raw, siz
 /* The kept calls as one chunk; the stream's end (finish, usage, [DONE]). */
 void lg__gwo_emit_kept(chat_t *c, json_t *kept);
 void lg__gwo_end_stream(chat_t *c);
+/* Legacy function calling (`functions`, an assistant's `function_call`, a
+ * `function` message): read as tools, tool calls and tool messages. */
+int lg__gwo_legacy_root(chat_t *c);                   /* c->legacy set, c->root translated; -1 out of memory */
+/* client message i (m) as read (borrowed), answered: the assistant message a
+ * function message answers (-1: none); NULL out of memory */
+json_t *lg__gwo_legacy_msg(chat_t *c, json_t *m, size_t i, long answered);
+void lg__gwo_legacy_answer(chat_t *c, json_t *msg);   /* an answer's function_call as its tool call */
+int lg__gwo_legacy_body(chat_t *c, json_t *b);        /* the upstream body said back; -1 out of memory */
+void lg__gwo_legacy_free(chat_t *c);
 json_t *lg__gwo_details(chat_t *c);     /* the stream's reasoning_details, joined (borrowed) */
 void lg__gwo_details_clear(chat_t *c);  /* freed, NULL */
 void lg__gwo_details_next(chat_t *c);   /* another answer of the response is read next */

@@ -14,6 +14,9 @@
 //             the SDK's own accumulator takes only functions' calls)
 //   THINKING  1: `thinking: {type: "enabled"}` (DeepSeek's, Moonshot's): each
 //             answer's reasoning_content goes back with its tool calls
+//   LEGACY    1: the older function calling, as agents written for it still
+//             send it: `functions` for tools, one `function_call` an answer,
+//             its result a message of role "function" (STREAM 1 or unset)
 // What the model binds to its calls goes back with them, as a client of
 // that provider keeps it: reasoning_content, reasoning and
 // reasoning_details, a call's extra_content (Gemini's thought signature).
@@ -34,6 +37,10 @@ const tools = [
   { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
   { type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } } },
 ];
+const legacy = process.env.LEGACY === '1';
+if (legacy && (custom || raw)) throw new Error('LEGACY takes neither CUSTOM nor STREAM=raw');
+// the tools as the request offers them: `functions` (LEGACY), else `tools`
+const offer = legacy ? { functions: tools.map((t) => t.function) } : { tools };
 const executions = { write_record: 0, lookup: 0 };
 function runTool(name, args) {
   executions[name] = (executions[name] || 0) + 1;
@@ -52,20 +59,30 @@ const seen = [];
 let steps = 0, ended = 'step_cap', final = null;
 while (steps < cap) {
   steps++;
-  let msg;
+  let msg, fin;
   if (raw) {
-    const r = await joinChatStream(await client.chat.completions.create({ model, messages, tools, ...thinking, stream: true }));
+    const r = await joinChatStream(await client.chat.completions.create({ model, messages, ...offer, ...thinking, stream: true }));
     if (r.finish_reason === null) throw new Error('no finish_reason');
     msg = r.message;
+    fin = r.finish_reason;
   } else if (stream) {
-    const s = client.chat.completions.stream({ model, messages, tools, stream_options: { include_usage: true }, ...thinking });
+    const s = client.chat.completions.stream({ model, messages, ...offer, stream_options: { include_usage: true }, ...thinking });
     const done = await s.finalChatCompletion();
     msg = done.choices[0].message;
-    if (done.choices[0].finish_reason === null) throw new Error('no finish_reason');
+    fin = done.choices[0].finish_reason;
+    if (fin === null) throw new Error('no finish_reason');
   } else {
-    const { data, response } = await client.chat.completions.create({ model, messages, tools, ...thinking }).withResponse();
+    const { data, response } = await client.chat.completions.create({ model, messages, ...offer, ...thinking }).withResponse();
     seen.push({ run: response.headers.get('x-loopguard-run'), action: response.headers.get('x-loopguard-action'), reason: response.headers.get('x-loopguard-reason') });
     msg = data.choices[0].message;
+    fin = data.choices[0].finish_reason;
+  }
+  if (legacy && msg.tool_calls?.length) throw new Error('tool_calls in an answer to functions: ' + JSON.stringify(msg.tool_calls));
+  if (legacy && msg.function_call) { // its one call, answered by a function message
+    if (fin !== 'function_call') throw new Error(`a function_call answer finished on ${fin}`);
+    messages.push({ role: 'assistant', content: msg.content ?? null, function_call: { name: msg.function_call.name, arguments: msg.function_call.arguments } });
+    messages.push({ role: 'function', name: msg.function_call.name, content: runTool(msg.function_call.name, msg.function_call.arguments) });
+    continue;
   }
   const calls = msg.tool_calls || [];
   const back = { role: 'assistant', content: msg.content ?? null };

@@ -204,6 +204,41 @@ function check(messages) {
   return null;
 }
 
+// Legacy function calling (`functions`): one call an answer, an assistant
+// message's function_call, answered by a message of role function that
+// names it. OpenAI requires the name; that each call is answered before
+// the next message, and each answer follows its call, is this fake's own
+// check (what the gateway sends in a client's name must be a conversation
+// the client could have sent). A request in the newer dialect's words is
+// refused too: the gateway speaks the client's.
+function checkLegacy(req) {
+  if (req.tools) return "'functions' and 'tools' in one request";
+  const msgs = req.messages || [];
+  let open = null;
+  for (let i = 0; i < msgs.length; i++) {
+    const m = msgs[i];
+    if (m.role === 'tool' || (m.role === 'assistant' && m.tool_calls)) return `messages[${i}]: a tool call or tool message in a request with 'functions'`;
+    if (m.role === 'function') {
+      if (typeof m.name !== 'string' || !m.name) return `messages[${i}].name: a message with role 'function' must have a name`;
+      if (open !== m.name) return `messages[${i}]: a 'function' message must answer the function_call of the assistant message before it`;
+      open = null;
+    } else if (open) {
+      return `messages[${i}]: the function_call of messages[${i - 1}] has no 'function' message answering it`;
+    }
+    if (m.role === 'assistant' && m.function_call) open = m.function_call.name;
+  }
+  return open ? 'the last assistant message has a function_call without its result' : null;
+}
+// The legacy request in the newer dialect's words, for script().
+function fromLegacy(req) {
+  const fc = req.function_call;
+  const toolChoice = fc && typeof fc === 'object' ? { type: 'function', function: { name: fc.name } } : fc;
+  let n = 0;
+  const messages = (req.messages || []).map((m) => (m.role === 'function' ? { role: 'tool', tool_call_id: `fc_${n}`, content: m.content }
+    : m.role === 'assistant' && m.function_call ? { role: 'assistant', content: m.content, tool_calls: [{ id: `fc_${++n}`, type: 'function', function: m.function_call }] } : m));
+  return { ...req, functions: undefined, function_call: undefined, tools: req.functions.map((f) => ({ type: 'function', function: f })), tool_choice: toolChoice, messages };
+}
+
 // A custom tool's call (a tool of type "custom": Responses' custom_tool_call,
 // Chat Completions' tool call of type "custom") carries free text, not
 // JSON: a custom write_record asks for this patch, the same every time.
@@ -364,7 +399,7 @@ function pieces(a, n) {
   return out;
 }
 
-function reply(res, req) {
+function reply(res, req, legacy = false) {
   if (/^flood-(text|args)/.test(req.model || '') && req.stream) { // valid deltas, 2 MiB of them
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     const args = req.model.startsWith('flood-args');
@@ -411,10 +446,10 @@ function reply(res, req) {
   const id = 'chatcmpl-fake' + (++stats.chat);
   const created = Math.floor(Date.now() / 1000);
   const customs = (req.tools || []).filter((t) => t.type === 'custom').map((t) => t.custom && t.custom.name);
-  const calls = (plan.calls || []).map((c) => (customs.includes(c.name)
+  const calls = (plan.calls || []).slice(0, legacy ? 1 : undefined).map((c) => (customs.includes(c.name)
     ? { id: 'call_' + (++callSeq), type: 'custom', custom: { name: c.name, input: customInput(c) } }
     : { id: 'call_' + (++callSeq), type: 'function', function: { name: c.name, arguments: c.args } }));
-  const finish = plan.cut ? 'length' : calls.length ? 'tool_calls' : 'stop';
+  const finish = plan.cut ? 'length' : calls.length ? (legacy ? 'function_call' : 'tool_calls') : 'stop';
   const usage = usageOf(req);
   // thinking on (DeepSeek's and Moonshot's `thinking`): the answer's reasoning_content
   // Chat Completions' n (up to 4): the other choices the same answer, their call ids their own
@@ -433,7 +468,8 @@ function reply(res, req) {
     const message = { role: 'assistant', content: plan.text ?? null, refusal: null };
     if (thought) message.reasoning_content = thought;
     if (routed) Object.assign(message, { reasoning: routed, ...(!groq && { reasoning_details: [detail(routed, true)] }) });
-    if (calls.length) message.tool_calls = calls;
+    if (calls.length && legacy) message.function_call = calls[0].function;
+    else if (calls.length) message.tool_calls = calls;
     const first = { index: 0, message, logprobs: null, finish_reason: finish };
     const body = { id, object: 'chat.completion', created, model: req.model, choices: [first, ...others(first)], usage, system_fingerprint: 'fp_fake' };
     res.writeHead(200, { 'content-type': 'application/json' });
@@ -465,6 +501,11 @@ function reply(res, req) {
   if (indexless) calls.forEach((c, i) => {
     steps.push(() => send([{ index: 0, delta: { tool_calls: [c.type === 'custom' ? { id: c.id, type: 'custom', custom: c.custom } : { id: c.id, type: 'function', function: c.function }] }, logprobs: null, finish_reason: null }]));
     if (c.extra_content) steps.push(() => send([{ index: 0, delta: { tool_calls: [{ extra_content: c.extra_content }] }, logprobs: null, finish_reason: null }]));
+  });
+  else if (legacy) calls.forEach((c) => { // its one call: the name, then the arguments
+    steps.push(() => send([{ index: 0, delta: { function_call: { name: c.function.name, arguments: '' } }, logprobs: null, finish_reason: null }]));
+    for (const part of pieces(c.function.arguments, plan.pieces))
+      steps.push(() => send([{ index: 0, delta: { function_call: { arguments: part } }, logprobs: null, finish_reason: null }]));
   });
   else calls.forEach((c, i) => {
     const extra = c.extra_content ? { extra_content: c.extra_content } : {};
@@ -1185,7 +1226,8 @@ function route(req, res, body) {
       }
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
-      const v = check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j) || checkGroq(j);
+      const legacy = Array.isArray(j.functions);
+      const v = legacy ? checkLegacy(j) : check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j) || checkGroq(j);
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });
@@ -1203,7 +1245,7 @@ function route(req, res, body) {
       }
       if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
       if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }
-      return reply(res, j);
+      return legacy ? reply(res, fromLegacy(j), true) : reply(res, j);
     }
     if (req.method === 'POST' && req.url === '/v1/responses') {
       let j;

@@ -558,6 +558,27 @@ grep '"type":"call"' "$TMP/custom.jsonl" | head -1 | grep_q '"args":{"input":"\*
 [ "$(tail -n 1 "$TMP/custom.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
   fail "chat custom: replay: $(tail -n 1 "$TMP/custom.replay")"
 
+note "legacy function calling (functions, function_call, role function): guarded as tool calls"
+d=$(agent BASE_URL="$FAKE/v1" MODEL=loop-write LEGACY=1) || fail "legacy direct: $d"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "legacy direct: $d"
+f=$(agent BASE_URL="$gw_URL/v1" MODEL=finish LEGACY=1) || fail "legacy finish: $f"
+[ "$(echo "$f" | get 'd["ended"] + str(d["executions"]["lookup"]) + d["final"][:5]')" = final1Done: ] ||
+  fail "legacy: an agent that does not loop: $f"
+for stream in 1 0; do
+  g=$(agent BASE_URL="$gw_URL/v1" MODEL=loop-write LEGACY=1 STREAM=$stream) || fail "legacy stream=$stream: $g"
+  stopped "legacy stream=$stream" "$g"
+  # the write hidden (the cascade, said as functions): the model gave up in its own words
+  echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "legacy stream=$stream: the function was not hidden: $g"
+done
+run=$(echo "$g" | get 'd["seen"][0]["run"]')
+[ "$(echo "$g" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "legacy: one conversation, more than one run: $g"
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/legacy.jsonl" || fail "legacy: no trace"
+grep '"type":"call"' "$TMP/legacy.jsonl" | head -1 | grep_q '"call_id":"call_legacy_2"' ||
+  fail "legacy: the first call is not named by its place: $(head -c 2000 "$TMP/legacy.jsonl")"
+"$LG_BIN" replay --json "$TMP/legacy.jsonl" >"$TMP/legacy.replay" || fail "legacy: the trace does not replay"
+[ "$(tail -n 1 "$TMP/legacy.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
+  fail "legacy: replay: $(tail -n 1 "$TMP/legacy.replay")"
+
 nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
 # one_session LABEL CMD...: CMD runs one agent session through the gateway
 # (its JSON on stdout): it was stopped, and it was one new run
