@@ -5,7 +5,8 @@
 // accumulators read the streams, so a stream that does not end the way
 // its API ends one fails here.
 //
-//   API       chat (default), messages, responses
+//   API       chat (default), messages, responses; functions (Chat Completions'
+//             older function calling)
 //   BASE_URL  the API's base URL (for messages: without /v1)
 //   MODEL     the fake upstream's script
 //   STREAM    1: chat.completions.stream(), messages.stream(), responses.stream()
@@ -66,6 +67,27 @@ const apis = {
       return { text: msg.content, calls, finish: done.choices[0].finish_reason, usage: done.usage };
     },
     answer(c, out) { this.conv.push({ role: 'tool', tool_call_id: c.id, content: out }); },
+  },
+  // Chat Completions' older function calling: `functions`, one
+  // function_call an answer, answered by a message of role function
+  functions: {
+    conv: [{ role: 'system', content: 'You are a careful agent.' }, { role: 'user', content: 'Write record 7 with value A.' }],
+    functions: Object.entries(schemas).map(([name, parameters]) => ({ name, description: name, parameters })),
+    async call(seen) {
+      const req = { model, messages: this.conv, functions: this.functions };
+      let done;
+      if (stream) done = await openai.chat.completions.stream({ ...req, stream_options: { include_usage: true } }).finalChatCompletion();
+      else {
+        const { data, response } = await openai.chat.completions.create(req).withResponse();
+        seen.push(headersOf(response));
+        done = data;
+      }
+      const msg = done.choices[0].message, fc = msg.function_call;
+      if (msg.tool_calls?.length) throw new Error('tool_calls in an answer to functions');
+      this.conv.push({ role: 'assistant', content: msg.content ?? null, ...(fc ? { function_call: { name: fc.name, arguments: fc.arguments } } : {}) });
+      return { text: msg.content, calls: fc ? [{ name: fc.name, args: fc.arguments }] : [], finish: done.choices[0].finish_reason, usage: done.usage };
+    },
+    answer(c, out) { this.conv.push({ role: 'function', name: c.name, content: out }); },
   },
   messages: {
     conv: [{ role: 'user', content: 'Write record 7 with value A.' }],

@@ -111,7 +111,7 @@ note "a monologue (the same words with a write the guard blocks, answer after an
 # hidden, the blocked ones are asked again, and the third answer in a row
 # with the same text and no executed call between is the monologue. In a
 # stream it is known only at the answer's end.
-for api in chat messages responses; do
+for api in chat messages responses functions; do
   for st in 0 1; do
     run="monologue-$api-$st"
     on_api "$run" $api $st nohide MODEL=detour
@@ -190,7 +190,7 @@ e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="
 [ "$(curl -sf "$g_URL/v1/runs/capped" | get 'd["terminal_reason"]')" = model_call_cap ] || fail "capped: not a cap"
 
 note "cascade.offer: the model asks a person (ask_human) or finishes (finalize_partial)"
-for api in chat messages responses; do
+for api in chat messages responses functions; do
   for stream in 0 1; do
     run="ask-$api-$stream"
     on_api "$run" $api $stream offer MODEL=ask
