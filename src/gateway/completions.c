@@ -470,11 +470,11 @@ int lg__gwo_legacy_root(chat_t *c) {
   return 0;
 }
 
-/* Client message i (m) as the gateway reads it, answered: the index of the
- * assistant message a function message answers (-1: none before it). m
- * itself when it is of neither dialect's own; NULL out of memory. */
+/* Client message i (m) as the gateway reads it, kept in c->lmsg[i]:
+ * answered is the index of the assistant message a function message
+ * answers (-1: none before it). m itself when it is of neither kind; NULL
+ * out of memory. */
 json_t *lg__gwo_legacy_msg(chat_t *c, json_t *m, size_t i, long answered) {
-  if (i < c->nlmsg && c->lmsg[i]) return c->lmsg[i];
   const char *role = sget(m, "role");
   json_t *fc = json_object_get(m, "function_call");
   int call = role && !strcmp(role, "assistant") && json_is_object(fc) && !json_object_get(m, "tool_calls");
@@ -487,28 +487,27 @@ json_t *lg__gwo_legacy_msg(chat_t *c, json_t *m, size_t i, long answered) {
   if (i >= c->nlmsg) return m;
   json_t *t = json_copy(m); /* shallow: the client's members shared */
   char id[48];
+  int bad = !t;
   if (call) {
     legacy_id(id, sizeof id, i);
-    if (t && !json_object_set_new(t, "tool_calls", json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function",
-                                                            "function", fc)))
-      json_object_del(t, "function_call");
+    bad = bad || json_object_set_new(t, "tool_calls", json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function",
+                                                              "function", fc));
+    if (!bad) json_object_del(t, "function_call");
   } else {
     if (answered >= 0) legacy_id(id, sizeof id, (size_t)answered);
     else snprintf(id, sizeof id, "call_legacy_none");
-    if (t) {
-      json_object_set_new(t, "role", json_string("tool"));
-      json_object_set_new(t, "tool_call_id", json_string(id));
-    }
+    bad = bad || json_object_set_new(t, "role", json_string("tool")) ||
+          json_object_set_new(t, "tool_call_id", json_string(id));
   }
-  if (!t || !sget(t, call ? "role" : "tool_call_id") || (call && !json_object_get(t, "tool_calls"))) {
+  if (bad) {
     json_decref(t);
     return NULL;
   }
   return c->lmsg[i] = t;
 }
 
-/* An answer's function_call (msg, the upstream's, the gateway's own copy)
- * as its one tool call, in place. */
+/* The function_call of an answer (msg: the upstream's, as parsed) as its
+ * one tool call, in place. */
 void lg__gwo_legacy_answer(chat_t *c, json_t *msg) {
   json_t *fc = json_object_get(msg, "function_call");
   if (!c->legacy || !json_is_object(fc) || json_object_get(msg, "tool_calls")) return;

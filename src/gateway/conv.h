@@ -159,7 +159,7 @@ typedef struct chat {
                                  of type computer_*), once looked for (computer_seen) */
   int computer_seen;
   int legacy;                 /* Chat Completions' older function calling (`functions`): read in
-                                 the newer dialect (completions.c, "Legacy function calling") */
+                                 the newer dialect (completions.c, "legacy function calling") */
   json_t **lmsg;              /*   its client messages as read (by index: a copy, translated), */
   size_t nlmsg;               /*   made when first read */
   json_int_t think_at;        /* a stream's open thinking block: its upstream index (-1: none), */
