@@ -46,6 +46,15 @@ function runTool(name) {
 }
 const headersOf = (r) => ({ run: r.headers.get('x-loopguard-run'), action: r.headers.get('x-loopguard-action'), reason: r.headers.get('x-loopguard-reason') });
 
+// One Chat Completions call, streamed (the SDK's accumulator) or not (its
+// headers seen): the completion.
+async function chatCompletion(req, seen) {
+  if (stream) return openai.chat.completions.stream({ ...req, stream_options: { include_usage: true } }).finalChatCompletion();
+  const { data, response } = await openai.chat.completions.create(req).withResponse();
+  seen.push(headersOf(response));
+  return data;
+}
+
 // Each API: one model call -> { text, calls: [{id, name, args}], finish }, and
 // how the conversation grows.
 const apis = {
@@ -53,14 +62,7 @@ const apis = {
     conv: [{ role: 'system', content: 'You are a careful agent.' }, { role: 'user', content: 'Write record 7 with value A.' }],
     tools: Object.entries(schemas).map(([name, parameters]) => ({ type: 'function', function: { name, description: name, parameters } })),
     async call(seen) {
-      const req = { model, messages: this.conv, tools: this.tools };
-      let done;
-      if (stream) done = await openai.chat.completions.stream({ ...req, stream_options: { include_usage: true } }).finalChatCompletion();
-      else {
-        const { data, response } = await openai.chat.completions.create(req).withResponse();
-        seen.push(headersOf(response));
-        done = data;
-      }
+      const done = await chatCompletion({ model, messages: this.conv, tools: this.tools }, seen);
       const msg = done.choices[0].message;
       const calls = (msg.tool_calls || []).map((c) => ({ id: c.id, name: c.function.name, args: c.function.arguments }));
       this.conv.push({ role: 'assistant', content: msg.content ?? null, ...(calls.length ? { tool_calls: msg.tool_calls } : {}) });
@@ -74,14 +76,7 @@ const apis = {
     conv: [{ role: 'system', content: 'You are a careful agent.' }, { role: 'user', content: 'Write record 7 with value A.' }],
     functions: Object.entries(schemas).map(([name, parameters]) => ({ name, description: name, parameters })),
     async call(seen) {
-      const req = { model, messages: this.conv, functions: this.functions };
-      let done;
-      if (stream) done = await openai.chat.completions.stream({ ...req, stream_options: { include_usage: true } }).finalChatCompletion();
-      else {
-        const { data, response } = await openai.chat.completions.create(req).withResponse();
-        seen.push(headersOf(response));
-        done = data;
-      }
+      const done = await chatCompletion({ model, messages: this.conv, functions: this.functions }, seen);
       const msg = done.choices[0].message, fc = msg.function_call;
       if (msg.tool_calls?.length) throw new Error('tool_calls in an answer to functions');
       this.conv.push({ role: 'assistant', content: msg.content ?? null, ...(fc ? { function_call: { name: fc.name, arguments: fc.arguments } } : {}) });

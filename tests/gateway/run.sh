@@ -550,13 +550,17 @@ g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=loop-write CUSTOM=1) || 
 stopped "chat custom" "$g"
 # the model gave up in its own words once the tool was hidden (not the stop's message)
 echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "chat custom: the custom tool was not hidden: $g"
-run=$(echo "$g" | get 'd["seen"][0]["run"]')
-curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/custom.jsonl" || fail "chat custom: no trace"
-grep '"type":"call"' "$TMP/custom.jsonl" | head -1 | grep_q '"args":{"input":"\*\*\* Begin Patch' ||
-  fail "chat custom: the call's args are not its input: $(head -c 2000 "$TMP/custom.jsonl")"
-"$LG_BIN" replay --json "$TMP/custom.jsonl" >"$TMP/custom.replay" || fail "chat custom: the trace does not replay"
-[ "$(tail -n 1 "$TMP/custom.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
-  fail "chat custom: replay: $(tail -n 1 "$TMP/custom.replay")"
+# first_call_replays LABEL RUN PATTERN: the run's trace holds its first call
+# as PATTERN says (grep), and replays to two calls run and one blocked
+first_call_replays() {
+  curl -sf "$gw_URL/v1/runs/$2/trace" >"$TMP/$2.jsonl" || fail "$1: no trace"
+  grep '"type":"call"' "$TMP/$2.jsonl" | head -1 | grep_q "$3" || fail "$1: not $3: $(head -c 2000 "$TMP/$2.jsonl")"
+  "$LG_BIN" replay --json "$TMP/$2.jsonl" >"$TMP/$2.replay" || fail "$1: the trace does not replay"
+  [ "$(tail -n 1 "$TMP/$2.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
+    fail "$1: replay: $(tail -n 1 "$TMP/$2.replay")"
+}
+# the call's args are its input
+first_call_replays "chat custom" "$(echo "$g" | get 'd["seen"][0]["run"]')" '"args":{"input":"\*\*\* Begin Patch'
 
 note "legacy function calling (functions, function_call, role function): guarded as tool calls"
 d=$(agent BASE_URL="$FAKE/v1" MODEL=loop-write LEGACY=1) || fail "legacy direct: $d"
@@ -570,14 +574,9 @@ for stream in 1 0; do
   # the write hidden (the cascade, said as functions): the model gave up in its own words
   echo "$g" | get 'd["final"]' | grep_q '^I could not write the record' || fail "legacy stream=$stream: the function was not hidden: $g"
 done
-run=$(echo "$g" | get 'd["seen"][0]["run"]')
 [ "$(echo "$g" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "legacy: one conversation, more than one run: $g"
-curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/legacy.jsonl" || fail "legacy: no trace"
-grep '"type":"call"' "$TMP/legacy.jsonl" | head -1 | grep_q '"call_id":"call_legacy_2"' ||
-  fail "legacy: the first call is not named by its place: $(head -c 2000 "$TMP/legacy.jsonl")"
-"$LG_BIN" replay --json "$TMP/legacy.jsonl" >"$TMP/legacy.replay" || fail "legacy: the trace does not replay"
-[ "$(tail -n 1 "$TMP/legacy.replay" | get '[d["executed_calls"], d["blocked_calls"]]')" = '[2, 1]' ] ||
-  fail "legacy: replay: $(tail -n 1 "$TMP/legacy.replay")"
+# the first call named by its place: messages[2], after the system's and the person's
+first_call_replays legacy "$(echo "$g" | get 'd["seen"][0]["run"]')" '"call_id":"call_legacy_2"'
 
 nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
 # one_session LABEL CMD...: CMD runs one agent session through the gateway
