@@ -658,6 +658,14 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
          "no endpoint %s %.*s: the gateway's paths start with /v1 (%s /v1%.*s), so an OpenAI "
          "client's base URL ends in /v1; an Anthropic client's does not (its SDK adds /v1)",
          method, (int)plen, path, method, (int)plen, path);
+  /* an AzureOpenAI client's (/openai/deployments/NAME/...), or one whose
+   * base URL is an Azure resource's v1 API (/openai/v1/...) */
+  if (!found && srv->gw && plen >= 8 && !memcmp(path, "/openai/", 8))
+    FAIL(404, "not_found", NULL,
+         "no endpoint %s %.*s: Azure OpenAI's paths are not the gateway's; give it the resource's v1 "
+         "API as its upstream (--upstream https://RESOURCE.openai.azure.com/openai/v1) and point an "
+         "OpenAI client (not AzureOpenAI) at the gateway's /v1, the deployment's name as the model",
+         method, (int)plen, path);
   if (!found) FAIL(404, "not_found", NULL, "no endpoint %s %.*s", method, (int)plen, path);
   if (hit.route == LG__RT_BUDGETS) {
     bool post = !strcmp(rq->id, "reserve") || !strcmp(rq->id, "settle");

@@ -743,6 +743,12 @@ code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/
 get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "no endpoint POST /chat/completions: the gateway's paths start with /v1 (POST /v1/chat/completions)" ||
   fail "no /v1: $(cat "$TMP/e.json")"
 curl -s "$gw_URL/nope" | grep_q '"no endpoint GET /nope"' || fail "a path of no API got the hint: $(curl -s "$gw_URL/nope")"
+note "an AzureOpenAI client (its deployment paths): its 404 says how to reach Azure through the gateway"
+code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: k' -d '{}' \
+  "$gw_URL/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21")
+[ "$code" = 404 ] || fail "azure: $code"
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "Azure OpenAI's paths are not the gateway's; give it the resource's v1 API as its upstream" ||
+  fail "azure: $(cat "$TMP/e.json")"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
 [ "$code" = 404 ] || fail "/v1 twice: $code"
 get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"
