@@ -226,6 +226,12 @@ static char *conv_key(chat_t *c, size_t a, json_t *extra) {
     if (t) lg__buf_puts(&h, t);
     lg__buf_putc(&h, '\n');
     lg__free(t);
+    /* a legacy answer's call is part of what it said: two conversations
+     * whose first answers call different functions, or the same one with
+     * other arguments, are two */
+    json_t *fn = c->legacy ? json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "function") : NULL;
+    if (fn) lg__buf_printf(&h, "%s\n%s\n", sget(fn, "name") ? sget(fn, "name") : "",
+                           sget(fn, "arguments") ? sget(fn, "arguments") : "");
   }
   lg__buf_printf(&b, "h:%016llx:%zu", (unsigned long long)lg__hash_str(h.data ? h.data : ""), h.len);
   lg__buf_free(&h);

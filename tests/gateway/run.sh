@@ -577,6 +577,24 @@ done
 [ "$(echo "$g" | get 'len(set(s["run"] for s in d["seen"]))')" = 1 ] || fail "legacy: one conversation, more than one run: $g"
 # the first call named by its place: messages[2], after the system's and the person's
 first_call_replays legacy "$(echo "$g" | get 'd["seen"][0]["run"]')" '"call_id":"call_legacy_2"'
+# A legacy call has no id, so its conversation is known by its start: the
+# first answer's call is part of it. Two conversations with one prompt whose
+# first answers call other functions (stubborn's write, finish's lookup;
+# neither says a word with it) are two runs, whichever began last.
+fns='[{"name":"write_record","parameters":{"type":"object"}},{"name":"lookup","parameters":{"type":"object"}}]'
+legacy_turn() { # MODEL MESSAGES: one request, its answer's run -> stdout; the conversation with the answer and its result -> $TMP/lconv.json
+  curl -sf -D "$TMP/l.h" -o "$TMP/l.json" -H 'content-type: application/json' -H 'authorization: Bearer sk-test' \
+    -d "{\"model\":\"$1\",\"functions\":$fns,\"messages\":$2}" "$gw_URL/v1/chat/completions" || fail "legacy $1: $(cat "$TMP/l.json")"
+  get "json.dumps(json.loads(r'''$2''') + [d['choices'][0]['message'], {'role': 'function', 'name': d['choices'][0]['message']['function_call']['name'], 'content': 'Error: no.'}])" \
+    <"$TMP/l.json" >"$TMP/lconv.json" || fail "legacy $1: no function_call: $(cat "$TMP/l.json")"
+  tr -d '\r' <"$TMP/l.h" | sed -n 's/^[Xx]-[Ll]oopguard-[Rr]un: //p'
+}
+start='[{"role":"user","content":"Two conversations, one prompt."}]'
+run_a=$(legacy_turn stubborn "$start")
+conv_a=$(cat "$TMP/lconv.json")
+run_b=$(legacy_turn finish "$start")
+[ -n "$run_a" ] && [ "$run_a" != "$run_b" ] || fail "legacy: two new conversations, runs '$run_a' and '$run_b'"
+[ "$(legacy_turn stubborn "$conv_a")" = "$run_a" ] || fail "legacy: the first conversation's next request went to another run than $run_a"
 
 nruns() { curl -sf "$gw_URL/v1/runs?limit=10000" | get 'len(d["runs"])'; }
 # one_session LABEL CMD...: CMD runs one agent session through the gateway
