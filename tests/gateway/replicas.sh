@@ -55,7 +55,9 @@ one_run() {
     fail "$1: not one run: $2"
 }
 
-for api in chat messages responses; do
+# (functions: Chat Completions' older function calling, its conversation known by its
+# start's hash, which both replicas find in the store)
+for api in chat messages responses functions; do
   base=$r1_URL/v1
   [ $api = messages ] && base=$r1_URL
   for stream in 0 1; do
