@@ -726,8 +726,40 @@ static char *query_of(const char *q) {
   return lg__buf_steal(&b, NULL);
 }
 
+/* The guarded route another spelling of url names (a slash doubled, or
+ * one at the end: /v1/chat/completions/, /v1//messages), or NULL when url
+ * is a route itself or names none. */
+static const char *near_route(const char *url) {
+  static const char *const routes[] = {"/v1/chat/completions", "/v1/responses", "/v1/messages"};
+  char norm[64];
+  size_t n = 0;
+  for (const char *p = url; *p; p++) {
+    if (*p == '/' && n && norm[n - 1] == '/') continue; /* a slash doubled */
+    if (n + 1 >= sizeof norm) return NULL;             /* longer than any route */
+    norm[n++] = *p;
+  }
+  if (n > 1 && norm[n - 1] == '/') n--; /* one at the end */
+  norm[n] = 0;
+  for (size_t i = 0; i < LG__ARRAY_LEN(routes); i++)
+    if (!strcmp(norm, routes[i]) && strcmp(url, routes[i])) return routes[i];
+  return NULL;
+}
+
 void lg__gw_handle(lg__req_t *rq) {
   lg__gw_t *gw = rq->srv->gw;
+  /* A model request (a POST) to another spelling of a guarded route:
+   * passed through, it would reach a provider that takes it unguarded.
+   * Said instead. (GET /v1/chat/completions/..., OpenAI's stored
+   * completions, passes.) */
+  const char *near = strcmp(rq->method, "POST") ? NULL : near_route(rq->id);
+  if (near) {
+    rq->api_errors = lg__gw_error_api(near);
+    lg__req_error(rq, 404, "not_found", NULL,
+                  "no endpoint %s %s: the gateway guards %s (no slash doubled or at the end), "
+                  "and passes no other spelling of it on unguarded",
+                  rq->method, rq->id, near);
+    return;
+  }
   /* /v1/v1/...: a base URL ending in /v1 where the SDK adds /v1 itself
    * (Anthropic's). No provider serves it: said here, not passed through. */
   if (!strncmp(rq->id, "/v1/v1/", 7)) {

@@ -761,6 +761,15 @@ code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/
 get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "no endpoint POST /chat/completions: the gateway's paths start with /v1 (POST /v1/chat/completions)" ||
   fail "no /v1: $(cat "$TMP/e.json")"
 curl -s "$gw_URL/nope" | grep_q '"no endpoint GET /nope"' || fail "a path of no API got the hint: $(curl -s "$gw_URL/nope")"
+note "another spelling of a guarded route (a slash doubled or at the end): a 404 in its API's shape, never passed on unguarded"
+for p in /v1/chat/completions/ /v1//responses /v1/chat//completions /v1//messages/; do
+  code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'authorization: Bearer sk-test' \
+    -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}]}' "$gw_URL$p")
+  [ "$code" = 404 ] || fail "$p: $code $(cat "$TMP/e.json")"
+  get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "the gateway guards /v1/" || fail "$p: $(cat "$TMP/e.json")"
+  [ "$(curl -sf "$FAKE/stats" | get 'd.get("last_url")')" != "$p" ] || fail "$p: passed through to the upstream"
+done
+[ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "/v1//messages/: not in Anthropic's shape: $(cat "$TMP/e.json")"
 note "an AzureOpenAI client (its deployment paths): its 404 says how to reach Azure through the gateway"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: k' -d '{}' \
   "$gw_URL/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21")
