@@ -444,6 +444,22 @@ void lg__gwo_end_stream(chat_t *c) {
 
 static void legacy_id(char *buf, size_t size, size_t at) { snprintf(buf, size, "call_legacy_%zu", at); }
 
+/* The function_call fc of o (a message, or a stream's delta: then its call
+ * has index 0) as o's one tool call, named by place `at`, in place. 0, or
+ * -1 out of memory (o unchanged). */
+static int as_tool_call(json_t *o, json_t *fc, size_t at, int delta) {
+  char id[48];
+  legacy_id(id, sizeof id, at);
+  json_t *tc = json_pack("{s:s, s:s, s:O}", "id", id, "type", "function", "function", fc);
+  if (tc && delta && json_object_set_new(tc, "index", json_integer(0))) {
+    json_decref(tc);
+    return -1;
+  }
+  if (!tc || json_object_set_new(o, "tool_calls", json_pack("[o]", tc))) return -1;
+  json_object_del(o, "function_call");
+  return 0;
+}
+
 int lg__gwo_legacy_root(chat_t *c) {
   json_t *root = c->root, *fns = json_object_get(root, "functions");
   if (c->api != LG__GW_API_OPENAI || !json_is_array(fns) || json_object_get(root, "tools")) return 0;
@@ -489,10 +505,7 @@ json_t *lg__gwo_legacy_msg(chat_t *c, json_t *m, size_t i, long answered) {
   char id[48];
   int bad = !t;
   if (call) {
-    legacy_id(id, sizeof id, i);
-    bad = bad || json_object_set_new(t, "tool_calls", json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function",
-                                                              "function", fc));
-    if (!bad) json_object_del(t, "function_call");
+    bad = bad || as_tool_call(t, fc, i, 0);
   } else {
     if (answered >= 0) legacy_id(id, sizeof id, (size_t)answered);
     else snprintf(id, sizeof id, "call_legacy_none");
@@ -510,24 +523,14 @@ json_t *lg__gwo_legacy_msg(chat_t *c, json_t *m, size_t i, long answered) {
  * one tool call, in place. */
 void lg__gwo_legacy_answer(chat_t *c, json_t *msg) {
   json_t *fc = json_object_get(msg, "function_call");
-  if (!c->legacy || !json_is_object(fc) || json_object_get(msg, "tool_calls")) return;
-  char id[48];
-  legacy_id(id, sizeof id, c->n);
-  if (!json_object_set_new(msg, "tool_calls",
-                           json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function", "function", fc)))
-    json_object_del(msg, "function_call");
+  if (c->legacy && json_is_object(fc) && !json_object_get(msg, "tool_calls")) as_tool_call(msg, fc, c->n, 0);
 }
 
 /* A stream's delta of the function call, as its tool call's delta (index
  * 0), in place. */
 static void legacy_delta(chat_t *c, json_t *delta) {
   json_t *fc = json_object_get(delta, "function_call");
-  if (!json_is_object(fc)) return;
-  char id[48];
-  legacy_id(id, sizeof id, c->n);
-  if (!json_object_set_new(delta, "tool_calls", json_pack("[{s:i, s:s, s:s, s:O}]", "index", 0, "id", id, "type",
-                                                          "function", "function", fc)))
-    json_object_del(delta, "function_call");
+  if (json_is_object(fc)) as_tool_call(delta, fc, c->n, 1);
 }
 
 /* The upstream body b (build_body's: a shallow copy of the request, its
