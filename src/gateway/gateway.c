@@ -726,23 +726,19 @@ static char *query_of(const char *q) {
   return lg__buf_steal(&b, NULL);
 }
 
-/* The guarded route another spelling of url names (a slash doubled, or
- * one at the end: /v1/chat/completions/, /v1//messages), or NULL when url
- * is a route itself or names none. */
-static const char *near_route(const char *url) {
-  static const char *const routes[] = {"/v1/chat/completions", "/v1/responses", "/v1/messages"};
-  char norm[64];
+/* Whether url is another spelling of a guarded route (gw_kind's: a slash
+ * doubled, or one at the end, /v1/chat/completions/, /v1//messages), that
+ * route then in norm. */
+static int near_route(const char *url, char norm[64]) {
   size_t n = 0;
   for (const char *p = url; *p; p++) {
     if (*p == '/' && n && norm[n - 1] == '/') continue; /* a slash doubled */
-    if (n + 1 >= sizeof norm) return NULL;             /* longer than any route */
+    if (n + 1 >= 64) return 0;                         /* longer than any route */
     norm[n++] = *p;
   }
   if (n > 1 && norm[n - 1] == '/') n--; /* one at the end */
   norm[n] = 0;
-  for (size_t i = 0; i < LG__ARRAY_LEN(routes); i++)
-    if (!strcmp(norm, routes[i]) && strcmp(url, routes[i])) return routes[i];
-  return NULL;
+  return strcmp(norm, url) && gw_kind(norm, "POST") != LG__GW_PASS;
 }
 
 void lg__gw_handle(lg__req_t *rq) {
@@ -751,8 +747,8 @@ void lg__gw_handle(lg__req_t *rq) {
    * passed through, it would reach a provider that takes it unguarded.
    * Said instead. (GET /v1/chat/completions/..., OpenAI's stored
    * completions, passes.) */
-  const char *near = strcmp(rq->method, "POST") ? NULL : near_route(rq->id);
-  if (near) {
+  char near[64];
+  if (!strcmp(rq->method, "POST") && near_route(rq->id, near)) {
     rq->api_errors = lg__gw_error_api(near);
     lg__req_error(rq, 404, "not_found", NULL,
                   "no endpoint %s %s: the gateway guards %s (no slash doubled or at the end), "
