@@ -902,7 +902,8 @@ static json_t *with_note(chat_t *c, json_t *m, const char *note) {
   json_t *out = json_object_get(m2, "output");
   if (k && k->out == LG__OUT_CHUNKS && json_array_size(out))
     note_into(json_array_get(out, json_array_size(out) - 1), "stderr", NULL, note);
-  else if (k && k->out == LG__OUT_SCREENSHOT) /* no text: a message of its own (place_notes) */
+  else if (k && (k->out == LG__OUT_SCREENSHOT || k->out == LG__OUT_LOCAL_SHELL))
+    /* no text, or JSON text the note would break: a message of its own (place_notes) */
     note_into(m2, LG__GWR_NOTE, NULL, note);
   else
     note_into(m2, k ? "output" : "content", text_part(c), note);

@@ -268,14 +268,17 @@ void lg__gwr_end_stream(chat_t *c);
 /* The Responses items of a call the client runs and of its answer: a
  * function's (function_call, function_call_output: arguments, JSON
  * text), a custom tool's (custom_tool_call, custom_tool_call_output:
- * input, free text), the built-in shell's and apply_patch's (shell_call,
- * apply_patch_call: action, operation, objects). */
+ * input, free text), the built-in tools' (shell_call, apply_patch_call,
+ * computer_call, local_shell_call: action, operation, objects). */
 enum { LG__ARGS_JSON_TEXT, LG__ARGS_FREE_TEXT, LG__ARGS_OBJECT };
 /* How an output item holds the answer: `output` a string or text parts;
  * a shell's chunks of stdout and stderr, each with its outcome; an
  * apply_patch's `status` (completed, failed) and `output` text; a
- * computer call's screenshot (`output` an object, no text at all). */
-enum { LG__OUT_TEXT, LG__OUT_CHUNKS, LG__OUT_STATUS, LG__OUT_SCREENSHOT };
+ * computer call's screenshot (`output` an object, no text at all); a
+ * local shell's `output`, JSON text (Codex's: the command's output, and its
+ * exit code in `metadata`), the item with an `id` of its own, which the
+ * API requires beside `call_id`. */
+enum { LG__OUT_TEXT, LG__OUT_CHUNKS, LG__OUT_STATUS, LG__OUT_SCREENSHOT, LG__OUT_LOCAL_SHELL };
 /* A note the gateway has for the model about a computer call's output (a
  * steer, a refusal's text), kept in the item under this member until the
  * upstream body is made: there it becomes a user message of its own

@@ -245,6 +245,7 @@ static const lg__gwr_kind_t kinds[] = {
     {"apply_patch_call", "apply_patch_call_output", "apply_patch", "operation", LG__ARGS_OBJECT, LG__OUT_STATUS},
     {"computer_call", "computer_call_output", "computer_use_preview", "action", LG__ARGS_OBJECT,
      LG__OUT_SCREENSHOT},
+    {"local_shell_call", "local_shell_call_output", "local_shell", "action", LG__ARGS_OBJECT, LG__OUT_LOCAL_SHELL},
 };
 
 const lg__gwr_kind_t *lg__gwr_kind(const char *ty) {
@@ -295,6 +296,15 @@ json_t *lg__gwr_output_for(json_t *call, const char *call_id, const char *text, 
                      "stdout", "", "stderr", text, "outcome", "type", "exit", "exit_code", 1);
   if (k && k->out == LG__OUT_STATUS)
     return json_pack("{s:s, s:s, s:s, s:s}", "type", ty, "call_id", id, "status", "failed", "output", text);
+  if (k && k->out == LG__OUT_LOCAL_SHELL) { /* as a command that exited 1, the text its output */
+    json_t *o = json_pack("{s:s, s:{s:i, s:f}}", "output", text, "metadata", "exit_code", 1, "duration_seconds", 0.0);
+    char *t = o ? lg__json_text(o, NULL) : NULL;
+    json_decref(o);
+    /* its own id (the API requires one): the call's call_id, unique */
+    o = t ? json_pack("{s:s, s:s, s:s, s:s}", "type", ty, "id", id, "call_id", id, "output", t) : NULL;
+    lg__free(t);
+    return o;
+  }
   return json_pack("{s:s, s:s, s:s}", "type", ty, "call_id", id, "output", text);
 }
 
@@ -312,6 +322,14 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
   }
   if (k && k->out == LG__OUT_SCREENSHOT) /* a part: read as any image (chat.c, result_text) */
     return json_is_object(out) ? json_pack("[O]", out) : json_incref(out);
+  if (k && k->out == LG__OUT_LOCAL_SHELL) { /* JSON text: an error when it says the command exited non-zero */
+    const char *t = json_string_value(out);
+    json_t *o = t ? lg__json_load(t, strlen(t), NULL, NULL) : NULL;
+    json_t *md = json_object_get(o, "metadata"), *ec = json_object_get(md ? md : o, "exit_code");
+    *is_error = json_is_integer(ec) && json_integer_value(ec) != 0;
+    json_decref(o);
+    return json_incref(out);
+  }
   if (!k || k->out != LG__OUT_CHUNKS) return json_incref(out);
   /* a shell's chunks: their stdout and stderr, in order; an error when a
    * command exited non-zero or timed out; commands that printed nothing,

@@ -8,10 +8,13 @@
 //   CUSTOM=1   write_record is a custom tool (free-text input): the model
 //              calls it with custom_tool_call items, answered with
 //              custom_tool_call_output items
-//   BUILTIN    apply_patch, shell or computer: the write is that built-in
-//              tool's (MODEL=loop-builtin): apply_patch_call items answered
-//              with a failed apply_patch_call_output, shell_call items with
-//              a shell_call_output whose command exited 1, computer_call
+//   BUILTIN    apply_patch, shell, computer or local_shell: the write is
+//              that built-in tool's (MODEL=loop-builtin): apply_patch_call
+//              items answered with a failed apply_patch_call_output,
+//              shell_call items with a shell_call_output whose command
+//              exited 1, local_shell_call items with a local_shell_call_output
+//              whose command exited 1 (Codex's JSON text; CODEX=1: in a
+//              function_call_output, as Codex answers one), computer_call
 //              items (computer_use_preview) with the same screenshot (the
 //              click on Save changed nothing), each counted as one of
 //              write_record's executions; a computer call's pending safety
@@ -65,13 +68,18 @@ while (steps < cap) {
     seen.push({ run: r.response.headers.get('x-loopguard-run'), action: r.response.headers.get('x-loopguard-action') });
   }
   prev = data.id;
-  const calls = data.output.filter((it) => ['function_call', 'custom_tool_call', 'shell_call', 'apply_patch_call', 'computer_call'].includes(it.type));
+  const calls = data.output.filter((it) => ['function_call', 'custom_tool_call', 'shell_call', 'apply_patch_call', 'computer_call', 'local_shell_call'].includes(it.type));
   if (!calls.length) { ended = 'final'; final = data.output_text ?? data.output.filter((m) => m.type === 'message').flatMap((m) => m.content).map((c) => c.text).join(''); break; }
   input = calls.map((c) => {
     if (process.env.SILENT === '1' && c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'completed' }; }
     if (process.env.SILENT === '1' && c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: '', outcome: { type: 'exit', exit_code: 0 } }] }; }
     if (c.type === 'apply_patch_call') { runTool('write_record'); return { type: 'apply_patch_call_output', call_id: c.call_id, status: 'failed', output: 'Error: records/7: read-only file system' }; }
     if (c.type === 'computer_call') { runTool('write_record'); return { type: 'computer_call_output', call_id: c.call_id, output: { type: 'computer_screenshot', image_url: nextScreen() }, ...(c.pending_safety_checks && c.pending_safety_checks.length ? { acknowledged_safety_checks: c.pending_safety_checks } : {}) }; }
+    if (c.type === 'local_shell_call') {
+      runTool('write_record');
+      const output = JSON.stringify({ output: 'write-record: read-only file system\n', metadata: { exit_code: 1, duration_seconds: 0.01 } });
+      return process.env.CODEX === '1' ? { type: 'function_call_output', call_id: c.call_id, output } : { type: 'local_shell_call_output', id: 'lso_' + c.call_id, call_id: c.call_id, output };
+    }
     if (c.type === 'shell_call') { runTool('write_record'); return { type: 'shell_call_output', call_id: c.call_id, output: [{ stdout: '', stderr: 'write-record: read-only file system\n', outcome: { type: 'exit', exit_code: 1 } }] }; }
     const out = runTool(c.name);
     if (c.name === 'write_record' && process.env.IMAGE === '1') return { type: 'function_call_output', call_id: c.call_id, output: [{ type: 'input_image', image_url: SCREEN }] };

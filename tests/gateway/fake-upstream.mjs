@@ -29,10 +29,12 @@
 //               runs: an apply_patch_call when `apply_patch` is offered,
 //               else a shell_call when `shell` is, else a computer_call
 //               (the same click on the form's Save button) when
-//               `computer_use_preview` is, the same each time; with none
-//               it gives up in text. Their outputs must have the API's
-//               shapes (a shell's chunks, a patch's status, a computer
-//               call's screenshot, its safety checks acknowledged).
+//               `computer_use_preview` is, else a local_shell_call (the
+//               older local shell: an exec action) when `local_shell` is,
+//               the same each time; with none it gives up in text. Their
+//               outputs must have the API's shapes (a shell's chunks, a
+//               patch's status, a computer call's screenshot, its safety
+//               checks acknowledged, a local shell's id and text).
 //               loop-builtin-checks: each computer_call has a pending
 //               safety check, which its output must acknowledge;
 //               loop-builtin-pair: with each write, a lookup of another
@@ -323,7 +325,7 @@ function script(req) {
     return !toolsOff && names.includes('computer') ? { calls: [{ name: 'computer', args: '{"action":"left_click","coordinate":[312,208]}' }] }
       : { text: 'I could not write the record; the storage keeps failing.' };
   if (model.startsWith('loop-builtin')) { // the write by a built-in tool the client runs: apply_patch, else shell
-    const way = ['apply_patch', 'shell', 'computer_use_preview'].find((n) => !toolsOff && names.includes(n));
+    const way = ['apply_patch', 'shell', 'computer_use_preview', 'local_shell'].find((n) => !toolsOff && names.includes(n));
     if (!way) return { text: 'I could not write the record; the storage keeps failing.' };
     const also = model.startsWith('loop-builtin-pair') && names.includes('lookup') ? [{ name: 'lookup', args: '{"customer_id":"c-' + (msgs.length + 1) + '"}' }] : [];
     return { calls: [{ name: way, args: '{}' }, ...also] };
@@ -722,7 +724,7 @@ let respSeq = 0;
 // A call item's type (the items the client runs), and its output's: a
 // function's call is answered by a function_call_output, a custom tool's by
 // a custom_tool_call_output, a built-in shell's or apply_patch's by its own.
-const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output', shell_call: 'shell_call_output', apply_patch_call: 'apply_patch_call_output', computer_call: 'computer_call_output' };
+const OUTPUT_OF = { function_call: 'function_call_output', custom_tool_call: 'custom_tool_call_output', shell_call: 'shell_call_output', apply_patch_call: 'apply_patch_call_output', computer_call: 'computer_call_output', local_shell_call: 'local_shell_call_output' };
 const OUTPUTS = Object.values(OUTPUT_OF);
 const PNG = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
 // what a built-in tool's output item must hold, as the API checks it (a
@@ -746,6 +748,11 @@ function checkBuiltinOutput(it, call, i) {
     const bad = it.output.find((o) => !o || typeof o.stdout !== 'string' || typeof o.stderr !== 'string' || !o.outcome || !['exit', 'timeout'].includes(o.outcome.type));
     if (bad) return `Invalid value for 'output': each chunk needs stdout, stderr and an outcome of type 'exit' or 'timeout'.`;
   }
+  if (it.type === 'local_shell_call_output') { // id, call_id and output all required (openai-python #3923)
+    for (const k of ['id', 'call_id', 'output']) if (typeof it[k] !== 'string' || !it[k]) return `Missing required parameter: 'input[${i}].${k}'.`;
+    const extra = Object.keys(it).find((k) => !['type', 'id', 'call_id', 'output', 'status'].includes(k));
+    if (extra) return `Unknown parameter: 'input[${i}].${extra}'.`;
+  }
   if (it.type === 'apply_patch_call_output' && !['completed', 'failed'].includes(it.status))
     return `Invalid value: '${it.status}'. Supported values are: 'completed' and 'failed'.`;
   return null;
@@ -763,7 +770,9 @@ function checkResponses(items) {
       const what = it.type.replace(/_/g, ' '); // 'function call output', as OpenAI words it
       const shape = checkBuiltinOutput(it, callItems.get(it.call_id), i);
       if (shape) return shape;
-      if (!calls.has(it.call_id) || OUTPUT_OF[kinds.get(it.call_id)] !== it.type) return `No tool call found for ${what} with call_id ${it.call_id}.`;
+      // (a local shell's call may be answered by a function_call_output: Codex's answer, which the API takes)
+      const codex = kinds.get(it.call_id) === 'local_shell_call' && it.type === 'function_call_output';
+      if (!calls.has(it.call_id) || (OUTPUT_OF[kinds.get(it.call_id)] !== it.type && !codex)) return `No tool call found for ${what} with call_id ${it.call_id}.`;
       calls.set(it.call_id, true);
       // an output given as a list: each part an input_* part, as OpenAI takes it
       const bad = it.type !== 'shell_call_output' && Array.isArray(it.output) && it.output.find((p) => !['input_text', 'input_image', 'input_file'].includes(p && p.type));
@@ -844,7 +853,7 @@ function replyResponses(res, req) {
   }
   const msgs = conv.filter((it) => OUTPUTS.includes(it.type)).map((it) => ({ role: 'tool', content: outputText(it) }));
   const tools = (req.tools || []).map((t) => ({ type: 'function', function: { name: t.name || t.type } }));
-  const builtins = (req.tools || []).filter((t) => ['shell', 'apply_patch', 'computer_use_preview'].includes(t.type)).map((t) => t.type);
+  const builtins = (req.tools || []).filter((t) => ['shell', 'apply_patch', 'computer_use_preview', 'local_shell'].includes(t.type)).map((t) => t.type);
   const customs = (req.tools || []).filter((t) => t.type === 'custom').map((t) => t.name);
   const plan = script({ model: req.model, messages: msgs, tools: req.tool_choice === 'none' ? [] : tools });
   if (plan.refuse) return openaiError(res, 400, plan.refuse, 'input');
@@ -857,6 +866,8 @@ function replyResponses(res, req) {
     else if (builtins.includes(c.name) && c.name === 'computer_use_preview')
       output.push({ type: 'computer_call', id: 'cu_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', action: { type: 'click', button: 'left', x: 312, y: 208 },
         pending_safety_checks: req.model === 'loop-builtin-checks' ? [{ id: 'cu_sc_' + callSeq, code: 'malicious_instructions', message: 'The page may hold instructions that are not the person\'s.' }] : [] });
+    else if (builtins.includes(c.name) && c.name === 'local_shell')
+      output.push({ type: 'local_shell_call', id: 'lsh_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', action: { type: 'exec', command: ['write-record', '7', 'A'], env: {}, timeout_ms: 10000, user: null, working_directory: null } });
     else if (builtins.includes(c.name)) output.push({ type: 'shell_call', id: 'sh_' + (++callSeq), call_id: 'call_' + callSeq, status: 'completed', action: { commands: ['write-record 7 A'], timeout_ms: 10000, max_output_length: 4096 } });
     else if (customs.includes(c.name)) output.push({ type: 'custom_tool_call', id: 'ctc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, input: customInput(c), status: 'completed' });
     else output.push({ type: 'function_call', id: 'fc_' + (++callSeq), call_id: 'call_' + callSeq, name: c.name, arguments: c.args, status: plan.cut ? 'incomplete' : 'completed' });
@@ -887,7 +898,7 @@ function replyResponses(res, req) {
         steps.push(() => ev('response.content_part.done', { item_id: it.id, output_index: i, content_index: 0, part: { type: 'output_text', text, annotations: [] } }));
       } else if (it.type === 'reasoning') {
         steps.push(() => ev('response.output_item.added', { output_index: i, item: it }));
-      } else if (it.type === 'shell_call' || it.type === 'apply_patch_call' || it.type === 'computer_call') { // whole in its added and done events
+      } else if (['shell_call', 'apply_patch_call', 'computer_call', 'local_shell_call'].includes(it.type)) { // whole in its added and done events
         steps.push(() => ev('response.output_item.added', { output_index: i, item: { ...it, status: 'in_progress' } }));
       } else if (it.type === 'custom_tool_call') { // its input in two deltas
         const half = it.input.length >> 1;

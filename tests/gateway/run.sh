@@ -393,9 +393,10 @@ done
 # answered with an output of its kind, the hidden tool taken out of tools
 # by its type, the observe rung's note in a shell's stderr (its output is
 # chunks: a text part there is refused), a computer call's in a user
-# message after its output (which holds no text). Until session 41 (the
-# computer's: 43) they went through unread.
-for tool in apply_patch shell computer; do
+# message after its output (which holds no text), a local shell's too (its
+# output is Codex's JSON text, which the note would break). Until session
+# 41 (the computer's: 43, the local shell's: 45) they went through unread.
+for tool in local_shell apply_patch shell computer; do # (local_shell first: the checks below read the last bodies of the others)
   d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=loop-builtin BUILTIN=$tool) || fail "$tool direct: $d"
   [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "$tool direct: $d"
   for stream in 0 1; do
@@ -462,6 +463,38 @@ for st in 0 1; do
   g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=computer SCREENS=toggle STATELESS=$st STREAM=$st) || fail "computer, two screens: $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["write_record"]]')" = '["final", 4]' ] || fail "computer, two screens in turn, stateless=$st: $g"
 done
+# the older local shell (local_shell_call, an exec action): its output's
+# exit code read from Codex's JSON text, the note a user message after it,
+# a refused call answered with an output of its own id (the API requires
+# one) and Codex's shape
+note "the older local shell: its output's exit code, its note a message of its own, a refused call's output"
+g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=local_shell STATELESS=1) || fail "local_shell gateway: $g"
+curl -sf "$gw_URL/v1/runs/$(echo "$g" | get 'd["seen"][0]["run"]')/trace" >"$TMP/lsh.jsonl" || fail "local_shell: no trace"
+grep '"type":"call"' "$TMP/lsh.jsonl" | head -1 | grep_q '"tool":"local_shell","args":{"type":"exec","command":\["write-record","7","A"\]' ||
+  fail "local_shell: the call is not the action: $(head -c 2000 "$TMP/lsh.jsonl")"
+grep '"type":"result"' "$TMP/lsh.jsonl" | head -1 | grep_q '"status":"retryable"' ||
+  fail "local_shell: exit code 1 is not a failure: $(head -c 3000 "$TMP/lsh.jsonl")"
+curl -sf "$FAKE/stats" >"$TMP/lsh.stats" || fail "local_shell: stats"
+python3 - "$TMP/lsh.stats" <<'PY' || fail "local_shell: the note or the refused output: $(get '[b.get("input") for b in d["bodies"] if b.get("model") == "loop-builtin"][-1:]' <"$TMP/lsh.stats")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+ins = [b["input"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list)
+       and any(o.get("type") == "local_shell_call_output" for o in b["input"])][-1]
+outs = [o for o in ins if o.get("type") == "local_shell_call_output"]
+notes = [o for o in ins if o.get("role") == "user" and "[loopguard]" in json.dumps(o)]
+last = json.loads(outs[-1]["output"])
+sys.exit(not (all("[loopguard]" not in o["output"] for o in outs) and len(notes) == 1
+              and last["metadata"]["exit_code"] == 1 and "did not run this call" in last["output"]
+              and outs[-1]["id"] == outs[-1]["call_id"]))
+PY
+
+# Codex answers a local shell's call with a function_call_output (the API
+# takes it): the same loop, stopped the same way
+for stream in 0 1; do
+  g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=local_shell CODEX=1 STREAM=$stream) || fail "local_shell, Codex's outputs: $g"
+  stopped "local_shell answered by function_call_output, stream=$stream" "$g"
+done
+
 # A built-in tool that succeeds without a word (a patch applied with no
 # output, a command that printed nothing: most commands that work) gives a
 # value (its status, "[exit 0]"), not a blank one, which stopped the run at
