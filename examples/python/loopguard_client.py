@@ -139,17 +139,25 @@ class Client:
 
     def request(self, method, path, body=None, ok=(200, 201)):
         """One request; returns (status, parsed JSON or text). Statuses not in
-        `ok` raise LoopGuardError. A dropped keep-alive connection is
-        re-opened once (requests are safe to resend: the server stores a
-        decision before it answers)."""
+        `ok` raise LoopGuardError. A kept connection the server has closed
+        meanwhile (it closes idle ones: a tool that ran longer than its
+        timeout) is re-opened and the request sent again, once. Nothing
+        else is sent twice: a timeout, or a new connection dropped, raises,
+        since the server may have decided the request before its answer was
+        lost, and a call sent again is a second call (its repeat counted
+        once more)."""
         for attempt in (0, 1):
+            kept = self._conn is not None
             try:
                 status, ctype, raw = self._send(method, path, body)
                 break
-            except (http.client.HTTPException, ConnectionError, OSError):
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
-                if attempt:
+                if attempt or not kept:
                     raise
+            except (http.client.HTTPException, OSError):
+                self.close()
+                raise
         if ctype.startswith("application/json"):
             doc = json.loads(raw.decode() or "null")
         else:
