@@ -2674,7 +2674,8 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   memset(x, 0, sizeof *x);
   x->up = &lg__gw_cfg(c->cx->gw)->up[c->ui];
   x->method = "POST";
-  x->path = api_path(c);
+  /* an AzureOpenAI client's path (/deployments/NAME/chat/completions) as it came */
+  x->path = j->azure ? j->path : api_path(c);
   x->query = j->query;
   x->body = body;
   x->body_len = len;

@@ -658,7 +658,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   if (!strcasecmp(k, "anthropic-version")) j->anthropic_client = 1;
   /* a passed-through body's type (an upload's multipart boundary) and
    * encoding go with it; a guarded route's body is the gateway's JSON */
-  if (!strcasecmp(k, "x-api-key") || !strncasecmp(k, "anthropic-", 10) ||
+  if (!strcasecmp(k, "x-api-key") || !strcasecmp(k, "api-key") || !strncasecmp(k, "anthropic-", 10) ||
       !strncasecmp(k, "openai-", 7) || !strcasecmp(k, "accept") ||
       (j->kind == LG__GW_PASS && (!strcasecmp(k, "Content-Type") || !strcasecmp(k, "Content-Encoding")))) {
     lg__buf_t b = {0};
@@ -671,11 +671,27 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   return MHD_YES;
 }
 
+/* The model API of a path under /openai (Azure OpenAI's): a deployment's
+ * (/openai/deployments/NAME/chat/completions, and .../responses: the
+ * Python AzureOpenAI's with azure_deployment), the resource's
+ * (/openai/responses) and its v1 API's (/openai/v1/chat/completions, an
+ * OpenAI client whose base URL is the gateway's /openai/v1, which would
+ * otherwise pass on unguarded); what follows them as /v1's would. */
+static const char *azure_route(const char *url) {
+  if (!strncmp(url, "/openai/deployments/", 20)) {
+    const char *name = url + 20, *slash = strchr(name, '/');
+    return slash && slash > name ? slash : NULL;
+  }
+  if (!strncmp(url, "/openai/v1/", 11)) return url + 10;
+  return !strncmp(url, "/openai/", 8) ? url + 7 : NULL;
+}
+
 static int gw_kind(const char *url, const char *method) {
   if (!strcmp(method, "POST")) {
-    if (!strcmp(url, "/v1/chat/completions")) return LG__GW_CHAT;
-    if (!strcmp(url, "/v1/responses")) return LG__GW_RESPONSES;
-    if (!strcmp(url, "/v1/messages")) return LG__GW_MESSAGES;
+    const char *az = azure_route(url), *r = az ? az : !strncmp(url, "/v1/", 4) ? url + 3 : "";
+    if (!strcmp(r, "/chat/completions")) return LG__GW_CHAT;
+    if (!strcmp(r, "/responses")) return LG__GW_RESPONSES;
+    if (!strcmp(r, "/messages") && !az) return LG__GW_MESSAGES;
   }
   return LG__GW_PASS;
 }
@@ -683,9 +699,16 @@ static int gw_kind(const char *url, const char *method) {
 int lg__gw_guards(const char *url, const char *method) { return gw_kind(url, method) != LG__GW_PASS; }
 
 int lg__gw_claims(const lg__gw_t *gw, const char *url) {
-  (void)gw;
   static const char *own[] = {"/v1/runs", "/v1/groups", "/v1/operations", "/v1/budgets",
                               "/v1/keys", "/v1/key"};
+  /* an AzureOpenAI client's paths, when an upstream is an Azure resource's
+   * classic API (its base URL's path /openai) to send them to */
+  if (!strncmp(url, "/openai/", 8)) {
+    const lg__gw_config_t *cfg = lg__gw_cfg(gw);
+    for (size_t i = 0; i < cfg->nup; i++)
+      if (cfg->up[i].azure) return 1;
+    return 0;
+  }
   if (strncmp(url, "/v1/", 4)) return 0;
   for (size_t i = 0; i < LG__ARRAY_LEN(own); i++) {
     size_t n = strlen(own[i]);
@@ -776,7 +799,8 @@ void lg__gw_handle(lg__req_t *rq) {
   j->gw = gw;
   j->kind = gw_kind(rq->id, rq->method);
   j->method = lg__strdup(rq->method);
-  j->path = lg__strdup(rq->id + 3); /* after "/v1" */
+  j->azure = !strncmp(rq->id, "/openai/", 8);
+  j->path = lg__strdup(rq->id + (j->azure ? 7 : 3)); /* after "/openai" or "/v1" */
   j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
   hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query))};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
@@ -2176,9 +2200,12 @@ static void without_path_note(const lg__gw_upstream_t *u, lg__buf_t *b) {
 void lg__gw_banner(lg__gw_t *gw, lg__buf_t *b) {
   for (size_t i = 0; i < gw->cfg.nup; i++) {
     const lg__gw_upstream_t *u = &gw->cfg.up[i];
-    lg__buf_printf(b, "  gateway: %s -> %s (%s)%s\n", u->name, u->base_url,
+    lg__buf_printf(b, "  gateway: %s -> %s (%s)%s%s\n", u->name, u->base_url,
                    u->api == LG__GW_API_ANTHROPIC ? "anthropic" : "openai",
-                   i == gw->cfg.def ? ", the default" : "");
+                   i == gw->cfg.def ? ", the default" : "",
+                   u->azure ? "; an Azure OpenAI resource: an AzureOpenAI client's endpoint is the "
+                              "server's URL, without /v1"
+                            : "");
     if (!without_path(u)) continue;
     lg__buf_puts(b, "  gateway: note: ");
     without_path_note(u, b);

@@ -34,6 +34,9 @@ typedef struct lg__gw_upstream {
   char *name;         /* "default" for a bare --upstream URL */
   char *base_url;     /* without a trailing slash: ".../v1" */
   int api;            /* LG__GW_API_* */
+  int azure;          /* its path ends in /openai: an Azure OpenAI resource's classic API
+                         (the AzureOpenAI clients' /openai/deployments/NAME/...), whose
+                         key goes in api-key */
   char *api_key;      /* read from api_key_env at start, or NULL: the client's */
   int64_t timeout_ms; /* the whole upstream request */
   char *ca_file;      /* the CA certificates (PEM) its TLS is checked against: its
@@ -350,6 +353,8 @@ typedef struct lg__gw_job {
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
   int anthropic_client;       /* it came with anthropic-version (an Anthropic
                                  SDK's): passed through to the Anthropic upstream */
+  int azure;                  /* it came on an /openai/ path (an AzureOpenAI client's):
+                                 its path goes upstream as it came (path) */
   int head_known;             /* a passed-through HEAD: the length of the body */
   uint64_t head_len;          /*   a GET would get (its Content-Length) */
 } lg__gw_job_t;

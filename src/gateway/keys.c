@@ -2,7 +2,8 @@
  * keys.c — loopguard keys at the gateway's gate (gateway-v1, "Keys").
  *
  * A request with "Authorization: Bearer lgk-..." (or "x-api-key: lgk-...",
- * as Anthropic clients send it) is authenticated by its
+ * as Anthropic clients send it, "api-key: lgk-..." as Azure OpenAI's do) is
+ * authenticated by its
  * key in the store, every time (no cache: a key disabled or rotated on
  * another replica is refused at once), its rate limit counted in the
  * key's row (lg__gw_keys_auth); the key itself never goes upstream. Before
@@ -120,14 +121,16 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
   return rc;
 }
 
-/* Takes "x-api-key: lgk-..." out of the headers forwarded upstream (new
- * string: the secret), or NULL when there is none. */
+/* Takes "x-api-key: lgk-..." (or Azure's "api-key: lgk-...") out of the
+ * headers forwarded upstream (new string: the secret), or NULL when there
+ * is none. */
 static char *take_x_api_key(lg__gw_job_t *j) {
   char *secret = NULL;
   struct curl_slist *keep = NULL, *t;
   for (struct curl_slist *h = j->fwd; h; h = h->next) {
-    const char *v = h->data + 10;
-    if (!strncasecmp(h->data, "x-api-key:", 10)) {
+    size_t n = !strncasecmp(h->data, "x-api-key:", 10) ? 10 : !strncasecmp(h->data, "api-key:", 8) ? 8 : 0;
+    const char *v = h->data + n;
+    if (n) {
       while (*v == ' ') v++;
       if (!strncmp(v, LG_KEY_PREFIX, 4)) {
         lg__free(secret);
@@ -155,8 +158,14 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   lg__gw_job_t *j = cx->j;
   const char *secret = xkey ? xkey : bearer_key(j->auth);
   /* No loopguard key: with tokens the router already answered 401
-   * (gateway-v1: every gateway request needs a key); with none
-   * (loopback), the client's own provider key goes upstream. */
+   * (gateway-v1: every gateway request needs a key), unless it found one
+   * in a header this file does not read (said again here: a request must
+   * not go on unkeyed); with none (loopback), the client's own provider
+   * key goes upstream. */
+  if (!secret && cx->srv->auth.n) {
+    unauthorized(j, "this gateway needs a loopguard key, and none was found in the request");
+    return 1;
+  }
   if (!secret) return 0;
   lg_error_t e = {0};
   lg_store_t *s = lg__gw_store(cx, &e);

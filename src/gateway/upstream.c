@@ -154,6 +154,7 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   while (ul && url[ul - 1] == '/') ul--;
   u->base_url = lg__strndup(url, ul);
   u->api = api;
+  u->azure = ul >= 7 && !memcmp(url + ul - 7, "/openai", 7);
   u->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
   int rc = 0;
   if (!u->name || !u->base_url) {
@@ -678,7 +679,7 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
    * SDK's placeholder x-api-key beside the real one). */
   const char *key = x->provider_key ? x->provider_key : x->up->api_key;
   for (const struct curl_slist *s = x->headers; s; s = s->next) {
-    if (key && !strncasecmp(s->data, "x-api-key:", 10)) continue;
+    if (key && (!strncasecmp(s->data, "x-api-key:", 10) || !strncasecmp(s->data, "api-key:", 8))) continue;
     typed |= !strncasecmp(s->data, "Content-Type:", 13);
     if ((t = curl_slist_append(hd, s->data))) hd = t;
   }
@@ -686,6 +687,7 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
    * is bounded by the server's) */
   lg__buf_t auth = {0};
   if (key && x->up->api == LG__GW_API_ANTHROPIC) lg__buf_printf(&auth, "x-api-key: %s", key);
+  else if (key && x->up->azure) lg__buf_printf(&auth, "api-key: %s", key);
   else if (key) lg__buf_printf(&auth, "Authorization: Bearer %s", key);
   else if (x->client_auth) lg__buf_printf(&auth, "Authorization: %s", x->client_auth);
   if (auth.oom) {

@@ -117,6 +117,11 @@ int lg__auth_load_file(lg__auth_t *a, const char *path, lg_error_t *err) {
   return rc;
 }
 
+const char *lg__auth_key_header(const char *x_api_key, const char *api_key) {
+  if (x_api_key && !strncmp(x_api_key, LG_KEY_PREFIX, 4)) return x_api_key;
+  return api_key && !strncmp(api_key, LG_KEY_PREFIX, 4) ? api_key : NULL;
+}
+
 const char *lg__auth_key_secret(const char *header) {
   if (!header || strncasecmp(header, "Bearer ", 7)) return NULL;
   const char *tok = header + 7;

@@ -632,15 +632,17 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   if (srv->auth.n && !open_route) {
     const char *az = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    const char *ak = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "api-key");
     /* A gateway request with a loopguard key (Bearer, or x-api-key as
-     * Anthropic clients send it): the gateway checks the key. */
-    bool keyed = lg__auth_key_secret(az) || (xk && !strncmp(xk, LG_KEY_PREFIX, 4));
+     * Anthropic clients send it, api-key as Azure OpenAI's do): the
+     * gateway checks the key. */
+    bool keyed = lg__auth_key_secret(az) || lg__auth_key_header(xk, ak);
     /* gateway-v1: with tokens, every gateway request needs a loopguard
      * key; an agent or operator token is not a gateway credential. */
     if (hit.handler == lg__gw_handle && !keyed)
       FAIL(401, "invalid_api_key", NULL,
            "this gateway needs a loopguard key: send Authorization: Bearer lgk-... (or "
-           "x-api-key: lgk-...)%s; an operator creates one with POST /v1/keys or `loopguard "
+           "x-api-key: lgk-..., or api-key: lgk-...)%s; an operator creates one with POST /v1/keys or `loopguard "
            "keys create`",
            lg__auth_role(&srv->auth, az) != LG__ROLE_NONE ? ", not a loopguard token" : "");
     role = hit.handler == lg__gw_handle ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
@@ -659,12 +661,16 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
          "client's base URL ends in /v1; an Anthropic client's does not (its SDK adds /v1)",
          method, (int)plen, path, method, (int)plen, path);
   /* an AzureOpenAI client's (/openai/deployments/NAME/...), or one whose
-   * base URL is an Azure resource's v1 API (/openai/v1/...) */
+   * base URL is an Azure resource's v1 API (/openai/v1/...), and no
+   * upstream is an Azure resource's classic API to send them to
+   * (lg__gw_claims) */
   if (!found && srv->gw && plen >= 8 && !memcmp(path, "/openai/", 8))
     FAIL(404, "not_found", NULL,
-         "no endpoint %s %.*s: Azure OpenAI's paths are not the gateway's; give it the resource's v1 "
-         "API as its upstream (--upstream https://RESOURCE.openai.azure.com/openai/v1) and point an "
-         "OpenAI client (not AzureOpenAI) at the gateway's /v1, the deployment's name as the model",
+         "no endpoint %s %.*s: no upstream of this gateway is an Azure OpenAI resource; give it "
+         "the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai) for an "
+         "AzureOpenAI client whose endpoint is the gateway, or its v1 API "
+         "(https://RESOURCE.openai.azure.com/openai/v1) for an OpenAI client whose base URL is the "
+         "gateway's /v1",
          method, (int)plen, path);
   if (!found) FAIL(404, "not_found", NULL, "no endpoint %s %.*s", method, (int)plen, path);
   if (hit.route == LG__RT_BUDGETS) {
@@ -690,7 +696,8 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
    * not with an Authorization or x-api-key header (security.md). */
   bool body = has_body(c), pass = body && hr->gw_route && !lg__gw_guards(rq->id, method);
   bool as_is = pass && (srv->auth.n || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") ||
-                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"));
+                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key") ||
+                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "api-key"));
   if (body && !as_is) {
     if (!is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
       FAIL(415, "unsupported_media_type", "Content-Type", "%s",

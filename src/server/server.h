@@ -71,6 +71,10 @@ lg__role_t lg__auth_role(const lg__auth_t *a, const char *header);
 /* The secret of an Authorization value "Bearer lgk-..." (a loopguard key,
  * checked against the store by its route, not here), or NULL. */
 const char *lg__auth_key_secret(const char *header);
+/* The loopguard key in an x-api-key value (as Anthropic's clients send a
+ * key) or an api-key value (Azure OpenAI's), either may be NULL: the
+ * first that is one ("lgk-..."), or NULL. */
+const char *lg__auth_key_header(const char *x_api_key, const char *api_key);
 void lg__auth_free(lg__auth_t *a);
 /* 1 when the address is a loopback one (127.0.0.0/8, ::1, ::ffff:127.x). */
 int lg__is_loopback(const struct sockaddr *sa);

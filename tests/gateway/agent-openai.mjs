@@ -17,15 +17,21 @@
 //   LEGACY    1: the older function calling, as agents written for it still
 //             send it: `functions` for tools, one `function_call` an answer,
 //             its result a message of role "function" (STREAM 1 or unset)
+//   AZURE     1: the package's AzureOpenAI client, its endpoint BASE_URL
+//             without /v1, the model a deployment's name: its requests go to
+//             /openai/deployments/MODEL/chat/completions?api-version=...,
+//             the key in api-key
 // What the model binds to its calls goes back with them, as a client of
 // that provider keeps it: reasoning_content, reasoning and
 // reasoning_details, a call's extra_content (Gemini's thought signature).
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer text, the X-Loopguard-* headers seen (non-stream).
-import OpenAI from 'openai';
+import OpenAI, { AzureOpenAI } from 'openai';
 import { joinChatStream } from './chat-stream.mjs';
 
-const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
+const client = process.env.AZURE === '1'
+  ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2024-10-21', maxRetries: 0, timeout: 20000 })
+  : new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000 });
 const model = process.env.MODEL || 'loop-write';
 const stream = process.env.STREAM === '1', raw = process.env.STREAM === 'raw';
 const cap = Number(process.env.STEP_CAP || 12);

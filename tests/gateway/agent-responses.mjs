@@ -30,11 +30,15 @@
 //              whose output is one input_image part)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
-import OpenAI from 'openai';
+//   AZURE=1    the package's AzureOpenAI client, its endpoint BASE_URL
+//              without /v1: its requests go to /openai/responses?api-version=...
+import OpenAI, { AzureOpenAI } from 'openai';
 import { roundRobin } from './round-robin.mjs';
 import { SCREEN, nextScreenB64 } from './screens.mjs';
 
-const client = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000, fetch: roundRobin() });
+const client = process.env.AZURE === '1'
+  ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2025-04-01-preview', maxRetries: 0, timeout: 20000 })
+  : new OpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test-client', maxRetries: 0, timeout: 20000, fetch: roundRobin() });
 const model = process.env.MODEL || 'loop-write';
 const cap = Number(process.env.STEP_CAP || 12);
 const stream = process.env.STREAM === '1';

@@ -171,7 +171,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0, connections: 0 };
+const stats = { requests: 0, azure: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0, connections: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -1182,8 +1182,37 @@ const server = tls
 if (tls) server.on('secureConnection', () => stats.tls_connections++);
 server.on('connection', () => stats.connections++); // TCP connections accepted (reuse.sh)
 
+// Azure OpenAI, its paths under the resource's /openai: the classic API
+// (an AzureOpenAI client's) without an api-version a 404, and either API
+// without its key a 401 (the classic one takes it in api-key only, the v1
+// API in Authorization too), as Azure answers them; a deployment's chat
+// completions are the model it names (the body's model is not read); then
+// as OpenAI's.
+function azure(req, res, body) {
+  const u = new URL(req.url, 'http://x'), json = { 'content-type': 'application/json' };
+  const v1 = u.pathname.startsWith('/openai/v1/');
+  if (!v1 && !u.searchParams.get('api-version')) { res.writeHead(404, json); res.end(JSON.stringify({ error: { code: '404', message: 'Resource not found' } })); return null; }
+  if (!req.headers['api-key'] && !(v1 && req.headers.authorization)) {
+    res.writeHead(401, json);
+    res.end(JSON.stringify({ error: { code: '401', message: 'Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.' } }));
+    return null;
+  }
+  stats.azure++;
+  if (v1) { req.url = u.pathname.slice(7); return body; }
+  const dep = /^\/openai\/deployments\/([^/]+)\/chat\/completions$/.exec(u.pathname);
+  if (dep) {
+    req.url = '/v1/chat/completions';
+    try { const j = JSON.parse(body); if (j && typeof j === 'object') { j.model = decodeURIComponent(dep[1]); return JSON.stringify(j); } } catch { /* its 400 below */ }
+    return body;
+  }
+  if (req.method === 'POST' && u.pathname === '/openai/responses') { req.url = '/v1/responses'; return body; }
+  res.writeHead(404, json); res.end(JSON.stringify({ error: { code: '404', message: 'Resource not found' } }));
+  return null;
+}
+
 function route(req, res, body) {
     stats.requests++;
+    if (req.url.startsWith('/openai/') && (body = azure(req, res, body)) === null) return;
     // the headers of the last request (a passed-through one's type and encoding, for a test)
     if (!/^\/(stats|reset)$/.test(req.url)) [stats.last_headers, stats.last_url] = [req.headers, req.url];
     if (req.method === 'POST' && /^\/v1\/(chat\/completions|messages|responses)$/.test(req.url)) {
@@ -1192,7 +1221,7 @@ function route(req, res, body) {
     }
     if (req.method === 'POST') {
       // the credential each model request came with (a test checks which key went upstream)
-      stats.auths.push(req.headers.authorization || req.headers['x-api-key'] || null);
+      stats.auths.push(req.headers.authorization || req.headers['x-api-key'] || req.headers['api-key'] || null);
       if (stats.auths.length > 50) stats.auths.shift();
       let j = null;
       try { j = JSON.parse(body); } catch { /* each route answers its own 400 */ }

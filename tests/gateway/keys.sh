@@ -433,6 +433,32 @@ store_holds() {
 store_holds sk-own && fail "the store holds the provider key in clear"
 store_holds byok-off || fail "store_holds cannot see the store (the key's name is in it)"
 
+note "an AzureOpenAI client's loopguard key (api-key: lgk-...): checked and charged, never sent on; an Azure upstream's key, or the key's own provider key, goes in api-key"
+cat >"$TMP/az-ups.json" <<JSON
+{"upstreams": {"azure": {"base_url": "$FAKE/openai", "api_key_env": "LG_TEST_AZURE_KEY"}}, "default": "azure"}
+JSON
+export LG_TEST_AZURE_KEY=azure-resource-key
+start_server az --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \
+  --upstreams "$TMP/az-ups.json" --log "$TMP/az.log" --secret-file "$TMP/secret"
+azchat() { # SECRET: a chat completion on an AzureOpenAI client's path; the status in $TMP/st
+  curl -s -o "$TMP/body" -w '%{http_code}' -H "api-key: $1" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"finish\",$MSG}" "$az_URL/openai/deployments/finish/chat/completions?api-version=2024-10-21" >"$TMP/st"
+  cat "$TMP/body"
+}
+read -r KA HA < <(newkey '{"name":"azure"}')
+b=$(azchat "$KA")
+[ "$(st)" = 200 ] || fail "azure, api-key: $(st) $b"
+[ "$(python3 -c "print(float('$(spent "$HA")') > 0)")" = True ] || fail "azure, api-key: no spend on the key"
+[ "$(curl -s "$FAKE/stats" | get 'd["auths"][-1]')" = azure-resource-key ] || fail "azure: the upstream's key did not go in api-key: $(curl -s "$FAKE/stats" | get 'd["auths"][-3:]')"
+read -r KB HB < <(newkey '{"name":"azure-byok","byok":{"azure":"sk-own-azure"}}')
+b=$(azchat "$KB")
+[ "$(st)" = 200 ] && [ "$(curl -s "$FAKE/stats" | get 'd["auths"][-1]')" = sk-own-azure ] || fail "azure, byok: $(st) $(curl -s "$FAKE/stats" | get 'd["auths"][-3:]')"
+grep -q lgk- <<<"$(curl -s "$FAKE/stats" | get 'd["auths"]')" && fail "azure: a loopguard key went upstream"
+b=$(azchat lgk-notakeyatall0000000000000000000000000)
+[ "$(st)" = 401 ] || fail "azure, an unknown api-key: $(st) $b"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "api-key: $KA" "$az_URL/v1/key")" = 200 ] || fail "GET /v1/key with api-key"
+stop_server az
+
 note "an escalation (cascade.escalate) routed to another upstream: the key's own provider key of that upstream goes there, never the first one's; a model the key may not use is refused there too, nothing left reserved"
 start_fake FAKE2
 cat >"$TMP/esc-ups.json" <<JSON

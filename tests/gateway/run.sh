@@ -803,12 +803,32 @@ for p in /v1/chat/completions/ /v1//responses /v1/chat//completions /v1//message
   [ "$(curl -sf "$FAKE/stats" | get 'd.get("last_url")')" != "$p" ] || fail "$p: passed through to the upstream"
 done
 [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "/v1//messages/: not in Anthropic's shape: $(cat "$TMP/e.json")"
-note "an AzureOpenAI client (its deployment paths): its 404 says how to reach Azure through the gateway"
+note "an AzureOpenAI client (its deployment paths) with no Azure upstream: its 404 says how to reach Azure through the gateway"
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: k' -d '{}' \
   "$gw_URL/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21")
 [ "$code" = 404 ] || fail "azure: $code"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "Azure OpenAI's paths are not the gateway's; give it the resource's v1 API as its upstream" ||
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "no upstream of this gateway is an Azure OpenAI resource; give it the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai)" ||
   fail "azure: $(cat "$TMP/e.json")"
+note "an AzureOpenAI client (openai's: /openai/deployments/NAME/chat/completions, /openai/responses, ?api-version=, api-key) with an Azure resource as the upstream: stopped as any"
+start_server az --store memory: --upstream "$FAKE/openai" --log "$TMP/az.log"
+grep -qF "an Azure OpenAI resource: an AzureOpenAI client's endpoint is the server's URL" "$az_OUT" || fail "azure: the banner: $(cat "$az_OUT")"
+d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write AZURE=1) || fail "azure direct: $d"
+[ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "azure direct: $d"
+n=$(curl -sf "$FAKE/stats" | get 'd["azure"]')
+for stream in 0 1; do
+  g=$(client agent-openai.mjs BASE_URL="$az_URL/v1" MODEL=loop-write AZURE=1 STREAM=$stream) || fail "azure gateway: $g"
+  stopped "azure chat completions stream=$stream" "$g"
+done
+g=$(client agent-responses.mjs BASE_URL="$az_URL/v1" MODEL=loop-write AZURE=1) || fail "azure responses: $g"
+stopped "azure responses" "$g"
+# every request reached the fake's Azure paths (which refuse one without api-version or api-key)
+[ "$(curl -sf "$FAKE/stats" | get "int(d['azure'] >= $n + 3)")" = 1 ] || fail "azure: the upstream's Azure paths got $(curl -sf "$FAKE/stats" | get 'd["azure"]') requests, from $n"
+[ "$(curl -sf "$FAKE/stats" | get 'd["auths"][-1]')" = azure-test-key ] || fail "azure: the client's api-key did not go upstream"
+# an OpenAI client whose base URL is the gateway's /openai/v1 (the resource's v1 API under it):
+# guarded too, not passed on as any other path
+g=$(client agent-openai.mjs BASE_URL="$az_URL/openai/v1" MODEL=loop-write) || fail "azure v1 API: $g"
+stopped "the Azure v1 API's chat completions under /openai/v1" "$g"
+stop_server az
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
 [ "$code" = 404 ] || fail "/v1 twice: $code"
 get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"
