@@ -2676,6 +2676,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   x->method = "POST";
   /* an AzureOpenAI client's path (/deployments/NAME/chat/completions) as it came */
   x->path = j->azure ? j->path : api_path(c);
+  x->v1 = !j->azure;
   x->query = j->query;
   x->body = body;
   x->body_len = len;

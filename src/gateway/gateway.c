@@ -874,6 +874,7 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.up = &cx->gw->cfg.up[ui];
   x.method = j->method;
   x.path = j->path;
+  x.v1 = !j->azure;
   x.query = j->query;
   x.body = j->body_len || !strcmp(j->method, "POST") ? j->body : NULL;
   x.body_len = j->body_len;

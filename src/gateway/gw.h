@@ -90,6 +90,8 @@ typedef struct lg__gw_http {
   const lg__gw_upstream_t *up;
   const char *method;         /* "POST", "GET", ... */
   const char *path;           /* after base_url: "/chat/completions" */
+  int v1;                     /* path came under /v1: an Azure resource's upstream
+                                 (base_url .../openai) takes it under /v1, its v1 API */
   const char *query;          /* "?..." after the path, or NULL */
   const char *body;           /* may be NULL */
   size_t body_len;

@@ -666,6 +666,7 @@ static CURLcode perform(CURL *h, CURLM *m, lg__gw_http_t *x) {
 int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   lg__buf_t url = {0};
   lg__buf_puts(&url, x->up->base_url);
+  if (x->v1 && x->up->azure) lg__buf_puts(&url, "/v1");
   lg__buf_puts(&url, x->path);
   if (x->query) lg__buf_puts(&url, x->query);
   if (url.oom) {

@@ -825,9 +825,14 @@ stopped "azure responses" "$g"
 [ "$(curl -sf "$FAKE/stats" | get "int(d['azure'] >= $n + 3)")" = 1 ] || fail "azure: the upstream's Azure paths got $(curl -sf "$FAKE/stats" | get 'd["azure"]') requests, from $n"
 [ "$(curl -sf "$FAKE/stats" | get 'd["auths"][-1]')" = azure-test-key ] || fail "azure: the client's api-key did not go upstream"
 # an OpenAI client whose base URL is the gateway's /openai/v1 (the resource's v1 API under it):
-# guarded too, not passed on as any other path
-g=$(client agent-openai.mjs BASE_URL="$az_URL/openai/v1" MODEL=loop-write) || fail "azure v1 API: $g"
-stopped "the Azure v1 API's chat completions under /openai/v1" "$g"
+# guarded too, not passed on as any other path; and one whose base URL is the gateway's /v1:
+# its requests go to the resource's v1 API (/openai/v1/...), a passed-through one too
+for base in "$az_URL/openai/v1" "$az_URL/v1"; do
+  g=$(client agent-openai.mjs BASE_URL="$base" MODEL=loop-write) || fail "azure v1 API ($base): $g"
+  stopped "the Azure v1 API's chat completions, base URL $base" "$g"
+done
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-client' "$az_URL/v1/models")" = 200 ] &&
+  [ "$(curl -sf "$FAKE/stats" | get 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
 stop_server az
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
 [ "$code" = 404 ] || fail "/v1 twice: $code"
