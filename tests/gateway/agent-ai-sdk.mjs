@@ -5,13 +5,19 @@
 //   PROVIDER=openai (@ai-sdk/openai on the Responses API, `store` on as by
 //   default: its earlier answers go back as item_reference items), REASONING=1
 //   (reasoningEffort low: `reasoning` sent for a reasoning model's name, o3-...)
+//   PROVIDER=azure, azure-chat (@ai-sdk/azure, its baseURL BASE_URL's
+//   server and /openai/v1, as a proxy in front of Azure is named: the
+//   resource's v1 API, Responses or chat completions, the key in api-key)
 import { generateText, streamText, tool, stepCountIs } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { createOpenAI } from '@ai-sdk/openai';
+import { createAzure } from '@ai-sdk/azure';
 import { z } from 'zod';
 
-const provider = process.env.PROVIDER === 'openai'
-  ? createOpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test' }).responses
+const azure = () => createAzure({ baseURL: process.env.BASE_URL.replace(/\/v1$/, '') + '/openai/v1', apiKey: 'azure-test-key' });
+const provider = process.env.PROVIDER === 'openai' ? createOpenAI({ baseURL: process.env.BASE_URL, apiKey: 'sk-test' }).responses
+  : process.env.PROVIDER === 'azure' ? azure().responses
+  : process.env.PROVIDER === 'azure-chat' ? azure().chat
   : createOpenAICompatible({ name: 'fake', baseURL: process.env.BASE_URL, apiKey: 'sk-test', includeUsage: true });
 const cap = Number(process.env.STEP_CAP || 12);
 const executions = { write_record: 0, lookup: 0 };

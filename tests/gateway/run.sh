@@ -831,6 +831,15 @@ for base in "$az_URL/openai/v1" "$az_URL/v1"; do
   g=$(client agent-openai.mjs BASE_URL="$base" MODEL=loop-write) || fail "azure v1 API ($base): $g"
   stopped "the Azure v1 API's chat completions, base URL $base" "$g"
 done
+# the Vercel AI SDK's Azure provider (@ai-sdk/azure), its baseURL the gateway's /openai/v1
+for p in azure azure-chat; do
+  d=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=loop-write PROVIDER=$p) || fail "ai $p direct: $d"
+  [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "ai $p direct: $d"
+  for stream in 0 1; do
+    g=$(client agent-ai-sdk.mjs BASE_URL="$az_URL/v1" MODEL=loop-write PROVIDER=$p STREAM=$stream) || fail "ai $p gateway: $g"
+    stopped "ai ($p) stream=$stream" "$g"
+  done
+done
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-client' "$az_URL/v1/models")" = 200 ] &&
   [ "$(curl -sf "$FAKE/stats" | get 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
 stop_server az
