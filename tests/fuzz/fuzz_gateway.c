@@ -12,10 +12,13 @@
  * of fuzz_policies below): one on a memory: store, two replicas of one
  * SQLite file, and one on memory: with tokens and prices, where every
  * model call goes with a loopguard key; their upstream a thread of this
- * file that answers every request with the input's answer.
+ * file that answers every request with the input's answer (the first
+ * server's as an Azure OpenAI resource's, its base URL's path /openai).
  *
  * Input: byte 0 picks the API (bits 0-1: Chat Completions, Responses,
- * Messages, Chat Completions), whether the request names a new run of
+ * Messages, and Chat Completions on an AzureOpenAI client's path,
+ * /openai/deployments/NAME/chat/completions, which only the first server
+ * serves: the others answer it 404), whether the request names a new run of
  * its own (bit 2: to the memory: server, or with no named policy to the
  * one with the key; otherwise the gateway derives
  * the run from the conversation, so inputs may go on in earlier inputs'
@@ -290,14 +293,16 @@ static void start(void) {
     FILE *f = fopen(p, "w");
     if (!f || fputs(fuzz_policies[i + 1], f) < 0 || fclose(f)) abort();
   }
-  char up[64], file[128], pf[128];
-  snprintf(up, sizeof up, "http://127.0.0.1:%d/v1", up_start());
+  char up[64], upaz[64], file[128], pf[128];
+  int port = up_start();
+  snprintf(up, sizeof up, "http://127.0.0.1:%d/v1", port);
+  snprintf(upaz, sizeof upaz, "http://127.0.0.1:%d/openai", port);
   /* relaxed: no fsync a commit (the fuzzer's speed is the disk's otherwise) */
   snprintf(file, sizeof file, "sqlite:%s/gw.db?durability=relaxed", dir);
   snprintf(pf, sizeof pf, "%s/prices", dir); /* not *.json: the folder is --policies too */
   FILE *f = fopen(pf, "w");
   if (!f || fputs(prices, f) < 0 || fclose(f)) abort();
-  const char *ups[] = {up}, *stores[SERVERS] = {"memory:", file, file, "memory:"};
+  const char *ups[] = {up}, *upsaz[] = {upaz}, *stores[SERVERS] = {"memory:", file, file, "memory:"};
   for (int i = 0; i < SERVERS; i++) {
     lg_server_options_t o;
     memset(&o, 0, sizeof o);
@@ -308,7 +313,7 @@ static void start(void) {
       o.prices_file = pf;
     }
     o.log_path = getenv("LG_FUZZ_GATEWAY_LOG") ? getenv("LG_FUZZ_GATEWAY_LOG") : "/dev/null";
-    o.upstreams = ups;
+    o.upstreams = i == 0 ? upsaz : ups;
     o.nupstreams = 1;
     o.policies_dir = dir;
     o.threads = 2;
@@ -336,7 +341,7 @@ static int error_shaped(json_t *j, int anthropic) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const char *paths[] = {"/v1/chat/completions", "/v1/responses", "/v1/messages",
-                                "/v1/chat/completions"};
+                                "/openai/deployments/fuzz/chat/completions?api-version=2024-10-21"};
   static const int statuses[] = {200, 200, 429, 500};
   static unsigned long n, derived;
   if (size < 1) return 0;
