@@ -11,6 +11,9 @@
 //   STREAM=1: ChatOpenAI streaming: true, the graph run with
 //   agent.stream(streamMode ["messages", "values"]): the model's tokens
 //   arrive as the upstream streams them, usage from the usage chunk.
+//   AZURE=1: AzureChatOpenAI, its azureOpenAIEndpoint BASE_URL without /v1
+//   and the model its deployment: Azure's classic API
+//   (/openai/deployments/MODEL/chat/completions?api-version=, api-key)
 //   (agent.invoke with streaming: true would stream too, but then
 //   ChatOpenAI estimates the usage with tiktoken, fetched from the
 //   Internet; the test must not leave the machine.)
@@ -18,7 +21,7 @@
 // ("final", or "step_cap" on LangGraph's GraphRecursionError), the last
 // answer text, the streamed message chunks, and every host other than
 // the loopback one that something tried to fetch (must be none).
-import { ChatOpenAI } from '@langchain/openai';
+import { AzureChatOpenAI, ChatOpenAI } from '@langchain/openai';
 import { createReactAgent } from '@langchain/langgraph/prebuilt';
 import { tool } from '@langchain/core/tools';
 import { z } from 'zod';
@@ -46,10 +49,12 @@ const lookup = tool(async () => {
   return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
 }, { name: 'lookup', description: 'Look a customer up.', schema: z.object({ customer_id: z.string() }) });
 
-const llm = new ChatOpenAI({
-  model: process.env.MODEL || 'loop-write',
-  apiKey: 'sk-test-client',
-  configuration: { baseURL: process.env.BASE_URL },
+const model = process.env.MODEL || 'loop-write';
+const llm = new (process.env.AZURE === '1' ? AzureChatOpenAI : ChatOpenAI)({
+  model,
+  ...(process.env.AZURE === '1'
+    ? { azureOpenAIEndpoint: process.env.BASE_URL.replace(/\/v1$/, ''), azureOpenAIApiKey: 'azure-test-key', azureOpenAIApiVersion: '2024-10-21', azureOpenAIApiDeploymentName: model }
+    : { apiKey: 'sk-test-client', configuration: { baseURL: process.env.BASE_URL } }),
   streaming: stream,
   streamUsage: true,
   ...(process.env.RESPONSES === '1' && { useResponsesApi: true }),

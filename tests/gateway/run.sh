@@ -831,6 +831,14 @@ for base in "$az_URL/openai/v1" "$az_URL/v1"; do
   g=$(client agent-openai.mjs BASE_URL="$base" MODEL=loop-write) || fail "azure v1 API ($base): $g"
   stopped "the Azure v1 API's chat completions, base URL $base" "$g"
 done
+# LangGraph on LangChain's AzureChatOpenAI (its azureOpenAIEndpoint the gateway's URL)
+d=$(client agent-langgraph.mjs BASE_URL="$FAKE/v1" MODEL=loop-write AZURE=1 STEP_CAP=12) || fail "langgraph azure direct: $d"
+[ "$(echo "$d" | get '[d["ended"], d["executions"]["write_record"]]')" = '["step_cap", 12]' ] || fail "langgraph azure direct: $d"
+for stream in 0 1; do
+  g=$(client agent-langgraph.mjs BASE_URL="$az_URL/v1" MODEL=loop-write AZURE=1 STREAM=$stream) || fail "langgraph azure gateway: $g"
+  stopped "langgraph AzureChatOpenAI stream=$stream" "$g"
+  [ "$(echo "$g" | get 'd["outside"]')" = "[]" ] || fail "langgraph azure fetched from outside the machine: $g"
+done
 # the Vercel AI SDK's Azure provider (@ai-sdk/azure), its baseURL the gateway's /openai/v1
 for p in azure azure-chat; do
   d=$(client agent-ai-sdk.mjs BASE_URL="$FAKE/v1" MODEL=loop-write PROVIDER=$p) || fail "ai $p direct: $d"
