@@ -3389,16 +3389,16 @@ static int find_run(chat_t *c) {
 
 /* What makes a request a retry of the run's last: its body, and who sent
  * it: the loopguard key (its id), else the client's own credentials
- * (Authorization, x-api-key). Another key, or another client, sending the
- * same body on the same run gets a model call of its own, past its own
- * key's checks, never the cached answer of another. */
+ * (Authorization, and x-api-key or api-key: lg__gw_key_header). Another
+ * key, or another client, sending the same body on the same run gets a
+ * model call of its own, past its own key's checks, never the cached
+ * answer of another. */
 static uint64_t retry_hash(const lg__gw_job_t *j) {
-  uint64_t h = lg__hash_str(j->body);
-  const char *who[2] = {j->key ? lg__gw_key_id(j) : j->auth, NULL};
+  uint64_t h = lg__hash_str(j->body), i = 0;
+  const char *who = j->key ? lg__gw_key_id(j) : j->auth;
+  h = (h ^ (who ? lg__hash_str(who) : 0)) * 0x100000001b3u + ++i;
   for (const struct curl_slist *s = j->key ? NULL : j->fwd; s; s = s->next)
-    if (!strncasecmp(s->data, "x-api-key:", 10)) who[1] = s->data;
-  for (size_t i = 0; i < 2; i++)
-    h = (h ^ (who[i] ? lg__hash_str(who[i]) : 0)) * 0x100000001b3u + i + 1;
+    if (lg__gw_key_header(s->data)) h = (h ^ lg__hash_str(s->data)) * 0x100000001b3u + ++i;
   return h;
 }
 

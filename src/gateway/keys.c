@@ -121,16 +121,16 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
   return rc;
 }
 
-/* Takes "x-api-key: lgk-..." (or Azure's "api-key: lgk-...") out of the
- * headers forwarded upstream (new string: the secret), or NULL when there
- * is none. */
-static char *take_x_api_key(lg__gw_job_t *j) {
+/* Takes "x-api-key: lgk-..." (or Azure's "api-key: lgk-...":
+ * lg__gw_key_header) out of the headers forwarded upstream (new string:
+ * the secret), or NULL when there is none. */
+static char *take_key_header(lg__gw_job_t *j) {
   char *secret = NULL;
   struct curl_slist *keep = NULL, *t;
   for (struct curl_slist *h = j->fwd; h; h = h->next) {
-    size_t n = !strncasecmp(h->data, "x-api-key:", 10) ? 10 : !strncasecmp(h->data, "api-key:", 8) ? 8 : 0;
-    const char *v = h->data + n;
+    size_t n = lg__gw_key_header(h->data);
     if (n) {
+      const char *v = h->data + n + 1; /* after "Name:" */
       while (*v == ' ') v++;
       if (!strncmp(v, LG_KEY_PREFIX, 4)) {
         lg__free(secret);
@@ -147,7 +147,7 @@ static char *take_x_api_key(lg__gw_job_t *j) {
 
 static int check_key(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
-  char *xkey = take_x_api_key(j);
+  char *xkey = take_key_header(j);
   int rc = check_key_secret(cx, xkey);
   if (xkey) OPENSSL_cleanse(xkey, strlen(xkey));
   lg__free(xkey);

@@ -1193,6 +1193,15 @@ c2=$(stats 'd["chat"]') t2=$(retry_trace)
 [ "$t2" = "$t1" ] || fail "retry: the run's trace went from $t1 lines to $t2: the retry was decided again"
 a3=$(retry_req "${rbody/o-77/o-78}") || fail "retry: another body"
 [ "$(stats 'd["chat"]')" = "$((c2 + 1))" ] || fail "retry: a body of its own was not a model call of its own"
+# the sender is every credential it sends: two Azure clients (api-key, no Authorization)
+# sending the same body on one run are two requests, each a model call of its own;
+# each one's own retry is a retry (until session 45 only x-api-key told senders apart)
+retry_as() { curl -sf -H 'Content-Type: application/json' -H 'X-Loopguard-Run: retry-2' -H "$1" -d "$rbody" "$g_URL/v1/chat/completions" >/dev/null; }
+c3=$(stats 'd["chat"]')
+retry_as 'api-key: azure-a' && retry_as 'api-key: azure-b' || fail "retry: the api-key requests"
+[ "$(stats 'd["chat"]')" = "$((c3 + 2))" ] || fail "retry: another api-key's request got the first one's answer ($(( $(stats 'd["chat"]') - c3 )) model calls for 2 senders)"
+retry_as 'api-key: azure-b' || fail "retry: the api-key retry"
+[ "$(stats 'd["chat"]')" = "$((c3 + 2))" ] || fail "retry: the same api-key's retry was a model call"
 
 note "the upstream never saw a conversation a provider rejects"
 v=$(stats 'd["violations"]')
