@@ -2603,12 +2603,6 @@ void lg__gwc_keep_only(json_t *obj, const char *member, lg__gw_kind_fn kind, jso
   json_object_set_new(obj, member, out);
 }
 
-
-
-static const char *api_path(const chat_t *c) {
-  return is_anthropic(c) ? "/messages" : is_responses(c) ? "/responses" : "/chat/completions";
-}
-
 /* ---- one model call, either way ---- */
 
 static void end_api_stream(chat_t *c);
@@ -2674,8 +2668,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   memset(x, 0, sizeof *x);
   x->up = &lg__gw_cfg(c->cx->gw)->up[c->ui];
   x->method = "POST";
-  /* an AzureOpenAI client's path (/deployments/NAME/chat/completions) as it came */
-  x->path = j->azure ? j->path : api_path(c);
+  x->path = j->path; /* the route's, as it came (an AzureOpenAI client's /deployments/NAME/...) */
   x->v1 = !j->azure;
   x->query = j->query;
   x->body = body;
