@@ -3382,7 +3382,7 @@ static int find_run(chat_t *c) {
 
 /* What makes a request a retry of the run's last: its body, and who sent
  * it: the loopguard key (its id), else the client's own credentials
- * (Authorization, and x-api-key or api-key: lg__gw_key_header). Another
+ * (Authorization, and x-api-key or api-key: lg__auth_key_header). Another
  * key, or another client, sending the same body on the same run gets a
  * model call of its own, past its own key's checks, never the cached
  * answer of another. */
@@ -3391,7 +3391,7 @@ static uint64_t retry_hash(const lg__gw_job_t *j) {
   const char *who = j->key ? lg__gw_key_id(j) : j->auth;
   h = (h ^ (who ? lg__hash_str(who) : 0)) * 0x100000001b3u + ++i;
   for (const struct curl_slist *s = j->key ? NULL : j->fwd; s; s = s->next)
-    if (lg__gw_key_header(s->data)) h = (h ^ lg__hash_str(s->data)) * 0x100000001b3u + ++i;
+    if (lg__auth_key_header(s->data)) h = (h ^ lg__hash_str(s->data)) * 0x100000001b3u + ++i;
   return h;
 }
 

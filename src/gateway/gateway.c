@@ -658,7 +658,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   if (!strcasecmp(k, "anthropic-version")) j->anthropic_client = 1;
   /* a passed-through body's type (an upload's multipart boundary) and
    * encoding go with it; a guarded route's body is the gateway's JSON */
-  if (lg__gw_key_header(k) || !strncasecmp(k, "anthropic-", 10) ||
+  if (lg__auth_key_header(k) || !strncasecmp(k, "anthropic-", 10) ||
       !strncasecmp(k, "openai-", 7) || !strcasecmp(k, "accept") ||
       (j->kind == LG__GW_PASS && (!strcasecmp(k, "Content-Type") || !strcasecmp(k, "Content-Encoding")))) {
     lg__buf_t b = {0};

@@ -196,10 +196,6 @@ void lg__gw_fiber_sleep(int ms);
  * (server.h, lg__loop_wait_fd) it waits on the loop too, and takes its
  * turns meanwhile. 0, or LG_EIO (cc says). */
 int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x);
-/* The credential headers besides Authorization, the one list of them:
- * Anthropic's x-api-key, Azure OpenAI's api-key. The length of the name
- * when h, a header's name or a "Name: value" line, is one of them; else 0. */
-size_t lg__gw_key_header(const char *h);
 void lg__gw_http_clear(lg__gw_http_t *x);
 /* "name (host:port)" of an upstream for messages, into buf. */
 const char *lg__gw_upstream_label(const lg__gw_upstream_t *u, char *buf, size_t size);

@@ -122,13 +122,13 @@ int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
 }
 
 /* Takes "x-api-key: lgk-..." (or Azure's "api-key: lgk-...":
- * lg__gw_key_header) out of the headers forwarded upstream (new string:
+ * lg__auth_key_header) out of the headers forwarded upstream (new string:
  * the secret), or NULL when there is none. */
 static char *take_key_header(lg__gw_job_t *j) {
   char *secret = NULL;
   struct curl_slist *keep = NULL, *t;
   for (struct curl_slist *h = j->fwd; h; h = h->next) {
-    size_t n = lg__gw_key_header(h->data);
+    size_t n = lg__auth_key_header(h->data);
     if (n) {
       const char *v = h->data + n + 1; /* after "Name:" */
       while (*v == ' ') v++;

@@ -663,15 +663,6 @@ static CURLcode perform(CURL *h, CURLM *m, lg__gw_http_t *x) {
   return cc;
 }
 
-size_t lg__gw_key_header(const char *h) {
-  static const char *const names[] = {"x-api-key", "api-key"};
-  for (size_t i = 0; i < LG__ARRAY_LEN(names); i++) {
-    size_t n = strlen(names[i]);
-    if (!strncasecmp(h, names[i], n) && (h[n] == ':' || !h[n])) return n;
-  }
-  return 0;
-}
-
 int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
   lg__buf_t url = {0};
   lg__buf_puts(&url, x->up->base_url);
@@ -689,7 +680,7 @@ int lg__gw_http_do(CURL *h, CURLM *m, lg__gw_http_t *x) {
    * SDK's placeholder x-api-key beside the real one). */
   const char *key = x->provider_key ? x->provider_key : x->up->api_key;
   for (const struct curl_slist *s = x->headers; s; s = s->next) {
-    if (key && lg__gw_key_header(s->data)) continue;
+    if (key && lg__auth_key_header(s->data)) continue;
     typed |= !strncasecmp(s->data, "Content-Type:", 13);
     if ((t = curl_slist_append(hd, s->data))) hd = t;
   }

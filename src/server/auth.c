@@ -117,9 +117,22 @@ int lg__auth_load_file(lg__auth_t *a, const char *path, lg_error_t *err) {
   return rc;
 }
 
-const char *lg__auth_key_header(const char *x_api_key, const char *api_key) {
-  if (x_api_key && !strncmp(x_api_key, LG_KEY_PREFIX, 4)) return x_api_key;
-  return api_key && !strncmp(api_key, LG_KEY_PREFIX, 4) ? api_key : NULL;
+static const char *const key_headers[] = {"x-api-key", "api-key"};
+
+size_t lg__auth_key_header(const char *h) {
+  for (size_t i = 0; i < LG__ARRAY_LEN(key_headers); i++) {
+    size_t n = strlen(key_headers[i]);
+    if (!strncasecmp(h, key_headers[i], n) && (h[n] == ':' || !h[n])) return n;
+  }
+  return 0;
+}
+
+const char *lg__auth_key_value(struct MHD_Connection *c, int lgk) {
+  for (size_t i = 0; i < LG__ARRAY_LEN(key_headers); i++) {
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, key_headers[i]);
+    if (v && (!lgk || !strncmp(v, LG_KEY_PREFIX, 4))) return v;
+  }
+  return NULL;
 }
 
 const char *lg__auth_key_secret(const char *header) {

@@ -631,12 +631,10 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   bool open_route = found > 0 && hit.role == LG__ROLE_NONE;
   if (srv->auth.n && !open_route) {
     const char *az = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    const char *ak = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "api-key");
     /* A gateway request with a loopguard key (Bearer, or x-api-key as
      * Anthropic clients send it, api-key as Azure OpenAI's do): the
      * gateway checks the key. */
-    bool keyed = lg__auth_key_secret(az) || lg__auth_key_header(xk, ak);
+    bool keyed = lg__auth_key_secret(az) || lg__auth_key_value(c, 1);
     /* gateway-v1: with tokens, every gateway request needs a loopguard
      * key; an agent or operator token is not a gateway credential. */
     if (hit.handler == lg__gw_handle && !keyed)
@@ -696,8 +694,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
    * not with an Authorization or x-api-key header (security.md). */
   bool body = has_body(c), pass = body && hr->gw_route && !lg__gw_guards(rq->id, method);
   bool as_is = pass && (srv->auth.n || MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization") ||
-                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key") ||
-                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "api-key"));
+                        lg__auth_key_value(c, 0));
   if (body && !as_is) {
     if (!is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
       FAIL(415, "unsupported_media_type", "Content-Type", "%s",

@@ -93,10 +93,8 @@ void lg__h_keys(lg__req_t *rq) {
 
 void lg__h_key_self(lg__req_t *rq) {
   const char *az = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Authorization");
-  const char *xk = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "x-api-key");
-  const char *ak = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "api-key");
   const char *secret = lg__auth_key_secret(az);
-  if (!secret) secret = lg__auth_key_header(xk, ak);
+  if (!secret) secret = lg__auth_key_value(rq->conn, 1);
   if (!secret) {
     lg__req_error(rq, 401, "unauthorized", NULL,
                   "GET /v1/key needs the key itself as bearer (Authorization: Bearer lgk-...)");

@@ -71,10 +71,14 @@ lg__role_t lg__auth_role(const lg__auth_t *a, const char *header);
 /* The secret of an Authorization value "Bearer lgk-..." (a loopguard key,
  * checked against the store by its route, not here), or NULL. */
 const char *lg__auth_key_secret(const char *header);
-/* The loopguard key in an x-api-key value (as Anthropic's clients send a
- * key) or an api-key value (Azure OpenAI's), either may be NULL: the
- * first that is one ("lgk-..."), or NULL. */
-const char *lg__auth_key_header(const char *x_api_key, const char *api_key);
+/* The credential headers besides Authorization, the one list of them:
+ * Anthropic's x-api-key, Azure OpenAI's api-key. lg__auth_key_header: the
+ * length of the name when h, a header's name or a "Name: value" line, is
+ * one of them, else 0. lg__auth_key_value: the value of the first of them
+ * request c carries (with lgk, the first holding a loopguard key,
+ * "lgk-..."), or NULL. */
+size_t lg__auth_key_header(const char *h);
+const char *lg__auth_key_value(struct MHD_Connection *c, int lgk);
 void lg__auth_free(lg__auth_t *a);
 /* 1 when the address is a loopback one (127.0.0.0/8, ::1, ::ffff:127.x). */
 int lg__is_loopback(const struct sockaddr *sa);
