@@ -863,7 +863,10 @@ static int pass_data(void *ud, const char *p, size_t n) {
  * back as it arrives (a download, a legacy completion's events); any
  * other answer, whole, as the upstream sent it. */
 size_t lg__gw_pass_upstream(const lg__gw_t *gw, const lg__gw_job_t *j) {
-  return lg__gw_config_pick(lg__gw_cfg(gw), NULL, j->anthropic_client, NULL);
+  int route = j->azure              ? LG__GW_ROUTE_AZURE
+              : j->anthropic_client ? LG__GW_ROUTE_ANTHROPIC
+                                    : LG__GW_ROUTE_OPENAI;
+  return lg__gw_config_pick(lg__gw_cfg(gw), NULL, route, NULL);
 }
 
 static void passthrough(lg__gw_ctx_t *cx) {

@@ -78,10 +78,18 @@ typedef struct lg__gw_config {
 int lg__gw_config_load(lg__gw_config_t *cfg, const char *const *specs, size_t n,
                        const char *file, lg_error_t *err);
 void lg__gw_config_clear(lg__gw_config_t *cfg);
+/* The route a request came on, as far as it picks an upstream. */
+enum {
+  LG__GW_ROUTE_OPENAI = 0, /* /v1/...: any upstream */
+  LG__GW_ROUTE_ANTHROPIC,  /* /v1/messages, or anthropic-version: an Anthropic one first */
+  LG__GW_ROUTE_AZURE       /* /openai/...: an Azure OpenAI resource's classic API only */
+};
 /* The upstream of a request: by the model's prefix, the route's API, the
- * default. *model_out is the model to send (a prefix stripped), borrowed
- * from model. */
-size_t lg__gw_config_pick(const lg__gw_config_t *cfg, const char *model, int anthropic_route,
+ * default. On an Azure route only an Azure upstream is picked (a route
+ * to another is skipped): no other serves the path, and the client's
+ * api-key is that resource's. *model_out is the model to send (a prefix
+ * stripped), borrowed from model. */
+size_t lg__gw_config_pick(const lg__gw_config_t *cfg, const char *model, int route,
                           const char **model_out);
 
 /* One upstream exchange. */

@@ -349,19 +349,20 @@ void lg__gw_config_clear(lg__gw_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
 }
 
-size_t lg__gw_config_pick(const lg__gw_config_t *cfg, const char *model, int anthropic_route,
+size_t lg__gw_config_pick(const lg__gw_config_t *cfg, const char *model, int route,
                           const char **model_out) {
+  int azure = route == LG__GW_ROUTE_AZURE;
   if (model_out) *model_out = model;
   for (size_t i = 0; model && i < cfg->nroutes; i++) {
     size_t pl = strlen(cfg->routes[i].model_prefix);
+    if (azure && !cfg->up[cfg->routes[i].upstream].azure) continue;
     if (!strncmp(model, cfg->routes[i].model_prefix, pl)) {
       if (cfg->routes[i].strip_prefix && model_out) *model_out = model + pl;
       return cfg->routes[i].upstream;
     }
   }
-  if (anthropic_route)
-    for (size_t i = 0; i < cfg->nup; i++)
-      if (cfg->up[i].api == LG__GW_API_ANTHROPIC) return i;
+  for (size_t i = 0; route != LG__GW_ROUTE_OPENAI && i < cfg->nup; i++)
+    if (azure ? cfg->up[i].azure : cfg->up[i].api == LG__GW_API_ANTHROPIC) return i;
   return cfg->def;
 }
 

@@ -851,6 +851,23 @@ done
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-client' "$az_URL/v1/models")" = 200 ] &&
   [ "$(curl -sf "$FAKE/stats" | get 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
 stop_server az
+note "beside an OpenAI default, an /openai/ request goes to the Azure upstream (never its api-key to another provider), a /v1 one to the default"
+printf '{"upstreams":{"openai":{"base_url":"%s/v1"},"az":{"base_url":"%s/openai"}},"default":"openai","routes":[{"model_prefix":"fin","upstream":"openai"}]}' \
+  "$FAKE" "$FAKE" >"$TMP/two.json"
+start_server two --store memory: --upstreams "$TMP/two.json"
+n=$(curl -sf "$FAKE/stats" | get 'd["azure"]')
+# the fake's Azure paths count what reaches them; its Azure deployments take chat completions only (a 404 of Azure's own for the rest)
+for pc in "/openai/deployments/finish/chat/completions?api-version=2024-10-21 200" "/openai/deployments/finish/embeddings?api-version=2024-10-21 404"; do
+  code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: azure-test-key' \
+    -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}],"input":"x"}' "$two_URL${pc% *}")
+  [ "$code" = "${pc#* }" ] || fail "two upstreams, ${pc% *}: $code $(cat "$TMP/e.json")"
+done
+[ "$(curl -sf "$FAKE/stats" | get "d['azure'] - $n")" = 2 ] || fail "two upstreams: the Azure paths got $(curl -sf "$FAKE/stats" | get "d['azure'] - $n") of 2"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' -H 'Authorization: Bearer sk-test' \
+  -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}]}' "$two_URL/v1/chat/completions")
+[ "$code" = 200 ] && [ "$(curl -sf "$FAKE/stats" | get 'd["last_url"]')" = /v1/chat/completions ] ||
+  fail "two upstreams, /v1: $code, to $(curl -sf "$FAKE/stats" | get 'd["last_url"]')"
+stop_server two
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
 [ "$code" = 404 ] || fail "/v1 twice: $code"
 get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"

@@ -41,8 +41,19 @@ static void flags(void **state) {
   assert_int_equal(cfg.up[1].api, LG__GW_API_ANTHROPIC); /* by its host */
   assert_null(cfg.up[0].api_key); /* the client's own key */
   const char *model;
-  assert_int_equal(lg__gw_config_pick(&cfg, "gpt-4o", 0, &model), 0);
-  assert_int_equal(lg__gw_config_pick(&cfg, "claude-x", 1, &model), 1); /* /v1/messages */
+  assert_int_equal(lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_OPENAI, &model), 0);
+  assert_int_equal(lg__gw_config_pick(&cfg, "claude-x", LG__GW_ROUTE_ANTHROPIC, &model), 1); /* /v1/messages */
+  lg__gw_config_clear(&cfg);
+
+  /* an /openai/ path (an AzureOpenAI client's) goes to an Azure resource
+   * whatever the default and a route say: no other upstream serves it,
+   * and the client's api-key is that resource's */
+  const char *az[] = {"https://api.openai.com/v1", "az=https://r.openai.azure.com/openai"};
+  assert_int_equal(lg__gw_config_load(&cfg, az, 2, NULL, &e), 0);
+  assert_int_equal(cfg.up[1].azure, 1);
+  assert_int_equal(lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_AZURE, &model), 1);
+  assert_int_equal(lg__gw_config_pick(&cfg, NULL, LG__GW_ROUTE_AZURE, &model), 1); /* passed through */
+  assert_int_equal(lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_OPENAI, &model), 0);
   lg__gw_config_clear(&cfg);
 
   /* a base URL every request would fail on is refused at the start, the
@@ -106,7 +117,9 @@ static void file_and_routes(void **state) {
   assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "oss/llama", 0, &model)].name, "openai");
   assert_string_equal(model, "llama"); /* strip_prefix */
   assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "gpt-4o", 0, &model)].name, "openai");
-  assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "gpt-4o", 1, &model)].name, "anthropic");
+  assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_ANTHROPIC, &model)].name, "anthropic");
+  /* a route to an upstream that is not an Azure resource is not an Azure path's */
+  assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "claude-3", LG__GW_ROUTE_AZURE, &model)].name, "openai");
   lg__gw_config_clear(&cfg);
   unlink(path);
   free(path);
