@@ -34,9 +34,9 @@ typedef struct lg__gw_upstream {
   char *name;         /* "default" for a bare --upstream URL */
   char *base_url;     /* without a trailing slash: ".../v1" */
   int api;            /* LG__GW_API_* */
-  int azure;          /* its path ends in /openai: an Azure OpenAI resource's classic API
-                         (the AzureOpenAI clients' /openai/deployments/NAME/...), whose
-                         key goes in api-key */
+  int azure;          /* an Azure OpenAI resource's classic API (the AzureOpenAI clients'
+                         /openai/deployments/NAME/...), whose key goes in api-key: its
+                         file's "api": "azure", or a URL on Azure's hosts ending in /openai */
   char *api_key;      /* read from api_key_env at start, or NULL: the client's */
   int64_t timeout_ms; /* the whole upstream request */
   char *ca_file;      /* the CA certificates (PEM) its TLS is checked against: its

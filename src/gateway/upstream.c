@@ -133,6 +133,40 @@ static int check_url(const char *url, const char *field, lg_error_t *err) {
   return rc;
 }
 
+/* An upstream's "api": "azure" (the file's): an Azure OpenAI resource's
+ * classic API under any URL (a custom domain, an API Management front).
+ * It speaks OpenAI's API (u->api) with Azure's paths and key (u->azure). */
+#define API_AZURE 2
+
+/* Whether a base URL is an Azure OpenAI resource's classic API by itself:
+ * its path ends in /openai and its host is Azure's (RESOURCE.openai.azure.com,
+ * .cognitiveservices.azure.com, .services.ai.azure.com; Azure Government's
+ * .azure.us, China's .azure.cn). The path alone is not enough: other
+ * OpenAI-compatible APIs end in /openai too (Gemini's
+ * generativelanguage.googleapis.com/v1beta/openai, DeepInfra's
+ * api.deepinfra.com/v1/openai, a Cloudflare AI Gateway's .../openai), and
+ * take their key in Authorization, their paths without Azure's. */
+static int azure_url(const char *url, size_t ul) {
+  if (ul < 7 || memcmp(url + ul - 7, "/openai", 7)) return 0;
+  const char *h = strstr(url, "://");
+  h = h ? h + 3 : url;
+  size_t al = strcspn(h, "/"); /* the authority: [user@]host[:port] */
+  const char *at = memchr(h, '@', al);
+  if (at) {
+    al -= (size_t)(at + 1 - h);
+    h = at + 1;
+  }
+  size_t hl = h[0] == '[' ? al : strcspn(h, ":/"); /* an IPv6 literal is not Azure's */
+  if (hl > al) hl = al;
+  while (hl && h[hl - 1] == '.') hl--; /* a fully qualified name's dot */
+  static const char *const azure[] = {".azure.com", ".azure.us", ".azure.cn"};
+  for (size_t i = 0; i < sizeof azure / sizeof *azure; i++) {
+    size_t sl = strlen(azure[i]);
+    if (hl > sl && !strncasecmp(h + hl - sl, azure[i], sl)) return 1;
+  }
+  return 0;
+}
+
 static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, const char *url,
                         int api, const char *key_env, int64_t timeout_ms, const char *ca_file,
                         const char *where, lg_error_t *err) {
@@ -153,8 +187,8 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   size_t ul = strlen(url);
   while (ul && url[ul - 1] == '/') ul--;
   u->base_url = lg__strndup(url, ul);
-  u->api = api;
-  u->azure = ul >= 7 && !memcmp(url + ul - 7, "/openai", 7);
+  u->api = api == API_AZURE ? LG__GW_API_OPENAI : api;
+  u->azure = api == API_AZURE || (api == LG__GW_API_OPENAI && azure_url(url, ul));
   u->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
   int rc = 0;
   if (!u->name || !u->base_url) {
@@ -205,9 +239,11 @@ static int file_upstream(lg__gw_config_t *cfg, const char *k, json_t *v, lg_erro
   if (!json_is_string(url)) return lg__err(err, LG_EINVAL, field, -1, "expected a URL string");
   snprintf(field, sizeof field, "upstreams.%s.api", k);
   const char *av = json_string_value(api);
-  if (api && (!av || (strcmp(av, "anthropic") && strcmp(av, "openai"))))
-    return lg__err(err, LG_EINVAL, field, -1, "expected \"openai\" or \"anthropic\"");
-  int apiv = av && !strcmp(av, "anthropic") ? LG__GW_API_ANTHROPIC : LG__GW_API_OPENAI;
+  if (api && (!av || (strcmp(av, "anthropic") && strcmp(av, "openai") && strcmp(av, "azure"))))
+    return lg__err(err, LG_EINVAL, field, -1, "expected \"openai\", \"anthropic\" or \"azure\"");
+  int apiv = !av || !strcmp(av, "openai") ? LG__GW_API_OPENAI
+             : !strcmp(av, "azure")       ? API_AZURE
+                                          : LG__GW_API_ANTHROPIC;
   snprintf(field, sizeof field, "upstreams.%s.api_key_env", k);
   if (kenv && !json_is_string(kenv))
     return lg__err(err, LG_EINVAL, field, -1, "expected the name of a variable");

@@ -665,7 +665,8 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   if (!found && srv->gw && plen >= 8 && !memcmp(path, "/openai/", 8))
     FAIL(404, "not_found", NULL,
          "no endpoint %s %.*s: no upstream of this gateway is an Azure OpenAI resource; give it "
-         "the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai) for an "
+         "the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai, or "
+         "\"api\": \"azure\" in an --upstreams file for another host) for an "
          "AzureOpenAI client whose endpoint is the gateway, or its v1 API "
          "(https://RESOURCE.openai.azure.com/openai/v1) for an OpenAI client whose base URL is the "
          "gateway's /v1",

@@ -13,7 +13,8 @@
  * SQLite file, and one on memory: with tokens and prices, where every
  * model call goes with a loopguard key; their upstream a thread of this
  * file that answers every request with the input's answer (the first
- * server's as an Azure OpenAI resource's, its base URL's path /openai).
+ * server's as an Azure OpenAI resource's: its base URL's path /openai, its
+ * file's "api": "azure").
  *
  * Input: byte 0 picks the API (bits 0-1: Chat Completions, Responses,
  * Messages, and Chat Completions on an AzureOpenAI client's path,
@@ -293,16 +294,22 @@ static void start(void) {
     FILE *f = fopen(p, "w");
     if (!f || fputs(fuzz_policies[i + 1], f) < 0 || fclose(f)) abort();
   }
-  char up[64], upaz[64], file[128], pf[128];
+  char up[64], upaz[128], file[128], pf[128];
   int port = up_start();
   snprintf(up, sizeof up, "http://127.0.0.1:%d/v1", port);
-  snprintf(upaz, sizeof upaz, "http://127.0.0.1:%d/openai", port);
+  /* the first server's upstream an Azure resource's classic API (a file's
+   * "api": "azure": the loopback host is not Azure's) */
+  snprintf(upaz, sizeof upaz, "%s/azure.ups", dir);
+  FILE *az = fopen(upaz, "w");
+  if (!az || fprintf(az, "{\"upstreams\": {\"az\": {\"base_url\": \"http://127.0.0.1:%d/openai\", \"api\": \"azure\"}}}",
+                     port) < 0 || fclose(az))
+    abort();
   /* relaxed: no fsync a commit (the fuzzer's speed is the disk's otherwise) */
   snprintf(file, sizeof file, "sqlite:%s/gw.db?durability=relaxed", dir);
   snprintf(pf, sizeof pf, "%s/prices", dir); /* not *.json: the folder is --policies too */
   FILE *f = fopen(pf, "w");
   if (!f || fputs(prices, f) < 0 || fclose(f)) abort();
-  const char *ups[] = {up}, *upsaz[] = {upaz}, *stores[SERVERS] = {"memory:", file, file, "memory:"};
+  const char *ups[] = {up}, *stores[SERVERS] = {"memory:", file, file, "memory:"};
   for (int i = 0; i < SERVERS; i++) {
     lg_server_options_t o;
     memset(&o, 0, sizeof o);
@@ -313,8 +320,9 @@ static void start(void) {
       o.prices_file = pf;
     }
     o.log_path = getenv("LG_FUZZ_GATEWAY_LOG") ? getenv("LG_FUZZ_GATEWAY_LOG") : "/dev/null";
-    o.upstreams = i == 0 ? upsaz : ups;
-    o.nupstreams = 1;
+    o.upstreams = ups;
+    o.nupstreams = i == 0 ? 0 : 1;
+    o.upstreams_file = i == 0 ? upaz : NULL;
     o.policies_dir = dir;
     o.threads = 2;
     lg_error_t err;

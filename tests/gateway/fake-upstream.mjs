@@ -171,7 +171,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, azure: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0, connections: 0 };
+const stats = { requests: 0, azure: 0, compat: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0, connections: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -1210,9 +1210,24 @@ function azure(req, res, body) {
   return null;
 }
 
+// Gemini's OpenAI compatibility (generativelanguage.googleapis.com/v1beta/openai):
+// OpenAI's paths under a base URL that ends in /openai without being Azure's,
+// the key in Authorization only (an Azure-style api-key alone is refused).
+function compat(req, res) {
+  if (!req.headers.authorization) {
+    res.writeHead(401, { 'content-type': 'application/json' });
+    res.end(JSON.stringify([{ error: { code: 401, message: 'Missing or invalid Authorization header.', status: 'UNAUTHENTICATED' } }]));
+    return false;
+  }
+  stats.compat++;
+  req.url = '/v1' + req.url.slice('/v1beta/openai'.length);
+  return true;
+}
+
 function route(req, res, body) {
     stats.requests++;
     if (req.url.startsWith('/openai/') && (body = azure(req, res, body)) === null) return;
+    if (req.url.startsWith('/v1beta/openai/') && !compat(req, res)) return;
     // the headers of the last request (a passed-through one's type and encoding, for a test)
     if (!/^\/(stats|reset)$/.test(req.url)) [stats.last_headers, stats.last_url] = [req.headers, req.url];
     if (req.method === 'POST' && /^\/v1\/(chat\/completions|messages|responses)$/.test(req.url)) {

@@ -435,7 +435,7 @@ store_holds byok-off || fail "store_holds cannot see the store (the key's name i
 
 note "an AzureOpenAI client's loopguard key (api-key: lgk-...): checked and charged, never sent on; an Azure upstream's key, or the key's own provider key, goes in api-key"
 cat >"$TMP/az-ups.json" <<JSON
-{"upstreams": {"azure": {"base_url": "$FAKE/openai", "api_key_env": "LG_TEST_AZURE_KEY"}}, "default": "azure"}
+{"upstreams": {"azure": {"base_url": "$FAKE/openai", "api": "azure", "api_key_env": "LG_TEST_AZURE_KEY"}}, "default": "azure"}
 JSON
 export LG_TEST_AZURE_KEY=azure-resource-key
 start_server az --store "$STORE" --tokens "$TMP/tokens" --prices "$TMP/prices.json" \

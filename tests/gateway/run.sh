@@ -807,10 +807,12 @@ note "an AzureOpenAI client (its deployment paths) with no Azure upstream: its 4
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: k' -d '{}' \
   "$gw_URL/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21")
 [ "$code" = 404 ] || fail "azure: $code"
-get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "no upstream of this gateway is an Azure OpenAI resource; give it the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai)" ||
+get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "no upstream of this gateway is an Azure OpenAI resource; give it the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai, or \"api\": \"azure\" in an --upstreams file for another host)" ||
   fail "azure: $(cat "$TMP/e.json")"
 note "an AzureOpenAI client (openai's: /openai/deployments/NAME/chat/completions, /openai/responses, ?api-version=, api-key) with an Azure resource as the upstream: stopped as any"
-start_server az --store memory: --upstream "$FAKE/openai" --log "$TMP/az.log"
+# (the fake's host is not Azure's: "api": "azure" in a file says what the URL cannot)
+printf '{"upstreams":{"az":{"base_url":"%s/openai","api":"azure"}}}' "$FAKE" >"$TMP/az.json"
+start_server az --store memory: --upstreams "$TMP/az.json" --log "$TMP/az.log"
 grep -qF "an Azure OpenAI resource: an AzureOpenAI client's endpoint is the server's URL" "$az_OUT" || fail "azure: the banner: $(cat "$az_OUT")"
 d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write AZURE=1) || fail "azure direct: $d"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "azure direct: $d"
@@ -851,8 +853,18 @@ done
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-client' "$az_URL/v1/models")" = 200 ] &&
   [ "$(curl -sf "$FAKE/stats" | get 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
 stop_server az
+note "an OpenAI-compatible API whose base URL ends in /openai, not on Azure's hosts (Gemini's): OpenAI's paths and key, no Azure routes"
+start_server gem --store memory: --upstream "$FAKE/v1beta/openai" --log "$TMP/gem.log"
+grep -qF "Azure" "$gem_OUT" && fail "gemini-style upstream named an Azure resource: $(cat "$gem_OUT")"
+n=$(curl -sf "$FAKE/stats" | get 'd["compat"]')
+g=$(client agent-openai.mjs BASE_URL="$gem_URL/v1" MODEL=loop-write) || fail "gemini-style upstream: $g"
+stopped "an OpenAI-compatible upstream under /v1beta/openai" "$g"
+[ "$(curl -sf "$FAKE/stats" | get "int(d['compat'] > $n)")" = 1 ] || fail "gemini-style upstream: no request reached its paths"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'api-key: k' -d '{}' "$gem_URL/openai/deployments/x/chat/completions?api-version=1")" = 404 ] ||
+  fail "gemini-style upstream: an Azure path was taken"
+stop_server gem
 note "beside an OpenAI default, an /openai/ request goes to the Azure upstream (never its api-key to another provider), a /v1 one to the default"
-printf '{"upstreams":{"openai":{"base_url":"%s/v1"},"az":{"base_url":"%s/openai"}},"default":"openai","routes":[{"model_prefix":"fin","upstream":"openai"}]}' \
+printf '{"upstreams":{"openai":{"base_url":"%s/v1"},"az":{"base_url":"%s/openai","api":"azure"}},"default":"openai","routes":[{"model_prefix":"fin","upstream":"openai"}]}' \
   "$FAKE" "$FAKE" >"$TMP/two.json"
 start_server two --store memory: --upstreams "$TMP/two.json"
 n=$(curl -sf "$FAKE/stats" | get 'd["azure"]')

@@ -56,6 +56,33 @@ static void flags(void **state) {
   assert_int_equal(lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_OPENAI, &model), 0);
   lg__gw_config_clear(&cfg);
 
+  /* an Azure resource is known by its host and its path; other
+   * OpenAI-compatible APIs whose path ends in /openai are not one (their
+   * key goes in Authorization, their paths without Azure's) */
+  static const struct {
+    const char *url;
+    int azure;
+  } hosts[] = {
+      {"https://r.openai.azure.com/openai", 1},
+      {"https://r.cognitiveservices.azure.com/openai/", 1},
+      {"https://R.Services.AI.Azure.com:443/openai", 1},
+      {"https://r.openai.azure.us/openai", 1},
+      {"https://r.openai.azure.com./openai", 1},
+      {"https://r.openai.azure.com/openai/v1", 0}, /* the resource's v1 API: plain OpenAI */
+      {"https://generativelanguage.googleapis.com/v1beta/openai", 0},
+      {"https://api.deepinfra.com/v1/openai", 0},
+      {"https://gateway.ai.cloudflare.com/v1/acct/gw/openai", 0},
+      {"https://azure.com.example.org/openai", 0},
+      {"http://127.0.0.1:9000/openai", 0},
+      {"https://user@notazure.com/openai", 0},
+  };
+  for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++) {
+    assert_int_equal(lg__gw_config_load(&cfg, &hosts[i].url, 1, NULL, &e), 0);
+    if (cfg.up[0].azure != hosts[i].azure) fail_msg("%s: azure %d", hosts[i].url, cfg.up[0].azure);
+    assert_int_equal(cfg.up[0].api, LG__GW_API_OPENAI);
+    lg__gw_config_clear(&cfg);
+  }
+
   /* a base URL every request would fail on is refused at the start, the
    * flag named and what is wrong said (until session 30 "http://" and
    * "http:///v1", an empty $HOST in a script, started a gateway that
@@ -120,6 +147,19 @@ static void file_and_routes(void **state) {
   assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_ANTHROPIC, &model)].name, "anthropic");
   /* a route to an upstream that is not an Azure resource is not an Azure path's */
   assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "claude-3", LG__GW_ROUTE_AZURE, &model)].name, "openai");
+  lg__gw_config_clear(&cfg);
+  unlink(path);
+  free(path);
+
+  /* "api": "azure": an Azure resource's classic API under any URL (a
+   * custom domain, an API Management front, a local stand-in) */
+  path = write_tmp("{\"upstreams\": {\"o\": {\"base_url\": \"http://127.0.0.1:9/v1\"},"
+                   " \"az\": {\"base_url\": \"https://aoai.example.com/openai\", \"api\": \"azure\"}}}");
+  assert_int_equal(lg__gw_config_load(&cfg, NULL, 0, path, &e), 0);
+  assert_int_equal(cfg.up[0].azure, 0);
+  assert_int_equal(cfg.up[1].azure, 1);
+  assert_int_equal(cfg.up[1].api, LG__GW_API_OPENAI); /* its body and answers are OpenAI's */
+  assert_string_equal(cfg.up[lg__gw_config_pick(&cfg, "gpt-4o", LG__GW_ROUTE_AZURE, &model)].name, "az");
   lg__gw_config_clear(&cfg);
   unlink(path);
   free(path);
