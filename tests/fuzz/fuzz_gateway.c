@@ -416,6 +416,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check(j != NULL, "a whole answer is JSON", data, size);
   }
   json_decref(j);
+  if (api == 3) { /* an AzureOpenAI client's path: served by the first server (its upstream's
+                     "api": "azure") and no other */
+    int refused = status == 404 && g.p && strstr(g.p, "is an Azure OpenAI resource"); /* g.p ends in a NUL */
+    check(refused == (to != 0), "an Azure path is served where an upstream is an Azure resource's, only there",
+          data, size);
+  }
   pthread_mutex_lock(&up_mu);
   if (up_bad) fprintf(stderr, "fuzz_gateway: sent upstream: %.500s\n", up_bad);
   int sent_ok = !up_bad;
