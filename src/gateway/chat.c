@@ -38,6 +38,7 @@
 #include "../policy/policy.h"
 #include "../util/utf8.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2661,6 +2662,27 @@ static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char *
   return NULL;
 }
 
+/* The path a model call goes to under its upstream: the route's, as it
+ * came, but for an escalation on an AzureOpenAI client's
+ * /deployments/NAME/...: Azure's classic API answers with the
+ * deployment its path names, whatever the body's model says, so the
+ * escalation's model is the deployment asked for. */
+static const char *call_path(chat_t *c) {
+  const char *p = c->j->path, *rest = p;
+  if (!c->j->azure || !c->esc_model || strncmp(p, "/deployments/", 13) || !(rest = strchr(p + 13, '/')))
+    return p;
+  lg__buf_t b = {0};
+  lg__buf_puts(&b, "/deployments/");
+  for (const unsigned char *m = (const unsigned char *)c->esc_model; *m; m++) {
+    if ((*m < 0x80 && isalnum(*m)) || strchr("-._~", *m)) lg__buf_append(&b, (const char *)m, 1);
+    else lg__buf_printf(&b, "%%%02X", *m);
+  }
+  lg__buf_puts(&b, rest);
+  lg__free(c->esc_path);
+  c->esc_path = lg__buf_steal(&b, NULL); /* NULL when out of memory: the path as it came */
+  return c->esc_path ? c->esc_path : p;
+}
+
 /* The exchange of a model call (on_data: the stream's reader, or NULL). */
 static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t len,
                          int (*on_data)(void *, const char *, size_t)) {
@@ -2668,7 +2690,7 @@ static int call_upstream(chat_t *c, lg__gw_http_t *x, const char *body, size_t l
   memset(x, 0, sizeof *x);
   x->up = &lg__gw_cfg(c->cx->gw)->up[c->ui];
   x->method = "POST";
-  x->path = j->path; /* the route's, as it came (an AzureOpenAI client's /deployments/NAME/...) */
+  x->path = call_path(c); /* the route's (an AzureOpenAI client's /deployments/NAME/...) */
   x->v1 = !j->azure;
   x->query = j->query;
   x->body = body;
@@ -3575,6 +3597,7 @@ static void chat_free(chat_t *c) {
   lg__free(c->reask_prev);
   lg__free(c->esc_model);
   lg__free(c->esc_asked);
+  lg__free(c->esc_path);
   lg__buf_free(&c->line);
   lg__buf_free(&c->text);
   json_decref(c->reasoning);

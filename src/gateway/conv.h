@@ -81,6 +81,7 @@ typedef struct chat {
   const char *base_model;     /*   an escalation (cascade.escalate) changes them */
   char *esc_model;            /* this model call's cascade.escalate model, or NULL */
   char *esc_asked;            /*   ... as the policy names it (a route's prefix kept) */
+  char *esc_path;             /*   ... as an AzureOpenAI client's path names a deployment */
   int estimate;               /* building the worst case: every offer, the longer model */
   int final_round;            /* building gateway.final_round's body: tools off */
   const char *root_added;     /* the member keys.c added to root (max_tokens), else NULL: sent

@@ -853,6 +853,16 @@ done
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-client' "$az_URL/v1/models")" = 200 ] &&
   [ "$(curl -sf "$FAKE/stats" | get 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
 stop_server az
+note "cascade.escalate on an AzureOpenAI client's deployment path: the escalation's model is the deployment the path names (Azure answers with the path's, not the body's)"
+echo '{"cascade":{"escalate":{"model":"stubborn-az-strong","turns":2}}}' >"$TMP/az-esc.json"
+start_server azesc --store memory: --upstreams "$TMP/az.json" --policy "$TMP/az-esc.json" --log "$TMP/azesc.log"
+g=$(client agent-openai.mjs BASE_URL="$azesc_URL/v1" MODEL=stubborn-az AZURE=1) || fail "azure escalation: $g"
+[ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "azure escalation: $g"
+# the models the fake's Azure paths answered with: each the path's deployment
+models=$(curl -sf "$FAKE/stats" | get '[m for m in d["models"] if m.startswith("stubborn-az")]')
+echo "$models" | grep -qF '"stubborn-az-strong"' || fail "azure escalation: no call reached the escalation's deployment: $models"
+[ "$(echo "$models" | get 'd[0]')" = stubborn-az ] || fail "azure escalation: the first call was escalated: $models"
+stop_server azesc
 note "an OpenAI-compatible API whose base URL ends in /openai, not on Azure's hosts (Gemini's): OpenAI's paths and key, no Azure routes"
 start_server gem --store memory: --upstream "$FAKE/v1beta/openai" --log "$TMP/gem.log"
 grep -qF "Azure" "$gem_OUT" && fail "gemini-style upstream named an Azure resource: $(cat "$gem_OUT")"
@@ -974,6 +984,9 @@ if "$LG_BIN" serve --listen 127.0.0.1:0 --store memory: --upstreams "$TMP/bad.js
 fi
 grep -q "upstreams.x.timeout_ms" "$TMP/bad.out" || fail "bad upstreams: $(cat "$TMP/bad.out")"
 
+# and since the check above, the Azure clients', the escalation's, the rest's
+v=$(curl -sf "$FAKE/stats" | get 'd["violations"]')
+[ "$v" = "[]" ] || fail "violations (after the first check): $v"
 stop_server cap
 stop_server down
 stop_server gw
