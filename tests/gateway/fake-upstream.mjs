@@ -134,6 +134,9 @@
 // refused ("Use 'max_completion_tokens' instead"; counted in GET /stats as
 // max_tokens_refused).
 // *-azure* streams Azure OpenAI's first chunk: no choice, its
+// prompt_filter_results; so does every answer on Azure's own paths
+// (/openai/deployments/NAME/chat/completions), which also carry Azure's
+// content_filter_results in each choice and, whole, its
 // prompt_filter_results.
 // A model named *-openrouter* answers as OpenRouter does with a thinking
 // model: `reasoning` and `reasoning_details` (a signed reasoning.text; a
@@ -401,7 +404,13 @@ function pieces(a, n) {
   return out;
 }
 
-function reply(res, req, legacy = false) {
+// Azure OpenAI's filter results: of the prompt (an answer's top, a stream's
+// first chunk) and of a choice's content
+const AZ_FILTER = { hate: { filtered: false, severity: 'safe' }, self_harm: { filtered: false, severity: 'safe' },
+  sexual: { filtered: false, severity: 'safe' }, violence: { filtered: false, severity: 'safe' } };
+const AZ_PROMPT = [{ prompt_index: 0, content_filter_results: AZ_FILTER }];
+
+function reply(res, req, legacy = false, azure = false) {
   if (/^flood-(text|args)/.test(req.model || '') && req.stream) { // valid deltas, 2 MiB of them
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     const args = req.model.startsWith('flood-args');
@@ -472,8 +481,9 @@ function reply(res, req, legacy = false) {
     if (routed) Object.assign(message, { reasoning: routed, ...(!groq && { reasoning_details: [detail(routed, true)] }) });
     if (calls.length && legacy) message.function_call = calls[0].function;
     else if (calls.length) message.tool_calls = calls;
-    const first = { index: 0, message, logprobs: null, finish_reason: finish };
-    const body = { id, object: 'chat.completion', created, model: req.model, choices: [first, ...others(first)], usage, system_fingerprint: 'fp_fake' };
+    const first = { index: 0, message, logprobs: null, finish_reason: finish, ...(azure && { content_filter_results: AZ_FILTER }) };
+    const body = { id, object: 'chat.completion', created, model: req.model, choices: [first, ...others(first)], usage, system_fingerprint: 'fp_fake',
+      ...(azure && { prompt_filter_results: AZ_PROMPT }) };
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(JSON.stringify(body));
     return;
@@ -482,11 +492,13 @@ function reply(res, req, legacy = false) {
   const base = { id, object: 'chat.completion.chunk', created, model: req.model, system_fingerprint: 'fp_fake' };
   // n of 2 and more: each choice's delta in a chunk of its own, as OpenAI streams them
   const send = (choices, extra) => {
+    // on Azure's paths each choice with its content's filter results (none yet on the role's chunk)
+    if (azure) choices = choices.map((c) => ({ content_filter_results: c.delta.role ? {} : AZ_FILTER, ...c }));
     for (const cs of [choices, ...(choices.length === 1 ? others(choices[0]).map((o) => [o]) : [])])
       res.write('data: ' + JSON.stringify({ ...base, choices: cs, ...extra }) + '\n\n');
   };
-  if (/-azure/.test(req.model)) // Azure OpenAI's first chunk: no choice, the prompt's filter results
-    res.write('data: ' + JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: [{ prompt_index: 0, content_filter_results: { hate: { filtered: false, severity: 'safe' } } }] }) + '\n\n');
+  if (azure || /-azure/.test(req.model)) // Azure OpenAI's first chunk: no choice, the prompt's filter results
+    res.write('data: ' + JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: AZ_PROMPT }) + '\n\n');
   send([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]);
   const steps = [];
   if (thought) steps.push(() => send([{ index: 0, delta: { reasoning_content: thought }, logprobs: null, finish_reason: null }]));
@@ -1198,10 +1210,11 @@ function azure(req, res, body) {
     return null;
   }
   stats.azure++;
-  if (v1) { req.url = u.pathname.slice(7); return body; }
+  if (v1) { req.url = u.pathname.slice(7); req.azureWire = true; return body; }
   const dep = /^\/openai\/deployments\/([^/]+)\/chat\/completions$/.exec(u.pathname);
   if (dep) {
     req.url = '/v1/chat/completions';
+    req.azureWire = true; // answered in Azure's own shape (reply)
     try { const j = JSON.parse(body); if (j && typeof j === 'object') { j.model = decodeURIComponent(dep[1]); return JSON.stringify(j); } } catch { /* its 400 below */ }
     return body;
   }
@@ -1298,9 +1311,9 @@ function route(req, res, body) {
         res.writeHead(400, { 'content-type': 'application/json' });
         return res.end(JSON.stringify({ error: { message: "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.", type: 'invalid_request_error', param: 'max_tokens', code: 'unsupported_parameter' } }));
       }
-      if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j), 3000);
+      if ((j.model || '').startsWith('slow')) return setTimeout(() => reply(res, j, false, req.azureWire), 3000);
       if ((j.model || '').startsWith('garbage')) { res.writeHead(200, { 'content-type': 'application/json' }); return res.end('<html>oops'); }
-      return legacy ? reply(res, fromLegacy(j), true) : reply(res, j);
+      return legacy ? reply(res, fromLegacy(j), true) : reply(res, j, false, req.azureWire);
     }
     if (req.method === 'POST' && req.url === '/v1/responses') {
       let j;
