@@ -303,6 +303,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   }
   if (j->s_end) {
     int cut = j->s_cut;
+    /* the answer's action and reason, known only now, as trailers after
+     * the last chunk (announced by the head's Trailer field); added on
+     * this thread, which alone reads the response until it is sent */
+    if (!cut && j->s_resp) {
+      if (j->s_action) MHD_add_response_footer(j->s_resp, "X-Loopguard-Action", j->s_action);
+      if (j->s_reason[0]) MHD_add_response_footer(j->s_resp, "X-Loopguard-Reason", j->s_reason);
+      j->s_resp = NULL;
+    }
     pthread_mutex_unlock(&j->smu);
     return cut ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
   }
@@ -375,6 +383,8 @@ void lg__gw_stream_cut(lg__gw_job_t *j) {
 void lg__gw_stream_end(lg__gw_job_t *j) {
   pthread_mutex_lock(&j->smu);
   j->s_end = 1;
+  j->s_action = j->action;
+  memcpy(j->s_reason, j->reason, sizeof j->s_reason);
   lg__loop_t *l = resume_stream(j);
   pthread_mutex_unlock(&j->smu);
   if (l && !lg__loop_turns_next(l)) lg__loop_serve(l);
@@ -382,7 +392,10 @@ void lg__gw_stream_end(lg__gw_job_t *j) {
 
 /* ---- the HTTP side ---- */
 
-static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
+/* act and reason: the answer's X-Loopguard-Action and -Reason (NULL and
+ * "" on a stream still going: its trailers, stream_read). */
+static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j, const char *act,
+                        const char *reason) {
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                           j->head.ctype[0] ? j->head.ctype : "application/json");
   /* the upstream's own (its request id, rate limits, a 429's Retry-After),
@@ -397,8 +410,8 @@ static void add_headers(struct MHD_Response *r, const lg__gw_job_t *j) {
     MHD_add_response_header(r, k, v);
   }
   if (j->head.run_id[0]) MHD_add_response_header(r, "X-Loopguard-Run", j->head.run_id);
-  if (j->head.action) MHD_add_response_header(r, "X-Loopguard-Action", j->head.action);
-  if (j->head.reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", j->head.reason);
+  if (act) MHD_add_response_header(r, "X-Loopguard-Action", act);
+  if (reason[0]) MHD_add_response_header(r, "X-Loopguard-Reason", reason);
   if (j->head.retry_after > 0) {
     char ra[24];
     snprintf(ra, sizeof ra, "%d", j->head.retry_after);
@@ -426,9 +439,14 @@ static void gw_finish(lg__req_t *rq) {
    * resume of the connection. The events are the same bytes. */
   char *whole = NULL;
   size_t whole_len = 0;
-  if (j->streaming) {
+  const char *act = j->head.action, *reason = j->head.reason;
+  char s_reason[sizeof j->s_reason] = "";
+  if (j->streaming) { /* its action and reason are known at its end */
     pthread_mutex_lock(&j->smu);
     if (j->s_end && !j->s_cut && !j->soff && !j->sbuf.oom) whole = lg__buf_steal(&j->sbuf, &whole_len);
+    act = whole ? j->s_action : NULL;
+    if (whole) memcpy(s_reason, j->s_reason, sizeof s_reason);
+    reason = s_reason;
     pthread_mutex_unlock(&j->smu);
   }
   if (whole) {
@@ -450,7 +468,13 @@ static void gw_finish(lg__req_t *rq) {
     if (!r) lg__free(body);
   }
   if (r) {
-    add_headers(r, j);
+    add_headers(r, j, act, reason);
+    if (j->streaming && !whole && j->head.run_id[0]) { /* a guarded stream: its trailers */
+      MHD_add_response_header(r, "Trailer", "X-Loopguard-Action, X-Loopguard-Reason");
+      pthread_mutex_lock(&j->smu);
+      j->s_resp = r;
+      pthread_mutex_unlock(&j->smu);
+    }
     rq->response = r;
     rq->status = j->head.status ? j->head.status : 500;
   } else {

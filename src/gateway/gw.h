@@ -332,6 +332,9 @@ typedef struct lg__gw_job {
   int s_end;                  /* the worker wrote the last byte */
   int s_waiting;              /* the reader suspended the connection */
   int s_cut;                  /* broken mid-way: ends without its last chunk */
+  const char *s_action;       /* at s_end: the answer's X-Loopguard-Action and */
+  char s_reason[64];          /*   -Reason, known only then: a stream's trailers */
+  struct MHD_Response *s_resp; /* the stream's response (its trailers are added at the end) */
   _Atomic int s_gone;         /* the client went away */
   _Atomic uint64_t s_last_ns; /* when the client's stream was last written to
                                  (lg__mono_ns): lg__gw_stream_keepalive */

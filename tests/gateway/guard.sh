@@ -1178,6 +1178,50 @@ if not ({"block", "stop"} & set(actions)):
     sys.exit("the loop was not stopped: %s" % actions)
 PY
 
+note "a stream's action and reason, known at its end, come as HTTP trailers (announced by Trailer:), the same as a whole answer's headers"
+# curl writes a chunked answer's trailers into its -D file after the head;
+# the same loop with stream false and true, each its own run
+python3 - "$g_URL" "$TMP" <<'PY' || fail "a stream's trailers"
+import json, subprocess, sys
+url, tmp = sys.argv[1] + "/v1/chat/completions", sys.argv[2]
+tools = [{"type": "function", "function": {"name": "write_record", "parameters": {"type": "object"}}}]
+seen = {}
+for stream in (False, True):
+    msgs, got = [{"role": "user", "content": "Write record 7."}], []
+    for turn in range(8):
+        body = json.dumps({"model": "stubborn", "stream": stream, "messages": msgs, "tools": tools})
+        out = subprocess.run(["curl", "-sf", "-D", tmp + "/trailers.h", "-H", "content-type: application/json",
+                              "-H", "X-Loopguard-Run: trailers-%d" % stream, "-d", body, url],
+                             capture_output=True, text=True, check=True).stdout
+        head = [l.strip() for l in open(tmp + "/trailers.h")]
+        fields = {l.split(":", 1)[0].lower(): l.split(":", 1)[1].strip() for l in head if ":" in l}
+        if stream and fields.get("trailer") != "X-Loopguard-Action, X-Loopguard-Reason":
+            sys.exit("no Trailer field announced: %s" % head)
+        got.append((fields.get("x-loopguard-action"), fields.get("x-loopguard-reason")))
+        calls = {}
+        if stream:
+            for line in out.split("\n"):
+                if not line.startswith("data: {"):
+                    continue
+                for ch in json.loads(line[6:]).get("choices", []):
+                    for tc in ch.get("delta", {}).get("tool_calls") or []:
+                        e = calls.setdefault(tc["index"], {"id": None, "name": "", "args": ""})
+                        e["id"] = tc.get("id") or e["id"]
+                        e["name"] += tc.get("function", {}).get("name") or ""
+                        e["args"] += tc.get("function", {}).get("arguments") or ""
+            calls = [{"id": e["id"], "type": "function", "function": {"name": e["name"], "arguments": e["args"]}} for e in calls.values()]
+        else:
+            calls = json.loads(out)["choices"][0]["message"].get("tool_calls") or []
+        if not calls:
+            break
+        msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
+        msgs += [{"role": "tool", "tool_call_id": c["id"], "content": "error: the storage is read-only"} for c in calls]
+    seen[stream] = got
+print(seen)
+if seen[True] != seen[False] or seen[True][-1] != ("stop", "same_call_repeat"):
+    sys.exit("stream false %s, stream true (trailers) %s" % (seen[False], seen[True]))
+PY
+
 note "a client's retry (the same body again within 60 s of a 200, as an SDK resends a request whose answer it lost): the same answer, no second model call, nothing decided twice"
 rbody='{"model":"finish","messages":[{"role":"user","content":"Look the order o-77 up."}],"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]}'
 retry_req() { curl -sf -H 'Content-Type: application/json' -H 'X-Loopguard-Run: retry-1' -d "$1" "$g_URL/v1/chat/completions"; }
