@@ -141,7 +141,8 @@ static int check_url(const char *url, const char *field, lg_error_t *err) {
 /* Whether a base URL is an Azure OpenAI resource's classic API by itself:
  * its path ends in /openai and its host is Azure's (RESOURCE.openai.azure.com,
  * .cognitiveservices.azure.com, .services.ai.azure.com; Azure Government's
- * .azure.us, China's .azure.cn). The path alone is not enough: other
+ * .azure.us, China's .azure.cn; an API Management front's .azure-api.net,
+ * as enterprises put one before the resource). The path alone is not enough: other
  * OpenAI-compatible APIs end in /openai too (Gemini's
  * generativelanguage.googleapis.com/v1beta/openai, DeepInfra's
  * api.deepinfra.com/v1/openai, a Cloudflare AI Gateway's .../openai), and
@@ -159,7 +160,7 @@ static int azure_url(const char *url, size_t ul) {
   size_t hl = h[0] == '[' ? al : strcspn(h, ":/"); /* an IPv6 literal is not Azure's */
   if (hl > al) hl = al;
   while (hl && h[hl - 1] == '.') hl--; /* a fully qualified name's dot */
-  static const char *const azure[] = {".azure.com", ".azure.us", ".azure.cn"};
+  static const char *const azure[] = {".azure.com", ".azure.us", ".azure.cn", ".azure-api.net"};
   for (size_t i = 0; i < sizeof azure / sizeof *azure; i++) {
     size_t sl = strlen(azure[i]);
     if (hl > sl && !strncasecmp(h + hl - sl, azure[i], sl)) return 1;

@@ -68,6 +68,7 @@ static void flags(void **state) {
       {"https://R.Services.AI.Azure.com:443/openai", 1},
       {"https://r.openai.azure.us/openai", 1},
       {"https://r.openai.azure.com./openai", 1},
+      {"https://contoso-apim.azure-api.net/openai", 1}, /* API Management before the resource */
       {"https://r.openai.azure.com/openai/v1", 0}, /* the resource's v1 API: plain OpenAI */
       {"https://generativelanguage.googleapis.com/v1beta/openai", 0},
       {"https://api.deepinfra.com/v1/openai", 0},
