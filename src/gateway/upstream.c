@@ -98,11 +98,37 @@ static int upstream_cas(lg__gw_upstream_t *u, const char *ca_file, const char *w
   return 0;
 }
 
+/* An upstream's "api": "azure" (the file's): an Azure OpenAI resource's
+ * classic API under any URL (a custom domain, an API Management front).
+ * It speaks OpenAI's API (u->api) with Azure's paths and key (u->azure). */
+#define API_AZURE 2
+
+/* Whether a host is Azure's (RESOURCE.openai.azure.com,
+ * .cognitiveservices.azure.com, .services.ai.azure.com; Azure
+ * Government's .azure.us, China's .azure.cn; an API Management front's
+ * .azure-api.net, as enterprises put one before the resource). A base URL
+ * whose path ends in /openai is a resource's classic API only on such a
+ * host: other OpenAI-compatible APIs end in /openai too (Gemini's
+ * generativelanguage.googleapis.com/v1beta/openai, DeepInfra's
+ * api.deepinfra.com/v1/openai, a Cloudflare AI Gateway's .../openai), and
+ * take their key in Authorization, their paths without Azure's. */
+static int azure_host(const char *host) {
+  static const char *const azure[] = {".azure.com", ".azure.us", ".azure.cn", ".azure-api.net"};
+  size_t hl = strlen(host);
+  while (hl && host[hl - 1] == '.') hl--; /* a fully qualified name's dot */
+  for (size_t i = 0; i < sizeof azure / sizeof *azure; i++) {
+    size_t sl = strlen(azure[i]);
+    if (hl > sl && !strncasecmp(host + hl - sl, azure[i], sl)) return 1;
+  }
+  return 0;
+}
+
 /* A base URL the API's paths can be appended to: http:// or https://, a
  * host, a port libcurl takes, no query nor fragment (the path goes after
  * the base, so "?x=1" would end up before it, and "#x" would drop it).
- * Caught at the start: it failed every request with a 502 before. */
-static int check_url(const char *url, const char *field, lg_error_t *err) {
+ * Caught at the start: it failed every request with a 502 before.
+ * *azure: whether its host is Azure's (azure_host). */
+static int check_url(const char *url, const char *field, int *azure, lg_error_t *err) {
   if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))
     return lg__err(err, LG_EINVAL, field, -1, "\"%s\" is not an http:// or https:// URL", url);
   CURLU *u = curl_url();
@@ -126,46 +152,12 @@ static int check_url(const char *url, const char *field, lg_error_t *err) {
   else if (curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK && frag)
     rc = lg__err(err, LG_EINVAL, field, -1,
                  "\"%s\" has a fragment (#%s): a base URL ends with its path", url, frag);
+  *azure = !rc && azure_host(host);
   curl_free(host);
   curl_free(query);
   curl_free(frag);
   curl_url_cleanup(u);
   return rc;
-}
-
-/* An upstream's "api": "azure" (the file's): an Azure OpenAI resource's
- * classic API under any URL (a custom domain, an API Management front).
- * It speaks OpenAI's API (u->api) with Azure's paths and key (u->azure). */
-#define API_AZURE 2
-
-/* Whether a base URL is an Azure OpenAI resource's classic API by itself:
- * its path ends in /openai and its host is Azure's (RESOURCE.openai.azure.com,
- * .cognitiveservices.azure.com, .services.ai.azure.com; Azure Government's
- * .azure.us, China's .azure.cn; an API Management front's .azure-api.net,
- * as enterprises put one before the resource). The path alone is not enough: other
- * OpenAI-compatible APIs end in /openai too (Gemini's
- * generativelanguage.googleapis.com/v1beta/openai, DeepInfra's
- * api.deepinfra.com/v1/openai, a Cloudflare AI Gateway's .../openai), and
- * take their key in Authorization, their paths without Azure's. */
-static int azure_url(const char *url, size_t ul) {
-  if (ul < 7 || memcmp(url + ul - 7, "/openai", 7)) return 0;
-  const char *h = strstr(url, "://");
-  h = h ? h + 3 : url;
-  size_t al = strcspn(h, "/"); /* the authority: [user@]host[:port] */
-  const char *at = memchr(h, '@', al);
-  if (at) {
-    al -= (size_t)(at + 1 - h);
-    h = at + 1;
-  }
-  size_t hl = h[0] == '[' ? al : strcspn(h, ":/"); /* an IPv6 literal is not Azure's */
-  if (hl > al) hl = al;
-  while (hl && h[hl - 1] == '.') hl--; /* a fully qualified name's dot */
-  static const char *const azure[] = {".azure.com", ".azure.us", ".azure.cn", ".azure-api.net"};
-  for (size_t i = 0; i < sizeof azure / sizeof *azure; i++) {
-    size_t sl = strlen(azure[i]);
-    if (hl > sl && !strncasecmp(h + hl - sl, azure[i], sl)) return 1;
-  }
-  return 0;
 }
 
 static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, const char *url,
@@ -175,7 +167,8 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   int flag = !strncmp(where, "--", 2);
   snprintf(ufield, sizeof ufield, flag ? "%s" : "%s.base_url", where);
   snprintf(kfield, sizeof kfield, "%s.api_key_env", where);
-  if (check_url(url, ufield, err)) return LG_EINVAL;
+  int azure_at = 0;
+  if (check_url(url, ufield, &azure_at, err)) return LG_EINVAL;
   for (size_t i = 0; i < cfg->nup; i++)
     if (strlen(cfg->up[i].name) == nlen && !memcmp(cfg->up[i].name, name, nlen))
       return lg__err(err, LG_EINVAL, where, -1, "upstream \"%.*s\" is given twice", (int)nlen, name);
@@ -189,7 +182,8 @@ static int add_upstream(lg__gw_config_t *cfg, const char *name, size_t nlen, con
   while (ul && url[ul - 1] == '/') ul--;
   u->base_url = lg__strndup(url, ul);
   u->api = api == API_AZURE ? LG__GW_API_OPENAI : api;
-  u->azure = api == API_AZURE || (api == LG__GW_API_OPENAI && azure_url(url, ul));
+  u->azure = api == API_AZURE ||
+             (api == LG__GW_API_OPENAI && azure_at && ul >= 7 && !memcmp(url + ul - 7, "/openai", 7));
   u->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
   int rc = 0;
   if (!u->name || !u->base_url) {
