@@ -1886,7 +1886,7 @@ static void model_cascade(chat_t *c, json_t *a) {
   c->model = c->base_model;
   if (c->esc_model) {
     const char *sent = NULL;
-    c->ui = lg__gw_config_pick(lg__gw_cfg(c->cx->gw), c->esc_model, route_of(c), &sent);
+    c->ui = lg__gw_config_pick(lg__gw_cfg(c->cx->gw), c->esc_model, c->j->route, &sent);
     if (sent && sent != c->esc_model) { /* a prefix stripped */
       char *t = lg__strdup(sent);
       lg__free(c->esc_model);
@@ -3360,7 +3360,7 @@ static int parse_request(chat_t *c) {
   c->n = json_array_size(c->messages);
   c->stream = json_is_true(json_object_get(c->root, "stream"));
   c->client_usage = json_is_true(json_object_get(json_object_get(c->root, "stream_options"), "include_usage"));
-  c->base_ui = lg__gw_config_pick(lg__gw_cfg(c->cx->gw), sget(c->root, "model"), route_of(c),
+  c->base_ui = lg__gw_config_pick(lg__gw_cfg(c->cx->gw), sget(c->root, "model"), c->j->route,
                                   &c->base_model);
   c->ui = c->base_ui;
   c->model = c->base_model;

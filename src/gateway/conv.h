@@ -170,10 +170,6 @@ typedef struct chat {
 
 #define API_RESPONSES 2 /* c->api: OpenAI Responses */
 static inline int is_anthropic(const chat_t *c) { return c->api == LG__GW_API_ANTHROPIC; }
-/* what the request's route says of its upstream (lg__gw_config_pick) */
-static inline int route_of(const chat_t *c) {
-  return is_anthropic(c) ? LG__GW_ROUTE_ANTHROPIC : c->j->azure ? LG__GW_ROUTE_AZURE : LG__GW_ROUTE_OPENAI;
-}
 static inline int is_responses(const chat_t *c) { return c->api == API_RESPONSES; }
 /* Tools and tool_choice name their function at the top (Messages, Responses). */
 static inline int flat_tools(const chat_t *c) { return c->api != LG__GW_API_OPENAI; }

@@ -661,6 +661,7 @@ static void gw_submit(lg__req_t *rq) {
 typedef struct hdr_ctx {
   lg__gw_job_t *j;
   int oom;
+  int anthropic; /* it came with anthropic-version (an Anthropic SDK's) */
 } hdr_ctx_t;
 
 static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const char *k,
@@ -679,7 +680,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
     if (!(*slot = lg__strdup(v))) h->oom = 1;
     return MHD_YES;
   }
-  if (!strcasecmp(k, "anthropic-version")) j->anthropic_client = 1;
+  if (!strcasecmp(k, "anthropic-version")) h->anthropic = 1;
   /* a passed-through body's type (an upload's multipart boundary) and
    * encoding go with it; a guarded route's body is the gateway's JSON */
   if (lg__auth_key_header(k) || !strncasecmp(k, "anthropic-", 10) ||
@@ -826,8 +827,14 @@ void lg__gw_handle(lg__req_t *rq) {
   j->azure = !strncmp(rq->id, "/openai/", 8);
   j->path = lg__strdup(rq->id + (j->azure ? 7 : 3)); /* after "/openai" or "/v1" */
   j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
-  hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query))};
+  hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query)), 0};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
+  /* the upstreams it may go to: an Azure path's an Azure resource; the
+   * Messages route's, and a passed-through Anthropic SDK request's (its
+   * models.list(), count_tokens, files), an Anthropic one first */
+  if (j->azure) j->route = LG__GW_ROUTE_AZURE;
+  else if (j->kind == LG__GW_MESSAGES || (j->kind == LG__GW_PASS && h.anthropic)) j->route = LG__GW_ROUTE_ANTHROPIC;
+  else j->route = LG__GW_ROUTE_OPENAI;
   if (!j->method || !j->path || !j->body || h.oom) {
     atomic_store(&j->refs, 1);
     job_unref(j);
@@ -887,10 +894,7 @@ static int pass_data(void *ud, const char *p, size_t n) {
  * back as it arrives (a download, a legacy completion's events); any
  * other answer, whole, as the upstream sent it. */
 size_t lg__gw_pass_upstream(const lg__gw_t *gw, const lg__gw_job_t *j) {
-  int route = j->azure              ? LG__GW_ROUTE_AZURE
-              : j->anthropic_client ? LG__GW_ROUTE_ANTHROPIC
-                                    : LG__GW_ROUTE_OPENAI;
-  return lg__gw_config_pick(lg__gw_cfg(gw), NULL, route, NULL);
+  return lg__gw_config_pick(lg__gw_cfg(gw), NULL, j->route, NULL);
 }
 
 static void passthrough(lg__gw_ctx_t *cx) {

@@ -364,8 +364,9 @@ typedef struct lg__gw_job {
                                  model call reserves on them beside the run's */
   size_t nkey_scopes;
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
-  int anthropic_client;       /* it came with anthropic-version (an Anthropic
-                                 SDK's): passed through to the Anthropic upstream */
+  int route;                  /* LG__GW_ROUTE_*: the upstreams it may go to
+                                 (lg__gw_config_pick), by its path and, passed
+                                 through, its anthropic-version */
   int azure;                  /* it came on an /openai/ path (an AzureOpenAI client's):
                                  its path goes upstream as it came (path) */
   int head_known;             /* a passed-through HEAD: the length of the body */
