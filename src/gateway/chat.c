@@ -38,7 +38,6 @@
 #include "../policy/policy.h"
 #include "../util/utf8.h"
 
-#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2673,10 +2672,7 @@ static const char *call_path(chat_t *c) {
     return p;
   lg__buf_t b = {0};
   lg__buf_puts(&b, "/deployments/");
-  for (const unsigned char *m = (const unsigned char *)c->esc_model; *m; m++) {
-    if ((*m < 0x80 && isalnum(*m)) || strchr("-._~", *m)) lg__buf_append(&b, (const char *)m, 1);
-    else lg__buf_printf(&b, "%%%02X", *m);
-  }
+  lg__gw_url_put(&b, c->esc_model, "-._~"); /* one segment: a '/' or '%' of its own encoded */
   lg__buf_puts(&b, rest);
   lg__free(c->esc_path);
   c->esc_path = lg__buf_steal(&b, NULL); /* NULL when out of memory: the path as it came */

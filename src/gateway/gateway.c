@@ -754,19 +754,22 @@ int lg__gw_lacks_v1(const char *path, size_t n) {
   return 0;
 }
 
+void lg__gw_url_put(lg__buf_t *b, const char *s, const char *ok) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if ((*p < 0x80 && isalnum(*p)) || strchr(ok, *p))
+      lg__buf_append(b, (const char *)p, 1);
+    else
+      lg__buf_printf(b, "%%%02X", *p);
+  }
+}
+
 /* The query of a request target, to go on upstream as the client sent
  * it: a byte a URL may not hold as it is (a space cannot be here, the
  * screen refuses it; a non-ASCII byte, a quote, a brace, ...) is
  * percent-encoded, so that libcurl takes the URL; the rest is unchanged. */
 static char *query_of(const char *q) {
-  static const char ok[] = "-._~!$&'()*+,;=:@/?%";
   lg__buf_t b = {0};
-  for (const unsigned char *p = (const unsigned char *)q; *p; p++) {
-    if ((*p < 0x80 && isalnum(*p)) || strchr(ok, *p))
-      lg__buf_append(&b, (const char *)p, 1);
-    else
-      lg__buf_printf(&b, "%%%02X", *p);
-  }
+  lg__gw_url_put(&b, q, "-._~!$&'()*+,;=:@/?%");
   if (b.oom || !b.data) {
     lg__buf_free(&b);
     return NULL;

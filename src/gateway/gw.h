@@ -387,6 +387,9 @@ const lg__gw_config_t *lg__gw_cfg(const lg__gw_t *gw);
  * (an Anthropic SDK's: its models, count_tokens, files), the first
  * Anthropic upstream, as /v1/messages; else the default. */
 size_t lg__gw_pass_upstream(const lg__gw_t *gw, const lg__gw_job_t *j);
+/* Appends s to b for a URL: a byte other than an ASCII letter, a digit or
+ * one of ok percent-encoded (%XX). */
+void lg__gw_url_put(lg__buf_t *b, const char *s, const char *ok);
 size_t lg__gw_answer_max(const lg__gw_t *gw); /* LOOPGUARD_GATEWAY_ANSWER_BYTES */
 _Atomic int *lg__gw_stopflag(lg__gw_t *gw);
 /* The run of a request: by its header, else derived (key); created
