@@ -440,14 +440,14 @@ static void gw_finish(lg__req_t *rq) {
   char *whole = NULL;
   size_t whole_len = 0;
   const char *act = j->head.action, *reason = j->head.reason;
-  char s_reason[sizeof j->s_reason] = "";
-  if (j->streaming) { /* its action and reason are known at its end */
+  if (j->streaming) {
     pthread_mutex_lock(&j->smu);
     if (j->s_end && !j->s_cut && !j->soff && !j->sbuf.oom) whole = lg__buf_steal(&j->sbuf, &whole_len);
-    act = whole ? j->s_action : NULL;
-    if (whole) memcpy(s_reason, j->s_reason, sizeof s_reason);
-    reason = s_reason;
     pthread_mutex_unlock(&j->smu);
+    /* its action and reason are known at its end (written with s_end,
+     * never after): headers of a whole one, trailers of the rest */
+    act = whole ? j->s_action : NULL;
+    reason = whole ? j->s_reason : "";
   }
   if (whole) {
     r = MHD_create_response_from_buffer_with_free_callback(whole_len, whole, lg__free);
