@@ -14,6 +14,8 @@
 //   STEP_CAP  the agent's cap on model calls [12]
 //   WRITE_OK  1: write_record succeeds (else it fails: the storage is read-only)
 //   BASE_URLS comma-separated: the requests go to each in turn (round-robin.mjs)
+//   CODING    1: a coding agent's tools, Bash and Edit, instead: Bash runs
+//             the tests, which fail (an error) until its PASS_AFTER-th run [5]
 // Prints one JSON object: executions per tool, steps, how it ended, the
 // last answer's text, how it finished and its usage as the SDK read it,
 // the X-Loopguard-* headers seen (non-stream), or the error the SDK threw;
@@ -32,13 +34,21 @@ const opts = { baseURL: process.env.BASE_URL, maxRetries: 0, timeout: 20000, def
 const openai = new OpenAI({ ...opts, apiKey: 'sk-test-client' });
 const anthropic = new Anthropic({ ...opts, apiKey: 'sk-ant-test' });
 
-const schemas = {
+const coding = process.env.CODING === '1';
+const passAfter = Number(process.env.PASS_AFTER || 5);
+const schemas = coding ? {
+  Bash: { type: 'object', properties: { command: { type: 'string' }, description: { type: 'string' } } },
+  Edit: { type: 'object', properties: { file_path: { type: 'string' }, old_string: { type: 'string' }, new_string: { type: 'string' } } },
+} : {
   write_record: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } },
   lookup: { type: 'object', properties: { customer_id: { type: 'string' } } },
 };
-const executions = { write_record: 0, lookup: 0 };
+const executions = coding ? { Bash: 0, Edit: 0 } : { write_record: 0, lookup: 0 };
 function runTool(name) {
   executions[name] = (executions[name] || 0) + 1;
+  if (name === 'Bash') return executions.Bash < passAfter
+    ? `Error: Exit code 1\nFAILED tests/test_parser.py::test_tok_${executions.Bash} - AssertionError` : '12 passed in 0.31s';
+  if (name === 'Edit') return 'The file src/parser.py has been updated.';
   if (name === 'write_record')
     return process.env.WRITE_OK === '1' ? 'Wrote record 7.' : 'Error: the storage is read-only; the record was not written.';
   if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });

@@ -53,6 +53,10 @@
 //               (picky-html, Chat Completions: 400 with an HTML page, a byte
 //               in it not UTF-8, as a proxy in front of a provider answers)
 //   finish      looks a customer up once, then answers "Done: ..."
+//   edit-test   a coding agent: Bash (the same test command every time), then
+//               an Edit (a different one each time), in turn, until a result
+//               says " passed": then "Done: the tests pass."; with Bash hidden
+//               or tools off, gives up in text
 //   detour      asks to write the record (with a word of text) until the write is hidden, then
 //               looks customer c-1 up instead, then answers "Done: ..." (any
 //               name that holds it: o3-detour, which the AI SDK takes for a
@@ -379,6 +383,13 @@ function script(req) {
     return { refuse: 'picky: this conversation holds three tool results, more than this model takes' };
   if (model.startsWith('stubborn') || model.startsWith('picky')) // never gives up, whatever it is told
     return { calls: [{ name: 'write_record', args: variants[msgs.filter((m) => m.role === 'tool').length % variants.length] }] };
+  if (model.startsWith('edit-test')) { // a coding agent: the same test command after each edit, until the tests pass
+    const res = msgs.filter((m) => m.role === 'tool'), n = res.length;
+    if (n && / passed/.test(String(res[n - 1].content))) return { text: 'Done: the tests pass.' };
+    if (toolsOff || !names.includes('Bash')) return { text: 'I could not make the tests pass.' };
+    if (n % 2 === 0) return { calls: [{ name: 'Bash', args: '{"command":"pytest -x tests/test_parser.py","description":"Run the parser tests"}' }] };
+    return { calls: [{ name: 'Edit', args: JSON.stringify({ file_path: 'src/parser.py', old_string: `tok = ${n}`, new_string: `tok = ${n + 1}` }) }] };
+  }
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');
     if (!res.length) return { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };

@@ -12,6 +12,8 @@
 #   - the cascade: ask_human / finalize_partial offered and ending the run,
 #     escalate_model sending the next calls to another model, the cascade
 #     fields in the sidecar's decisions; gateway.final_round;
+#   - a coding agent's edit/test cycle: stopped by the default policy,
+#     run to the end with examples/policies/coding-agent.json;
 #   - X-Loopguard-Policy (--policies DIR), an unknown name a 400; an
 #     X-Loopguard-Run that is no run id a 400;
 #   - writes (side_effects): two of one answer run once; one that
@@ -64,6 +66,7 @@ echo '{"limits":{"max_model_calls":3}}' >"$TMP/policies/cap3.json"
 echo '{"tools":{"write_record":{"side_effects":true}}}' >"$TMP/policies/writes.json"
 echo '{"cascade":{"hide_turns":0}}' >"$TMP/policies/nohide.json"
 echo 'not a policy' >"$TMP/policies/README.txt" # not NAME.json: skipped
+cp "$HERE_SRC/../../examples/policies/coding-agent.json" "$TMP/policies/" # the shipped recipe, as it is
 start_server g --store memory: --upstream "$FAKE/v1" --log "$TMP/g.log" --policies "$TMP/policies"
 
 note "the server's threads carry their names (docs/server.md, \"Signals and life\")"
@@ -302,6 +305,29 @@ for api in chat messages; do
 done
 out=$(guard BASE_URL="$g_URL/v1" MODEL=yielding) || fail "no final round: $out"
 echo "$out" | get 'd["final"]' | grep_q "I give up" && fail "final round without gateway.final_round: $out"
+
+note "a coding agent's edit/test cycle: stopped by the default policy, run to the end with examples/policies/coding-agent.json"
+# The same test command after each edit (docs/policy.md, "Coding agents"):
+# by default its 3rd run is blocked and the tests never pass; with the
+# recipe all five runs and four edits reach the client, nothing is blocked
+# and the agent ends on the model's own answer.
+for api in chat messages responses; do
+  for st in 0 1; do
+    out=$(guard API=$api BASE_URL="$(base_of $api)" STREAM=$st MODEL=edit-test CODING=1 STEP_CAP=20 \
+      HEADERS="{\"X-Loopguard-Run\":\"edit-default-$api-$st\"}") || fail "edit/test default $api $st: $out"
+    [ "$(echo "$out" | get 'd["ended"], d["executions"]["Bash"] <= 2')" = '["final", true]' ] ||
+      fail "edit/test $api $st, default policy: not stopped before the tests pass: $out"
+    [ "$(echo "$out" | get 'd["final"]')" = "Done: the tests pass." ] && fail "edit/test $api $st, default policy: the tests passed: $out"
+    out=$(guard API=$api BASE_URL="$(base_of $api)" STREAM=$st MODEL=edit-test CODING=1 STEP_CAP=20 \
+      HEADERS="{\"X-Loopguard-Policy\":\"coding-agent\",\"X-Loopguard-Run\":\"edit-coding-$api-$st\"}") || fail "edit/test coding-agent $api $st: $out"
+    [ "$(echo "$out" | get 'd["ended"], d["final"], d["executions"]')" = '["final", "Done: the tests pass.", {"Bash": 5, "Edit": 4}]' ] ||
+      fail "edit/test $api $st, coding-agent.json: $out"
+    [ "$(echo "$out" | get '[s["action"] for s in d["seen"] if s["action"] not in ("execute", "pass")]')" = '[]' ] ||
+      fail "edit/test $api $st, coding-agent.json: an intervention: $out"
+    st_run=$(curl -sf "$g_URL/v1/runs/edit-coding-$api-$st" | get 'd["status"]')
+    [ "$st_run" = active ] || fail "edit/test $api $st, coding-agent.json: the run is $st_run"
+  done
+done
 
 note "a body the guard does not change reaches the upstream byte for byte (each API); a changed one is rewritten"
 # White space, key order, 0.7 and a \u escape: all of it would change in a
