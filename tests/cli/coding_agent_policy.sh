@@ -56,5 +56,14 @@ got=$(summary "$CASES/retry-same-command.jsonl")
   cmp -s "$TMP/a" "$TMP/b" && ok "Bash's loop_key: the command, trimmed and collapsed, alone" ||
   bad "Bash's fingerprints differ: $(cat "$TMP/a" "$TMP/b")"
 
+# docs/policy.md shows the recipe: the same JSON as the file.
+if python3 - "$SRC/docs/policy.md" "$POLICY" <<'PY'
+import json, re, sys
+doc = open(sys.argv[1]).read()
+m = re.search(r"is a policy for such agents:\n\n```json\n(.*?)```", doc, re.S)
+sys.exit(0 if m and json.loads(m.group(1)) == json.load(open(sys.argv[2])) else 1)
+PY
+then ok "docs/policy.md shows coding-agent.json as it is"; else bad "docs/policy.md's recipe differs from coding-agent.json"; fi
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
