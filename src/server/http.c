@@ -627,6 +627,16 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
   }
   rq->route = hit.route;
   rq->id = rq->id_buf;
+  /* A model API's path the gateway does not serve (a base URL without
+   * /v1; an Azure path with no Azure upstream): a client's mistake, whose
+   * 404 below says what to change, in the OpenAI shape its SDK reads.
+   * With tokens it is a gateway request for the credentials it needs, so
+   * that a client with a loopguard key gets that 404, not a 401 that
+   * blames its key. */
+  bool gw_miss = !found && srv->gw &&
+                 (lg__gw_lacks_v1(path, plen) || (plen >= 8 && !memcmp(path, "/openai/", 8)));
+  bool gw_req = hit.handler == lg__gw_handle || gw_miss;
+  if (gw_miss) rq->api_errors = 1;
   lg__role_t role = LG__ROLE_NONE;
   bool open_route = found > 0 && hit.role == LG__ROLE_NONE;
   if (srv->auth.n && !open_route) {
@@ -637,13 +647,13 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     bool keyed = lg__auth_key_secret(az) || lg__auth_key_value(c, 1);
     /* gateway-v1: with tokens, every gateway request needs a loopguard
      * key; an agent or operator token is not a gateway credential. */
-    if (hit.handler == lg__gw_handle && !keyed)
+    if (gw_req && !keyed)
       FAIL(401, "invalid_api_key", NULL,
            "this gateway needs a loopguard key: send Authorization: Bearer lgk-... (or "
            "x-api-key: lgk-..., or api-key: lgk-...)%s; an operator creates one with POST /v1/keys or `loopguard "
            "keys create`",
            lg__auth_role(&srv->auth, az) != LG__ROLE_NONE ? ", not a loopguard token" : "");
-    role = hit.handler == lg__gw_handle ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
+    role = gw_req ? LG__ROLE_AGENT : lg__auth_role(&srv->auth, az);
     if (role == LG__ROLE_NONE)
       FAIL(401, "unauthorized", NULL,
            "a valid bearer token is required (Authorization: Bearer TOKEN)");
@@ -653,7 +663,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     hr->errored = 1; /* the 400 of a bad id, filled by route() */
     return;
   }
-  if (!found && srv->gw && lg__gw_lacks_v1(path, plen))
+  if (gw_miss && lg__gw_lacks_v1(path, plen))
     FAIL(404, "not_found", NULL,
          "no endpoint %s %.*s: the gateway's paths start with /v1 (%s /v1%.*s), so an OpenAI "
          "client's base URL ends in /v1; an Anthropic client's does not (its SDK adds /v1)",
@@ -662,7 +672,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
    * base URL is an Azure resource's v1 API (/openai/v1/...), and no
    * upstream is an Azure resource's classic API to send them to
    * (lg__gw_claims) */
-  if (!found && srv->gw && plen >= 8 && !memcmp(path, "/openai/", 8))
+  if (gw_miss)
     FAIL(404, "not_found", NULL,
          "no endpoint %s %.*s: no upstream of this gateway is an Azure OpenAI resource; give it "
          "the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai, or "

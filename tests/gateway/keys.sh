@@ -113,6 +113,25 @@ echo "$b" | get 'd["error"]["message"]' | grep_q unknown || fail "unknown key me
 [ "$(echo "$b" | get '[d["error"]["type"], d["error"]["code"]]')" = '["invalid_request_error", "invalid_api_key"]' ] ||
   fail "an unknown key, not OpenAI's 401 shape: $b"
 
+note "with tokens, a client's wrong path (no /v1; Azure's with no Azure upstream): the 404 that says what to change with a key, a 401 without"
+read -r KW _ <<<"$(newkey '{"name":"wrong-paths"}')"
+for p in "/chat/completions|the gateway's paths start with /v1" \
+  "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21|no upstream of this gateway is an Azure OpenAI resource"; do
+  for cred in "Authorization: Bearer $KW" "api-key: $KW" "Authorization: Bearer $OP" ""; do
+    code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' ${cred:+-H "$cred"} -H 'Content-Type: application/json' \
+      -d "{\"model\":\"finish\",$MSG}" "$gw_URL${p%%|*}")
+    want=404 && [[ "$cred" != *"$KW" ]] && want=401
+    [ "$code" = $want ] || fail "${p%%|*} with '${cred%%:*}': $code, expected $want: $(cat "$TMP/e.json")"
+    if [ $want = 404 ]; then
+      get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "${p#*|}" || fail "${p%%|*}: $(cat "$TMP/e.json")"
+    else # the gateway's 401, in OpenAI's shape, naming the key it needs
+      [ "$(get '[d["error"]["type"], d["error"]["code"]]' <"$TMP/e.json")" = '["invalid_request_error", "invalid_api_key"]' ] &&
+        get 'd["error"]["message"]' <"$TMP/e.json" | grep_q "needs a loopguard key" ||
+        fail "${p%%|*} with '${cred%%:*}': not the gateway's 401: $(cat "$TMP/e.json")"
+    fi
+  done
+done
+
 note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
 read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
 b=$(chat "$K1" "{\"model\":\"finish\",$MSG}")
