@@ -1,5 +1,5 @@
 # check_lib.bash — what the CLI scripts without a server share (sourced by
-# ledger.sh, runs.sh, budget.sh, newcomer.sh): the binary, a temporary
+# ledger.sh, runs.sh, budget.sh, newcomer.sh, coding_agent_policy.sh): the binary, a temporary
 # folder removed at exit, and checks that count instead of stopping, so one
 # run reports every failure. After it: bin, tmp, pass, failed.
 #
