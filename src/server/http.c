@@ -633,8 +633,9 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
    * With tokens it is a gateway request for the credentials it needs, so
    * that a client with a loopguard key gets that 404, not a 401 that
    * blames its key. */
-  bool gw_miss = !found && srv->gw &&
-                 (lg__gw_lacks_v1(path, plen) || (plen >= 8 && !memcmp(path, "/openai/", 8)));
+  bool no_v1 = !found && srv->gw && lg__gw_lacks_v1(path, plen);
+  bool no_azure = !found && srv->gw && plen >= 8 && !memcmp(path, "/openai/", 8);
+  bool gw_miss = no_v1 || no_azure;
   bool gw_req = hit.handler == lg__gw_handle || gw_miss;
   if (gw_miss) rq->api_errors = 1;
   lg__role_t role = LG__ROLE_NONE;
@@ -663,7 +664,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     hr->errored = 1; /* the 400 of a bad id, filled by route() */
     return;
   }
-  if (gw_miss && lg__gw_lacks_v1(path, plen))
+  if (no_v1)
     FAIL(404, "not_found", NULL,
          "no endpoint %s %.*s: the gateway's paths start with /v1 (%s /v1%.*s), so an OpenAI "
          "client's base URL ends in /v1; an Anthropic client's does not (its SDK adds /v1)",
@@ -672,7 +673,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
    * base URL is an Azure resource's v1 API (/openai/v1/...), and no
    * upstream is an Azure resource's classic API to send them to
    * (lg__gw_claims) */
-  if (gw_miss)
+  if (no_azure)
     FAIL(404, "not_found", NULL,
          "no endpoint %s %.*s: no upstream of this gateway is an Azure OpenAI resource; give it "
          "the resource as an upstream (--upstream https://RESOURCE.openai.azure.com/openai, or "
