@@ -41,7 +41,12 @@
  *     passes on with members added, "stream_options" or a note, stays
  *     one);
  *   - once an answer is whole, the key holds nothing reserved: its
- *     reservation was settled or released, whatever the upstream said.
+ *     reservation was settled or released, whatever the upstream said;
+ *   - a request with the keyed server's loopguard key is never a 401,
+ *     whatever its path or body (its key is not what is wrong);
+ *   - an AzureOpenAI client's path is served by the first server, whose
+ *     upstream is an Azure resource's, and is a 404 that says so on the
+ *     others.
  * LG_FUZZ_GATEWAY_LOG=FILE: the servers' log, and each answer's status
  * on stderr, to look into a finding.
  */
@@ -429,6 +434,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check(sent_ok, "what the gateway sends upstream is a JSON object", data, size);
   free(g.p);
   curl_slist_free_all(h);
+  check(!keyed || status != 401, "a request with a valid loopguard key is never a 401", data, size);
   if (keyed) { /* the request answered, its reservation settled or released */
     double held = key_reserved();
     if (held != 0) fprintf(stderr, "fuzz_gateway: the key holds %g USD reserved\n", held);
