@@ -723,6 +723,28 @@ static int gw_kind(const char *url, const char *method) {
 
 int lg__gw_guards(const char *url, const char *method) { return gw_kind(url, method) != LG__GW_PASS; }
 
+/* Whether a request passed through is billed nothing by a provider: a
+ * read or a delete, or one of the writes that start no billed work (a
+ * file's upload, a moderation, a count of tokens, a conversation's items,
+ * a stored completion's metadata, a cancel). Any other (embeddings,
+ * images, audio, batches, the legacy completions, fine-tuning, an API
+ * this list does not know) may be, and the gateway prices only the model
+ * APIs it guards: a key whose spend is bounded may not make it (keys.c). */
+static int pass_free(const char *url, const char *method) {
+  static const char *const free_posts[] = {"/files", "/uploads", "/moderations", "/messages/count_tokens",
+                                           "/responses/input_tokens", "/conversations"};
+  static const char *const free_under[] = {"/uploads/", "/conversations/", "/chat/completions/"};
+  if (!strcmp(method, "GET") || !strcmp(method, "HEAD") || !strcmp(method, "DELETE")) return 1;
+  const char *az = azure_route(url), *r = az ? az : !strncmp(url, "/v1/", 4) ? url + 3 : url;
+  size_t n = strlen(r);
+  if (n >= 7 && !strcmp(r + n - 7, "/cancel")) return 1;
+  for (size_t i = 0; i < LG__ARRAY_LEN(free_posts); i++)
+    if (!strcmp(r, free_posts[i])) return 1;
+  for (size_t i = 0; i < LG__ARRAY_LEN(free_under); i++)
+    if (!strncmp(r, free_under[i], strlen(free_under[i]))) return 1;
+  return 0;
+}
+
 int lg__gw_claims(const lg__gw_t *gw, const char *url) {
   static const char *own[] = {"/v1/runs", "/v1/groups", "/v1/operations", "/v1/budgets",
                               "/v1/keys", "/v1/key"};
@@ -828,6 +850,7 @@ void lg__gw_handle(lg__req_t *rq) {
   j->kind = gw_kind(rq->id, rq->method);
   j->method = lg__strdup(rq->method);
   j->azure = !strncmp(rq->id, "/openai/", 8);
+  j->pass_free = j->kind == LG__GW_PASS && pass_free(rq->id, rq->method);
   j->path = lg__strdup(rq->id + (j->azure ? 7 : 3)); /* after "/openai" or "/v1" */
   j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
   hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query)), 0};

@@ -369,6 +369,8 @@ typedef struct lg__gw_job {
                                  through, its anthropic-version */
   int azure;                  /* it came on an /openai/ path (an AzureOpenAI client's):
                                  its path goes upstream as it came (path) */
+  int pass_free;              /* passed through, and billed nothing by a provider
+                                 (lg__gw_handle: a read, an upload, a count, a cancel) */
   int head_known;             /* a passed-through HEAD: the length of the body */
   uint64_t head_len;          /*   a GET would get (its Content-Length) */
 } lg__gw_job_t;

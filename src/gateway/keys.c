@@ -114,6 +114,7 @@ static int use_byok(lg__gw_ctx_t *cx, size_t ui) {
 
 static int check_key(lg__gw_ctx_t *cx);
 static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey);
+static int pass_unpriced(lg__gw_ctx_t *cx);
 
 int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
   int rc = check_key(cx);
@@ -206,7 +207,7 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   j->auth = NULL;
   if (j->kind == LG__GW_PASS && use_byok(cx, lg__gw_pass_upstream(cx->gw, j)))
     return 1;
-  return 0;
+  return j->kind == LG__GW_PASS && !j->pass_free ? pass_unpriced(cx) : 0;
 }
 
 int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui) {
@@ -319,6 +320,36 @@ static int key_scopes(lg_store_t *s, const lg__gw_job_t *j, int64_t now, scope_s
     else if (rc == LG_ENOTFOUND) rc = 0; /* a workspace without a budget */
   }
   return rc;
+}
+
+/* A request passed through that a provider may bill (j->pass_free 0:
+ * embeddings, images, a batch, ...), with a key whose spend is bounded
+ * on that bill (its limit, unless its own provider key pays and is not
+ * counted; its workspace's budget): refused, since the gateway prices
+ * only the model APIs it guards, and a key's limit holds whatever the
+ * agent calls. 1 when answered. */
+static int pass_unpriced(lg__gw_ctx_t *cx) {
+  lg__gw_job_t *j = cx->j;
+  lg_error_t e = {0};
+  lg_store_t *s = lg__gw_store(cx, &e);
+  scope_set_t ss;
+  int rc = s ? key_scopes(s, j, lg__server_now(cx->srv), &ss, &e) : LG_ESTORE;
+  if (rc) {
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not read the key's budgets: %s",
+                 e.message[0] ? e.message : lg_strerror(rc));
+    return 1;
+  }
+  /* the key's scope is kept for its usage even without a limit */
+  int own = ss.n && ss.v[0] == ss.key && j->key->limit_micro >= 0;
+  if (!own && !(ss.n && ss.v[ss.n - 1] == ss.ws)) return 0;
+  lg__gw_error(j, 403, "permission_error", "passthrough_not_priced",
+               "loopguard: %s %s%s may be billed by the provider, and the gateway prices only the "
+               "model APIs it guards (chat completions, responses, messages): a key whose spend "
+               "is bounded (%s) may not make it; use a key without a limit for it",
+               j->method, j->azure ? "/openai" : "/v1", j->path,
+               own ? "its limit" : "its workspace's budget");
+  put_meta(j, own ? "{\"limit_source\":\"key_limit\"}" : "{\"limit_source\":\"workspace_budget\"}");
+  return 1;
 }
 
 static void usd(char *buf, size_t n, int64_t micro) {

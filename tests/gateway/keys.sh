@@ -132,6 +132,31 @@ for p in "/chat/completions|the gateway's paths start with /v1" \
   done
 done
 
+note "a passed-through request a provider may bill (embeddings, images, a batch): refused to a key with a limit, before the upstream; free ones and unlimited keys pass"
+read -r KL _ <<<"$(newkey '{"name":"pt-limited","limit_usd":5}')"
+read -r KU _ <<<"$(newkey '{"name":"pt-unlimited"}')"
+last_url() { curl -s "$FAKE/stats" | get 'd.get("last_url")'; }
+# pass KEY METHOD PATH [BODY]: the status, the body in $TMP/pt.json
+pass() {
+  curl -s -o "$TMP/pt.json" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $1" \
+    ${4:+-H 'Content-Type: application/json' -d "$4"} "$gw_URL$3"
+}
+for p in /v1/embeddings /v1/images/generations /v1/batches /v1/completions /v1/audio/speech; do
+  code=$(pass "$KL" POST "$p" '{"model":"text-embedding-3-small","input":"hello"}')
+  [ "$code" = 403 ] || fail "$p with a limited key: $code $(cat "$TMP/pt.json")"
+  [ "$(get '[d["error"]["code"], d["error"]["metadata"]["limit_source"]]' <"$TMP/pt.json")" = '["passthrough_not_priced", "key_limit"]' ] &&
+    get 'd["error"]["message"]' <"$TMP/pt.json" | grep_q -F "POST $p may be billed by the provider" ||
+    fail "$p with a limited key: $(cat "$TMP/pt.json")"
+  [ "$(last_url)" != "$p" ] || fail "$p with a limited key reached the upstream"
+done
+for p in "GET /v1/models" "POST /v1/moderations" "POST /v1/messages/count_tokens" "POST /v1/batches/batch_1/cancel" "DELETE /v1/files/file-1"; do
+  body='{"model":"m","input":"hello"}' && [ "${p% *}" = POST ] || body=
+  code=$(pass "$KL" ${p% *} ${p#* } $body)
+  [ "$(last_url)" = "${p#* }" ] || fail "$p with a limited key did not reach the upstream: $code $(cat "$TMP/pt.json")"
+done
+pass "$KU" POST /v1/embeddings '{"model":"text-embedding-3-small","input":"hello"}' >/dev/null
+[ "$(last_url)" = /v1/embeddings ] || fail "embeddings with a key without a limit did not reach the upstream: $(cat "$TMP/pt.json")"
+
 note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
 read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
 b=$(chat "$K1" "{\"model\":\"finish\",$MSG}")
