@@ -313,11 +313,13 @@ note "a coding agent's edit/test cycle: stopped by the default policy, run to th
 # and the agent ends on the model's own answer.
 for api in chat messages responses; do
   for st in 0 1; do
-    out=$(guard API=$api BASE_URL="$(base_of $api)" STREAM=$st MODEL=edit-test CODING=1 STEP_CAP=20 \
-      HEADERS="{\"X-Loopguard-Run\":\"edit-default-$api-$st\"}") || fail "edit/test default $api $st: $out"
-    [ "$(echo "$out" | get 'd["ended"], d["executions"]["Bash"] <= 2')" = '["final", true]' ] ||
-      fail "edit/test $api $st, default policy: not stopped before the tests pass: $out"
-    [ "$(echo "$out" | get 'd["final"]')" = "Done: the tests pass." ] && fail "edit/test $api $st, default policy: the tests passed: $out"
+    if [ "$api$st" = chat0 ] || [ "$api$st" = messages1 ]; then # the default policy: one engine for every API
+      out=$(guard API=$api BASE_URL="$(base_of $api)" STREAM=$st MODEL=edit-test CODING=1 STEP_CAP=20 \
+        HEADERS="{\"X-Loopguard-Run\":\"edit-default-$api-$st\"}") || fail "edit/test default $api $st: $out"
+      [ "$(echo "$out" | get 'd["ended"], d["executions"]["Bash"] <= 2')" = '["final", true]' ] ||
+        fail "edit/test $api $st, default policy: not stopped before the tests pass: $out"
+      [ "$(echo "$out" | get 'd["final"]')" = "Done: the tests pass." ] && fail "edit/test $api $st, default policy: the tests passed: $out"
+    fi
     out=$(guard API=$api BASE_URL="$(base_of $api)" STREAM=$st MODEL=edit-test CODING=1 STEP_CAP=20 \
       HEADERS="{\"X-Loopguard-Policy\":\"coding-agent\",\"X-Loopguard-Run\":\"edit-coding-$api-$st\"}") || fail "edit/test coding-agent $api $st: $out"
     [ "$(echo "$out" | get 'd["ended"], d["final"], d["executions"]')" = '["final", "Done: the tests pass.", {"Bash": 5, "Edit": 4}]' ] ||

@@ -394,6 +394,11 @@ b=$(chat "$K3" "{\"model\":\"finish\",\"max_tokens\":50,$MSG}")
 [ "$(st)" = 403 ] || fail "403 expected: $(st) $b"
 [ "$(echo "$b" | get 'd["error"]["metadata"]["limit_source"]')" = workspace_budget ] || fail "limit_source: $b"
 echo "$b" | get 'd["error"]["message"]' | grep_q 'Workspace monthly budget of \$0.00 exceeded' || fail "the message: $b"
+# a key without a limit of its own, in that workspace: billed passthrough refused for the workspace's budget
+read -r K3u _ < <(newkey '{"name":"acme-embedder","workspace":"acme"}')
+code=$(pass "$K3u" POST /v1/embeddings '{"model":"text-embedding-3-small","input":"hello"}')
+[ "$code" = 403 ] && [ "$(get '[d["error"]["code"], d["error"]["metadata"]["limit_source"]]' <"$TMP/pt.json")" = '["passthrough_not_priced", "workspace_budget"]' ] ||
+  fail "embeddings on a workspace with a budget: $code $(cat "$TMP/pt.json")"
 
 note "a key with no limit of its own, in a workspace with no budget: its requests go through"
 read -r Kb Hb < <(newkey '{"name":"beta-agent","workspace":"beta"}')
