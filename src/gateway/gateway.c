@@ -271,7 +271,11 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
   va_end(ap);
   j->status = status;
   snprintf(j->ctype, sizeof j->ctype, "application/json");
-  lg__gw_error_body(&j->out, j->kind == LG__GW_MESSAGES, status, type, code, NULL, msg);
+  lg__gw_error_body(&j->out, lg__gw_anthropic_errors(j), status, type, code, NULL, msg);
+}
+
+int lg__gw_anthropic_errors(const lg__gw_job_t *j) {
+  return j->kind == LG__GW_MESSAGES || j->route == LG__GW_ROUTE_ANTHROPIC;
 }
 
 int lg__gw_error_api(const char *url) { return url && !strcmp(url, "/v1/messages") ? 2 : 1; }

@@ -496,9 +496,12 @@ void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type
  * answer as it sent it (its body moved out of x). */
 void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x);
 void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x);
-/* An error in the API's shape (kind says which) as the job's answer. */
+/* An error in the API's shape as the job's answer: Anthropic's on the
+ * Messages route and on a path an Anthropic SDK passes through (its
+ * anthropic-version: lg__gw_anthropic_errors), else OpenAI's. */
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+int lg__gw_anthropic_errors(const lg__gw_job_t *j);
 
 /* ---- chat.c ---- */
 void lg__gw_chat(lg__gw_ctx_t *cx);

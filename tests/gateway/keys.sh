@@ -154,6 +154,17 @@ for p in "GET /v1/models" "POST /v1/moderations" "POST /v1/messages/count_tokens
   code=$(pass "$KL" ${p% *} ${p#* } $body)
   [ "$(last_url)" = "${p#* }" ] || fail "$p with a limited key did not reach the upstream: $code $(cat "$TMP/pt.json")"
 done
+# an Anthropic SDK's (x-api-key, anthropic-version): a batch refused in Anthropic's error shape
+code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H "x-api-key: $KL" -H 'anthropic-version: 2023-06-01' \
+  -H 'Content-Type: application/json' -d '{"requests":[]}' "$gw_URL/v1/messages/batches")
+[ "$code" = 403 ] && [ "$(get '[d["type"], d["error"]["type"]]' <"$TMP/pt.json")" = '["error", "permission_error"]' ] &&
+  get 'd["error"]["message"]' <"$TMP/pt.json" | grep_q -F "POST /v1/messages/batches may be billed" ||
+  fail "an Anthropic batch with a limited key: $code $(cat "$TMP/pt.json")"
+# and with no key at all: the server's 401 in Anthropic's shape too
+code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H 'anthropic-version: 2023-06-01' \
+  -H 'Content-Type: application/json' -d '{"model":"m","messages":[]}' "$gw_URL/v1/messages/count_tokens")
+[ "$code" = 401 ] && [ "$(get '[d["type"], d["error"]["type"]]' <"$TMP/pt.json")" = '["error", "authentication_error"]' ] ||
+  fail "an Anthropic count_tokens with no key: $code $(cat "$TMP/pt.json")"
 pass "$KU" POST /v1/embeddings '{"model":"text-embedding-3-small","input":"hello"}' >/dev/null
 [ "$(last_url)" = /v1/embeddings ] || fail "embeddings with a key without a limit did not reach the upstream: $(cat "$TMP/pt.json")"
 
