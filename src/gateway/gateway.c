@@ -271,14 +271,12 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
   va_end(ap);
   j->status = status;
   snprintf(j->ctype, sizeof j->ctype, "application/json");
-  lg__gw_error_body(&j->out, lg__gw_anthropic_errors(j), status, type, code, NULL, msg);
+  lg__gw_error_body(&j->out, j->route == LG__GW_ROUTE_ANTHROPIC, status, type, code, NULL, msg);
 }
 
-int lg__gw_anthropic_errors(const lg__gw_job_t *j) {
-  return j->kind == LG__GW_MESSAGES || j->route == LG__GW_ROUTE_ANTHROPIC;
+int lg__gw_error_api(const char *url, const char *method, int anthropic_version) {
+  return !strcmp(url, "/v1/messages") || (anthropic_version && !lg__gw_guards(url, method)) ? 2 : 1;
 }
-
-int lg__gw_error_api(const char *url) { return url && !strcmp(url, "/v1/messages") ? 2 : 1; }
 
 int lg__gw_req_error(lg__req_t *rq, int status, const char *type, const char *field,
                      const char *msg) {
@@ -665,7 +663,6 @@ static void gw_submit(lg__req_t *rq) {
 typedef struct hdr_ctx {
   lg__gw_job_t *j;
   int oom;
-  int anthropic; /* it came with anthropic-version (an Anthropic SDK's) */
 } hdr_ctx_t;
 
 static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const char *k,
@@ -684,7 +681,6 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
     if (!(*slot = lg__strdup(v))) h->oom = 1;
     return MHD_YES;
   }
-  if (!strcasecmp(k, "anthropic-version")) h->anthropic = 1;
   /* a passed-through body's type (an upload's multipart boundary) and
    * encoding go with it; a guarded route's body is the gateway's JSON */
   if (lg__auth_key_header(k) || !strncasecmp(k, "anthropic-", 10) ||
@@ -715,9 +711,18 @@ static const char *azure_route(const char *url) {
   return !strncmp(url, "/openai/", 8) ? url + 7 : NULL;
 }
 
+/* The API's path of a gateway url (after /v1, or an Azure path's
+ * prefix: azure_route), "" for another; *az whether it is Azure's. */
+static const char *api_path(const char *url, int *az) {
+  const char *a = azure_route(url);
+  *az = a != NULL;
+  return a ? a : !strncmp(url, "/v1/", 4) ? url + 3 : "";
+}
+
 static int gw_kind(const char *url, const char *method) {
   if (!strcmp(method, "POST")) {
-    const char *az = azure_route(url), *r = az ? az : !strncmp(url, "/v1/", 4) ? url + 3 : "";
+    int az;
+    const char *r = api_path(url, &az);
     if (!strcmp(r, "/chat/completions")) return LG__GW_CHAT;
     if (!strcmp(r, "/responses")) return LG__GW_RESPONSES;
     if (!strcmp(r, "/messages") && !az) return LG__GW_MESSAGES;
@@ -739,7 +744,8 @@ static int pass_free(const char *url, const char *method) {
                                            "/responses/input_tokens", "/conversations"};
   static const char *const free_under[] = {"/uploads/", "/conversations/", "/chat/completions/"};
   if (!strcmp(method, "GET") || !strcmp(method, "HEAD") || !strcmp(method, "DELETE")) return 1;
-  const char *az = azure_route(url), *r = az ? az : !strncmp(url, "/v1/", 4) ? url + 3 : url;
+  int az;
+  const char *r = api_path(url, &az);
   size_t n = strlen(r);
   if (n >= 7 && !strcmp(r + n - 7, "/cancel")) return 1;
   for (size_t i = 0; i < LG__ARRAY_LEN(free_posts); i++)
@@ -826,7 +832,7 @@ void lg__gw_handle(lg__req_t *rq) {
    * completions, passes.) */
   char near[64];
   if (!strcmp(rq->method, "POST") && near_route(rq->id, near)) {
-    rq->api_errors = lg__gw_error_api(near);
+    rq->api_errors = lg__gw_error_api(near, rq->method, 0);
     lg__req_error(rq, 404, "not_found", NULL,
                   "no endpoint %s %s: the gateway guards %s (no slash doubled or at the end), "
                   "and passes no other spelling of it on unguarded",
@@ -836,7 +842,7 @@ void lg__gw_handle(lg__req_t *rq) {
   /* /v1/v1/...: a base URL ending in /v1 where the SDK adds /v1 itself
    * (Anthropic's). No provider serves it: said here, not passed through. */
   if (!strncmp(rq->id, "/v1/v1/", 7)) {
-    rq->api_errors = lg__gw_error_api(rq->id + 3); /* in the shape its SDK reads */
+    rq->api_errors = lg__gw_error_api(rq->id + 3, rq->method, 0); /* in the shape its SDK reads */
     lg__req_error(rq, 404, "not_found", NULL,
                   "no endpoint %s %s: /v1 is in the client's base URL twice; an Anthropic "
                   "client's base URL does not end in /v1 (its SDK adds /v1), an OpenAI client's does",
@@ -857,14 +863,15 @@ void lg__gw_handle(lg__req_t *rq) {
   j->pass_free = j->kind == LG__GW_PASS && pass_free(rq->id, rq->method);
   j->path = lg__strdup(rq->id + (j->azure ? 7 : 3)); /* after "/openai" or "/v1" */
   j->body = lg__buf_steal(rq->body_buf, NULL); /* the HTTP layer's buffer becomes the job's */
-  hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query)), 0};
+  hdr_ctx_t h = {j, rq->query && !(j->query = query_of(rq->query))};
   MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, copy_header, &h);
-  /* the upstreams it may go to: an Azure path's an Azure resource; the
-   * Messages route's, and a passed-through Anthropic SDK request's (its
-   * models.list(), count_tokens, files), an Anthropic one first */
-  if (j->azure) j->route = LG__GW_ROUTE_AZURE;
-  else if (j->kind == LG__GW_MESSAGES || (j->kind == LG__GW_PASS && h.anthropic)) j->route = LG__GW_ROUTE_ANTHROPIC;
-  else j->route = LG__GW_ROUTE_OPENAI;
+  /* the upstreams it may go to: an Azure path's an Azure resource; an
+   * Anthropic SDK's (the Messages route, and its models.list(),
+   * count_tokens, files passed through: rq->api_errors, lg__gw_error_api)
+   * an Anthropic one first, and its errors in Anthropic's shape */
+  j->route = j->azure ? LG__GW_ROUTE_AZURE
+             : rq->api_errors == 2 ? LG__GW_ROUTE_ANTHROPIC
+                                   : LG__GW_ROUTE_OPENAI;
   if (!j->method || !j->path || !j->body || h.oom) {
     atomic_store(&j->refs, 1);
     job_unref(j);

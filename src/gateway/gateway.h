@@ -76,9 +76,12 @@ int lg__gw_lacks_v1(const char *path, size_t n);
 /* 1 when `method` `url` is one of the routes the gateway guards (a model
  * request it reads); 0: passed through as it is. */
 int lg__gw_guards(const char *url, const char *method);
-/* The error shape of a gateway url: 1 OpenAI's, 2 Anthropic's
- * (/v1/messages). */
-int lg__gw_error_api(const char *url);
+/* Whose client a gateway request is, by its url and method and whether
+ * it came with anthropic-version: 2 an Anthropic SDK's (/v1/messages, or a
+ * path passed through with that header: its count_tokens, batches,
+ * files), 1 otherwise. Its errors take that API's shape, and a passed-
+ * through one goes to an Anthropic upstream first (lg__gw_handle). */
+int lg__gw_error_api(const char *url, const char *method, int anthropic_version);
 /* lg__req_error for a gateway route (rq->api_errors): the server's own
  * refusals (401, 413, 415, ...) in the API's shape, `type` (the server's
  * error type) as the code and `field` as the param. Returns status. */

@@ -365,8 +365,8 @@ typedef struct lg__gw_job {
   size_t nkey_scopes;
   int retry_after;            /* a 429's Retry-After, seconds (0: none) */
   int route;                  /* LG__GW_ROUTE_*: the upstreams it may go to
-                                 (lg__gw_config_pick), by its path and, passed
-                                 through, its anthropic-version */
+                                 (lg__gw_config_pick) and its errors' shape, by
+                                 its path and its anthropic-version */
   int azure;                  /* it came on an /openai/ path (an AzureOpenAI client's):
                                  its path goes upstream as it came (path) */
   int pass_free;              /* passed through, and billed nothing by a provider
@@ -496,12 +496,10 @@ void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type
  * answer as it sent it (its body moved out of x). */
 void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x);
 void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x);
-/* An error in the API's shape as the job's answer: Anthropic's on the
- * Messages route and on a path an Anthropic SDK passes through (its
- * anthropic-version: lg__gw_anthropic_errors), else OpenAI's. */
+/* An error in the API's shape as the job's answer: Anthropic's on an
+ * Anthropic SDK's request (route LG__GW_ROUTE_ANTHROPIC), else OpenAI's. */
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-int lg__gw_anthropic_errors(const lg__gw_job_t *j);
 
 /* ---- chat.c ---- */
 void lg__gw_chat(lg__gw_ctx_t *cx);

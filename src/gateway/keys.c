@@ -56,7 +56,7 @@ void lg__gw_keys_clear(lg__gw_job_t *j) {
 }
 
 static void put_meta(lg__gw_job_t *j, const char *meta) {
-  if (!meta || lg__gw_anthropic_errors(j) || j->out.len < 2) return;
+  if (!meta || j->route == LG__GW_ROUTE_ANTHROPIC || j->out.len < 2) return;
   j->out.len -= 2; /* before the closing "}}" */
   lg__buf_printf(&j->out, ",\"metadata\":%s}}", meta);
 }

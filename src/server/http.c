@@ -616,10 +616,8 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
     if (lg__gw_claims(srv->gw, url)) {
       lg__free(rq->id_buf);
       rq->id_buf = url;
-      rq->api_errors = lg__gw_error_api(url);
-      /* a path an Anthropic SDK passes through (its anthropic-version) */
-      if (!lg__gw_guards(url, method) && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "anthropic-version"))
-        rq->api_errors = 2;
+      rq->api_errors = lg__gw_error_api(
+          url, method, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "anthropic-version") != NULL);
       rq->query = q;
       hr->gw_route = 1;
       hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
