@@ -21,7 +21,7 @@ TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 8
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 ifeq ($(CI),true)
