@@ -68,6 +68,10 @@ grep -q '"event":"start"' "$TMP/a.log" || fail "no start-up block in the log"
 health=$(curl -sf "$A_URL/healthz") || fail "healthz failed"
 grep -q '"status":"ok"' <<<"$health" || fail "healthz: $health"
 block=$(curl -sf -XPOST "$A_URL/v1/runs" -H 'Content-Type: application/json' -d '{"run_id":"p1"}' | jq_py 'd["policy"]["repeat"]["block"]')
+# serve_lib.bash's jq_url (the gateway tests' polls): GET and evaluate in
+# the evaluator, and an error status fails it as curl -sf would
+[ "$(jq_url "$A_URL/v1/runs/p1" 'd["run_id"]')" = p1 ] || fail "jq_url: $(jq_url "$A_URL/v1/runs/p1" 'd' 2>&1)"
+jq_url "$A_URL/v1/runs/no-such-run" 'd' >/dev/null 2>&1 && fail "jq_url: a 404 did not fail"
 [ "$block" = 4 ] || fail "--policy not applied to new runs: block=$block"
 
 note "SIGHUP reopens the log"

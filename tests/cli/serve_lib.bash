@@ -9,6 +9,9 @@
 #                               on stdin (bound to `d`; json and sys at hand,
 #                               not the caller's environment: one python
 #                               answers them all) and prints it
+#   jq_url URL EXPR             the same over the answer to GET URL (http://),
+#                               failing on a status of 400 or more: curl -sf
+#                               URL | jq_py EXPR without the two processes
 #   fail MSG                    prints FAIL and exits 1
 #   grep_q [FLAGS] PATTERN      grep -q that reads its input to the end:
 #                               under pipefail, `producer | grep -q` fails
@@ -151,6 +154,17 @@ jq_py() { # EXPR over the JSON document on stdin, bound to d
   local rc=$?
   [ $rc = 2 ] || return $rc
   python3 -c "import json,sys; d=json.load(sys.stdin); r=($1); print(json.dumps(r) if not isinstance(r,str) else r)"
+}
+jq_url_send() { # URL EXPR
+  printf '%s\n%s\0' "$2" "$1"
+}
+# jq_url URL EXPR: `curl -sf URL | jq_py EXPR` in the evaluator, without a
+# curl (nor a pipe's subshell): the checks that poll a server's JSON
+jq_url() {
+  ask_helper "$TMP/jq_py.port" jq_url_send "$1" "$2"
+  local rc=$?
+  [ $rc = 2 ] || return $rc
+  curl -sf "$1" | jq_py "$2"
 }
 
 # The store of these tests: a SQLite file, or PostgreSQL under

@@ -14,7 +14,7 @@
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 get() { jq_py "$1"; }
-stats() { curl -sf "$FAKE/stats" | get "$1"; }
+stats() { jq_url "$FAKE/stats" "$1"; }
 start_server p --store memory: --upstream "$FAKE/v1" --log "$TMP/p.log"
 kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 # has H NAME [VALUE]: header NAME (with VALUE) in the head file H, once
@@ -137,9 +137,9 @@ JSON
 start_server two --store memory: --upstreams "$TMP/two.json"
 curl -s -o /dev/null -H 'anthropic-version: 2023-06-01' "$two_URL/v1/models?probe=claude"
 curl -s -o /dev/null "$two_URL/v1/models?probe=gpt"
-[ "$(curl -sf "$FAKE2/stats" | get 'd["last_url"]')" = "/v1/models?probe=claude" ] &&
+[ "$(jq_url "$FAKE2/stats" 'd["last_url"]')" = "/v1/models?probe=claude" ] &&
   [ "$(stats 'd["last_url"]')" = "/v1/models?probe=gpt" ] ||
-  fail "passthrough by API: claude got $(curl -sf "$FAKE2/stats" | get 'd["last_url"]'), gpt $(stats 'd["last_url"]')"
+  fail "passthrough by API: claude got $(jq_url "$FAKE2/stats" 'd["last_url"]'), gpt $(stats 'd["last_url"]')"
 stop_server two
 
 note "a 64 MiB download: every byte, in order, without the gateway holding it"
