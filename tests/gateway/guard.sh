@@ -99,7 +99,7 @@ for api in chat messages responses; do
   grep -q '"type":"text"' "$TMP/$run.jsonl" || fail "no text line in the trace: $(cat "$TMP/$run.jsonl")"
   "$LG_BIN" replay --json "$TMP/$run.jsonl" >"$TMP/$run.replay" || fail "replay $run"
   [ "$(tail -n 1 "$TMP/$run.replay" | get 'd["terminal_reason"]')" = text_repeat ] || fail "replay $run: $(tail -n 1 "$TMP/$run.replay")"
-  [ "$(curl -sf "$g_URL/v1/runs/$run" | get 'd["terminal_reason"]')" = text_repeat ] || fail "run $run"
+  [ "$(jq_url "$g_URL/v1/runs/$run" 'd["terminal_reason"]')" = text_repeat ] || fail "run $run"
   grep -q '"type":"text","action":"stop","reason":"text_repeat"' "$TMP/$run.replay" || fail "replay $run: no text stop: $(cat "$TMP/$run.replay")"
 done
 
@@ -120,7 +120,7 @@ for api in chat messages responses functions; do
     on_api "$run" $api $st nohide MODEL=detour
     echo "$out" | get 'd["final"]' | grep_q "I have written the same thing 3 turns in a row" || fail "monologue $api $st: not the stop's message: $out"
     [ "$(echo "$out" | get 'd["executions"]["write_record"]')" = 2 ] || fail "monologue $api $st: $out"
-    [ "$(curl -sf "$g_URL/v1/runs/$run" | get 'd["terminal_reason"]')" = monologue ] || fail "monologue $api $st: the run: $(curl -s "$g_URL/v1/runs/$run")"
+    [ "$(jq_url "$g_URL/v1/runs/$run" 'd["terminal_reason"]')" = monologue ] || fail "monologue $api $st: the run: $(curl -s "$g_URL/v1/runs/$run")"
   done
   curl -sf "$g_URL/v1/runs/$run/trace" >"$TMP/$run.jsonl" || fail "trace $run"
   "$LG_BIN" replay --json "$TMP/$run.jsonl" >"$TMP/$run.replay" || fail "replay $run"
@@ -174,7 +174,7 @@ e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="
 [ "$(echo "$e" | get 'd["second"]["action"]')" = pass ] || fail "episode: $e"
 echo "$e" | get 'd["second"]["text"]' | grep_q "^Done" || fail "episode: $e"
 r1=$(echo "$e" | get 'd["first"]["run"]')
-[ "$(curl -sf "$g_URL/v1/runs/$r1" | get 'd["status"]')" = active ] || fail "episode: $r1 did not resume"
+[ "$(jq_url "$g_URL/v1/runs/$r1" 'd["status"]')" = active ] || fail "episode: $r1 did not resume"
 curl -sf "$g_URL/v1/runs/$r1/trace" >"$TMP/episode.jsonl" || fail "trace $r1"
 grep -q '"type":"resume"' "$TMP/episode.jsonl" && grep -q '"type":"user"' "$TMP/episode.jsonl" || fail "episode trace: $(cat "$TMP/episode.jsonl")"
 "$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $r1"
@@ -190,7 +190,7 @@ note "a new user message after a cap's stop: still stopped (caps carry on across
 e=$(client conversation.mjs MODE=episode MODEL=stubborn MODEL2=finish BASE_URL="$g_URL/v1" HEADERS='{"X-Loopguard-Policy":"cap3","X-Loopguard-Run":"capped"}') || fail "capped episode: $e"
 [ "$(echo "$e" | get 'd["second"]["run"]')" = capped ] && [ "$(echo "$e" | get 'd["second"]["action"]')" = stop ] || fail "capped episode: $e"
 [ "$(echo "$e" | get 'd["second"]["text"] == d["first"]["text"]')" = true ] || fail "capped episode: $e"
-[ "$(curl -sf "$g_URL/v1/runs/capped" | get 'd["terminal_reason"]')" = model_call_cap ] || fail "capped: not a cap"
+[ "$(jq_url "$g_URL/v1/runs/capped" 'd["terminal_reason"]')" = model_call_cap ] || fail "capped: not a cap"
 
 note "cascade.offer: the model asks a person (ask_human) or finishes (finalize_partial)"
 for api in chat messages responses functions; do
@@ -206,10 +206,10 @@ for api in chat messages responses functions; do
 done
 out=$(guard BASE_URL="$g_URL/v1" MODEL=finalize HEADERS='{"X-Loopguard-Policy":"offer","X-Loopguard-Run":"fin-1"}') || fail "finalize: $out"
 [ "$(echo "$out" | get 'd["final"]')" = "Record 7 is not written: the storage is read-only." ] || fail "finalize: $out"
-[ "$(curl -sf "$g_URL/v1/runs/fin-1" | get 'd["terminal_reason"]')" = complete ] || fail "finalize: not complete"
+[ "$(jq_url "$g_URL/v1/runs/fin-1" 'd["terminal_reason"]')" = complete ] || fail "finalize: not complete"
 note "without the offer, the same model is stopped by the loop guard"
 out=$(guard BASE_URL="$g_URL/v1" MODEL=ask HEADERS='{"X-Loopguard-Run":"ask-none"}') || fail "ask (no offer): $out"
-[ "$(curl -sf "$g_URL/v1/runs/ask-none" | get 'd["terminal_reason"]')" != human_required ] || fail "ask (no offer): offered anyway"
+[ "$(jq_url "$g_URL/v1/runs/ask-none" 'd["terminal_reason"]')" != human_required ] || fail "ask (no offer): offered anyway"
 echo "$out" | get 'd["final"]' | grep_q "may I write" && fail "ask (no offer): $out"
 
 note "the same write twice in one answer (parallel calls): with side_effects, run once, the second answered in_progress; without, run twice (trace-v1)"
@@ -326,7 +326,7 @@ for api in chat messages responses; do
       fail "edit/test $api $st, coding-agent.json: $out"
     [ "$(echo "$out" | get '[s["action"] for s in d["seen"] if s["action"] not in ("execute", "pass")]')" = '[]' ] ||
       fail "edit/test $api $st, coding-agent.json: an intervention: $out"
-    st_run=$(curl -sf "$g_URL/v1/runs/edit-coding-$api-$st" | get 'd["status"]')
+    st_run=$(jq_url "$g_URL/v1/runs/edit-coding-$api-$st" 'd["status"]')
     [ "$st_run" = active ] || fail "edit/test $api $st, coding-agent.json: the run is $st_run"
   done
 done

@@ -267,7 +267,7 @@ resumes=$(grep -c '"type":"resume"' "$TMP/episode.jsonl")
 [ "$users" = 1 ] && [ "$resumes" = 1 ] ||
   fail "episode trace: $users user events and $resumes resumes, not 1 and 1: $(cat "$TMP/episode.jsonl")"
 "$LG_BIN" replay --json "$TMP/episode.jsonl" >"$TMP/episode.replay" || fail "replay $run"
-[ "$(curl -sf "$r1_URL/v1/runs/$run" | jq_py 'd["terminal_reason"]')" = \
+[ "$(jq_url "$r1_URL/v1/runs/$run" 'd["terminal_reason"]')" = \
   "$(tail -n 1 "$TMP/episode.replay" | jq_py 'd["terminal_reason"]')" ] ||
   fail "episode replay: $(tail -n 1 "$TMP/episode.replay") against $(curl -sf "$r1_URL/v1/runs/$run")"
 
