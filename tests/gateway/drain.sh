@@ -28,7 +28,7 @@ call() {
 sigterm() {
   local pid_var="${1}_PID" i
   for i in $(seq 40); do
-    [ "$(curl -s "$FAKE/stats" | jq_py 'd["models"].count("slow")')" -ge "$2" ] && break
+    [ "$(stats 'd["models"].count("slow")')" -ge "$2" ] && break
     sleep 0.05
   done
   kill -TERM "${!pid_var}"

@@ -41,7 +41,6 @@ set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 
 get() { jq_py "$1"; }
-stats() { jq_url "$FAKE/stats" "$1"; }
 guard() { # ENV... : runs agent-guard.mjs, prints its JSON
   client agent-guard.mjs "$@"
 }
@@ -341,12 +340,12 @@ printf '{ "model": "finish", "stream": true,\n  "messages": [ {"role": "user", "
 sent_raw() { # API FILE RUN: the request, then the body the upstream got last
   curl -sf -o /dev/null -H 'content-type: application/json' -H "X-Loopguard-Run: $3" \
     --data-binary @"$2" "$g_URL/v1/$1" || fail "unchanged body ($1): the request failed"
-  jq_url "$FAKE/stats" 'd["raw"][-1]'
+  stats 'd["raw"][-1]'
 }
 for api in chat/completions messages responses; do
   f="$TMP/raw-${api%%/*}.json"
   [ "$(sent_raw "$api" "$f" "raw-${api%%/*}")" = "$(cat "$f")" ] ||
-    fail "unchanged body ($api): the upstream got $(jq_url "$FAKE/stats" 'd["raw"][-1]'), not $(cat "$f")"
+    fail "unchanged body ($api): the upstream got $(stats 'd["raw"][-1]'), not $(cat "$f")"
   # the model call's worst case covers the bytes sent, white space and all
   worst=$(curl -sf "$g_URL/v1/runs/raw-${api%%/*}/trace" | grep '"type":"model"' | get 'd["input_tokens"]')
   [ "$worst" -ge "$(wc -c <"$f")" ] || fail "unchanged body ($api): a worst case of $worst for $(wc -c <"$f") bytes"
@@ -453,7 +452,7 @@ for st in false true; do
   code=$(curl -s -o "$TMP/own2.txt" -w '%{http_code}' -H 'content-type: application/json' \
     -d "{\"model\":\"finish\",\"previous_response_id\":\"$own\",\"input\":[{\"role\":\"user\",\"content\":\"something else, then\"}]}" "$g_URL/v1/responses")
   [ "$code" = 200 ] || fail "own id ($st): continuing from $own answered $code: $(cat "$TMP/own2.txt")"
-  up=$(jq_url "$FAKE/stats" 'd["raw"][-1]')
+  up=$(stats 'd["raw"][-1]')
   echo "$up" | grep >/dev/null "$own" && fail "own id ($st): the upstream got the gateway's own id: $up"
   [ "$(echo "$up" | get '[i.get("role") for i in d["input"]], "previous_response_id" in d')" = '[["user", "assistant", "user"], false]' ] ||
     fail "own id ($st): the upstream did not get the conversation again: $up"

@@ -135,7 +135,7 @@ done
 note "a passed-through request a provider may bill (embeddings, images, a batch): refused to a key with a limit, before the upstream; free ones and unlimited keys pass"
 read -r KL _ <<<"$(newkey '{"name":"pt-limited","limit_usd":5}')"
 read -r KU _ <<<"$(newkey '{"name":"pt-unlimited"}')"
-last_url() { jq_url "$FAKE/stats" 'd.get("last_url")'; }
+last_url() { stats 'd.get("last_url")'; }
 # pass KEY METHOD PATH [BODY]: the status, the body in $TMP/pt.json
 pass() {
   curl -s -o "$TMP/pt.json" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $1" \
@@ -172,7 +172,7 @@ note "a key with room: the model's max_tokens from the price table goes upstream
 read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
 b=$(chat "$K1" "{\"model\":\"finish\",$MSG}")
 [ "$(st)" = 200 ] || fail "a key's request: $(st) $b"
-up=$(jq_url "$FAKE/stats" 'd["bodies"][-1]')
+up=$(stats 'd["bodies"][-1]')
 [ "$(echo "$up" | get 'd.get("max_tokens")')" = 50 ] || fail "max_tokens upstream: $up"
 curl -s "$FAKE/stats" | grep_q "$K1" && fail "the lgk- secret reached the upstream"
 # The client's bytes go upstream as they came, the key's max_tokens written
@@ -181,14 +181,14 @@ curl -s "$FAKE/stats" | grep_q "$K1" && fail "the lgk- secret reached the upstre
 raw='{ "model": "finish",  "temperature": 0.7, "messages": [ {"role": "user", "content": "caf\u00e9"} ] }'
 b=$(chat "$K1" "$raw")
 [ "$(st)" = 200 ] || fail "a key's request with white space: $(st) $b"
-up=$(jq_url "$FAKE/stats" 'd["raw"][-1]')
+up=$(stats 'd["raw"][-1]')
 [ "$up" = "{\"max_tokens\":50,${raw#\{}" ] || fail "the upstream did not get the client's bytes and max_tokens: $up"
 # "max_tokens": null is no bound: the key's goes upstream in its place, not
 # in front of the null (a JSON reader takes the last of a repeated member:
 # until session 30 the answer went unbounded past its reservation)
 b=$(chat "$K1" "{\"model\":\"finish\",\"max_tokens\":null,$MSG}")
 [ "$(st)" = 200 ] || fail "max_tokens null: $(st) $b"
-up=$(jq_url "$FAKE/stats" 'd["raw"][-1]')
+up=$(stats 'd["raw"][-1]')
 [ "$(echo "$up" | get 'd["max_tokens"]')" = 50 ] && [ "$(echo "$up" | grep -o '"max_tokens"' | wc -l)" = 1 ] ||
   fail "max_tokens null: the upstream got $up"
 s=$(spent "$H1")
@@ -249,17 +249,17 @@ note "an upstream that refuses the key's max_tokens (OpenAI's reasoning models):
 for stream in false true false; do
   b=$(chat "$K1" "{\"model\":\"finish-o3\",\"stream\":$stream,$MSG}")
   [ "$(st)" = 200 ] || fail "finish-o3 stream=$stream: $(st) $b"
-  up=$(jq_url "$FAKE/stats" 'd["bodies"][-1]')
+  up=$(stats 'd["bodies"][-1]')
   [ "$(echo "$up" | get '[d.get("max_tokens"), d.get("max_completion_tokens")]')" = '[null, 50]' ] || fail "finish-o3: the upstream got $up"
 done
-[ "$(jq_url "$FAKE/stats" 'd["max_tokens_refused"]')" = 1 ] || fail "finish-o3: refused more than once: $(jq_url "$FAKE/stats" 'd["max_tokens_refused"]')"
+[ "$(stats 'd["max_tokens_refused"]')" = 1 ] || fail "finish-o3: refused more than once: $(stats 'd["max_tokens_refused"]')"
 grep -q '"upstream_refuses_max_tokens"' "$TMP/gw.log" || fail "finish-o3: not in the log"
 
 note "a streamed request settles from the stream's usage"
 before=$(spent "$H1")
 b=$(chat "$K1" "{\"model\":\"finish\",\"stream\":true,$MSG}")
 [ "$(st)" = 200 ] && echo "$b" | grep >/dev/null '\[DONE\]' || fail "a stream with a key: $(st) $b"
-up=$(jq_url "$FAKE/stats" 'd["bodies"][-1]')
+up=$(stats 'd["bodies"][-1]')
 [ "$(echo "$up" | get '[d.get("max_tokens"), d["stream_options"]["include_usage"]]')" = '[50, true]' ] || fail "the stream upstream: $up"
 # 1 micro-dollar an input token: the stream's usage, not its worst case (about 5,000)
 d=$(python3 -c "print(round((float('$(spent "$H1")') - float('$before')) * 1e6))")
@@ -345,15 +345,15 @@ unreserved "hang-up"
 note "a client that hangs up before any of its answer came, stream and not: the upstream request ended at once, released, nothing charged"
 for stream in false true; do
   before=$(spent "$H1")
-  aborted=$(jq_url "$FAKE/stats" 'd["aborted"]')
+  aborted=$(stats 'd["aborted"]')
   # the fake answers "slow" after 3 s: the hang-up must end its request well before
   curl -s -N --max-time 0.5 -o /dev/null -H "Authorization: Bearer $K1" -H 'Content-Type: application/json' \
     -d "{\"model\":\"slow\",\"stream\":$stream,$MSG}" "$gw_URL/v1/chat/completions"
   for i in $(seq 15); do
-    [ "$(jq_url "$FAKE/stats" 'd["aborted"]')" -gt "$aborted" ] && break
+    [ "$(stats 'd["aborted"]')" -gt "$aborted" ] && break
     sleep 0.1
   done
-  [ "$(jq_url "$FAKE/stats" 'd["aborted"]')" -gt "$aborted" ] ||
+  [ "$(stats 'd["aborted"]')" -gt "$aborted" ] ||
     fail "early hang-up (stream $stream): the upstream request went on after its client left"
   unreserved "early hang-up (stream $stream)"
   [ "$(spent "$H1")" = "$before" ] || fail "early hang-up (stream $stream): charged $before -> $(spent "$H1")"
@@ -464,8 +464,8 @@ rchat() { # KEY: the body above on run retry-keys; the status
 read -r K12 H12 < <(newkey '{"name":"retry-a"}')
 read -r K13 H13 < <(newkey '{"name":"retry-b","models":["nothing-allowed"]}')
 [ "$(rchat "$K12")" = 200 ] || fail "retry: the first request: $(cat "$TMP/rbody")"
-n=$(jq_url "$FAKE/stats" 'd["chat"]')
-[ "$(rchat "$K12")" = 200 ] && [ "$(jq_url "$FAKE/stats" 'd["chat"]')" = "$n" ] ||
+n=$(stats 'd["chat"]')
+[ "$(rchat "$K12")" = 200 ] && [ "$(stats 'd["chat"]')" = "$n" ] ||
   fail "retry: the same key's retry was not answered from the cache: $(cat "$TMP/rbody")"
 [ "$(rchat "$K13")" = 403 ] && grep_q model_not_allowed "$TMP/rbody" ||
   fail "retry: another key (that may not use the model) got the cached answer: $(cat "$TMP/rbody")"
@@ -475,7 +475,7 @@ read -r K7 H7 < <(newkey '{"name":"byok-off","limit_usd":5,"byok":{"default":"sk
 read -r K8 H8 < <(newkey '{"name":"byok-on","limit_usd":5,"byok":{"default":"sk-own"},"include_byok_in_limit":true}')
 chat "$K7" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "byok-off: $(st)"
 chat "$K8" "{\"model\":\"finish\",$MSG}" >/dev/null; [ "$(st)" = 200 ] || fail "byok-on: $(st)"
-[ "$(jq_url "$FAKE/stats" 'd["auths"][-2:] == ["Bearer sk-own"] * 2')" = true ] || fail "the upstream did not get the key's own provider key: $(curl -s "$FAKE/stats")"
+[ "$(stats 'd["auths"][-2:] == ["Bearer sk-own"] * 2')" = true ] || fail "the upstream did not get the key's own provider key: $(curl -s "$FAKE/stats")"
 [ "$(spent "$H7")" = 0 ] || fail "byok spend counted without include_byok_in_limit: $(spent "$H7")"
 [ "$(python3 -c "print(float('$(spent "$H8")') > 0)")" = True ] || fail "byok spend not counted with include_byok_in_limit"
 op GET "/v1/keys/$H7" | grep_q sk-own && fail "a provider key shown by the API"
@@ -509,11 +509,11 @@ read -r KA HA < <(newkey '{"name":"azure"}')
 b=$(azchat "$KA")
 [ "$(st)" = 200 ] || fail "azure, api-key: $(st) $b"
 [ "$(python3 -c "print(float('$(spent "$HA")') > 0)")" = True ] || fail "azure, api-key: no spend on the key"
-[ "$(jq_url "$FAKE/stats" 'd["auths"][-1]')" = azure-resource-key ] || fail "azure: the upstream's key did not go in api-key: $(jq_url "$FAKE/stats" 'd["auths"][-3:]')"
+[ "$(stats 'd["auths"][-1]')" = azure-resource-key ] || fail "azure: the upstream's key did not go in api-key: $(stats 'd["auths"][-3:]')"
 read -r KB HB < <(newkey '{"name":"azure-byok","byok":{"azure":"sk-own-azure"}}')
 b=$(azchat "$KB")
-[ "$(st)" = 200 ] && [ "$(jq_url "$FAKE/stats" 'd["auths"][-1]')" = sk-own-azure ] || fail "azure, byok: $(st) $(jq_url "$FAKE/stats" 'd["auths"][-3:]')"
-grep -q lgk- <<<"$(jq_url "$FAKE/stats" 'd["auths"]')" && fail "azure: a loopguard key went upstream"
+[ "$(st)" = 200 ] && [ "$(stats 'd["auths"][-1]')" = sk-own-azure ] || fail "azure, byok: $(st) $(stats 'd["auths"][-3:]')"
+grep -q lgk- <<<"$(stats 'd["auths"]')" && fail "azure: a loopguard key went upstream"
 b=$(azchat lgk-notakeyatall0000000000000000000000000)
 [ "$(st)" = 401 ] || fail "azure, an unknown api-key: $(st) $b"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H "api-key: $KA" "$az_URL/v1/key")" = 200 ] || fail "GET /v1/key with api-key"
@@ -558,9 +558,9 @@ read -r K10 H10 < <(newkey '{"name":"esc-byok","byok":{"a":"sk-byok-a","b":"sk-b
 curl -sf -X POST "$FAKE/reset" >/dev/null && curl -sf -X POST "$FAKE2/reset" >/dev/null || fail "reset"
 out=$(esc_loop "$K10" esc-byok-1) || fail "the escalation's loop: $out"
 [ "$(echo "$out" | get 'set(d["statuses"]) == {200}')" = true ] || fail "the escalation's loop: $out"
-a=$(jq_url "$FAKE/stats" 'sorted(set(d["auths"]))') b=$(jq_url "$FAKE2/stats" 'sorted(set(d["auths"]))')
+a=$(stats 'sorted(set(d["auths"]))') b=$(jq_url "$FAKE2/stats" 'sorted(set(d["auths"]))')
 m2=$(jq_url "$FAKE2/stats" 'sorted(set(d["models"]))')
-[ "$m2" = '["stubborn-strong"]' ] || fail "the escalated calls did not go to upstream b: $m2 (a: $(jq_url "$FAKE/stats" 'd["models"]'))"
+[ "$m2" = '["stubborn-strong"]' ] || fail "the escalated calls did not go to upstream b: $m2 (a: $(stats 'd["models"]'))"
 [ "$a" = '["Bearer sk-byok-a"]' ] || fail "upstream a got: $a"
 [ "$b" = '["Bearer sk-byok-b"]' ] || fail "upstream b (the escalation's) got: $b"
 read -r K11 H11 < <(newkey '{"name":"esc-narrow","limit_usd":5,"models":["stubborn"],"byok":{"a":"sk-byok-a"}}')
@@ -691,9 +691,9 @@ key B: $(op GET "/v1/budgets/key:$HB")"
   done
 
   note "a provider key sealed by replica 1 is opened by replica 2 (the same --secret-file)"
-  n=$(jq_url "$FAKE/stats" 'len(d["auths"])')
+  n=$(stats 'len(d["auths"])')
   [ "$(chat_on "$gw2_URL" "$K7")" = 200 ] || fail "the byok key on replica 2"
-  [ "$(jq_url "$FAKE/stats" 'd["auths"][-1]')" = "Bearer sk-own" ] || fail "replica 2 did not send the key's provider key"
+  [ "$(stats 'd["auths"][-1]')" = "Bearer sk-own" ] || fail "replica 2 did not send the key's provider key"
 fi
 
 note "kill -9 mid-request: the reservation is released after --reservation-ttl, nothing is charged"

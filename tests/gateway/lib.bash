@@ -1,7 +1,8 @@
 # lib.bash — what tests/gateway/run.sh, guard.sh and keys.sh share (sourced): the
 # pinned npm clients installed when missing, and the fake upstream started.
 # After it: HERE is the folder of the clients (the build's gateway-node),
-# HERE_SRC the source folder, FAKE the fake upstream's URL.
+# HERE_SRC the source folder, FAKE the fake upstream's URL, stats EXPR over
+# what it saw.
 source "$(dirname "${BASH_SOURCE[0]}")/../cli/serve_lib.bash"
 
 command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
@@ -41,6 +42,9 @@ start_fake() {
   printf -v "$1" 'http://127.0.0.1:%s' "$(cat "$port")"
 }
 start_fake FAKE
+# stats EXPR: EXPR over the fake upstream's /stats (what it was sent, its
+# counters), in the jq_py evaluator (jq_url: no curl a check)
+stats() { jq_url "$FAKE/stats" "$1"; }
 
 # The clients' host (host.mjs: the SDKs loaded once a test, not once a run).
 node "$HERE/host.mjs" "$TMP/host.port" 2>"$TMP/host.err" &

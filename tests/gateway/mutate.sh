@@ -39,7 +39,7 @@ mutate_seeds() {
     [ "$(echo "$out" | get 'd["sent"]')" = "${MUTATE_N:-600}" ] || fail "not every request was answered: $out"
     # not all refused: the guard and the answers were reached
     [ "$(echo "$out" | get 'int(d["by_status"].get("200", 0) >= 50)')" = 1 ] || fail "too few answers of 200: $out"
-    jq_url "$FAKE/stats" 'd["malformed"]' >/dev/null || fail "the fake upstream died"
+    stats 'd["malformed"]' >/dev/null || fail "the fake upstream died"
 
     # Half the requests share twelve runs: each run's trace, whatever odd
     # history it holds, replays to the envelope the server keeps.

@@ -14,7 +14,6 @@
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
 get() { jq_py "$1"; }
-stats() { jq_url "$FAKE/stats" "$1"; }
 start_server p --store memory: --upstream "$FAKE/v1" --log "$TMP/p.log"
 kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 # has H NAME [VALUE]: header NAME (with VALUE) in the head file H, once

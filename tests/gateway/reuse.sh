@@ -10,7 +10,7 @@
 # (loopguard_gateway_fibers_made_total).
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash" # the clients, the fake upstream: HERE, FAKE
-conns() { jq_url "$FAKE/stats" 'd["connections"]'; }
+conns() { stats 'd["connections"]'; }
 start_server r --store memory: --upstream "$FAKE/v1" --threads 1 --log "$TMP/r.log"
 
 note "64 agents at once, 32 requests each: the upstream connections kept, not opened again"

@@ -70,7 +70,7 @@ f=$(agent BASE_URL="$gw_URL/v1" MODEL=finish-mistral STREAM=raw) || fail "finish
 [ "$(echo "$f" | get 'd["ended"] + str(d["executions"]["lookup"])')" = final1 ] || fail "finish-mistral: $f"
 a=$(agent BASE_URL="$gw_URL/v1" MODEL=stubborn-mistral STREAM=raw) || fail "stubborn-mistral: $a"
 stopped "stubborn-mistral" "$a"
-[ "$(jq_url "$FAKE/stats" 'd["stream_options_refused"]')" = 1 ] || fail "mistral: the gateway did not learn at once: $(curl -s "$FAKE/stats" | get 'd["stream_options_refused"]')"
+[ "$(stats 'd["stream_options_refused"]')" = 1 ] || fail "mistral: the gateway did not learn at once: $(stats 'd["stream_options_refused"]')"
 grep -q '"upstream_refuses_stream_options"' "$TMP/gw.log" || fail "mistral: not in the log"
 curl -sf -o /dev/null -H "Content-Type: application/json" -H "X-Loopguard-Run: mistral-usage" "$gw_URL/v1/chat/completions" \
   -d '{"model":"finish-mistral","stream":true,"messages":[{"role":"user","content":"Hi"}]}' || fail "mistral usage stream"
@@ -115,7 +115,7 @@ for via in gemini:0 gemini:1 gemini:raw gemini-indexless:raw openrouter:0 openro
   # refused answer's once, in the restored turn, and the client's message
   # goes with its own
   [ "$via" = openrouter:raw ] || continue
-  [ "$(jq_url "$FAKE/stats" '[len(m.get("reasoning_details") or []) for m in [b for b in d["bodies"] if b.get("model") == "detour-openrouter"][-1]["messages"] if any(t["function"]["name"] == "lookup" for t in m.get("tool_calls") or [])]')" = '[1]' ] ||
+  [ "$(stats '[len(m.get("reasoning_details") or []) for m in [b for b in d["bodies"] if b.get("model") == "detour-openrouter"][-1]["messages"] if any(t["function"]["name"] == "lookup" for t in m.get("tool_calls") or [])]')" = '[1]' ] ||
     fail "detour-openrouter: the lookup's message went with another answer's reasoning_details too"
 done
 
@@ -270,7 +270,7 @@ for stream in 0 1; do
   g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=detour STREAM=$stream THINKING=1) || fail "anthropic thinking detour: $g"
   [ "$(echo "$g" | get '[d["executions"]["write_record"], d["executions"]["lookup"], d["ended"]]')" = '[2, 1, "final"]' ] ||
     fail "anthropic thinking detour (stream=$stream): $g"
-  [ "$(jq_url "$FAKE/stats" 'd["thinking_repeated"]')" = 0 ] ||
+  [ "$(stats 'd["thinking_repeated"]')" = 0 ] ||
     fail "anthropic thinking (stream=$stream): the upstream got one answer's thinking in two turns"
   # the SDK's beta path (POST /v1/messages?beta=true, Claude Code's) is guarded too
   g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=loop-write STREAM=$stream THINKING=1 BETA=1) || fail "anthropic beta gateway: $g"
@@ -341,7 +341,7 @@ for stream in 0 1; do
   [ "$(echo "$g" | get '[d["executions"]["write_record"], d["executions"]["lookup"], d["ended"]]')" = '[2, 1, "final"]' ] ||
     fail "responses detour stream=$stream: $g"
 done
-jq_url "$FAKE/stats" 'sum(1 for b in d["bodies"] if b.get("model") == "detour" and isinstance(b.get("input"), list) for it, nxt in zip(b["input"], b["input"][1:]) if it.get("type") == "message" and it.get("role") == "assistant" and "Writing the record." in json.dumps(it.get("content")) and nxt.get("type") == "function_call" and any(o.get("call_id") == nxt.get("call_id") and "loopguard did not run" in str(o.get("output")) for o in b["input"]))' >"$TMP/detour.count"
+stats 'sum(1 for b in d["bodies"] if b.get("model") == "detour" and isinstance(b.get("input"), list) for it, nxt in zip(b["input"], b["input"][1:]) if it.get("type") == "message" and it.get("role") == "assistant" and "Writing the record." in json.dumps(it.get("content")) and nxt.get("type") == "function_call" and any(o.get("call_id") == nxt.get("call_id") and "loopguard did not run" in str(o.get("output")) for o in b["input"]))' >"$TMP/detour.count"
 [ "$(cat "$TMP/detour.count")" -ge 2 ] || fail "responses detour: the refused answer's message was not restored before its call ($(cat "$TMP/detour.count") bodies)"
 # A client that keeps every item a stream gave it (each output_item.done,
 # the refused answer's message among them) and sends them back whole: the
@@ -409,8 +409,8 @@ for tool in local_shell apply_patch shell computer; do # (local_shell first: the
     done
   done
 done
-jq_url "$FAKE/stats" '[o["output"][-1]["stderr"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) for o in b["input"] if o.get("type") == "shell_call_output"]' |
-  grep_q 'read-only file system\\n\\n\\n\[loopguard\] I have now called shell' || fail "shell: the observe rung's note is not in the output's stderr: $(jq_url "$FAKE/stats" '[b.get("input") for b in d["bodies"] if b.get("model") == "loop-builtin"][-3:]')"
+stats '[o["output"][-1]["stderr"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) for o in b["input"] if o.get("type") == "shell_call_output"]' |
+  grep_q 'read-only file system\\n\\n\\n\[loopguard\] I have now called shell' || fail "shell: the observe rung's note is not in the output's stderr: $(stats '[b.get("input") for b in d["bodies"] if b.get("model") == "loop-builtin"][-3:]')"
 g=$(client agent-responses.mjs BASE_URL="$gw_URL/v1" MODEL=loop-builtin BUILTIN=shell) || fail "shell gateway: $g"
 run=$(echo "$g" | get 'd["seen"][0]["run"]')
 curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/shell.jsonl" || fail "shell: no trace"
@@ -424,7 +424,7 @@ note "a computer call's notes: user messages after its output, the refused call 
 # own right after the computer call's output (a message between a call and
 # its output is refused: the fake checks), the refused call's output the
 # screen the client sent last, never a member of ours
-jq_url "$FAKE/stats" '[[i.get("type") or i.get("role"), (i.get("content") or [{}])[0].get("text", "")[:60] if i.get("type") == "message" else i.get("output", {}).get("image_url", "")[-12:] if i.get("type") == "computer_call_output" else ""] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"]).find("computer_call_output") > 0 for i in b["input"]]' >"$TMP/computer.items"
+stats '[[i.get("type") or i.get("role"), (i.get("content") or [{}])[0].get("text", "")[:60] if i.get("type") == "message" else i.get("output", {}).get("image_url", "")[-12:] if i.get("type") == "computer_call_output" else ""] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"]).find("computer_call_output") > 0 for i in b["input"]]' >"$TMP/computer.items"
 grep_q '\["computer_call_output", "RU5ErkJggg=="\], \["message", "\[loopguard\] I have now called computer_use_preview with the "\]' "$TMP/computer.items" ||
   fail "computer: the observe note is not a message after the output: $(head -c 3000 "$TMP/computer.items")"
 grep_q '\["computer_call_output", "RU5ErkJggg=="\], \["message", "Error: loopguard did not run this call (same_call_repeat). I"\]' "$TMP/computer.items" ||
@@ -569,7 +569,7 @@ for input in "[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\"
   curl -sf "$gwb1_URL/v1/responses" -H 'content-type: application/json' -H 'authorization: Bearer sk-test' \
     -d "{\"model\":\"loop-builtin\",\"tools\":$tools,\"input\":$input}" -o "$TMP/first.json" || fail "computer, first call refused: $(cat "$TMP/first.json")"
 done
-jq_url "$FAKE/stats" '[sorted(set(i["output"]["image_url"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"][0]).find(t) > 0 for i in b["input"] if i.get("type") == "computer_call_output")) for t in ("Save the form.", "Save the form, at once.")]' >"$TMP/first.screens"
+stats '[sorted(set(i["output"]["image_url"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"][0]).find(t) > 0 for i in b["input"] if i.get("type") == "computer_call_output")) for t in ("Save the form.", "Save the form, at once.")]' >"$TMP/first.screens"
 [ "$(get 'd[0] == ["'"$screen"'"] and len(d[1]) == 1 and d[1][0].startswith("data:image/png;base64,iVBOR") and d[1] != d[0]' <"$TMP/first.screens")" = true ] ||
   fail "computer, first call refused: not the person's screen, then a blank one: $(cat "$TMP/first.screens")"
 
@@ -769,7 +769,7 @@ note "passthrough: GET /v1/models as the upstream sent it"
 [ "$(curl -sf "$gw_URL/v1/models")" = "$(curl -sf "$FAKE/v1/models")" ] || fail "models"
 
 note "the upstream never saw a conversation a provider rejects"
-v=$(jq_url "$FAKE/stats" 'd["violations"]')
+v=$(stats 'd["violations"]')
 [ "$v" = "[]" ] || fail "violations: $v"
 
 note "bad input: errors in OpenAI's shape, the server keeps serving"
@@ -800,7 +800,7 @@ for p in /v1/chat/completions/ /v1//responses /v1/chat//completions /v1//message
     -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}]}' "$gw_URL$p")
   [ "$code" = 404 ] || fail "$p: $code $(cat "$TMP/e.json")"
   get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "the gateway guards /v1/" || fail "$p: $(cat "$TMP/e.json")"
-  [ "$(jq_url "$FAKE/stats" 'd.get("last_url")')" != "$p" ] || fail "$p: passed through to the upstream"
+  [ "$(stats 'd.get("last_url")')" != "$p" ] || fail "$p: passed through to the upstream"
 done
 [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "/v1//messages/: not in Anthropic's shape: $(cat "$TMP/e.json")"
 note "an AzureOpenAI client (its deployment paths) with no Azure upstream: its 404 says how to reach Azure through the gateway"
@@ -816,7 +816,7 @@ start_server az --store memory: --upstreams "$TMP/az.json" --log "$TMP/az.log"
 grep -qF "an Azure OpenAI resource: an AzureOpenAI client's endpoint is the server's URL" "$az_OUT" || fail "azure: the banner: $(cat "$az_OUT")"
 d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write AZURE=1) || fail "azure direct: $d"
 [ "$(echo "$d" | get 'd["executions"]["write_record"]')" = 12 ] || fail "azure direct: $d"
-n=$(jq_url "$FAKE/stats" 'd["azure"]')
+n=$(stats 'd["azure"]')
 for stream in 0 1; do
   g=$(client agent-openai.mjs BASE_URL="$az_URL/v1" MODEL=loop-write AZURE=1 STREAM=$stream) || fail "azure gateway: $g"
   stopped "azure chat completions stream=$stream" "$g"
@@ -824,8 +824,8 @@ done
 g=$(client agent-responses.mjs BASE_URL="$az_URL/v1" MODEL=loop-write AZURE=1) || fail "azure responses: $g"
 stopped "azure responses" "$g"
 # every request reached the fake's Azure paths (which refuse one without api-version or api-key)
-[ "$(jq_url "$FAKE/stats" "int(d['azure'] >= $n + 3)")" = 1 ] || fail "azure: the upstream's Azure paths got $(jq_url "$FAKE/stats" 'd["azure"]') requests, from $n"
-[ "$(jq_url "$FAKE/stats" 'd["auths"][-1]')" = azure-test-key ] || fail "azure: the client's api-key did not go upstream"
+[ "$(stats "int(d['azure'] >= $n + 3)")" = 1 ] || fail "azure: the upstream's Azure paths got $(stats 'd["azure"]') requests, from $n"
+[ "$(stats 'd["auths"][-1]')" = azure-test-key ] || fail "azure: the client's api-key did not go upstream"
 # an OpenAI client whose base URL is the gateway's /openai/v1 (the resource's v1 API under it):
 # guarded too, not passed on as any other path; and one whose base URL is the gateway's /v1:
 # its requests go to the resource's v1 API (/openai/v1/...), a passed-through one too
@@ -851,7 +851,7 @@ for p in azure azure-chat; do
   done
 done
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-client' "$az_URL/v1/models")" = 200 ] &&
-  [ "$(jq_url "$FAKE/stats" 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
+  [ "$(stats 'd["last_url"]')" = /v1/models ] || fail "azure: GET /v1/models not passed to the resource's v1 API"
 stop_server az
 note "cascade.escalate on an AzureOpenAI client's deployment path: the escalation's model is the deployment the path names (Azure answers with the path's, not the body's)"
 echo '{"cascade":{"escalate":{"model":"stubborn-az-strong","turns":2}}}' >"$TMP/az-esc.json"
@@ -859,17 +859,17 @@ start_server azesc --store memory: --upstreams "$TMP/az.json" --policy "$TMP/az-
 g=$(client agent-openai.mjs BASE_URL="$azesc_URL/v1" MODEL=stubborn-az AZURE=1) || fail "azure escalation: $g"
 [ "$(echo "$g" | get 'd["ended"]')" = final ] || fail "azure escalation: $g"
 # the models the fake's Azure paths answered with: each the path's deployment
-models=$(jq_url "$FAKE/stats" '[m for m in d["models"] if m.startswith("stubborn-az")]')
+models=$(stats '[m for m in d["models"] if m.startswith("stubborn-az")]')
 echo "$models" | grep -qF '"stubborn-az-strong"' || fail "azure escalation: no call reached the escalation's deployment: $models"
 [ "$(echo "$models" | get 'd[0]')" = stubborn-az ] || fail "azure escalation: the first call was escalated: $models"
 stop_server azesc
 note "an OpenAI-compatible API whose base URL ends in /openai, not on Azure's hosts (Gemini's): OpenAI's paths and key, no Azure routes"
 start_server gem --store memory: --upstream "$FAKE/v1beta/openai" --log "$TMP/gem.log"
 grep -qF "Azure" "$gem_OUT" && fail "gemini-style upstream named an Azure resource: $(cat "$gem_OUT")"
-n=$(jq_url "$FAKE/stats" 'd["compat"]')
+n=$(stats 'd["compat"]')
 g=$(client agent-openai.mjs BASE_URL="$gem_URL/v1" MODEL=loop-write) || fail "gemini-style upstream: $g"
 stopped "an OpenAI-compatible upstream under /v1beta/openai" "$g"
-[ "$(jq_url "$FAKE/stats" "int(d['compat'] > $n)")" = 1 ] || fail "gemini-style upstream: no request reached its paths"
+[ "$(stats "int(d['compat'] > $n)")" = 1 ] || fail "gemini-style upstream: no request reached its paths"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'api-key: k' -d '{}' "$gem_URL/openai/deployments/x/chat/completions?api-version=1")" = 404 ] ||
   fail "gemini-style upstream: an Azure path was taken"
 stop_server gem
@@ -877,24 +877,24 @@ note "beside an OpenAI default, an /openai/ request goes to the Azure upstream (
 printf '{"upstreams":{"openai":{"base_url":"%s/v1"},"az":{"base_url":"%s/openai","api":"azure"}},"default":"openai","routes":[{"model_prefix":"fin","upstream":"openai"}]}' \
   "$FAKE" "$FAKE" >"$TMP/two.json"
 start_server two --store memory: --upstreams "$TMP/two.json"
-n=$(jq_url "$FAKE/stats" 'd["azure"]')
+n=$(stats 'd["azure"]')
 # the fake's Azure paths count what reaches them; its Azure deployments take chat completions only (a 404 of Azure's own for the rest)
 for pc in "/openai/deployments/finish/chat/completions?api-version=2024-10-21 200" "/openai/deployments/finish/embeddings?api-version=2024-10-21 404"; do
   code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: azure-test-key' \
     -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}],"input":"x"}' "$two_URL${pc% *}")
   [ "$code" = "${pc#* }" ] || fail "two upstreams, ${pc% *}: $code $(cat "$TMP/e.json")"
 done
-[ "$(jq_url "$FAKE/stats" "d['azure'] - $n")" = 2 ] || fail "two upstreams: the Azure paths got $(jq_url "$FAKE/stats" "d['azure'] - $n") of 2"
+[ "$(stats "d['azure'] - $n")" = 2 ] || fail "two upstreams: the Azure paths got $(stats "d['azure'] - $n") of 2"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' -H 'Authorization: Bearer sk-test' \
   -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}]}' "$two_URL/v1/chat/completions")
-[ "$code" = 200 ] && [ "$(jq_url "$FAKE/stats" 'd["last_url"]')" = /v1/chat/completions ] ||
-  fail "two upstreams, /v1: $code, to $(jq_url "$FAKE/stats" 'd["last_url"]')"
+[ "$code" = 200 ] && [ "$(stats 'd["last_url"]')" = /v1/chat/completions ] ||
+  fail "two upstreams, /v1: $code, to $(stats 'd["last_url"]')"
 stop_server two
 code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'x-api-key: sk-test' -d '{}' "$gw_URL/v1/v1/messages")
 [ "$code" = 404 ] || fail "/v1 twice: $code"
 get 'd["error"]["message"]' <"$TMP/e.json" | grep_q -F "/v1 is in the client's base URL twice" || fail "/v1 twice: $(cat "$TMP/e.json")"
 [ "$(get 'd["type"]' <"$TMP/e.json")" = error ] || fail "/v1 twice: not in Anthropic's shape: $(cat "$TMP/e.json")"
-[ "$(jq_url "$FAKE/stats" 'd.get("last_url")')" != /v1/v1/messages ] || fail "/v1 twice: passed through to the upstream"
+[ "$(stats 'd.get("last_url")')" != /v1/v1/messages ] || fail "/v1 twice: passed through to the upstream"
 note "a base URL without a path (every request the provider's 404) is said at the start, in the banner and the log"
 printf '{"upstreams":{"o":{"base_url":"%s","api":"openai"},"a":{"base_url":"%s/","api":"anthropic"}},"default":"o"}' \
   "$FAKE" "$FAKE" >"$TMP/nopath.json"
@@ -957,9 +957,9 @@ cat >"$TMP/ups.json" <<JSON
 {"upstreams": {"fake": {"base_url": "$FAKE/v1", "api": "openai", "timeout_ms": 1000}}, "default": "fake"}
 JSON
 start_server cap --store memory: --upstreams "$TMP/ups.json" --policy "$TMP/cap.json" --gateway-max-body 1048576
-before=$(jq_url "$FAKE/stats" 'd["chat"]')
+before=$(stats 'd["chat"]')
 c=$(agent BASE_URL="$cap_URL/v1" MODEL=stubborn) || fail "agent (cap)"
-after=$(jq_url "$FAKE/stats" 'd["chat"]')
+after=$(stats 'd["chat"]')
 [ $((after - before)) = 2 ] || fail "cap: the upstream got $((after - before)) requests: $c"
 [ "$(echo "$c" | get 'd["ended"]')" = final ] || fail "cap: $c"
 echo "$c" | get '[s["reason"] for s in d["seen"]]' | grep_q model_call_cap || fail "cap: no model_call_cap: $c"
@@ -985,7 +985,7 @@ fi
 grep -q "upstreams.x.timeout_ms" "$TMP/bad.out" || fail "bad upstreams: $(cat "$TMP/bad.out")"
 
 # and since the check above, the Azure clients', the escalation's, the rest's
-v=$(jq_url "$FAKE/stats" 'd["violations"]')
+v=$(stats 'd["violations"]')
 [ "$v" = "[]" ] || fail "violations (after the first check): $v"
 stop_server cap
 stop_server down

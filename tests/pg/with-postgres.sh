@@ -115,9 +115,9 @@ from_template() {
   ) 9>"$t.lock" || return 1
   cp -a "$t/data" "$dir/data"
 }
-from_template=1
+templated=1
 if ! from_template; then
-  from_template=0
+  templated=0
   if ! { rm -rf "$dir/data"; initdb_into "$dir"; }; then
     cat "$dir/initdb.log" >&2
     unavailable "initdb failed (log above)"
@@ -130,7 +130,7 @@ if ! pg_start "$dir"; then
 fi
 started=1
 
-if [ $from_template = 0 ] && ! createdb_in "$dir"; then
+if [ $templated = 0 ] && ! createdb_in "$dir"; then
   cat "$dir/createdb.log" >&2
   unavailable "createdb failed (log above)"
 fi
