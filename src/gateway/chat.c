@@ -575,9 +575,29 @@ static int structured_result(json_t *sj, lg_result_t *res, char **value) {
   return 1;
 }
 
-/* A plain answer: progress (an error: retryable), its text the value. */
+/* Whether a tool's answer is a command's outcome in Codex's shape that
+ * says the command failed: JSON text, an object with an integer
+ * `exit_code` other than 0 in its `metadata` object or at its top
+ * (`{"output": "...", "metadata": {"exit_code": 1, "duration_seconds":
+ * 0.4}}`, what Codex answers its shell and local shell calls with, in a
+ * function_call_output, a local_shell_call_output or a Chat Completions
+ * tool message). Only text that starts with '{' and holds "exit_code"
+ * as written is parsed. */
+static int exec_failed(const char *t) {
+  while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
+  if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
+  json_t *o = lg__json_load(t, strlen(t), NULL, NULL);
+  json_t *md = json_object_get(o, "metadata");
+  json_t *ec = json_object_get(json_is_object(md) ? md : o, "exit_code");
+  int failed = json_is_integer(ec) && json_integer_value(ec) != 0;
+  json_decref(o);
+  return failed;
+}
+
+/* A plain answer: progress (an error: retryable: the API's flag, or a
+ * command's outcome that says it failed), its text the value. */
 static void plain_result(const char *text, int is_error, lg_result_t *res, char **value) {
-  res->status = is_error ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
+  res->status = is_error || exec_failed(text) ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
   *value = lg_json_quote(text, strlen(text));
   res->value_len = *value ? strlen(*value) : 0;
   res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;

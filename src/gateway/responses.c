@@ -322,14 +322,6 @@ json_t *lg__gwr_output_content(json_t *item, int *is_error) {
   }
   if (k && k->out == LG__OUT_SCREENSHOT) /* a part: read as any image (chat.c, result_text) */
     return json_is_object(out) ? json_pack("[O]", out) : json_incref(out);
-  if (k && k->out == LG__OUT_LOCAL_SHELL) { /* JSON text: an error when it says the command exited non-zero */
-    const char *t = json_string_value(out);
-    json_t *o = t ? lg__json_load(t, strlen(t), NULL, NULL) : NULL;
-    json_t *md = json_object_get(o, "metadata"), *ec = json_object_get(md ? md : o, "exit_code");
-    *is_error = json_is_integer(ec) && json_integer_value(ec) != 0;
-    json_decref(o);
-    return json_incref(out);
-  }
   if (!k || k->out != LG__OUT_CHUNKS) return json_incref(out);
   /* a shell's chunks: their stdout and stderr, in order; an error when a
    * command exited non-zero or timed out; commands that printed nothing,

@@ -30,11 +30,16 @@
 //              whose output is one input_image part)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
+//   CODEX=1    (without BUILTIN) Codex's own shell tool instead of the
+//              write: a function tool named shell, each call answered
+//              with Codex's JSON text, a command that exited 2
+//              (codex-shell.mjs)
 //   AZURE=1    the package's AzureOpenAI client, its endpoint BASE_URL
 //              without /v1: its requests go to /openai/responses?api-version=...
 import OpenAI, { AzureOpenAI } from 'openai';
 import { roundRobin } from './round-robin.mjs';
 import { SCREEN, nextScreenB64 } from './screens.mjs';
+import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput } from './codex-shell.mjs';
 
 const client = process.env.AZURE === '1'
   ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2025-04-01-preview', maxRetries: 0, timeout: 20000 })
@@ -45,7 +50,9 @@ const stream = process.env.STREAM === '1';
 const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1', builtin = process.env.BUILTIN;
 const nextScreen = () => 'data:image/png;base64,' + nextScreenB64();
 const builtinTool = builtin === 'computer' ? { type: 'computer_use_preview', display_width: 1024, display_height: 768, environment: 'browser' } : { type: builtin };
-const tools = builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
+const codexShell = process.env.CODEX === '1' && !builtin;
+const tools = codexShell ? [{ type: 'function', name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS, strict: false }]
+  : builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
     : { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
   { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } },
@@ -54,6 +61,7 @@ const executions = { write_record: 0, lookup: 0 };
 function runTool(name) {
   executions[name] = (executions[name] || 0) + 1;
   if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
+  if (name === 'shell') return shellOutput(executions.shell);
   return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
 }
 let input = builtin === 'computer' ? [{ role: 'user', content: [{ type: 'input_text', text: 'Write record 7 with value A in the form.' }, { type: 'input_image', image_url: SCREEN }] }] : 'Write record 7 with value A.', prev;

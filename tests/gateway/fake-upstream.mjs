@@ -52,6 +52,10 @@
 //               more is refused: 400 invalid_request_error, in the API's shape
 //               (picky-html, Chat Completions: 400 with an HTML page, a byte
 //               in it not UTF-8, as a proxy in front of a provider answers)
+//   flail       a coding agent on Codex's shell tool (a function named
+//               shell): a different command every time (make test's output
+//               cut at another length), whatever the results say; with shell
+//               hidden or tools off, gives up in text
 //   finish      looks a customer up once, then answers "Done: ..."
 //   edit-test   a coding agent: Bash (the same test command every time), then
 //               an Edit (a different one each time), in turn, until a result
@@ -389,6 +393,11 @@ function script(req) {
     if (toolsOff || !names.includes('Bash')) return { text: 'I could not make the tests pass.' };
     if (n % 2 === 0) return { calls: [{ name: 'Bash', args: '{"command":"pytest -x tests/test_parser.py","description":"Run the parser tests"}' }] };
     return { calls: [{ name: 'Edit', args: JSON.stringify({ file_path: 'src/parser.py', old_string: `tok = ${n}`, new_string: `tok = ${n + 1}` }) }] };
+  }
+  if (model.startsWith('flail')) { // a coding agent trying one command after another (Codex's shell tool), never the same
+    const n = msgs.filter((m) => m.role === 'tool').length;
+    if (toolsOff || !names.includes('shell')) return { text: 'I could not get the tests to pass.' };
+    return { calls: [{ name: 'shell', args: JSON.stringify({ command: ['bash', '-lc', `make test 2>&1 | tail -n ${20 + 10 * n}`], workdir: '/repo', timeout_ms: 120000 }) }] };
   }
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');
