@@ -575,15 +575,57 @@ static int structured_result(json_t *sj, lg_result_t *res, char **value) {
   return 1;
 }
 
+/* Codex's plain-text outcome of a command: header lines, then a line that
+ * starts with "Output:". Its shell answers "Exit code: N", "Wall time: S
+ * seconds" (and "Total output lines: N"); its exec_command "Chunk ID: X",
+ * "Wall time: S seconds", "Process exited with code N" (or "Process
+ * running with session ID N" while it runs), "Original token count: N",
+ * maybe after "Total output lines: N" and a blank line. 1 and *code when
+ * t starts with such a header that has a wall time and an exit code; a
+ * line that is none of these ends the look at once (most answers: at
+ * their first bytes). */
+static int header_exit_code(const char *t, long long *code) {
+  static const char *const other[] = {"Wall time: ", "Total output lines: ", "Chunk ID: ",
+                                      "Process running with session ID ", "Original token count: "};
+  int wall = 0, have = 0;
+  for (int line = 0; line < 10; line++) {
+    if (!strncmp(t, "Output:", 7)) return wall && have;
+    const char *num = !strncmp(t, "Exit code: ", 11)                 ? t + 11
+                      : !strncmp(t, "Process exited with code ", 25) ? t + 25
+                                                                     : NULL;
+    if (num) {
+      const char *d = num + (*num == '-');
+      long long v = 0;
+      int n = 0;
+      for (; *d >= '0' && *d <= '9' && n < 10; d++, n++) v = v * 10 + (*d - '0');
+      if (!n || *d != '\n') return 0;
+      *code = *num == '-' ? -v : v;
+      have = 1;
+    } else if (*t != '\n') {
+      size_t k = 0, nk = sizeof other / sizeof *other;
+      while (k < nk && strncmp(t, other[k], strlen(other[k]))) k++;
+      if (k == nk) return 0;
+      wall |= k == 0;
+    }
+    t = strchr(t, '\n');
+    if (!t) return 0;
+    t++;
+  }
+  return 0;
+}
+
 /* Whether a tool's answer is a command's outcome in Codex's shape that
- * says the command failed: JSON text, an object with an integer
- * `exit_code` other than 0 in its `metadata` object or at its top
- * (`{"output": "...", "metadata": {"exit_code": 1, "duration_seconds":
- * 0.4}}`, what Codex answers its shell and local shell calls with, in a
- * function_call_output, a local_shell_call_output or a Chat Completions
- * tool message). Only text that starts with '{' and holds "exit_code"
- * as written is parsed. */
+ * says the command failed (an exit code other than 0): JSON text, an
+ * object with an integer `exit_code` in its `metadata` object or at its
+ * top (`{"output": "...", "metadata": {"exit_code": 1,
+ * "duration_seconds": 0.4}}`, what Codex answers its shell and local
+ * shell calls with, in a function_call_output, a local_shell_call_output
+ * or a Chat Completions tool message), or its plain text
+ * (header_exit_code). Only JSON text that holds "exit_code" as written
+ * is parsed. */
 static int exec_failed(const char *t) {
+  long long code = 0;
+  if (header_exit_code(t, &code)) return code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
   json_t *o = lg__json_load(t, strlen(t), NULL, NULL);

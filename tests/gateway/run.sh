@@ -495,29 +495,37 @@ for stream in 0 1; do
   stopped "local_shell answered by function_call_output, stream=$stream" "$g"
 done
 
-# Codex's own shell tool (a function named shell, each answer JSON text
-# whose exit_code says the command failed; the duration in it differs
-# every time): a model trying one command after another, never the same,
-# is no repeat, but every result is a failure, so the failure streak
-# (policy-v1's default: 5) stops it. Directly it runs to its step cap.
-# On both APIs Codex speaks (wire_api "responses" and "chat").
-note "Codex's shell tool: a failed command's exit code read, the failure streak"
+# Codex's own shell tool (a function named shell, each answer a text whose
+# exit code says the command failed: JSON, or the plain text of its
+# freeform shell or its exec_command; the duration in it differs every
+# time): a model trying one command after another, never the same, is no
+# repeat, but every result is a failure, so the failure streak
+# (policy-v1's default: 5) stops it. Directly it runs to its step cap. On
+# both APIs Codex speaks (wire_api "responses" and "chat"); exit code 0 is
+# no failure.
+note "Codex's shell tool: a failed command's exit code read (its three texts), the failure streak"
 d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=flail CODEX=1 STATELESS=1) || fail "flail direct: $d"
 [ "$(echo "$d" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail direct: $d"
-for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1" "agent-openai.mjs" "agent-openai.mjs STREAM=1"; do
+for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1 CODEX_OUTPUT=freeform" \
+  "agent-openai.mjs STREAM=1 CODEX_OUTPUT=exec" "agent-openai.mjs" "agent-openai.mjs CODEX_OUTPUT=freeform" "agent-openai.mjs CODEX_OUTPUT=exec"; do
   g=$(client $way BASE_URL="$gw_URL/v1" MODEL=flail CODEX=1) || fail "flail through the gateway ($way): $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["final", 5]' ] ||
     fail "flail ($way): not stopped by the failure streak: $g"
-  [ "$way" = agent-openai.mjs ] && run=$(echo "$g" | get 'd["seen"][0]["run"]') # (a stream's answers print no run)
-done
-jq_url "$gw_URL/v1/runs/$run" 'd["terminal_reason"]' | grep_q '^failure_streak$' ||
-  fail "flail: the stop: $(curl -s "$gw_URL/v1/runs/$run")"
-curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/flail.jsonl" || fail "flail: no trace"
-python3 - "$TMP/flail.jsonl" <<'PY' || fail "flail: the results are not failures with Codex's text: $(head -c 3000 "$TMP/flail.jsonl")"
+  case $way in agent-openai.mjs*STREAM=1*) continue ;; agent-openai.mjs*) ;; *) continue ;; esac # (a run printed)
+  run=$(echo "$g" | get 'd["seen"][0]["run"]')
+  jq_url "$gw_URL/v1/runs/$run" 'd["terminal_reason"]' | grep_q '^failure_streak$' ||
+    fail "flail ($way): the stop: $(curl -s "$gw_URL/v1/runs/$run")"
+  curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/flail.jsonl" || fail "flail ($way): no trace"
+  python3 - "$TMP/flail.jsonl" <<'PY' || fail "flail ($way): the results are not failures with Codex's text: $(head -c 3000 "$TMP/flail.jsonl")"
 import json, sys
 res = [e for e in map(json.loads, (l for l in open(sys.argv[1]) if not l.startswith("#"))) if e.get("type") == "result"]
-sys.exit(not (len(res) == 5 and all(r["status"] == "retryable" and json.loads(r["value"])["metadata"]["exit_code"] == 2 for r in res)))
+sys.exit(not (len(res) == 5 and all(r["status"] == "retryable" and "Error 2" in r["value"] for r in res)))
 PY
+done
+for out in json freeform exec; do # commands that work: progress, never the failure streak
+  g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=flail CODEX=1 CODEX_OUTPUT=$out CODEX_EXIT=0) || fail "flail, exit 0 ($out): $g"
+  [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail, exit 0 ($out): stopped: $g"
+done
 
 # A built-in tool that succeeds without a word (a patch applied with no
 # output, a command that printed nothing: most commands that work) gives a
