@@ -575,37 +575,60 @@ static int structured_result(json_t *sj, lg_result_t *res, char **value) {
   return 1;
 }
 
-/* Codex's plain-text outcome of a command: header lines, then a line that
- * starts with "Output:". Its shell answers "Exit code: N", "Wall time: S
- * seconds" (and "Total output lines: N"); its exec_command "Chunk ID: X",
- * "Wall time: S seconds", "Process exited with code N" (or "Process
- * running with session ID N" while it runs), "Original token count: N",
- * maybe after "Total output lines: N" and a blank line. 1 and *code when
- * t starts with such a header that has a wall time and an exit code; a
- * line that is none of these ends the look at once (most answers: at
- * their first bytes). */
-static int header_exit_code(const char *t, long long *code) {
-  static const char *const other[] = {"Wall time: ", "Total output lines: ", "Chunk ID: ",
-                                      "Process running with session ID ", "Original token count: "};
-  int wall = 0, have = 0;
+/* Codex's plain-text outcome of a command, as exec_header reads it. */
+typedef struct {
+  int exited;         /* it says the command's exit code: code */
+  long long code;
+  int running;        /* it says the command goes on (a session to poll) */
+  const char *output; /* the text after "Output:" and its line end */
+} exec_header_t;
+
+/* Whether t is Codex's plain-text outcome of a command: header lines,
+ * then a line that starts with "Output:". Its shell answers "Exit code:
+ * N", "Wall time: S seconds" (and "Total output lines: N"); its
+ * exec_command and write_stdin "Chunk ID: X", "Wall time: S seconds",
+ * "Process exited with code N" or, while the command runs, "Process
+ * running with session ID N", "Original token count: N", maybe after
+ * "Total output lines: N" and a blank line. Such a header with a wall
+ * time and an exit code or a session fills h; a line that is none of
+ * these ends the look at once (most answers: at their first bytes). */
+static int exec_header(const char *t, exec_header_t *h) {
+  enum { OTHER, WALL, EXIT, RUNNING };
+  static const struct {
+    const char *p;
+    int kind;
+  } heads[] = {{"Wall time: ", WALL},
+               {"Total output lines: ", OTHER},
+               {"Chunk ID: ", OTHER},
+               {"Original token count: ", OTHER},
+               {"Exit code: ", EXIT},
+               {"Process exited with code ", EXIT},
+               {"Process running with session ID ", RUNNING}};
+  int wall = 0;
+  memset(h, 0, sizeof *h);
   for (int line = 0; line < 10; line++) {
-    if (!strncmp(t, "Output:", 7)) return wall && have;
-    const char *num = !strncmp(t, "Exit code: ", 11)                 ? t + 11
-                      : !strncmp(t, "Process exited with code ", 25) ? t + 25
-                                                                     : NULL;
-    if (num) {
-      const char *d = num + (*num == '-');
-      long long v = 0;
-      int n = 0;
-      for (; *d >= '0' && *d <= '9' && n < 10; d++, n++) v = v * 10 + (*d - '0');
-      if (!n || *d != '\n') return 0;
-      *code = *num == '-' ? -v : v;
-      have = 1;
-    } else if (*t != '\n') {
-      size_t k = 0, nk = sizeof other / sizeof *other;
-      while (k < nk && strncmp(t, other[k], strlen(other[k]))) k++;
+    if (!strncmp(t, "Output:", 7)) {
+      h->output = t + 7 + (t[7] == '\n');
+      return wall && (h->exited || h->running);
+    }
+    if (*t != '\n') { /* a blank line is allowed (after the total) */
+      size_t k = 0, nk = sizeof heads / sizeof *heads, len = 0;
+      while (k < nk && strncmp(t, heads[k].p, len = strlen(heads[k].p))) k++;
       if (k == nk) return 0;
-      wall |= k == 0;
+      wall |= heads[k].kind == WALL;
+      if (heads[k].kind == EXIT || heads[k].kind == RUNNING) { /* a number, the whole line */
+        const char *num = t + len, *d = num + (*num == '-');
+        long long v = 0;
+        int n = 0;
+        for (; *d >= '0' && *d <= '9' && n < 10; d++, n++) v = v * 10 + (*d - '0');
+        if (!n || *d != '\n') return 0;
+        if (heads[k].kind == RUNNING) {
+          h->running = 1;
+        } else {
+          h->exited = 1;
+          h->code = *num == '-' ? -v : v;
+        }
+      }
     }
     t = strchr(t, '\n');
     if (!t) return 0;
@@ -621,11 +644,11 @@ static int header_exit_code(const char *t, long long *code) {
  * "duration_seconds": 0.4}}`, what Codex answers its shell and local
  * shell calls with, in a function_call_output, a local_shell_call_output
  * or a Chat Completions tool message), or its plain text
- * (header_exit_code). Only JSON text that holds "exit_code" as written
+ * (exec_header). Only JSON text that holds "exit_code" as written
  * is parsed. */
 static int exec_failed(const char *t) {
-  long long code = 0;
-  if (header_exit_code(t, &code)) return code != 0;
+  exec_header_t h;
+  if (exec_header(t, &h)) return h.exited && h.code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
   json_t *o = lg__json_load(t, strlen(t), NULL, NULL);
@@ -694,36 +717,38 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
   return 0;
 }
 
-/* A computer call's result (text what read_result read: its screenshot's
- * digest; res as read_result made it): a screen the run has not had is
- * progress, so that an action the model repeats while the screen changes
- * (a scroll down a long page, a click on Next) is not a loop; the same
- * screen again, or one seen before (a menu opened and closed), is none.
- * res carries the run's count of new screens as its progress_version
- * (trace-v1), which the trace keeps, so a replay decides the same. The
- * run's first screen is what the next are compared with, and carries
- * none (a first progress_version is always progress: the model's first
- * action would start the repeat count again). */
-static void screen_progress(chat_t *c, const char *text, lg_result_t *res) {
+/* A result that shows something (text: a computer call's screenshot's
+ * digest, as read_result read it; a running command's output so far):
+ * what the run has not seen before is progress, so that an action the
+ * model repeats while the screen changes (a scroll down a long page, a
+ * click on Next) is not a loop, nor a poll of a build that keeps
+ * printing; the same screen or output again, or one seen before (a menu
+ * opened and closed), is none. res (as read_result made it) carries the
+ * run's count of new sights as its progress_version (trace-v1), which
+ * the trace keeps, so a replay decides the same. The run's first sight
+ * is what the next are compared with, and carries none (a first
+ * progress_version is always progress: the model's first action would
+ * start the repeat count again). */
+static void seen_progress(chat_t *c, const char *text, lg_result_t *res) {
   lg__gw_run_t *r = c->r;
   char hex[65];
   lg__sha256_hex(text, strlen(text), hex);
   hex[16] = 0;
-  size_t n = json_array_size(r->screens), i = 0;
+  size_t n = json_array_size(r->sights), i = 0;
   for (; i < n; i++) {
-    const char *seen = json_string_value(json_array_get(r->screens, i));
+    const char *seen = json_string_value(json_array_get(r->sights, i));
     if (seen && !strcmp(seen, hex)) break;
   }
   if (i == n) { /* new */
-    if (!r->screens && !(r->screens = json_array())) return; /* out of memory: no progress said */
-    if (n >= 64) json_array_remove(r->screens, 0);
-    if (json_array_append_new(r->screens, json_string(hex))) return;
+    if (!r->sights && !(r->sights = json_array())) return; /* out of memory: no progress said */
+    if (n >= 64) json_array_remove(r->sights, 0);
+    if (json_array_append_new(r->sights, json_string(hex))) return;
     if (!n) return; /* the run's first: what the next are compared with */
-    r->screen_v++;
+    r->sight_v++;
   }
-  if (!r->screen_v) return; /* the first again: no progress yet to be above */
+  if (!r->sight_v) return; /* the first again: no progress yet to be above */
   res->has_progress_version = 1;
-  res->progress_version = r->screen_v;
+  res->progress_version = r->sight_v;
 }
 
 /* Messages: the name of the request's computer-use tool (its type
@@ -792,7 +817,11 @@ static int fill_result(lg__step_t *st, void *ud) {
       call_id = sget(m, "tool_call_id");
     }
     int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
-    if (!rc && is_screen(c, m, k->msg, call_id, k->text)) screen_progress(c, k->text, &k->res);
+    exec_header_t h;
+    if (!rc && is_screen(c, m, k->msg, call_id, k->text))
+      seen_progress(c, k->text, &k->res);
+    else if (!rc && exec_header(k->text, &h) && h.running && !h.exited && !blank(h.output))
+      seen_progress(c, h.output, &k->res); /* a poll that brought new output */
     json_decref(owned);
     if (rc) {
       k->oom = 1;
@@ -1642,16 +1671,16 @@ static json_t *mem_json(const lg__gw_run_t *r) {
                              (json_int_t)r->stored_tokens, "esc_model", r->esc_left > 0 ? r->esc_model : NULL,
                              "esc_left", r->esc_left > 0 ? r->esc_left : 0)
                  : NULL;
-  if (m && json_array_size(r->screens)) { /* a computer-use run's */
-    json_object_set(m, "screens", r->screens);
-    json_object_set_new(m, "screen_v", json_integer(r->screen_v));
+  if (m && json_array_size(r->sights)) { /* (named "screens" before running outputs counted) */
+    json_object_set(m, "screens", r->sights);
+    json_object_set_new(m, "screen_v", json_integer(r->sight_v));
   }
   return m;
 }
 
 static int mem_empty(const lg__gw_run_t *r) {
   return !r->nrs && !json_object_size(r->steer) && !r->text_steer && !r->stored_tokens && r->esc_left <= 0 &&
-         !json_array_size(r->screens);
+         !json_array_size(r->sights);
 }
 
 /* The memory written to the store when it changed since it was last
@@ -1757,9 +1786,9 @@ static void mem_fetch(chat_t *c) {
   json_t *screens = json_object_get(d, "screens");
   json_int_t sv = json_integer_value(json_object_get(d, "screen_v"));
   if (json_array_size(screens) && sv >= 0 && (screens = json_deep_copy(screens))) {
-    json_decref(r->screens);
-    r->screens = screens;
-    r->screen_v = sv;
+    json_decref(r->sights);
+    r->sights = screens;
+    r->sight_v = sv;
   }
   json_decref(d);
   r->mem_stored = 1;

@@ -1878,7 +1878,7 @@ static void run_free(lg__gw_run_t *r) {
   }
   lg__free(r->rs);
   json_decref(r->steer);
-  json_decref(r->screens);
+  json_decref(r->sights);
   json_decref(r->own);
   lg__free(r->final_text);
   lg__free(r->hide_tool);

@@ -268,16 +268,16 @@ typedef struct lg__gw_run {
   int64_t model_calls;        /* model calls this server let through for the run (a later
                                  prompt told from the first; the events' turns are the
                                  stored run's: lg__step_t.model_turn) */
-  json_t *screens;            /* the computer-use screens the run's calls answered with
-                                 (the first 16 hex digits of each one's SHA-256, the newest
-                                 64, or NULL), and how many were new (screen_v: a result's
-                                 progress_version, chat.c, screen_progress) */
-  int64_t screen_v;
+  json_t *sights;             /* the computer-use screens and running commands' outputs the
+                                 run's calls answered with (the first 16 hex digits of each
+                                 one's SHA-256, the newest 64, or NULL), and how many were new
+                                 (sight_v: a result's progress_version, chat.c, seen_progress) */
+  int64_t sight_v;
   int64_t stored_tokens;      /* Responses: the most tokens an answer of the run left in the
                                  upstream's stored conversation (its input + output), which a
                                  request continuing it is billed again as input (chat.c) */
   uint64_t mem_hash;          /* the hash of the run's memory as the store holds it (rs,
-                                 steer, text_steer, stored_tokens, esc_*, screens: chat.c,
+                                 steer, text_steer, stored_tokens, esc_*, sights: chat.c,
                                  mem_sync), when mem_stored */
   int mem_stored;
   uint64_t last_hash;         /* the last answered request, for retries */

@@ -19,7 +19,9 @@
 //             its result a message of role "function" (STREAM 1 or unset)
 //   CODEX     1: Codex's own shell tool instead of the write (Codex with
 //             wire_api "chat"): a function named shell, each call answered
-//             with Codex's JSON text, a command that exited 2 (codex-shell.mjs)
+//             with Codex's JSON text, a command that exited 2 (codex-shell.mjs);
+//             CODEX_TOOLS=exec: its exec_command and write_stdin, a build
+//             polled until it ends
 //   AZURE     1: the package's AzureOpenAI client, its endpoint BASE_URL
 //             without /v1, the model a deployment's name: its requests go to
 //             /openai/deployments/MODEL/chat/completions?api-version=...,
@@ -31,7 +33,7 @@
 // last answer text, the X-Loopguard-* headers seen (non-stream).
 import OpenAI, { AzureOpenAI } from 'openai';
 import { joinChatStream } from './chat-stream.mjs';
-import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput } from './codex-shell.mjs';
+import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './codex-shell.mjs';
 
 const client = process.env.AZURE === '1'
   ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2024-10-21', maxRetries: 0, timeout: 20000 })
@@ -42,7 +44,8 @@ const cap = Number(process.env.STEP_CAP || 12);
 const thinking = process.env.THINKING === '1' ? { thinking: { type: 'enabled' } } : {};
 
 const custom = process.env.CUSTOM === '1';
-const tools = process.env.CODEX === '1' ? [{ type: 'function', function: { name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS } }] : [
+const tools = process.env.CODEX === '1' && process.env.CODEX_TOOLS === 'exec' ? EXEC_TOOLS.map((f) => ({ type: 'function', function: f }))
+  : process.env.CODEX === '1' ? [{ type: 'function', function: { name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS } }] : [
   custom ? { type: 'custom', custom: { name: 'write_record', description: 'Apply a patch to the records.' } } :
   { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
   { type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } } },
@@ -58,6 +61,7 @@ function runTool(name, args) {
   if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
   if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
   if (name === 'shell') return shellOutput(executions.shell);
+  if (name === 'exec_command' || name === 'write_stdin') return execOutput((executions.exec_command || 0) + (executions.write_stdin || 0));
   return 'unknown tool';
 }
 

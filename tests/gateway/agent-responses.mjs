@@ -33,13 +33,14 @@
 //   CODEX=1    (without BUILTIN) Codex's own shell tool instead of the
 //              write: a function tool named shell, each call answered
 //              with Codex's JSON text, a command that exited 2
-//              (codex-shell.mjs)
+//              (codex-shell.mjs); CODEX_TOOLS=exec: its exec_command and
+//              write_stdin, a build polled until it ends (codex-shell.mjs)
 //   AZURE=1    the package's AzureOpenAI client, its endpoint BASE_URL
 //              without /v1: its requests go to /openai/responses?api-version=...
 import OpenAI, { AzureOpenAI } from 'openai';
 import { roundRobin } from './round-robin.mjs';
 import { SCREEN, nextScreenB64 } from './screens.mjs';
-import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput } from './codex-shell.mjs';
+import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './codex-shell.mjs';
 
 const client = process.env.AZURE === '1'
   ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2025-04-01-preview', maxRetries: 0, timeout: 20000 })
@@ -51,7 +52,8 @@ const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS ===
 const nextScreen = () => 'data:image/png;base64,' + nextScreenB64();
 const builtinTool = builtin === 'computer' ? { type: 'computer_use_preview', display_width: 1024, display_height: 768, environment: 'browser' } : { type: builtin };
 const codexShell = process.env.CODEX === '1' && !builtin;
-const tools = codexShell ? [{ type: 'function', name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS, strict: false }]
+const tools = codexShell && process.env.CODEX_TOOLS === 'exec' ? EXEC_TOOLS.map((t) => ({ type: 'function', ...t, strict: false }))
+  : codexShell ? [{ type: 'function', name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS, strict: false }]
   : builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
     : { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },
@@ -62,6 +64,7 @@ function runTool(name) {
   executions[name] = (executions[name] || 0) + 1;
   if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
   if (name === 'shell') return shellOutput(executions.shell);
+  if (name === 'exec_command' || name === 'write_stdin') return execOutput((executions.exec_command || 0) + (executions.write_stdin || 0));
   return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
 }
 let input = builtin === 'computer' ? [{ role: 'user', content: [{ type: 'input_text', text: 'Write record 7 with value A in the form.' }, { type: 'input_image', image_url: SCREEN }] }] : 'Write record 7 with value A.', prev;

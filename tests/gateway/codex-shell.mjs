@@ -13,6 +13,13 @@
 // the duration (and the chunk id) differing every time, as a real
 // command's do. Every command fails (make's error, exit code 2), or
 // succeeds when $CODEX_EXIT is 0.
+//
+// With CODEX_TOOLS=exec, Codex's unified exec instead: exec_command starts
+// a build that is still running when it answers ("Process running with
+// session ID 7" and its first line of output), and each write_stdin (a
+// poll) answers the lines printed since, until the CODEX_POLLS-th poll
+// [8] answers "Process exited with code 0"; CODEX_HUNG=1: the build never
+// prints again nor ends (every poll's output empty).
 export const SHELL_PARAMETERS = {
   type: 'object',
   properties: {
@@ -34,4 +41,21 @@ export function shellOutput(n) {
     case 'exec': return `Chunk ID: ${(0x5a17 + n).toString(16)}\nWall time: ${secs} seconds\nProcess exited with code ${code}\nOriginal token count: 9\nOutput:\n${out}`;
     default: throw new Error('CODEX_OUTPUT: json, freeform or exec');
   }
+}
+
+export const EXEC_TOOLS = [
+  { name: 'exec_command', description: 'Runs a command in a PTY, returning output or a session ID for ongoing interaction.',
+    parameters: { type: 'object', properties: { cmd: { type: 'string' }, workdir: { type: 'string' }, yield_time_ms: { type: 'number' }, max_output_tokens: { type: 'number' } }, required: ['cmd'], additionalProperties: false } },
+  { name: 'write_stdin', description: 'Writes characters to an existing unified exec session and returns recent output.',
+    parameters: { type: 'object', properties: { session_id: { type: 'number' }, chars: { type: 'string' }, yield_time_ms: { type: 'number' } }, required: ['session_id'], additionalProperties: false } },
+];
+
+// The answer of the n-th exec_command or write_stdin call (1: the
+// exec_command that starts the build)
+export function execOutput(n) {
+  const polls = Number(process.env.CODEX_POLLS ?? 8), hung = process.env.CODEX_HUNG === '1';
+  const head = `Chunk ID: ${(0x7c00 + n).toString(16)}\nWall time: ${(n === 1 ? 10 : 30) + n / 10} seconds\n`;
+  if (!hung && n > polls) return head + 'Process exited with code 0\nOriginal token count: 4\nOutput:\nBuild finished.\n';
+  const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c\n`;
+  return head + `Process running with session ID 7\nOriginal token count: ${out.length >> 2}\nOutput:\n${out}`;
 }

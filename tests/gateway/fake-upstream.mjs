@@ -56,6 +56,9 @@
 //               shell): a different command every time (make test's output
 //               cut at another length), whatever the results say; with shell
 //               hidden or tools off, gives up in text
+//   poll        a coding agent on Codex's unified exec: exec_command starts a
+//               build, then the same write_stdin poll until a result says
+//               the process exited, then "Done: the build finished."
 //   finish      looks a customer up once, then answers "Done: ..."
 //   edit-test   a coding agent: Bash (the same test command every time), then
 //               an Edit (a different one each time), in turn, until a result
@@ -398,6 +401,13 @@ function script(req) {
     const n = msgs.filter((m) => m.role === 'tool').length;
     if (toolsOff || !names.includes('shell')) return { text: 'I could not get the tests to pass.' };
     return { calls: [{ name: 'shell', args: JSON.stringify({ command: ['bash', '-lc', `make test 2>&1 | tail -n ${20 + 10 * n}`], workdir: '/repo', timeout_ms: 120000 }) }] };
+  }
+  if (model.startsWith('poll')) { // Codex's unified exec: a build started, then polled (the same write_stdin) until it ends
+    const res = msgs.filter((m) => m.role === 'tool'), last = res.length ? String(res[res.length - 1].content) : '';
+    if (/^Process exited with code /m.test(last)) return { text: 'Done: the build finished.' };
+    if (toolsOff || !names.includes('exec_command') || (res.length && !names.includes('write_stdin'))) return { text: 'I stopped waiting for the build.' };
+    if (!res.length) return { calls: [{ name: 'exec_command', args: '{"cmd":"make -j2","yield_time_ms":10000}' }] };
+    return { calls: [{ name: 'write_stdin', args: '{"session_id":7,"chars":"","yield_time_ms":30000}' }] };
   }
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');

@@ -527,6 +527,35 @@ for out in json freeform exec; do # commands that work: progress, never the fail
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail, exit 0 ($out): stopped: $g"
 done
 
+# Codex's unified exec: a long build started by exec_command and polled
+# with the same write_stdin call while it runs. A poll that brings output
+# the run has not seen is progress (its progress_version in the trace), so
+# the eight polls all run and the agent ends on its own answer; a build
+# that never prints again is polled in vain, the same call with nothing
+# new: the repeat ladder's.
+note "Codex's unified exec: polls of a running build that prints are progress; a silent one is a repeat"
+d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec STATELESS=1) || fail "poll direct: $d"
+[ "$(echo "$d" | get '[d["ended"], d["executions"]["exec_command"], d["executions"]["write_stdin"]]')" = '["final", 1, 8]' ] || fail "poll direct: $d"
+for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1" "agent-openai.mjs"; do
+  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec) || fail "poll ($way): $g"
+  [ "$(echo "$g" | get '[d["ended"], d["final"], d["executions"]["write_stdin"]]')" = '["final", "Done: the build finished.", 8]' ] ||
+    fail "poll ($way): the polls of a build that prints were not let run: $g"
+  h=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec CODEX_HUNG=1) || fail "poll, hung ($way): $h"
+  [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["write_stdin"] <= 2)')" = 1 ] ||
+    fail "poll, hung ($way): a silent build polled without end: $h"
+done
+run=$(echo "$g" | get 'd["seen"][0]["run"]')
+curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/poll.jsonl" || fail "poll: no trace"
+python3 - "$TMP/poll.jsonl" <<'PY' || fail "poll: the polls' results are not progress: $(head -c 3000 "$TMP/poll.jsonl")"
+import json, sys
+res = [e for e in map(json.loads, (l for l in open(sys.argv[1]) if not l.startswith("#"))) if e.get("type") == "result"]
+pv = [r.get("progress_version") for r in res]
+sys.exit(not (len(res) == 9 and pv == [None] + list(range(1, 8)) + [None] and all(r["status"] == "progress" for r in res)))
+PY
+"$LG_BIN" replay --json "$TMP/poll.jsonl" >"$TMP/poll.replay" || fail "poll: the trace does not replay"
+[ "$(tail -n 1 "$TMP/poll.replay" | get '[d["executed_calls"], d["blocked_calls"], d["terminal_reason"]]')" = '[9, 0, null]' ] ||
+  fail "poll: replay: $(tail -n 1 "$TMP/poll.replay")"
+
 # A built-in tool that succeeds without a word (a patch applied with no
 # output, a command that printed nothing: most commands that work) gives a
 # value (its status, "[exit 0]"), not a blank one, which stopped the run at
