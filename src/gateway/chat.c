@@ -575,13 +575,34 @@ static int structured_result(json_t *sj, lg_result_t *res, char **value) {
   return 1;
 }
 
-/* Codex's plain-text outcome of a command, as exec_header reads it. */
+/* A command's outcome as a coding agent's shell tool words it
+ * (command_outcome). */
 typedef struct {
   int exited;         /* it says the command's exit code: code */
   long long code;
   int running;        /* it says the command goes on (a session to poll) */
-  const char *output; /* the text after "Output:" and its line end */
+  const char *output; /* its output (output_len bytes), without the words around */
+  size_t output_len;
 } exec_header_t;
+
+/* Whether the n bytes at t are white space only (blank, for a span). */
+static int blankn(const char *t, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (t[i] != ' ' && t[i] != '\t' && t[i] != '\n' && t[i] != '\r') return 0;
+  return 1;
+}
+
+/* The number that starts s, followed by the text end (at most 10 digits,
+ * maybe a '-'): 1 and *v. */
+static int leading_int(const char *s, const char *end, long long *v) {
+  const char *d = s + (*s == '-');
+  long long x = 0;
+  int n = 0;
+  for (; *d >= '0' && *d <= '9' && n < 10; d++, n++) x = x * 10 + (*d - '0');
+  if (!n || strncmp(d, end, strlen(end))) return 0;
+  *v = *s == '-' ? -x : x;
+  return 1;
+}
 
 /* Whether t is Codex's plain-text outcome of a command: header lines,
  * then a line that starts with "Output:". Its shell answers "Exit code:
@@ -609,6 +630,7 @@ static int exec_header(const char *t, exec_header_t *h) {
   for (int line = 0; line < 10; line++) {
     if (!strncmp(t, "Output:", 7)) {
       h->output = t + 7 + (t[7] == '\n');
+      h->output_len = strlen(h->output);
       return wall && (h->exited || h->running);
     }
     if (*t != '\n') { /* a blank line is allowed (after the total) */
@@ -616,17 +638,14 @@ static int exec_header(const char *t, exec_header_t *h) {
       while (k < nk && strncmp(t, heads[k].p, len = strlen(heads[k].p))) k++;
       if (k == nk) return 0;
       wall |= heads[k].kind == WALL;
+      long long v;
       if (heads[k].kind == EXIT || heads[k].kind == RUNNING) { /* a number, the whole line */
-        const char *num = t + len, *d = num + (*num == '-');
-        long long v = 0;
-        int n = 0;
-        for (; *d >= '0' && *d <= '9' && n < 10; d++, n++) v = v * 10 + (*d - '0');
-        if (!n || *d != '\n') return 0;
+        if (!leading_int(t + len, "\n", &v)) return 0;
         if (heads[k].kind == RUNNING) {
           h->running = 1;
         } else {
           h->exited = 1;
-          h->code = *num == '-' ? -v : v;
+          h->code = v;
         }
       }
     }
@@ -636,6 +655,41 @@ static int exec_header(const char *t, exec_header_t *h) {
   }
   return 0;
 }
+
+/* Whether t is Claude Code's BashOutput answer (a background shell's
+ * output since the last look): "<status>S</status>", S running,
+ * completed, failed or killed, then maybe "<exit_code>N</exit_code>",
+ * the output's "<stdout>" and "<stderr>" blocks, and
+ * "<timestamp>...</timestamp>" at its end. Fills h: running, or exited
+ * with its code (a failed shell without one: 1), the output the blocks
+ * between, without the timestamp. */
+static int bash_output(const char *t, exec_header_t *h) {
+  static const char *const states[] = {"running", "completed", "failed", "killed"};
+  if (strncmp(t, "<status>", 8)) return 0;
+  t += 8;
+  size_t k = 0, nk = sizeof states / sizeof *states, len = 0;
+  while (k < nk && (strncmp(t, states[k], len = strlen(states[k])) || strncmp(t + len, "</status>", 9))) k++;
+  if (k == nk) return 0;
+  memset(h, 0, sizeof *h);
+  t += len + 9;
+  h->running = k == 0;
+  h->exited = !h->running;
+  h->code = k == 2;
+  while (*t == '\n') t++;
+  long long v;
+  if (!strncmp(t, "<exit_code>", 11) && leading_int(t + 11, "</exit_code>", &v)) {
+    h->code = v;
+    t = strstr(t, "</exit_code>") + 12;
+  }
+  const char *end = strstr(t, "<timestamp>");
+  h->output = t;
+  h->output_len = end ? (size_t)(end - t) : strlen(t);
+  return 1;
+}
+
+/* A coding agent's words for a command's outcome: Codex's (exec_header)
+ * or Claude Code's BashOutput (bash_output). */
+static int command_outcome(const char *t, exec_header_t *h) { return exec_header(t, h) || bash_output(t, h); }
 
 /* Whether a tool's answer is a command's outcome in Codex's shape that
  * says the command failed (an exit code other than 0): JSON text, an
@@ -648,7 +702,7 @@ static int exec_header(const char *t, exec_header_t *h) {
  * is parsed. */
 static int exec_failed(const char *t) {
   exec_header_t h;
-  if (exec_header(t, &h)) return h.exited && h.code != 0;
+  if (command_outcome(t, &h)) return h.exited && h.code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
   json_t *o = lg__json_load(t, strlen(t), NULL, NULL);
@@ -725,14 +779,15 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
  * printing; the same screen or output again, or one seen before (a menu
  * opened and closed), is none. res (as read_result made it) carries the
  * run's count of new sights as its progress_version (trace-v1), which
- * the trace keeps, so a replay decides the same. The run's first sight
- * is what the next are compared with, and carries none (a first
- * progress_version is always progress: the model's first action would
- * start the repeat count again). */
-static void seen_progress(chat_t *c, const char *text, lg_result_t *res) {
+ * the trace keeps, so a replay decides the same. A screen: the run's
+ * first sight (baseline) is what the next are compared with, and carries
+ * none (a first progress_version is always progress: the model's first
+ * action would start the repeat count again). A command's output is news
+ * from the first: a poll that brings the build's first lines is progress. */
+static void seen_progress(chat_t *c, const char *text, size_t len, int baseline, lg_result_t *res) {
   lg__gw_run_t *r = c->r;
   char hex[65];
-  lg__sha256_hex(text, strlen(text), hex);
+  lg__sha256_hex(text, len, hex);
   hex[16] = 0;
   size_t n = json_array_size(r->sights), i = 0;
   for (; i < n; i++) {
@@ -743,7 +798,7 @@ static void seen_progress(chat_t *c, const char *text, lg_result_t *res) {
     if (!r->sights && !(r->sights = json_array())) return; /* out of memory: no progress said */
     if (n >= 64) json_array_remove(r->sights, 0);
     if (json_array_append_new(r->sights, json_string(hex))) return;
-    if (!n) return; /* the run's first: what the next are compared with */
+    if (!n && baseline) return; /* the run's first: what the next are compared with */
     r->sight_v++;
   }
   if (!r->sight_v) return; /* the first again: no progress yet to be above */
@@ -819,9 +874,9 @@ static int fill_result(lg__step_t *st, void *ud) {
     int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
     exec_header_t h;
     if (!rc && is_screen(c, m, k->msg, call_id, k->text))
-      seen_progress(c, k->text, &k->res);
-    else if (!rc && exec_header(k->text, &h) && h.running && !h.exited && !blank(h.output))
-      seen_progress(c, h.output, &k->res); /* a poll that brought new output */
+      seen_progress(c, k->text, strlen(k->text), 1, &k->res);
+    else if (!rc && command_outcome(k->text, &h) && h.running && !h.exited && !blankn(h.output, h.output_len))
+      seen_progress(c, h.output, h.output_len, 0, &k->res); /* a poll that brought new output */
     json_decref(owned);
     if (rc) {
       k->oom = 1;

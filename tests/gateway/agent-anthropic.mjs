@@ -8,6 +8,8 @@
 //   IMAGE=1 (the write answers with an image alone: a screenshot of the form,
 //   unchanged, as Claude Code's Read of an image file or a computer-use
 //   screenshot answers),
+//   CLAUDE_CODE=1 (MODEL=poll: Claude Code's Bash and BashOutput, a build
+//   started in the background and polled until it ends: coding-tools.mjs),
 //   COMPUTER=1 (MODEL=loop-click: the write is a click of Anthropic's
 //   computer-use tool, type computer_20250124 on the beta API with its
 //   beta header; each click answered with the screen as SCREENS says:
@@ -16,6 +18,7 @@
 // and `shapes`: each tool_use block as the SDK got it, but its id and input.
 import Anthropic from '@anthropic-ai/sdk';
 import { SCREEN_B64, nextScreenB64 } from './screens.mjs';
+import { CLAUDE_TOOLS, bashOutput } from './coding-tools.mjs';
 
 const client = new Anthropic({ baseURL: process.env.BASE_URL, apiKey: 'sk-ant-test', maxRetries: 0, timeout: 20000 });
 const model = process.env.MODEL || 'loop-write';
@@ -25,7 +28,7 @@ const thinking = process.env.THINKING === '1' ? { type: 'enabled', budget_tokens
 const computer = process.env.COMPUTER === '1';
 const api = process.env.BETA === '1' || computer ? client.beta.messages : client.messages;
 const reminder = process.env.REMINDER === '1';
-const tools = computer ? [
+const tools = process.env.CLAUDE_CODE === '1' ? CLAUDE_TOOLS : computer ? [
   { type: 'computer_20250124', name: 'computer', display_width_px: 1024, display_height_px: 768 },
   { name: 'lookup', description: 'Look a customer up.', input_schema: { type: 'object', properties: { customer_id: { type: 'string' } } } },
 ] : [
@@ -36,6 +39,7 @@ const executions = { write_record: 0, lookup: 0 };
 function runTool(name) {
   if (name === 'computer') name = 'write_record'; // the click on Save
   executions[name] = (executions[name] || 0) + 1;
+  if (name === 'Bash' || name === 'BashOutput') return { content: bashOutput((executions.Bash || 0) + (executions.BashOutput || 0)) };
   if (computer && name === 'write_record') return { content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: nextScreenB64() } }] };
   if (name === 'write_record' && process.env.IMAGE === '1')
     return { content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: SCREEN_B64 } }] };

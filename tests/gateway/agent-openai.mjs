@@ -19,7 +19,7 @@
 //             its result a message of role "function" (STREAM 1 or unset)
 //   CODEX     1: Codex's own shell tool instead of the write (Codex with
 //             wire_api "chat"): a function named shell, each call answered
-//             with Codex's JSON text, a command that exited 2 (codex-shell.mjs);
+//             with Codex's JSON text, a command that exited 2 (coding-tools.mjs);
 //             CODEX_TOOLS=exec: its exec_command and write_stdin, a build
 //             polled until it ends
 //   AZURE     1: the package's AzureOpenAI client, its endpoint BASE_URL
@@ -33,7 +33,7 @@
 // last answer text, the X-Loopguard-* headers seen (non-stream).
 import OpenAI, { AzureOpenAI } from 'openai';
 import { joinChatStream } from './chat-stream.mjs';
-import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './codex-shell.mjs';
+import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './coding-tools.mjs';
 
 const client = process.env.AZURE === '1'
   ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2024-10-21', maxRetries: 0, timeout: 20000 })

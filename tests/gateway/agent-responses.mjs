@@ -33,14 +33,14 @@
 //   CODEX=1    (without BUILTIN) Codex's own shell tool instead of the
 //              write: a function tool named shell, each call answered
 //              with Codex's JSON text, a command that exited 2
-//              (codex-shell.mjs); CODEX_TOOLS=exec: its exec_command and
-//              write_stdin, a build polled until it ends (codex-shell.mjs)
+//              (coding-tools.mjs); CODEX_TOOLS=exec: its exec_command and
+//              write_stdin, a build polled until it ends (coding-tools.mjs)
 //   AZURE=1    the package's AzureOpenAI client, its endpoint BASE_URL
 //              without /v1: its requests go to /openai/responses?api-version=...
 import OpenAI, { AzureOpenAI } from 'openai';
 import { roundRobin } from './round-robin.mjs';
 import { SCREEN, nextScreenB64 } from './screens.mjs';
-import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './codex-shell.mjs';
+import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './coding-tools.mjs';
 
 const client = process.env.AZURE === '1'
   ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2025-04-01-preview', maxRetries: 0, timeout: 20000 })

@@ -56,9 +56,12 @@
 //               shell): a different command every time (make test's output
 //               cut at another length), whatever the results say; with shell
 //               hidden or tools off, gives up in text
-//   poll        a coding agent on Codex's unified exec: exec_command starts a
-//               build, then the same write_stdin poll until a result says
-//               the process exited, then "Done: the build finished."
+//   poll        a coding agent's build in the background: Codex's
+//               exec_command starts it, then the same write_stdin poll
+//               until a result says the process exited (Claude Code's Bash
+//               with run_in_background, then BashOutput until a result says
+//               <status>completed</status>, when Bash is offered), then
+//               "Done: the build finished."
 //   finish      looks a customer up once, then answers "Done: ..."
 //   edit-test   a coding agent: Bash (the same test command every time), then
 //               an Edit (a different one each time), in turn, until a result
@@ -402,12 +405,13 @@ function script(req) {
     if (toolsOff || !names.includes('shell')) return { text: 'I could not get the tests to pass.' };
     return { calls: [{ name: 'shell', args: JSON.stringify({ command: ['bash', '-lc', `make test 2>&1 | tail -n ${20 + 10 * n}`], workdir: '/repo', timeout_ms: 120000 }) }] };
   }
-  if (model.startsWith('poll')) { // Codex's unified exec: a build started, then polled (the same write_stdin) until it ends
+  if (model.startsWith('poll')) { // a build started, then polled (the same call) until it ends: Codex's unified exec, or Claude Code's background Bash
     const res = msgs.filter((m) => m.role === 'tool'), last = res.length ? String(res[res.length - 1].content) : '';
-    if (/^Process exited with code /m.test(last)) return { text: 'Done: the build finished.' };
-    if (toolsOff || !names.includes('exec_command') || (res.length && !names.includes('write_stdin'))) return { text: 'I stopped waiting for the build.' };
-    if (!res.length) return { calls: [{ name: 'exec_command', args: '{"cmd":"make -j2","yield_time_ms":10000}' }] };
-    return { calls: [{ name: 'write_stdin', args: '{"session_id":7,"chars":"","yield_time_ms":30000}' }] };
+    if (/^Process exited with code |^<status>(completed|failed)<\/status>/m.test(last)) return { text: 'Done: the build finished.' };
+    const claude = names.includes('Bash'), [start, poll] = claude ? ['Bash', 'BashOutput'] : ['exec_command', 'write_stdin'];
+    if (toolsOff || !names.includes(start) || (res.length && !names.includes(poll))) return { text: 'I stopped waiting for the build.' };
+    if (!res.length) return { calls: [{ name: start, args: claude ? '{"command":"make -j2","description":"Build","run_in_background":true}' : '{"cmd":"make -j2","yield_time_ms":10000}' }] };
+    return { calls: [{ name: poll, args: claude ? '{"bash_id":"b2f8b9"}' : '{"session_id":7,"chars":"","yield_time_ms":30000}' }] };
   }
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');

@@ -550,11 +550,33 @@ python3 - "$TMP/poll.jsonl" <<'PY' || fail "poll: the polls' results are not pro
 import json, sys
 res = [e for e in map(json.loads, (l for l in open(sys.argv[1]) if not l.startswith("#"))) if e.get("type") == "result"]
 pv = [r.get("progress_version") for r in res]
-sys.exit(not (len(res) == 9 and pv == [None] + list(range(1, 8)) + [None] and all(r["status"] == "progress" for r in res)))
+sys.exit(not (len(res) == 9 and pv == list(range(1, 9)) + [None] and all(r["status"] == "progress" for r in res)))
 PY
 "$LG_BIN" replay --json "$TMP/poll.jsonl" >"$TMP/poll.replay" || fail "poll: the trace does not replay"
 [ "$(tail -n 1 "$TMP/poll.replay" | get '[d["executed_calls"], d["blocked_calls"], d["terminal_reason"]]')" = '[9, 0, null]' ] ||
   fail "poll: replay: $(tail -n 1 "$TMP/poll.replay")"
+# Claude Code's background Bash, polled with BashOutput (its <status>,
+# <stdout> and a <timestamp> that changes every time), on Messages
+note "Claude Code's BashOutput: polls of a running build that prints are progress; a silent one is a repeat"
+for st in 0 1; do
+  g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 STREAM=$st) || fail "BashOutput, stream=$st: $g"
+  [ "$(echo "$g" | get '[d["ended"], d["final"], d["executions"]["BashOutput"]]')" = '["final", "Done: the build finished.", 9]' ] ||
+    fail "BashOutput, stream=$st: the polls of a build that prints were not let run: $g"
+  [ $st = 0 ] && run=$(echo "$g" | get 'd["seen"][0]["run"]') # (a stream's answers print no run)
+  h=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 CODEX_HUNG=1 STREAM=$st) || fail "BashOutput, hung, stream=$st: $h"
+  [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["BashOutput"] <= 2)')" = 1 ] ||
+    fail "BashOutput, hung, stream=$st: a silent build polled without end: $h"
+done
+curl -sf "$gw_URL/v1/runs/$run/trace" | python3 -c '
+import json, sys
+res = [e for e in map(json.loads, (l for l in sys.stdin if not l.startswith("#"))) if e.get("type") == "result"]
+sys.exit(not ([r.get("progress_version") for r in res] == [None] + list(range(1, 9)) + [None]))' ||
+  fail "BashOutput: the polls' progress_versions: $(curl -s "$gw_URL/v1/runs/$run/trace" | head -c 3000)"
+# a shell that ended with exit code 1 is a failure (retryable), one that ended with 0 is not
+g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 CODEX_EXIT=1) || fail "BashOutput, exit 1: $g"
+for r in "$run" "$(echo "$g" | get 'd["seen"][0]["run"]')"; do
+  curl -sf "$gw_URL/v1/runs/$r/trace" | grep '"type":"result"' | tail -n 1 | get 'd["status"]'
+done | tr '\n' ' ' | grep_q '^progress retryable $' || fail "BashOutput: a shell's exit code is not read: $g"
 
 # A built-in tool that succeeds without a word (a patch applied with no
 # output, a command that printed nothing: most commands that work) gives a

@@ -1,6 +1,8 @@
-// codex-shell.mjs — Codex's own shell tool, as the gateway tests' agents
-// (agent-responses.mjs, agent-openai.mjs with CODEX=1) offer and answer
-// it: a function tool named `shell` whose arguments are the command as an
+// coding-tools.mjs — coding agents' shell tools, as the gateway tests'
+// agents offer and answer them.
+//
+// Codex's own shell tool (agent-responses.mjs, agent-openai.mjs with
+// CODEX=1): a function tool named `shell` whose arguments are the command as an
 // argv array, answered in one of the three texts Codex answers a command
 // with ($CODEX_OUTPUT):
 //   json (the default)  {"output": ..., "metadata": {"exit_code": N,
@@ -58,4 +60,29 @@ export function execOutput(n) {
   if (!hung && n > polls) return head + 'Process exited with code 0\nOriginal token count: 4\nOutput:\nBuild finished.\n';
   const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c\n`;
   return head + `Process running with session ID 7\nOriginal token count: ${out.length >> 2}\nOutput:\n${out}`;
+}
+
+// Claude Code's background shell (agent-anthropic.mjs with CLAUDE_CODE=1):
+// Bash with run_in_background starts the build ("Command running in
+// background with ID: b2f8b9"), and each BashOutput (a poll) answers the
+// lines printed since in its XML-ish words, "<status>running</status>",
+// the <stdout> block, a <timestamp> that differs every time, until the
+// CODEX_POLLS-th poll [8] answers "<status>completed</status>" and
+// "<exit_code>0</exit_code>" (CODEX_EXIT=N: "failed" and N); CODEX_HUNG=1:
+// no new output, never done.
+export const CLAUDE_TOOLS = [
+  { name: 'Bash', description: 'Executes a given bash command in a persistent shell session.',
+    input_schema: { type: 'object', properties: { command: { type: 'string' }, description: { type: 'string' }, timeout: { type: 'number' }, run_in_background: { type: 'boolean' } }, required: ['command'], additionalProperties: false } },
+  { name: 'BashOutput', description: 'Retrieves output from a running or completed background bash shell.',
+    input_schema: { type: 'object', properties: { bash_id: { type: 'string' }, filter: { type: 'string' } }, required: ['bash_id'], additionalProperties: false } },
+];
+
+// The answer of the n-th Bash or BashOutput call (1: the Bash that starts the build)
+export function bashOutput(n) {
+  const polls = Number(process.env.CODEX_POLLS ?? 8), hung = process.env.CODEX_HUNG === '1';
+  if (n === 1) return 'Command running in background with ID: b2f8b9';
+  const stamp = `<timestamp>2026-12-07T01:${String(n).padStart(2, '0')}:00.000Z</timestamp>`;
+  const code = Number(process.env.CODEX_EXIT ?? 0);
+  if (!hung && n > polls + 1) return `<status>${code ? 'failed' : 'completed'}</status>\n\n<exit_code>${code}</exit_code>\n\n<stdout>\nBuild ${code ? 'failed' : 'finished'}.\n</stdout>\n\n${stamp}`;
+  return '<status>running</status>\n\n' + (hung ? '' : `<stdout>\n[${n}/${polls + 2}] cc -c src/unit${n}.c\n</stdout>\n\n`) + stamp;
 }
