@@ -583,7 +583,7 @@ typedef struct {
   int running;        /* it says the command goes on (a session to poll) */
   const char *output; /* its output (output_len bytes), without the words around */
   size_t output_len;
-} exec_header_t;
+} outcome_t;
 
 /* Whether the n bytes at t are white space only (blank, for a span). */
 static int blankn(const char *t, size_t n) {
@@ -613,7 +613,7 @@ static int leading_int(const char *s, const char *end, long long *v) {
  * "Total output lines: N" and a blank line. Such a header with a wall
  * time and an exit code or a session fills h; a line that is none of
  * these ends the look at once (most answers: at their first bytes). */
-static int exec_header(const char *t, exec_header_t *h) {
+static int exec_header(const char *t, outcome_t *h) {
   enum { OTHER, WALL, EXIT, RUNNING };
   static const struct {
     const char *p;
@@ -663,7 +663,7 @@ static int exec_header(const char *t, exec_header_t *h) {
  * "<timestamp>...</timestamp>" at its end. Fills h: running, or exited
  * with its code (a failed shell without one: 1), the output the blocks
  * between, without the timestamp. */
-static int bash_output(const char *t, exec_header_t *h) {
+static int bash_output(const char *t, outcome_t *h) {
   static const char *const states[] = {"running", "completed", "failed", "killed"};
   if (strncmp(t, "<status>", 8)) return 0;
   t += 8;
@@ -689,19 +689,18 @@ static int bash_output(const char *t, exec_header_t *h) {
 
 /* A coding agent's words for a command's outcome: Codex's (exec_header)
  * or Claude Code's BashOutput (bash_output). */
-static int command_outcome(const char *t, exec_header_t *h) { return exec_header(t, h) || bash_output(t, h); }
+static int command_outcome(const char *t, outcome_t *h) { return exec_header(t, h) || bash_output(t, h); }
 
-/* Whether a tool's answer is a command's outcome in Codex's shape that
- * says the command failed (an exit code other than 0): JSON text, an
- * object with an integer `exit_code` in its `metadata` object or at its
- * top (`{"output": "...", "metadata": {"exit_code": 1,
- * "duration_seconds": 0.4}}`, what Codex answers its shell and local
- * shell calls with, in a function_call_output, a local_shell_call_output
- * or a Chat Completions tool message), or its plain text
- * (exec_header). Only JSON text that holds "exit_code" as written
- * is parsed. */
-static int exec_failed(const char *t) {
-  exec_header_t h;
+/* Whether a tool's answer is a command's outcome in a coding agent's
+ * words that says the command failed (an exit code other than 0): Codex's
+ * JSON text, an object with an integer `exit_code` in its `metadata`
+ * object or at its top (`{"output": "...", "metadata": {"exit_code": 1,
+ * "duration_seconds": 0.4}}`, what it answers its shell and local shell
+ * calls with, in a function_call_output, a local_shell_call_output or a
+ * Chat Completions tool message), or the plain text command_outcome
+ * reads. Only JSON text that holds "exit_code" as written is parsed. */
+static int command_failed(const char *t) {
+  outcome_t h;
   if (command_outcome(t, &h)) return h.exited && h.code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
@@ -716,7 +715,7 @@ static int exec_failed(const char *t) {
 /* A plain answer: progress (an error: retryable: the API's flag, or a
  * command's outcome that says it failed), its text the value. */
 static void plain_result(const char *text, int is_error, lg_result_t *res, char **value) {
-  res->status = is_error || exec_failed(text) ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
+  res->status = is_error || command_failed(text) ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
   *value = lg_json_quote(text, strlen(text));
   res->value_len = *value ? strlen(*value) : 0;
   res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
@@ -872,7 +871,7 @@ static int fill_result(lg__step_t *st, void *ud) {
       call_id = sget(m, "tool_call_id");
     }
     int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
-    exec_header_t h;
+    outcome_t h;
     if (!rc && is_screen(c, m, k->msg, call_id, k->text))
       seen_progress(c, k->text, strlen(k->text), 1, &k->res);
     else if (!rc && command_outcome(k->text, &h) && h.running && !h.exited && !blankn(h.output, h.output_len))
