@@ -687,6 +687,20 @@ static int bash_output(const char *t, outcome_t *h) {
   return 1;
 }
 
+/* Whether t ends with OpenHands' words for a finished command: a line
+ * "[The command completed with exit code N.]" among its last lines
+ * (before "[Current working directory: ...]", "[Command finished with
+ * exit code N]" and the like): 1 and *code. Only the last KiB is
+ * looked at. */
+static int trailer_exit_code(const char *t, long long *code) {
+  static const char mark[] = "\n[The command completed with exit code ";
+  size_t n = strlen(t);
+  const char *p = n > 1024 ? t + n - 1024 : t, *num = NULL;
+  if (!strncmp(t, mark + 1, sizeof mark - 2)) num = t + sizeof mark - 2; /* the text is the trailer */
+  for (; (p = strstr(p, mark)); p++) num = p + sizeof mark - 1; /* the last one */
+  return num && leading_int(num, ".]", code);
+}
+
 /* A coding agent's words for a command's outcome: Codex's (exec_header)
  * or Claude Code's BashOutput (bash_output). */
 static int command_outcome(const char *t, outcome_t *h) { return exec_header(t, h) || bash_output(t, h); }
@@ -697,11 +711,13 @@ static int command_outcome(const char *t, outcome_t *h) { return exec_header(t, 
  * object or at its top (`{"output": "...", "metadata": {"exit_code": 1,
  * "duration_seconds": 0.4}}`, what it answers its shell and local shell
  * calls with, in a function_call_output, a local_shell_call_output or a
- * Chat Completions tool message), or the plain text command_outcome
- * reads. Only JSON text that holds "exit_code" as written is parsed. */
+ * Chat Completions tool message), the plain text command_outcome reads,
+ * or OpenHands' trailer (trailer_exit_code). Only JSON text that holds
+ * "exit_code" as written is parsed. */
 static int command_failed(const char *t) {
   outcome_t h;
   if (command_outcome(t, &h)) return h.exited && h.code != 0;
+  if (trailer_exit_code(t, &h.code)) return h.code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
   json_t *o = lg__json_load(t, strlen(t), NULL, NULL);

@@ -12,6 +12,9 @@
 //   exec                "Chunk ID: X\nWall time: S seconds\nProcess exited
 //                       with code N\nOriginal token count: T\nOutput:\n...",
 //                       its exec_command's
+//   openhands           OpenHands' words for its execute_bash instead: the
+//                       output, then "[The command completed with exit code
+//                       N.]" and the lines after it
 // the duration (and the chunk id) differing every time, as a real
 // command's do. Every command fails (make's error, exit code 2), or
 // succeeds when $CODEX_EXIT is 0.
@@ -40,8 +43,9 @@ export function shellOutput(n) {
   switch (process.env.CODEX_OUTPUT || 'json') {
     case 'json': return JSON.stringify({ output: out, metadata: { exit_code: code, duration_seconds: Number(secs) } });
     case 'freeform': return `Exit code: ${code}\nWall time: ${secs} seconds\nOutput:\n${out}`;
+    case 'openhands': return `${out}[The command completed with exit code ${code}.]\n[Current working directory: /repo]\n[Python interpreter: /usr/bin/python3]\n[Command finished with exit code ${code}]`;
     case 'exec': return `Chunk ID: ${(0x5a17 + n).toString(16)}\nWall time: ${secs} seconds\nProcess exited with code ${code}\nOriginal token count: 9\nOutput:\n${out}`;
-    default: throw new Error('CODEX_OUTPUT: json, freeform or exec');
+    default: throw new Error('CODEX_OUTPUT: json, freeform, exec or openhands');
   }
 }
 

@@ -497,7 +497,8 @@ done
 
 # Codex's own shell tool (a function named shell, each answer a text whose
 # exit code says the command failed: JSON, or the plain text of its
-# freeform shell or its exec_command; the duration in it differs every
+# freeform shell or its exec_command; or OpenHands' trailer, as its
+# execute_bash answers through LiteLLM; the duration in it differs every
 # time): a model trying one command after another, never the same, is no
 # repeat, but every result is a failure, so the failure streak
 # (policy-v1's default: 5) stops it. Directly it runs to its step cap. On
@@ -507,7 +508,8 @@ note "Codex's shell tool: a failed command's exit code read (its three texts), t
 d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=flail CODEX=1 STATELESS=1) || fail "flail direct: $d"
 [ "$(echo "$d" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail direct: $d"
 for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1 CODEX_OUTPUT=freeform" \
-  "agent-openai.mjs STREAM=1 CODEX_OUTPUT=exec" "agent-openai.mjs" "agent-openai.mjs CODEX_OUTPUT=freeform" "agent-openai.mjs CODEX_OUTPUT=exec"; do
+  "agent-openai.mjs STREAM=1 CODEX_OUTPUT=exec" "agent-openai.mjs" "agent-openai.mjs CODEX_OUTPUT=freeform" "agent-openai.mjs CODEX_OUTPUT=exec" \
+  "agent-openai.mjs CODEX_OUTPUT=openhands"; do
   g=$(client $way BASE_URL="$gw_URL/v1" MODEL=flail CODEX=1) || fail "flail through the gateway ($way): $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["final", 5]' ] ||
     fail "flail ($way): not stopped by the failure streak: $g"
@@ -522,7 +524,7 @@ res = [e for e in map(json.loads, (l for l in open(sys.argv[1]) if not l.startsw
 sys.exit(not (len(res) == 5 and all(r["status"] == "retryable" and "Error 2" in r["value"] for r in res)))
 PY
 done
-for out in json freeform exec; do # commands that work: progress, never the failure streak
+for out in json freeform exec openhands; do # commands that work: progress, never the failure streak
   g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=flail CODEX=1 CODEX_OUTPUT=$out CODEX_EXIT=0) || fail "flail, exit 0 ($out): $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail, exit 0 ($out): stopped: $g"
 done
