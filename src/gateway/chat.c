@@ -687,23 +687,50 @@ static int bash_output(const char *t, outcome_t *h) {
   return 1;
 }
 
-/* Whether t ends with OpenHands' words for a finished command: a line
- * "[The command completed with exit code N.]" among its last lines
- * (before "[Current working directory: ...]", "[Command finished with
- * exit code N]" and the like): 1 and *code. Only the last KiB is
- * looked at. */
-static int trailer_exit_code(const char *t, long long *code) {
-  static const char mark[] = "\n[The command completed with exit code ";
-  size_t n = strlen(t);
-  const char *p = n > 1024 ? t + n - 1024 : t, *num = NULL;
-  if (!strncmp(t, mark + 1, sizeof mark - 2)) num = t + sizeof mark - 2; /* the text is the trailer */
-  for (; (p = strstr(p, mark)); p++) num = p + sizeof mark - 1; /* the last one */
-  return num && leading_int(num, ".]", code);
+/* The last line of t's last KiB that starts with mark (after a line end,
+ * or at t's start), the text after mark; or NULL. */
+static const char *last_marked_line(const char *t, const char *mark) {
+  size_t n = strlen(t), m = strlen(mark);
+  const char *p = n > 1024 ? t + n - 1024 : t, *at = !strncmp(t, mark, m) ? t : NULL;
+  for (; (p = strstr(p, mark)); p++)
+    if (p > t && p[-1] == '\n') at = p;
+  return at ? at + m : NULL;
 }
 
-/* A coding agent's words for a command's outcome: Codex's (exec_header)
- * or Claude Code's BashOutput (bash_output). */
-static int command_outcome(const char *t, outcome_t *h) { return exec_header(t, h) || bash_output(t, h); }
+/* Whether t is OpenHands' words for a command (its execute_bash
+ * answer): the output, then a line "[The command completed with exit
+ * code N.]" (and lines such as "[Current working directory: ...]",
+ * "[Command finished with exit code N]"): exited with N; or, while the
+ * command runs, "[The command has no new output after S seconds. ...]"
+ * as its last line, the output before it (after "[Below is the output
+ * of the previous command.]" or "[Command output continued from
+ * previous command]" when a poll's answer starts so). Only the text's
+ * last KiB is looked at for the markers. */
+static int openhands_outcome(const char *t, outcome_t *h) {
+  static const char *const cont[] = {"[Below is the output of the previous command.]\n",
+                                     "[Command output continued from previous command]\n"};
+  memset(h, 0, sizeof *h);
+  const char *num = last_marked_line(t, "[The command completed with exit code ");
+  if (num) {
+    h->exited = leading_int(num, ".]", &h->code);
+    return h->exited;
+  }
+  const char *wait = last_marked_line(t, "[The command has no new output after ");
+  if (!wait || (strchr(wait, '\n') && !blank(strchr(wait, '\n')))) return 0; /* the last line */
+  wait -= strlen("[The command has no new output after ");
+  for (size_t k = 0; k < sizeof cont / sizeof *cont; k++)
+    if (!strncmp(t, cont[k], strlen(cont[k]))) t += strlen(cont[k]);
+  h->running = 1;
+  h->output = t;
+  h->output_len = wait > t ? (size_t)(wait - t) : 0;
+  return 1;
+}
+
+/* A coding agent's words for a command's outcome: Codex's (exec_header),
+ * Claude Code's BashOutput (bash_output) or OpenHands' (openhands_outcome). */
+static int command_outcome(const char *t, outcome_t *h) {
+  return exec_header(t, h) || bash_output(t, h) || openhands_outcome(t, h);
+}
 
 /* Whether a tool's answer is a command's outcome in a coding agent's
  * words that says the command failed (an exit code other than 0): Codex's
@@ -711,13 +738,11 @@ static int command_outcome(const char *t, outcome_t *h) { return exec_header(t, 
  * object or at its top (`{"output": "...", "metadata": {"exit_code": 1,
  * "duration_seconds": 0.4}}`, what it answers its shell and local shell
  * calls with, in a function_call_output, a local_shell_call_output or a
- * Chat Completions tool message), the plain text command_outcome reads,
- * or OpenHands' trailer (trailer_exit_code). Only JSON text that holds
- * "exit_code" as written is parsed. */
+ * Chat Completions tool message), or the plain text command_outcome
+ * reads. Only JSON text that holds "exit_code" as written is parsed. */
 static int command_failed(const char *t) {
   outcome_t h;
   if (command_outcome(t, &h)) return h.exited && h.code != 0;
-  if (trailer_exit_code(t, &h.code)) return h.code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
   json_t *o = lg__json_load(t, strlen(t), NULL, NULL);

@@ -21,7 +21,8 @@
 //             wire_api "chat"): a function named shell, each call answered
 //             with Codex's JSON text, a command that exited 2 (coding-tools.mjs);
 //             CODEX_TOOLS=exec: its exec_command and write_stdin, a build
-//             polled until it ends
+//             polled until it ends (CODEX_TOOLS=openhands: OpenHands'
+//             execute_bash, polled with an empty command)
 //   AZURE     1: the package's AzureOpenAI client, its endpoint BASE_URL
 //             without /v1, the model a deployment's name: its requests go to
 //             /openai/deployments/MODEL/chat/completions?api-version=...,
@@ -33,7 +34,7 @@
 // last answer text, the X-Loopguard-* headers seen (non-stream).
 import OpenAI, { AzureOpenAI } from 'openai';
 import { joinChatStream } from './chat-stream.mjs';
-import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput } from './coding-tools.mjs';
+import { SHELL_PARAMETERS, SHELL_DESCRIPTION, shellOutput, EXEC_TOOLS, execOutput, OPENHANDS_TOOLS, openhandsOutput } from './coding-tools.mjs';
 
 const client = process.env.AZURE === '1'
   ? new AzureOpenAI({ endpoint: process.env.BASE_URL.replace(/\/v1$/, ''), apiKey: 'azure-test-key', apiVersion: '2024-10-21', maxRetries: 0, timeout: 20000 })
@@ -45,6 +46,7 @@ const thinking = process.env.THINKING === '1' ? { thinking: { type: 'enabled' } 
 
 const custom = process.env.CUSTOM === '1';
 const tools = process.env.CODEX === '1' && process.env.CODEX_TOOLS === 'exec' ? EXEC_TOOLS.map((f) => ({ type: 'function', function: f }))
+  : process.env.CODEX === '1' && process.env.CODEX_TOOLS === 'openhands' ? OPENHANDS_TOOLS.map((f) => ({ type: 'function', function: f }))
   : process.env.CODEX === '1' ? [{ type: 'function', function: { name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS } }] : [
   custom ? { type: 'custom', custom: { name: 'write_record', description: 'Apply a patch to the records.' } } :
   { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
@@ -61,6 +63,7 @@ function runTool(name, args) {
   if (name === 'write_record') return 'Error: the storage is read-only; the record was not written.';
   if (name === 'lookup') return JSON.stringify({ customer_id: 'c-1', name: 'Ada' });
   if (name === 'shell') return shellOutput(executions.shell);
+  if (name === 'execute_bash') return openhandsOutput(executions.execute_bash);
   if (name === 'exec_command' || name === 'write_stdin') return execOutput((executions.exec_command || 0) + (executions.write_stdin || 0));
   return 'unknown tool';
 }

@@ -90,3 +90,24 @@ export function bashOutput(n) {
   if (!hung && n > polls + 1) return `<status>${code ? 'failed' : 'completed'}</status>\n\n<exit_code>${code}</exit_code>\n\n<stdout>\nBuild ${code ? 'failed' : 'finished'}.\n</stdout>\n\n${stamp}`;
   return '<status>running</status>\n\n' + (hung ? '' : `<stdout>\n[${n}/${polls + 2}] cc -c src/unit${n}.c\n</stdout>\n\n`) + stamp;
 }
+
+// OpenHands' execute_bash (agent-openai.mjs with CODEX=1
+// CODEX_TOOLS=openhands): the build started ({"command": "make -j2"}) and
+// polled with an empty command, each answer the lines printed since and
+// "[The command has no new output after 30 seconds. ...]" (a poll's after
+// "[Below is the output of the previous command.]"), until the
+// CODEX_POLLS-th poll [8] ends with "[The command completed with exit code
+// 0.]"; CODEX_HUNG=1: no new output, never done.
+export const OPENHANDS_TOOLS = [
+  { name: 'execute_bash', description: 'Execute a bash command in the terminal within a persistent shell session.',
+    parameters: { type: 'object', properties: { command: { type: 'string' }, is_input: { type: 'string', enum: ['true', 'false'] }, timeout: { type: 'number' } }, required: ['command'] } },
+];
+
+// The answer of the n-th execute_bash call (1: the one that starts the build)
+export function openhandsOutput(n) {
+  const polls = Number(process.env.CODEX_POLLS ?? 8), hung = process.env.CODEX_HUNG === '1';
+  const head = n > 1 ? '[Below is the output of the previous command.]\n' : '';
+  if (!hung && n > polls) return `${head}Build finished.\n[The command completed with exit code 0.]\n[Current working directory: /repo]\n[Command finished with exit code 0]`;
+  const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c`;
+  return `${head}${out}\n[The command has no new output after 30 seconds. You may wait longer to see additional output by sending empty command '', send other commands to interact with the current process, or send keys to interrupt/kill the command.]`;
+}

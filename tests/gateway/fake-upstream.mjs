@@ -60,7 +60,8 @@
 //               exec_command starts it, then the same write_stdin poll
 //               until a result says the process exited (Claude Code's Bash
 //               with run_in_background, then BashOutput until a result says
-//               <status>completed</status>, when Bash is offered), then
+//               <status>completed</status>, when Bash is offered; OpenHands'
+//               execute_bash, polled with an empty command, when it is), then
 //               "Done: the build finished."
 //   finish      looks a customer up once, then answers "Done: ..."
 //   edit-test   a coding agent: Bash (the same test command every time), then
@@ -407,11 +408,12 @@ function script(req) {
   }
   if (model.startsWith('poll')) { // a build started, then polled (the same call) until it ends: Codex's unified exec, or Claude Code's background Bash
     const res = msgs.filter((m) => m.role === 'tool'), last = res.length ? String(res[res.length - 1].content) : '';
-    if (/^Process exited with code |^<status>(completed|failed)<\/status>/m.test(last)) return { text: 'Done: the build finished.' };
-    const claude = names.includes('Bash'), [start, poll] = claude ? ['Bash', 'BashOutput'] : ['exec_command', 'write_stdin'];
+    if (/^Process exited with code |^<status>(completed|failed)<\/status>|^\[The command completed with exit code /m.test(last)) return { text: 'Done: the build finished.' };
+    const way = names.includes('Bash') ? 'claude' : names.includes('execute_bash') ? 'openhands' : 'codex';
+    const [start, poll] = { claude: ['Bash', 'BashOutput'], openhands: ['execute_bash', 'execute_bash'], codex: ['exec_command', 'write_stdin'] }[way];
     if (toolsOff || !names.includes(start) || (res.length && !names.includes(poll))) return { text: 'I stopped waiting for the build.' };
-    if (!res.length) return { calls: [{ name: start, args: claude ? '{"command":"make -j2","description":"Build","run_in_background":true}' : '{"cmd":"make -j2","yield_time_ms":10000}' }] };
-    return { calls: [{ name: poll, args: claude ? '{"bash_id":"b2f8b9"}' : '{"session_id":7,"chars":"","yield_time_ms":30000}' }] };
+    if (!res.length) return { calls: [{ name: start, args: { claude: '{"command":"make -j2","description":"Build","run_in_background":true}', openhands: '{"command":"make -j2"}', codex: '{"cmd":"make -j2","yield_time_ms":10000}' }[way] }] };
+    return { calls: [{ name: poll, args: { claude: '{"bash_id":"b2f8b9"}', openhands: '{"command":"","is_input":"false"}', codex: '{"session_id":7,"chars":"","yield_time_ms":30000}' }[way] }] };
   }
   if (model.startsWith('finish')) {
     const res = msgs.filter((m) => m.role === 'tool');

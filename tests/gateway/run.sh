@@ -530,7 +530,8 @@ for out in json freeform exec openhands; do # commands that work: progress, neve
 done
 
 # Codex's unified exec: a long build started by exec_command and polled
-# with the same write_stdin call while it runs. A poll that brings output
+# with the same write_stdin call while it runs (OpenHands' execute_bash:
+# with an empty command). A poll that brings output
 # the run has not seen is progress (its progress_version in the trace), so
 # the eight polls all run and the agent ends on its own answer; a build
 # that never prints again is polled in vain, the same call with nothing
@@ -538,12 +539,14 @@ done
 note "Codex's unified exec: polls of a running build that prints are progress; a silent one is a repeat"
 d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec STATELESS=1) || fail "poll direct: $d"
 [ "$(echo "$d" | get '[d["ended"], d["executions"]["exec_command"], d["executions"]["write_stdin"]]')" = '["final", 1, 8]' ] || fail "poll direct: $d"
-for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1" "agent-openai.mjs"; do
-  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec) || fail "poll ($way): $g"
-  [ "$(echo "$g" | get '[d["ended"], d["final"], d["executions"]["write_stdin"]]')" = '["final", "Done: the build finished.", 8]' ] ||
+for way in "agent-responses.mjs STATELESS=1 CODEX_TOOLS=exec" "agent-responses.mjs STREAM=1 CODEX_TOOLS=exec" \
+  "agent-openai.mjs CODEX_TOOLS=exec" "agent-openai.mjs CODEX_TOOLS=openhands"; do
+  case $way in *openhands) polls=execute_bash n=9 ;; *) polls=write_stdin n=8 ;; esac # (OpenHands polls with the tool that started the build)
+  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1) || fail "poll ($way): $g"
+  [ "$(echo "$g" | get '[d["ended"], d["final"], d["executions"]["'$polls'"]]')" = '["final", "Done: the build finished.", '$n']' ] ||
     fail "poll ($way): the polls of a build that prints were not let run: $g"
-  h=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec CODEX_HUNG=1) || fail "poll, hung ($way): $h"
-  [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["write_stdin"] <= 2)')" = 1 ] ||
+  h=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1 CODEX_HUNG=1) || fail "poll, hung ($way): $h"
+  [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["'$polls'"] <= 2 + '$((n - 8))')')" = 1 ] ||
     fail "poll, hung ($way): a silent build polled without end: $h"
 done
 run=$(echo "$g" | get 'd["seen"][0]["run"]')
