@@ -17,12 +17,13 @@
 //   LEGACY    1: the older function calling, as agents written for it still
 //             send it: `functions` for tools, one `function_call` an answer,
 //             its result a message of role "function" (STREAM 1 or unset)
-//   CODEX     1: Codex's own shell tool instead of the write (Codex with
-//             wire_api "chat"): a function named shell, each call answered
-//             with Codex's JSON text, a command that exited 2 (coding-tools.mjs);
-//             CODEX_TOOLS=exec: its exec_command and write_stdin, a build
-//             polled until it ends (CODEX_TOOLS=openhands: OpenHands'
-//             execute_bash, polled with an empty command)
+//   SHELL_TOOLS  a coding agent's shell tools instead of the write
+//             (coding-tools.mjs): shell, Codex's own shell tool (Codex with
+//             wire_api "chat": a function named shell, each call answered
+//             with Codex's text of a command that exited 2); exec, its
+//             exec_command and write_stdin, a build polled until it ends;
+//             openhands, OpenHands' execute_bash, polled with an empty
+//             command
 //   AZURE     1: the package's AzureOpenAI client, its endpoint BASE_URL
 //             without /v1, the model a deployment's name: its requests go to
 //             /openai/deployments/MODEL/chat/completions?api-version=...,
@@ -45,9 +46,10 @@ const cap = Number(process.env.STEP_CAP || 12);
 const thinking = process.env.THINKING === '1' ? { thinking: { type: 'enabled' } } : {};
 
 const custom = process.env.CUSTOM === '1';
-const tools = process.env.CODEX === '1' && process.env.CODEX_TOOLS === 'exec' ? EXEC_TOOLS.map((f) => ({ type: 'function', function: f }))
-  : process.env.CODEX === '1' && process.env.CODEX_TOOLS === 'openhands' ? OPENHANDS_TOOLS.map((f) => ({ type: 'function', function: f }))
-  : process.env.CODEX === '1' ? [{ type: 'function', function: { name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS } }] : [
+const shellTools = process.env.SHELL_TOOLS;
+const tools = shellTools === 'exec' ? EXEC_TOOLS.map((f) => ({ type: 'function', function: f }))
+  : shellTools === 'openhands' ? OPENHANDS_TOOLS.map((f) => ({ type: 'function', function: f }))
+  : shellTools === 'shell' ? [{ type: 'function', function: { name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS } }] : [
   custom ? { type: 'custom', custom: { name: 'write_record', description: 'Apply a patch to the records.' } } :
   { type: 'function', function: { name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } }, required: ['record_id', 'value'] } } },
   { type: 'function', function: { name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } } },

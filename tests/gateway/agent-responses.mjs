@@ -30,11 +30,11 @@
 //              whose output is one input_image part)
 //   STATELESS=1  no previous_response_id: each turn sends the whole
 //              conversation (the answers' items and the outputs)
-//   CODEX=1    (without BUILTIN) Codex's own shell tool instead of the
-//              write: a function tool named shell, each call answered
-//              with Codex's JSON text, a command that exited 2
-//              (coding-tools.mjs); CODEX_TOOLS=exec: its exec_command and
-//              write_stdin, a build polled until it ends (coding-tools.mjs)
+//   SHELL_TOOLS  (without BUILTIN) a coding agent's shell tools instead of
+//              the write (coding-tools.mjs): shell, Codex's own shell tool
+//              (a function named shell, each call answered with Codex's
+//              text of a command that exited 2); exec, its exec_command
+//              and write_stdin, a build polled until it ends
 //   AZURE=1    the package's AzureOpenAI client, its endpoint BASE_URL
 //              without /v1: its requests go to /openai/responses?api-version=...
 import OpenAI, { AzureOpenAI } from 'openai';
@@ -51,9 +51,9 @@ const stream = process.env.STREAM === '1';
 const custom = process.env.CUSTOM === '1', stateless = process.env.STATELESS === '1', builtin = process.env.BUILTIN;
 const nextScreen = () => 'data:image/png;base64,' + nextScreenB64();
 const builtinTool = builtin === 'computer' ? { type: 'computer_use_preview', display_width: 1024, display_height: 768, environment: 'browser' } : { type: builtin };
-const codexShell = process.env.CODEX === '1' && !builtin;
-const tools = codexShell && process.env.CODEX_TOOLS === 'exec' ? EXEC_TOOLS.map((t) => ({ type: 'function', ...t, strict: false }))
-  : codexShell ? [{ type: 'function', name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS, strict: false }]
+const shellTools = builtin ? null : process.env.SHELL_TOOLS;
+const tools = shellTools === 'exec' ? EXEC_TOOLS.map((t) => ({ type: 'function', ...t, strict: false }))
+  : shellTools === 'shell' ? [{ type: 'function', name: 'shell', description: SHELL_DESCRIPTION, parameters: SHELL_PARAMETERS, strict: false }]
   : builtin ? [builtinTool, { type: 'function', name: 'lookup', description: 'Look a customer up.', parameters: { type: 'object', properties: { customer_id: { type: 'string' } } } }] : [
   custom ? { type: 'custom', name: 'write_record', description: 'Apply a patch to the records.' }
     : { type: 'function', name: 'write_record', description: 'Write a record.', parameters: { type: 'object', properties: { record_id: { type: 'integer' }, value: { type: 'string' } } } },

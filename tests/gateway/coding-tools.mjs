@@ -2,9 +2,9 @@
 // agents offer and answer them.
 //
 // Codex's own shell tool (agent-responses.mjs, agent-openai.mjs with
-// CODEX=1): a function tool named `shell` whose arguments are the command as an
-// argv array, answered in one of the three texts Codex answers a command
-// with ($CODEX_OUTPUT):
+// SHELL_TOOLS=shell): a function tool named `shell` whose arguments are
+// the command as an argv array, answered in one of the three texts Codex
+// answers a command with ($SHELL_OUTPUT):
 //   json (the default)  {"output": ..., "metadata": {"exit_code": N,
 //                       "duration_seconds": S}}, its structured shell output
 //   freeform            "Exit code: N\nWall time: S seconds\nOutput:\n...",
@@ -17,13 +17,13 @@
 //                       N.]" and the lines after it
 // the duration (and the chunk id) differing every time, as a real
 // command's do. Every command fails (make's error, exit code 2), or
-// succeeds when $CODEX_EXIT is 0.
+// succeeds when $SHELL_EXIT is 0.
 //
-// With CODEX_TOOLS=exec, Codex's unified exec instead: exec_command starts
+// With SHELL_TOOLS=exec, Codex's unified exec instead: exec_command starts
 // a build that is still running when it answers ("Process running with
 // session ID 7" and its first line of output), and each write_stdin (a
-// poll) answers the lines printed since, until the CODEX_POLLS-th poll
-// [8] answers "Process exited with code 0"; CODEX_HUNG=1: the build never
+// poll) answers the lines printed since, until the SHELL_POLLS-th poll
+// [8] answers "Process exited with code 0"; SHELL_HUNG=1: the build never
 // prints again nor ends (every poll's output empty).
 export const SHELL_PARAMETERS = {
   type: 'object',
@@ -38,14 +38,14 @@ export const SHELL_PARAMETERS = {
 export const SHELL_DESCRIPTION = 'Runs a shell command and returns its output.';
 
 export function shellOutput(n) {
-  const code = Number(process.env.CODEX_EXIT ?? 2), secs = (0.4 + n / 10).toFixed(1);
+  const code = Number(process.env.SHELL_EXIT ?? 2), secs = (0.4 + n / 10).toFixed(1);
   const out = code ? 'make: *** [Makefile:12: test] Error 2\n' : 'All 42 tests passed.\n';
-  switch (process.env.CODEX_OUTPUT || 'json') {
+  switch (process.env.SHELL_OUTPUT || 'json') {
     case 'json': return JSON.stringify({ output: out, metadata: { exit_code: code, duration_seconds: Number(secs) } });
     case 'freeform': return `Exit code: ${code}\nWall time: ${secs} seconds\nOutput:\n${out}`;
     case 'openhands': return `${out}[The command completed with exit code ${code}.]\n[Current working directory: /repo]\n[Python interpreter: /usr/bin/python3]\n[Command finished with exit code ${code}]`;
     case 'exec': return `Chunk ID: ${(0x5a17 + n).toString(16)}\nWall time: ${secs} seconds\nProcess exited with code ${code}\nOriginal token count: 9\nOutput:\n${out}`;
-    default: throw new Error('CODEX_OUTPUT: json, freeform, exec or openhands');
+    default: throw new Error('SHELL_OUTPUT: json, freeform, exec or openhands');
   }
 }
 
@@ -59,7 +59,7 @@ export const EXEC_TOOLS = [
 // The answer of the n-th exec_command or write_stdin call (1: the
 // exec_command that starts the build)
 export function execOutput(n) {
-  const polls = Number(process.env.CODEX_POLLS ?? 8), hung = process.env.CODEX_HUNG === '1';
+  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = process.env.SHELL_HUNG === '1';
   const head = `Chunk ID: ${(0x7c00 + n).toString(16)}\nWall time: ${(n === 1 ? 10 : 30) + n / 10} seconds\n`;
   if (!hung && n > polls) return head + 'Process exited with code 0\nOriginal token count: 4\nOutput:\nBuild finished.\n';
   const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c\n`;
@@ -71,8 +71,8 @@ export function execOutput(n) {
 // background with ID: b2f8b9"), and each BashOutput (a poll) answers the
 // lines printed since in its XML-ish words, "<status>running</status>",
 // the <stdout> block, a <timestamp> that differs every time, until the
-// CODEX_POLLS-th poll [8] answers "<status>completed</status>" and
-// "<exit_code>0</exit_code>" (CODEX_EXIT=N: "failed" and N); CODEX_HUNG=1:
+// SHELL_POLLS-th poll [8] answers "<status>completed</status>" and
+// "<exit_code>0</exit_code>" (SHELL_EXIT=N: "failed" and N); SHELL_HUNG=1:
 // no new output, never done.
 export const CLAUDE_TOOLS = [
   { name: 'Bash', description: 'Executes a given bash command in a persistent shell session.',
@@ -83,21 +83,20 @@ export const CLAUDE_TOOLS = [
 
 // The answer of the n-th Bash or BashOutput call (1: the Bash that starts the build)
 export function bashOutput(n) {
-  const polls = Number(process.env.CODEX_POLLS ?? 8), hung = process.env.CODEX_HUNG === '1';
+  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = process.env.SHELL_HUNG === '1';
   if (n === 1) return 'Command running in background with ID: b2f8b9';
   const stamp = `<timestamp>2026-12-07T01:${String(n).padStart(2, '0')}:00.000Z</timestamp>`;
-  const code = Number(process.env.CODEX_EXIT ?? 0);
+  const code = Number(process.env.SHELL_EXIT ?? 0);
   if (!hung && n > polls + 1) return `<status>${code ? 'failed' : 'completed'}</status>\n\n<exit_code>${code}</exit_code>\n\n<stdout>\nBuild ${code ? 'failed' : 'finished'}.\n</stdout>\n\n${stamp}`;
   return '<status>running</status>\n\n' + (hung ? '' : `<stdout>\n[${n}/${polls + 2}] cc -c src/unit${n}.c\n</stdout>\n\n`) + stamp;
 }
 
-// OpenHands' execute_bash (agent-openai.mjs with CODEX=1
-// CODEX_TOOLS=openhands): the build started ({"command": "make -j2"}) and
+// OpenHands' execute_bash (agent-openai.mjs with SHELL_TOOLS=openhands): the build started ({"command": "make -j2"}) and
 // polled with an empty command, each answer the lines printed since and
 // "[The command has no new output after 30 seconds. ...]" (a poll's after
 // "[Below is the output of the previous command.]"), until the
-// CODEX_POLLS-th poll [8] ends with "[The command completed with exit code
-// 0.]"; CODEX_HUNG=1: no new output, never done.
+// SHELL_POLLS-th poll [8] ends with "[The command completed with exit code
+// 0.]"; SHELL_HUNG=1: no new output, never done.
 export const OPENHANDS_TOOLS = [
   { name: 'execute_bash', description: 'Execute a bash command in the terminal within a persistent shell session.',
     parameters: { type: 'object', properties: { command: { type: 'string' }, is_input: { type: 'string', enum: ['true', 'false'] }, timeout: { type: 'number' } }, required: ['command'] } },
@@ -105,7 +104,7 @@ export const OPENHANDS_TOOLS = [
 
 // The answer of the n-th execute_bash call (1: the one that starts the build)
 export function openhandsOutput(n) {
-  const polls = Number(process.env.CODEX_POLLS ?? 8), hung = process.env.CODEX_HUNG === '1';
+  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = process.env.SHELL_HUNG === '1';
   const head = n > 1 ? '[Below is the output of the previous command.]\n' : '';
   if (!hung && n > polls) return `${head}Build finished.\n[The command completed with exit code 0.]\n[Current working directory: /repo]\n[Command finished with exit code 0]`;
   const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c`;

@@ -504,13 +504,13 @@ done
 # (policy-v1's default: 5) stops it. Directly it runs to its step cap. On
 # both APIs Codex speaks (wire_api "responses" and "chat"); exit code 0 is
 # no failure.
-note "Codex's shell tool: a failed command's exit code read (its three texts), the failure streak"
-d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=flail CODEX=1 STATELESS=1) || fail "flail direct: $d"
+note "Codex's shell tool: a failed command's exit code read (its three texts, OpenHands' trailer), the failure streak"
+d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=flail SHELL_TOOLS=shell STATELESS=1) || fail "flail direct: $d"
 [ "$(echo "$d" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail direct: $d"
-for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1 CODEX_OUTPUT=freeform" \
-  "agent-openai.mjs STREAM=1 CODEX_OUTPUT=exec" "agent-openai.mjs" "agent-openai.mjs CODEX_OUTPUT=freeform" "agent-openai.mjs CODEX_OUTPUT=exec" \
-  "agent-openai.mjs CODEX_OUTPUT=openhands"; do
-  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=flail CODEX=1) || fail "flail through the gateway ($way): $g"
+for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1 SHELL_OUTPUT=freeform" \
+  "agent-openai.mjs STREAM=1 SHELL_OUTPUT=exec" "agent-openai.mjs" "agent-openai.mjs SHELL_OUTPUT=freeform" "agent-openai.mjs SHELL_OUTPUT=exec" \
+  "agent-openai.mjs SHELL_OUTPUT=openhands"; do
+  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=flail SHELL_TOOLS=shell) || fail "flail through the gateway ($way): $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["final", 5]' ] ||
     fail "flail ($way): not stopped by the failure streak: $g"
   case $way in agent-openai.mjs*STREAM=1*) continue ;; agent-openai.mjs*) ;; *) continue ;; esac # (a run printed)
@@ -525,27 +525,27 @@ sys.exit(not (len(res) == 5 and all(r["status"] == "retryable" and "Error 2" in 
 PY
 done
 for out in json freeform exec openhands; do # commands that work: progress, never the failure streak
-  g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=flail CODEX=1 CODEX_OUTPUT=$out CODEX_EXIT=0) || fail "flail, exit 0 ($out): $g"
+  g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=flail SHELL_TOOLS=shell SHELL_OUTPUT=$out SHELL_EXIT=0) || fail "flail, exit 0 ($out): $g"
   [ "$(echo "$g" | get '[d["ended"], d["executions"]["shell"]]')" = '["step_cap", 12]' ] || fail "flail, exit 0 ($out): stopped: $g"
 done
 
 # Codex's unified exec: a long build started by exec_command and polled
 # with the same write_stdin call while it runs (OpenHands' execute_bash:
-# with an empty command). A poll that brings output
-# the run has not seen is progress (its progress_version in the trace), so
-# the eight polls all run and the agent ends on its own answer; a build
-# that never prints again is polled in vain, the same call with nothing
-# new: the repeat ladder's.
+# with an empty command). A poll that brings output the run has not seen
+# is progress (its progress_version in the trace), so the eight polls all
+# run and the agent ends on its own answer; a build that never prints
+# again is polled in vain, the same call with nothing new: the repeat
+# ladder's.
 note "Codex's unified exec: polls of a running build that prints are progress; a silent one is a repeat"
-d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=poll CODEX=1 CODEX_TOOLS=exec STATELESS=1) || fail "poll direct: $d"
+d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=poll SHELL_TOOLS=exec STATELESS=1) || fail "poll direct: $d"
 [ "$(echo "$d" | get '[d["ended"], d["executions"]["exec_command"], d["executions"]["write_stdin"]]')" = '["final", 1, 8]' ] || fail "poll direct: $d"
-for way in "agent-responses.mjs STATELESS=1 CODEX_TOOLS=exec" "agent-responses.mjs STREAM=1 CODEX_TOOLS=exec" \
-  "agent-openai.mjs CODEX_TOOLS=exec" "agent-openai.mjs CODEX_TOOLS=openhands"; do
+for way in "agent-responses.mjs STATELESS=1 SHELL_TOOLS=exec" "agent-responses.mjs STREAM=1 SHELL_TOOLS=exec" \
+  "agent-openai.mjs SHELL_TOOLS=exec" "agent-openai.mjs SHELL_TOOLS=openhands"; do
   case $way in *openhands) polls=execute_bash n=9 ;; *) polls=write_stdin n=8 ;; esac # (OpenHands polls with the tool that started the build)
-  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1) || fail "poll ($way): $g"
+  g=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll) || fail "poll ($way): $g"
   [ "$(echo "$g" | get '[d["ended"], d["final"], d["executions"]["'$polls'"]]')" = '["final", "Done: the build finished.", '$n']' ] ||
     fail "poll ($way): the polls of a build that prints were not let run: $g"
-  h=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll CODEX=1 CODEX_HUNG=1) || fail "poll, hung ($way): $h"
+  h=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll SHELL_HUNG=1) || fail "poll, hung ($way): $h"
   [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["'$polls'"] <= 2 + '$((n - 8))')')" = 1 ] ||
     fail "poll, hung ($way): a silent build polled without end: $h"
 done
@@ -568,7 +568,7 @@ for st in 0 1; do
   [ "$(echo "$g" | get '[d["ended"], d["final"], d["executions"]["BashOutput"]]')" = '["final", "Done: the build finished.", 9]' ] ||
     fail "BashOutput, stream=$st: the polls of a build that prints were not let run: $g"
   [ $st = 0 ] && run=$(echo "$g" | get 'd["seen"][0]["run"]') # (a stream's answers print no run)
-  h=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 CODEX_HUNG=1 STREAM=$st) || fail "BashOutput, hung, stream=$st: $h"
+  h=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 SHELL_HUNG=1 STREAM=$st) || fail "BashOutput, hung, stream=$st: $h"
   [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["BashOutput"] <= 2)')" = 1 ] ||
     fail "BashOutput, hung, stream=$st: a silent build polled without end: $h"
 done
@@ -578,7 +578,7 @@ res = [e for e in map(json.loads, (l for l in sys.stdin if not l.startswith("#")
 sys.exit(not ([r.get("progress_version") for r in res] == [None] + list(range(1, 9)) + [None]))' ||
   fail "BashOutput: the polls' progress_versions: $(curl -s "$gw_URL/v1/runs/$run/trace" | head -c 3000)"
 # a shell that ended with exit code 1 is a failure (retryable), one that ended with 0 is not
-g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 CODEX_EXIT=1) || fail "BashOutput, exit 1: $g"
+g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 SHELL_EXIT=1) || fail "BashOutput, exit 1: $g"
 for r in "$run" "$(echo "$g" | get 'd["seen"][0]["run"]')"; do
   curl -sf "$gw_URL/v1/runs/$r/trace" | grep '"type":"result"' | tail -n 1 | get 'd["status"]'
 done | tr '\n' ' ' | grep_q '^progress retryable $' || fail "BashOutput: a shell's exit code is not read: $g"
