@@ -9,7 +9,8 @@
 #   - every path and method of docs/openapi.json is in
 #     docs/reference/http-api.md, whose route reference is up to date with
 #     the document (scripts/api-docs --check);
-#   - every relative link of README.md and docs/ names a file that exists;
+#   - every relative link of README.md and docs/ names a file that exists,
+#     and a heading of it when it has an anchor (#...);
 #   - no file a user's clone has cites the project's private folders
 #     (the shared contracts folder beside the repository, its design
 #     notes): the repository owns its contracts under docs/reference/.
@@ -86,11 +87,24 @@ if r.returncode: bad.append((r.stderr or r.stdout).strip())
 mds = [os.path.join(src, "README.md")]
 for root, _, files in os.walk(os.path.join(src, "docs")):
     mds += [os.path.join(root, f) for f in files if f.endswith(".md")]
+def anchors_of(md): # its headings' anchors, as GitHub makes them (code blocks skipped)
+    out, seen, fence = set(), {}, False
+    for line in open(md):
+        if line.startswith("```"): fence = not fence
+        m = None if fence else re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            a = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(a if a not in seen else "%s-%d" % (a, seen[a]))
+            seen[a] = seen.get(a, 0) + 1
+    return out
 for md in mds:
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", open(md).read()):
-        if re.match(r"[a-z]+:", target): continue
-        if not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(md), target))):
+    for target, frag in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", open(md).read()):
+        if re.match(r"[a-z]+:", target) or not (target or frag): continue
+        path = os.path.normpath(os.path.join(os.path.dirname(md), target)) if target else md
+        if not os.path.exists(path):
             bad.append("%s: broken link %s" % (os.path.relpath(md, src), target))
+        elif frag and path.endswith(".md") and frag not in anchors_of(path):
+            bad.append("%s: link %s#%s: no such heading there" % (os.path.relpath(md, src), target, frag))
 
 # Private folders (in our files: not in what npm installed under tests/).
 def walk_ours(top):
