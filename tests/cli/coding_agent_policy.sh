@@ -10,9 +10,9 @@ SRC=${LG_SOURCE_DIR:?LG_SOURCE_DIR is not set}
 POLICY="$SRC/examples/policies/coding-agent.json"
 CASES="$SRC/examples/policies/coding-agent"
 
-# Every trace of the folder holds with the recipe, and there are six.
+# Every trace of the folder holds with the recipe, and there are seven.
 check "loopguard test with coding-agent.json" 0 "$bin" test --policy "$POLICY" "$CASES"
-has "six traces, all held" "6 passed, 0 failed, 0 skipped" "$out"
+has "seven traces, all held" "7 passed, 0 failed, 0 skipped" "$out"
 
 # summary_of FILE: the default policy's replay, as "reason executed blocked"
 summary_of() {
@@ -29,6 +29,13 @@ has "the default policy stops Codex's edit/test cycle" "same_call_repeat" \
   "$(summary_of "$CASES/codex-edit-test.jsonl")"
 hasnt "without the Bash loop_key a reworded retry is no repeat" "same_call_repeat" \
   "$(summary_of "$CASES/retry-same-command.jsonl")"
+# A build's polls, as the gateway records them (each that brought output
+# with a progress_version), run with the default policy too; the same
+# polls without them are the same call again and again.
+has "the default policy lets a printing build's polls run" "None 10 0" \
+  "$(summary_of "$CASES/codex-build-polls.jsonl")"
+grep -v '^#' "$CASES/codex-build-polls.jsonl" | sed 's/"progress_version": [0-9]*, //' >"$tmp/no-pv.jsonl"
+has "without the progress_versions the polls are a repeat" "same_call_repeat" "$(summary_of "$tmp/no-pv.jsonl")"
 
 check "Bash's fingerprint, trimmed" 0 "$bin" fingerprint --policy "$POLICY" Bash '{"command":" pytest  -x ","description":"a"}'
 a=$out

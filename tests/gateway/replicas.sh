@@ -110,6 +110,12 @@ for stream in 0 1; do
   out=$(client agent-responses.mjs MODEL=loop-builtin BUILTIN=computer SCREENS=toggle STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
     fail "computer, two screens $stream: $out"
   [ "$(echo "$out" | jq_py '[d["ended"], d["executions"]["write_record"]]')" = '["final", 4]' ] || fail "computer, two screens $stream: $out"
+  # so are the outputs a polled command has printed: a build's polls (Codex's
+  # write_stdin), each to the other replica, stay progress while it prints
+  note "a build polled, stream $stream: each replica knows the output the other saw"
+  out=$(client agent-responses.mjs MODEL=poll SHELL_TOOLS=exec STREAM=$stream BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
+    fail "poll $stream: $out"
+  [ "$(echo "$out" | jq_py '[d["ended"], d["executions"]["write_stdin"]]')" = '["final", 8]' ] || fail "poll $stream: $out"
   note "the Agents SDK in a conversation (conversationId), stream $stream: the same"
   out=$(client agent-openai-agents.mjs MODEL=pair STREAM=$stream CONVERSATION=1 BASE_URL="$r1_URL/v1" BASE_URLS="$BOTH") ||
     fail "agents conversation pair $stream: $out"
