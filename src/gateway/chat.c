@@ -687,11 +687,11 @@ static int bash_output(const char *t, outcome_t *h) {
   return 1;
 }
 
-/* The last line of t's last KiB that starts with mark (after a line end,
- * or at t's start), the text after mark; or NULL. */
-static const char *last_marked_line(const char *t, const char *mark) {
-  size_t n = strlen(t), m = strlen(mark);
-  const char *p = n > 1024 ? t + n - 1024 : t, *at = !strncmp(t, mark, m) ? t : NULL;
+/* The last line from `from` on (t's last KiB) that starts with mark
+ * (after a line end, or at t's start), the text after mark; or NULL. */
+static const char *last_marked_line(const char *t, const char *from, const char *mark) {
+  size_t m = strlen(mark);
+  const char *p = from, *at = !strncmp(t, mark, m) ? t : NULL;
   for (; (p = strstr(p, mark)); p++)
     if (p > t && p[-1] == '\n') at = p;
   return at ? at + m : NULL;
@@ -710,12 +710,14 @@ static int openhands_outcome(const char *t, outcome_t *h) {
   static const char *const cont[] = {"[Below is the output of the previous command.]\n",
                                      "[Command output continued from previous command]\n"};
   memset(h, 0, sizeof *h);
-  const char *num = last_marked_line(t, "[The command completed with exit code ");
+  size_t n = strlen(t);
+  const char *tail = n > 1024 ? t + n - 1024 : t;
+  const char *num = last_marked_line(t, tail, "[The command completed with exit code ");
   if (num) {
     h->exited = leading_int(num, ".]", &h->code);
     return h->exited;
   }
-  const char *wait = last_marked_line(t, "[The command has no new output after ");
+  const char *wait = last_marked_line(t, tail, "[The command has no new output after ");
   if (!wait || (strchr(wait, '\n') && !blank(strchr(wait, '\n')))) return 0; /* the last line */
   wait -= strlen("[The command has no new output after ");
   for (size_t k = 0; k < sizeof cont / sizeof *cont; k++)
@@ -739,10 +741,10 @@ static int command_outcome(const char *t, outcome_t *h) {
  * "duration_seconds": 0.4}}`, what it answers its shell and local shell
  * calls with, in a function_call_output, a local_shell_call_output or a
  * Chat Completions tool message), or the plain text command_outcome
- * reads. Only JSON text that holds "exit_code" as written is parsed. */
-static int command_failed(const char *t) {
-  outcome_t h;
-  if (command_outcome(t, &h)) return h.exited && h.code != 0;
+ * read (h, or NULL when it read none). Only JSON text that holds
+ * "exit_code" as written is parsed. */
+static int command_failed(const char *t, const outcome_t *h) {
+  if (h) return h->exited && h->code != 0;
   while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r') t++;
   if (*t != '{' || !strstr(t, "\"exit_code\"")) return 0;
   json_t *o = lg__json_load(t, strlen(t), NULL, NULL);
@@ -753,10 +755,9 @@ static int command_failed(const char *t) {
   return failed;
 }
 
-/* A plain answer: progress (an error: retryable: the API's flag, or a
- * command's outcome that says it failed), its text the value. */
-static void plain_result(const char *text, int is_error, lg_result_t *res, char **value) {
-  res->status = is_error || command_failed(text) ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
+/* A plain answer: progress (failed: retryable), its text the value. */
+static void plain_result(const char *text, int failed, lg_result_t *res, char **value) {
+  res->status = failed ? LG_STATUS_RETRYABLE : LG_STATUS_PROGRESS;
   *value = lg_json_quote(text, strlen(text));
   res->value_len = *value ? strlen(*value) : 0;
   res->value_kind = blank(text) ? LG_VALUE_BLANK : LG_VALUE_PRESENT;
@@ -789,11 +790,16 @@ static int fed_room(lg__gw_fed_t *f) {
 
 /* A tool's answer (content: a string or text parts; is_error: the tool
  * said it failed) as a result into res, what res borrows into k (text,
- * value, sj; owned). 0, or LG_ENOMEM. */
+ * value, sj; owned), and what oc says of a command (command_outcome; all
+ * 0 when it is not one: its output points into k->text). A plain answer
+ * is a failure when the API's flag or the command says so. 0, or
+ * LG_ENOMEM. */
 static int read_result(const json_t *content, int is_error, lg_result_t *res,
-                       struct lg__gw_fed_keep *k) {
+                       struct lg__gw_fed_keep *k, outcome_t *oc) {
   char *text = result_text(content);
   if (!text) return LG_ENOMEM;
+  int known = command_outcome(text, oc);
+  if (!known) memset(oc, 0, sizeof *oc);
   char *value = NULL;
   json_t *sj = NULL;
   if (may_be_structured(text)) {
@@ -803,7 +809,8 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
       sj = NULL;
     }
   }
-  if (!sj || !structured_result(sj, res, &value)) plain_result(text, is_error, res, &value);
+  if (!sj || !structured_result(sj, res, &value))
+    plain_result(text, is_error || command_failed(text, known ? oc : NULL), res, &value);
   res->value = value;
   k->text = text;
   k->value = value;
@@ -911,11 +918,11 @@ static int fill_result(lg__step_t *st, void *ud) {
       content = json_object_get(m, "content");
       call_id = sget(m, "tool_call_id");
     }
-    int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k);
     outcome_t h;
+    int rc = !m ? LG_ENOMEM : read_result(content, is_error, &k->res, k, &h);
     if (!rc && is_screen(c, m, k->msg, call_id, k->text))
       seen_progress(c, k->text, strlen(k->text), 1, &k->res);
-    else if (!rc && command_outcome(k->text, &h) && h.running && !h.exited && !blankn(h.output, h.output_len))
+    else if (!rc && h.running && !h.exited && !blankn(h.output, h.output_len))
       seen_progress(c, h.output, h.output_len, 0, &k->res); /* a poll that brought new output */
     json_decref(owned);
     if (rc) {
