@@ -495,6 +495,15 @@ for stream in 0 1; do
   stopped "local_shell answered by function_call_output, stream=$stream" "$g"
 done
 
+# results RUN EXPR: EXPR over the run's trace's result events, a list
+# bound to r, printed as JSON
+results() {
+  curl -sf "$gw_URL/v1/runs/$1/trace" | python3 -c '
+import json, sys
+r = [e for e in (json.loads(l) for l in sys.stdin if l.strip() and not l.startswith("#")) if e.get("type") == "result"]
+print(json.dumps('"$2"'))'
+}
+
 # Codex's own shell tool (a function named shell, each answer a text whose
 # exit code says the command failed: JSON, or the plain text of its
 # freeform shell or its exec_command; or OpenHands' trailer, as its
@@ -517,12 +526,8 @@ for way in "agent-responses.mjs STATELESS=1" "agent-responses.mjs STREAM=1 SHELL
   run=$(echo "$g" | get 'd["seen"][0]["run"]')
   jq_url "$gw_URL/v1/runs/$run" 'd["terminal_reason"]' | grep_q '^failure_streak$' ||
     fail "flail ($way): the stop: $(curl -s "$gw_URL/v1/runs/$run")"
-  curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/flail.jsonl" || fail "flail ($way): no trace"
-  python3 - "$TMP/flail.jsonl" <<'PY' || fail "flail ($way): the results are not failures with Codex's text: $(head -c 3000 "$TMP/flail.jsonl")"
-import json, sys
-res = [e for e in map(json.loads, (l for l in open(sys.argv[1]) if not l.startswith("#"))) if e.get("type") == "result"]
-sys.exit(not (len(res) == 5 and all(r["status"] == "retryable" and "Error 2" in r["value"] for r in res)))
-PY
+  [ "$(results "$run" 'len(r) == 5 and all(x["status"] == "retryable" and "Error 2" in x["value"] for x in r)')" = true ] ||
+    fail "flail ($way): the results are not failures with the command's text: $(results "$run" r)"
 done
 for out in json freeform exec openhands; do # commands that work: progress, never the failure streak
   g=$(client agent-openai.mjs BASE_URL="$gw_URL/v1" MODEL=flail SHELL_TOOLS=shell SHELL_OUTPUT=$out SHELL_EXIT=0) || fail "flail, exit 0 ($out): $g"
@@ -550,13 +555,9 @@ for way in "agent-responses.mjs STATELESS=1 SHELL_TOOLS=exec" "agent-responses.m
     fail "poll, hung ($way): a silent build polled without end: $h"
 done
 run=$(echo "$g" | get 'd["seen"][0]["run"]')
+[ "$(results "$run" '[x.get("progress_version", x["status"]) for x in r]')" = '[1, 2, 3, 4, 5, 6, 7, 8, "progress"]' ] ||
+  fail "poll: the polls' results are not progress: $(results "$run" r)"
 curl -sf "$gw_URL/v1/runs/$run/trace" >"$TMP/poll.jsonl" || fail "poll: no trace"
-python3 - "$TMP/poll.jsonl" <<'PY' || fail "poll: the polls' results are not progress: $(head -c 3000 "$TMP/poll.jsonl")"
-import json, sys
-res = [e for e in map(json.loads, (l for l in open(sys.argv[1]) if not l.startswith("#"))) if e.get("type") == "result"]
-pv = [r.get("progress_version") for r in res]
-sys.exit(not (len(res) == 9 and pv == list(range(1, 9)) + [None] and all(r["status"] == "progress" for r in res)))
-PY
 "$LG_BIN" replay --json "$TMP/poll.jsonl" >"$TMP/poll.replay" || fail "poll: the trace does not replay"
 [ "$(tail -n 1 "$TMP/poll.replay" | get '[d["executed_calls"], d["blocked_calls"], d["terminal_reason"]]')" = '[9, 0, null]' ] ||
   fail "poll: replay: $(tail -n 1 "$TMP/poll.replay")"
@@ -572,16 +573,12 @@ for st in 0 1; do
   [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["BashOutput"] <= 2)')" = 1 ] ||
     fail "BashOutput, hung, stream=$st: a silent build polled without end: $h"
 done
-curl -sf "$gw_URL/v1/runs/$run/trace" | python3 -c '
-import json, sys
-res = [e for e in map(json.loads, (l for l in sys.stdin if not l.startswith("#"))) if e.get("type") == "result"]
-sys.exit(not ([r.get("progress_version") for r in res] == [None] + list(range(1, 9)) + [None]))' ||
-  fail "BashOutput: the polls' progress_versions: $(curl -s "$gw_URL/v1/runs/$run/trace" | head -c 3000)"
+[ "$(results "$run" '[x.get("progress_version") for x in r]')" = '[null, 1, 2, 3, 4, 5, 6, 7, 8, null]' ] ||
+  fail "BashOutput: the polls' progress_versions: $(results "$run" r)"
 # a shell that ended with exit code 1 is a failure (retryable), one that ended with 0 is not
 g=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 SHELL_EXIT=1) || fail "BashOutput, exit 1: $g"
-for r in "$run" "$(echo "$g" | get 'd["seen"][0]["run"]')"; do
-  curl -sf "$gw_URL/v1/runs/$r/trace" | grep '"type":"result"' | tail -n 1 | get 'd["status"]'
-done | tr '\n' ' ' | grep_q '^progress retryable $' || fail "BashOutput: a shell's exit code is not read: $g"
+[ "$(results "$run" 'r[-1]["status"]'),$(results "$(echo "$g" | get 'd["seen"][0]["run"]')" 'r[-1]["status"]')" = '"progress","retryable"' ] ||
+  fail "BashOutput: a shell's exit code is not read: $g"
 
 # A built-in tool that succeeds without a word (a patch applied with no
 # output, a command that printed nothing: most commands that work) gives a
