@@ -924,6 +924,13 @@ static int pass_data(void *ud, const char *p, size_t n) {
   lg__gw_job_t *j = x->stream;
   if (!j->streaming)
     lg__gw_stream_start(j, (int)x->status, x->ctype[0] ? x->ctype : "application/json");
+  if (j->pass_rsv[0]) { /* a priced answer's last bytes: its usage (lg__gw_keys_pass_settle) */
+    size_t cap = sizeof j->pass_tail, keep = n >= cap ? 0 : j->pass_tail_len + n <= cap ? j->pass_tail_len : cap - n;
+    memmove(j->pass_tail, j->pass_tail + j->pass_tail_len - keep, keep);
+    size_t take = n >= cap ? cap : n;
+    memcpy(j->pass_tail + keep, p + n - take, take);
+    j->pass_tail_len = keep + take;
+  }
   return lg__gw_stream_write(j, p, n);
 }
 
@@ -959,6 +966,9 @@ static void passthrough(lg__gw_ctx_t *cx) {
   x.max_bytes = cx->gw->answer_max; /* an error answer, held whole */
   int rc = lg__gw_http_do(cx->curl, cx->multi, &x);
   lg__gw_note_upstream(cx->gw, ui, &x);
+  /* a 2xx cut short, or no answer to a request that went, may be billed */
+  lg__gw_keys_pass_settle(cx, x.cc != CURLE_COULDNT_CONNECT && x.cc != CURLE_COULDNT_RESOLVE_HOST,
+                          rc && j->streaming ? 0 : (int)x.status);
   if (j->streaming) {
     if (rc) lg__gw_stream_cut(j); /* begun: the client sees it cut, not ended */
   } else if (rc) {

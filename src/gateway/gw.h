@@ -373,6 +373,14 @@ typedef struct lg__gw_job {
                                  (lg__gw_handle: a read, an upload, a count, a cancel) */
   int head_known;             /* a passed-through HEAD: the length of the body */
   uint64_t head_len;          /*   a GET would get (its Content-Length) */
+  /* keys.c: a passed-through request the price table prices (embeddings)
+   * with its worst case reserved on the key's scopes, settled when its
+   * answer ends (lg__gw_keys_pass_settle); pass_rsv "" when none */
+  char pass_rsv[LG_BUDGET_ID_MAX];
+  char *pass_model;           /* its model (new) */
+  int64_t pass_worst_nusd;    /* its worst case */
+  char pass_tail[1024];       /* the last bytes of its answer: the usage */
+  size_t pass_tail_len;
 } lg__gw_job_t;
 
 /* The worker's context for one job. */
@@ -553,6 +561,11 @@ int64_t lg__gw_output_cap(const lg_prices_t *p, const char *model, int64_t input
  * (a crash): --reservation-ttl, else upstream ui's timeout plus a minute
  * (gateway-v1), at most LG_BUDGET_MAX_TTL_MS. */
 int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui);
+/* A passed-through request's reservation (keys.c: embeddings), settled
+ * as its exchange ended: `sent` whether the request may have reached the
+ * upstream, `status` the upstream's (0: none came), the answer's usage in
+ * the job's pass_tail. Nothing without a reservation. */
+void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status);
 /* The usage's own cost (usage.cost, USD, as OpenRouter-style upstreams
  * report it) in nano-dollars rounded up, or -1 when it has none. */
 int64_t lg__gw_keys_usage_cost(json_t *usage);

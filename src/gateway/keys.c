@@ -47,6 +47,8 @@ static void clear_scopes(lg__gw_job_t *j) {
 
 void lg__gw_keys_clear(lg__gw_job_t *j) {
   clear_scopes(j);
+  lg__free(j->pass_model);
+  j->pass_model = NULL;
   if (!j->key) return;
   lg__key_row_clear(j->key);
   lg__free(j->key);
@@ -115,6 +117,7 @@ static int use_byok(lg__gw_ctx_t *cx, size_t ui) {
 static int check_key(lg__gw_ctx_t *cx);
 static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey);
 static int pass_unpriced(lg__gw_ctx_t *cx);
+static int pass_embeddings(lg__gw_ctx_t *cx);
 
 int lg__gw_keys_auth(lg__gw_ctx_t *cx) {
   int rc = check_key(cx);
@@ -207,7 +210,9 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   j->auth = NULL;
   if (j->kind == LG__GW_PASS && use_byok(cx, lg__gw_pass_upstream(cx->gw, j)))
     return 1;
-  return j->kind == LG__GW_PASS && !j->pass_free ? pass_unpriced(cx) : 0;
+  if (j->kind != LG__GW_PASS || j->pass_free) return 0;
+  int priced = pass_embeddings(cx);
+  return priced < 0 ? pass_unpriced(cx) : priced;
 }
 
 int64_t lg__gw_keys_ttl(lg__gw_ctx_t *cx, size_t ui) {
@@ -350,6 +355,127 @@ static int pass_unpriced(lg__gw_ctx_t *cx) {
                own ? "its limit" : "its workspace's budget");
   put_meta(j, own ? "{\"limit_source\":\"key_limit\"}" : "{\"limit_source\":\"workspace_budget\"}");
   return 1;
+}
+
+/* The most tokens an embeddings request's `input` can be: a token is a
+ * byte of text at least (a tokenizer's pieces are bytes), a token id one,
+ * and 2 more an input for a provider that marks its start and end. -1
+ * when it is none of a string, token ids, or an array of either. */
+static int64_t embed_tokens(const json_t *in) {
+  if (json_is_string(in)) return (int64_t)json_string_length(in) + 2;
+  if (!json_is_array(in) || !json_array_size(in)) return -1;
+  int64_t n = 0;
+  size_t i;
+  const json_t *x;
+  if (json_is_integer(json_array_get(in, 0))) { /* one input's token ids */
+    json_array_foreach(in, i, x) if (!json_is_integer(x)) return -1;
+    return (int64_t)json_array_size(in) + 2;
+  }
+  json_array_foreach(in, i, x) {
+    int64_t t = json_is_array(x) && json_is_integer(json_array_get(x, 0)) ? embed_tokens(x)
+                : json_is_string(x)                                   ? embed_tokens(x)
+                                                                      : -1;
+    if (t < 0) return -1;
+    n += t;
+  }
+  return n;
+}
+
+/* A passed-through POST /v1/embeddings whose model the price table
+ * prices: with a key whose scopes have budgets, its worst case (input
+ * only: embed_tokens) is reserved on them, all or none, as a model call's
+ * is, and the request goes on; lg__gw_keys_pass_settle charges what its
+ * answer's usage says. 0: passed on, 1: answered (refused), -1: not such
+ * a request (pass_unpriced decides). */
+static int pass_embeddings(lg__gw_ctx_t *cx) {
+  lg__gw_job_t *j = cx->j;
+  if (j->azure || strcmp(j->method, "POST") || strcmp(j->path, "/embeddings")) return -1;
+  json_t *root = lg__json_load(j->body, j->body_len, NULL, NULL);
+  const char *model = json_string_value(json_object_get(root, "model"));
+  int64_t tokens = embed_tokens(json_object_get(root, "input")), nusd = 0;
+  lg_prices_t *p = lg_price_book_get(cx->srv->prices);
+  int priced = model && tokens >= 0 && !lg_prices_worst_case(p, model, tokens, 0, &nusd, NULL);
+  lg_prices_free(p);
+  if (priced && !(j->pass_model = lg__strdup(model))) priced = -1;
+  json_decref(root);
+  if (priced <= 0) {
+    if (!priced) return -1;
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard: out of memory");
+    return 1;
+  }
+  lg_error_t e = {0};
+  lg_store_t *s = lg__gw_store(cx, &e);
+  int64_t now = lg__server_now(cx->srv);
+  scope_set_t ss;
+  int rc = s ? key_scopes(s, j, now, &ss, &e) : LG_ESTORE;
+  lg_budget_reservation_t res;
+  lg_budget_refusal_t why;
+  if (!rc && ss.n) {
+    lg_budget_request_t req = {.scopes = ss.v,
+                               .nscopes = ss.n,
+                               .amount_micro = (nusd + LG_BUDGET_NUSD_PER_MICRO - 1) / LG_BUDGET_NUSD_PER_MICRO,
+                               .ttl_ms = lg__gw_keys_ttl(cx, lg__gw_pass_upstream(cx->gw, j)),
+                               .model = j->pass_model};
+    rc = lg_budget_reserve(s, &req, now, &res, &why, &e);
+  }
+  if (rc == LG_BUDGET_REFUSED) {
+    lg__gw_keys_refusal(cx, j, &why, NULL);
+    return 1;
+  }
+  if (rc) {
+    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not reserve the request's cost: %s",
+                 e.message[0] ? e.message : lg_strerror(rc));
+    return 1;
+  }
+  if (ss.n) {
+    memcpy(j->pass_rsv, res.id, sizeof j->pass_rsv);
+    j->pass_worst_nusd = nusd;
+  }
+  return 0;
+}
+
+/* The input tokens an embeddings answer's usage says (its last "usage"
+ * object, in the answer's last bytes: OpenAI's comes at the end), or -1. */
+static int64_t embed_usage(const char *t, size_t n) {
+  const char *u = NULL;
+  for (size_t i = 0; i + 7 <= n; i++)
+    if (!memcmp(t + i, "\"usage\"", 7)) u = t + i;
+  if (!u || !(u = memchr(u, '{', n - (size_t)(u - t)))) return -1;
+  json_t *o = json_loadb(u, n - (size_t)(u - t), JSON_DISABLE_EOF_CHECK, NULL);
+  json_t *v = json_object_get(o, "prompt_tokens");
+  if (!json_is_integer(v)) v = json_object_get(o, "total_tokens");
+  int64_t r = json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+  json_decref(o);
+  return r;
+}
+
+void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status) {
+  lg__gw_job_t *j = cx->j;
+  if (!j->pass_rsv[0]) return;
+  /* billed: an answer of 2xx, at its usage (the worst case when it says
+   * none), or one that may have been made (no answer, or cut short after
+   * the request went); not billed: a refusal, or a request never sent */
+  int64_t nusd = 0, t;
+  if (status / 100 == 2 || (sent && !status)) {
+    lg_prices_t *p = lg_price_book_get(cx->srv->prices);
+    t = status / 100 == 2 && j->pass_tail_len ? embed_usage(j->pass_tail, j->pass_tail_len) : -1;
+    if (t < 0 || lg_prices_cost(p, j->pass_model, t, 0, 0, &nusd, NULL)) nusd = j->pass_worst_nusd;
+    lg_prices_free(p);
+  }
+  lg_error_t e = {0};
+  lg_store_t *s = lg__gw_store(cx, &e);
+  int rc = s ? lg_budget_settle(s, j->pass_rsv, (nusd + LG_BUDGET_NUSD_PER_MICRO - 1) / LG_BUDGET_NUSD_PER_MICRO,
+                                lg__server_now(cx->srv), NULL, &e)
+             : LG_ESTORE;
+  if (rc) { /* its reservation stops holding at its TTL: never charged */
+    const char *m = e.message[0] ? e.message : lg_strerror(rc);
+    lg__buf_t f = {0};
+    lg__buf_printf(&f, "\"reservation_id\":\"%s\",\"path\":\"/v1/embeddings\",\"message\":", j->pass_rsv);
+    lg__buf_json_str_lossy(&f, m, strlen(m));
+    if (!f.oom) lg__server_log(cx->srv, "warn", "settlement_failed", f.data);
+    lg__buf_free(&f);
+  }
+  j->pass_rsv[0] = 0;
 }
 
 static void usd(char *buf, size_t n, int64_t micro) {

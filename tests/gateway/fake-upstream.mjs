@@ -173,6 +173,9 @@
 // counted in hex, over and over), written as fast as the client takes
 // them; file-cut-N drops the connection half-way. GET /stats counts the
 // answers whose client left before their end (aborted).
+// POST /v1/embeddings answers OpenAI's list with `usage` last, a token
+// every four bytes of text (counted in GET /stats as embedding_tokens);
+// model embed-broken is its 500, embed-nousage an answer without usage.
 // A request whose members have the wrong types (a mutated one) is answered
 // 400 in its API's error shape, as a provider answers it, and counted in
 // GET /stats as malformed (not as a violation: the client sent it so).
@@ -189,7 +192,7 @@ import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { rng, mutateValue, mutateText } from './mutate-lib.mjs';
 
-const stats = { requests: 0, azure: 0, compat: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, http_versions: {}, tls_connections: 0, connections: 0 };
+const stats = { requests: 0, azure: 0, compat: 0, chat: 0, violations: [], bodies: [], raw: [], models: [], aborted: 0, auths: [], malformed: 0, stream_options_refused: 0, max_tokens_refused: 0, thinking_repeated: 0, embedding_tokens: 0, http_versions: {}, tls_connections: 0, connections: 0 };
 const CHANT = 'Waiting for the payment. '.repeat(200).trim();
 const BIG = Array.from({ length: 4000 }, (_, i) => `line ${i}: caf\u00e9 "q" \\ \u65e5\u672c\n`).join('');
 let callSeq = 0, requestSeq = 0;
@@ -1318,6 +1321,26 @@ function route(req, res, body) {
     }
     const file = (req.method === 'GET' || req.method === 'HEAD') && /^\/v1\/files\/file-(big|cut)-(\d+)\/content$/.exec(req.url);
     if (file) return download(res, Number(file[2]), file[1] === 'cut');
+    if (req.method === 'POST' && req.url === '/v1/embeddings') { // OpenAI's shape; usage last, as OpenAI sends it
+      let j;
+      try { j = JSON.parse(body); } catch { j = null; }
+      const inputs = j && (typeof j.input === 'string' || (Array.isArray(j.input) && typeof j.input[0] === 'number') ? [j.input] : j.input);
+      if (!j || typeof j.model !== 'string' || !Array.isArray(inputs) || !inputs.length) {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: "'input' is a required property", type: 'invalid_request_error', param: null, code: null } }));
+      }
+      if (j.model === 'embed-broken') {
+        res.writeHead(500, { 'content-type': 'application/json' });
+        return res.end(JSON.stringify({ error: { message: 'The server had an error while processing your request.', type: 'server_error', param: null, code: null } }));
+      }
+      // a token every four bytes of text, as a tokenizer makes them about
+      const tokens = inputs.reduce((n, x) => n + (typeof x === 'string' ? Math.ceil(Buffer.byteLength(x) / 4) : x.length), 0);
+      stats.embedding_tokens += tokens;
+      const out = { object: 'list', data: inputs.map((_, index) => ({ object: 'embedding', index, embedding: [0.1, -0.2, 0.3, 0.05] })), model: j.model };
+      if (j.model !== 'embed-nousage') out.usage = { prompt_tokens: tokens, total_tokens: tokens };
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify(out));
+    }
     if (req.method === 'GET' && req.url === '/v1/models') {
       res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });
       return res.end(JSON.stringify({ object: 'list', data: [{ id: 'finish', object: 'model', created: 0, owned_by: 'fake' }] }));

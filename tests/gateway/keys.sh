@@ -18,6 +18,11 @@
 #   on /v1/messages a 402 is Anthropic's billing_error; an unpriced model
 #   under a limit 400 model_not_priced; a key with no limit, in a
 #   workspace with no budget, goes through;
+# - a passed-through request a provider may bill is refused to a key with
+#   a limit (403 passthrough_not_priced), except embeddings of a priced
+#   model: their worst case reserved, their usage charged (an unlimited
+#   key's counted too), a 402 when it does not fit, released on the
+#   provider's error, the worst case charged when the answer has no usage;
 # - spend on the key's own provider key (byok) counts on its limit only
 #   with include_byok_in_limit; the upstream gets that provider key, and
 #   the store (the SQLite files, a pg_dump) holds no clear copy of it
@@ -60,7 +65,10 @@ cat >"$TMP/prices.json" <<'JSON'
             "drip-long": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "stubborn": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "stubborn-strong": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
-            "esc/stubborn-strong": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50}}}
+            "esc/stubborn-strong": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
+            "embed-small":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
+            "embed-broken": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
+            "embed-nousage": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -167,6 +175,33 @@ code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H 'anthropic-version: 2023-0
   fail "an Anthropic count_tokens with no key: $code $(cat "$TMP/pt.json")"
 pass "$KU" POST /v1/embeddings '{"model":"text-embedding-3-small","input":"hello"}' >/dev/null
 [ "$(last_url)" = /v1/embeddings ] || fail "embeddings with a key without a limit did not reach the upstream: $(cat "$TMP/pt.json")"
+
+note "embeddings of a priced model with a key's limit: the worst case reserved (a token a byte of input, 2 more an input), the usage charged, a refusal when it does not fit"
+read -r KE HE <<<"$(newkey '{"name":"embedder","limit_usd":0.0001}')" # 100 micro-dollars: a micro-dollar a token
+micro() { op GET "/v1/budgets/key:$HE" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]'; }
+tok0=$(stats 'd["embedding_tokens"]')
+code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-small","input":["hello world","a second text to embed"]}')
+[ "$code" = 200 ] && [ "$(get 'len(d["data"])' <"$TMP/pt.json")" = 2 ] || fail "priced embeddings with a limited key: $code $(cat "$TMP/pt.json")"
+used=$(( $(stats 'd["embedding_tokens"]') - tok0 ))
+[ "$used" -gt 0 ] && [ "$(micro)" = "[$used, 0]" ] || fail "embeddings: the key's spend is not the answer's usage ($used tokens): $(micro)"
+# token ids count one each: this input's worst case (60 + 2 + 40 + 2 = 104 micro) does not fit in the 100 - $used left
+code=$(pass "$KE" POST /v1/embeddings "{\"model\":\"embed-small\",\"input\":[\"$(printf 'x%.0s' $(seq 60))\",[$(seq -s, 40)]]}")
+[ "$code" = 402 ] && [ "$(get '[d["error"]["code"], d["error"]["metadata"]["limit_source"]]' <"$TMP/pt.json")" = '["key_limit", "key_limit"]' ] ||
+  fail "embeddings past the key's limit: $code $(cat "$TMP/pt.json")"
+[ "$(micro)" = "[$used, 0]" ] || fail "a refused embeddings request changed the key's budget: $(micro)"
+# the provider's error: released, nothing charged; an answer without usage: its worst case (2 + 5)
+code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-broken","input":"hello"}')
+[ "$code" = 500 ] && [ "$(micro)" = "[$used, 0]" ] || fail "embeddings the upstream failed: $code $(micro)"
+code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-nousage","input":"hello"}')
+[ "$code" = 200 ] && [ "$(micro)" = "[$((used + 7)), 0]" ] || fail "embeddings without usage: not charged their worst case: $code $(micro)"
+# an input that is not text nor token ids is not priced: refused as before
+code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-small","input":{"text":"x"}}')
+[ "$code" = 403 ] && [ "$(get 'd["error"]["code"]' <"$TMP/pt.json")" = passthrough_not_priced ] || fail "embeddings of an odd input: $code $(cat "$TMP/pt.json")"
+# a key without a limit: its usage counted on its scope all the same
+read -r KEu HEu <<<"$(newkey '{"name":"embedder-free"}')"
+code=$(pass "$KEu" POST /v1/embeddings '{"model":"embed-small","input":"hello world"}')
+[ "$code" = 200 ] && [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3, 0]" ] ||
+  fail "embeddings with an unlimited key: not counted: $code $(op GET "/v1/budgets/key:$HEu")"
 
 note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
 read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
