@@ -917,6 +917,21 @@ void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x) {
   x->body_out = t;
 }
 
+/* Keeps an answer's last bytes in j->pass_tail: a priced answer's usage
+ * (lg__gw_keys_pass_settle). */
+static void keep_tail(lg__gw_job_t *j, const char *p, size_t n) {
+  size_t cap = sizeof j->pass_tail;
+  if (n >= cap) {
+    memcpy(j->pass_tail, p + n - cap, cap);
+    j->pass_tail_len = cap;
+    return;
+  }
+  size_t keep = j->pass_tail_len + n <= cap ? j->pass_tail_len : cap - n;
+  memmove(j->pass_tail, j->pass_tail + j->pass_tail_len - keep, keep);
+  memcpy(j->pass_tail + keep, p, n);
+  j->pass_tail_len = keep + n;
+}
+
 /* A passed-through answer's bytes, on to the client as they come: the
  * first starts the stream with the upstream's status and type. */
 static int pass_data(void *ud, const char *p, size_t n) {
@@ -924,13 +939,7 @@ static int pass_data(void *ud, const char *p, size_t n) {
   lg__gw_job_t *j = x->stream;
   if (!j->streaming)
     lg__gw_stream_start(j, (int)x->status, x->ctype[0] ? x->ctype : "application/json");
-  if (j->pass_rsv[0]) { /* a priced answer's last bytes: its usage (lg__gw_keys_pass_settle) */
-    size_t cap = sizeof j->pass_tail, keep = n >= cap ? 0 : j->pass_tail_len + n <= cap ? j->pass_tail_len : cap - n;
-    memmove(j->pass_tail, j->pass_tail + j->pass_tail_len - keep, keep);
-    size_t take = n >= cap ? cap : n;
-    memcpy(j->pass_tail + keep, p + n - take, take);
-    j->pass_tail_len = keep + take;
-  }
+  if (j->pass_rsv[0]) keep_tail(j, p, n);
   return lg__gw_stream_write(j, p, n);
 }
 

@@ -372,9 +372,8 @@ static int64_t embed_tokens(const json_t *in) {
     return (int64_t)json_array_size(in) + 2;
   }
   json_array_foreach(in, i, x) {
-    int64_t t = json_is_array(x) && json_is_integer(json_array_get(x, 0)) ? embed_tokens(x)
-                : json_is_string(x)                                   ? embed_tokens(x)
-                                                                      : -1;
+    int one = json_is_string(x) || (json_is_array(x) && json_is_integer(json_array_get(x, 0)));
+    int64_t t = one ? embed_tokens(x) : -1; /* an input: text, or token ids */
     if (t < 0) return -1;
     n += t;
   }

@@ -202,6 +202,13 @@ read -r KEu HEu <<<"$(newkey '{"name":"embedder-free"}')"
 code=$(pass "$KEu" POST /v1/embeddings '{"model":"embed-small","input":"hello world"}')
 [ "$code" = 200 ] && [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3, 0]" ] ||
   fail "embeddings with an unlimited key: not counted: $code $(op GET "/v1/budgets/key:$HEu")"
+# an answer of many reads (3,000 embeddings, 190 KB): its usage, at its end, read all the same (a token each)
+python3 -c 'import json; print(json.dumps({"model": "embed-small", "input": ["a"] * 3000}))' >"$TMP/emb.json"
+code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H "Authorization: Bearer $KEu" -H 'Content-Type: application/json' \
+  --data-binary @"$TMP/emb.json" "$gw_URL/v1/embeddings")
+[ "$code" = 200 ] && [ "$(get 'len(d["data"])' <"$TMP/pt.json")" = 3000 ] &&
+  [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3003, 0]" ] ||
+  fail "a long embeddings answer: not charged its usage: $code $(op GET "/v1/budgets/key:$HEu")"
 
 note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
 read -r K1 H1 < <(newkey '{"name":"roomy","limit_usd":10,"limit_reset":"monthly"}')
