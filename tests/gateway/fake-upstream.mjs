@@ -1336,7 +1336,9 @@ function route(req, res, body) {
       // a token every four bytes of text, as a tokenizer makes them about
       const tokens = inputs.reduce((n, x) => n + (typeof x === 'string' ? Math.ceil(Buffer.byteLength(x) / 4) : x.length), 0);
       stats.embedding_tokens += tokens;
-      const out = { object: 'list', data: inputs.map((_, index) => ({ object: 'embedding', index, embedding: [0.1, -0.2, 0.3, 0.05] })), model: j.model };
+      const vec = [0.1, -0.2, 0.3, 0.05]; // base64: the float32s' bytes, as the openai SDK asks by default
+      const embedding = j.encoding_format === 'base64' ? Buffer.from(new Float32Array(vec).buffer).toString('base64') : vec;
+      const out = { object: 'list', data: inputs.map((_, index) => ({ object: 'embedding', index, embedding })), model: j.model };
       if (j.model !== 'embed-nousage') out.usage = { prompt_tokens: tokens, total_tokens: tokens };
       res.writeHead(200, { 'content-type': 'application/json' });
       return res.end(JSON.stringify(out));

@@ -202,6 +202,14 @@ read -r KEu HEu <<<"$(newkey '{"name":"embedder-free"}')"
 code=$(pass "$KEu" POST /v1/embeddings '{"model":"embed-small","input":"hello world"}')
 [ "$code" = 200 ] && [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3, 0]" ] ||
   fail "embeddings with an unlimited key: not counted: $code $(op GET "/v1/budgets/key:$HEu")"
+# the openai package's embeddings.create (base64 by default, decoded by the SDK) on the limited key
+out=$(cd "$HERE" && KEY=$KE URL="$gw_URL/v1" node --input-type=module -e '
+import OpenAI from "openai";
+const c = new OpenAI({ apiKey: process.env.KEY, baseURL: process.env.URL, maxRetries: 0 });
+const r = await c.embeddings.create({ model: "embed-small", input: "the SDK embeds this" });
+console.log(JSON.stringify([r.data.length, r.data[0].embedding.map((x) => Math.round(x * 100)), r.usage.prompt_tokens]));') ||
+  fail "the openai SDK's embeddings through the gateway: $out"
+[ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro)" = "[$((used + 7 + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro)"
 # an answer of many reads (3,000 embeddings, 190 KB): its usage, at its end, read all the same (a token each)
 python3 -c 'import json; print(json.dumps({"model": "embed-small", "input": ["a"] * 3000}))' >"$TMP/emb.json"
 code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H "Authorization: Bearer $KEu" -H 'Content-Type: application/json' \
