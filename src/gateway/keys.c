@@ -349,8 +349,9 @@ static int pass_unpriced(lg__gw_ctx_t *cx) {
   if (!own && !(ss.n && ss.v[ss.n - 1] == ss.ws)) return 0;
   lg__gw_error(j, 403, "permission_error", "passthrough_not_priced",
                "loopguard: %s %s%s may be billed by the provider, and the gateway prices only the "
-               "model APIs it guards (chat completions, responses, messages): a key whose spend "
-               "is bounded (%s) may not make it; use a key without a limit for it",
+               "model APIs it guards (chat completions, responses, messages) and /v1/embeddings of "
+               "a model its price table names: a key whose spend is bounded (%s) may not make it; "
+               "use a key without a limit for it",
                j->method, j->azure ? "/openai" : "/v1", j->path,
                own ? "its limit" : "its workspace's budget");
   put_meta(j, own ? "{\"limit_source\":\"key_limit\"}" : "{\"limit_source\":\"workspace_budget\"}");
