@@ -381,23 +381,44 @@ static int64_t embed_tokens(const json_t *in) {
   return n;
 }
 
-/* A passed-through POST /v1/embeddings whose model the price table
- * prices: with a key whose scopes have budgets, its worst case (input
- * only: embed_tokens) is reserved on them, all or none, as a model call's
- * is, and the request goes on; lg__gw_keys_pass_settle charges what its
- * answer's usage says. 0: passed on, 1: answered (refused), -1: not such
- * a request (pass_unpriced decides). */
+/* Whether the request is one for embeddings: POST /v1/embeddings, or on
+ * an AzureOpenAI client's path /openai/deployments/NAME/embeddings (*dep
+ * NAME, dep_len bytes: the model when the body names none) or the
+ * resource's v1 API's /openai/v1/embeddings. */
+static int embeddings_path(const lg__gw_job_t *j, const char **dep, size_t *dep_len) {
+  const char *p = j->path, *name, *slash;
+  *dep = NULL;
+  if (strcmp(j->method, "POST")) return 0;
+  if (!j->azure) return !strcmp(p, "/embeddings");
+  if (!strcmp(p, "/v1/embeddings")) return 1;
+  if (strncmp(p, "/deployments/", 13) || !(slash = strchr(name = p + 13, '/')) || slash == name ||
+      strcmp(slash, "/embeddings"))
+    return 0;
+  *dep = name;
+  *dep_len = (size_t)(slash - name);
+  return 1;
+}
+
+/* A passed-through request for embeddings (embeddings_path) whose model
+ * the price table prices: with a key whose scopes have budgets, its worst
+ * case (input only: embed_tokens) is reserved on them, all or none, as a
+ * model call's is, and the request goes on; lg__gw_keys_pass_settle
+ * charges what its answer's usage says. 0: passed on, 1: answered
+ * (refused), -1: not such a request (pass_unpriced decides). */
 static int pass_embeddings(lg__gw_ctx_t *cx) {
   lg__gw_job_t *j = cx->j;
-  if (j->azure || strcmp(j->method, "POST") || strcmp(j->path, "/embeddings")) return -1;
+  const char *dep;
+  size_t dep_len = 0;
+  if (!embeddings_path(j, &dep, &dep_len)) return -1;
   json_t *root = lg__json_load(j->body, j->body_len, NULL, NULL);
   const char *model = json_string_value(json_object_get(root, "model"));
+  j->pass_model = model ? lg__strdup(model) : dep ? lg__strndup(dep, dep_len) : NULL;
   int64_t tokens = embed_tokens(json_object_get(root, "input")), nusd = 0;
-  lg_prices_t *p = lg_price_book_get(cx->srv->prices);
-  int priced = model && tokens >= 0 && !lg_prices_worst_case(p, model, tokens, 0, &nusd, NULL);
-  lg_prices_free(p);
-  if (priced && !(j->pass_model = lg__strdup(model))) priced = -1;
   json_decref(root);
+  lg_prices_t *p = lg_price_book_get(cx->srv->prices);
+  int priced = j->pass_model && tokens >= 0 && !lg_prices_worst_case(p, j->pass_model, tokens, 0, &nusd, NULL);
+  lg_prices_free(p);
+  if (!j->pass_model && (model || dep)) priced = -1;
   if (priced <= 0) {
     if (!priced) return -1;
     lg__gw_error(j, 500, "server_error", NULL, "loopguard: out of memory");

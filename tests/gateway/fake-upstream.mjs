@@ -1258,6 +1258,12 @@ function azure(req, res, body) {
     return body;
   }
   if (req.method === 'POST' && u.pathname === '/openai/responses') { req.url = '/v1/responses'; return body; }
+  const emb = /^\/openai\/deployments\/([^/]+)\/embeddings$/.exec(u.pathname);
+  if (emb) { // the deployment's model, whatever the body says
+    req.url = '/v1/embeddings';
+    try { const j = JSON.parse(body); if (j && typeof j === 'object') { j.model = decodeURIComponent(emb[1]); return JSON.stringify(j); } } catch { /* its 400 */ }
+    return body;
+  }
   res.writeHead(404, json); res.end(JSON.stringify({ error: { code: '404', message: 'Resource not found' } }));
   return null;
 }

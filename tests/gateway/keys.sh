@@ -207,7 +207,7 @@ out=$(cd "$HERE" && KEY=$KE URL="$gw_URL/v1" node --input-type=module -e '
 import OpenAI from "openai";
 const c = new OpenAI({ apiKey: process.env.KEY, baseURL: process.env.URL, maxRetries: 0 });
 const r = await c.embeddings.create({ model: "embed-small", input: "the SDK embeds this" });
-console.log(JSON.stringify([r.data.length, r.data[0].embedding.map((x) => Math.round(x * 100)), r.usage.prompt_tokens]));') ||
+console.log(JSON.stringify([r.data.length, r.data[0].embedding.map((x) => Math.round(x * 100)), r.usage.prompt_tokens]));' 2>&1) ||
   fail "the openai SDK's embeddings through the gateway: $out"
 [ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro)" = "[$((used + 7 + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro)"
 # an answer of many reads (3,000 embeddings, 190 KB): its usage, at its end, read all the same (a token each)
@@ -567,6 +567,17 @@ grep -q lgk- <<<"$(stats 'd["auths"]')" && fail "azure: a loopguard key went ups
 b=$(azchat lgk-notakeyatall0000000000000000000000000)
 [ "$(st)" = 401 ] || fail "azure, an unknown api-key: $(st) $b"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H "api-key: $KA" "$az_URL/v1/key")" = 200 ] || fail "GET /v1/key with api-key"
+# an AzureOpenAI client's embeddings (the openai package's, its deployment the priced model): charged their usage
+read -r KAe HAe < <(newkey '{"name":"azure-embedder","limit_usd":0.001}')
+az0=$(stats 'd["azure"]')
+out=$(cd "$HERE" && KEY=$KAe URL="$az_URL" node --input-type=module -e '
+import { AzureOpenAI } from "openai";
+const c = new AzureOpenAI({ apiKey: process.env.KEY, endpoint: process.env.URL, apiVersion: "2024-10-21", maxRetries: 0 });
+const r = await c.embeddings.create({ model: "embed-small", input: ["hello world", "a second text to embed"] });
+console.log(JSON.stringify([r.data.length, r.usage.prompt_tokens]));' 2>&1) || fail "an AzureOpenAI client's embeddings: $out"
+[ "$out" = "[2,9]" ] && [ "$(op GET "/v1/budgets/key:$HAe" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[9, 0]" ] ||
+  fail "an AzureOpenAI client's embeddings: $out, the key $(op GET "/v1/budgets/key:$HAe")"
+[ "$(stats 'd["azure"]')" = $((az0 + 1)) ] || fail "the AzureOpenAI client's embeddings did not go to the resource's deployment path"
 stop_server az
 
 note "an escalation (cascade.escalate) routed to another upstream: the key's own provider key of that upstream goes there, never the first one's; a model the key may not use is refused there too, nothing left reserved"
