@@ -963,8 +963,8 @@ printf '{"upstreams":{"openai":{"base_url":"%s/v1"},"az":{"base_url":"%s/openai"
   "$FAKE" "$FAKE" >"$TMP/two.json"
 start_server two --store memory: --upstreams "$TMP/two.json"
 n=$(stats 'd["azure"]')
-# the fake's Azure paths count what reaches them; its Azure deployments take chat completions only (a 404 of Azure's own for the rest)
-for pc in "/openai/deployments/finish/chat/completions?api-version=2024-10-21 200" "/openai/deployments/finish/embeddings?api-version=2024-10-21 404"; do
+# the fake's Azure paths count what reaches them (a deployment's chat completions, guarded; its embeddings, passed through)
+for pc in "/openai/deployments/finish/chat/completions?api-version=2024-10-21 200" "/openai/deployments/finish/embeddings?api-version=2024-10-21 200"; do
   code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'content-type: application/json' -H 'api-key: azure-test-key' \
     -d '{"model":"finish","messages":[{"role":"user","content":"Hi"}],"input":"x"}' "$two_URL${pc% *}")
   [ "$code" = "${pc#* }" ] || fail "two upstreams, ${pc% *}: $code $(cat "$TMP/e.json")"
