@@ -203,11 +203,7 @@ code=$(pass "$KEu" POST /v1/embeddings '{"model":"embed-small","input":"hello wo
 [ "$code" = 200 ] && [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3, 0]" ] ||
   fail "embeddings with an unlimited key: not counted: $code $(op GET "/v1/budgets/key:$HEu")"
 # the openai package's embeddings.create (base64 by default, decoded by the SDK) on the limited key
-out=$(cd "$HERE" && KEY=$KE URL="$gw_URL/v1" node --input-type=module -e '
-import OpenAI from "openai";
-const c = new OpenAI({ apiKey: process.env.KEY, baseURL: process.env.URL, maxRetries: 0 });
-const r = await c.embeddings.create({ model: "embed-small", input: "the SDK embeds this" });
-console.log(JSON.stringify([r.data.length, r.data[0].embedding.map((x) => Math.round(x * 100)), r.usage.prompt_tokens]));' 2>&1) ||
+out=$(client embed.mjs KEY="$KE" URL="$gw_URL/v1" INPUT='"the SDK embeds this"' 2>&1) ||
   fail "the openai SDK's embeddings through the gateway: $out"
 [ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro)" = "[$((used + 7 + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro)"
 # an answer of many reads (3,000 embeddings, 190 KB): its usage, at its end, read all the same (a token each)
@@ -570,12 +566,9 @@ b=$(azchat lgk-notakeyatall0000000000000000000000000)
 # an AzureOpenAI client's embeddings (the openai package's, its deployment the priced model): charged their usage
 read -r KAe HAe < <(newkey '{"name":"azure-embedder","limit_usd":0.001}')
 az0=$(stats 'd["azure"]')
-out=$(cd "$HERE" && KEY=$KAe URL="$az_URL" node --input-type=module -e '
-import { AzureOpenAI } from "openai";
-const c = new AzureOpenAI({ apiKey: process.env.KEY, endpoint: process.env.URL, apiVersion: "2024-10-21", maxRetries: 0 });
-const r = await c.embeddings.create({ model: "embed-small", input: ["hello world", "a second text to embed"] });
-console.log(JSON.stringify([r.data.length, r.usage.prompt_tokens]));' 2>&1) || fail "an AzureOpenAI client's embeddings: $out"
-[ "$out" = "[2,9]" ] && [ "$(op GET "/v1/budgets/key:$HAe" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[9, 0]" ] ||
+out=$(client embed.mjs KEY="$KAe" URL="$az_URL" AZURE=1 INPUT='["hello world","a second text to embed"]' 2>&1) ||
+  fail "an AzureOpenAI client's embeddings: $out"
+[ "$out" = "[2,[10,-20,30,5],9]" ] && [ "$(op GET "/v1/budgets/key:$HAe" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[9, 0]" ] ||
   fail "an AzureOpenAI client's embeddings: $out, the key $(op GET "/v1/budgets/key:$HAe")"
 [ "$(stats 'd["azure"]')" = $((az0 + 1)) ] || fail "the AzureOpenAI client's embeddings did not go to the resource's deployment path"
 stop_server az
