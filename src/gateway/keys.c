@@ -434,7 +434,7 @@ static int pass_embeddings(lg__gw_ctx_t *cx) {
   if (!rc && ss.n) {
     lg_budget_request_t req = {.scopes = ss.v,
                                .nscopes = ss.n,
-                               .amount_micro = (nusd + LG_BUDGET_NUSD_PER_MICRO - 1) / LG_BUDGET_NUSD_PER_MICRO,
+                               .amount_micro = lg_budget_nusd_to_micro(nusd),
                                .ttl_ms = lg__gw_keys_ttl(cx, lg__gw_pass_upstream(cx->gw, j)),
                                .model = j->pass_model};
     rc = lg_budget_reserve(s, &req, now, &res, &why, &e);
@@ -485,7 +485,7 @@ void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status) {
   }
   lg_error_t e = {0};
   lg_store_t *s = lg__gw_store(cx, &e);
-  int rc = s ? lg_budget_settle(s, j->pass_rsv, (nusd + LG_BUDGET_NUSD_PER_MICRO - 1) / LG_BUDGET_NUSD_PER_MICRO,
+  int rc = s ? lg_budget_settle(s, j->pass_rsv, lg_budget_nusd_to_micro(nusd),
                                 lg__server_now(cx->srv), NULL, &e)
              : LG_ESTORE;
   if (rc) { /* its reservation stops holding at its TTL: never charged */
