@@ -96,6 +96,7 @@ newkey() { # BODY: creates a key, prints "SECRET HASH"
   echo "$k" | get 'd["key"] + " " + d["hash"]' || fail "creating a key: $k"
 }
 spent() { op GET "/v1/budgets/key:$1" | get 'd["spent_usd"]'; }
+micro() { op GET "/v1/budgets/key:$1" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]'; } # HASH: [spent, reserved] in micro-USD
 # slow_held URL SECRET HASH: sends a "slow" request (the fake answers after
 # 3 s) in the background ($SLOW its pid) and waits until its reservation
 # holds on the key's budget.
@@ -178,40 +179,39 @@ pass "$KU" POST /v1/embeddings '{"model":"text-embedding-3-small","input":"hello
 
 note "embeddings of a priced model with a key's limit: the worst case reserved (a token a byte of input, 2 more an input), the usage charged, a refusal when it does not fit"
 read -r KE HE <<<"$(newkey '{"name":"embedder","limit_usd":0.0001}')" # 100 micro-dollars: a micro-dollar a token
-micro() { op GET "/v1/budgets/key:$HE" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]'; }
 tok0=$(stats 'd["embedding_tokens"]')
 code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-small","input":["hello world","a second text to embed"]}')
 [ "$code" = 200 ] && [ "$(get 'len(d["data"])' <"$TMP/pt.json")" = 2 ] || fail "priced embeddings with a limited key: $code $(cat "$TMP/pt.json")"
 used=$(( $(stats 'd["embedding_tokens"]') - tok0 ))
-[ "$used" -gt 0 ] && [ "$(micro)" = "[$used, 0]" ] || fail "embeddings: the key's spend is not the answer's usage ($used tokens): $(micro)"
+[ "$used" -gt 0 ] && [ "$(micro "$HE")" = "[$used, 0]" ] || fail "embeddings: the key's spend is not the answer's usage ($used tokens): $(micro "$HE")"
 # token ids count one each: this input's worst case (60 + 2 + 40 + 2 = 104 micro) does not fit in the 100 - $used left
 code=$(pass "$KE" POST /v1/embeddings "{\"model\":\"embed-small\",\"input\":[\"$(printf 'x%.0s' $(seq 60))\",[$(seq -s, 40)]]}")
 [ "$code" = 402 ] && [ "$(get '[d["error"]["code"], d["error"]["metadata"]["limit_source"]]' <"$TMP/pt.json")" = '["key_limit", "key_limit"]' ] ||
   fail "embeddings past the key's limit: $code $(cat "$TMP/pt.json")"
-[ "$(micro)" = "[$used, 0]" ] || fail "a refused embeddings request changed the key's budget: $(micro)"
+[ "$(micro "$HE")" = "[$used, 0]" ] || fail "a refused embeddings request changed the key's budget: $(micro "$HE")"
 # the provider's error: released, nothing charged; an answer without usage: its worst case (2 + 5)
 code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-broken","input":"hello"}')
-[ "$code" = 500 ] && [ "$(micro)" = "[$used, 0]" ] || fail "embeddings the upstream failed: $code $(micro)"
+[ "$code" = 500 ] && [ "$(micro "$HE")" = "[$used, 0]" ] || fail "embeddings the upstream failed: $code $(micro "$HE")"
 code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-nousage","input":"hello"}')
-[ "$code" = 200 ] && [ "$(micro)" = "[$((used + 7)), 0]" ] || fail "embeddings without usage: not charged their worst case: $code $(micro)"
+[ "$code" = 200 ] && [ "$(micro "$HE")" = "[$((used + 7)), 0]" ] || fail "embeddings without usage: not charged their worst case: $code $(micro "$HE")"
 # an input that is not text nor token ids is not priced: refused as before
 code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-small","input":{"text":"x"}}')
 [ "$code" = 403 ] && [ "$(get 'd["error"]["code"]' <"$TMP/pt.json")" = passthrough_not_priced ] || fail "embeddings of an odd input: $code $(cat "$TMP/pt.json")"
 # a key without a limit: its usage counted on its scope all the same
 read -r KEu HEu <<<"$(newkey '{"name":"embedder-free"}')"
 code=$(pass "$KEu" POST /v1/embeddings '{"model":"embed-small","input":"hello world"}')
-[ "$code" = 200 ] && [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3, 0]" ] ||
+[ "$code" = 200 ] && [ "$(micro "$HEu")" = "[3, 0]" ] ||
   fail "embeddings with an unlimited key: not counted: $code $(op GET "/v1/budgets/key:$HEu")"
 # the openai package's embeddings.create (base64 by default, decoded by the SDK) on the limited key
 out=$(client embed.mjs KEY="$KE" URL="$gw_URL/v1" INPUT='"the SDK embeds this"' 2>&1) ||
   fail "the openai SDK's embeddings through the gateway: $out"
-[ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro)" = "[$((used + 7 + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro)"
+[ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro "$HE")" = "[$((used + 7 + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro "$HE")"
 # an answer of many reads (3,000 embeddings, 190 KB): its usage, at its end, read all the same (a token each)
 python3 -c 'import json; print(json.dumps({"model": "embed-small", "input": ["a"] * 3000}))' >"$TMP/emb.json"
 code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H "Authorization: Bearer $KEu" -H 'Content-Type: application/json' \
   --data-binary @"$TMP/emb.json" "$gw_URL/v1/embeddings")
 [ "$code" = 200 ] && [ "$(get 'len(d["data"])' <"$TMP/pt.json")" = 3000 ] &&
-  [ "$(op GET "/v1/budgets/key:$HEu" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[3003, 0]" ] ||
+  [ "$(micro "$HEu")" = "[3003, 0]" ] ||
   fail "a long embeddings answer: not charged its usage: $code $(op GET "/v1/budgets/key:$HEu")"
 
 note "a key with room: the model's max_tokens from the price table goes upstream, the key does not"
@@ -568,7 +568,7 @@ read -r KAe HAe < <(newkey '{"name":"azure-embedder","limit_usd":0.001}')
 az0=$(stats 'd["azure"]')
 out=$(client embed.mjs KEY="$KAe" URL="$az_URL" AZURE=1 INPUT='["hello world","a second text to embed"]' 2>&1) ||
   fail "an AzureOpenAI client's embeddings: $out"
-[ "$out" = "[2,[10,-20,30,5],9]" ] && [ "$(op GET "/v1/budgets/key:$HAe" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')" = "[9, 0]" ] ||
+[ "$out" = "[2,[10,-20,30,5],9]" ] && [ "$(micro "$HAe")" = "[9, 0]" ] ||
   fail "an AzureOpenAI client's embeddings: $out, the key $(op GET "/v1/budgets/key:$HAe")"
 [ "$(stats 'd["azure"]')" = $((az0 + 1)) ] || fail "the AzureOpenAI client's embeddings did not go to the resource's deployment path"
 stop_server az
@@ -737,7 +737,7 @@ PY
       [ "$(op GET "/v1/budgets/key:$h" | get 'd["reserved_usd"]')" = 0 ] && break
       sleep 0.05
     done
-    got=$(op GET "/v1/budgets/key:$h" | get '[round(d["spent_usd"] * 1e6), round(d["reserved_usd"] * 1e6)]')
+    got=$(micro "$h")
     [ "$got" = "[$sum, 0]" ] || fail "key $who on the shared run: spent and reserved $got, its own answers cost $sum
 the run's model and usage lines: $(op GET /v1/runs/two-keys-one-run/trace | grep -E '"type":"(model|usage)"' | cut -c1-300)
 key A: $(op GET "/v1/budgets/key:$HA")
