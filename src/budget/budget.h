@@ -72,6 +72,15 @@ void lg__gate_clear(lg__gate_t *g);
  * (lg_prices_worst_case): the model's max_output_tokens, else the file's
  * default_max_tokens; -1 when neither, or the model has no price. */
 int64_t lg__prices_output_bound(const lg_prices_t *p, const char *model);
+/* A model call's actual cost into *actual: cost_nusd (what its upstream
+ * reported) when >= 0, else its tokens at `model`'s price, else held_nusd
+ * (the worst case held for it); settled on shared reservation `id` unless
+ * NULL: whole when the tokens are `measured` (the provider's count), at
+ * most the reservation when they or the cost are a settler's word. */
+int lg__budget_settle_usage(lg_store_t *s, const lg_prices_t *prices, const char *id,
+                            const char *model, int64_t input_tokens, int64_t output_tokens,
+                            int64_t cost_nusd, int measured, int64_t held_nusd, int64_t now_ms,
+                            int64_t *actual_nusd, lg_error_t *err);
 /* The shared half of a usage: finds the run's open reservation
  * (`reservation`, 0 the oldest) into *seq, the actual cost into *actual
  * (cost_nusd; else the tokens at the model's price; else the worst case

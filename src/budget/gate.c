@@ -145,6 +145,27 @@ int lg_budget_model(lg_store_t *s, const lg_prices_t *prices, lg_run_t *run,
   return rc;
 }
 
+int lg__budget_settle_usage(lg_store_t *s, const lg_prices_t *prices, const char *id,
+                            const char *model, int64_t input_tokens, int64_t output_tokens,
+                            int64_t cost_nusd, int measured, int64_t held_nusd, int64_t now_ms,
+                            int64_t *actual_nusd, lg_error_t *err) {
+  int64_t actual = cost_nusd;
+  if (actual < 0 && (!model || input_tokens < 0 || output_tokens < 0 ||
+                     lg_prices_cost(prices, model, input_tokens, 0, output_tokens, &actual, NULL)))
+    actual = -1;
+  if (actual < 0) actual = held_nusd > 0 ? held_nusd : 0;
+  *actual_nusd = actual;
+  if (!id) return 0;
+  /* A cost the client reported is a settler's word, not the engine's
+   * price, and so are token counts an agent reports (measured: the
+   * provider's own, read by the gateway): the shared budgets charge them
+   * at most the reservation (a run's own counters still count all of it,
+   * against its cost cap). */
+  int64_t micro = lg_budget_nusd_to_micro(actual);
+  return cost_nusd >= 0 || !measured ? lg_budget_settle_bounded(s, id, micro, now_ms, NULL, err)
+                                     : lg_budget_settle(s, id, micro, now_ms, NULL, err);
+}
+
 int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run,
                    int64_t reservation, int64_t input_tokens, int64_t output_tokens,
                    int64_t cost_nusd, int measured, int64_t now_ms, int64_t *seq_out,
@@ -178,26 +199,13 @@ int lg__gate_usage(lg_store_t *s, const lg_prices_t *prices, const lg_run_t *run
              : 0;
   if (rc) return rc;
 
-  /* The actual cost. */
-  int64_t actual = cost_nusd;
-  if (actual < 0 && model &&
-      lg_prices_cost(prices, model, input_tokens, 0, output_tokens, &actual, NULL))
-    actual = -1;
-  if (actual < 0) actual = found ? lg_budget_micro_to_nusd(amount) : held;
-  if (actual < 0) actual = 0;
+  /* The actual cost, settled (the shared reservation when the run has one). */
+  int64_t actual = 0;
+  rc = lg__budget_settle_usage(s, prices, found ? id : NULL, model, input_tokens, output_tokens,
+                               cost_nusd, measured, found ? lg_budget_micro_to_nusd(amount) : held,
+                               now_ms, &actual, err);
   lg__free(model);
-
-  /* Shared first: the engine's settlement cannot fail once found above.
-   * A cost the client reported is a settler's word, not the engine's
-   * price, and so are token counts an agent reports (measured: the
-   * provider's own, read by the gateway): the shared budgets charge them
-   * at most the reservation (the run's own counters still count all of
-   * it, against its cost cap). */
-  int64_t micro = lg_budget_nusd_to_micro(actual);
-  int bounded = cost_nusd >= 0 || !measured;
-  if (found && (rc = bounded ? lg_budget_settle_bounded(s, id, micro, now_ms, NULL, err)
-                             : lg_budget_settle(s, id, micro, now_ms, NULL, err)))
-    return rc;
+  if (rc) return rc;
   *seq_out = seq;
   *actual_nusd = actual;
   return 0;
