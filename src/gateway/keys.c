@@ -455,39 +455,43 @@ static int pass_embeddings(lg__gw_ctx_t *cx) {
   return 0;
 }
 
-/* The input tokens an embeddings answer's usage says (its last "usage"
- * object, in the answer's last bytes: OpenAI's comes at the end), or -1. */
-static int64_t embed_usage(const char *t, size_t n) {
+/* What an embeddings answer's usage says (its last "usage" object, in the
+ * answer's last bytes: OpenAI's comes at the end): its input tokens (-1
+ * when it gives none) and its cost (usage.cost, USD, as a chat answer's
+ * may: -1 when none). */
+static void embed_usage(const char *t, size_t n, int64_t *tokens, int64_t *cost_nusd) {
   const char *u = NULL;
+  *tokens = *cost_nusd = -1;
   for (size_t i = 0; i + 7 <= n; i++)
     if (!memcmp(t + i, "\"usage\"", 7)) u = t + i;
-  if (!u || !(u = memchr(u, '{', n - (size_t)(u - t)))) return -1;
+  if (!u || !(u = memchr(u, '{', n - (size_t)(u - t)))) return;
   json_t *o = json_loadb(u, n - (size_t)(u - t), JSON_DISABLE_EOF_CHECK, NULL);
   json_t *v = json_object_get(o, "prompt_tokens");
   if (!json_is_integer(v)) v = json_object_get(o, "total_tokens");
-  int64_t r = json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+  if (json_is_integer(v) && json_integer_value(v) >= 0) *tokens = json_integer_value(v);
+  *cost_nusd = lg__gw_keys_usage_cost(o);
   json_decref(o);
-  return r;
 }
 
 void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status) {
   lg__gw_job_t *j = cx->j;
   if (!j->pass_rsv[0]) return;
-  /* billed: an answer of 2xx, at its usage (the worst case when it says
-   * none), or one that may have been made (no answer, or cut short after
-   * the request went); not billed: a refusal, or a request never sent */
-  int64_t nusd = 0, t;
+  /* billed: an answer of 2xx, at its usage (its cost, else its tokens at
+   * the model's price, else the worst case when it says neither), or one
+   * that may have been made (no answer, or cut short after the request
+   * went: the worst case); not billed: a refusal, or a request never sent */
+  int64_t tokens = -1, cost = 0, nusd = 0;
   if (status / 100 == 2 || (sent && !status)) {
-    lg_prices_t *p = lg_price_book_get(cx->srv->prices);
-    t = status / 100 == 2 && j->pass_tail_len ? embed_usage(j->pass_tail, j->pass_tail_len) : -1;
-    if (t < 0 || lg_prices_cost(p, j->pass_model, t, 0, 0, &nusd, NULL)) nusd = j->pass_worst_nusd;
-    lg_prices_free(p);
+    cost = -1;
+    if (status / 100 == 2 && j->pass_tail_len) embed_usage(j->pass_tail, j->pass_tail_len, &tokens, &cost);
   }
   lg_error_t e = {0};
   lg_store_t *s = lg__gw_store(cx, &e);
-  int rc = s ? lg_budget_settle(s, j->pass_rsv, lg_budget_nusd_to_micro(nusd),
-                                lg__server_now(cx->srv), NULL, &e)
+  lg_prices_t *p = lg_price_book_get(cx->srv->prices);
+  int rc = s ? lg__budget_settle_usage(s, p, j->pass_rsv, j->pass_model, tokens, 0, cost, 1,
+                                       j->pass_worst_nusd, lg__server_now(cx->srv), &nusd, &e)
              : LG_ESTORE;
+  lg_prices_free(p);
   if (rc) { /* its reservation stops holding at its TTL: never charged */
     const char *m = e.message[0] ? e.message : lg_strerror(rc);
     lg__buf_t f = {0};

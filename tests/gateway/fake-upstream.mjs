@@ -175,7 +175,8 @@
 // answers whose client left before their end (aborted).
 // POST /v1/embeddings answers OpenAI's list with `usage` last, a token
 // every four bytes of text (counted in GET /stats as embedding_tokens);
-// model embed-broken is its 500, embed-nousage an answer without usage.
+// model embed-broken is its 500, embed-nousage an answer without usage,
+// costly-* one whose usage has a cost (USD: 5 micro-dollars, -over 777).
 // A request whose members have the wrong types (a mutated one) is answered
 // 400 in its API's error shape, as a provider answers it, and counted in
 // GET /stats as malformed (not as a violation: the client sent it so).
@@ -1346,6 +1347,8 @@ function route(req, res, body) {
       const embedding = j.encoding_format === 'base64' ? Buffer.from(new Float32Array(vec).buffer).toString('base64') : vec;
       const out = { object: 'list', data: inputs.map((_, index) => ({ object: 'embedding', index, embedding })), model: j.model };
       if (j.model !== 'embed-nousage') out.usage = { prompt_tokens: tokens, total_tokens: tokens };
+      // an upstream that reports the cost (USD), under the tokens' price or over the worst case
+      if (out.usage && j.model.startsWith('costly')) out.usage.cost = j.model.endsWith('-over') ? 0.000777 : 0.000005;
       res.writeHead(200, { 'content-type': 'application/json' });
       return res.end(JSON.stringify(out));
     }

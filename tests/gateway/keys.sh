@@ -68,7 +68,9 @@ cat >"$TMP/prices.json" <<'JSON'
             "esc/stubborn-strong": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 100, "max_output_tokens": 50},
             "embed-small":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
             "embed-broken": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
-            "embed-nousage": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0}}}
+            "embed-nousage": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
+            "costly-embed": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
+            "costly-embed-over": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0}}}
 JSON
 OP=operator-token-0123456789
 printf 'operator %s\nagent agent-token-0123456789\n' "$OP" >"$TMP/tokens"
@@ -194,6 +196,13 @@ code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-broken","input":"hello"}'
 [ "$code" = 500 ] && [ "$(micro "$HE")" = "[$used, 0]" ] || fail "embeddings the upstream failed: $code $(micro "$HE")"
 code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-nousage","input":"hello"}')
 [ "$code" = 200 ] && [ "$(micro "$HE")" = "[$((used + 7)), 0]" ] || fail "embeddings without usage: not charged their worst case: $code $(micro "$HE")"
+# an answer whose usage reports its cost: charged the cost (5 micro-dollars, where its 2 tokens are 2),
+# at most the reservation (7: "hello"'s worst case) when it reports more, as a chat answer's reported cost is
+code=$(pass "$KE" POST /v1/embeddings '{"model":"costly-embed","input":"hello"}')
+[ "$code" = 200 ] && [ "$(micro "$HE")" = "[$((used + 12)), 0]" ] || fail "embeddings with usage.cost: not charged it: $code $(micro "$HE")"
+code=$(pass "$KE" POST /v1/embeddings '{"model":"costly-embed-over","input":"hello"}')
+[ "$code" = 200 ] && [ "$(micro "$HE")" = "[$((used + 19)), 0]" ] || fail "embeddings with a usage.cost over the reservation: not charged the reservation: $code $(micro "$HE")"
+used=$((used + 19))
 # an input that is not text nor token ids is not priced: refused as before
 code=$(pass "$KE" POST /v1/embeddings '{"model":"embed-small","input":{"text":"x"}}')
 [ "$code" = 403 ] && [ "$(get 'd["error"]["code"]' <"$TMP/pt.json")" = passthrough_not_priced ] || fail "embeddings of an odd input: $code $(cat "$TMP/pt.json")"
@@ -205,7 +214,7 @@ code=$(pass "$KEu" POST /v1/embeddings '{"model":"embed-small","input":"hello wo
 # the openai package's embeddings.create (base64 by default, decoded by the SDK) on the limited key
 out=$(client embed.mjs KEY="$KE" URL="$gw_URL/v1" INPUT='"the SDK embeds this"' 2>&1) ||
   fail "the openai SDK's embeddings through the gateway: $out"
-[ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro "$HE")" = "[$((used + 7 + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro "$HE")"
+[ "$out" = "[1,[10,-20,30,5],5]" ] && [ "$(micro "$HE")" = "[$((used + 5)), 0]" ] || fail "the openai SDK's embeddings: $out, the key $(micro "$HE")"
 # an answer of many reads (3,000 embeddings, 190 KB): its usage, at its end, read all the same (a token each)
 python3 -c 'import json; print(json.dumps({"model": "embed-small", "input": ["a"] * 3000}))' >"$TMP/emb.json"
 code=$(curl -s -o "$TMP/pt.json" -w '%{http_code}' -H "Authorization: Bearer $KEu" -H 'Content-Type: application/json' \
