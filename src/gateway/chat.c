@@ -818,6 +818,42 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
   return 0;
 }
 
+/* The length of a clock's reading at t (n bytes left, p the byte
+ * before, or 0): a time of day with its seconds (H:MM:SS or HH:MM:SS, a
+ * fraction after a '.' or ','), or a date (YYYY-MM-DD or YYYY/MM/DD),
+ * neither inside a longer run of digits; 0 when none. A file's line and
+ * column ("main.c:12:5") has no seconds, and is no clock. */
+static size_t clock_at(const unsigned char *t, size_t n, int p) {
+#define D(i) ((i) < n && t[i] >= '0' && t[i] <= '9')
+  size_t e = 0;
+  if (p >= '0' && p <= '9') return 0;
+  if (D(0) && D(1) && D(2) && D(3) && 4 < n && (t[4] == '-' || t[4] == '/') && D(5) && D(6) &&
+      7 < n && t[7] == t[4] && D(8) && D(9))
+    e = 10;
+  else {
+    size_t h = D(1) ? 2 : 1;
+    if (D(0) && h < n && t[h] == ':' && D(h + 1) && D(h + 2) && h + 3 < n && t[h + 3] == ':' &&
+        D(h + 4) && D(h + 5)) {
+      e = h + 6;
+      if (e + 1 < n && (t[e] == '.' || t[e] == ',') && D(e + 1))
+        for (e++; D(e); e++) {}
+    }
+  }
+  return e && !D(e) ? e : 0;
+#undef D
+}
+
+size_t lg__gw_unclocked(const char *text, size_t n, char *out) {
+  const unsigned char *t = (const unsigned char *)text;
+  size_t o = 0;
+  for (size_t i = 0; i < n;) {
+    size_t k = t[i] >= '0' && t[i] <= '9' ? clock_at(t + i, n - i, i ? t[i - 1] : 0) : 0;
+    out[o++] = k ? '#' : (char)t[i];
+    i += k ? k : 1;
+  }
+  return o;
+}
+
 /* A result that shows something (text: a computer call's screenshot's
  * digest, as read_result read it; a running command's output so far):
  * what the run has not seen before is progress, so that an action the
@@ -830,11 +866,13 @@ static int read_result(const json_t *content, int is_error, lg_result_t *res,
  * first sight (baseline) is what the next are compared with, and carries
  * none (a first progress_version is always progress: the model's first
  * action would start the repeat count again). A command's output is news
- * from the first: a poll that brings the build's first lines is progress. */
+ * from the first: a poll that brings the build's first lines is progress,
+ * but not one that brings only the time again (lg__gw_unclocked). */
 static void seen_progress(chat_t *c, const char *text, size_t len, int baseline, lg_result_t *res) {
   lg__gw_run_t *r = c->r;
-  char hex[65];
-  lg__sha256_hex(text, len, hex);
+  char hex[65], *plain = baseline ? NULL : lg__malloc(len + 1);
+  lg__sha256_hex(plain ? plain : text, plain ? lg__gw_unclocked(text, len, plain) : len, hex);
+  lg__free(plain);
   hex[16] = 0;
   size_t n = json_array_size(r->sights), i = 0;
   for (; i < n; i++) {

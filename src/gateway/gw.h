@@ -511,6 +511,13 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
 
 /* ---- chat.c ---- */
 void lg__gw_chat(lg__gw_ctx_t *cx);
+/* A command's output as a poll's progress compares it: each clock's
+ * reading in it (a time of day with its seconds, H:MM:SS[.fff]; a date,
+ * YYYY-MM-DD or YYYY/MM/DD; neither inside a longer run of digits)
+ * written as one '#', so that a build that only says the time is the
+ * same output again. A file's line and column ("main.c:12:5") is kept.
+ * Into out (n bytes at most); its length. */
+size_t lg__gw_unclocked(const char *text, size_t n, char *out);
 
 /* ---- keys.c: loopguard keys at the gate ---- */
 

@@ -24,7 +24,9 @@
 // session ID 7" and its first line of output), and each write_stdin (a
 // poll) answers the lines printed since, until the SHELL_POLLS-th poll
 // [8] answers "Process exited with code 0"; SHELL_HUNG=1: the build never
-// prints again nor ends (every poll's output empty).
+// prints again nor ends (every poll's output empty); SHELL_HUNG=clock: it
+// never ends, and every poll brings a line that says only the time
+// (stalled), which is no more news than silence.
 export const SHELL_PARAMETERS = {
   type: 'object',
   properties: {
@@ -56,13 +58,22 @@ export const EXEC_TOOLS = [
     parameters: { type: 'object', properties: { session_id: { type: 'number' }, chars: { type: 'string' }, yield_time_ms: { type: 'number' } }, required: ['session_id'], additionalProperties: false } },
 ];
 
+const hungs = ['1', 'clock'];
+// What a hung build prints at its n-th poll (SHELL_HUNG): nothing, or a
+// heartbeat whose time alone changes, as a log line's stamp does
+function stalled(n) {
+  if (process.env.SHELL_HUNG !== 'clock') return '';
+  const two = (v) => String(v).padStart(2, '0');
+  return `2026-12-07 01:${two(n)}:${two((n * 7) % 60)}.${(n * 125) % 1000} waiting for the lock on .build.lock\n`;
+}
+
 // The answer of the n-th exec_command or write_stdin call (1: the
 // exec_command that starts the build)
 export function execOutput(n) {
-  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = process.env.SHELL_HUNG === '1';
+  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = hungs.includes(process.env.SHELL_HUNG);
   const head = `Chunk ID: ${(0x7c00 + n).toString(16)}\nWall time: ${(n === 1 ? 10 : 30) + n / 10} seconds\n`;
   if (!hung && n > polls) return head + 'Process exited with code 0\nOriginal token count: 4\nOutput:\nBuild finished.\n';
-  const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c\n`;
+  const out = hung && n > 1 ? stalled(n) : `[${n}/${polls + 1}] cc -c src/unit${n}.c\n`;
   return head + `Process running with session ID 7\nOriginal token count: ${out.length >> 2}\nOutput:\n${out}`;
 }
 
@@ -73,7 +84,7 @@ export function execOutput(n) {
 // the <stdout> block, a <timestamp> that differs every time, until the
 // SHELL_POLLS-th poll [8] answers "<status>completed</status>" and
 // "<exit_code>0</exit_code>" (SHELL_EXIT=N: "failed" and N); SHELL_HUNG=1:
-// no new output, never done.
+// no new output, never done (clock: only the time, as with exec).
 export const CLAUDE_TOOLS = [
   { name: 'Bash', description: 'Executes a given bash command in a persistent shell session.',
     input_schema: { type: 'object', properties: { command: { type: 'string' }, description: { type: 'string' }, timeout: { type: 'number' }, run_in_background: { type: 'boolean' } }, required: ['command'], additionalProperties: false } },
@@ -83,12 +94,13 @@ export const CLAUDE_TOOLS = [
 
 // The answer of the n-th Bash or BashOutput call (1: the Bash that starts the build)
 export function bashOutput(n) {
-  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = process.env.SHELL_HUNG === '1';
+  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = hungs.includes(process.env.SHELL_HUNG);
   if (n === 1) return 'Command running in background with ID: b2f8b9';
   const stamp = `<timestamp>2026-12-07T01:${String(n).padStart(2, '0')}:00.000Z</timestamp>`;
   const code = Number(process.env.SHELL_EXIT ?? 0);
   if (!hung && n > polls + 1) return `<status>${code ? 'failed' : 'completed'}</status>\n\n<exit_code>${code}</exit_code>\n\n<stdout>\nBuild ${code ? 'failed' : 'finished'}.\n</stdout>\n\n${stamp}`;
-  return '<status>running</status>\n\n' + (hung ? '' : `<stdout>\n[${n}/${polls + 2}] cc -c src/unit${n}.c\n</stdout>\n\n`) + stamp;
+  const out = hung ? stalled(n) : `[${n}/${polls + 2}] cc -c src/unit${n}.c\n`;
+  return '<status>running</status>\n\n' + (out ? `<stdout>\n${out}</stdout>\n\n` : '') + stamp;
 }
 
 // OpenHands' execute_bash (agent-openai.mjs with SHELL_TOOLS=openhands): the build started ({"command": "make -j2"}) and
@@ -96,7 +108,7 @@ export function bashOutput(n) {
 // "[The command has no new output after 30 seconds. ...]" (a poll's after
 // "[Below is the output of the previous command.]"), until the
 // SHELL_POLLS-th poll [8] ends with "[The command completed with exit code
-// 0.]"; SHELL_HUNG=1: no new output, never done.
+// 0.]"; SHELL_HUNG=1: no new output, never done (clock: only the time).
 export const OPENHANDS_TOOLS = [
   { name: 'execute_bash', description: 'Execute a bash command in the terminal within a persistent shell session.',
     parameters: { type: 'object', properties: { command: { type: 'string' }, is_input: { type: 'string', enum: ['true', 'false'] }, timeout: { type: 'number' } }, required: ['command'] } },
@@ -104,9 +116,9 @@ export const OPENHANDS_TOOLS = [
 
 // The answer of the n-th execute_bash call (1: the one that starts the build)
 export function openhandsOutput(n) {
-  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = process.env.SHELL_HUNG === '1';
+  const polls = Number(process.env.SHELL_POLLS ?? 8), hung = hungs.includes(process.env.SHELL_HUNG);
   const head = n > 1 ? '[Below is the output of the previous command.]\n' : '';
   if (!hung && n > polls) return `${head}Build finished.\n[The command completed with exit code 0.]\n[Current working directory: /repo]\n[Command finished with exit code 0]`;
-  const out = hung && n > 1 ? '' : `[${n}/${polls + 1}] cc -c src/unit${n}.c`;
+  const out = hung && n > 1 ? stalled(n).trimEnd() : `[${n}/${polls + 1}] cc -c src/unit${n}.c`;
   return `${head}${out}\n[The command has no new output after 30 seconds. You may wait longer to see additional output by sending empty command '', send other commands to interact with the current process, or send keys to interrupt/kill the command.]`;
 }

@@ -378,6 +378,36 @@ static void named_policies(void **state) {
   rmdir(dir);
 }
 
+/* A poll's output as its progress is compared: a clock's reading (a
+ * time with seconds, a date) is one '#'; a file's line and column, a
+ * count, a longer run of digits are kept as they are. */
+static void unclocked(void **state) {
+  (void)state;
+  static const char *const cases[][2] = {
+      {"2026-12-07 01:02:03.125 waiting for the lock", "# # waiting for the lock"},
+      {"[01:02:03] waiting", "[#] waiting"},
+      {"1:02:03 up", "# up"},
+      {"2026-12-07T01:02:03Z", "#T#Z"},
+      {"2026/12/07,01:02:03,5", "#,#"},
+      {"at 23:59:59, done", "at #, done"},
+      {"main.c:12:5: error: expected ';'", "main.c:12:5: error: expected ';'"},
+      {"src/a.c:120:15: warning", "src/a.c:120:15: warning"},
+      {"12:34:567 and 112:03:04", "12:34:567 and 112:03:04"},
+      {"12026-12-07 and 2026-12/07", "12026-12-07 and 2026-12/07"},
+      {"[3/9] cc -c src/unit3.c", "[3/9] cc -c src/unit3.c"},
+      {"x2026-12-07y", "x#y"},
+      {"01:02:0", "01:02:0"},
+      {"", ""},
+  };
+  char out[64];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    size_t n = lg__gw_unclocked(cases[i][0], strlen(cases[i][0]), out);
+    assert_true(n <= strlen(cases[i][0]));
+    out[n] = 0;
+    assert_string_equal(out, cases[i][1]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(flags),
@@ -386,6 +416,7 @@ int main(void) {
       cmocka_unit_test(upstream_cas),
       cmocka_unit_test(claims),
       cmocka_unit_test(named_policies),
+      cmocka_unit_test(unclocked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
