@@ -843,11 +843,38 @@ static size_t clock_at(const unsigned char *t, size_t n, int p) {
 #undef D
 }
 
-size_t lg__gw_unclocked(const char *text, size_t n, char *out) {
+static int is_hex(int ch) { return (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'f'); }
+static int is_alnum(int ch) { return (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'z'); }
+
+/* The length of a random id at t (n bytes left, p the byte before, or 0):
+ * a UUID (8-4-4-4-12 hex digits), or a run of 32 hex digits or more (a
+ * trace id, a digest), neither inside a longer word; 0 when none. */
+static size_t id_at(const unsigned char *t, size_t n, int p) {
+  static const unsigned char groups[] = {8, 4, 4, 4, 12};
+  size_t e = 0;
+  if (is_alnum(p)) return 0;
+  for (size_t g = 0; g < sizeof groups; g++) {
+    size_t k = 0;
+    while (k < groups[g] && e < n && is_hex(t[e])) k++, e++;
+    if (k < groups[g] || (g + 1 < sizeof groups && (e >= n || t[e++] != '-'))) {
+      e = 0;
+      break;
+    }
+  }
+  if (!e) {
+    while (e < n && is_hex(t[e])) e++;
+    if (e < 32) return 0;
+  }
+  return e < n && is_alnum(t[e]) ? 0 : e;
+}
+
+size_t lg__gw_output_gist(const char *text, size_t n, char *out) {
   const unsigned char *t = (const unsigned char *)text;
   size_t o = 0;
   for (size_t i = 0; i < n;) {
-    size_t k = t[i] >= '0' && t[i] <= '9' ? clock_at(t + i, n - i, i ? t[i - 1] : 0) : 0;
+    int p = i ? t[i - 1] : 0;
+    size_t k = t[i] >= '0' && t[i] <= '9' ? clock_at(t + i, n - i, p) : 0;
+    if (!k && is_hex(t[i])) k = id_at(t + i, n - i, p);
     out[o++] = k ? '#' : (char)t[i];
     i += k ? k : 1;
   }
@@ -867,11 +894,11 @@ size_t lg__gw_unclocked(const char *text, size_t n, char *out) {
  * none (a first progress_version is always progress: the model's first
  * action would start the repeat count again). A command's output is news
  * from the first: a poll that brings the build's first lines is progress,
- * but not one that brings only the time again (lg__gw_unclocked). */
+ * but not one that brings only the time or a new id (lg__gw_output_gist). */
 static void seen_progress(chat_t *c, const char *text, size_t len, int baseline, lg_result_t *res) {
   lg__gw_run_t *r = c->r;
   char hex[65], *plain = baseline ? NULL : lg__malloc(len + 1);
-  lg__sha256_hex(plain ? plain : text, plain ? lg__gw_unclocked(text, len, plain) : len, hex);
+  lg__sha256_hex(plain ? plain : text, plain ? lg__gw_output_gist(text, len, plain) : len, hex);
   lg__free(plain);
   hex[16] = 0;
   size_t n = json_array_size(r->sights), i = 0;

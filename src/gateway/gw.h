@@ -513,11 +513,13 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
 void lg__gw_chat(lg__gw_ctx_t *cx);
 /* A command's output as a poll's progress compares it: each clock's
  * reading in it (a time of day with its seconds, H:MM:SS[.fff]; a date,
- * YYYY-MM-DD or YYYY/MM/DD; neither inside a longer run of digits)
- * written as one '#', so that a build that only says the time is the
- * same output again. A file's line and column ("main.c:12:5") is kept.
- * Into out (n bytes at most); its length. */
-size_t lg__gw_unclocked(const char *text, size_t n, char *out);
+ * YYYY-MM-DD or YYYY/MM/DD; neither inside a longer run of digits) and
+ * each random id (a UUID; a run of 32 hex digits or more: a trace id, a
+ * digest; neither inside a longer word) written as one '#', so that a
+ * build that says only the time or a new request's id is the same output
+ * again. A file's line and column ("main.c:12:5"), a count, a short hash
+ * are kept. Into out (n bytes at most); its length. */
+size_t lg__gw_output_gist(const char *text, size_t n, char *out);
 
 /* ---- keys.c: loopguard keys at the gate ---- */
 

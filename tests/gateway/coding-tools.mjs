@@ -25,8 +25,8 @@
 // poll) answers the lines printed since, until the SHELL_POLLS-th poll
 // [8] answers "Process exited with code 0"; SHELL_HUNG=1: the build never
 // prints again nor ends (every poll's output empty); SHELL_HUNG=clock: it
-// never ends, and every poll brings a line that says only the time
-// (stalled), which is no more news than silence.
+// never ends, and every poll brings a line that says only the time and a
+// request's id (stalled), which is no more news than silence.
 export const SHELL_PARAMETERS = {
   type: 'object',
   properties: {
@@ -60,11 +60,11 @@ export const EXEC_TOOLS = [
 
 const hungs = ['1', 'clock'];
 // What a hung build prints at its n-th poll (SHELL_HUNG): nothing, or a
-// heartbeat whose time alone changes, as a log line's stamp does
+// heartbeat whose time and request id alone change, as a log line's do
 function stalled(n) {
   if (process.env.SHELL_HUNG !== 'clock') return '';
-  const two = (v) => String(v).padStart(2, '0');
-  return `2026-12-07 01:${two(n)}:${two((n * 7) % 60)}.${(n * 125) % 1000} waiting for the lock on .build.lock\n`;
+  const two = (v) => String(v).padStart(2, '0'), id = (0x4bf92f35 + n * 7919).toString(16);
+  return `2026-12-07 01:${two(n)}:${two((n * 7) % 60)}.${(n * 125) % 1000} waiting for the lock on .build.lock (request ${id}-e89b-12d3-a456-4266141740${two(n)})\n`;
 }
 
 // The answer of the n-th exec_command or write_stdin call (1: the

@@ -540,7 +540,7 @@ done
 # is progress (its progress_version in the trace), so the eight polls all
 # run and the agent ends on its own answer; a build that never prints
 # again is polled in vain, the same call with nothing new: the repeat
-# ladder's, and so is one that prints only the time (a heartbeat).
+# ladder's, and so is one that prints only the time and an id (a heartbeat).
 note "Codex's unified exec: polls of a running build that prints are progress; a silent one is a repeat"
 d=$(client agent-responses.mjs BASE_URL="$FAKE/v1" MODEL=poll SHELL_TOOLS=exec STATELESS=1) || fail "poll direct: $d"
 [ "$(echo "$d" | get '[d["ended"], d["executions"]["exec_command"], d["executions"]["write_stdin"]]')" = '["final", 1, 8]' ] || fail "poll direct: $d"
@@ -555,7 +555,7 @@ for way in "agent-responses.mjs STATELESS=1 SHELL_TOOLS=exec" "agent-responses.m
     fail "poll, hung ($way): a silent build polled without end: $h"
   h=$(client $way BASE_URL="$gw_URL/v1" MODEL=poll SHELL_HUNG=clock) || fail "poll, hung with a clock ($way): $h"
   [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["'$polls'"] <= 3 + '$((n - 8))')')" = 1 ] ||
-    fail "poll, hung with a clock ($way): a build that says only the time polled without end: $h"
+    fail "poll, hung with a clock ($way): a build that says only the time and an id polled without end: $h"
 done
 run=$(echo "$g" | get 'd["seen"][0]["run"]')
 [ "$(results "$run" '[x.get("progress_version", x["status"]) for x in r]')" = '[1, 2, 3, 4, 5, 6, 7, 8, "progress"]' ] ||
@@ -577,7 +577,7 @@ for st in 0 1; do
     fail "BashOutput, hung, stream=$st: a silent build polled without end: $h"
   h=$(client agent-anthropic.mjs BASE_URL="$gw_URL" MODEL=poll CLAUDE_CODE=1 SHELL_HUNG=clock STREAM=$st) || fail "BashOutput, hung with a clock, stream=$st: $h"
   [ "$(echo "$h" | get 'int(d["ended"] == "final" and d["executions"]["BashOutput"] <= 3)')" = 1 ] ||
-    fail "BashOutput, hung with a clock, stream=$st: a build that says only the time polled without end: $h"
+    fail "BashOutput, hung with a clock, stream=$st: a build that says only the time and an id polled without end: $h"
 done
 [ "$(results "$run" '[x.get("progress_version") for x in r]')" = '[null, 1, 2, 3, 4, 5, 6, 7, 8, null]' ] ||
   fail "BashOutput: the polls' progress_versions: $(results "$run" r)"

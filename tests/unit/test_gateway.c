@@ -379,9 +379,10 @@ static void named_policies(void **state) {
 }
 
 /* A poll's output as its progress is compared: a clock's reading (a
- * time with seconds, a date) is one '#'; a file's line and column, a
- * count, a longer run of digits are kept as they are. */
-static void unclocked(void **state) {
+ * time with seconds, a date) and a random id (a UUID, 32 hex digits or
+ * more) are one '#'; a file's line and column, a count, a longer run of
+ * digits, a short hash, a word are kept as they are. */
+static void output_gist(void **state) {
   (void)state;
   static const char *const cases[][2] = {
       {"2026-12-07 01:02:03.125 waiting for the lock", "# # waiting for the lock"},
@@ -397,11 +398,19 @@ static void unclocked(void **state) {
       {"[3/9] cc -c src/unit3.c", "[3/9] cc -c src/unit3.c"},
       {"x2026-12-07y", "x#y"},
       {"01:02:0", "01:02:0"},
+      {"req 123e4567-e89b-12d3-a456-426614174000 waiting", "req # waiting"},
+      {"trace_id=4BF92F3577B34DA6A3CE929D0E0E4736.", "trace_id=#."},
+      {"sha256:" "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "sha256:#"},
+      {"HEAD is now at 3f2a9c1 fix", "HEAD is now at 3f2a9c1 fix"},
+      {"x4bf92f3577b34da6a3ce929d0e0e4736 and 4bf92f3577b34da6a3ce929d0e0e4736g",
+       "x4bf92f3577b34da6a3ce929d0e0e4736 and 4bf92f3577b34da6a3ce929d0e0e4736g"},
+      {"123e4567-e89b-12d3-a456-42661417400", "123e4567-e89b-12d3-a456-42661417400"},
+      {"deadbeef-cafe", "deadbeef-cafe"},
       {"", ""},
   };
-  char out[64];
+  char out[128];
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    size_t n = lg__gw_unclocked(cases[i][0], strlen(cases[i][0]), out);
+    size_t n = lg__gw_output_gist(cases[i][0], strlen(cases[i][0]), out);
     assert_true(n <= strlen(cases[i][0]));
     out[n] = 0;
     assert_string_equal(out, cases[i][1]);
@@ -416,7 +425,7 @@ int main(void) {
       cmocka_unit_test(upstream_cas),
       cmocka_unit_test(claims),
       cmocka_unit_test(named_policies),
-      cmocka_unit_test(unclocked),
+      cmocka_unit_test(output_gist),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
