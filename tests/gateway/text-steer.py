@@ -10,13 +10,15 @@ that can carry it (the person's, a tool result), and:
     too, nowhere else (a Responses input that ends with a
     function_call_output got no note before);
   - a Responses conversation the upstream keeps (previous_response_id):
-    in the next request only (it was said again with every later one);
+    in the next request only (it was said again with every later one), or
+    in the retry of that request when the upstream refused it (a 429);
   - continuing from the gateway's own answer (a stream cut at the loop):
     once, after that answer (its stored items held the note too, so it
     was said twice).
 Exits 1 saying what is wrong."""
 import json
 import sys
+import urllib.error
 import urllib.request
 
 url, fake = sys.argv[1], sys.argv[2]
@@ -74,6 +76,26 @@ check("previous_response_id, the next request", -1)
 for k in range(2):
     a, _ = post("/v1/responses", {"model": "chant-call", "previous_response_id": a["id"], "input": [{"role": "user", "content": "And then? %d" % k}], "tools": tools}, "steer-prev")
     check("previous_response_id, a later request (%d)" % k, None)
+
+# Responses continued by previous_response_id, the request with the note
+# refused by the upstream (busy: a 429): the note goes back to the run, and
+# the client's retry of that request carries it (until session 51 no test
+# sent this: the note kept for the retry was untested code)
+a, act = post("/v1/responses", {"model": "chant-call", "input": "Pay the invoice.", "tools": tools}, "steer-retry")
+observed("previous_response_id, refused", act)
+fco = [{"type": "function_call_output", "call_id": o["call_id"], "output": "found"} for o in a["output"] if o["type"] == "function_call"]
+status = 200
+try:
+    post("/v1/responses", {"model": "busy", "previous_response_id": a["id"], "input": fco, "tools": tools}, "steer-retry")
+except urllib.error.HTTPError as e:
+    status = e.code
+if status != 429:
+    bad.append("previous_response_id, refused: the busy upstream's request answered %s, not 429" % status)
+check("previous_response_id, the request the upstream refused", -1)
+a, _ = post("/v1/responses", {"model": "chant-call", "previous_response_id": a["id"], "input": fco, "tools": tools}, "steer-retry")
+check("previous_response_id, the retry after the upstream's 429", -1)
+post("/v1/responses", {"model": "chant-call", "previous_response_id": a["id"], "input": [{"role": "user", "content": "And then?"}], "tools": tools}, "steer-retry")
+check("previous_response_id, after the retry", None)
 
 # Responses continued from the gateway's own answer (a stream cut at the loop)
 a, act = post("/v1/responses", {"model": "chant", "stream": True, "input": "Any news?"}, "steer-own", stream=True)
