@@ -124,7 +124,8 @@
 // that id (404 when no answer made one), as the AI SDK's openai provider
 // sends its earlier answers with `store` on.
 // POST /v1/conversations makes a conversation; a response with
-// `conversation` continues it and adds its input and output to it.
+// `conversation` continues it and adds its input and output to it, once
+// delivered whole (not a stream its client left).
 // Chat Completions with `thinking: {type: "enabled"}` give each answer a
 // reasoning_content (a stream: in one delta), and refuse an assistant
 // message with tool calls that does not carry its own back.
@@ -930,7 +931,10 @@ function replyResponses(res, req) {
   }
   stored.set(id, conv.concat(output));
   for (const it of output) itemsById.set(it.id, it);
-  if (convId && conversations.has(convId)) conversations.set(convId, conv.concat(output));
+  // the conversation takes the request's input and output when its answer
+  // was delivered whole: a stream its client left before its end adds
+  // nothing (as OpenAI's Conversations API does: openai-node#2571)
+  const keep = () => { if (convId && conversations.has(convId)) conversations.set(convId, conv.concat(output)); };
   // cut off by max_output_tokens: status incomplete, and a stream ends on response.incomplete
   const full = { id, object: 'response', created_at: Math.floor(Date.now() / 1000), status: plan.cut ? 'incomplete' : 'completed', model: req.model, output, parallel_tool_calls: true, previous_response_id: req.previous_response_id || null, usage: { input_tokens: 20, output_tokens: 10, total_tokens: 30 }, error: null, incomplete_details: plan.cut ? { reason: 'max_output_tokens' } : null };
   if (req.stream) {
@@ -964,11 +968,12 @@ function replyResponses(res, req) {
       }
       steps.push(() => ev('response.output_item.done', { output_index: i, item: it }));
     });
-    steps.push(() => { ev(plan.cut ? 'response.incomplete' : 'response.completed', { response: full }); res.end(); });
+    steps.push(() => { keep(); ev(plan.cut ? 'response.incomplete' : 'response.completed', { response: full }); res.end(); });
     let k = 0;
     const tick = () => { if (k < steps.length && !res.destroyed) { steps[k++](); setTimeout(tick, TICK_MS); } };
     return tick();
   }
+  keep();
   res.writeHead(200, { 'content-type': 'application/json' });
   res.end(JSON.stringify(full));
 }

@@ -825,12 +825,27 @@ echo "$g" | get 'd["final"]' | grep_q "same 2 calls" || fail "handoffs gateway: 
 # same call): the call is in the upstream's conversation, so when the person
 # asks again there, the next request answers it (else: "No tool output
 # found").
-echo '{"repeat":{"observe":2,"block":3,"stop":3},"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw3-policy.json"
+echo '{"repeat":{"observe":2,"block":3,"stop":3},"text":{"repeat":{"observe":false,"stop":1}},"tools":{"write_record":{"loop_key":{"record_id":[],"value":["lower","trim"]}}}}' >"$TMP/gw3-policy.json"
 start_server gw3 --store memory: --upstream "$FAKE/v1" --log "$TMP/gw3.log" --policy "$TMP/gw3-policy.json"
 g=$(client agent-openai-agents.mjs BASE_URL="$gw3_URL/v1" MODEL=stubborn CONVERSATION=1 AGAIN=1 2>"$TMP/agents.err") ||
   fail "agents in a conversation, asked again after a stop: $g $(cat "$TMP/agents.err")"
 echo "$g" | get 'd["again"]' | grep_q "3 times" || fail "asked again after the stop: $g"
 grep -q '"event":"stop".*"on":"call"' "$TMP/gw3.log" || fail "the run did not stop on a call: $(cat "$TMP/gw3.log")"
+# The same when the run stops on the answer's text (a text loop, this
+# policy's stop at the first) beside a call: a whole answer never reaches
+# the client, but its call is in the conversation, answered with the stop
+# on the next request, and the model goes on ("Done."); a stream is cut at
+# the loop, so the conversation holds nothing of it (as OpenAI's keeps
+# nothing of a stream its client left), nothing is answered that the
+# upstream does not hold, and the model, asked again, chants again.
+for stream in 0 1; do
+  g=$(client agent-openai-agents.mjs BASE_URL="$gw3_URL/v1" MODEL=chant-call STREAM=$stream CONVERSATION=1 AGAIN=1 2>"$TMP/agents.err") ||
+    fail "agents in a conversation, asked again after a text loop's stop (stream=$stream): $g $(cat "$TMP/agents.err")"
+  echo "$g" | get 'd["final"]' | grep_q "repeating the same text" || fail "a text loop's stop in a conversation (stream=$stream): $g"
+  if [ $stream = 0 ]; then q='[d["executions"]["lookup"], d["again"]]' w='[0, "Done."]'
+  else q='[d["executions"]["lookup"], d["again"] == d["final"]]' w='[0, true]'; fi
+  [ "$(echo "$g" | get "$q")" = "$w" ] || fail "asked again after a text loop's stop (stream=$stream): $g"
+done
 b=$(client agent-openai-agents.mjs BASE_URL="$gw_URL/v1" MODEL=finish 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
