@@ -2711,6 +2711,24 @@ static void conv_delivered(chat_t *c) {
   }
 }
 
+/* A conversation's request whose stream the gateway cut (a text loop):
+ * the upstream keeps nothing of a stream its client left (OpenAI's
+ * Conversations API: not its input, not its answer), but the client was
+ * given a whole answer and goes on as if it did. So what it answered there
+ * (its tool outputs) is answered again, first in the next request, as a
+ * refused call's answer is (restore), and the answers restored with this
+ * request stay unsent (conv_delivered was not called): else the calls they
+ * answer stay unanswered in the conversation, and the upstream refuses
+ * every later request of it. A re-ask sent none of the client's. */
+static void conv_lost(chat_t *c) {
+  if (!c->conv_id || c->reask_prev) return;
+  json_t *items = json_array();
+  for (size_t i = 0; items && i < c->n; i++)
+    if (lg__gwr_is_output(msg_str(c, i, PEEK_TYPE))) json_array_append_new(items, client_message(c, i));
+  if (json_array_size(items)) restore(c, items);
+  else json_decref(items);
+}
+
 /* Gemini's OpenAI-compatible API signs an answer's first call (its
  * extra_content.google.thought_signature) and refuses a step of the
  * current turn whose first call carries none. An answer the guard splits
@@ -3467,9 +3485,10 @@ static int stream_exchange(chat_t *c, int ask) {
   lg__gw_http_t x;
   int rc = call_upstream(c, &x, btext, blen, on_stream_data);
   lg__free(own);
-  if (x.status == 200) conv_delivered(c);
+  if (x.status == 200 && !c->cut) conv_delivered(c);
   int done = 1;
   if (c->cut) { /* a text loop: the upstream's stream was aborted */
+    conv_lost(c);
     json_t *u = cut_usage(c, blen);
     usage_event(c, &mo, u, USAGE_ANSWER, blen);
     cut_told(c, u);

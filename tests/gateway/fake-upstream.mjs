@@ -94,6 +94,8 @@
 //               loop), a word every 5 ms when streamed
 //   chant-call  the same text with a lookup (a call); with a tool result,
 //               "Done."
+//   call-chant  a lookup (a call); with a tool result, the text loop of
+//               chant
 //   ask         asks to write the record until it is offered ask_human, then
 //               asks the person (finalize: the same with finalize_partial)
 //   yielding    the same as stubborn while it may call tools; with tool use
@@ -354,6 +356,8 @@ function script(req) {
     return { calls: [{ name: way, args: '{}' }, ...also] };
   }
   const writeVariant = () => variants[msgs.filter((m) => m.role === 'tool').length % variants.length];
+  if (model.startsWith('call-chant'))
+    return msgs.some((m) => m.role === 'tool') ? { text: CHANT } : { calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
   if (model.startsWith('chant-call'))
     return msgs.some((m) => m.role === 'tool') ? { text: 'Done.' } : { text: CHANT, calls: [{ name: 'lookup', args: '{"customer_id":"c-1"}' }] };
   if (model.startsWith('chant')) return { text: CHANT };

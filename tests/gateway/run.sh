@@ -846,6 +846,15 @@ for stream in 0 1; do
   else q='[d["executions"]["lookup"], d["again"] == d["final"]]' w='[0, true]'; fi
   [ "$(echo "$g" | get "$q")" = "$w" ] || fail "asked again after a text loop's stop (stream=$stream): $g"
 done
+# A stream cut at a text loop (the default policy's observe) whose request
+# answered a call: the conversation keeps nothing of that request, its
+# answer included, so the gateway answers the call again first in the
+# next request; else the conversation holds a call without its output,
+# and the upstream refuses every later request ("No tool output found").
+g=$(client agent-openai-agents.mjs BASE_URL="$gw_URL/v1" MODEL=call-chant STREAM=1 CONVERSATION=1 AGAIN=1 2>"$TMP/agents.err") ||
+  fail "agents in a conversation, asked again after a stream cut at a text loop: $g $(cat "$TMP/agents.err")"
+[ "$(echo "$g" | get '[d["executions"]["lookup"], d["final"].count("Waiting for the payment.") < 40, bool(d["again"])]')" = '[1, true, true]' ] ||
+  fail "asked again after a stream cut at a text loop: $g"
 b=$(client agent-openai-agents.mjs BASE_URL="$gw_URL/v1" MODEL=finish 2>/dev/null) || fail "agents finish"
 [ "$(echo "$b" | get 'd["final"]')" = 'Done: {"customer_id":"c-1","name":"Ada"}' ] || fail "agents finish: $b"
 
