@@ -8,6 +8,8 @@
 #                run of every fuzzer (TEST_JOBS=N tests at once, FUZZ_SECONDS)
 #   make bench   benchmarks beside their anchors (reads ../shared/anchors)
 #   make install install the library, header, pkg-config file and tool
+#   make coverage the lines of src/ the tests run, least covered first
+#                (TESTS=REGEX: only the tests whose names match)
 #
 # Dependencies are Debian packages, installed with apt-get when missing
 # (as root; otherwise the missing ones are listed and make stops).
@@ -21,6 +23,7 @@ TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
+COV_BUILD ?= build-cov
 FUZZ_SECONDS ?= 8
 PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
@@ -40,12 +43,12 @@ BENCH_DEPS := wrk nodejs python3 socat
 ENSURE_NPM := command -v npm >/dev/null || ./scripts/ensure-deps npm
 
 .PHONY: all deps bench-deps build build-asan build-fuzz run test test-unit \
-        test-asan test-fuzz bench install clean help
+        test-asan test-fuzz bench install coverage clean help
 
 all: build
 
 help:
-	@sed -n '1,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@./scripts/ensure-deps $(DEPS)
@@ -91,5 +94,9 @@ bench: build bench-deps
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)
 
+coverage: deps
+	@$(ENSURE_NPM)
+	@./scripts/coverage "$(COV_BUILD)" "$(TESTS)"
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(COV_BUILD)
