@@ -719,6 +719,40 @@ conv_a=$(cat "$TMP/lconv.json")
 run_b=$(legacy_turn finish "$start")
 [ -n "$run_a" ] && [ "$run_a" != "$run_b" ] || fail "legacy: two new conversations, runs '$run_a' and '$run_b'"
 [ "$(legacy_turn stubborn "$conv_a")" = "$run_a" ] || fail "legacy: the first conversation's next request went to another run than $run_a"
+# A legacy request that forces a function (function_call {"name": F}) or
+# none ("none"): read as tool_choice, and sent on in the legacy words
+for fc in '{"name":"lookup"}' '"none"'; do
+  code=$(curl -s -o "$TMP/l.json" -w '%{http_code}' -H 'content-type: application/json' -H 'authorization: Bearer sk-test' \
+    -d "{\"model\":\"finish\",\"functions\":$fns,\"function_call\":$fc,\"messages\":[{\"role\":\"user\",\"content\":\"Forced.\"}]}" \
+    "$gw_URL/v1/chat/completions")
+  [ "$code" = 200 ] || fail "legacy function_call $fc: $code $(cat "$TMP/l.json")"
+  [ "$(stats '(lambda b: [b.get("function_call") == '"$fc"', "tools" in b, "tool_choice" in b, len(b["functions"])])(json.loads(d["raw"][-1]))')" = "[true, false, false, 2]" ] ||
+    fail "legacy function_call $fc: the upstream got $(stats 'd["raw"][-1]')"
+done
+# ... and when the write is hidden (the cascade, after the third write is
+# blocked), the re-ask neither lists it nor forces it (a provider refuses
+# a function_call naming no function of the request), and a function
+# forced that is still there stays forced, in the legacy words
+python3 - "$gw_URL" "$FAKE" <<'PY' || fail "legacy function_call, a function hidden"
+import json, sys, urllib.request
+gw, fake = sys.argv[1], sys.argv[2]
+fns = [{"name": "write_record", "parameters": {"type": "object"}}, {"name": "lookup", "parameters": {"type": "object"}}]
+for forced, want in (("write_record", None), ("lookup", {"name": "lookup"})):
+    msgs = [{"role": "user", "content": "Write record 7 with value A, forced (%s)." % forced}]
+    for _ in range(4):
+        body = {"model": "stubborn", "functions": fns, "function_call": {"name": forced}, "messages": msgs}
+        h = {"content-type": "application/json", "authorization": "Bearer sk-test", "X-Loopguard-Run": "legacy-forced-" + forced}
+        with urllib.request.urlopen(urllib.request.Request(gw + "/v1/chat/completions", json.dumps(body).encode(), h)) as r:
+            m, act = json.load(r)["choices"][0]["message"], r.headers.get("X-Loopguard-Action")
+        if not m.get("function_call"):
+            break
+        msgs += [m, {"role": "function", "name": m["function_call"]["name"], "content": "Error: the storage is read-only."}]
+    with urllib.request.urlopen(fake + "/stats") as r:
+        up = json.loads(json.load(r)["raw"][-1])
+    names = [f["name"] for f in up.get("functions", [])]
+    if act == "execute" or names != ["lookup"] or up.get("function_call") != want or "tools" in up or "tool_choice" in up:
+        sys.exit("forced %s: the last answer %s, the re-ask upstream: %s" % (forced, act, json.dumps(up)[:600]))
+PY
 
 nruns() { jq_url "$gw_URL/v1/runs?limit=10000" 'len(d["runs"])'; }
 # one_session LABEL CMD...: CMD runs one agent session through the gateway
