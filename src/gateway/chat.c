@@ -843,7 +843,7 @@ static size_t clock_at(const unsigned char *t, size_t n, int p) {
 #undef D
 }
 
-static int is_hex(int ch) { return (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'f'); }
+static int is_hex(int ch) { return lg__hexval((unsigned char)ch) >= 0; }
 static int is_alnum(int ch) { return (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'z'); }
 
 /* The length of a random id at t (n bytes left, p the byte before, or 0):
