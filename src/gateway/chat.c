@@ -1377,6 +1377,14 @@ static void append_answers(json_t *msgs, json_t *items) {
   }
 }
 
+/* What a conversation's upstream is sent again of restored items: of a
+ * turn the guard restored, the answers (the conversation holds its
+ * calls); of a request whose stream was cut (conv_lost), all of it. */
+static void conv_again(json_t *msgs, const lg__gw_restore_t *rs) {
+  if (rs->lost) json_array_extend(msgs, rs->items);
+  else append_answers(msgs, rs->items);
+}
+
 /* What of an answer both a restored turn and the client may hold, by a
  * key of its own: its thinking (Messages: a thinking block's signature,
  * a redacted_thinking block's data; Chat Completions: OpenRouter's
@@ -1460,10 +1468,10 @@ static json_t *build_messages(chat_t *c) {
     /* The upstream's conversation holds every call it made: the refused
      * ones are answered once, first, then what the client sent (a re-ask:
      * nothing more, the conversation has it). */
-    if (c->conv_pending) /* the store's: whichever replica made them */
-      append_answers(msgs, c->conv_pending);
+    if (c->conv_pending) /* the store's: whichever replica made them, as restore() chose them */
+      json_array_extend(msgs, c->conv_pending);
     for (size_t q = 0; !c->conv_pending && q < r->nrs; q++)
-      if (!r->rs[q].conv_sent) append_answers(msgs, r->rs[q].items);
+      if (!r->rs[q].conv_sent) conv_again(msgs, &r->rs[q]);
     for (size_t i = 0; !c->reask_prev && i < c->n; i++) json_array_append_new(msgs, client_message(c, i));
     return msgs;
   }
@@ -2643,8 +2651,9 @@ static void conv_pending_put(chat_t *c) {
 
 /* Keeps items for every later request of the run. The client sees the
  * kept calls as this response; the refused ones go before it, so the
- * anchor is the end of the client's messages. */
-static void restore(chat_t *c, json_t *items) {
+ * anchor is the end of the client's messages. lost: the items are a
+ * conversation's request that its upstream did not keep (conv_lost). */
+static void restore(chat_t *c, json_t *items, int lost) {
   lg__gw_run_t *r = c->r;
   if (r->nrs == r->caprs) {
     size_t cap = r->caprs ? r->caprs * 2 : 4;
@@ -2663,9 +2672,10 @@ static void restore(chat_t *c, json_t *items) {
   r->rs[r->nrs].items = kept;
   r->rs[r->nrs].resp_id = c->cur_resp_id ? lg__strdup(c->cur_resp_id) : NULL;
   r->rs[r->nrs].conv_sent = 0;
+  r->rs[r->nrs].lost = lost;
   r->nrs++;
   if (c->conv_pending) { /* a conversation's: answered once, by whichever replica is next */
-    append_answers(c->conv_pending, kept);
+    conv_again(c->conv_pending, &r->rs[r->nrs - 1]);
     conv_pending_put(c);
     return;
   }
@@ -2695,7 +2705,7 @@ static void conv_unanswered(chat_t *c, json_t *tcs) {
     const char *id = sget(tc, "call_id");
     if (id) json_array_append_new(items, output_for(c, tc, id, why));
   }
-  restore(c, items);
+  restore(c, items, 0);
 }
 
 /* A conversation's upstream answered: the answers build_messages gave it
@@ -2714,18 +2724,18 @@ static void conv_delivered(chat_t *c) {
 /* A conversation's request whose stream the gateway cut (a text loop):
  * the upstream keeps nothing of a stream its client left (OpenAI's
  * Conversations API: not its input, not its answer), but the client was
- * given a whole answer and goes on as if it did. So what it answered there
- * (its tool outputs) is answered again, first in the next request, as a
- * refused call's answer is (restore), and the answers restored with this
- * request stay unsent (conv_delivered was not called): else the calls they
- * answer stay unanswered in the conversation, and the upstream refuses
- * every later request of it. A re-ask sent none of the client's. */
+ * given a whole answer and goes on as if it did. So what it sent there
+ * (its tool outputs, a person's message) is sent again, first in the next
+ * request, as a refused call's answer is (restore), and the answers
+ * restored with this request stay unsent (conv_delivered was not called):
+ * else the calls they answer stay unanswered in the conversation, and the
+ * upstream refuses every later request of it; and the person's words are
+ * gone from what the model reads. A re-ask sent none of the client's. */
 static void conv_lost(chat_t *c) {
   if (!c->conv_id || c->reask_prev) return;
   json_t *items = json_array();
-  for (size_t i = 0; items && i < c->n; i++)
-    if (lg__gwr_is_output(msg_str(c, i, PEEK_TYPE))) json_array_append_new(items, client_message(c, i));
-  if (json_array_size(items)) restore(c, items);
+  for (size_t i = 0; items && i < c->n; i++) json_array_append_new(items, client_message(c, i));
+  if (json_array_size(items)) restore(c, items, 1);
   else json_decref(items);
 }
 
@@ -2798,7 +2808,7 @@ static calls_out_t decide_calls(chat_t *c, json_t *tcs, const char *content, jso
   lg__free(rc);
   lg__free(at);
   sign_split(c, tcs, &co);
-  if (co.refused && !co.stop) restore(c, restored_items(c, &co, content, msg));
+  if (co.refused && !co.stop) restore(c, restored_items(c, &co, content, msg), 0);
   if (co.stop) conv_unanswered(c, tcs);
   mem_sync(c); /* before the client has the answer */
   json_decref(co.rest_calls);

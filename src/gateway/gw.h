@@ -239,6 +239,10 @@ typedef struct lg__gw_restore {
   char *resp_id;      /* Responses: the response they belong to, or NULL */
   int conv_sent;      /* Responses in a conversation: its answers are in the upstream's
                          conversation (sent once: chat.c, build_messages) */
+  int lost;           /* the items are a conversation's request its upstream did not keep
+                         (a stream cut): sent again whole, not only the answers (on
+                         memory:; with a store, the conversation's answers:conv holds
+                         what is to be sent, so the run's memory needs no such flag) */
 } lg__gw_restore_t;
 
 typedef struct lg__gw_key lg__gw_key_t;

@@ -257,12 +257,13 @@ if act == "stop":
     sys.exit("the person's new message on r2 was answered with the stop again: %s" % json.dumps(a["output"])[:300])
 PY
 
-note "a conversation's stream cut at a text loop on one replica: the call it answered is answered again by the other"
+note "a conversation's stream cut at a text loop on one replica: what that request sent is sent again by the other"
 # The upstream keeps nothing of a stream its client left, the request's
-# tool output included: the replica that cut it keeps that output in the
-# store (answers:conv), and the next request, on the other replica, sends
-# it first; else the conversation holds a call without its output, and
-# the upstream refuses the request ("No tool output found").
+# input included: the replica that cut it keeps that input in the store
+# (answers:conv), and the next request, on the other replica, sends it
+# first; else the conversation holds a call without its output, and the
+# upstream refuses the request ("No tool output found"), and the person's
+# message in it is gone.
 python3 - "$r1_URL" "$r2_URL" "$FAKE" <<'PY' || fail "a conversation's cut stream, then the other replica"
 import json, sys, urllib.request
 r1, r2, fake = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -280,12 +281,19 @@ calls = [o for o in a["output"] if o["type"] == "function_call"]
 if len(calls) != 1:
     sys.exit("call-chant asked for %d calls: %s" % (len(calls), json.dumps(a)[:300]))
 evs = post(r1, "/v1/responses", {"model": "call-chant", "conversation": conv["id"], "tools": tools, "stream": True,
-                                 "input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "Ada"}]}, stream=True)
+                                 "input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "Ada"},
+                                           {"role": "user", "content": "And be quick."}]}, stream=True)
 text = "".join(e.get("delta", "") for e in evs if e["type"] == "response.output_text.delta")
 if not evs or evs[-1]["type"] != "response.completed" or not 0 < text.count("Waiting for the payment.") < 40:
     sys.exit("the text loop's stream was not cut and ended: %s" % json.dumps(evs[-1:])[:300])
 a = post(r2, "/v1/responses", {"model": "finish", "conversation": conv["id"], "tools": tools,
                                "input": [{"role": "user", "content": "Thanks. Who was it?"}]})
+# what the cut request carried, in its order, then the new request's
+with urllib.request.urlopen(fake + "/stats") as r:
+    sent = [b for b in json.load(r)["bodies"] if b.get("model") == "finish"][-1]["input"]
+got = [i.get("output") or i.get("content") for i in sent]  # the last with the text loop's steer
+if got[:2] != ["Ada", "And be quick."] or len(got) != 3 or not got[2].startswith("Thanks. Who was it?"):
+    sys.exit("the request after the cut sent the upstream %s" % json.dumps(sent)[:400])
 PY
 
 note "episodes across replicas: one user event, one resume; the stop holds without a new message"

@@ -871,14 +871,18 @@ grep -q '"event":"stop".*"on":"call"' "$TMP/gw3.log" || fail "the run did not st
 # on the next request, and the model goes on ("Done."); a stream is cut at
 # the loop, so the conversation holds nothing of it (as OpenAI's keeps
 # nothing of a stream its client left), nothing is answered that the
-# upstream does not hold, and the model, asked again, chants again.
+# upstream does not hold, and the model, asked again, chants again; the
+# person's first message, lost with the cut request, is sent again before
+# the second (the upstream's conversation holds it when not streamed).
 for stream in 0 1; do
   g=$(client agent-openai-agents.mjs BASE_URL="$gw3_URL/v1" MODEL=chant-call STREAM=$stream CONVERSATION=1 AGAIN=1 2>"$TMP/agents.err") ||
     fail "agents in a conversation, asked again after a text loop's stop (stream=$stream): $g $(cat "$TMP/agents.err")"
   echo "$g" | get 'd["final"]' | grep_q "repeating the same text" || fail "a text loop's stop in a conversation (stream=$stream): $g"
-  if [ $stream = 0 ]; then q='[d["executions"]["lookup"], d["again"]]' w='[0, "Done."]'
-  else q='[d["executions"]["lookup"], d["again"] == d["final"]]' w='[0, true]'; fi
+  if [ $stream = 0 ]; then q='[d["executions"]["lookup"], d["again"]]' w='[0, "Done."]' said='["Then look customer c-1 up instead."]'
+  else q='[d["executions"]["lookup"], d["again"] == d["final"]]' w='[0, true]' said='["Write record 7", "Then look customer c-1 up instead."]'; fi
   [ "$(echo "$g" | get "$q")" = "$w" ] || fail "asked again after a text loop's stop (stream=$stream): $g"
+  [ "$(stats '[(i["content"] if isinstance(i["content"], str) else i["content"][0]["text"]).split(" with")[0] for i in [b for b in d["bodies"] if b.get("model") == "chant-call"][-1]["input"] if i.get("role") == "user"]')" = "$said" ] ||
+    fail "the person's messages the upstream got after a text loop's stop (stream=$stream): $(stats '[b for b in d["bodies"] if b.get("model") == "chant-call"][-1]["input"]')"
 done
 # A stream cut at a text loop (the default policy's observe) whose request
 # answered a call: the conversation keeps nothing of that request, its
