@@ -179,7 +179,8 @@
 // POST /v1/embeddings answers OpenAI's list with `usage` last, a token
 // every four bytes of text (counted in GET /stats as embedding_tokens);
 // model embed-broken is its 500, embed-nousage an answer without usage,
-// costly-* one whose usage has a cost (USD: 5 micro-dollars, -over 777).
+// costly-* one whose usage has a cost (USD: 5 micro-dollars, -over 777),
+// embed-slow the usual answer after 2 s.
 // A request whose members have the wrong types (a mutated one) is answered
 // 400 in its API's error shape, as a provider answers it, and counted in
 // GET /stats as malformed (not as a violation: the client sent it so).
@@ -1358,8 +1359,11 @@ function route(req, res, body) {
       if (j.model !== 'embed-nousage') out.usage = { prompt_tokens: tokens, total_tokens: tokens };
       // an upstream that reports the cost (USD), under the tokens' price or over the worst case
       if (out.usage && j.model.startsWith('costly')) out.usage.cost = j.model.endsWith('-over') ? 0.000777 : 0.000005;
-      res.writeHead(200, { 'content-type': 'application/json' });
-      return res.end(JSON.stringify(out));
+      const answer = () => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify(out));
+      };
+      return j.model === 'embed-slow' ? setTimeout(answer, 2000) : answer();
     }
     if (req.method === 'GET' && req.url === '/v1/models') {
       res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });

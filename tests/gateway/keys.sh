@@ -69,6 +69,7 @@ cat >"$TMP/prices.json" <<'JSON'
             "embed-small":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
             "embed-broken": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
             "embed-nousage": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
+            "embed-slow":  {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
             "costly-embed": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0},
             "costly-embed-over": {"input_usd_per_mtok": 1, "output_usd_per_mtok": 0}}}
 JSON
@@ -814,6 +815,41 @@ cb=$(settled "$crash2_URL")
 [ "$cb" = "[0, $charged]" ] ||
   fail "the key's spend ([reserved, spent] $cb) is not the sum of its answered usages ($charged micro-USD)"
 stop_server crash2
+
+if [ "${LG_TEST_STORE:-}" = postgres ]; then
+  note "PostgreSQL stopped while an embeddings answer is on its way: the answer reaches the client, the failed settlement is logged, the reservation lapses at its TTL, and the server goes on once the store is back"
+  pgdir=$(echo "$LG_PG_URL" | sed -E 's/.*host=([^ ]*).*/\1/')
+  pgbin=${LG_PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+  as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+  start_server outage "${crash_args[@]}" --log "$TMP/outage.log"
+  code=$(curl -s -o "$TMP/outage.json" -w '%{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+    -d '{"model":"embed-slow","input":"hello"}' "$outage_URL/v1/embeddings") &
+  EMB=$!
+  for i in $(seq 100); do # reserved: the request is upstream, for 2 s
+    [ "$(curl -s -H "Authorization: Bearer $OP" "$outage_URL/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')" = true ] && break
+    sleep 0.02
+  done
+  as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null || fail "pg_ctl stop"
+  wait "$EMB"
+  # (a subshell's code: the file says what the client got)
+  [ "$(get 'len(d["data"])' <"$TMP/outage.json")" = 1 ] || fail "the embeddings answer did not reach the client: $(cat "$TMP/outage.json")"
+  for i in $(seq 50); do grep -q '"event":"settlement_failed"' "$TMP/outage.log" && break; sleep 0.1; done
+  line=$(grep '"event":"settlement_failed"' "$TMP/outage.log") || fail "no settlement_failed line: $(tail -n 5 "$TMP/outage.log")"
+  [ "$(echo "$line" | get '[d["path"], d["reservation_id"][:4], len(d["message"]) > 0]')" = '["/v1/embeddings", "rsv_", true]' ] ||
+    fail "the settlement_failed line: $line"
+  # pg_ctl restart starts a stopped server with the options it last had (postmaster.opts)
+  as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
+  # never charged: the reservation lapses at its TTL (6 s)
+  cb=$(settled "$outage_URL")
+  [ "$cb" = "[0, $charged]" ] || fail "after the failed settlement, [reserved, spent] $cb, not [0, $charged]"
+  code=$(curl -s -o "$TMP/outage.json" -w '%{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+    -d '{"model":"embed-small","input":"hello"}' "$outage_URL/v1/embeddings")
+  [ "$code" = 200 ] || fail "embeddings once PostgreSQL is back: $code $(cat "$TMP/outage.json")"
+  cb=$(settled "$outage_URL")
+  [ "$cb" = "[0, $((charged + 2))]" ] || fail "embeddings once PostgreSQL is back: [reserved, spent] $cb, not [0, $((charged + 2))]"
+  stop_server outage
+  [ "$outage_RC" = 0 ] || fail "the server exited $outage_RC after the store's outage"
+fi
 
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
