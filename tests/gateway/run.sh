@@ -652,17 +652,21 @@ for st in 0 1; do
   stopped "computer and a lookup, stateless=$st" "$g"
 done
 # refused at the first call (this policy blocks at once): the screen is the
-# one in the person's message; with none, an image of one blank pixel
+# one in the person's message (an image, or a file by its id); with none,
+# an image of one blank pixel
 echo '{"repeat":{"observe":1,"block":1,"stop":6}}' >"$TMP/block1.json"
 start_server gwb1 --store memory: --upstream "$FAKE/v1" --log "$TMP/gwb1.log" --policy "$TMP/block1.json"
 tools='[{"type":"computer_use_preview","display_width":1024,"display_height":768,"environment":"browser"}]'
-for input in "[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Save the form.\"},{\"type\":\"input_image\",\"image_url\":\"$screen\"}]}]" '"Save the form, at once."'; do
+for input in "[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Save the form.\"},{\"type\":\"input_image\",\"image_url\":\"$screen\"}]}]" '"Save the form, at once."' \
+  '[{"role":"user","content":[{"type":"input_text","text":"Save the filed form."},{"type":"input_image","file_id":"file-screen-1","detail":"auto"}]}]'; do
   curl -sf "$gwb1_URL/v1/responses" -H 'content-type: application/json' -H 'authorization: Bearer sk-test' \
     -d "{\"model\":\"loop-builtin\",\"tools\":$tools,\"input\":$input}" -o "$TMP/first.json" || fail "computer, first call refused: $(cat "$TMP/first.json")"
 done
 stats '[sorted(set(i["output"]["image_url"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"][0]).find(t) > 0 for i in b["input"] if i.get("type") == "computer_call_output")) for t in ("Save the form.", "Save the form, at once.")]' >"$TMP/first.screens"
 [ "$(get 'd[0] == ["'"$screen"'"] and len(d[1]) == 1 and d[1][0].startswith("data:image/png;base64,iVBOR") and d[1] != d[0]' <"$TMP/first.screens")" = true ] ||
   fail "computer, first call refused: not the person's screen, then a blank one: $(cat "$TMP/first.screens")"
+[ "$(stats '[i["output"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"][0]).find("Save the filed form.") > 0 for i in b["input"] if i.get("type") == "computer_call_output"][-1:]')" = '[{"type": "computer_screenshot", "file_id": "file-screen-1"}]' ] ||
+  fail "computer, first call refused: not the person's screen by its file id: $(stats '[b["input"] for b in d["bodies"] if "Save the filed form." in json.dumps(b.get("input"))][-1:]')"
 
 note "a custom tool's calls (Chat Completions): guarded, and the hidden tool is the custom one"
 d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1) || fail "chat custom direct: $d"
