@@ -12,6 +12,8 @@ that can carry it (the person's, a tool result), and:
   - a Responses conversation the upstream keeps (previous_response_id):
     in the next request only (it was said again with every later one), or
     in the retry of that request when the upstream refused it (a 429);
+  - a Responses conversation sent whole, then continued by
+    previous_response_id: said with the whole input, never again;
   - continuing from the gateway's own answer (a stream cut at the loop):
     once, after that answer (its stored items held the note too, so it
     was said twice).
@@ -66,6 +68,20 @@ at = len(inp) - 1
 inp += a["output"] + [{"role": "user", "content": "Thanks. And the next one?"}]
 post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-resp")
 check("responses, a later request", at)
+
+# Responses sent whole, then continued by previous_response_id: the note
+# said with the whole input is in the response continued, so never again
+# (until session 52 no test went from one way to the other)
+inp = [{"role": "user", "content": "Pay the invoice."}]
+a, act = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-mixed")
+observed("whole, then previous_response_id", act)
+inp += a["output"] + [{"type": "function_call_output", "call_id": o["call_id"], "output": "found"} for o in a["output"] if o["type"] == "function_call"]
+a, _ = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-mixed")
+check("whole, then previous_response_id: the whole request", -1)
+for k in range(2):  # as many items as the whole input had, and more: the note's place is in none of them
+    more = [{"role": "user", "content": "And then? %d.%d" % (k, j)} for j in range(len(inp) + 1)]
+    a, _ = post("/v1/responses", {"model": "chant-call", "previous_response_id": a["id"], "input": more, "tools": tools}, "steer-mixed")
+    check("whole, then previous_response_id (%d)" % k, None)
 
 # Responses continued by previous_response_id: once
 a, act = post("/v1/responses", {"model": "chant-call", "input": "Pay the invoice.", "tools": tools}, "steer-prev")
