@@ -161,6 +161,7 @@ struct lg__gw {
    * written (lg__mono_ns), and the failures left out since the last */
   _Atomic uint64_t up_log_next[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t up_log_left[GW_MAX_UP][LG__GW_UP__KINDS];
+  _Atomic uint64_t fail_log_next, fail_log_left; /* request_failed lines (lg__gw_error) */
   _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
   /* models whose upstream refused max_tokens ("UI\tMODEL"; lg__gw_learn), under tmu */
   char *mct[GW_LEARNT_MODELS];
@@ -262,6 +263,8 @@ void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type
   lg__buf_puts(b, "}}");
 }
 
+static void log_failed(lg__gw_job_t *j, const char *msg);
+
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) {
   char msg[1024];
@@ -272,7 +275,10 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
   j->status = status;
   snprintf(j->ctype, sizeof j->ctype, "application/json");
   lg__gw_error_body(&j->out, j->route == LG__GW_ROUTE_ANTHROPIC, status, type, code, NULL, msg);
+  if (status == 500) log_failed(j, msg); /* loopguard's own failure (the store, memory) */
 }
+
+const char *lg__gw_api_prefix(const lg__gw_job_t *j) { return j->azure ? "/openai" : "/v1"; }
 
 int lg__gw_error_api(const char *url, const char *method, int anthropic_version) {
   return !strcmp(url, "/v1/messages") || (anthropic_version && !lg__gw_guards(url, method)) ? 2 : 1;
@@ -2054,7 +2060,39 @@ int lg__gw_step_batch(lg__gw_ctx_t *cx, lg__gw_run_t *r, lg__step_batch_t *b, lg
 
 /* ---- metrics and logs ---- */
 
-#define UP_LOG_GAP_NS 1000000000ull /* one upstream_failed line a second, an upstream and kind */
+#define UP_LOG_GAP_NS 1000000000ull /* one line a second of a kind: upstream_failed, request_failed */
+
+/* Whether a line of a kind that an outage repeats for every request is
+ * written now: one a second (*next), the others counted (*left); *left_out
+ * is how many were left out since the last one written. */
+static int log_turn(_Atomic uint64_t *next, _Atomic uint64_t *left, uint64_t *left_out) {
+  uint64_t now = lg__mono_ns(), at = atomic_load(next);
+  if (now < at || !atomic_compare_exchange_strong(next, &at, now + UP_LOG_GAP_NS)) {
+    atomic_fetch_add(left, 1);
+    return 0;
+  }
+  *left_out = atomic_exchange(left, 0);
+  return 1;
+}
+
+/* A request the gateway answered 500 for a failure of its own: the
+ * on-call engineer's line, as the sidecar's routes write one (the client
+ * has the same message); at most one a second, as upstream_failed. */
+static void log_failed(lg__gw_job_t *j, const char *msg) {
+  lg__gw_t *gw = j->gw;
+  uint64_t left;
+  if (!gw || !log_turn(&gw->fail_log_next, &gw->fail_log_left, &left)) return; /* (a unit test's job: no gateway) */
+  lg__buf_t f = {0};
+  char path[512];
+  snprintf(path, sizeof path, "%s%s", lg__gw_api_prefix(j), j->path ? j->path : "");
+  lg__buf_printf(&f, "\"route\":\"gateway\",\"kind\":\"%s\",\"path\":", kind_names[j->kind]);
+  lg__buf_json_str_lossy(&f, path, strlen(path)); /* the client's bytes */
+  if (left) lg__buf_printf(&f, ",\"suppressed\":%llu", (unsigned long long)left);
+  lg__buf_puts(&f, ",\"status\":500,\"message\":");
+  lg__buf_json_str_lossy(&f, msg, strlen(msg));
+  if (!f.oom) lg__server_log(gw->srv, "error", "request_failed", f.data);
+  lg__buf_free(&f);
+}
 
 void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
   size_t u = up < GW_MAX_UP ? up : GW_MAX_UP - 1;
@@ -2072,12 +2110,8 @@ void lg__gw_note_upstream(lg__gw_t *gw, size_t up, const lg__gw_http_t *x) {
    * fails every request, hundreds a second: one line a second for an
    * upstream and kind, the next saying how many were left out (the
    * counter above has them all). */
-  uint64_t now = lg__mono_ns(), next = atomic_load(&gw->up_log_next[u][k]);
-  if (now < next || !atomic_compare_exchange_strong(&gw->up_log_next[u][k], &next, now + UP_LOG_GAP_NS)) {
-    atomic_fetch_add(&gw->up_log_left[u][k], 1);
-    return;
-  }
-  uint64_t left = atomic_exchange(&gw->up_log_left[u][k], 0);
+  uint64_t left;
+  if (!log_turn(&gw->up_log_next[u][k], &gw->up_log_left[u][k], &left)) return;
   lg__buf_t f = {0};
   char lab[300];
   lg__buf_puts(&f, "\"upstream\":");

@@ -508,8 +508,12 @@ void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type
  * answer as it sent it (its body moved out of x). */
 void lg__gw_upstream_failed(lg__gw_job_t *j, const lg__gw_http_t *x);
 void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x);
+/* What the gateway took off the front of j->path ("/v1", or Azure's
+ * "/openai"): the request's own path is this and j->path. */
+const char *lg__gw_api_prefix(const lg__gw_job_t *j);
 /* An error in the API's shape as the job's answer: Anthropic's on an
- * Anthropic SDK's request (route LG__GW_ROUTE_ANTHROPIC), else OpenAI's. */
+ * Anthropic SDK's request (route LG__GW_ROUTE_ANTHROPIC), else OpenAI's.
+ * A 500 (loopguard's own failure) is also a request_failed log line. */
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

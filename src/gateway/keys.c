@@ -229,10 +229,6 @@ int64_t lg__gw_keys_usage_cost(json_t *usage) {
   return (int64_t)ceil(v * 1e9);
 }
 
-/* What the gateway took off the front of j->path (gateway.c): the
- * request's own path is this and j->path. */
-static const char *api_prefix(const lg__gw_job_t *j) { return j->azure ? "/openai" : "/v1"; }
-
 /* ---- before a model request ---- */
 
 static int model_allowed(const lg__key_row_t *k, const char *model) {
@@ -356,7 +352,7 @@ static int pass_unpriced(lg__gw_ctx_t *cx) {
                "model APIs it guards (chat completions, responses, messages) and /v1/embeddings of "
                "a model its price table names: a key whose spend is bounded (%s) may not make it; "
                "use a key without a limit for it",
-               j->method, api_prefix(j), j->path,
+               j->method, lg__gw_api_prefix(j), j->path,
                own ? "its limit" : "its workspace's budget");
   put_meta(j, own ? "{\"limit_source\":\"key_limit\"}" : "{\"limit_source\":\"workspace_budget\"}");
   return 1;
@@ -498,7 +494,7 @@ void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status) {
     const char *m = e.message[0] ? e.message : lg_strerror(rc);
     lg__buf_t f = {0};
     char path[512];
-    snprintf(path, sizeof path, "%s%s", api_prefix(j), j->path);
+    snprintf(path, sizeof path, "%s%s", lg__gw_api_prefix(j), j->path);
     lg__buf_printf(&f, "\"reservation_id\":\"%s\",\"path\":", j->pass_rsv);
     lg__buf_json_str_lossy(&f, path, strlen(path)); /* the client's bytes */
     lg__buf_puts(&f, ",\"message\":");

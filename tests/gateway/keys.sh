@@ -837,6 +837,34 @@ if [ "${LG_TEST_STORE:-}" = postgres ]; then
   line=$(grep '"event":"settlement_failed"' "$TMP/outage.log") || fail "no settlement_failed line: $(tail -n 5 "$TMP/outage.log")"
   [ "$(echo "$line" | get '[d["path"], d["reservation_id"][:4], len(d["message"]) > 0]')" = '["/v1/embeddings", "rsv_", true]' ] ||
     fail "the settlement_failed line: $line"
+  # a model call while the store is down: a 500 in the API's shape that
+  # names the cause, and a request_failed line, one a second: an outage
+  # fails every request (the next line counts those left out)
+  python3 - "$outage_URL" "$CK" >"$TMP/outage.calls" <<'PY' || fail "model calls with the store down: $(cat "$TMP/outage.calls")"
+import json, sys, time, urllib.error, urllib.request
+url, key = sys.argv[1], sys.argv[2]
+def call():
+    body = {"model": "finish", "messages": [{"role": "user", "content": "hi"}]}
+    h = {"content-type": "application/json", "authorization": "Bearer " + key}
+    try:
+        urllib.request.urlopen(urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), h))
+        sys.exit("a model call with the store down was answered 200")
+    except urllib.error.HTTPError as e:
+        err = json.load(e)["error"]
+        if e.code != 500 or err["type"] != "server_error" or "PostgreSQL" not in err["message"]:
+            sys.exit("a model call with the store down: %d %s" % (e.code, json.dumps(err)))
+for _ in range(5):
+    call()
+time.sleep(1.1)
+call()
+PY
+  # (all 6 counted: a line each, or left out and counted by the next; 5 calls
+  # and a second between them: 2 lines, 3 on a machine so slow they took 1 s)
+  [ "$(grep '"event":"request_failed"' "$TMP/outage.log" | grep '"route":"gateway"' | python3 -c '
+import json, sys
+ds = [json.loads(l) for l in sys.stdin]
+print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d in ds), ds[0]["path"], ds[0]["status"], "PostgreSQL" in ds[0]["message"]]))')" = '[true, 6, "/v1/chat/completions", 500, true]' ] ||
+    fail "the request_failed lines of 6 model calls with the store down: $(grep '"event":"request_failed"' "$TMP/outage.log")"
   # pg_ctl restart starts a stopped server with the options it last had (postmaster.opts)
   as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
   # never charged: the reservation lapses at its TTL (6 s)
