@@ -180,7 +180,7 @@
 // every four bytes of text (counted in GET /stats as embedding_tokens);
 // model embed-broken is its 500, embed-nousage an answer without usage,
 // costly-* one whose usage has a cost (USD: 5 micro-dollars, -over 777),
-// embed-slow the usual answer after 2 s.
+// embed-slow the usual answer after 3 s.
 // A request whose members have the wrong types (a mutated one) is answered
 // 400 in its API's error shape, as a provider answers it, and counted in
 // GET /stats as malformed (not as a violation: the client sent it so).
@@ -1363,7 +1363,7 @@ function route(req, res, body) {
         res.writeHead(200, { 'content-type': 'application/json' });
         res.end(JSON.stringify(out));
       };
-      return j.model === 'embed-slow' ? setTimeout(answer, 2000) : answer();
+      return j.model === 'embed-slow' ? setTimeout(answer, 3000) : answer();
     }
     if (req.method === 'GET' && req.url === '/v1/models') {
       res.writeHead(200, { 'content-type': 'application/json', 'x-fake': 'models' });

@@ -822,19 +822,22 @@ if [ "${LG_TEST_STORE:-}" = postgres ]; then
   pgbin=${LG_PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
   as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
   start_server outage "${crash_args[@]}" --log "$TMP/outage.log"
-  code=$(curl -s -o "$TMP/outage.json" -w '%{http_code}' -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
-    -d '{"model":"embed-slow","input":"hello"}' "$outage_URL/v1/embeddings") &
+  curl -s -o "$TMP/outage.json" -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
+    -d '{"model":"embed-slow","input":"hello"}' "$outage_URL/v1/embeddings" &
   EMB=$!
-  for i in $(seq 100); do # reserved: the request is upstream, for 2 s
-    [ "$(curl -s -H "Authorization: Bearer $OP" "$outage_URL/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')" = true ] && break
+  held=false
+  for i in $(seq 100); do # reserved: the request is upstream, for 3 s
+    held=$(curl -s -H "Authorization: Bearer $OP" "$outage_URL/v1/budgets/key:$CH" | get 'd["reserved_usd"] > 0')
+    [ "$held" = true ] && break
     sleep 0.02
   done
+  [ "$held" = true ] || fail "the slow embeddings request was never seen holding a reservation"
   as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null || fail "pg_ctl stop"
   wait "$EMB"
-  # (a subshell's code: the file says what the client got)
   [ "$(get 'len(d["data"])' <"$TMP/outage.json")" = 1 ] || fail "the embeddings answer did not reach the client: $(cat "$TMP/outage.json")"
   for i in $(seq 50); do grep -q '"event":"settlement_failed"' "$TMP/outage.log" && break; sleep 0.1; done
-  line=$(grep '"event":"settlement_failed"' "$TMP/outage.log") || fail "no settlement_failed line: $(tail -n 5 "$TMP/outage.log")"
+  line=$(grep '"event":"settlement_failed"' "$TMP/outage.log") ||
+    fail "no settlement_failed line (was PostgreSQL stopped within the answer's 3 s?): $(tail -n 5 "$TMP/outage.log")"
   [ "$(echo "$line" | get '[d["path"], d["reservation_id"][:4], len(d["message"]) > 0]')" = '["/v1/embeddings", "rsv_", true]' ] ||
     fail "the settlement_failed line: $line"
   # a model call while the store is down: a 500 in the API's shape that
