@@ -56,14 +56,21 @@ def observed(label, action):
         bad.append("%s: the loop was not observed (%s): nothing was tested" % (label, action))
 
 
-# Responses, the whole input every time (the Agents SDK's way)
 tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
-inp = [{"role": "user", "content": "Pay the invoice."}]
-a, act = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-resp")
-observed("responses", act)
-inp += a["output"] + [{"type": "function_call_output", "call_id": o["call_id"], "output": "found"} for o in a["output"] if o["type"] == "function_call"]
-a, _ = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-resp")
-check("responses, the next request (ends with a function_call_output)", -1)
+
+
+def whole_start(run, label):  # a Responses run sent whole: the loop observed, then the note in the next request
+    inp = [{"role": "user", "content": "Pay the invoice."}]
+    a, act = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, run)
+    observed(label, act)
+    inp += a["output"] + [{"type": "function_call_output", "call_id": o["call_id"], "output": "found"} for o in a["output"] if o["type"] == "function_call"]
+    a, _ = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, run)
+    check("%s, the next request (ends with a function_call_output)" % label, -1)
+    return a, inp
+
+
+# Responses, the whole input every time (the Agents SDK's way)
+a, inp = whole_start("steer-resp", "responses")
 at = len(inp) - 1
 inp += a["output"] + [{"role": "user", "content": "Thanks. And the next one?"}]
 post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-resp")
@@ -72,12 +79,7 @@ check("responses, a later request", at)
 # Responses sent whole, then continued by previous_response_id: the note
 # said with the whole input is in the response continued, so never again
 # (until session 52 no test went from one way to the other)
-inp = [{"role": "user", "content": "Pay the invoice."}]
-a, act = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-mixed")
-observed("whole, then previous_response_id", act)
-inp += a["output"] + [{"type": "function_call_output", "call_id": o["call_id"], "output": "found"} for o in a["output"] if o["type"] == "function_call"]
-a, _ = post("/v1/responses", {"model": "chant-call", "input": inp, "tools": tools}, "steer-mixed")
-check("whole, then previous_response_id: the whole request", -1)
+a, inp = whole_start("steer-mixed", "whole, then previous_response_id")
 for k in range(2):  # as many items as the whole input had, and more: the note's place is in none of them
     more = [{"role": "user", "content": "And then? %d.%d" % (k, j)} for j in range(len(inp) + 1)]
     a, _ = post("/v1/responses", {"model": "chant-call", "previous_response_id": a["id"], "input": more, "tools": tools}, "steer-mixed")
