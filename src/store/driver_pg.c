@@ -313,12 +313,38 @@ static int ensure(lg_store_t *s, lg_error_t *err) {
   return rc;
 }
 
+/* A database that stops answering (its host gone, a network split, a
+ * failover that moves its address) must fail the calls waiting on it, not
+ * hold every worker for the kernel's own bounds (a connect retries its SYN
+ * for about two minutes; a query sent to a host that is gone waits about
+ * fifteen): the connection's defaults, placed before the URL's conninfo so
+ * that a value of the URL wins (libpq keeps the last one of a keyword), and
+ * connect_timeout only when PGCONNECT_TIMEOUT does not set it. keepalives
+ * and tcp_user_timeout apply to TCP only (not a unix socket); PQreset
+ * reconnects with the same. */
+static PGconn *connect_with_defaults(const char *conninfo) {
+  static const char *const dk[] = {"keepalives", "keepalives_idle", "keepalives_interval",
+                                   "keepalives_count", "tcp_user_timeout", "connect_timeout"};
+  static const char *const dv[] = {"1", "10", "5", "3", "30000", "10"};
+  const char *keys[8], *vals[8];
+  int n = 0;
+  for (int i = 0; i < 6; i++) {
+    if (!strcmp(dk[i], "connect_timeout") && getenv("PGCONNECT_TIMEOUT")) continue;
+    keys[n] = dk[i];
+    vals[n++] = dv[i];
+  }
+  keys[n] = "dbname"; /* expanded: the whole conninfo (key=value or a URI) */
+  vals[n++] = conninfo;
+  keys[n] = vals[n] = NULL;
+  return PQconnectdbParams(keys, vals, 1);
+}
+
 static int d_open(lg_store_t *s, const char *conninfo, lg_error_t *err) {
   pgc_t *p = lg__calloc(1, sizeof *p);
   if (!p) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   s->conn = p;
   int rc;
-  p->conn = PQconnectdb(conninfo ? conninfo : "");
+  p->conn = connect_with_defaults(conninfo ? conninfo : "");
   if (!p->conn) {
     rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory connecting to PostgreSQL");
     goto fail;

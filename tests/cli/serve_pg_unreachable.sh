@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# serve_pg_unreachable.sh — a PostgreSQL host that does not answer fails
+# `loopguard serve` in seconds, with libpq's reason, instead of holding it
+# for the kernel's own bound (a connect retries its SYN for about two
+# minutes): the store's connection defaults (connect_timeout 10 s, TCP
+# keepalives, tcp_user_timeout; src/store/driver_pg.c), the URL's own
+# connect_timeout over them, and PGCONNECT_TIMEOUT over the default.
+#
+# The host that does not answer: a listener on loopback whose accept queue
+# (listen backlog 0) is held full by one connection it never accepts, so
+# every later SYN is dropped, as by a host that is gone. No PostgreSQL
+# server is needed: libpq never gets past the connect.
+. "$(dirname "$0")/serve_lib.bash"
+
+python3 - "$TMP/dead.port" <<'PY' &
+import socket, sys, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(0)
+held = socket.create_connection(l.getsockname())  # the queue's one place, never accepted
+open(sys.argv[1], "w").write(str(l.getsockname()[1]))
+time.sleep(300)
+PY
+ALL_PIDS+=($!)
+for i in $(seq 100); do [ -s "$TMP/dead.port" ] && break; sleep 0.05; done
+port=$(cat "$TMP/dead.port") || fail "the unanswering listener did not start"
+base="host=127.0.0.1 port=$port dbname=lg user=lg"
+
+# try NAME LOW HIGH VAR=VALUE...: serve in that environment (its store
+# LOOPGUARD_STORE's) fails (exit 1, libpq's "timeout expired") after LOW to
+# HIGH seconds; at 60 s it is the kernel's bound, cut short (exit 124)
+try() {
+  local name=$1 low=$2 high=$3 t0 rc secs
+  shift 3
+  t0=$(date +%s.%N)
+  env "$@" timeout -k 5 60 "$LG_BIN" serve --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err"
+  rc=$?
+  secs=$(python3 -c "import sys; print(int(float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$(date +%s.%N)")
+  [ "$rc" = 1 ] || fail "$name: serve exited $rc after $secs s, not 1 (124: still connecting at 60 s): $(cat "$TMP/$name.err")"
+  grep_q 'cannot connect to PostgreSQL: .*timeout expired' "$TMP/$name.err" ||
+    fail "$name: not libpq's timeout: $(cat "$TMP/$name.err")"
+  [ "$secs" -ge "$low" ] && [ "$secs" -le "$high" ] ||
+    fail "$name: failed after $secs s, not $low to $high: $(cat "$TMP/$name.err")"
+  note "$name: exit 1 after $secs s, $(head -c 200 "$TMP/$name.err")"
+}
+note "a host that does not answer: the default connect_timeout (10 s)"
+try default 9 40 LOOPGUARD_STORE="postgres:$base"
+note "the URL's connect_timeout wins"
+try url 1 8 LOOPGUARD_STORE="postgres:$base connect_timeout=3"
+note "PGCONNECT_TIMEOUT wins over the default"
+try env 1 8 PGCONNECT_TIMEOUT=3 LOOPGUARD_STORE="postgres:$base"
+echo "PASS serve_pg_unreachable.sh"
