@@ -162,6 +162,7 @@ struct lg__gw {
   _Atomic uint64_t up_log_next[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t up_log_left[GW_MAX_UP][LG__GW_UP__KINDS];
   _Atomic uint64_t fail_log_next, fail_log_left; /* request_failed lines (lg__gw_error) */
+  _Atomic uint64_t failed;                       /* requests answered 500 for a failure of ours */
   _Atomic uint64_t interventions[4][LG_R__COUNT]; /* block, replay, stop, observe */
   /* models whose upstream refused max_tokens ("UI\tMODEL"; lg__gw_learn), under tmu */
   char *mct[GW_LEARNT_MODELS];
@@ -2081,7 +2082,9 @@ static int log_turn(_Atomic uint64_t *next, _Atomic uint64_t *left, uint64_t *le
 static void log_failed(lg__gw_job_t *j, const char *msg) {
   lg__gw_t *gw = j->gw;
   uint64_t left;
-  if (!gw || !log_turn(&gw->fail_log_next, &gw->fail_log_left, &left)) return; /* (a unit test's job: no gateway) */
+  if (!gw) return; /* a unit test's job: no gateway */
+  atomic_fetch_add(&gw->failed, 1);
+  if (!log_turn(&gw->fail_log_next, &gw->fail_log_left, &left)) return;
   lg__buf_t f = {0};
   char path[512];
   snprintf(path, sizeof path, "%s%s", lg__gw_api_prefix(j), j->path ? j->path : "");
@@ -2258,6 +2261,13 @@ void lg__gw_metrics(lg__gw_t *gw, lg__buf_t *b) {
   for (size_t u = 0; u < nup; u++)
     lg__buf_printf(b, "loopguard_gateway_client_hangups_total{upstream=\"%s\"} %llu\n", gw->cfg.up[u].name,
                    (unsigned long long)atomic_load(&gw->up_hung_up[u]));
+  lg__buf_printf(b,
+                 "# HELP loopguard_gateway_failures_total Gateway requests answered 500 for a failure "
+                 "of loopguard's own (the store down or refusing, out of memory; not an upstream's "
+                 "error): the log's request_failed lines say which.\n"
+                 "# TYPE loopguard_gateway_failures_total counter\n"
+                 "loopguard_gateway_failures_total %llu\n",
+                 (unsigned long long)atomic_load(&gw->failed));
   lg__buf_puts(b, "# HELP loopguard_gateway_upstream_seconds Upstream request latency.\n"
                   "# TYPE loopguard_gateway_upstream_seconds histogram\n");
   for (size_t u = 0; u < nup; u++) {

@@ -620,7 +620,7 @@ static void check_headers(lg_server_t *srv, struct MHD_Connection *c, http_req_t
           url, method, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "anthropic-version") != NULL);
       rq->query = q;
       hr->gw_route = 1;
-      hit = (route_hit_t){LG__RT_OTHER, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
+      hit = (route_hit_t){LG__RT_GATEWAY, lg__gw_handle, LG__ROLE_AGENT, method, NULL};
       found = 1;
     } else {
       lg__free(url);

@@ -100,7 +100,7 @@ int lg__is_loopback(const struct sockaddr *sa);
   XX(TEXT, "text") XX(USER, "user") XX(COMPACTION, "compaction")             \
   XX(RESUME, "resume") XX(CONSOLE, "console") XX(REGRESSION, "regression")   \
   XX(KEYS, "keys") XX(KEY, "keys_get") XX(KEY_ROTATE, "keys_rotate")         \
-  XX(KEY_SELF, "key") XX(OTHER, "other")
+  XX(KEY_SELF, "key") XX(GATEWAY, "gateway") XX(OTHER, "other")
 
 typedef enum lg__route {
 #define LG__XX(id, name) LG__RT_##id,

@@ -17,6 +17,74 @@ command -v promtool >/dev/null || fail "no promtool (Debian's prometheus package
 
 promtool check rules "$mon/alerts.yml" >"$TMP/promtool.out" 2>&1 && ok || { bad "promtool check rules"; cat "$TMP/promtool.out"; }
 python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$mon/grafana-dashboard.json" && ok || bad "dashboard is not JSON"
+# The rules' logic (promtool test rules): a provider's errors, which the
+# gateway passes on (502, 503, a provider's 500), are the upstream alert's
+# (LoopguardGatewayUpstreamFailing, its http_5xx answers too), not
+# LoopguardServerErrors' ("check the store"); the gateway's own 500s
+# are LoopguardGatewayFailing's; the sidecar's own 500s still fire
+# LoopguardServerErrors.
+cat >"$TMP/alerts-test.yml" <<EOF
+rule_files: [$mon/alerts.yml]
+evaluation_interval: 1m
+tests:
+  # a provider down: the gateway passes its 502s on; the sidecar's routes are fine
+  - interval: 1m
+    input_series:
+      - series: 'loopguard_requests_total{route="calls",code="200"}'
+        values: '0+100x30'
+      - series: 'loopguard_requests_total{route="gateway",code="502"}'
+        values: '0+50x30'
+      - series: 'loopguard_requests_total{route="gateway",code="200"}'
+        values: '0+10x30'
+      - series: 'loopguard_gateway_failures_total'
+        values: '0+0x30'
+      - series: 'loopguard_gateway_upstream_errors_total{upstream="default",kind="http_5xx"}'
+        values: '0+50x30'
+      - series: 'loopguard_gateway_upstream_seconds_count{upstream="default"}'
+        values: '0+60x30'
+    promql_expr_test:
+      - expr: ALERTS{alertname="LoopguardGatewayUpstreamFailing",alertstate="firing"}
+        eval_time: 20m
+        exp_samples:
+          - labels: 'ALERTS{alertname="LoopguardGatewayUpstreamFailing",alertstate="firing",severity="critical",upstream="default"}'
+            value: 1
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: LoopguardServerErrors
+        exp_alerts: []
+      - eval_time: 20m
+        alertname: LoopguardGatewayFailing
+        exp_alerts: []
+  # the store down under the gateway: its own 500s
+  - interval: 1m
+    input_series:
+      - series: 'loopguard_requests_total{route="gateway",code="500"}'
+        values: '0+50x30'
+      - series: 'loopguard_requests_total{route="gateway",code="200"}'
+        values: '0+10x30'
+      - series: 'loopguard_gateway_failures_total'
+        values: '0+50x30'
+    promql_expr_test:
+      - expr: ALERTS{alertname="LoopguardGatewayFailing",alertstate="firing"}
+        eval_time: 20m
+        exp_samples:
+          - labels: 'ALERTS{alertname="LoopguardGatewayFailing",alertstate="firing",severity="critical"}'
+            value: 1
+  # the sidecar's own 500s: still LoopguardServerErrors
+  - interval: 1m
+    input_series:
+      - series: 'loopguard_requests_total{route="calls",code="200"}'
+        values: '0+100x30'
+      - series: 'loopguard_requests_total{route="calls",code="500"}'
+        values: '0+10x30'
+    promql_expr_test:
+      - expr: ALERTS{alertname="LoopguardServerErrors",alertstate="firing"}
+        eval_time: 20m
+        exp_samples:
+          - labels: 'ALERTS{alertname="LoopguardServerErrors",alertstate="firing",severity="critical"}'
+            value: 1
+EOF
+promtool test rules "$TMP/alerts-test.yml" >"$TMP/promtool-test.out" 2>&1 && ok || { bad "promtool test rules"; cat "$TMP/promtool-test.out"; }
 
 # A server with traffic: a stop, a budget, a refusal, latencies; its
 # gateway's upstream is down (port 9: nothing listens), so a model request
@@ -31,6 +99,11 @@ curl -s -XPUT -H 'Content-Type: application/json' "$url/v1/budgets/workspace:acm
 post /v1/budgets/reserve '{"scopes":["workspace:acme"],"amount_usd":0.8}'
 post /v1/budgets/reserve '{"scopes":["workspace:acme"],"amount_usd":0.8}'
 curl -s "$url/metrics" >"$TMP/metrics.txt"
+# the gateway's requests under their own route (the provider's 502 here, not
+# a failure of loopguard's: loopguard_gateway_failures_total stays 0)
+grep -qx 'loopguard_requests_total{route="gateway",code="502"} 1' "$TMP/metrics.txt" &&
+  grep -qx 'loopguard_gateway_failures_total 0' "$TMP/metrics.txt" && ok ||
+  bad "the gateway's request is not route=\"gateway\" code 502, or counted a failure: $(grep -E 'requests_total|failures_total' "$TMP/metrics.txt")"
 # Names in /metrics: every sample's, and a histogram's _bucket/_sum/_count.
 have=$( { grep -v '^#' "$TMP/metrics.txt" | grep -oE '^[a-zA-Z_:][a-zA-Z0-9_:]*'
           awk '$1=="#" && $2=="TYPE" {print $3; if ($4=="histogram") {print $3"_bucket"; print $3"_sum"; print $3"_count"}}' "$TMP/metrics.txt"; } | sort -u)

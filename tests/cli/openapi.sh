@@ -41,7 +41,9 @@ except Exception as e:  # the validator's own error
     bad.append("openapi-spec-validator: %s" % str(e).splitlines()[0])
 hdr = open(sys.argv[2]).read()
 m = re.search(r"#define LG__ROUTE_MAP\(XX\)(.*?)\n\n", hdr, re.S)
-table = set(re.findall(r'XX\(\s*\w+\s*,\s*"([a-z_]+)"\s*\)', m.group(1))) - {"other"}
+# (not the API's: "other", what no route took; "gateway", the model APIs the
+# gateway speaks, whose reference is docs/gateway.md and gateway-v1)
+table = set(re.findall(r'XX\(\s*\w+\s*,\s*"([a-z_]+)"\s*\)', m.group(1))) - {"other", "gateway"}
 if len(table) < 10: bad.append("could not read LG__ROUTE_MAP (%d routes)" % len(table))
 documented = set()
 for path, item in doc["paths"].items():

@@ -870,6 +870,11 @@ print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d 
     fail "the request_failed lines of 6 model calls with the store down: $(grep '"event":"request_failed"' "$TMP/outage.log")"
   # pg_ctl restart starts a stopped server with the options it last had (postmaster.opts)
   as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
+  # each counted (the alert LoopguardGatewayFailing's), and under the gateway's route
+  curl -s -H "Authorization: Bearer $OP" "$outage_URL/metrics" >"$TMP/outage.metrics"
+  grep -qx 'loopguard_gateway_failures_total 6' "$TMP/outage.metrics" &&
+    grep -qx 'loopguard_requests_total{route="gateway",code="500"} 6' "$TMP/outage.metrics" ||
+    fail "the 6 failed model calls in /metrics: $(grep -E 'failures_total|requests_total\{route="gateway"' "$TMP/outage.metrics")"
   # never charged: the reservation lapses at its TTL (6 s)
   cb=$(settled "$outage_URL")
   [ "$cb" = "[0, $charged]" ] || fail "after the failed settlement, [reserved, spent] $cb, not [0, $charged]"
