@@ -281,6 +281,12 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
 
 const char *lg__gw_api_prefix(const lg__gw_job_t *j) { return j->azure ? "/openai" : "/v1"; }
 
+void lg__gw_json_path(lg__buf_t *b, const lg__gw_job_t *j) {
+  char path[512];
+  snprintf(path, sizeof path, "%s%s", lg__gw_api_prefix(j), j->path ? j->path : "");
+  lg__buf_json_str_lossy(b, path, strlen(path)); /* the client's bytes */
+}
+
 int lg__gw_error_api(const char *url, const char *method, int anthropic_version) {
   return !strcmp(url, "/v1/messages") || (anthropic_version && !lg__gw_guards(url, method)) ? 2 : 1;
 }
@@ -2086,10 +2092,8 @@ static void log_failed(lg__gw_job_t *j, const char *msg) {
   atomic_fetch_add(&gw->failed, 1);
   if (!log_turn(&gw->fail_log_next, &gw->fail_log_left, &left)) return;
   lg__buf_t f = {0};
-  char path[512];
-  snprintf(path, sizeof path, "%s%s", lg__gw_api_prefix(j), j->path ? j->path : "");
   lg__buf_printf(&f, "\"route\":\"gateway\",\"kind\":\"%s\",\"path\":", kind_names[j->kind]);
-  lg__buf_json_str_lossy(&f, path, strlen(path)); /* the client's bytes */
+  lg__gw_json_path(&f, j);
   if (left) lg__buf_printf(&f, ",\"suppressed\":%llu", (unsigned long long)left);
   lg__buf_puts(&f, ",\"status\":500,\"message\":");
   lg__buf_json_str_lossy(&f, msg, strlen(msg));

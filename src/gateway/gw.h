@@ -511,6 +511,9 @@ void lg__gw_upstream_answer(lg__gw_job_t *j, lg__gw_http_t *x);
 /* What the gateway took off the front of j->path ("/v1", or Azure's
  * "/openai"): the request's own path is this and j->path. */
 const char *lg__gw_api_prefix(const lg__gw_job_t *j);
+/* The request's path (the prefix and j->path: the client's bytes) as a
+ * JSON string, for a log line. */
+void lg__gw_json_path(lg__buf_t *b, const lg__gw_job_t *j);
 /* An error in the API's shape as the job's answer: Anthropic's on an
  * Anthropic SDK's request (route LG__GW_ROUTE_ANTHROPIC), else OpenAI's.
  * A 500 (loopguard's own failure) is also a request_failed log line. */

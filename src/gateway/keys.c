@@ -493,10 +493,8 @@ void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status) {
   if (rc) { /* its reservation stops holding at its TTL: never charged */
     const char *m = e.message[0] ? e.message : lg_strerror(rc);
     lg__buf_t f = {0};
-    char path[512];
-    snprintf(path, sizeof path, "%s%s", lg__gw_api_prefix(j), j->path);
     lg__buf_printf(&f, "\"reservation_id\":\"%s\",\"path\":", j->pass_rsv);
-    lg__buf_json_str_lossy(&f, path, strlen(path)); /* the client's bytes */
+    lg__gw_json_path(&f, j);
     lg__buf_puts(&f, ",\"message\":");
     lg__buf_json_str_lossy(&f, m, strlen(m));
     if (!f.oom) lg__server_log(cx->srv, "warn", "settlement_failed", f.data);

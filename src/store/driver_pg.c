@@ -323,19 +323,13 @@ static int ensure(lg_store_t *s, lg_error_t *err) {
  * and tcp_user_timeout apply to TCP only (not a unix socket); PQreset
  * reconnects with the same. */
 static PGconn *connect_with_defaults(const char *conninfo) {
-  static const char *const dk[] = {"keepalives", "keepalives_idle", "keepalives_interval",
-                                   "keepalives_count", "tcp_user_timeout", "connect_timeout"};
-  static const char *const dv[] = {"1", "10", "5", "3", "30000", "10"};
-  const char *keys[8], *vals[8];
-  int n = 0;
-  for (int i = 0; i < 6; i++) {
-    if (!strcmp(dk[i], "connect_timeout") && getenv("PGCONNECT_TIMEOUT")) continue;
-    keys[n] = dk[i];
-    vals[n++] = dv[i];
-  }
-  keys[n] = "dbname"; /* expanded: the whole conninfo (key=value or a URI) */
-  vals[n++] = conninfo;
-  keys[n] = vals[n] = NULL;
+  static const char *const keys[] = {"keepalives", "keepalives_idle", "keepalives_interval",
+                                     "keepalives_count", "tcp_user_timeout", "connect_timeout",
+                                     "dbname", NULL};
+  /* a NULL value is skipped (libpq); dbname is expanded: the whole
+   * conninfo, key=value or a URI */
+  const char *const vals[] = {"1", "10", "5", "3", "30000", getenv("PGCONNECT_TIMEOUT") ? NULL : "10",
+                              conninfo, NULL};
   return PQconnectdbParams(keys, vals, 1);
 }
 

@@ -30,12 +30,11 @@ base="host=127.0.0.1 port=$port dbname=lg user=lg"
 # LOOPGUARD_STORE's) fails (exit 1, libpq's "timeout expired") after LOW to
 # HIGH seconds; at 60 s it is the kernel's bound, cut short (exit 124)
 try() {
-  local name=$1 low=$2 high=$3 t0 rc secs
+  local name=$1 low=$2 high=$3 t0=$SECONDS rc secs
   shift 3
-  t0=$(date +%s.%N)
   env "$@" timeout -k 5 60 "$LG_BIN" serve --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err"
   rc=$?
-  secs=$(python3 -c "import sys; print(int(float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$(date +%s.%N)")
+  secs=$((SECONDS - t0))
   [ "$rc" = 1 ] || fail "$name: serve exited $rc after $secs s, not 1 (124: still connecting at 60 s): $(cat "$TMP/$name.err")"
   grep_q 'cannot connect to PostgreSQL: .*timeout expired' "$TMP/$name.err" ||
     fail "$name: not libpq's timeout: $(cat "$TMP/$name.err")"

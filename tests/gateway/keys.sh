@@ -818,9 +818,6 @@ stop_server crash2
 
 if [ "${LG_TEST_STORE:-}" = postgres ]; then
   note "PostgreSQL stopped while an embeddings answer is on its way: the answer reaches the client, the failed settlement is logged, the reservation lapses at its TTL, and the server goes on once the store is back"
-  pgdir=$(echo "$LG_PG_URL" | sed -E 's/.*host=([^ ]*).*/\1/')
-  pgbin=${LG_PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
-  as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
   start_server outage "${crash_args[@]}" --log "$TMP/outage.log"
   curl -s -o "$TMP/outage.json" -H "Authorization: Bearer $CK" -H 'Content-Type: application/json' \
     -d '{"model":"embed-slow","input":"hello"}' "$outage_URL/v1/embeddings" &
@@ -832,7 +829,7 @@ if [ "${LG_TEST_STORE:-}" = postgres ]; then
     sleep 0.02
   done
   [ "$held" = true ] || fail "the slow embeddings request was never seen holding a reservation"
-  as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null || fail "pg_ctl stop"
+  "$LG_PG_CTL" -m fast -w stop >/dev/null || fail "pg_ctl stop"
   wait "$EMB"
   [ "$(get 'len(d["data"])' <"$TMP/outage.json")" = 1 ] || fail "the embeddings answer did not reach the client: $(cat "$TMP/outage.json")"
   for i in $(seq 50); do grep -q '"event":"settlement_failed"' "$TMP/outage.log" && break; sleep 0.1; done
@@ -869,7 +866,7 @@ ds = [json.loads(l) for l in sys.stdin]
 print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d in ds), ds[0]["path"], ds[0]["status"], "PostgreSQL" in ds[0]["message"]]))')" = '[true, 6, "/v1/chat/completions", 500, true]' ] ||
     fail "the request_failed lines of 6 model calls with the store down: $(grep '"event":"request_failed"' "$TMP/outage.log")"
   # pg_ctl restart starts a stopped server with the options it last had (postmaster.opts)
-  as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
+  "$LG_PG_CTL" -l "$LG_PG_DIR/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
   # each counted (the alert LoopguardGatewayFailing's), and under the gateway's route
   curl -s -H "Authorization: Bearer $OP" "$outage_URL/metrics" >"$TMP/outage.metrics"
   grep -qx 'loopguard_gateway_failures_total 6' "$TMP/outage.metrics" &&

@@ -12,10 +12,7 @@
 . "$(dirname "$0")/../cli/serve_lib.bash"
 [ "${LG_TEST_STORE:-}" = postgres ] && [ -n "${LG_PG_URL:-}" ] ||
   fail "run through tests/pg/with-postgres.sh with LG_TEST_STORE=postgres"
-pgdir=$(echo "$LG_PG_URL" | sed -E 's/.*host=([^ ]*).*/\1/')
-pgbin=${LG_PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
-as_pg() { "$@"; }
-[ "$(id -u)" = 0 ] && as_pg() { runuser -u postgres -- "$@"; }
+pgdir=${LG_PG_DIR:?run under tests/pg/with-postgres.sh}
 [ -d "$pgdir/data" ] || fail "no data folder under $pgdir"
 
 start_server A --store "$LG_PG_URL" ${LG_CRASH_SERVE_ARGS:-}
@@ -68,7 +65,7 @@ for i in $(seq 300); do
 done
 before=$(wc -l <"$TMP/acked.jsonl")
 [ "$before" -ge 100 ] || { touch "$TMP/stop"; fail "too little load before the crash ($before answers in 30 s): $(cat "$TMP/load.out")"; }
-as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -m immediate -w -t 60 \
+"$LG_PG_CTL" -m immediate -w -t 60 \
   -o "-k $pgdir -c listen_addresses= -c max_connections=60" restart >"$TMP/restart.log" 2>&1 ||
   { cat "$TMP/restart.log"; fail "pg_ctl restart failed"; }
 note "PostgreSQL restarted with $before answers acknowledged before"

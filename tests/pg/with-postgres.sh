@@ -16,6 +16,9 @@
 # otherwise the script prints SKIP loudly and exits 77, which CTest shows
 # as "Skipped" (SKIP_RETURN_CODE), never as passed.
 #
+# CMD also gets LG_PG_DIR (the folder), LG_PGBIN and LG_PG_CTL (pg-ctl.sh:
+# pg_ctl on this cluster as its user).
+#
 # Environment: LG_PGBIN (server binaries; default the newest
 # /usr/lib/postgresql/*/bin), LG_PG_FSYNC (on|off, default on: benchmarks
 # need real commits), LG_PG_KEEP=1 (keep the folder for a post-mortem),
@@ -136,6 +139,8 @@ if [ $templated = 0 ] && ! createdb_in "$dir"; then
 fi
 
 export LG_PG_URL="postgres:host=$dir dbname=lgtest user=$user"
+# for a test that stops or restarts its server: "$LG_PG_CTL" ARG... (pg-ctl.sh)
+export LG_PG_DIR="$dir" LG_PGBIN="$pgbin" LG_PG_CTL="$(cd "$(dirname "$0")" && pwd)/pg-ctl.sh"
 echo "with-postgres.sh: PostgreSQL $("$pgbin/postgres" -V | awk '{print $3}') at $dir" >&2
 "$@"
 rc=$?
