@@ -5,6 +5,7 @@
  * handles before the server's threads start (so they inherit the mask and
  * only this thread ever sees them), starts the server, prints where it
  * listens, and then waits for signals with sigwait():
+ *   (starting)       SIGTERM, SIGINT end the process at once;
  *   SIGHUP           reopen the log file (after rotation), reload --prices;
  *   SIGTERM, SIGINT  stop accepting, finish requests in flight (for at most
  *                    --drain seconds; a second signal cuts them at once),
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *serve_usage =
     "usage: loopguard serve [FLAGS]\n"
@@ -105,7 +107,8 @@ static const char *serve_notes =
     "to an hour), a batch of runs at a time [also $LOOPGUARD_RETAIN_RUNS].\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight (--drain), close the store and\n"
-    "exit 0; a second SIGTERM/SIGINT cuts the drain (exit 1). SIGHUP reopens the log\n"
+    "exit 0; a second SIGTERM/SIGINT cuts the drain (exit 1); before the server has\n"
+    "started (the store opening) they end it at once (exit 1). SIGHUP reopens the log\n"
     "and reloads --prices. Exit status: 0 success, 1 an error or requests cut,\n"
     "2 bad usage.\n";
 
@@ -147,20 +150,7 @@ static void keep_freed_memory(void) {
   mallopt(M_MMAP_THRESHOLD, 4 * 1024 * 1024);
 }
 
-/* ---- the drain at SIGTERM ---- */
-
-typedef struct shutdown_job {
-  lg_server_t *srv;
-  int drain_ms, rc;
-  _Atomic int done;
-} shutdown_job_t;
-
-static void *shutdown_main(void *p) {
-  shutdown_job_t *sj = p;
-  sj->rc = lg_server_shutdown(sj->srv, sj->drain_ms);
-  atomic_store(&sj->done, 1);
-  return NULL;
-}
+/* ---- work done while the signals are listened to ---- */
 
 static double mono_s(void) {
   struct timespec ts;
@@ -168,33 +158,90 @@ static double mono_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* lg_server_shutdown with a drain of drain_s, on a thread of its own, while
- * this one keeps listening to the signals (set): a second SIGTERM or
- * SIGINT cuts the drain (*cut = 1), and a drain still waiting after a
- * second says so on stderr, once. Its result. */
-static int drain_down(lg_server_t *srv, int drain_s, const sigset_t *set, int *cut) {
-  shutdown_job_t sj = {.srv = srv, .drain_ms = drain_s * 1000};
+typedef struct bg_job {
+  void (*run)(struct bg_job *);
+  lg_server_options_t *o; /* starting */
+  lg_error_t *err;
+  lg_server_t *srv;       /* the server started, or the one drained */
+  int drain_ms, rc;
+  _Atomic int done;
+} bg_job_t;
+
+static void *bg_main(void *p) {
+  bg_job_t *j = p;
+  j->run(j);
+  atomic_store(&j->done, 1);
+  return NULL;
+}
+
+/* Runs j->run on a thread of its own while this one takes the signals of
+ * set (blocked in every thread) as they come: tick(j, sig, seconds) is
+ * called at each, and every 50 ms with sig 0, with the seconds since the
+ * start. Returns once j->run has returned (at once, on this thread, when
+ * no thread can be made). */
+static void with_signals(bg_job_t *j, const sigset_t *set,
+                         void (*tick)(bg_job_t *, int, double, void *), void *ctx) {
   pthread_t th;
-  if (pthread_create(&th, NULL, shutdown_main, &sj)) return lg_server_shutdown(srv, sj.drain_ms);
+  if (pthread_create(&th, NULL, bg_main, j)) {
+    j->run(j);
+    return;
+  }
   double t0 = mono_s();
-  int told = 0;
-  while (!atomic_load(&sj.done)) {
-    struct timespec tick = {0, 50 * 1000000};
-    int sig = sigtimedwait(set, NULL, &tick);
-    if ((sig == SIGTERM || sig == SIGINT) && !*cut) {
-      *cut = 1;
-      lg_server_cut_drain(srv);
-    }
-    if (!told && !*cut && !atomic_load(&sj.done) && mono_s() - t0 >= 1.0) {
-      fprintf(stderr,
-              "loopguard: waiting up to %d s for the requests in flight to finish "
-              "(SIGTERM or Ctrl-C again cuts them)\n",
-              drain_s);
-      told = 1;
-    }
+  while (!atomic_load(&j->done)) {
+    struct timespec wait = {0, 50 * 1000000};
+    int sig = sigtimedwait(set, NULL, &wait);
+    if (!atomic_load(&j->done)) tick(j, sig > 0 ? sig : 0, mono_s() - t0, ctx);
   }
   pthread_join(th, NULL);
-  return sj.rc;
+}
+
+/* ---- the start ---- */
+
+static void start_run(bg_job_t *j) { j->srv = lg_server_start(j->o, j->err); }
+
+/* While the server starts (the store is opened: a PostgreSQL host that
+ * does not answer holds it for connect_timeout, a SQLite file another
+ * process locks for busy_timeout_ms), SIGTERM or Ctrl-C ends the process
+ * at once, as kill -9 would: nothing has been acknowledged yet, and a
+ * store is never left half-written by a kill. A start still going after
+ * two seconds says what it waits for, once. */
+static void start_tick(bg_job_t *j, int sig, double secs, void *ctx) {
+  int *told = ctx;
+  if (sig == SIGTERM || sig == SIGINT) {
+    fprintf(stderr, "loopguard: %s while starting: not started\n", sig == SIGINT ? "interrupted" : "terminated");
+    _exit(1);
+  }
+  if (!*told && secs >= 2.0) {
+    const char *u = j->o->store_url;
+    fprintf(stderr, "loopguard: still starting: opening the %sstore (Ctrl-C gives up)\n",
+            !strncmp(u, "postgres", 8) ? "PostgreSQL " : !strncmp(u, "sqlite:", 7) ? "SQLite " : "");
+    *told = 1;
+  }
+}
+
+/* ---- the drain at SIGTERM ---- */
+
+static void drain_run(bg_job_t *j) { j->rc = lg_server_shutdown(j->srv, j->drain_ms); }
+
+typedef struct drain_ctx {
+  int drain_s, cut, told;
+} drain_ctx_t;
+
+/* A second SIGTERM or SIGINT cuts the drain, and a drain still waiting
+ * after a second says so on stderr, once. */
+static void drain_tick(bg_job_t *j, int sig, double secs, void *ctx) {
+  drain_ctx_t *d = ctx;
+  if ((sig == SIGTERM || sig == SIGINT) && !d->cut) {
+    d->cut = 1;
+    lg_server_cut_drain(j->srv);
+  }
+  if (!d->told && !d->cut && secs >= 1.0) {
+    fprintf(stderr,
+            "loopguard: waiting up to %d s for the requests in flight to finish "
+            "(SIGTERM or Ctrl-C again cuts them)\n",
+            d->drain_s);
+    d->told = 1;
+  }
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -330,7 +377,10 @@ int cmd_serve(int argc, char **argv) {
 
   lg_error_t err;
   memset(&err, 0, sizeof err);
-  lg_server_t *srv = lg_server_start(&o, &err);
+  bg_job_t start = {.run = start_run, .o = &o, .err = &err};
+  int told = 0;
+  with_signals(&start, &set, start_tick, &told);
+  lg_server_t *srv = start.srv;
   if (!srv) {
     cli_error(&err);
     if (strstr(err.message, "in use"))
@@ -355,9 +405,11 @@ int cmd_serve(int argc, char **argv) {
     }
     break; /* SIGTERM, SIGINT */
   }
-  int cut = 0;
-  if (drain_down(srv, (int)drain_s, &set, &cut) == LG_EBUSY) {
-    if (cut) fprintf(stderr, "loopguard: a second signal: the requests still in flight were cut\n");
+  bg_job_t drain_job = {.run = drain_run, .srv = srv, .drain_ms = (int)drain_s * 1000};
+  drain_ctx_t d = {.drain_s = (int)drain_s};
+  with_signals(&drain_job, &set, drain_tick, &d);
+  if (drain_job.rc == LG_EBUSY) {
+    if (d.cut) fprintf(stderr, "loopguard: a second signal: the requests still in flight were cut\n");
     else fprintf(stderr, "loopguard: requests were still in flight after %lld s (--drain); they were cut\n", drain_s);
     rc = 1;
   }

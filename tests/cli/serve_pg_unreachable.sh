@@ -4,7 +4,9 @@
 # for the kernel's own bound (a connect retries its SYN for about two
 # minutes): the store's connection defaults (connect_timeout 10 s, TCP
 # keepalives, tcp_user_timeout; src/store/driver_pg.c), the URL's own
-# connect_timeout over them, and PGCONNECT_TIMEOUT over the default.
+# connect_timeout over them, and PGCONNECT_TIMEOUT over the default. While
+# it waits, it says so after two seconds, and SIGTERM or Ctrl-C (SIGINT)
+# ends it at once (cmd_serve.c, the start on a thread of its own).
 #
 # The host that does not answer: a listener on loopback whose accept queue
 # (listen backlog 0) is held full by one connection it never accepts, so
@@ -48,4 +50,30 @@ note "the URL's connect_timeout wins"
 try url 1 8 LOOPGUARD_STORE="postgres:$base connect_timeout=3"
 note "PGCONNECT_TIMEOUT wins over the default"
 try env 1 8 PGCONNECT_TIMEOUT=3 LOOPGUARD_STORE="postgres:$base"
+# stopped SIG AFTER: serve, sent SIG AFTER seconds into its connect, exits 1
+# within two seconds of it, saying it did not start (and, past two seconds,
+# what it was waiting for)
+stopped() {
+  local sig=$1 after=$2 t0 secs pid
+  t0=$SECONDS
+  LOOPGUARD_STORE="postgres:$base" "$LG_BIN" serve --listen 127.0.0.1:0 >"$TMP/$sig.out" 2>"$TMP/$sig.err" &
+  pid=$!
+  sleep "$after"
+  kill -"$sig" "$pid"
+  wait "$pid"
+  local rc=$?
+  secs=$((SECONDS - t0))
+  [ "$rc" = 1 ] || fail "$sig while connecting: exit $rc, not 1: $(cat "$TMP/$sig.err")"
+  [ "$secs" -le $((${after%.*} + 2)) ] || fail "$sig while connecting: exited after $secs s"
+  grep_q "while starting: not started" "$TMP/$sig.err" || fail "$sig: $(cat "$TMP/$sig.err")"
+  if [ "${after%.*}" -ge 3 ]; then
+    grep_q 'still starting: opening the PostgreSQL store (Ctrl-C gives up)' "$TMP/$sig.err" ||
+      fail "$sig: no word of the wait: $(cat "$TMP/$sig.err")"
+  else
+    ! grep_q 'still starting' "$TMP/$sig.err" || fail "$sig: the wait told before two seconds"
+  fi
+  note "$sig after $after s: exit 1 after $secs s: $(tr '\n' ' ' <"$TMP/$sig.err")"
+}
+stopped TERM 3
+stopped INT 1.5
 echo "PASS serve_pg_unreachable.sh"
