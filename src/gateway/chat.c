@@ -3586,10 +3586,14 @@ static int parse_request(chat_t *c) {
     lg__gw_error(j, 500, "server_error", NULL, "out of memory");
     return -1;
   }
-  if (!json_is_object(c->root)) {
+  if (!c->root) {
     lg__gw_error(j, 400, "invalid_request_error", "invalid_json",
-                 "the body is not a JSON object (line %d, column %d: %s)", je.line, je.column,
-                 c->root ? "not an object" : je.text);
+                 "the body is not a JSON object (line %d, column %d: %s)", je.line, je.column, je.text);
+    return -1;
+  }
+  if (!json_is_object(c->root)) { /* JSON, so je says nothing */
+    lg__gw_error(j, 400, "invalid_request_error", "invalid_json",
+                 "the body is not a JSON object: it is %s", lg__json_type_name(c->root));
     return -1;
   }
   c->messages = json_object_get(c->root, is_responses(c) ? "input" : "messages");

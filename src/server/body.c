@@ -211,22 +211,8 @@ const char *lg__body_unranged(void) {
   return NULL;
 }
 
-static const char *type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT: return "an object";
-  case JSON_ARRAY: return "an array";
-  case JSON_STRING: return "a string";
-  case JSON_INTEGER:
-  case JSON_REAL: return "a number";
-  case JSON_TRUE:
-  case JSON_FALSE: return "a boolean";
-  case JSON_NULL: return "null";
-  }
-  return "?";
-}
-
 static int wrong(lg_error_t *err, const char *name, const char *want, const json_t *v) {
-  return lg__err(err, LG_EINVAL, name, -1, "%s: expected %s, got %s", name, want, type_name(v));
+  return lg__err(err, LG_EINVAL, name, -1, "%s: expected %s, got %s", name, want, lg__json_type_name(v));
 }
 
 /* A whole number: an integer, or a real with no fraction that fits. */
@@ -475,7 +461,7 @@ int lg__body_parse(lg__body_kind_t kind, const char *text, size_t len, lg__body_
   }
   if (!json_is_object(root)) {
     int rc = lg__err(err, LG_EINVAL, "body", -1, "body: expected a JSON object, got %s",
-                     type_name(root));
+                     lg__json_type_name(root));
     json_decref(root);
     return rc;
   }

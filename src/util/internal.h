@@ -189,6 +189,10 @@ void lg__time_rfc3339(int64_t ms, char buf[32]);
 int lg__json_unknown_fields(const struct json_t *o, bool (*known)(const char *name, const void *ud),
                             const void *ud, const char *hint, lg_error_t *err);
 
+/* What JSON value v is, for an error message: "an object", "an array",
+ * "a string", "a number", "a boolean", "null". */
+const char *lg__json_type_name(const struct json_t *v);
+
 /* Fills err (when not NULL) and returns code. */
 int lg__err(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) __attribute__((format(printf, 5, 6)));

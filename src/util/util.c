@@ -766,6 +766,20 @@ static long jl_find(jline_t *j, const char *p, int depth) {
   return 0;
 }
 
+const char *lg__json_type_name(const json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: return "a string";
+  case JSON_INTEGER:
+  case JSON_REAL: return "a number";
+  case JSON_TRUE:
+  case JSON_FALSE: return "a boolean";
+  case JSON_NULL: return "null";
+  }
+  return "?";
+}
+
 int lg__json_unknown_fields(const json_t *o, bool (*known)(const char *name, const void *ud),
                             const void *ud, const char *hint, lg_error_t *err) {
   lg__buf_t names = {0};

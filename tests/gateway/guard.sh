@@ -533,6 +533,22 @@ for m in '"stream":null' '"max_tokens":null' '"n":null'; do
 done
 code=$(curl -s -H "Content-Type: application/json" -o "$TMP/e.json" -w '%{http_code}' -d '{"model":' "$g_URL/v1/responses")
 [ "$code" = 400 ] && [ "$(get 'd["error"]["type"], d["error"]["code"]' <"$TMP/e.json")" = '["invalid_request_error", "invalid_json"]' ] || fail "malformed responses: $code $(cat "$TMP/e.json")"
+# JSON that is not an object (an array; a scalar is refused by the reader
+# itself, at its line and column): what it is, on each API, and nothing
+# sent upstream (the message named a line and column until session 53: a
+# parse that succeeded leaves them unset, so they were another request's)
+for body in '[1,2]' '"x"'; do
+  for path in chat/completions messages responses; do
+    before=$(stats 'd["requests"]')
+    code=$(curl -s -H "Content-Type: application/json" -H 'anthropic-version: 2023-06-01' -o "$TMP/e.json" -w '%{http_code}' \
+      -d "$body" "$g_URL/v1/$path")
+    want="the body is not a JSON object: it is an array"
+    [ "$body" = '"x"' ] && want="the body is not a JSON object (line 1, column 3: '[' or '{' expected near '\"x\"')"
+    [ "$code" = 400 ] && [ "$(get 'd["error"]["message"]' <"$TMP/e.json")" = "$want" ] ||
+      fail "$body on $path: $code $(cat "$TMP/e.json")"
+    [ "$(stats 'd["requests"]')" = $((before + 1)) ] || fail "$body on $path: sent upstream" # (+ the look at stats)
+  done
+done
 # jansson's error quotes the bytes it stopped at, a byte at a time: after
 # a backslash, the first byte of "é" alone, not UTF-8; it is U+FFFD in the
 # 400, whose body stays strict JSON (before session 38 the byte was copied
