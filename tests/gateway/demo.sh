@@ -75,4 +75,5 @@ echo "$out" | grep >/dev/null "did not start: no such program" || fail "no binar
 out=$(demo --bogus 2>&1)
 [ $? = 2 ] || fail "an unknown argument: $out"
 echo "$out" | grep >/dev/null "unknown argument --bogus" || fail "an unknown argument: $out"
+fakes_clean
 echo "ok"

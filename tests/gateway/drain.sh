@@ -143,4 +143,5 @@ for v in 0 x 86401; do
   [ "$rc" = 2 ] && grep -q -- "--drain: expected a number from 1 to 86400, got '$v'" "$TMP/bad.out" ||
     fail "--drain $v: exit $rc: $(cat "$TMP/bad.out")"
 done
+fakes_clean
 echo "gateway drain: OK"

@@ -634,6 +634,25 @@ function download(res, n, cut) { // cut: the connection dropped half-way
   more();
 }
 
+// The members a provider requires before it looks at a conversation: a
+// model, a non-empty list of messages and, on Anthropic's Messages API, a
+// max_tokens of at least 1 (OpenAI's and Anthropic's words).
+function checkRequired(j, api) {
+  if (!j || typeof j !== 'object' || Array.isArray(j)) return 'the body must be a JSON object';
+  if (api === 'messages') {
+    if (typeof j.model !== 'string' || !j.model) return 'model: Field required';
+    if (!Number.isInteger(j.max_tokens)) return 'max_tokens: Field required';
+    if (j.max_tokens < 1) return 'max_tokens: Input should be greater than or equal to 1';
+    if (!Array.isArray(j.messages)) return 'messages: Field required';
+    if (!j.messages.length) return 'messages: at least one message is required';
+    return null;
+  }
+  if (typeof j.model !== 'string' || !j.model) return 'you must provide a model parameter';
+  if (!Array.isArray(j.messages)) return "Missing required parameter: 'messages'.";
+  if (!j.messages.length) return "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.";
+  return null;
+}
+
 // ---- Anthropic Messages ----
 
 // What the Messages API rejects: roles must alternate starting with user;
@@ -1378,7 +1397,7 @@ function route(req, res, body) {
       stats.bodies.push(j);
       if (stats.bodies.length > 50) stats.bodies.shift();
       const legacy = Array.isArray(j.functions);
-      const v = legacy ? checkLegacy(j) : check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j) || checkGroq(j);
+      const v = checkRequired(j, 'chat') || (legacy ? checkLegacy(j) : check(j.messages || []) || checkReasoningContent(j) || checkThoughtSignatures(j) || checkReasoningDetails(j) || checkGroq(j));
       if (v) {
         stats.violations.push(v);
         res.writeHead(400, { 'content-type': 'application/json' });
@@ -1419,7 +1438,7 @@ function route(req, res, body) {
       // a computer-use tool is a beta tool: refused without its beta named
       const beta = String(req.headers['anthropic-beta'] || '');
       const cu = (j.tools || []).find((t) => t && typeof t.type === 'string' && t.type.startsWith('computer_'));
-      const v = checkAnthropic(j.messages || []) || checkThinking(j) ||
+      const v = checkRequired(j, 'messages') || checkAnthropic(j.messages || []) || checkThinking(j) ||
         (cu && !/computer-use-/.test(beta) ? `tools.0: Input tag '${cu.type}' found using 'type' does not match any of the expected tags without the beta header computer-use` : null);
       if (v) {
         stats.violations.push(v);

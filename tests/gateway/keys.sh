@@ -887,4 +887,5 @@ fi
 stop_server gw
 [ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
 if [ -n "${gw2_PID:-}" ]; then stop_server gw2; [ "$gw2_RC" = 0 ] || fail "replica 2 exited $gw2_RC"; fi
+fakes_clean
 echo "PASS keys.sh"

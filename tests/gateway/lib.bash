@@ -33,6 +33,7 @@ HERE=$NODE_DIR
 
 # start_fake VAR: starts a fake upstream (one more: each has its own
 # stats) and sets VAR to its URL
+FAKES=()
 start_fake() {
   local port="$TMP/$1.port" i
   node "$HERE/fake-upstream.mjs" "$port" &
@@ -40,6 +41,18 @@ start_fake() {
   for i in $(seq 100); do [ -s "$port" ] && break; sleep 0.05; done
   [ -s "$port" ] || fail "the fake upstream $1 did not start"
   printf -v "$1" 'http://127.0.0.1:%s' "$(cat "$port")"
+  FAKES+=("${!1}")
+}
+# fakes_clean: no fake upstream of this test was ever sent what a provider
+# rejects (the issue's "the fake upstream never receives a conversation a
+# provider would reject, in any test"): every test calls it before it
+# passes, but mutate.sh, whose client sends such conversations on purpose
+fakes_clean() {
+  local u v
+  for u in "${FAKES[@]}"; do
+    v=$(jq_url "$u/stats" '"%d: %s" % (len(d["violations"]), json.dumps(d["violations"][:5])) if d["violations"] else ""')
+    [ -z "$v" ] || fail "the fake upstream $u was sent what a provider rejects ($v)"
+  done
 }
 start_fake FAKE
 # stats EXPR: EXPR over the fake upstream's /stats (what it was sent, its

@@ -211,4 +211,5 @@ curl -sf "$p_URL/healthz" >/dev/null || fail "the server stopped serving after a
 
 stop_server p
 [ "$p_RC" = 0 ] || fail "the server exited $p_RC: $(tail -5 "$TMP/p.err")"
+fakes_clean
 echo "PASS"

@@ -40,4 +40,5 @@ curl -sf "$r_URL/healthz" >/dev/null || fail "the server stopped serving"
 
 stop_server r
 [ "$r_RC" = 0 ] || fail "the server exited $r_RC: $(tail -5 "$TMP/r.err")"
+fakes_clean
 echo "PASS"

@@ -188,4 +188,5 @@ for s in untrusted gw env dir px pp np sp spf; do
   rc_var="${s}_RC"
   [ "${!rc_var}" = 0 ] || fail "server $s exited ${!rc_var} (under ASan: a leak or an error): $(tail -5 "$TMP/$s.err")"
 done
+fakes_clean
 echo "gateway tls: OK"
