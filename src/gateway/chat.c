@@ -1992,15 +1992,17 @@ static void prev_fetch(chat_t *c) {
     return;
   }
   if (!is_responses(c) || !c->prev_id) return;
+  /* (d is read once, then tested: jansson's json_is_* name their argument
+   * twice, so a call inside one is made twice and its first value lost) */
   json_t *d = NULL;
   if (!strncmp(c->prev_id, "resp_lg", 7)) {
-    if (!json_object_get(r->own, c->prev_id) && json_is_object(d = kept_data(c, "own", c->prev_id)))
+    if (!json_object_get(r->own, c->prev_id) && (d = kept_data(c, "own", c->prev_id)) && json_is_object(d))
       own_keep(r, c->prev_id, json_deep_copy(d)); /* out of the reader's chunks: the run keeps it */
   } else {
     char *k = id_key("resp", c->prev_id); /* answered here: what it restored is in memory */
     int here = k && lg__gw_key_names(c->cx->gw, k, r);
     lg__free(k);
-    if (!here && json_is_array(d = kept_data(c, "rs", c->prev_id))) c->prev_answers = json_incref(d);
+    if (!here && (d = kept_data(c, "rs", c->prev_id)) && json_is_array(d)) c->prev_answers = json_incref(d);
   }
   json_decref(d);
 }
@@ -2756,7 +2758,8 @@ static void sign_first(json_t *calls) {
   json_t *cp = json_deep_copy(tc), *ec = json_object_get(cp, "extra_content"), *g;
   if (!cp) return; /* out of memory: the step goes unsigned, the provider says so */
   if (!json_is_object(ec)) json_object_set_new(cp, "extra_content", ec = json_object());
-  if (!json_is_object(g = json_object_get(ec, "google"))) json_object_set_new(ec, "google", g = json_object());
+  g = json_object_get(ec, "google");
+  if (!json_is_object(g)) json_object_set_new(ec, "google", g = json_object());
   json_object_set_new(g, "thought_signature", json_string("skip_thought_signature_validator"));
   json_array_set_new(calls, 0, cp);
 }
