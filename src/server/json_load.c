@@ -436,7 +436,7 @@ static json_t *value(fparse_t *f, int depth) {
 /* The value of s (an object or an array, or with any, any value). */
 static json_t *load_fast(const char *s, size_t n, size_t flags, size_t *reals, int any, const char *lazy,
                          lg__json_lazy_t *lz) {
-  fparse_t f = {(const unsigned char *)s, (const unsigned char *)s + n, {0}, 0,
+  fparse_t f = {(const unsigned char *)s, s ? (const unsigned char *)s + n : NULL, {0}, 0, /* NULL + 0 is undefined */
                 (flags & JSON_REJECT_DUPLICATES) != 0, 0, lazy, lz, NULL, 0, {0, 0}, 0};
   json_t *v = NULL;
   if (s) {

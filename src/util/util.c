@@ -792,7 +792,7 @@ int lg__json_unknown_fields(const json_t *o, bool (*known)(const char *name, con
     if (n++) lg__buf_puts(&names, ", ");
     size_t at = names.len;
     if (!*k) lg__buf_puts(&names, "\"\"");
-    for (size_t i = 0; k[i] && i < 64; i++) lg__buf_putc(&names, (unsigned char)k[i] < 0x20 ? '?' : k[i]);
+    for (size_t i = 0; i < 64 && k[i]; i++) lg__buf_putc(&names, (unsigned char)k[i] < 0x20 ? '?' : k[i]);
     if (n == 1 && names.data)
       snprintf(first, sizeof first, "%.*s", (int)(names.len - at), names.data + at);
   }
