@@ -636,7 +636,8 @@ function download(res, n, cut) { // cut: the connection dropped half-way
 
 // The members a provider requires before it looks at a conversation: a
 // model, a non-empty list of messages and, on Anthropic's Messages API, a
-// max_tokens of at least 1 (OpenAI's and Anthropic's words).
+// max_tokens of at least 1 (OpenAI's and Anthropic's words; Responses: a
+// model, in replyResponses).
 function checkRequired(j, api) {
   if (!j || typeof j !== 'object' || Array.isArray(j)) return 'the body must be a JSON object';
   if (api === 'messages') {
@@ -903,6 +904,11 @@ function createConversation(res, j) {
 }
 
 function replyResponses(res, req) {
+  if (!req || typeof req !== 'object' || Array.isArray(req) || typeof req.model !== 'string' || !req.model) {
+    const v = "Missing required parameter: 'model'.";
+    stats.violations.push(v);
+    return openaiError(res, 400, v, 'model');
+  }
   let conv = [];
   const convId = typeof req.conversation === 'string' ? req.conversation : req.conversation && req.conversation.id;
   if (req.conversation !== undefined && req.conversation !== null) {
