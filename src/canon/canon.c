@@ -298,7 +298,8 @@ static void shortest_digits(double v, char *d, int *k, int *n) {
       }
     } else { /* one unit down, with borrow */
       while (j >= 0 && nd[j] == '0') nd[j--] = '9';
-      nd[j]--; /* j >= 0: d[0] is never '0' */
+      if (j < 0) continue; /* never: d[0] is not '0' */
+      nd[j]--;
       if (nd[0] == '0') continue; /* that is a shorter form, tried before */
     }
     if (read_back(nd, kk, ne) == a) {
@@ -499,10 +500,10 @@ static int32_t next_unit(const unsigned char *s, size_t n, size_t *i,
     case 'r': return '\r';
     case 't': return '\t';
     case 'u': {
-      int32_t v = 0;
-      for (int k = 0; k < 4; k++) v = (v << 4) | lg__hexval(s[*i + (size_t)k]);
+      uint32_t v = 0; /* canonical text: four hex digits */
+      for (int k = 0; k < 4; k++) v = (v << 4) | (uint32_t)lg__hexval(s[*i + (size_t)k]);
       *i += 4;
-      return v;
+      return (int32_t)(v & 0xFFFF);
     }
     default: return e; /* '"' or '\\' */
     }

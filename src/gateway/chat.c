@@ -1155,7 +1155,7 @@ static json_t *with_note(chat_t *c, json_t *m, const char *note) {
   json_t *m2 = json_deep_copy(m);
   if (!m2) return json_incref(m);
   const char *ty = is_responses(c) ? sget(m2, "type") : NULL;
-  const lg__gwr_kind_t *k = lg__gwr_kind(ty);
+  const lg__gwr_kind_t *k = ty ? lg__gwr_kind(ty) : NULL;
   if (k && strcmp(ty, k->output)) k = NULL; /* an output item's kind, or none */
   json_t *out = json_object_get(m2, "output");
   if (k && k->out == LG__OUT_CHUNKS && json_array_size(out))
@@ -2956,7 +2956,7 @@ static const char *prepare_call(chat_t *c, size_t *blen, model_out_t *mo, char *
  * deployment its path names, whatever the body's model says, so the
  * escalation's model is the deployment asked for. */
 static const char *call_path(chat_t *c) {
-  const char *p = c->j->path, *rest = p;
+  const char *p = c->j->path, *rest = NULL;
   if (!c->j->azure || !c->esc_model || strncmp(p, "/deployments/", 13) || !(rest = strchr(p + 13, '/')))
     return p;
   lg__buf_t b = {0};

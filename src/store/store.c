@@ -494,7 +494,7 @@ static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, l
     rc = fn(ud, s, found ? &rec : born->rec);
     s->in_with_run = 0;
     if (rc && err && !err->code) lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
-    if (!rc && s->born) rc = lg__store_run_put_events(s, born->rec, NULL, 0, err); /* fn saved nothing */
+    if (!rc && s->born) rc = lg__store_run_put_events(s, s->born->rec, NULL, 0, err); /* fn saved nothing */
     s->born = NULL;
     if (!rc) rc = lg__store_fault_at(s, "with_run.before_commit", err);
     if (rc && born) born->created = 0; /* undone: below, or with the batch */

@@ -625,7 +625,7 @@ static void err_format(char *out, size_t cap, const char *fmt, va_list ap) {
   out[at < cap ? at : cap - 1] = 0;
 }
 
-int lg__err(lg_error_t *err, int code, const char *field, long offset,
+int (lg__err)(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) {
   if (!err) return code;
   err->code = code;
