@@ -4,8 +4,8 @@
 #   start_server NAME ARGS...   starts `loopguard serve --listen 127.0.0.1:0
 #                               ARGS...` in the background, waits for its
 #                               banner, and sets NAME_URL, NAME_PID, NAME_OUT
-#   stop_server NAME [any]      SIGTERM, then waits (exit status in NAME_RC);
-#                               fails when it is not 0, unless told "any"
+#   stop_server NAME            SIGTERM, then waits (exit status in NAME_RC);
+#                               fails when it is not 0
 #   jq_py EXPR                  evaluates a Python expression over the JSON
 #                               on stdin (bound to `d`; json and sys at hand,
 #                               not the caller's environment: one python
@@ -105,7 +105,7 @@ start_server() { # NAME ARGS...
   printf -v "${name}_OUT" '%s' "$out"
 }
 
-stop_server() { # NAME [any]
+stop_server() { # NAME
   local pid_var="${1}_PID"
   local pid=${!pid_var}
   kill -TERM "$pid" 2>/dev/null
@@ -116,7 +116,7 @@ stop_server() { # NAME [any]
   # is an error, or under ASan a leak or another sanitizer's report at exit
   # (fail prints it from NAME.err). Until session 53 most tests did not
   # look, and a leak in the gateway's replicas went unseen.
-  [ "$rc" = 0 ] || [ "${2:-}" = any ] || fail "server $1 exited $rc at SIGTERM, not 0 (under ASan: a leak or a sanitizer's report)"
+  [ "$rc" = 0 ] || fail "server $1 exited $rc at SIGTERM, not 0 (under ASan: a leak or a sanitizer's report)"
 }
 
 # ask_helper PORTFILE SEND [ARGS...]: one request to a helper process of
