@@ -159,45 +159,53 @@ static double mono_s(void) {
 }
 
 typedef struct bg_job {
-  void (*run)(struct bg_job *);
-  lg_server_options_t *o; /* starting */
-  lg_error_t *err;
-  lg_server_t *srv;       /* the server started, or the one drained */
-  int drain_ms, rc;
+  void (*run)(void *);
+  void *ctx;
   _Atomic int done;
 } bg_job_t;
 
 static void *bg_main(void *p) {
   bg_job_t *j = p;
-  j->run(j);
+  j->run(j->ctx);
   atomic_store(&j->done, 1);
   return NULL;
 }
 
-/* Runs j->run on a thread of its own while this one takes the signals of
- * set (blocked in every thread) as they come: tick(j, sig, seconds) is
- * called at each, and every 50 ms with sig 0, with the seconds since the
- * start. Returns once j->run has returned (at once, on this thread, when
- * no thread can be made). */
-static void with_signals(bg_job_t *j, const sigset_t *set,
-                         void (*tick)(bg_job_t *, int, double, void *), void *ctx) {
+/* Runs run(ctx) on a thread of its own while this one takes the signals
+ * of set (blocked in every thread) as they come: tick(ctx, sig, seconds)
+ * is called at each, and every 50 ms with sig 0, with the seconds since
+ * the start. Returns once run has returned (at once, on this thread,
+ * when no thread can be made). */
+static void with_signals(void (*run)(void *), void (*tick)(void *, int, double), void *ctx,
+                         const sigset_t *set) {
+  bg_job_t j = {.run = run, .ctx = ctx};
   pthread_t th;
-  if (pthread_create(&th, NULL, bg_main, j)) {
-    j->run(j);
+  if (pthread_create(&th, NULL, bg_main, &j)) {
+    run(ctx);
     return;
   }
   double t0 = mono_s();
-  while (!atomic_load(&j->done)) {
+  while (!atomic_load(&j.done)) {
     struct timespec wait = {0, 50 * 1000000};
     int sig = sigtimedwait(set, NULL, &wait);
-    if (!atomic_load(&j->done)) tick(j, sig > 0 ? sig : 0, mono_s() - t0, ctx);
+    if (!atomic_load(&j.done)) tick(ctx, sig > 0 ? sig : 0, mono_s() - t0);
   }
   pthread_join(th, NULL);
 }
 
 /* ---- the start ---- */
 
-static void start_run(bg_job_t *j) { j->srv = lg_server_start(j->o, j->err); }
+typedef struct start_ctx {
+  const lg_server_options_t *o;
+  lg_error_t *err;
+  lg_server_t *srv; /* out: the server started, or NULL (err) */
+  int told;
+} start_ctx_t;
+
+static void start_run(void *ctx) {
+  start_ctx_t *st = ctx;
+  st->srv = lg_server_start(st->o, st->err);
+}
 
 /* While the server starts (the store is opened: a PostgreSQL host that
  * does not answer holds it for connect_timeout, a SQLite file another
@@ -205,35 +213,39 @@ static void start_run(bg_job_t *j) { j->srv = lg_server_start(j->o, j->err); }
  * at once, as kill -9 would: nothing has been acknowledged yet, and a
  * store is never left half-written by a kill. A start still going after
  * two seconds says what it waits for, once. */
-static void start_tick(bg_job_t *j, int sig, double secs, void *ctx) {
-  int *told = ctx;
+static void start_tick(void *ctx, int sig, double secs) {
+  start_ctx_t *st = ctx;
   if (sig == SIGTERM || sig == SIGINT) {
     fprintf(stderr, "loopguard: %s while starting: not started\n", sig == SIGINT ? "interrupted" : "terminated");
     _exit(1);
   }
-  if (!*told && secs >= 2.0) {
-    const char *u = j->o->store_url;
+  if (!st->told && secs >= 2.0) {
+    const char *u = st->o->store_url;
     fprintf(stderr, "loopguard: still starting: opening the %sstore (Ctrl-C gives up)\n",
             !strncmp(u, "postgres", 8) ? "PostgreSQL " : !strncmp(u, "sqlite:", 7) ? "SQLite " : "");
-    *told = 1;
+    st->told = 1;
   }
 }
 
 /* ---- the drain at SIGTERM ---- */
 
-static void drain_run(bg_job_t *j) { j->rc = lg_server_shutdown(j->srv, j->drain_ms); }
-
 typedef struct drain_ctx {
-  int drain_s, cut, told;
+  lg_server_t *srv;
+  int drain_s, rc, cut, told;
 } drain_ctx_t;
+
+static void drain_run(void *ctx) {
+  drain_ctx_t *d = ctx;
+  d->rc = lg_server_shutdown(d->srv, d->drain_s * 1000);
+}
 
 /* A second SIGTERM or SIGINT cuts the drain, and a drain still waiting
  * after a second says so on stderr, once. */
-static void drain_tick(bg_job_t *j, int sig, double secs, void *ctx) {
+static void drain_tick(void *ctx, int sig, double secs) {
   drain_ctx_t *d = ctx;
   if ((sig == SIGTERM || sig == SIGINT) && !d->cut) {
     d->cut = 1;
-    lg_server_cut_drain(j->srv);
+    lg_server_cut_drain(d->srv);
   }
   if (!d->told && !d->cut && secs >= 1.0) {
     fprintf(stderr,
@@ -377,10 +389,9 @@ int cmd_serve(int argc, char **argv) {
 
   lg_error_t err;
   memset(&err, 0, sizeof err);
-  bg_job_t start = {.run = start_run, .o = &o, .err = &err};
-  int told = 0;
-  with_signals(&start, &set, start_tick, &told);
-  lg_server_t *srv = start.srv;
+  start_ctx_t st = {.o = &o, .err = &err};
+  with_signals(start_run, start_tick, &st, &set);
+  lg_server_t *srv = st.srv;
   if (!srv) {
     cli_error(&err);
     if (strstr(err.message, "in use"))
@@ -405,10 +416,9 @@ int cmd_serve(int argc, char **argv) {
     }
     break; /* SIGTERM, SIGINT */
   }
-  bg_job_t drain_job = {.run = drain_run, .srv = srv, .drain_ms = (int)drain_s * 1000};
-  drain_ctx_t d = {.drain_s = (int)drain_s};
-  with_signals(&drain_job, &set, drain_tick, &d);
-  if (drain_job.rc == LG_EBUSY) {
+  drain_ctx_t d = {.srv = srv, .drain_s = (int)drain_s};
+  with_signals(drain_run, drain_tick, &d, &set);
+  if (d.rc == LG_EBUSY) {
     if (d.cut) fprintf(stderr, "loopguard: a second signal: the requests still in flight were cut\n");
     else fprintf(stderr, "loopguard: requests were still in flight after %lld s (--drain); they were cut\n", drain_s);
     rc = 1;
