@@ -2122,8 +2122,7 @@ static void model_error(chat_t *c, int rc, const lg__step_t *st, const lg_error_
                                                  it was (keys.c: metadata, Retry-After) */
     lg__gw_keys_refusal(c->cx, c->j, &st->refusal, NULL);
   } else {
-    lg__gw_error(c->j, 500, "server_error", NULL, "loopguard could not decide on this model call: %s",
-                 e->message[0] ? e->message : lg_strerror(rc));
+    lg__gw_failed(c->j, NULL, "decide on this model call", e, rc);
   }
 }
 
@@ -3681,8 +3680,7 @@ static int find_run(chat_t *c) {
                         &c->run_made, &e);
   lg__free(key);
   if (!c->r) {
-    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not create the run: %s",
-                 e.message[0] ? e.message : lg_strerror(e.code));
+    lg__gw_failed(j, NULL, "create the run", &e, e.code);
     return -1;
   }
   snprintf(j->run_id, sizeof j->run_id, "%s", c->r->id);

@@ -266,6 +266,16 @@ void lg__gw_error_body(lg__buf_t *b, int anthropic, int status, const char *type
 
 static void log_failed(lg__gw_job_t *j, const char *msg);
 
+/* The job's error answer, and a 500's log line (`logged`: what the log
+ * says, the detail the answer leaves out). */
+static void answer_error(lg__gw_job_t *j, int status, const char *type, const char *code,
+                         const char *msg, const char *logged) {
+  j->status = status;
+  snprintf(j->ctype, sizeof j->ctype, "application/json");
+  lg__gw_error_body(&j->out, j->route == LG__GW_ROUTE_ANTHROPIC, status, type, code, NULL, msg);
+  if (status == 500) log_failed(j, logged); /* loopguard's own failure (the store, memory) */
+}
+
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) {
   char msg[1024];
@@ -273,10 +283,16 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  j->status = status;
-  snprintf(j->ctype, sizeof j->ctype, "application/json");
-  lg__gw_error_body(&j->out, j->route == LG__GW_ROUTE_ANTHROPIC, status, type, code, NULL, msg);
-  if (status == 500) log_failed(j, msg); /* loopguard's own failure (the store, memory) */
+  answer_error(j, status, type, code, msg, msg);
+}
+
+void lg__gw_failed(lg__gw_job_t *j, const char *code, const char *doing, const lg_error_t *e,
+                   int rc) {
+  char buf[600], msg[1024], logged[1024];
+  const char *pre = doing ? "loopguard could not " : "loopguard";
+  snprintf(msg, sizeof msg, "%s%s: %s", pre, doing ? doing : "", lg__error_public(e, rc, buf, sizeof buf));
+  snprintf(logged, sizeof logged, "%s%s: %s", pre, doing ? doing : "", lg__error_text(e, rc));
+  answer_error(j, 500, "server_error", code, msg, logged);
 }
 
 const char *lg__gw_api_prefix(const lg__gw_job_t *j) { return j->azure ? "/openai" : "/v1"; }
@@ -1543,7 +1559,7 @@ static void key_store(lg__gw_ctx_t *cx, const char *key, const char *run_id, con
   lg__buf_puts(&f, "\"run_id\":");
   lg__buf_json_str(&f, run_id, strlen(run_id));
   lg__buf_puts(&f, ",\"message\":");
-  const char *m = e.message[0] ? e.message : lg_strerror(e.code);
+  const char *m = lg__error_text(&e, e.code);
   lg__buf_json_str_lossy(&f, m, strlen(m));
   if (!f.oom) lg__server_log(cx->srv, "warn", "conversation_key_not_stored", f.data);
   lg__buf_free(&f);

@@ -519,6 +519,12 @@ void lg__gw_json_path(lg__buf_t *b, const lg__gw_job_t *j);
  * A 500 (loopguard's own failure) is also a request_failed log line. */
 void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* loopguard's own failure as the job's answer: 500 "loopguard could not
+ * DOING: the error" ("loopguard: the error" without DOING), with `code`
+ * (or null). The answer leaves out what only the operator should read (a
+ * store's host or path, lg__error_public); the log line has it. */
+void lg__gw_failed(lg__gw_job_t *j, const char *code, const char *doing, const lg_error_t *e,
+                   int rc);
 
 /* ---- chat.c ---- */
 void lg__gw_chat(lg__gw_ctx_t *cx);

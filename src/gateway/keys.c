@@ -106,8 +106,7 @@ static int use_byok(lg__gw_ctx_t *cx, size_t ui) {
   lg_store_t *s = lg__gw_store(cx, &e);
   int rc = s ? lg__key_byok(s, j->key, up->name, &j->provider_key, &e) : LG_ESTORE;
   if (rc) {
-    lg__gw_error(j, 500, "server_error", "byok_unavailable", "loopguard: %s",
-                 e.message[0] ? e.message : lg_strerror(rc));
+    lg__gw_failed(j, "byok_unavailable", NULL, &e, rc);
     return 1;
   }
   j->key_byok = j->provider_key != NULL;
@@ -201,8 +200,7 @@ static int check_key_secret(lg__gw_ctx_t *cx, const char *xkey) {
   if (rc) {
     if (row) lg__key_row_clear(row);
     lg__free(row);
-    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not check the key: %s",
-                 e.message[0] ? e.message : lg_strerror(rc));
+    lg__gw_failed(j, NULL, "check the key", &e, rc);
     return 1;
   }
   j->key = row;
@@ -340,8 +338,7 @@ static int pass_unpriced(lg__gw_ctx_t *cx) {
   scope_set_t ss;
   int rc = s ? key_scopes(s, j, lg__server_now(cx->srv), &ss, &e) : LG_ESTORE;
   if (rc) {
-    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not read the key's budgets: %s",
-                 e.message[0] ? e.message : lg_strerror(rc));
+    lg__gw_failed(j, NULL, "read the key's budgets", &e, rc);
     return 1;
   }
   /* the key's scope is kept for its usage even without a limit */
@@ -444,8 +441,7 @@ static int pass_embeddings(lg__gw_ctx_t *cx) {
     return 1;
   }
   if (rc) {
-    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not reserve the request's cost: %s",
-                 e.message[0] ? e.message : lg_strerror(rc));
+    lg__gw_failed(j, NULL, "reserve the request's cost", &e, rc);
     return 1;
   }
   if (ss.n) {
@@ -491,7 +487,7 @@ void lg__gw_keys_pass_settle(lg__gw_ctx_t *cx, int sent, int status) {
              : LG_ESTORE;
   lg_prices_free(p);
   if (rc) { /* its reservation stops holding at its TTL: never charged */
-    const char *m = e.message[0] ? e.message : lg_strerror(rc);
+    const char *m = lg__error_text(&e, rc);
     lg__buf_t f = {0};
     lg__buf_printf(&f, "\"reservation_id\":\"%s\",\"path\":", j->pass_rsv);
     lg__gw_json_path(&f, j);
@@ -575,8 +571,7 @@ int lg__gw_keys_model(lg__gw_ctx_t *cx, json_t *root, const char *model,
   for (size_t i = 0; !rc && i < ss.n; i++)
     if (!(j->key_scopes[j->nkey_scopes++] = lg__strdup(ss.v[i]))) rc = LG_ENOMEM;
   if (rc) {
-    lg__gw_error(j, 500, "server_error", NULL, "loopguard could not set the key's budgets: %s",
-                 e.message[0] ? e.message : lg_strerror(rc));
+    lg__gw_failed(j, NULL, "set the key's budgets", &e, rc);
     return 1;
   }
   lg_prices_t *p = lg_price_book_get(cx->srv->prices);

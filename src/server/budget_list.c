@@ -43,9 +43,7 @@ void lg__h_budget_list(lg__req_t *rq) {
     if (x.oom) rc = LG_ENOMEM;
   }
   if (rc) {
-    char buf[1024];
-    lg__req_error(rq, 500, "internal", NULL, "listing the budgets: %s (nothing was changed)",
-                  e.message[0] ? lg_error_format(&e, buf, sizeof buf) : lg_strerror(rc));
+    lg__req_store_error(rq, rc, &e, "listing the budgets");
     return;
   }
   lg__buf_puts(&rq->out, "]}");

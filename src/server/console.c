@@ -82,7 +82,7 @@ void lg__h_regression(lg__req_t *rq) {
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(rq->srv, &e);
   if (!w) {
-    lg__req_error(rq, 500, "internal", NULL, "the store cannot be opened: %s", e.message);
+    lg__req_store_error(rq, e.code ? e.code : LG_ESTORE, &e, "the store cannot be opened");
     return;
   }
   char *trace = NULL, *test = NULL;
@@ -92,7 +92,12 @@ void lg__h_regression(lg__req_t *rq) {
     lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", id);
     return;
   }
-  if (!rc) rc = lg_expect_trace(id, trace, len, NULL, &test, &tlen, &e);
+  if (rc) { /* the store's failure, not the trace's */
+    lg__free(trace);
+    lg__req_store_error(rq, rc, &e, "reading the run's trace");
+    return;
+  }
+  rc = lg_expect_trace(id, trace, len, NULL, &test, &tlen, &e);
   lg__free(trace);
   if (rc) {
     char buf[1024];

@@ -72,8 +72,10 @@ static int parse(lg__req_t *rq, lg__body_kind_t kind, lg__body_t *b) {
   return rc;
 }
 
-/* Logs an internal error (the client gets a 500 with the same text). */
-static void log_error(lg_server_t *srv, const lg__req_t *rq, const lg_error_t *e, int rc) {
+/* Logs an internal error: the request_failed line has the whole detail,
+ * the store's URL or path included (the client's 500 has not: that is for
+ * the operator, lg__req_store_error). */
+static void log_failure(lg_server_t *srv, const lg__req_t *rq, const lg_error_t *e, int rc) {
   lg__buf_t f = {0};
   char buf[1024];
   lg__buf_puts(&f, "\"route\":");
@@ -88,16 +90,18 @@ static void log_error(lg_server_t *srv, const lg__req_t *rq, const lg_error_t *e
   lg__buf_free(&f);
 }
 
-/* Answers a store error: what was asked was not done (nothing stored). */
-static int store_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *what) {
-  char buf[1024];
-  const char *msg = e && e->message[0] ? lg_error_format(e, buf, sizeof buf) : lg_strerror(rc);
+/* Answers a store error: what was asked was not done (nothing stored).
+ * The answer says what failed in the store's own words, never where (the
+ * store's URL or file: the log line has it). */
+int lg__req_store_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *what) {
+  char buf[600];
+  const char *msg = lg__error_public(e, rc, buf, sizeof buf);
   switch (rc) {
   case LG_ENOTFOUND: return lg__req_error(rq, 404, "not_found", NULL, "%s: %s", what, msg);
   case LG_ECONFLICT: return lg__req_error(rq, 409, "conflict", NULL, "%s: %s", what, msg);
   case LG_EINVAL: return lg__req_error(rq, 400, "invalid_request", e ? e->field : NULL, "%s", msg);
   default:
-    log_error(rq->srv, rq, e, rc);
+    log_failure(rq->srv, rq, e, rc);
     return lg__req_error(rq, 500, "internal", NULL,
                          "%s: %s (nothing was decided or stored; it is safe to retry)", what,
                          rc == LG_EBUSY ? "the store was busy" : msg);
@@ -107,7 +111,7 @@ static int store_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *w
 static lg__worker_t *worker(lg__req_t *rq) {
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(rq->srv, &e);
-  if (!w) store_error(rq, e.code ? e.code : LG_ESTORE, &e, "the store cannot be opened");
+  if (!w) lg__req_store_error(rq, e.code ? e.code : LG_ESTORE, &e, "the store cannot be opened");
   return w;
 }
 
@@ -213,7 +217,7 @@ static int write_call(void *ud, lg_store_t *s, lg_error_t *err) {
 static void write_finish(lg__req_t *rq) {
   write_job_t *wj = (write_job_t *)rq->job;
   rq->job = NULL;
-  if (wj->job.rc) store_error(rq, wj->job.rc, &wj->job.err, wj->k->doing); /* nothing stored */
+  if (wj->job.rc) lg__req_store_error(rq, wj->job.rc, &wj->job.err, wj->k->doing); /* nothing stored */
   else wj->k->answer(rq, wj, wj->rc, &wj->job.err);
   write_job_free(wj);
 }
@@ -353,7 +357,7 @@ static void create_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
                   rc == LG_ENOTFOUND ? "not_found" : "invalid_request", "scopes", "scopes: %s",
                   e->message);
   } else if (!cj->checked) {
-    store_error(rq, rc, e, "checking the scopes");
+    lg__req_store_error(rq, rc, e, "checking the scopes");
   } else if (rc == LG_ECONFLICT && cj->same) {
     /* Already there, from the same body: a client's retry. */
     run_created_answer(rq, cj->run_id, wj->b.group, cj->pjson, 200);
@@ -363,7 +367,7 @@ static void create_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
                   "progress_version",
                   cj->run_id);
   } else {
-    store_error(rq, rc, e, wj->k->doing);
+    lg__req_store_error(rq, rc, e, wj->k->doing);
   }
 }
 
@@ -398,7 +402,7 @@ static lg__worker_t *read_run(lg__req_t *rq, lg_run_record_t *rec) {
   lg_error_t e = {0};
   int rc = lg_store_run_get(w->store, rq->id, rec, &e);
   if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no run \"%s\"", rq->id);
-  else if (rc) store_error(rq, rc, &e, "reading the run");
+  else if (rc) lg__req_store_error(rq, rc, &e, "reading the run");
   return rc ? NULL : w;
 }
 
@@ -515,7 +519,7 @@ void lg__h_run_list(lg__req_t *rq) {
   lg__buf_puts(&rq->out, "{\"runs\":[");
   int rc = lg_store_run_list(w->store, &f, list_cb, &lc, &e);
   if (rc) {
-    store_error(rq, rc, &e, "listing runs");
+    lg__req_store_error(rq, rc, &e, "listing runs");
     return;
   }
   lg__buf_puts(&rq->out, "]}");
@@ -663,7 +667,7 @@ static void note_step(lg_server_t *srv, const lg__step_t *st) {
 /* The answer to a step that did not decide. */
 static void step_error(lg__req_t *rq, const lg__step_t *st, int rc, lg_error_t *e,
                        const char *doing) {
-  const char *msg = e->message[0] ? e->message : lg_strerror(rc);
+  const char *msg = lg__error_text(e, rc);
   switch (st->fail) {
   case LG__STEP_BAD_EVENT: lg__req_error(rq, 400, "invalid_request", e->field, "%s", msg); return;
   case LG__STEP_CONFLICT: lg__req_error(rq, 409, "conflict", e->field, "%s", msg); return;
@@ -682,7 +686,7 @@ static void step_error(lg__req_t *rq, const lg__step_t *st, int rc, lg_error_t *
     lg__free(body);
     return;
   }
-  default: store_error(rq, rc, e, doing); return;
+  default: lg__req_store_error(rq, rc, e, doing); return;
   }
 }
 
@@ -753,12 +757,12 @@ void lg__h_decide(lg__req_t *rq) {
  * runs, which a retry finishes. */
 static void cancel_half_done(lg__req_t *rq, int rc, const lg_error_t *e, const char *doing,
                              const char *stopped) {
-  char buf[1024];
-  log_error(rq->srv, rq, e, rc);
+  char buf[600];
+  log_failure(rq->srv, rq, e, rc);
   lg__req_error(rq, 500, "internal", NULL,
                 "%s: %s. The cancel itself is stored: every later call of %s, from any worker, "
                 "is a stop; %s. Retrying is safe and stops the rest",
-                doing, rc == LG_EBUSY ? "the store was busy" : lg_error_format(e, buf, sizeof buf),
+                doing, rc == LG_EBUSY ? "the store was busy" : lg__error_public(e, rc, buf, sizeof buf),
                 stopped ? "the group's runs" : "the run",
                 stopped ? stopped : "the run's own record was not updated");
 }
@@ -866,7 +870,7 @@ static void group_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) 
     return;
   }
   if (rc) {
-    store_error(rq, rc, e, wj->k->doing);
+    lg__req_store_error(rq, rc, e, wj->k->doing);
     return;
   }
   if (g->oom) {
@@ -916,7 +920,7 @@ void lg__h_trace(lg__req_t *rq) {
     return;
   }
   if (rc) {
-    store_error(rq, rc, &e, "reading the run's trace");
+    lg__req_store_error(rq, rc, &e, "reading the run's trace");
     return;
   }
   answer_text(rq, text, 200);
@@ -939,7 +943,7 @@ static void op_reply(lg__req_t *rq, const char *key, int rc, const lg_operation_
     lg__buf_puts(&rq->out, ",\"state\":\"free\"}");
     rq->status = 200;
   } else if (rc) {
-    store_error(rq, rc, e, "reading the operation");
+    lg__req_store_error(rq, rc, e, "reading the operation");
   } else {
     answer_text(rq, lg_operation_to_json(op), 200);
   }
@@ -961,7 +965,7 @@ static void claim_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e) 
   const lg_claim_t *cl = &((claim_job_t *)wj)->cl;
   const char *key = wj->b.key;
   if (rc) {
-    store_error(rq, rc, e, wj->k->doing);
+    lg__req_store_error(rq, rc, e, wj->k->doing);
     return;
   }
   lg__metrics_ledger(&rq->srv->metrics, cl->outcome);
@@ -1065,7 +1069,7 @@ static void settle_answer(lg__req_t *rq, write_job_t *wj, int rc, lg_error_t *e)
   if (rc == LG_ENOTFOUND) lg__req_error(rq, 404, "not_found", NULL, "no operation \"%s\"", wj->id);
   else if (rc == LG_EPERM) /* 403 with who may */
     lg__req_error(rq, 403, "forbidden", e->field[0] ? e->field : NULL, "%s", e->message);
-  else if (rc) store_error(rq, rc, e, wj->k->doing);
+  else if (rc) lg__req_store_error(rq, rc, e, wj->k->doing);
   else op_reply(rq, wj->id, sj->op_rc, &sj->op, &sj->op_err, 1);
 }
 
@@ -1125,7 +1129,7 @@ void lg__req_budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doin
     lg__req_error(rq, 404, "not_found", e->field[0] ? e->field : NULL, "%s", e->message);
   else if (rc == LG_ECONFLICT)
     lg__req_error(rq, 409, "conflict", e->field[0] ? e->field : NULL, "%s", e->message);
-  else store_error(rq, rc, e, doing);
+  else lg__req_store_error(rq, rc, e, doing);
 }
 
 static void budget_get(lg__req_t *rq) {
@@ -1276,7 +1280,7 @@ void lg__h_healthz(lg__req_t *rq) {
   int rc = w ? lg_store_schema_version(w->store, &version, &e) : (e.code ? e.code : LG_ESTORE);
   const char *reason = NULL;
   if (rc) {
-    log_error(srv, rq, &e, rc);
+    log_failure(srv, rq, &e, rc);
     reason = rc == LG_EBUSY ? "the store is locked by another writer"
              : rc == LG_ENOMEM ? "out of memory"
                                : "the store does not answer (the server's log has the detail)";

@@ -733,7 +733,7 @@ static void retain_once(lg_server_t *srv) {
   lg__buf_printf(&f, "\"purged\":%lld,\"older_than_ms\":%lld", (long long)n,
                  (long long)srv->o.retain_runs_ms);
   if (rc) {
-    const char *m = e.message[0] ? e.message : lg_strerror(rc);
+    const char *m = lg__error_text(&e, rc);
     lg__buf_puts(&f, ",\"message\":");
     lg__buf_json_str_lossy(&f, m, strlen(m)); /* a store's message may quote what it read */
   }

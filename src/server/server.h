@@ -681,6 +681,13 @@ typedef struct lg__req {
 int lg__req_error(lg__req_t *rq, int status, const char *type, const char *field,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Answers a store's error for `what` (routes.c): 404, 409 and 400 by its
+ * code, else 500 "nothing was decided or stored; it is safe to retry" and
+ * a request_failed log line with the whole detail. The answer has the
+ * error's own sentence, never where (a store's URL or file) nor libpq's
+ * words (lg__error_public): those are the operator's, in the log only. */
+int lg__req_store_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *what);
+
 /* Answers a budget or key call's error (routes.c): 400 naming the field,
  * 404, 409, else the store's error (500, logged) for `doing`. */
 void lg__req_budget_error(lg__req_t *rq, int rc, lg_error_t *e, const char *doing);

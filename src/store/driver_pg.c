@@ -115,8 +115,8 @@ static int pg_fail(lg_store_t *s, PGresult *res, const char *what, lg_error_t *e
   if ((!res || !*PQresultErrorMessage(res)) && p->conn)
     trim_msg(msg, sizeof msg, PQerrorMessage(p->conn));
   if (lost)
-    return lg__err(err, LG_ESTORE, NULL, -1, "%s: the connection to PostgreSQL was lost (%s)",
-                   what, msg);
+    return lg__err(err, LG_ESTORE, NULL, -1,
+                   "%s: the connection to PostgreSQL was lost" LG__ERR_DETAIL "%s)", what, msg);
   int code = LG_ESTORE;
   if (state && (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
                 !strcmp(state, "55P03") || !strcmp(state, "57014") ||
@@ -346,7 +346,7 @@ static int d_open(lg_store_t *s, const char *conninfo, lg_error_t *err) {
   if (PQstatus(p->conn) != CONNECTION_OK) {
     char msg[400];
     trim_msg(msg, sizeof msg, PQerrorMessage(p->conn));
-    rc = lg__err(err, LG_ESTORE, NULL, -1, "cannot connect to PostgreSQL: %s", msg);
+    rc = lg__err(err, LG_ESTORE, NULL, -1, "cannot connect to PostgreSQL" LG__ERR_DETAIL "%s)", msg);
     goto fail;
   }
   if ((rc = session_setup(s, err))) goto fail;

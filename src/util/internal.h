@@ -192,6 +192,18 @@ int lg__json_unknown_fields(const struct json_t *o, bool (*known)(const char *na
 /* What JSON value v is, for an error message: "an object", "an array",
  * "a string", "a number", "a boolean", "null". */
 const char *lg__json_type_name(const struct json_t *v);
+/* An error's own sentence, without where (its source: a file, or a store's
+ * URL), else the code's. */
+const char *lg__error_text(const lg_error_t *err, int code);
+/* A message may end with words of a library below that can name a host or
+ * a path (libpq's: "connection to server at \"db.internal\"..."), after
+ * this: the operator's, for the log. */
+#define LG__ERR_DETAIL " (libpq: "
+/* What an answer to a client may say of an error, in buf: lg_error_format
+ * without where (the source and its line: a store's URL or file), the
+ * field kept ("field: sentence"), cut before LG__ERR_DETAIL ("... (the
+ * server's log has the detail)"). */
+const char *lg__error_public(const lg_error_t *err, int code, char *buf, size_t size);
 
 /* Fills err (when not NULL) and returns code. */
 int lg__err(lg_error_t *err, int code, const char *field, long offset,

@@ -810,6 +810,22 @@ void lg__err_json_line(lg_error_t *err, const char *s, size_t n) {
   err->line = err->field[0] && s ? jl_find(&j, err->field, 0) : 0;
 }
 
+const char *lg__error_text(const lg_error_t *err, int code) {
+  return err && err->message[0] ? err->message : lg_strerror(code);
+}
+
+const char *lg__error_public(const lg_error_t *err, int code, char *buf, size_t size) {
+  if (!err || !err->message[0] || !size) return lg__error_text(err, code);
+  lg_error_t e = *err;
+  e.source[0] = 0;
+  e.line = 0;
+  if (!e.code) e.code = code;
+  lg_error_format(&e, buf, size);
+  char *cut = strstr(buf, LG__ERR_DETAIL);
+  if (cut) snprintf(cut, size - (size_t)(cut - buf), " (the server's log has the detail)");
+  return buf;
+}
+
 char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
   if (!buf || !size) return buf;
   if (!err) {
@@ -829,7 +845,7 @@ char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
     LG__ADD("line %ld: ", err->line);
   }
   if (err->field[0]) LG__ADD("%s: ", err->field);
-  LG__ADD("%s", err->message[0] ? err->message : lg_strerror(err->code));
+  LG__ADD("%s", lg__error_text(err, err->code));
   if (err->offset >= 0 && err->line > 0)
     LG__ADD(" (at byte %ld of the line)", err->offset + 1);
   else if (err->offset >= 0)

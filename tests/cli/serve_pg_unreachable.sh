@@ -38,7 +38,7 @@ try() {
   rc=$?
   secs=$((SECONDS - t0))
   [ "$rc" = 1 ] || fail "$name: serve exited $rc after $secs s, not 1 (124: still connecting at 60 s): $(cat "$TMP/$name.err")"
-  grep_q 'cannot connect to PostgreSQL: .*timeout expired' "$TMP/$name.err" ||
+  grep_q 'cannot connect to PostgreSQL (libpq: .*timeout expired' "$TMP/$name.err" ||
     fail "$name: not libpq's timeout: $(cat "$TMP/$name.err")"
   [ "$secs" -ge "$low" ] && [ "$secs" -le "$high" ] ||
     fail "$name: failed after $secs s, not $low to $high: $(cat "$TMP/$name.err")"

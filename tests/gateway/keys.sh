@@ -838,11 +838,12 @@ if [ "${LG_TEST_STORE:-}" = postgres ]; then
   [ "$(echo "$line" | get '[d["path"], d["reservation_id"][:4], len(d["message"]) > 0]')" = '["/v1/embeddings", "rsv_", true]' ] ||
     fail "the settlement_failed line: $line"
   # a model call while the store is down: a 500 in the API's shape that
-  # names the cause, and a request_failed line, one a second: an outage
+  # names the cause (not libpq's words, which name the socket's path: the
+  # log has those), and a request_failed line, one a second: an outage
   # fails every request (the next line counts those left out)
-  python3 - "$outage_URL" "$CK" >"$TMP/outage.calls" <<'PY' || fail "model calls with the store down: $(cat "$TMP/outage.calls")"
+  python3 - "$outage_URL" "$CK" "$LG_PG_DIR" >"$TMP/outage.calls" 2>&1 <<'PY' || fail "model calls with the store down: $(cat "$TMP/outage.calls")"
 import json, sys, time, urllib.error, urllib.request
-url, key = sys.argv[1], sys.argv[2]
+url, key, pgdir = sys.argv[1], sys.argv[2], sys.argv[3]
 def call():
     body = {"model": "finish", "messages": [{"role": "user", "content": "hi"}]}
     h = {"content-type": "application/json", "authorization": "Bearer " + key}
@@ -851,7 +852,8 @@ def call():
         sys.exit("a model call with the store down was answered 200")
     except urllib.error.HTTPError as e:
         err = json.load(e)["error"]
-        if e.code != 500 or err["type"] != "server_error" or "PostgreSQL" not in err["message"]:
+        if (e.code != 500 or err["type"] != "server_error" or "PostgreSQL" not in err["message"]
+                or pgdir in err["message"] or "libpq" in err["message"]):
             sys.exit("a model call with the store down: %d %s" % (e.code, json.dumps(err)))
 for _ in range(5):
     call()
@@ -863,7 +865,7 @@ PY
   [ "$(grep '"event":"request_failed"' "$TMP/outage.log" | grep '"route":"gateway"' | python3 -c '
 import json, sys
 ds = [json.loads(l) for l in sys.stdin]
-print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d in ds), ds[0]["path"], ds[0]["status"], "PostgreSQL" in ds[0]["message"]]))')" = '[true, 6, "/v1/chat/completions", 500, true]' ] ||
+print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d in ds), ds[0]["path"], ds[0]["status"], "PostgreSQL" in ds[0]["message"], any("libpq: " in d["message"] for d in ds)]))')" = '[true, 6, "/v1/chat/completions", 500, true, true]' ] ||
     fail "the request_failed lines of 6 model calls with the store down: $(grep '"event":"request_failed"' "$TMP/outage.log")"
   # pg_ctl restart starts a stopped server with the options it last had (postmaster.opts)
   "$LG_PG_CTL" -l "$LG_PG_DIR/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"

@@ -106,5 +106,26 @@ print("checked %d runs, %d calls, %d results" % (len(runs), sum(calls.values()),
 if bad:
     print("%d lost:" % len(bad)); print("\n".join(bad[:20])); sys.exit(1)
 EOF
+
+note "PostgreSQL down: a 500 that names it, not the store's URL or socket; the log has both"
+# (docs/server.md "Errors": a client's answer never carries the store's
+# connection string, nor libpq's words, which name its host or socket)
+"$LG_PG_CTL" -m fast -w stop >/dev/null || fail "pg_ctl stop"
+run=$(head -n 1 "$TMP/acked.jsonl" | jq_py 'd["run"]')
+for i in 1 2 3; do # the first meets the lost connection, the next reconnect and fail
+  curl -s -o "$TMP/down.json" -w '%{http_code}' "$A_URL/v1/runs/$run" >"$TMP/down.code"
+  [ "$(cat "$TMP/down.code")" = 500 ] || fail "PostgreSQL down: GET the run: $(cat "$TMP/down.code") $(cat "$TMP/down.json")"
+  msg=$(jq_py 'd["error"]["message"]' <"$TMP/down.json")
+  case $msg in
+  *PostgreSQL*"safe to retry"*) ;;
+  *) fail "PostgreSQL down: the 500 does not say what failed: $msg" ;;
+  esac
+  case $msg in
+  *"$pgdir"* | *dbname=* | *postgres:* | *libpq*) fail "PostgreSQL down: the 500 shows the operator's detail: $msg" ;;
+  esac
+done
+[ "$(grep '"event":"request_failed"' "$TMP/A.err" | grep -c "libpq: connection to server on socket .*${pgdir##*/}")" -ge 1 ] ||
+  fail "PostgreSQL down: no request_failed line with libpq's words: $(grep request_failed "$TMP/A.err" | tail -n 3)"
+"$LG_PG_CTL" -l "$pgdir/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
 stop_server A
 echo "serve_pg_crash: all passed"

@@ -343,9 +343,48 @@ static void test_err_messages(void **state) {
   assert_int_equal(lg__err(NULL, LG_ENOMEM, NULL, -1, "%s", "no error to fill"), LG_ENOMEM);
 }
 
+/* What an answer to a client says of an error: its sentence without its
+ * source (a store's URL), and without libpq's words (a host, a socket's
+ * path), which the log keeps (lg_error_format). */
+static void test_error_public(void **state) {
+  (void)state;
+  char buf[600], full[1100];
+  lg_error_t e = {0};
+  assert_string_equal(lg__error_public(NULL, LG_ESTORE, buf, sizeof buf), lg_strerror(LG_ESTORE));
+  assert_string_equal(lg__error_public(&e, LG_EBUSY, buf, sizeof buf), lg_strerror(LG_EBUSY));
+  lg__err(&e, LG_ESTORE, NULL, -1, "reading a run: disk I/O error");
+  lg__err_where(&e, "sqlite:/srv/lg/secret-name.db", 0);
+  assert_string_equal(lg__error_public(&e, LG_ESTORE, buf, sizeof buf), "reading a run: disk I/O error");
+  assert_non_null(strstr(lg_error_format(&e, full, sizeof full), "secret-name.db"));
+  memset(&e, 0, sizeof e);
+  lg__err(&e, LG_ESTORE, NULL, -1,
+          "reconnecting: the connection to PostgreSQL was lost" LG__ERR_DETAIL
+          "connection to server at \"db.internal\" (10.0.0.5), port 5432 failed)");
+  lg__err_where(&e, "postgres:host=db.internal dbname=lg user=lg", 0);
+  const char *pub = lg__error_public(&e, LG_ESTORE, buf, sizeof buf);
+  assert_string_equal(pub, "reconnecting: the connection to PostgreSQL was lost (the server's log has "
+                           "the detail)");
+  assert_ptr_equal(pub, buf);
+  lg_error_format(&e, full, sizeof full);
+  assert_non_null(strstr(full, "dbname=lg"));
+  assert_non_null(strstr(full, "(libpq: connection to server at \"db.internal\""));
+  /* the field it is about stays in front (docs/server.md "Errors") */
+  memset(&e, 0, sizeof e);
+  lg__err(&e, LG_EINVAL, "request_fingerprint", -1, "longer than 256 bytes");
+  lg__err_where(&e, "sqlite:/srv/lg/secret-name.db", 3);
+  assert_string_equal(lg__error_public(&e, LG_EINVAL, buf, sizeof buf),
+                      "request_fingerprint: longer than 256 bytes");
+  /* a buffer too small: cut, never overrun */
+  memset(&e, 0, sizeof e);
+  lg__err(&e, LG_ESTORE, NULL, -1, "reconnecting: lost" LG__ERR_DETAIL "x)");
+  char small[12];
+  assert_string_equal(lg__error_public(&e, LG_ESTORE, small, sizeof small), "reconnectin");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_err_messages),
+      cmocka_unit_test(test_error_public),
       cmocka_unit_test(test_usd_to_micro_boundaries),
       cmocka_unit_test(test_usd_to_nano_boundaries),
       cmocka_unit_test(test_front_ends_round_alike),
