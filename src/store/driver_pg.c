@@ -21,6 +21,11 @@
  * half-written: PostgreSQL rolls back the open transaction) and is
  * re-established, its statements prepared again, at the start of the next
  * call outside a transaction. SQLSTATEs and libpq's statuses stop here.
+ * A server that keeps the connection but does not answer (its disk
+ * stalled, its process stopped, its machine paused: nothing that a TCP
+ * keepalive sees) is the same once the store is open: every answer is
+ * waited for at most query_timeout_ms (the URL's; 60 s by default), then
+ * the socket is shut and the call fails as for a dropped connection.
  *
  * Numbers are sent as text, strings and bytes as their bytes (binary
  * format: no NUL needed); results come back in binary form (bigint as 8
@@ -40,9 +45,13 @@
 #include "driver.h"
 #include "store.h"
 
+#include <errno.h>
 #include <libpq-fe.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
 
 const lg__dialect_t lg__dialect_pg = {
     .id = LG__D_POSTGRES,
@@ -91,6 +100,7 @@ typedef struct pgc {
   int begin_pending;          /* its BEGIN has not been sent yet */
   item_t *q;                  /* waiting to be sent, in order */
   int nq, capq;
+  int timed_out;              /* the connection was shut: no answer within the deadline */
 } pgc_t;
 
 static void no_notices(void *arg, const char *msg) {
@@ -109,6 +119,11 @@ static void trim_msg(char *out, size_t size, const char *msg) {
 static int pg_fail(lg_store_t *s, PGresult *res, const char *what, lg_error_t *err) {
   pgc_t *p = s->conn;
   char msg[400];
+  if (p->timed_out)
+    return lg__err(err, LG_ESTORE, NULL, -1,
+                   "%s: PostgreSQL did not answer within %d ms (query_timeout_ms), and the "
+                   "connection was dropped: the next call connects again",
+                   what, s->query_timeout_ms);
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
   int lost = !p->conn || PQstatus(p->conn) != CONNECTION_OK;
   trim_msg(msg, sizeof msg, res ? PQresultErrorMessage(res) : NULL);
@@ -126,6 +141,66 @@ static int pg_fail(lg_store_t *s, PGresult *res, const char *what, lg_error_t *e
     code = LG_ECONFLICT;
   return lg__err(err, code, NULL, -1, "%s: %s%s%s%s", what, msg, state ? " (SQLSTATE " : "",
                  state ? state : "", state ? ")" : "");
+}
+
+/* ---- waiting for an answer ---- */
+
+static int64_t mono_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Waits until PQgetResult can return without blocking, at most the
+ * store's query_timeout_ms. Past it the socket is shut (p->timed_out):
+ * libpq then reads its end at once, and the call fails as a lost
+ * connection does. A connection that breaks meanwhile is left for
+ * PQgetResult to report. */
+static void await_answer(lg_store_t *s) {
+  pgc_t *p = s->conn;
+  int fd = PQsocket(p->conn);
+  if (s->query_timeout_ms <= 0 || fd < 0) return;
+  int64_t end = mono_ms() + s->query_timeout_ms;
+  while (PQisBusy(p->conn)) {
+    int64_t left = end - mono_ms();
+    if (left <= 0) {
+      p->timed_out = 1;
+      shutdown(fd, SHUT_RDWR);
+      return;
+    }
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    int n = poll(&pf, 1, (int)left);
+    if (n < 0 && errno != EINTR) return;
+    if (n > 0 && !PQconsumeInput(p->conn)) return;
+  }
+}
+
+static PGresult *next_result(lg_store_t *s) {
+  await_answer(s);
+  return PQgetResult(((pgc_t *)s->conn)->conn);
+}
+
+/* What PQexec returns, for a command just sent (sent: the PQsend* call's
+ * 1) and each of its answers waited for by next_result: the last result,
+ * or the first that failed; NULL when nothing was sent. */
+static PGresult *sent_result(lg_store_t *s, int sent) {
+  pgc_t *p = s->conn;
+  PGresult *last = NULL, *res;
+  if (!sent) return NULL;
+  while ((res = next_result(s))) {
+    if (last && PQresultStatus(last) == PGRES_FATAL_ERROR) {
+      PQclear(res);
+      continue;
+    }
+    PQclear(last);
+    last = res;
+    if (PQstatus(p->conn) == CONNECTION_BAD) break;
+  }
+  return last;
+}
+
+static PGresult *exec_cmd(lg_store_t *s, const char *sql) {
+  return sent_result(s, PQsendQuery(((pgc_t *)s->conn)->conn, sql));
 }
 
 /* ---- pipelines ---- */
@@ -197,7 +272,7 @@ static int flush(lg_store_t *s, const char *last, PGresult **last_res, lg_error_
   if (PQpipelineSync(p->conn) != 1 && !rc) rc = pg_fail(s, NULL, "sending a pipeline", err);
   /* One result and a NULL per statement sent, then the sync. */
   for (int i = 0; i < sent; i++) {
-    PGresult *res = PQgetResult(p->conn);
+    PGresult *res = next_result(s);
     if (!res) {
       if (!rc) rc = pg_fail(s, NULL, "reading a pipeline", err);
       break;
@@ -216,10 +291,10 @@ static int flush(lg_store_t *s, const char *last, PGresult **last_res, lg_error_
       rc = pg_fail(s, st == PGRES_PIPELINE_ABORTED ? NULL : res, "statement", err);
     }
     PQclear(res);
-    while ((res = PQgetResult(p->conn))) PQclear(res);
+    while ((res = next_result(s))) PQclear(res);
   }
   for (;;) {
-    PGresult *res = PQgetResult(p->conn);
+    PGresult *res = next_result(s);
     if (!res) break;
     int st = PQresultStatus(res);
     PQclear(res);
@@ -249,7 +324,7 @@ static int pg_cmd(lg_store_t *s, const char *sql, lg_error_t *err) {
     int rc = flush(s, NULL, NULL, err);
     if (rc) return rc;
   }
-  PGresult *res = PQexec(p->conn, sql);
+  PGresult *res = exec_cmd(s, sql);
   int st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
   int rc = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : pg_fail(s, res, sql, err);
   PQclear(res);
@@ -286,7 +361,7 @@ static int prepare_all(lg_store_t *s, lg_error_t *err) {
     if (!p->sql[i]) continue;
     char name[16];
     snprintf(name, sizeof name, "lg_q%d", i);
-    PGresult *res = PQprepare(p->conn, name, p->sql[i], p->st[i].np, NULL);
+    PGresult *res = sent_result(s, PQsendPrepare(p->conn, name, p->sql[i], p->st[i].np, NULL));
     int ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
     int rc = ok ? 0 : pg_fail(s, res, "preparing a statement", err);
     PQclear(res);
@@ -305,6 +380,7 @@ static int ensure(lg_store_t *s, lg_error_t *err) {
     return lg__err(err, LG_ESTORE, NULL, -1,
                    "the connection to PostgreSQL was lost in the middle of a transaction");
   if (PQstatus(p->conn) != CONNECTION_OK) {
+    p->timed_out = 0;
     PQreset(p->conn);
     if (PQstatus(p->conn) != CONNECTION_OK) return pg_fail(s, NULL, "reconnecting", err);
   }
@@ -397,7 +473,7 @@ static int d_query_int(lg_store_t *s, const char *sql, int64_t *out, lg_error_t 
   int rc = s->depth == 0 ? ensure(s, err) : 0;
   if (!rc && (p->begin_pending || p->nq)) rc = flush(s, NULL, NULL, err);
   if (rc) return rc;
-  PGresult *res = PQexec(p->conn, sql);
+  PGresult *res = exec_cmd(s, sql);
   if (!res || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) < 1) {
     rc = pg_fail(s, res, sql, err);
   } else {
@@ -469,9 +545,9 @@ static int d_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
     rc = flush(s, "COMMIT", &res, err);
     if (!rc) rc = commit_result(s, res, err);
     if (rc && PQstatus(p->conn) == CONNECTION_OK && PQtransactionStatus(p->conn) != PQTRANS_IDLE)
-      PQclear(PQexec(p->conn, "ROLLBACK"));
+      PQclear(exec_cmd(s, "ROLLBACK"));
   } else {
-    res = PQexec(p->conn, "COMMIT");
+    res = exec_cmd(s, "COMMIT");
     rc = commit_result(s, res, err);
   }
   PQclear(res);
@@ -541,7 +617,8 @@ static int d_step(lg_store_t *s, lg__stmt_t *st, const char *what, lg_error_t *e
       if ((rc = ensure(s, err))) return rc;
       char name[16];
       snprintf(name, sizeof name, "lg_q%d", st->which);
-      PGresult *res = PQexecPrepared(p->conn, name, st->np, st->vals, st->lens, st->fmts, 1);
+      PGresult *res =
+          sent_result(s, PQsendQueryPrepared(p->conn, name, st->np, st->vals, st->lens, st->fmts, 1));
       int status = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
       if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
         rc = pg_fail(s, res, what, err);

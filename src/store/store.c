@@ -218,10 +218,19 @@ static int take_param(const char **arg, char **argbuf, const char *name, char *v
   return 1;
 }
 
-/* The URL's parameters: durability=full|relaxed (*durability set) and
- * busy_timeout_ms=N (*busy_ms: N, or -1 for 0: do not wait). */
+/* Milliseconds from 0 to an hour, as a URL parameter's value; -1 if not. */
+static long url_ms(const char *v) {
+  char *end;
+  long ms = strtol(v, &end, 10);
+  return !*v || *end || *v == '-' || *v == '+' || ms > 3600000 ? -1 : ms;
+}
+
+/* The URL's parameters: durability=full|relaxed (*durability set),
+ * busy_timeout_ms=N (*busy_ms: N, or -1 for 0: do not wait) and, for
+ * PostgreSQL, query_timeout_ms=N (*query_ms: N, 0 for no deadline; left
+ * as it was when the URL has none). */
 static int take_params(const char **arg, char **argbuf, int *durability, int *busy_ms,
-                       lg_error_t *err) {
+                       int *query_ms, const char *scheme, lg_error_t *err) {
   char v[32];
   int rc = take_param(arg, argbuf, "durability", v, sizeof v);
   if (rc == 1) {
@@ -233,13 +242,25 @@ static int take_params(const char **arg, char **argbuf, int *durability, int *bu
   }
   if (rc >= 0) rc = take_param(arg, argbuf, "busy_timeout_ms", v, sizeof v);
   if (rc == 1) {
-    char *end;
-    long ms = strtol(v, &end, 10);
-    if (!*v || *end || *v == '-' || *v == '+' || ms > 3600000)
+    long ms = url_ms(v);
+    if (ms < 0)
       return lg__err(err, LG_EINVAL, "url", -1,
                      "busy_timeout_ms=%s: expected milliseconds from 0 (do not wait) to 3600000",
                      v);
     *busy_ms = ms ? (int)ms : -1;
+  }
+  if (rc >= 0) rc = take_param(arg, argbuf, "query_timeout_ms", v, sizeof v);
+  if (rc == 1) {
+    long ms = url_ms(v);
+    if (strcmp(scheme, "postgres"))
+      return lg__err(err, LG_EINVAL, "url", -1,
+                     "query_timeout_ms: a postgres: store's parameter (a %s: store waits on no "
+                     "server)", scheme);
+    if (ms < 0)
+      return lg__err(err, LG_EINVAL, "url", -1,
+                     "query_timeout_ms=%s: expected milliseconds from 0 (no deadline) to 3600000",
+                     v);
+    *query_ms = (int)ms;
   }
   return rc < 0 ? lg__err(err, LG_ENOMEM, NULL, -1, "out of memory opening store") : 0;
 }
@@ -267,8 +288,9 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   const char *arg = url + (sc->keep ? 0 : strlen(sc->prefix));
   int durability = opts ? opts->durability : LG_STORE_DURABLE;
   int busy_ms = 0; /* the URL's busy_timeout_ms, if it has one */
+  int query_ms = LG__STORE_DEFAULT_QUERY_TIMEOUT_MS;
   char *argbuf = NULL;
-  if (take_params(&arg, &argbuf, &durability, &busy_ms, err)) {
+  if (take_params(&arg, &argbuf, &durability, &busy_ms, &query_ms, sc->scheme, err)) {
     lg__free(argbuf);
     return NULL;
   }
@@ -296,6 +318,7 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
     lg__free(s);
     return NULL;
   }
+  s->query_timeout_ms = query_ms; /* from here: a migration at the open may take long */
   return s;
 
 fail_oom:

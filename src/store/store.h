@@ -157,7 +157,14 @@ struct lg_store {
   unsigned char key_secret[32]; /* the AES key of provider keys at rest
                                    (lg_key_set_secret, src/budget/seal.c) */
   int has_key_secret;
+  int query_timeout_ms;       /* PostgreSQL: how long a call waits for the server's
+                                 answer once the store is open (0: for ever);
+                                 driver_pg.c */
 };
+
+/* A postgres: store's deadline for each answer of the server, unless the
+ * URL's query_timeout_ms says otherwise (docs/store.md). */
+#define LG__STORE_DEFAULT_QUERY_TIMEOUT_MS 60000
 
 /* The row functions (store_sql.c). Every one returns 0 or a negative LG_E*
  * code with err filled (a database's codes never leave its driver). */

@@ -24,7 +24,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include "step/step.h"
 #include "store/driver.h"
@@ -294,6 +296,59 @@ static void test_pg_connection_dropped(void **state) {
   assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_IN_PROGRESS);
 }
 
+/* A server that keeps the connection but stops answering (its backend
+ * stopped: a stalled disk, a paused machine, which no keepalive sees):
+ * the call fails once query_timeout_ms has passed, saying so, and the
+ * next call connects again. Without the deadline the commit below waits
+ * for ever. What was sent is in the stopped backend's socket: woken, it
+ * may still run it, whole (one transaction) or not at all, as after a
+ * connection lost during a COMMIT; a retry of the commit is safe either
+ * way (docs/store.md). */
+static void test_pg_backend_frozen(void **state) {
+  (void)state;
+  char url[600];
+  snprintf(url, sizeof url, "%s query_timeout_ms=300", lgt_fresh_url("postgres"));
+  lg_store_t *s = lgt_open(url, NULL);
+  lg_claim_t c = {0};
+  lg_error_t err = {0};
+  assert_int_equal(lg_store_claim(s, "k", FP, NULL, 100000, T0, &c, &err), 0);
+  int pid = lg__store_pg_backend_pid(s);
+  assert_true(pid > 0);
+  assert_int_equal(kill(pid, SIGSTOP), 0);
+  int rc = lg_store_commit(s, "k", "1", 1, NULL, T0 + 1, &err);
+  kill(pid, SIGCONT); /* it finds its client gone, and ends */
+  assert_int_equal(rc, LG_ESTORE);
+  if (!strstr(err.message, "did not answer within 300 ms"))
+    fail_msg("the error does not name the deadline: %s", err.message);
+  for (int i = 0; i < 200 && kill(pid, 0) == 0; i++) usleep(50000); /* until it has ended */
+  lg_claim_outcome_t o = peek(s, "k", T0 + 2); /* reconnected */
+  if (o != LG_CLAIM_IN_PROGRESS && o != LG_CLAIM_REPLAY) fail_msg("the key after the deadline: %d", o);
+  assert_int_not_equal(lg__store_pg_backend_pid(s), pid);
+  assert_int_equal(lg_store_commit(s, "k", "1", 1, NULL, T0 + 3, &err), 0); /* the retry */
+  lg_operation_t op;
+  assert_int_equal(lg_store_operation(s, "k", T0 + 4, &op, NULL), 0);
+  assert_int_equal(op.state, LG_OP_COMMITTED);
+  assert_string_equal(op.result, "1");
+  lg_operation_clear(&op);
+  lg_store_close(s);
+}
+
+/* query_timeout_ms: milliseconds, for a postgres: store only. */
+static void test_query_timeout_param(void **state) {
+  (void)state;
+  static const char *const bad[] = {"sqlite:/tmp/x.db?query_timeout_ms=5", "memory:?query_timeout_ms=5",
+                                    "postgres:host=/nonexistent query_timeout_ms=-1",
+                                    "postgres:host=/nonexistent query_timeout_ms=3600001",
+                                    "postgres://h/db?query_timeout_ms=soon"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    lg_error_t err = {0};
+    assert_null(lg_store_open(bad[i], NULL, &err));
+    assert_int_equal(err.code, LG_EINVAL);
+    assert_string_equal(err.field, "url");
+    if (!strstr(err.message, "query_timeout_ms")) fail_msg("%s: %s", bad[i], err.message);
+  }
+}
+
 /* A server that is gone: a clean error, no hang. */
 static void test_pg_unreachable(void **state) {
   (void)state;
@@ -315,10 +370,12 @@ int main(void) {
   };
   const struct CMUnitTest sqlite_only[] = {T(test_sqlite_busy)};
   const struct CMUnitTest sqlite_driver[] = {T(test_sqlite_undone_transaction)}; /* memory: too */
-  const struct CMUnitTest pg_only[] = {T(test_pg_connection_dropped), T(test_pg_unreachable)};
+  const struct CMUnitTest pg_only[] = {T(test_pg_connection_dropped), T(test_pg_unreachable),
+                                       cmocka_unit_test(test_pg_backend_frozen)};
+  const struct CMUnitTest every[] = {cmocka_unit_test(test_query_timeout_param)};
   const char *names[LGT_MAX_BACKENDS];
   int n = lgt_backends(names, "memory,sqlite");
-  int failed = 0;
+  int failed = cmocka_run_group_tests_name("store URL parameters", every, NULL, NULL);
   for (int i = 0; i < n; i++) {
     char group[64];
     backend = names[i];
