@@ -128,4 +128,25 @@ done
   fail "PostgreSQL down: no request_failed line with libpq's words: $(grep request_failed "$TMP/A.err" | tail -n 3)"
 "$LG_PG_CTL" -l "$pgdir/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
 stop_server A
+
+note "PostgreSQL silent (its backends stopped): a 500 once query_timeout_ms has passed, not a hang; served again once it answers"
+# (a stalled disk or a paused machine: the connection stays, no keepalive
+# sees it; docs/store.md)
+start_server B --store "$LG_PG_URL query_timeout_ms=1000"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d '{"run_id":"silent"}' "$B_URL/v1/runs")
+[ "$code" = 201 ] || fail "PostgreSQL silent: the run was not created ($code)"
+psql_q() { "$LG_PGBIN/psql" -h "$pgdir" -U "${LG_PG_URL##*user=}" -d lgtest -Atc "$1"; }
+pids=$(psql_q "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()") ||
+  fail "PostgreSQL silent: psql"
+[ -n "$pids" ] || fail "PostgreSQL silent: no backend of B's"
+kill -STOP $pids
+call() { curl -s -o "$TMP/silent.json" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
+  -d '{"tool":"search","args":{"q":"x"}}' "$B_URL/v1/runs/silent/calls"; }
+code=$(call)
+kill -CONT $pids
+[ "$code" = 500 ] || fail "PostgreSQL silent: a call answered $code, not 500 (000: no answer in 30 s): $(cat "$TMP/silent.json")"
+grep_q "did not answer within 1000 ms" "$TMP/silent.json" || fail "PostgreSQL silent: the 500 does not name the deadline: $(cat "$TMP/silent.json")"
+for i in $(seq 50); do code=$(call); [ "$code" = 200 ] && break; sleep 0.1; done
+[ "$code" = 200 ] || fail "PostgreSQL answering again: a call answered $code: $(cat "$TMP/silent.json")"
+stop_server B
 echo "serve_pg_crash: all passed"
