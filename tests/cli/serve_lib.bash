@@ -21,7 +21,8 @@
 #                               body written in more than one piece)
 #
 # Every server started is killed (-9) at exit, and the scratch folder $TMP
-# removed, whatever happens; a test that runs past $LG_TEST_TIMEOUT seconds
+# removed, whatever happens (a test that would pass fails when a server it
+# started is still running then: stop_server each); a test that runs past $LG_TEST_TIMEOUT seconds
 # (170) fails. Tests bind ephemeral ports only.
 set -u -o pipefail
 
@@ -31,13 +32,26 @@ LG_BIN=${LG_BIN:?set LG_BIN to the loopguard binary}
 LG_SOURCE_DIR=${LG_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 TMP=$(mktemp -d /tmp/lgserve.XXXXXX)
 ALL_PIDS=()
+declare -A LIVE_SERVERS=() # NAME -> pid: started by start_server, not yet stopped
 
 cleanup() {
-  local p
+  local rc=$? p n left=()
   kill "$WATCHDOG" 2>/dev/null
+  # A test that passes has stopped every server it started (stop_server):
+  # one still running would be killed below, its exit status (under ASan,
+  # its leak report) never read. One that is gone (a test's own kill -9)
+  # is not counted.
+  for n in "${!LIVE_SERVERS[@]}"; do
+    kill -0 "${LIVE_SERVERS[$n]}" 2>/dev/null && left+=("$n")
+  done
+  if [ "$rc" = 0 ] && [ ${#left[@]} -gt 0 ]; then
+    echo "FAIL: server(s) ${left[*]} still running at the end: stop_server each (its exit status, and under ASan its leak report, are checked there)" >&2
+    rc=1
+  fi
   for p in "${ALL_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
   for p in "${ALL_PIDS[@]}"; do wait "$p" 2>/dev/null; done
   rm -rf "$TMP"
+  exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 1' TERM INT
@@ -102,6 +116,7 @@ start_server() { # NAME ARGS...
   fi
   printf -v "${name}_URL" '%s' "$url"
   printf -v "${name}_PID" '%s' "$pid"
+  LIVE_SERVERS[$name]=$pid
   printf -v "${name}_OUT" '%s' "$out"
 }
 
@@ -111,6 +126,7 @@ stop_server() { # NAME
   kill -TERM "$pid" 2>/dev/null
   local rc=0
   wait "$pid" || rc=$?
+  unset "LIVE_SERVERS[$1]"
   printf -v "${1}_RC" '%s' "$rc"
   # A server stopped by SIGTERM exits 0 when all went well: anything else
   # is an error, or under ASan a leak or another sanitizer's report at exit
