@@ -232,9 +232,14 @@ static void test_loop_cost(void **state) {
   int *idle = open_many(s, nidle, 10, 8, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   size_t conns = server_conns(s);
   /* The machine is shared: a neighbour's burst can double one round, so
-   * up to three rounds, the best kept (poll() mode was 100x, every round). */
+   * up to six rounds, the best kept (poll() mode was 100x, every round).
+   * A round takes about a fifth of a second: three in a row all fell in
+   * one burst of a second or two (3.0x, session 54's clean clone, where
+   * the same client alone was 1x before and after), so each round after
+   * the first waits a second. */
   double loaded = healthy_p50(&c, 1000, &seq, slow, nslow);
-  for (int round = 1; round < 3 && !(loaded < 2 * base); round++) {
+  for (int round = 1; round < 6 && !(loaded < 2 * base); round++) {
+    sleep(1);
     double again = healthy_p50(&c, 1000, &seq, slow, nslow);
     if (again < loaded) loaded = again;
   }
