@@ -288,10 +288,12 @@ void lg__gw_error(lg__gw_job_t *j, int status, const char *type, const char *cod
 
 void lg__gw_failed(lg__gw_job_t *j, const char *code, const char *doing, const lg_error_t *e,
                    int rc) {
-  char buf[600], msg[1024], logged[1024];
+  char buf[1024], msg[1024], logged[1024];
   const char *pre = doing ? "loopguard could not " : "loopguard";
-  snprintf(msg, sizeof msg, "%s%s: %s", pre, doing ? doing : "", lg__error_public(e, rc, buf, sizeof buf));
-  snprintf(logged, sizeof logged, "%s%s: %s", pre, doing ? doing : "", lg__error_text(e, rc));
+  snprintf(msg, sizeof msg, "%s%s: %s", pre, doing ? doing : "",
+           lg__error_public(e, rc, buf, sizeof buf));
+  snprintf(logged, sizeof logged, "%s%s: %s", pre, doing ? doing : "",
+           lg__error_logged(e, rc, buf, sizeof buf)); /* msg is made: buf again */
   answer_error(j, 500, "server_error", code, msg, logged);
 }
 

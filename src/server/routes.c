@@ -85,7 +85,7 @@ static void log_failure(lg_server_t *srv, const lg__req_t *rq, const lg_error_t 
     jstr(&f, rq->id);
   }
   lg__buf_printf(&f, ",\"code\":\"%s\",\"message\":", lg_err_name(rc));
-  jstr(&f, e && e->message[0] ? lg_error_format(e, buf, sizeof buf) : lg_strerror(rc));
+  jstr(&f, lg__error_logged(e, rc, buf, sizeof buf));
   if (!f.oom) lg__server_log(srv, "error", "request_failed", f.data);
   lg__buf_free(&f);
 }

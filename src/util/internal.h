@@ -204,12 +204,16 @@ const char *lg__error_text(const lg_error_t *err, int code);
  * field kept ("field: sentence"), cut before LG__ERR_DETAIL ("... (the
  * server's log has the detail)"). */
 const char *lg__error_public(const lg_error_t *err, int code, char *buf, size_t size);
+/* What the operator's log says of an error, in buf: lg_error_format (its
+ * source, a store's URL or file, and libpq's words included), or the
+ * code's text when err says nothing. */
+const char *lg__error_logged(const lg_error_t *err, int code, char *buf, size_t size);
 
 /* Fills err (when not NULL) and returns code. */
 int lg__err(lg_error_t *err, int code, const char *field, long offset,
             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 #ifdef __clang_analyzer__
-/* For clang's static analyzer (make analyze), which cannot see into
+/* For clang's static analyzer (scan-build, docs/testing.md), which cannot see into
  * another file: lg__err returns the code it is given. Without this it
  * reads every error path as one that may also succeed. */
 #define lg__err(err, code, ...) ((void)(lg__err)((err), (code), __VA_ARGS__), (code))

@@ -826,6 +826,10 @@ const char *lg__error_public(const lg_error_t *err, int code, char *buf, size_t 
   return buf;
 }
 
+const char *lg__error_logged(const lg_error_t *err, int code, char *buf, size_t size) {
+  return err && err->message[0] ? lg_error_format(err, buf, size) : lg_strerror(code);
+}
+
 char *lg_error_format(const lg_error_t *err, char *buf, size_t size) {
   if (!buf || !size) return buf;
   if (!err) {

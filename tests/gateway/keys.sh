@@ -865,7 +865,7 @@ PY
   [ "$(grep '"event":"request_failed"' "$TMP/outage.log" | grep '"route":"gateway"' | python3 -c '
 import json, sys
 ds = [json.loads(l) for l in sys.stdin]
-print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d in ds), ds[0]["path"], ds[0]["status"], "PostgreSQL" in ds[0]["message"], any("libpq: " in d["message"] for d in ds)]))')" = '[true, 6, "/v1/chat/completions", 500, true, true]' ] ||
+print(json.dumps([len(ds) in (2, 3), len(ds) + sum(d.get("suppressed", 0) for d in ds), ds[0]["path"], ds[0]["status"], "PostgreSQL" in ds[0]["message"], any("libpq: " in d["message"] and "dbname=" in d["message"] for d in ds)]))')" = '[true, 6, "/v1/chat/completions", 500, true, true]' ] ||
     fail "the request_failed lines of 6 model calls with the store down: $(grep '"event":"request_failed"' "$TMP/outage.log")"
   # pg_ctl restart starts a stopped server with the options it last had (postmaster.opts)
   "$LG_PG_CTL" -l "$LG_PG_DIR/server.log" -m fast -w restart >/dev/null 2>&1 || fail "pg_ctl restart"
