@@ -1268,6 +1268,12 @@ void lg__h_budgets(lg__req_t *rq) {
 /* ------------------------------------------------------------------ */
 /* Health and metrics.                                                 */
 
+/* How long /healthz waits for a database's answer (PostgreSQL; a shorter
+ * query_timeout_ms wins): a load balancer's probe gives up after a few
+ * seconds, and a silent database must read as unhealthy, not as a probe
+ * that never answers. */
+#define LG__HEALTH_DEADLINE_MS 2000
+
 void lg__h_healthz(lg__req_t *rq) {
   /* Open to anyone: the answer names the store's kind, never its URL or
    * path (the detail goes to the log). 200 only when the store answers
@@ -1277,7 +1283,12 @@ void lg__h_healthz(lg__req_t *rq) {
   lg_error_t e = {0};
   lg__worker_t *w = lg__server_worker(srv, &e);
   int version = 0;
-  int rc = w ? lg_store_schema_version(w->store, &version, &e) : (e.code ? e.code : LG_ESTORE);
+  int rc = e.code ? e.code : LG_ESTORE;
+  if (w) { /* a probe's answer in time, however long a request may wait */
+    lg__store_deadline(w->store, LG__HEALTH_DEADLINE_MS, "the health check's deadline");
+    rc = lg_store_schema_version(w->store, &version, &e);
+    lg__store_deadline(w->store, 0, NULL);
+  }
   const char *reason = NULL;
   if (rc) {
     log_failure(srv, rq, &e, rc);

@@ -121,9 +121,10 @@ static int pg_fail(lg_store_t *s, PGresult *res, const char *what, lg_error_t *e
   char msg[400];
   if (p->timed_out)
     return lg__err(err, LG_ESTORE, NULL, -1,
-                   "%s: PostgreSQL did not answer within %d ms (query_timeout_ms), and the "
+                   "%s: PostgreSQL did not answer within %d ms (%s), and the "
                    "connection was dropped: the next call connects again",
-                   what, s->query_timeout_ms);
+                   what, s->deadline_ms ? s->deadline_ms : s->query_timeout_ms,
+                   s->deadline_ms ? s->deadline_why : "query_timeout_ms");
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
   int lost = !p->conn || PQstatus(p->conn) != CONNECTION_OK;
   trim_msg(msg, sizeof msg, res ? PQresultErrorMessage(res) : NULL);
@@ -152,15 +153,17 @@ static int64_t mono_ms(void) {
 }
 
 /* Waits until PQgetResult can return without blocking, at most the
- * store's query_timeout_ms. Past it the socket is shut (p->timed_out):
+ * store's query_timeout_ms (or the shorter deadline lg__store_deadline
+ * set). Past it the socket is shut (p->timed_out):
  * libpq then reads its end at once, and the call fails as a lost
  * connection does. A connection that breaks meanwhile is left for
  * PQgetResult to report. */
 static void await_answer(lg_store_t *s) {
   pgc_t *p = s->conn;
   int fd = PQsocket(p->conn);
-  if (s->query_timeout_ms <= 0 || fd < 0) return;
-  int64_t end = mono_ms() + s->query_timeout_ms;
+  int ms = s->deadline_ms ? s->deadline_ms : s->query_timeout_ms; /* lg__store_deadline */
+  if (ms <= 0 || fd < 0) return;
+  int64_t end = mono_ms() + ms;
   while (PQisBusy(p->conn)) {
     int64_t left = end - mono_ms();
     if (left <= 0) {

@@ -93,6 +93,14 @@ void lg__checkpointer_free(lg__checkpointer_t *c);
  * in parallel on a handle each (postgres:). */
 int lg__store_single_writer(const lg_store_t *s);
 
+/* Bounds this handle's waits for its server's answers to ms (> 0) until
+ * called again with 0, where the store's own deadline (query_timeout_ms)
+ * is longer or none; `why` (static text) is what a call that outlives it
+ * names. PostgreSQL only: a store that waits on no server ignores it. The
+ * caller is the only user of the handle meanwhile. For /healthz, which
+ * must answer a probe in time however long a request may wait. */
+void lg__store_deadline(lg_store_t *s, int ms, const char *why);
+
 /* Whether the store can take a write now (vtab write_probe): 0, or
  * LG_EBUSY / LG_ESTORE with a reason that names no URL. For /healthz. */
 int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err);

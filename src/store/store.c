@@ -156,6 +156,15 @@ int lg__store_write_probe(lg_store_t *s, int64_t now_ms, lg_error_t *err) {
   return lg__sql_write_probe(s, now_ms, err);
 }
 
+void lg__store_deadline(lg_store_t *s, int ms, const char *why) {
+  /* only PostgreSQL waits on a server; the others' handles may be shared
+   * by threads, so nothing of theirs is written */
+  if (strcmp(s->scheme, "postgres")) return;
+  int shorter = ms > 0 && (s->query_timeout_ms <= 0 || ms < s->query_timeout_ms);
+  s->deadline_ms = shorter ? ms : 0;
+  s->deadline_why = shorter ? why : NULL;
+}
+
 void lg__store_read_end(lg_store_t *s, int reader) {
   if (reader) lg__sql_reader(s, 0, NULL);
   else lg__store_unlock(s);

@@ -160,6 +160,8 @@ struct lg_store {
   int query_timeout_ms;       /* PostgreSQL: how long a call waits for the server's
                                  answer once the store is open (0: for ever);
                                  driver_pg.c */
+  int deadline_ms;            /* a shorter wait for a while (lg__store_deadline), 0: none */
+  const char *deadline_why;   /* what set it: named by a call that outlives it */
 };
 
 /* A postgres: store's deadline for each answer of the server, unless the

@@ -149,4 +149,27 @@ grep_q "did not answer within 1000 ms" "$TMP/silent.json" || fail "PostgreSQL si
 for i in $(seq 50); do code=$(call); [ "$code" = 200 ] && break; sleep 0.1; done
 [ "$code" = 200 ] || fail "PostgreSQL answering again: a call answered $code: $(cat "$TMP/silent.json")"
 stop_server B
+
+note "PostgreSQL silent: /healthz answers 503 within its own deadline (2 s), not query_timeout_ms's 60 s; 200 once it answers"
+# (a load balancer's probe gives up after a few seconds: a database that
+# does not answer must read as unhealthy, not as a probe with no answer)
+start_server C --store "$LG_PG_URL"
+code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' "$C_URL/healthz")
+[ "$code" = 200 ] || fail "PostgreSQL answering: /healthz $code: $(cat "$TMP/health.json")"
+pids=$(psql_q "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()") ||
+  fail "PostgreSQL silent: psql"
+[ -n "$pids" ] || fail "PostgreSQL silent: no backend of C's"
+kill -STOP $pids
+t0=$(date +%s%N)
+code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' --max-time 30 "$C_URL/healthz")
+ms=$((($(date +%s%N) - t0) / 1000000))
+kill -CONT $pids
+[ "$code" = 503 ] || fail "PostgreSQL silent: /healthz answered $code in $ms ms, not 503 (000: no answer in 30 s): $(cat "$TMP/health.json")"
+[ "$ms" -lt 6000 ] || fail "PostgreSQL silent: /healthz took $ms ms (its deadline is 2 s)"
+grep_q '"reason":"the store does not answer' "$TMP/health.json" || fail "PostgreSQL silent: /healthz's reason: $(cat "$TMP/health.json")"
+grep_q "did not answer within 2000 ms (the health check's deadline)" "$TMP/C.err" ||
+  fail "PostgreSQL silent: the log does not name the health check's deadline: $(grep request_failed "$TMP/C.err" | tail -n 3)"
+for i in $(seq 50); do code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' "$C_URL/healthz"); [ "$code" = 200 ] && break; sleep 0.1; done
+[ "$code" = 200 ] || fail "PostgreSQL answering again: /healthz $code: $(cat "$TMP/health.json")"
+stop_server C
 echo "serve_pg_crash: all passed"
