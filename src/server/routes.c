@@ -90,9 +90,10 @@ static void log_failure(lg_server_t *srv, const lg__req_t *rq, const lg_error_t 
   lg__buf_free(&f);
 }
 
-/* Answers a store error: what was asked was not done (nothing stored).
- * The answer says what failed in the store's own words, never where (the
- * store's URL or file: the log line has it). */
+/* Answers a store error: what was asked was not done (nothing stored),
+ * unless the store says a lost COMMIT may have stored it all
+ * (LG__ERR_MAYBE_STORED). The answer says what failed in the store's own
+ * words, never where (the store's URL or file: the log line has it). */
 int lg__req_store_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *what) {
   char buf[600];
   const char *msg = lg__error_public(e, rc, buf, sizeof buf);
@@ -102,6 +103,11 @@ int lg__req_store_error(lg__req_t *rq, int rc, const lg_error_t *e, const char *
   case LG_EINVAL: return lg__req_error(rq, 400, "invalid_request", e ? e->field : NULL, "%s", msg);
   default:
     log_failure(rq->srv, rq, e, rc);
+    if (e && strstr(e->message, LG__ERR_MAYBE_STORED)) /* the database may have it all */
+      return lg__req_error(rq, 500, "internal", NULL,
+                           "%s: %s (the outcome is unknown: read it back before a retry, which "
+                           "may count it twice)",
+                           what, msg);
     return lg__req_error(rq, 500, "internal", NULL,
                          "%s: %s (nothing was decided or stored; it is safe to retry)", what,
                          rc == LG_EBUSY ? "the store was busy" : msg);

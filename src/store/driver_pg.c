@@ -77,6 +77,7 @@ struct lg__stmt {
   int row;                    /* the row step() is on (-1 before the first) */
   int queued;                 /* sent (want 1): waits in the pipeline */
   int failed;                 /* the pipeline it was in failed: an LG_E* code */
+  int writes;                 /* not a SELECT: outside a transaction, its own COMMIT */
 };
 
 /* A statement of a pipeline: a held-back write (its parameters copied), a
@@ -101,6 +102,9 @@ typedef struct pgc {
   item_t *q;                  /* waiting to be sent, in order */
   int nq, capq;
   int timed_out;              /* the connection was shut: no answer within the deadline */
+  int commit_sent;            /* a COMMIT is on its way (d_end), or a write outside a
+                                 transaction (d_step): a connection lost now leaves
+                                 its outcome unknown (pg_fail) */
 } pgc_t;
 
 static void no_notices(void *arg, const char *msg) {
@@ -119,12 +123,13 @@ static void trim_msg(char *out, size_t size, const char *msg) {
 static int pg_fail(lg_store_t *s, PGresult *res, const char *what, lg_error_t *err) {
   pgc_t *p = s->conn;
   char msg[400];
+  const char *maybe = p->commit_sent ? LG__ERR_MAYBE_STORED : "";
   if (p->timed_out)
     return lg__err(err, LG_ESTORE, NULL, -1,
                    "%s: PostgreSQL did not answer within %d ms (%s), and the "
-                   "connection was dropped: the next call connects again",
+                   "connection was dropped: the next call connects again%s",
                    what, s->deadline_ms ? s->deadline_ms : s->query_timeout_ms,
-                   s->deadline_ms ? s->deadline_why : "query_timeout_ms");
+                   s->deadline_ms ? s->deadline_why : "query_timeout_ms", maybe);
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
   int lost = !p->conn || PQstatus(p->conn) != CONNECTION_OK;
   trim_msg(msg, sizeof msg, res ? PQresultErrorMessage(res) : NULL);
@@ -132,7 +137,8 @@ static int pg_fail(lg_store_t *s, PGresult *res, const char *what, lg_error_t *e
     trim_msg(msg, sizeof msg, PQerrorMessage(p->conn));
   if (lost)
     return lg__err(err, LG_ESTORE, NULL, -1,
-                   "%s: the connection to PostgreSQL was lost" LG__ERR_DETAIL "%s)", what, msg);
+                   "%s: the connection to PostgreSQL was lost%s" LG__ERR_DETAIL "%s)", what,
+                   maybe, msg);
   int code = LG_ESTORE;
   if (state && (!strcmp(state, "40001") || !strcmp(state, "40P01") ||
                 !strcmp(state, "55P03") || !strcmp(state, "57014") ||
@@ -267,11 +273,13 @@ static int flush(lg_store_t *s, const char *last, PGresult **last_res, lg_error_
     rc = pg_fail(s, NULL, "starting a pipeline", err);
     goto out;
   }
-  for (; sent < n; sent++)
+  for (; sent < n; sent++) {
     if (!send_one(p, all[sent])) {
       rc = pg_fail(s, NULL, "sending a statement", err);
       break;
     }
+    if (all[sent] == &tail && !strcmp(last, "COMMIT")) p->commit_sent = 1;
+  }
   if (PQpipelineSync(p->conn) != 1 && !rc) rc = pg_fail(s, NULL, "sending a pipeline", err);
   /* One result and a NULL per statement sent, then the sync. */
   for (int i = 0; i < sent; i++) {
@@ -461,6 +469,7 @@ static int d_prepare(lg_store_t *s, const char *const *sql, int n, lg_error_t *e
     p->st[i].which = i;
     p->st[i].row = -1;
     p->st[i].np = sql[i] ? count_params(sql[i]) : 0;
+    p->st[i].writes = sql[i] && strncmp(sql[i], "SELECT", 6);
     if (p->st[i].np > MAX_PARAMS)
       return lg__err(err, LG_ESTATE, NULL, -1, "query %d has more than %d parameters", i,
                      MAX_PARAMS);
@@ -544,14 +553,20 @@ static int d_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
   }
   PGresult *res = NULL;
   int rc;
+  /* Once the COMMIT is handed to libpq (p->commit_sent), a lost connection
+   * may have lost only its answer: the error says the outcome is unknown */
   if (was_pending || p->nq) { /* BEGIN (if it waited), the writes held back and the COMMIT */
     rc = flush(s, "COMMIT", &res, err);
     if (!rc) rc = commit_result(s, res, err);
+    p->commit_sent = 0;
     if (rc && PQstatus(p->conn) == CONNECTION_OK && PQtransactionStatus(p->conn) != PQTRANS_IDLE)
       PQclear(exec_cmd(s, "ROLLBACK"));
   } else {
-    res = exec_cmd(s, "COMMIT");
+    int sent = PQsendQuery(p->conn, "COMMIT");
+    p->commit_sent = sent;
+    res = sent_result(s, sent);
     rc = commit_result(s, res, err);
+    p->commit_sent = 0;
   }
   PQclear(res);
   return rc;
@@ -620,14 +635,17 @@ static int d_step(lg_store_t *s, lg__stmt_t *st, const char *what, lg_error_t *e
       if ((rc = ensure(s, err))) return rc;
       char name[16];
       snprintf(name, sizeof name, "lg_q%d", st->which);
-      PGresult *res =
-          sent_result(s, PQsendQueryPrepared(p->conn, name, st->np, st->vals, st->lens, st->fmts, 1));
+      int sent = PQsendQueryPrepared(p->conn, name, st->np, st->vals, st->lens, st->fmts, 1);
+      p->commit_sent = sent && st->writes && s->depth == 0; /* a lost answer: unknown */
+      PGresult *res = sent_result(s, sent);
       int status = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
       if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
         rc = pg_fail(s, res, what, err);
+        p->commit_sent = 0;
         PQclear(res);
         return rc;
       }
+      p->commit_sent = 0;
       st->res = res;
       st->row = -1;
     }

@@ -199,6 +199,12 @@ const char *lg__error_text(const lg_error_t *err, int code);
  * a path (libpq's: "connection to server at \"db.internal\"..."), after
  * this: the operator's, for the log. */
 #define LG__ERR_DETAIL " (libpq: "
+/* A store's message says this, before any LG__ERR_DETAIL, when a write
+ * failed with its outcome unknown: the connection to the database was lost
+ * (or dropped at its deadline) after the transaction's COMMIT was sent, so
+ * the database may have stored it whole. An answer then does not say
+ * "nothing was stored" (lg__req_store_error). */
+#define LG__ERR_MAYBE_STORED "; its COMMIT was sent, so it may have been stored"
 /* What an answer to a client may say of an error, in buf: lg_error_format
  * without where (the source and its line: a store's URL or file), the
  * field kept ("field: sentence"), cut before LG__ERR_DETAIL ("... (the

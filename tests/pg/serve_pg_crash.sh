@@ -146,8 +146,36 @@ code=$(call)
 kill -CONT $pids
 [ "$code" = 500 ] || fail "PostgreSQL silent: a call answered $code, not 500 (000: no answer in 30 s): $(cat "$TMP/silent.json")"
 grep_q "did not answer within 1000 ms" "$TMP/silent.json" || fail "PostgreSQL silent: the 500 does not name the deadline: $(cat "$TMP/silent.json")"
+grep_q "nothing was decided or stored" "$TMP/silent.json" || # it waited on its BEGIN
+  fail "PostgreSQL silent: the 500 does not say nothing was stored: $(cat "$TMP/silent.json")"
 for i in $(seq 50); do code=$(call); [ "$code" = 200 ] && break; sleep 0.1; done
 [ "$code" = 200 ] || fail "PostgreSQL answering again: a call answered $code: $(cat "$TMP/silent.json")"
+
+note "a COMMIT slower than query_timeout_ms: a 500 that says the outcome is unknown, not that nothing was stored; the call was"
+# (a commit that waits on a stalled disk or a synchronous standby: the
+# deadline drops the connection after the COMMIT was sent, and the
+# database commits anyway; here a deferred trigger sleeps at COMMIT)
+psql_q "CREATE FUNCTION lg_test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+  'BEGIN PERFORM pg_sleep(2); RETURN NULL; END';
+CREATE CONSTRAINT TRIGGER lg_test_slow_commit AFTER UPDATE ON lg_runs DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW WHEN (NEW.run_id = 'slowcommit') EXECUTE FUNCTION lg_test_slow_commit()" >/dev/null ||
+  fail "slow COMMIT: creating the trigger"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d '{"run_id":"slowcommit"}' "$B_URL/v1/runs")
+[ "$code" = 201 ] || fail "slow COMMIT: the run was not created ($code)"
+code=$(curl -s -o "$TMP/slow.json" -w '%{http_code}' --max-time 30 -H 'Content-Type: application/json' \
+  -d '{"tool":"search","args":{"q":"x"}}' "$B_URL/v1/runs/slowcommit/calls")
+[ "$code" = 500 ] || fail "slow COMMIT: a call answered $code, not 500: $(cat "$TMP/slow.json")"
+grep_q "did not answer within 1000 ms.*may have been stored.*the outcome is unknown" "$TMP/slow.json" ||
+  fail "slow COMMIT: the 500 does not say the outcome is unknown: $(cat "$TMP/slow.json")"
+! grep_q "nothing was decided or stored" "$TMP/slow.json" || fail "slow COMMIT: the 500 says nothing was stored: $(cat "$TMP/slow.json")"
+for i in $(seq 50); do # the backend commits once its sleep is over
+  calls=$(curl -s "$B_URL/v1/runs/slowcommit" | jq_py 'd["counters"]["calls"]')
+  [ "$calls" = 1 ] && break
+  sleep 0.1
+done
+[ "$calls" = 1 ] || fail "slow COMMIT: the call was not stored after all ($calls calls): the test no longer shows a lost answer"
+psql_q "DROP TRIGGER lg_test_slow_commit ON lg_runs; DROP FUNCTION lg_test_slow_commit()" >/dev/null ||
+  fail "slow COMMIT: dropping the trigger"
 stop_server B
 
 note "PostgreSQL silent: /healthz answers 503 within its own deadline (2 s), not query_timeout_ms's 60 s; 200 once it answers"

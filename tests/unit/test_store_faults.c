@@ -296,6 +296,18 @@ static void test_pg_connection_dropped(void **state) {
   assert_int_equal(peek(s, "in-decision", T0), LG_CLAIM_IN_PROGRESS);
 }
 
+/* A fault hook that stops the store's backend (SIGSTOP) at stop_point
+ * (just before a COMMIT), and keeps its pid. */
+static int stopped_pid;
+static const char *stop_point;
+static int stop_backend(void *ud, lg_store_t *s, const char *point) {
+  (void)ud;
+  if (strcmp(point, stop_point)) return 0;
+  stopped_pid = lg__store_pg_backend_pid(s);
+  assert_int_equal(kill(stopped_pid, SIGSTOP), 0);
+  return 0;
+}
+
 /* A server that keeps the connection but stops answering (its backend
  * stopped: a stalled disk, a paused machine, which no keepalive sees):
  * the call fails once query_timeout_ms has passed, saying so, and the
@@ -320,6 +332,10 @@ static void test_pg_backend_frozen(void **state) {
   assert_int_equal(rc, LG_ESTORE);
   if (!strstr(err.message, "did not answer within 300 ms"))
     fail_msg("the error does not name the deadline: %s", err.message);
+  /* the commit's write is a statement of its own, its own COMMIT: the
+   * backend may run it when it wakes, and the error says so */
+  if (!strstr(err.message, LG__ERR_MAYBE_STORED))
+    fail_msg("the error does not say the write may be stored: %s", err.message);
   for (int i = 0; i < 200 && kill(pid, 0) == 0; i++) usleep(50000); /* until it has ended */
   lg_claim_outcome_t o = peek(s, "k", T0 + 2); /* reconnected */
   if (o != LG_CLAIM_IN_PROGRESS && o != LG_CLAIM_REPLAY) fail_msg("the key after the deadline: %d", o);
@@ -330,6 +346,61 @@ static void test_pg_backend_frozen(void **state) {
   assert_int_equal(op.state, LG_OP_COMMITTED);
   assert_string_equal(op.result, "1");
   lg_operation_clear(&op);
+  /* A read that outlives the deadline wrote nothing: nothing "may" be stored */
+  pid = lg__store_pg_backend_pid(s);
+  assert_int_equal(kill(pid, SIGSTOP), 0);
+  memset(&err, 0, sizeof err);
+  rc = lg_store_operation(s, "k", T0 + 5, &op, &err);
+  kill(pid, SIGCONT);
+  assert_int_equal(rc, LG_ESTORE);
+  if (!strstr(err.message, "did not answer within 300 ms") || strstr(err.message, LG__ERR_MAYBE_STORED))
+    fail_msg("a read past the deadline: %s", err.message);
+  /* A decision's writes go with its COMMIT, in one pipeline: stopped
+   * just before it, the backend holds them all, and a lost answer leaves
+   * the outcome unknown, which the error says. Woken, the backend may run
+   * them: the run and its claim are both changed, or neither. */
+  make_run(s);
+  stop_point = "with_run.before_commit";
+  stopped_pid = 0;
+  lg__store_set_fault(s, stop_backend, NULL);
+  memset(&err, 0, sizeof err);
+  rc = lg_store_with_run(s, "run", decide, NULL, &err);
+  lg__store_set_fault(s, NULL, NULL);
+  assert_true(stopped_pid > 0);
+  kill(stopped_pid, SIGCONT);
+  assert_int_equal(rc, LG_ESTORE);
+  if (!strstr(err.message, "did not answer within 300 ms") || !strstr(err.message, LG__ERR_MAYBE_STORED))
+    fail_msg("a COMMIT past the deadline does not say its outcome is unknown: %s", err.message);
+  for (int i = 0; i < 200 && kill(stopped_pid, 0) == 0; i++) usleep(50000);
+  lg_run_record_t got;
+  assert_int_equal(lg_store_run_get(s, "run", &got, NULL), 0);
+  int changed = !strcmp(got.envelope_json, "\"changed\"");
+  lg_run_record_clear(&got);
+  assert_int_equal(peek(s, "in-decision", T0), changed ? LG_CLAIM_IN_PROGRESS : LG_CLAIM_FREE);
+  /* A reservation's writes wait for its COMMIT and go in one pipeline
+   * with it (batch mode): the same, whole or not at all. */
+  lg_budget_t b;
+  assert_int_equal(lg_budget_set(s, "team:a", 1000000, LG_PERIOD_NONE, -1, T0, &b, &err), 0);
+  const char *scopes[] = {"team:a"};
+  lg_budget_request_t req = {.scopes = scopes, .nscopes = 1, .amount_micro = 250000};
+  lg_budget_reservation_t r;
+  stop_point = "budget.reserve.before_commit";
+  stopped_pid = 0;
+  lg__store_set_fault(s, stop_backend, NULL);
+  memset(&err, 0, sizeof err);
+  rc = lg_budget_reserve(s, &req, T0 + 6, &r, NULL, &err);
+  lg__store_set_fault(s, NULL, NULL);
+  assert_true(stopped_pid > 0);
+  kill(stopped_pid, SIGCONT);
+  assert_int_equal(rc, LG_ESTORE);
+  if (!strstr(err.message, "did not answer within 300 ms") || !strstr(err.message, LG__ERR_MAYBE_STORED))
+    fail_msg("a reservation's COMMIT past the deadline: %s", err.message);
+  for (int i = 0; i < 200 && kill(stopped_pid, 0) == 0; i++) usleep(50000);
+  assert_int_equal(lg_budget_get(s, "team:a", T0 + 7, &b, &err), 0);
+  if (!(b.reserved_micro == 0 && b.open_reservations == 0) &&
+      !(b.reserved_micro == 250000 && b.open_reservations == 1))
+    fail_msg("the reservation half stored: %lld reserved by %lld", (long long)b.reserved_micro,
+             (long long)b.open_reservations);
   lg_store_close(s);
 }
 
