@@ -382,6 +382,36 @@ static int prepare_all(lg_store_t *s, lg_error_t *err) {
   return 0;
 }
 
+/* Connects again (PQreset), within the handle's shorter deadline when
+ * one is set (lg__store_deadline): PQreset waits up to connect_timeout
+ * (10 s by default) for a host that does not answer, past a health
+ * probe's. On the deadline the attempt is dropped (p->timed_out); the
+ * next call starts a new one. PQstatus says how it went. */
+static void reconnect(lg_store_t *s) {
+  pgc_t *p = s->conn;
+  if (!s->deadline_ms) {
+    PQreset(p->conn);
+    return;
+  }
+  if (!PQresetStart(p->conn)) return;
+  int64_t end = mono_ms() + s->deadline_ms;
+  PostgresPollingStatusType st = PGRES_POLLING_WRITING; /* as libpq says to start */
+  while (st == PGRES_POLLING_READING || st == PGRES_POLLING_WRITING) {
+    int fd = PQsocket(p->conn);
+    int64_t left = end - mono_ms();
+    if (fd < 0) return;
+    if (left <= 0) {
+      p->timed_out = 1;
+      shutdown(fd, SHUT_RDWR);
+      return;
+    }
+    struct pollfd pf = {.fd = fd, .events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT};
+    int n = poll(&pf, 1, (int)left);
+    if (n < 0 && errno != EINTR) return;
+    if (n > 0) st = PQresetPoll(p->conn);
+  }
+}
+
 /* Makes sure the connection is up before a call that starts outside a
  * transaction: a connection lost by an earlier call is re-established. */
 static int ensure(lg_store_t *s, lg_error_t *err) {
@@ -392,7 +422,7 @@ static int ensure(lg_store_t *s, lg_error_t *err) {
                    "the connection to PostgreSQL was lost in the middle of a transaction");
   if (PQstatus(p->conn) != CONNECTION_OK) {
     p->timed_out = 0;
-    PQreset(p->conn);
+    reconnect(s);
     if (PQstatus(p->conn) != CONNECTION_OK) return pg_fail(s, NULL, "reconnecting", err);
   }
   int rc = session_setup(s, err);

@@ -178,25 +178,73 @@ psql_q "DROP TRIGGER lg_test_slow_commit ON lg_runs; DROP FUNCTION lg_test_slow_
   fail "slow COMMIT: dropping the trigger"
 stop_server B
 
-note "PostgreSQL silent: /healthz answers 503 within its own deadline (2 s), not query_timeout_ms's 60 s; 200 once it answers"
+note "a PostgreSQL host gone silent: /healthz answers 503 within its own deadline (2 s), not query_timeout_ms's 60 s nor connect_timeout's 10 s; 200 once it answers"
 # (a load balancer's probe gives up after a few seconds: a database that
-# does not answer must read as unhealthy, not as a probe with no answer)
-start_server C --store "$LG_PG_URL"
+# does not answer must read as unhealthy, not as a probe with no answer.)
+# The host: a TCP relay to PostgreSQL's socket that, on SIGUSR1, stops
+# relaying and answers no new connection (a paused machine, a network
+# split: the kernel still takes the connection); on SIGUSR2 relays again.
+python3 - "$pgdir/.s.PGSQL.5432" "$TMP/relay.port" <<'PY' &
+import signal, socket, sys, threading
+quiet = threading.Event()
+signal.signal(signal.SIGUSR1, lambda *a: quiet.set())
+signal.signal(signal.SIGUSR2, lambda *a: quiet.clear())
+def pump(a, b):
+    try:
+        while True:
+            data = a.recv(65536)
+            if not data:
+                break
+            while quiet.is_set():  # held, as by a host that does not answer
+                threading.Event().wait(0.05)
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+def serve(c):
+    while quiet.is_set():
+        threading.Event().wait(0.05)
+    u = socket.socket(socket.AF_UNIX)
+    u.connect(sys.argv[1])
+    threading.Thread(target=pump, args=(c, u), daemon=True).start()
+    threading.Thread(target=pump, args=(u, c), daemon=True).start()
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+open(sys.argv[2], "w").write(str(l.getsockname()[1]))
+while True:
+    c, _ = l.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+PY
+relay=$!
+ALL_PIDS+=($relay)
+for i in $(seq 100); do [ -s "$TMP/relay.port" ] && break; sleep 0.05; done
+[ -s "$TMP/relay.port" ] || fail "the relay did not start"
+# one HTTP thread, so that every probe finds the connection the first made
+start_server C --threads 1 --store "postgres:host=127.0.0.1 port=$(cat "$TMP/relay.port") dbname=lgtest user=${LG_PG_URL##*user=}"
 code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' "$C_URL/healthz")
 [ "$code" = 200 ] || fail "PostgreSQL answering: /healthz $code: $(cat "$TMP/health.json")"
-pids=$(psql_q "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()") ||
-  fail "PostgreSQL silent: psql"
-[ -n "$pids" ] || fail "PostgreSQL silent: no backend of C's"
-kill -STOP $pids
-t0=$(date +%s%N)
-code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' --max-time 30 "$C_URL/healthz")
-ms=$((($(date +%s%N) - t0) / 1000000))
-kill -CONT $pids
-[ "$code" = 503 ] || fail "PostgreSQL silent: /healthz answered $code in $ms ms, not 503 (000: no answer in 30 s): $(cat "$TMP/health.json")"
-[ "$ms" -lt 6000 ] || fail "PostgreSQL silent: /healthz took $ms ms (its deadline is 2 s)"
-grep_q '"reason":"the store does not answer' "$TMP/health.json" || fail "PostgreSQL silent: /healthz's reason: $(cat "$TMP/health.json")"
+kill -USR1 $relay
+probe() { # WHAT: /healthz is 503 within 6 s, its reason the store's silence; the log says why
+  local t0 ms
+  t0=$(date +%s%N)
+  code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' --max-time 30 "$C_URL/healthz")
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  [ "$code" = 503 ] || fail "$1: /healthz answered $code in $ms ms, not 503 (000: no answer in 30 s): $(cat "$TMP/health.json")"
+  [ "$ms" -lt 6000 ] || fail "$1: /healthz took $ms ms (its deadline is 2 s)"
+  grep_q '"reason":"the store does not answer' "$TMP/health.json" || fail "$1: /healthz's reason: $(cat "$TMP/health.json")"
+}
+probe "the host silent, the connection open"
 grep_q "did not answer within 2000 ms (the health check's deadline)" "$TMP/C.err" ||
-  fail "PostgreSQL silent: the log does not name the health check's deadline: $(grep request_failed "$TMP/C.err" | tail -n 3)"
+  fail "the host silent: the log does not name the health check's deadline: $(grep request_failed "$TMP/C.err" | tail -n 3)"
+probe "the host silent, connecting again"
+grep_q "reconnecting: PostgreSQL did not answer within 2000 ms" "$TMP/C.err" ||
+  fail "the host silent, connecting again: the log does not say so: $(grep request_failed "$TMP/C.err" | tail -n 3)"
+kill -USR2 $relay
 for i in $(seq 50); do code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' "$C_URL/healthz"); [ "$code" = 200 ] && break; sleep 0.1; done
 [ "$code" = 200 ] || fail "PostgreSQL answering again: /healthz $code: $(cat "$TMP/health.json")"
 stop_server C
