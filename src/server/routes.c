@@ -1287,11 +1287,12 @@ void lg__h_healthz(lg__req_t *rq) {
    * to the store's reader, so this never waits behind a write. */
   lg_server_t *srv = rq->srv;
   lg_error_t e = {0};
-  lg__worker_t *w = lg__server_worker(srv, &e);
+  static const char why[] = "the health check's deadline";
+  lg__worker_t *w = lg__server_worker_within(srv, LG__HEALTH_DEADLINE_MS, why, &e);
   int version = 0;
   int rc = e.code ? e.code : LG_ESTORE;
   if (w) { /* a probe's answer in time, however long a request may wait */
-    lg__store_deadline(w->store, LG__HEALTH_DEADLINE_MS, "the health check's deadline");
+    lg__store_deadline(w->store, LG__HEALTH_DEADLINE_MS, why);
     rc = lg_store_schema_version(w->store, &version, &e);
     lg__store_deadline(w->store, 0, NULL);
   }

@@ -154,6 +154,11 @@ int lg_server_reopen_log(lg_server_t *srv) {
 
 
 lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err) {
+  return lg__server_worker_within(srv, 0, NULL, err);
+}
+
+lg__worker_t *lg__server_worker_within(lg_server_t *srv, int ms, const char *why,
+                                       lg_error_t *err) {
   lg__worker_t *w = pthread_getspecific(srv->wkey);
   if (w) return w;
   w = lg__calloc(1, sizeof *w);
@@ -169,7 +174,8 @@ lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err) {
     w->store = srv->spare;
     srv->spare = NULL;
     pthread_mutex_unlock(&srv->wlist_mu);
-    if (!w->store && (w->store = lg_store_open(srv->o.store_url, NULL, err)) && srv->has_secret)
+    if (!w->store && (w->store = lg__store_open_within(srv->o.store_url, NULL, ms, why, err)) &&
+        srv->has_secret)
       lg_key_set_secret(w->store, srv->secret);
     if (!w->store) {
       lg_canon_free(w->canon);

@@ -440,6 +440,10 @@ int64_t lg__server_now(const lg_server_t *srv);
 /* The calling thread's worker (made on first use), or NULL with err filled
  * when its store handle cannot be opened. */
 lg__worker_t *lg__server_worker(lg_server_t *srv, lg_error_t *err);
+/* The same, a store handle it opens connecting within ms (PostgreSQL;
+ * lg__store_open_within): for /healthz, the first request of its thread. */
+lg__worker_t *lg__server_worker_within(lg_server_t *srv, int ms, const char *why,
+                                       lg_error_t *err);
 /* A parsed policy for stored policy JSON: a new reference (lg_policy_free),
  * or NULL with err filled. */
 lg_policy_t *lg__server_policy(lg_server_t *srv, const char *json, lg_error_t *err);

@@ -382,34 +382,37 @@ static int prepare_all(lg_store_t *s, lg_error_t *err) {
   return 0;
 }
 
-/* Connects again (PQreset), within the handle's shorter deadline when
- * one is set (lg__store_deadline): PQreset waits up to connect_timeout
- * (10 s by default) for a host that does not answer, past a health
- * probe's. On the deadline the attempt is dropped (p->timed_out); the
- * next call starts a new one. PQstatus says how it went. */
-static void reconnect(lg_store_t *s) {
-  pgc_t *p = s->conn;
-  if (!s->deadline_ms) {
-    PQreset(p->conn);
-    return;
-  }
-  if (!PQresetStart(p->conn)) return;
+/* Waits for a connection libpq started without blocking (PQconnectStart*
+ * or PQresetStart: `reset`), at most the handle's shorter deadline
+ * (lg__store_deadline), which is set whenever this is called: PQconnectdb
+ * and PQreset wait up to connect_timeout (10 s by default) for a host that
+ * does not answer, past a health probe's. On the deadline the attempt is
+ * dropped (*timed_out); the next call starts a new one. PQstatus says how
+ * it went. */
+static void connect_wait(lg_store_t *s, PGconn *c, int reset, int *timed_out) {
   int64_t end = mono_ms() + s->deadline_ms;
   PostgresPollingStatusType st = PGRES_POLLING_WRITING; /* as libpq says to start */
   while (st == PGRES_POLLING_READING || st == PGRES_POLLING_WRITING) {
-    int fd = PQsocket(p->conn);
+    int fd = PQsocket(c);
     int64_t left = end - mono_ms();
     if (fd < 0) return;
     if (left <= 0) {
-      p->timed_out = 1;
+      *timed_out = 1;
       shutdown(fd, SHUT_RDWR);
       return;
     }
     struct pollfd pf = {.fd = fd, .events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT};
     int n = poll(&pf, 1, (int)left);
     if (n < 0 && errno != EINTR) return;
-    if (n > 0) st = PQresetPoll(p->conn);
+    if (n > 0) st = reset ? PQresetPoll(c) : PQconnectPoll(c);
   }
+}
+
+/* Connects again (PQreset), within the handle's deadline when it has one. */
+static void reconnect(lg_store_t *s) {
+  pgc_t *p = s->conn;
+  if (!s->deadline_ms) PQreset(p->conn);
+  else if (PQresetStart(p->conn)) connect_wait(s, p->conn, 1, &p->timed_out);
 }
 
 /* Makes sure the connection is up before a call that starts outside a
@@ -439,7 +442,7 @@ static int ensure(lg_store_t *s, lg_error_t *err) {
  * connect_timeout only when PGCONNECT_TIMEOUT does not set it. keepalives
  * and tcp_user_timeout apply to TCP only (not a unix socket); PQreset
  * reconnects with the same. */
-static PGconn *connect_with_defaults(const char *conninfo) {
+static PGconn *connect_with_defaults(const char *conninfo, int start) {
   static const char *const keys[] = {"keepalives", "keepalives_idle", "keepalives_interval",
                                      "keepalives_count", "tcp_user_timeout", "connect_timeout",
                                      "dbname", NULL};
@@ -447,7 +450,7 @@ static PGconn *connect_with_defaults(const char *conninfo) {
    * conninfo, key=value or a URI */
   const char *const vals[] = {"1", "10", "5", "3", "30000", getenv("PGCONNECT_TIMEOUT") ? NULL : "10",
                               conninfo, NULL};
-  return PQconnectdbParams(keys, vals, 1);
+  return start ? PQconnectStartParams(keys, vals, 1) : PQconnectdbParams(keys, vals, 1);
 }
 
 static int d_open(lg_store_t *s, const char *conninfo, lg_error_t *err) {
@@ -455,9 +458,19 @@ static int d_open(lg_store_t *s, const char *conninfo, lg_error_t *err) {
   if (!p) return lg__err(err, LG_ENOMEM, NULL, -1, "out of memory");
   s->conn = p;
   int rc;
-  p->conn = connect_with_defaults(conninfo ? conninfo : "");
+  /* within the handle's deadline when it has one (lg__store_open_within) */
+  p->conn = connect_with_defaults(conninfo ? conninfo : "", s->deadline_ms > 0);
   if (!p->conn) {
     rc = lg__err(err, LG_ENOMEM, NULL, -1, "out of memory connecting to PostgreSQL");
+    goto fail;
+  }
+  int timed_out = 0;
+  if (s->deadline_ms > 0 && PQstatus(p->conn) != CONNECTION_BAD)
+    connect_wait(s, p->conn, 0, &timed_out);
+  if (timed_out) {
+    rc = lg__err(err, LG_ESTORE, NULL, -1,
+                 "cannot connect to PostgreSQL: it did not answer within %d ms (%s)",
+                 s->deadline_ms, s->deadline_why);
     goto fail;
   }
   if (PQstatus(p->conn) != CONNECTION_OK) {

@@ -100,6 +100,11 @@ int lg__store_single_writer(const lg_store_t *s);
  * caller is the only user of the handle meanwhile. For /healthz, which
  * must answer a probe in time however long a request may wait. */
 void lg__store_deadline(lg_store_t *s, int ms, const char *why);
+/* lg_store_open, with the deadline of lg__store_deadline (ms > 0) on the
+ * open's connect and every answer it waits for; 0: none, as
+ * lg_store_open. For /healthz on a thread that has not connected yet. */
+lg_store_t *lg__store_open_within(const char *url, const lg_store_options_t *opts, int ms,
+                                  const char *why, lg_error_t *err);
 
 /* Whether the store can take a write now (vtab write_probe): 0, or
  * LG_EBUSY / LG_ESTORE with a reason that names no URL. For /healthz. */

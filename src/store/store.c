@@ -8,6 +8,7 @@
  * (saving and loading an lg_run_t, cancelling) in store_run.c.
  */
 #include "driver.h"
+#include "group.h"
 #include "store.h"
 
 #include <openssl/crypto.h>
@@ -288,6 +289,11 @@ static void fill_options(lg_store_t *s, const lg_store_options_t *opts, int dura
 
 lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
                           lg_error_t *err) {
+  return lg__store_open_within(url, opts, 0, NULL, err);
+}
+
+lg_store_t *lg__store_open_within(const char *url, const lg_store_options_t *opts, int ms,
+                                  const char *why, lg_error_t *err) {
   if (!url) {
     lg__err(err, LG_EINVAL, "url", -1, "no store URL given");
     return NULL;
@@ -318,7 +324,9 @@ lg_store_t *lg_store_open(const char *url, const lg_store_options_t *opts,
   if (mrc) goto fail_oom;
   s->ledger.methods = &lg__store_ledger_methods;
   s->ledger.self = s;
+  lg__store_deadline(s, ms, why); /* the open's own (query_timeout_ms is 0 until it is done) */
   int rc = lg__sql_open(s, arg, err);
+  lg__store_deadline(s, 0, NULL);
   lg__free(argbuf);
   if (rc) {
     lg__err_where(err, s->name, 0);

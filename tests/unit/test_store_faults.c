@@ -24,12 +24,17 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
 #include "step/step.h"
 #include "store/driver.h"
+#include "store/group.h"
 #include "store/store.h"
 #include "store_test_util.h"
 
@@ -431,6 +436,36 @@ static void test_pg_unreachable(void **state) {
   assert_non_null(strstr(err.message, "cannot connect"));
 }
 
+/* A host that takes the connection and never answers (a listener that
+ * never accepts: the kernel completes the handshake, libpq's startup
+ * packet waits unread): opened within a deadline, the open fails at it,
+ * saying so, long before the URL's connect_timeout (30 s). No PostgreSQL
+ * server is needed. */
+static void test_pg_open_within(void **state) {
+  (void)state;
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t alen = sizeof a;
+  assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(l, 8), 0);
+  assert_int_equal(getsockname(l, (struct sockaddr *)&a, &alen), 0);
+  char url[200];
+  snprintf(url, sizeof url, "postgres:host=127.0.0.1 port=%d dbname=x user=x connect_timeout=30",
+           ntohs(a.sin_port));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  lg_error_t err = {0};
+  lg_store_t *s = lg__store_open_within(url, NULL, 300, "the test's deadline", &err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  close(l);
+  assert_null(s);
+  assert_int_equal(err.code, LG_ESTORE);
+  if (!strstr(err.message, "cannot connect to PostgreSQL: it did not answer within 300 ms (the test's deadline)"))
+    fail_msg("the open past its deadline: %s", err.message);
+  long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+  if (ms > 10000) fail_msg("the open took %ld ms, its deadline 300", ms); /* connect_timeout: 30 s */
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void) {
@@ -443,7 +478,8 @@ int main(void) {
   const struct CMUnitTest sqlite_driver[] = {T(test_sqlite_undone_transaction)}; /* memory: too */
   const struct CMUnitTest pg_only[] = {T(test_pg_connection_dropped), T(test_pg_unreachable),
                                        cmocka_unit_test(test_pg_backend_frozen)};
-  const struct CMUnitTest every[] = {cmocka_unit_test(test_query_timeout_param)};
+  const struct CMUnitTest every[] = {cmocka_unit_test(test_query_timeout_param),
+                                      cmocka_unit_test(test_pg_open_within)};
   const char *names[LGT_MAX_BACKENDS];
   int n = lgt_backends(names, "memory,sqlite");
   int failed = cmocka_run_group_tests_name("store URL parameters", every, NULL, NULL);
