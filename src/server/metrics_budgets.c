@@ -56,7 +56,7 @@ static int one(void *ud, const lg_budget_t *bud) {
   return 0;
 }
 
-int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b) {
+int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b, lg_error_t *e) {
   static const char *heads[4] = {
       "# HELP loopguard_budget_limit_usd The limit of each period of a shared budget, USD.\n"
       "# TYPE loopguard_budget_limit_usd gauge\n",
@@ -68,8 +68,7 @@ int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b) {
       "# TYPE loopguard_budget_resets_at_seconds gauge\n"};
   mb_ctx_t c;
   memset(&c, 0, sizeof c);
-  lg_error_t e = {0};
-  int rc = lg_budget_list(st, lg__server_now(srv), one, &c, &e);
+  int rc = st ? lg_budget_list(st, lg__server_now(srv), one, &c, e) : LG_ESTORE;
   int ok = rc == 0 || rc == 1;
   for (int i = 0; i < 4; i++) {
     lg__buf_puts(b, heads[i]);

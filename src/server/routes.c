@@ -1279,6 +1279,7 @@ void lg__h_budgets(lg__req_t *rq) {
  * seconds, and a silent database must read as unhealthy, not as a probe
  * that never answers. */
 #define LG__HEALTH_DEADLINE_MS 2000
+static const char health_why[] = "the health check's deadline";
 
 void lg__h_healthz(lg__req_t *rq) {
   /* Open to anyone: the answer names the store's kind, never its URL or
@@ -1287,12 +1288,11 @@ void lg__h_healthz(lg__req_t *rq) {
    * to the store's reader, so this never waits behind a write. */
   lg_server_t *srv = rq->srv;
   lg_error_t e = {0};
-  static const char why[] = "the health check's deadline";
-  lg__worker_t *w = lg__server_worker_within(srv, LG__HEALTH_DEADLINE_MS, why, &e);
+  lg__worker_t *w = lg__server_worker_within(srv, LG__HEALTH_DEADLINE_MS, health_why, &e);
   int version = 0;
   int rc = e.code ? e.code : LG_ESTORE;
   if (w) { /* a probe's answer in time, however long a request may wait */
-    lg__store_deadline(w->store, LG__HEALTH_DEADLINE_MS, why);
+    lg__store_deadline(w->store, LG__HEALTH_DEADLINE_MS, health_why);
     rc = lg_store_schema_version(w->store, &version, &e);
     lg__store_deadline(w->store, 0, NULL);
   }
@@ -1324,9 +1324,20 @@ void lg__h_healthz(lg__req_t *rq) {
 }
 
 void lg__h_metrics(lg__req_t *rq) {
-  lg__worker_t *w = worker(rq);
-  if (!w) return;
-  lg__server_count_active(rq->srv, w->store);
+  /* A scrape is answered in time when the store does not answer
+   * (Prometheus gives up after 10 s by default): its reads wait the health
+   * check's deadline, and when they fail the server's own counters are
+   * still sent, runs_active as last counted, the budgets' gauges without
+   * samples, and loopguard_store_up 0 says why. */
+  lg_server_t *srv = rq->srv;
+  lg_error_t e = {0};
+  lg__worker_t *w = lg__server_worker_within(srv, LG__HEALTH_DEADLINE_MS, health_why, &e);
+  lg_store_t *st = w ? w->store : NULL;
+  int rc = w ? 0 : (e.code ? e.code : LG_ESTORE);
+  if (st) {
+    lg__store_deadline(st, LG__HEALTH_DEADLINE_MS, health_why);
+    rc = lg__server_count_active(srv, st, &e);
+  }
   if (rq->srv->batcher) {
     uint64_t batches, jobs;
     lg__batcher_stats(rq->srv->batcher, &batches, &jobs);
@@ -1341,8 +1352,24 @@ void lg__h_metrics(lg__req_t *rq) {
                    (unsigned long long)batches, (unsigned long long)jobs);
   }
   if (rq->srv->gw) lg__gw_metrics(rq->srv->gw, &rq->out);
-  if (lg__metrics_render(&rq->srv->metrics, &rq->out) ||
-      lg__metrics_budgets(rq->srv, w->store, &rq->out)) { /* metrics_budgets.c */
+  int oom = lg__metrics_render(&rq->srv->metrics, &rq->out);
+  if (!oom) { /* metrics_budgets.c; not read again once the store failed */
+    lg_error_t be = {0};
+    oom = lg__metrics_budgets(srv, rc ? NULL : st, &rq->out, &be) == LG_ENOMEM;
+    if (!rc && be.code) {
+      rc = be.code;
+      e = be;
+    }
+  }
+  if (st) lg__store_deadline(st, 0, NULL);
+  if (rc) log_failure(srv, rq, &e, rc);
+  lg__buf_printf(&rq->out,
+                 "# HELP loopguard_store_up Whether the store answered this scrape's reads (0: "
+                 "the server's log has why).\n"
+                 "# TYPE loopguard_store_up gauge\n"
+                 "loopguard_store_up %d\n",
+                 rc ? 0 : 1);
+  if (oom || rq->out.oom) {
     lg__req_error(rq, 500, "internal", NULL, "out of memory");
     return;
   }

@@ -779,7 +779,7 @@ static int online_cores(void) {
   return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
 }
 
-static void count_active(lg_server_t *srv, lg_store_t *st);
+static int count_active(lg_server_t *srv, lg_store_t *st, lg_error_t *e);
 
 /* A server with copies of the caller's options and its locks, or NULL. */
 static lg_server_t *server_new(const lg_server_options_t *opts, lg_error_t *err) {
@@ -1049,7 +1049,8 @@ lg_server_t *lg_server_start(const lg_server_options_t *opts, lg_error_t *err) {
     srv->retainer_started = 1;
   }
   if (start_daemons(srv, err) || lg__acceptor_start(srv, err)) goto fail;
-  count_active(srv, st);
+  lg_error_t ce = {0};
+  count_active(srv, st, &ce); /* a first count; /metrics tries again */
   log_start(srv);
   return srv;
 fail:
@@ -1111,20 +1112,21 @@ static int count_cb(void *ud, const lg_run_record_t *rec) {
   ((counter_t *)ud)->n++;
   return 0;
 }
-static void count_active(lg_server_t *srv, lg_store_t *st) {
-  lg_error_t e = {0};
+static int count_active(lg_server_t *srv, lg_store_t *st, lg_error_t *e) {
   counter_t c = {0};
   lg_run_filter_t f = {.status = "active"};
-  if (!lg_store_run_list(st, &f, count_cb, &c, &e)) {
+  int rc = lg_store_run_list(st, &f, count_cb, &c, e);
+  if (!rc) {
     atomic_store(&srv->metrics.runs_active, c.n);
     atomic_store(&srv->metrics.runs_active_at_ms, lg__server_now(srv));
   }
+  return rc;
 }
 
-void lg__server_count_active(lg_server_t *srv, lg_store_t *st) {
+int lg__server_count_active(lg_server_t *srv, lg_store_t *st, lg_error_t *e) {
   int64_t at = atomic_load(&srv->metrics.runs_active_at_ms);
-  if (at && lg__server_now(srv) - at < 10000) return;
-  count_active(srv, st);
+  if (at && lg__server_now(srv) - at < 10000) return 0;
+  return count_active(srv, st, e);
 }
 
 /* ---- stop ---- */

@@ -137,8 +137,9 @@ void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source);
 /* The Prometheus text format (version 0.0.4) into b. */
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
 /* The shared budgets' gauges (limit, spent, reserved, resets_at) of the
- * store `st` into b (metrics_budgets.c). */
-int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b);
+ * store `st` into b (metrics_budgets.c): their heads alone when st is NULL
+ * or its read fails (*e filled). LG_ENOMEM or 0. */
+int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b, lg_error_t *e);
 
 /* ------------------------------------------------------------------ */
 /* body.c                                                              */
@@ -448,8 +449,9 @@ lg__worker_t *lg__server_worker_within(lg_server_t *srv, int ms, const char *why
  * or NULL with err filled. */
 lg_policy_t *lg__server_policy(lg_server_t *srv, const char *json, lg_error_t *err);
 /* Refreshes the runs_active gauge from the store `st` when the last count
- * is older than 10 s (a scan of the active runs: not on the hot path). */
-void lg__server_count_active(lg_server_t *srv, lg_store_t *st);
+ * is older than 10 s (a scan of the active runs: not on the hot path): 0,
+ * or the store's error (*e filled; the gauge keeps its last count). */
+int lg__server_count_active(lg_server_t *srv, lg_store_t *st, lg_error_t *e);
 
 /* What a decided step leaves in the metrics and the log, for the HTTP
  * API's routes and the gateway alike: its decision counted, the ledger's

@@ -83,6 +83,25 @@ tests:
         exp_samples:
           - labels: 'ALERTS{alertname="LoopguardServerErrors",alertstate="firing",severity="critical"}'
             value: 1
+  # the store stops answering for 5 minutes, then answers again
+  - interval: 1m
+    input_series:
+      - series: 'loopguard_store_up{instance="a"}'
+        values: '1 1 1 0 0 0 0 0 1 1 1'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: LoopguardStoreDown
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: LoopguardStoreDown
+        exp_alerts:
+          - exp_labels: {severity: critical, instance: a}
+            exp_annotations:
+              summary: "the store does not answer a's reads"
+              description: "Each scrape reads the store within 2 s; the log's request_failed lines with \"route\":\"metrics\" say why. Decisions fail (500) and /healthz answers 503 until it answers."
+      - eval_time: 10m
+        alertname: LoopguardStoreDown
+        exp_alerts: []
 EOF
 promtool test rules "$TMP/alerts-test.yml" >"$TMP/promtool-test.out" 2>&1 && ok || { bad "promtool test rules"; cat "$TMP/promtool-test.out"; }
 

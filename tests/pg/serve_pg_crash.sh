@@ -244,8 +244,21 @@ grep_q "did not answer within 2000 ms (the health check's deadline)" "$TMP/C.err
 probe "the host silent, connecting again"
 grep_q "reconnecting: PostgreSQL did not answer within 2000 ms" "$TMP/C.err" ||
   fail "the host silent, connecting again: the log does not say so: $(grep request_failed "$TMP/C.err" | tail -n 3)"
+# a scrape too: answered in time, the server's own counters sent, and
+# loopguard_store_up 0 (Prometheus gives up after 10 s by default)
+t0=$(date +%s%N)
+code=$(curl -s -o "$TMP/metrics.txt" -w '%{http_code}' --max-time 30 "$C_URL/metrics")
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$code" = 200 ] || fail "the host silent: /metrics answered $code in $ms ms: $(head -c 300 "$TMP/metrics.txt")"
+[ "$ms" -lt 6000 ] || fail "the host silent: /metrics took $ms ms (its store reads' deadline is 2 s)"
+grep_q '^loopguard_store_up 0$' "$TMP/metrics.txt" || fail "the host silent: /metrics: $(grep store_up "$TMP/metrics.txt")"
+grep_q '^loopguard_requests_total{route="healthz",code="503"} 2$' "$TMP/metrics.txt" ||
+  fail "the host silent: /metrics lacks the server's own counters: $(grep 'requests_total{route="healthz"' "$TMP/metrics.txt")"
+grep_q '"route":"metrics".*did not answer within 2000 ms' "$TMP/C.err" ||
+  fail "the host silent: no request_failed line for /metrics: $(grep request_failed "$TMP/C.err" | tail -n 3)"
 kill -USR2 $relay
 for i in $(seq 50); do code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' "$C_URL/healthz"); [ "$code" = 200 ] && break; sleep 0.1; done
 [ "$code" = 200 ] || fail "PostgreSQL answering again: /healthz $code: $(cat "$TMP/health.json")"
+curl -s "$C_URL/metrics" | grep_q '^loopguard_store_up 1$' || fail "PostgreSQL answering again: /metrics' loopguard_store_up is not 1"
 stop_server C
 echo "serve_pg_crash: all passed"
