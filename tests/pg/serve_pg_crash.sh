@@ -229,11 +229,14 @@ start_server C --threads 1 --store "postgres:host=127.0.0.1 port=$(cat "$TMP/rel
 code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' "$C_URL/healthz")
 [ "$code" = 200 ] || fail "PostgreSQL answering: /healthz $code: $(cat "$TMP/health.json")"
 kill -USR1 $relay
-probe() { # WHAT: /healthz is 503 within 6 s, its reason the store's silence; the log says why
-  local t0 ms
+timed_get() { # PATH OUT: GET C's PATH into OUT (30 s at most) -> $code, $ms
+  local t0
   t0=$(date +%s%N)
-  code=$(curl -s -o "$TMP/health.json" -w '%{http_code}' --max-time 30 "$C_URL/healthz")
+  code=$(curl -s -o "$2" -w '%{http_code}' --max-time 30 "$C_URL$1")
   ms=$((($(date +%s%N) - t0) / 1000000))
+}
+probe() { # WHAT: /healthz is 503 within 6 s, its reason the store's silence
+  timed_get /healthz "$TMP/health.json"
   [ "$code" = 503 ] || fail "$1: /healthz answered $code in $ms ms, not 503 (000: no answer in 30 s): $(cat "$TMP/health.json")"
   [ "$ms" -lt 6000 ] || fail "$1: /healthz took $ms ms (its deadline is 2 s)"
   grep_q '"reason":"the store does not answer' "$TMP/health.json" || fail "$1: /healthz's reason: $(cat "$TMP/health.json")"
@@ -246,9 +249,7 @@ grep_q "reconnecting: PostgreSQL did not answer within 2000 ms" "$TMP/C.err" ||
   fail "the host silent, connecting again: the log does not say so: $(grep request_failed "$TMP/C.err" | tail -n 3)"
 # a scrape too: answered in time, the server's own counters sent, and
 # loopguard_store_up 0 (Prometheus gives up after 10 s by default)
-t0=$(date +%s%N)
-code=$(curl -s -o "$TMP/metrics.txt" -w '%{http_code}' --max-time 30 "$C_URL/metrics")
-ms=$((($(date +%s%N) - t0) / 1000000))
+timed_get /metrics "$TMP/metrics.txt"
 [ "$code" = 200 ] || fail "the host silent: /metrics answered $code in $ms ms: $(head -c 300 "$TMP/metrics.txt")"
 [ "$ms" -lt 6000 ] || fail "the host silent: /metrics took $ms ms (its store reads' deadline is 2 s)"
 grep_q '^loopguard_store_up 0$' "$TMP/metrics.txt" || fail "the host silent: /metrics: $(grep store_up "$TMP/metrics.txt")"

@@ -313,6 +313,25 @@ static int stop_backend(void *ud, lg_store_t *s, const char *point) {
   return 0;
 }
 
+static void stop_at(lg_store_t *s, const char *point) {
+  stop_point = point;
+  stopped_pid = 0;
+  lg__store_set_fault(s, stop_backend, NULL);
+}
+
+/* After a call stop_at stopped the backend of: the call failed at the
+ * deadline (300 ms) saying its outcome is unknown; the backend is woken
+ * and waited for until it has ended (it finds its client gone). */
+static void woken_unknown(lg_store_t *s, int rc, const lg_error_t *err, const char *what) {
+  lg__store_set_fault(s, NULL, NULL);
+  assert_true(stopped_pid > 0);
+  kill(stopped_pid, SIGCONT);
+  assert_int_equal(rc, LG_ESTORE);
+  if (!strstr(err->message, "did not answer within 300 ms") || !strstr(err->message, LG__ERR_MAYBE_STORED))
+    fail_msg("%s past the deadline does not say its outcome is unknown: %s", what, err->message);
+  for (int i = 0; i < 200 && kill(stopped_pid, 0) == 0; i++) usleep(50000);
+}
+
 /* A server that keeps the connection but stops answering (its backend
  * stopped: a stalled disk, a paused machine, which no keepalive sees):
  * the call fails once query_timeout_ms has passed, saying so, and the
@@ -365,18 +384,10 @@ static void test_pg_backend_frozen(void **state) {
    * the outcome unknown, which the error says. Woken, the backend may run
    * them: the run and its claim are both changed, or neither. */
   make_run(s);
-  stop_point = "with_run.before_commit";
-  stopped_pid = 0;
-  lg__store_set_fault(s, stop_backend, NULL);
+  stop_at(s, "with_run.before_commit");
   memset(&err, 0, sizeof err);
   rc = lg_store_with_run(s, "run", decide, NULL, &err);
-  lg__store_set_fault(s, NULL, NULL);
-  assert_true(stopped_pid > 0);
-  kill(stopped_pid, SIGCONT);
-  assert_int_equal(rc, LG_ESTORE);
-  if (!strstr(err.message, "did not answer within 300 ms") || !strstr(err.message, LG__ERR_MAYBE_STORED))
-    fail_msg("a COMMIT past the deadline does not say its outcome is unknown: %s", err.message);
-  for (int i = 0; i < 200 && kill(stopped_pid, 0) == 0; i++) usleep(50000);
+  woken_unknown(s, rc, &err, "a decision's COMMIT");
   lg_run_record_t got;
   assert_int_equal(lg_store_run_get(s, "run", &got, NULL), 0);
   int changed = !strcmp(got.envelope_json, "\"changed\"");
@@ -389,18 +400,10 @@ static void test_pg_backend_frozen(void **state) {
   const char *scopes[] = {"team:a"};
   lg_budget_request_t req = {.scopes = scopes, .nscopes = 1, .amount_micro = 250000};
   lg_budget_reservation_t r;
-  stop_point = "budget.reserve.before_commit";
-  stopped_pid = 0;
-  lg__store_set_fault(s, stop_backend, NULL);
+  stop_at(s, "budget.reserve.before_commit");
   memset(&err, 0, sizeof err);
   rc = lg_budget_reserve(s, &req, T0 + 6, &r, NULL, &err);
-  lg__store_set_fault(s, NULL, NULL);
-  assert_true(stopped_pid > 0);
-  kill(stopped_pid, SIGCONT);
-  assert_int_equal(rc, LG_ESTORE);
-  if (!strstr(err.message, "did not answer within 300 ms") || !strstr(err.message, LG__ERR_MAYBE_STORED))
-    fail_msg("a reservation's COMMIT past the deadline: %s", err.message);
-  for (int i = 0; i < 200 && kill(stopped_pid, 0) == 0; i++) usleep(50000);
+  woken_unknown(s, rc, &err, "a reservation's COMMIT");
   assert_int_equal(lg_budget_get(s, "team:a", T0 + 7, &b, &err), 0);
   if (!(b.reserved_micro == 0 && b.open_reservations == 0) &&
       !(b.reserved_micro == 250000 && b.open_reservations == 1))
