@@ -701,6 +701,7 @@ static enum MHD_Result copy_header(void *cls, enum MHD_ValueKind kind, const cha
   (void)kind;
   hdr_ctx_t *h = cls;
   lg__gw_job_t *j = h->j;
+  if (!j) return MHD_NO; /* never: the job is made before its headers are read */
   char **slot = NULL;
   if (!strcasecmp(k, "Authorization")) slot = &j->auth;
   else if (!strcasecmp(k, "X-Loopguard-Run")) slot = &j->hdr_run;

@@ -390,7 +390,7 @@ static int accept_some(lg__acceptor_t *a) {
   lg_server_t *srv = a->srv;
   for (int i = 0; i < 256; i++) {
     if (full_of_cut(a)) return 1;
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {0}; /* a family the kernel may leave unset reads as none */
     socklen_t sl = sizeof ss;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {

@@ -91,6 +91,8 @@ static const lg__range_t *range_of(const char *name) {
 }
 
 static int out_of_range(lg_error_t *err, const char *name, const lg__range_t *r, bool negative) {
+  if (!r) /* a field without a range (lg__body_unranged finds none): its type's own bounds */
+    return lg__err(err, LG_EINVAL, name, -1, "%s: out of range", name);
   if (r->usd_hi > 0)
     return lg__err(err, LG_EINVAL, name, -1, "%s: %sthe range is 0 to %.0f (USD)", name,
                    negative ? "must not be negative; " : "", r->usd_hi);
