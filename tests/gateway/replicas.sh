@@ -401,6 +401,38 @@ c.execute("CREATE TRIGGER no_keys BEFORE INSERT ON lg_gateway_keys BEGIN SELECT 
     fail "keys refused: no warning naming $run and the store's message: $(grep -v '"info"' "$TMP/r2.log")"
 fi
 
+if [ "${LG_TEST_STORE:-}" = postgres ]; then
+  note "a run's row locked by another session: the request waits (up to lock_timeout), and the server's other connections are answered meanwhile"
+  # (SQLite's busy wait is guard.sh's busy-2, where the loop's leader
+  # passes its loop on; on PostgreSQL a gateway request runs on a worker,
+  # never on the HTTP thread: one HTTP thread here)
+  start_server pgl --store "$STORE" --upstream "$FAKE/v1" --log "$TMP/pgl.log" --threads 1
+  ask() { # OUT: a request of the run pg-locked (a body of its own: no client's retry) -> OUT.code
+    curl -s --max-time 20 -o "$TMP/$1.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+      -H 'X-Loopguard-Run: pg-locked' -d "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Say hello ($1).\"}]}" \
+      "$pgl_URL/v1/chat/completions" >"$TMP/$1.code"
+  }
+  ask pgl1
+  [ "$(cat "$TMP/pgl1.code")" = 200 ] || fail "row lock: the run's first request: $(cat "$TMP/pgl1.code") $(cat "$TMP/pgl1.json")"
+  "$LG_PGBIN/psql" -h "$LG_PG_DIR" -U "${LG_PG_URL##*user=}" -d lgtest -Aq -c 'BEGIN' \
+    -c "SELECT 1 FROM lg_runs WHERE run_id = 'pg-locked' FOR UPDATE" -c "\\! touch $TMP/pgl.locked" \
+    -c 'SELECT pg_sleep(3)' -c 'COMMIT' >/dev/null 2>"$TMP/pgl.psql" &
+  hold=$!
+  for _ in $(seq 100); do [ -e "$TMP/pgl.locked" ] && break; sleep 0.05; done
+  [ -e "$TMP/pgl.locked" ] || fail "row lock: psql did not take it: $(cat "$TMP/pgl.psql")"
+  ask pgl2 &
+  cpid=$!
+  sleep 0.5
+  r=$(curl -s -o "$TMP/pgl.health" -w '%{http_code} %{time_total}' --max-time 10 "$pgl_URL/healthz")
+  [ "${r%% *}" = 200 ] || fail "row lock: healthz while a request waits for the lock: $r $(cat "$TMP/pgl.health")"
+  awk -v s="${r#* }" 'BEGIN { exit !(s < 1) }' || fail "row lock: healthz waited ${r#* } s behind a request's wait for a row lock"
+  kill -0 "$cpid" 2>/dev/null || fail "row lock: the request was answered before the lock was let go: nothing was tested"
+  wait "$cpid"
+  wait "$hold" || fail "row lock: psql: $(cat "$TMP/pgl.psql")"
+  [ "$(cat "$TMP/pgl2.code")" = 200 ] || fail "row lock: the request that waited: $(cat "$TMP/pgl2.code") $(cat "$TMP/pgl2.json")"
+  stop_server pgl
+fi
+
 stop_server r1
 stop_server r2
 fakes_clean
