@@ -351,7 +351,8 @@ static int do_trace(int argc, char **argv) {
     return 1;
   }
   int bad = fwrite(text, 1, len, f) != len;
-  bad |= out ? fclose(f) != 0 : fflush(f) != 0;
+  if (out) bad |= fclose(f) != 0;
+  else bad |= fflush(f) != 0;
   if (bad) fprintf(stderr, "loopguard: %s: %s\n", out ? out : "standard output", strerror(errno));
   lg_free(text);
   return bad ? 1 : 0;

@@ -286,7 +286,7 @@ static inline void put_varint(wr_t *w, uint64_t v) {
   w->b.len += n;
 }
 static inline void put_int(wr_t *w, int64_t v) {
-  put_varint(w, ((uint64_t)v << 1) ^ (uint64_t)(v >> 63)); /* zigzag */
+  put_varint(w, ((uint64_t)v << 1) ^ (v < 0 ? UINT64_MAX : 0)); /* zigzag (no signed shift) */
 }
 static void put_bytes(wr_t *w, const void *p, size_t n) {
   if (!room(w, n)) return;

@@ -531,7 +531,7 @@ static int with_run(lg_store_t *s, const char *run_id, lg__store_born_t *born, l
     if (!found) s->born = born; /* its first save inserts the row */
     if (born) born->created = !found;
     s->in_with_run = 1;
-    rc = fn(ud, s, found ? &rec : born->rec);
+    rc = fn(ud, s, found || !born ? &rec : born->rec); /* (!found: born, above) */
     s->in_with_run = 0;
     if (rc && err && !err->code) lg__err(err, rc, NULL, -1, "%s", lg_strerror(rc));
     if (!rc && s->born) rc = lg__store_run_put_events(s, s->born->rec, NULL, 0, err); /* fn saved nothing */
