@@ -108,7 +108,7 @@ static const char *serve_notes =
     "\n"
     "A postgres: store's URL may also set query_timeout_ms=N: how long a call waits\n"
     "for the server's answer before the request fails [60000; 0: for ever;\n"
-    "docs/store.md].\n"
+    "docs/store.md]. /healthz and /metrics wait 2 s at most, whatever it says.\n"
     "\n"
     "Signals: SIGTERM/SIGINT drain requests in flight (--drain), close the store and\n"
     "exit 0; a second SIGTERM/SIGINT cuts the drain (exit 1); before the server has\n"
