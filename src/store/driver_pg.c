@@ -158,12 +158,26 @@ static int64_t mono_ms(void) {
   return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
+/* Waits until fd is ready for `events`, at most until `end` (mono_ms):
+ * 1 ready, 0 not (a signal: ask again), -1 failed. Past `end` the socket
+ * is shut and *timed_out set: libpq then reads its end at once, and the
+ * call fails as a lost connection does. */
+static int wait_fd(int fd, short events, int64_t end, int *timed_out) {
+  int64_t left = end - mono_ms();
+  if (left <= 0) {
+    *timed_out = 1;
+    shutdown(fd, SHUT_RDWR);
+    return -1;
+  }
+  struct pollfd pf = {.fd = fd, .events = events};
+  int n = poll(&pf, 1, (int)left);
+  return n > 0 ? 1 : n == 0 || errno == EINTR ? 0 : -1;
+}
+
 /* Waits until PQgetResult can return without blocking, at most the
  * store's query_timeout_ms (or the shorter deadline lg__store_deadline
- * set). Past it the socket is shut (p->timed_out):
- * libpq then reads its end at once, and the call fails as a lost
- * connection does. A connection that breaks meanwhile is left for
- * PQgetResult to report. */
+ * set): past it the connection is dropped (p->timed_out, wait_fd). A
+ * connection that breaks meanwhile is left for PQgetResult to report. */
 static void await_answer(lg_store_t *s) {
   pgc_t *p = s->conn;
   int fd = PQsocket(p->conn);
@@ -171,16 +185,8 @@ static void await_answer(lg_store_t *s) {
   if (ms <= 0 || fd < 0) return;
   int64_t end = mono_ms() + ms;
   while (PQisBusy(p->conn)) {
-    int64_t left = end - mono_ms();
-    if (left <= 0) {
-      p->timed_out = 1;
-      shutdown(fd, SHUT_RDWR);
-      return;
-    }
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int n = poll(&pf, 1, (int)left);
-    if (n < 0 && errno != EINTR) return;
-    if (n > 0 && !PQconsumeInput(p->conn)) return;
+    int n = wait_fd(fd, POLLIN, end, &p->timed_out);
+    if (n < 0 || (n > 0 && !PQconsumeInput(p->conn))) return;
   }
 }
 
@@ -387,23 +393,16 @@ static int prepare_all(lg_store_t *s, lg_error_t *err) {
  * (lg__store_deadline), which is set whenever this is called: PQconnectdb
  * and PQreset wait up to connect_timeout (10 s by default) for a host that
  * does not answer, past a health probe's. On the deadline the attempt is
- * dropped (*timed_out); the next call starts a new one. PQstatus says how
- * it went. */
+ * dropped (*timed_out, wait_fd); the next call starts a new one. PQstatus
+ * says how it went. */
 static void connect_wait(lg_store_t *s, PGconn *c, int reset, int *timed_out) {
   int64_t end = mono_ms() + s->deadline_ms;
   PostgresPollingStatusType st = PGRES_POLLING_WRITING; /* as libpq says to start */
   while (st == PGRES_POLLING_READING || st == PGRES_POLLING_WRITING) {
     int fd = PQsocket(c);
-    int64_t left = end - mono_ms();
-    if (fd < 0) return;
-    if (left <= 0) {
-      *timed_out = 1;
-      shutdown(fd, SHUT_RDWR);
-      return;
-    }
-    struct pollfd pf = {.fd = fd, .events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT};
-    int n = poll(&pf, 1, (int)left);
-    if (n < 0 && errno != EINTR) return;
+    short events = st == PGRES_POLLING_READING ? POLLIN : POLLOUT;
+    int n = fd < 0 ? -1 : wait_fd(fd, events, end, timed_out);
+    if (n < 0) return;
     if (n > 0) st = reset ? PQresetPoll(c) : PQconnectPoll(c);
   }
 }
@@ -601,7 +600,6 @@ static int d_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
   if (was_pending || p->nq) { /* BEGIN (if it waited), the writes held back and the COMMIT */
     rc = flush(s, "COMMIT", &res, err);
     if (!rc) rc = commit_result(s, res, err);
-    p->commit_sent = 0;
     if (rc && PQstatus(p->conn) == CONNECTION_OK && PQtransactionStatus(p->conn) != PQTRANS_IDLE)
       PQclear(exec_cmd(s, "ROLLBACK"));
   } else {
@@ -609,8 +607,8 @@ static int d_end(lg_store_t *s, int commit, int nested, lg_error_t *err) {
     p->commit_sent = sent;
     res = sent_result(s, sent);
     rc = commit_result(s, res, err);
-    p->commit_sent = 0;
   }
+  p->commit_sent = 0;
   PQclear(res);
   return rc;
 }
@@ -682,13 +680,12 @@ static int d_step(lg_store_t *s, lg__stmt_t *st, const char *what, lg_error_t *e
       p->commit_sent = sent && st->writes && s->depth == 0; /* a lost answer: unknown */
       PGresult *res = sent_result(s, sent);
       int status = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
-      if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-        rc = pg_fail(s, res, what, err);
-        p->commit_sent = 0;
+      rc = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK ? 0 : pg_fail(s, res, what, err);
+      p->commit_sent = 0;
+      if (rc) {
         PQclear(res);
         return rc;
       }
-      p->commit_sent = 0;
       st->res = res;
       st->row = -1;
     }
