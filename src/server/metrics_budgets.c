@@ -68,12 +68,12 @@ int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b, lg_error
       "# TYPE loopguard_budget_resets_at_seconds gauge\n"};
   mb_ctx_t c;
   memset(&c, 0, sizeof c);
-  int rc = st ? lg_budget_list(st, lg__server_now(srv), one, &c, e) : LG_ESTORE;
-  int ok = rc == 0 || rc == 1;
+  int rc = st ? lg_budget_list(st, lg__server_now(srv), one, &c, e) : 0;
+  if (rc == 1) rc = 0; /* enough of them */
   for (int i = 0; i < 4; i++) {
     lg__buf_puts(b, heads[i]);
-    if (ok && c.rows[i].len) lg__buf_append(b, c.rows[i].data, c.rows[i].len);
+    if (!rc && c.rows[i].len) lg__buf_append(b, c.rows[i].data, c.rows[i].len);
     lg__buf_free(&c.rows[i]);
   }
-  return b->oom ? LG_ENOMEM : 0;
+  return b->oom ? LG_ENOMEM : rc;
 }

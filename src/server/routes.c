@@ -1274,12 +1274,25 @@ void lg__h_budgets(lg__req_t *rq) {
 /* ------------------------------------------------------------------ */
 /* Health and metrics.                                                 */
 
-/* How long /healthz waits for a database's answer (PostgreSQL; a shorter
- * query_timeout_ms wins): a load balancer's probe gives up after a few
- * seconds, and a silent database must read as unhealthy, not as a probe
- * that never answers. */
-#define LG__HEALTH_DEADLINE_MS 2000
-static const char health_why[] = "the health check's deadline";
+/* How long a probe (/healthz, /metrics) waits for a database's answer or
+ * connection (PostgreSQL; a shorter query_timeout_ms wins): a load
+ * balancer's probe and Prometheus' scrape give up after a few seconds, and
+ * a silent database must read as down, not as a probe that never answers. */
+#define LG__PROBE_DEADLINE_MS 2000
+
+/* The thread's store handle for a probe, its waits bounded by the probes'
+ * deadline until probe_done; NULL with *e filled when it cannot be opened. */
+static lg_store_t *probe_store(lg_server_t *srv, lg_error_t *e) {
+  static const char why[] = "the probes' deadline";
+  lg__worker_t *w = lg__server_worker_within(srv, LG__PROBE_DEADLINE_MS, why, e);
+  if (!w) return NULL;
+  lg__store_deadline(w->store, LG__PROBE_DEADLINE_MS, why);
+  return w->store;
+}
+
+static void probe_done(lg_store_t *st) {
+  if (st) lg__store_deadline(st, 0, NULL);
+}
 
 void lg__h_healthz(lg__req_t *rq) {
   /* Open to anyone: the answer names the store's kind, never its URL or
@@ -1288,23 +1301,19 @@ void lg__h_healthz(lg__req_t *rq) {
    * to the store's reader, so this never waits behind a write. */
   lg_server_t *srv = rq->srv;
   lg_error_t e = {0};
-  lg__worker_t *w = lg__server_worker_within(srv, LG__HEALTH_DEADLINE_MS, health_why, &e);
+  lg_store_t *st = probe_store(srv, &e); /* in time, however long a request may wait */
   int version = 0;
-  int rc = e.code ? e.code : LG_ESTORE;
-  if (w) { /* a probe's answer in time, however long a request may wait */
-    lg__store_deadline(w->store, LG__HEALTH_DEADLINE_MS, health_why);
-    rc = lg_store_schema_version(w->store, &version, &e);
-    lg__store_deadline(w->store, 0, NULL);
-  }
+  int rc = st ? lg_store_schema_version(st, &version, &e) : (e.code ? e.code : LG_ESTORE);
   const char *reason = NULL;
   if (rc) {
     log_failure(srv, rq, &e, rc);
     reason = rc == LG_EBUSY ? "the store is locked by another writer"
              : rc == LG_ENOMEM ? "out of memory"
                                : "the store does not answer (the server's log has the detail)";
-  } else if ((rc = lg__store_write_probe(w->store, lg__server_now(srv), &e))) {
+  } else if ((rc = lg__store_write_probe(st, lg__server_now(srv), &e))) {
     reason = e.message; /* the probe's own words: no URL, no path */
   }
+  probe_done(st);
   if (rc) {
     rq->status = 503;
     lg__buf_puts(&rq->out, "{\"status\":\"unavailable\",\"store\":");
@@ -1324,20 +1333,14 @@ void lg__h_healthz(lg__req_t *rq) {
 }
 
 void lg__h_metrics(lg__req_t *rq) {
-  /* A scrape is answered in time when the store does not answer
-   * (Prometheus gives up after 10 s by default): its reads wait the health
-   * check's deadline, and when they fail the server's own counters are
-   * still sent, runs_active as last counted, the budgets' gauges without
-   * samples, and loopguard_store_up 0 says why. */
+  /* A scrape is answered in time when the store does not answer: its
+   * reads wait the probes' deadline, and when they fail the server's own
+   * counters are still sent, runs_active as last counted, the budgets'
+   * gauges without samples, and loopguard_store_up 0 says why. */
   lg_server_t *srv = rq->srv;
   lg_error_t e = {0};
-  lg__worker_t *w = lg__server_worker_within(srv, LG__HEALTH_DEADLINE_MS, health_why, &e);
-  lg_store_t *st = w ? w->store : NULL;
-  int rc = w ? 0 : (e.code ? e.code : LG_ESTORE);
-  if (st) {
-    lg__store_deadline(st, LG__HEALTH_DEADLINE_MS, health_why);
-    rc = lg__server_count_active(srv, st, &e);
-  }
+  lg_store_t *st = probe_store(srv, &e);
+  int rc = st ? lg__server_count_active(srv, st, &e) : (e.code ? e.code : LG_ESTORE);
   if (rq->srv->batcher) {
     uint64_t batches, jobs;
     lg__batcher_stats(rq->srv->batcher, &batches, &jobs);
@@ -1353,15 +1356,12 @@ void lg__h_metrics(lg__req_t *rq) {
   }
   if (rq->srv->gw) lg__gw_metrics(rq->srv->gw, &rq->out);
   int oom = lg__metrics_render(&rq->srv->metrics, &rq->out);
-  if (!oom) { /* metrics_budgets.c; not read again once the store failed */
-    lg_error_t be = {0};
-    oom = lg__metrics_budgets(srv, rc ? NULL : st, &rq->out, &be) == LG_ENOMEM;
-    if (!rc && be.code) {
-      rc = be.code;
-      e = be;
-    }
+  if (!oom) { /* metrics_budgets.c; the store not read again once it failed */
+    int brc = lg__metrics_budgets(srv, rc ? NULL : st, &rq->out, &e);
+    if (brc == LG_ENOMEM) oom = 1;
+    else if (brc) rc = brc;
   }
-  if (st) lg__store_deadline(st, 0, NULL);
+  probe_done(st);
   if (rc) log_failure(srv, rq, &e, rc);
   lg__buf_printf(&rq->out,
                  "# HELP loopguard_store_up Whether the store answered this scrape's reads (0: "

@@ -137,8 +137,8 @@ void lg__metrics_budget_refusal(lg__metrics_t *m, const char *limit_source);
 /* The Prometheus text format (version 0.0.4) into b. */
 int lg__metrics_render(lg__metrics_t *m, lg__buf_t *b);
 /* The shared budgets' gauges (limit, spent, reserved, resets_at) of the
- * store `st` into b (metrics_budgets.c): their heads alone when st is NULL
- * or its read fails (*e filled). LG_ENOMEM or 0. */
+ * store `st` into b (metrics_budgets.c), their heads alone when st is NULL
+ * or its read fails: 0, LG_ENOMEM, or the store's error (*e filled). */
 int lg__metrics_budgets(lg_server_t *srv, lg_store_t *st, lg__buf_t *b, lg_error_t *e);
 
 /* ------------------------------------------------------------------ */

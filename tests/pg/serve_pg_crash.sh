@@ -242,8 +242,8 @@ probe() { # WHAT: /healthz is 503 within 6 s, its reason the store's silence
   grep_q '"reason":"the store does not answer' "$TMP/health.json" || fail "$1: /healthz's reason: $(cat "$TMP/health.json")"
 }
 probe "the host silent, the connection open"
-grep_q "did not answer within 2000 ms (the health check's deadline)" "$TMP/C.err" ||
-  fail "the host silent: the log does not name the health check's deadline: $(grep request_failed "$TMP/C.err" | tail -n 3)"
+grep_q "did not answer within 2000 ms (the probes' deadline)" "$TMP/C.err" ||
+  fail "the host silent: the log does not name the probes' deadline: $(grep request_failed "$TMP/C.err" | tail -n 3)"
 probe "the host silent, connecting again"
 grep_q "reconnecting: PostgreSQL did not answer within 2000 ms" "$TMP/C.err" ||
   fail "the host silent, connecting again: the log does not say so: $(grep request_failed "$TMP/C.err" | tail -n 3)"
