@@ -842,7 +842,8 @@ int lg__run_before(lg_run_t *run, lg_canon_t *canon, const lg_call_t *call, bool
   size_t a0 = call->args ? lg__json_ws_end(call->args, 0, call->args_len) : 0;
   if (call->args && (a0 == call->args_len || call->args[a0] != '{'))
     return lg__err(err, LG_EINVAL, "args", -1, "args: expected an object");
-  bctx_t x = {.call = call};
+  bctx_t x; /* before_fingerprint fills it from the call: no zeroing on the hot path */
+  x.call = call;
   int rc = before_fingerprint(run, canon, &x, trusted_fp, err);
   if (rc) return rc;
   memcpy(d->fingerprint, x.hex, LG_FP_HEX);
